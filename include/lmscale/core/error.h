@@ -1,0 +1,41 @@
+#pragma once
+// Error types. Exit codes (app/main.cpp): UsageError -> 2, everything else -> 1.
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace lmscale {
+
+// A runtime failure (exit code 1).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bad usage or a bad deck (exit code 2): the message names the key and the fix.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// An allocation that did not fit. Jobs that sweep sizes catch it and record "OOM".
+class OutOfMemory : public Error {
+ public:
+  OutOfMemory(const std::string& what, std::size_t requested_bytes, std::size_t in_use_bytes)
+      : Error(what), requested(requested_bytes), in_use(in_use_bytes) {}
+  std::size_t requested;
+  std::size_t in_use;
+};
+
+}  // namespace lmscale
+
+// Throws lmscale::Error with the location when `cond` is false; the message is fmt-formatted.
+#define LMSCALE_CHECK(cond, ...)                                                                  \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      throw ::lmscale::Error(fmt::format("{}:{}: check failed: {}: {}", __FILE__, __LINE__, #cond, \
+                                         fmt::format(__VA_ARGS__)));                              \
+    }                                                                                             \
+  } while (0)

@@ -1,0 +1,125 @@
+#pragma once
+// The resolved configuration of a run: every deck key (DESIGN.md §6) as a typed field, after the
+// deck file, command-line overrides and presets are applied and the whole is validated
+// (io/deck.h). Field names are the deck's key names. docs/deck.md lists each key's meaning.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lmscale {
+
+struct RunConfig {
+  std::string job = "train";             // bench-model | bench-attention | bench-collectives | train | accounting
+  std::string output = "outputs/run.h5"; // HDF5 results path
+  std::uint64_t seed = 0;
+  bool progress = true;                  // progress lines on stdout (rank 0)
+};
+
+struct ModelConfig {
+  std::string size = "custom";           // preset name or "custom"
+  std::int64_t vocab_size = 10000;
+  std::int64_t context_length = 256;
+  std::int64_t d_model = 512;
+  std::int64_t d_ff = 1344;
+  std::int64_t num_layers = 4;
+  std::int64_t num_heads = 16;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  std::string attention = "naive";      // naive | flash
+};
+
+struct PrecisionConfig {
+  std::string mode = "fp32";            // fp32 | bf16 | fp16
+  bool tf32 = false;
+  double loss_scale_init = 65536.0;     // fp16 dynamic loss scaling
+  std::int64_t loss_scale_window = 1000;// clean steps before the scale doubles
+};
+
+struct ParallelConfig {
+  std::string device = "auto";          // auto | cpu | cuda
+  std::string backend = "auto";         // auto | mpi | nccl
+  std::int64_t dp = 0;                  // 0 = world size / (tp*pp)
+  std::int64_t tp = 1, pp = 1;
+  std::string ddp = "none";             // none | naive | flat | overlap | bucketed
+  double bucket_mb = 25.0;
+  std::string zero = "none";            // none | zero1-broadcast | zero1 | zero2 | fsdp
+  std::int64_t microbatches = 1;
+  std::string schedule = "1f1b";        // gpipe | 1f1b
+};
+
+struct BenchConfig {
+  // bench-model
+  std::string mode = "train-step";      // forward | forward-backward | train-step
+  std::int64_t warmup = 5;
+  std::int64_t steps = 10;
+  std::int64_t batch_size = 4;          // global
+  bool memory_timeline = false;
+  // bench-attention sweep (lists)
+  std::vector<std::string> impls{"naive", "flash"};
+  std::vector<std::string> passes{"forward", "backward", "forward-backward"};
+  std::vector<std::int64_t> attn_batch{1};
+  std::vector<std::int64_t> attn_heads{16};
+  std::vector<std::int64_t> seq_lens{1024};
+  std::vector<std::int64_t> head_dims{64};
+  std::vector<std::string> dtypes{"bf16"};  // attention and collectives element types
+  std::vector<bool> causal{true};
+  // bench-collectives sweep
+  std::vector<std::string> ops{"all-reduce"};   // all-reduce | reduce-scatter | all-gather | broadcast
+  std::string algo = "library";                 // library | ring
+  std::int64_t min_bytes = 1 << 20;
+  std::int64_t max_bytes = 1 << 30;
+  std::int64_t step_factor = 10;
+  bool inplace = false;
+  bool check = true;
+};
+
+struct TrainConfig {
+  std::int64_t steps = 100;
+  std::int64_t batch_size = 8;          // global
+  std::int64_t grad_accum = 1;
+  std::int64_t eval_every = 0;          // 0 = no evaluation
+  std::int64_t eval_batches = 4;
+  std::int64_t log_every = 10;
+  std::string save;                     // final weights (HDF5), empty = none
+  std::string resume;                   // checkpoint to resume from, empty = fresh start
+  std::int64_t checkpoint_every = 0;    // 0 = none
+  std::string checkpoint_path = "outputs/checkpoint.h5";
+  std::string activation_checkpointing = "none";  // none | every-k | selective
+  std::int64_t checkpoint_k = 1;
+};
+
+struct OptimConfig {
+  std::string name = "adamw";           // adamw | sgd | lamb
+  double lr = 1e-3, min_lr = 1e-4;
+  std::int64_t warmup_steps = 0;
+  std::int64_t cosine_steps = 0;        // 0 = train.steps
+  double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double grad_clip = 1.0;               // global-norm clip; 0 = off
+  double momentum = 0.9;                // sgd
+};
+
+struct DataConfig {
+  std::string source = "synthetic";     // synthetic | tokens
+  std::string path;                     // token file (raw little-endian uint16/uint32)
+  std::string val_path;                 // evaluation token file (default: path)
+  std::string dtype = "uint16";         // uint16 | uint32
+};
+
+struct Config {
+  RunConfig run;
+  ModelConfig model;
+  PrecisionConfig precision;
+  ParallelConfig parallel;
+  BenchConfig bench;
+  TrainConfig train;
+  OptimConfig optim;
+  DataConfig data;
+
+  // Provenance, written to the HDF5 root attributes.
+  std::string deck_path;      // "" when no deck file was given
+  std::string deck_text;      // the deck file as given
+  std::string command_line;   // argv joined
+  std::string resolved;       // every key = value after resolution, INI format
+};
+
+}  // namespace lmscale

@@ -1,0 +1,35 @@
+#pragma once
+// Input decks (DESIGN.md §6): INI files read with Boost.Program_options, every key also settable
+// as --section.key=value on the command line (the command line wins). One table of keys
+// (src/io/deck_keys.cpp) gives each key's type, default and meaning; it drives parsing, --help and
+// docs/deck.md. Any problem -- unknown key (nearest valid key suggested), bad value, inconsistent
+// combination -- throws UsageError naming the key and the fix, before any work or output.
+#include <string>
+#include <vector>
+
+#include "lmscale/io/config.h"
+
+namespace lmscale::io {
+
+struct Invocation {
+  enum class Action { run, help, help_markdown, version, print_config };
+  Action action = Action::run;
+  Config config;   // resolved and validated when action is run or print_config
+};
+
+// argv: `lmscale [DECK] [--section.key=value ...] [--help] [--help-markdown] [--version]
+// [--print-config]`. world_size is the MPI world size, for checks such as dp*tp*pp.
+Invocation parse_invocation(int argc, const char* const* argv, int world_size);
+
+// The same, from a deck text and override list (for tests).
+Config parse_deck_text(const std::string& deck_text, const std::vector<std::string>& overrides, int world_size);
+
+// Cross-key checks that need the world size; called by parse_*; exposed for tests.
+void validate(const Config& c, int world_size);
+
+std::string help_text();       // every key with type, default and meaning
+std::string deck_markdown();   // docs/deck.md
+// Resolved config as INI text (every key, resolved value).
+std::string to_ini(const Config& c);
+
+}  // namespace lmscale::io

@@ -1,0 +1,119 @@
+#pragma once
+// The math of the model, behind one interface. Every function dispatches on the device of its
+// tensors (ops/cpu/*.cpp: fp32 and fp64, OpenBLAS; ops/cuda/*.cu: fp32, bf16, fp16 with fp32
+// accumulation, cuBLASLt + own kernels) and checks shapes and dtypes. Tensors are contiguous and
+// row-major. "N" below is the number of token rows (batch * seq); d = d_model; F = d_ff;
+// V = vocab. Backward functions that say "accumulates" add into their output (+=), so gradient
+// accumulation over micro-batches needs no extra pass; the others overwrite.
+#include <cstdint>
+
+#include "lmscale/core/context.h"
+#include "lmscale/core/tensor.h"
+
+namespace lmscale::ops {
+
+// ---- linear (matmul) -------------------------------------------------------------------------
+// y[M,N] = x[M,K] . w[N,K]^T   (PyTorch nn.Linear layout, no bias)
+void linear(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y);
+// dx[M,K] = dy[M,N] . w[N,K]       (overwrites; skipped when dx is null)
+// dw[N,K] (+)= dy[M,N]^T . x[M,K]  (accumulates when accumulate_dw, else overwrites; skipped when
+// dw is null). dw may be fp32 while x, w, dy are bf16/fp16 (mixed precision master gradients).
+void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                     bool accumulate_dw);
+
+// ---- embedding -------------------------------------------------------------------------------
+// out[N,d] = table[V,d][ids[N]]; ids int32 in [0, V) (checked on CPU).
+void embedding(Context& ctx, const Tensor& ids, const Tensor& table, Tensor& out);
+// dtable[V,d] += sum over rows n with ids[n]==v of dout[n,:]  (accumulates; deterministic order)
+void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable);
+
+// ---- RMSNorm ---------------------------------------------------------------------------------
+// y[N,d] = x * rsqrt(mean(x^2) + eps) * w[d], computed in fp32 (fp64 for fp64 inputs).
+// rstd[N] (fp32; fp64 for fp64 inputs) is saved for the backward.
+void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
+// dx[N,d] overwritten; dw[d] accumulates.
+void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                      Tensor& dx, Tensor& dw);
+
+// ---- RoPE ------------------------------------------------------------------------------------
+// In place on x viewed as [B, T, H, Dh] (Dh even): pairs (2i, 2i+1) of the head vector at
+// position t rotate by angle t * theta^(-2i/Dh). inverse=true rotates by the negative angle,
+// which is exactly the backward (the rotation is orthogonal).
+void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
+          bool inverse);
+
+// ---- SwiGLU ----------------------------------------------------------------------------------
+// h[N,F] = silu(a) * b, with a = w1 x, b = w3 x.
+void swiglu(Context& ctx, const Tensor& a, const Tensor& b, Tensor& h);
+// da, db [N,F] overwritten.
+void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& dh, Tensor& da, Tensor& db);
+
+// ---- attention -------------------------------------------------------------------------------
+// Q, K, V, O and their gradients share one strided layout: element (b, h, t, e) of each is at
+// b*stride_b + h*stride_h + t*stride_t + e. The model uses [B, T, H, Dh] (stride_b = T*H*Dh,
+// stride_h = Dh, stride_t = H*Dh); bench-attention uses [B, H, T, Dh].
+struct AttentionShape {
+  std::int64_t batch = 1, heads = 1, seq = 1, head_dim = 1;
+  std::int64_t stride_b = 0, stride_h = 0, stride_t = 0;
+  bool causal = true;
+  double scale = 0;   // softmax scale; 0 means 1/sqrt(head_dim)
+  static AttentionShape bthd(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, bool causal = true);
+  static AttentionShape bhtd(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t Dh, bool causal = true);
+  double softmax_scale() const;
+  std::int64_t elements() const { return batch * heads * seq * head_dim; }
+};
+// Naive: materialises probs[B,H,T,T] (softmax in fp32 / fp64; probs stored in the input dtype
+// on CUDA, fp32/fp64 on CPU), saved for the backward.
+void attention_naive(Context& ctx, const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                     Tensor& o, Tensor& probs);
+// dq, dk, dv overwritten.
+void attention_naive_backward(Context& ctx, const AttentionShape& s, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& probs, const Tensor& dout, Tensor& dq, Tensor& dk,
+                              Tensor& dv);
+// FlashAttention-2: tiled, online softmax; saves lse[B,H,T] (fp32; fp64 for fp64 inputs).
+void attention_flash(Context& ctx, const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                     Tensor& o, Tensor& lse);
+// Recomputes P from lse; D = rowsum(dO * O). dq, dk, dv overwritten.
+void attention_flash_backward(Context& ctx, const AttentionShape& s, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout, Tensor& dq,
+                              Tensor& dk, Tensor& dv);
+
+// ---- cross-entropy ---------------------------------------------------------------------------
+// logits[N,V] (any float dtype), targets int32 [N]. loss_sum (1 element, fp32; fp64 for fp64
+// logits) = sum over rows of (logsumexp(logits) - logits[target]). When dlogits is non-null it
+// receives (softmax - onehot) * grad_scale, in logits' dtype; dlogits may alias logits (in place,
+// so no second copy of the logits is kept). grad_scale is 1/(global token count) times any loss
+// scale.
+void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, Tensor& loss_sum, Tensor* dlogits,
+                   double grad_scale);
+
+// ---- elementwise and reductions ----------------------------------------------------------------
+void fill(Context& ctx, Tensor& x, double value);
+// out = a + b (out may alias a or b); all three the same dtype and size.
+void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out);
+// x *= s
+void scale(Context& ctx, Tensor& x, double s);
+// dst = src converted (any floating dtypes, same element count). Same dtype = copy.
+void cast(Context& ctx, const Tensor& src, Tensor& dst);
+// Copies bytes between any two devices (same dtype and count).
+void copy(Context& ctx, const Tensor& src, Tensor& dst);
+// out (1 element, fp32 on CUDA, fp64 on CPU) = sum of x^2, accumulated in at least fp32.
+void sum_squares(Context& ctx, const Tensor& x, Tensor& out);
+// flag (1 element int32) = 1 if any element of x is inf or nan, else left unchanged.
+void check_finite(Context& ctx, const Tensor& x, Tensor& flag);
+
+// ---- AdamW -----------------------------------------------------------------------------------
+// DESIGN §2: p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps), with g = grad * grad_scale
+// (grad_scale folds in 1/loss_scale and the clipping factor). param, grad, m, v share a dtype
+// (fp32, or fp64 on CPU) and size. When param_lowp is non-null it receives the updated parameter
+// in its dtype (the bf16/fp16 working copy), in the same pass.
+struct AdamWStep {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  std::int64_t step = 1;   // t, 1-based
+  double grad_scale = 1.0;
+};
+void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
+           Tensor* param_lowp);
+
+}  // namespace lmscale::ops

@@ -1,0 +1,36 @@
+#pragma once
+// Runtime: the per-process compute resources for one device: allocators, the op Context and, on
+// CUDA, the stream, cuBLASLt handle and workspace (ops/cuda/runtime_cuda.cpp). Jobs create one.
+#include <memory>
+
+#include "lmscale/core/allocator.h"
+#include "lmscale/core/context.h"
+
+namespace lmscale::ops {
+
+class Runtime {
+ public:
+  // device: cpu or cuda; cuda_device: the GPU index (local rank); tf32: precision.tf32.
+  Runtime(Device device, int cuda_device, bool tf32);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  Context& ctx() { return ctx_; }
+  Device device() const { return ctx_.device; }
+  Allocator& allocator() { return *ctx_.allocator; }
+  HostAllocator& host() { return host_; }
+  // Waits until all work queued on the compute stream is done (no-op on CPU).
+  void synchronize();
+  // Device name ("cpu" or e.g. "NVIDIA H100 80GB HBM3").
+  std::string device_name() const;
+
+ private:
+  HostAllocator host_;
+  std::unique_ptr<Allocator> device_alloc_;
+  Context ctx_;
+  struct CudaState;
+  std::unique_ptr<CudaState> cuda_;
+};
+
+}  // namespace lmscale::ops

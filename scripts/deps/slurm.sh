@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install the Debian packages the Slurm job scripts and the local test cluster need
+# (slurm/cluster/start.sh, ctest/slurm). Idempotent and quiet: does nothing when all are present.
+#   slurmd slurmctld slurm-client  Slurm 22.05 daemons and clients (sbatch, srun, squeue, ...)
+#   libpmix-dev                    ships .../pmix2/lib/libpmix.so, which Slurm's mpi/pmix plugin loads
+#   munge                          authentication daemon (the test cluster runs a private one)
+set -euo pipefail
+
+pkgs=(slurmd slurmctld slurm-client libpmix-dev munge)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+SUDO=
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "slurm.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+
+echo "slurm.sh: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+# policy-rc.d 101 keeps the packages' postinst from starting the system munged/slurmd (no systemd here).
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

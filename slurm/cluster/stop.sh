@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Stop a cluster started by slurm/cluster/start.sh and remove its directory.
+#   slurm/cluster/stop.sh DIR        (KEEP=1 keeps DIR, e.g. to read the logs)
+# Cancels all jobs and waits (up to 10 s) for the queue to empty, SIGTERMs munged, slurmctld and
+# slurmd by the pids in DIR, SIGKILLs any still alive after 5 s, and kills leftover job
+# processes (slurmstepd and its descendants) started by this cluster's slurmd.
+# Only processes of this cluster are touched.
+set -uo pipefail
+
+log() { echo "slurm-cluster: $*" >&2; }
+[[ $# -eq 1 && -d $1 ]] || { log "usage: stop.sh DIR"; exit 1; }
+D=$(cd "$1" && pwd)
+export SLURM_CONF=$D/slurm.conf
+pidfiles=("$D/slurmd.pid" "$D/slurmctld.pid" "$D/munge/munged.pid")
+
+alive() { [[ -n $1 ]] && kill -0 "$1" 2>/dev/null; }
+ctld=$(cat "$D/slurmctld.pid" 2>/dev/null || true)
+
+# 1. cancel jobs, wait for the queue to drain
+if [[ -f $SLURM_CONF ]] && alive "$ctld"; then
+  jobs=$(squeue -h -o %A 2>/dev/null | sort -u)
+  if [[ -n $jobs ]]; then
+    # shellcheck disable=SC2086
+    scancel $jobs 2>/dev/null || true
+    for _ in $(seq 40); do
+      [[ -z $(squeue -h -o %A 2>/dev/null) ]] && break
+      sleep 0.25
+    done
+  fi
+fi
+
+# 2. daemons: SIGTERM all at once, SIGKILL stragglers
+pids=()
+for f in "${pidfiles[@]}"; do
+  p=$(cat "$f" 2>/dev/null || true)
+  # only if the pid really is one of our daemons (pid files can outlive their process)
+  if alive "$p" && grep -qsE 'munged|slurmctld|slurmd' "/proc/$p/comm"; then pids+=("$p"); fi
+done
+[[ ${#pids[@]} -gt 0 ]] && kill -TERM "${pids[@]}" 2>/dev/null
+for _ in $(seq 50); do
+  left=(); for p in "${pids[@]}"; do alive "$p" && left+=("$p"); done
+  [[ ${#left[@]} -eq 0 ]] && break
+  sleep 0.1
+done
+if [[ ${#left[@]} -gt 0 ]]; then
+  log "SIGKILL ${left[*]}"; kill -KILL "${left[@]}" 2>/dev/null
+fi
+
+# 3. leftover job processes of this cluster: slurmstepd processes carry LMSCALE_SLURM_CLUSTER=DIR
+#    (start.sh sets it for the daemons only) and the tasks are their descendants.
+marker="LMSCALE_SLURM_CLUSTER=$D"
+roots=()
+for env in /proc/[0-9]*/environ; do
+  p=${env#/proc/}; p=${p%/environ}
+  [[ $p == "$$" ]] && continue
+  tr '\0' '\n' < "$env" 2>/dev/null | grep -qxF "$marker" && roots+=("$p")
+done
+if [[ ${#roots[@]} -gt 0 ]]; then
+  victims=$(ps -e -o pid=,ppid= | awk -v roots="${roots[*]}" '
+    BEGIN { n = split(roots, r, " "); for (i = 1; i <= n; i++) keep[r[i]] = 1 }
+    { parent[$1] = $2 }
+    END { for (p in parent) { q = p; while (q > 1) { if (q in keep) { print p; break } q = parent[q] } } }')
+  for p in $victims; do
+    [[ $p == "$$" ]] && continue
+    log "killing leftover $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-80) (pid $p)"
+    kill -KILL "$p" 2>/dev/null
+  done
+fi
+
+if [[ -z ${KEEP:-} ]]; then rm -rf "$D"; fi
+exit 0

@@ -1,0 +1,38 @@
+#include "lmscale/core/memory_tracker.h"
+
+#include <algorithm>
+
+namespace lmscale {
+
+MemoryTracker::MemoryTracker() : t0_(std::chrono::steady_clock::now()) {}
+
+void MemoryTracker::on_alloc(std::size_t bytes, const char* tag) {
+  current_ += bytes;
+  peak_ = std::max(peak_, current_);
+  phase_peak_ = std::max(phase_peak_, current_);
+  by_tag_[tag ? tag : ""] += bytes;
+  if (timeline_on_) {
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    timeline_.push_back({t, static_cast<std::int64_t>(bytes), current_, tag ? tag : ""});
+  }
+}
+
+void MemoryTracker::on_free(std::size_t bytes, const char* tag) {
+  current_ -= std::min(bytes, current_);
+  auto& b = by_tag_[tag ? tag : ""];
+  b -= std::min(bytes, b);
+  if (timeline_on_) {
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    timeline_.push_back({t, -static_cast<std::int64_t>(bytes), current_, tag ? tag : ""});
+  }
+}
+
+std::size_t MemoryTracker::mark_phase(const std::string& name) {
+  const std::size_t p = phase_peak_;
+  auto& slot = phase_peaks_[name];
+  slot = std::max(slot, p);
+  phase_peak_ = current_;
+  return p;
+}
+
+}  // namespace lmscale

@@ -1,0 +1,31 @@
+#pragma once
+// CUDA side of ops::Runtime: device selection, the compute stream, the caching allocator and the
+// library handles ops need (ops::cuda::Resources).
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "lmscale/core/cuda/device_allocator.h"
+#include "lmscale/ops/runtime.h"
+
+namespace lmscale::ops {
+
+namespace cuda {
+struct Resources;   // cuda/resources.h
+}
+
+struct Runtime::CudaState {
+  explicit CudaState(int device);
+  ~CudaState();
+  void synchronize();
+  void* resources() { return resources_.get(); }
+
+  int device;
+  std::string name;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<CudaCachingAllocator> allocator;
+  std::unique_ptr<cuda::Resources, void (*)(cuda::Resources*)> resources_{nullptr, nullptr};
+};
+
+}  // namespace lmscale::ops

@@ -1,0 +1,49 @@
+#include "lmscale/ops/runtime.h"
+
+#include "lmscale/core/error.h"
+
+#ifdef LMSCALE_WITH_CUDA
+#include "cuda/runtime_state.h"
+#endif
+
+namespace lmscale::ops {
+
+#ifndef LMSCALE_WITH_CUDA
+struct Runtime::CudaState {};
+#endif
+
+Runtime::Runtime(Device device, int cuda_device, bool tf32) {
+  ctx_.device = device;
+  ctx_.host = &host_;
+  ctx_.allow_tf32 = tf32;
+  if (device == Device::cpu) {
+    ctx_.allocator = &host_;
+    return;
+  }
+#ifdef LMSCALE_WITH_CUDA
+  cuda_ = std::make_unique<CudaState>(cuda_device);
+  ctx_.allocator = cuda_->allocator.get();
+  ctx_.stream = cuda_->stream;
+  ctx_.cuda = cuda_->resources();
+#else
+  (void)cuda_device;
+  throw UsageError("parallel.device=cuda: this lmscale was built without CUDA; use parallel.device=cpu or rebuild with the CUDA toolkit");
+#endif
+}
+
+Runtime::~Runtime() = default;
+
+void Runtime::synchronize() {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) cuda_->synchronize();
+#endif
+}
+
+std::string Runtime::device_name() const {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) return cuda_->name;
+#endif
+  return "cpu";
+}
+
+}  // namespace lmscale::ops
