@@ -1,5 +1,7 @@
 #include "lmscale/ops/runtime.h"
 
+#include <chrono>
+
 #include "lmscale/core/error.h"
 
 #ifdef LMSCALE_WITH_CUDA
@@ -37,6 +39,25 @@ void Runtime::synchronize() {
 #ifdef LMSCALE_WITH_CUDA
   if (cuda_) cuda_->synchronize();
 #endif
+}
+
+Runtime::Mark Runtime::mark() {
+  Mark m;
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) {
+    m.event = cuda_->record_event();
+    return m;
+  }
+#endif
+  m.host_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return m;
+}
+
+double Runtime::elapsed_ms(const Mark& begin, const Mark& end) {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) return cuda_->elapsed_ms(begin.event.get(), end.event.get());
+#endif
+  return (end.host_s - begin.host_s) * 1e3;
 }
 
 std::string Runtime::device_name() const {

@@ -7,6 +7,8 @@
 
 namespace lmscale {
 
+__extension__ typedef unsigned __int128 uint128_t;
+
 std::uint64_t hash_name(std::string_view name);   // FNV-1a 64
 std::uint64_t splitmix64(std::uint64_t x);
 
@@ -27,7 +29,7 @@ class CounterRng {
   double truncated_normal(std::uint64_t index, double std, double clip) const;
   // Uniform integer in [0, n).
   std::uint64_t below(std::uint64_t index, std::uint64_t n, std::uint32_t draw = 0) const {
-    return static_cast<std::uint64_t>((static_cast<unsigned __int128>(bits(index, draw)) * n) >> 64);
+    return static_cast<std::uint64_t>((static_cast<uint128_t>(bits(index, draw)) * n) >> 64);
   }
 
  private:

@@ -2,6 +2,7 @@
 // Runtime: the per-process compute resources for one device: allocators, the op Context and, on
 // CUDA, the stream, cuBLASLt handle and workspace (ops/cuda/runtime_cuda.cpp). Jobs create one.
 #include <memory>
+#include <string>
 
 #include "lmscale/core/allocator.h"
 #include "lmscale/core/context.h"
@@ -22,6 +23,14 @@ class Runtime {
   HostAllocator& host() { return host_; }
   // Waits until all work queued on the compute stream is done (no-op on CPU).
   void synchronize();
+  // A point on the compute stream's timeline: a CUDA event on GPU, a host timestamp on CPU.
+  struct Mark {
+    double host_s = 0;
+    std::shared_ptr<void> event;   // cudaEvent_t, returned to the runtime's pool when released
+  };
+  Mark mark();
+  // Milliseconds between two marks; waits until `end` has happened.
+  double elapsed_ms(const Mark& begin, const Mark& end);
   // Device name ("cpu" or e.g. "NVIDIA H100 80GB HBM3").
   std::string device_name() const;
 

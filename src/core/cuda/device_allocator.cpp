@@ -1,65 +1,213 @@
 #include "lmscale/core/cuda/device_allocator.h"
 
+#include <algorithm>
+
 #include "lmscale/core/cuda/cuda_check.h"
 
 namespace lmscale {
 
-CudaCachingAllocator::CudaCachingAllocator(int device) : device_(device) {}
+namespace {
+constexpr std::size_t kSmall = std::size_t{1} << 20;       // 1 MiB
+constexpr std::size_t kLargeRound = std::size_t{2} << 20;  // 2 MiB
+}  // namespace
 
-CudaCachingAllocator::~CudaCachingAllocator() { release_cached(); }
+CudaCachingAllocator::CudaCachingAllocator(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+
+CudaCachingAllocator::~CudaCachingAllocator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaDeviceSynchronize();
+  poll_pending(true);
+  release_cached_locked();
+  for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
+  // Blocks still handed out belong to tensors that outlive the allocator: left to process exit.
+}
 
 std::size_t CudaCachingAllocator::round_size(std::size_t bytes) {
-  // 512-byte granularity below 1 MiB, 2 MiB above (limits fragmentation while keeping reuse).
-  if (bytes < (1u << 20)) return (bytes + 511) / 512 * 512;
-  return (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+  if (bytes < kSmall) return (bytes + 511) / 512 * 512;
+  return (bytes + kLargeRound - 1) / kLargeRound * kLargeRound;
+}
+
+bool CudaCachingAllocator::fits(std::size_t block, std::size_t want) {
+  // Limits the bytes a request may waste, so a big cached block is not tied up by a small tensor.
+  return want < kSmall ? block <= 2 * want : block <= want + want / 4;
+}
+
+void CudaCachingAllocator::set_stream(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stream_ = s;
+}
+
+cudaStream_t CudaCachingAllocator::stream() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stream_;
+}
+
+void CudaCachingAllocator::set_reserve_limit(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+}
+
+std::size_t CudaCachingAllocator::reserved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_.reserved;
+}
+
+CudaAllocatorStats CudaCachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void* CudaCachingAllocator::take_cached(std::size_t size) {
+  auto list = free_.find(stream_);
+  if (list == free_.end()) return nullptr;
+  auto it = list->second.lower_bound(size);   // best fit: the smallest block that is large enough
+  if (it == list->second.end() || !fits(it->first, size)) return nullptr;
+  void* p = it->second;
+  stats_.cached -= it->first;
+  list->second.erase(it);
+  return p;
+}
+
+cudaEvent_t CudaCachingAllocator::get_event() {
+  if (!event_pool_.empty()) {
+    cudaEvent_t e = event_pool_.back();
+    event_pool_.pop_back();
+    return e;
+  }
+  cudaEvent_t e;
+  LMSCALE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void CudaCachingAllocator::poll_pending(bool wait) {
+  auto done = [&](Pending& p) {
+    for (cudaEvent_t e : p.events) {
+      const cudaError_t r = wait ? cudaEventSynchronize(e) : cudaEventQuery(e);
+      if (r == cudaErrorNotReady) return false;
+      if (r != cudaSuccess) LMSCALE_CUDA_CHECK(r);
+    }
+    return true;
+  };
+  auto it = pending_.begin();
+  while (it != pending_.end()) {
+    if (!done(*it)) {
+      ++it;
+      continue;
+    }
+    Block& b = blocks_.at(it->ptr);
+    free_[b.stream].emplace(b.size, it->ptr);
+    stats_.pending -= b.size;
+    stats_.cached += b.size;
+    for (cudaEvent_t e : it->events) event_pool_.push_back(e);
+    it = pending_.erase(it);
+  }
+}
+
+void CudaCachingAllocator::release_cached_locked() {
+  for (auto& [s, list] : free_) {
+    for (auto& [size, p] : list) {
+      cudaFree(p);
+      ++stats_.device_frees;
+      stats_.reserved -= size;
+      stats_.cached -= size;
+      blocks_.erase(p);
+    }
+    list.clear();
+  }
+}
+
+void CudaCachingAllocator::release_cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  LMSCALE_CUDA_CHECK(cudaDeviceSynchronize());
+  poll_pending(true);
+  release_cached_locked();
+}
+
+void CudaCachingAllocator::throw_oom(std::size_t bytes, const char* tag, cudaError_t why) {
+  ++stats_.out_of_memory;
+  std::size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  cudaGetLastError();   // clear the sticky-free error state of the failed cudaMalloc
+  throw OutOfMemory(
+      fmt::format("CUDA out of memory: {:.2f} MiB for '{}' ({:.2f} MiB in use, {:.2f} MiB reserved{}; device {:.2f} "
+                  "of {:.2f} MiB free): {}",
+                  bytes / 1048576.0, tag ? tag : "", tracker_.current() / 1048576.0, stats_.reserved / 1048576.0,
+                  limit_ ? fmt::format(", limit {:.2f} MiB", limit_ / 1048576.0) : std::string(),
+                  free_b / 1048576.0, total_b / 1048576.0,
+                  why == cudaSuccess ? "reserve limit" : cudaGetErrorString(why)),
+      bytes, tracker_.current());
 }
 
 void* CudaCachingAllocator::allocate(std::size_t bytes, const char* tag) {
   if (bytes == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
   const std::size_t size = round_size(bytes);
-  // Best fit among cached blocks no more than 2x larger than asked.
-  auto it = free_.lower_bound(size);
-  if (it != free_.end() && it->first <= 2 * size) {
-    void* p = it->second;
-    free_.erase(it);   // sizes_[p] still holds the block's rounded size
-    tracker_.on_alloc(bytes, tag);
-    return p;
-  }
-  void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, size);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    release_cached();
-    e = cudaMalloc(&p, size);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      throw OutOfMemory(fmt::format("CUDA out of memory: {} bytes for '{}' ({} bytes in use, {} reserved)", bytes,
-                                    tag ? tag : "", tracker_.current(), reserved_),
-                        bytes, tracker_.current());
+  if (!pending_.empty()) poll_pending(false);
+  void* p = take_cached(size);
+  if (p) {
+    ++stats_.cache_hits;
+  } else {
+    // Two tries: as things are, then after waiting for pending blocks and flushing the cache.
+    cudaError_t err = cudaSuccess;
+    for (int attempt = 0; attempt < 2 && !p; ++attempt) {
+      if (attempt == 1) {
+        ++stats_.cache_flushes;
+        cudaDeviceSynchronize();
+        poll_pending(true);
+        release_cached_locked();
+      }
+      if (limit_ && stats_.reserved + size > limit_) continue;
+      err = cudaMalloc(&p, size);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        p = nullptr;
+      }
     }
+    if (!p) throw_oom(bytes, tag, err);
+    ++stats_.device_mallocs;
+    stats_.reserved += size;
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+    blocks_[p] = Block{size, stream_, {}};
   }
-  reserved_ += size;
-  sizes_[p] = size;
+  Block& b = blocks_.at(p);
+  b.stream = stream_;
+  b.used_on.clear();
+  ++stats_.allocations;
   tracker_.on_alloc(bytes, tag);
   return p;
 }
 
-void CudaCachingAllocator::deallocate(void* ptr, std::size_t bytes, const char* tag) {
-  if (!ptr) return;
-  auto it = sizes_.find(ptr);
-  const std::size_t size = it != sizes_.end() ? it->second : round_size(bytes);
-  free_.emplace(size, ptr);
-  tracker_.on_free(bytes, tag);
+void CudaCachingAllocator::record_stream(void* ptr, cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = blocks_.find(ptr);
+  LMSCALE_CHECK(it != blocks_.end(), "record_stream: {} was not allocated here", ptr);
+  Block& b = it->second;
+  if (s != b.stream && std::find(b.used_on.begin(), b.used_on.end(), s) == b.used_on.end()) b.used_on.push_back(s);
 }
 
-void CudaCachingAllocator::release_cached() {
-  cudaDeviceSynchronize();
-  for (auto& [size, p] : free_) {
-    cudaFree(p);
-    reserved_ -= size;
-    sizes_.erase(p);
+void CudaCachingAllocator::deallocate(void* ptr, std::size_t bytes, const char* tag) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = blocks_.find(ptr);
+  LMSCALE_CHECK(it != blocks_.end(), "CudaCachingAllocator: free of {} ('{}'), which it did not allocate", ptr,
+                tag ? tag : "");
+  Block& b = it->second;
+  tracker_.on_free(bytes, tag);
+  if (b.used_on.empty()) {
+    free_[b.stream].emplace(b.size, ptr);
+    stats_.cached += b.size;
+    return;
   }
-  free_.clear();
+  // Reusable once the work queued so far on the other streams is done.
+  Pending pend{ptr, {}};
+  for (cudaStream_t s : b.used_on) {
+    cudaEvent_t e = get_event();
+    LMSCALE_CUDA_CHECK(cudaEventRecord(e, s));
+    pend.events.push_back(e);
+  }
+  b.used_on.clear();
+  stats_.pending += b.size;
+  pending_.push_back(std::move(pend));
 }
 
 }  // namespace lmscale

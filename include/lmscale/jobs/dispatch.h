@@ -1,0 +1,19 @@
+#pragma once
+// Runs the job named by run.job; resolves the run-time choices of a deck (device=auto,
+// backend=auto, dp=0) once MPI and CUDA are up.
+#include <string>
+
+#include "lmscale/io/config.h"
+#include "lmscale/jobs/job_env.h"
+
+namespace lmscale::jobs {
+
+// device auto -> cuda when built with CUDA and a GPU is visible, else cpu; backend auto -> nccl
+// on cuda, mpi on cpu; dp 0 -> world / (tp*pp). Throws UsageError for impossible requests
+// (device=cuda without a GPU, nccl on cpu).
+Config resolve_runtime(const Config& cfg, int world_size);
+// --print-config: the resolved deck and the process layout.
+std::string describe_run(const Config& cfg, int world_size);
+int run_job(JobEnv& env);
+
+}  // namespace lmscale::jobs

@@ -1,0 +1,25 @@
+#pragma once
+// What every job gets from main(): the resolved configuration, where this process sits in the
+// world, its compute runtime and the results file (active on rank 0 only).
+#include <string>
+
+#include "lmscale/io/config.h"
+#include "lmscale/io/results.h"
+#include "lmscale/ops/runtime.h"
+
+namespace lmscale::comm {
+class MpiEnvironment;
+}
+
+namespace lmscale::jobs {
+
+struct JobEnv {
+  const Config& cfg;
+  comm::MpiEnvironment& mpi;
+  ops::Runtime& rt;
+  io::ResultsFile& out;
+  int rank = 0, world = 1, local_rank = 0;
+  bool is_root() const { return rank == 0; }
+};
+
+}  // namespace lmscale::jobs

@@ -1,0 +1,82 @@
+#pragma once
+// One training step of the Transformer LM, shared by the `train` and `bench-model` jobs: zero the
+// gradients, forward + backward over the micro-batches of this rank's slice of the global batch,
+// synchronise gradients (data-parallel strategies), clip, and the optimizer step, with the time
+// of each phase measured on the device's timeline and memory peaks per phase.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "lmscale/jobs/job_env.h"
+#include "lmscale/model/parameter_store.h"
+#include "lmscale/model/transformer.h"
+#include "lmscale/optim/adamw.h"
+#include "lmscale/optim/loss_scaler.h"
+#include "lmscale/optim/lr_schedule.h"
+
+namespace lmscale::parallel {
+class GradientSync;
+}
+
+namespace lmscale::jobs {
+
+struct StepTimes {
+  double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, total_ms = 0;
+};
+
+struct StepResult {
+  double loss = 0;        // global mean loss over the global batch (nats/token)
+  double grad_norm = 0;   // global gradient norm before clipping (0 when not computed)
+  double lr = 0;
+  bool skipped = false;   // fp16 overflow: no optimizer step
+  double loss_scale = 1;
+  StepTimes times;
+};
+
+class Trainer {
+ public:
+  // global_batch: sequences per optimizer step over all data-parallel ranks; the rank takes
+  // rows [rank*B/dp, (rank+1)*B/dp) and splits them into grad_accum micro-batches.
+  Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum, std::int64_t total_steps);
+  ~Trainer();
+
+  // One optimizer step on `tokens`: this rank's rows, host int32 [b, T+1].
+  StepResult train_step(const std::vector<std::int32_t>& tokens, std::int64_t T);
+  // Forward only (no gradients) over this rank's rows; returns the global mean loss.
+  double forward_loss(const std::vector<std::int32_t>& tokens, std::int64_t T, StepTimes* times = nullptr);
+  // Forward + backward without the optimizer step (bench-model forward-backward mode).
+  StepResult forward_backward(const std::vector<std::int32_t>& tokens, std::int64_t T);
+
+  model::ParameterStore& params() { return *params_; }
+  model::TransformerLM& model() { return *model_; }
+  optim::AdamW& optimizer() { return *adamw_; }
+  optim::LossScaler& loss_scaler() { return scaler_; }
+  std::int64_t step() const { return step_; }
+  void set_step(std::int64_t s) { step_ = s; }
+  std::int64_t local_rows() const { return local_rows_; }
+  std::int64_t first_row() const { return first_row_; }
+  const model::ModelDims& dims() const { return dims_; }
+
+ private:
+  // Uploads rows [r0, r1) of `tokens` as inputs and targets (int32 [rows, T]) on the device.
+  std::pair<Tensor, Tensor> upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
+                                   std::int64_t r1);
+  double reduce_loss(Tensor& loss_sum_device, double tokens_global);
+  void accumulate_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
+                                std::vector<Tensor>& loss_sums);
+
+  JobEnv& env_;
+  model::ModelDims dims_;
+  std::unique_ptr<model::ParameterStore> params_;
+  std::unique_ptr<model::TransformerLM> model_;
+  std::unique_ptr<optim::AdamW> adamw_;
+  std::unique_ptr<parallel::GradientSync> sync_;
+  optim::LossScaler scaler_;
+  optim::CosineSchedule schedule_;
+  std::int64_t global_batch_, grad_accum_, local_rows_, first_row_;
+  std::int64_t step_ = 0;
+  DType master_, lowp_;
+};
+
+}  // namespace lmscale::jobs

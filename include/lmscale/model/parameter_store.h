@@ -1,0 +1,72 @@
+#pragma once
+// All parameters of the model in one flat buffer, with named views (names and shapes of
+// DESIGN.md §2, in the reference model's named_parameters() order). Gradients live in a second
+// flat buffer of the same layout, so data-parallel strategies can reduce them in one piece or in
+// contiguous buckets. In mixed precision a third flat buffer holds the bf16/fp16 working copy
+// that the matmuls read; the optimizer refreshes it in the same pass that updates the master.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lmscale/core/context.h"
+#include "lmscale/core/tensor.h"
+#include "lmscale/model/model_dims.h"
+
+namespace lmscale::model {
+
+struct ParamInfo {
+  enum class Kind { embedding, linear, norm };
+  std::string name;         // e.g. "layers.3.attn.q_proj.weight"
+  Shape shape;              // [d_out, d_in] for linear, [V, d] for embedding, [d] for norms
+  std::int64_t offset = 0;  // first element in the flat buffer
+  std::int64_t numel = 0;
+  Kind kind = Kind::linear;
+  int layer = -1;           // block index, -1 outside blocks
+};
+
+// The layout of every parameter, in order; depends only on the dims.
+std::vector<ParamInfo> parameter_layout(const ModelDims& dims);
+
+// Deterministic initial values of elements [begin, end) of parameter `p` (DESIGN §2): linear
+// weights truncated normal std sqrt(2/(d_in+d_out)) within +-3 std, embeddings std 1 within
+// +-3, norms 1. A pure function of (seed, name, element index): any shard, any rank, same values.
+void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, std::int64_t end, double* out);
+
+class ParameterStore {
+ public:
+  // master: fp32 (or fp64 for gradient checks); lowp: bf16/fp16 working copy, or the same dtype
+  // as master for none.
+  ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc);
+
+  // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
+  void init(std::uint64_t seed, Context& ctx);
+  void zero_grads(Context& ctx);
+  // Refreshes the working copy from the master weights (after loading a checkpoint).
+  void refresh_lowp(Context& ctx);
+
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  int size() const { return static_cast<int>(infos_.size()); }
+  int index(const std::string& name) const;   // throws on unknown names
+  std::int64_t numel() const { return total_; }
+  DType master_dtype() const { return params_.dtype(); }
+  DType lowp_dtype() const { return has_lowp_ ? lowp_.dtype() : params_.dtype(); }
+  bool has_lowp() const { return has_lowp_; }
+
+  Tensor& flat_params() { return params_; }
+  Tensor& flat_grads() { return grads_; }
+  Tensor& flat_lowp() { return has_lowp_ ? lowp_ : params_; }
+  Tensor param(int i) const { return view(params_, i); }
+  Tensor grad(int i) const { return view(grads_, i); }
+  // What the forward reads for parameter i: the working copy for matmuls and embeddings in mixed
+  // precision, the master weights otherwise (norm weights are always read in full precision).
+  Tensor compute_weight(int i) const;
+
+ private:
+  Tensor view(const Tensor& flat, int i) const;
+  std::vector<ParamInfo> infos_;
+  std::int64_t total_ = 0;
+  Tensor params_, grads_, lowp_;
+  bool has_lowp_ = false;
+};
+
+}  // namespace lmscale::model

@@ -1,0 +1,78 @@
+#pragma once
+// The CS336 "basics" Transformer LM (DESIGN.md §2): forward, loss and backward over the flat
+// parameter store. Activations needed by the backward are kept in an Activations object between
+// forward() and backward(); a forward without gradients frees them layer by layer.
+//
+// Shapes: B = local batch, T = sequence length (<= context), N = B*T rows, d = d_model,
+// F = d_ff, H heads of Dh = d/H, V = vocab. Token and target ids are int32 [B, T] on the model's
+// device. Activations are [N, d] (equivalently [B, T, H, Dh] for attention) in the compute dtype
+// (fp32/fp64, or bf16/fp16 in mixed precision); norms' rstd and the loss are fp32 (fp64).
+#include <memory>
+#include <vector>
+
+#include "lmscale/core/context.h"
+#include "lmscale/core/tensor.h"
+#include "lmscale/model/model_dims.h"
+#include "lmscale/model/parallel_context.h"
+#include "lmscale/model/parameter_store.h"
+
+namespace lmscale::model {
+
+// What one block saved in the forward for its backward.
+struct BlockActivations {
+  Tensor x;                 // block input [N,d]
+  Tensor rstd1, y1;         // RMSNorm1: rstd [N], output [N,d]
+  Tensor q, k, v;           // projections after RoPE (q, k) [N,d]
+  Tensor attn_aux;          // naive: probs [B,H,T,T]; flash: lse [B,H,T]
+  Tensor o;                 // attention output before output_proj [N,d]
+  Tensor h;                 // x + attention [N,d]
+  Tensor rstd2, y2;         // RMSNorm2 [N], [N,d]
+  Tensor a, b, g;           // w1 y2, w3 y2, silu(a)*b  [N,F]
+};
+
+struct Activations {
+  std::int64_t B = 0, T = 0;
+  Tensor tokens, targets;                 // int32 [B,T]
+  std::vector<BlockActivations> blocks;
+  Tensor x_final, rstd_final, y_final;    // final RMSNorm input/rstd/output
+  Tensor dlogits;                         // [N,V]: logits, overwritten in place by their gradient
+  Tensor loss_sum;                        // 1 element (fp32; fp64 for fp64 models)
+};
+
+class TransformerLM {
+ public:
+  // compute: the activation dtype (= params.lowp_dtype()).
+  TransformerLM(const ModelDims& dims, ParameterStore& params);
+
+  const ModelDims& dims() const { return dims_; }
+  ParameterStore& params() { return params_; }
+
+  // Forward over tokens[B,T]; when targets is defined also the loss and, with `keep`, what the
+  // backward needs. grad_scale = d(loss)/d(sum of token losses) for the backward: 1 / (global
+  // number of target tokens), times the fp16 loss scale. Returns the activations (holding
+  // loss_sum, the sum of this rank's token losses, on the device).
+  std::unique_ptr<Activations> forward(Context& ctx, const Tensor& tokens, const Tensor& targets, bool keep,
+                                       double grad_scale);
+  // Logits [B*T, V] only (no loss); for evaluation of checkpoints and tests.
+  Tensor logits(Context& ctx, const Tensor& tokens);
+  // Accumulates parameter gradients into params().flat_grads() (zero them first for a fresh
+  // step); frees the activations as it goes. Calls pc.on_grad_ready(i) for each parameter.
+  void backward(Context& ctx, Activations& act, const ParallelContext& pc);
+
+ private:
+  Tensor run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep);
+  // x [N,d] -> block output [N,d]; what the backward needs goes into s.
+  Tensor block_forward(Context& ctx, int layer, std::int64_t B, std::int64_t T, const Tensor& x,
+                       BlockActivations& s);
+  // dx [N,d]: in = gradient w.r.t. the block output, out = w.r.t. the block input (in place).
+  void block_backward(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
+                      std::int64_t B, std::int64_t T);
+  int pidx(int layer, int slot) const { return 1 + layer * 9 + slot; }   // slot order of parameter_layout
+
+  ModelDims dims_;
+  ParameterStore& params_;
+  DType compute_;
+  DType stats_;   // dtype of rstd and loss: fp64 for fp64 models, fp32 otherwise
+};
+
+}  // namespace lmscale::model

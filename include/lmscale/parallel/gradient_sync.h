@@ -1,0 +1,29 @@
+#pragma once
+// What a data-parallel strategy does to gradients between the backward and the optimizer step.
+// The model computes each rank's gradient already scaled by 1/(global token count), so the
+// global gradient is the SUM over ranks. The default (one process, or dp = 1) does nothing.
+#include <string>
+
+#include "lmscale/core/context.h"
+#include "lmscale/model/parallel_context.h"
+
+namespace lmscale::parallel {
+
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  // Hooks for the next backward; last_micro: this backward completes the step's gradients (only
+  // then may reductions start).
+  virtual model::ParallelContext hooks(bool last_micro) {
+    (void)last_micro;
+    return {};
+  }
+  // After the last backward: every rank holds the summed gradients it needs (waits for
+  // asynchronous reductions). The time spent here is the exposed communication time.
+  virtual void finish(Context& ctx) { (void)ctx; }
+  // Sum of a host scalar over the data-parallel ranks (loss sums, squared norms).
+  virtual double sum_scalar(double x) { return x; }
+  virtual std::string name() const { return "none"; }
+};
+
+}  // namespace lmscale::parallel

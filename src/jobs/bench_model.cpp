@@ -1,0 +1,143 @@
+#include "lmscale/jobs/bench_model.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "lmscale/core/nvtx.h"
+#include "lmscale/core/rng.h"
+#include "lmscale/core/timer.h"
+#include "lmscale/jobs/device_peak.h"
+#include "lmscale/jobs/memory_report.h"
+#include "lmscale/jobs/trainer.h"
+
+namespace lmscale::jobs {
+
+namespace {
+
+// Uniform random tokens [rows, T+1] for global rows [first, first+rows) of step `step`, like the
+// peer's torch.randint: bench timings must not depend on data.
+std::vector<std::int32_t> random_tokens(std::uint64_t seed, std::int64_t step, std::int64_t first, std::int64_t rows,
+                                        std::int64_t T, std::int64_t vocab) {
+  std::vector<std::int32_t> v(static_cast<std::size_t>(rows * (T + 1)));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const CounterRng rng(seed, 0xbe9c0000ull + static_cast<std::uint64_t>(step) * 1000003ull + static_cast<std::uint64_t>(first + r));
+    for (std::int64_t t = 0; t <= T; ++t)
+      v[static_cast<std::size_t>(r * (T + 1) + t)] = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(vocab)));
+  }
+  return v;
+}
+
+void put_stats(io::ResultsFile& out, const std::string& group, const std::string& phase, const Stats& s) {
+  out.set_attr(group, phase + "_ms_mean", s.mean);
+  out.set_attr(group, phase + "_ms_std", s.std);
+  out.set_attr(group, phase + "_ms_min", s.min);
+  out.set_attr(group, phase + "_ms_max", s.max);
+  out.set_attr(group, phase + "_ms_median", s.median);
+}
+
+}  // namespace
+
+int run_bench_model(JobEnv& env) {
+  const Config& cfg = env.cfg;
+  const std::string& mode = cfg.bench.mode;
+  const std::int64_t T = cfg.model.context_length;
+  const std::int64_t B = cfg.bench.batch_size;
+  ops::Runtime& rt = env.rt;
+  if (cfg.bench.memory_timeline) rt.allocator().tracker().record_timeline(true);
+
+  Trainer trainer(env, B, 1, cfg.bench.warmup + cfg.bench.steps);
+  rt.synchronize();
+  rt.allocator().tracker().mark_phase("init");
+  const model::ModelDims& dims = trainer.dims();
+  if (env.is_root()) {
+    fmt::print("bench-model: {} parameters, batch {} x {} tokens, mode {}, precision {}, device {} ({})\n",
+               dims.parameter_count(), B, T, mode, cfg.precision.mode, device_name(rt.device()), rt.device_name());
+  }
+
+  auto table = env.out.create_table("/bench_model/steps", {{"step", io::Column::Type::i64, ""},
+                                                           {"forward_ms", io::Column::Type::f64, "ms"},
+                                                           {"backward_ms", io::Column::Type::f64, "ms"},
+                                                           {"comm_ms", io::Column::Type::f64, "ms"},
+                                                           {"optimizer_ms", io::Column::Type::f64, "ms"},
+                                                           {"total_ms", io::Column::Type::f64, "ms"},
+                                                           {"loss", io::Column::Type::f64, "nats"}});
+  std::vector<double> fwd, bwd, comm, opt, total;
+  const std::int64_t n_steps = cfg.bench.warmup + cfg.bench.steps;
+  for (std::int64_t s = 0; s < n_steps; ++s) {
+    const bool timed = s >= cfg.bench.warmup;
+    NvtxRange range(timed ? "timed_step" : "warmup_step");
+    auto tokens = random_tokens(cfg.run.seed, s, trainer.first_row(), trainer.local_rows(), T, dims.vocab);
+    StepResult r;
+    WallTimer wall;
+    auto m0 = rt.mark();
+    if (mode == "forward") {
+      r.loss = trainer.forward_loss(tokens, T, &r.times);
+    } else if (mode == "forward-backward") {
+      r = trainer.forward_backward(tokens, T);
+    } else {
+      r = trainer.train_step(tokens, T);
+    }
+    auto m1 = rt.mark();
+    rt.synchronize();
+    r.times.total_ms = rt.elapsed_ms(m0, m1);
+    if (!timed) continue;
+    fwd.push_back(r.times.forward_ms);
+    bwd.push_back(r.times.backward_ms);
+    comm.push_back(r.times.comm_ms);
+    opt.push_back(r.times.optimizer_ms);
+    total.push_back(r.times.total_ms);
+    table.append({s - cfg.bench.warmup, r.times.forward_ms, r.times.backward_ms, r.times.comm_ms,
+                  r.times.optimizer_ms, r.times.total_ms, r.loss});
+    table.flush();
+  }
+
+  const Stats st = summarize(total), sf = summarize(fwd), sb = summarize(bwd), sc = summarize(comm), so = summarize(opt);
+  const double tokens = static_cast<double>(B * T);
+  const double flops = (mode == "forward" ? dims.forward_flops_per_token(T) : dims.train_flops_per_token(T)) * tokens;
+  const double peak = device_peak_flops(rt.device_name(), cfg.precision.mode, cfg.precision.tf32) * env.world;
+  const double achieved = flops / (st.mean * 1e-3);
+  const double mfu = peak > 0 ? achieved / peak : std::numeric_limits<double>::quiet_NaN();
+  const MemoryTracker& mem = rt.allocator().tracker();
+
+  const std::string g = "/bench_model";
+  put_stats(env.out, g, "total", st);
+  put_stats(env.out, g, "forward", sf);
+  put_stats(env.out, g, "backward", sb);
+  put_stats(env.out, g, "comm", sc);
+  put_stats(env.out, g, "optimizer", so);
+  env.out.set_attr(g, "mode", mode);
+  env.out.set_attr(g, "precision", cfg.precision.mode);
+  env.out.set_attr(g, "batch_size", B);
+  env.out.set_attr(g, "context_length", T);
+  env.out.set_attr(g, "parameters", dims.parameter_count());
+  env.out.set_attr(g, "tokens_per_s", tokens / (st.mean * 1e-3));
+  env.out.set_attr(g, "flops_per_step", flops);
+  env.out.set_attr(g, "achieved_flops", achieved);
+  env.out.set_attr(g, "peak_flops", peak);
+  env.out.set_attr(g, "mfu", mfu);
+  env.out.set_attr(g, "peak_bytes", static_cast<std::int64_t>(mem.peak()));
+  env.out.set_attr(g, "device_name", rt.device_name());
+  write_memory_report(env);
+
+  if (env.is_root()) {
+    fmt::print("{:<12} {:>10} {:>10} {:>10} {:>10}\n", "phase(ms)", "mean", "std", "min", "max");
+    auto row = [](const char* n, const Stats& s) {
+      fmt::print("{:<12} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", n, s.mean, s.std, s.min, s.max);
+    };
+    row("forward", sf);
+    if (mode != "forward") row("backward", sb);
+    if (mode == "train-step") {
+      row("comm", sc);
+      row("optimizer", so);
+    }
+    row("step", st);
+    fmt::print("tokens/s {:.1f}  achieved {:.2f} TFLOP/s  MFU {}  peak memory {:.3f} GiB\n", tokens / (st.mean * 1e-3),
+               achieved / 1e12, std::isnan(mfu) ? std::string("n/a") : fmt::format("{:.1f}%", 100 * mfu),
+               static_cast<double>(mem.peak()) / (1 << 30));
+  }
+  return 0;
+}
+
+}  // namespace lmscale::jobs

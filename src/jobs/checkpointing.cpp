@@ -1,0 +1,80 @@
+#include "lmscale/jobs/checkpointing.h"
+
+#include <vector>
+
+#include "lmscale/core/error.h"
+#include "lmscale/io/checkpoint.h"
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::jobs {
+
+namespace {
+
+// The whole flat fp32 buffer `flat` (on any device) copied to the host.
+std::vector<float> to_host(Context& ctx, const Tensor& flat) {
+  std::vector<float> h(static_cast<std::size_t>(flat.numel()));
+  Tensor dst = Tensor::view(h.data(), {flat.numel()}, DType::f32, Device::cpu);
+  ops::copy(ctx, flat, dst);
+  return h;
+}
+
+std::vector<io::NamedArray> named(const model::ParameterStore& ps, const std::vector<float>& flat) {
+  std::vector<io::NamedArray> v;
+  for (const auto& p : ps.infos()) v.push_back({p.name, p.shape, flat.data() + p.offset});
+  return v;
+}
+
+}  // namespace
+
+void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool with_optimizer_state) {
+  Context& ctx = env.rt.ctx();
+  auto& ps = trainer.params();
+  LMSCALE_CHECK(ps.master_dtype() == DType::f32, "weights files hold fp32 master weights");
+  const std::vector<float> params = to_host(ctx, ps.flat_params());
+  std::vector<float> m, v;
+  io::OptimizerArrays opt;
+  if (with_optimizer_state) {
+    m = to_host(ctx, trainer.optimizer().m());
+    v = to_host(ctx, trainer.optimizer().v());
+    opt.m = named(ps, m);
+    opt.v = named(ps, v);
+  }
+  if (!env.is_root()) return;
+  std::map<std::string, io::AttrValue> attrs{
+      {"step", trainer.step()},
+      {"optimizer_steps", trainer.optimizer().steps()},
+      {"seed", static_cast<std::int64_t>(env.cfg.run.seed)},
+      {"loss_scale", trainer.loss_scaler().scale()},
+      {"config", env.cfg.resolved},
+      {"num_heads", env.cfg.model.num_heads},
+      {"rope_theta", env.cfg.model.rope_theta},
+  };
+  io::write_weights(path, named(ps, params), attrs, with_optimizer_state ? &opt : nullptr);
+}
+
+void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
+  Context& ctx = env.rt.ctx();
+  auto& ps = trainer.params();
+  io::CheckpointReader r(path);
+  std::vector<float> flat(static_cast<std::size_t>(ps.numel()));
+  for (const auto& p : ps.infos()) r.read(p.name, p.shape, flat.data() + p.offset);
+  Tensor src = Tensor::view(flat.data(), {ps.numel()}, DType::f32, Device::cpu);
+  ops::copy(ctx, src, ps.flat_params());
+  ps.refresh_lowp(ctx);
+  if (!r.has_optimizer_state()) return;   // a weights file: fresh optimizer, step 0
+  for (const char* moment : {"m", "v"}) {
+    for (const auto& p : ps.infos()) r.read_optimizer(moment, p.name, p.shape, flat.data() + p.offset);
+    Tensor& dst = moment[0] == 'm' ? trainer.optimizer().m() : trainer.optimizer().v();
+    ops::copy(ctx, src, dst);
+  }
+  auto get = [&](const char* name) -> std::int64_t {
+    auto a = r.attr(name);
+    if (!a || !std::holds_alternative<std::int64_t>(*a)) throw Error(std::string("checkpoint ") + path + " lacks attribute " + name);
+    return std::get<std::int64_t>(*a);
+  };
+  trainer.set_step(get("step"));
+  trainer.optimizer().set_steps(get("optimizer_steps"));
+  if (auto ls = r.attr("loss_scale"); ls && std::holds_alternative<double>(*ls)) trainer.loss_scaler().set_scale(std::get<double>(*ls));
+}
+
+}  // namespace lmscale::jobs

@@ -1,0 +1,57 @@
+#include "lmscale/jobs/dispatch.h"
+
+#include <fmt/format.h>
+
+#include "lmscale/core/error.h"
+#include "lmscale/io/deck.h"
+#include "lmscale/jobs/bench_model.h"
+#include "lmscale/jobs/train.h"
+#ifdef LMSCALE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace lmscale::jobs {
+
+namespace {
+int cuda_device_count() {
+#ifdef LMSCALE_WITH_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+}  // namespace
+
+Config resolve_runtime(const Config& in, int world) {
+  Config c = in;
+  const int gpus = cuda_device_count();
+  if (c.parallel.device == "auto") c.parallel.device = gpus > 0 ? "cuda" : "cpu";
+  if (c.parallel.device == "cuda" && gpus == 0)
+    throw UsageError("parallel.device=cuda but no CUDA device is visible (or lmscale was built without CUDA); use parallel.device=cpu");
+  if (c.parallel.backend == "auto") c.parallel.backend = c.parallel.device == "cuda" ? "nccl" : "mpi";
+  if (c.parallel.backend == "nccl" && c.parallel.device != "cuda")
+    throw UsageError("parallel.backend=nccl needs parallel.device=cuda; use parallel.backend=mpi on CPUs");
+  if (c.parallel.dp == 0) c.parallel.dp = world / (c.parallel.tp * c.parallel.pp);
+  if (c.parallel.device == "cpu" && (c.precision.mode == "bf16" || c.precision.mode == "fp16"))
+    throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));
+  c.resolved = io::to_ini(c);
+  return c;
+}
+
+std::string describe_run(const Config& cfg, int world) {
+  return fmt::format("# lmscale resolved configuration ({} ranks)\n{}", world, io::to_ini(cfg));
+}
+
+int run_job(JobEnv& env) {
+  const std::string& job = env.cfg.run.job;
+  if (job == "bench-model") return run_bench_model(env);
+  if (job == "train") return run_train(env);
+  throw UsageError(fmt::format("run.job={} is not available in this build", job));
+}
+
+}  // namespace lmscale::jobs

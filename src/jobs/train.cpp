@@ -1,0 +1,116 @@
+#include "lmscale/jobs/train.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "lmscale/core/nvtx.h"
+#include "lmscale/core/timer.h"
+#include "lmscale/io/dataset.h"
+#include "lmscale/jobs/checkpointing.h"
+#include "lmscale/jobs/memory_report.h"
+#include "lmscale/jobs/trainer.h"
+
+namespace lmscale::jobs {
+
+namespace {
+
+std::string eta(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const long s = std::lround(seconds);
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+// Mean loss over cfg.train.eval_batches held-out global batches (same batches every time).
+double evaluate(const Config& cfg, Trainer& trainer, const io::TokenSource& data) {
+  const std::int64_t T = cfg.model.context_length;
+  double sum = 0;
+  for (std::int64_t b = 0; b < cfg.train.eval_batches; ++b) {
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+    data.sample(static_cast<std::uint64_t>(b), trainer.first_row(), trainer.local_rows(), T, tokens.data(), true);
+    sum += trainer.forward_loss(tokens, T);
+  }
+  return sum / static_cast<double>(cfg.train.eval_batches);
+}
+
+}  // namespace
+
+int run_train(JobEnv& env) {
+  const Config& cfg = env.cfg;
+  const std::int64_t T = cfg.model.context_length;
+  ops::Runtime& rt = env.rt;
+  auto data = io::make_token_source(cfg.data, cfg.model.vocab_size, cfg.run.seed);
+  Trainer trainer(env, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.steps);
+  if (!cfg.train.resume.empty()) load_checkpoint(env, trainer, cfg.train.resume);
+  rt.synchronize();
+  rt.allocator().tracker().mark_phase("init");
+  const auto& dims = trainer.dims();
+  if (env.is_root()) {
+    fmt::print("train: {} parameters ({} layers, d_model {}), {} steps of {} x {} tokens, {} on {}, data: {}\n",
+               dims.parameter_count(), dims.layers, dims.d_model, cfg.train.steps, cfg.train.batch_size, T,
+               cfg.precision.mode, rt.device_name(), data->describe());
+    if (trainer.step() > 0) fmt::print("resumed from {} at step {}\n", cfg.train.resume, trainer.step());
+  }
+  using C = io::Column;
+  auto steps = env.out.create_table("/train/steps", {{"step", C::Type::i64, ""},
+                                                     {"loss", C::Type::f64, "nats"},
+                                                     {"lr", C::Type::f64, ""},
+                                                     {"grad_norm", C::Type::f64, ""},
+                                                     {"step_ms", C::Type::f64, "ms"},
+                                                     {"forward_ms", C::Type::f64, "ms"},
+                                                     {"backward_ms", C::Type::f64, "ms"},
+                                                     {"comm_ms", C::Type::f64, "ms"},
+                                                     {"optimizer_ms", C::Type::f64, "ms"},
+                                                     {"tokens_per_s", C::Type::f64, "1/s"},
+                                                     {"loss_scale", C::Type::f64, ""},
+                                                     {"skipped", C::Type::i64, ""},
+                                                     {"memory_bytes", C::Type::i64, "bytes"}});
+  auto evals = env.out.create_table("/train/eval", {{"step", C::Type::i64, ""}, {"loss", C::Type::f64, "nats"}});
+
+  const double tokens_per_step = static_cast<double>(cfg.train.batch_size * T);
+  WallTimer wall;
+  double first_loss = NAN, last_loss = NAN;
+  const std::int64_t start = trainer.step();
+  for (std::int64_t s = start; s < cfg.train.steps; ++s) {
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+    data->sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tokens.data(), false);
+    StepResult r = trainer.train_step(tokens, T);
+    rt.synchronize();
+    if (std::isnan(first_loss)) first_loss = r.loss;
+    last_loss = r.loss;
+    steps.append({s, r.loss, r.lr, r.grad_norm, r.times.total_ms, r.times.forward_ms, r.times.backward_ms,
+                  r.times.comm_ms, r.times.optimizer_ms, tokens_per_step / (r.times.total_ms * 1e-3), r.loss_scale,
+                  static_cast<std::int64_t>(r.skipped), static_cast<std::int64_t>(rt.allocator().tracker().current())});
+    const bool last = s + 1 == cfg.train.steps;
+    if (cfg.run.progress && env.is_root() && (last || s == start || (cfg.train.log_every > 0 && (s + 1) % cfg.train.log_every == 0))) {
+      const double elapsed = wall.seconds();
+      const double per_step = elapsed / static_cast<double>(s + 1 - start);
+      fmt::print("step {:>6}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.1f} ms  {:.0f} tok/s  ETA {}{}\n", s + 1,
+                 cfg.train.steps, r.loss, r.lr, r.grad_norm, r.times.total_ms, tokens_per_step / per_step,
+                 eta(per_step * static_cast<double>(cfg.train.steps - s - 1)), r.skipped ? "  (skipped: overflow)" : "");
+      std::fflush(stdout);
+      steps.flush();
+    }
+    if (cfg.train.eval_every > 0 && ((s + 1) % cfg.train.eval_every == 0 || last)) {
+      const double el = evaluate(cfg, trainer, *data);
+      evals.append({s + 1, el});
+      evals.flush();
+      if (env.is_root()) fmt::print("eval  step {:>6}  loss {:.4f}\n", s + 1, el);
+    }
+    if (cfg.train.checkpoint_every > 0 && (s + 1) % cfg.train.checkpoint_every == 0 && !last)
+      save_weights(env, trainer, cfg.train.checkpoint_path, true);
+  }
+  env.out.set_attr("/train", "first_loss", first_loss);
+  env.out.set_attr("/train", "final_loss", last_loss);
+  env.out.set_attr("/train", "parameters", dims.parameter_count());
+  env.out.set_attr("/train", "wall_s", wall.seconds());
+  if (cfg.train.checkpoint_every > 0) save_weights(env, trainer, cfg.train.checkpoint_path, true);
+  if (!cfg.train.save.empty()) {
+    save_weights(env, trainer, cfg.train.save, false);
+    if (env.is_root()) fmt::print("weights saved to {}\n", cfg.train.save);
+  }
+  write_memory_report(env);
+  return 0;
+}
+
+}  // namespace lmscale::jobs

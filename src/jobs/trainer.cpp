@@ -1,0 +1,168 @@
+#include "lmscale/jobs/trainer.h"
+
+#include <cmath>
+
+#include "lmscale/core/error.h"
+#include "lmscale/core/nvtx.h"
+#include "lmscale/ops/ops.h"
+#include "lmscale/optim/grad_clip.h"
+#include "lmscale/parallel/gradient_sync.h"
+
+namespace lmscale::jobs {
+
+namespace {
+// Master weights, gradients and optimizer state are fp32 in every precision mode (DESIGN §2).
+constexpr DType kMaster = DType::f32;
+DType lowp_dtype(const Config& c) {
+  if (c.precision.mode == "bf16") return DType::bf16;
+  if (c.precision.mode == "fp16") return DType::f16;
+  return DType::f32;
+}
+}  // namespace
+
+Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum, std::int64_t total_steps)
+    : env_(env),
+      dims_(model::ModelDims::from(env.cfg.model)),
+      scaler_(env.cfg.precision.loss_scale_init, env.cfg.precision.loss_scale_window, env.cfg.precision.mode == "fp16"),
+      schedule_{env.cfg.optim.lr, env.cfg.optim.min_lr, env.cfg.optim.warmup_steps,
+                env.cfg.optim.cosine_steps > 0 ? env.cfg.optim.cosine_steps : total_steps},
+      global_batch_(global_batch),
+      grad_accum_(grad_accum),
+      master_(kMaster),
+      lowp_(lowp_dtype(env.cfg)) {
+  const std::int64_t dp = env.world;   // data-parallel degree (tp = pp = 1 for now)
+  LMSCALE_CHECK(global_batch % dp == 0, "batch_size {} not divisible by {} data-parallel ranks", global_batch, dp);
+  local_rows_ = global_batch / dp;
+  first_row_ = env.rank * local_rows_;
+  LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
+  Context& ctx = env.rt.ctx();
+  params_ = std::make_unique<model::ParameterStore>(dims_, master_, lowp_, *ctx.allocator);
+  params_->init(env.cfg.run.seed, ctx);
+  model_ = std::make_unique<model::TransformerLM>(dims_, *params_);
+  adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
+  sync_ = std::make_unique<parallel::GradientSync>();
+}
+
+Trainer::~Trainer() = default;
+
+std::pair<Tensor, Tensor> Trainer::upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
+                                          std::int64_t r1) {
+  Context& ctx = env_.rt.ctx();
+  const std::int64_t rows = r1 - r0;
+  // Split [rows, T+1] sequences into inputs [rows, T] and targets [rows, T] on the host.
+  Tensor in_h = Tensor::empty({rows, T}, DType::i32, *ctx.host, "batch");
+  Tensor tg_h = Tensor::empty({rows, T}, DType::i32, *ctx.host, "batch");
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int32_t* seq = tokens.data() + (r0 + r) * (T + 1);
+    std::copy(seq, seq + T, in_h.data_as<std::int32_t>() + r * T);
+    std::copy(seq + 1, seq + T + 1, tg_h.data_as<std::int32_t>() + r * T);
+  }
+  if (ctx.device == Device::cpu) return {in_h, tg_h};
+  Tensor in_d = Tensor::empty({rows, T}, DType::i32, *ctx.allocator, "batch");
+  Tensor tg_d = Tensor::empty({rows, T}, DType::i32, *ctx.allocator, "batch");
+  ops::copy(ctx, in_h, in_d);
+  ops::copy(ctx, tg_h, tg_d);
+  return {in_d, tg_d};
+}
+
+double Trainer::reduce_loss(Tensor& loss_sum_device, double tokens_global) {
+  Context& ctx = env_.rt.ctx();
+  Tensor host = Tensor::empty({1}, loss_sum_device.dtype(), *ctx.host, "loss");
+  ops::copy(ctx, loss_sum_device, host);
+  const double local = host.dtype() == DType::f64 ? host.data_as<double>()[0] : host.data_as<float>()[0];
+  return sync_->sum_scalar(local) / tokens_global;
+}
+
+void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
+                                       std::vector<Tensor>& loss_sums) {
+  Context& ctx = env_.rt.ctx();
+  ops::Runtime& rt = env_.rt;
+  const std::int64_t micro = local_rows_ / grad_accum_;
+  const double grad_scale = scaler_.scale() / static_cast<double>(global_batch_ * T);
+  for (std::int64_t m = 0; m < grad_accum_; ++m) {
+    auto [in, tg] = upload(tokens, T, m * micro, (m + 1) * micro);
+    auto t0 = rt.mark();
+    auto act = model_->forward(ctx, in, tg, true, grad_scale);
+    auto t1 = rt.mark();
+    model_->backward(ctx, *act, sync_->hooks(m + 1 == grad_accum_));
+    auto t2 = rt.mark();
+    loss_sums.push_back(act->loss_sum);
+    r.times.forward_ms += rt.elapsed_ms(t0, t1);
+    r.times.backward_ms += rt.elapsed_ms(t1, t2);
+    if (m == 0) rt.allocator().tracker().mark_phase("forward_backward");
+  }
+}
+
+StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, std::int64_t T) {
+  StepResult r;
+  Context& ctx = env_.rt.ctx();
+  params_->zero_grads(ctx);
+  std::vector<Tensor> loss_sums;
+  accumulate_micro_batches(tokens, T, r, loss_sums);
+  double loss = 0;
+  for (auto& l : loss_sums) loss += reduce_loss(l, static_cast<double>(global_batch_ * T));
+  r.loss = loss;   // the loss itself is never scaled, only the gradient seed is
+  r.times.total_ms = r.times.forward_ms + r.times.backward_ms;
+  return r;
+}
+
+StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int64_t T) {
+  NvtxRange range("train_step");
+  ops::Runtime& rt = env_.rt;
+  Context& ctx = rt.ctx();
+  StepResult r;
+  auto t_start = rt.mark();
+  params_->zero_grads(ctx);
+  std::vector<Tensor> loss_sums;
+  accumulate_micro_batches(tokens, T, r, loss_sums);
+
+  auto c0 = rt.mark();
+  {
+    NvtxRange n("gradient_sync");
+    sync_->finish(ctx);
+  }
+  auto c1 = rt.mark();
+  r.times.comm_ms = rt.elapsed_ms(c0, c1);
+
+  NvtxRange n("optimizer");
+  auto o0 = rt.mark();
+  // Gradients hold loss_scale * d(mean loss)/dw; clipping works on the unscaled norm.
+  const double inv_scale = 1.0 / scaler_.scale();
+  const double sq = sync_->sum_scalar(optim::sum_of_squares(ctx, params_->flat_grads()));
+  const double norm = std::sqrt(sq) * inv_scale;
+  const bool finite = std::isfinite(norm);
+  r.grad_norm = norm;
+  r.loss_scale = scaler_.scale();
+  r.lr = schedule_.at(step_);
+  if (scaler_.update(!finite) && finite) {
+    const double clip = optim::clip_factor(norm, env_.cfg.optim.grad_clip);
+    Tensor* lowp = params_->has_lowp() ? &params_->flat_lowp() : nullptr;
+    adamw_->step(ctx, params_->flat_params(), params_->flat_grads(), lowp, r.lr, inv_scale * clip);
+  } else {
+    r.skipped = true;
+  }
+  auto o1 = rt.mark();
+  r.times.optimizer_ms = rt.elapsed_ms(o0, o1);
+  rt.allocator().tracker().mark_phase("optimizer");
+  double loss = 0;
+  for (auto& l : loss_sums) loss += reduce_loss(l, static_cast<double>(global_batch_ * T));
+  r.loss = loss;
+  r.times.total_ms = rt.elapsed_ms(t_start, o1);
+  ++step_;
+  return r;
+}
+
+double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64_t T, StepTimes* times) {
+  ops::Runtime& rt = env_.rt;
+  Context& ctx = rt.ctx();
+  const std::int64_t rows = static_cast<std::int64_t>(tokens.size()) / (T + 1);
+  auto [in, tg] = upload(tokens, T, 0, rows);
+  auto t0 = rt.mark();
+  auto act = model_->forward(ctx, in, tg, false, 1.0);
+  auto t1 = rt.mark();
+  if (times) times->forward_ms = rt.elapsed_ms(t0, t1);
+  rt.allocator().tracker().mark_phase("forward");
+  return reduce_loss(act->loss_sum, static_cast<double>(sync_->sum_scalar(static_cast<double>(rows)) * T));
+}
+
+}  // namespace lmscale::jobs

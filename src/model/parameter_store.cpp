@@ -1,0 +1,130 @@
+#include "lmscale/model/parameter_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "lmscale/core/error.h"
+#include "lmscale/core/rng.h"
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::model {
+
+std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
+  std::vector<ParamInfo> v;
+  std::int64_t off = 0;
+  auto add = [&](std::string name, Shape shape, ParamInfo::Kind kind, int layer) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.numel = shape_numel(shape);
+    p.shape = std::move(shape);
+    p.offset = off;
+    p.kind = kind;
+    p.layer = layer;
+    off += p.numel;
+    v.push_back(std::move(p));
+  };
+  using K = ParamInfo::Kind;
+  const std::int64_t d = m.d_model, F = m.d_ff;
+  add("token_embeddings.weight", {m.vocab, d}, K::embedding, -1);
+  for (int i = 0; i < m.layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    add(p + "attn.q_proj.weight", {d, d}, K::linear, i);
+    add(p + "attn.k_proj.weight", {d, d}, K::linear, i);
+    add(p + "attn.v_proj.weight", {d, d}, K::linear, i);
+    add(p + "attn.output_proj.weight", {d, d}, K::linear, i);
+    add(p + "ln1.weight", {d}, K::norm, i);
+    add(p + "ffn.w1.weight", {F, d}, K::linear, i);
+    add(p + "ffn.w2.weight", {d, F}, K::linear, i);
+    add(p + "ffn.w3.weight", {F, d}, K::linear, i);
+    add(p + "ln2.weight", {d}, K::norm, i);
+  }
+  add("ln_final.weight", {d}, K::norm, -1);
+  add("lm_head.weight", {m.vocab, d}, K::linear, -1);
+  return v;
+}
+
+void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, std::int64_t end, double* out) {
+  if (p.kind == ParamInfo::Kind::norm) {
+    std::fill(out, out + (end - begin), 1.0);
+    return;
+  }
+  double std = 1.0;
+  if (p.kind == ParamInfo::Kind::linear) {
+    const double d_out = static_cast<double>(p.shape[0]), d_in = static_cast<double>(p.shape[1]);
+    std = std::sqrt(2.0 / (d_in + d_out));
+  }
+  const CounterRng rng(seed, hash_name(p.name));
+  for (std::int64_t i = begin; i < end; ++i) out[i - begin] = rng.truncated_normal(static_cast<std::uint64_t>(i), std, 3.0);
+}
+
+ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc)
+    : infos_(parameter_layout(dims)) {
+  total_ = infos_.back().offset + infos_.back().numel;
+  params_ = Tensor::empty({total_}, master, alloc, "parameters");
+  grads_ = Tensor::empty({total_}, master, alloc, "gradients");
+  has_lowp_ = lowp != master;
+  if (has_lowp_) lowp_ = Tensor::empty({total_}, lowp, alloc, "parameters_lowp");
+}
+
+int ParameterStore::index(const std::string& name) const {
+  for (std::size_t i = 0; i < infos_.size(); ++i)
+    if (infos_[i].name == name) return static_cast<int>(i);
+  throw Error("no parameter named '" + name + "'");
+}
+
+Tensor ParameterStore::view(const Tensor& flat, int i) const {
+  const ParamInfo& p = infos_[static_cast<std::size_t>(i)];
+  return flat.flat_range(p.offset, p.numel).reshape(p.shape);
+}
+
+Tensor ParameterStore::compute_weight(int i) const {
+  if (has_lowp_ && infos_[static_cast<std::size_t>(i)].kind != ParamInfo::Kind::norm) return view(lowp_, i);
+  return view(params_, i);
+}
+
+void ParameterStore::init(std::uint64_t seed, Context& ctx) {
+  // Values are computed on the host in fp64 by several threads (each parameter split into
+  // chunks), converted to the master dtype and copied to the device in pieces of <= 64 Mi
+  // elements so the host staging buffer stays small.
+  const std::int64_t chunk = std::int64_t{1} << 26;
+  HostAllocator staging_alloc;
+  Tensor staging64 = Tensor::empty({chunk}, DType::f64, staging_alloc, "init_staging");
+  Tensor staging = params_.dtype() == DType::f64 ? staging64 : Tensor::empty({chunk}, params_.dtype(), staging_alloc, "init_staging");
+  const unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  Context host_ctx;
+  host_ctx.device = Device::cpu;
+  host_ctx.allocator = &staging_alloc;
+  host_ctx.host = &staging_alloc;
+  for (const ParamInfo& p : infos_) {
+    for (std::int64_t b = 0; b < p.numel; b += chunk) {
+      const std::int64_t n = std::min(chunk, p.numel - b);
+      double* out = staging64.data_as<double>();
+      std::vector<std::thread> workers;
+      const std::int64_t per = (n + nthreads - 1) / nthreads;
+      for (unsigned t = 0; t < nthreads; ++t) {
+        const std::int64_t lo = t * per, hi = std::min(n, lo + per);
+        if (lo >= hi) break;
+        workers.emplace_back([&, lo, hi] { initial_values(p, seed, b + lo, b + hi, out + lo); });
+      }
+      for (auto& w : workers) w.join();
+      Tensor src64 = staging64.flat_range(0, n);
+      Tensor src = staging.flat_range(0, n);
+      if (staging.dtype() != DType::f64) ops::cast(host_ctx, src64, src);
+      Tensor dst = params_.flat_range(p.offset + b, n);
+      // A copy from pageable host memory returns once the source bytes are staged, so reusing
+      // the staging buffer for the next chunk is safe.
+      ops::copy(ctx, src, dst);
+    }
+  }
+  zero_grads(ctx);
+  refresh_lowp(ctx);
+}
+
+void ParameterStore::zero_grads(Context& ctx) { ops::fill(ctx, grads_, 0.0); }
+
+void ParameterStore::refresh_lowp(Context& ctx) {
+  if (has_lowp_) ops::cast(ctx, params_, lowp_);
+}
+
+}  // namespace lmscale::model

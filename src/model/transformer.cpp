@@ -1,0 +1,242 @@
+#include "lmscale/model/transformer.h"
+
+#include "lmscale/core/error.h"
+#include "lmscale/core/nvtx.h"
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::model {
+
+namespace {
+// Parameter slots inside a block, in parameter_layout order.
+enum Slot { kQ = 0, kK, kV, kO, kLn1, kW1, kW2, kW3, kLn2 };
+
+void notify(const ParallelContext& pc, int i) {
+  if (pc.on_grad_ready) pc.on_grad_ready(i);
+}
+}  // namespace
+
+TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
+    : dims_(dims), params_(params), compute_(params.lowp_dtype()),
+      stats_(params.master_dtype() == DType::f64 ? DType::f64 : DType::f32) {
+  LMSCALE_CHECK(dims.d_model % dims.heads == 0 && dims.head_dim() % 2 == 0, "d_model {} / heads {}", dims.d_model,
+                dims.heads);
+}
+
+std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& tokens, const Tensor& targets,
+                                                    bool keep, double grad_scale) {
+  NvtxRange range("forward");
+  LMSCALE_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::i32, "tokens must be int32 [B,T], got {}",
+                shape_str(tokens.shape()));
+  auto act = std::make_unique<Activations>();
+  act->B = tokens.dim(0);
+  act->T = tokens.dim(1);
+  LMSCALE_CHECK(act->T <= dims_.context, "sequence length {} exceeds model.context_length {}", act->T, dims_.context);
+  act->tokens = tokens;
+  act->targets = targets;
+  const std::int64_t N = act->B * act->T, d = dims_.d_model, V = dims_.vocab;
+  Allocator& A = *ctx.allocator;
+
+  Tensor x = Tensor::empty({N, d}, compute_, A, "activations");
+  {
+    NvtxRange r("embedding");
+    ops::embedding(ctx, tokens.reshape({N}), params_.compute_weight(0), x);
+  }
+  x = run_blocks_forward(ctx, *act, x, keep);
+
+  NvtxRange r("lm_head");
+  const int ln_final = 1 + static_cast<int>(dims_.layers) * 9;
+  Tensor rstd = Tensor::empty({N}, stats_, A, "activations");
+  Tensor y = Tensor::empty({N, d}, compute_, A, "activations");
+  ops::rmsnorm(ctx, x, params_.compute_weight(ln_final), dims_.norm_eps, y, rstd);
+  Tensor logits = Tensor::empty({N, V}, compute_, A, "logits");
+  ops::linear(ctx, y, params_.compute_weight(ln_final + 1), logits);
+  if (keep) {
+    act->x_final = x;
+    act->rstd_final = rstd;
+    act->y_final = y;
+  }
+  if (targets.defined() && targets.numel() > 0) {
+    act->loss_sum = Tensor::empty({1}, stats_, A, "loss");
+    ops::cross_entropy(ctx, logits, targets.reshape({N}), act->loss_sum, keep ? &logits : nullptr, grad_scale);
+  }
+  if (keep) act->dlogits = logits;
+  return act;
+}
+
+Tensor TransformerLM::logits(Context& ctx, const Tensor& tokens) {
+  const std::int64_t N = tokens.numel(), d = dims_.d_model;
+  Activations act;
+  act.B = tokens.dim(0);
+  act.T = tokens.dim(1);
+  Tensor x = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
+  ops::embedding(ctx, tokens.reshape({N}), params_.compute_weight(0), x);
+  x = run_blocks_forward(ctx, act, x, false);
+  const int ln_final = 1 + static_cast<int>(dims_.layers) * 9;
+  Tensor rstd = Tensor::empty({N}, stats_, *ctx.allocator, "activations");
+  Tensor y = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
+  ops::rmsnorm(ctx, x, params_.compute_weight(ln_final), dims_.norm_eps, y, rstd);
+  Tensor out = Tensor::empty({N, dims_.vocab}, compute_, *ctx.allocator, "logits");
+  ops::linear(ctx, y, params_.compute_weight(ln_final + 1), out);
+  return out;
+}
+
+Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep) {
+  act.blocks.assign(keep ? static_cast<std::size_t>(dims_.layers) : 0, BlockActivations{});
+  for (int l = 0; l < dims_.layers; ++l) {
+    NvtxRange r("layer");
+    BlockActivations scratch;   // without `keep` the block's saved tensors die with it
+    x = block_forward(ctx, l, act.B, act.T, x, keep ? act.blocks[static_cast<std::size_t>(l)] : scratch);
+  }
+  return x;
+}
+
+Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::int64_t T, const Tensor& x,
+                                    BlockActivations& s) {
+  const std::int64_t N = B * T, d = dims_.d_model, F = dims_.d_ff, H = dims_.heads, Dh = dims_.head_dim();
+  Allocator& A = *ctx.allocator;
+  auto W = [&](int slot) { return params_.compute_weight(pidx(l, slot)); };
+  auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activations"); };
+  s.x = x;
+  {
+    NvtxRange r("attention_block");
+    s.rstd1 = Tensor::empty({N}, stats_, A, "activations");
+    s.y1 = act(d);
+    ops::rmsnorm(ctx, x, W(kLn1), dims_.norm_eps, s.y1, s.rstd1);
+    s.q = act(d);
+    s.k = act(d);
+    s.v = act(d);
+    ops::linear(ctx, s.y1, W(kQ), s.q);
+    ops::linear(ctx, s.y1, W(kK), s.k);
+    ops::linear(ctx, s.y1, W(kV), s.v);
+    ops::rope(ctx, s.q, B, T, H, Dh, dims_.rope_theta, false);
+    ops::rope(ctx, s.k, B, T, H, Dh, dims_.rope_theta, false);
+    const auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
+    s.o = act(d);
+    if (dims_.flash) {
+      s.attn_aux = Tensor::empty({B, H, T}, stats_, A, "activations");
+      ops::attention_flash(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux);
+    } else {
+      s.attn_aux = Tensor::empty({B, H, T, T}, compute_, A, "attention_probs");
+      ops::attention_naive(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux);
+    }
+    Tensor proj = act(d);
+    ops::linear(ctx, s.o, W(kO), proj);
+    s.h = act(d);
+    ops::add(ctx, x, proj, s.h);
+  }
+  NvtxRange r("ffn_block");
+  s.rstd2 = Tensor::empty({N}, stats_, A, "activations");
+  s.y2 = act(d);
+  ops::rmsnorm(ctx, s.h, W(kLn2), dims_.norm_eps, s.y2, s.rstd2);
+  s.a = act(F);
+  s.b = act(F);
+  ops::linear(ctx, s.y2, W(kW1), s.a);
+  ops::linear(ctx, s.y2, W(kW3), s.b);
+  s.g = act(F);
+  ops::swiglu(ctx, s.a, s.b, s.g);
+  Tensor out = act(d);
+  ops::linear(ctx, s.g, W(kW2), out);
+  ops::add(ctx, s.h, out, out);
+  return out;
+}
+
+void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
+                                   std::int64_t B, std::int64_t T) {
+  const std::int64_t N = B * T, d = dims_.d_model, F = dims_.d_ff, H = dims_.heads, Dh = dims_.head_dim();
+  Allocator& A = *ctx.allocator;
+  auto W = [&](int slot) { return params_.compute_weight(pidx(l, slot)); };
+  auto G = [&](int slot) { return params_.grad(pidx(l, slot)); };
+  auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activation_grads"); };
+  {
+    // FFN: out = h + w2(silu(w1 y2) * w3 y2), y2 = rmsnorm2(h); dx holds d(out).
+    NvtxRange r("ffn_block_backward");
+    Tensor dg = act(F);
+    Tensor gW2 = G(kW2);
+    ops::linear_backward(ctx, s.g, W(kW2), dx, &dg, &gW2, true);
+    notify(pc, pidx(l, kW2));
+    s.g = Tensor();
+    Tensor da = act(F), db = act(F);
+    ops::swiglu_backward(ctx, s.a, s.b, dg, da, db);
+    dg = Tensor();
+    s.a = Tensor();
+    s.b = Tensor();
+    Tensor dy2 = act(d), dy2b = act(d);
+    Tensor gW1 = G(kW1), gW3 = G(kW3);
+    ops::linear_backward(ctx, s.y2, W(kW1), da, &dy2, &gW1, true);
+    notify(pc, pidx(l, kW1));
+    ops::linear_backward(ctx, s.y2, W(kW3), db, &dy2b, &gW3, true);
+    notify(pc, pidx(l, kW3));
+    ops::add(ctx, dy2, dy2b, dy2);
+    Tensor dh = act(d), gLn2 = G(kLn2);
+    ops::rmsnorm_backward(ctx, s.h, W(kLn2), s.rstd2, dy2, dh, gLn2);
+    notify(pc, pidx(l, kLn2));
+    ops::add(ctx, dx, dh, dx);   // dx now holds d(h)
+    s.y2 = Tensor();
+    s.h = Tensor();
+  }
+  NvtxRange r("attention_block_backward");
+  // Attention: h = x + output_proj(attn(rope(q), rope(k), v)), q,k,v = proj(rmsnorm1(x)).
+  Tensor dO = act(d), gWo = G(kO);
+  ops::linear_backward(ctx, s.o, W(kO), dx, &dO, &gWo, true);
+  notify(pc, pidx(l, kO));
+  Tensor dq = act(d), dk = act(d), dv = act(d);
+  const auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
+  if (dims_.flash) {
+    ops::attention_flash_backward(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux, dO, dq, dk, dv);
+  } else {
+    ops::attention_naive_backward(ctx, shape, s.q, s.k, s.v, s.attn_aux, dO, dq, dk, dv);
+  }
+  s.attn_aux = Tensor();
+  s.o = Tensor();
+  dO = Tensor();
+  ops::rope(ctx, dq, B, T, H, Dh, dims_.rope_theta, true);
+  ops::rope(ctx, dk, B, T, H, Dh, dims_.rope_theta, true);
+  Tensor dy1 = act(d), tmp = act(d);
+  Tensor gq = G(kQ), gk = G(kK), gv = G(kV);
+  ops::linear_backward(ctx, s.y1, W(kQ), dq, &dy1, &gq, true);
+  notify(pc, pidx(l, kQ));
+  ops::linear_backward(ctx, s.y1, W(kK), dk, &tmp, &gk, true);
+  notify(pc, pidx(l, kK));
+  ops::add(ctx, dy1, tmp, dy1);
+  ops::linear_backward(ctx, s.y1, W(kV), dv, &tmp, &gv, true);
+  notify(pc, pidx(l, kV));
+  ops::add(ctx, dy1, tmp, dy1);
+  Tensor gLn1 = G(kLn1);
+  ops::rmsnorm_backward(ctx, s.x, W(kLn1), s.rstd1, dy1, tmp, gLn1);
+  notify(pc, pidx(l, kLn1));
+  ops::add(ctx, dx, tmp, dx);   // dx now holds d(x)
+  s = BlockActivations{};
+}
+
+void TransformerLM::backward(Context& ctx, Activations& act, const ParallelContext& pc) {
+  NvtxRange range("backward");
+  LMSCALE_CHECK(act.dlogits.defined() && act.dlogits.numel() > 0 && act.loss_sum.defined(),
+                "backward needs a forward with targets and keep=true");
+  const std::int64_t N = act.B * act.T, d = dims_.d_model;
+  const int L = static_cast<int>(dims_.layers);
+  const int ln_final = 1 + L * 9, head = ln_final + 1;
+  Tensor dx = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
+  {
+    NvtxRange r("lm_head_backward");
+    Tensor dy = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
+    Tensor gHead = params_.grad(head);
+    ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dy, &gHead, true);
+    notify(pc, head);
+    act.dlogits = Tensor();
+    act.y_final = Tensor();
+    Tensor gLnF = params_.grad(ln_final);
+    ops::rmsnorm_backward(ctx, act.x_final, params_.compute_weight(ln_final), act.rstd_final, dy, dx, gLnF);
+    notify(pc, ln_final);
+    act.x_final = Tensor();
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    NvtxRange r("layer_backward");
+    block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T);
+  }
+  NvtxRange r("embedding_backward");
+  Tensor gEmb = params_.grad(0);
+  ops::embedding_backward(ctx, act.tokens.reshape({N}), dx, gEmb);
+  notify(pc, 0);
+}
+
+}  // namespace lmscale::model

@@ -1,0 +1,21 @@
+#include "lmscale/optim/grad_clip.h"
+
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::optim {
+
+double sum_of_squares(Context& ctx, const Tensor& x) {
+  const DType acc = ctx.device == Device::cpu ? DType::f64 : DType::f32;
+  Tensor dev = Tensor::empty({1}, acc, *ctx.allocator, "reduction");
+  ops::sum_squares(ctx, x, dev);
+  Tensor host = Tensor::empty({1}, acc, *ctx.host, "reduction");
+  ops::copy(ctx, dev, host);   // device -> pageable host memory returns when the bytes are there
+  return acc == DType::f64 ? host.data_as<double>()[0] : static_cast<double>(host.data_as<float>()[0]);
+}
+
+double clip_factor(double global_norm, double max_norm) {
+  if (max_norm <= 0 || global_norm <= max_norm) return 1.0;
+  return max_norm / (global_norm + 1e-6);
+}
+
+}  // namespace lmscale::optim
