@@ -61,15 +61,26 @@ lmscale_launch() {  # TAG [srun options...]
   "${cmd[@]}" --print-config
   local rc=$?
   if [[ $rc -ne 0 ]]; then
-    echo "lmscale job: configuration rejected (exit $rc), not launching" >&2
+    echo "lmscale job: --print-config failed (exit $rc; 2 = bad deck), not launching" >&2
     return "$rc"
   fi
   echo "== run"
-  # srun does not inherit --cpus-per-task in 22.05: pass it on. --kill-on-bad-exit: one failed
-  # rank ends the step instead of leaving the others hung in a collective.
-  srun --mpi=pmix --kill-on-bad-exit=1 \
-    ${SLURM_CPUS_PER_TASK:+--cpus-per-task=$SLURM_CPUS_PER_TASK} "$@" "${cmd[@]}"
-  rc=$?
+  # srun does not inherit --cpus-per-task in 22.05: pass it on. When one rank fails, the pmix
+  # plugin ends the step and srun reports the others' signal (137/143) as its exit code, which
+  # would hide lmscale's 1 or 2: take the code from srun's "Exited with exit code N" lines then.
+  local errf; errf=$(mktemp "${TMPDIR:-/tmp}/lmscale-srun.XXXXXX")
+  { srun --mpi=pmix ${SLURM_CPUS_PER_TASK:+--cpus-per-task=$SLURM_CPUS_PER_TASK} "$@" "${cmd[@]}" \
+      2>&1 1>&3 3>&- | tee "$errf" >&2 3>&-; } 3>&1
+  rc=${PIPESTATUS[0]}
+  if (( rc > 128 )); then
+    local own
+    own=$(sed -n 's/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit code \([0-9]*\).*/\1/p' "$errf" | sort -n | tail -n 1)
+    if [[ -n $own ]]; then
+      echo "lmscale job: srun exit $rc (ranks killed after a rank failed); lmscale exit code $own" >&2
+      rc=$own
+    fi
+  fi
+  rm -f "$errf"
   echo "== lmscale exit $rc ($(date -u +%FT%TZ))"
   return "$rc"
 }

@@ -23,7 +23,6 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 
 echo "slurm.sh: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq >/dev/null
-# policy-rc.d 101 keeps the packages' postinst from starting the system munged/slurmd (no systemd here).
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The packages do not need their system daemons: slurm/cluster/start.sh runs private ones.
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

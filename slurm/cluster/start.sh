@@ -11,8 +11,9 @@
 # `ci`, MpiDefault=pmix. Waits until the node is idle (START_TIMEOUT seconds, default 20); on
 # failure prints the logs, stops what it started and exits 1.
 #
-# Environment: START_TIMEOUT (s), SLURM_GPUS=N adds Gres=gpu:N and a gres.conf for
-# /dev/nvidia[0..N-1] (Debian ships no gpu_nvml plugin).
+# Environment: START_TIMEOUT (s); SLURM_GPUS=N adds Gres=gpu:N and a gres.conf for
+# /dev/nvidia[0..N-1] (Debian ships no gpu_nvml plugin); on a machine without /dev/nvidia0 the
+# device files are faked under DIR/dev, enough to schedule and test GPU job scripts.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,21 +26,25 @@ for c in munged mungekey slurmctld slurmd sinfo scontrol; do
 done
 
 if [[ $# -ge 1 && -n $1 ]]; then
+  # stop.sh removes D: never adopt a folder that holds anything
+  if [[ -e $1 && -n $(ls -A "$1" 2>/dev/null) ]]; then die "$1 exists and is not empty"; fi
   D=$1; mkdir -p "$D"
 else
   D=$(mktemp -d "${TMPDIR:-/tmp}/lmscale-slurm.XXXXXX")
 fi
 D=$(cd "$D" && pwd)
-[[ -e $D/slurm.conf ]] && die "$D already holds a cluster (stop it first)"
+# munged's socket path must fit in sun_path (108 bytes)
+(( ${#D} <= 80 )) || die "path too long for a unix socket: $D (use a shorter DIR or TMPDIR)"
 mkdir -p "$D"/{munge,state,spool,tmp,log}
+touch "$D/.lmscale-slurm-cluster"   # lets stop.sh remove D
+started=1
 # munged insists on safe permissions along its paths; slurmd/job steps need to enter D.
 chmod 0755 "$D" "$D/log" "$D/state" "$D/spool" "$D/tmp"
 chmod 0711 "$D/munge"
 
-started=0
 on_fail() {
   local rc=$?
-  if [[ $rc -ne 0 && $started -eq 1 ]]; then
+  if [[ $rc -ne 0 && ${started:-0} -eq 1 ]]; then
     for f in "$D"/log/*; do [[ -s $f ]] && { echo "===== $f" >&2; tail -n 40 "$f" >&2; }; done
     "$here/stop.sh" "$D" >&2 || true
   fi
@@ -65,15 +70,29 @@ pick_ports() {
 }
 
 host=$(hostname -s)
-cpus=$(slurmd -C | sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' | head -1)
-[[ -n $cpus ]] || cpus=$(nproc)
-mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -1)
+# The node as slurmd sees it (CPUs and topology must not exceed the hardware or the node drains).
+hw=$(slurmd -C | head -n 1)
+node_hw=""
+for k in CPUs Boards SocketsPerBoard CoresPerSocket ThreadsPerCore; do   # no RealMemory: memory is not scheduled here
+  v=$(sed -n "s/.*\b$k=\([0-9]*\).*/\1/p" <<<"$hw")
+  [[ -n $v ]] && node_hw+=" $k=$v"
+done
+[[ $node_hw == *CPUs=* ]] || node_hw=" CPUs=$(nproc)"
+cpus=$(sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' <<<"$node_hw")
 
 gres_line="" gres_node=""
 if [[ -n ${SLURM_GPUS:-} && ${SLURM_GPUS} -gt 0 ]]; then
   gres_line="GresTypes=gpu"
   gres_node="Gres=gpu:${SLURM_GPUS}"
-  echo "Name=gpu File=/dev/nvidia[0-$((SLURM_GPUS - 1))]" > "$D/gres.conf"
+  gpu_dev=/dev/nvidia
+  if [[ ! -e /dev/nvidia0 ]]; then
+    # no GPUs here: fake device files, so GPU job scripts can still be scheduled and tested
+    gpu_dev=$D/dev/nvidia
+    mkdir -p "$D/dev"
+    for ((i = 0; i < SLURM_GPUS; i++)); do ln -s /dev/null "$gpu_dev$i"; done   # must be char devices
+    log "no /dev/nvidia0: $SLURM_GPUS fake GPUs in $D/dev (scheduling only)"
+  fi
+  echo "Name=gpu File=${gpu_dev}[0-$((SLURM_GPUS - 1))]" > "$D/gres.conf"
 fi
 
 write_conf() {  # $1 ctld port, $2 slurmd port
@@ -111,7 +130,7 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 $gres_line
-NodeName=${host} NodeAddr=127.0.0.1 CPUs=${cpus}${mem:+ RealMemory=$mem} $gres_node State=UNKNOWN
+NodeName=${host} NodeAddr=127.0.0.1${node_hw} $gres_node State=UNKNOWN
 PartitionName=ci Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 }
@@ -125,7 +144,6 @@ echo "export SLURM_CONF=$SLURM_CONF" > "$D/env"
 mungekey --create --keyfile="$D/munge/munge.key" >/dev/null 2>&1 \
   || dd if=/dev/urandom of="$D/munge/munge.key" bs=1024 count=1 status=none
 chmod 0400 "$D/munge/munge.key"
-started=1
 munged --socket="$D/munge/munge.socket" --key-file="$D/munge/munge.key" \
   --pid-file="$D/munge/munged.pid" --log-file="$D/log/munged.log" \
   --seed-file="$D/munge/munged.seed" --num-threads=2 </dev/null >>"$D/log/munged.out" 2>&1 \
@@ -135,9 +153,9 @@ munged --socket="$D/munge/munge.socket" --key-file="$D/munge/munge.key" \
 wait_idle() {  # returns 0 idle, 1 timeout, 2 port clash
   local deadline=$((SECONDS + ${START_TIMEOUT:-20})) st
   while (( SECONDS < deadline )); do
-    st=$(sinfo -h -o %t 2>/dev/null | head -1 || true)
-    [[ $st == idle ]] && return 0
     if grep -qs 'Address already in use' "$D/log/slurmctld.log" "$D/log/slurmd.log"; then return 2; fi
+    st=$(timeout 2 sinfo -h -o %t 2>/dev/null | head -n 1 || true)
+    [[ $st == idle ]] && return 0
     sleep 0.05
   done
   log "node state after ${START_TIMEOUT:-20} s: '${st:-none}'"
@@ -146,11 +164,11 @@ wait_idle() {  # returns 0 idle, 1 timeout, 2 port clash
 kill_daemons() {
   local f p
   for f in "$D/slurmd.pid" "$D/slurmctld.pid"; do
-    p=$(cat "$f" 2>/dev/null || true); [[ -n $p ]] && kill "$p" 2>/dev/null || true
+    p=$(cat "$f" 2>/dev/null || true); if [[ -n $p ]]; then kill "$p" 2>/dev/null || true; fi
   done
   sleep 2
   for f in "$D/slurmd.pid" "$D/slurmctld.pid"; do
-    p=$(cat "$f" 2>/dev/null || true); [[ -n $p ]] && kill -9 "$p" 2>/dev/null || true
+    p=$(cat "$f" 2>/dev/null || true); if [[ -n $p ]]; then kill -9 "$p" 2>/dev/null || true; fi
     rm -f "$f"
   done
 }

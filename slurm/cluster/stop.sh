@@ -13,17 +13,18 @@ D=$(cd "$1" && pwd)
 export SLURM_CONF=$D/slurm.conf
 pidfiles=("$D/slurmd.pid" "$D/slurmctld.pid" "$D/munge/munged.pid")
 
-alive() { [[ -n $1 ]] && kill -0 "$1" 2>/dev/null; }
+# alive: exists and is not a zombie (an unreaped daemon still answers kill -0)
+alive() { [[ -n $1 ]] && kill -0 "$1" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
 ctld=$(cat "$D/slurmctld.pid" 2>/dev/null || true)
 
 # 1. cancel jobs, wait for the queue to drain
 if [[ -f $SLURM_CONF ]] && alive "$ctld"; then
-  jobs=$(squeue -h -o %A 2>/dev/null | sort -u)
+  jobs=$(timeout 5 squeue -h -o %A 2>/dev/null | sort -u)
   if [[ -n $jobs ]]; then
     # shellcheck disable=SC2086
-    scancel $jobs 2>/dev/null || true
+    timeout 5 scancel $jobs 2>/dev/null || true
     for _ in $(seq 40); do
-      [[ -z $(squeue -h -o %A 2>/dev/null) ]] && break
+      [[ -z $(timeout 2 squeue -h -o %A 2>/dev/null) ]] && break
       sleep 0.25
     done
   fi
@@ -53,7 +54,7 @@ roots=()
 for env in /proc/[0-9]*/environ; do
   p=${env#/proc/}; p=${p%/environ}
   [[ $p == "$$" ]] && continue
-  tr '\0' '\n' < "$env" 2>/dev/null | grep -qxF "$marker" && roots+=("$p")
+  { tr '\0' '\n' < "$env"; } 2>/dev/null | grep -qxF "$marker" && roots+=("$p")
 done
 if [[ ${#roots[@]} -gt 0 ]]; then
   victims=$(ps -e -o pid=,ppid= | awk -v roots="${roots[*]}" '
@@ -62,10 +63,17 @@ if [[ ${#roots[@]} -gt 0 ]]; then
     END { for (p in parent) { q = p; while (q > 1) { if (q in keep) { print p; break } q = parent[q] } } }')
   for p in $victims; do
     [[ $p == "$$" ]] && continue
-    log "killing leftover $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-80) (pid $p)"
+    log "killing leftover $({ tr '\0' ' ' < "/proc/$p/cmdline"; } 2>/dev/null | cut -c1-80) (pid $p)"
     kill -KILL "$p" 2>/dev/null
   done
 fi
 
-if [[ -z ${KEEP:-} ]]; then rm -rf "$D"; fi
+if [[ -z ${KEEP:-} ]]; then
+  # only a folder that start.sh made
+  if [[ -f $D/.lmscale-slurm-cluster ]]; then
+    rm -rf "$D"
+  else
+    log "not removing $D: start.sh did not make it"
+  fi
+fi
 exit 0

@@ -54,7 +54,8 @@ while read -r rec; do
   : "${code:=1}" "${sig:=0}"
   if (( sig != 0 )); then r=$((128 + sig)); else r=$code; fi
   if [[ $st != COMPLETED && $r -eq 0 ]]; then r=1; fi
-  log "job ${aj:+${aj}_${at} }$id: $st ExitCode=$ec -> $r"
+  name=$id; [[ -n $aj ]] && name="${aj}_${at} (id $id)"
+  log "job $name: $st ExitCode=$ec -> $r"
   (( r > rc )) && rc=$r
 done <<<"$recs"
 
