@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "lmscale/comm/factory.h"
 #include "lmscale/comm/mpi_environment.h"
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
@@ -43,7 +44,12 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv) {
   io::ResultsFile out(cfg.run.output, root);
   out.write_provenance(cfg, mpi.size());
   app::write_system_info(out, mpi, rt);
-  jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank()};
+  jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr};
+  if (mpi.size() > 1 && cfg.run.job != "bench-collectives") {
+    // Gradients travel over the deck's backend; host scalars (losses, norms) over MPI.
+    env.comm = comm::make_world_communicator(cfg.parallel.backend, mpi, mpi.local_rank());
+    env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
+  }
   const int code = jobs::run_job(env);
   rt.synchronize();
   out.finish();

@@ -49,6 +49,7 @@ void write_system_info(io::ResultsFile& out, comm::MpiEnvironment& mpi, ops::Run
   std::vector<char> all(static_cast<std::size_t>(mpi.size()) * send.size());
   MPI_Gather(send.data(), static_cast<int>(send.size()), MPI_CHAR, all.data(), static_cast<int>(send.size()), MPI_CHAR,
              0, MPI_COMM_WORLD);
+  if (!out.active()) return;   // only rank 0 holds the gathered rows
   using C = io::Column;
   auto table = out.create_table("/system/ranks", {{"rank", C::Type::i64, ""}, {"host", C::Type::str, ""},
                                                  {"local_rank", C::Type::i64, ""}, {"device", C::Type::str, ""},

@@ -34,15 +34,16 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
   std::vector<float> m, v;
   io::OptimizerArrays opt;
   if (with_optimizer_state) {
-    m = to_host(ctx, trainer.optimizer().m());
-    v = to_host(ctx, trainer.optimizer().v());
+    if (!trainer.optimizer()) throw UsageError("train.checkpoint_every: checkpoints with a sharded optimizer (parallel.zero) are not supported yet; save final weights with train.save");
+    m = to_host(ctx, trainer.optimizer()->m());
+    v = to_host(ctx, trainer.optimizer()->v());
     opt.m = named(ps, m);
     opt.v = named(ps, v);
   }
   if (!env.is_root()) return;
   std::map<std::string, io::AttrValue> attrs{
       {"step", trainer.step()},
-      {"optimizer_steps", trainer.optimizer().steps()},
+      {"optimizer_steps", trainer.optimizer() ? trainer.optimizer()->steps() : trainer.step()},
       {"seed", static_cast<std::int64_t>(env.cfg.run.seed)},
       {"loss_scale", trainer.loss_scaler().scale()},
       {"config", env.cfg.resolved},
@@ -62,9 +63,10 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   ops::copy(ctx, src, ps.flat_params());
   ps.refresh_lowp(ctx);
   if (!r.has_optimizer_state()) return;   // a weights file: fresh optimizer, step 0
+  if (!trainer.optimizer()) throw UsageError("train.resume: resuming optimizer state with parallel.zero is not supported yet");
   for (const char* moment : {"m", "v"}) {
     for (const auto& p : ps.infos()) r.read_optimizer(moment, p.name, p.shape, flat.data() + p.offset);
-    Tensor& dst = moment[0] == 'm' ? trainer.optimizer().m() : trainer.optimizer().v();
+    Tensor& dst = moment[0] == 'm' ? trainer.optimizer()->m() : trainer.optimizer()->v();
     ops::copy(ctx, src, dst);
   }
   auto get = [&](const char* name) -> std::int64_t {
@@ -73,7 +75,7 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
     return std::get<std::int64_t>(*a);
   };
   trainer.set_step(get("step"));
-  trainer.optimizer().set_steps(get("optimizer_steps"));
+  trainer.optimizer()->set_steps(get("optimizer_steps"));
   if (auto ls = r.attr("loss_scale"); ls && std::holds_alternative<double>(*ls)) trainer.loss_scaler().set_scale(std::get<double>(*ls));
 }
 

@@ -6,7 +6,10 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/grad_clip.h"
+#include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/gradient_sync.h"
+#include "lmscale/parallel/zero.h"
+#include "lmscale/comm/communicator.h"
 
 namespace lmscale::jobs {
 
@@ -39,8 +42,29 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   params_ = std::make_unique<model::ParameterStore>(dims_, master_, lowp_, *ctx.allocator);
   params_->init(env.cfg.run.seed, ctx);
   model_ = std::make_unique<model::TransformerLM>(dims_, *params_);
-  adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
-  sync_ = std::make_unique<parallel::GradientSync>();
+  const auto& pc = env.cfg.parallel;
+  if (dp > 1) {
+    LMSCALE_CHECK(env.comm && env.host_comm, "data parallelism needs the world communicators");
+    if (env.comm->device() == Device::cuda) env.comm->set_compute_stream(ctx.stream);
+    const parallel::DdpMode ddp = parallel::parse_ddp_mode(pc.ddp == "none" ? "flat" : pc.ddp);
+    if (pc.zero != "none") {
+      zero_ = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *env.comm, *env.host_comm,
+                                                        env.cfg.optim, ctx);
+      zero_->add_group({params_->flat_params(), params_->flat_grads(), params_->has_lowp() ? &params_->flat_lowp() : nullptr},
+                       ctx);
+      zero_->make_sync(ddp, *params_, pc.bucket_mb);
+      sync_ = &zero_->sync();
+    } else {
+      auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *env.comm, *env.host_comm, *params_, pc.bucket_mb);
+      ddp_sync->broadcast_parameters(ctx);
+      owned_sync_ = std::move(ddp_sync);
+    }
+  } else {
+    owned_sync_ = std::make_unique<parallel::GradientSync>();
+  }
+  if (!sync_) sync_ = owned_sync_.get();
+  if (!zero_) adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
+  memory_points_["after_init"] = env.rt.allocator().tracker().by_tag();
 }
 
 Trainer::~Trainer() = default;
@@ -125,10 +149,12 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   r.times.comm_ms = rt.elapsed_ms(c0, c1);
 
   NvtxRange n("optimizer");
+  memory_points_["before_optimizer"] = rt.allocator().tracker().by_tag();
   auto o0 = rt.mark();
-  // Gradients hold loss_scale * d(mean loss)/dw; clipping works on the unscaled norm.
+  // Gradients hold loss_scale * d(mean loss)/dw; clipping works on the unscaled norm. After DDP
+  // every rank holds the summed gradients; with ZeRO each holds its range (summed over ranks).
   const double inv_scale = 1.0 / scaler_.scale();
-  const double sq = sync_->sum_scalar(optim::sum_of_squares(ctx, params_->flat_grads()));
+  const double sq = zero_ ? zero_->grad_sum_squares(ctx) : optim::sum_of_squares(ctx, params_->flat_grads());
   const double norm = std::sqrt(sq) * inv_scale;
   const bool finite = std::isfinite(norm);
   r.grad_norm = norm;
@@ -136,14 +162,19 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   r.lr = schedule_.at(step_);
   if (scaler_.update(!finite) && finite) {
     const double clip = optim::clip_factor(norm, env_.cfg.optim.grad_clip);
-    Tensor* lowp = params_->has_lowp() ? &params_->flat_lowp() : nullptr;
-    adamw_->step(ctx, params_->flat_params(), params_->flat_grads(), lowp, r.lr, inv_scale * clip);
+    if (zero_) {
+      zero_->step(ctx, r.lr, inv_scale * clip);
+    } else {
+      Tensor* lowp = params_->has_lowp() ? &params_->flat_lowp() : nullptr;
+      adamw_->step(ctx, params_->flat_params(), params_->flat_grads(), lowp, r.lr, inv_scale * clip);
+    }
   } else {
     r.skipped = true;
   }
   auto o1 = rt.mark();
   r.times.optimizer_ms = rt.elapsed_ms(o0, o1);
   rt.allocator().tracker().mark_phase("optimizer");
+  memory_points_["after_optimizer"] = rt.allocator().tracker().by_tag();
   double loss = 0;
   for (auto& l : loss_sums) loss += reduce_loss(l, static_cast<double>(global_batch_ * T));
   r.loss = loss;

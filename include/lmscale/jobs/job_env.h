@@ -1,6 +1,7 @@
 #pragma once
 // What every job gets from main(): the resolved configuration, where this process sits in the
 // world, its compute runtime and the results file (active on rank 0 only).
+#include <memory>
 #include <string>
 
 #include "lmscale/io/config.h"
@@ -9,6 +10,7 @@
 
 namespace lmscale::comm {
 class MpiEnvironment;
+class Communicator;
 }
 
 namespace lmscale::jobs {
@@ -19,6 +21,10 @@ struct JobEnv {
   ops::Runtime& rt;
   io::ResultsFile& out;
   int rank = 0, world = 1, local_rank = 0;
+  // The world's communicator for device buffers (nccl on GPUs, mpi on CPUs) and an mpi one for
+  // host scalars; null for jobs that make their own (bench-collectives).
+  std::shared_ptr<comm::Communicator> comm;
+  std::shared_ptr<comm::Communicator> host_comm;
   bool is_root() const { return rank == 0; }
 };
 

@@ -4,6 +4,8 @@
 // synchronise gradients (data-parallel strategies), clip, and the optimizer step, with the time
 // of each phase measured on the device's timeline and memory peaks per phase.
 #include <cstdint>
+#include <map>
+#include <string>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -17,6 +19,7 @@
 
 namespace lmscale::parallel {
 class GradientSync;
+class ZeroOptimizer;
 }
 
 namespace lmscale::jobs {
@@ -50,7 +53,13 @@ class Trainer {
 
   model::ParameterStore& params() { return *params_; }
   model::TransformerLM& model() { return *model_; }
-  optim::AdamW& optimizer() { return *adamw_; }
+  // Null with a sharded optimizer (parallel.zero): then zero() holds the state.
+  optim::AdamW* optimizer() { return adamw_.get(); }
+  parallel::ZeroOptimizer* zero() { return zero_.get(); }
+  parallel::GradientSync& sync() { return *sync_; }
+  // Bytes per allocation tag at points of the last step: "after_init", "before_optimizer",
+  // "after_optimizer" (DESIGN §5 memory accounting).
+  const std::map<std::string, std::map<std::string, std::size_t>>& memory_points() const { return memory_points_; }
   optim::LossScaler& loss_scaler() { return scaler_; }
   std::int64_t step() const { return step_; }
   void set_step(std::int64_t s) { step_ = s; }
@@ -71,7 +80,10 @@ class Trainer {
   std::unique_ptr<model::ParameterStore> params_;
   std::unique_ptr<model::TransformerLM> model_;
   std::unique_ptr<optim::AdamW> adamw_;
-  std::unique_ptr<parallel::GradientSync> sync_;
+  std::unique_ptr<parallel::ZeroOptimizer> zero_;
+  std::unique_ptr<parallel::GradientSync> owned_sync_;
+  parallel::GradientSync* sync_ = nullptr;
+  std::map<std::string, std::map<std::string, std::size_t>> memory_points_;
   optim::LossScaler scaler_;
   optim::CosineSchedule schedule_;
   std::int64_t global_batch_, grad_accum_, local_rows_, first_row_;

@@ -1,0 +1,68 @@
+#pragma once
+// Distributed data parallel (DESIGN.md §4): every rank holds all parameters and computes the
+// gradient of its slice of the global batch; the gradients are summed over the data-parallel
+// group (the model already scales them by 1/global tokens). Four ways, as in the seed:
+//   naive    - after the backward, one blocking all-reduce per parameter;
+//   flat     - after the backward, one all-reduce of all gradients at once (they already live in
+//              one flat buffer, so "flattening" costs no copy);
+//   overlap  - one asynchronous all-reduce per parameter, launched by the backward's grad-ready
+//              hook as soon as that gradient is final, all waited on before the optimizer;
+//   bucketed - parameters grouped, in reverse order, into buckets of at most bucket_mb (a larger
+//              parameter is a bucket of its own); a bucket's asynchronous all-reduce starts when
+//              its last gradient is ready. Buckets are contiguous ranges of the flat gradient
+//              buffer, reduced in place.
+// Gradients are communicated in the master dtype (fp32) in every precision mode: with bf16
+// mixed precision the bf16 copies are only for the matmuls (DESIGN §2 "fp32 gradients").
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lmscale/comm/communicator.h"
+#include "lmscale/model/parameter_store.h"
+#include "lmscale/parallel/gradient_sync.h"
+
+namespace lmscale::parallel {
+
+enum class DdpMode { naive, flat, overlap, bucketed };
+DdpMode parse_ddp_mode(const std::string& name);
+const char* ddp_mode_name(DdpMode m);
+
+// A contiguous range of parameters [first, last] (indices into the store) and of the flat
+// gradient buffer [offset, offset+numel).
+struct Bucket {
+  int first = 0, last = 0;
+  std::int64_t offset = 0, numel = 0;
+};
+// Buckets of at most max_bytes (element size elem_bytes) over the parameters in reverse order.
+std::vector<Bucket> make_buckets(const std::vector<model::ParamInfo>& params, double max_bytes, std::size_t elem_bytes);
+
+class DataParallel final : public GradientSync {
+ public:
+  // grads: the group's communicator for gradient buffers (device of the parameters);
+  // host: a communicator of the same ranks for host scalars.
+  DataParallel(DdpMode mode, comm::Communicator& grads, comm::Communicator& host, model::ParameterStore& params,
+               double bucket_mb);
+
+  // Rank 0's parameters to every rank (DESIGN §4), then the working copy is refreshed.
+  void broadcast_parameters(Context& ctx);
+  model::ParallelContext hooks(bool last_micro) override;
+  void finish(Context& ctx) override;
+  double sum_scalar(double x) override;
+  std::string name() const override { return ddp_mode_name(mode_); }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+ private:
+  void on_ready(int param);
+  void launch(std::int64_t offset, std::int64_t numel);
+
+  DdpMode mode_;
+  comm::Communicator& grads_;
+  comm::Communicator& host_;
+  model::ParameterStore& params_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;       // parameter -> bucket
+  std::vector<int> pending_;         // bucket -> gradients not yet ready this step
+  std::vector<comm::Work> inflight_;
+};
+
+}  // namespace lmscale::parallel

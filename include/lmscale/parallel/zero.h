@@ -1,0 +1,85 @@
+#pragma once
+// Optimizer-state sharding (ZeRO stage 1/2, DESIGN.md §4). Each parameter group (a flat buffer of
+// parameters with its flat gradient buffer; the model is one group) is split into `size`
+// contiguous element ranges, as even as element counts allow (sizes differ by at most one
+// element); rank r keeps AdamW state only for its range and updates only those parameters.
+//   zero1-broadcast - the seed's version: gradients all-reduced (by the DDP strategy), each rank
+//                     steps its range, then every range is broadcast from its owner;
+//   zero1           - gradients reduce-scattered (each rank receives the sum of its range), step,
+//                     parameters all-gathered;
+//   zero2           - as zero1, but each bucket of gradients is reduce-scattered as soon as the
+//                     backward finishes it (overlapped with the rest of the backward).
+// Groups may be added at any time (add_group): each is sharded on its own, so existing shards and
+// their state are untouched. Parameters are exchanged in the master dtype (fp32); the working
+// copy (bf16/fp16) is refreshed from the gathered master weights.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lmscale/comm/communicator.h"
+#include "lmscale/io/config.h"
+#include "lmscale/model/parameter_store.h"
+#include "lmscale/optim/adamw.h"
+#include "lmscale/parallel/ddp.h"
+#include "lmscale/parallel/gradient_sync.h"
+
+namespace lmscale::parallel {
+
+enum class ZeroMode { zero1_broadcast, zero1, zero2 };
+ZeroMode parse_zero_mode(const std::string& name);
+
+// Element counts of `size` near-equal contiguous ranges of n elements (the first n % size ranges
+// get one more).
+std::vector<std::size_t> even_split(std::int64_t n, int size);
+
+class ZeroOptimizer {
+ public:
+  struct Group {
+    Tensor params, grads;   // flat, same size
+    Tensor* lowp = nullptr; // flat working copy, or null
+  };
+
+  ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host, const OptimConfig& cfg,
+                Context& ctx);
+  // Shards a new group; returns its index.
+  int add_group(const Group& g, Context& ctx);
+
+  // Gradient synchronisation for the trainer (the DDP all-reduce for zero1-broadcast; nothing
+  // during the backward for zero1; bucketed reduce-scatter for zero2). `ddp` is the all-reduce
+  // variant zero1-broadcast uses; the model's store gives the buckets for zero2.
+  GradientSync& sync() { return *sync_; }
+  void make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb);
+
+  // Sum of squares of the summed gradient over all groups (after sync().finish()), reduced over
+  // ranks where each holds only its range.
+  double grad_sum_squares(Context& ctx);
+  // One step of every group's range, then the parameters are made whole again on every rank.
+  void step(Context& ctx, double lr, double grad_scale);
+
+  std::size_t state_bytes() const;           // this rank's AdamW state
+  std::int64_t shard_begin(int group) const;  // first element this rank owns in a group
+  std::int64_t shard_size(int group) const;
+  std::int64_t steps() const;
+  optim::AdamW& group_optimizer(int group) { return *shards_[static_cast<std::size_t>(group)].adamw; }
+
+ private:
+  struct Shard {
+    Group g;
+    std::vector<std::size_t> counts;   // per rank
+    std::int64_t begin = 0, size = 0;   // this rank's range
+    Tensor grad_shard;                   // zero1/zero2: reduced gradients of the range
+    std::unique_ptr<optim::AdamW> adamw;
+  };
+  void distribute_parameters(Shard& s, Context& ctx);
+  const Tensor& shard_grads(Shard& s);
+
+  ZeroMode mode_;
+  comm::Communicator& grads_;
+  comm::Communicator& host_;
+  OptimConfig cfg_;
+  std::vector<Shard> shards_;
+  std::unique_ptr<GradientSync> sync_;
+  friend class ReduceScatterSync;
+};
+
+}  // namespace lmscale::parallel

@@ -1,0 +1,116 @@
+#include "lmscale/parallel/ddp.h"
+
+#include "lmscale/core/error.h"
+#include "lmscale/core/nvtx.h"
+
+namespace lmscale::parallel {
+
+DdpMode parse_ddp_mode(const std::string& n) {
+  if (n == "naive") return DdpMode::naive;
+  if (n == "flat") return DdpMode::flat;
+  if (n == "overlap") return DdpMode::overlap;
+  if (n == "bucketed") return DdpMode::bucketed;
+  throw UsageError("parallel.ddp: unknown mode '" + n + "' (use naive, flat, overlap or bucketed)");
+}
+
+const char* ddp_mode_name(DdpMode m) {
+  switch (m) {
+    case DdpMode::naive: return "naive";
+    case DdpMode::flat: return "flat";
+    case DdpMode::overlap: return "overlap";
+    case DdpMode::bucketed: return "bucketed";
+  }
+  return "?";
+}
+
+std::vector<Bucket> make_buckets(const std::vector<model::ParamInfo>& params, double max_bytes, std::size_t elem_bytes) {
+  std::vector<Bucket> out;
+  const auto cap = static_cast<std::int64_t>(max_bytes / static_cast<double>(elem_bytes));
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    const auto& p = params[static_cast<std::size_t>(i)];
+    // Reverse order: a bucket grows downwards, so its range is [p.offset, old offset + numel).
+    if (!out.empty() && out.back().numel + p.numel <= cap) {
+      Bucket& b = out.back();
+      b.first = i;
+      b.offset = p.offset;
+      b.numel += p.numel;
+    } else {
+      out.push_back({i, i, p.offset, p.numel});
+    }
+  }
+  return out;
+}
+
+DataParallel::DataParallel(DdpMode mode, comm::Communicator& grads, comm::Communicator& host,
+                           model::ParameterStore& params, double bucket_mb)
+    : mode_(mode), grads_(grads), host_(host), params_(params) {
+  LMSCALE_CHECK(grads.size() == host.size(), "gradient and host communicators differ in size");
+  if (mode == DdpMode::bucketed) {
+    buckets_ = make_buckets(params.infos(), bucket_mb * 1024.0 * 1024.0, dtype_size(params.master_dtype()));
+    bucket_of_.assign(static_cast<std::size_t>(params.size()), -1);
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      for (int i = buckets_[b].first; i <= buckets_[b].last; ++i) bucket_of_[static_cast<std::size_t>(i)] = static_cast<int>(b);
+    pending_.assign(buckets_.size(), 0);
+  }
+}
+
+void DataParallel::broadcast_parameters(Context& ctx) {
+  grads_.broadcast(params_.flat_params(), 0);
+  params_.refresh_lowp(ctx);
+}
+
+void DataParallel::launch(std::int64_t offset, std::int64_t numel) {
+  Tensor g = params_.flat_grads().flat_range(offset, numel);
+  inflight_.push_back(grads_.all_reduce(g, comm::ReduceOp::sum, comm::async_call()));
+}
+
+void DataParallel::on_ready(int i) {
+  const auto& p = params_.infos()[static_cast<std::size_t>(i)];
+  if (mode_ == DdpMode::overlap) {
+    launch(p.offset, p.numel);
+  } else if (mode_ == DdpMode::bucketed) {
+    const int b = bucket_of_[static_cast<std::size_t>(i)];
+    if (--pending_[static_cast<std::size_t>(b)] == 0) launch(buckets_[static_cast<std::size_t>(b)].offset, buckets_[static_cast<std::size_t>(b)].numel);
+  }
+}
+
+model::ParallelContext DataParallel::hooks(bool last_micro) {
+  model::ParallelContext pc;
+  if (!last_micro || (mode_ != DdpMode::overlap && mode_ != DdpMode::bucketed)) return pc;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last - buckets_[b].first + 1;
+  inflight_.clear();
+  pc.on_grad_ready = [this](int i) { on_ready(i); };
+  return pc;
+}
+
+void DataParallel::finish(Context& ctx) {
+  (void)ctx;
+  NvtxRange r("ddp_finish");
+  switch (mode_) {
+    case DdpMode::naive:
+      for (int i = 0; i < params_.size(); ++i) {
+        Tensor g = params_.grad(i);
+        grads_.all_reduce(g, comm::ReduceOp::sum).wait();
+      }
+      break;
+    case DdpMode::flat:
+      grads_.all_reduce(params_.flat_grads(), comm::ReduceOp::sum).wait();
+      break;
+    case DdpMode::overlap:
+    case DdpMode::bucketed:
+      for (auto& w : inflight_) w.wait();
+      if (mode_ == DdpMode::bucketed)
+        for (std::size_t b = 0; b < buckets_.size(); ++b)
+          LMSCALE_CHECK(pending_[b] == 0, "bucket {} still waits for {} gradients after the backward", b, pending_[b]);
+      inflight_.clear();
+      break;
+  }
+}
+
+double DataParallel::sum_scalar(double x) {
+  double y = 0;
+  host_.all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
+  return y;
+}
+
+}  // namespace lmscale::parallel

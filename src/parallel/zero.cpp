@@ -1,0 +1,190 @@
+#include "lmscale/parallel/zero.h"
+
+#include "lmscale/core/error.h"
+#include "lmscale/core/nvtx.h"
+#include "lmscale/ops/ops.h"
+#include "lmscale/optim/grad_clip.h"
+
+namespace lmscale::parallel {
+
+ZeroMode parse_zero_mode(const std::string& n) {
+  if (n == "zero1-broadcast") return ZeroMode::zero1_broadcast;
+  if (n == "zero1") return ZeroMode::zero1;
+  if (n == "zero2") return ZeroMode::zero2;
+  throw UsageError("parallel.zero: '" + n + "' is not a sharded-optimizer mode (zero1-broadcast, zero1, zero2)");
+}
+
+std::vector<std::size_t> even_split(std::int64_t n, int size) {
+  std::vector<std::size_t> c(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) c[static_cast<std::size_t>(r)] = static_cast<std::size_t>(n / size + (r < n % size ? 1 : 0));
+  return c;
+}
+
+// zero1: one reduce-scatter of all gradients after the backward. zero2: a reduce-scatter per
+// bucket as soon as the backward has finished the bucket. Either way rank r ends with the sum of
+// its range of every group's gradients in that shard's grad_shard.
+class ReduceScatterSync final : public GradientSync {
+ public:
+  ReduceScatterSync(ZeroOptimizer& z, std::vector<Bucket> buckets, const model::ParameterStore* store)
+      : z_(z), buckets_(std::move(buckets)), store_(store) {
+    if (store_) {
+      bucket_of_.assign(static_cast<std::size_t>(store_->size()), -1);
+      for (std::size_t b = 0; b < buckets_.size(); ++b)
+        for (int i = buckets_[b].first; i <= buckets_[b].last; ++i) bucket_of_[static_cast<std::size_t>(i)] = static_cast<int>(b);
+      pending_.assign(buckets_.size(), 0);
+    }
+  }
+
+  model::ParallelContext hooks(bool last_micro) override {
+    model::ParallelContext pc;
+    if (!last_micro || buckets_.empty()) return pc;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last - buckets_[b].first + 1;
+    inflight_.clear();
+    armed_ = true;
+    pc.on_grad_ready = [this](int i) {
+      const int b = bucket_of_[static_cast<std::size_t>(i)];
+      if (--pending_[static_cast<std::size_t>(b)] == 0) {
+        const Bucket& k = buckets_[static_cast<std::size_t>(b)];
+        inflight_.push_back(scatter_range(z_.shards_[0], k.offset, k.numel, true));
+      }
+    };
+    return pc;
+  }
+
+  void finish(Context& ctx) override {
+    (void)ctx;
+    NvtxRange r("zero_reduce_scatter");
+    if (!armed_) {   // zero1, or no backward hooks ran: each group in one reduce-scatter
+      for (auto& s : z_.shards_) scatter_range(s, 0, s.g.grads.numel(), false).wait();
+    } else {
+      armed_ = false;
+      for (auto& w : inflight_) w.wait();
+      inflight_.clear();
+      for (std::size_t b = 0; b < buckets_.size(); ++b)
+        LMSCALE_CHECK(pending_[b] == 0, "zero2 bucket {} still waits for {} gradients", b, pending_[b]);
+      for (std::size_t i = 1; i < z_.shards_.size(); ++i) scatter_range(z_.shards_[i], 0, z_.shards_[i].g.grads.numel(), false).wait();
+    }
+  }
+
+  double sum_scalar(double x) override {
+    double y = 0;
+    z_.host_.all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
+    return y;
+  }
+  std::string name() const override { return buckets_.empty() ? "zero1" : "zero2"; }
+
+ private:
+  // Reduce-scatters elements [offset, offset+n) of a group's gradients: rank r receives the part
+  // that falls in its range into its grad_shard.
+  comm::Work scatter_range(ZeroOptimizer::Shard& s, std::int64_t offset, std::int64_t n, bool async) {
+    const int size = z_.grads_.size();
+    std::vector<std::size_t> counts(static_cast<std::size_t>(size));
+    std::int64_t start = 0, mine_at = 0;
+    for (int r = 0; r < size; ++r) {
+      const std::int64_t lo = start, hi = start + static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(r)]);
+      const std::int64_t a = std::max(lo, offset), b = std::min(hi, offset + n);
+      counts[static_cast<std::size_t>(r)] = b > a ? static_cast<std::size_t>(b - a) : 0;
+      if (r == z_.grads_.rank()) mine_at = b > a ? a - lo : 0;
+      start = hi;
+    }
+    const std::size_t esz = dtype_size(s.g.grads.dtype());
+    const char* send = static_cast<const char*>(s.g.grads.data()) + static_cast<std::size_t>(offset) * esz;
+    char* recv = static_cast<char*>(s.grad_shard.data()) + static_cast<std::size_t>(mine_at) * esz;
+    comm::CallOptions o;
+    o.async = async;
+    return z_.grads_.reduce_scatter_v(send, recv, counts, s.g.grads.dtype(), comm::ReduceOp::sum, o);
+  }
+
+  ZeroOptimizer& z_;
+  std::vector<Bucket> buckets_;
+  const model::ParameterStore* store_;
+  std::vector<int> bucket_of_, pending_;
+  std::vector<comm::Work> inflight_;
+  bool armed_ = false;   // bucket hooks handed to a last micro-batch's backward this step
+};
+
+ZeroOptimizer::ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host,
+                             const OptimConfig& cfg, Context& ctx)
+    : mode_(mode), grads_(grads), host_(host), cfg_(cfg) {
+  (void)ctx;
+}
+
+int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
+  LMSCALE_CHECK(g.params.numel() == g.grads.numel(), "group params {} vs grads {}", g.params.numel(), g.grads.numel());
+  Shard s;
+  s.g = g;
+  s.counts = even_split(g.params.numel(), grads_.size());
+  for (int r = 0; r < grads_.rank(); ++r) s.begin += static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(r)]);
+  s.size = static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(grads_.rank())]);
+  if (mode_ != ZeroMode::zero1_broadcast)
+    s.grad_shard = Tensor::empty({s.size}, g.grads.dtype(), *ctx.allocator, "gradient_shard");
+  s.adamw = std::make_unique<optim::AdamW>(cfg_, s.size, g.params.dtype(), ctx);
+  // A group added mid-training starts from rank 0's values everywhere.
+  grads_.broadcast(s.g.params, 0);
+  if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
+  shards_.push_back(std::move(s));
+  return static_cast<int>(shards_.size()) - 1;
+}
+
+void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb) {
+  if (mode_ == ZeroMode::zero1_broadcast) {
+    sync_ = std::make_unique<DataParallel>(ddp, grads_, host_, store, bucket_mb);
+  } else if (mode_ == ZeroMode::zero1) {
+    sync_ = std::make_unique<ReduceScatterSync>(*this, std::vector<Bucket>{}, nullptr);
+  } else {
+    sync_ = std::make_unique<ReduceScatterSync>(
+        *this, make_buckets(store.infos(), bucket_mb * 1024.0 * 1024.0, dtype_size(store.master_dtype())), &store);
+  }
+}
+
+const Tensor& ZeroOptimizer::shard_grads(Shard& s) {
+  if (mode_ == ZeroMode::zero1_broadcast) {
+    s.grad_shard = s.g.grads.flat_range(s.begin, s.size);   // the all-reduced gradients, our range
+  }
+  return s.grad_shard;
+}
+
+double ZeroOptimizer::grad_sum_squares(Context& ctx) {
+  double local = 0;
+  for (auto& s : shards_) local += optim::sum_of_squares(ctx, shard_grads(s));
+  return sync_->sum_scalar(local);
+}
+
+void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
+  NvtxRange r("zero_distribute_parameters");
+  if (mode_ == ZeroMode::zero1_broadcast) {
+    std::int64_t at = 0;
+    for (int owner = 0; owner < grads_.size(); ++owner) {
+      const auto n = static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(owner)]);
+      Tensor part = s.g.params.flat_range(at, n);
+      if (n > 0) grads_.broadcast(part, owner).wait();
+      at += n;
+    }
+  } else {
+    const std::size_t esz = dtype_size(s.g.params.dtype());
+    const char* mine = static_cast<const char*>(s.g.params.data()) + static_cast<std::size_t>(s.begin) * esz;
+    grads_.all_gather_v(mine, s.g.params.data(), s.counts, s.g.params.dtype()).wait();
+  }
+  if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
+}
+
+void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
+  NvtxRange r("zero_step");
+  for (auto& s : shards_) {
+    Tensor p = s.g.params.flat_range(s.begin, s.size);
+    if (s.size > 0) s.adamw->step(ctx, p, shard_grads(s), nullptr, lr, grad_scale);
+    distribute_parameters(s, ctx);
+  }
+}
+
+std::size_t ZeroOptimizer::state_bytes() const {
+  std::size_t b = 0;
+  for (const auto& s : shards_) b += s.adamw->state_bytes();
+  return b;
+}
+
+std::int64_t ZeroOptimizer::shard_begin(int g) const { return shards_[static_cast<std::size_t>(g)].begin; }
+std::int64_t ZeroOptimizer::shard_size(int g) const { return shards_[static_cast<std::size_t>(g)].size; }
+std::int64_t ZeroOptimizer::steps() const { return shards_.empty() ? 0 : shards_[0].adamw->steps(); }
+
+}  // namespace lmscale::parallel
