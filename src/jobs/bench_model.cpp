@@ -11,6 +11,7 @@
 #include "lmscale/jobs/device_peak.h"
 #include "lmscale/jobs/memory_report.h"
 #include "lmscale/jobs/trainer.h"
+#include "lmscale/parallel/zero.h"
 
 namespace lmscale::jobs {
 
@@ -94,7 +95,7 @@ int run_bench_model(JobEnv& env) {
   }
 
   const Stats st = summarize(total), sf = summarize(fwd), sb = summarize(bwd), sc = summarize(comm), so = summarize(opt);
-  const double tokens = static_cast<double>(B * T);
+  const double tokens = static_cast<double>(B * T);   // global tokens per step
   const double flops = (mode == "forward" ? dims.forward_flops_per_token(T) : dims.train_flops_per_token(T)) * tokens;
   const double peak = device_peak_flops(rt.device_name(), cfg.precision.mode, cfg.precision.tf32) * env.world;
   const double achieved = flops / (st.mean * 1e-3);
@@ -119,6 +120,23 @@ int run_bench_model(JobEnv& env) {
   env.out.set_attr(g, "mfu", mfu);
   env.out.set_attr(g, "peak_bytes", static_cast<std::int64_t>(mem.peak()));
   env.out.set_attr(g, "device_name", rt.device_name());
+  // Data-parallel accounting (DESIGN §5): exposed communication = time from the end of the
+  // backward until the gradients are ready; its share of the step.
+  env.out.set_attr(g, "ranks", static_cast<std::int64_t>(env.world));
+  env.out.set_attr(g, "ddp", cfg.parallel.ddp);
+  env.out.set_attr(g, "zero", cfg.parallel.zero);
+  env.out.set_attr(g, "bucket_mb", cfg.parallel.bucket_mb);
+  env.out.set_attr(g, "exposed_comm_share", st.mean > 0 ? sc.mean / st.mean : 0.0);
+  env.out.set_attr(g, "compute_ms_mean", sf.mean + sb.mean + so.mean);
+  const std::int64_t opt_bytes = static_cast<std::int64_t>(
+      trainer.optimizer() ? trainer.optimizer()->state_bytes() : trainer.zero()->state_bytes());
+  env.out.set_attr(g, "optimizer_state_bytes", opt_bytes);
+  // Memory by allocation tag at three points of the last step, one row per (point, tag).
+  auto memtab = env.out.create_table("/bench_model/memory", {{"point", io::Column::Type::str, ""},
+                                                             {"tag", io::Column::Type::str, ""},
+                                                             {"bytes", io::Column::Type::i64, "bytes"}});
+  for (const auto& [point, tags] : trainer.memory_points())
+    for (const auto& [tag, bytes] : tags) memtab.append({point, tag, static_cast<std::int64_t>(bytes)});
   write_memory_report(env);
 
   if (env.is_root()) {
@@ -133,6 +151,10 @@ int run_bench_model(JobEnv& env) {
       row("optimizer", so);
     }
     row("step", st);
+    if (env.world > 1)
+      fmt::print("ranks {}  ddp {}  zero {}  exposed communication {:.1f}% of the step  optimizer state {:.3f} GiB/rank\n",
+                 env.world, cfg.parallel.ddp, cfg.parallel.zero, st.mean > 0 ? 100 * sc.mean / st.mean : 0.0,
+                 static_cast<double>(opt_bytes) / (1 << 30));
     fmt::print("tokens/s {:.1f}  achieved {:.2f} TFLOP/s  MFU {}  peak memory {:.3f} GiB\n", tokens / (st.mean * 1e-3),
                achieved / 1e12, std::isnan(mfu) ? std::string("n/a") : fmt::format("{:.1f}%", 100 * mfu),
                static_cast<double>(mem.peak()) / (1 << 30));
