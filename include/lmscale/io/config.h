@@ -13,6 +13,8 @@ struct RunConfig {
   std::string output = "outputs/run.h5"; // HDF5 results path
   std::uint64_t seed = 0;
   bool progress = true;                  // progress lines on stdout (rank 0)
+
+  bool operator==(const RunConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -26,6 +28,8 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   std::string attention = "naive";      // naive | flash
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct PrecisionConfig {
@@ -33,6 +37,8 @@ struct PrecisionConfig {
   bool tf32 = false;
   double loss_scale_init = 65536.0;     // fp16 dynamic loss scaling
   std::int64_t loss_scale_window = 1000;// clean steps before the scale doubles
+
+  bool operator==(const PrecisionConfig&) const = default;
 };
 
 struct ParallelConfig {
@@ -45,6 +51,8 @@ struct ParallelConfig {
   std::string zero = "none";            // none | zero1-broadcast | zero1 | zero2 | fsdp
   std::int64_t microbatches = 1;
   std::string schedule = "1f1b";        // gpipe | 1f1b
+
+  bool operator==(const ParallelConfig&) const = default;
 };
 
 struct BenchConfig {
@@ -71,6 +79,8 @@ struct BenchConfig {
   std::int64_t step_factor = 10;
   bool inplace = false;
   bool check = true;
+
+  bool operator==(const BenchConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -86,6 +96,8 @@ struct TrainConfig {
   std::string checkpoint_path = "outputs/checkpoint.h5";
   std::string activation_checkpointing = "none";  // none | every-k | selective
   std::int64_t checkpoint_k = 1;
+
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct OptimConfig {
@@ -96,6 +108,8 @@ struct OptimConfig {
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double grad_clip = 1.0;               // global-norm clip; 0 = off
   double momentum = 0.9;                // sgd
+
+  bool operator==(const OptimConfig&) const = default;
 };
 
 struct DataConfig {
@@ -103,6 +117,8 @@ struct DataConfig {
   std::string path;                     // token file (raw little-endian uint16/uint32)
   std::string val_path;                 // evaluation token file (default: path)
   std::string dtype = "uint16";         // uint16 | uint32
+
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct Config {
@@ -120,6 +136,8 @@ struct Config {
   std::string deck_text;      // the deck file as given
   std::string command_line;   // argv joined
   std::string resolved;       // every key = value after resolution, INI format
+
+  bool operator==(const Config&) const = default;
 };
 
 }  // namespace lmscale

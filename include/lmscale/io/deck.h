@@ -14,14 +14,17 @@ namespace lmscale::io {
 struct Invocation {
   enum class Action { run, help, help_markdown, version, print_config };
   Action action = Action::run;
-  Config config;   // resolved and validated when action is run or print_config
+  // Resolved and validated when action is run or print_config (parallel.dp resolved against the
+  // world size; provenance fields deck_path, deck_text, command_line, resolved filled).
+  Config config;
 };
 
 // argv: `lmscale [DECK] [--section.key=value ...] [--help] [--help-markdown] [--version]
 // [--print-config]`. world_size is the MPI world size, for checks such as dp*tp*pp.
 Invocation parse_invocation(int argc, const char* const* argv, int world_size);
 
-// The same, from a deck text and override list (for tests).
+// The same, from a deck text and override list ("section.key=value" or "--section.key=value"),
+// for tests. command_line and deck_path stay empty.
 Config parse_deck_text(const std::string& deck_text, const std::vector<std::string>& overrides, int world_size);
 
 // Cross-key checks that need the world size; called by parse_*; exposed for tests.
@@ -29,7 +32,10 @@ void validate(const Config& c, int world_size);
 
 std::string help_text();       // every key with type, default and meaning
 std::string deck_markdown();   // docs/deck.md
-// Resolved config as INI text (every key, resolved value).
+// Resolved config as INI text (every key, resolved value); parse_deck_text(to_ini(c)) gives c
+// back (provenance fields aside). This is what --print-config prints.
 std::string to_ini(const Config& c);
+// "lmscale 0.1.0 (git abc123, CUDA on)" for --version.
+std::string version_text();
 
 }  // namespace lmscale::io

@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <set>
 #include <vector>
+
+#include "lmscale/io/config.h"
 
 namespace lmscale::io {
 
@@ -15,6 +18,11 @@ struct ModelPreset {
 };
 
 const std::vector<ModelPreset>& model_presets();
-std::optional<ModelPreset> find_preset(const std::string& name);
+std::optional<ModelPreset> find_preset(const std::string& name);   // name matched ignoring case
+
+// Fills model.{d_model,d_ff,num_layers,num_heads,vocab_size} and optim.beta2 from the preset
+// named by c.model.size, except the keys in `explicit_keys` ("model.d_model", ...), which the
+// user set. Does nothing for size "custom". Unknown names throw UsageError naming model.size.
+void apply_preset(Config& c, const std::set<std::string>& explicit_keys);
 
 }  // namespace lmscale::io

@@ -2,7 +2,8 @@
 // HDF5 results files (schema lmscale-results/1, DESIGN.md §7, docs/hdf5.md). Only rank 0 writes:
 // on other ranks a ResultsFile is inactive and every call is a no-op, so jobs gather data over MPI
 // first and then call the same code on every rank. The file is written as NAME.tmp and renamed to
-// NAME by finish(); a crashed run leaves NAME.tmp with every row flushed so far.
+// NAME by finish(); a crashed run leaves NAME.tmp with every row flushed so far. HDF5 here is the
+// serial, not thread-safe library: call from one thread (the main thread).
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "lmscale/io/attr_value.h"
 #include "lmscale/io/config.h"
 
 namespace lmscale::io {
@@ -34,9 +36,12 @@ class Table {
   ~Table();
   Table(Table&&) noexcept;
   Table& operator=(Table&&) noexcept;
+  // Cells must match the columns in order and type (an int64 is accepted for an f64 column);
+  // strings longer than 64 bytes are cut at 64 bytes. Throws Error naming the table and column.
   void append(const Row& row);
+  void append_rows(const std::vector<Row>& rows);   // one extend + one write for all of them
   void flush();
-  std::int64_t rows() const;
+  std::int64_t rows() const;   // rows written (0 when inactive)
   bool active() const { return impl_ != nullptr; }
 
  private:
@@ -45,7 +50,11 @@ class Table {
   std::unique_ptr<Impl> impl_;
 };
 
-using AttrValue = std::variant<std::int64_t, double, std::string, std::vector<double>, std::vector<std::int64_t>>;
+// Columns of /system/ranks (docs/hdf5.md): rank, host, local_rank, device, device_name, mpi,
+// hdf5, nccl, cuda, blas; one row per MPI rank, written by the job/app from gathered data.
+const std::vector<Column>& system_ranks_columns();
+// Version of the HDF5 library linked in, e.g. "1.10.8" (for the hdf5 column).
+std::string hdf5_version();
 
 class ResultsFile {
  public:
@@ -57,18 +66,20 @@ class ResultsFile {
 
   bool active() const;
   const std::string& path() const { return path_; }
-  // Root attributes: schema, version, git commit, UTC time, command line, deck, resolved config,
-  // world size.
+  // Root attributes (docs/hdf5.md): schema, version, git_commit, utc_time, command_line,
+  // deck_path, deck, config (cfg.resolved, or to_ini(cfg) when empty), job, world_size.
   void write_provenance(const Config& cfg, int world_size);
   // Attribute on a group or dataset path ("/" for the root), creating groups as needed.
   void set_attr(const std::string& object_path, const std::string& name, const AttrValue& value);
   // New table at `path` (e.g. "/train/steps"); parent groups created as needed.
   Table create_table(const std::string& path, const std::vector<Column>& columns);
-  // A plain n-D dataset of doubles/floats (e.g. checkpoints, timelines); parent groups created.
+  // A plain n-D dataset of float32/float64 (e.g. timelines), row-major; parent groups created;
+  // shape {} is a scalar.
   void write_array(const std::string& path, const std::vector<std::int64_t>& shape, const float* data);
   void write_array(const std::string& path, const std::vector<std::int64_t>& shape, const double* data);
   void flush();
-  // Closes and renames NAME.tmp -> NAME.
+  // Closes and renames NAME.tmp -> NAME. Tables still open are closed with the file; any call
+  // after finish() throws Error (on an active file).
   void finish();
 
  private:

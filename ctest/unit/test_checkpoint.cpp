@@ -1,0 +1,203 @@
+// Weights files and training checkpoints (io/checkpoint.h): round trip of parameters, optimizer
+// moments and attributes; datasets named exactly like the parameters at the root, float32 (the
+// h5py -> PyTorch state_dict contract); errors naming the parameter.
+#include <gtest/gtest.h>
+
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "lmscale/core/error.h"
+#include "lmscale/io/checkpoint.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using lmscale::io::AttrValue;
+using lmscale::io::CheckpointReader;
+using lmscale::io::NamedArray;
+using lmscale::io::OptimizerArrays;
+using lmscale::io::write_weights;
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("lmscale_test_checkpoint_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::vector<float> ramp(std::size_t n, float start) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = start + 0.37f * static_cast<float>(i) - 1e-3f * static_cast<float>(i * i);
+  return v;
+}
+
+// A tiny model's parameters in model order (DESIGN.md §2 names), d = 4, vocab = 6, d_ff = 8.
+struct TinyModel {
+  std::vector<float> embedding = ramp(6 * 4, -1.f), q = ramp(4 * 4, 0.5f), ln1 = ramp(4, 1.f), w1 = ramp(8 * 4, 2.f);
+  std::vector<NamedArray> params() const {
+    return {{"token_embeddings.weight", {6, 4}, embedding.data()},
+            {"layers.0.attn.q_proj.weight", {4, 4}, q.data()},
+            {"layers.0.ln1.weight", {4}, ln1.data()},
+            {"layers.0.ffn.w1.weight", {8, 4}, w1.data()}};
+  }
+};
+
+TEST(Checkpoint, WeightsRoundTrip) {
+  TempDir dir;
+  const std::string path = dir.file("sub/weights.h5");
+  const TinyModel model;
+  write_weights(path, model.params(), {{"step", std::int64_t{7}}, {"config", std::string("[run]\nseed = 1\n")}});
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+
+  const CheckpointReader reader(path);
+  EXPECT_EQ(reader.names(), (std::vector<std::string>{"token_embeddings.weight", "layers.0.attn.q_proj.weight",
+                                                      "layers.0.ln1.weight", "layers.0.ffn.w1.weight"}));
+  EXPECT_FALSE(reader.has_optimizer_state());
+  for (const auto& p : model.params()) {
+    ASSERT_TRUE(reader.has(p.name)) << p.name;
+    EXPECT_EQ(reader.shape(p.name), p.shape);
+    std::size_t n = 1;
+    for (auto d : p.shape) n *= static_cast<std::size_t>(d);
+    std::vector<float> back(n, -777.f);
+    reader.read(p.name, p.shape, back.data());
+    for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(back[i], p.data[i]) << p.name << "[" << i << "]";
+  }
+  EXPECT_EQ(std::get<std::int64_t>(*reader.attr("step")), 7);
+  EXPECT_EQ(std::get<std::string>(*reader.attr("config")), "[run]\nseed = 1\n");
+  EXPECT_EQ(std::get<std::string>(*reader.attr("schema")), "lmscale-checkpoint/1");
+  EXPECT_FALSE(reader.attr("loss_scale").has_value());
+  EXPECT_TRUE(reader.attrs().contains("git_commit"));
+}
+
+// What h5py sees: f["layers.0.attn.q_proj.weight"] at the root, float32, the given shape.
+TEST(Checkpoint, DatasetsAreNamedLikeParametersAtTheRoot) {
+  TempDir dir;
+  const std::string path = dir.file("weights.h5");
+  const TinyModel model;
+  write_weights(path, model.params());
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  EXPECT_GT(H5Lexists(file, "layers.0.attn.q_proj.weight", H5P_DEFAULT), 0);
+  const hid_t dataset = H5Dopen2(file, "layers.0.ffn.w1.weight", H5P_DEFAULT);
+  ASSERT_GE(dataset, 0);
+  const hid_t type = H5Dget_type(dataset);
+  EXPECT_GT(H5Tequal(type, H5T_IEEE_F32LE), 0);
+  const hid_t space = H5Dget_space(dataset);
+  hsize_t dims[2] = {};
+  EXPECT_EQ(H5Sget_simple_extent_dims(space, dims, nullptr), 2);
+  EXPECT_EQ(dims[0], 8u);
+  EXPECT_EQ(dims[1], 4u);
+  std::vector<float> values(32);
+  H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+  EXPECT_EQ(values, model.w1);
+  H5Sclose(space);
+  H5Tclose(type);
+  H5Dclose(dataset);
+  H5Fclose(file);
+}
+
+TEST(Checkpoint, TrainingCheckpointWithOptimizerState) {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  const TinyModel model;
+  const auto params = model.params();
+  std::vector<std::vector<float>> m_data, v_data;
+  OptimizerArrays optimizer;
+  for (const auto& p : params) {
+    std::size_t n = 1;
+    for (auto d : p.shape) n *= static_cast<std::size_t>(d);
+    m_data.push_back(ramp(n, 0.01f * static_cast<float>(m_data.size())));
+    v_data.push_back(ramp(n, 3.f + static_cast<float>(v_data.size())));
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    optimizer.m.push_back({params[i].name, params[i].shape, m_data[i].data()});
+    optimizer.v.push_back({params[i].name, params[i].shape, v_data[i].data()});
+  }
+  const std::map<std::string, AttrValue> attrs{{"step", std::int64_t{100}},
+                                               {"seed", std::int64_t{5}},
+                                               {"data_position", std::int64_t{123456}},
+                                               {"loss_scale", 1024.0},
+                                               {"rng", std::vector<std::int64_t>{1, 2, 3, 4}},
+                                               {"lr_history", std::vector<double>{0.1, 0.2}}};
+  write_weights(path, params, attrs, &optimizer);
+
+  const CheckpointReader reader(path);
+  EXPECT_TRUE(reader.has_optimizer_state());
+  EXPECT_EQ(reader.names().size(), params.size());   // the optimizer group is not a parameter
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    std::vector<float> m(m_data[i].size()), v(v_data[i].size());
+    reader.read_optimizer("m", params[i].name, params[i].shape, m.data());
+    reader.read_optimizer("v", params[i].name, params[i].shape, v.data());
+    EXPECT_EQ(m, m_data[i]) << params[i].name;
+    EXPECT_EQ(v, v_data[i]) << params[i].name;
+  }
+  const auto read_attrs = reader.attrs();
+  EXPECT_EQ(std::get<std::int64_t>(read_attrs.at("data_position")), 123456);
+  EXPECT_EQ(std::get<double>(read_attrs.at("loss_scale")), 1024.0);
+  EXPECT_EQ(std::get<std::vector<std::int64_t>>(read_attrs.at("rng")), (std::vector<std::int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(std::get<std::vector<double>>(read_attrs.at("lr_history")), (std::vector<double>{0.1, 0.2}));
+}
+
+TEST(Checkpoint, MissingParameterAndShapeMismatchNameTheParameter) {
+  TempDir dir;
+  const std::string path = dir.file("weights.h5");
+  const TinyModel model;
+  write_weights(path, model.params());
+  const CheckpointReader reader(path);
+  std::vector<float> out(64);
+  try {
+    reader.read("layers.1.attn.q_proj.weight", {4, 4}, out.data());
+    FAIL() << "no error";
+  } catch (const lmscale::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'layers.1.attn.q_proj.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find("not found"), std::string::npos) << m;
+  }
+  try {
+    reader.read("layers.0.ffn.w1.weight", {4, 8}, out.data());   // transposed
+    FAIL() << "no error";
+  } catch (const lmscale::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'layers.0.ffn.w1.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find("[8, 4]"), std::string::npos) << m;
+    EXPECT_NE(m.find("[4, 8]"), std::string::npos) << m;
+  }
+  EXPECT_THROW(reader.shape("nope"), lmscale::Error);
+  EXPECT_FALSE(reader.has("nope"));
+  EXPECT_FALSE(reader.has("optimizer"));
+  EXPECT_THROW(reader.read_optimizer("m", "layers.0.ln1.weight", {4}, out.data()), lmscale::Error);   // no state
+}
+
+TEST(Checkpoint, InvalidInputsThrowBeforeWriting) {
+  TempDir dir;
+  const std::string path = dir.file("bad.h5");
+  const std::vector<float> x(4, 1.f);
+  EXPECT_THROW(write_weights(path, {{"a/b", {4}, x.data()}}), lmscale::Error);
+  EXPECT_THROW(write_weights(path, {{"", {4}, x.data()}}), lmscale::Error);
+  EXPECT_THROW(write_weights(path, {{"a", {4}, x.data()}, {"a", {4}, x.data()}}), lmscale::Error);
+  OptimizerArrays stray;
+  stray.m.push_back({"b", {4}, x.data()});
+  EXPECT_THROW(write_weights(path, {{"a", {4}, x.data()}}, {}, &stray), lmscale::Error);
+  OptimizerArrays wrong_shape;
+  wrong_shape.v.push_back({"a", {2, 2}, x.data()});
+  EXPECT_THROW(write_weights(path, {{"a", {4}, x.data()}}, {}, &wrong_shape), lmscale::Error);
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_THROW(CheckpointReader(dir.file("missing.h5")), lmscale::Error);
+}
+
+}  // namespace

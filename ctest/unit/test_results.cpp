@@ -1,0 +1,346 @@
+// HDF5 results files (io/results.h): provenance, tables, units, attributes, arrays, the .tmp
+// convention, a crash leaving flushed rows readable, and inactive (non-zero rank) files. Read
+// back with the HDF5 C API, independently of the writer's code.
+#include <gtest/gtest.h>
+
+#include <hdf5.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "lmscale/core/error.h"
+#include "lmscale/io/deck.h"
+#include "lmscale/io/results.h"
+#include "lmscale/version.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using lmscale::io::Column;
+using lmscale::io::ResultsFile;
+using lmscale::io::Row;
+using lmscale::io::Table;
+using T = Column::Type;
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("lmscale_test_results_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// --- independent readers (C API only) ---
+
+std::string read_string_attr(hid_t obj, const char* name) {
+  const hid_t attr = H5Aopen(obj, name, H5P_DEFAULT);
+  EXPECT_GE(attr, 0) << name;
+  const hid_t type = H5Aget_type(attr);
+  std::string result;
+  if (H5Tis_variable_str(type) > 0) {
+    char* text = nullptr;
+    const hid_t mem = H5Tcopy(H5T_C_S1);
+    H5Tset_size(mem, H5T_VARIABLE);
+    H5Tset_cset(mem, H5T_CSET_UTF8);
+    EXPECT_GE(H5Aread(attr, mem, &text), 0);
+    result = text;
+    H5free_memory(text);
+    H5Tclose(mem);
+  } else {
+    ADD_FAILURE() << name << " is not a variable-length string";
+  }
+  H5Tclose(type);
+  H5Aclose(attr);
+  return result;
+}
+
+std::int64_t read_int_attr(hid_t obj, const char* name) {
+  const hid_t attr = H5Aopen(obj, name, H5P_DEFAULT);
+  std::int64_t v = -1;
+  EXPECT_GE(H5Aread(attr, H5T_NATIVE_INT64, &v), 0);
+  H5Aclose(attr);
+  return v;
+}
+
+std::vector<std::string> read_units(hid_t dataset) {
+  const hid_t attr = H5Aopen(dataset, "units", H5P_DEFAULT);
+  const hid_t type = H5Aget_type(attr);
+  const hid_t space = H5Aget_space(attr);
+  EXPECT_EQ(H5Tget_class(type), H5T_STRING);
+  EXPECT_EQ(H5Tis_variable_str(type), 0);
+  const std::size_t size = H5Tget_size(type);
+  EXPECT_EQ(size, 64u);
+  const auto n = static_cast<std::size_t>(H5Sget_simple_extent_npoints(space));
+  std::vector<char> buffer(n * size);
+  EXPECT_GE(H5Aread(attr, type, buffer.data()), 0);
+  std::vector<std::string> units;
+  for (std::size_t i = 0; i < n; ++i) units.emplace_back(buffer.data() + i * size, strnlen(buffer.data() + i * size, size));
+  H5Sclose(space);
+  H5Tclose(type);
+  H5Aclose(attr);
+  return units;
+}
+
+struct StepRow {
+  std::int64_t step;
+  double loss;
+  char phase[64];
+};
+
+// Reads /train/steps-like tables {step i64, loss f64, phase str64} by field name.
+std::vector<StepRow> read_steps(hid_t file, const char* path) {
+  const hid_t dataset = H5Dopen2(file, path, H5P_DEFAULT);
+  EXPECT_GE(dataset, 0) << path;
+  const hid_t space = H5Dget_space(dataset);
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  const hid_t str = H5Tcopy(H5T_C_S1);
+  H5Tset_size(str, 64);
+  H5Tset_strpad(str, H5T_STR_NULLPAD);
+  const hid_t mem = H5Tcreate(H5T_COMPOUND, sizeof(StepRow));
+  H5Tinsert(mem, "step", HOFFSET(StepRow, step), H5T_NATIVE_INT64);
+  H5Tinsert(mem, "loss", HOFFSET(StepRow, loss), H5T_NATIVE_DOUBLE);
+  H5Tinsert(mem, "phase", HOFFSET(StepRow, phase), str);
+  std::vector<StepRow> rows(n);
+  if (n > 0) {
+    EXPECT_GE(H5Dread(dataset, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()), 0);
+  }
+  H5Tclose(mem);
+  H5Tclose(str);
+  H5Sclose(space);
+  H5Dclose(dataset);
+  return rows;
+}
+
+std::string field(const char (&chars)[64]) { return std::string(chars, strnlen(chars, 64)); }
+
+const std::vector<Column> kStepColumns{{"step", T::i64, ""}, {"loss", T::f64, "nats"}, {"phase", T::str, ""}};
+
+TEST(Results, WriteFinishAndReadBack) {
+  TempDir dir;
+  const std::string path = dir.file("nested/dir/run.h5");   // parents are created
+  lmscale::Config cfg = lmscale::io::parse_deck_text("[model]\nd_model = 256\nnum_heads = 8\n", {}, 1);
+  cfg.command_line = "lmscale deck.ini --x=1";
+  cfg.deck_text = "[model]\nd_model = 256\n";
+  {
+    ResultsFile f(path, true);
+    EXPECT_TRUE(f.active());
+    f.write_provenance(cfg, 4);
+    Table steps = f.create_table("/train/steps", kStepColumns);
+    EXPECT_TRUE(steps.active());
+    steps.append({std::int64_t{1}, 2.5, std::string("train")});
+    steps.append({std::int64_t{2}, std::int64_t{2}, std::string(70, 'x')});   // int64 into f64; long string cut
+    std::vector<Row> many;
+    for (std::int64_t i = 0; i < 300; ++i) many.push_back({i + 3, 1.0 / static_cast<double>(i + 1), std::string("eval")});
+    steps.append_rows(many);   // crosses the 256-row chunk boundary
+    EXPECT_EQ(steps.rows(), 302);
+    Table results = f.create_table("/bench_collectives/results", {{"bytes", T::i64, "B"}, {"busbw", T::f64, "GB/s"}});
+    results.append({std::int64_t{1024}, 3.25});
+    f.set_attr("/bench_model/summary", "mean_ms", 1.5);
+    f.set_attr("/bench_model/summary", "mean_ms", 2.5);   // replaced
+    f.set_attr("/train/steps", "note", std::string("loss is the global mean"));
+    f.set_attr("/", "sizes", std::vector<std::int64_t>{1, 2, 3});
+    const std::vector<double> timeline{0, 1, 2, 3, 4, 5};
+    f.write_array("/memory/timeline_bytes", {2, 3}, timeline.data());
+    const std::vector<float> one{7.5f};
+    f.write_array("/memory/scalar", {}, one.data());
+    EXPECT_TRUE(fs::exists(path + ".tmp"));
+    EXPECT_FALSE(fs::exists(path));
+    f.finish();
+    EXPECT_THROW(f.set_attr("/", "late", 1.0), lmscale::Error);
+    EXPECT_THROW(steps.append({std::int64_t{9}, 1.0, std::string("late")}), lmscale::Error);
+  }
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  ASSERT_TRUE(fs::exists(path));
+
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  EXPECT_EQ(read_string_attr(file, "schema"), "lmscale-results/1");
+  EXPECT_EQ(read_string_attr(file, "version"), lmscale::kVersion);
+  EXPECT_EQ(read_string_attr(file, "git_commit"), lmscale::kGitCommit);
+  EXPECT_EQ(read_string_attr(file, "command_line"), cfg.command_line);
+  EXPECT_EQ(read_string_attr(file, "deck"), cfg.deck_text);
+  EXPECT_EQ(read_string_attr(file, "config"), cfg.resolved);
+  EXPECT_EQ(read_int_attr(file, "world_size"), 4);
+  const std::string utc = read_string_attr(file, "utc_time");
+  EXPECT_EQ(utc.size(), 20u) << utc;   // 2025-01-31T12:34:56Z
+  EXPECT_EQ(utc.back(), 'Z');
+
+  const auto rows = read_steps(file, "/train/steps");
+  ASSERT_EQ(rows.size(), 302u);
+  EXPECT_EQ(rows[0].step, 1);
+  EXPECT_EQ(rows[0].loss, 2.5);
+  EXPECT_EQ(field(rows[0].phase), "train");
+  EXPECT_EQ(rows[1].loss, 2.0);
+  EXPECT_EQ(field(rows[1].phase), std::string(64, 'x'));
+  for (std::size_t i = 2; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].step, static_cast<std::int64_t>(i) + 1);
+    EXPECT_EQ(rows[i].loss, 1.0 / static_cast<double>(i - 1));
+    EXPECT_EQ(field(rows[i].phase), "eval");
+  }
+
+  const hid_t steps = H5Dopen2(file, "/train/steps", H5P_DEFAULT);
+  EXPECT_EQ(read_units(steps), (std::vector<std::string>{"", "nats", ""}));
+  EXPECT_EQ(read_string_attr(steps, "note"), "loss is the global mean");
+  // Layout: 1-D, chunked by 256 rows, unlimited.
+  const hid_t space = H5Dget_space(steps);
+  hsize_t dims = 0, maxdims = 0;
+  EXPECT_EQ(H5Sget_simple_extent_dims(space, &dims, &maxdims), 1);
+  EXPECT_EQ(maxdims, H5S_UNLIMITED);
+  const hid_t dcpl = H5Dget_create_plist(steps);
+  hsize_t chunk = 0;
+  EXPECT_EQ(H5Pget_chunk(dcpl, 1, &chunk), 1);
+  EXPECT_EQ(chunk, 256u);
+  // Field order and file types.
+  const hid_t type = H5Dget_type(steps);
+  ASSERT_EQ(H5Tget_nmembers(type), 3);
+  const char* names[] = {"step", "loss", "phase"};
+  for (unsigned i = 0; i < 3; ++i) {
+    char* name = H5Tget_member_name(type, i);
+    EXPECT_STREQ(name, names[i]);
+    H5free_memory(name);
+  }
+  H5Tclose(type);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  H5Dclose(steps);
+
+  const hid_t results = H5Dopen2(file, "/bench_collectives/results", H5P_DEFAULT);
+  EXPECT_EQ(read_units(results), (std::vector<std::string>{"B", "GB/s"}));
+  H5Dclose(results);
+
+  const hid_t summary = H5Gopen2(file, "/bench_model/summary", H5P_DEFAULT);
+  ASSERT_GE(summary, 0);
+  const hid_t mean = H5Aopen(summary, "mean_ms", H5P_DEFAULT);
+  double mean_ms = 0;
+  H5Aread(mean, H5T_NATIVE_DOUBLE, &mean_ms);
+  EXPECT_EQ(mean_ms, 2.5);
+  H5Aclose(mean);
+  H5Gclose(summary);
+
+  const hid_t sizes = H5Aopen(file, "sizes", H5P_DEFAULT);
+  std::int64_t sizes_values[3] = {};
+  H5Aread(sizes, H5T_NATIVE_INT64, sizes_values);
+  EXPECT_EQ(sizes_values[2], 3);
+  H5Aclose(sizes);
+
+  const hid_t timeline = H5Dopen2(file, "/memory/timeline_bytes", H5P_DEFAULT);
+  const hid_t tspace = H5Dget_space(timeline);
+  hsize_t tdims[2] = {};
+  EXPECT_EQ(H5Sget_simple_extent_dims(tspace, tdims, nullptr), 2);
+  EXPECT_EQ(tdims[0], 2u);
+  EXPECT_EQ(tdims[1], 3u);
+  double values[6] = {};
+  H5Dread(timeline, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values);
+  EXPECT_EQ(values[5], 5.0);
+  H5Sclose(tspace);
+  H5Dclose(timeline);
+  H5Fclose(file);
+}
+
+// A crash after flush(): the process dies without destructors; NAME.tmp holds the flushed rows.
+TEST(Results, CrashLeavesFlushedRowsInTmp) {
+  TempDir dir;
+  const std::string path = dir.file("crash.h5");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ResultsFile f(path, true);
+    lmscale::Config cfg;
+    cfg.resolved = "[run]\n";
+    f.write_provenance(cfg, 1);
+    Table t = f.create_table("/train/steps", kStepColumns);
+    t.append({std::int64_t{1}, 3.0, std::string("a")});
+    t.append({std::int64_t{2}, 2.0, std::string("b")});
+    t.flush();
+    ::_exit(0);   // no destructors, no atexit handlers: like a crash
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_FALSE(fs::exists(path));
+  ASSERT_TRUE(fs::exists(path + ".tmp"));
+  const hid_t file = H5Fopen((path + ".tmp").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  EXPECT_EQ(read_string_attr(file, "schema"), "lmscale-results/1");
+  const auto rows = read_steps(file, "/train/steps");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].step, 2);
+  EXPECT_EQ(rows[1].loss, 2.0);
+  EXPECT_EQ(field(rows[1].phase), "b");
+  H5Fclose(file);
+}
+
+TEST(Results, UnfinishedFileStaysTmp) {
+  TempDir dir;
+  const std::string path = dir.file("unfinished.h5");
+  {
+    ResultsFile f(path, true);
+    Table t = f.create_table("/train/steps", kStepColumns);
+    t.append({std::int64_t{5}, 1.0, std::string("x")});
+  }   // destroyed without finish(), e.g. by an exception
+  EXPECT_FALSE(fs::exists(path));
+  ASSERT_TRUE(fs::exists(path + ".tmp"));
+  const hid_t file = H5Fopen((path + ".tmp").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  EXPECT_EQ(read_steps(file, "/train/steps").size(), 1u);
+  H5Fclose(file);
+}
+
+TEST(Results, InactiveFileDoesNothing) {
+  TempDir dir;
+  const std::string path = dir.file("rank1.h5");
+  ResultsFile f(path, false);
+  EXPECT_FALSE(f.active());
+  f.write_provenance(lmscale::Config{}, 2);
+  Table t = f.create_table("/train/steps", kStepColumns);
+  EXPECT_FALSE(t.active());
+  t.append({std::int64_t{1}, 1.0, std::string("x")});
+  EXPECT_EQ(t.rows(), 0);
+  f.set_attr("/", "a", 1.0);
+  f.flush();
+  f.finish();
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+}
+
+TEST(Results, BadRowsAndTablesThrow) {
+  TempDir dir;
+  ResultsFile f(dir.file("bad.h5"), true);
+  Table t = f.create_table("/train/steps", kStepColumns);
+  try {
+    t.append({std::int64_t{1}, std::string("oops"), std::string("x")});
+    FAIL() << "no error";
+  } catch (const lmscale::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'loss'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(t.append({1.5, 1.0, std::string("x")}), lmscale::Error);   // double into int64
+  EXPECT_THROW(t.append({std::int64_t{1}, 1.0}), lmscale::Error);        // too few cells
+  EXPECT_EQ(t.rows(), 0);
+  EXPECT_THROW(f.create_table("/train/steps", kStepColumns), lmscale::Error);   // exists
+  EXPECT_THROW(f.create_table("/x", {{"a", T::i64, ""}, {"a", T::f64, ""}}), lmscale::Error);
+  EXPECT_THROW(f.create_table("/y", {}), lmscale::Error);
+}
+
+TEST(Results, SystemRanksColumns) {
+  std::vector<std::string> names;
+  for (const auto& c : lmscale::io::system_ranks_columns()) names.push_back(c.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"rank", "host", "local_rank", "device", "device_name", "mpi", "hdf5",
+                                             "nccl", "cuda", "blas"}));
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  EXPECT_EQ(lmscale::io::hdf5_version(), std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release));
+}
+
+}  // namespace

@@ -1,0 +1,71 @@
+#pragma once
+// Weights files and training checkpoints (HDF5, DESIGN.md §2, docs/hdf5.md). One float32 dataset
+// per parameter at the root, named exactly like the parameter ("layers.0.attn.q_proj.weight",
+// shape as given), so that in Python
+//   {k: torch.from_numpy(f[k][()]) for k in f if isinstance(f[k], h5py.Dataset)}
+// is a state_dict the reference model loads with no renaming. A training checkpoint adds the
+// AdamW moments as /optimizer/m/<name> and /optimizer/v/<name> (float32, same shapes) and root
+// attributes (step, seed, data position, loss scale, config, ...). Files are written as
+// NAME.tmp and renamed to NAME, so a crash never leaves a half-written checkpoint under NAME.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lmscale/io/attr_value.h"
+
+namespace lmscale::io {
+
+// A host array of float32 values, row-major, with its parameter name and shape.
+struct NamedArray {
+  std::string name;                  // no '/' (it would create groups); not empty
+  std::vector<std::int64_t> shape;   // e.g. {d_out, d_in}; {} = scalar
+  const float* data = nullptr;
+};
+
+// AdamW first and second moments; each entry's name and shape must be a parameter's.
+struct OptimizerArrays {
+  std::vector<NamedArray> m;
+  std::vector<NamedArray> v;
+};
+
+// Writes `params` (and `optimizer` when given) to PATH.tmp, adds root attributes `schema`
+// ("lmscale-checkpoint/1"), `version`, `git_commit`, `utc_time` and then `attrs` (which may add
+// or override keys), and renames to PATH. Parent directories are created. Duplicate or invalid
+// names, null data and moments without a matching parameter throw Error naming the array.
+void write_weights(const std::string& path, const std::vector<NamedArray>& params,
+                   const std::map<std::string, AttrValue>& attrs = {}, const OptimizerArrays* optimizer = nullptr);
+
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& path);   // Error if missing or not HDF5
+  ~CheckpointReader();
+  CheckpointReader(CheckpointReader&&) noexcept;
+  CheckpointReader& operator=(CheckpointReader&&) noexcept;
+
+  const std::string& path() const { return path_; }
+  // Parameter names (root datasets) in the order they were written.
+  std::vector<std::string> names() const;
+  bool has(const std::string& name) const;
+  std::vector<std::int64_t> shape(const std::string& name) const;   // Error if missing
+  // Reads parameter `name` into `out` (product(expected_shape) floats). A missing name or a
+  // shape different from `expected_shape` throws Error naming the parameter and both shapes.
+  void read(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* out) const;
+
+  bool has_optimizer_state() const;   // /optimizer/m and /optimizer/v exist
+  // moment: "m" or "v"; same checks as read().
+  void read_optimizer(const std::string& moment, const std::string& name,
+                      const std::vector<std::int64_t>& expected_shape, float* out) const;
+
+  std::map<std::string, AttrValue> attrs() const;   // root attributes
+  std::optional<AttrValue> attr(const std::string& name) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+};
+
+}  // namespace lmscale::io

@@ -1,0 +1,234 @@
+// Weights and training checkpoints in HDF5 (include/lmscale/io/checkpoint.h, docs/hdf5.md).
+#include "lmscale/io/checkpoint.h"
+
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "edit_distance.h"
+#include "h5_support.h"
+#include "lmscale/core/error.h"
+#include "lmscale/version.h"
+
+namespace lmscale::io {
+
+namespace {
+
+constexpr const char* kSchema = "lmscale-checkpoint/1";
+
+std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+void check_name(const std::string& path, const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "optimizer")
+    throw Error(fmt::format("checkpoint '{}': invalid parameter name '{}' (empty, '.', 'optimizer' or containing '/')",
+                            path, name));
+}
+
+void write_array(hid_t loc, const std::string& file, const std::string& dataset_path, const NamedArray& a) {
+  const std::string what = fmt::format("checkpoint '{}': write '{}'", file, dataset_path);
+  std::vector<hsize_t> dims;
+  hsize_t count = 1;
+  for (auto d : a.shape) {
+    if (d < 0) throw Error(fmt::format("{}: negative dimension in shape {}", what, shape_text(a.shape)));
+    dims.push_back(static_cast<hsize_t>(d));
+    count *= static_cast<hsize_t>(d);
+  }
+  if (count > 0 && a.data == nullptr) throw Error(fmt::format("{}: null data", what));
+  const h5::Dataspace space(dims.empty() ? H5Screate(H5S_SCALAR)
+                                         : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                            what);
+  const h5::PropertyList lcpl = h5::intermediate_groups();
+  const h5::Dataset dataset(
+      H5Dcreate2(loc, dataset_path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), what);
+  if (count > 0)
+    h5::check_status(H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a.data), what);
+}
+
+}  // namespace
+
+void write_weights(const std::string& path, const std::vector<NamedArray>& params,
+                   const std::map<std::string, AttrValue>& attrs, const OptimizerArrays* optimizer) {
+  const h5::QuietErrors quiet;
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& p : params) {
+    check_name(path, p.name);
+    if (!shapes.emplace(p.name, p.shape).second)
+      throw Error(fmt::format("checkpoint '{}': parameter '{}' given twice", path, p.name));
+  }
+  if (optimizer) {
+    for (const auto* moments : {&optimizer->m, &optimizer->v}) {
+      std::set<std::string> seen;
+      for (const auto& a : *moments) {
+        const auto it = shapes.find(a.name);
+        if (it == shapes.end())
+          throw Error(fmt::format("checkpoint '{}': optimizer state for '{}', which is not a parameter", path, a.name));
+        if (it->second != a.shape)
+          throw Error(fmt::format("checkpoint '{}': optimizer state for '{}' has shape {} but the parameter has {}",
+                                  path, a.name, shape_text(a.shape), shape_text(it->second)));
+        if (!seen.insert(a.name).second)
+          throw Error(fmt::format("checkpoint '{}': optimizer state for '{}' given twice", path, a.name));
+      }
+    }
+  }
+
+  const std::string tmp = h5::temporary_path(path);
+  h5::File file = h5::create_file(tmp, /*track_creation_order=*/true);
+  for (const auto& p : params) write_array(file.get(), path, p.name, p);
+  if (optimizer) {
+    for (const auto& a : optimizer->m) write_array(file.get(), path, "optimizer/m/" + a.name, a);
+    for (const auto& a : optimizer->v) write_array(file.get(), path, "optimizer/v/" + a.name, a);
+  }
+  const h5::Object root(H5Oopen(file.get(), "/", H5P_DEFAULT), "open '/'");
+  h5::write_attr(root.get(), "schema", std::string(kSchema));
+  h5::write_attr(root.get(), "version", std::string(kVersion));
+  h5::write_attr(root.get(), "git_commit", std::string(kGitCommit));
+  h5::write_attr(root.get(), "utc_time", h5::utc_now_iso8601());
+  for (const auto& [name, value] : attrs) h5::write_attr(root.get(), name, value);
+  file.close(fmt::format("close '{}'", tmp));
+  h5::commit_file(tmp, path);
+}
+
+struct CheckpointReader::Impl {
+  h5::File file;
+};
+
+namespace {
+
+// True when `path` names a dataset (not a group) below `loc`.
+bool is_dataset(hid_t loc, const std::string& path) {
+  if (!h5::exists(loc, path)) return false;
+  const h5::Object object(H5Oopen(loc, path.c_str(), H5P_DEFAULT), fmt::format("open '{}'", path));
+  return H5Iget_type(object.get()) == H5I_DATASET;
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
+  const h5::QuietErrors quiet;
+  auto impl = std::make_unique<Impl>();
+  const h5::PropertyList fapl = h5::file_access_properties();
+  impl->file = h5::File(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), fmt::format("open checkpoint '{}'", path));
+  impl_ = std::move(impl);
+}
+
+CheckpointReader::~CheckpointReader() = default;
+CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept = default;
+CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = default;
+
+std::vector<std::string> CheckpointReader::names() const {
+  const h5::QuietErrors quiet;
+  std::vector<std::string> names;
+  auto collect = [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    try {   // no exception may cross the C library's frames
+      if (is_dataset(group, name)) static_cast<std::vector<std::string>*>(data)->push_back(name);
+      return 0;
+    } catch (...) {
+      return -1;
+    }
+  };
+  // Creation order when the writer tracked it (write_weights does), else by name.
+  hsize_t index = 0;
+  if (H5Literate(impl_->file.get(), H5_INDEX_CRT_ORDER, H5_ITER_INC, &index, collect, &names) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    names.clear();
+    index = 0;
+    h5::check_status(H5Literate(impl_->file.get(), H5_INDEX_NAME, H5_ITER_INC, &index, collect, &names),
+                     fmt::format("list parameters of '{}'", path_));
+  }
+  return names;
+}
+
+bool CheckpointReader::has(const std::string& name) const {
+  if (name.empty() || name.find('/') != std::string::npos) return false;
+  const h5::QuietErrors quiet;
+  return is_dataset(impl_->file.get(), name);
+}
+
+namespace {
+
+std::vector<std::int64_t> dataset_shape(hid_t dataset, const std::string& what) {
+  const h5::Dataspace space(H5Dget_space(dataset), what);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  h5::check_status(rank < 0 ? -1 : 0, what);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  if (rank > 0) h5::check_status(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), what);
+  return {dims.begin(), dims.end()};
+}
+
+}  // namespace
+
+std::vector<std::int64_t> CheckpointReader::shape(const std::string& name) const {
+  const h5::QuietErrors quiet;
+  if (!has(name)) throw Error(fmt::format("checkpoint '{}': parameter '{}' not found", path_, name));
+  const std::string what = fmt::format("checkpoint '{}': shape of '{}'", path_, name);
+  const h5::Dataset dataset(H5Dopen2(impl_->file.get(), name.c_str(), H5P_DEFAULT), what);
+  return dataset_shape(dataset.get(), what);
+}
+
+namespace {
+
+void read_dataset(hid_t file, const std::string& file_path, const std::string& dataset_path, const std::string& label,
+                  const std::vector<std::int64_t>& expected_shape, float* out, const std::vector<std::string>& names) {
+  const std::string what = fmt::format("checkpoint '{}': read {}", file_path, label);
+  if (!is_dataset(file, dataset_path)) {
+    const auto nearest = detail::nearest_name(dataset_path.substr(dataset_path.rfind('/') + 1), names);
+    throw Error(fmt::format("checkpoint '{}': {} not found ({} parameters in the file{})", file_path, label,
+                            names.size(), nearest ? fmt::format("; nearest: '{}'", *nearest) : std::string()));
+  }
+  const h5::Dataset dataset(H5Dopen2(file, dataset_path.c_str(), H5P_DEFAULT), what);
+  const auto shape = dataset_shape(dataset.get(), what);
+  if (shape != expected_shape)
+    throw Error(fmt::format("checkpoint '{}': {} has shape {} in the file but {} is expected", file_path, label,
+                            shape_text(shape), shape_text(expected_shape)));
+  std::int64_t count = 1;
+  for (auto d : shape) count *= d;
+  if (count > 0) {
+    if (out == nullptr) throw Error(fmt::format("{}: null output buffer", what));
+    h5::check_status(H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out), what);
+  }
+}
+
+}  // namespace
+
+void CheckpointReader::read(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* out) const {
+  const h5::QuietErrors quiet;
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw Error(fmt::format("checkpoint '{}': invalid parameter name '{}'", path_, name));
+  read_dataset(impl_->file.get(), path_, name, fmt::format("parameter '{}'", name), expected_shape, out, names());
+}
+
+bool CheckpointReader::has_optimizer_state() const {
+  const h5::QuietErrors quiet;
+  return h5::exists(impl_->file.get(), "optimizer/m") && h5::exists(impl_->file.get(), "optimizer/v");
+}
+
+void CheckpointReader::read_optimizer(const std::string& moment, const std::string& name,
+                                      const std::vector<std::int64_t>& expected_shape, float* out) const {
+  const h5::QuietErrors quiet;
+  if (moment != "m" && moment != "v")
+    throw Error(fmt::format("checkpoint '{}': optimizer moment must be 'm' or 'v', not '{}'", path_, moment));
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw Error(fmt::format("checkpoint '{}': invalid parameter name '{}'", path_, name));
+  read_dataset(impl_->file.get(), path_, fmt::format("optimizer/{}/{}", moment, name),
+               fmt::format("optimizer state {} of '{}'", moment, name), expected_shape, out, names());
+}
+
+std::map<std::string, AttrValue> CheckpointReader::attrs() const {
+  const h5::QuietErrors quiet;
+  const h5::Object root(H5Oopen(impl_->file.get(), "/", H5P_DEFAULT), "open '/'");
+  std::map<std::string, AttrValue> result;
+  for (const auto& name : h5::attr_names(root.get())) result.emplace(name, h5::read_attr(root.get(), name));
+  return result;
+}
+
+std::optional<AttrValue> CheckpointReader::attr(const std::string& name) const {
+  const h5::QuietErrors quiet;
+  const h5::Object root(H5Oopen(impl_->file.get(), "/", H5P_DEFAULT), "open '/'");
+  const htri_t found = H5Aexists(root.get(), name.c_str());
+  h5::check_status(found, fmt::format("checkpoint '{}': look up attribute '{}'", path_, name));
+  if (found == 0) return std::nullopt;
+  return h5::read_attr(root.get(), name);
+}
+
+}  // namespace lmscale::io

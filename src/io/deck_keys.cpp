@@ -1,0 +1,287 @@
+#include "deck_keys.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "deck_values.h"
+#include "lmscale/io/presets.h"
+
+namespace lmscale::io::detail {
+
+namespace {
+
+// Builders: `field` is a generic lambda returning a reference to the Config member, so one
+// accessor serves both set (Config&) and get (const Config&).
+template <class F>
+DeckKey int_key(std::string name, F field, std::int64_t min, std::string meaning) {
+  DeckKey k{name, "int", std::move(meaning), {}, fmt::format(">= {}", min), {}, {}};
+  k.set = [name, field, min](Config& c, const std::string& t) { field(c) = parse_int(name, t, min); };
+  k.get = [field](const Config& c) { return fmt::format("{}", field(c)); };
+  return k;
+}
+
+template <class F>
+DeckKey uint_key(std::string name, F field, std::string meaning) {
+  DeckKey k{name, "int", std::move(meaning), {}, ">= 0", {}, {}};
+  k.set = [name, field](Config& c, const std::string& t) { field(c) = parse_uint(name, t); };
+  k.get = [field](const Config& c) { return fmt::format("{}", field(c)); };
+  return k;
+}
+
+template <class F>
+DeckKey bytes_key(std::string name, F field, std::int64_t min, std::string meaning) {
+  DeckKey k{name, "bytes", std::move(meaning), {}, fmt::format(">= {}; suffix K, M, G allowed", min), {}, {}};
+  k.set = [name, field, min](Config& c, const std::string& t) { field(c) = parse_bytes(name, t, min); };
+  k.get = [field](const Config& c) { return fmt::format("{}", field(c)); };
+  return k;
+}
+
+template <class F>
+DeckKey float_key(std::string name, F field, FloatRange range, std::string meaning) {
+  DeckKey k{name, "float", std::move(meaning), {}, range.describe(), {}, {}};
+  k.set = [name, field, range](Config& c, const std::string& t) { field(c) = parse_float(name, t, range); };
+  // fmt's shortest round-trip form: parsing the text gives back the same double.
+  k.get = [field](const Config& c) { return fmt::format("{}", field(c)); };
+  return k;
+}
+
+template <class F>
+DeckKey bool_key(std::string name, F field, std::string meaning) {
+  DeckKey k{name, "bool", std::move(meaning), {}, "", {}, {}};
+  k.set = [name, field](Config& c, const std::string& t) { field(c) = parse_bool(name, t); };
+  k.get = [field](const Config& c) { return std::string(field(c) ? "true" : "false"); };
+  return k;
+}
+
+template <class F>
+DeckKey string_key(std::string name, std::string type, F field, std::string meaning) {
+  DeckKey k{name, std::move(type), std::move(meaning), {}, "", {}, {}};
+  k.set = [field](Config& c, const std::string& t) { field(c) = parse_string(t); };
+  k.get = [field](const Config& c) { return field(c); };
+  return k;
+}
+
+template <class F>
+DeckKey enum_key(std::string name, F field, std::vector<std::string> allowed, std::string meaning) {
+  DeckKey k{name, "enum", std::move(meaning), allowed, "", {}, {}};
+  k.set = [name, field, allowed](Config& c, const std::string& t) { field(c) = parse_enum(name, t, allowed); };
+  k.get = [field](const Config& c) { return field(c); };
+  return k;
+}
+
+// Integer list; `allowed` (if not empty) restricts the items to those values.
+template <class F>
+DeckKey int_list_key(std::string name, F field, std::int64_t min, std::vector<std::int64_t> allowed, std::string meaning) {
+  std::vector<std::string> allowed_text;
+  for (auto a : allowed) allowed_text.push_back(fmt::format("{}", a));
+  DeckKey k{name, "int-list", std::move(meaning), allowed_text, allowed.empty() ? fmt::format("each >= {}", min) : "", {}, {}};
+  k.set = [name, field, min, allowed_text](Config& c, const std::string& t) {
+    std::vector<std::int64_t> values;
+    for (const auto& item : split_list(name, t)) {
+      if (!allowed_text.empty()) parse_enum(name, item, allowed_text);
+      values.push_back(parse_int(name, item, min));
+    }
+    field(c) = std::move(values);
+  };
+  k.get = [field](const Config& c) { return fmt::format("{}", fmt::join(field(c), ",")); };
+  return k;
+}
+
+template <class F>
+DeckKey enum_list_key(std::string name, F field, std::vector<std::string> allowed, std::string meaning) {
+  DeckKey k{name, "enum-list", std::move(meaning), allowed, "", {}, {}};
+  k.set = [name, field, allowed](Config& c, const std::string& t) {
+    std::vector<std::string> values;
+    for (const auto& item : split_list(name, t)) values.push_back(parse_enum(name, item, allowed));
+    field(c) = std::move(values);
+  };
+  k.get = [field](const Config& c) { return fmt::format("{}", fmt::join(field(c), ",")); };
+  return k;
+}
+
+template <class F>
+DeckKey bool_list_key(std::string name, F field, std::string meaning) {
+  DeckKey k{name, "bool-list", std::move(meaning), {}, "", {}, {}};
+  k.set = [name, field](Config& c, const std::string& t) {
+    std::vector<bool> values;
+    for (const auto& item : split_list(name, t)) values.push_back(parse_bool(name, item));
+    field(c) = std::move(values);
+  };
+  k.get = [field](const Config& c) {
+    std::vector<std::string> items;
+    for (bool b : field(c)) items.push_back(b ? "true" : "false");
+    return fmt::format("{}", fmt::join(items, ","));
+  };
+  return k;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names{"custom"};
+  for (const auto& p : model_presets()) names.push_back(p.name);
+  return names;
+}
+
+#define LMSCALE_FIELD(member) [](auto& c) -> auto& { return c.member; }
+
+std::vector<DeckKey> build_table() {
+  using R = FloatRange;
+  const std::vector<std::string> dtypes{"fp32", "bf16", "fp16"};
+  return {
+      // [run]
+      enum_key("run.job", LMSCALE_FIELD(run.job),
+               {"bench-model", "bench-attention", "bench-collectives", "train", "accounting"}, "Job to run."),
+      string_key("run.output", "path", LMSCALE_FIELD(run.output),
+                 "HDF5 results file; written as PATH.tmp and renamed to PATH when the job ends."),
+      uint_key("run.seed", LMSCALE_FIELD(run.seed), "Seed of every random stream (weight init, synthetic data, data order)."),
+      bool_key("run.progress", LMSCALE_FIELD(run.progress), "Print progress lines on stdout (rank 0)."),
+      // [model]
+      enum_key("model.size", LMSCALE_FIELD(model.size), preset_names(),
+               "Model size preset: fills d_model, d_ff, num_layers, num_heads, vocab_size and optim.beta2 "
+               "unless those keys are given explicitly."),
+      int_key("model.vocab_size", LMSCALE_FIELD(model.vocab_size), 1, "Vocabulary size."),
+      int_key("model.context_length", LMSCALE_FIELD(model.context_length), 1, "Sequence length of every batch (tokens)."),
+      int_key("model.d_model", LMSCALE_FIELD(model.d_model), 1, "Hidden size."),
+      int_key("model.d_ff", LMSCALE_FIELD(model.d_ff), 1, "Inner size of the SwiGLU feed-forward network."),
+      int_key("model.num_layers", LMSCALE_FIELD(model.num_layers), 1, "Number of Transformer blocks."),
+      int_key("model.num_heads", LMSCALE_FIELD(model.num_heads), 1,
+              "Attention heads; must divide d_model with an even head dimension (RoPE)."),
+      float_key("model.rope_theta", LMSCALE_FIELD(model.rope_theta), R::positive(), "RoPE base theta."),
+      float_key("model.norm_eps", LMSCALE_FIELD(model.norm_eps), R::positive(), "RMSNorm epsilon."),
+      enum_key("model.attention", LMSCALE_FIELD(model.attention), {"naive", "flash"},
+               "Attention implementation: naive (materialises the score matrix) or flash (FlashAttention-2)."),
+      // [precision]
+      enum_key("precision.mode", LMSCALE_FIELD(precision.mode), dtypes,
+               "fp32, or bf16/fp16 mixed precision (fp32 master weights); bf16 and fp16 need a CUDA device."),
+      bool_key("precision.tf32", LMSCALE_FIELD(precision.tf32), "Allow TF32 tensor cores for fp32 matrix products."),
+      float_key("precision.loss_scale_init", LMSCALE_FIELD(precision.loss_scale_init), R::positive(),
+                "Initial dynamic loss scale (fp16)."),
+      int_key("precision.loss_scale_window", LMSCALE_FIELD(precision.loss_scale_window), 1,
+              "Steps without overflow before the fp16 loss scale doubles."),
+      // [parallel]
+      enum_key("parallel.device", LMSCALE_FIELD(parallel.device), {"auto", "cpu", "cuda"},
+               "Where to compute: auto picks cuda when a GPU is visible, else cpu."),
+      enum_key("parallel.backend", LMSCALE_FIELD(parallel.backend), {"auto", "mpi", "nccl"},
+               "Collective backend: auto picks nccl on cuda, mpi on cpu."),
+      int_key("parallel.dp", LMSCALE_FIELD(parallel.dp), 0,
+              "Data-parallel degree; 0 = world size / (tp * pp). dp * tp * pp must equal the world size."),
+      int_key("parallel.tp", LMSCALE_FIELD(parallel.tp), 1, "Tensor-parallel degree; must divide num_heads and d_ff."),
+      int_key("parallel.pp", LMSCALE_FIELD(parallel.pp), 1, "Pipeline-parallel degree (stages); at most num_layers."),
+      enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), {"none", "naive", "flat", "overlap", "bucketed"},
+               "Gradient all-reduce strategy of data parallelism."),
+      float_key("parallel.bucket_mb", LMSCALE_FIELD(parallel.bucket_mb), R::positive(),
+                "Bucket size of ddp = bucketed (MB)."),
+      enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
+               "Sharding of optimizer state, gradients and parameters over the dp ranks."),
+      int_key("parallel.microbatches", LMSCALE_FIELD(parallel.microbatches), 1,
+              "Pipeline microbatches per step; must divide the per-rank batch when pp > 1."),
+      enum_key("parallel.schedule", LMSCALE_FIELD(parallel.schedule), {"gpipe", "1f1b"}, "Pipeline schedule."),
+      // [bench]
+      enum_key("bench.mode", LMSCALE_FIELD(bench.mode), {"forward", "forward-backward", "train-step"},
+               "bench-model: what one timed step does."),
+      int_key("bench.warmup", LMSCALE_FIELD(bench.warmup), 0,
+              "Untimed warm-up iterations (bench-model steps, attention and collective iterations)."),
+      int_key("bench.steps", LMSCALE_FIELD(bench.steps), 1,
+              "Timed iterations (bench-model steps, attention and collective iterations)."),
+      int_key("bench.batch_size", LMSCALE_FIELD(bench.batch_size), 1, "bench-model: global batch size (sequences)."),
+      bool_key("bench.memory_timeline", LMSCALE_FIELD(bench.memory_timeline),
+               "bench-model: record every allocation and free into /memory/timeline."),
+      enum_list_key("bench.impls", LMSCALE_FIELD(bench.impls), {"naive", "flash"},
+                    "bench-attention: attention implementations to compare."),
+      enum_list_key("bench.passes", LMSCALE_FIELD(bench.passes), {"forward", "backward", "forward-backward"},
+                    "bench-attention: passes to time."),
+      int_list_key("bench.attn_batch", LMSCALE_FIELD(bench.attn_batch), 1, {}, "bench-attention: batch sizes."),
+      int_list_key("bench.attn_heads", LMSCALE_FIELD(bench.attn_heads), 1, {}, "bench-attention: numbers of heads."),
+      int_list_key("bench.seq_lens", LMSCALE_FIELD(bench.seq_lens), 1, {}, "bench-attention: sequence lengths."),
+      int_list_key("bench.head_dims", LMSCALE_FIELD(bench.head_dims), 1, {16, 32, 64, 128},
+                   "bench-attention: head dimensions."),
+      enum_list_key("bench.dtypes", LMSCALE_FIELD(bench.dtypes), dtypes,
+                    "bench-attention and bench-collectives: element types."),
+      bool_list_key("bench.causal", LMSCALE_FIELD(bench.causal), "bench-attention: causal masking settings to sweep."),
+      enum_list_key("bench.ops", LMSCALE_FIELD(bench.ops), {"all-reduce", "reduce-scatter", "all-gather", "broadcast"},
+                    "bench-collectives: collectives to time."),
+      enum_key("bench.algo", LMSCALE_FIELD(bench.algo), {"library", "ring", "shm", "auto"},
+               "bench-collectives: the backend's own algorithm (library), lmscale's ring over send/recv, "
+               "node-local shared memory with threads (shm, mpi backend), or auto (shm for large messages)."),
+      bytes_key("bench.min_bytes", LMSCALE_FIELD(bench.min_bytes), 1, "bench-collectives: smallest message size."),
+      bytes_key("bench.max_bytes", LMSCALE_FIELD(bench.max_bytes), 1, "bench-collectives: largest message size."),
+      int_key("bench.step_factor", LMSCALE_FIELD(bench.step_factor), 2,
+              "bench-collectives: each size is the previous one times this factor."),
+      bool_key("bench.inplace", LMSCALE_FIELD(bench.inplace), "bench-collectives: send and receive in the same buffer."),
+      bool_key("bench.check", LMSCALE_FIELD(bench.check), "bench-collectives: verify the result of every size."),
+      // [train]
+      int_key("train.steps", LMSCALE_FIELD(train.steps), 1, "Optimizer steps."),
+      int_key("train.batch_size", LMSCALE_FIELD(train.batch_size), 1,
+              "Global batch size (sequences per optimizer step, over all data-parallel ranks)."),
+      int_key("train.grad_accum", LMSCALE_FIELD(train.grad_accum), 1,
+              "Gradient accumulation steps; must divide the per-rank batch."),
+      int_key("train.eval_every", LMSCALE_FIELD(train.eval_every), 0, "Evaluate every this many steps; 0 = never."),
+      int_key("train.eval_batches", LMSCALE_FIELD(train.eval_batches), 1, "Batches per evaluation."),
+      int_key("train.log_every", LMSCALE_FIELD(train.log_every), 1, "Print a progress line every this many steps."),
+      string_key("train.save", "path", LMSCALE_FIELD(train.save), "Final weights file (HDF5); empty = do not save."),
+      string_key("train.resume", "path", LMSCALE_FIELD(train.resume),
+                 "Checkpoint to resume from; empty = fresh start."),
+      int_key("train.checkpoint_every", LMSCALE_FIELD(train.checkpoint_every), 0,
+              "Write a training checkpoint every this many steps; 0 = never."),
+      string_key("train.checkpoint_path", "path", LMSCALE_FIELD(train.checkpoint_path), "Training checkpoint file."),
+      enum_key("train.activation_checkpointing", LMSCALE_FIELD(train.activation_checkpointing),
+               {"none", "every-k", "selective"},
+               "Recompute activations in backward: none, every k-th block, or selective (attention only)."),
+      int_key("train.checkpoint_k", LMSCALE_FIELD(train.checkpoint_k), 1, "k of activation_checkpointing = every-k."),
+      // [optim]
+      enum_key("optim.name", LMSCALE_FIELD(optim.name), {"adamw", "sgd", "lamb"}, "Optimizer."),
+      float_key("optim.lr", LMSCALE_FIELD(optim.lr), R::positive(), "Peak learning rate."),
+      float_key("optim.min_lr", LMSCALE_FIELD(optim.min_lr), R::non_negative(),
+                "Learning rate at the end of the cosine schedule; at most lr."),
+      int_key("optim.warmup_steps", LMSCALE_FIELD(optim.warmup_steps), 0,
+              "Linear warm-up steps; at most train.steps."),
+      int_key("optim.cosine_steps", LMSCALE_FIELD(optim.cosine_steps), 0,
+              "Step at which the cosine schedule reaches min_lr; 0 = train.steps."),
+      float_key("optim.weight_decay", LMSCALE_FIELD(optim.weight_decay), R::non_negative(),
+                "Decoupled weight decay."),
+      float_key("optim.beta1", LMSCALE_FIELD(optim.beta1), R::unit_open_right(), "AdamW/LAMB beta1."),
+      float_key("optim.beta2", LMSCALE_FIELD(optim.beta2), R::unit_open_right(),
+                "AdamW/LAMB beta2 (a model.size preset sets its own unless given)."),
+      float_key("optim.eps", LMSCALE_FIELD(optim.eps), R::positive(), "AdamW/LAMB epsilon."),
+      float_key("optim.grad_clip", LMSCALE_FIELD(optim.grad_clip), R::non_negative(),
+                "Clip the global gradient norm to this value; 0 = off."),
+      float_key("optim.momentum", LMSCALE_FIELD(optim.momentum), R::unit_open_right(), "SGD momentum."),
+      // [data]
+      enum_key("data.source", LMSCALE_FIELD(data.source), {"synthetic", "tokens"},
+               "Training data: synthetic random tokens, or a token file (data.path)."),
+      string_key("data.path", "path", LMSCALE_FIELD(data.path),
+                 "Token file: raw little-endian token ids of type data.dtype."),
+      string_key("data.val_path", "path", LMSCALE_FIELD(data.val_path),
+                 "Evaluation token file; empty = data.path."),
+      enum_key("data.dtype", LMSCALE_FIELD(data.dtype), {"uint16", "uint32"}, "Element type of the token files."),
+  };
+}
+
+#undef LMSCALE_FIELD
+
+}  // namespace
+
+const std::vector<DeckKey>& deck_keys() {
+  static const std::vector<DeckKey> table = build_table();   // constant after first use
+  return table;
+}
+
+const DeckKey* find_deck_key(const std::string& name) {
+  for (const auto& k : deck_keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::vector<std::string> deck_key_names() {
+  std::vector<std::string> names;
+  for (const auto& k : deck_keys()) names.push_back(k.name);
+  return names;
+}
+
+std::vector<std::string> deck_sections() {
+  std::vector<std::string> sections;
+  for (const auto& k : deck_keys())
+    if (sections.empty() || sections.back() != k.section()) sections.push_back(k.section());
+  return sections;
+}
+
+}  // namespace lmscale::io::detail

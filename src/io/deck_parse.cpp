@@ -1,0 +1,222 @@
+// parse_invocation / parse_deck_text: command line first, then the deck (Boost.Program_options
+// keeps the first value it stores, so command-line keys win), then presets, validation and the
+// resolved parallel.dp.
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/program_options/errors.hpp>
+#include <boost/program_options/options_description.hpp>
+#include <boost/program_options/parsers.hpp>
+#include <boost/program_options/positional_options.hpp>
+#include <boost/program_options/value_semantic.hpp>
+#include <boost/program_options/variables_map.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "deck_keys.h"
+#include "deck_options.h"
+#include "deck_validate.h"
+#include "edit_distance.h"
+#include "lmscale/core/error.h"
+#include "lmscale/io/deck.h"
+#include "lmscale/io/presets.h"
+
+namespace po = boost::program_options;
+
+namespace lmscale::io {
+
+namespace {
+
+// Long options only, and no prefix guessing: --model.d_mod must not silently mean --model.d_model.
+constexpr int kCommandLineStyle = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
+                                  po::command_line_style::long_allow_next | po::command_line_style::allow_short |
+                                  po::command_line_style::short_allow_next |
+                                  po::command_line_style::allow_dash_for_short;
+
+// Boost keeps pointers to the descriptions in parsed_options, so they live as long as a parse.
+struct OptionSet {
+  po::options_description keys = detail::key_options();
+  po::options_description command_line;
+  OptionSet() {
+    po::options_description hidden;
+    hidden.add_options()("deck", po::value<std::string>(), "deck file");
+    command_line.add(keys).add(detail::action_options()).add(hidden);
+  }
+};
+
+// `dashes`: how the option was written on the command line ("--" or "-"); "" for a deck key.
+[[noreturn]] void unknown_key(const std::string& name, const std::string& where, const std::string& dashes) {
+  const bool command_line = !dashes.empty();
+  const auto sections = detail::deck_sections();
+  const auto suggestion = detail::nearest_name(name, detail::deck_key_names());
+  const auto dot = name.find('.');
+  std::string message;
+  if (!command_line && dot == std::string::npos) {
+    message = fmt::format("key '{}' {} is outside any [section]", name, where);
+  } else if (!command_line && std::find(sections.begin(), sections.end(), name.substr(0, dot)) == sections.end()) {
+    message = fmt::format("unknown section '[{}]' (key '{}') {}", name.substr(0, dot), name, where);
+  } else {
+    message = fmt::format("unknown {} '{}{}' {}", command_line ? "option" : "key", dashes, name, where);
+  }
+  message += suggestion ? fmt::format(" (did you mean '{}{}'?)", command_line ? "--" : "", *suggestion)
+                        : std::string(" (lmscale --help lists every key)");
+  throw UsageError(message);
+}
+
+void reject_unregistered(const po::parsed_options& parsed, const std::string& where, bool command_line) {
+  for (const auto& option : parsed.options) {
+    if (!option.unregistered) continue;
+    std::string name = option.string_key;
+    if (name.empty() && !option.original_tokens.empty()) name = option.original_tokens.front();
+    name.erase(0, name.find_first_not_of('-'));
+    const std::string token = option.original_tokens.empty() ? std::string() : option.original_tokens.front();
+    unknown_key(name, where, !command_line ? "" : token.rfind("--", 0) == 0 ? "--" : "-");
+  }
+}
+
+po::parsed_options parse_command_line(const std::vector<std::string>& args, const OptionSet& options,
+                                      bool allow_deck) {
+  po::positional_options_description positional;
+  if (allow_deck) positional.add("deck", 1);
+  try {
+    return po::command_line_parser(args)
+        .options(options.command_line)
+        .positional(positional)
+        .style(kCommandLineStyle)
+        .allow_unregistered()
+        .run();
+  } catch (const po::too_many_positional_options_error&) {
+    throw UsageError(allow_deck ? "more than one deck file given; give one deck and settings as --section.key=value"
+                                : "settings must have the form --section.key=value");
+  } catch (const po::error& e) {
+    throw UsageError(fmt::format("{} (on the command line)", e.what()));
+  }
+}
+
+// Named apart from po::store, which argument-dependent lookup would prefer for a const char* `where`.
+void store_values(const po::parsed_options& parsed, po::variables_map& vm, const std::string& where) {
+  try {
+    po::store(parsed, vm);
+  } catch (const po::multiple_occurrences& e) {
+    std::string name = e.get_option_name();
+    name.erase(0, name.find_first_not_of('-'));
+    throw UsageError(fmt::format("key '{}' is given more than once ({}); keep one", name, where));
+  } catch (const po::error& e) {
+    throw UsageError(fmt::format("{} ({})", e.what(), where));
+  }
+}
+
+std::string read_deck(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw UsageError(fmt::format("deck file '{}' not found", path));
+  if (std::filesystem::is_directory(path, ec))
+    throw UsageError(fmt::format("deck '{}' is a directory; give an INI file", path));
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) throw UsageError(fmt::format("cannot read deck file '{}'", path));
+  return text.str();
+}
+
+// Shell-quoted, so that the recorded command line can be pasted back into a shell.
+std::string quote_argument(const std::string& arg) {
+  const bool plain = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || std::string_view("_-./=:,+@%").find(ch) != std::string_view::npos;
+  });
+  if (plain) return arg;
+  std::string quoted = "'";
+  for (char ch : arg) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return quoted + "'";
+}
+
+// The command-line values are in `vm` already; the deck's values are stored after them.
+Config resolve(po::variables_map& vm, const po::parsed_options& command_line, const OptionSet& options,
+               const std::string& deck_text, const std::string& deck_name, int world_size) {
+  const std::string in_deck = "in " + deck_name;
+  reject_unregistered(command_line, "on the command line", true);
+  po::parsed_options deck(&options.keys);
+  try {
+    std::istringstream in(deck_text);
+    deck = po::parse_config_file(in, options.keys, /*allow_unregistered=*/true);
+  } catch (const po::error& e) {
+    throw UsageError(fmt::format("{}: {}", deck_name, e.what()));
+  }
+  reject_unregistered(deck, in_deck, false);
+  store_values(deck, vm, in_deck);
+
+  std::set<std::string> from_command_line;
+  for (const auto& option : command_line.options)
+    if (!option.unregistered) from_command_line.insert(option.string_key);
+
+  Config c;
+  std::set<std::string> explicit_keys;
+  for (const auto& key : detail::deck_keys()) {
+    if (vm.count(key.name) == 0) continue;
+    explicit_keys.insert(key.name);
+    try {
+      key.set(c, vm[key.name].as<std::string>());
+    } catch (const UsageError& e) {
+      throw UsageError(fmt::format("{} ({})", e.what(), from_command_line.contains(key.name) ? "on the command line" : in_deck));
+    }
+  }
+  apply_preset(c, explicit_keys);
+  validate(c, world_size);
+  c.parallel.dp = detail::resolved_dp(c, world_size);
+  c.deck_text = deck_text;
+  c.resolved = to_ini(c);
+  return c;
+}
+
+}  // namespace
+
+Invocation parse_invocation(int argc, const char* const* argv, int world_size) {
+  const std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
+  const OptionSet options;
+  const po::parsed_options command_line = parse_command_line(args, options, /*allow_deck=*/true);
+  po::variables_map vm;
+  store_values(command_line, vm, "on the command line");
+
+  Invocation inv;
+  if (vm["help"].as<bool>()) {
+    inv.action = Invocation::Action::help;
+  } else if (vm["help-markdown"].as<bool>()) {
+    inv.action = Invocation::Action::help_markdown;
+  } else if (vm["version"].as<bool>()) {
+    inv.action = Invocation::Action::version;
+  } else {
+    inv.action = vm["print-config"].as<bool>() ? Invocation::Action::print_config : Invocation::Action::run;
+    reject_unregistered(command_line, "on the command line", true);
+    std::string deck_path, deck_text;
+    if (vm.count("deck") != 0) {
+      deck_path = vm["deck"].as<std::string>();
+      deck_text = read_deck(deck_path);
+    }
+    inv.config = resolve(vm, command_line, options, deck_text, deck_path.empty() ? "the deck" : deck_path, world_size);
+    inv.config.deck_path = deck_path;
+  }
+  std::vector<std::string> quoted;
+  for (int i = 0; i < argc; ++i) quoted.push_back(quote_argument(argv[i]));
+  inv.config.command_line = fmt::format("{}", fmt::join(quoted, " "));
+  return inv;
+}
+
+Config parse_deck_text(const std::string& deck_text, const std::vector<std::string>& overrides, int world_size) {
+  std::vector<std::string> args;
+  for (const auto& o : overrides) args.push_back(o.rfind("--", 0) == 0 ? o : "--" + o);
+  const OptionSet options;
+  const po::parsed_options command_line = parse_command_line(args, options, /*allow_deck=*/false);
+  po::variables_map vm;
+  store_values(command_line, vm, "on the command line");
+  for (const char* action : {"help", "help-markdown", "version", "print-config"})
+    if (vm[action].as<bool>()) throw UsageError(fmt::format("--{} is an action, not a setting", action));
+  return resolve(vm, command_line, options, deck_text, "the deck", world_size);
+}
+
+}  // namespace lmscale::io

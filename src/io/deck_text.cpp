@@ -1,0 +1,151 @@
+// Text forms of the key table: --help, docs/deck.md (--help-markdown), and the resolved INI that
+// --print-config shows and the HDF5 root attribute `config` stores.
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "deck_keys.h"
+#include "deck_options.h"
+#include "lmscale/io/deck.h"
+#include "lmscale/io/presets.h"
+#include "lmscale/version.h"
+
+namespace lmscale::io {
+
+namespace {
+
+constexpr const char* kUsage = "Usage: lmscale [DECK.ini] [--section.key=value ...] [ACTION]";
+
+std::string markdown_cell(std::string text) {
+  std::string out;
+  for (char ch : text) out += ch == '|' ? std::string("\\|") : std::string(1, ch);
+  return out;
+}
+
+std::string code_or_empty(const std::string& text) { return text.empty() ? "*(empty)*" : fmt::format("`{}`", text); }
+
+}  // namespace
+
+std::string version_text() {
+  return fmt::format("lmscale {} (git {}, CUDA {})", kVersion, kGitCommit, kWithCuda ? "on" : "off");
+}
+
+std::string help_text() {
+  std::ostringstream out;
+  out << kUsage << "\n\n"
+      << "Runs the job a deck describes (run.job): bench-model, bench-attention, bench-collectives, train or\n"
+      << "accounting. Every deck key can also be given on the command line as --section.key=value, which\n"
+      << "wins over the deck; without a deck, defaults and command-line keys are used. Lists are\n"
+      << "comma-separated (128,256,512); booleans are true/false, 1/0, yes/no or on/off. Unknown keys, bad\n"
+      << "values and inconsistent combinations stop the run before any work (exit code 2).\n\n"
+      << detail::action_options() << "\n"
+      << detail::key_options() << "\n"
+      << "The same reference, as Markdown: docs/deck.md (lmscale --help-markdown).\n";
+  return out.str();
+}
+
+std::string to_ini(const Config& c) {
+  std::string out = "# lmscale resolved configuration: every key, after deck, command line, presets and\n"
+                    "# parallel.dp resolution. Usable as a deck.\n";
+  std::string section;
+  for (const auto& key : detail::deck_keys()) {
+    if (key.section() != section) {
+      section = key.section();
+      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
+    }
+    const std::string value = key.get(c);
+    out += value.empty() ? fmt::format("{} =\n", key.key()) : fmt::format("{} = {}\n", key.key(), value);
+  }
+  return out;
+}
+
+std::string deck_markdown() {
+  std::string md;
+  md += "# Deck reference\n\n";
+  md += "<!-- Generated from the key table in src/io/deck_keys.cpp by `lmscale --help-markdown`; do not edit by\n"
+        "     hand. A unit test (ctest/unit/test_deck.cpp) fails when this file and the table disagree. -->\n\n";
+  md += "A deck is an INI file that describes one run of `lmscale`: the job, the model, the precision, the\n"
+        "parallel layout and the job's own settings. Example decks, one per job and mode, are in `inputs/`.\n\n";
+  md += "```\n" + std::string(kUsage) + "\n```\n\n";
+  md += "## Syntax\n\n"
+        "- `[section]` lines open a section; `key = value` lines set `section.key`. Keys outside a section\n"
+        "  are errors.\n"
+        "- `#` starts a comment anywhere on a line, so values cannot contain `#`.\n"
+        "- Every key can also be given on the command line as `--section.key=value` (or\n"
+        "  `--section.key value`). The command line wins over the deck. Without a deck, defaults and\n"
+        "  command-line keys are used.\n"
+        "- Lists are comma-separated: `seq_lens = 128,256,512`. Empty items are errors.\n"
+        "- Booleans: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off` (any case).\n"
+        "- Enumerations are matched ignoring case and stored in the spelling listed below.\n"
+        "- Byte counts (`bytes`) take an optional binary suffix: `64K`, `1M`, `2G` (also `KiB`, `MiB`,\n"
+        "  `GiB`).\n"
+        "- Strings and paths may be wrapped in double quotes; relative paths start at the working\n"
+        "  directory, not at the deck's folder.\n"
+        "- A key given twice in the deck, or twice on the command line, is an error.\n\n";
+  md += "## Actions\n\n"
+        "| option | effect |\n|---|---|\n"
+        "| `--help`, `-h` | print every key with its type, default and meaning |\n"
+        "| `--help-markdown` | print this reference |\n"
+        "| `--version` | print the version, git commit and whether CUDA is built in |\n"
+        "| `--print-config` | resolve and check the deck, print every key's value (a valid deck), run nothing |\n\n";
+  md += "## How a deck is resolved\n\n"
+        "1. Defaults (the `default` column below).\n"
+        "2. The deck's keys, then the command line's, which win.\n"
+        "3. `model.size`: a preset fills `model.d_model`, `model.d_ff`, `model.num_layers`,\n"
+        "   `model.num_heads`, `model.vocab_size` and `optim.beta2`, except the keys given explicitly.\n"
+        "4. Checks (below); the first failure stops the run with exit code 2 and one line naming the key\n"
+        "   and the fix. Unknown keys are reported with the nearest valid key.\n"
+        "5. `parallel.dp = 0` becomes world size / (`tp` * `pp`).\n\n"
+        "The resolved configuration is stored in every results file (root attribute `config`, see\n"
+        "docs/hdf5.md) and printed by `--print-config`.\n\n";
+  md += "### Presets\n\n"
+        "| model.size | d_model | d_ff | num_layers | num_heads | vocab_size | optim.beta2 |\n"
+        "|---|---|---|---|---|---|---|\n";
+  for (const auto& p : model_presets())
+    md += fmt::format("| `{}` | {} | {} | {} | {} | {} | {} |\n", p.name, p.d_model, p.d_ff, p.num_layers,
+                      p.num_heads, p.vocab_size, p.beta2);
+  md += "\n`custom` (the default) uses the model keys as given.\n\n";
+  md += "### Checks across keys\n\n"
+        "- `model.num_heads` divides `model.d_model`, and the head dimension `d_model / num_heads` is\n"
+        "  even (RoPE rotates pairs).\n"
+        "- `precision.mode = bf16` or `fp16` needs a CUDA device: an error with `parallel.device = cpu`.\n"
+        "  `parallel.backend = nccl` likewise.\n"
+        "- `parallel.tp` divides `model.num_heads` and `model.d_ff`; `parallel.pp` is at most\n"
+        "  `model.num_layers`.\n"
+        "- Jobs that run the model (`train`, `bench-model`): the global batch (`train.batch_size` or\n"
+        "  `bench.batch_size`) is divisible by `parallel.dp`; `train.grad_accum` divides the per-rank\n"
+        "  batch; with `parallel.pp > 1`, `parallel.microbatches` divides the per-rank batch of one pass;\n"
+        "  `parallel.dp * parallel.tp * parallel.pp` equals the MPI world size (with `dp = 0`, `tp * pp`\n"
+        "  must divide it). Other jobs do not use the layout: for them `dp = 0` becomes\n"
+        "  world / (`tp` * `pp`) when that divides, else 1, and `accounting` takes an explicit `dp` as\n"
+        "  the layout to predict, whatever the world size.\n"
+        "- `data.source = tokens` needs `data.path`; for `train` the file (and `data.val_path`, if set)\n"
+        "  must exist, as must `train.resume` when set.\n"
+        "- `optim.min_lr <= optim.lr`; for `train`, `optim.warmup_steps <= train.steps`;\n"
+        "  `optim.cosine_steps` is 0 or at least `optim.warmup_steps`.\n"
+        "- `bench.min_bytes <= bench.max_bytes`; `bench.head_dims` items are 16, 32, 64 or 128.\n"
+        "- For `train`: `train.save` and `train.checkpoint_path` differ from `run.output`;\n"
+        "  `train.checkpoint_every > 0` needs `train.checkpoint_path`.\n\n";
+  md += "## Keys\n";
+  for (const auto& section : detail::deck_sections()) {
+    md += fmt::format("\n### [{}]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n", section);
+    for (const auto& key : detail::deck_keys()) {
+      if (key.section() != section) continue;
+      std::string allowed;
+      if (!key.allowed.empty()) {
+        std::vector<std::string> quoted;
+        for (const auto& a : key.allowed) quoted.push_back(fmt::format("`{}`", a));
+        allowed = fmt::format("{}", fmt::join(quoted, ", "));
+      } else {
+        allowed = key.constraint;
+      }
+      md += fmt::format("| `{}` | {} | {} | {} | {} |\n", key.name, key.type, code_or_empty(key.default_text()),
+                        markdown_cell(allowed), markdown_cell(key.meaning));
+    }
+  }
+  return md;
+}
+
+}  // namespace lmscale::io

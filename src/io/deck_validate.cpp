@@ -1,0 +1,182 @@
+// validate(): cross-key checks of a deck (DESIGN.md §6). Each failure is one UsageError that names
+// the key(s) and says how to fix them, thrown before any work or output.
+#include "deck_validate.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "deck_keys.h"
+#include "lmscale/core/error.h"
+#include "lmscale/io/deck.h"
+
+namespace lmscale::io {
+
+namespace {
+
+template <class... Args>
+[[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
+  throw UsageError(fmt::format(format, std::forward<Args>(args)...));
+}
+
+bool runs_model(const Config& c) { return c.run.job == "train" || c.run.job == "bench-model"; }
+
+// Head counts near `heads` that divide d_model with an even head dimension, for the fix hint.
+std::string head_suggestions(std::int64_t d_model, std::int64_t heads, std::int64_t tp) {
+  std::vector<std::int64_t> good;
+  for (std::int64_t h = 1; h <= d_model; ++h)
+    if (d_model % h == 0 && (d_model / h) % 2 == 0 && h % tp == 0) good.push_back(h);
+  std::sort(good.begin(), good.end(), [heads](auto a, auto b) {
+    const auto da = a > heads ? a - heads : heads - a, db = b > heads ? b - heads : heads - b;
+    return da != db ? da < db : a < b;
+  });
+  if (good.size() > 3) good.resize(3);
+  std::sort(good.begin(), good.end());
+  return good.empty() ? std::string("none exists: change model.d_model") : fmt::format("e.g. {}", fmt::join(good, ", "));
+}
+
+void check_file(const std::string& key, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail("{} = '{}' is not an existing file (relative paths start at the working directory); fix the path", key, path);
+}
+
+void check_model(const Config& c) {
+  const auto& m = c.model;
+  if (m.d_model % m.num_heads != 0)
+    fail("model.num_heads = {} does not divide model.d_model = {}; choose a divisor with an even head dimension ({})",
+         m.num_heads, m.d_model, head_suggestions(m.d_model, m.num_heads, 1));
+  if ((m.d_model / m.num_heads) % 2 != 0)
+    fail("model.num_heads = {} gives an odd head dimension {} / {} = {}, but RoPE rotates pairs; choose model.num_heads "
+         "with an even head dimension ({})",
+         m.num_heads, m.d_model, m.num_heads, m.d_model / m.num_heads, head_suggestions(m.d_model, m.num_heads, 1));
+}
+
+void check_devices(const Config& c) {
+  const auto& p = c.parallel;
+  if (p.device == "cpu" && c.precision.mode != "fp32")
+    fail("precision.mode = {} needs a CUDA device but parallel.device = cpu; set precision.mode = fp32 or "
+         "parallel.device = cuda (or auto)",
+         c.precision.mode);
+  if (p.device == "cpu" && p.backend == "nccl")
+    fail("parallel.backend = nccl needs CUDA devices but parallel.device = cpu; set parallel.backend = mpi (or auto)");
+}
+
+void check_outputs(const Config& c) {
+  if (c.run.output.empty()) fail("run.output is empty; set run.output = PATH.h5");
+  if (c.run.job == "train") {
+    if (!c.train.save.empty() && c.train.save == c.run.output)
+      fail("train.save = '{}' is also run.output; give the weights file a different path", c.train.save);
+    if (c.train.checkpoint_every > 0 && c.train.checkpoint_path.empty())
+      fail("train.checkpoint_every = {} needs train.checkpoint_path; set it or set train.checkpoint_every = 0",
+           c.train.checkpoint_every);
+    if (c.train.checkpoint_every > 0 && c.train.checkpoint_path == c.run.output)
+      fail("train.checkpoint_path = '{}' is also run.output; give the checkpoint a different path", c.run.output);
+    if (!c.train.resume.empty()) check_file("train.resume", c.train.resume);
+  }
+}
+
+void check_data(const Config& c) {
+  if (c.data.source != "tokens") return;
+  if (c.data.path.empty())
+    fail("data.source = tokens needs data.path; set data.path = FILE (raw {} token ids) or data.source = synthetic",
+         c.data.dtype);
+  if (c.run.job == "train") {
+    check_file("data.path", c.data.path);
+    if (!c.data.val_path.empty()) check_file("data.val_path", c.data.val_path);
+  }
+}
+
+void check_optim(const Config& c) {
+  const auto& o = c.optim;
+  if (o.min_lr > o.lr) fail("optim.min_lr = {} exceeds optim.lr = {}; set optim.min_lr <= optim.lr", o.min_lr, o.lr);
+  if (c.run.job == "train" && o.warmup_steps > c.train.steps)
+    fail("optim.warmup_steps = {} exceeds train.steps = {}; set optim.warmup_steps <= train.steps", o.warmup_steps,
+         c.train.steps);
+  if (o.cosine_steps > 0 && o.cosine_steps < o.warmup_steps)
+    fail("optim.cosine_steps = {} is less than optim.warmup_steps = {}; set optim.cosine_steps = 0 (= train.steps) "
+         "or >= optim.warmup_steps",
+         o.cosine_steps, o.warmup_steps);
+}
+
+void check_bench(const Config& c) {
+  if (c.bench.min_bytes > c.bench.max_bytes)
+    fail("bench.min_bytes = {} exceeds bench.max_bytes = {}; set bench.min_bytes <= bench.max_bytes", c.bench.min_bytes,
+         c.bench.max_bytes);
+}
+
+// Parallel layout against the model, the batch and the world size. Batch checks come before the
+// world-size check so that a deck is judged on its own first.
+void check_layout(const Config& c, int world_size) {
+  const auto& p = c.parallel;
+  const auto& m = c.model;
+  if (m.num_heads % p.tp != 0)
+    fail("parallel.tp = {} does not divide model.num_heads = {}; choose parallel.tp among the divisors of {}", p.tp,
+         m.num_heads, m.num_heads);
+  if (m.d_ff % p.tp != 0)
+    fail("parallel.tp = {} does not divide model.d_ff = {}; choose parallel.tp dividing both num_heads and d_ff", p.tp,
+         m.d_ff);
+  if (p.pp > m.num_layers)
+    fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
+         m.num_layers);
+  if (!runs_model(c)) return;
+
+  const std::int64_t dp = detail::resolved_dp(c, world_size);
+  const bool train = c.run.job == "train";
+  const std::string batch_key = train ? "train.batch_size" : "bench.batch_size";
+  const std::int64_t batch = train ? c.train.batch_size : c.bench.batch_size;
+  if (batch % dp != 0)
+    fail("{} = {} is not divisible by parallel.dp = {}; make the global batch a multiple of {}", batch_key, batch, dp, dp);
+  const std::int64_t local = batch / dp;
+  const std::int64_t accum = train ? c.train.grad_accum : 1;
+  if (local % accum != 0)
+    fail("train.grad_accum = {} does not divide the per-rank batch {} / parallel.dp = {}; choose a divisor of {}",
+         accum, batch_key, local, local);
+  if (p.pp > 1 && (local / accum) % p.microbatches != 0)
+    fail("parallel.microbatches = {} does not divide the per-rank batch of one pass ({}); choose a divisor of {}",
+         p.microbatches, local / accum, local / accum);
+  if (dp * p.tp * p.pp != world_size)
+    fail("parallel.dp * parallel.tp * parallel.pp = {} * {} * {} = {} but the MPI world size is {}; set parallel.dp = 0 "
+         "(auto) or launch {} ranks",
+         dp, p.tp, p.pp, dp * p.tp * p.pp, world_size, dp * p.tp * p.pp);
+}
+
+}  // namespace
+
+namespace detail {
+
+std::int64_t resolved_dp(const Config& c, int world_size) {
+  const auto& p = c.parallel;
+  if (p.dp > 0) return p.dp;
+  const std::int64_t tp_pp = p.tp * p.pp;
+  if (world_size % tp_pp == 0) return world_size / tp_pp;
+  if (runs_model(c))
+    fail("parallel.tp * parallel.pp = {} * {} = {} does not divide the MPI world size {}; change parallel.tp or "
+         "parallel.pp, or launch a multiple of {} ranks",
+         p.tp, p.pp, tp_pp, world_size, tp_pp);
+  return 1;
+}
+
+}  // namespace detail
+
+void validate(const Config& c, int world_size) {
+  if (world_size < 1) throw Error(fmt::format("validate: world size {} < 1", world_size));
+  // Each key's own type, range and allowed values, by re-reading its printed value: this covers
+  // configs built in code as well as parsed ones.
+  Config scratch = c;
+  for (const auto& key : detail::deck_keys()) key.set(scratch, key.get(c));
+  check_model(c);
+  check_devices(c);
+  check_outputs(c);
+  check_data(c);
+  check_optim(c);
+  check_bench(c);
+  check_layout(c, world_size);
+}
+
+}  // namespace lmscale::io

@@ -1,0 +1,263 @@
+#include "h5_support.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "lmscale/core/error.h"
+
+namespace lmscale::io::h5 {
+
+namespace {
+
+// Collects the descriptions of the error stack, innermost (where it failed) first.
+herr_t collect_error(unsigned n, const H5E_error2_t* err, void* data) {
+  try {   // no exception may cross the C library's frames
+    auto* messages = static_cast<std::vector<std::string>*>(data);
+    messages->push_back(fmt::format("{} ({})", err->desc ? err->desc : "", err->func_name ? err->func_name : "?"));
+    (void)n;
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    const auto slash = path.find('/', start);
+    const std::string part = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    if (!part.empty()) parts.push_back(part);
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  return parts;
+}
+
+}  // namespace
+
+hid_t check(hid_t id, const std::string& what) {
+  if (id >= 0) return id;
+  std::vector<std::string> messages;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_error, &messages);
+  H5Eclear2(H5E_DEFAULT);
+  throw Error(fmt::format("HDF5: {}: {}", what, messages.empty() ? std::string("failed") : messages.front()));
+}
+
+void check_status(herr_t status, const std::string& what) { check(status < 0 ? H5I_INVALID_HID : 0, what); }
+
+QuietErrors::QuietErrors() {
+  H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+QuietErrors::~QuietErrors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+
+Datatype fixed_string_type(std::size_t size) {
+  Datatype type(H5Tcopy(H5T_C_S1), "copy string type");
+  check_status(H5Tset_size(type.get(), size), "set string size");
+  check_status(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), "set string padding");
+  return type;
+}
+
+Datatype variable_string_type() {
+  Datatype type(H5Tcopy(H5T_C_S1), "copy string type");
+  check_status(H5Tset_size(type.get(), H5T_VARIABLE), "set variable string size");
+  check_status(H5Tset_cset(type.get(), H5T_CSET_UTF8), "set UTF-8");
+  return type;
+}
+
+bool exists(hid_t loc, const std::string& path) {
+  std::string prefix;
+  for (const auto& part : split_path(path)) {
+    prefix += "/" + part;
+    const htri_t found = H5Lexists(loc, prefix.c_str(), H5P_DEFAULT);
+    check_status(found, fmt::format("look up '{}'", prefix));
+    if (found == 0) return false;
+  }
+  return true;
+}
+
+PropertyList intermediate_groups() {
+  PropertyList lcpl(H5Pcreate(H5P_LINK_CREATE), "create link properties");
+  check_status(H5Pset_create_intermediate_group(lcpl.get(), 1), "set intermediate group creation");
+  check_status(H5Pset_char_encoding(lcpl.get(), H5T_CSET_UTF8), "set UTF-8 link names");
+  return lcpl;
+}
+
+Object open_or_create_group(hid_t file, const std::string& path) {
+  const auto parts = split_path(path);
+  if (parts.empty()) return Object(H5Oopen(file, "/", H5P_DEFAULT), "open '/'");
+  if (!exists(file, path)) {
+    const PropertyList lcpl = intermediate_groups();
+    Group created(H5Gcreate2(file, path.c_str(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
+                  fmt::format("create group '{}'", path));
+  }
+  return Object(H5Oopen(file, path.c_str(), H5P_DEFAULT), fmt::format("open '{}'", path));
+}
+
+void write_attr(hid_t obj, const std::string& name, const AttrValue& value) {
+  const htri_t found = H5Aexists(obj, name.c_str());
+  check_status(found, fmt::format("look up attribute '{}'", name));
+  if (found > 0) check_status(H5Adelete(obj, name.c_str()), fmt::format("replace attribute '{}'", name));
+  const std::string what = fmt::format("write attribute '{}'", name);
+  std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          const Datatype type = variable_string_type();
+          const Dataspace space(H5Screate(H5S_SCALAR), what);
+          const Attribute attr(H5Acreate2(obj, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), what);
+          const char* text = v.c_str();
+          check_status(H5Awrite(attr.get(), type.get(), &text), what);
+        } else if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, double>) {
+          const bool integer = std::is_same_v<T, std::int64_t>;
+          const Dataspace space(H5Screate(H5S_SCALAR), what);
+          const Attribute attr(H5Acreate2(obj, name.c_str(), integer ? H5T_STD_I64LE : H5T_IEEE_F64LE, space.get(),
+                                          H5P_DEFAULT, H5P_DEFAULT),
+                               what);
+          check_status(H5Awrite(attr.get(), integer ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, &v), what);
+        } else {
+          const bool integer = std::is_same_v<T, std::vector<std::int64_t>>;
+          const hsize_t n = v.size();
+          const Dataspace space(H5Screate_simple(1, &n, nullptr), what);
+          const Attribute attr(H5Acreate2(obj, name.c_str(), integer ? H5T_STD_I64LE : H5T_IEEE_F64LE, space.get(),
+                                          H5P_DEFAULT, H5P_DEFAULT),
+                               what);
+          if (n > 0) check_status(H5Awrite(attr.get(), integer ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, v.data()), what);
+        }
+      },
+      value);
+}
+
+void write_string_array_attr(hid_t obj, const std::string& name, const std::vector<std::string>& values,
+                             std::size_t size) {
+  const std::string what = fmt::format("write attribute '{}'", name);
+  const htri_t found = H5Aexists(obj, name.c_str());
+  check_status(found, what);
+  if (found > 0) check_status(H5Adelete(obj, name.c_str()), what);
+  std::vector<char> buffer(values.size() * size, '\0');
+  for (std::size_t i = 0; i < values.size(); ++i) copy_fixed_string(values[i], buffer.data() + i * size, size);
+  const Datatype type = fixed_string_type(size);
+  const hsize_t n = values.size();
+  const Dataspace space(H5Screate_simple(1, &n, nullptr), what);
+  const Attribute attr(H5Acreate2(obj, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), what);
+  if (n > 0) check_status(H5Awrite(attr.get(), type.get(), buffer.data()), what);
+}
+
+AttrValue read_attr(hid_t obj, const std::string& name) {
+  const std::string what = fmt::format("read attribute '{}'", name);
+  const Attribute attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), what);
+  const Datatype type(H5Aget_type(attr.get()), what);
+  const Dataspace space(H5Aget_space(attr.get()), what);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  check_status(rank < 0 || n < 0 ? -1 : 0, what);
+  const H5T_class_t cls = H5Tget_class(type.get());
+  if (cls == H5T_STRING && rank == 0) {
+    if (H5Tis_variable_str(type.get()) > 0) {
+      const Datatype memtype = variable_string_type();
+      char* text = nullptr;
+      check_status(H5Aread(attr.get(), memtype.get(), &text), what);
+      std::string result = text ? text : "";
+      H5free_memory(text);
+      return result;
+    }
+    const std::size_t size = H5Tget_size(type.get());
+    std::string result(size, '\0');
+    const Datatype memtype = fixed_string_type(size);
+    check_status(H5Aread(attr.get(), memtype.get(), result.data()), what);
+    return result.substr(0, result.find('\0'));
+  }
+  if ((cls == H5T_INTEGER || cls == H5T_FLOAT) && rank <= 1) {
+    if (cls == H5T_INTEGER) {
+      std::vector<std::int64_t> values(static_cast<std::size_t>(n));
+      if (n > 0) check_status(H5Aread(attr.get(), H5T_NATIVE_INT64, values.data()), what);
+      if (rank == 0) return values.at(0);
+      return values;
+    }
+    std::vector<double> values(static_cast<std::size_t>(n));
+    if (n > 0) check_status(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, values.data()), what);
+    if (rank == 0) return values.at(0);
+    return values;
+  }
+  throw Error(fmt::format("HDF5: attribute '{}' is not a number, string or 1-D numeric array", name));
+}
+
+std::vector<std::string> attr_names(hid_t obj) {
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5A_info_t*, void* data) -> herr_t {
+    try {   // no exception may cross the C library's frames
+      static_cast<std::vector<std::string>*>(data)->push_back(name);
+      return 0;
+    } catch (...) {
+      return -1;
+    }
+  };
+  check_status(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names), "list attributes");
+  return names;
+}
+
+PropertyList file_access_properties() {
+  PropertyList fapl(H5Pcreate(H5P_FILE_ACCESS), "create file access properties");
+  check_status(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), "set strong close");
+#if H5_VERSION_GE(1, 10, 7)
+  // Lock the file where the file system supports it, and go on where it does not (NFS and
+  // Lustre mounts without flock make H5Fcreate/H5Fopen fail otherwise).
+  check_status(H5Pset_file_locking(fapl.get(), true, true), "set file locking");
+#endif
+  return fapl;
+}
+
+File create_file(const std::string& path, bool track_creation_order) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec) throw Error(fmt::format("cannot create directory '{}' for '{}': {}", parent.string(), path, ec.message()));
+  const PropertyList fapl = file_access_properties();
+  PropertyList fcpl(H5Pcreate(H5P_FILE_CREATE), "create file creation properties");
+  if (track_creation_order)
+    check_status(H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
+                 "track creation order");
+  return File(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), fmt::format("create '{}'", path));
+}
+
+void copy_fixed_string(const std::string& s, char* field, std::size_t size) {
+  std::size_t n = std::min(s.size(), size);
+  // Do not cut a UTF-8 sequence: back up over continuation bytes (10xxxxxx) to a lead byte.
+  if (n < s.size())
+    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  std::memset(field, 0, size);
+  std::memcpy(field, s.data(), n);
+}
+
+std::string temporary_path(const std::string& path) { return path + ".tmp"; }
+
+void commit_file(const std::string& tmp, const std::string& path) {
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw Error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, ec.message()));
+}
+
+std::string utc_now_iso8601() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+std::string library_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  return fmt::format("{}.{}.{}", major, minor, release);
+}
+
+}  // namespace lmscale::io::h5

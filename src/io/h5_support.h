@@ -1,0 +1,51 @@
+#pragma once
+// Small helpers over the HDF5 C API shared by results files (results.cpp) and checkpoints
+// (checkpoint.cpp): string types, paths with intermediate groups, attributes, and the
+// write-to-NAME.tmp-then-rename convention.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "h5_handles.h"
+#include "lmscale/io/attr_value.h"
+
+namespace lmscale::io::h5 {
+
+// Fixed-length strings of `size` bytes, NUL-padded (no terminator needed), ASCII.
+Datatype fixed_string_type(std::size_t size);
+// Variable-length UTF-8 strings (h5py reads them as str).
+Datatype variable_string_type();
+
+// True when every component of `path` ("/a/b/c" or "a/b/c") exists below `loc`.
+bool exists(hid_t loc, const std::string& path);
+// Link-creation properties that create missing parent groups.
+PropertyList intermediate_groups();
+// The group or dataset at `path` ("/" = root), creating groups (and parents) when missing.
+Object open_or_create_group(hid_t file, const std::string& path);
+
+// Writes attribute `name` on object `obj`, replacing an existing one. Strings: variable-length
+// UTF-8 scalars; vectors: 1-D arrays; int64: 64-bit little-endian; double: IEEE 64-bit.
+void write_attr(hid_t obj, const std::string& name, const AttrValue& value);
+// A 1-D array attribute of fixed-length, NUL-padded strings of `size` bytes (e.g. `units`).
+void write_string_array_attr(hid_t obj, const std::string& name, const std::vector<std::string>& values, std::size_t size);
+// Reads an attribute written as above (also fixed-length strings and 32-bit numbers). Throws
+// Error for kinds AttrValue cannot hold (compound, string arrays, >1-D).
+AttrValue read_attr(hid_t obj, const std::string& name);
+std::vector<std::string> attr_names(hid_t obj);
+
+// File access: H5F_CLOSE_STRONG (closing the file closes every object still open in it) and
+// file locking that is skipped where the file system does not support it.
+PropertyList file_access_properties();
+// Creates (truncates) an HDF5 file for writing: parent directories are created, and the file is
+// opened with H5F_CLOSE_STRONG so closing it closes every object still open in it.
+File create_file(const std::string& path, bool track_creation_order);
+// Copies at most `size` bytes of `s` into a fixed-length field, cutting on a UTF-8 boundary.
+void copy_fixed_string(const std::string& s, char* field, std::size_t size);
+
+std::string temporary_path(const std::string& path);   // PATH.tmp
+// Renames PATH.tmp to PATH (replacing an existing PATH atomically on POSIX).
+void commit_file(const std::string& tmp, const std::string& path);
+std::string utc_now_iso8601();                          // "2025-01-31T12:34:56Z"
+std::string library_version();                          // "1.10.8"
+
+}  // namespace lmscale::io::h5

@@ -1,0 +1,46 @@
+#pragma once
+// The CPU implementations behind the public ops:: functions (include/lmscale/ops/ops.h): same
+// signatures and semantics, called by the dispatchers in src/ops/*.cpp after the shape, dtype and
+// device checks. Math ops run in fp32 or fp64 (templates over float/double; GEMMs via OpenBLAS);
+// bf16/fp16 are rejected there with a clear error, because mixed precision is CUDA-only. The data
+// movers (fill, cast, copy, sum_squares, check_finite, add, scale) also take bf16/fp16, and
+// adamw's param_lowp may be any floating dtype; embedding's forward is a byte gather (any dtype).
+// Attention has its own header (attention_cpu.h).
+#include <cstdint>
+
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::ops::cpu {
+
+void linear(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y);
+void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                     bool accumulate_dw);
+
+void embedding(Context& ctx, const Tensor& ids, const Tensor& table, Tensor& out);
+void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable);
+
+void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
+void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                      Tensor& dx, Tensor& dw);
+
+void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
+          bool inverse);
+
+void swiglu(Context& ctx, const Tensor& a, const Tensor& b, Tensor& h);
+void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& dh, Tensor& da, Tensor& db);
+
+void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, Tensor& loss_sum, Tensor* dlogits,
+                   double grad_scale);
+
+void fill(Context& ctx, Tensor& x, double value);
+void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out);
+void scale(Context& ctx, Tensor& x, double s);
+void cast(Context& ctx, const Tensor& src, Tensor& dst);
+void copy(Context& ctx, const Tensor& src, Tensor& dst);   // host to host only
+void sum_squares(Context& ctx, const Tensor& x, Tensor& out);
+void check_finite(Context& ctx, const Tensor& x, Tensor& flag);
+
+void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
+           Tensor* param_lowp);
+
+}  // namespace lmscale::ops::cpu
