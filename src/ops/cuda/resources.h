@@ -1,25 +1,74 @@
 #pragma once
-// Library handles and scratch space the CUDA ops share: the cuBLASLt handle and its workspace,
-// bound to the runtime's compute stream. Reached from an op through Context::cuda.
+// Library handles and scratch space the CUDA ops share, bound to the runtime's compute stream:
+// the cuBLASLt handle, its workspace and GEMM plan cache, the device's multiprocessor count (for
+// grid sizing) and the RoPE cos/sin tables. Reached from an op through Context::cuda.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gemm.h"
 #include "lmscale/core/allocator.h"
 #include "lmscale/core/context.h"
 
 namespace lmscale::ops::cuda {
 
+// cos/sin of t * theta^(-2i/Dh) for t < T, i < Dh/2, as float2 [T, Dh/2], computed in double on
+// the host once per (T, Dh, theta) so fp32 RoPE is exact to fp32 rounding at long positions.
+struct RopeTable {
+  std::int64_t T = 0, Dh = 0;
+  double theta = 0;
+  void* data = nullptr;   // float2 [T, Dh/2] on the device
+  std::size_t bytes = 0;
+};
+
 struct Resources {
-  Resources(cudaStream_t stream, Allocator& alloc);
+  Resources(cudaStream_t stream, Allocator& alloc, int device);
   ~Resources();
   Resources(const Resources&) = delete;
   Resources& operator=(const Resources&) = delete;
 
+  // The table for (T, Dh, theta): the first one with T' >= T, same Dh and theta, else a new one.
+  const RopeTable& rope_table(std::int64_t T, std::int64_t Dh, double theta);
+
   cudaStream_t stream;
-  cublasLtHandle_t lt = nullptr;
-  void* workspace = nullptr;        // cuBLASLt workspace
-  std::size_t workspace_bytes = 0;
   Allocator* alloc;
+  int device = 0;
+  int num_sms = 1;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;   // cuBLASLt workspace
+  std::size_t workspace_bytes = 0;
+  GemmPlanCache gemm_plans;
+  // Time up to 8 cuBLASLt candidates per new GEMM shape and keep the fastest, instead of taking the
+  // heuristic's first. On when LMSCALE_GEMM_AUTOTUNE=1. Costs a few ms per shape on the first step;
+  // the algorithm (and so the rounding) may then differ between runs.
+  bool gemm_autotune = false;
+  std::vector<RopeTable> rope_tables;
+};
+
+// A temporary device buffer from the context's allocator, freed at scope exit. Frees are
+// stream-ordered (core/cuda/device_allocator.h): the bytes may go to the next op on the same
+// stream at once, which runs after the kernels that used them.
+class Scratch {
+ public:
+  Scratch(Context& ctx, std::size_t bytes, const char* tag)
+      : alloc_(ctx.allocator), bytes_(bytes), tag_(tag), ptr_(bytes ? alloc_->allocate(bytes, tag) : nullptr) {}
+  ~Scratch() {
+    if (ptr_) alloc_->deallocate(ptr_, bytes_, tag_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  Allocator* alloc_;
+  std::size_t bytes_;
+  const char* tag_;
+  void* ptr_;
 };
 
 inline Resources& resources(Context& ctx) { return *static_cast<Resources*>(ctx.cuda); }

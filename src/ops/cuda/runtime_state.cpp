@@ -14,17 +14,49 @@ Runtime::CudaState::CudaState(int dev) : device(dev) {
   LMSCALE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev % count));
   name = prop.name;
   LMSCALE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  allocator = std::make_unique<CudaCachingAllocator>(dev % count);
-  resources_ = {new cuda::Resources(stream, *allocator), [](cuda::Resources* r) { delete r; }};
+  // Blocks are stream-ordered on the compute stream (core/cuda/device_allocator.h).
+  allocator = std::make_unique<CudaCachingAllocator>(dev % count, stream);
+  resources_ = {new cuda::Resources(stream, *allocator, dev % count), [](cuda::Resources* r) { delete r; }};
 }
 
 Runtime::CudaState::~CudaState() {
   if (stream) cudaStreamSynchronize(stream);
+  for (cudaEvent_t e : *event_pool) cudaEventDestroy(e);
+  event_pool->clear();
   resources_.reset();
   allocator.reset();
   if (stream) cudaStreamDestroy(stream);
 }
 
 void Runtime::CudaState::synchronize() { LMSCALE_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+
+}  // namespace lmscale::ops
+
+namespace lmscale::ops {
+
+std::shared_ptr<void> Runtime::CudaState::record_event() {
+  cudaEvent_t e;
+  if (event_pool->empty()) {
+    LMSCALE_CUDA_CHECK(cudaEventCreate(&e));
+  } else {
+    e = event_pool->back();
+    event_pool->pop_back();
+  }
+  LMSCALE_CUDA_CHECK(cudaEventRecord(e, stream));
+  // The pool outlives the runtime only through this weak reference: events released after the
+  // runtime is gone are destroyed instead of pooled.
+  std::weak_ptr<std::vector<cudaEvent_t>> pool = event_pool;
+  return std::shared_ptr<void>(e, [pool](void* p) {
+    if (auto v = pool.lock()) v->push_back(static_cast<cudaEvent_t>(p));
+    else cudaEventDestroy(static_cast<cudaEvent_t>(p));
+  });
+}
+
+double Runtime::CudaState::elapsed_ms(void* begin, void* end) {
+  LMSCALE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+  float ms = 0;
+  LMSCALE_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin), static_cast<cudaEvent_t>(end)));
+  return ms;
+}
 
 }  // namespace lmscale::ops

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lmscale/core/cuda/device_allocator.h"
 #include "lmscale/ops/runtime.h"
@@ -20,12 +21,16 @@ struct Runtime::CudaState {
   ~CudaState();
   void synchronize();
   void* resources() { return resources_.get(); }
+  // An event recorded on the compute stream; it returns to the pool when the last owner drops it.
+  std::shared_ptr<void> record_event();
+  double elapsed_ms(void* begin, void* end);
 
   int device;
   std::string name;
   cudaStream_t stream = nullptr;
   std::unique_ptr<CudaCachingAllocator> allocator;
   std::unique_ptr<cuda::Resources, void (*)(cuda::Resources*)> resources_{nullptr, nullptr};
+  std::shared_ptr<std::vector<cudaEvent_t>> event_pool = std::make_shared<std::vector<cudaEvent_t>>();
 };
 
 }  // namespace lmscale::ops

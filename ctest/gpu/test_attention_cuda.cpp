@@ -1,0 +1,317 @@
+// CUDA attention (naive and FlashAttention-2) against the float64 CPU reference: every dtype
+// (bf16, fp16, fp32), every head_dim (16, 32, 64, 128), causal and not, sequence lengths that are
+// not tile multiples (1, 17, 100, 257, 1000), both layouts; fresh random inputs per case and
+// NaN-poisoned outputs before each run. Errors are ||out - ref|| / ||ref|| over the whole tensor.
+//
+// Two DISABLED_ tests are tools for scripts/device/attention.sh, run by name only:
+// DISABLED_TimingLeaderboard (CUDA-event medians at the leaderboard shape, tile variants) and
+// DISABLED_FileIO (runs flash on inputs written by scripts/device/attention_errors.py).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../../src/ops/cpu/attention_cpu.h"
+#include "../../src/ops/cuda/attention_kernels.h"
+#include "attention_gpu_util.h"
+#include "lmscale/ops/ops.h"
+#include "lmscale/ops/runtime.h"
+
+namespace {
+
+using lmscale::DType;
+using lmscale::Tensor;
+using lmscale::ops::AttentionShape;
+using namespace attn_test;
+
+struct Bounds {
+  double o, lse, grad;
+};
+// Stated error bounds (relative, vs float64 on the same rounded inputs). Flash rounds P and dS to
+// the input dtype before the second product of each pair (as FlashAttention-2 does); naive
+// additionally rounds the scores and probabilities to the input dtype.
+Bounds flash_bounds(DType d) {
+  if (d == DType::bf16) return {1.5e-2, 1e-5, 3e-2};
+  if (d == DType::f16) return {3e-3, 1e-5, 5e-3};
+  return {1e-5, 1e-6, 1e-4};
+}
+Bounds naive_bounds(DType d) {
+  if (d == DType::bf16) return {5e-2, 0, 6e-2};
+  if (d == DType::f16) return {1e-2, 0, 1.5e-2};
+  return {1e-5, 0, 1e-4};
+}
+
+struct Case {
+  DType dtype;
+  int D, T;
+  bool causal;
+};
+
+std::string case_name(const Case& c) {
+  return std::string(lmscale::dtype_name(c.dtype)) + "_d" + std::to_string(c.D) + "_t" + std::to_string(c.T) +
+         (c.causal ? "_causal" : "_full");
+}
+
+class AttentionCuda : public ::testing::TestWithParam<Case> {
+ protected:
+  static lmscale::ops::Runtime& rt() {
+    // Never destroyed: its destructor would run after the CUDA runtime has shut down at exit.
+    static auto* r = new lmscale::ops::Runtime(lmscale::Device::cuda, 0, false);
+    return *r;
+  }
+};
+
+TEST_P(AttentionCuda, MatchesFloat64Reference) {
+  const Case c = GetParam();
+  const std::int64_t B = c.T >= 257 ? 1 : 2, H = 2;
+  // Alternate the layouts: [B,T,H,D] (model) for odd T, [B,H,T,D] (bench) for even.
+  const AttentionShape s = c.T % 2 ? AttentionShape::bthd(B, c.T, H, c.D, c.causal)
+                                   : AttentionShape::bhtd(B, H, c.T, c.D, c.causal);
+  const std::int64_t n = s.elements(), nl = B * H * c.T;
+  static std::uint64_t draw = 0;   // fresh inputs for every case
+  const std::uint64_t seed = 77 + ++draw;
+  const auto q = random_rounded(n, seed, 1, c.dtype), k = random_rounded(n, seed, 2, c.dtype),
+             v = random_rounded(n, seed, 3, c.dtype), dout = random_rounded(n, seed, 4, c.dtype);
+
+  std::vector<double> o_ref(q.size()), l_ref(static_cast<std::size_t>(nl)), dq_ref(q.size()), dk_ref(q.size()),
+      dv_ref(q.size());
+  lmscale::ops::cpu::attention_flash_forward(s, q.data(), k.data(), v.data(), o_ref.data(), l_ref.data());
+  lmscale::ops::cpu::attention_flash_backward(s, q.data(), k.data(), v.data(), o_ref.data(), l_ref.data(), dout.data(),
+                                              dq_ref.data(), dk_ref.data(), dv_ref.data());
+
+  auto& r = rt();
+  auto& ctx = r.ctx();
+  auto mk = [&](std::int64_t count, DType d) { return Tensor::empty({count}, d, r.allocator(), "test"); };
+  Tensor tq = mk(n, c.dtype), tk = mk(n, c.dtype), tv = mk(n, c.dtype), tdo = mk(n, c.dtype);
+  upload(q, tq);
+  upload(k, tk);
+  upload(v, tv);
+  upload(dout, tdo);
+  Tensor to = mk(n, c.dtype), tl = mk(nl, DType::f32), tdq = mk(n, c.dtype), tdk = mk(n, c.dtype), tdv = mk(n, c.dtype);
+
+  // ---- flash
+  for (Tensor* t : {&to, &tl, &tdq, &tdk, &tdv}) poison(*t);
+  lmscale::ops::attention_flash(ctx, s, tq, tk, tv, to, tl);
+  lmscale::ops::attention_flash_backward(ctx, s, tq, tk, tv, to, tl, tdo, tdq, tdk, tdv);
+  const Bounds fb = flash_bounds(c.dtype);
+  const double fo = rel_err(download(to), o_ref), fl = rel_err(download(tl), l_ref), fdq = rel_err(download(tdq), dq_ref),
+               fdk = rel_err(download(tdk), dk_ref), fdv = rel_err(download(tdv), dv_ref);
+  EXPECT_LT(fo, fb.o) << "flash O";
+  EXPECT_LT(fl, fb.lse) << "flash lse";
+  EXPECT_LT(fdq, fb.grad) << "flash dQ";
+  EXPECT_LT(fdk, fb.grad) << "flash dK";
+  EXPECT_LT(fdv, fb.grad) << "flash dV";
+
+  // ---- naive
+  Tensor probs = mk(B * H * c.T * c.T, c.dtype);
+  for (Tensor* t : {&to, &probs, &tdq, &tdk, &tdv}) poison(*t);
+  lmscale::ops::attention_naive(ctx, s, tq, tk, tv, to, probs);
+  lmscale::ops::attention_naive_backward(ctx, s, tq, tk, tv, probs, tdo, tdq, tdk, tdv);
+  const Bounds nb = naive_bounds(c.dtype);
+  const double no = rel_err(download(to), o_ref), ndq = rel_err(download(tdq), dq_ref),
+               ndk = rel_err(download(tdk), dk_ref), ndv = rel_err(download(tdv), dv_ref);
+  EXPECT_LT(no, nb.o) << "naive O";
+  EXPECT_LT(ndq, nb.grad) << "naive dQ";
+  EXPECT_LT(ndk, nb.grad) << "naive dK";
+  EXPECT_LT(ndv, nb.grad) << "naive dV";
+  std::printf("ERR %-24s flash O %.2e L %.2e dQ %.2e dK %.2e dV %.2e | naive O %.2e dQ %.2e dK %.2e dV %.2e\n",
+              case_name(c).c_str(), fo, fl, fdq, fdk, fdv, no, ndq, ndk, ndv);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cs;
+  for (DType d : {DType::bf16, DType::f16, DType::f32})
+    for (int D : {16, 32, 64, 128})
+      for (int T : {1, 17, 100, 257, 1000})
+        for (bool causal : {true, false}) cs.push_back({d, D, T, causal});
+  return cs;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AttentionCuda, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
+
+// 16-bit inputs whose rows are not 16-byte aligned take the CUDA-core path; it must agree too.
+TEST(AttentionCudaFallback, UnalignedBf16UsesSimtPathCorrectly) {
+  lmscale::ops::Runtime r(lmscale::Device::cuda, 0, false);
+  const AttentionShape s = AttentionShape::bhtd(1, 2, 77, 64, true);
+  const std::int64_t n = s.elements(), nl = 2 * 77;
+  const DType d = DType::bf16;
+  const auto q = random_rounded(n, 5, 1, d), k = random_rounded(n, 5, 2, d), v = random_rounded(n, 5, 3, d),
+             dout = random_rounded(n, 5, 4, d);
+  std::vector<double> o_ref(q.size()), l_ref(static_cast<std::size_t>(nl)), dq_ref(q.size()), dk_ref(q.size()),
+      dv_ref(q.size());
+  lmscale::ops::cpu::attention_flash_forward(s, q.data(), k.data(), v.data(), o_ref.data(), l_ref.data());
+  lmscale::ops::cpu::attention_flash_backward(s, q.data(), k.data(), v.data(), o_ref.data(), l_ref.data(), dout.data(),
+                                              dq_ref.data(), dk_ref.data(), dv_ref.data());
+  // Views starting one element into their buffers: 2-byte aligned only.
+  auto mk = [&](std::int64_t count, DType dt, std::vector<Tensor>& keep) {
+    keep.push_back(Tensor::empty({count + 1}, dt, r.allocator(), "test"));
+    return keep.back().flat_range(1, count);
+  };
+  std::vector<Tensor> keep;
+  Tensor tq = mk(n, d, keep), tk = mk(n, d, keep), tv = mk(n, d, keep), tdo = mk(n, d, keep), to = mk(n, d, keep),
+         tdq = mk(n, d, keep), tdk = mk(n, d, keep), tdv = mk(n, d, keep);
+  Tensor tl = Tensor::empty({nl}, DType::f32, r.allocator(), "test");
+  upload(q, tq);
+  upload(k, tk);
+  upload(v, tv);
+  upload(dout, tdo);
+  for (Tensor* t : {&to, &tl, &tdq, &tdk, &tdv}) poison(*t);
+  lmscale::ops::attention_flash(r.ctx(), s, tq, tk, tv, to, tl);
+  lmscale::ops::attention_flash_backward(r.ctx(), s, tq, tk, tv, to, tl, tdo, tdq, tdk, tdv);
+  EXPECT_LT(rel_err(download(to), o_ref), 1e-2);
+  EXPECT_LT(rel_err(download(tl), l_ref), 1e-5);
+  EXPECT_LT(rel_err(download(tdq), dq_ref), 1e-2);
+  EXPECT_LT(rel_err(download(tdk), dk_ref), 1e-2);
+  EXPECT_LT(rel_err(download(tdv), dv_ref), 1e-2);
+}
+
+// ---- tools (run by name from scripts/device/attention.sh) -------------------------------------
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class F>
+float time_ms(F&& f, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) f();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ts;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    ts.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  return median(ts);
+}
+
+// Leaderboard shape: batch 1, 16 heads, seq 16384, head_dim 64, bf16, causal, [B,H,T,D].
+TEST(AttentionCudaTools, DISABLED_TimingLeaderboard) {
+  const int B = 1, H = 16, T = std::getenv("ATTN_SEQ") ? std::atoi(std::getenv("ATTN_SEQ")) : 16384, D = 64;
+  lmscale::ops::Runtime r(lmscale::Device::cuda, 0, false);
+  const AttentionShape s = AttentionShape::bhtd(B, H, T, D, true);
+  const std::int64_t n = s.elements(), nl = static_cast<std::int64_t>(B) * H * T;
+  const DType d = DType::bf16;
+  auto mk = [&](std::int64_t count, DType dt) { return Tensor::empty({count}, dt, r.allocator(), "timing"); };
+  Tensor q = mk(n, d), k = mk(n, d), v = mk(n, d), dout = mk(n, d), o = mk(n, d), lse = mk(nl, DType::f32),
+         dq = mk(n, d), dk = mk(n, d), dv = mk(n, d), dsum = mk(nl, DType::f32);
+  upload(random_rounded(n, 9, 1, d), q);
+  upload(random_rounded(n, 9, 2, d), k);
+  upload(random_rounded(n, 9, 3, d), v);
+  upload(random_rounded(n, 9, 4, d), dout);
+  const double fwd_flop = 4.0 * B * H * double(T) * T * D / 2;   // causal: half the score matrix
+  const double bwd_flop = 2.5 * fwd_flop;
+  lmscale::ops::cuda::attn::Params p;
+  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data(), p.dout = dout.data(), p.out = o.data();
+  p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data(), p.lse = lse.data_as<float>(), p.dsum = dsum.data_as<float>();
+  p.batch = B, p.heads = H, p.seq = T, p.head_dim = D;
+  p.stride_b = s.stride_b, p.stride_h = s.stride_h, p.stride_t = s.stride_t;
+  p.scale = static_cast<float>(s.softmax_scale());
+  p.causal = true;
+  using lmscale::ops::cuda::attn::Elem;
+  cudaStream_t st = nullptr;   // legacy default stream, the one cudaEventRecord(a) uses
+  for (int var = 0; var < 5; ++var) {
+    const float ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_fwd_mma_variant(p, Elem::bf16, st, var); }, 3, 20);
+    std::printf("TIME fwd variant %d: %.3f ms  %.1f TFLOP/s\n", var, ms, fwd_flop / ms * 1e-9);
+  }
+  lmscale::ops::cuda::attn::launch_flash_fwd_mma(p, Elem::bf16, st);
+  lmscale::ops::cuda::attn::launch_flash_bwd_dsum(p, Elem::bf16, st);
+  for (int var = 0; var < 5; ++var) {
+    const float ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_bwd_mma_variant(p, Elem::bf16, st, var); }, 3, 20);
+    std::printf("TIME bwd (dkdv+dq) variant %d: %.3f ms  %.1f TFLOP/s\n", var, ms, bwd_flop / ms * 1e-9);
+  }
+  const float dsum_ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_bwd_dsum(p, Elem::bf16, st); }, 3, 20);
+  std::printf("TIME bwd dsum: %.3f ms\n", dsum_ms);
+  // The public ops on the runtime's stream, events on that stream.
+  auto& ctx = r.ctx();
+  auto timed = [&](auto&& f) {
+    for (int i = 0; i < 3; ++i) f();
+    std::vector<float> ts;
+    for (int i = 0; i < 20; ++i) {
+      auto a = r.mark();
+      f();
+      auto b = r.mark();
+      ts.push_back(static_cast<float>(r.elapsed_ms(a, b)));
+    }
+    return median(ts);
+  };
+  const float f_ms = timed([&] { lmscale::ops::attention_flash(ctx, s, q, k, v, o, lse); });
+  const float b_ms = timed([&] { lmscale::ops::attention_flash_backward(ctx, s, q, k, v, o, lse, dout, dq, dk, dv); });
+  const float fb_ms = timed([&] {
+    lmscale::ops::attention_flash(ctx, s, q, k, v, o, lse);
+    lmscale::ops::attention_flash_backward(ctx, s, q, k, v, o, lse, dout, dq, dk, dv);
+  });
+  std::printf("LEADERBOARD flash bf16 B=%d H=%d T=%d D=%d causal: fwd %.3f ms (%.1f TFLOP/s)  bwd %.3f ms (%.1f)  "
+              "fwd+bwd %.3f ms (%.1f TFLOP/s)\n",
+              B, H, T, D, f_ms, fwd_flop / f_ms * 1e-9, b_ms, bwd_flop / b_ms * 1e-9, fb_ms,
+              (fwd_flop + bwd_flop) / fb_ms * 1e-9);
+  if (!std::getenv("ATTN_SKIP_NAIVE")) {
+    Tensor probs = mk(static_cast<std::int64_t>(B) * H * T * T, d);
+    auto fwdbwd = [&] {
+      lmscale::ops::attention_naive(ctx, s, q, k, v, o, probs);
+      lmscale::ops::attention_naive_backward(ctx, s, q, k, v, probs, dout, dq, dk, dv);
+    };
+    fwdbwd();
+    std::vector<float> ts;
+    for (int i = 0; i < 3; ++i) {
+      auto a = r.mark();
+      fwdbwd();
+      auto b = r.mark();
+      ts.push_back(static_cast<float>(r.elapsed_ms(a, b)));
+    }
+    std::printf("LEADERBOARD naive bf16 fwd+bwd %.3f ms\n", median(ts));
+  }
+}
+
+// Reads q, k, v, do (bf16, [B,H,T,D]) from $ATTN_IO/{q,k,v,do}.bin and $ATTN_IO/shape.txt
+// ("B H T D causal"), writes o, lse (fp32), dq, dk, dv beside them.
+TEST(AttentionCudaTools, DISABLED_FileIO) {
+  const char* dir = std::getenv("ATTN_IO");
+  ASSERT_NE(dir, nullptr);
+  int B, H, T, D, causal;
+  std::ifstream(std::string(dir) + "/shape.txt") >> B >> H >> T >> D >> causal;
+  lmscale::ops::Runtime r(lmscale::Device::cuda, 0, false);
+  const AttentionShape s = AttentionShape::bhtd(B, H, T, D, causal != 0);
+  const std::int64_t n = s.elements(), nl = static_cast<std::int64_t>(B) * H * T;
+  auto mk = [&](std::int64_t count, DType dt) { return Tensor::empty({count}, dt, r.allocator(), "io"); };
+  auto read = [&](const char* name) {
+    Tensor t = mk(n, DType::bf16);
+    std::vector<char> buf(t.nbytes());
+    std::ifstream(std::string(dir) + "/" + name, std::ios::binary).read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    cuda_ok(cudaMemcpy(t.data(), buf.data(), buf.size(), cudaMemcpyHostToDevice));
+    return t;
+  };
+  auto write = [&](const char* name, const Tensor& t) {
+    std::vector<char> buf(t.nbytes());
+    cuda_ok(cudaDeviceSynchronize());
+    cuda_ok(cudaMemcpy(buf.data(), t.data(), buf.size(), cudaMemcpyDeviceToHost));
+    std::ofstream(std::string(dir) + "/" + name, std::ios::binary).write(buf.data(), static_cast<std::streamsize>(buf.size()));
+  };
+  Tensor q = read("q.bin"), k = read("k.bin"), v = read("v.bin"), dout = read("do.bin");
+  Tensor o = mk(n, DType::bf16), lse = mk(nl, DType::f32), dq = mk(n, DType::bf16), dk = mk(n, DType::bf16),
+         dv = mk(n, DType::bf16);
+  for (Tensor* t : {&o, &lse, &dq, &dk, &dv}) poison(*t);
+  lmscale::ops::attention_flash(r.ctx(), s, q, k, v, o, lse);
+  lmscale::ops::attention_flash_backward(r.ctx(), s, q, k, v, o, lse, dout, dq, dk, dv);
+  write("o.bin", o);
+  write("lse.bin", lse);
+  write("dq.bin", dq);
+  write("dk.bin", dk);
+  write("dv.bin", dv);
+}
+
+}  // namespace

@@ -1,0 +1,246 @@
+// The model's CUDA ops and their backward against the float64 CPU reference (public ops:: API with
+// CPU tensors), on fresh random inputs, outputs poisoned with NaN, in fp32, bf16 and fp16, with
+// sizes that are and are not multiples of the 16-byte vector width. Bounds: ops_cuda_test_util.h.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <tuple>
+
+#include "ops_cuda_test_util.h"
+
+namespace lmscale::test {
+namespace {
+
+const DType kTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+// ---- linear ----------------------------------------------------------------------------------
+struct LinearCase {
+  std::int64_t M, K, N;
+};
+const LinearCase kLinear[] = {{64, 128, 96}, {37, 61, 45}, {3, 8, 1}, {256, 384, 512}};
+
+class LinearTest : public CudaOpsTest {
+ protected:
+  void run(DType t, bool tf32, DType dw_type, bool accumulate) {
+    g().allow_tf32 = tf32;
+    const double tol = tf32 ? 2e-3 : tolerance(t);
+    for (const auto& [M, K, N] : kLinear) {
+      SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K << " N=" << N << " " << dtype_name(t)
+                                        << (tf32 ? " tf32" : "") << " dw " << dtype_name(dw_type));
+      const auto x = randn(M * K, t), w = randn(N * K, t, 0.1), dy = randn(M * N, t), dw0 = randn(N * K, dw_type);
+      // forward
+      Tensor y = poisoned({M, N}, t);
+      ops::linear(g(), dev(x, {M, K}, t), dev(w, {N, K}, t), y);
+      Tensor yr = ref(std::vector<double>(M * N), {M, N});
+      ops::linear(c(), ref(x, {M, K}), ref(w, {N, K}), yr);
+      EXPECT_CLOSE(values(y), values(yr), tol);
+      // backward: dx overwritten, dw accumulated or overwritten (fp32 dw from 16-bit inputs)
+      Tensor dx = poisoned({M, K}, t);
+      Tensor dw = accumulate ? dev(dw0, {N, K}, dw_type) : poisoned({N, K}, dw_type);
+      ops::linear_backward(g(), dev(x, {M, K}, t), dev(w, {N, K}, t), dev(dy, {M, N}, t), &dx, &dw, accumulate);
+      Tensor dxr = ref(std::vector<double>(M * K), {M, K});
+      Tensor dwr = ref(accumulate ? dw0 : std::vector<double>(N * K), {N, K});
+      ops::linear_backward(c(), ref(x, {M, K}), ref(w, {N, K}), ref(dy, {M, N}), &dxr, &dwr, accumulate);
+      EXPECT_CLOSE(values(dx), values(dxr), tol);
+      EXPECT_CLOSE(values(dw), values(dwr), tf32 ? 2e-3 : tolerance(dw_type));
+    }
+  }
+};
+
+TEST_F(LinearTest, Fp32NoTf32) { run(DType::f32, false, DType::f32, false); }
+TEST_F(LinearTest, Fp32Tf32) { run(DType::f32, true, DType::f32, true); }
+TEST_F(LinearTest, Bf16) { run(DType::bf16, false, DType::bf16, false); }
+TEST_F(LinearTest, Fp16) { run(DType::f16, false, DType::f16, true); }
+TEST_F(LinearTest, Bf16InputsFp32MasterGradAccumulates) { run(DType::bf16, false, DType::f32, true); }
+TEST_F(LinearTest, Fp16InputsFp32MasterGrad) { run(DType::f16, false, DType::f32, false); }
+
+// Without TF32 an fp32 GEMM is exact to fp32 rounding: its error must be far below TF32's, which
+// shows the compute mode really is fp32 (a TF32 product at K=1024 errs by ~3e-4).
+TEST_F(LinearTest, Fp32IsNotSilentlyTf32) {
+  const std::int64_t M = 128, K = 1024, N = 128;
+  const auto x = randn(M * K), w = randn(N * K);
+  Tensor yr = ref(std::vector<double>(M * N), {M, N});
+  ops::linear(c(), ref(x, {M, K}), ref(w, {N, K}), yr);
+  Tensor y = poisoned({M, N}, DType::f32);
+  g().allow_tf32 = false;
+  ops::linear(g(), dev(x, {M, K}, DType::f32), dev(w, {N, K}, DType::f32), y);
+  const double err32 = rel_error(values(y), values(yr));
+  g().allow_tf32 = true;
+  poison(y);
+  ops::linear(g(), dev(x, {M, K}, DType::f32), dev(w, {N, K}, DType::f32), y);
+  const double err_tf32 = rel_error(values(y), values(yr));
+  EXPECT_LT(err32, 1e-6);
+  EXPECT_GT(err_tf32, 10 * err32) << "TF32 allowed should change the numbers";
+  EXPECT_LT(err_tf32, 2e-3);
+}
+
+// A view at an odd element offset (4-byte aligned only) still multiplies correctly.
+TEST_F(LinearTest, UnalignedViews) {
+  const std::int64_t M = 33, K = 40, N = 24;
+  const auto x = randn(M * K + 1), w = randn(N * K, DType::f64, 0.1);
+  Tensor xd = dev(x, {M * K + 1}, DType::f32).flat_range(1, M * K).reshape({M, K});
+  Tensor y = poisoned({M, N}, DType::f32);
+  ops::linear(g(), xd, dev(w, {N, K}, DType::f32), y);
+  Tensor yr = ref(std::vector<double>(M * N), {M, N});
+  ops::linear(c(), ref(std::vector<double>(x.begin() + 1, x.end()), {M, K}), ref(w, {N, K}), yr);
+  EXPECT_CLOSE(values(y), values(yr), 1e-5);
+}
+
+// With LMSCALE_GEMM_AUTOTUNE=1 each new shape times several cuBLASLt algorithms into a scratch
+// output: the result must be the same product, and an accumulating dw must be accumulated once.
+TEST_F(LinearTest, AutotunedAlgorithmsGiveTheSameProduct) {
+  setenv("LMSCALE_GEMM_AUTOTUNE", "1", 1);
+  ops::Runtime tuned(Device::cuda, 0, false);
+  unsetenv("LMSCALE_GEMM_AUTOTUNE");
+  for (DType t : {DType::f32, DType::bf16}) {
+    const std::int64_t M = 256, K = 320, N = 192;
+    const auto x = randn(M * K, t), w = randn(N * K, t, 0.1), dy = randn(M * N, t), dw0 = randn(N * K);
+    Tensor xd = dev(x, {M, K}, t), wd = dev(w, {N, K}, t), dyd = dev(dy, {M, N}, t), dw = dev(dw0, {N, K}, DType::f32);
+    Tensor y = poisoned({M, N}, t), dx = poisoned({M, K}, t);
+    gpu_.synchronize();   // inputs were written on the other runtime's stream
+    ops::linear(tuned.ctx(), xd, wd, y);
+    ops::linear_backward(tuned.ctx(), xd, wd, dyd, &dx, &dw, true);
+    tuned.synchronize();
+    Tensor yr = ref(std::vector<double>(M * N), {M, N}), dxr = ref(std::vector<double>(M * K), {M, K});
+    Tensor dwr = ref(dw0, {N, K});
+    ops::linear(c(), ref(x, {M, K}), ref(w, {N, K}), yr);
+    ops::linear_backward(c(), ref(x, {M, K}), ref(w, {N, K}), ref(dy, {M, N}), &dxr, &dwr, true);
+    EXPECT_CLOSE(values(y), values(yr), tolerance(t));
+    EXPECT_CLOSE(values(dx), values(dxr), tolerance(t));
+    EXPECT_CLOSE(values(dw), values(dwr), 1e-5);
+  }
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------------
+class RmsNormTest : public CudaOpsTest,
+                    public ::testing::WithParamInterface<std::tuple<DType, bool, std::int64_t>> {};
+
+TEST_P(RmsNormTest, ForwardBackward) {
+  const auto [t, fp32_weight, d] = GetParam();
+  const DType wt = fp32_weight ? DType::f32 : t;
+  const std::int64_t N = 67;
+  const auto x = randn(N * d, t), dy = randn(N * d, t), dw0 = randn(d, wt);
+  auto w = randn(d, DType::f64, 0.5);
+  for (auto& v : w) v = round_to(1.0 + v, wt);   // norm weights near 1, as trained ones are
+  Tensor y = poisoned({N, d}, t), rstd = poisoned({N}, DType::f32);
+  ops::rmsnorm(g(), dev(x, {N, d}, t), dev(w, {d}, wt), 1e-5, y, rstd);
+  Tensor yr = ref(std::vector<double>(N * d), {N, d}), rr = ref(std::vector<double>(N), {N});
+  ops::rmsnorm(c(), ref(x, {N, d}), ref(w, {d}), 1e-5, yr, rr);
+  EXPECT_CLOSE(values(y), values(yr), tolerance(t));
+  EXPECT_CLOSE(values(rstd), values(rr), 1e-5);
+
+  Tensor dx = poisoned({N, d}, t), dw = dev(dw0, {d}, wt);
+  ops::rmsnorm_backward(g(), dev(x, {N, d}, t), dev(w, {d}, wt), rstd, dev(dy, {N, d}, t), dx, dw);
+  Tensor dxr = ref(std::vector<double>(N * d), {N, d}), dwr = ref(dw0, {d});
+  ops::rmsnorm_backward(c(), ref(x, {N, d}), ref(w, {d}), rr, ref(dy, {N, d}), dxr, dwr);
+  EXPECT_CLOSE(values(dx), values(dxr), tolerance(t));
+  // dw sums N rows in fp32 from the GPU's rstd (fp32), then one rounding to wt.
+  EXPECT_CLOSE(values(dw), values(dwr), tolerance(wt) * (wt == DType::f32 ? 3 : 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, RmsNormTest,
+                         ::testing::Combine(::testing::ValuesIn(kTypes), ::testing::Bool(),
+                                            ::testing::Values<std::int64_t>(1600, 37, 8, 8200)));
+
+// ---- RoPE --------------------------------------------------------------------------------------
+TEST_F(CudaOpsTest, RopeForwardAndInverse) {
+  struct Case {
+    std::int64_t B, T, H, Dh;
+  };
+  for (DType t : kTypes)
+    for (const auto& [B, T, H, Dh] : {Case{2, 300, 3, 64}, Case{1, 17, 2, 6}, Case{3, 1024, 1, 8}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " B=" << B << " T=" << T << " H=" << H << " Dh=" << Dh);
+      const std::int64_t n = B * T * H * Dh;
+      const auto x = randn(n, t);
+      for (bool inverse : {false, true}) {
+        Tensor xd = dev(x, {B, T, H, Dh}, t);
+        ops::rope(g(), xd, B, T, H, Dh, 10000.0, inverse);
+        Tensor xr = ref(x, {B, T, H, Dh});
+        ops::rope(c(), xr, B, T, H, Dh, 10000.0, inverse);
+        EXPECT_CLOSE(values(xd), values(xr), tolerance(t));
+      }
+    }
+}
+
+// ---- SwiGLU ------------------------------------------------------------------------------------
+TEST_F(CudaOpsTest, SwigluForwardBackward) {
+  for (DType t : kTypes)
+    for (std::int64_t n : {std::int64_t{4096 * 3}, std::int64_t{1001}, std::int64_t{5}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n=" << n);
+      const auto a = randn(n, t, 2.0), b = randn(n, t), dh = randn(n, t);
+      Tensor h = poisoned({n}, t);
+      ops::swiglu(g(), dev(a, {n}, t), dev(b, {n}, t), h);
+      Tensor hr = ref(std::vector<double>(n), {n});
+      ops::swiglu(c(), ref(a, {n}), ref(b, {n}), hr);
+      EXPECT_CLOSE(values(h), values(hr), tolerance(t));
+      Tensor da = poisoned({n}, t), db = poisoned({n}, t);
+      ops::swiglu_backward(g(), dev(a, {n}, t), dev(b, {n}, t), dev(dh, {n}, t), da, db);
+      Tensor dar = ref(std::vector<double>(n), {n}), dbr = ref(std::vector<double>(n), {n});
+      ops::swiglu_backward(c(), ref(a, {n}), ref(b, {n}), ref(dh, {n}), dar, dbr);
+      EXPECT_CLOSE(values(da), values(dar), tolerance(t));
+      EXPECT_CLOSE(values(db), values(dbr), tolerance(t));
+    }
+}
+
+// ---- embedding ---------------------------------------------------------------------------------
+TEST_F(CudaOpsTest, EmbeddingForwardBackward) {
+  struct Case {
+    std::int64_t V, d, N;
+  };
+  for (DType t : kTypes)
+    for (DType grad_t : {t, DType::f32})
+      for (const auto& [V, d, N] : {Case{1000, 64, 512}, Case{7, 13, 300}, Case{50, 1600, 64}}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " grad " << dtype_name(grad_t) << " V=" << V
+                                          << " d=" << d << " N=" << N);
+        const auto table = randn(V * d, t), dout = randn(N * d, t), dt0 = randn(V * d, grad_t);
+        const auto ids = randint(N, 0, static_cast<std::int32_t>(V));
+        Tensor out = poisoned({N, d}, t);
+        ops::embedding(g(), dev_ids(ids, {N}), dev(table, {V, d}, t), out);
+        Tensor outr = ref(std::vector<double>(N * d), {N, d});
+        ops::embedding(c(), host_ids(ids, {N}), ref(table, {V, d}), outr);
+        EXPECT_CLOSE(values(out), values(outr), tolerance(t));
+
+        Tensor dt = dev(dt0, {V, d}, grad_t);
+        ops::embedding_backward(g(), dev_ids(ids, {N}), dev(dout, {N, d}, t), dt);
+        Tensor dtr = ref(dt0, {V, d});
+        ops::embedding_backward(c(), host_ids(ids, {N}), ref(dout, {N, d}), dtr);
+        EXPECT_CLOSE(values(dt), values(dtr), tolerance(grad_t));
+        // Deterministic: the same inputs give the same bits.
+        Tensor dt2 = dev(dt0, {V, d}, grad_t);
+        ops::embedding_backward(g(), dev_ids(ids, {N}), dev(dout, {N, d}, t), dt2);
+        EXPECT_EQ(values(dt), values(dt2));
+      }
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------------
+TEST_F(CudaOpsTest, CrossEntropyFusedGradient) {
+  struct Case {
+    std::int64_t N, V;
+  };
+  for (DType t : kTypes)
+    for (const auto& [N, V] : {Case{64, 10000}, Case{33, 1001}, Case{5, 3}})
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " N=" << N << " V=" << V << (in_place ? " in place" : ""));
+        const auto logits = randn(N * V, t, 3.0);
+        const auto targets = randint(N, 0, static_cast<std::int32_t>(V));
+        const double scale = 1.0 / static_cast<double>(N) * 1024.0;   // mean and a loss scale
+        Tensor ld = dev(logits, {N, V}, t);
+        Tensor loss = poisoned({1}, DType::f32);
+        Tensor dl = in_place ? ld : poisoned({N, V}, t);
+        ops::cross_entropy(g(), ld, dev_ids(targets, {N}), loss, &dl, scale);
+        Tensor lr = ref(std::vector<double>(N * V), {N, V}), lossr = ref({0.0}, {1});
+        Tensor dlr = ref(std::vector<double>(N * V), {N, V});
+        ops::cross_entropy(c(), ref(logits, {N, V}), host_ids(targets, {N}), lossr, &dlr, scale);
+        EXPECT_CLOSE(values(loss), values(lossr), 1e-5);
+        EXPECT_CLOSE(values(dl), values(dlr), tolerance(t));
+        // Loss only (no gradient): the logits stay untouched.
+        Tensor ld2 = dev(logits, {N, V}, t);
+        poison(loss);
+        ops::cross_entropy(g(), ld2, dev_ids(targets, {N}), loss, nullptr, scale);
+        EXPECT_CLOSE(values(loss), values(lossr), 1e-5);
+        EXPECT_EQ(values(ld2), logits);
+      }
+}
+
+}  // namespace
+}  // namespace lmscale::test

@@ -1,0 +1,39 @@
+// ops::adamw: shape, dtype, device and hyper-parameter checks, then dispatch.
+#include <cmath>
+
+#include "checks.h"
+#include "cpu/cpu_ops.h"
+#include "cuda/cuda_ops.h"
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::ops {
+
+void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
+           Tensor* param_lowp) {
+  constexpr const char* op = "ops::adamw";
+  const Device dev = detail::common_device(
+      op, {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"param_lowp", param_lowp}});
+  detail::check_floating(op, "param", param);
+  for (const auto& [name, t] : {detail::NamedTensor{"grad", &grad}, {"m", &m}, {"v", &v}}) {
+    detail::check_same_dtype(op, "param", param, name, *t);
+    detail::check_numel(op, name, *t, param.numel());
+  }
+  if (param_lowp) {
+    detail::check_floating(op, "param_lowp", *param_lowp);
+    detail::check_numel(op, "param_lowp", *param_lowp, param.numel());
+  }
+  LMSCALE_CHECK(a.step >= 1, "{}: step t is 1-based, got {}", op, a.step);
+  LMSCALE_CHECK(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1,
+                "{}: betas must lie in [0, 1), got beta1={} beta2={}", op, a.beta1, a.beta2);
+  LMSCALE_CHECK(a.eps > 0 && std::isfinite(a.lr) && std::isfinite(a.weight_decay) && std::isfinite(a.grad_scale),
+                "{}: need eps > 0 and finite lr, weight_decay, grad_scale (got eps={} lr={} wd={} grad_scale={})", op,
+                a.eps, a.lr, a.weight_decay, a.grad_scale);
+  if (dev == Device::cpu) return cpu::adamw(ctx, param, grad, m, v, a, param_lowp);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::adamw(ctx, param, grad, m, v, a, param_lowp);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+}  // namespace lmscale::ops

@@ -1,0 +1,45 @@
+#pragma once
+// The CUDA implementations behind the public ops (include/lmscale/ops/ops.h), same signatures and
+// semantics. The public functions in src/ops/*.cpp check shapes and dtypes and call these when the
+// tensors are on Device::cuda; these re-check only what the kernels rely on (dtype combinations,
+// alignment). All work is queued on the context's compute stream; nothing synchronises except
+// copies into host memory. Supported dtypes: fp32, bf16, fp16 (fp32 accumulation everywhere).
+#include <cstdint>
+
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::ops::cuda {
+
+void linear(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y);
+void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                     bool accumulate_dw);
+
+void embedding(Context& ctx, const Tensor& ids, const Tensor& table, Tensor& out);
+void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable);
+
+void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
+void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                      Tensor& dx, Tensor& dw);
+
+void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
+          bool inverse);
+
+void swiglu(Context& ctx, const Tensor& a, const Tensor& b, Tensor& h);
+void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& dh, Tensor& da, Tensor& db);
+
+void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, Tensor& loss_sum, Tensor* dlogits,
+                   double grad_scale);
+
+void fill(Context& ctx, Tensor& x, double value);
+void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out);
+void scale(Context& ctx, Tensor& x, double s);
+void cast(Context& ctx, const Tensor& src, Tensor& dst);
+// Either side may be on the host; a copy into host memory waits for the stream before returning.
+void copy(Context& ctx, const Tensor& src, Tensor& dst);
+void sum_squares(Context& ctx, const Tensor& x, Tensor& out);
+void check_finite(Context& ctx, const Tensor& x, Tensor& flag);
+
+void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
+           Tensor* param_lowp);
+
+}  // namespace lmscale::ops::cuda

@@ -1,0 +1,103 @@
+// CUDA FlashAttention-2 entry points (attention_cuda.h): choose the tensor-core kernels
+// (bf16/fp16, 16-byte aligned rows) or the CUDA-core kernels (fp32, or unaligned layouts), and
+// allocate the backward's D = rowsum(dO*O) buffer from the context's allocator.
+#include <cstdint>
+
+#include "attention_cuda.h"
+#include "attention_kernels.h"
+#include "lmscale/core/error.h"
+#include "resources.h"
+
+namespace lmscale::ops::cuda {
+
+namespace attn {
+
+void check_cuda(cudaError_t err, const char* what, const char* file, int line) {
+  if (err != cudaSuccess) throw Error(fmt::format("{}:{}: {} failed: {}", file, line, what, cudaGetErrorString(err)));
+}
+void throw_unsupported_head_dim(int head_dim) {
+  throw Error(fmt::format("flash attention on CUDA: head_dim {} not supported (16, 32, 64, 128)", head_dim));
+}
+void throw_error(const char* message) { throw Error(message); }
+
+}  // namespace attn
+
+namespace {
+
+attn::Elem elem_of(DType d) {
+  switch (d) {
+    case DType::f32: return attn::Elem::f32;
+    case DType::bf16: return attn::Elem::bf16;
+    case DType::f16: return attn::Elem::f16;
+    default: throw Error(fmt::format("CUDA attention: dtype {} not supported (fp32, bf16, fp16)", dtype_name(d)));
+  }
+}
+
+attn::Params make_params(const AttentionShape& s) {
+  LMSCALE_CHECK(s.head_dim == 16 || s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128,
+                "flash attention on CUDA: head_dim {} not supported (16, 32, 64, 128)", s.head_dim);
+  LMSCALE_CHECK(s.seq < (1ll << 31) && s.batch * s.heads < (1ll << 31), "flash attention: shape too large");
+  attn::Params p;
+  p.batch = static_cast<int>(s.batch);
+  p.heads = static_cast<int>(s.heads);
+  p.seq = static_cast<int>(s.seq);
+  p.head_dim = static_cast<int>(s.head_dim);
+  p.stride_b = s.stride_b;
+  p.stride_h = s.stride_h;
+  p.stride_t = s.stride_t;
+  p.scale = static_cast<float>(s.softmax_scale());
+  p.causal = s.causal;
+  return p;
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0; }
+
+// The tensor-core kernels copy rows with 16-byte cp.async: 16-bit types, strides in multiples of
+// 8 elements and 16-byte aligned base pointers.
+bool tensor_core_ok(const AttentionShape& s, DType d, std::initializer_list<const void*> ptrs) {
+  if (d != DType::bf16 && d != DType::f16) return false;
+  if (s.stride_b % 8 || s.stride_h % 8 || s.stride_t % 8) return false;
+  for (const void* ptr : ptrs)
+    if (!aligned16(ptr)) return false;
+  return true;
+}
+
+}  // namespace
+
+void attention_flash_forward(Context& ctx, const AttentionShape& s, DType dtype, const void* q, const void* k,
+                             const void* v, void* o, float* lse) {
+  attn::Params p = make_params(s);
+  p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+  if (tensor_core_ok(s, dtype, {q, k, v, o}))
+    attn::launch_flash_fwd_mma(p, elem_of(dtype), stream(ctx));
+  else
+    attn::launch_flash_fwd_simt(p, elem_of(dtype), stream(ctx));
+}
+
+void attention_flash_backward(Context& ctx, const AttentionShape& s, DType dtype, const void* q, const void* k,
+                              const void* v, const void* o, const float* lse, const void* dout, void* dq, void* dk,
+                              void* dv) {
+  attn::Params p = make_params(s);
+  p.q = q, p.k = k, p.v = v, p.o = o, p.dout = dout, p.dq = dq, p.dk = dk, p.dv = dv;
+  p.lse = const_cast<float*>(lse);
+  const std::size_t dsum_bytes = static_cast<std::size_t>(s.batch * s.heads * s.seq) * sizeof(float);
+  Allocator& alloc = *ctx.allocator;
+  void* dsum = alloc.allocate(dsum_bytes, "attention_dsum");
+  // Returned to the (stream-ordered, caching) allocator after the kernels are queued: the next
+  // user of these bytes runs on the same stream, after these kernels.
+  struct Free {
+    Allocator& a;
+    void* ptr;
+    std::size_t bytes;
+    ~Free() { a.deallocate(ptr, bytes, "attention_dsum"); }
+  } guard{alloc, dsum, dsum_bytes};
+  p.dsum = static_cast<float*>(dsum);
+  const attn::Elem e = elem_of(dtype);
+  attn::launch_flash_bwd_dsum(p, e, stream(ctx));
+  if (tensor_core_ok(s, dtype, {q, k, v, o, dout, dq, dk, dv}))
+    attn::launch_flash_bwd_mma(p, e, stream(ctx));
+  else
+    attn::launch_flash_bwd_simt(p, e, stream(ctx));
+}
+
+}  // namespace lmscale::ops::cuda

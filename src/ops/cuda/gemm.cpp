@@ -1,0 +1,164 @@
+#include "gemm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "lmscale/core/cuda/cuda_check.h"
+#include "lmscale/core/error.h"
+#include "resources.h"
+
+namespace lmscale::ops::cuda {
+
+namespace {
+
+const char* status_name(cublasStatus_t s) { return cublasGetStatusName(s); }
+
+#define LMSCALE_CUBLAS_CHECK(expr)                                                                          \
+  do {                                                                                                      \
+    cublasStatus_t _s = (expr);                                                                             \
+    if (_s != CUBLAS_STATUS_SUCCESS)                                                                        \
+      throw ::lmscale::Error(fmt::format("{}:{}: {} failed: {}", __FILE__, __LINE__, #expr, status_name(_s))); \
+  } while (0)
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: throw Error(fmt::format("gemm: dtype {} is not supported on CUDA (fp32, bf16, fp16 are)", dtype_name(t)));
+  }
+}
+
+// Largest power of two (<= 256) dividing the address: cuBLASLt picks kernels by the alignment it
+// is promised, and parameter views inside the flat buffer need not be 256-byte aligned.
+std::uint32_t alignment(const void* p) {
+  std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al >>= 1;
+  return al;
+}
+std::uint32_t log2u(std::uint32_t x) {
+  std::uint32_t r = 0;
+  while (x > 1) x >>= 1, ++r;
+  return r;
+}
+
+}  // namespace
+
+struct GemmPlanCache::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  std::size_t workspace = 0;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+GemmPlanCache::GemmPlanCache() = default;
+GemmPlanCache::~GemmPlanCache() = default;
+
+std::size_t GemmPlanCache::KeyHash::operator()(const Key& k) const {
+  std::size_t h = 1469598103934665603ull;
+  for (std::int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc, static_cast<std::int64_t>(k.flags)})
+    h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
+  return h;
+}
+
+namespace {
+
+// Autotuning (Resources::gemm_autotune): times each candidate algorithm on the real operands,
+// writing into a scratch C so the caller's C (which beta = 1 would accumulate into) is untouched,
+// and returns the index of the fastest (median of 3 runs after one warm-up). Runs once per plan.
+int fastest(Resources& r, const GemmPlanCache::Plan& p, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t* res,
+            int count) {
+  const std::size_t c_bytes = static_cast<std::size_t>(g.ldc) * static_cast<std::size_t>(g.n) * dtype_size(g.c_type);
+  void* c = r.alloc->allocate(c_bytes, "gemm_autotune");
+  LMSCALE_CUDA_CHECK(cudaMemsetAsync(c, 0, c_bytes, r.stream));
+  cudaEvent_t e0, e1;
+  LMSCALE_CUDA_CHECK(cudaEventCreate(&e0));
+  LMSCALE_CUDA_CHECK(cudaEventCreate(&e1));
+  int best = -1;
+  float best_ms = 0;
+  for (int i = 0; i < count; ++i) {
+    auto run = [&] {
+      return cublasLtMatmul(r.lt, p.desc, &g.alpha, g.a, p.a, g.b, p.b, &g.beta, c, p.c, c, p.c, &res[i].algo,
+                            r.workspace, r.workspace_bytes, r.stream);
+    };
+    if (res[i].state != CUBLAS_STATUS_SUCCESS || run() != CUBLAS_STATUS_SUCCESS) continue;
+    float ms[3];
+    for (float& m : ms) {
+      LMSCALE_CUDA_CHECK(cudaEventRecord(e0, r.stream));
+      run();
+      LMSCALE_CUDA_CHECK(cudaEventRecord(e1, r.stream));
+      LMSCALE_CUDA_CHECK(cudaEventSynchronize(e1));
+      LMSCALE_CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
+    }
+    std::sort(ms, ms + 3);
+    if (best < 0 || ms[1] < best_ms) best = i, best_ms = ms[1];
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  LMSCALE_CUDA_CHECK(cudaStreamSynchronize(r.stream));
+  r.alloc->deallocate(c, c_bytes, "gemm_autotune");
+  return best < 0 ? 0 : best;
+}
+
+}  // namespace
+
+void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
+  LMSCALE_CHECK(g.c_type == g.ab_type || g.c_type == DType::f32, "gemm: output dtype {} with {} inputs",
+                dtype_name(g.c_type), dtype_name(g.ab_type));
+  if (g.m == 0 || g.n == 0) return;
+  const bool tf32 = allow_tf32 && g.ab_type == DType::f32;
+  const std::uint32_t al_a = alignment(g.a), al_b = alignment(g.b), al_c = alignment(g.c);
+  GemmPlanCache::Key key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
+                         (g.trans_a ? 1u : 0u) | (g.trans_b ? 2u : 0u) | (tf32 ? 4u : 0u) | (g.beta != 0.f ? 8u : 0u) |
+                             (static_cast<std::uint32_t>(g.ab_type) << 4) | (static_cast<std::uint32_t>(g.c_type) << 8) |
+                             (log2u(al_a) << 12) | (log2u(al_b) << 16) | (log2u(al_c) << 20)};
+  auto it = r.gemm_plans.plans.find(key);
+  if (it == r.gemm_plans.plans.end()) {
+    auto plan = std::make_unique<GemmPlanCache::Plan>();
+    const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+    const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    const cudaDataType_t ab = cuda_type(g.ab_type), ct = cuda_type(g.c_type);
+    // Stored shapes (column-major): A is m x k (k x m when transposed), B is k x n (n x k).
+    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
+    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
+    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, ct, g.m, g.n, g.ldc));
+    cublasLtMatmulPreference_t pref = nullptr;
+    LMSCALE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t ws = r.workspace_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+    int found = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(r.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref,
+                                                            r.gemm_autotune ? kCandidates : 1, results, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || found == 0)
+      throw Error(fmt::format("gemm: cuBLASLt has no algorithm for m={} n={} k={} {}x{}->{} ({})", g.m, g.n, g.k,
+                              dtype_name(g.ab_type), dtype_name(g.ab_type), dtype_name(g.c_type), status_name(s)));
+    int best = 0;
+    if (found > 1) best = fastest(r, *plan, g, results, found);
+    plan->algo = results[best].algo;
+    plan->workspace = results[best].workspaceSize;
+    it = r.gemm_plans.plans.emplace(key, std::move(plan)).first;
+  }
+  const GemmPlanCache::Plan& p = *it->second;
+  LMSCALE_CUBLAS_CHECK(cublasLtMatmul(r.lt, p.desc, &g.alpha, g.a, p.a, g.b, p.b, &g.beta, g.c, p.c, g.c, p.c, &p.algo,
+                                      r.workspace, r.workspace_bytes, r.stream));
+}
+
+}  // namespace lmscale::ops::cuda

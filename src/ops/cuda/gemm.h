@@ -1,0 +1,61 @@
+#pragma once
+// One cuBLASLt matrix product in column-major terms, C[m,n] = alpha * op(A)[m,k] * op(B)[k,n]
+// + beta * C, with a plan cache: descriptors, layouts and the heuristic's algorithm are made once
+// per (shape, leading dimensions, dtypes, compute mode, beta != 0, pointer alignment) and reused,
+// so a training step calls cuBLASLt with no heuristic search after the first step.
+//
+// Precision (DESIGN §2): fp32 inputs use CUBLAS_COMPUTE_32F (no TF32) unless allow_tf32, then
+// CUBLAS_COMPUTE_32F_FAST_TF32; bf16/fp16 inputs always accumulate in fp32 (CUBLAS_COMPUTE_32F)
+// and may write C in their own dtype or in fp32 (mixed-precision master gradients).
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "lmscale/core/dtype.h"
+
+namespace lmscale::ops::cuda {
+
+struct Resources;
+
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  std::int64_t lda = 0;
+  const void* b = nullptr;
+  std::int64_t ldb = 0;
+  void* c = nullptr;
+  std::int64_t ldc = 0;
+  DType ab_type = DType::f32;   // A and B share a dtype
+  DType c_type = DType::f32;    // ab_type or fp32
+  float alpha = 1.f, beta = 0.f;
+};
+
+// Runs the product on the resources' stream with their workspace.
+void gemm(Resources& r, bool allow_tf32, const GemmArgs& g);
+
+// The cached plans of one Resources. Opaque outside gemm.cpp.
+class GemmPlanCache {
+ public:
+  GemmPlanCache();
+  ~GemmPlanCache();
+  GemmPlanCache(const GemmPlanCache&) = delete;
+  GemmPlanCache& operator=(const GemmPlanCache&) = delete;
+  struct Plan;
+  struct Key {
+    std::int64_t m, n, k, lda, ldb, ldc;
+    std::uint32_t flags;   // trans_a, trans_b, dtypes, compute mode, beta != 0, alignments
+    bool operator==(const Key& o) const {
+      return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc && flags == o.flags;
+    }
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const;
+  };
+  std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
+  std::size_t size() const { return plans.size(); }
+};
+
+}  // namespace lmscale::ops::cuda

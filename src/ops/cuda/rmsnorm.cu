@@ -1,0 +1,267 @@
+// RMSNorm on CUDA, fp32 inside (DESIGN §2): y = x * rstd * w, rstd = rsqrt(mean(x^2) + eps).
+// x, y, dy, dx share a dtype T (fp32, bf16, fp16); the weight w and its gradient dw may be fp32 or
+// T (fp32 master weights with bf16 activations). One block per row in the forward; the backward
+// runs a fixed grid of blocks over rows, each keeping its dw partial sums in shared memory, and a
+// second launch adds the per-block partials in a fixed order: deterministic, no float atomics.
+#include "cuda_ops.h"
+#include "kernel_utils.cuh"
+#include "resources.h"
+
+namespace lmscale::ops::cuda {
+
+namespace {
+
+// Threads per row: enough for one chunk of 8 each up to 256 threads, at least one warp.
+int row_threads(std::int64_t d) {
+  const std::int64_t chunks = (d + kChunk - 1) / kChunk;
+  const std::int64_t t = (chunks + 31) / 32 * 32;
+  return static_cast<int>(std::max<std::int64_t>(32, std::min<std::int64_t>(256, t)));
+}
+
+template <bool kVec, class T, class W>
+__global__ void rmsnorm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
+                               float* __restrict__ rstd, int d, float eps) {
+  __shared__ float scratch[32];
+  const std::int64_t row = blockIdx.x;
+  const T* xr = x + row * d;
+  T* yr = y + row * d;
+  float ss = 0.f;
+  if constexpr (kVec) {
+    for (int c = threadIdx.x * kChunk; c < d; c += blockDim.x * kChunk) {
+      float v[kChunk];
+      load_chunk(xr + c, v);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) ss = fmaf(v[e], v[e], ss);
+    }
+  } else {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      const float v = to_f32(xr[c]);
+      ss = fmaf(v, v, ss);
+    }
+  }
+  const float r = rsqrtf(block_sum(ss, scratch) / static_cast<float>(d) + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  // Second read of the row hits L1/L2: it was just read by this block.
+  if constexpr (kVec) {
+    for (int c = threadIdx.x * kChunk; c < d; c += blockDim.x * kChunk) {
+      float v[kChunk], g[kChunk];
+      load_chunk(xr + c, v);
+      load_chunk(w + c, g);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) v[e] = v[e] * r * g[e];
+      store_chunk(yr + c, v);
+    }
+  } else {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) yr[c] = from_f32<T>(to_f32(xr[c]) * r * to_f32(w[c]));
+  }
+}
+
+// dx = rstd * (dy*w) - x * rstd^3 * mean(dy*w*x);  dw_partial[block] += dy * x * rstd over the
+// block's rows. Shared memory: d floats of dw partials, each column owned by one thread.
+template <bool kVec, class T, class W>
+__global__ void rmsnorm_backward_kernel(const T* __restrict__ x, const W* __restrict__ w,
+                                        const float* __restrict__ rstd, const T* __restrict__ dy,
+                                        T* __restrict__ dx, float* __restrict__ dw_partial, std::int64_t rows,
+                                        int d) {
+  extern __shared__ float dw_acc[];
+  __shared__ float scratch[32];
+  for (int c = threadIdx.x; c < d; c += blockDim.x) dw_acc[c] = 0.f;
+  __syncthreads();
+  const float inv_d = 1.f / static_cast<float>(d);
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * d;
+    const T* dyr = dy + row * d;
+    T* dxr = dx + row * d;
+    const float r = rstd[row];
+    float dot = 0.f;
+    if constexpr (kVec) {
+      for (int c = threadIdx.x * kChunk; c < d; c += blockDim.x * kChunk) {
+        float xv[kChunk], gv[kChunk], wv[kChunk];
+        load_chunk(xr + c, xv);
+        load_chunk(dyr + c, gv);
+        load_chunk(w + c, wv);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) dot = fmaf(gv[e] * wv[e], xv[e], dot);
+      }
+    } else {
+      for (int c = threadIdx.x; c < d; c += blockDim.x) dot = fmaf(to_f32(dyr[c]) * to_f32(w[c]), to_f32(xr[c]), dot);
+    }
+    const float k = block_sum(dot, scratch) * inv_d * r * r * r;
+    if constexpr (kVec) {
+      for (int c = threadIdx.x * kChunk; c < d; c += blockDim.x * kChunk) {
+        float xv[kChunk], gv[kChunk], wv[kChunk], out[kChunk];
+        load_chunk(xr + c, xv);
+        load_chunk(dyr + c, gv);
+        load_chunk(w + c, wv);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) {
+          out[e] = r * gv[e] * wv[e] - xv[e] * k;
+          dw_acc[c + e] = fmaf(gv[e] * xv[e], r, dw_acc[c + e]);
+        }
+        store_chunk(dxr + c, out);
+      }
+    } else {
+      for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        const float xv = to_f32(xr[c]), gv = to_f32(dyr[c]);
+        dxr[c] = from_f32<T>(r * gv * to_f32(w[c]) - xv * k);
+        dw_acc[c] = fmaf(gv * xv, r, dw_acc[c]);
+      }
+    }
+  }
+  __syncthreads();
+  float* out = dw_partial + static_cast<std::int64_t>(blockIdx.x) * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) out[c] = dw_acc[c];
+}
+
+// The same for rows of at most kRegChunks * blockDim.x * 8 elements (d <= 4096 at 256 threads:
+// every preset): each thread keeps its chunks of the row in registers between the two passes and
+// its dw partial sums in registers, so a row is read from memory once.
+constexpr int kRegChunks = 2;
+template <class T, class W>
+__global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* __restrict__ w,
+                                             const float* __restrict__ rstd, const T* __restrict__ dy,
+                                             T* __restrict__ dx, float* __restrict__ dw_partial, std::int64_t rows,
+                                             int d) {
+  __shared__ float scratch[32];
+  const float inv_d = 1.f / static_cast<float>(d);
+  float wv[kRegChunks][kChunk], acc[kRegChunks][kChunk];
+#pragma unroll
+  for (int j = 0; j < kRegChunks; ++j) {
+    const int c = (threadIdx.x + j * blockDim.x) * kChunk;
+    if (c < d) load_chunk(w + c, wv[j]);
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) acc[j][e] = 0.f;
+  }
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float r = rstd[row];
+    float xv[kRegChunks][kChunk], gv[kRegChunks][kChunk];
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRegChunks; ++j) {
+      const int c = (threadIdx.x + j * blockDim.x) * kChunk;
+      if (c < d) {
+        load_chunk(x + row * d + c, xv[j]);
+        load_chunk(dy + row * d + c, gv[j]);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) dot = fmaf(gv[j][e] * wv[j][e], xv[j][e], dot);
+      }
+    }
+    const float k = block_sum(dot, scratch) * inv_d * r * r * r;
+#pragma unroll
+    for (int j = 0; j < kRegChunks; ++j) {
+      const int c = (threadIdx.x + j * blockDim.x) * kChunk;
+      if (c < d) {
+        float out[kChunk];
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) {
+          out[e] = r * gv[j][e] * wv[j][e] - xv[j][e] * k;
+          acc[j][e] = fmaf(gv[j][e] * xv[j][e], r, acc[j][e]);
+        }
+        store_chunk(dx + row * d + c, out);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRegChunks; ++j) {
+    const int c = (threadIdx.x + j * blockDim.x) * kChunk;
+    if (c < d)
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) dw_partial[static_cast<std::int64_t>(blockIdx.x) * d + c + e] = acc[j][e];
+  }
+}
+
+// dw[c] += sum over blocks b of dw_partial[b, c], in a fixed order: a block of 32 x 8 threads
+// covers 32 columns; thread row y adds partial rows y, y+8, ...; then row 0 adds the 8 sums.
+constexpr int kDwCols = 32, kDwRows = 8;
+template <class W>
+__global__ void rmsnorm_dw_kernel(const float* __restrict__ dw_partial, int blocks, int d, W* __restrict__ dw) {
+  __shared__ float part[kDwRows][kDwCols + 1];
+  const int c = blockIdx.x * kDwCols + threadIdx.x;
+  float acc = 0.f;
+  if (c < d)
+    for (int b = threadIdx.y; b < blocks; b += kDwRows) acc += dw_partial[static_cast<std::int64_t>(b) * d + c];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < d) {
+    float total = 0.f;
+#pragma unroll
+    for (int y = 0; y < kDwRows; ++y) total += part[y][threadIdx.x];
+    dw[c] = from_f32<W>(to_f32(dw[c]) + total);
+  }
+}
+
+// Runs `body` with W bound to the weight's element type: fp32 or the activations' T.
+template <class T, class F>
+void with_weight_type(DType wt, DType xt, const char* op, F&& body) {
+  if (wt == DType::f32) body(float{});
+  else if (wt == xt) body(T{});
+  else throw Error(fmt::format("{}: weight is {} with {} activations (fp32 or the same dtype)", op, dtype_name(wt),
+                               dtype_name(xt)));
+}
+
+}  // namespace
+
+void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  const std::int64_t d = x.dim(-1), rows = d ? x.numel() / d : 0;
+  LMSCALE_CHECK(y.dtype() == x.dtype() && rstd.dtype() == DType::f32, "rmsnorm: y {} / rstd {} with x {}",
+                dtype_name(y.dtype()), dtype_name(rstd.dtype()), dtype_name(x.dtype()));
+  if (rows == 0) return;
+  Resources& r = resources(ctx);
+  const bool vec = d % kChunk == 0 && is_aligned16(x.data()) && is_aligned16(y.data()) && is_aligned16(w.data());
+  const int threads = row_threads(d);
+  LMSCALE_CHECK(rows <= 0x7fffffff, "rmsnorm: {} rows", rows);
+  LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "rmsnorm", T, {
+    with_weight_type<T>(w.dtype(), x.dtype(), "rmsnorm", [&](auto wtag) {
+      using W = decltype(wtag);
+      auto kernel = vec ? rmsnorm_kernel<true, T, W> : rmsnorm_kernel<false, T, W>;
+      kernel<<<static_cast<unsigned>(rows), threads, 0, r.stream>>>(x.data_as<const T>(), w.data_as<const W>(),
+                                                                   y.data_as<T>(), rstd.data_as<float>(),
+                                                                   static_cast<int>(d), static_cast<float>(eps));
+    });
+  });
+  LMSCALE_CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                      Tensor& dx, Tensor& dw) {
+  const std::int64_t d = x.dim(-1), rows = d ? x.numel() / d : 0;
+  LMSCALE_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype() && rstd.dtype() == DType::f32,
+                "rmsnorm_backward: dy {}, dx {}, rstd {} with x {}", dtype_name(dy.dtype()), dtype_name(dx.dtype()),
+                dtype_name(rstd.dtype()), dtype_name(x.dtype()));
+  LMSCALE_CHECK(dw.dtype() == w.dtype(), "rmsnorm_backward: dw is {} but w is {}", dtype_name(dw.dtype()),
+                dtype_name(w.dtype()));
+  if (rows == 0) return;
+  Resources& r = resources(ctx);
+  const bool vec = d % kChunk == 0 && is_aligned16(x.data()) && is_aligned16(dy.data()) &&
+                   is_aligned16(dx.data()) && is_aligned16(w.data());
+  const int threads = row_threads(d);
+  // Four blocks per multiprocessor, each adding up its rows' dw in shared memory: enough warps in
+  // flight to hide the row loads, and partials few enough ([blocks, d] fp32) for one cheap pass.
+  const int blocks = static_cast<int>(std::min<std::int64_t>(rows, 4 * r.num_sms));
+  const std::size_t smem = static_cast<std::size_t>(d) * sizeof(float);
+  Scratch partial(ctx, static_cast<std::size_t>(blocks) * smem, "rmsnorm_dw_partials");
+  LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T, {
+    with_weight_type<T>(w.dtype(), x.dtype(), "rmsnorm_backward", [&](auto wtag) {
+      using W = decltype(wtag);
+      if (vec && d <= static_cast<std::int64_t>(kRegChunks) * threads * kChunk) {
+        rmsnorm_backward_regs_kernel<T, W><<<blocks, threads, 0, r.stream>>>(
+            x.data_as<const T>(), w.data_as<const W>(), rstd.data_as<const float>(), dy.data_as<const T>(),
+            dx.data_as<T>(), partial.as<float>(), rows, static_cast<int>(d));
+      } else {
+        auto kernel = vec ? rmsnorm_backward_kernel<true, T, W> : rmsnorm_backward_kernel<false, T, W>;
+        if (smem > 48 * 1024)
+          LMSCALE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  static_cast<int>(smem)));
+        kernel<<<blocks, threads, smem, r.stream>>>(x.data_as<const T>(), w.data_as<const W>(),
+                                                    rstd.data_as<const float>(), dy.data_as<const T>(),
+                                                    dx.data_as<T>(), partial.as<float>(), rows, static_cast<int>(d));
+      }
+      LMSCALE_CUDA_CHECK_LAUNCH();
+      rmsnorm_dw_kernel<W><<<static_cast<unsigned>((d + kDwCols - 1) / kDwCols), dim3(kDwCols, kDwRows), 0, r.stream>>>(
+          partial.as<const float>(), blocks, static_cast<int>(d), dw.data_as<W>());
+    });
+  });
+  LMSCALE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lmscale::ops::cuda

@@ -1,0 +1,65 @@
+// ops::linear and ops::linear_backward: shape, dtype and device checks, then dispatch.
+#include "checks.h"
+#include "cpu/cpu_ops.h"
+#include "cuda/cuda_ops.h"
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::ops {
+namespace {
+
+// The shape of y for x [..., K] and w [N, K]: [..., N].
+Shape output_shape(const Tensor& x, std::int64_t N) {
+  Shape s = x.shape();
+  s.back() = N;
+  return s;
+}
+
+void check_operands(const char* op, const Tensor& x, const Tensor& w) {
+  LMSCALE_CHECK(w.ndim() == 2, "{}: weight must be [out, in], got {}", op, shape_str(w.shape()));
+  LMSCALE_CHECK(x.ndim() >= 1 && x.dim(-1) == w.dim(1), "{}: x {} does not match weight {} (x must be [..., {}])", op,
+                shape_str(x.shape()), shape_str(w.shape()), w.dim(1));
+  detail::check_floating(op, "x", x);
+  detail::check_same_dtype(op, "x", x, "w", w);
+}
+
+}  // namespace
+
+void linear(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y) {
+  constexpr const char* op = "ops::linear";
+  const Device dev = detail::common_device(op, {{"x", &x}, {"w", &w}, {"y", &y}});
+  check_operands(op, x, w);
+  detail::check_shape(op, "y", y, output_shape(x, w.dim(0)));
+  detail::check_same_dtype(op, "x", x, "y", y);
+  if (dev == Device::cpu) return cpu::linear(ctx, x, w, y);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::linear(ctx, x, w, y);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                     bool accumulate_dw) {
+  constexpr const char* op = "ops::linear_backward";
+  const Device dev = detail::common_device(op, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"dx", dx}, {"dw", dw}});
+  check_operands(op, x, w);
+  detail::check_shape(op, "dy", dy, output_shape(x, w.dim(0)));
+  detail::check_same_dtype(op, "x", x, "dy", dy);
+  if (dx) {
+    detail::check_shape(op, "dx", *dx, x.shape());
+    detail::check_same_dtype(op, "x", x, "dx", *dx);
+  }
+  if (dw) {
+    detail::check_shape(op, "dw", *dw, w.shape());
+    detail::check_floating(op, "dw", *dw);
+  }
+  if (!dx && !dw) return;
+  if (dev == Device::cpu) return cpu::linear_backward(ctx, x, w, dy, dx, dw, accumulate_dw);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::linear_backward(ctx, x, w, dy, dx, dw, accumulate_dw);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+}  // namespace lmscale::ops
