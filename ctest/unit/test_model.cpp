@@ -218,3 +218,21 @@ TEST(ModelLoss, InitialLossOnUniformTokensIsNearLnV) {
   const double loss = act->loss_sum.data_as<float>()[0] / 128.0;
   EXPECT_NEAR(loss, std::log(1000.0), 0.2);
 }
+
+TEST(ModelGradient, OverwriteModeIgnoresStaleGradients) {
+  // backward(accumulate = false) must give the same gradients over a buffer full of garbage as
+  // backward(accumulate = true) over a zeroed one (the trainer's first micro-batch).
+  Fixture f;
+  model::ModelDims d = tiny(true);
+  model::ParameterStore ps(d, DType::f64, DType::f64, f.alloc);
+  ps.init(3, f.ctx);
+  model::TransformerLM m(d, ps);
+  Tensor x = int_tensor(f.alloc, 2, 5, d.vocab, 1), y = int_tensor(f.alloc, 2, 5, d.vocab, 2);
+  auto a = m.forward(f.ctx, x, y, true, 0.1);
+  m.backward(f.ctx, *a, {});
+  std::vector<double> ref(ps.flat_grads().data_as<double>(), ps.flat_grads().data_as<double>() + ps.numel());
+  ops::fill(f.ctx, ps.flat_grads(), 12345.0);
+  auto b = m.forward(f.ctx, x, y, true, 0.1);
+  m.backward(f.ctx, *b, {}, false);
+  for (std::int64_t i = 0; i < ps.numel(); ++i) EXPECT_EQ(ps.flat_grads().data_as<double>()[i], ref[static_cast<std::size_t>(i)]) << i;
+}

@@ -40,7 +40,8 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv) {
       break;
   }
   Config cfg = jobs::resolve_runtime(inv.config, mpi.size());
-  ops::Runtime rt(cfg.parallel.device == "cuda" ? Device::cuda : Device::cpu, mpi.local_rank(), cfg.precision.tf32);
+  ops::Runtime rt(cfg.parallel.device == "cuda" ? Device::cuda : Device::cpu, mpi.local_rank(), cfg.precision.tf32,
+                  cfg.precision.gemm_autotune);
   io::ResultsFile out(cfg.run.output, root);
   out.write_provenance(cfg, mpi.size());
   app::write_system_info(out, mpi, rt);

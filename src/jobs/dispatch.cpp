@@ -4,6 +4,8 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
+#include "lmscale/jobs/bench_attention.h"
+#include "lmscale/jobs/bench_collectives.h"
 #include "lmscale/jobs/bench_model.h"
 #include "lmscale/jobs/train.h"
 #ifdef LMSCALE_WITH_CUDA
@@ -51,6 +53,8 @@ int run_job(JobEnv& env) {
   const std::string& job = env.cfg.run.job;
   if (job == "bench-model") return run_bench_model(env);
   if (job == "train") return run_train(env);
+  if (job == "bench-attention") return run_bench_attention(env.cfg, env.rt, env.out);
+  if (job == "bench-collectives") return run_bench_collectives(env);
   throw UsageError(fmt::format("run.job={} is not available in this build", job));
 }
 

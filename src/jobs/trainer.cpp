@@ -108,7 +108,8 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
     auto t0 = rt.mark();
     auto act = model_->forward(ctx, in, tg, true, grad_scale);
     auto t1 = rt.mark();
-    model_->backward(ctx, *act, sync_->hooks(m + 1 == grad_accum_));
+    // The first micro-batch overwrites the gradients, later ones add to them.
+    model_->backward(ctx, *act, sync_->hooks(m + 1 == grad_accum_), m > 0);
     auto t2 = rt.mark();
     loss_sums.push_back(act->loss_sum);
     r.times.forward_ms += rt.elapsed_ms(t0, t1);
@@ -119,8 +120,6 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
 
 StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, std::int64_t T) {
   StepResult r;
-  Context& ctx = env_.rt.ctx();
-  params_->zero_grads(ctx);
   std::vector<Tensor> loss_sums;
   accumulate_micro_batches(tokens, T, r, loss_sums);
   double loss = 0;
@@ -136,7 +135,6 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   Context& ctx = rt.ctx();
   StepResult r;
   auto t_start = rt.mark();
-  params_->zero_grads(ctx);
   std::vector<Tensor> loss_sums;
   accumulate_micro_batches(tokens, T, r, loss_sums);
 

@@ -140,8 +140,14 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   return out;
 }
 
+Tensor TransformerLM::grad_for_adding(Context& ctx, int i, bool accumulate) {
+  Tensor g = params_.grad(i);
+  if (!accumulate) ops::fill(ctx, g, 0.0);
+  return g;
+}
+
 void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
-                                   std::int64_t B, std::int64_t T) {
+                                   std::int64_t B, std::int64_t T, bool accumulate) {
   const std::int64_t N = B * T, d = dims_.d_model, F = dims_.d_ff, H = dims_.heads, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
   auto W = [&](int slot) { return params_.compute_weight(pidx(l, slot)); };
@@ -152,7 +158,7 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     NvtxRange r("ffn_block_backward");
     Tensor dg = act(F);
     Tensor gW2 = G(kW2);
-    ops::linear_backward(ctx, s.g, W(kW2), dx, &dg, &gW2, true);
+    ops::linear_backward(ctx, s.g, W(kW2), dx, &dg, &gW2, accumulate);
     notify(pc, pidx(l, kW2));
     s.g = Tensor();
     Tensor da = act(F), db = act(F);
@@ -162,12 +168,12 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     s.b = Tensor();
     Tensor dy2 = act(d), dy2b = act(d);
     Tensor gW1 = G(kW1), gW3 = G(kW3);
-    ops::linear_backward(ctx, s.y2, W(kW1), da, &dy2, &gW1, true);
+    ops::linear_backward(ctx, s.y2, W(kW1), da, &dy2, &gW1, accumulate);
     notify(pc, pidx(l, kW1));
-    ops::linear_backward(ctx, s.y2, W(kW3), db, &dy2b, &gW3, true);
+    ops::linear_backward(ctx, s.y2, W(kW3), db, &dy2b, &gW3, accumulate);
     notify(pc, pidx(l, kW3));
     ops::add(ctx, dy2, dy2b, dy2);
-    Tensor dh = act(d), gLn2 = G(kLn2);
+    Tensor dh = act(d), gLn2 = grad_for_adding(ctx, pidx(l, kLn2), accumulate);
     ops::rmsnorm_backward(ctx, s.h, W(kLn2), s.rstd2, dy2, dh, gLn2);
     notify(pc, pidx(l, kLn2));
     ops::add(ctx, dx, dh, dx);   // dx now holds d(h)
@@ -177,7 +183,7 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   NvtxRange r("attention_block_backward");
   // Attention: h = x + output_proj(attn(rope(q), rope(k), v)), q,k,v = proj(rmsnorm1(x)).
   Tensor dO = act(d), gWo = G(kO);
-  ops::linear_backward(ctx, s.o, W(kO), dx, &dO, &gWo, true);
+  ops::linear_backward(ctx, s.o, W(kO), dx, &dO, &gWo, accumulate);
   notify(pc, pidx(l, kO));
   Tensor dq = act(d), dk = act(d), dv = act(d);
   const auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
@@ -193,22 +199,22 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   ops::rope(ctx, dk, B, T, H, Dh, dims_.rope_theta, true);
   Tensor dy1 = act(d), tmp = act(d);
   Tensor gq = G(kQ), gk = G(kK), gv = G(kV);
-  ops::linear_backward(ctx, s.y1, W(kQ), dq, &dy1, &gq, true);
+  ops::linear_backward(ctx, s.y1, W(kQ), dq, &dy1, &gq, accumulate);
   notify(pc, pidx(l, kQ));
-  ops::linear_backward(ctx, s.y1, W(kK), dk, &tmp, &gk, true);
+  ops::linear_backward(ctx, s.y1, W(kK), dk, &tmp, &gk, accumulate);
   notify(pc, pidx(l, kK));
   ops::add(ctx, dy1, tmp, dy1);
-  ops::linear_backward(ctx, s.y1, W(kV), dv, &tmp, &gv, true);
+  ops::linear_backward(ctx, s.y1, W(kV), dv, &tmp, &gv, accumulate);
   notify(pc, pidx(l, kV));
   ops::add(ctx, dy1, tmp, dy1);
-  Tensor gLn1 = G(kLn1);
+  Tensor gLn1 = grad_for_adding(ctx, pidx(l, kLn1), accumulate);
   ops::rmsnorm_backward(ctx, s.x, W(kLn1), s.rstd1, dy1, tmp, gLn1);
   notify(pc, pidx(l, kLn1));
   ops::add(ctx, dx, tmp, dx);   // dx now holds d(x)
   s = BlockActivations{};
 }
 
-void TransformerLM::backward(Context& ctx, Activations& act, const ParallelContext& pc) {
+void TransformerLM::backward(Context& ctx, Activations& act, const ParallelContext& pc, bool accumulate) {
   NvtxRange range("backward");
   LMSCALE_CHECK(act.dlogits.defined() && act.dlogits.numel() > 0 && act.loss_sum.defined(),
                 "backward needs a forward with targets and keep=true");
@@ -220,21 +226,21 @@ void TransformerLM::backward(Context& ctx, Activations& act, const ParallelConte
     NvtxRange r("lm_head_backward");
     Tensor dy = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
     Tensor gHead = params_.grad(head);
-    ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dy, &gHead, true);
+    ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dy, &gHead, accumulate);
     notify(pc, head);
     act.dlogits = Tensor();
     act.y_final = Tensor();
-    Tensor gLnF = params_.grad(ln_final);
+    Tensor gLnF = grad_for_adding(ctx, ln_final, accumulate);
     ops::rmsnorm_backward(ctx, act.x_final, params_.compute_weight(ln_final), act.rstd_final, dy, dx, gLnF);
     notify(pc, ln_final);
     act.x_final = Tensor();
   }
   for (int l = L - 1; l >= 0; --l) {
     NvtxRange r("layer_backward");
-    block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T);
+    block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate);
   }
   NvtxRange r("embedding_backward");
-  Tensor gEmb = params_.grad(0);
+  Tensor gEmb = grad_for_adding(ctx, 0, accumulate);
   ops::embedding_backward(ctx, act.tokens.reshape({N}), dx, gEmb);
   notify(pc, 0);
 }

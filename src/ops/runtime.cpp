@@ -5,6 +5,7 @@
 #include "lmscale/core/error.h"
 
 #ifdef LMSCALE_WITH_CUDA
+#include "cuda/resources.h"
 #include "cuda/runtime_state.h"
 #endif
 
@@ -14,7 +15,7 @@ namespace lmscale::ops {
 struct Runtime::CudaState {};
 #endif
 
-Runtime::Runtime(Device device, int cuda_device, bool tf32) {
+Runtime::Runtime(Device device, int cuda_device, bool tf32, bool gemm_autotune) {
   ctx_.device = device;
   ctx_.host = &host_;
   ctx_.allow_tf32 = tf32;
@@ -27,8 +28,10 @@ Runtime::Runtime(Device device, int cuda_device, bool tf32) {
   ctx_.allocator = cuda_->allocator.get();
   ctx_.stream = cuda_->stream;
   ctx_.cuda = cuda_->resources();
+  if (gemm_autotune) static_cast<cuda::Resources*>(ctx_.cuda)->gemm_autotune = true;
 #else
   (void)cuda_device;
+  (void)gemm_autotune;
   throw UsageError("parallel.device=cuda: this lmscale was built without CUDA; use parallel.device=cpu or rebuild with the CUDA toolkit");
 #endif
 }

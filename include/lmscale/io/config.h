@@ -35,6 +35,7 @@ struct ModelConfig {
 struct PrecisionConfig {
   std::string mode = "fp32";            // fp32 | bf16 | fp16
   bool tf32 = false;
+  bool gemm_autotune = false;           // CUDA: time cuBLASLt candidates per shape, keep the fastest
   double loss_scale_init = 65536.0;     // fp16 dynamic loss scaling
   std::int64_t loss_scale_window = 1000;// clean steps before the scale doubles
 

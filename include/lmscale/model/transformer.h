@@ -55,9 +55,11 @@ class TransformerLM {
                                        double grad_scale);
   // Logits [B*T, V] only (no loss); for evaluation of checkpoints and tests.
   Tensor logits(Context& ctx, const Tensor& tokens);
-  // Accumulates parameter gradients into params().flat_grads() (zero them first for a fresh
-  // step); frees the activations as it goes. Calls pc.on_grad_ready(i) for each parameter.
-  void backward(Context& ctx, Activations& act, const ParallelContext& pc);
+  // Accumulates parameter gradients into params().flat_grads() (accumulate = true: zero them
+  // first for a fresh step) or overwrites them (accumulate = false: the first micro-batch of a
+  // step, which saves a pass over the whole gradient buffer); frees the activations as it goes.
+  // Calls pc.on_grad_ready(i) for each parameter.
+  void backward(Context& ctx, Activations& act, const ParallelContext& pc, bool accumulate = true);
 
  private:
   Tensor run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep);
@@ -66,7 +68,9 @@ class TransformerLM {
                        BlockActivations& s);
   // dx [N,d]: in = gradient w.r.t. the block output, out = w.r.t. the block input (in place).
   void block_backward(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
-                      std::int64_t B, std::int64_t T);
+                      std::int64_t B, std::int64_t T, bool accumulate);
+  // Gradient of parameter i, zeroed first unless accumulating (for the ops that always add).
+  Tensor grad_for_adding(Context& ctx, int i, bool accumulate);
   int pidx(int layer, int slot) const { return 1 + layer * 9 + slot; }   // slot order of parameter_layout
 
   ModelDims dims_;

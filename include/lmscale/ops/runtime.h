@@ -11,8 +11,9 @@ namespace lmscale::ops {
 
 class Runtime {
  public:
-  // device: cpu or cuda; cuda_device: the GPU index (local rank); tf32: precision.tf32.
-  Runtime(Device device, int cuda_device, bool tf32);
+  // device: cpu or cuda; cuda_device: the GPU index (local rank); tf32: precision.tf32;
+  // gemm_autotune: precision.gemm_autotune (CUDA only).
+  Runtime(Device device, int cuda_device, bool tf32, bool gemm_autotune = false);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

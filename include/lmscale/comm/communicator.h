@@ -1,0 +1,134 @@
+#pragma once
+// Communicator (DESIGN.md §3): a group of ranks and the collectives among them. Backends:
+// MpiCommunicator (host buffers, comm/mpi_communicator.h) and the NCCL communicator (device
+// buffers, comm/nccl_communicator.h). docs/collectives.md has the full semantics.
+//
+// Buffers are raw pointers + element counts + DType, or Tensor views (same rules). Counts follow
+// NCCL:
+//   all_reduce(send, recv, count)            send, recv: count elements
+//   reduce_scatter(send, recv, recv_count)   send: recv_count*size; rank r gets block r
+//   all_gather(send, recv, send_count)       recv: send_count*size; block r is rank r's send
+//   broadcast(buf, count, root)
+// Uneven splits (sharded optimizers, FSDP): reduce_scatter_v / all_gather_v take counts[size];
+// rank r's block starts at displacement counts[0] + ... + counts[r-1].
+// In place: all_reduce send == recv; reduce_scatter recv == send + offset of block r (the rest of
+// send is unspecified afterwards); all_gather send == recv + offset of block r. Any other overlap
+// of send and recv is a UsageError.
+//
+// Every call returns a Work; with CallOptions{.async=false} (the default) it is waited on before
+// the call returns. Calls on one communicator run in the order they were made, on every rank; all
+// ranks must make the same sequence of collective calls. With check mode on (set_check), every
+// collective first all-gathers (op, count(s), dtype, reduce op, root, algo) and throws Error on
+// every rank when they differ, instead of hanging or corrupting memory.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lmscale/comm/types.h"
+#include "lmscale/comm/work.h"
+#include "lmscale/core/device.h"
+#include "lmscale/core/dtype.h"
+#include "lmscale/core/error.h"
+#include "lmscale/core/tensor.h"
+
+namespace lmscale::comm {
+
+enum class OpKind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier };
+const char* op_kind_name(OpKind k);   // "all-reduce", "reduce-scatter", ...
+
+// One call as the backends see it, after argument checks.
+struct Request {
+  OpKind kind = OpKind::barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;              // all_reduce/broadcast/send/recv: elements; reduce_scatter: per-rank
+                                      // recv count; all_gather: per-rank send count (even forms)
+  std::vector<std::size_t> counts;    // v-forms: per-rank block sizes (empty for even forms)
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+  int peer = 0;                       // broadcast: root; send/recv: the other rank
+  int tag = 0;                        // send/recv
+  Algo algo = Algo::automatic;
+
+  bool uneven() const { return !counts.empty(); }
+  std::size_t block_count(int r) const { return counts.empty() ? count : counts[static_cast<std::size_t>(r)]; }
+  std::size_t block_offset(int r) const;   // elements before block r
+  std::size_t total_count(int size) const; // elements of the full (size-block) buffer
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Backend backend() const = 0;
+  // Where buffers must live: cpu (mpi) or cuda (nccl).
+  virtual Device device() const = 0;
+  // A one-line description for logs ("mpi rank 1/4 algo=auto").
+  virtual std::string describe() const;
+
+  // The default algorithm of this communicator (validated by the backend).
+  virtual void set_algo(Algo a) = 0;
+  virtual Algo algo() const = 0;
+  // Check mode: verify that all ranks make the same call before each collective.
+  void set_check(bool on) { check_ = on; }
+  bool check() const { return check_; }
+  // nccl: the cudaStream_t that collectives are ordered after and that wait() orders after them
+  // (default: the legacy default stream). mpi: ignored.
+  virtual void set_compute_stream(void* stream) { (void)stream; }
+
+  // ---- raw buffers -------------------------------------------------------------------------
+  Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, CallOptions o = {});
+  Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,
+                      CallOptions o = {});
+  Work reduce_scatter_v(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
+                        ReduceOp op, CallOptions o = {});
+  Work all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, CallOptions o = {});
+  Work all_gather_v(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
+                    CallOptions o = {});
+  Work broadcast(void* buf, std::size_t count, DType dtype, int root, CallOptions o = {});
+  // Point to point. mpi: a send and a recv never block each other (both are posted without
+  // waiting), so exchanges in any order are safe. nccl: an unpaired pattern in which both sides
+  // send first may deadlock for large messages; use sendrecv. Check mode does not cover p2p, but a
+  // recv whose incoming message has another size throws.
+  Work send(const void* buf, std::size_t count, DType dtype, int peer, int tag = 0, CallOptions o = {});
+  Work recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0, CallOptions o = {});
+  // Both at once (pipeline stages): send to `to`, receive from `from`; returns when both are done.
+  virtual Work sendrecv(const void* send_buf, std::size_t send_count, int to, void* recv_buf,
+                        std::size_t recv_count, int from, DType dtype, int tag = 0, CallOptions o = {});
+  // All ranks reach this point (mpi: after all earlier calls are done; nccl: after the compute and
+  // communication streams are drained).
+  virtual void barrier() = 0;
+  // A new communicator for the ranks with the same color, ordered by (key, rank); collective over
+  // this communicator. color < 0: this rank joins no group and gets nullptr. The child inherits
+  // algo and check mode.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // ---- Tensor views (device must match device(); counts from numel) -------------------------
+  Work all_reduce(Tensor& inout, ReduceOp op, CallOptions o = {});
+  Work all_reduce(const Tensor& send, Tensor& recv, ReduceOp op, CallOptions o = {});
+  // send: recv.numel()*size elements.
+  Work reduce_scatter(const Tensor& send, Tensor& recv, ReduceOp op, CallOptions o = {});
+  // recv: send.numel()*size elements.
+  Work all_gather(const Tensor& send, Tensor& recv, CallOptions o = {});
+  Work broadcast(Tensor& buf, int root, CallOptions o = {});
+  Work send(const Tensor& buf, int peer, int tag = 0, CallOptions o = {});
+  Work recv(Tensor& buf, int peer, int tag = 0, CallOptions o = {});
+
+ protected:
+  // Starts one checked request; returns its Work (not yet waited on).
+  virtual Work start(Request req) = 0;
+
+ private:
+  Work submit(Request req, const CallOptions& o);
+  void check_tensor(const Tensor& t, const char* what) const;
+  bool check_ = false;
+};
+
+}  // namespace lmscale::comm

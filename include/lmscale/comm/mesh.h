@@ -1,0 +1,70 @@
+#pragma once
+// Process groups of a dp x tp x pp mesh (DESIGN.md §3), plus the FSDP shard axis.
+//
+// Rank layout (tp fastest, then dp, then pp):
+//     rank = (pp_idx * dp + dp_idx) * tp + tp_idx
+// so the ranks of a tensor-parallel group are consecutive (one node, fastest links), and a
+// pipeline stage is a contiguous block of dp*tp ranks.
+// The dp axis splits further for FSDP/HSDP into shard x replicate:
+//     shard_idx = dp_idx % shard,  replicate_idx = dp_idx / shard
+// shard = dp (the default) shards over all of dp (replicate groups have one rank); shard < dp
+// shards within consecutive groups of `shard` dp ranks and replicates across them.
+//
+// Groups: tp = same (pp, dp); dp = same (pp, tp); pp = same (dp, tp); shard = same (pp, tp,
+// replicate_idx); replicate = same (pp, tp, shard_idx); each ordered by its own index. Each is a
+// communicator of the world's backend, made with split (MPI_Comm_split / ncclCommSplit).
+#include <memory>
+#include <string>
+
+#include "lmscale/comm/communicator.h"
+
+namespace lmscale::comm {
+
+struct MeshShape {
+  int dp = 0;      // 0: world size / (tp*pp)
+  int tp = 1;
+  int pp = 1;
+  int shard = 0;   // FSDP shard group size, divides dp; 0: dp
+};
+
+struct MeshCoords {
+  int pp = 0, dp = 0, tp = 0, shard = 0, replicate = 0;
+};
+
+enum class Axis { dp, tp, pp, shard, replicate };
+const char* axis_name(Axis a);
+
+// Fills dp and shard when 0 and checks dp*tp*pp == world_size and shard | dp (UsageError naming
+// parallel.dp/tp/pp otherwise).
+MeshShape resolve_mesh(MeshShape shape, int world_size);
+MeshCoords mesh_coords(const MeshShape& resolved, int rank);
+int mesh_rank(const MeshShape& resolved, int pp_idx, int dp_idx, int tp_idx);
+// A printable table: the formula, then one line per rank with its coordinates and the members of
+// its tp/dp/pp groups (first 64 ranks; the rest elided). Needs no MPI.
+std::string describe_mesh(const MeshShape& shape, int world_size);
+
+class Mesh {
+ public:
+  // Collective over `world`: splits every axis.
+  Mesh(std::shared_ptr<Communicator> world, MeshShape shape);
+
+  const MeshShape& shape() const { return shape_; }
+  const MeshCoords& coords() const { return coords_; }
+  Communicator& world() { return *world_; }
+  Communicator& group(Axis a) { return *group_ptr(a); }
+  std::shared_ptr<Communicator> group_ptr(Axis a) const;
+  Communicator& dp() { return group(Axis::dp); }
+  Communicator& tp() { return group(Axis::tp); }
+  Communicator& pp() { return group(Axis::pp); }
+  Communicator& shard() { return group(Axis::shard); }
+  Communicator& replicate() { return group(Axis::replicate); }
+  std::string describe() const { return describe_mesh(shape_, world_->size()); }
+
+ private:
+  std::shared_ptr<Communicator> world_;
+  MeshShape shape_;
+  MeshCoords coords_;
+  std::shared_ptr<Communicator> dp_, tp_, pp_, shard_, replicate_;
+};
+
+}  // namespace lmscale::comm

@@ -1,0 +1,169 @@
+#include "comm_thread.h"
+
+#include <chrono>
+
+#include "consistency_check.h"
+#include "lmscale/core/error.h"
+#include "mpi_check.h"
+
+namespace lmscale::comm::detail {
+
+namespace {
+// While requests are in flight and no job is queued, the thread polls with yields for this many
+// rounds (low latency for pipeline send/recv), then sleeps in short waits.
+constexpr int kSpinPolls = 2000;
+constexpr auto kPollSleep = std::chrono::microseconds(50);
+}  // namespace
+
+void MpiWork::wait() {
+  if (!done_.load(std::memory_order_acquire)) {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return done_.load(std::memory_order_acquire); });
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+void MpiWork::complete(std::exception_ptr error) {
+  {
+    std::lock_guard lk(mu_);
+    error_ = std::move(error);
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+CommThread::CommThread(bool threaded, int rank) : threaded_(threaded), rank_(rank) {
+  if (threaded_) thread_ = std::thread([this] { loop(); });
+}
+
+CommThread::~CommThread() {
+  if (!threaded_) return;
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<MpiWork> CommThread::submit(Job job) {
+  auto work = std::make_shared<MpiWork>();
+  Item item{work, std::move(job)};
+  if (!threaded_) {
+    execute(item);
+    return work;
+  }
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) throw Error("communicator is shutting down");
+    queue_.push_back(std::move(item));
+  }
+  cv_.notify_one();
+  return work;
+}
+
+void CommThread::fail(const std::shared_ptr<MpiWork>& w, std::exception_ptr e, bool breaks) {
+  if (breaks && broken_.empty()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      broken_ = x.what();
+    } catch (...) {
+      broken_ = "unknown error";
+    }
+  }
+  w->complete(std::move(e));
+}
+
+void CommThread::execute(Item& item) {
+  if (!broken_.empty()) {
+    item.work->complete(std::make_exception_ptr(
+        Error(fmt::format("rank {}: communicator unusable after an earlier error: {}", rank_, broken_))));
+    return;
+  }
+  try {
+    Posted posted = item.job();
+    if (posted.requests.empty()) {
+      if (posted.finish) posted.finish({});
+      item.work->complete(nullptr);
+      return;
+    }
+    std::vector<MPI_Status> statuses(posted.requests.size());
+    if (!threaded_) {
+      LMSCALE_MPI_CHECK(MPI_Waitall(static_cast<int>(posted.requests.size()), posted.requests.data(), statuses.data()),
+                        rank_);
+      if (posted.finish) posted.finish(statuses);
+      item.work->complete(nullptr);
+      return;
+    }
+    in_flight_.push_back(InFlight{item.work, std::move(posted), std::move(statuses)});
+  } catch (const MismatchError&) {
+    fail(item.work, std::current_exception(), false);   // every rank threw alike
+  } catch (const UsageError&) {
+    fail(item.work, std::current_exception(), false);   // thrown before any message was sent
+  } catch (...) {
+    fail(item.work, std::current_exception(), true);
+  }
+}
+
+bool CommThread::poll() {
+  bool progress = false;
+  for (std::size_t i = 0; i < in_flight_.size();) {
+    InFlight& f = in_flight_[i];
+    int flag = 0;
+    try {
+      LMSCALE_MPI_CHECK(MPI_Testall(static_cast<int>(f.posted.requests.size()), f.posted.requests.data(), &flag,
+                                    f.statuses.data()),
+                        rank_);
+      if (!flag) {
+        ++i;
+        continue;
+      }
+      if (f.posted.finish) f.posted.finish(f.statuses);
+      f.work->complete(nullptr);
+    } catch (...) {
+      f.work->complete(std::current_exception());   // a point-to-point failure: the peer knows its own
+    }
+    in_flight_.erase(in_flight_.begin() + static_cast<std::ptrdiff_t>(i));
+    progress = true;
+  }
+  return progress;
+}
+
+void CommThread::loop() {
+  int idle_polls = 0;
+  for (;;) {
+    Item item;
+    bool have = false;
+    {
+      std::unique_lock lk(mu_);
+      if (queue_.empty()) {
+        if (in_flight_.empty()) {
+          cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        } else if (idle_polls > kSpinPolls) {
+          cv_.wait_for(lk, kPollSleep, [&] { return !queue_.empty(); });
+        }
+      }
+      if (!queue_.empty()) {
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        have = true;
+      } else if (stop_ && in_flight_.empty()) {
+        return;
+      }
+    }
+    if (have) {
+      execute(item);
+      idle_polls = 0;
+    }
+    if (!in_flight_.empty()) {
+      if (poll()) {
+        idle_polls = 0;
+      } else if (++idle_polls <= kSpinPolls) {
+        std::this_thread::yield();
+      }
+    }
+  }
+}
+
+}  // namespace lmscale::comm::detail

@@ -1,0 +1,355 @@
+// The nccl backend (comm/nccl_communicator.h): NCCL collectives on a communication stream that is
+// ordered after the caller's compute stream by events.
+#include "lmscale/comm/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "../consistency_check.h"
+#include "../mpi_check.h"
+#include "lmscale/core/cuda/cuda_check.h"
+#include "lmscale/core/error.h"
+
+namespace lmscale::comm {
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    default: throw UsageError(fmt::format("nccl backend: dtype {} not supported", dtype_name(t)));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// Events without timing, reused: recording a fresh event per call would cost a driver call each.
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool() {
+    for (auto e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t get() {
+    {
+      std::lock_guard lk(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    LMSCALE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void put(cudaEvent_t e) {
+    std::lock_guard lk(mu_);
+    free_.push_back(e);
+  }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
+// The NCCL communicator, its stream and events; shared with the Work handles so that a Work can
+// still be synchronised (and its async errors read) after the Communicator object is gone.
+struct NcclShared {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int rank = 0, size = 1, device = 0;
+  bool failed = false;
+  EventPool events;
+
+  NcclShared(ncclComm_t c, int r, int n, int dev) : comm(c), rank(r), size(n), device(dev), events(dev) {
+    cudaSetDevice(device);
+    int lo = 0, hi = 0;
+    cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    // Non-blocking: no implicit ordering with the legacy default stream; highest priority so
+    // communication kernels are scheduled ahead of compute they overlap.
+    LMSCALE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, hi));
+  }
+  ~NcclShared() {
+    cudaSetDevice(device);
+    if (failed) {
+      ncclCommAbort(comm);
+    } else {
+      cudaStreamSynchronize(stream);
+      ncclCommDestroy(comm);
+    }
+    cudaStreamDestroy(stream);
+  }
+
+  [[noreturn]] void raise(const char* what, ncclResult_t r) {
+    failed = true;
+    throw Error(fmt::format("nccl {} failed on rank {}/{} (cuda device {}): {}: {}", what, rank, size, device,
+                            ncclGetErrorString(r), ncclGetLastError(comm)));
+  }
+  void check(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess && r != ncclInProgress) raise(what, r);
+  }
+  void check_async(const char* what) {
+    ncclResult_t a = ncclSuccess;
+    ncclCommGetAsyncError(comm, &a);
+    if (a != ncclSuccess && a != ncclInProgress) raise(what, a);
+  }
+};
+
+class NcclWork final : public WorkState {
+ public:
+  NcclWork(std::shared_ptr<NcclShared> shared, cudaEvent_t done, cudaStream_t compute, const char* what)
+      : shared_(std::move(shared)), done_(done), compute_(compute), what_(what) {}
+  ~NcclWork() override { shared_->events.put(done_); }
+
+  void wait() override { LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0)); }
+  void synchronize() override {
+    // Poll rather than cudaEventSynchronize: a failed peer must surface as an error, not a hang.
+    for (int spins = 0;; ++spins) {
+      const cudaError_t q = cudaEventQuery(done_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady)
+        throw Error(fmt::format("nccl {} on rank {}: {}", what_, shared_->rank, cudaGetErrorString(q)));
+      shared_->check_async(what_);
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  bool is_completed() override { return cudaEventQuery(done_) == cudaSuccess; }
+
+ private:
+  std::shared_ptr<NcclShared> shared_;
+  cudaEvent_t done_;
+  cudaStream_t compute_;
+  const char* what_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(MPI_Comm mpi, ncclComm_t comm, int device, NcclOptions options) : mpi_(mpi) {
+    MPI_Comm_rank(mpi_, &rank_);
+    MPI_Comm_size(mpi_, &size_);
+    shared_ = std::make_shared<NcclShared>(comm, rank_, size_, device);
+    set_check(options.check);
+  }
+  ~NcclCommunicator() override {
+    shared_.reset();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&mpi_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Backend backend() const override { return Backend::nccl; }
+  Device device() const override { return Device::cuda; }
+  void set_algo(Algo a) override {
+    if (a == Algo::ring || a == Algo::shm)
+      throw UsageError(fmt::format("algo={} is not available on the nccl backend (use library)", algo_name(a)));
+    algo_ = a;
+  }
+  Algo algo() const override { return algo_; }
+  void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
+
+  void barrier() override {
+    LMSCALE_CUDA_CHECK(cudaSetDevice(shared_->device));
+    LMSCALE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    LMSCALE_CUDA_CHECK(cudaStreamSynchronize(shared_->stream));
+    shared_->check_async("barrier");
+    if (check()) verify(Request{});
+    LMSCALE_MPI_CHECK(MPI_Barrier(mpi_), rank_);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm part = MPI_COMM_NULL;
+    LMSCALE_MPI_CHECK(MPI_Comm_split(mpi_, color < 0 ? MPI_UNDEFINED : color, key, &part), rank_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    ncclComm_t child = nullptr;
+    LMSCALE_CUDA_CHECK(cudaSetDevice(shared_->device));
+    shared_->check(ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config),
+                   "ncclCommSplit");
+    if (part == MPI_COMM_NULL) return nullptr;
+    NcclOptions o;
+    o.check = check();
+    auto c = std::make_unique<NcclCommunicator>(part, child, shared_->device, o);
+    c->set_algo(algo_);
+    c->set_compute_stream(compute_);
+    return c;
+  }
+
+  Work sendrecv(const void* send_buf, std::size_t send_count, int to, void* recv_buf, std::size_t recv_count,
+                int from, DType dtype, int tag, CallOptions o) override {
+    (void)tag;   // NCCL matches point-to-point calls by order, not by tag
+    if (to < 0 || to >= size_ || from < 0 || from >= size_)
+      throw UsageError(fmt::format("sendrecv: ranks {} / {} not in the group of {}", to, from, size_));
+    const ncclDataType_t type = nccl_type(dtype);
+    Work w = launch("sendrecv", [&](cudaStream_t s) {
+      shared_->check(ncclGroupStart(), "sendrecv (ncclGroupStart)");
+      shared_->check(ncclSend(send_buf, send_count, type, to, shared_->comm, s), "sendrecv (ncclSend)");
+      shared_->check(ncclRecv(recv_buf, recv_count, type, from, shared_->comm, s), "sendrecv (ncclRecv)");
+      shared_->check(ncclGroupEnd(), "sendrecv (ncclGroupEnd)");
+    });
+    if (!o.async) w.wait();
+    return w;
+  }
+
+ protected:
+  Work start(Request req) override {
+    if (req.algo == Algo::ring || req.algo == Algo::shm)
+      throw UsageError(fmt::format("algo={} is not available on the nccl backend (use library)", algo_name(req.algo)));
+    req.algo = Algo::library;
+    if (check() && req.kind != OpKind::send && req.kind != OpKind::recv) verify(req);
+    const ncclDataType_t type = nccl_type(req.dtype);
+    const std::size_t es = dtype_size(req.dtype);
+    ncclComm_t comm = shared_->comm;
+    const char* what = op_kind_name(req.kind);
+    return launch(what, [&](cudaStream_t s) {
+      switch (req.kind) {
+        case OpKind::all_reduce:
+          shared_->check(ncclAllReduce(req.send, req.recv, req.count, type, nccl_op(req.op), comm, s), "all-reduce");
+          return;
+        case OpKind::reduce_scatter:
+          if (!req.uneven()) {
+            shared_->check(ncclReduceScatter(req.send, req.recv, req.count, type, nccl_op(req.op), comm, s),
+                           "reduce-scatter");
+            return;
+          }
+          // One reduce per block to its owner, fused into one launch by the group.
+          shared_->check(ncclGroupStart(), "reduce-scatter-v (ncclGroupStart)");
+          for (int q = 0; q < size_; ++q) {
+            if (req.block_count(q) == 0) continue;
+            const char* src = static_cast<const char*>(req.send) + req.block_offset(q) * es;
+            void* dst = q == rank_ ? req.recv : const_cast<char*>(src);   // only the root writes
+            shared_->check(ncclReduce(src, dst, req.block_count(q), type, nccl_op(req.op), q, comm, s),
+                           "reduce-scatter-v (ncclReduce)");
+          }
+          shared_->check(ncclGroupEnd(), "reduce-scatter-v (ncclGroupEnd)");
+          return;
+        case OpKind::all_gather:
+          if (!req.uneven()) {
+            shared_->check(ncclAllGather(req.send, req.recv, req.count, type, comm, s), "all-gather");
+            return;
+          }
+          shared_->check(ncclGroupStart(), "all-gather-v (ncclGroupStart)");
+          for (int q = 0; q < size_; ++q) {
+            if (req.block_count(q) == 0) continue;
+            char* dst = static_cast<char*>(req.recv) + req.block_offset(q) * es;
+            const void* src = q == rank_ ? req.send : dst;   // only the root reads
+            shared_->check(ncclBroadcast(src, dst, req.block_count(q), type, q, comm, s), "all-gather-v (ncclBroadcast)");
+          }
+          shared_->check(ncclGroupEnd(), "all-gather-v (ncclGroupEnd)");
+          return;
+        case OpKind::broadcast:
+          shared_->check(ncclBroadcast(req.recv, req.recv, req.count, type, req.peer, comm, s), "broadcast");
+          return;
+        case OpKind::send:
+          shared_->check(ncclSend(req.send, req.count, type, req.peer, comm, s), "send");
+          return;
+        case OpKind::recv:
+          shared_->check(ncclRecv(req.recv, req.count, type, req.peer, comm, s), "recv");
+          return;
+        case OpKind::barrier:
+          break;
+      }
+      throw Error(fmt::format("nccl: unexpected {}", what));
+    });
+  }
+
+ private:
+  // Orders the communication stream after the compute stream, enqueues, records completion.
+  template <class F>
+  Work launch(const char* what, F&& enqueue) {
+    LMSCALE_CUDA_CHECK(cudaSetDevice(shared_->device));
+    cudaEvent_t ready = shared_->events.get();
+    LMSCALE_CUDA_CHECK(cudaEventRecord(ready, compute_));
+    LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(shared_->stream, ready, 0));
+    shared_->events.put(ready);   // the wait captured the recorded state; the event may be reused
+    enqueue(shared_->stream);
+    cudaEvent_t done = shared_->events.get();
+    LMSCALE_CUDA_CHECK(cudaEventRecord(done, shared_->stream));
+    return Work(std::make_shared<NcclWork>(shared_, done, compute_, what));
+  }
+
+  void verify(const Request& req) {
+    const detail::Descriptor d = detail::describe_call(req, Algo::library, size_);
+    std::vector<detail::Descriptor> all(static_cast<std::size_t>(size_));
+    LMSCALE_MPI_CHECK(MPI_Allgather(d.data(), static_cast<int>(d.size()), MPI_INT64_T, all.data(),
+                                    static_cast<int>(d.size()), MPI_INT64_T, mpi_),
+                      rank_);
+    detail::verify_descriptors(all);
+  }
+
+  MPI_Comm mpi_;
+  int rank_ = 0, size_ = 1;
+  Algo algo_ = Algo::automatic;
+  cudaStream_t compute_ = cudaStreamLegacy;
+  std::shared_ptr<NcclShared> shared_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int cuda_device, NcclOptions options) {
+  ::setenv("NCCL_NVLS_ENABLE", "0", 0);   // NVLink multicast stays off (../shared/GPU.md)
+  MPI_Comm mpi = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  LMSCALE_MPI_CHECK(MPI_Comm_dup(comm, &mpi), rank);
+  MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
+  MPI_Comm_size(mpi, &size);
+
+  // Agree that every rank has its GPU before NCCL init, which would otherwise hang on the others.
+  int devices = 0;
+  const bool have = cudaGetDeviceCount(&devices) == cudaSuccess && cuda_device >= 0 && cuda_device < devices &&
+                    cudaSetDevice(cuda_device) == cudaSuccess;
+  int ok = have ? 1 : 0, all_ok = 0;
+  LMSCALE_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, mpi), rank);
+  if (!all_ok) {
+    MPI_Comm_free(&mpi);
+    throw Error(fmt::format("nccl: rank {} {} CUDA device {} ({} visible); run one rank per GPU", rank,
+                            have ? "has its" : "cannot use", cuda_device, devices));
+  }
+
+  ncclUniqueId id{};
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) throw Error(fmt::format("nccl ncclGetUniqueId failed on rank 0: {}", ncclGetErrorString(r)));
+  }
+  LMSCALE_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi), rank);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  ncclComm_t nc = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&nc, size, id, rank, &config);
+  if (r != ncclSuccess)
+    throw Error(fmt::format("nccl ncclCommInitRankConfig failed on rank {}/{} (cuda device {}): {}: {}", rank, size,
+                            cuda_device, ncclGetErrorString(r), nc ? ncclGetLastError(nc) : ""));
+  return std::make_unique<NcclCommunicator>(mpi, nc, cuda_device, options);
+}
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "";
+  return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
+}
+
+}  // namespace lmscale::comm

@@ -1,0 +1,43 @@
+#include "lmscale/comm/factory.h"
+
+#include <cstdlib>
+
+#include "lmscale/comm/mpi_communicator.h"
+#include "lmscale/comm/nccl_communicator.h"
+#include "lmscale/core/error.h"
+
+namespace lmscale::comm {
+
+Backend resolve_backend(std::string_view backend, Device device) {
+  if (backend == "auto") return device == Device::cuda ? Backend::nccl : Backend::mpi;
+  return parse_backend(backend);
+}
+
+std::unique_ptr<Communicator> make_world_communicator(std::string_view backend, MpiEnvironment& env, int cuda_device,
+                                                      bool check) {
+  if (backend == "auto")
+    throw UsageError("make_world_communicator: resolve parallel.backend=auto first (resolve_backend)");
+  switch (parse_backend(backend)) {
+    case Backend::mpi: {
+      MpiOptions o;
+      o.check = check;
+      return std::make_unique<MpiCommunicator>(env.world(), o);
+    }
+    case Backend::nccl: {
+      ::setenv("NCCL_NVLS_ENABLE", "0", 0);   // NVLink multicast stays off (../shared/GPU.md)
+      NcclOptions o;
+      o.check = check;
+      return make_nccl_communicator(env.world(), cuda_device, o);
+    }
+  }
+  throw Error("unreachable backend");
+}
+
+#ifndef LMSCALE_WITH_CUDA
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, int, NcclOptions) {
+  throw UsageError("parallel.backend=nccl: this lmscale was built without CUDA/NCCL; use parallel.backend=mpi");
+}
+std::string nccl_version() { return ""; }
+#endif
+
+}  // namespace lmscale::comm

@@ -1,0 +1,128 @@
+#include "lmscale/comm/mesh.h"
+
+#include <vector>
+
+#include <fmt/ranges.h>
+
+#include "lmscale/core/error.h"
+
+namespace lmscale::comm {
+
+const char* axis_name(Axis a) {
+  switch (a) {
+    case Axis::dp: return "dp";
+    case Axis::tp: return "tp";
+    case Axis::pp: return "pp";
+    case Axis::shard: return "shard";
+    case Axis::replicate: return "replicate";
+  }
+  return "?";
+}
+
+MeshShape resolve_mesh(MeshShape s, int world_size) {
+  if (s.tp < 1 || s.pp < 1 || s.dp < 0 || s.shard < 0)
+    throw UsageError(fmt::format("parallel.tp={} and parallel.pp={} must be >= 1 and parallel.dp={} >= 0 (0 = derive)",
+                                 s.tp, s.pp, s.dp));
+  if (s.dp == 0) {
+    if (world_size % (s.tp * s.pp) != 0)
+      throw UsageError(fmt::format("world size {} is not divisible by parallel.tp*parallel.pp = {}*{}; change tp/pp "
+                                   "or the number of ranks",
+                                   world_size, s.tp, s.pp));
+    s.dp = world_size / (s.tp * s.pp);
+  }
+  if (s.dp * s.tp * s.pp != world_size)
+    throw UsageError(fmt::format("parallel.dp*tp*pp = {}*{}*{} = {} but the job has {} ranks; make them equal (dp=0 "
+                                 "derives dp)",
+                                 s.dp, s.tp, s.pp, s.dp * s.tp * s.pp, world_size));
+  if (s.shard == 0) s.shard = s.dp;
+  if (s.dp % s.shard != 0)
+    throw UsageError(fmt::format("FSDP shard group size {} must divide parallel.dp = {}", s.shard, s.dp));
+  return s;
+}
+
+MeshCoords mesh_coords(const MeshShape& s, int rank) {
+  MeshCoords c;
+  c.tp = rank % s.tp;
+  c.dp = (rank / s.tp) % s.dp;
+  c.pp = rank / (s.tp * s.dp);
+  c.shard = c.dp % s.shard;
+  c.replicate = c.dp / s.shard;
+  return c;
+}
+
+int mesh_rank(const MeshShape& s, int pp_idx, int dp_idx, int tp_idx) { return (pp_idx * s.dp + dp_idx) * s.tp + tp_idx; }
+
+namespace {
+
+std::vector<int> members(const MeshShape& s, const MeshCoords& c, Axis a) {
+  std::vector<int> m;
+  switch (a) {
+    case Axis::tp: for (int i = 0; i < s.tp; ++i) m.push_back(mesh_rank(s, c.pp, c.dp, i)); break;
+    case Axis::dp: for (int i = 0; i < s.dp; ++i) m.push_back(mesh_rank(s, c.pp, i, c.tp)); break;
+    case Axis::pp: for (int i = 0; i < s.pp; ++i) m.push_back(mesh_rank(s, i, c.dp, c.tp)); break;
+    case Axis::shard:
+      for (int i = 0; i < s.shard; ++i) m.push_back(mesh_rank(s, c.pp, c.replicate * s.shard + i, c.tp));
+      break;
+    case Axis::replicate:
+      for (int i = 0; i < s.dp / s.shard; ++i) m.push_back(mesh_rank(s, c.pp, i * s.shard + c.shard, c.tp));
+      break;
+  }
+  return m;
+}
+
+std::string list(const std::vector<int>& m) {
+  if (m.size() <= 8) return fmt::format("{}", fmt::join(m, ","));
+  return fmt::format("{},{},...,{} ({})", m[0], m[1], m.back(), m.size());
+}
+
+}  // namespace
+
+std::string describe_mesh(const MeshShape& shape, int world_size) {
+  const MeshShape s = resolve_mesh(shape, world_size);
+  std::string out = fmt::format(
+      "mesh: {} ranks = pp {} x dp {} x tp {} (FSDP shard {} x replicate {})\n"
+      "rank = (pp_idx*dp + dp_idx)*tp + tp_idx; shard_idx = dp_idx % shard, replicate_idx = dp_idx / shard\n",
+      world_size, s.pp, s.dp, s.tp, s.shard, s.dp / s.shard);
+  out += fmt::format("{:>6} {:>4} {:>4} {:>4} {:>6} {:>5}  {:<18} {:<18} {:<18} {:<18}\n", "rank", "pp", "dp", "tp",
+                     "shard", "repl", "tp group", "dp group", "pp group", "shard group");
+  const int shown = std::min(world_size, 64);
+  for (int r = 0; r < shown; ++r) {
+    const MeshCoords c = mesh_coords(s, r);
+    out += fmt::format("{:>6} {:>4} {:>4} {:>4} {:>6} {:>5}  {:<18} {:<18} {:<18} {:<18}\n", r, c.pp, c.dp, c.tp, c.shard,
+                       c.replicate, list(members(s, c, Axis::tp)), list(members(s, c, Axis::dp)),
+                       list(members(s, c, Axis::pp)), list(members(s, c, Axis::shard)));
+  }
+  if (shown < world_size) out += fmt::format("   ... {} more ranks\n", world_size - shown);
+  return out;
+}
+
+Mesh::Mesh(std::shared_ptr<Communicator> world, MeshShape shape) : world_(std::move(world)) {
+  shape_ = resolve_mesh(shape, world_->size());
+  coords_ = mesh_coords(shape_, world_->rank());
+  const MeshShape& s = shape_;
+  const MeshCoords& c = coords_;
+  // Every rank calls every split in the same order (split is collective over the world).
+  tp_ = world_->split(c.pp * s.dp + c.dp, c.tp);
+  dp_ = world_->split(c.pp * s.tp + c.tp, c.dp);
+  pp_ = world_->split(c.dp * s.tp + c.tp, c.pp);
+  const int replicas = s.dp / s.shard;
+  if (s.shard == s.dp) {
+    shard_ = dp_;   // the same group in the same order
+  } else {
+    shard_ = world_->split((c.pp * s.tp + c.tp) * replicas + c.replicate, c.shard);
+  }
+  replicate_ = world_->split((c.pp * s.tp + c.tp) * s.shard + c.shard, c.replicate);
+}
+
+std::shared_ptr<Communicator> Mesh::group_ptr(Axis a) const {
+  switch (a) {
+    case Axis::dp: return dp_;
+    case Axis::tp: return tp_;
+    case Axis::pp: return pp_;
+    case Axis::shard: return shard_;
+    case Axis::replicate: return replicate_;
+  }
+  return nullptr;
+}
+
+}  // namespace lmscale::comm

@@ -1,0 +1,178 @@
+#include "lmscale/comm/mpi_communicator.h"
+
+#include <cstdio>
+#include <mutex>
+
+#include "comm_thread.h"
+#include "consistency_check.h"
+#include "mpi_check.h"
+#include "mpi_context.h"
+
+namespace lmscale::comm {
+
+using detail::CommThread;
+using detail::MpiContext;
+using detail::Posted;
+
+struct MpiCommunicator::Impl {
+  MpiContext ctx;
+  std::unique_ptr<CommThread> thread;   // reset first in the destructor: it uses ctx
+};
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options) : impl_(std::make_unique<Impl>()), options_(options) {
+  MpiContext& c = impl_->ctx;
+  int world_rank = 0;
+  MPI_Comm_rank(comm, &world_rank);
+  LMSCALE_MPI_CHECK(MPI_Comm_dup(comm, &c.comm), world_rank);
+  LMSCALE_MPI_CHECK(MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN), world_rank);
+  LMSCALE_MPI_CHECK(MPI_Comm_dup(c.comm, &c.ring), world_rank);
+  LMSCALE_MPI_CHECK(MPI_Comm_set_errhandler(c.ring, MPI_ERRORS_RETURN), world_rank);
+  MPI_Comm_rank(c.comm, &rank_);
+  MPI_Comm_size(c.comm, &size_);
+  c.rank = rank_;
+  c.size = size_;
+
+  // All ranks see the same answer: the node group of any rank is the whole group or it is not.
+  MPI_Comm node = MPI_COMM_NULL;
+  LMSCALE_MPI_CHECK(MPI_Comm_split_type(c.comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), rank_);
+  int node_size = 0;
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_free(&node);
+  node_local_ = node_size == size_;
+  c.node_local = node_local_;
+  c.options = options_;
+  set_algo(options_.algo);
+  set_check(options_.check);
+
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  const bool threaded = provided == MPI_THREAD_MULTIPLE;
+  if (!threaded && rank_ == 0) {
+    static std::once_flag warned;   // one line per process, not per communicator
+    std::call_once(warned, [] {
+      std::fprintf(stderr, "lmscale: MPI does not provide MPI_THREAD_MULTIPLE; mpi collectives run on the calling "
+                           "thread and async work does not overlap compute\n");
+    });
+  }
+  impl_->thread = std::make_unique<CommThread>(threaded, rank_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  impl_->thread.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  impl_->ctx.shm.reset();
+  impl_->ctx.pool.reset();
+  MPI_Comm_free(&impl_->ctx.ring);
+  MPI_Comm_free(&impl_->ctx.comm);
+}
+
+std::string MpiCommunicator::describe() const {
+  return fmt::format("mpi rank {}/{} algo={}{}{}{}", rank_, size_, algo_name(options_.algo),
+                     node_local_ ? " node-local" : "", threaded() ? "" : " inline", check() ? " check" : "");
+}
+
+bool MpiCommunicator::threaded() const { return impl_->thread && impl_->thread->threaded(); }
+
+void MpiCommunicator::set_algo(Algo a) {
+  if (a == Algo::shm && !node_local_)
+    throw UsageError("algo=shm needs every rank of the communicator on one node; use library or ring");
+  options_.algo = a;
+}
+
+namespace {
+
+std::size_t buffer_bytes(const Request& req, int size) {
+  const std::size_t es = dtype_size(req.dtype);
+  switch (req.kind) {
+    case OpKind::reduce_scatter: case OpKind::all_gather: return req.total_count(size) * es;
+    default: return req.count * es;
+  }
+}
+
+}  // namespace
+
+Work MpiCommunicator::start(Request req) {
+  const bool collective = req.kind != OpKind::send && req.kind != OpKind::recv && req.kind != OpKind::barrier;
+  Algo algo = collective ? req.algo : Algo::library;
+  if (algo == Algo::automatic)
+    algo = (node_local_ && size_ > 1 && buffer_bytes(req, size_) >= options_.shm_min_bytes) ? Algo::shm : Algo::library;
+  if (algo == Algo::shm && !node_local_)
+    throw UsageError("algo=shm needs every rank of the communicator on one node; use library or ring");
+  req.algo = algo;
+
+  MpiContext* ctx = &impl_->ctx;
+  const bool checked = check() && req.kind != OpKind::send && req.kind != OpKind::recv;
+  auto job = [ctx, req = std::move(req), checked]() -> Posted {
+    if (checked) {
+      const detail::Descriptor d = detail::describe_call(req, req.algo, ctx->size);
+      std::vector<detail::Descriptor> all(static_cast<std::size_t>(ctx->size));
+      LMSCALE_MPI_CHECK(MPI_Allgather(d.data(), static_cast<int>(d.size()), MPI_INT64_T, all.data(),
+                                      static_cast<int>(d.size()), MPI_INT64_T, ctx->comm),
+                        ctx->rank);
+      detail::verify_descriptors(all);
+    }
+    Posted posted;
+    switch (req.kind) {
+      case OpKind::barrier:
+        LMSCALE_MPI_CHECK(MPI_Barrier(ctx->comm), ctx->rank);
+        return posted;
+      case OpKind::send: {
+        posted.requests.resize(1);
+        LMSCALE_MPI_CHECK(MPI_Isend(req.send, detail::mpi_count(req.count, "send"), detail::mpi_datatype(req.dtype),
+                                    req.peer, req.tag, ctx->comm, &posted.requests[0]),
+                          ctx->rank);
+        return posted;
+      }
+      case OpKind::recv: {
+        posted.requests.resize(1);
+        const MPI_Datatype type = detail::mpi_datatype(req.dtype);
+        LMSCALE_MPI_CHECK(MPI_Irecv(req.recv, detail::mpi_count(req.count, "recv"), type, req.peer, req.tag,
+                                    ctx->comm, &posted.requests[0]),
+                          ctx->rank);
+        posted.finish = [rank = ctx->rank, type, count = req.count, peer = req.peer](const std::vector<MPI_Status>& st) {
+          int got = 0;
+          MPI_Get_count(&st[0], type, &got);
+          if (static_cast<std::size_t>(got) != count)
+            throw Error(fmt::format("rank {}: recv from rank {} expected {} elements but the message had {}", rank,
+                                    peer, count, got));
+        };
+        return posted;
+      }
+      default:
+        break;
+    }
+    switch (req.algo) {
+      case Algo::ring: detail::run_ring(*ctx, req); break;
+      case Algo::shm: detail::run_shm(*ctx, req); break;
+      default: detail::run_library(*ctx, req); break;
+    }
+    return posted;
+  };
+  return Work(impl_->thread->submit(std::move(job)));
+}
+
+void MpiCommunicator::barrier() {
+  Request r;
+  r.kind = OpKind::barrier;
+  start(std::move(r)).wait();
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  MPI_Comm part = MPI_COMM_NULL;
+  MpiContext* ctx = &impl_->ctx;
+  Work w(impl_->thread->submit([ctx, color, key, &part]() -> Posted {
+    LMSCALE_MPI_CHECK(MPI_Comm_split(ctx->comm, color < 0 ? MPI_UNDEFINED : color, key, &part), ctx->rank);
+    return {};
+  }));
+  w.wait();
+  if (part == MPI_COMM_NULL) return nullptr;
+  MpiOptions o = options_;
+  o.check = check();
+  auto child = std::make_unique<MpiCommunicator>(part, o);
+  MPI_Comm_free(&part);
+  return child;
+}
+
+}  // namespace lmscale::comm

@@ -1,0 +1,60 @@
+#include "lmscale/comm/types.h"
+
+#include <string>
+
+#include "lmscale/core/error.h"
+
+namespace lmscale::comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(std::string_view name) {
+  if (name == "sum") return ReduceOp::sum;
+  if (name == "avg" || name == "mean") return ReduceOp::avg;
+  if (name == "max") return ReduceOp::max;
+  throw UsageError(fmt::format("unknown reduce op '{}' (use sum, avg or max)", name));
+}
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::automatic: return "auto";
+    case Algo::library: return "library";
+    case Algo::ring: return "ring";
+    case Algo::shm: return "shm";
+  }
+  return "?";
+}
+
+Algo parse_algo(std::string_view name) {
+  if (name == "auto") return Algo::automatic;
+  if (name == "library") return Algo::library;
+  if (name == "ring") return Algo::ring;
+  if (name == "shm") return Algo::shm;
+  throw UsageError(fmt::format("unknown collective algorithm '{}' (use auto, library, ring or shm)", name));
+}
+
+const char* backend_name(Backend b) { return b == Backend::mpi ? "mpi" : "nccl"; }
+
+Backend parse_backend(std::string_view name) {
+  if (name == "mpi") return Backend::mpi;
+  if (name == "nccl") return Backend::nccl;
+  throw UsageError(fmt::format("unknown communication backend '{}' (use mpi or nccl)", name));
+}
+
+bool is_comm_dtype(DType t) {
+  switch (t) {
+    case DType::f32: case DType::f64: case DType::bf16: case DType::f16: case DType::i32: case DType::i64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace lmscale::comm
