@@ -1,0 +1,12 @@
+"""One module per section of a results file. Each has:
+
+- ``SECTION``: name used in output files; ``JOBS``: the run.job values it belongs to (empty: any job)
+- ``present(results)``: whether the file holds data for it
+- ``report(results, out, prefix)``: tables and plots of one file
+- ``combine(results_list, keys, out, prefix)``: one comparison across several files of a job;
+  ``keys`` are the configuration keys that differ between the files (analysis/compare.py)
+"""
+from analysis.jobs import bench_attention, bench_collectives, bench_model, memory, system, train
+
+MODULES = [system, train, bench_model, bench_attention, bench_collectives, memory]
+KNOWN_JOBS = {job for m in MODULES for job in m.JOBS}
