@@ -110,7 +110,7 @@ std::string deck_markdown() {
   md += "### Checks across keys\n\n"
         "- `model.num_heads` divides `model.d_model`, and the head dimension `d_model / num_heads` is\n"
         "  even (RoPE rotates pairs).\n"
-        "- `precision.mode = bf16` or `fp16` needs a CUDA device: an error with `parallel.device = cpu`.\n"
+        "- `precision.mode = bf16` or `fp16` needs a CUDA device: an error with `parallel.device = cpu` (except for `run.job = accounting`, which runs nothing).\n"
         "  `parallel.backend = nccl` likewise.\n"
         "- `parallel.tp` divides `model.num_heads` and `model.d_ff`; `parallel.pp` is at most\n"
         "  `model.num_layers`.\n"

@@ -59,7 +59,8 @@ void check_model(const Config& c) {
 
 void check_devices(const Config& c) {
   const auto& p = c.parallel;
-  if (p.device == "cpu" && c.precision.mode != "fp32")
+  // The accounting job computes instead of running, so it may describe a GPU run from a CPU.
+  if (p.device == "cpu" && c.precision.mode != "fp32" && c.run.job != "accounting")
     fail("precision.mode = {} needs a CUDA device but parallel.device = cpu; set precision.mode = fp32 or "
          "parallel.device = cuda (or auto)",
          c.precision.mode);

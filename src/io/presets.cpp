@@ -18,6 +18,9 @@ const std::vector<ModelPreset>& model_presets() {
       {"xl", 1600, 6400, 48, 25, 10000, 0.999},
       {"2.7B", 2560, 10240, 32, 32, 10000, 0.999},
       {"8b", 4096, 11008, 34, 32, 151936, 0.95},   // the CS336 2026 leaderboard model
+      // The assignment's XXL model of the FSDP memory-accounting question (far too large to run
+      // on one GPU; for `run.job = accounting`).
+      {"xxl", 16384, 53248, 126, 128, 10000, 0.999},
   };
   return presets;
 }

@@ -8,6 +8,7 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/rng.h"
 #include "lmscale/core/timer.h"
+#include "lmscale/jobs/accounting.h"
 #include "lmscale/jobs/device_peak.h"
 #include "lmscale/jobs/memory_report.h"
 #include "lmscale/jobs/trainer.h"
@@ -131,6 +132,10 @@ int run_bench_model(JobEnv& env) {
   const std::int64_t opt_bytes = static_cast<std::int64_t>(
       trainer.optimizer() ? trainer.optimizer()->state_bytes() : trainer.zero()->state_bytes());
   env.out.set_attr(g, "optimizer_state_bytes", opt_bytes);
+  // The accounting prediction beside the measurement (DESIGN §5).
+  const Accounting pred = account(cfg, env.world, rt.device() == Device::cuda ? rt.device_name() : "");
+  env.out.set_attr(g, "predicted_peak_bytes", pred.peak_bytes);
+  env.out.set_attr(g, "predicted_comm_bytes_per_step", pred.comm_bytes_per_step);
   // Memory by allocation tag at three points of the last step, one row per (point, tag).
   auto memtab = env.out.create_table("/bench_model/memory", {{"point", io::Column::Type::str, ""},
                                                              {"tag", io::Column::Type::str, ""},
@@ -155,6 +160,7 @@ int run_bench_model(JobEnv& env) {
       fmt::print("ranks {}  ddp {}  zero {}  exposed communication {:.1f}% of the step  optimizer state {:.3f} GiB/rank\n",
                  env.world, cfg.parallel.ddp, cfg.parallel.zero, st.mean > 0 ? 100 * sc.mean / st.mean : 0.0,
                  static_cast<double>(opt_bytes) / (1 << 30));
+    fmt::print("predicted peak (accounting) {:.3f} GiB\n", pred.peak_bytes / (1u << 30));
     fmt::print("tokens/s {:.1f}  achieved {:.2f} TFLOP/s  MFU {}  peak memory {:.3f} GiB\n", tokens / (st.mean * 1e-3),
                achieved / 1e12, std::isnan(mfu) ? std::string("n/a") : fmt::format("{:.1f}%", 100 * mfu),
                static_cast<double>(mem.peak()) / (1 << 30));

@@ -4,6 +4,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
+#include "lmscale/jobs/accounting.h"
 #include "lmscale/jobs/bench_attention.h"
 #include "lmscale/jobs/bench_collectives.h"
 #include "lmscale/jobs/bench_model.h"
@@ -39,7 +40,7 @@ Config resolve_runtime(const Config& in, int world) {
   if (c.parallel.backend == "nccl" && c.parallel.device != "cuda")
     throw UsageError("parallel.backend=nccl needs parallel.device=cuda; use parallel.backend=mpi on CPUs");
   if (c.parallel.dp == 0) c.parallel.dp = world / (c.parallel.tp * c.parallel.pp);
-  if (c.parallel.device == "cpu" && (c.precision.mode == "bf16" || c.precision.mode == "fp16"))
+  if (c.parallel.device == "cpu" && c.run.job != "accounting" && (c.precision.mode == "bf16" || c.precision.mode == "fp16"))
     throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));
   c.resolved = io::to_ini(c);
   return c;
@@ -55,7 +56,8 @@ int run_job(JobEnv& env) {
   if (job == "train") return run_train(env);
   if (job == "bench-attention") return run_bench_attention(env.cfg, env.rt, env.out);
   if (job == "bench-collectives") return run_bench_collectives(env);
-  throw UsageError(fmt::format("run.job={} is not available in this build", job));
+  if (job == "accounting") return run_accounting(env);
+  throw UsageError(fmt::format("run.job={} is not a job", job));
 }
 
 }  // namespace lmscale::jobs

@@ -8,6 +8,9 @@
 //   S^c   = K^c^T Q^c      (m=T, n=T, k=D)      O^c  = V^c P^c        (m=D, n=T, k=T)
 //   dV^c  = dO^c P^c^T     (m=D, n=T, k=T)      dP^c = V^c^T dO^c     (m=T, n=T, k=D)
 //   dQ^c  = scale K^c dS^c (m=D, n=T, k=T)      dK^c = scale Q^c dS^c^T (m=D, n=T, k=T)
+#include <optional>
+
+#include "lmscale/core/nvtx.h"
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -114,6 +117,8 @@ void attention_naive_forward(Context& ctx, const AttentionShape& s, DType dtype,
                              const void* v, void* o, void* probs) {
   const std::int64_t T = s.seq, D = s.head_dim, ld = s.stride_t, TT = T * T;
   const float scale = static_cast<float>(s.softmax_scale());
+  // NVTX ranges mark the three stages in Nsight Systems timelines, as in the seed's profiles.
+  std::optional<NvtxRange> range(std::in_place, "scores");
   for_head_groups(s, [&](std::int64_t b, std::int64_t nb) {
     const std::int64_t off = b * s.stride_b;            // first head of the group
     const std::int64_t poff = b * s.heads * TT;         // its probs
@@ -124,7 +129,9 @@ void attention_naive_forward(Context& ctx, const AttentionShape& s, DType dtype,
                  {at(q, off, dtype), ld, s.stride_h}, 0.f, P, T, TT, batch);
   });
   const long long rows = s.batch * s.heads * T;
+  range.emplace("softmax");
   attn::launch_naive_softmax(elem(dtype), stream(ctx), probs, rows, T, s.causal);
+  range.emplace("weighted_sum");
   for_head_groups(s, [&](std::int64_t b, std::int64_t nb) {
     const std::int64_t off = b * s.stride_b, poff = b * s.heads * TT;
     // O^c = V^c P^c

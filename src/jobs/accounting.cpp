@@ -1,0 +1,90 @@
+#include "lmscale/jobs/accounting.h"
+
+#include <fmt/format.h>
+
+#include "lmscale/jobs/device_peak.h"
+#include "lmscale/model/model_dims.h"
+
+namespace lmscale::jobs {
+
+Accounting account(const Config& cfg, int world, const std::string& device_name) {
+  Accounting a;
+  const auto m = model::ModelDims::from(cfg.model);
+  const double P = static_cast<double>(m.parameter_count());
+  a.parameters = m.parameter_count();
+  const bool bench = cfg.run.job == "bench-model";
+  const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
+  const int dp = world;   // tp = pp = 1 in this version
+  a.local_batch = B / dp / (bench ? 1 : cfg.train.grad_accum);
+  a.seq = m.context;
+  const bool mixed = cfg.precision.mode != "fp32";
+  const double e = mixed ? 2.0 : 4.0;   // activation bytes per element
+  const bool sharded = cfg.parallel.zero != "none" && dp > 1;
+  const double N = static_cast<double>(a.local_batch * a.seq), d = static_cast<double>(m.d_model),
+               F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads), T = static_cast<double>(a.seq),
+               L = static_cast<double>(m.layers), V = static_cast<double>(m.vocab), b = static_cast<double>(a.local_batch);
+  auto add = [&](std::string name, double bytes, std::string f) { a.memory.push_back({std::move(name), bytes, std::move(f)}); };
+  add("parameters", 4 * P, "4 B x P (fp32 master)");
+  if (mixed) add("parameters_lowp", 2 * P, "2 B x P (bf16/fp16 working copy)");
+  add("gradients", 4 * P, "4 B x P (one flat fp32 buffer)");
+  if (sharded && cfg.parallel.zero != "zero1-broadcast") add("gradient_shard", 4 * P / dp, "4 B x P / N (reduced range)");
+  add("optimizer_state", 8 * P / (sharded ? dp : 1), sharded ? "8 B x P / N (AdamW m, v of this rank's range)" : "8 B x P (AdamW m, v)");
+  const double attn = m.flash ? b * H * T * 4 : b * H * T * T * e;
+  add("activations", L * ((8 * d + 3 * F) * N * e + 2 * N * 4 + attn),
+      fmt::format("L x ((8d + 3F) N e + 8N + {})", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)"));
+  add("logits", N * V * e + 2 * N * d * e, "N V e (logits, then their gradient in place) + final norm");
+  for (const auto& it : a.memory) a.peak_bytes += it.bytes;
+  // Bytes each rank sends per step (ring algorithms): all-reduce 2(N-1)/N x G, reduce-scatter
+  // and all-gather (N-1)/N x G each; zero1-broadcast: all-reduce + the owner's broadcasts.
+  const double G = 4 * P, f = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
+  if (dp <= 1) {
+    a.comm_formula = "none (one data-parallel rank)";
+  } else if (!sharded) {
+    a.comm_bytes_per_step = 2 * f * G;
+    a.comm_formula = "all-reduce of fp32 gradients: 2 (N-1)/N x 4P";
+  } else if (cfg.parallel.zero == "zero1-broadcast") {
+    a.comm_bytes_per_step = 2 * f * G + G / dp;
+    a.comm_formula = "all-reduce 2 (N-1)/N x 4P + broadcast of the own range 4P/N";
+  } else {
+    a.comm_bytes_per_step = 2 * f * G;
+    a.comm_formula = "reduce-scatter (N-1)/N x 4P + all-gather (N-1)/N x 4P";
+  }
+  a.flops_per_step = m.train_flops_per_token(m.context) * static_cast<double>(B * m.context);
+  a.peak_flops = device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name, cfg.precision.mode,
+                                   cfg.precision.tf32);
+  a.ideal_step_s = a.peak_flops > 0 ? a.flops_per_step / (dp * a.peak_flops) : 0;
+  return a;
+}
+
+int run_accounting(JobEnv& env) {
+  const Config& cfg = env.cfg;
+  const std::string dev = env.rt.device() == Device::cuda ? env.rt.device_name() : "";
+  const Accounting a = account(cfg, env.world, dev);
+  auto table = env.out.create_table("/accounting/memory", {{"component", io::Column::Type::str, ""},
+                                                           {"bytes", io::Column::Type::f64, "bytes"},
+                                                           {"formula", io::Column::Type::str, ""}});
+  for (const auto& it : a.memory) table.append({it.name, it.bytes, it.formula});
+  const std::string g = "/accounting";
+  env.out.set_attr(g, "parameters", a.parameters);
+  env.out.set_attr(g, "local_batch", a.local_batch);
+  env.out.set_attr(g, "peak_bytes_per_rank", a.peak_bytes);
+  env.out.set_attr(g, "comm_bytes_per_step_per_rank", a.comm_bytes_per_step);
+  env.out.set_attr(g, "comm_formula", a.comm_formula);
+  env.out.set_attr(g, "flops_per_step", a.flops_per_step);
+  env.out.set_attr(g, "peak_flops_per_device", a.peak_flops);
+  env.out.set_attr(g, "ideal_step_s", a.ideal_step_s);
+  if (env.is_root()) {
+    fmt::print("accounting: {} parameters ({:.2f} B), {} ranks, local batch {} x {} tokens, {}\n", a.parameters,
+               static_cast<double>(a.parameters) / 1e9, env.world, a.local_batch, a.seq, cfg.precision.mode);
+    fmt::print("{:<18} {:>12}  {}\n", "memory per rank", "GiB", "counted as");
+    for (const auto& it : a.memory) fmt::print("{:<18} {:>12.3f}  {}\n", it.name, it.bytes / (1u << 30), it.formula);
+    fmt::print("{:<18} {:>12.3f}\n", "total", a.peak_bytes / (1u << 30));
+    fmt::print("communication per step per rank: {:.3f} GiB ({})\n", a.comm_bytes_per_step / (1u << 30), a.comm_formula);
+    fmt::print("FLOPs per step: {:.4g}; at the device peak ({:.0f} TFLOP/s) a step takes at least {:.1f} ms "
+               "({:.1f} ms at 50% MFU)\n",
+               a.flops_per_step, a.peak_flops / 1e12, a.ideal_step_s * 1e3, 2 * a.ideal_step_s * 1e3);
+  }
+  return 0;
+}
+
+}  // namespace lmscale::jobs
