@@ -30,8 +30,29 @@ int cuda_device_count() {
 }
 }  // namespace
 
+namespace {
+// Deck values that belong to the public schema (DESIGN §6) but whose modes this version does not
+// build yet: refused up front rather than silently ignored.
+void reject_unbuilt_modes(const Config& c) {
+  if (c.run.job == "accounting") return;   // accounting computes, it does not run the mode
+  const auto& p = c.parallel;
+  if (p.tp != 1 || p.pp != 1)
+    throw UsageError(fmt::format("parallel.tp = {}, parallel.pp = {}: tensor and pipeline parallelism are not built in "
+                                 "this version; set parallel.tp = 1 and parallel.pp = 1 (data parallelism: parallel.ddp, "
+                                 "parallel.zero)", p.tp, p.pp));
+  if (p.zero == "fsdp")
+    throw UsageError("parallel.zero = fsdp is not built in this version; use zero1, zero2 or zero1-broadcast");
+  if (c.train.activation_checkpointing != "none")
+    throw UsageError("train.activation_checkpointing = " + c.train.activation_checkpointing +
+                     " is not built in this version; use none");
+  if (c.optim.name != "adamw")
+    throw UsageError("optim.name = " + c.optim.name + " is not built in this version; use adamw");
+}
+}  // namespace
+
 Config resolve_runtime(const Config& in, int world) {
   Config c = in;
+  reject_unbuilt_modes(c);
   const int gpus = cuda_device_count();
   if (c.parallel.device == "auto") c.parallel.device = gpus > 0 ? "cuda" : "cpu";
   if (c.parallel.device == "cuda" && gpus == 0)
