@@ -92,12 +92,17 @@ TEST(ModelInit, DeterministicAndShardIndependent) {
     EXPECT_EQ(full, part) << p.name;
     std::vector<double> other(full.size());
     model::initial_values(p, 8, 0, p.numel, other.data());
-    if (p.kind != model::ParamInfo::Kind::norm) EXPECT_NE(full, other) << p.name;
+    if (p.kind != model::ParamInfo::Kind::norm) {
+      EXPECT_NE(full, other) << p.name;
+    }
     double bound = 3.0;
     if (p.kind == model::ParamInfo::Kind::linear) bound = 3.0 * std::sqrt(2.0 / static_cast<double>(p.shape[0] + p.shape[1]));
     for (double v : full) {
-      if (p.kind == model::ParamInfo::Kind::norm) EXPECT_EQ(v, 1.0);
-      else EXPECT_LE(std::fabs(v), bound + 1e-12);
+      if (p.kind == model::ParamInfo::Kind::norm) {
+        EXPECT_EQ(v, 1.0);
+      } else {
+        EXPECT_LE(std::fabs(v), bound + 1e-12);
+      }
     }
   }
 }
