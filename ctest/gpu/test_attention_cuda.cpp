@@ -208,7 +208,7 @@ TEST(AttentionCudaTools, DISABLED_TimingLeaderboard) {
   const DType d = DType::bf16;
   auto mk = [&](std::int64_t count, DType dt) { return Tensor::empty({count}, dt, r.allocator(), "timing"); };
   Tensor q = mk(n, d), k = mk(n, d), v = mk(n, d), dout = mk(n, d), o = mk(n, d), lse = mk(nl, DType::f32),
-         dq = mk(n, d), dk = mk(n, d), dv = mk(n, d), dsum = mk(nl, DType::f32);
+         dq = mk(n, d), dk = mk(n, d), dv = mk(n, d), dsum = mk(nl, DType::f32), dq_accum = mk(n, DType::f32);
   upload(random_rounded(n, 9, 1, d), q);
   upload(random_rounded(n, 9, 2, d), k);
   upload(random_rounded(n, 9, 3, d), v);
@@ -218,6 +218,7 @@ TEST(AttentionCudaTools, DISABLED_TimingLeaderboard) {
   lmscale::ops::cuda::attn::Params p;
   p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data(), p.dout = dout.data(), p.out = o.data();
   p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data(), p.lse = lse.data_as<float>(), p.dsum = dsum.data_as<float>();
+  p.dq_accum = dq_accum.data_as<float>();   // the fused backward's fp32 dQ accumulator
   p.batch = B, p.heads = H, p.seq = T, p.head_dim = D;
   p.stride_b = s.stride_b, p.stride_h = s.stride_h, p.stride_t = s.stride_t;
   p.scale = static_cast<float>(s.softmax_scale());
@@ -232,7 +233,7 @@ TEST(AttentionCudaTools, DISABLED_TimingLeaderboard) {
   lmscale::ops::cuda::attn::launch_flash_bwd_dsum(p, Elem::bf16, st);
   for (int var = 0; var < 5; ++var) {
     const float ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_bwd_mma_variant(p, Elem::bf16, st, var); }, 3, 20);
-    std::printf("TIME bwd (dkdv+dq) variant %d: %.3f ms  %.1f TFLOP/s\n", var, ms, bwd_flop / ms * 1e-9);
+    std::printf("TIME bwd (dkdv+dq, 1 = deterministic) variant %d: %.3f ms  %.1f TFLOP/s\n", var, ms, bwd_flop / ms * 1e-9);
   }
   const float dsum_ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_bwd_dsum(p, Elem::bf16, st); }, 3, 20);
   std::printf("TIME bwd dsum: %.3f ms\n", dsum_ms);

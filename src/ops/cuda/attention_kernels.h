@@ -21,6 +21,7 @@ struct Params {
   void* dv = nullptr;
   float* lse = nullptr;         // natural-log logsumexp of the scaled scores per query row
   float* dsum = nullptr;        // backward: D = rowsum(dO * O)
+  float* dq_accum = nullptr;    // backward, tensor cores: fp32 dQ accumulator [B*H, T, head_dim], contiguous
   int batch = 1, heads = 1, seq = 1, head_dim = 64;
   long long stride_b = 0, stride_h = 0, stride_t = 0;
   float scale = 1.f;            // softmax scale

@@ -88,6 +88,13 @@ __device__ __forceinline__ void load_a(std::uint32_t* a, const E* tile, int ld, 
   const int lane = threadIdx.x & 31;
   ldmatrix_x4(a, smem_addr(tile + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8));
 }
+// The same from a tile stored transposed, [k][m] (e.g. dS when the tile holds dS^T): transposing
+// ldmatrix; matrix i covers m0 + 8*(i&1), k0 + 8*(i>>1).
+template <class E>
+__device__ __forceinline__ void load_a_km(std::uint32_t* a, const E* tile, int ld, int m0, int k0) {
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+  ldmatrix_x4_trans(a, smem_addr(tile + (k0 + (lane & 7) + (mi >> 1) * 8) * ld + m0 + (mi & 1) * 8));
+}
 // B fragments for two adjacent n-blocks (n0, n0+8), k in [k0, k0+16), from a tile stored [n][k]
 // (e.g. K when B = K^T): b[0..1] for n0, b[2..3] for n0+8.
 template <class E>

@@ -1,6 +1,7 @@
 // CUDA FlashAttention-2 entry points (attention_cuda.h): choose the tensor-core kernels
 // (bf16/fp16, 16-byte aligned rows) or the CUDA-core kernels (fp32, or unaligned layouts), and
-// allocate the backward's D = rowsum(dO*O) buffer from the context's allocator.
+// allocate the backward's workspaces (D = rowsum(dO*O); the fp32 dQ accumulator of the fused
+// tensor-core backward) from the context's allocator.
 #include <cstdint>
 
 #include "attention_cuda.h"
@@ -80,24 +81,34 @@ void attention_flash_backward(Context& ctx, const AttentionShape& s, DType dtype
   attn::Params p = make_params(s);
   p.q = q, p.k = k, p.v = v, p.o = o, p.dout = dout, p.dq = dq, p.dk = dk, p.dv = dv;
   p.lse = const_cast<float*>(lse);
-  const std::size_t dsum_bytes = static_cast<std::size_t>(s.batch * s.heads * s.seq) * sizeof(float);
+  const std::size_t rows = static_cast<std::size_t>(s.batch * s.heads * s.seq);
   Allocator& alloc = *ctx.allocator;
-  void* dsum = alloc.allocate(dsum_bytes, "attention_dsum");
-  // Returned to the (stream-ordered, caching) allocator after the kernels are queued: the next
-  // user of these bytes runs on the same stream, after these kernels.
-  struct Free {
+  // Workspaces, returned to the (stream-ordered, caching) allocator after the kernels are queued:
+  // the next user of these bytes runs on the same stream, after these kernels.
+  struct Workspace {
     Allocator& a;
-    void* ptr;
     std::size_t bytes;
-    ~Free() { a.deallocate(ptr, bytes, "attention_dsum"); }
-  } guard{alloc, dsum, dsum_bytes};
-  p.dsum = static_cast<float*>(dsum);
+    const char* tag;
+    void* ptr = nullptr;
+    Workspace(Allocator& alloc_, std::size_t bytes_, const char* tag_) : a(alloc_), bytes(bytes_), tag(tag_) {
+      ptr = a.allocate(bytes, tag);
+    }
+    Workspace(const Workspace&) = delete;
+    Workspace& operator=(const Workspace&) = delete;
+    ~Workspace() { a.deallocate(ptr, bytes, tag); }
+  };
+  Workspace dsum(alloc, rows * sizeof(float), "attention_dsum");   // D = rowsum(dO*O), fp32 [B,H,T]
+  p.dsum = static_cast<float*>(dsum.ptr);
   const attn::Elem e = elem_of(dtype);
   attn::launch_flash_bwd_dsum(p, e, stream(ctx));
-  if (tensor_core_ok(s, dtype, {q, k, v, o, dout, dq, dk, dv}))
+  if (tensor_core_ok(s, dtype, {q, k, v, o, dout, dq, dk, dv})) {
+    // fp32 dQ accumulator [B*H, T, Dh] for the fused kernel's atomics (2x the size of dQ in bf16).
+    Workspace dq_accum(alloc, rows * static_cast<std::size_t>(s.head_dim) * sizeof(float), "attention_dq_accum");
+    p.dq_accum = static_cast<float*>(dq_accum.ptr);
     attn::launch_flash_bwd_mma(p, e, stream(ctx));
-  else
+  } else {
     attn::launch_flash_bwd_simt(p, e, stream(ctx));
+  }
 }
 
 }  // namespace lmscale::ops::cuda

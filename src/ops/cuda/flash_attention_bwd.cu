@@ -1,14 +1,17 @@
 // FlashAttention-2 backward on tensor cores (bf16/fp16 in, fp32 accumulate), Algorithm 2 of Dao
-// (2023) with P recomputed from the saved lse, in three launches and no atomics:
-//  1. dsum: D = rowsum(dO * O)                                   (fp32 [B,H,T])
-//  2. dkdv: one block per key tile (Bc = 16*kWarps keys, 16 per warp), streaming query tiles of
-//     Br rows: S^T = K Q^T, P^T = exp2(S^T - L), dV += P^T dO, dP^T = V dO^T,
-//     dS^T = P^T (dP^T - D), dK += dS^T Q     (eqs. 13-19; dK, dV accumulate in registers)
-//  3. dq:   one block per query tile (16 rows per warp), streaming key tiles:
-//     S = Q K^T, P = exp2(S - L), dP = dO V^T, dS = P (dP - D), dQ += dS K
-// Splitting dQ off costs one extra QK^T and dO V^T per tile pair, and in exchange dQ needs no
-// fp32 atomics and no cross-warp exchange of dS: every product keeps its operands' rows in the
-// warp that owns them. Causal: tiles wholly above the diagonal are skipped, diagonal tiles masked.
+// (2023) with P recomputed from the saved lse. Default (fused, 5 products per tile pair):
+//  1. dsum: D = rowsum(dO * O)                                   (fp32 [B,H,T]); dQacc = 0
+//  2. dkdv: one block per key tile (Bc = 16*MT*kWarps keys), streaming query tiles of Br rows:
+//     S^T = K Q^T, P^T = exp2(S^T - L), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D),
+//     dK += dS^T Q (eqs. 13-19; dK, dV accumulate in registers); dS^T goes to shared memory and
+//     the block adds dS K (its Bc keys' share of dQ, [Br x D]) to the fp32 accumulator
+//     dQacc [B*H, T, D] with float2 atomics (red.global.add.v2.f32).
+//  3. convert: dQ = scale * dQacc in the input dtype and layout.
+// The atomics make dQ's last bits depend on the order key blocks arrive in (not deterministic).
+// Deterministic alternative (variant 1, the previous default, 7 products per tile pair): dkdv
+// without the dQ part, then a dq kernel (one block per query tile, streaming key tiles:
+// S = Q K^T, P = exp2(S - L), dP = dO V^T, dS = P (dP - D), dQ += dS K), no atomics.
+// Causal: tiles wholly above the diagonal are skipped, diagonal tiles masked.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -40,12 +43,14 @@ __global__ void flash_bwd_dsum_kernel(const Params p) {
   if (lane == 0) p.dsum[row] = acc;
 }
 
-// ---- dK, dV: a block owns Bc = 16*MT*kWarps keys; query tiles of Br rows stream past -----------
-// kKVInRegs keeps the warp's K and V A-fragments in registers for the whole loop (MT = 1, small
-// D); otherwise they are re-read from shared memory for every query tile.
-template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs>
+// ---- dK, dV (and dQ's share): a block owns Bc = 16*MT*kWarps keys; query tiles of Br rows stream
+// past. kKVInRegs keeps the warp's K and V A-fragments in registers for the whole loop (MT = 1,
+// small D); otherwise they are re-read from shared memory for every query tile. kFuseDq: also
+// dQacc[q] += dS[q, keys of the block] K[keys of the block] for every query tile (atomics).
+template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs, bool kFuseDq>
 __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Params p) {
   constexpr int Bc = 16 * MT * kWarps, kThreads = kWarps * 32, LD = D + 8;
+  constexpr int LDS = Br + 8;   // dS^T tile row stride (padded: conflict-free stores and ldmatrix)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   E* Ks = reinterpret_cast<E*>(smem_raw);   // [Bc][LD]
   E* Vs = Ks + Bc * LD;                     // [Bc][LD]
@@ -53,6 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
   E* dOs = Qs + 2 * Br * LD;                // [2][Br][LD]
   float* Ls = reinterpret_cast<float*>(dOs + 2 * Br * LD);   // [2][Br] lse in log2 units (+inf past T)
   float* Ds = Ls + 2 * Br;                                    // [2][Br] rowsum(dO*O) (0 past T)
+  E* dSs = reinterpret_cast<E*>(Ds + 2 * Br);                 // [Bc][LDS] dS^T (kFuseDq only)
 
   const int T = p.seq;
   const int k0 = static_cast<int>(blockIdx.y) * Bc;   // causal: low key tiles have the most work; they go first
@@ -167,6 +173,17 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
           s[mt][n][i] = pv;
           dp[mt][n][i] = pv * (dp[mt][n][i] - Dt[ql]);
         }
+    if constexpr (kFuseDq) {
+      // dS^T rounded to E into shared memory (read back after the barrier below by all warps).
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < Br / 8; ++n)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr)
+            *reinterpret_cast<std::uint32_t*>(dSs + (wkey0 + mt * 16 + hr * 8 + g) * LDS + n * 8 + 2 * t) =
+                pack2<E>(dp[mt][n][2 * hr], dp[mt][n][2 * hr + 1]);
+    }
     // dV += P^T dO and dK += dS^T Q: A from the accumulators, B = dO / Q tiles stored [q][d].
 #pragma unroll
     for (int kk = 0; kk < Br / 16; ++kk) {
@@ -195,6 +212,56 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
           mma16816<E>(dk[mt][2 * nd + 1], da[mt], bq + 2);
         }
       }
+    }
+    if constexpr (kFuseDq) {
+      __syncthreads();   // dS^T of all warps is in dSs (the next iteration's first barrier guards reuse)
+      // dQ[Br x D] += dS[Br x Bc] K[Bc x D]: warps tile the output (WM x WN warps, QM x QN 16x16
+      // blocks each), k runs over the block's Bc keys. A = dS from the [key][q] tile (transposing
+      // ldmatrix), B = K tile stored [key][d].
+      constexpr int WN = (D / 16 < kWarps) ? D / 16 : kWarps, WM = kWarps / WN;
+      constexpr int QM = Br / 16 / WM, QN = D / 16 / WN;
+      static_assert(WN * WM == kWarps && QM * WM * 16 == Br && QN * WN * 16 == D, "dQ warp tiling");
+      const int wm = warp / WN, wn = warp % WN;
+      float dq[QM][2 * QN][4];
+#pragma unroll
+      for (int qm = 0; qm < QM; ++qm)
+#pragma unroll
+        for (int n = 0; n < 2 * QN; ++n) dq[qm][n][0] = dq[qm][n][1] = dq[qm][n][2] = dq[qm][n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk) {
+        std::uint32_t a[QM][4];
+#pragma unroll
+        for (int qm = 0; qm < QM; ++qm) load_a_km(a[qm], dSs, LDS, (wm * QM + qm) * 16, kk * 16);
+#pragma unroll
+        for (int qn = 0; qn < QN; ++qn) {
+          std::uint32_t bk[4];
+          load_b_kn(bk, Ks, LD, kk * 16, (wn * QN + qn) * 16);
+#pragma unroll
+          for (int qm = 0; qm < QM; ++qm) {
+            mma16816<E>(dq[qm][2 * qn], a[qm], bk);
+            mma16816<E>(dq[qm][2 * qn + 1], a[qm], bk + 2);
+          }
+        }
+      }
+      float* acc = p.dq_accum + static_cast<long long>(bh) * T * D;
+#pragma unroll
+      for (int qm = 0; qm < QM; ++qm)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int q = qs0 + (wm * QM + qm) * 16 + hr * 8 + g;
+          if (q < T) {
+#pragma unroll
+            for (int n = 0; n < 2 * QN; ++n) {
+              float* dst = acc + static_cast<long long>(q) * D + wn * QN * 16 + n * 8 + 2 * t;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+              atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq[qm][n][2 * hr], dq[qm][n][2 * hr + 1]));
+#else
+              atomicAdd(dst, dq[qm][n][2 * hr]);
+              atomicAdd(dst + 1, dq[qm][n][2 * hr + 1]);
+#endif
+            }
+          }
+        }
     }
   }
 
@@ -368,11 +435,33 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dq_kernel(const Params 
     }
 }
 
-template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs>
+// dQ = scale * dQacc in E: one thread per 8 elements (a 16-byte store; rows are 16-byte aligned on
+// the tensor-core path).
+template <class E>
+__global__ void flash_bwd_dq_convert_kernel(const Params p) {
+  const int D = p.head_dim, chunks_per_row = D / 8;
+  const long long chunk = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (chunk >= static_cast<long long>(p.batch) * p.heads * p.seq * chunks_per_row) return;
+  const long long row = chunk / chunks_per_row;   // bh * T + t
+  const int col = static_cast<int>(chunk % chunks_per_row) * 8;
+  const long long bh = row / p.seq, t = row % p.seq, b = bh / p.heads, h = bh % p.heads;
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row * D + col);
+  const float4 x = src[0], y = src[1];
+  const float c = p.scale;
+  uint4 out;
+  out.x = pack2<E>(x.x * c, x.y * c);
+  out.y = pack2<E>(x.z * c, x.w * c);
+  out.z = pack2<E>(y.x * c, y.y * c);
+  out.w = pack2<E>(y.z * c, y.w * c);
+  *reinterpret_cast<uint4*>(static_cast<E*>(p.dq) + b * p.stride_b + h * p.stride_h + t * p.stride_t + col) = out;
+}
+
+template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs, bool kFuseDq = false>
 void launch_dkdv(const Params& p, cudaStream_t stream) {
   constexpr int Bc = 16 * MT * kWarps;
-  const std::size_t smem = static_cast<std::size_t>(2 * Bc + 4 * Br) * (D + 8) * sizeof(E) + 4 * Br * sizeof(float);
-  auto kernel = flash_bwd_dkdv_kernel<E, D, kWarps, Br, MT, kKVInRegs>;
+  const std::size_t smem = static_cast<std::size_t>(2 * Bc + 4 * Br) * (D + 8) * sizeof(E) + 4 * Br * sizeof(float) +
+                           (kFuseDq ? static_cast<std::size_t>(Bc) * (Br + 8) * sizeof(E) : 0);
+  auto kernel = flash_bwd_dkdv_kernel<E, D, kWarps, Br, MT, kKVInRegs, kFuseDq>;
   // Once per kernel instantiation (the process drives one GPU): raising the dynamic shared-memory
   // limit on every launch measurably slowed back-to-back calls.
   static const bool smem_ok = [&] {
@@ -402,41 +491,54 @@ void launch_dq(const Params& p, cudaStream_t stream) {
   LMSCALE_ATTN_CHECK_LAUNCH();
 }
 
+// Fused path: zero dQacc, dkdv with dQ's share added by atomics, convert dQacc to dQ.
+template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs>
+void launch_fused(const Params& p, cudaStream_t stream) {
+  if (p.dq_accum == nullptr) throw_error("flash attention backward (tensor cores): no dQ accumulator");
+  const long long elems = static_cast<long long>(p.batch) * p.heads * p.seq * D;
+  LMSCALE_ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(elems) * sizeof(float), stream));
+  launch_dkdv<E, D, kWarps, Br, MT, kKVInRegs, true>(p, stream);
+  constexpr int kThreads = 256;
+  const unsigned blocks = static_cast<unsigned>((elems / 8 + kThreads - 1) / kThreads);
+  flash_bwd_dq_convert_kernel<E><<<blocks, kThreads, 0, stream>>>(p);
+  LMSCALE_ATTN_CHECK_LAUNCH();
+}
+
 template <class E>
 void launch_dim(const Params& p, cudaStream_t stream, int variant) {
   // launch_dkdv<E, D, kWarps, Br, MT, kKVInRegs>: Bc = 16*MT*kWarps keys per block, Br queries per
   // step. launch_dq<E, D, kWarps, Bc, MT>: Br = 16*MT*kWarps queries per block, Bc keys per step.
+  // launch_fused<E, D, kWarps, Br, MT, kKVInRegs> is the same geometry with dQ fused (atomics).
   switch (p.head_dim) {
     case 16:
-      launch_dkdv<E, 16, 4, 64, 1, true>(p, stream);
-      return launch_dq<E, 16, 4, 64, 2>(p, stream);
+      if (variant == 1) {
+        launch_dkdv<E, 16, 4, 64, 1, true>(p, stream);
+        return launch_dq<E, 16, 4, 64, 2>(p, stream);
+      }
+      return launch_fused<E, 16, 4, 64, 1, true>(p, stream);
     case 32:
-      launch_dkdv<E, 32, 4, 64, 1, true>(p, stream);
-      return launch_dq<E, 32, 4, 32, 2>(p, stream);
+      if (variant == 1) {
+        launch_dkdv<E, 32, 4, 64, 1, true>(p, stream);
+        return launch_dq<E, 32, 4, 32, 2>(p, stream);
+      }
+      return launch_fused<E, 32, 4, 64, 1, true>(p, stream);
     case 64:
       // Variants for tuning (DISABLED_TimingLeaderboard in ctest/gpu/test_attention_cuda.cpp);
-      // 0 is the default.
+      // 0 is the default; 1 is the deterministic two-kernel path (no atomics).
       if (variant == 1) {
-        launch_dkdv<E, 64, 4, 64, 1, true>(p, stream);
-        return launch_dq<E, 64, 4, 32, 2>(p, stream);
-      }
-      if (variant == 2) {
-        launch_dkdv<E, 64, 4, 16, 2, false>(p, stream);
-        return launch_dq<E, 64, 4, 32, 2>(p, stream);
-      }
-      if (variant == 3) {
-        launch_dkdv<E, 64, 8, 32, 2, false>(p, stream);
-        return launch_dq<E, 64, 8, 32, 2>(p, stream);
-      }
-      if (variant == 4) {
         launch_dkdv<E, 64, 4, 32, 2, false>(p, stream);
-        return launch_dq<E, 64, 4, 64, 1>(p, stream);
+        return launch_dq<E, 64, 4, 32, 2>(p, stream);
       }
-      launch_dkdv<E, 64, 4, 32, 2, false>(p, stream);
-      return launch_dq<E, 64, 4, 32, 2>(p, stream);
+      if (variant == 2) return launch_fused<E, 64, 8, 32, 1, true>(p, stream);
+      if (variant == 3) return launch_fused<E, 64, 4, 16, 2, false>(p, stream);
+      if (variant == 4) return launch_fused<E, 64, 8, 32, 2, false>(p, stream);
+      return launch_fused<E, 64, 4, 32, 2, false>(p, stream);
     case 128:
-      launch_dkdv<E, 128, 4, 32, 1, false>(p, stream);
-      return launch_dq<E, 128, 4, 32, 1>(p, stream);
+      if (variant == 1) {
+        launch_dkdv<E, 128, 4, 32, 1, false>(p, stream);
+        return launch_dq<E, 128, 4, 32, 1>(p, stream);
+      }
+      return launch_fused<E, 128, 4, 32, 1, false>(p, stream);
     default: throw_unsupported_head_dim(p.head_dim);
   }
 }
