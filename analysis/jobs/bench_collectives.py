@@ -62,7 +62,8 @@ def _plot(ax, r, label_prefix):
     ax.set_xscale("log", base=2)
     ax.set(xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    # Outside the axes: with several files the labels are long and would hide the lines.
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def combine(results, keys, out, prefix):
@@ -76,6 +77,7 @@ def combine(results, keys, out, prefix):
     out.table(f"{prefix}.bench_collectives", t)
     fig, (ax,) = figure(width=8)
     for r in results:
-        _plot(ax, r, compare.label(r, keys) + ": " if keys else "")
+        # backend, algorithm, op and dtype are already in each line's name: prefix the file only
+        _plot(ax, r, f"{r.name}: ")
     ax.set_title("bus bandwidth compared")
     out.figure(f"{prefix}.bench_collectives_busbw", fig)
