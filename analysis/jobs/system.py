@@ -4,7 +4,7 @@ from analysis.tables import Table
 SECTION = "system"
 JOBS = set()
 RANKS = "/system/ranks"
-COLUMNS = ["rank", "host", "local_rank", "device", "device_name", "mpi", "hdf5", "nccl", "cuda_blas"]
+COLUMNS = ["rank", "host", "local_rank", "device", "device_name", "mpi", "hdf5", "nccl", "cuda", "blas"]
 
 
 def present(r):

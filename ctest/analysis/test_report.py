@@ -53,8 +53,8 @@ def new_file(path, job, extra_config, world_size=1, job_attr=True):
         f.attrs["job"] = job
     write_table(f, "/system/ranks", [("rank", I, ""), ("host", S, ""), ("local_rank", I, ""), ("device", S, ""),
                                      ("device_name", S, ""), ("mpi", S, ""), ("hdf5", S, ""), ("nccl", S, ""),
-                                     ("cuda_blas", S, "")],
-                [(r, f"node{r}".encode(), r, b"cpu", b"Test CPU", b"Open MPI 4.1", b"1.10.8", b"", b"OpenBLAS")
+                                     ("cuda", S, ""), ("blas", S, "")],
+                [(r, f"node{r}".encode(), r, b"cpu", b"cpu", b"Open MPI 4.1", b"1.10.8", b"none", b"none", b"OpenBLAS")
                  for r in range(world_size)])
     return f
 

@@ -18,7 +18,7 @@
 namespace lmscale::app {
 
 namespace {
-constexpr int kFields = 9;
+constexpr int kFields = 10;
 constexpr int kWidth = 64;   // bytes per string field
 
 std::string library_versions_mpi() {
@@ -40,26 +40,23 @@ void write_system_info(io::ResultsFile& out, comm::MpiEnvironment& mpi, ops::Run
   int rv = 0;
   if (cudaRuntimeGetVersion(&rv) == cudaSuccess) cuda = fmt::format("{}.{}", rv / 1000, (rv % 1000) / 10);
 #endif
+  const std::string device =
+      rt.device() == Device::cuda ? fmt::format("cuda:{}", mpi.local_rank()) : std::string("cpu");
   const std::array<std::string, kFields> mine = {
-      std::to_string(mpi.rank()), mpi.host(), std::to_string(mpi.local_rank()), device_name(rt.device()),
-      rt.device_name(), library_versions_mpi(), fmt::format("{}.{}.{}", maj, min, rel), nccl,
-      cuda + " / " + openblas_get_config()};
+      std::to_string(mpi.rank()), mpi.host(), std::to_string(mpi.local_rank()), device, rt.device_name(),
+      library_versions_mpi(), fmt::format("{}.{}.{}", maj, min, rel), nccl, cuda,
+      std::string(openblas_get_config())};
   std::vector<char> send(kFields * kWidth, 0);
   for (int f = 0; f < kFields; ++f) std::strncpy(send.data() + f * kWidth, mine[static_cast<std::size_t>(f)].c_str(), kWidth - 1);
   std::vector<char> all(static_cast<std::size_t>(mpi.size()) * send.size());
   MPI_Gather(send.data(), static_cast<int>(send.size()), MPI_CHAR, all.data(), static_cast<int>(send.size()), MPI_CHAR,
              0, MPI_COMM_WORLD);
   if (!out.active()) return;   // only rank 0 holds the gathered rows
-  using C = io::Column;
-  auto table = out.create_table("/system/ranks", {{"rank", C::Type::i64, ""}, {"host", C::Type::str, ""},
-                                                 {"local_rank", C::Type::i64, ""}, {"device", C::Type::str, ""},
-                                                 {"device_name", C::Type::str, ""}, {"mpi", C::Type::str, ""},
-                                                 {"hdf5", C::Type::str, ""}, {"nccl", C::Type::str, ""},
-                                                 {"cuda_blas", C::Type::str, ""}});
+  auto table = out.create_table("/system/ranks", io::system_ranks_columns());   // docs/hdf5.md
   for (int r = 0; r < mpi.size(); ++r) {
     auto field = [&](int f) { return std::string(all.data() + (static_cast<std::size_t>(r) * kFields + f) * kWidth); };
     table.append({static_cast<std::int64_t>(r), field(1), std::stoll(field(2)), field(3), field(4), field(5), field(6),
-                  field(7), field(8)});
+                  field(7), field(8), field(9)});
   }
 }
 
