@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -135,7 +137,7 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
     model::ModelDims d;
     d.vocab = 3; d.d_model = 2; d.d_ff = 2; d.layers = 1; d.heads = 1;
     model::ParameterStore dummy(d, DType::f32, DType::f32, alloc);
-    z.make_sync(parallel::DdpMode::flat, dummy, 1.0);
+    z.make_sync(parallel::DdpMode::flat, dummy, 1.0, ctx);
     EXPECT_EQ(z.shard_size(0), 7 / R + (r < 7 % R ? 1 : 0));
     ra = a; rb = b;
     ref_a = optim::AdamW(oc, 7, DType::f32, ctx);
@@ -173,4 +175,44 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
     for (int i = 0; i < 5; ++i) EXPECT_NEAR(pb[static_cast<std::size_t>(i)], rb[static_cast<std::size_t>(i)], 1e-6) << mode << " b" << i;
     EXPECT_EQ(z.state_bytes(), static_cast<std::size_t>(2 * 4 * (z.shard_size(0) + z.shard_size(1))));
   }
+}
+
+TEST(ZeroOptimizer, Zero2HoldsNoFullSizeGradients) {
+  // zero1 keeps the flat fp32 gradient buffer (4 B x P) for the whole step; zero2 allocates
+  // per-bucket gradient buffers during the backward and frees them once reduce-scattered.
+  auto& mpi = test::mpi_env();
+  std::map<std::string, std::size_t> peak;
+  for (const char* mode : {"zero1", "zero2"}) {
+    Config cfg = tiny_config();
+    cfg.parallel.zero = mode;
+    ops::Runtime rt(Device::cpu, 0, false);
+    io::ResultsFile out("/nonexistent/never-written.h5", false);
+    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), 0, nullptr, nullptr};
+    env.comm = comm::make_world_communicator("mpi", mpi, 0);
+    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+    jobs::Trainer trainer(env, 8, 1, 2);
+    io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
+    const std::int64_t T = cfg.model.context_length;
+    std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+    data.sample(0, trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
+    trainer.train_step(tok, T);
+    const auto& points = trainer.memory_points();
+    auto bytes = [&](const char* point) {
+      const auto& tags = points.at(point);
+      auto it = tags.find("gradients");
+      return it == tags.end() ? std::size_t{0} : it->second;
+    };
+    const std::size_t full = static_cast<std::size_t>(trainer.params().numel()) * 4;
+    if (std::string(mode) == "zero1") {
+      EXPECT_EQ(bytes("after_init"), full);
+      EXPECT_EQ(bytes("after_optimizer"), full);
+    } else {
+      EXPECT_EQ(bytes("after_init"), 0u);
+      EXPECT_EQ(bytes("before_optimizer"), 0u);   // freed right after their reduce-scatter
+      EXPECT_FALSE(trainer.params().has_flat_grads());
+    }
+    peak[mode] = rt.allocator().tracker().peak();
+  }
+  // The whole-step peak drops: zero2 never holds the flat buffer next to all activations.
+  EXPECT_LT(peak["zero2"], peak["zero1"]);
 }

@@ -39,7 +39,9 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   first_row_ = env.rank * local_rows_;
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
   Context& ctx = env.rt.ctx();
-  params_ = std::make_unique<model::ParameterStore>(dims_, master_, lowp_, *ctx.allocator);
+  // ZeRO-2 keeps gradients in per-bucket buffers that live only during the backward.
+  const bool bucket_grads = dp > 1 && env.cfg.parallel.zero == "zero2";
+  params_ = std::make_unique<model::ParameterStore>(dims_, master_, lowp_, *ctx.allocator, !bucket_grads);
   params_->init(env.cfg.run.seed, ctx);
   model_ = std::make_unique<model::TransformerLM>(dims_, *params_);
   const auto& pc = env.cfg.parallel;
@@ -50,9 +52,10 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     if (pc.zero != "none") {
       zero_ = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *env.comm, *env.host_comm,
                                                         env.cfg.optim, ctx);
-      zero_->add_group({params_->flat_params(), params_->flat_grads(), params_->has_lowp() ? &params_->flat_lowp() : nullptr},
+      zero_->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
+                        params_->has_lowp() ? &params_->flat_lowp() : nullptr},
                        ctx);
-      zero_->make_sync(ddp, *params_, pc.bucket_mb);
+      zero_->make_sync(ddp, *params_, pc.bucket_mb, ctx);
       sync_ = &zero_->sync();
     } else {
       auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *env.comm, *env.host_comm, *params_, pc.bucket_mb);

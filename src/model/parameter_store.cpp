@@ -58,11 +58,11 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
   for (std::int64_t i = begin; i < end; ++i) out[i - begin] = rng.truncated_normal(static_cast<std::uint64_t>(i), std, 3.0);
 }
 
-ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc)
-    : infos_(parameter_layout(dims)) {
+ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, bool flat_gradients)
+    : infos_(parameter_layout(dims)), has_flat_grads_(flat_gradients) {
   total_ = infos_.back().offset + infos_.back().numel;
   params_ = Tensor::empty({total_}, master, alloc, "parameters");
-  grads_ = Tensor::empty({total_}, master, alloc, "gradients");
+  if (flat_gradients) grads_ = Tensor::empty({total_}, master, alloc, "gradients");
   has_lowp_ = lowp != master;
   if (has_lowp_) lowp_ = Tensor::empty({total_}, lowp, alloc, "parameters_lowp");
 }
@@ -121,7 +121,23 @@ void ParameterStore::init(std::uint64_t seed, Context& ctx) {
   refresh_lowp(ctx);
 }
 
-void ParameterStore::zero_grads(Context& ctx) { ops::fill(ctx, grads_, 0.0); }
+void ParameterStore::zero_grads(Context& ctx) {
+  if (has_flat_grads_) ops::fill(ctx, grads_, 0.0);
+}
+
+Tensor& ParameterStore::flat_grads() {
+  LMSCALE_CHECK(has_flat_grads_, "this parameter store has no flat gradient buffer (ZeRO-2 keeps gradients per bucket)");
+  return grads_;
+}
+
+Tensor ParameterStore::grad(int i) const {
+  if (!has_flat_grads_) {
+    LMSCALE_CHECK(static_cast<bool>(provider_), "gradient {} requested but no gradient provider is set",
+                  infos_[static_cast<std::size_t>(i)].name);
+    return provider_(i);
+  }
+  return view(grads_, i);
+}
 
 void ParameterStore::refresh_lowp(Context& ctx) {
   if (has_lowp_) ops::cast(ctx, params_, lowp_);

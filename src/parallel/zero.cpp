@@ -23,16 +23,27 @@ std::vector<std::size_t> even_split(std::int64_t n, int size) {
 // zero1: one reduce-scatter of all gradients after the backward. zero2: a reduce-scatter per
 // bucket as soon as the backward has finished the bucket. Either way rank r ends with the sum of
 // its range of every group's gradients in that shard's grad_shard.
+// When the model's store has no flat gradient buffer (zero2 in the trainer), this object is also
+// the store's gradient provider: each bucket's gradients live in their own buffer, allocated when
+// the backward first writes into the bucket (after the activations of later layers are freed) and
+// released once the bucket is reduce-scattered, so the full-size gradients never exist at once.
 class ReduceScatterSync final : public GradientSync {
  public:
-  ReduceScatterSync(ZeroOptimizer& z, std::vector<Bucket> buckets, const model::ParameterStore* store)
-      : z_(z), buckets_(std::move(buckets)), store_(store) {
+  ReduceScatterSync(ZeroOptimizer& z, std::vector<Bucket> buckets, model::ParameterStore* store, Context* ctx)
+      : z_(z), buckets_(std::move(buckets)), store_(store), ctx_(ctx) {
     if (store_) {
       bucket_of_.assign(static_cast<std::size_t>(store_->size()), -1);
       for (std::size_t b = 0; b < buckets_.size(); ++b)
         for (int i = buckets_[b].first; i <= buckets_[b].last; ++i) bucket_of_[static_cast<std::size_t>(i)] = static_cast<int>(b);
       pending_.assign(buckets_.size(), 0);
+      if (!store_->has_flat_grads()) {
+        buffers_.resize(buckets_.size());
+        store_->set_grad_provider([this](int i) { return bucket_grad(i); });
+      }
     }
+  }
+  ~ReduceScatterSync() override {
+    if (store_ && !store_->has_flat_grads()) store_->set_grad_provider(nullptr);
   }
 
   model::ParallelContext hooks(bool last_micro) override {
@@ -45,7 +56,7 @@ class ReduceScatterSync final : public GradientSync {
       const int b = bucket_of_[static_cast<std::size_t>(i)];
       if (--pending_[static_cast<std::size_t>(b)] == 0) {
         const Bucket& k = buckets_[static_cast<std::size_t>(b)];
-        inflight_.push_back(scatter_range(z_.shards_[0], k.offset, k.numel, true));
+        inflight_.push_back(scatter_range(z_.shards_[0], bucket_source(b), k.offset, k.numel, true));
       }
     };
     return pc;
@@ -55,14 +66,22 @@ class ReduceScatterSync final : public GradientSync {
     (void)ctx;
     NvtxRange r("zero_reduce_scatter");
     if (!armed_) {   // zero1, or no backward hooks ran: each group in one reduce-scatter
-      for (auto& s : z_.shards_) scatter_range(s, 0, s.g.grads.numel(), false).wait();
+      for (auto& s : z_.shards_) {
+        LMSCALE_CHECK(s.g.grads.defined() && s.g.grads.data() != nullptr,
+                      "zero2 without a backward: this group's gradients live only in bucket buffers");
+        scatter_range(s, s.g.grads.data(), 0, s.g.grads.numel(), false).wait();
+      }
     } else {
       armed_ = false;
       for (auto& w : inflight_) w.wait();
       inflight_.clear();
       for (std::size_t b = 0; b < buckets_.size(); ++b)
         LMSCALE_CHECK(pending_[b] == 0, "zero2 bucket {} still waits for {} gradients", b, pending_[b]);
-      for (std::size_t i = 1; i < z_.shards_.size(); ++i) scatter_range(z_.shards_[i], 0, z_.shards_[i].g.grads.numel(), false).wait();
+      // Reduced: the bucket buffers are no longer needed (the waits above ordered the compute
+      // stream after the reduce-scatters, so the memory can be reused by later compute work).
+      for (auto& t : buffers_) t = Tensor();
+      for (std::size_t i = 1; i < z_.shards_.size(); ++i)
+        scatter_range(z_.shards_[i], z_.shards_[i].g.grads.data(), 0, z_.shards_[i].g.grads.numel(), false).wait();
     }
   }
 
@@ -74,9 +93,26 @@ class ReduceScatterSync final : public GradientSync {
   std::string name() const override { return buckets_.empty() ? "zero1" : "zero2"; }
 
  private:
-  // Reduce-scatters elements [offset, offset+n) of a group's gradients: rank r receives the part
-  // that falls in its range into its grad_shard.
-  comm::Work scatter_range(ZeroOptimizer::Shard& s, std::int64_t offset, std::int64_t n, bool async) {
+  // Gradient i as a view of its bucket's buffer (allocated on first use).
+  Tensor bucket_grad(int i) {
+    const int b = bucket_of_[static_cast<std::size_t>(i)];
+    const Bucket& k = buckets_[static_cast<std::size_t>(b)];
+    Tensor& buf = buffers_[static_cast<std::size_t>(b)];
+    if (!buf.defined() || buf.data() == nullptr)
+      buf = Tensor::empty({k.numel}, store_->master_dtype(), *ctx_->allocator, "gradients");
+    const auto& p = store_->infos()[static_cast<std::size_t>(i)];
+    return buf.flat_range(p.offset - k.offset, p.numel).reshape(p.shape);
+  }
+  // Element `offset` of the group's gradients (the bucket's first) is at the returned pointer.
+  const void* bucket_source(int b) {
+    if (!buffers_.empty()) return buffers_[static_cast<std::size_t>(b)].data();
+    const Bucket& k = buckets_[static_cast<std::size_t>(b)];
+    return static_cast<const char*>(z_.shards_[0].g.grads.data()) +
+           static_cast<std::size_t>(k.offset) * dtype_size(z_.shards_[0].g.grads.dtype());
+  }
+  // Reduce-scatters elements [offset, offset+n) of a group's gradients, read from `send` (the
+  // address of element `offset`): rank r receives the part in its range into its grad_shard.
+  comm::Work scatter_range(ZeroOptimizer::Shard& s, const void* send, std::int64_t offset, std::int64_t n, bool async) {
     const int size = z_.grads_.size();
     std::vector<std::size_t> counts(static_cast<std::size_t>(size));
     std::int64_t start = 0, mine_at = 0;
@@ -87,18 +123,19 @@ class ReduceScatterSync final : public GradientSync {
       if (r == z_.grads_.rank()) mine_at = b > a ? a - lo : 0;
       start = hi;
     }
-    const std::size_t esz = dtype_size(s.g.grads.dtype());
-    const char* send = static_cast<const char*>(s.g.grads.data()) + static_cast<std::size_t>(offset) * esz;
+    const std::size_t esz = dtype_size(s.grad_shard.dtype());
     char* recv = static_cast<char*>(s.grad_shard.data()) + static_cast<std::size_t>(mine_at) * esz;
     comm::CallOptions o;
     o.async = async;
-    return z_.grads_.reduce_scatter_v(send, recv, counts, s.g.grads.dtype(), comm::ReduceOp::sum, o);
+    return z_.grads_.reduce_scatter_v(send, recv, counts, s.grad_shard.dtype(), comm::ReduceOp::sum, o);
   }
 
   ZeroOptimizer& z_;
   std::vector<Bucket> buckets_;
-  const model::ParameterStore* store_;
+  model::ParameterStore* store_;
+  Context* ctx_;
   std::vector<int> bucket_of_, pending_;
+  std::vector<Tensor> buffers_;   // per bucket when the store has no flat gradients
   std::vector<comm::Work> inflight_;
   bool armed_ = false;   // bucket hooks handed to a last micro-batch's backward this step
 };
@@ -110,14 +147,19 @@ ZeroOptimizer::ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Com
 }
 
 int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
-  LMSCALE_CHECK(g.params.numel() == g.grads.numel(), "group params {} vs grads {}", g.params.numel(), g.grads.numel());
+  // grads undefined: the group's gradients come from zero2's bucket buffers (a model store
+  // without a flat gradient buffer).
+  const bool bucketed_grads = !g.grads.defined() || g.grads.data() == nullptr;
+  LMSCALE_CHECK(bucketed_grads ? mode_ == ZeroMode::zero2 : g.params.numel() == g.grads.numel(),
+                "group params {} vs grads {} (only zero2 takes a group without a gradient buffer)", g.params.numel(),
+                g.grads.numel());
   Shard s;
   s.g = g;
   s.counts = even_split(g.params.numel(), grads_.size());
   for (int r = 0; r < grads_.rank(); ++r) s.begin += static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(r)]);
   s.size = static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(grads_.rank())]);
   if (mode_ != ZeroMode::zero1_broadcast)
-    s.grad_shard = Tensor::empty({s.size}, g.grads.dtype(), *ctx.allocator, "gradient_shard");
+    s.grad_shard = Tensor::empty({s.size}, g.params.dtype(), *ctx.allocator, "gradient_shard");
   s.adamw = std::make_unique<optim::AdamW>(cfg_, s.size, g.params.dtype(), ctx);
   // A group added mid-training starts from rank 0's values everywhere.
   grads_.broadcast(s.g.params, 0);
@@ -126,14 +168,14 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
   return static_cast<int>(shards_.size()) - 1;
 }
 
-void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb) {
+void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx) {
   if (mode_ == ZeroMode::zero1_broadcast) {
     sync_ = std::make_unique<DataParallel>(ddp, grads_, host_, store, bucket_mb);
   } else if (mode_ == ZeroMode::zero1) {
-    sync_ = std::make_unique<ReduceScatterSync>(*this, std::vector<Bucket>{}, nullptr);
+    sync_ = std::make_unique<ReduceScatterSync>(*this, std::vector<Bucket>{}, nullptr, &ctx);
   } else {
     sync_ = std::make_unique<ReduceScatterSync>(
-        *this, make_buckets(store.infos(), bucket_mb * 1024.0 * 1024.0, dtype_size(store.master_dtype())), &store);
+        *this, make_buckets(store.infos(), bucket_mb * 1024.0 * 1024.0, dtype_size(store.master_dtype())), &store, &ctx);
   }
 }
 

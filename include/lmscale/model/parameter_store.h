@@ -5,6 +5,7 @@
 // contiguous buckets. In mixed precision a third flat buffer holds the bf16/fp16 working copy
 // that the matmuls read; the optimizer refreshes it in the same pass that updates the master.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,8 +36,9 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
 class ParameterStore {
  public:
   // master: fp32 (or fp64 for gradient checks); lowp: bf16/fp16 working copy, or the same dtype
-  // as master for none.
-  ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc);
+  // as master for none. flat_gradients = false: no flat gradient buffer; gradients come from a
+  // provider (set_grad_provider) that allocates them piecewise (ZeRO-2's per-bucket buffers).
+  ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, bool flat_gradients = true);
 
   // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
   void init(std::uint64_t seed, Context& ctx);
@@ -53,10 +55,15 @@ class ParameterStore {
   bool has_lowp() const { return has_lowp_; }
 
   Tensor& flat_params() { return params_; }
-  Tensor& flat_grads() { return grads_; }
+  bool has_flat_grads() const { return has_flat_grads_; }
+  Tensor& flat_grads();
+  // Where gradient i lives when there is no flat buffer: called by grad(i) each time the
+  // backward asks for it (the provider allocates on first use).
+  using GradProvider = std::function<Tensor(int)>;
+  void set_grad_provider(GradProvider p) { provider_ = std::move(p); }
   Tensor& flat_lowp() { return has_lowp_ ? lowp_ : params_; }
   Tensor param(int i) const { return view(params_, i); }
-  Tensor grad(int i) const { return view(grads_, i); }
+  Tensor grad(int i) const;
   // What the forward reads for parameter i: the working copy for matmuls and embeddings in mixed
   // precision, the master weights otherwise (norm weights are always read in full precision).
   Tensor compute_weight(int i) const;
@@ -67,6 +74,8 @@ class ParameterStore {
   std::int64_t total_ = 0;
   Tensor params_, grads_, lowp_;
   bool has_lowp_ = false;
+  bool has_flat_grads_ = true;
+  GradProvider provider_;
 };
 
 }  // namespace lmscale::model

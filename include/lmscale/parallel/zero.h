@@ -7,8 +7,10 @@
 //                     steps its range, then every range is broadcast from its owner;
 //   zero1           - gradients reduce-scattered (each rank receives the sum of its range), step,
 //                     parameters all-gathered;
-//   zero2           - as zero1, but each bucket of gradients is reduce-scattered as soon as the
-//                     backward finishes it (overlapped with the rest of the backward).
+//   zero2           - each bucket of gradients is reduce-scattered as soon as the backward
+//                     finishes it (overlapped with the rest of the backward); in the trainer the
+//                     gradients live in per-bucket buffers allocated during the backward and freed
+//                     after their reduce-scatter, so no rank holds the full-size gradients.
 // Groups may be added at any time (add_group): each is sharded on its own, so existing shards and
 // their state are untouched. Parameters are exchanged in the master dtype (fp32); the working
 // copy (bf16/fp16) is refreshed from the gathered master weights.
@@ -48,7 +50,9 @@ class ZeroOptimizer {
   // during the backward for zero1; bucketed reduce-scatter for zero2). `ddp` is the all-reduce
   // variant zero1-broadcast uses; the model's store gives the buckets for zero2.
   GradientSync& sync() { return *sync_; }
-  void make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb);
+  // zero2 with a store that has no flat gradient buffer: the sync becomes the store's gradient
+  // provider (per-bucket buffers allocated during the backward, freed after their reduce-scatter).
+  void make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx);
 
   // Sum of squares of the summed gradient over all groups (after sync().finish()), reduced over
   // ranks where each holds only its range.
