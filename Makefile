@@ -7,7 +7,7 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 RANKS      ?= 2
-MPIRUN     ?= mpirun --oversubscribe --allow-run-as-root
+MPIRUN     ?= mpirun --oversubscribe --allow-run-as-root --bind-to none
 CTEST_ARGS ?=
 LAUNCHER   := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 
