@@ -215,4 +215,25 @@ TEST(ZeroOptimizer, Zero2HoldsNoFullSizeGradients) {
   }
   // The whole-step peak drops: zero2 never holds the flat buffer next to all activations.
   EXPECT_LT(peak["zero2"], peak["zero1"]);
+
+  // One process keeps its gradients per bucket too: none exist before the backward or after the
+  // optimizer step.
+  Config cfg = tiny_config();
+  ops::Runtime rt(Device::cpu, 0, false);
+  io::ResultsFile out("/nonexistent/never-written.h5", false);
+  jobs::JobEnv env{cfg, mpi, rt, out, 0, 1, 0, nullptr, nullptr};
+  jobs::Trainer trainer(env, 8, 2, 2);
+  io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
+  const std::int64_t T = cfg.model.context_length;
+  std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+  data.sample(0, trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
+  trainer.train_step(tok, T);
+  const auto& tags = trainer.memory_points();
+  auto grads_at = [&](const char* point) {
+    auto it = tags.at(point).find("gradients");
+    return it == tags.at(point).end() ? std::size_t{0} : it->second;
+  };
+  EXPECT_EQ(grads_at("after_init"), 0u);
+  EXPECT_EQ(grads_at("before_optimizer"), static_cast<std::size_t>(trainer.params().numel()) * 4);
+  EXPECT_EQ(grads_at("after_optimizer"), 0u);
 }

@@ -16,6 +16,8 @@ namespace lmscale::jobs {
 namespace {
 // Master weights, gradients and optimizer state are fp32 in every precision mode (DESIGN §2).
 constexpr DType kMaster = DType::f32;
+// Gradient buckets of one process: large, so the optimizer makes few launches (xl: ~32).
+constexpr double kLazyBucketBytes = 256.0 * 1024 * 1024;
 DType lowp_dtype(const Config& c) {
   if (c.precision.mode == "bf16") return DType::bf16;
   if (c.precision.mode == "fp16") return DType::f16;
@@ -39,8 +41,10 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   first_row_ = env.rank * local_rows_;
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
   Context& ctx = env.rt.ctx();
-  // ZeRO-2 keeps gradients in per-bucket buffers that live only during the backward.
-  const bool bucket_grads = dp > 1 && env.cfg.parallel.zero == "zero2";
+  // One process and ZeRO-2 keep gradients in per-bucket buffers that exist only from the backward
+  // to the optimizer step (so they never coexist with the whole forward's activations); DDP and
+  // the other ZeRO levels reduce one flat buffer.
+  const bool bucket_grads = dp == 1 || env.cfg.parallel.zero == "zero2";
   params_ = std::make_unique<model::ParameterStore>(dims_, master_, lowp_, *ctx.allocator, !bucket_grads);
   params_->init(env.cfg.run.seed, ctx);
   model_ = std::make_unique<model::TransformerLM>(dims_, *params_);
@@ -64,6 +68,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     }
   } else {
     owned_sync_ = std::make_unique<parallel::GradientSync>();
+    lazy_ = std::make_unique<model::LazyGradients>(*params_, kLazyBucketBytes, *ctx.allocator);
   }
   if (!sync_) sync_ = owned_sync_.get();
   if (!zero_) adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
@@ -129,7 +134,12 @@ StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, st
   for (auto& l : loss_sums) loss += reduce_loss(l, static_cast<double>(global_batch_ * T));
   r.loss = loss;   // the loss itself is never scaled, only the gradient seed is
   r.times.total_ms = r.times.forward_ms + r.times.backward_ms;
+  release_gradients();
   return r;
+}
+
+void Trainer::release_gradients() {
+  if (lazy_) lazy_->release();
 }
 
 StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int64_t T) {
@@ -155,7 +165,16 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   // Gradients hold loss_scale * d(mean loss)/dw; clipping works on the unscaled norm. After DDP
   // every rank holds the summed gradients; with ZeRO each holds its range (summed over ranks).
   const double inv_scale = 1.0 / scaler_.scale();
-  const double sq = zero_ ? zero_->grad_sum_squares(ctx) : optim::sum_of_squares(ctx, params_->flat_grads());
+  double sq = 0;
+  if (zero_) {
+    sq = zero_->grad_sum_squares(ctx);
+  } else if (lazy_) {
+    std::vector<Tensor> parts;
+    for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) parts.push_back(lazy_->bucket(b));
+    sq = optim::sum_of_squares(ctx, parts);
+  } else {
+    sq = optim::sum_of_squares(ctx, params_->flat_grads());
+  }
   const double norm = std::sqrt(sq) * inv_scale;
   const bool finite = std::isfinite(norm);
   r.grad_norm = norm;
@@ -165,6 +184,16 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
     const double clip = optim::clip_factor(norm, env_.cfg.optim.grad_clip);
     if (zero_) {
       zero_->step(ctx, r.lr, inv_scale * clip);
+    } else if (lazy_) {
+      adamw_->begin_step();
+      for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) {
+        const auto& k = lazy_->buckets()[static_cast<std::size_t>(b)];
+        Tensor p = params_->flat_params().flat_range(k.offset, k.numel);
+        Tensor lowp;
+        if (params_->has_lowp()) lowp = params_->flat_lowp().flat_range(k.offset, k.numel);
+        adamw_->step_range(ctx, p, lazy_->bucket(b), params_->has_lowp() ? &lowp : nullptr, k.offset, r.lr,
+                           inv_scale * clip);
+      }
     } else {
       Tensor* lowp = params_->has_lowp() ? &params_->flat_lowp() : nullptr;
       adamw_->step(ctx, params_->flat_params(), params_->flat_grads(), lowp, r.lr, inv_scale * clip);
@@ -172,6 +201,7 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   } else {
     r.skipped = true;
   }
+  release_gradients();
   auto o1 = rt.mark();
   r.times.optimizer_ms = rt.elapsed_ms(o0, o1);
   rt.allocator().tracker().mark_phase("optimizer");

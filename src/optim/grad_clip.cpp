@@ -13,6 +13,23 @@ double sum_of_squares(Context& ctx, const Tensor& x) {
   return acc == DType::f64 ? host.data_as<double>()[0] : static_cast<double>(host.data_as<float>()[0]);
 }
 
+double sum_of_squares(Context& ctx, const std::vector<Tensor>& parts) {
+  if (parts.empty()) return 0.0;
+  const DType acc = ctx.device == Device::cpu ? DType::f64 : DType::f32;
+  const auto n = static_cast<std::int64_t>(parts.size());
+  Tensor dev = Tensor::empty({n}, acc, *ctx.allocator, "reduction");
+  for (std::int64_t i = 0; i < n; ++i) {
+    Tensor slot = dev.flat_range(i, 1);
+    ops::sum_squares(ctx, parts[static_cast<std::size_t>(i)], slot);
+  }
+  Tensor host = Tensor::empty({n}, acc, *ctx.host, "reduction");
+  ops::copy(ctx, dev, host);
+  double total = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    total += acc == DType::f64 ? host.data_as<double>()[i] : static_cast<double>(host.data_as<float>()[i]);
+  return total;
+}
+
 double clip_factor(double global_norm, double max_norm) {
   if (max_norm <= 0 || global_norm <= max_norm) return 1.0;
   return max_norm / (global_norm + 1e-6);

@@ -23,24 +23,6 @@ const char* ddp_mode_name(DdpMode m) {
   return "?";
 }
 
-std::vector<Bucket> make_buckets(const std::vector<model::ParamInfo>& params, double max_bytes, std::size_t elem_bytes) {
-  std::vector<Bucket> out;
-  const auto cap = static_cast<std::int64_t>(max_bytes / static_cast<double>(elem_bytes));
-  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
-    const auto& p = params[static_cast<std::size_t>(i)];
-    // Reverse order: a bucket grows downwards, so its range is [p.offset, old offset + numel).
-    if (!out.empty() && out.back().numel + p.numel <= cap) {
-      Bucket& b = out.back();
-      b.first = i;
-      b.offset = p.offset;
-      b.numel += p.numel;
-    } else {
-      out.push_back({i, i, p.offset, p.numel});
-    }
-  }
-  return out;
-}
-
 DataParallel::DataParallel(DdpMode mode, comm::Communicator& grads, comm::Communicator& host,
                            model::ParameterStore& params, double bucket_mb)
     : mode_(mode), grads_(grads), host_(host), params_(params) {

@@ -29,21 +29,18 @@ std::vector<std::size_t> even_split(std::int64_t n, int size) {
 // released once the bucket is reduce-scattered, so the full-size gradients never exist at once.
 class ReduceScatterSync final : public GradientSync {
  public:
-  ReduceScatterSync(ZeroOptimizer& z, std::vector<Bucket> buckets, model::ParameterStore* store, Context* ctx)
-      : z_(z), buckets_(std::move(buckets)), store_(store), ctx_(ctx) {
+  // buckets: of at most bucket_bytes (zero2), none for zero1.
+  ReduceScatterSync(ZeroOptimizer& z, double bucket_bytes, model::ParameterStore* store, Context* ctx)
+      : z_(z), store_(store), ctx_(ctx) {
+    if (store_) buckets_ = make_buckets(store_->infos(), bucket_bytes, dtype_size(store_->master_dtype()));
     if (store_) {
       bucket_of_.assign(static_cast<std::size_t>(store_->size()), -1);
       for (std::size_t b = 0; b < buckets_.size(); ++b)
         for (int i = buckets_[b].first; i <= buckets_[b].last; ++i) bucket_of_[static_cast<std::size_t>(i)] = static_cast<int>(b);
       pending_.assign(buckets_.size(), 0);
-      if (!store_->has_flat_grads()) {
-        buffers_.resize(buckets_.size());
-        store_->set_grad_provider([this](int i) { return bucket_grad(i); });
-      }
+      if (!store_->has_flat_grads())
+        lazy_ = std::make_unique<model::LazyGradients>(*store_, bucket_bytes, *ctx_->allocator);
     }
-  }
-  ~ReduceScatterSync() override {
-    if (store_ && !store_->has_flat_grads()) store_->set_grad_provider(nullptr);
   }
 
   model::ParallelContext hooks(bool last_micro) override {
@@ -79,7 +76,7 @@ class ReduceScatterSync final : public GradientSync {
         LMSCALE_CHECK(pending_[b] == 0, "zero2 bucket {} still waits for {} gradients", b, pending_[b]);
       // Reduced: the bucket buffers are no longer needed (the waits above ordered the compute
       // stream after the reduce-scatters, so the memory can be reused by later compute work).
-      for (auto& t : buffers_) t = Tensor();
+      if (lazy_) lazy_->release();
       for (std::size_t i = 1; i < z_.shards_.size(); ++i)
         scatter_range(z_.shards_[i], z_.shards_[i].g.grads.data(), 0, z_.shards_[i].g.grads.numel(), false).wait();
     }
@@ -93,19 +90,9 @@ class ReduceScatterSync final : public GradientSync {
   std::string name() const override { return buckets_.empty() ? "zero1" : "zero2"; }
 
  private:
-  // Gradient i as a view of its bucket's buffer (allocated on first use).
-  Tensor bucket_grad(int i) {
-    const int b = bucket_of_[static_cast<std::size_t>(i)];
-    const Bucket& k = buckets_[static_cast<std::size_t>(b)];
-    Tensor& buf = buffers_[static_cast<std::size_t>(b)];
-    if (!buf.defined() || buf.data() == nullptr)
-      buf = Tensor::empty({k.numel}, store_->master_dtype(), *ctx_->allocator, "gradients");
-    const auto& p = store_->infos()[static_cast<std::size_t>(i)];
-    return buf.flat_range(p.offset - k.offset, p.numel).reshape(p.shape);
-  }
   // Element `offset` of the group's gradients (the bucket's first) is at the returned pointer.
   const void* bucket_source(int b) {
-    if (!buffers_.empty()) return buffers_[static_cast<std::size_t>(b)].data();
+    if (lazy_) return lazy_->bucket(b).data();
     const Bucket& k = buckets_[static_cast<std::size_t>(b)];
     return static_cast<const char*>(z_.shards_[0].g.grads.data()) +
            static_cast<std::size_t>(k.offset) * dtype_size(z_.shards_[0].g.grads.dtype());
@@ -135,7 +122,7 @@ class ReduceScatterSync final : public GradientSync {
   model::ParameterStore* store_;
   Context* ctx_;
   std::vector<int> bucket_of_, pending_;
-  std::vector<Tensor> buffers_;   // per bucket when the store has no flat gradients
+  std::unique_ptr<model::LazyGradients> lazy_;   // when the store has no flat gradients
   std::vector<comm::Work> inflight_;
   bool armed_ = false;   // bucket hooks handed to a last micro-batch's backward this step
 };
@@ -172,10 +159,9 @@ void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double 
   if (mode_ == ZeroMode::zero1_broadcast) {
     sync_ = std::make_unique<DataParallel>(ddp, grads_, host_, store, bucket_mb);
   } else if (mode_ == ZeroMode::zero1) {
-    sync_ = std::make_unique<ReduceScatterSync>(*this, std::vector<Bucket>{}, nullptr, &ctx);
+    sync_ = std::make_unique<ReduceScatterSync>(*this, 0.0, nullptr, &ctx);
   } else {
-    sync_ = std::make_unique<ReduceScatterSync>(
-        *this, make_buckets(store.infos(), bucket_mb * 1024.0 * 1024.0, dtype_size(store.master_dtype())), &store, &ctx);
+    sync_ = std::make_unique<ReduceScatterSync>(*this, bucket_mb * 1024.0 * 1024.0, &store, &ctx);
   }
 }
 

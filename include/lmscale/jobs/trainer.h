@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lmscale/jobs/job_env.h"
+#include "lmscale/model/gradient_buckets.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/optim/adamw.h"
@@ -81,6 +82,9 @@ class Trainer {
   std::unique_ptr<model::TransformerLM> model_;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<parallel::ZeroOptimizer> zero_;
+  // One process: gradients per bucket, allocated during the backward, freed after the step.
+  std::unique_ptr<model::LazyGradients> lazy_;
+  void release_gradients();
   std::unique_ptr<parallel::GradientSync> owned_sync_;
   parallel::GradientSync* sync_ = nullptr;
   std::map<std::string, std::map<std::string, std::size_t>> memory_points_;

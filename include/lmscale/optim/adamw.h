@@ -19,6 +19,11 @@ class AdamW {
   // updated parameters in the working dtype. grad_scale multiplies the gradients first (1/loss
   // scale and clipping factor).
   void step(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, double lr, double grad_scale);
+  // The same step in pieces (gradients kept per bucket): begin_step() once, then step_range() for
+  // elements [offset, offset + params.numel()) of the state, every element exactly once.
+  void begin_step() { ++t_; }
+  void step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset, double lr,
+                  double grad_scale);
 
   std::int64_t steps() const { return t_; }
   void set_steps(std::int64_t t) { t_ = t; }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lmscale/comm/communicator.h"
+#include "lmscale/model/gradient_buckets.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/parallel/gradient_sync.h"
 
@@ -28,13 +29,13 @@ DdpMode parse_ddp_mode(const std::string& name);
 const char* ddp_mode_name(DdpMode m);
 
 // A contiguous range of parameters [first, last] (indices into the store) and of the flat
-// gradient buffer [offset, offset+numel).
-struct Bucket {
-  int first = 0, last = 0;
-  std::int64_t offset = 0, numel = 0;
-};
-// Buckets of at most max_bytes (element size elem_bytes) over the parameters in reverse order.
-std::vector<Bucket> make_buckets(const std::vector<model::ParamInfo>& params, double max_bytes, std::size_t elem_bytes);
+// gradient buffer [offset, offset+numel); buckets of at most max_bytes over the parameters in
+// reverse order (model/gradient_buckets.h).
+using Bucket = model::GradBucket;
+inline std::vector<Bucket> make_buckets(const std::vector<model::ParamInfo>& params, double max_bytes,
+                                        std::size_t elem_bytes) {
+  return model::gradient_buckets(params, max_bytes, elem_bytes);
+}
 
 class DataParallel final : public GradientSync {
  public:

@@ -1,0 +1,60 @@
+#include "lmscale/model/gradient_buckets.h"
+
+#include "lmscale/core/error.h"
+
+namespace lmscale::model {
+
+std::vector<GradBucket> gradient_buckets(const std::vector<ParamInfo>& params, double max_bytes, std::size_t elem_bytes) {
+  std::vector<GradBucket> out;
+  const auto cap = static_cast<std::int64_t>(max_bytes / static_cast<double>(elem_bytes));
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    const auto& p = params[static_cast<std::size_t>(i)];
+    // Reverse order: a bucket grows downwards, so its range is [p.offset, old offset + numel).
+    if (!out.empty() && out.back().numel + p.numel <= cap) {
+      GradBucket& b = out.back();
+      b.first = i;
+      b.offset = p.offset;
+      b.numel += p.numel;
+    } else {
+      out.push_back({i, i, p.offset, p.numel});
+    }
+  }
+  return out;
+}
+
+LazyGradients::LazyGradients(ParameterStore& store, double bucket_bytes, Allocator& alloc)
+    : store_(store), alloc_(alloc),
+      buckets_(gradient_buckets(store.infos(), bucket_bytes, dtype_size(store.master_dtype()))) {
+  LMSCALE_CHECK(!store.has_flat_grads(), "LazyGradients needs a parameter store without a flat gradient buffer");
+  bucket_of_.assign(static_cast<std::size_t>(store.size()), -1);
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    for (int i = buckets_[b].first; i <= buckets_[b].last; ++i) bucket_of_[static_cast<std::size_t>(i)] = static_cast<int>(b);
+  buffers_.resize(buckets_.size());
+  store_.set_grad_provider([this](int i) { return grad(i); });
+}
+
+LazyGradients::~LazyGradients() { store_.set_grad_provider(nullptr); }
+
+bool LazyGradients::allocated(int b) const {
+  const Tensor& t = buffers_[static_cast<std::size_t>(b)];
+  return t.defined() && t.data() != nullptr;
+}
+
+Tensor LazyGradients::bucket(int b) {
+  if (!allocated(b))
+    buffers_[static_cast<std::size_t>(b)] =
+        Tensor::empty({buckets_[static_cast<std::size_t>(b)].numel}, store_.master_dtype(), alloc_, "gradients");
+  return buffers_[static_cast<std::size_t>(b)];
+}
+
+Tensor LazyGradients::grad(int param) {
+  const int b = bucket_of(param);
+  const auto& p = store_.infos()[static_cast<std::size_t>(param)];
+  return bucket(b).flat_range(p.offset - buckets_[static_cast<std::size_t>(b)].offset, p.numel).reshape(p.shape);
+}
+
+void LazyGradients::release() {
+  for (auto& t : buffers_) t = Tensor();
+}
+
+}  // namespace lmscale::model
