@@ -26,9 +26,9 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   auto add = [&](std::string name, double bytes, std::string f) { a.memory.push_back({std::move(name), bytes, std::move(f)}); };
   add("parameters", 4 * P, "4 B x P (fp32 master)");
   if (mixed) add("parameters_lowp", 2 * P, "2 B x P (bf16/fp16 working copy)");
-  if (sharded && cfg.parallel.zero == "zero2")
-    add("gradients", 0, "0 at the start of the backward: zero2 allocates per-bucket buffers as the backward frees "
-                        "activations and frees them after their reduce-scatter");
+  if (dp <= 1 || (sharded && cfg.parallel.zero == "zero2"))
+    add("gradients", 0, "0 at the start of the backward: per-bucket buffers are allocated as the backward frees "
+                        "activations (one process, zero2) and freed after the step (zero2: after their reduce-scatter)");
   else
     add("gradients", 4 * P, "4 B x P (one flat fp32 buffer)");
   if (sharded && cfg.parallel.zero != "zero1-broadcast") add("gradient_shard", 4 * P / dp, "4 B x P / N (reduced range)");
