@@ -130,7 +130,7 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
     std::vector<float> pa = a, pb = b;
     Tensor ta = Tensor::view(pa.data(), {7}, DType::f32, Device::cpu), tga = Tensor::view(ga.data(), {7}, DType::f32, Device::cpu);
     Tensor tb = Tensor::view(pb.data(), {5}, DType::f32, Device::cpu), tgb = Tensor::view(gb.data(), {5}, DType::f32, Device::cpu);
-    parallel::ZeroOptimizer z(parallel::parse_zero_mode(mode), *grads, *host, oc, ctx);
+    parallel::ZeroOptimizer z(parallel::parse_zero_mode(mode), *grads, *host, oc);
     z.add_group({ta, tga, nullptr}, ctx);
     // no backward runs here, so zero2's bucket hooks never fire: finish() then reduce-scatters
     // each group whole, like zero1

@@ -55,7 +55,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     const parallel::DdpMode ddp = parallel::parse_ddp_mode(pc.ddp == "none" ? "flat" : pc.ddp);
     if (pc.zero != "none") {
       zero_ = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *env.comm, *env.host_comm,
-                                                        env.cfg.optim, ctx);
+                                                        env.cfg.optim);
       zero_->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
                         params_->has_lowp() ? &params_->flat_lowp() : nullptr},
                        ctx);

@@ -22,13 +22,18 @@ std::vector<GradBucket> gradient_buckets(const std::vector<ParamInfo>& params, d
   return out;
 }
 
+std::vector<int> bucket_index(const std::vector<GradBucket>& buckets, int num_params) {
+  std::vector<int> of(static_cast<std::size_t>(num_params), -1);
+  for (std::size_t b = 0; b < buckets.size(); ++b)
+    for (int i = buckets[b].first; i <= buckets[b].last; ++i) of[static_cast<std::size_t>(i)] = static_cast<int>(b);
+  return of;
+}
+
 LazyGradients::LazyGradients(ParameterStore& store, double bucket_bytes, Allocator& alloc)
     : store_(store), alloc_(alloc),
       buckets_(gradient_buckets(store.infos(), bucket_bytes, dtype_size(store.master_dtype()))) {
   LMSCALE_CHECK(!store.has_flat_grads(), "LazyGradients needs a parameter store without a flat gradient buffer");
-  bucket_of_.assign(static_cast<std::size_t>(store.size()), -1);
-  for (std::size_t b = 0; b < buckets_.size(); ++b)
-    for (int i = buckets_[b].first; i <= buckets_[b].last; ++i) bucket_of_[static_cast<std::size_t>(i)] = static_cast<int>(b);
+  bucket_of_ = bucket_index(buckets_, store.size());
   buffers_.resize(buckets_.size());
   store_.set_grad_provider([this](int i) { return grad(i); });
 }

@@ -1,6 +1,8 @@
 // ops::attention_* : argument checks, then dispatch on device and dtype to ops/cpu (float,
 // double) or ops/cuda (fp32, bf16, fp16). AttentionShape's helpers live here too.
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "cpu/attention_cpu.h"
 #include "lmscale/core/error.h"
@@ -73,17 +75,24 @@ void check_input_dtype(const char* op, Device dev, DType d) {
 }
 #endif
 
+// The checks every attention entry point starts with: the shape, one dtype and device for all
+// strided operands (those of q), and each operand's extent. Returns the device.
+Device check_operands(const char* op, const AttentionShape& s, std::initializer_list<std::pair<const char*, const Tensor*>> ts) {
+  check_shape(op, s);
+  const Tensor& q = *ts.begin()->second;
+  const Device dev = q.device();
+  check_input_dtype(op, dev, q.dtype());
+  for (auto [n, t] : ts) check_strided(op, n, s, *t, q.dtype(), dev);
+  return dev;
+}
+
 }  // namespace
 
 void attention_naive(Context& ctx, const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
                      Tensor& o, Tensor& probs) {
   const char* op = "attention_naive";
-  check_shape(op, s);
   const DType dt = q.dtype();
-  const Device dev = q.device();
-  check_input_dtype(op, dev, dt);
-  for (auto [n, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"o", static_cast<const Tensor*>(&o)}})
-    check_strided(op, n, s, *t, dt, dev);
+  const Device dev = check_operands(op, s, {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}});
   check_aux(op, "probs", probs, dt, dev, s.batch * s.heads * s.seq * s.seq);
   if (dev == Device::cpu) {
     if (dt == DType::f32)
@@ -106,13 +115,9 @@ void attention_naive_backward(Context& ctx, const AttentionShape& s, const Tenso
                               const Tensor& v, const Tensor& probs, const Tensor& dout, Tensor& dq, Tensor& dk,
                               Tensor& dv) {
   const char* op = "attention_naive_backward";
-  check_shape(op, s);
   const DType dt = q.dtype();
-  const Device dev = q.device();
-  check_input_dtype(op, dev, dt);
-  for (auto [n, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"dout", &dout}, {"dq", static_cast<const Tensor*>(&dq)},
-                      {"dk", static_cast<const Tensor*>(&dk)}, {"dv", static_cast<const Tensor*>(&dv)}})
-    check_strided(op, n, s, *t, dt, dev);
+  const Device dev = check_operands(op, s, {{"q", &q}, {"k", &k}, {"v", &v}, {"dout", &dout}, {"dq", &dq},
+                      {"dk", &dk}, {"dv", &dv}});
   check_aux(op, "probs", probs, dt, dev, s.batch * s.heads * s.seq * s.seq);
   if (dev == Device::cpu) {
     if (dt == DType::f32)
@@ -137,12 +142,8 @@ void attention_naive_backward(Context& ctx, const AttentionShape& s, const Tenso
 void attention_flash(Context& ctx, const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
                      Tensor& o, Tensor& lse) {
   const char* op = "attention_flash";
-  check_shape(op, s);
   const DType dt = q.dtype();
-  const Device dev = q.device();
-  check_input_dtype(op, dev, dt);
-  for (auto [n, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"o", static_cast<const Tensor*>(&o)}})
-    check_strided(op, n, s, *t, dt, dev);
+  const Device dev = check_operands(op, s, {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}});
   check_aux(op, "lse", lse, lse_dtype(dt), dev, s.batch * s.heads * s.seq);
   if (dev == Device::cpu) {
     if (dt == DType::f32)
@@ -165,14 +166,10 @@ void attention_flash_backward(Context& ctx, const AttentionShape& s, const Tenso
                               const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout, Tensor& dq,
                               Tensor& dk, Tensor& dv) {
   const char* op = "attention_flash_backward";
-  check_shape(op, s);
   const DType dt = q.dtype();
-  const Device dev = q.device();
-  check_input_dtype(op, dev, dt);
-  for (auto [n, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"dout", &dout},
-                      {"dq", static_cast<const Tensor*>(&dq)}, {"dk", static_cast<const Tensor*>(&dk)},
-                      {"dv", static_cast<const Tensor*>(&dv)}})
-    check_strided(op, n, s, *t, dt, dev);
+  const Device dev = check_operands(op, s, {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"dout", &dout},
+                      {"dq", &dq}, {"dk", &dk},
+                      {"dv", &dv}});
   check_aux(op, "lse", lse, lse_dtype(dt), dev, s.batch * s.heads * s.seq);
   if (dev == Device::cpu) {
     if (dt == DType::f32)

@@ -29,9 +29,7 @@ DataParallel::DataParallel(DdpMode mode, comm::Communicator& grads, comm::Commun
   LMSCALE_CHECK(grads.size() == host.size(), "gradient and host communicators differ in size");
   if (mode == DdpMode::bucketed) {
     buckets_ = make_buckets(params.infos(), bucket_mb * 1024.0 * 1024.0, dtype_size(params.master_dtype()));
-    bucket_of_.assign(static_cast<std::size_t>(params.size()), -1);
-    for (std::size_t b = 0; b < buckets_.size(); ++b)
-      for (int i = buckets_[b].first; i <= buckets_[b].last; ++i) bucket_of_[static_cast<std::size_t>(i)] = static_cast<int>(b);
+    bucket_of_ = model::bucket_index(buckets_, params.size());
     pending_.assign(buckets_.size(), 0);
   }
 }

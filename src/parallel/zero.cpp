@@ -34,9 +34,7 @@ class ReduceScatterSync final : public GradientSync {
       : z_(z), store_(store), ctx_(ctx) {
     if (store_) buckets_ = make_buckets(store_->infos(), bucket_bytes, dtype_size(store_->master_dtype()));
     if (store_) {
-      bucket_of_.assign(static_cast<std::size_t>(store_->size()), -1);
-      for (std::size_t b = 0; b < buckets_.size(); ++b)
-        for (int i = buckets_[b].first; i <= buckets_[b].last; ++i) bucket_of_[static_cast<std::size_t>(i)] = static_cast<int>(b);
+      bucket_of_ = model::bucket_index(buckets_, store_->size());
       pending_.assign(buckets_.size(), 0);
       if (!store_->has_flat_grads())
         lazy_ = std::make_unique<model::LazyGradients>(*store_, bucket_bytes, *ctx_->allocator);
@@ -128,10 +126,8 @@ class ReduceScatterSync final : public GradientSync {
 };
 
 ZeroOptimizer::ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host,
-                             const OptimConfig& cfg, Context& ctx)
-    : mode_(mode), grads_(grads), host_(host), cfg_(cfg) {
-  (void)ctx;
-}
+                             const OptimConfig& cfg)
+    : mode_(mode), grads_(grads), host_(host), cfg_(cfg) {}
 
 int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
   // grads undefined: the group's gradients come from zero2's bucket buffers (a model store

@@ -41,8 +41,7 @@ class ZeroOptimizer {
     Tensor* lowp = nullptr; // flat working copy, or null
   };
 
-  ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host, const OptimConfig& cfg,
-                Context& ctx);
+  ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host, const OptimConfig& cfg);
   // Shards a new group; returns its index.
   int add_group(const Group& g, Context& ctx);
 
