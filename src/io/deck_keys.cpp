@@ -176,6 +176,12 @@ std::vector<DeckKey> build_table() {
                 "Bucket size of ddp = bucketed (MB)."),
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
+      int_key("parallel.fsdp_prefetch", LMSCALE_FIELD(parallel.fsdp_prefetch), 0,
+              "fsdp: units (embedding, blocks, head) whose all-gather runs ahead of the unit computing; 1 = unit "
+              "i's gather starts once unit i-2's forward is done."),
+      bool_key("parallel.reshard_after_forward", LMSCALE_FIELD(parallel.reshard_after_forward),
+               "fsdp: free each unit's gathered weights after its forward and gather them again for its backward "
+               "(false: keep them from the forward to the backward; more memory, fewer gathers)."),
       int_key("parallel.microbatches", LMSCALE_FIELD(parallel.microbatches), 1,
               "Pipeline microbatches per step; must divide the per-rank batch when pp > 1."),
       enum_key("parallel.schedule", LMSCALE_FIELD(parallel.schedule), {"gpipe", "1f1b"}, "Pipeline schedule."),
@@ -229,8 +235,11 @@ std::vector<DeckKey> build_table() {
       string_key("train.checkpoint_path", "path", LMSCALE_FIELD(train.checkpoint_path), "Training checkpoint file."),
       enum_key("train.activation_checkpointing", LMSCALE_FIELD(train.activation_checkpointing),
                {"none", "every-k", "selective"},
-               "Recompute activations in backward: none, every k-th block, or selective (attention only)."),
-      int_key("train.checkpoint_k", LMSCALE_FIELD(train.checkpoint_k), 1, "k of activation_checkpointing = every-k."),
+               "Activation checkpointing (train and bench-model): none; every-k (keep the input of each group of "
+               "train.checkpoint_k blocks, recompute the group in the backward); selective (recompute the norms' "
+               "outputs, the SwiGLU product and naive attention's probabilities; keep the matmul and flash outputs)."),
+      int_key("train.checkpoint_k", LMSCALE_FIELD(train.checkpoint_k), 1,
+              "Blocks per group of activation_checkpointing = every-k (1 = every block); at most model.num_layers."),
       // [optim]
       enum_key("optim.name", LMSCALE_FIELD(optim.name), {"adamw", "sgd", "lamb"}, "Optimizer."),
       float_key("optim.lr", LMSCALE_FIELD(optim.lr), R::positive(), "Peak learning rate."),

@@ -105,6 +105,19 @@ void check_optim(const Config& c) {
          o.cosine_steps, o.warmup_steps);
 }
 
+// Sharding and checkpointing choices that contradict each other or the model.
+void check_modes(const Config& c) {
+  const auto& p = c.parallel;
+  if (p.zero == "fsdp" && p.ddp != "none")
+    fail("parallel.ddp = {} with parallel.zero = fsdp: fsdp reduce-scatters its gradients itself; set parallel.ddp = "
+         "none",
+         p.ddp);
+  const auto& t = c.train;
+  if (t.activation_checkpointing == "every-k" && t.checkpoint_k > c.model.num_layers)
+    fail("train.checkpoint_k = {} exceeds model.num_layers = {}; choose a group size between 1 and {}", t.checkpoint_k,
+         c.model.num_layers, c.model.num_layers);
+}
+
 void check_bench(const Config& c) {
   if (c.bench.min_bytes > c.bench.max_bytes)
     fail("bench.min_bytes = {} exceeds bench.max_bytes = {}; set bench.min_bytes <= bench.max_bytes", c.bench.min_bytes,
@@ -177,6 +190,7 @@ void validate(const Config& c, int world_size) {
   check_data(c);
   check_optim(c);
   check_bench(c);
+  check_modes(c);
   check_layout(c, world_size);
 }
 

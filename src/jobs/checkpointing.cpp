@@ -30,7 +30,7 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
   Context& ctx = env.rt.ctx();
   auto& ps = trainer.params();
   LMSCALE_CHECK(ps.master_dtype() == DType::f32, "weights files hold fp32 master weights");
-  const std::vector<float> params = to_host(ctx, ps.flat_params());
+  const std::vector<float> params = trainer.full_parameters();   // collective under fsdp
   std::vector<float> m, v;
   io::OptimizerArrays opt;
   if (with_optimizer_state) {
@@ -60,8 +60,7 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   std::vector<float> flat(static_cast<std::size_t>(ps.numel()));
   for (const auto& p : ps.infos()) r.read(p.name, p.shape, flat.data() + p.offset);
   Tensor src = Tensor::view(flat.data(), {ps.numel()}, DType::f32, Device::cpu);
-  ops::copy(ctx, src, ps.flat_params());
-  ps.refresh_lowp(ctx);
+  trainer.set_parameters(flat);
   if (!r.has_optimizer_state()) return;   // a weights file: fresh optimizer, step 0
   if (!trainer.optimizer()) throw UsageError("train.resume: resuming optimizer state with parallel.zero is not supported yet");
   for (const char* moment : {"m", "v"}) {

@@ -40,11 +40,6 @@ void reject_unbuilt_modes(const Config& c) {
     throw UsageError(fmt::format("parallel.tp = {}, parallel.pp = {}: tensor and pipeline parallelism are not built in "
                                  "this version; set parallel.tp = 1 and parallel.pp = 1 (data parallelism: parallel.ddp, "
                                  "parallel.zero)", p.tp, p.pp));
-  if (p.zero == "fsdp")
-    throw UsageError("parallel.zero = fsdp is not built in this version; use zero1, zero2 or zero1-broadcast");
-  if (c.train.activation_checkpointing != "none")
-    throw UsageError("train.activation_checkpointing = " + c.train.activation_checkpointing +
-                     " is not built in this version; use none");
   if (c.optim.name != "adamw")
     throw UsageError("optim.name = " + c.optim.name + " is not built in this version; use adamw");
 }

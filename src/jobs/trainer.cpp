@@ -7,6 +7,7 @@
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/grad_clip.h"
 #include "lmscale/parallel/ddp.h"
+#include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/gradient_sync.h"
 #include "lmscale/parallel/zero.h"
 #include "lmscale/comm/communicator.h"
@@ -44,23 +45,39 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   // One process and ZeRO-2 keep gradients in per-bucket buffers that exist only from the backward
   // to the optimizer step (so they never coexist with the whole forward's activations); DDP and
   // the other ZeRO levels reduce one flat buffer.
-  const bool bucket_grads = dp == 1 || env.cfg.parallel.zero == "zero2";
-  params_ = std::make_unique<model::ParameterStore>(dims_, master_, lowp_, *ctx.allocator, !bucket_grads);
+  // FSDP keeps only shards (the store holds no flat buffers). With one data-parallel rank every
+  // sharding mode is the plain single-process path.
+  const auto& pc = env.cfg.parallel;
+  const bool fsdp = dp > 1 && pc.zero == "fsdp";
+  const bool bucket_grads = dp == 1 || pc.zero == "zero2";
+  using Buffers = model::ParameterStore::Buffers;
+  params_ = std::make_unique<model::ParameterStore>(
+      dims_, master_, lowp_, *ctx.allocator,
+      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads));
   params_->init(env.cfg.run.seed, ctx);
   model_ = std::make_unique<model::TransformerLM>(dims_, *params_);
-  const auto& pc = env.cfg.parallel;
+  model_->set_recompute(
+      model::RecomputePolicy::from(env.cfg.train.activation_checkpointing, env.cfg.train.checkpoint_k));
   if (dp > 1) {
     LMSCALE_CHECK(env.comm && env.host_comm, "data parallelism needs the world communicators");
     if (env.comm->device() == Device::cuda) env.comm->set_compute_stream(ctx.stream);
     const parallel::DdpMode ddp = parallel::parse_ddp_mode(pc.ddp == "none" ? "flat" : pc.ddp);
-    if (pc.zero != "none") {
-      zero_ = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *env.comm, *env.host_comm,
-                                                        env.cfg.optim);
-      zero_->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
-                        params_->has_lowp() ? &params_->flat_lowp() : nullptr},
-                       ctx);
-      zero_->make_sync(ddp, *params_, pc.bucket_mb, ctx);
-      sync_ = &zero_->sync();
+    if (fsdp) {
+      auto f = std::make_unique<parallel::FullyShardedDataParallel>(*params_, *env.comm, *env.host_comm, env.cfg.optim,
+                                                                    parallel::FsdpOptions::from(pc),
+                                                                    env.cfg.run.seed, env.rt);
+      fsdp_ = f.get();
+      sharded_ = std::move(f);
+      sync_ = &sharded_->sync();
+    } else if (pc.zero != "none") {
+      auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *env.comm,
+                                                            *env.host_comm, env.cfg.optim);
+      zero->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
+                       params_->has_lowp() ? &params_->flat_lowp() : nullptr},
+                      ctx);
+      zero->make_sync(ddp, *params_, pc.bucket_mb, ctx);
+      sharded_ = std::move(zero);
+      sync_ = &sharded_->sync();
     } else {
       auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *env.comm, *env.host_comm, *params_, pc.bucket_mb);
       ddp_sync->broadcast_parameters(ctx);
@@ -71,7 +88,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     lazy_ = std::make_unique<model::LazyGradients>(*params_, kLazyBucketBytes, *ctx.allocator);
   }
   if (!sync_) sync_ = owned_sync_.get();
-  if (!zero_) adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
+  if (!sharded_) adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
   memory_points_["after_init"] = env.rt.allocator().tracker().by_tag();
 }
 
@@ -114,10 +131,10 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
   for (std::int64_t m = 0; m < grad_accum_; ++m) {
     auto [in, tg] = upload(tokens, T, m * micro, (m + 1) * micro);
     auto t0 = rt.mark();
-    auto act = model_->forward(ctx, in, tg, true, grad_scale);
+    auto act = model_->forward(ctx, in, tg, true, grad_scale, sync_->forward_hooks(true));
     auto t1 = rt.mark();
     // The first micro-batch overwrites the gradients, later ones add to them.
-    model_->backward(ctx, *act, sync_->hooks(m + 1 == grad_accum_), m > 0);
+    model_->backward(ctx, *act, sync_->hooks(static_cast<int>(m), static_cast<int>(grad_accum_)), m > 0);
     auto t2 = rt.mark();
     loss_sums.push_back(act->loss_sum);
     r.times.forward_ms += rt.elapsed_ms(t0, t1);
@@ -166,8 +183,8 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   // every rank holds the summed gradients; with ZeRO each holds its range (summed over ranks).
   const double inv_scale = 1.0 / scaler_.scale();
   double sq = 0;
-  if (zero_) {
-    sq = zero_->grad_sum_squares(ctx);
+  if (sharded_) {
+    sq = sharded_->grad_sum_squares(ctx);
   } else if (lazy_) {
     std::vector<Tensor> parts;
     for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) parts.push_back(lazy_->bucket(b));
@@ -182,8 +199,8 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   r.lr = schedule_.at(step_);
   if (scaler_.update(!finite) && finite) {
     const double clip = optim::clip_factor(norm, env_.cfg.optim.grad_clip);
-    if (zero_) {
-      zero_->step(ctx, r.lr, inv_scale * clip);
+    if (sharded_) {
+      sharded_->step(ctx, r.lr, inv_scale * clip);
     } else if (lazy_) {
       adamw_->begin_step();
       for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) {
@@ -220,11 +237,31 @@ double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64
   const std::int64_t rows = static_cast<std::int64_t>(tokens.size()) / (T + 1);
   auto [in, tg] = upload(tokens, T, 0, rows);
   auto t0 = rt.mark();
-  auto act = model_->forward(ctx, in, tg, false, 1.0);
+  auto act = model_->forward(ctx, in, tg, false, 1.0, sync_->forward_hooks(false));
   auto t1 = rt.mark();
   if (times) times->forward_ms = rt.elapsed_ms(t0, t1);
   rt.allocator().tracker().mark_phase("forward");
   return reduce_loss(act->loss_sum, static_cast<double>(sync_->sum_scalar(static_cast<double>(rows)) * T));
+}
+
+std::vector<float> Trainer::full_parameters() {
+  Context& ctx = env_.rt.ctx();
+  if (fsdp_) return fsdp_->full_parameters(ctx);
+  LMSCALE_CHECK(params_->master_dtype() == DType::f32, "full_parameters: fp32 master weights only");
+  std::vector<float> h(static_cast<std::size_t>(params_->numel()));
+  Tensor dst = Tensor::view(h.data(), {params_->numel()}, DType::f32, Device::cpu);
+  ops::copy(ctx, params_->flat_params(), dst);
+  return h;
+}
+
+void Trainer::set_parameters(const std::vector<float>& flat) {
+  Context& ctx = env_.rt.ctx();
+  if (fsdp_) return fsdp_->set_parameters(ctx, flat);
+  LMSCALE_CHECK(static_cast<std::int64_t>(flat.size()) == params_->numel(), "set_parameters: {} values for {}",
+                flat.size(), params_->numel());
+  Tensor src = Tensor::view(const_cast<float*>(flat.data()), {params_->numel()}, DType::f32, Device::cpu);
+  ops::copy(ctx, src, params_->flat_params());
+  params_->refresh_lowp(ctx);
 }
 
 }  // namespace lmscale::jobs

@@ -58,13 +58,25 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
   for (std::int64_t i = begin; i < end; ++i) out[i - begin] = rng.truncated_normal(static_cast<std::uint64_t>(i), std, 3.0);
 }
 
-ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, bool flat_gradients)
-    : infos_(parameter_layout(dims)), has_flat_grads_(flat_gradients) {
+ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers)
+    : infos_(parameter_layout(dims)), master_(master), lowp_dtype_(lowp),
+      has_flat_params_(buffers != Buffers::none), has_flat_grads_(buffers == Buffers::params_and_grads) {
   total_ = infos_.back().offset + infos_.back().numel;
-  params_ = Tensor::empty({total_}, master, alloc, "parameters");
-  if (flat_gradients) grads_ = Tensor::empty({total_}, master, alloc, "gradients");
-  has_lowp_ = lowp != master;
+  if (has_flat_params_) params_ = Tensor::empty({total_}, master, alloc, "parameters");
+  if (has_flat_grads_) grads_ = Tensor::empty({total_}, master, alloc, "gradients");
+  has_lowp_ = lowp != master && has_flat_params_;
   if (has_lowp_) lowp_ = Tensor::empty({total_}, lowp, alloc, "parameters_lowp");
+}
+
+Tensor& ParameterStore::flat_params() {
+  LMSCALE_CHECK(has_flat_params_, "this parameter store holds no flat parameters (FSDP keeps shards)");
+  return params_;
+}
+
+Tensor ParameterStore::param(int i) const {
+  LMSCALE_CHECK(has_flat_params_, "parameter {}: this store holds no flat parameters (FSDP keeps shards)",
+                infos_[static_cast<std::size_t>(i)].name);
+  return view(params_, i);
 }
 
 int ParameterStore::index(const std::string& name) const {
@@ -79,44 +91,54 @@ Tensor ParameterStore::view(const Tensor& flat, int i) const {
 }
 
 Tensor ParameterStore::compute_weight(int i) const {
+  if (!has_flat_params_) {
+    LMSCALE_CHECK(static_cast<bool>(weights_), "weight {} requested but no weight provider is set",
+                  infos_[static_cast<std::size_t>(i)].name);
+    return weights_(i);
+  }
   if (has_lowp_ && infos_[static_cast<std::size_t>(i)].kind != ParamInfo::Kind::norm) return view(lowp_, i);
   return view(params_, i);
 }
 
-void ParameterStore::init(std::uint64_t seed, Context& ctx) {
-  // Values are computed on the host in fp64 by several threads (each parameter split into
-  // chunks), converted to the master dtype and copied to the device in pieces of <= 64 Mi
-  // elements so the host staging buffer stays small.
-  const std::int64_t chunk = std::int64_t{1} << 26;
+void fill_initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, std::int64_t end, Tensor dst,
+                         Context& ctx) {
+  LMSCALE_CHECK(dst.numel() == end - begin, "fill_initial_values: {} elements for [{}, {})", dst.numel(), begin, end);
+  // Values are computed on the host in fp64 by several threads (the range split into chunks),
+  // converted to dst's dtype and copied in pieces of <= 64 Mi elements so the host staging
+  // buffer stays small.
+  const std::int64_t chunk = std::min<std::int64_t>(std::int64_t{1} << 26, std::max<std::int64_t>(end - begin, 1));
   HostAllocator staging_alloc;
   Tensor staging64 = Tensor::empty({chunk}, DType::f64, staging_alloc, "init_staging");
-  Tensor staging = params_.dtype() == DType::f64 ? staging64 : Tensor::empty({chunk}, params_.dtype(), staging_alloc, "init_staging");
+  Tensor staging = dst.dtype() == DType::f64 ? staging64 : Tensor::empty({chunk}, dst.dtype(), staging_alloc, "init_staging");
   const unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   Context host_ctx;
   host_ctx.device = Device::cpu;
   host_ctx.allocator = &staging_alloc;
   host_ctx.host = &staging_alloc;
-  for (const ParamInfo& p : infos_) {
-    for (std::int64_t b = 0; b < p.numel; b += chunk) {
-      const std::int64_t n = std::min(chunk, p.numel - b);
-      double* out = staging64.data_as<double>();
-      std::vector<std::thread> workers;
-      const std::int64_t per = (n + nthreads - 1) / nthreads;
-      for (unsigned t = 0; t < nthreads; ++t) {
-        const std::int64_t lo = t * per, hi = std::min(n, lo + per);
-        if (lo >= hi) break;
-        workers.emplace_back([&, lo, hi] { initial_values(p, seed, b + lo, b + hi, out + lo); });
-      }
-      for (auto& w : workers) w.join();
-      Tensor src64 = staging64.flat_range(0, n);
-      Tensor src = staging.flat_range(0, n);
-      if (staging.dtype() != DType::f64) ops::cast(host_ctx, src64, src);
-      Tensor dst = params_.flat_range(p.offset + b, n);
-      // A copy from pageable host memory returns once the source bytes are staged, so reusing
-      // the staging buffer for the next chunk is safe.
-      ops::copy(ctx, src, dst);
+  for (std::int64_t b = begin; b < end; b += chunk) {
+    const std::int64_t n = std::min(chunk, end - b);
+    double* out = staging64.data_as<double>();
+    std::vector<std::thread> workers;
+    const std::int64_t per = (n + nthreads - 1) / nthreads;
+    for (unsigned t = 0; t < nthreads; ++t) {
+      const std::int64_t lo = t * per, hi = std::min(n, lo + per);
+      if (lo >= hi) break;
+      workers.emplace_back([&, lo, hi] { initial_values(p, seed, b + lo, b + hi, out + lo); });
     }
+    for (auto& w : workers) w.join();
+    Tensor src64 = staging64.flat_range(0, n);
+    Tensor src = staging.flat_range(0, n);
+    if (staging.dtype() != DType::f64) ops::cast(host_ctx, src64, src);
+    Tensor part = dst.flat_range(b - begin, n);
+    // A copy from pageable host memory returns once the source bytes are staged, so reusing
+    // the staging buffer for the next chunk is safe.
+    ops::copy(ctx, src, part);
   }
+}
+
+void ParameterStore::init(std::uint64_t seed, Context& ctx) {
+  if (!has_flat_params_) return;
+  for (const ParamInfo& p : infos_) fill_initial_values(p, seed, 0, p.numel, params_.flat_range(p.offset, p.numel), ctx);
   zero_grads(ctx);
   refresh_lowp(ctx);
 }

@@ -1,5 +1,8 @@
 #include "lmscale/model/transformer.h"
 
+#include <algorithm>
+#include <functional>
+
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
@@ -13,6 +16,10 @@ enum Slot { kQ = 0, kK, kV, kO, kLn1, kW1, kW2, kW3, kLn2 };
 void notify(const ParallelContext& pc, int i) {
   if (pc.on_grad_ready) pc.on_grad_ready(i);
 }
+void call(const std::function<void(int)>& hook, int unit) {
+  if (hook) hook(unit);
+}
+bool present(const Tensor& t) { return t.defined() && t.numel() > 0; }
 }  // namespace
 
 TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
@@ -23,7 +30,7 @@ TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
 }
 
 std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& tokens, const Tensor& targets,
-                                                    bool keep, double grad_scale) {
+                                                    bool keep, double grad_scale, const ParallelContext& pc) {
   NvtxRange range("forward");
   LMSCALE_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::i32, "tokens must be int32 [B,T], got {}",
                 shape_str(tokens.shape()));
@@ -33,65 +40,93 @@ std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& 
   LMSCALE_CHECK(act->T <= dims_.context, "sequence length {} exceeds model.context_length {}", act->T, dims_.context);
   act->tokens = tokens;
   act->targets = targets;
-  const std::int64_t N = act->B * act->T, d = dims_.d_model, V = dims_.vocab;
-  Allocator& A = *ctx.allocator;
+  const std::int64_t N = act->B * act->T, d = dims_.d_model;
+  const int head_unit = static_cast<int>(dims_.layers) + 1;
 
-  Tensor x = Tensor::empty({N, d}, compute_, A, "activations");
+  Tensor x = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
   {
     NvtxRange r("embedding");
+    call(pc.before_forward, 0);
     ops::embedding(ctx, tokens.reshape({N}), params_.compute_weight(0), x);
+    call(pc.after_forward, 0);
   }
-  x = run_blocks_forward(ctx, *act, x, keep);
+  x = run_blocks_forward(ctx, *act, x, keep, pc);
 
   NvtxRange r("lm_head");
-  const int ln_final = 1 + static_cast<int>(dims_.layers) * 9;
-  Tensor rstd = Tensor::empty({N}, stats_, A, "activations");
-  Tensor y = Tensor::empty({N, d}, compute_, A, "activations");
-  ops::rmsnorm(ctx, x, params_.compute_weight(ln_final), dims_.norm_eps, y, rstd);
-  Tensor logits = Tensor::empty({N, V}, compute_, A, "logits");
-  ops::linear(ctx, y, params_.compute_weight(ln_final + 1), logits);
-  if (keep) {
-    act->x_final = x;
-    act->rstd_final = rstd;
-    act->y_final = y;
-  }
+  call(pc.before_forward, head_unit);
+  Tensor logits = head_forward(ctx, *act, x, keep);
   if (targets.defined() && targets.numel() > 0) {
-    act->loss_sum = Tensor::empty({1}, stats_, A, "loss");
+    act->loss_sum = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
     ops::cross_entropy(ctx, logits, targets.reshape({N}), act->loss_sum, keep ? &logits : nullptr, grad_scale);
   }
   if (keep) act->dlogits = logits;
+  call(pc.after_forward, head_unit);
   return act;
 }
 
-Tensor TransformerLM::logits(Context& ctx, const Tensor& tokens) {
+Tensor TransformerLM::logits(Context& ctx, const Tensor& tokens, const ParallelContext& pc) {
   const std::int64_t N = tokens.numel(), d = dims_.d_model;
   Activations act;
   act.B = tokens.dim(0);
   act.T = tokens.dim(1);
   Tensor x = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
+  call(pc.before_forward, 0);
   ops::embedding(ctx, tokens.reshape({N}), params_.compute_weight(0), x);
-  x = run_blocks_forward(ctx, act, x, false);
-  const int ln_final = 1 + static_cast<int>(dims_.layers) * 9;
-  Tensor rstd = Tensor::empty({N}, stats_, *ctx.allocator, "activations");
-  Tensor y = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
-  ops::rmsnorm(ctx, x, params_.compute_weight(ln_final), dims_.norm_eps, y, rstd);
-  Tensor out = Tensor::empty({N, dims_.vocab}, compute_, *ctx.allocator, "logits");
-  ops::linear(ctx, y, params_.compute_weight(ln_final + 1), out);
+  call(pc.after_forward, 0);
+  x = run_blocks_forward(ctx, act, x, false, pc);
+  const int head_unit = static_cast<int>(dims_.layers) + 1;
+  call(pc.before_forward, head_unit);
+  Tensor out = head_forward(ctx, act, x, false);
+  call(pc.after_forward, head_unit);
   return out;
 }
 
-Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep) {
-  act.blocks.assign(keep ? static_cast<std::size_t>(dims_.layers) : 0, BlockActivations{});
-  for (int l = 0; l < dims_.layers; ++l) {
+Tensor TransformerLM::head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep) {
+  const std::int64_t N = x.dim(0), d = dims_.d_model;
+  const int ln_final = 1 + static_cast<int>(dims_.layers) * 9;
+  Allocator& A = *ctx.allocator;
+  Tensor rstd = Tensor::empty({N}, stats_, A, "activations");
+  Tensor y = Tensor::empty({N, d}, compute_, A, "activations");
+  ops::rmsnorm(ctx, x, params_.compute_weight(ln_final), dims_.norm_eps, y, rstd);
+  Tensor logits = Tensor::empty({N, dims_.vocab}, compute_, A, "logits");
+  ops::linear(ctx, y, params_.compute_weight(ln_final + 1), logits);
+  if (keep) {
+    act.x_final = x;
+    act.rstd_final = rstd;
+    act.y_final = y;
+  }
+  return logits;
+}
+
+Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep,
+                                         const ParallelContext& pc) {
+  const int L = static_cast<int>(dims_.layers);
+  using Mode = RecomputePolicy::Mode;
+  const bool every_k = keep && recompute_.mode == Mode::every_k;
+  const bool selective = keep && recompute_.mode == Mode::selective;
+  act.blocks.assign(keep ? static_cast<std::size_t>(L) : 0, BlockActivations{});
+  if (every_k) act.group_inputs.assign(static_cast<std::size_t>((L + recompute_.k - 1) / recompute_.k), Tensor());
+  for (int l = 0; l < L; ++l) {
     NvtxRange r("layer");
-    BlockActivations scratch;   // without `keep` the block's saved tensors die with it
-    x = block_forward(ctx, l, act.B, act.T, x, keep ? act.blocks[static_cast<std::size_t>(l)] : scratch);
+    call(pc.before_forward, l + 1);
+    if (every_k && l % recompute_.k == 0) act.group_inputs[static_cast<std::size_t>(l / recompute_.k)] = x;
+    BlockActivations scratch;   // without `keep` (or under every-k) the block's saved tensors die with it
+    BlockActivations& s = keep && !every_k ? act.blocks[static_cast<std::size_t>(l)] : scratch;
+    x = block_forward(ctx, l, act.B, act.T, x, s);
+    if (selective) {
+      // Recomputed in the backward from what stays (see recompute.h).
+      s.y1 = Tensor();
+      s.y2 = Tensor();
+      s.g = Tensor();
+      if (!dims_.flash) s.attn_aux = Tensor();
+    }
+    call(pc.after_forward, l + 1);
   }
   return x;
 }
 
 Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::int64_t T, const Tensor& x,
-                                    BlockActivations& s) {
+                                    BlockActivations& s, bool need_output) {
   const std::int64_t N = B * T, d = dims_.d_model, F = dims_.d_ff, H = dims_.heads, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
   auto W = [&](int slot) { return params_.compute_weight(pidx(l, slot)); };
@@ -134,6 +169,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   ops::linear(ctx, s.y2, W(kW3), s.b);
   s.g = act(F);
   ops::swiglu(ctx, s.a, s.b, s.g);
+  if (!need_output) return Tensor();   // a recompute's last block: its output is not needed again
   Tensor out = act(d);
   ops::linear(ctx, s.g, W(kW2), out);
   ops::add(ctx, s.h, out, out);
@@ -156,6 +192,10 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   {
     // FFN: out = h + w2(silu(w1 y2) * w3 y2), y2 = rmsnorm2(h); dx holds d(out).
     NvtxRange r("ffn_block_backward");
+    if (!present(s.g)) {   // selective checkpointing: g = silu(a) * b again
+      s.g = act(F);
+      ops::swiglu(ctx, s.a, s.b, s.g);
+    }
     Tensor dg = act(F);
     Tensor gW2 = G(kW2);
     ops::linear_backward(ctx, s.g, W(kW2), dx, &dg, &gW2, accumulate);
@@ -166,6 +206,11 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     dg = Tensor();
     s.a = Tensor();
     s.b = Tensor();
+    if (!present(s.y2)) {   // selective: y2 = rmsnorm2(h) again (rstd is the kept one's twin)
+      s.y2 = act(d);
+      Tensor rstd = Tensor::empty({N}, stats_, A, "activation_grads");
+      ops::rmsnorm(ctx, s.h, W(kLn2), dims_.norm_eps, s.y2, rstd);
+    }
     Tensor dy2 = act(d), dy2b = act(d);
     Tensor gW1 = G(kW1), gW3 = G(kW3);
     ops::linear_backward(ctx, s.y2, W(kW1), da, &dy2, &gW1, accumulate);
@@ -190,6 +235,12 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   if (dims_.flash) {
     ops::attention_flash_backward(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux, dO, dq, dk, dv);
   } else {
+    if (!present(s.attn_aux)) {   // selective: the probabilities again (the output is discarded)
+      NvtxRange rr("recompute_probs");
+      s.attn_aux = Tensor::empty({B, H, T, T}, compute_, A, "attention_probs");
+      Tensor o = act(d);
+      ops::attention_naive(ctx, shape, s.q, s.k, s.v, o, s.attn_aux);
+    }
     ops::attention_naive_backward(ctx, shape, s.q, s.k, s.v, s.attn_aux, dO, dq, dk, dv);
   }
   s.attn_aux = Tensor();
@@ -197,6 +248,11 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   dO = Tensor();
   ops::rope(ctx, dq, B, T, H, Dh, dims_.rope_theta, true);
   ops::rope(ctx, dk, B, T, H, Dh, dims_.rope_theta, true);
+  if (!present(s.y1)) {   // selective: y1 = rmsnorm1(x) again
+    s.y1 = act(d);
+    Tensor rstd = Tensor::empty({N}, stats_, A, "activation_grads");
+    ops::rmsnorm(ctx, s.x, W(kLn1), dims_.norm_eps, s.y1, rstd);
+  }
   Tensor dy1 = act(d), tmp = act(d);
   Tensor gq = G(kQ), gk = G(kK), gv = G(kV);
   ops::linear_backward(ctx, s.y1, W(kQ), dq, &dy1, &gq, accumulate);
@@ -224,6 +280,7 @@ void TransformerLM::backward(Context& ctx, Activations& act, const ParallelConte
   Tensor dx = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
   {
     NvtxRange r("lm_head_backward");
+    call(pc.before_backward, L + 1);
     Tensor dy = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
     Tensor gHead = params_.grad(head);
     ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dy, &gHead, accumulate);
@@ -234,15 +291,39 @@ void TransformerLM::backward(Context& ctx, Activations& act, const ParallelConte
     ops::rmsnorm_backward(ctx, act.x_final, params_.compute_weight(ln_final), act.rstd_final, dy, dx, gLnF);
     notify(pc, ln_final);
     act.x_final = Tensor();
+    call(pc.after_backward, L + 1);
   }
-  for (int l = L - 1; l >= 0; --l) {
-    NvtxRange r("layer_backward");
-    block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate);
-  }
+  blocks_backward(ctx, act, dx, pc, accumulate);
   NvtxRange r("embedding_backward");
+  call(pc.before_backward, 0);
   Tensor gEmb = grad_for_adding(ctx, 0, accumulate);
   ops::embedding_backward(ctx, act.tokens.reshape({N}), dx, gEmb);
   notify(pc, 0);
+  call(pc.after_backward, 0);
+}
+
+void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, const ParallelContext& pc,
+                                    bool accumulate) {
+  const int L = static_cast<int>(dims_.layers);
+  // Without every-k a group is one block whose activations the forward kept.
+  const bool every_k = !act.group_inputs.empty();
+  const int k = every_k ? recompute_.k : 1;
+  for (int g = (L + k - 1) / k - 1; g >= 0; --g) {   // groups [g k, min(L, (g+1) k)), last first
+    const int lo = g * k, hi = std::min(L, lo + k);
+    for (int l = hi - 1; l >= lo; --l) call(pc.before_backward, l + 1);
+    if (every_k) {
+      NvtxRange r("recompute");
+      Tensor x = act.group_inputs[static_cast<std::size_t>(g)];
+      act.group_inputs[static_cast<std::size_t>(g)] = Tensor();
+      for (int l = lo; l < hi; ++l)
+        x = block_forward(ctx, l, act.B, act.T, x, act.blocks[static_cast<std::size_t>(l)], l + 1 < hi);
+    }
+    for (int l = hi - 1; l >= lo; --l) {
+      NvtxRange r("layer_backward");
+      block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate);
+      call(pc.after_backward, l + 1);
+    }
+  }
 }
 
 }  // namespace lmscale::model

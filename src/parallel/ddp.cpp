@@ -54,9 +54,9 @@ void DataParallel::on_ready(int i) {
   }
 }
 
-model::ParallelContext DataParallel::hooks(bool last_micro) {
+model::ParallelContext DataParallel::hooks(int micro, int micro_count) {
   model::ParallelContext pc;
-  if (!last_micro || (mode_ != DdpMode::overlap && mode_ != DdpMode::bucketed)) return pc;
+  if (micro + 1 != micro_count || (mode_ != DdpMode::overlap && mode_ != DdpMode::bucketed)) return pc;
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last - buckets_[b].first + 1;
   inflight_.clear();
   pc.on_grad_ready = [this](int i) { on_ready(i); };

@@ -41,9 +41,9 @@ class ReduceScatterSync final : public GradientSync {
     }
   }
 
-  model::ParallelContext hooks(bool last_micro) override {
+  model::ParallelContext hooks(int micro, int micro_count) override {
     model::ParallelContext pc;
-    if (!last_micro || buckets_.empty()) return pc;
+    if (micro + 1 != micro_count || buckets_.empty()) return pc;
     for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last - buckets_[b].first + 1;
     inflight_.clear();
     armed_ = true;

@@ -50,6 +50,8 @@ struct ParallelConfig {
   std::string ddp = "none";             // none | naive | flat | overlap | bucketed
   double bucket_mb = 25.0;
   std::string zero = "none";            // none | zero1-broadcast | zero1 | zero2 | fsdp
+  std::int64_t fsdp_prefetch = 1;       // fsdp: units gathered ahead of the one computing
+  bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
   std::int64_t microbatches = 1;
   std::string schedule = "1f1b";        // gpipe | 1f1b
 

@@ -20,7 +20,8 @@
 
 namespace lmscale::parallel {
 class GradientSync;
-class ZeroOptimizer;
+class ShardedOptimizer;
+class FullyShardedDataParallel;
 }
 
 namespace lmscale::jobs {
@@ -54,9 +55,15 @@ class Trainer {
 
   model::ParameterStore& params() { return *params_; }
   model::TransformerLM& model() { return *model_; }
-  // Null with a sharded optimizer (parallel.zero): then zero() holds the state.
+  // Null with a sharded optimizer (parallel.zero): then sharded() holds the state.
   optim::AdamW* optimizer() { return adamw_.get(); }
-  parallel::ZeroOptimizer* zero() { return zero_.get(); }
+  parallel::ShardedOptimizer* sharded() { return sharded_.get(); }
+  // parallel.zero = fsdp on several ranks (the store then holds no flat parameters), else null.
+  parallel::FullyShardedDataParallel* fsdp() { return fsdp_; }
+  // The full fp32 parameters in the store's flat layout on the host (collective under fsdp).
+  std::vector<float> full_parameters();
+  // Sets them from that layout on every rank (after loading a weights file).
+  void set_parameters(const std::vector<float>& flat);
   parallel::GradientSync& sync() { return *sync_; }
   // Bytes per allocation tag at points of the last step: "after_init", "before_optimizer",
   // "after_optimizer" (DESIGN §5 memory accounting).
@@ -81,7 +88,8 @@ class Trainer {
   std::unique_ptr<model::ParameterStore> params_;
   std::unique_ptr<model::TransformerLM> model_;
   std::unique_ptr<optim::AdamW> adamw_;
-  std::unique_ptr<parallel::ZeroOptimizer> zero_;
+  std::unique_ptr<parallel::ShardedOptimizer> sharded_;
+  parallel::FullyShardedDataParallel* fsdp_ = nullptr;   // sharded_ when it is fsdp
   // One process: gradients per bucket, allocated during the backward, freed after the step.
   std::unique_ptr<model::LazyGradients> lazy_;
   void release_gradients();

@@ -1,6 +1,30 @@
 #pragma once
 // How parallel strategies reach into the model without the model knowing about communication
 // (DESIGN.md §1). With every degree 1 it is a no-op: the default-constructed context.
+//
+// The model is a sequence of *units*, in forward order:
+//   unit 0         the token embedding
+//   unit 1 .. L    blocks 0 .. L-1
+//   unit L + 1     the final RMSNorm and the LM head (with the loss)
+// A strategy sees each unit's use of its weights through four hooks, called in this order:
+//   forward:   before_forward(u), the unit's forward, after_forward(u)        for u = 0 .. L+1
+//   backward:  before_backward(u), [recompute], the unit's backward, after_backward(u)
+//                                                                             for u = L+1 .. 0
+// With activation checkpointing every k blocks the backward calls before_backward for all the
+// units of a group (highest first) before it recomputes the group's forward, then runs the
+// group's backwards, each followed by its after_backward. The recompute itself calls no forward
+// hooks: the weights it reads are the ones before_backward made available.
+//
+// The design covers the three model-parallel modes (docs/design-notes.md, "ParallelContext"):
+//   - FSDP (parallel/fsdp.cpp): before_* gathers a unit's weights (and prefetches the next),
+//     after_forward frees them, after_backward reduce-scatters the unit's gradients. The weights
+//     and gradients themselves are reached through the ParameterStore's providers.
+//   - tensor parallelism: a static part (the degree and rank, from which the model derives its
+//     local shapes) and the Megatron f/g collective points of each sublayer as callbacks here.
+//   - pipeline parallelism: a static part (the stage's unit range; whether it owns the embedding
+//     and the head); the schedule in parallel/ drives the model one microbatch and one stage at a
+//     time through the same per-unit forward and backward.
+// Only the parts that are built exist as members; the others are added by their modes.
 #include <functional>
 
 namespace lmscale::model {
@@ -10,6 +34,9 @@ struct ParallelContext {
   // pass (in reverse layer order), so data-parallel strategies can start reducing it while the
   // backward goes on.
   std::function<void(int param_index)> on_grad_ready;
+
+  // Per-unit hooks (units as above); any may be empty.
+  std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
 };
 
 }  // namespace lmscale::model

@@ -32,15 +32,27 @@ std::vector<ParamInfo> parameter_layout(const ModelDims& dims);
 // weights truncated normal std sqrt(2/(d_in+d_out)) within +-3 std, embeddings std 1 within
 // +-3, norms 1. A pure function of (seed, name, element index): any shard, any rank, same values.
 void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, std::int64_t end, double* out);
+// The same values written into dst (any device, any float dtype, dst.numel() == end - begin),
+// computed on the host by several threads and copied in pieces of <= 64 Mi elements.
+void fill_initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, std::int64_t end, Tensor dst,
+                         Context& ctx);
 
 class ParameterStore {
  public:
+  // Which flat buffers the store owns:
+  //   params_and_grads  master (+ working copy) and gradients (DDP, zero1)
+  //   params_only       master (+ working copy); gradients from a provider (one process, zero2:
+  //                     per-bucket buffers)
+  //   none              nothing: weights and gradients both come from providers (FSDP, which
+  //                     holds shards and gathers a unit's weights around its use)
+  enum class Buffers { params_and_grads, params_only, none };
   // master: fp32 (or fp64 for gradient checks); lowp: bf16/fp16 working copy, or the same dtype
-  // as master for none. flat_gradients = false: no flat gradient buffer; gradients come from a
-  // provider (set_grad_provider) that allocates them piecewise (ZeRO-2's per-bucket buffers).
-  ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, bool flat_gradients = true);
+  // as master for none.
+  ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc,
+                 Buffers buffers = Buffers::params_and_grads);
 
   // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
+  // (Buffers::none: the provider's owner initialises its shards itself.)
   void init(std::uint64_t seed, Context& ctx);
   void zero_grads(Context& ctx);
   // Refreshes the working copy from the master weights (after loading a checkpoint).
@@ -50,19 +62,24 @@ class ParameterStore {
   int size() const { return static_cast<int>(infos_.size()); }
   int index(const std::string& name) const;   // throws on unknown names
   std::int64_t numel() const { return total_; }
-  DType master_dtype() const { return params_.dtype(); }
-  DType lowp_dtype() const { return has_lowp_ ? lowp_.dtype() : params_.dtype(); }
+  DType master_dtype() const { return master_; }
+  // The dtype the forward computes in (bf16/fp16 in mixed precision, else the master dtype).
+  DType lowp_dtype() const { return lowp_dtype_; }
   bool has_lowp() const { return has_lowp_; }
 
-  Tensor& flat_params() { return params_; }
+  bool has_flat_params() const { return has_flat_params_; }
+  Tensor& flat_params();
   bool has_flat_grads() const { return has_flat_grads_; }
   Tensor& flat_grads();
   // Where gradient i lives when there is no flat buffer: called by grad(i) each time the
   // backward asks for it (the provider allocates on first use).
   using GradProvider = std::function<Tensor(int)>;
   void set_grad_provider(GradProvider p) { provider_ = std::move(p); }
-  Tensor& flat_lowp() { return has_lowp_ ? lowp_ : params_; }
-  Tensor param(int i) const { return view(params_, i); }
+  // What compute_weight(i) returns when the store has no flat buffers (FSDP's gathered weights).
+  using WeightProvider = std::function<Tensor(int)>;
+  void set_weight_provider(WeightProvider p) { weights_ = std::move(p); }
+  Tensor& flat_lowp() { return has_lowp_ ? lowp_ : flat_params(); }
+  Tensor param(int i) const;
   Tensor grad(int i) const;
   // What the forward reads for parameter i: the working copy for matmuls and embeddings in mixed
   // precision, the master weights otherwise (norm weights are always read in full precision).
@@ -72,10 +89,13 @@ class ParameterStore {
   Tensor view(const Tensor& flat, int i) const;
   std::vector<ParamInfo> infos_;
   std::int64_t total_ = 0;
+  DType master_, lowp_dtype_;
   Tensor params_, grads_, lowp_;
   bool has_lowp_ = false;
+  bool has_flat_params_ = true;
   bool has_flat_grads_ = true;
   GradProvider provider_;
+  WeightProvider weights_;
 };
 
 }  // namespace lmscale::model

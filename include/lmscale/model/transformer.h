@@ -15,6 +15,7 @@
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/parallel_context.h"
 #include "lmscale/model/parameter_store.h"
+#include "lmscale/model/recompute.h"
 
 namespace lmscale::model {
 
@@ -33,7 +34,8 @@ struct BlockActivations {
 struct Activations {
   std::int64_t B = 0, T = 0;
   Tensor tokens, targets;                 // int32 [B,T]
-  std::vector<BlockActivations> blocks;
+  std::vector<BlockActivations> blocks;   // L entries when kept (empty ones under every-k)
+  std::vector<Tensor> group_inputs;       // every-k checkpointing: input [N,d] of each group
   Tensor x_final, rstd_final, y_final;    // final RMSNorm input/rstd/output
   Tensor dlogits;                         // [N,V]: logits, overwritten in place by their gradient
   Tensor loss_sum;                        // 1 element (fp32; fp64 for fp64 models)
@@ -47,25 +49,35 @@ class TransformerLM {
   const ModelDims& dims() const { return dims_; }
   ParameterStore& params() { return params_; }
 
+  // What the forward keeps for the backward (activation checkpointing); default none.
+  void set_recompute(const RecomputePolicy& p) { recompute_ = p; }
+  const RecomputePolicy& recompute() const { return recompute_; }
+
   // Forward over tokens[B,T]; when targets is defined also the loss and, with `keep`, what the
-  // backward needs. grad_scale = d(loss)/d(sum of token losses) for the backward: 1 / (global
-  // number of target tokens), times the fp16 loss scale. Returns the activations (holding
-  // loss_sum, the sum of this rank's token losses, on the device).
+  // backward needs (as the recompute policy says). grad_scale = d(loss)/d(sum of token losses)
+  // for the backward: 1 / (global number of target tokens), times the fp16 loss scale. Returns
+  // the activations (holding loss_sum, the sum of this rank's token losses, on the device). pc's
+  // forward hooks are called around each unit.
   std::unique_ptr<Activations> forward(Context& ctx, const Tensor& tokens, const Tensor& targets, bool keep,
-                                       double grad_scale);
+                                       double grad_scale, const ParallelContext& pc = {});
   // Logits [B*T, V] only (no loss); for evaluation of checkpoints and tests.
-  Tensor logits(Context& ctx, const Tensor& tokens);
+  Tensor logits(Context& ctx, const Tensor& tokens, const ParallelContext& pc = {});
   // Accumulates parameter gradients into params().flat_grads() (accumulate = true: zero them
   // first for a fresh step) or overwrites them (accumulate = false: the first micro-batch of a
   // step, which saves a pass over the whole gradient buffer); frees the activations as it goes.
-  // Calls pc.on_grad_ready(i) for each parameter.
+  // Calls pc.on_grad_ready(i) for each parameter and pc's backward hooks around each unit.
   void backward(Context& ctx, Activations& act, const ParallelContext& pc, bool accumulate = true);
 
  private:
-  Tensor run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep);
-  // x [N,d] -> block output [N,d]; what the backward needs goes into s.
+  Tensor run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep, const ParallelContext& pc);
+  // Final RMSNorm and LM head: x [N,d] -> logits [N,V]; keeps the norm's input and output in act.
+  Tensor head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep);
+  // The backward of blocks [lo, hi) after the head's, every-k: recomputes the group first.
+  void blocks_backward(Context& ctx, Activations& act, Tensor& dx, const ParallelContext& pc, bool accumulate);
+  // x [N,d] -> block output [N,d]; what the backward needs goes into s. need_output = false
+  // (recomputing the last block of a checkpointed group) stops after what the backward reads.
   Tensor block_forward(Context& ctx, int layer, std::int64_t B, std::int64_t T, const Tensor& x,
-                       BlockActivations& s);
+                       BlockActivations& s, bool need_output = true);
   // dx [N,d]: in = gradient w.r.t. the block output, out = w.r.t. the block input (in place).
   void block_backward(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
                       std::int64_t B, std::int64_t T, bool accumulate);
@@ -77,6 +89,7 @@ class TransformerLM {
   ParameterStore& params_;
   DType compute_;
   DType stats_;   // dtype of rstd and loss: fp64 for fp64 models, fp32 otherwise
+  RecomputePolicy recompute_;
 };
 
 }  // namespace lmscale::model

@@ -46,7 +46,7 @@ class DataParallel final : public GradientSync {
 
   // Rank 0's parameters to every rank (DESIGN §4), then the working copy is refreshed.
   void broadcast_parameters(Context& ctx);
-  model::ParallelContext hooks(bool last_micro) override;
+  model::ParallelContext hooks(int micro, int micro_count) override;
   void finish(Context& ctx) override;
   double sum_scalar(double x) override;
   std::string name() const override { return ddp_mode_name(mode_); }

@@ -12,10 +12,16 @@ namespace lmscale::parallel {
 class GradientSync {
  public:
   virtual ~GradientSync() = default;
-  // Hooks for the next backward; last_micro: this backward completes the step's gradients (only
-  // then may reductions start).
-  virtual model::ParallelContext hooks(bool last_micro) {
-    (void)last_micro;
+  // Hooks for the backward of micro-batch `micro` of `micro_count` in this step (the last one
+  // completes the step's gradients: DDP and ZeRO start reducing only then).
+  virtual model::ParallelContext hooks(int micro, int micro_count) {
+    (void)micro;
+    (void)micro_count;
+    return {};
+  }
+  // Hooks for a forward; training: its backward follows (evaluation forwards pass false).
+  virtual model::ParallelContext forward_hooks(bool training) {
+    (void)training;
     return {};
   }
   // After the last backward: every rank holds the summed gradients it needs (waits for

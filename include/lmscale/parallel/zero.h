@@ -24,6 +24,7 @@
 #include "lmscale/optim/adamw.h"
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/gradient_sync.h"
+#include "lmscale/parallel/sharded_optimizer.h"
 
 namespace lmscale::parallel {
 
@@ -34,7 +35,7 @@ ZeroMode parse_zero_mode(const std::string& name);
 // get one more).
 std::vector<std::size_t> even_split(std::int64_t n, int size);
 
-class ZeroOptimizer {
+class ZeroOptimizer final : public ShardedOptimizer {
  public:
   struct Group {
     Tensor params, grads;   // flat, same size
@@ -48,21 +49,21 @@ class ZeroOptimizer {
   // Gradient synchronisation for the trainer (the DDP all-reduce for zero1-broadcast; nothing
   // during the backward for zero1; bucketed reduce-scatter for zero2). `ddp` is the all-reduce
   // variant zero1-broadcast uses; the model's store gives the buckets for zero2.
-  GradientSync& sync() { return *sync_; }
+  GradientSync& sync() override { return *sync_; }
   // zero2 with a store that has no flat gradient buffer: the sync becomes the store's gradient
   // provider (per-bucket buffers allocated during the backward, freed after their reduce-scatter).
   void make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx);
 
   // Sum of squares of the summed gradient over all groups (after sync().finish()), reduced over
   // ranks where each holds only its range.
-  double grad_sum_squares(Context& ctx);
+  double grad_sum_squares(Context& ctx) override;
   // One step of every group's range, then the parameters are made whole again on every rank.
-  void step(Context& ctx, double lr, double grad_scale);
+  void step(Context& ctx, double lr, double grad_scale) override;
 
-  std::size_t state_bytes() const;           // this rank's AdamW state
+  std::size_t state_bytes() const override;  // this rank's AdamW state
   std::int64_t shard_begin(int group) const;  // first element this rank owns in a group
   std::int64_t shard_size(int group) const;
-  std::int64_t steps() const;
+  std::int64_t steps() const override;
   optim::AdamW& group_optimizer(int group) { return *shards_[static_cast<std::size_t>(group)].adamw; }
 
  private:

@@ -1,0 +1,28 @@
+#pragma once
+// Activation checkpointing (DESIGN.md §4): which activations the forward keeps for the backward
+// and which the backward recomputes. Results are bitwise those of `none` (the recompute runs the
+// same ops on the same inputs); only memory and time change.
+//   none       keep everything a block's backward reads.
+//   every_k    keep only the input of each group of k consecutive blocks; the backward recomputes
+//              the group's forward (keeping everything) just before the group's backward. k = 1
+//              is "full" checkpointing: one [N,d] tensor per block.
+//   selective  keep the outputs of the matmuls and of flash attention (costly to recompute),
+//              recompute what is cheap per byte kept: the two RMSNorm outputs y1, y2 ([N,d] each,
+//              from the kept input and rstd) and the SwiGLU product g ([N,F], elementwise), and
+//              with naive attention the probabilities [B,H,T,T] (Megatron's choice: large, and one
+//              scores product plus a softmax to rebuild). Per block it keeps 6d + 2F of the
+//              8d + 3F values of `none` (xl: 30% less) for no recomputed matmul FLOPs with flash.
+#include <string>
+
+namespace lmscale::model {
+
+struct RecomputePolicy {
+  enum class Mode { none, every_k, selective };
+  Mode mode = Mode::none;
+  int k = 1;   // every_k: blocks per group
+
+  // From the deck's train.activation_checkpointing / train.checkpoint_k.
+  static RecomputePolicy from(const std::string& name, long long k);
+};
+
+}  // namespace lmscale::model

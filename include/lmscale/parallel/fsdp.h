@@ -1,0 +1,138 @@
+#pragma once
+// Fully sharded data parallelism (ZeRO-3, DESIGN.md §4) over the data-parallel group.
+//
+// The model's units (model/parallel_context.h: embedding, blocks, final norm + head) are FSDP's
+// units. Each unit's embedding and linear weights, concatenated in parameter order, form one
+// region of n_u elements, split into `dp` equal shards of s_u = ceil(n_u / dp) elements (the last
+// rank's shard is zero-padded, so the collectives are plain all-gather / reduce-scatter). Rank r
+// holds only its shards: fp32 master weights, their bf16/fp16 copy in mixed precision (the
+// all-gather's source: the low-precision copy is what travels), fp32 gradient shards and the
+// AdamW state of its shards. Norm weights stay replicated (fp32 master, fp32 gradients summed
+// over the ranks after the backward): a few KiB each, not worth a transfer.
+//
+// Around each unit's use (the model calls the hooks of sync()):
+//   before_forward(u)   gather u unless it is there or in flight, start the gathers of the next
+//                       `prefetch` units, make the compute wait for u's gather;
+//   after_forward(u)    free u's gathered weights (kept when training with reshard_after_forward
+//                       = false, and for the last unit, whose backward follows at once);
+//   before_backward(u)  gather u again if it was freed, prefetch the `prefetch` units below;
+//   after_backward(u)   free u's weights, reduce-scatter u's full-size gradients (fp32 sum) into
+//                       the gradient shard while the backward goes on, and free them once the
+//                       reduce-scatter is done. Every micro-batch is reduce-scattered; later
+//                       micro-batches add into the shard (no full-size gradient outlives a unit).
+// The model reaches the gathered weights and the full-size gradient buffers through the
+// ParameterStore's providers (a store with Buffers::none).
+//
+// Per unit, the time the compute waited for a gather (forward and backward) is measured: the
+// answer to "does the next layer's all-gather finish in time for its forward?".
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "lmscale/comm/communicator.h"
+#include "lmscale/io/config.h"
+#include "lmscale/model/parameter_store.h"
+#include "lmscale/ops/runtime.h"
+#include "lmscale/optim/adamw.h"
+#include "lmscale/parallel/sharded_optimizer.h"
+
+namespace lmscale::parallel {
+
+struct FsdpOptions {
+  int prefetch = 1;                    // units gathered ahead of the one computing
+  bool reshard_after_forward = true;   // false: keep each unit's weights from its forward to its backward
+  static FsdpOptions from(const ParallelConfig& p);
+};
+
+class FullyShardedDataParallel final : public ShardedOptimizer {
+ public:
+  // store: Buffers::none (this object installs its weight and gradient providers). The shards
+  // are initialised from (seed, parameter name), as one process would initialise the whole.
+  FullyShardedDataParallel(model::ParameterStore& store, comm::Communicator& comm, comm::Communicator& host,
+                           const OptimConfig& cfg, const FsdpOptions& opt, std::uint64_t seed, ops::Runtime& rt);
+  ~FullyShardedDataParallel() override;
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  GradientSync& sync() override;
+  double grad_sum_squares(Context& ctx) override;
+  void step(Context& ctx, double lr, double grad_scale) override;
+  std::size_t state_bytes() const override;
+  std::int64_t steps() const override;
+
+  // The full fp32 parameters in the store's flat layout (ParamInfo offsets), gathered unit by
+  // unit; collective: every rank calls it and gets them.
+  std::vector<float> full_parameters(Context& ctx);
+  // Sets this rank's shards (and the replicated norms) from full parameters in that layout.
+  void set_parameters(Context& ctx, const std::vector<float>& full);
+
+  int num_units() const { return static_cast<int>(units_.size()); }
+  // Milliseconds the compute waited for unit u's gather, summed since reset_waits().
+  struct Waits {
+    std::vector<double> forward_ms, backward_ms;
+    std::int64_t steps = 0;   // backward passes measured
+  };
+  const Waits& waits() const { return waits_; }
+  void reset_waits();
+
+ private:
+  class Sync;
+  struct Unit {
+    std::vector<int> params;               // sharded parameters, in order
+    std::vector<std::int64_t> offsets;     // their element offsets in the unit's region
+    std::int64_t numel = 0, shard = 0;     // n_u, s_u
+    std::int64_t shard_offset = 0;         // where this rank's shard starts in the flat shard buffers
+  };
+  enum class State { released, in_flight, ready };
+  struct Gathered {
+    Tensor buffer;   // [dp * s_u] compute dtype
+    comm::Work work;
+    State state = State::released;
+  };
+  struct PendingReduction {
+    comm::Work work;
+    Tensor full, temp;   // sent gradients [dp * s_u]; received sum when adding into the shard
+    std::int64_t offset = 0, count = 0;
+  };
+
+  // Calls fn(param index, first element in the parameter, element count, position in this
+  // rank's shard of unit u) for each piece of a parameter that falls into this rank's shard.
+  template <class Fn> void for_each_piece(const Unit& u, Fn&& fn) const;
+  void issue_gather(int u);
+  struct WaitMarks {
+    int unit = 0;
+    bool backward = false;
+    ops::Runtime::Mark before, after;
+  };
+  void wait_gather(int u, bool backward);
+  void release(int u);
+  void reduce_scatter(int u);
+  void complete_reductions(std::size_t keep_in_flight);
+  Tensor weight(int param);
+  Tensor grad(int param);
+  void collect_waits();
+
+  model::ParameterStore& store_;
+  comm::Communicator& comm_;
+  comm::Communicator& host_;
+  ops::Runtime& rt_;
+  FsdpOptions opt_;
+  DType compute_;
+  std::vector<Unit> units_;
+  std::vector<int> unit_of_;          // per parameter; -1 for norms
+  std::vector<std::int64_t> local_;   // per parameter: offset in its unit's region, or in the norm buffer
+  Tensor master_, lowp_, grad_shard_;   // this rank's shards [S]
+  Tensor norm_master_, norm_grads_;     // replicated norm weights [Nn]
+  std::unique_ptr<optim::AdamW> adamw_, adamw_norms_;
+  std::vector<Gathered> gathered_;
+  std::vector<Tensor> unit_grads_;      // full-size gradients of units in their backward
+  std::vector<PendingReduction> pending_;
+  int micro_ = 0;
+  bool training_ = false;
+  std::unique_ptr<Sync> sync_;
+  // Around each wait of the compute for a gather in this step's training passes.
+  std::vector<WaitMarks> marks_;
+  Waits waits_;
+};
+
+}  // namespace lmscale::parallel

@@ -1,0 +1,27 @@
+#pragma once
+// What the trainer needs from a strategy that owns the optimizer state of a sharded layout (ZeRO
+// 1/2, FSDP): the gradient synchronisation it drives during the backward, the global gradient
+// norm over the shards, the optimizer step of this rank's shard, and the state's size.
+#include <cstddef>
+#include <cstdint>
+
+#include "lmscale/core/context.h"
+#include "lmscale/parallel/gradient_sync.h"
+
+namespace lmscale::parallel {
+
+class ShardedOptimizer {
+ public:
+  virtual ~ShardedOptimizer() = default;
+  virtual GradientSync& sync() = 0;
+  // Sum of squares of the global (summed over ranks) gradient, after sync().finish(); every
+  // element counted once however many ranks hold it.
+  virtual double grad_sum_squares(Context& ctx) = 0;
+  // One AdamW step of what this rank owns, grad_scale times the gradients (1/loss scale and the
+  // clipping factor), leaving every rank with the parameters its next forward needs.
+  virtual void step(Context& ctx, double lr, double grad_scale) = 0;
+  virtual std::size_t state_bytes() const = 0;   // this rank's AdamW state
+  virtual std::int64_t steps() const = 0;
+};
+
+}  // namespace lmscale::parallel

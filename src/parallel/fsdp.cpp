@@ -1,0 +1,358 @@
+#include "lmscale/parallel/fsdp.h"
+
+#include <algorithm>
+
+#include "lmscale/core/error.h"
+#include "lmscale/core/nvtx.h"
+#include "lmscale/ops/ops.h"
+#include "lmscale/optim/grad_clip.h"
+
+namespace lmscale::parallel {
+
+namespace {
+// Reduce-scatters allowed in flight behind the backward before the oldest is completed (its
+// full-size gradients freed): a unit's reduction overlaps the next units' backward.
+constexpr std::size_t kReductionsInFlight = 2;
+}  // namespace
+
+FsdpOptions FsdpOptions::from(const ParallelConfig& p) {
+  FsdpOptions o;
+  o.prefetch = static_cast<int>(p.fsdp_prefetch);
+  o.reshard_after_forward = p.reshard_after_forward;
+  return o;
+}
+
+// The hooks the model calls; finish() completes the step's reductions.
+class FullyShardedDataParallel::Sync final : public GradientSync {
+ public:
+  explicit Sync(FullyShardedDataParallel& f) : f_(f) {}
+
+  model::ParallelContext forward_hooks(bool training) override {
+    f_.training_ = training;
+    model::ParallelContext pc;
+    pc.before_forward = [this](int u) { before_forward(u); };
+    pc.after_forward = [this](int u) { after_forward(u); };
+    return pc;
+  }
+
+  model::ParallelContext hooks(int micro, int micro_count) override {
+    (void)micro_count;
+    if (micro == 0) {   // a backward without finish() before (bench forward-backward): tidy up
+      f_.complete_reductions(0);
+      f_.marks_.clear();
+    }
+    f_.micro_ = micro;
+    model::ParallelContext pc;
+    pc.before_backward = [this](int u) { before_backward(u); };
+    pc.after_backward = [this](int u) { after_backward(u); };
+    return pc;
+  }
+
+  void finish(Context& ctx) override {
+    NvtxRange r("fsdp_finish");
+    f_.complete_reductions(0);
+    f_.comm_.all_reduce(f_.norm_grads_, comm::ReduceOp::sum).wait();
+    (void)ctx;
+    f_.collect_waits();
+  }
+
+  double sum_scalar(double x) override {
+    double y = 0;
+    f_.host_.all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
+    return y;
+  }
+  std::string name() const override { return "fsdp"; }
+
+ private:
+  int last_unit() const { return f_.num_units() - 1; }
+
+  void before_forward(int u) {
+    for (int j = u; j <= std::min(u + f_.opt_.prefetch, last_unit()); ++j)
+      if (f_.gathered_[static_cast<std::size_t>(j)].state == State::released) f_.issue_gather(j);
+    f_.wait_gather(u, false);
+  }
+  void after_forward(int u) {
+    const bool keep = f_.training_ && (!f_.opt_.reshard_after_forward || u == last_unit());
+    if (!keep) f_.release(u);
+  }
+  void before_backward(int u) {
+    // The embedding's backward reads no weights (a scatter-add of the incoming gradient).
+    if (u > 0 && f_.gathered_[static_cast<std::size_t>(u)].state == State::released) f_.issue_gather(u);
+    for (int j = u - 1; j >= std::max(1, u - f_.opt_.prefetch); --j)
+      if (f_.gathered_[static_cast<std::size_t>(j)].state == State::released) f_.issue_gather(j);
+    if (u > 0) f_.wait_gather(u, true);
+  }
+  void after_backward(int u) {
+    f_.release(u);
+    f_.reduce_scatter(u);
+    f_.complete_reductions(kReductionsInFlight);
+  }
+
+  FullyShardedDataParallel& f_;
+};
+
+template <class Fn>
+void FullyShardedDataParallel::for_each_piece(const Unit& u, Fn&& fn) const {
+  const std::int64_t lo = comm_.rank() * u.shard, hi = std::min(lo + u.shard, u.numel);
+  for (std::size_t k = 0; k < u.params.size(); ++k) {
+    const auto& p = store_.infos()[static_cast<std::size_t>(u.params[k])];
+    const std::int64_t a = std::max(lo, u.offsets[k]), b = std::min(hi, u.offsets[k] + p.numel);
+    if (a < b) fn(u.params[k], a - u.offsets[k], b - a, a - lo);
+  }
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store, comm::Communicator& comm,
+                                                   comm::Communicator& host, const OptimConfig& cfg,
+                                                   const FsdpOptions& opt, std::uint64_t seed, ops::Runtime& rt)
+    : store_(store), comm_(comm), host_(host), rt_(rt), opt_(opt), compute_(store.lowp_dtype()) {
+  LMSCALE_CHECK(!store.has_flat_params() && !store.has_flat_grads(),
+                "FSDP needs a parameter store without flat buffers (Buffers::none)");
+  LMSCALE_CHECK(opt.prefetch >= 0, "parallel.fsdp_prefetch {} < 0", opt.prefetch);
+  Context& ctx = rt.ctx();
+  Allocator& A = *ctx.allocator;
+  const DType master = store.master_dtype();
+  const auto& infos = store.infos();
+  // Units: 0 = embedding, 1..L = blocks, L+1 = final norm and head (model/parallel_context.h).
+  int layers = 0;
+  for (const auto& p : infos) layers = std::max(layers, p.layer + 1);
+  units_.resize(static_cast<std::size_t>(layers + 2));
+  unit_of_.assign(infos.size(), -1);
+  local_.assign(infos.size(), 0);
+  std::int64_t norms = 0;
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    const auto& p = infos[i];
+    if (p.kind == model::ParamInfo::Kind::norm) {
+      local_[i] = norms;
+      norms += p.numel;
+      continue;
+    }
+    const int u = p.kind == model::ParamInfo::Kind::embedding ? 0 : (p.layer >= 0 ? p.layer + 1 : layers + 1);
+    Unit& unit = units_[static_cast<std::size_t>(u)];
+    unit_of_[i] = u;
+    local_[i] = unit.numel;
+    unit.params.push_back(static_cast<int>(i));
+    unit.offsets.push_back(unit.numel);
+    unit.numel += p.numel;
+  }
+  const int dp = comm.size();
+  std::int64_t S = 0;
+  for (auto& u : units_) {
+    u.shard = (u.numel + dp - 1) / dp;
+    u.shard_offset = S;
+    S += u.shard;
+  }
+  master_ = Tensor::empty({S}, master, A, "parameters");
+  grad_shard_ = Tensor::empty({S}, master, A, "gradient_shard");
+  if (compute_ != master) lowp_ = Tensor::empty({S}, compute_, A, "parameters_lowp");
+  norm_master_ = Tensor::empty({norms}, master, A, "parameters");
+  norm_grads_ = Tensor::empty({norms}, master, A, "gradients");
+
+  // Initial values: each rank computes its own pieces from (seed, name, index); padding is 0.
+  ops::fill(ctx, master_, 0.0);
+  for (const auto& u : units_)
+    for_each_piece(u, [&](int i, std::int64_t begin, std::int64_t n, std::int64_t at) {
+      model::fill_initial_values(infos[static_cast<std::size_t>(i)], seed, begin, begin + n,
+                                 master_.flat_range(u.shard_offset + at, n), ctx);
+    });
+  for (std::size_t i = 0; i < infos.size(); ++i)
+    if (unit_of_[i] < 0)
+      model::fill_initial_values(infos[i], seed, 0, infos[i].numel, norm_master_.flat_range(local_[i], infos[i].numel), ctx);
+  if (lowp_.defined()) ops::cast(ctx, master_, lowp_);
+  ops::fill(ctx, grad_shard_, 0.0);
+  ops::fill(ctx, norm_grads_, 0.0);
+  adamw_ = std::make_unique<optim::AdamW>(cfg, S, master, ctx);
+  adamw_norms_ = std::make_unique<optim::AdamW>(cfg, norms, master, ctx);
+
+  gathered_.resize(units_.size());
+  unit_grads_.resize(units_.size());
+  waits_.forward_ms.assign(units_.size(), 0.0);
+  waits_.backward_ms.assign(units_.size(), 0.0);
+  sync_ = std::make_unique<Sync>(*this);
+  store_.set_weight_provider([this](int i) { return weight(i); });
+  store_.set_grad_provider([this](int i) { return grad(i); });
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  store_.set_weight_provider(nullptr);
+  store_.set_grad_provider(nullptr);
+  try {
+    complete_reductions(0);
+  } catch (...) {   // a failed collective already ends the job; never throw from a destructor
+  }
+}
+
+GradientSync& FullyShardedDataParallel::sync() { return *sync_; }
+
+void FullyShardedDataParallel::issue_gather(int u) {
+  const Unit& unit = units_[static_cast<std::size_t>(u)];
+  Gathered& g = gathered_[static_cast<std::size_t>(u)];
+  // In mixed precision the low-precision copy of the shard travels (half the bytes).
+  const Tensor& src = lowp_.defined() ? lowp_ : master_;
+  g.buffer = Tensor::empty({unit.shard * comm_.size()}, compute_, *rt_.ctx().allocator, "fsdp_gathered");
+  g.work = comm_.all_gather(src.flat_range(unit.shard_offset, unit.shard), g.buffer, comm::async_call());
+  g.state = State::in_flight;
+}
+
+void FullyShardedDataParallel::wait_gather(int u, bool backward) {
+  Gathered& g = gathered_[static_cast<std::size_t>(u)];
+  if (g.state == State::released) issue_gather(u);
+  if (g.state == State::ready) return;
+  if (training_ || backward) {
+    WaitMarks m;
+    m.unit = u;
+    m.backward = backward;
+    m.before = rt_.mark();
+    g.work.wait();
+    m.after = rt_.mark();
+    marks_.push_back(std::move(m));
+  } else {
+    g.work.wait();
+  }
+  g.state = State::ready;
+}
+
+void FullyShardedDataParallel::release(int u) {
+  Gathered& g = gathered_[static_cast<std::size_t>(u)];
+  if (g.state == State::in_flight) g.work.wait();   // never free memory a collective still writes
+  g.buffer = Tensor();
+  g.work = comm::Work();
+  g.state = State::released;
+}
+
+void FullyShardedDataParallel::reduce_scatter(int u) {
+  Tensor& full = unit_grads_[static_cast<std::size_t>(u)];
+  if (!full.defined() || full.data() == nullptr) return;   // nothing of this unit was written
+  const Unit& unit = units_[static_cast<std::size_t>(u)];
+  PendingReduction p;
+  p.offset = unit.shard_offset;
+  p.count = unit.shard;
+  p.full = full;
+  full = Tensor();
+  Tensor shard = grad_shard_.flat_range(p.offset, p.count);
+  if (micro_ == 0) {
+    p.work = comm_.reduce_scatter(p.full, shard, comm::ReduceOp::sum, comm::async_call());
+  } else {   // later micro-batches add their sum into the shard once it has arrived
+    p.temp = Tensor::empty({p.count}, grad_shard_.dtype(), *rt_.ctx().allocator, "gradient_shard");
+    p.work = comm_.reduce_scatter(p.full, p.temp, comm::ReduceOp::sum, comm::async_call());
+  }
+  pending_.push_back(std::move(p));
+}
+
+void FullyShardedDataParallel::complete_reductions(std::size_t keep_in_flight) {
+  Context& ctx = rt_.ctx();
+  std::size_t done = 0;
+  while (pending_.size() - done > keep_in_flight) {
+    PendingReduction& p = pending_[done++];
+    p.work.wait();
+    if (p.temp.defined()) {
+      Tensor shard = grad_shard_.flat_range(p.offset, p.count);
+      ops::add(ctx, shard, p.temp, shard);
+    }
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+Tensor FullyShardedDataParallel::weight(int i) {
+  const auto& p = store_.infos()[static_cast<std::size_t>(i)];
+  const int u = unit_of_[static_cast<std::size_t>(i)];
+  if (u < 0) return norm_master_.flat_range(local_[static_cast<std::size_t>(i)], p.numel).reshape(p.shape);
+  const Gathered& g = gathered_[static_cast<std::size_t>(u)];
+  LMSCALE_CHECK(g.state == State::ready, "FSDP: weight {} used outside its unit's hooks (unit {} not gathered)", p.name, u);
+  return g.buffer.flat_range(local_[static_cast<std::size_t>(i)], p.numel).reshape(p.shape);
+}
+
+Tensor FullyShardedDataParallel::grad(int i) {
+  const auto& p = store_.infos()[static_cast<std::size_t>(i)];
+  const int u = unit_of_[static_cast<std::size_t>(i)];
+  if (u < 0) return norm_grads_.flat_range(local_[static_cast<std::size_t>(i)], p.numel).reshape(p.shape);
+  Tensor& full = unit_grads_[static_cast<std::size_t>(u)];
+  if (!full.defined() || full.data() == nullptr) {
+    const Unit& unit = units_[static_cast<std::size_t>(u)];
+    const std::int64_t padded = unit.shard * comm_.size();
+    full = Tensor::empty({padded}, store_.master_dtype(), *rt_.ctx().allocator, "gradients");
+    // The first micro-batch's backward overwrites every gradient; later ones add, and each of
+    // them starts from a fresh buffer (the previous one was reduce-scattered). The padding is
+    // summed into the last shard and must be 0.
+    Tensor zero = micro_ == 0 ? full.flat_range(unit.numel, padded - unit.numel) : full;
+    if (zero.numel() > 0) ops::fill(rt_.ctx(), zero, 0.0);
+  }
+  return full.flat_range(local_[static_cast<std::size_t>(i)], p.numel).reshape(p.shape);
+}
+
+void FullyShardedDataParallel::collect_waits() {
+  for (const auto& m : marks_) {
+    auto& sum = m.backward ? waits_.backward_ms : waits_.forward_ms;
+    sum[static_cast<std::size_t>(m.unit)] += rt_.elapsed_ms(m.before, m.after);
+  }
+  if (!marks_.empty()) ++waits_.steps;
+  marks_.clear();
+}
+
+void FullyShardedDataParallel::reset_waits() {
+  std::fill(waits_.forward_ms.begin(), waits_.forward_ms.end(), 0.0);
+  std::fill(waits_.backward_ms.begin(), waits_.backward_ms.end(), 0.0);
+  waits_.steps = 0;
+}
+
+double FullyShardedDataParallel::grad_sum_squares(Context& ctx) {
+  // Shards are disjoint (padding is 0); the replicated norms count once, on rank 0.
+  double local = optim::sum_of_squares(ctx, grad_shard_);
+  if (comm_.rank() == 0) local += optim::sum_of_squares(ctx, norm_grads_);
+  return sync_->sum_scalar(local);
+}
+
+void FullyShardedDataParallel::step(Context& ctx, double lr, double grad_scale) {
+  NvtxRange r("fsdp_step");
+  // The low-precision copy of the shard is refreshed in the same pass (the next gathers' source).
+  adamw_->step(ctx, master_, grad_shard_, lowp_.defined() ? &lowp_ : nullptr, lr, grad_scale);
+  adamw_norms_->step(ctx, norm_master_, norm_grads_, nullptr, lr, grad_scale);
+}
+
+std::size_t FullyShardedDataParallel::state_bytes() const {
+  return adamw_->state_bytes() + adamw_norms_->state_bytes();
+}
+
+std::int64_t FullyShardedDataParallel::steps() const { return adamw_->steps(); }
+
+std::vector<float> FullyShardedDataParallel::full_parameters(Context& ctx) {
+  LMSCALE_CHECK(store_.master_dtype() == DType::f32, "full_parameters: fp32 master weights only");
+  const auto& infos = store_.infos();
+  std::vector<float> out(static_cast<std::size_t>(store_.numel()));
+  for (const auto& unit : units_) {
+    Tensor full = Tensor::empty({unit.shard * comm_.size()}, master_.dtype(), *ctx.allocator, "fsdp_gathered");
+    comm_.all_gather(master_.flat_range(unit.shard_offset, unit.shard), full).wait();
+    for (std::size_t k = 0; k < unit.params.size(); ++k) {
+      const auto& p = infos[static_cast<std::size_t>(unit.params[k])];
+      Tensor dst = Tensor::view(out.data() + p.offset, {p.numel}, DType::f32, Device::cpu);
+      ops::copy(ctx, full.flat_range(unit.offsets[k], p.numel), dst);
+    }
+  }
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    if (unit_of_[i] >= 0) continue;
+    Tensor dst = Tensor::view(out.data() + infos[i].offset, {infos[i].numel}, DType::f32, Device::cpu);
+    ops::copy(ctx, norm_master_.flat_range(local_[i], infos[i].numel), dst);
+  }
+  return out;
+}
+
+void FullyShardedDataParallel::set_parameters(Context& ctx, const std::vector<float>& full) {
+  LMSCALE_CHECK(static_cast<std::int64_t>(full.size()) == store_.numel(), "set_parameters: {} values for {}",
+                full.size(), store_.numel());
+  const auto& infos = store_.infos();
+  auto host = [&](std::int64_t at, std::int64_t n) {
+    return Tensor::view(const_cast<float*>(full.data()) + at, {n}, DType::f32, Device::cpu);
+  };
+  for (const auto& u : units_)
+    for_each_piece(u, [&](int i, std::int64_t begin, std::int64_t n, std::int64_t at) {
+      Tensor dst = master_.flat_range(u.shard_offset + at, n);
+      ops::copy(ctx, host(infos[static_cast<std::size_t>(i)].offset + begin, n), dst);
+    });
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    if (unit_of_[i] >= 0) continue;
+    Tensor dst = norm_master_.flat_range(local_[i], infos[i].numel);
+    ops::copy(ctx, host(infos[i].offset, infos[i].numel), dst);
+  }
+  if (lowp_.defined()) ops::cast(ctx, master_, lowp_);
+}
+
+}  // namespace lmscale::parallel
