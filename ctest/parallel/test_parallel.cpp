@@ -19,68 +19,18 @@
 #include "lmscale/ops/ops.h"
 #include "lmscale/parallel/zero.h"
 #include "mpi_test_support.h"
+#include "parallel_test_util.h"
 
 using namespace lmscale;
 
 namespace {
 
-Config tiny_config() {
-  Config c;
-  c.model.vocab_size = 37;
-  c.model.context_length = 8;
-  c.model.d_model = 16;
-  c.model.d_ff = 40;
-  c.model.num_layers = 2;
-  c.model.num_heads = 2;
-  c.optim.lr = 1e-2;
-  c.optim.min_lr = 1e-3;
-  c.optim.warmup_steps = 1;
-  c.optim.grad_clip = 0.5;   // exercised: the global norm must be the same under every layout
-  c.parallel.device = "cpu";
-  c.parallel.backend = "mpi";
-  c.parallel.bucket_mb = 0.004;   // several buckets even for this tiny model
-  c.run.seed = 9;
-  return c;
-}
-
-// Trains `steps` steps of a global batch of 8 under `cfg` on `world` ranks (world = 1: this
-// process alone) and returns the final flat parameters.
-std::vector<float> train(const Config& cfg, bool distributed, int steps) {
-  auto& mpi = test::mpi_env();
-  ops::Runtime rt(Device::cpu, 0, false);
-  io::ResultsFile out("/nonexistent/never-written.h5", false);
-  jobs::JobEnv env{cfg, mpi, rt, out, distributed ? mpi.rank() : 0, distributed ? mpi.size() : 1, 0, nullptr, nullptr};
-  if (distributed) {
-    env.comm = comm::make_world_communicator("mpi", mpi, 0);
-    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
-  }
-  const std::int64_t B = 8, T = cfg.model.context_length;
-  jobs::Trainer trainer(env, B, cfg.train.grad_accum, steps);
-  io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
-  for (int s = 0; s < steps; ++s) {
-    std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
-    data.sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
-    trainer.train_step(tok, T);
-  }
-  const float* p = trainer.params().flat_params().data_as<float>();
-  return std::vector<float>(p, p + trainer.params().numel());
-}
-
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return m / scale;
-}
-
 }  // namespace
 
 TEST(DataParallel, EveryVariantMatchesOneProcess) {
   const int steps = 4;
-  Config base = tiny_config();
-  const auto reference = train(base, false, steps);
+  Config base = test::tiny_config();
+  const auto reference = test::train(base, false, steps);
   std::vector<float> first;
   struct Case { const char* ddp; const char* zero; int accum; };
   for (Case c : {Case{"naive", "none", 1}, Case{"flat", "none", 1}, Case{"overlap", "none", 1},
@@ -92,9 +42,9 @@ TEST(DataParallel, EveryVariantMatchesOneProcess) {
     cfg.parallel.ddp = c.ddp;
     cfg.parallel.zero = c.zero;
     cfg.train.grad_accum = c.accum;
-    const auto got = train(cfg, true, steps);
+    const auto got = test::train(cfg, true, steps);
     ASSERT_EQ(got.size(), reference.size());
-    EXPECT_LT(max_rel_diff(got, reference), 2e-6) << c.ddp << "/" << c.zero << " accum " << c.accum;
+    EXPECT_LT(test::max_rel_diff(got, reference), 2e-6) << c.ddp << "/" << c.zero << " accum " << c.accum;
     // Bitwise only with 2 ranks (a sum of two values has one order) and without accumulation.
     if (c.accum != 1 || test::mpi_env().size() != 2) continue;
     if (first.empty()) first = got;
@@ -183,7 +133,7 @@ TEST(ZeroOptimizer, Zero2HoldsNoFullSizeGradients) {
   auto& mpi = test::mpi_env();
   std::map<std::string, std::size_t> peak;
   for (const char* mode : {"zero1", "zero2"}) {
-    Config cfg = tiny_config();
+    Config cfg = test::tiny_config();
     cfg.parallel.zero = mode;
     ops::Runtime rt(Device::cpu, 0, false);
     io::ResultsFile out("/nonexistent/never-written.h5", false);
@@ -218,7 +168,7 @@ TEST(ZeroOptimizer, Zero2HoldsNoFullSizeGradients) {
 
   // One process keeps its gradients per bucket too: none exist before the backward or after the
   // optimizer step.
-  Config cfg = tiny_config();
+  Config cfg = test::tiny_config();
   ops::Runtime rt(Device::cpu, 0, false);
   io::ResultsFile out("/nonexistent/never-written.h5", false);
   jobs::JobEnv env{cfg, mpi, rt, out, 0, 1, 0, nullptr, nullptr};

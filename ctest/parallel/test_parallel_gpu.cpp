@@ -1,4 +1,5 @@
-// Data parallelism on 2 GPUs (label gpu, mpirun -np 2): every DDP variant and ZeRO level trains
+// Data parallelism on 2 GPUs (label gpu, mpirun -np 2): every DDP variant and ZeRO level (FSDP
+// included, with and without activation checkpointing) trains
 // a tiny Transformer in bf16 mixed precision over NCCL to the parameters one GPU reaches on the
 // same global batch, within 2e-3 of the largest parameter (bf16 activations: a different split of
 // the batch changes which products round where). Skipped (77) without 2 GPUs.
@@ -56,9 +57,7 @@ std::vector<float> train(const Config& cfg, bool distributed, int steps) {
     data.sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
     trainer.train_step(tok, T);
   }
-  std::vector<float> p(static_cast<std::size_t>(trainer.params().numel()));
-  Tensor host = Tensor::view(p.data(), {trainer.params().numel()}, DType::f32, Device::cpu);
-  ops::copy(rt.ctx(), trainer.params().flat_params(), host);
+  std::vector<float> p = trainer.full_parameters();   // collective under fsdp
   rt.synchronize();
   return p;
 }
@@ -74,16 +73,20 @@ TEST(DataParallelGpu, EveryVariantMatchesOneGpuInBf16) {
   const auto reference = train(base, false, steps);
   double scale = 0;
   for (float x : reference) scale = std::max(scale, static_cast<double>(std::fabs(x)));
-  struct Case { const char* ddp; const char* zero; };
-  for (Case c : {Case{"naive", "none"}, Case{"flat", "none"}, Case{"overlap", "none"}, Case{"bucketed", "none"},
-                 Case{"bucketed", "zero1-broadcast"}, Case{"none", "zero1"}, Case{"none", "zero2"}}) {
+  struct Case { const char* ddp; const char* zero; const char* recompute; };
+  for (Case c : {Case{"naive", "none", "none"}, Case{"flat", "none", "none"}, Case{"overlap", "none", "none"},
+                 Case{"bucketed", "none", "none"}, Case{"bucketed", "zero1-broadcast", "none"},
+                 Case{"none", "zero1", "none"}, Case{"none", "zero2", "none"}, Case{"none", "fsdp", "none"},
+                 Case{"none", "fsdp", "every-k"}, Case{"none", "fsdp", "selective"},
+                 Case{"bucketed", "none", "every-k"}}) {
     Config cfg = base;
     cfg.parallel.ddp = c.ddp;
     cfg.parallel.zero = c.zero;
+    cfg.train.activation_checkpointing = c.recompute;
     const auto got = train(cfg, true, steps);
     double diff = 0;
     for (std::size_t i = 0; i < got.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(got[i] - reference[i])));
-    EXPECT_LT(diff / scale, 2e-3) << c.ddp << "/" << c.zero;
+    EXPECT_LT(diff / scale, 2e-3) << c.ddp << "/" << c.zero << "/" << c.recompute;
     // the ranks hold the same parameters
     std::vector<float> other(got.size());
     MPI_Allreduce(got.data(), other.data(), static_cast<int>(got.size()), MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);

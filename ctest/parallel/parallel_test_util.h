@@ -1,0 +1,65 @@
+#pragma once
+// Shared by the parallel-mode tests: a tiny Transformer config and a few training steps of it on
+// one process or on every rank of the MPI world, returning the final full parameters.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "lmscale/comm/factory.h"
+#include "lmscale/io/dataset.h"
+#include "lmscale/jobs/trainer.h"
+#include "mpi_test_support.h"
+
+namespace lmscale::test {
+
+inline Config tiny_config() {
+  Config c;
+  c.model.vocab_size = 37;
+  c.model.context_length = 8;
+  c.model.d_model = 16;
+  c.model.d_ff = 40;
+  c.model.num_layers = 2;
+  c.model.num_heads = 2;
+  c.optim.lr = 1e-2;
+  c.optim.min_lr = 1e-3;
+  c.optim.warmup_steps = 1;
+  c.optim.grad_clip = 0.5;   // exercised: the global norm must be the same under every layout
+  c.parallel.device = "cpu";
+  c.parallel.backend = "mpi";
+  c.parallel.bucket_mb = 0.004;   // several buckets even for this tiny model
+  c.run.seed = 9;
+  return c;
+}
+
+// Trains `steps` steps of a global batch of B sequences under `cfg` on every rank (distributed)
+// or on this process alone, and returns the final full parameters in the flat layout.
+inline std::vector<float> train(const Config& cfg, bool distributed, int steps, std::int64_t B = 8) {
+  auto& mpi = test::mpi_env();
+  ops::Runtime rt(Device::cpu, 0, false);
+  io::ResultsFile out("/nonexistent/never-written.h5", false);
+  jobs::JobEnv env{cfg, mpi, rt, out, distributed ? mpi.rank() : 0, distributed ? mpi.size() : 1, 0, nullptr, nullptr};
+  if (distributed) {
+    env.comm = comm::make_world_communicator("mpi", mpi, 0);
+    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+  }
+  const std::int64_t T = cfg.model.context_length;
+  jobs::Trainer trainer(env, B, cfg.train.grad_accum, steps);
+  io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+    data.sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
+    trainer.train_step(tok, T);
+  }
+  return trainer.full_parameters();   // collective under fsdp
+}
+
+inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+  }
+  return m / scale;
+}
+
+}  // namespace lmscale::test
