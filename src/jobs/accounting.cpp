@@ -1,5 +1,8 @@
 #include "lmscale/jobs/accounting.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "lmscale/jobs/device_peak.h"
@@ -14,28 +17,62 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   a.parameters = m.parameter_count();
   const bool bench = cfg.run.job == "bench-model";
   const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
-  const int dp = world;   // tp = pp = 1 in this version
+  // The deck's layout (the accounting job may describe a layout other than the one it runs on).
+  const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : world;   // tp = pp = 1 in this version
   a.local_batch = B / dp / (bench ? 1 : cfg.train.grad_accum);
   a.seq = m.context;
   const bool mixed = cfg.precision.mode != "fp32";
   const double e = mixed ? 2.0 : 4.0;   // activation bytes per element
   const bool sharded = cfg.parallel.zero != "none" && dp > 1;
+  const bool fsdp = sharded && cfg.parallel.zero == "fsdp";
   const double N = static_cast<double>(a.local_batch * a.seq), d = static_cast<double>(m.d_model),
                F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads), T = static_cast<double>(a.seq),
                L = static_cast<double>(m.layers), V = static_cast<double>(m.vocab), b = static_cast<double>(a.local_batch);
   auto add = [&](std::string name, double bytes, std::string f) { a.memory.push_back({std::move(name), bytes, std::move(f)}); };
-  add("parameters", 4 * P, "4 B x P (fp32 master)");
-  if (mixed) add("parameters_lowp", 2 * P, "2 B x P (bf16/fp16 working copy)");
-  if (dp <= 1 || (sharded && cfg.parallel.zero == "zero2"))
+  // FSDP units: embedding, blocks, head; the norms (2d per block, d final) stay replicated.
+  const double unit_block = 4 * d * d + 3 * d * F, unit_head = V * d, norm_params = (2 * L + 1) * d;
+  if (fsdp) {
+    const double Ps = P - norm_params;
+    add("parameters", 4 * Ps / dp + 4 * norm_params, "4 B x (P - norms) / N (fp32 master shard) + replicated norms");
+    add("gradients", 4 * norm_params, "replicated norm gradients (each unit's full-size gradients live only from its "
+                                      "backward to its reduce-scatter)");
+    add("gradient_shard", 4 * Ps / dp, "4 B x (P - norms) / N (fp32)");
+    add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + 1.0 / dp)) +
+                             (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d)),
+        cfg.parallel.reshard_after_forward
+            ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF, and its "
+              "cast shard)"
+            : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block)");
+  } else {
+    add("parameters", 4 * P, "4 B x P (fp32 master)");
+    if (mixed) add("parameters_lowp", 2 * P, "2 B x P (bf16/fp16 working copy)");
+  }
+  if (fsdp) {
+  } else if (dp <= 1 || (sharded && cfg.parallel.zero == "zero2"))
     add("gradients", 0, "0 at the start of the backward: per-bucket buffers are allocated as the backward frees "
                         "activations (one process, zero2) and freed after the step (zero2: after their reduce-scatter)");
   else
     add("gradients", 4 * P, "4 B x P (one flat fp32 buffer)");
-  if (sharded && cfg.parallel.zero != "zero1-broadcast") add("gradient_shard", 4 * P / dp, "4 B x P / N (reduced range)");
+  if (sharded && !fsdp && cfg.parallel.zero != "zero1-broadcast")
+    add("gradient_shard", 4 * P / dp, "4 B x P / N (reduced range)");
   add("optimizer_state", 8 * P / (sharded ? dp : 1), sharded ? "8 B x P / N (AdamW m, v of this rank's range)" : "8 B x P (AdamW m, v)");
+  // Activations kept from the forward to the backward, as the checkpointing policy says
+  // (model/recompute.h); every-k adds one recomputed group at the start of the backward.
   const double attn = m.flash ? b * H * T * 4 : b * H * T * T * e;
-  add("activations", L * ((8 * d + 3 * F) * N * e + 2 * N * 4 + attn),
-      fmt::format("L x ((8d + 3F) N e + 8N + {})", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)"));
+  const double block = (8 * d + 3 * F) * N * e + 2 * N * 4 + attn;
+  const std::string block_f = fmt::format("(8d + 3F) N e + 8N + {}", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)");
+  const std::string& ac = cfg.train.activation_checkpointing;
+  if (ac == "every-k") {
+    const double k = static_cast<double>(std::min<std::int64_t>(cfg.train.checkpoint_k, m.layers));
+    add("activations", std::ceil(L / k) * N * d * e + k * block,
+        fmt::format("ceil(L/k) N d e (group inputs) + k x ({}) (one group recomputed), k = {}", block_f, k));
+  } else if (ac == "selective") {
+    const double kept = (6 * d + 2 * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0);
+    add("activations", L * kept + (block - kept),
+        fmt::format("L x ((6d + 2F) N e + 8N{}) + one block's recomputed part", m.flash ? " + 4 B H T" : ""));
+  } else {
+    add("activations", L * block, "L x (" + block_f + ")");
+  }
   add("logits", N * V * e + 2 * N * d * e, "N V e (logits, then their gradient in place) + final norm");
   for (const auto& it : a.memory) a.peak_bytes += it.bytes;
   // Bytes each rank sends per step (ring algorithms): all-reduce 2(N-1)/N x G, reduce-scatter
@@ -46,6 +83,12 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   } else if (!sharded) {
     a.comm_bytes_per_step = 2 * f * G;
     a.comm_formula = "all-reduce of fp32 gradients: 2 (N-1)/N x 4P";
+  } else if (fsdp) {
+    const double reshard = cfg.parallel.reshard_after_forward ? 2.0 : 1.0;
+    a.comm_bytes_per_step = f * (reshard * e * (P - norm_params) + 4 * (P - norm_params)) + 2 * f * 4 * norm_params;
+    a.comm_formula = cfg.parallel.reshard_after_forward
+                         ? "all-gather (N-1)/N x e P twice (forward, backward) + reduce-scatter (N-1)/N x 4P"
+                         : "all-gather (N-1)/N x e P once + reduce-scatter (N-1)/N x 4P";
   } else if (cfg.parallel.zero == "zero1-broadcast") {
     a.comm_bytes_per_step = 2 * f * G + G / dp;
     a.comm_formula = "all-reduce 2 (N-1)/N x 4P + broadcast of the own range 4P/N";

@@ -143,7 +143,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
   }
   master_ = Tensor::empty({S}, master, A, "parameters");
   grad_shard_ = Tensor::empty({S}, master, A, "gradient_shard");
-  if (compute_ != master) lowp_ = Tensor::empty({S}, compute_, A, "parameters_lowp");
   norm_master_ = Tensor::empty({norms}, master, A, "parameters");
   norm_grads_ = Tensor::empty({norms}, master, A, "gradients");
 
@@ -157,7 +156,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
   for (std::size_t i = 0; i < infos.size(); ++i)
     if (unit_of_[i] < 0)
       model::fill_initial_values(infos[i], seed, 0, infos[i].numel, norm_master_.flat_range(local_[i], infos[i].numel), ctx);
-  if (lowp_.defined()) ops::cast(ctx, master_, lowp_);
   ops::fill(ctx, grad_shard_, 0.0);
   ops::fill(ctx, norm_grads_, 0.0);
   adamw_ = std::make_unique<optim::AdamW>(cfg, S, master, ctx);
@@ -186,10 +184,15 @@ GradientSync& FullyShardedDataParallel::sync() { return *sync_; }
 void FullyShardedDataParallel::issue_gather(int u) {
   const Unit& unit = units_[static_cast<std::size_t>(u)];
   Gathered& g = gathered_[static_cast<std::size_t>(u)];
-  // In mixed precision the low-precision copy of the shard travels (half the bytes).
-  const Tensor& src = lowp_.defined() ? lowp_ : master_;
-  g.buffer = Tensor::empty({unit.shard * comm_.size()}, compute_, *rt_.ctx().allocator, "fsdp_gathered");
-  g.work = comm_.all_gather(src.flat_range(unit.shard_offset, unit.shard), g.buffer, comm::async_call());
+  Allocator& A = *rt_.ctx().allocator;
+  Tensor shard = master_.flat_range(unit.shard_offset, unit.shard);
+  if (compute_ != master_.dtype()) {   // mixed precision: the low-precision copy travels (half the bytes)
+    g.send = Tensor::empty({unit.shard}, compute_, A, "fsdp_cast");
+    ops::cast(rt_.ctx(), shard, g.send);
+    shard = g.send;
+  }
+  g.buffer = Tensor::empty({unit.shard * comm_.size()}, compute_, A, "fsdp_gathered");
+  g.work = comm_.all_gather(shard, g.buffer, comm::async_call());
   g.state = State::in_flight;
 }
 
@@ -208,6 +211,7 @@ void FullyShardedDataParallel::wait_gather(int u, bool backward) {
   } else {
     g.work.wait();
   }
+  g.send = Tensor();   // the compute stream now follows the gather, which has read it
   g.state = State::ready;
 }
 
@@ -215,6 +219,7 @@ void FullyShardedDataParallel::release(int u) {
   Gathered& g = gathered_[static_cast<std::size_t>(u)];
   if (g.state == State::in_flight) g.work.wait();   // never free memory a collective still writes
   g.buffer = Tensor();
+  g.send = Tensor();
   g.work = comm::Work();
   g.state = State::released;
 }
@@ -303,8 +308,7 @@ double FullyShardedDataParallel::grad_sum_squares(Context& ctx) {
 
 void FullyShardedDataParallel::step(Context& ctx, double lr, double grad_scale) {
   NvtxRange r("fsdp_step");
-  // The low-precision copy of the shard is refreshed in the same pass (the next gathers' source).
-  adamw_->step(ctx, master_, grad_shard_, lowp_.defined() ? &lowp_ : nullptr, lr, grad_scale);
+  adamw_->step(ctx, master_, grad_shard_, nullptr, lr, grad_scale);
   adamw_norms_->step(ctx, norm_master_, norm_grads_, nullptr, lr, grad_scale);
 }
 
@@ -352,7 +356,6 @@ void FullyShardedDataParallel::set_parameters(Context& ctx, const std::vector<fl
     Tensor dst = norm_master_.flat_range(local_[i], infos[i].numel);
     ops::copy(ctx, host(infos[i].offset, infos[i].numel), dst);
   }
-  if (lowp_.defined()) ops::cast(ctx, master_, lowp_);
 }
 
 }  // namespace lmscale::parallel

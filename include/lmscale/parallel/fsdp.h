@@ -5,9 +5,10 @@
 // units. Each unit's embedding and linear weights, concatenated in parameter order, form one
 // region of n_u elements, split into `dp` equal shards of s_u = ceil(n_u / dp) elements (the last
 // rank's shard is zero-padded, so the collectives are plain all-gather / reduce-scatter). Rank r
-// holds only its shards: fp32 master weights, their bf16/fp16 copy in mixed precision (the
-// all-gather's source: the low-precision copy is what travels), fp32 gradient shards and the
-// AdamW state of its shards. Norm weights stay replicated (fp32 master, fp32 gradients summed
+// holds only its shards: fp32 master weights, fp32 gradient shards and the AdamW state of its
+// shards. In mixed precision a unit's shard is cast to bf16/fp16 just before its all-gather (the
+// low-precision copy is what travels; it lives only until the gather is done, which costs one
+// small cast per gather instead of a persistent 2 B/parameter copy). Norm weights stay replicated (fp32 master, fp32 gradients summed
 // over the ranks after the backward): a few KiB each, not worth a transfer.
 //
 // Around each unit's use (the model calls the hooks of sync()):
@@ -86,6 +87,7 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   enum class State { released, in_flight, ready };
   struct Gathered {
     Tensor buffer;   // [dp * s_u] compute dtype
+    Tensor send;     // [s_u] the shard cast to the compute dtype (mixed precision), until gathered
     comm::Work work;
     State state = State::released;
   };
@@ -121,7 +123,7 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   std::vector<Unit> units_;
   std::vector<int> unit_of_;          // per parameter; -1 for norms
   std::vector<std::int64_t> local_;   // per parameter: offset in its unit's region, or in the norm buffer
-  Tensor master_, lowp_, grad_shard_;   // this rank's shards [S]
+  Tensor master_, grad_shard_;          // this rank's shards [S]
   Tensor norm_master_, norm_grads_;     // replicated norm weights [Nn]
   std::unique_ptr<optim::AdamW> adamw_, adamw_norms_;
   std::vector<Gathered> gathered_;
