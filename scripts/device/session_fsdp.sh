@@ -7,7 +7,7 @@
 #   fsdp     xl bf16 flash, global batch 8 on 2 GPUs: zero2, fsdp, fsdp + full / selective
 #            checkpointing, the 1-GPU step at batch 4; torch FSDP2 with and without --ac
 #   ckpt     the CS336 checkpointing study on one GPU each (two runs at a time): d 2560, F 10240,
-#            32 layers, 16 heads, batch 4 x 2048: none, selective, every-k for k = 1, 2, 4, 8
+#            32 layers, 16 heads, batch 4 x 2048: none, selective(-mlp), every-k for k = 1, 2, 4, 8, 16
 #   batch    fsdp with and without full checkpointing at global batch 8, 16, 32, 64
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,6 +53,9 @@ if has fsdp; then
     timeout 120 "${MPIRUN[@]}" -np 2 $LM inputs/$d.ini --run.output="$OUT/$d.h5" > "$OUT/$d.log" 2>&1
     note "$d: $(brief "$OUT/$d.log")"
   done
+  timeout 120 "${MPIRUN[@]}" -np 2 $LM inputs/fsdp_xl_selective_ac.ini --train.activation_checkpointing=selective-mlp \
+    --run.output="$OUT/fsdp_xl_selective_mlp_ac.h5" > "$OUT/fsdp_xl_selective_mlp_ac.log" 2>&1
+  note "fsdp_xl selective-mlp: $(brief "$OUT/fsdp_xl_selective_mlp_ac.log")"
   timeout 120 "${MPIRUN[@]}" -np 2 $LM inputs/fsdp_xl.ini --parallel.fsdp_prefetch=0 --run.output="$OUT/fsdp_xl_prefetch0.h5" > "$OUT/fsdp_xl_prefetch0.log" 2>&1
   note "fsdp_xl prefetch 0: $(brief "$OUT/fsdp_xl_prefetch0.log")"
   timeout 150 torchrun --nproc-per-node 2 $PEER fsdp --size xl --precision bf16 --batch 8 --attention sdpa > "$OUT/torch_fsdp.log" 2>&1
@@ -66,10 +69,12 @@ if has ckpt; then
     local gpu=$1 name=$2; shift 2
     CUDA_VISIBLE_DEVICES=$gpu timeout 150 $LM inputs/checkpointing_study.ini "$@" --run.output="$OUT/ckpt_$name.h5" > "$OUT/ckpt_$name.log" 2>&1
   }
-  ( study 0 none --train.activation_checkpointing=none; study 0 k1 --train.checkpoint_k=1; study 0 k4 --train.checkpoint_k=4 ) &
-  ( study 1 selective --train.activation_checkpointing=selective; study 1 k2 --train.checkpoint_k=2; study 1 k8 --train.checkpoint_k=8 ) &
+  ( study 0 none --train.activation_checkpointing=none; study 0 k1 --train.checkpoint_k=1; study 0 k4 --train.checkpoint_k=4;
+    study 0 k16 --train.checkpoint_k=16 ) &
+  ( study 1 selective --train.activation_checkpointing=selective; study 1 k2 --train.checkpoint_k=2; study 1 k8 --train.checkpoint_k=8;
+    study 1 selective_mlp --train.activation_checkpointing=selective-mlp ) &
   wait
-  for n in none selective k1 k2 k4 k8; do note "checkpointing study $n: $(brief "$OUT/ckpt_$n.log")"; done
+  for n in none selective selective_mlp k1 k2 k4 k8 k16; do note "checkpointing study $n: $(brief "$OUT/ckpt_$n.log")"; done
   note "ckpt stage done at $(( $(date +%s) - T0 )) s"
 fi
 if has batch; then

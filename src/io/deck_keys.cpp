@@ -234,10 +234,11 @@ std::vector<DeckKey> build_table() {
               "Write a training checkpoint every this many steps; 0 = never."),
       string_key("train.checkpoint_path", "path", LMSCALE_FIELD(train.checkpoint_path), "Training checkpoint file."),
       enum_key("train.activation_checkpointing", LMSCALE_FIELD(train.activation_checkpointing),
-               {"none", "every-k", "selective"},
+               {"none", "every-k", "selective", "selective-mlp"},
                "Activation checkpointing (train and bench-model): none; every-k (keep the input of each group of "
                "train.checkpoint_k blocks, recompute the group in the backward); selective (recompute the norms' "
-               "outputs, the SwiGLU product and naive attention's probabilities; keep the matmul and flash outputs)."),
+               "outputs, the SwiGLU product and naive attention's probabilities; keep the matmul and flash outputs); "
+               "selective-mlp (selective, and the FFN's w1/w3 outputs recomputed too: less memory, two more GEMMs)."),
       int_key("train.checkpoint_k", LMSCALE_FIELD(train.checkpoint_k), 1,
               "Blocks per group of activation_checkpointing = every-k (1 = every block); at most model.num_layers."),
       // [optim]
