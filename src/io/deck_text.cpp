@@ -125,7 +125,10 @@ std::string deck_markdown() {
         "  must exist, as must `train.resume` when set.\n"
         "- `optim.min_lr <= optim.lr`; for `train`, `optim.warmup_steps <= train.steps`;\n"
         "  `optim.cosine_steps` is 0 or at least `optim.warmup_steps`.\n"
-        "- `bench.min_bytes <= bench.max_bytes`; `bench.head_dims` items are 16, 32, 64 or 128.\n"
+        "- `bench.min_bytes <= bench.max_bytes`.\n"
+        "- Flash attention on CUDA (`parallel.device = cuda`, or `auto` in a CUDA build) takes head dims\n"
+        "  up to 256: `model.d_model / model.num_heads` with `model.attention = flash`, and the\n"
+        "  `bench.head_dims` items when `bench.impls` has `flash`.\n"
         "- For `train`: `train.save` and `train.checkpoint_path` differ from `run.output`;\n"
         "  `train.checkpoint_every > 0` needs `train.checkpoint_path`.\n\n";
   md += "## Keys\n";
