@@ -574,6 +574,9 @@ void launch_dim(const Params& p, cudaStream_t stream, int variant) {
     case 80:
       // Tuning variant 2 (the 2.7B preset's head dim): 32 queries per step, ragged dQ warp grid.
       if (variant == 2) return launch_fused<E, 80, 4, 32, 1, false>(p, stream);
+      if (variant == 3) return launch_fused<E, 80, 4, 64, 1, true>(p, stream);
+      if (variant == 4) return launch_fused<E, 80, 8, 64, 1, false>(p, stream);
+      if (variant == 5) return launch_fused<E, 80, 8, 32, 1, true>(p, stream);
       return launch_fused<E, 80, 4, 64, 1, false>(p, stream);
     case 96: return launch_fused<E, 96, 4, 32, 1, false>(p, stream);
     case 112: return launch_fused<E, 112, 4, 32, 1, false>(p, stream);

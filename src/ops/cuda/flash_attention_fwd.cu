@@ -232,8 +232,8 @@ void launch_dim(const Params& p, cudaStream_t stream, int variant) {
     case 80:
       // Tuning variants (the 2.7B preset's head dim; DISABLED_Timing in test_attention_cuda.cpp).
       if (variant == 1) return launch<E, 80, 4, 64, 1>(p, stream);
-      if (variant == 2) return launch<E, 80, 4, 64, 2>(p, stream);
-      return launch<E, 80, 4, 32, 2>(p, stream);
+      if (variant == 2) return launch<E, 80, 4, 32, 2>(p, stream);
+      return launch<E, 80, 4, 64, 2>(p, stream);
     case 96: return launch<E, 96, 4, 32, 2>(p, stream);
     case 112: return launch<E, 112, 4, 64, 1>(p, stream);
     case 128: return launch<E, 128, 4, 64, 1>(p, stream);
