@@ -28,7 +28,7 @@ IFS=';' read -ra shapes <<< "$SHAPES"
 for sh in "${shapes[@]}"; do
   read -r b h t d <<< "$sh"
   fv=0; bv=0
-  [ "$d" = 80 ] && fv=${ATTN_FWD80:-0,1,2} && bv=${ATTN_BWD80:-0,2}
+  [ "$d" = 160 ] && bv=0,2
   [ "$d" = 64 ] && bv=0,1
   skip_naive=$([ "$t" -gt 8192 ] && echo 1 || echo "")
   ATTN_B=$b ATTN_H=$h ATTN_SEQ=$t ATTN_D=$d ATTN_REPS=${ATTN_REPS:-30} ATTN_FWD_VARIANTS=$fv ATTN_BWD_VARIANTS=$bv \

@@ -50,9 +50,9 @@ __host__ __device__ constexpr int padded_head_dim(int d) {
 // Tensor-core kernels (bf16/f16; head_dim a multiple of 8 up to 256; rows 16-byte aligned).
 void launch_flash_fwd_mma(const Params& p, Elem e, cudaStream_t stream);
 void launch_flash_bwd_mma(const Params& p, Elem e, cudaStream_t stream);
-// Tile-shape variants of the above for tuning (0 = the default the public op uses; forward: head
-// dim 80 has variants 1, 2; backward: 1 = the deterministic two-kernel path at head dims 16, 32, 64,
-// 128, and head dim 80 has variant 2).
+// Variants of the above for tuning (0 = the default the public op uses; other numbers fall back to
+// it). Forward: none at present. Backward: 1 = the deterministic (atomic-free) two-kernel path at
+// head dims 16, 32, 64, 128; 2 = 64 queries per step at head dim 160.
 void launch_flash_fwd_mma_variant(const Params& p, Elem e, cudaStream_t stream, int variant);
 void launch_flash_bwd_mma_variant(const Params& p, Elem e, cudaStream_t stream, int variant);
 // CUDA-core kernels (any of the three element types; any head_dim up to 256).

@@ -223,17 +223,13 @@ void launch(const Params& p, cudaStream_t stream) {
 // kQSmem) + D/2*MT (O accumulators) + Bc/2*MT (scores); shapes were chosen so that ptxas reports
 // no spills (docs/attention.md lists registers and shared memory per shape).
 template <class E>
-void launch_dim(const Params& p, cudaStream_t stream, int variant) {
+void launch_dim(const Params& p, cudaStream_t stream, int /*variant: none left (docs/attention.md)*/) {
   switch (padded_head_dim(p.head_dim)) {
     case 16: return launch<E, 16, 4, 64, 2>(p, stream);
     case 32: return launch<E, 32, 4, 32, 2>(p, stream);
     case 48: return launch<E, 48, 4, 64, 2>(p, stream);
     case 64: return launch<E, 64, 4, 64, 2>(p, stream);
-    case 80:
-      // Tuning variants (the 2.7B preset's head dim; DISABLED_Timing in test_attention_cuda.cpp).
-      if (variant == 1) return launch<E, 80, 4, 64, 1>(p, stream);
-      if (variant == 2) return launch<E, 80, 4, 32, 2>(p, stream);
-      return launch<E, 80, 4, 64, 2>(p, stream);
+    case 80: return launch<E, 80, 4, 64, 2>(p, stream);   // 2.7B preset; shapes tried: docs/attention.md
     case 96: return launch<E, 96, 4, 32, 2>(p, stream);
     case 112: return launch<E, 112, 4, 64, 1>(p, stream);
     case 128: return launch<E, 128, 4, 64, 1>(p, stream);

@@ -4,9 +4,9 @@
 // dimensions, dot products are summed across the G lanes with shuffles, and the online softmax
 // runs per key. Tiles of the other operand are staged in shared memory as fp32, each lane's slice
 // padded by one word so the G slices of a row fall in different banks.
-// Head dims: compiled for padded widths D (16, 32, 64, 96, 128, 160, 192, 256), run for any real
-// head dim p.head_dim <= D: dimensions past it are zeros in registers and shared memory (they add
-// nothing to the dot products) and are never stored.
+// Head dims: compiled for padded widths D (16, 32, 64, 128, 256: few widths keep the compile time
+// down on this slower path), run for any real head dim p.head_dim <= D: dimensions past it are
+// zeros in registers and shared memory (they add nothing to the dot products) and are never stored.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -25,12 +25,12 @@ constexpr int kThreads = 128;
 // lane (registers: the dK/dV kernel keeps 4 x DP floats per lane).
 template <int D>
 struct Simt {
-  static constexpr int G = D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : 8;   // lanes per row
+  static constexpr int G = D <= 32 ? 1 : D / 32;   // lanes per row: 1, 1, 2, 4, 8
   static constexpr int DP = D / G;                                          // dims per lane
   static_assert(DP * G == D && DP <= 32, "padded SIMT width");
   // Rows of the streamed operand per shared-memory tile: two fp32 tiles of kTile x LDS stay under
   // the 48 KB of static shared memory (32 rows x 264 x 4 B x 2 = 68 KB would not at D = 256).
-  static constexpr int kTile = D <= 160 ? 32 : 16;
+  static constexpr int kTile = D <= 128 ? 32 : 16;
   static constexpr int R = kThreads / G;           // rows per block
   static constexpr int LDS = D + G;                // padded shared row: slice p starts at p*(DP+1)
   __device__ static int col(int c) { return c + c / DP; }
@@ -254,10 +254,7 @@ void dispatch(const Params& p, cudaStream_t stream, bool backward) {
   if (d <= 16) return backward ? launch_bwd<E, 16>(p, stream) : launch_fwd<E, 16>(p, stream);
   if (d <= 32) return backward ? launch_bwd<E, 32>(p, stream) : launch_fwd<E, 32>(p, stream);
   if (d <= 64) return backward ? launch_bwd<E, 64>(p, stream) : launch_fwd<E, 64>(p, stream);
-  if (d <= 96) return backward ? launch_bwd<E, 96>(p, stream) : launch_fwd<E, 96>(p, stream);
   if (d <= 128) return backward ? launch_bwd<E, 128>(p, stream) : launch_fwd<E, 128>(p, stream);
-  if (d <= 160) return backward ? launch_bwd<E, 160>(p, stream) : launch_fwd<E, 160>(p, stream);
-  if (d <= 192) return backward ? launch_bwd<E, 192>(p, stream) : launch_fwd<E, 192>(p, stream);
   return backward ? launch_bwd<E, 256>(p, stream) : launch_fwd<E, 256>(p, stream);
 }
 
