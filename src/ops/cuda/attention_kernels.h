@@ -55,6 +55,9 @@ void launch_flash_bwd_mma(const Params& p, Elem e, cudaStream_t stream);
 // head dims 16, 32, 64, 128; 2 = 64 queries per step at head dim 160.
 void launch_flash_fwd_mma_variant(const Params& p, Elem e, cudaStream_t stream, int variant);
 void launch_flash_bwd_mma_variant(const Params& p, Elem e, cudaStream_t stream, int variant);
+// The dQ kernel of the deterministic backward (variant 1; flash_attention_bwd_dq.cu): head dims
+// 16, 32, 64, 128; needs p.dsum and runs after the dK/dV kernel without the dQ part.
+void launch_flash_bwd_dq_deterministic(const Params& p, Elem e, cudaStream_t stream);
 // CUDA-core kernels (any of the three element types; any head_dim up to 256).
 void launch_flash_fwd_simt(const Params& p, Elem e, cudaStream_t stream);
 void launch_flash_bwd_simt(const Params& p, Elem e, cudaStream_t stream);
