@@ -389,8 +389,27 @@ TEST(Deck, BadValueSaysWhereItCameFrom) {
 TEST(Deck, ValidateChecksConfigsBuiltInCode) {
   Config c;
   EXPECT_NO_THROW(lmscale::io::validate(c, 1));
-  c.bench.head_dims = {48};
+  c.bench.head_dims = {0};
   EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
+  c.bench.head_dims = {48, 80, 256};   // any head dim on CPU and up to 256 with flash on CUDA
+  EXPECT_NO_THROW(lmscale::io::validate(c, 1));
+  c.parallel.device = "cuda";
+  c.run.job = "bench-attention";
+  c.bench.head_dims = {64, 264};
+  EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
+  c.parallel.device = "cpu";   // CPU flash takes any head dim
+  EXPECT_NO_THROW(lmscale::io::validate(c, 1));
+  c = Config{};
+  c.run.job = "bench-model";
+  c.model.attention = "flash";
+  c.model.d_model = 2560;   // the 2.7B preset: 32 heads of 80, runs on CUDA
+  c.model.num_heads = 32;
+  c.parallel.device = "cuda";
+  EXPECT_NO_THROW(lmscale::io::validate(c, 1));
+  c.model.num_heads = 8;    // 320 > 256
+  EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
+  c.model.attention = "naive";
+  EXPECT_NO_THROW(lmscale::io::validate(c, 1));
   c = Config{};
   c.model.num_heads = 7;
   EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);

@@ -71,6 +71,40 @@ void check_devices(const Config& c) {
     fail("parallel.backend = nccl needs CUDA devices but parallel.device = cpu; set parallel.backend = mpi (or auto)");
 }
 
+// Largest head dim of flash attention on CUDA (kMaxFlashHeadDim in src/ops/cuda/attention_kernels.h;
+// io does not depend on ops). CPU flash takes any head dim.
+constexpr std::int64_t kMaxCudaFlashHeadDim = 256;
+#ifdef LMSCALE_WITH_CUDA
+constexpr bool kCudaBuilt = true;
+#else
+constexpr bool kCudaBuilt = false;
+#endif
+
+// Refused here, before any allocation, whenever the run would be on CUDA: parallel.device = cuda,
+// or auto in a CUDA build (auto picks the GPU wherever one is visible).
+void check_flash_head_dim(const Config& c) {
+  const auto& p = c.parallel;
+  if (p.device != "cuda" && !(p.device == "auto" && kCudaBuilt)) return;
+  const auto& m = c.model;
+  const std::int64_t head_dim = m.d_model / m.num_heads;
+  if (runs_model(c) && m.attention == "flash" && head_dim > kMaxCudaFlashHeadDim) {
+    std::int64_t heads = m.num_heads;   // the fewest heads at least as many that fit, for the hint
+    while (heads <= m.d_model &&
+           (m.d_model % heads || (m.d_model / heads) % 2 || m.d_model / heads > kMaxCudaFlashHeadDim || heads % p.tp))
+      ++heads;
+    fail("model.attention = flash on CUDA takes head dims up to {}, but the head dim is model.d_model / "
+         "model.num_heads = {} / {} = {}; set model.attention = naive, model.num_heads = {}, or parallel.device = cpu",
+         kMaxCudaFlashHeadDim, m.d_model, m.num_heads, head_dim, heads);
+  }
+  const auto& b = c.bench;
+  if (c.run.job == "bench-attention" && std::find(b.impls.begin(), b.impls.end(), "flash") != b.impls.end())
+    for (const std::int64_t d : b.head_dims)
+      if (d > kMaxCudaFlashHeadDim)
+        fail("bench.head_dims item {} exceeds {}, the largest head dim of flash attention on CUDA; drop it, remove "
+             "flash from bench.impls, or set parallel.device = cpu",
+             d, kMaxCudaFlashHeadDim);
+}
+
 void check_outputs(const Config& c) {
   if (c.run.output.empty()) fail("run.output is empty; set run.output = PATH.h5");
   if (c.run.job == "train") {
@@ -239,6 +273,7 @@ void validate(const Config& c, int world_size) {
   for (const auto& key : detail::deck_keys()) key.set(scratch, key.get(c));
   check_model(c);
   check_devices(c);
+  check_flash_head_dim(c);
   check_outputs(c);
   check_data(c);
   check_optim(c);
