@@ -11,7 +11,8 @@
 # `ci`, MpiDefault=pmix. Waits until the node is idle (START_TIMEOUT seconds, default 20); on
 # failure prints the logs, stops what it started and exits 1.
 #
-# Environment: START_TIMEOUT (s); SLURM_GPUS=N adds Gres=gpu:N and a gres.conf for
+# Environment: START_TIMEOUT (s); SLURM_CPUS=N declares N CPUs per node (default: the hardware's;
+# more oversubscribes on purpose, SlurmdParameters=config_overrides); SLURM_GPUS=N adds Gres=gpu:N and a gres.conf for
 # /dev/nvidia[0..N-1] (Debian ships no gpu_nvml plugin); on a machine without /dev/nvidia0 the
 # device files are faked under DIR/dev, enough to schedule and test GPU job scripts.
 #
@@ -105,6 +106,13 @@ for k in CPUs Boards SocketsPerBoard CoresPerSocket ThreadsPerCore; do   # no Re
 done
 [[ $node_hw == *CPUs=* ]] || node_hw=" CPUs=$(nproc)"
 cpus=$(sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' <<<"$node_hw")
+overrides=""
+if [[ -n ${SLURM_CPUS:-} ]]; then
+  # More CPUs than the machine has (benchmarks that oversubscribe on purpose, e.g. 4 ranks of one
+  # node on 2 cores): slurmd takes the configured count instead of draining the node.
+  [[ $SLURM_CPUS =~ ^[1-9][0-9]*$ ]] || die "SLURM_CPUS=$SLURM_CPUS: not a positive count"
+  node_hw=" CPUs=$SLURM_CPUS" cpus=$SLURM_CPUS overrides="SlurmdParameters=config_overrides"
+fi
 
 gres_line="" gres_node=""
 if [[ -n ${SLURM_GPUS:-} && ${SLURM_GPUS} -gt 0 ]]; then
@@ -157,6 +165,7 @@ SelectTypeParameters=CR_Core
 MpiDefault=pmix
 ReturnToService=2
 MailProg=/bin/true
+$overrides
 MinJobAge=600
 SlurmctldTimeout=30
 SlurmdTimeout=30
@@ -213,8 +222,8 @@ if (( nodes == 2 )); then
   done
   ip netns exec "${netns[0]}" ping -c 1 -W 2 "${node_addrs[1]}" >/dev/null 2>&1 \
     || { command -v ping >/dev/null && die "node 0 cannot reach node 1 over the veth pair"; }
-  printf '#!/bin/sh\n# run a Slurm client inside this cluster (node 0 network namespace)\nexec ip netns exec %s "$@"\n' \
-    "${netns[0]}" > "$D/run"
+  printf '#!/bin/sh\n# run a Slurm client inside this cluster (node 0 network namespace)\nSLURM_CONF=%s exec ip netns exec %s "$@"\n' \
+    "$D/slurm.conf" "${netns[0]}" > "$D/run"
   chmod 0755 "$D/run"
 fi
 
