@@ -42,10 +42,16 @@ compgen -G "/usr/lib/*/pmix2/lib/libpmix.so" >/dev/null || compgen -G "/usr/lib*
   || missing+=("libpmix.so (libpmix-dev)")
 [[ $(id -u) -eq 0 ]] || missing+=("root")
 [[ ${#missing[@]} -eq 0 ]] || skip "cannot run a local Slurm cluster, missing: ${missing[*]} (scripts/deps/slurm.sh installs the packages)"
-# Containers often forbid new network namespaces (no CAP_SYS_ADMIN, seccomp): probe once.
+# Containers often forbid new namespaces (no CAP_SYS_ADMIN, seccomp): probe what start.sh does
+# (a network namespace, entered with fresh UTS and mount namespaces, a host name set inside).
 probe=lmscale-probe-$$
 if ! ip netns add "$probe" 2>/dev/null; then
   skip "cannot create network namespaces here (ip netns add failed: needs CAP_SYS_ADMIN); the two-node cluster needs them"
+fi
+if ! nsenter --net="/run/netns/$probe" unshare --uts --mount --propagation private sh -c 'hostname lmscale-probe' \
+     >/dev/null 2>&1; then
+  ip netns del "$probe"
+  skip "cannot create UTS/mount namespaces inside a network namespace here (unshare --uts --mount failed)"
 fi
 ip netns del "$probe"
 python3 -c 'import h5py, numpy' 2>/dev/null || fail "python3 with h5py and numpy is needed to check the outputs (make deps)"
