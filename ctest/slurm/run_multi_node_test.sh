@@ -13,7 +13,9 @@
 #      (shared memory inside each node, TCP between the nodes) and nothing took node-only `shm`.
 #   2. bench-collectives across the two nodes with every result checked (all-reduce 64 KiB-1 MiB,
 #      algo auto and library) -> exit 0 (no wrong element), paths hier and library-net recorded.
-#   3. an accounting run with parallel.tp=4 (the tp group spans both nodes) -> the job log warns
+#   3. the same training launched with mpirun inside a two-node allocation (orted on the second
+#      node through srun, out-of-band TCP over the veth pair) -> the same checks as 1.
+#   4. an accounting run with parallel.tp=4 (the tp group spans both nodes) -> the job log warns
 #      "parallel.tp=4 ... span nodes"; with parallel.tp=2 (inside a node) -> no warning.
 # Stops the cluster on exit, whatever happened. Exit 77 (skipped, with the reason) without root,
 # the Slurm packages, or the right to make network namespaces, unless LMSCALE_REQUIRE_SLURM is set.
@@ -102,14 +104,8 @@ run_job() {  # NAME DECK [overrides...] -> exit code of the job; log in $S/NAME-
   return $rc
 }
 
-# ---- 1. training across two nodes vs one process ----
-"$bin" "$decks/multi_node_train.ini" --run.output="$S/ref.h5" --run.progress=false >"$S/ref.out" 2>&1 \
-  || { show_out "$S/ref.out"; fail "the one-process reference run failed"; }
-rc=0; run_job train "$decks/multi_node_train.ini" || rc=$?
-if [[ $rc -ne 0 ]]; then show_out "$S"/train-*.out; fail "multi_node.sbatch (train) exited $rc, expected 0"; fi
-h5=("$S"/out/train/multi_node_train-*.h5)
-[[ ${#h5[@]} -eq 1 ]] || { show_out "$S"/train-*.out; fail "expected one HDF5 file from the train job, found ${#h5[@]}"; }
-python3 - "${h5[0]}" "$S/ref.h5" <<'PY' || { show_out "$S"/train-*.out; fail "train job output check failed"; }
+check_train() {  # RESULTS.h5 REFERENCE.h5: hosts, losses, paths (see the header)
+  python3 - "$1" "$2" <<'PY'
 import sys, h5py, numpy as np
 out, ref = sys.argv[1], sys.argv[2]
 def s(x): return x.decode() if isinstance(x, bytes) else str(x)
@@ -133,6 +129,16 @@ with h5py.File(out, "r") as f, h5py.File(ref, "r") as g:
     assert all(p == "hier" or p.endswith("-net") for p in world), f"unexpected paths {world}"
     print(f"ok: /system/comm_paths world: {world}")
 PY
+}
+
+# ---- 1. training across two nodes vs one process ----
+"$bin" "$decks/multi_node_train.ini" --run.output="$S/ref.h5" --run.progress=false >"$S/ref.out" 2>&1 \
+  || { show_out "$S/ref.out"; fail "the one-process reference run failed"; }
+rc=0; run_job train "$decks/multi_node_train.ini" || rc=$?
+if [[ $rc -ne 0 ]]; then show_out "$S"/train-*.out; fail "multi_node.sbatch (train) exited $rc, expected 0"; fi
+h5=("$S"/out/train/multi_node_train-*.h5)
+[[ ${#h5[@]} -eq 1 ]] || { show_out "$S"/train-*.out; fail "expected one HDF5 file from the train job, found ${#h5[@]}"; }
+check_train "${h5[0]}" "$S/ref.h5" || { show_out "$S"/train-*.out; fail "train job output check failed"; }
 say "ok: multi_node.sbatch train, 2 nodes x 2 tasks"
 
 # ---- 2. bench-collectives across the two nodes, every result checked ----
@@ -157,7 +163,21 @@ PY
   say "ok: bench-collectives algo=$algo across nodes"
 done
 
-# ---- 3. tp placement: a tp group across nodes is warned about, one inside a node is not ----
+# ---- 3. the same training launched by mpirun inside the allocation ----
+# mpirun starts an orted on node 1 through srun; it connects back over Open MPI's out-of-band TCP,
+# which must use the veth pair as well.
+cat > "$S/mpirun.sbatch" <<EOF
+#!/bin/bash
+export OMPI_MCA_oob_tcp_if_include=$OMPI_MCA_btl_tcp_if_include
+mpirun --allow-run-as-root --bind-to none "$bin" "$decks/multi_node_train.ini" --parallel.device=cpu \\
+  --parallel.backend=mpi --run.output="$S/out/mpirun.h5"
+EOF
+rc=0; "$D/run" "$submit" "$S/mpirun.sbatch" "${job_opts[@]}" --output="$S/mpirun-%j.out" >/dev/null || rc=$?
+if [[ $rc -ne 0 ]]; then show_out "$S"/mpirun-*.out; fail "mpirun across the two nodes exited $rc"; fi
+check_train "$S/out/mpirun.h5" "$S/ref.h5" || { show_out "$S"/mpirun-*.out; fail "mpirun job output check failed"; }
+say "ok: mpirun (orted via srun) across 2 nodes x 2"
+
+# ---- 4. tp placement: a tp group across nodes is warned about, one inside a node is not ----
 for tp in 4 2; do
   rc=0; run_job "tp$tp" "$decks/multi_node_train.ini" --run.job=accounting --parallel.tp=$tp || rc=$?
   if [[ $rc -ne 0 ]]; then show_out "$S"/tp$tp-*.out; fail "accounting with tp=$tp exited $rc"; fi
