@@ -4,9 +4,12 @@
 //   2. leaders: the library's all-reduce of that partial sum between the lowest rank of every node
 //               (MPI_Allreduce over TCP/IB: the only step that crosses the network)
 //   3. node:    shm broadcast of the leader's result to the other ranks of its node
-// With k ranks per node the network carries 1/k of what a flat all-reduce of all ranks moves
-// between nodes (the textbook argument for two-level collectives, as in NCCL's tree and
-// Horovod's hierarchical all-reduce).
+// Why: with N nodes of k ranks, only one rank per node talks to the network, so each node sends
+// what an N-rank all-reduce sends (~2x the message for a ring), in 2(N-1) network steps. Flat
+// algorithms in which every rank exchanges with ranks on other nodes (recursive doubling and
+// halving, Open MPI's usual choice below its ring threshold) send up to k times that per node;
+// a flat ring ordered node by node sends about the same bytes but in 2(Nk-1) latency-bound steps.
+// The two-level idea of Horovod's hierarchical all-reduce and of NCCL's trees.
 //
 // Numerics: sum and max go through the steps as they are; avg is a sum followed by one division
 // by the group size. bf16/fp16 are widened to fp32 first and rounded once at the end, the same
