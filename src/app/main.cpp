@@ -69,6 +69,10 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
     case io::Invocation::Action::run:
       break;
   }
+  // Before the deck check: a tp group across nodes is a placement problem worth a warning even
+  // when the run goes on (or is refused for another reason).
+  const std::string tp_warning = app::tp_placement_warning(mpi, inv.config);
+  if (root && !tp_warning.empty()) fmt::print(stderr, "lmscale: warning: {}\n", tp_warning);
   Config cfg = jobs::resolve_runtime(inv.config, mpi.size());
   ops::Runtime rt(cfg.parallel.device == "cuda" ? Device::cuda : Device::cpu, mpi.local_rank(), cfg.precision.tf32,
                   cfg.precision.gemm_autotune);
@@ -78,6 +82,7 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
   try {
     out.write_provenance(cfg, mpi.size());
     app::write_system_info(out, mpi, rt);
+    if (!tp_warning.empty()) out.set_attr("/system", "tp_placement_warning", tp_warning);
     jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr};
     if (mpi.size() > 1 && cfg.run.job != "bench-collectives") {
       // Gradients travel over the deck's backend; host scalars (losses, norms) over MPI.
@@ -85,6 +90,8 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
       env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
     }
     const int code = jobs::run_job(env);
+    // Which path (shm inside a node, network across nodes) the job's collectives took.
+    app::write_comm_paths(out, {{"world", env.comm.get()}, {"host", env.host_comm.get()}});
     rt.synchronize();
     out.finish();
     if (root && cfg.run.progress) fmt::print("results written to {}\n", cfg.run.output);

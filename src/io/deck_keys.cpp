@@ -209,9 +209,11 @@ std::vector<DeckKey> build_table() {
       bool_list_key("bench.causal", LMSCALE_FIELD(bench.causal), "bench-attention: causal masking settings to sweep."),
       enum_list_key("bench.ops", LMSCALE_FIELD(bench.ops), {"all-reduce", "reduce-scatter", "all-gather", "broadcast"},
                     "bench-collectives: collectives to time."),
-      enum_key("bench.algo", LMSCALE_FIELD(bench.algo), {"library", "ring", "shm", "auto"},
+      enum_key("bench.algo", LMSCALE_FIELD(bench.algo), {"library", "ring", "shm", "hier", "auto"},
                "bench-collectives: the backend's own algorithm (library), lmscale's ring over send/recv, "
-               "node-local shared memory with threads (shm, mpi backend), or auto (shm for large messages)."),
+               "node-local shared memory with threads (shm, mpi backend), shm inside each node plus library between "
+               "node leaders (hier, all-reduce across nodes, mpi backend), or auto (shm on one node, hier across "
+               "nodes, for large messages)."),
       bytes_key("bench.min_bytes", LMSCALE_FIELD(bench.min_bytes), 1, "bench-collectives: smallest message size."),
       bytes_key("bench.max_bytes", LMSCALE_FIELD(bench.max_bytes), 1, "bench-collectives: largest message size."),
       int_key("bench.step_factor", LMSCALE_FIELD(bench.step_factor), 2,
