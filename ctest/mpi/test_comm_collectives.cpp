@@ -294,8 +294,11 @@ TEST(Algorithms, PathsAreRecordedPerCall) {
   EXPECT_EQ(calls("shm"), 2u);
   EXPECT_EQ(calls("library-node"), 2u);
   EXPECT_EQ(uses.size(), 2u);
-  for (const auto& u : uses)
-    if (u.path == "library-node") EXPECT_EQ(u.bytes, 2 * small.size() * sizeof(float));
+  for (const auto& u : uses) {
+    if (u.path == "library-node") {
+      EXPECT_EQ(u.bytes, 2 * small.size() * sizeof(float));
+    }
+  }
 }
 
 }  // namespace
