@@ -8,7 +8,9 @@
 #            checkpointing, the 1-GPU step at batch 4; torch FSDP2 with and without --ac
 #   ckpt     the CS336 checkpointing study on one GPU each (two runs at a time): d 2560, F 10240,
 #            32 layers, 16 heads, batch 4 x 2048: none, selective(-mlp), every-k for k = 1, 2, 4, 8, 16
-#   batch    fsdp with and without full checkpointing at global batch 8, 16, 32, 64
+#   batch    fsdp with and without full checkpointing at global batch 16, 32, 64
+#   zero2_27b  issue 20: the 2.7B preset (head dim 80) with flash, bf16, zero2 on 2 GPUs (4 x 512
+#            per GPU) beside one GPU at batch 4 and torch_peer.py model --size 2.7B (sdpa)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
@@ -86,5 +88,16 @@ if has batch; then
     done
   done
   note "batch stage done at $(( $(date +%s) - T0 )) s"
+fi
+if has zero2_27b; then
+  B27=(inputs/bench_model_xl_bf16.ini --model.size=2.7B --model.attention=flash --bench.warmup=3 --bench.steps=6)
+  CUDA_VISIBLE_DEVICES=0 timeout 150 $LM "${B27[@]}" --run.output="$OUT/b27_1gpu.h5" > "$OUT/b27_1gpu.log" 2>&1
+  note "2.7B flash 1 GPU batch 4: $(brief "$OUT/b27_1gpu.log")"
+  timeout 150 "${MPIRUN[@]}" -np 2 $LM "${B27[@]}" --parallel.zero=zero2 --parallel.ddp=bucketed --parallel.bucket_mb=100 \
+    --bench.batch_size=8 --run.output="$OUT/b27_zero2.h5" > "$OUT/b27_zero2.log" 2>&1
+  note "2.7B flash zero2 2 GPUs batch 8: $(brief "$OUT/b27_zero2.log")"
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 $PEER model --size 2.7B --precision bf16 --batch 4 --attention sdpa > "$OUT/torch_27b.log" 2>&1
+  note "torch 2.7B sdpa 1 GPU: $(grep '^{' "$OUT/torch_27b.log" || tail -3 "$OUT/torch_27b.log")"
+  note "zero2_27b stage done at $(( $(date +%s) - T0 )) s"
 fi
 echo "==== summary"; cat "$summary"
