@@ -168,7 +168,12 @@ std::vector<DeckKey> build_table() {
                "Collective backend: auto picks nccl on cuda, mpi on cpu."),
       int_key("parallel.dp", LMSCALE_FIELD(parallel.dp), 0,
               "Data-parallel degree; 0 = world size / (tp * pp). dp * tp * pp must equal the world size."),
-      int_key("parallel.tp", LMSCALE_FIELD(parallel.tp), 1, "Tensor-parallel degree; must divide num_heads and d_ff."),
+      int_key("parallel.tp", LMSCALE_FIELD(parallel.tp), 1,
+              "Tensor-parallel degree (Megatron: heads, d_ff and the vocabulary split over tp adjacent ranks); must "
+              "divide num_heads, d_ff and vocab_size."),
+      bool_key("parallel.sequence_parallel", LMSCALE_FIELD(parallel.sequence_parallel),
+               "tp > 1: run the norms and residual adds on sequence shards (all-gather before the column-parallel "
+               "matmuls, reduce-scatter after the row-parallel ones); context_length must be divisible by tp."),
       int_key("parallel.pp", LMSCALE_FIELD(parallel.pp), 1, "Pipeline-parallel degree (stages); at most num_layers."),
       enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), {"none", "naive", "flat", "overlap", "bucketed"},
                "Gradient all-reduce strategy of data parallelism."),

@@ -47,6 +47,7 @@ struct ParallelConfig {
   std::string backend = "auto";         // auto | mpi | nccl
   std::int64_t dp = 0;                  // 0 = world size / (tp*pp)
   std::int64_t tp = 1, pp = 1;
+  bool sequence_parallel = false;       // tp: norms and residuals on sequence shards
   std::string ddp = "none";             // none | naive | flat | overlap | bucketed
   double bucket_mb = 25.0;
   std::string zero = "none";            // none | zero1-broadcast | zero1 | zero2 | fsdp
