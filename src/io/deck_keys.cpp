@@ -271,6 +271,12 @@ std::vector<DeckKey> build_table() {
       string_key("data.val_path", "path", LMSCALE_FIELD(data.val_path),
                  "Evaluation token file; empty = data.path."),
       enum_key("data.dtype", LMSCALE_FIELD(data.dtype), {"uint16", "uint32"}, "Element type of the token files."),
+      // [accounting]
+      float_key("accounting.device_tflops", LMSCALE_FIELD(accounting.device_tflops), R::non_negative(),
+                "Communication analysis: dense FLOP/s per device in TFLOP/s; 0 = the datasheet peak of the device "
+                "(H100/H200 SXM: 989.4 bf16/fp16, 66.9 fp32) for precision.mode."),
+      float_key("accounting.link_gbps", LMSCALE_FIELD(accounting.link_gbps), R::positive(),
+                "Communication analysis: per-GPU link bandwidth in GB/s, one direction (H100/H200 NVLink 4: 450)."),
   };
 }
 
