@@ -234,16 +234,28 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     }
     Tensor dy2 = act(d), dy2b = act(d);
     Tensor gW1 = G(kW1), gW3 = G(kW3);
-    {
-      const Tensor y2 = tp_f(pc, ctx, s.y2);   // sequence parallel: gathered again, as Megatron does
-      ops::linear_backward(ctx, y2, W(kW1), da, &dy2, &gW1, accumulate);
+    if (!tp_.active()) {
+      ops::linear_backward(ctx, s.y2, W(kW1), da, &dy2, &gW1, accumulate);
       notify(pc, pidx(l, kW1));
-      ops::linear_backward(ctx, y2, W(kW3), db, &dy2b, &gW3, accumulate);
+      ops::linear_backward(ctx, s.y2, W(kW3), db, &dy2b, &gW3, accumulate);
       notify(pc, pidx(l, kW3));
+      ops::add(ctx, dy2, dy2b, dy2);
+    } else {
+      // Tensor parallel: the input gradient first, so that its f-backward collective runs while
+      // the weight-gradient GEMMs (which do not read it) compute.
+      const Tensor y2 = tp_f(pc, ctx, s.y2);   // sequence parallel: gathered again, as Megatron does
+      ops::linear_backward(ctx, y2, W(kW1), da, &dy2, nullptr, accumulate);
+      ops::linear_backward(ctx, y2, W(kW3), db, &dy2b, nullptr, accumulate);
+      ops::add(ctx, dy2, dy2b, dy2);
+      dy2b = Tensor();
+      PendingGrad pending = tp_f_backward_start(pc, ctx, dy2);
+      ops::linear_backward(ctx, y2, W(kW1), da, nullptr, &gW1, accumulate);
+      notify(pc, pidx(l, kW1));
+      ops::linear_backward(ctx, y2, W(kW3), db, nullptr, &gW3, accumulate);
+      notify(pc, pidx(l, kW3));
+      dy2 = pending.finish();   // [Nl,d]
     }
-    ops::add(ctx, dy2, dy2b, dy2);
     dy2b = Tensor();
-    dy2 = tp_f_backward(pc, ctx, dy2);   // [Nl,d]
     Tensor dh = act_local(d), gLn2 = grad_for_adding(ctx, pidx(l, kLn2), accumulate);
     norm_backward(pc, ctx, s.h, W(kLn2), s.rstd2, dy2, dh, gLn2);
     notify(pc, pidx(l, kLn2));
@@ -284,18 +296,32 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   }
   Tensor dy1 = act(d), tmp = act(d);
   Tensor gq = G(kQ), gk = G(kK), gv = G(kV);
-  {
-    const Tensor y1 = tp_f(pc, ctx, s.y1);
-    ops::linear_backward(ctx, y1, W(kQ), dq, &dy1, &gq, accumulate);
+  if (!tp_.active()) {
+    ops::linear_backward(ctx, s.y1, W(kQ), dq, &dy1, &gq, accumulate);
     notify(pc, pidx(l, kQ));
-    ops::linear_backward(ctx, y1, W(kK), dk, &tmp, &gk, accumulate);
+    ops::linear_backward(ctx, s.y1, W(kK), dk, &tmp, &gk, accumulate);
     notify(pc, pidx(l, kK));
     ops::add(ctx, dy1, tmp, dy1);
-    ops::linear_backward(ctx, y1, W(kV), dv, &tmp, &gv, accumulate);
+    ops::linear_backward(ctx, s.y1, W(kV), dv, &tmp, &gv, accumulate);
     notify(pc, pidx(l, kV));
     ops::add(ctx, dy1, tmp, dy1);
+  } else {
+    // As in the FFN: input gradients, then f backward overlapped with the weight gradients.
+    const Tensor y1 = tp_f(pc, ctx, s.y1);
+    ops::linear_backward(ctx, y1, W(kQ), dq, &dy1, nullptr, accumulate);
+    ops::linear_backward(ctx, y1, W(kK), dk, &tmp, nullptr, accumulate);
+    ops::add(ctx, dy1, tmp, dy1);
+    ops::linear_backward(ctx, y1, W(kV), dv, &tmp, nullptr, accumulate);
+    ops::add(ctx, dy1, tmp, dy1);
+    PendingGrad pending = tp_f_backward_start(pc, ctx, dy1);
+    ops::linear_backward(ctx, y1, W(kQ), dq, nullptr, &gq, accumulate);
+    notify(pc, pidx(l, kQ));
+    ops::linear_backward(ctx, y1, W(kK), dk, nullptr, &gk, accumulate);
+    notify(pc, pidx(l, kK));
+    ops::linear_backward(ctx, y1, W(kV), dv, nullptr, &gv, accumulate);
+    notify(pc, pidx(l, kV));
+    dy1 = pending.finish();   // [Nl,d]
   }
-  dy1 = tp_f_backward(pc, ctx, dy1);   // [Nl,d]
   Tensor dxn = Nl == N ? tmp : act_local(d);
   Tensor gLn1 = grad_for_adding(ctx, pidx(l, kLn1), accumulate);
   norm_backward(pc, ctx, s.x, W(kLn1), s.rstd1, dy1, dxn, gLn1);
@@ -317,14 +343,21 @@ void TransformerLM::backward(Context& ctx, Activations& act, const ParallelConte
     call(pc.before_backward, L + 1);
     Tensor dy = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
     Tensor gHead = params_.grad(head);
-    {
+    if (!tp_.active()) {
+      ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dy, &gHead, accumulate);
+      notify(pc, head);
+    } else {
+      // Vocabulary-parallel head: the partial input gradients are summed (f backward) while the
+      // head's weight gradient computes.
       const Tensor y = tp_f(pc, ctx, act.y_final);   // [N,d]
-      ops::linear_backward(ctx, y, params_.compute_weight(head), act.dlogits, &dy, &gHead, accumulate);
+      ops::linear_backward(ctx, y, params_.compute_weight(head), act.dlogits, &dy, nullptr, accumulate);
+      PendingGrad pending = tp_f_backward_start(pc, ctx, dy);
+      ops::linear_backward(ctx, y, params_.compute_weight(head), act.dlogits, nullptr, &gHead, accumulate);
+      notify(pc, head);
+      dy = pending.finish();
     }
-    notify(pc, head);
     act.dlogits = Tensor();
     act.y_final = Tensor();
-    dy = tp_f_backward(pc, ctx, dy);   // vocabulary-parallel head: sum the partial input gradients
     Tensor gLnF = grad_for_adding(ctx, ln_final, accumulate);
     norm_backward(pc, ctx, act.x_final, params_.compute_weight(ln_final), act.rstd_final, dy, dx, gLnF);
     notify(pc, ln_final);

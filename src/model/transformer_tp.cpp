@@ -43,6 +43,22 @@ Tensor TransformerLM::tp_f_backward(const ParallelContext& pc, Context& ctx, Ten
   return shard;
 }
 
+TransformerLM::PendingGrad TransformerLM::tp_f_backward_start(const ParallelContext& pc, Context& ctx, Tensor& dy) {
+  PendingGrad p;
+  if (tp_.active() && !tp_.sequence_sharded() && pc.tp.sum_async) {
+    p.wait = pc.tp.sum_async(dy);   // in place: dy itself is the result
+    p.result = dy;
+  } else if (tp_.sequence_sharded() && pc.tp.scatter_rows_async) {
+    p.result = Tensor::empty({dy.dim(0) / tp_.degree, dy.dim(1)}, dy.dtype(), *ctx.allocator, "activation_grads");
+    p.wait = pc.tp.scatter_rows_async(dy, p.result);
+    // dy (the send buffer) must outlive the collective: the waiter keeps it.
+    p.wait = [w = std::move(p.wait), keep = dy]() { w(); };
+  } else {
+    p.result = tp_f_backward(pc, ctx, dy);
+  }
+  return p;
+}
+
 Tensor TransformerLM::tp_g(const ParallelContext& pc, Context& ctx, Tensor& partial) {
   if (!tp_.active()) return partial;
   if (!tp_.sequence_sharded()) {   // g forward: all-reduce

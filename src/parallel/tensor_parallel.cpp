@@ -33,6 +33,17 @@ TensorParallel::TensorParallel(comm::Communicator& device, comm::Communicator& h
     NvtxRange r("sp_reduce_scatter");
     c->reduce_scatter(full, shard, comm::ReduceOp::sum);
   };
+  // The buffers stay alive until the returned function has run: the model holds them.
+  callbacks_.sum_async = [c](Tensor& x) -> model::TensorParallelComm::Wait {
+    NvtxRange r("tp_all_reduce_async");
+    comm::Work w = c->all_reduce(x, comm::ReduceOp::sum, comm::async_call());
+    return [w]() mutable { w.wait(); };
+  };
+  callbacks_.scatter_rows_async = [c](const Tensor& full, Tensor& shard) -> model::TensorParallelComm::Wait {
+    NvtxRange r("sp_reduce_scatter_async");
+    comm::Work w = c->reduce_scatter(full, shard, comm::ReduceOp::sum, comm::async_call());
+    return [w]() mutable { w.wait(); };
+  };
 }
 
 double TensorParallel::sum_scalar(double x) {

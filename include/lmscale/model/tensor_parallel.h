@@ -57,6 +57,13 @@ struct TensorParallelComm {
   std::function<void(const Tensor& shard, Tensor& full)> gather_rows;
   // Rows: shard [R, ...] = rows [rank R, (rank+1) R) of the sum over ranks of full [R*tp, ...].
   std::function<void(const Tensor& full, Tensor& shard)> scatter_rows;
+  // Asynchronous sum and scatter_rows: start the collective and return the function that makes
+  // its result usable (nccl: the compute stream waits for it; mpi: the host waits). The model
+  // computes the weight gradients in between (f backward overlapped with the dW GEMMs). Empty:
+  // the synchronous forms are used.
+  using Wait = std::function<void()>;
+  std::function<Wait(Tensor& x)> sum_async;
+  std::function<Wait(const Tensor& full, Tensor& shard)> scatter_rows_async;
 };
 
 // The local layout of the parameters (names, local shapes, offsets in the local flat buffer, and

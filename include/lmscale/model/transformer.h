@@ -99,6 +99,18 @@ class TransformerLM {
   // f backward: the partial input gradient [N,d] summed over tp -> [Nl,d] (all-reduce in place,
   // or reduce-scatter of rows).
   Tensor tp_f_backward(const ParallelContext& pc, Context& ctx, Tensor& dy);
+  // f backward started asynchronously: the result is usable after finish(); in between the
+  // caller computes the weight gradients (they do not read dy). Synchronous without sum_async.
+  struct PendingGrad {
+    Tensor result;
+    TensorParallelComm::Wait wait;
+    Tensor finish() {
+      if (wait) wait();
+      wait = nullptr;
+      return result;
+    }
+  };
+  PendingGrad tp_f_backward_start(const ParallelContext& pc, Context& ctx, Tensor& dy);
   // g: a row-parallel matmul's partial output [N,d] summed over tp -> [Nl,d].
   Tensor tp_g(const ParallelContext& pc, Context& ctx, Tensor& partial);
   // g backward: d(output) [Nl,d] -> [N,d] (sequence parallel: all-gather rows).
