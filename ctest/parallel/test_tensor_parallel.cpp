@@ -88,6 +88,7 @@ TEST(TensorParallel, TrainsToTheLossesAndWeightsOfOneProcess) {
   for (bool sp : {false, true}) {
     cases.push_back({R, sp, "none", "none", 1, "none"});   // tp over the whole world
     cases.push_back({R, sp, "none", "none", 2, "every-k"});
+    cases.push_back({R, sp, "none", "none", 1, "selective-mlp"});
     if (R == 4) {   // dp 2 x tp 2
       cases.push_back({2, sp, "bucketed", "none", 1, "none"});
       cases.push_back({2, sp, "flat", "none", 2, "selective"});

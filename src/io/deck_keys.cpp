@@ -207,16 +207,18 @@ std::vector<DeckKey> build_table() {
       int_list_key("bench.attn_batch", LMSCALE_FIELD(bench.attn_batch), 1, {}, "bench-attention: batch sizes."),
       int_list_key("bench.attn_heads", LMSCALE_FIELD(bench.attn_heads), 1, {}, "bench-attention: numbers of heads."),
       int_list_key("bench.seq_lens", LMSCALE_FIELD(bench.seq_lens), 1, {}, "bench-attention: sequence lengths."),
-      int_list_key("bench.head_dims", LMSCALE_FIELD(bench.head_dims), 1, {16, 32, 64, 128},
-                   "bench-attention: head dimensions."),
+      int_list_key("bench.head_dims", LMSCALE_FIELD(bench.head_dims), 1, {},
+                   "bench-attention: head dimensions (flash on CUDA: at most 256)."),
       enum_list_key("bench.dtypes", LMSCALE_FIELD(bench.dtypes), dtypes,
                     "bench-attention and bench-collectives: element types."),
       bool_list_key("bench.causal", LMSCALE_FIELD(bench.causal), "bench-attention: causal masking settings to sweep."),
       enum_list_key("bench.ops", LMSCALE_FIELD(bench.ops), {"all-reduce", "reduce-scatter", "all-gather", "broadcast"},
                     "bench-collectives: collectives to time."),
-      enum_key("bench.algo", LMSCALE_FIELD(bench.algo), {"library", "ring", "shm", "auto"},
+      enum_key("bench.algo", LMSCALE_FIELD(bench.algo), {"library", "ring", "shm", "hier", "auto"},
                "bench-collectives: the backend's own algorithm (library), lmscale's ring over send/recv, "
-               "node-local shared memory with threads (shm, mpi backend), or auto (shm for large messages)."),
+               "node-local shared memory with threads (shm, mpi backend), shm inside each node plus library between "
+               "node leaders (hier, all-reduce across nodes, mpi backend), or auto (shm on one node, hier across "
+               "nodes, for large messages)."),
       bytes_key("bench.min_bytes", LMSCALE_FIELD(bench.min_bytes), 1, "bench-collectives: smallest message size."),
       bytes_key("bench.max_bytes", LMSCALE_FIELD(bench.max_bytes), 1, "bench-collectives: largest message size."),
       int_key("bench.step_factor", LMSCALE_FIELD(bench.step_factor), 2,
@@ -239,10 +241,11 @@ std::vector<DeckKey> build_table() {
               "Write a training checkpoint every this many steps; 0 = never."),
       string_key("train.checkpoint_path", "path", LMSCALE_FIELD(train.checkpoint_path), "Training checkpoint file."),
       enum_key("train.activation_checkpointing", LMSCALE_FIELD(train.activation_checkpointing),
-               {"none", "every-k", "selective"},
+               {"none", "every-k", "selective", "selective-mlp"},
                "Activation checkpointing (train and bench-model): none; every-k (keep the input of each group of "
                "train.checkpoint_k blocks, recompute the group in the backward); selective (recompute the norms' "
-               "outputs, the SwiGLU product and naive attention's probabilities; keep the matmul and flash outputs)."),
+               "outputs, the SwiGLU product and naive attention's probabilities; keep the matmul and flash outputs); "
+               "selective-mlp (selective, and the FFN's w1/w3 outputs recomputed too: less memory, two more GEMMs)."),
       int_key("train.checkpoint_k", LMSCALE_FIELD(train.checkpoint_k), 1,
               "Blocks per group of activation_checkpointing = every-k (1 = every block); at most model.num_layers."),
       // [optim]

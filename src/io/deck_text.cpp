@@ -39,7 +39,8 @@ std::string help_text() {
       << "accounting. Every deck key can also be given on the command line as --section.key=value, which\n"
       << "wins over the deck; without a deck, defaults and command-line keys are used. Lists are\n"
       << "comma-separated (128,256,512); booleans are true/false, 1/0, yes/no or on/off. Unknown keys, bad\n"
-      << "values and inconsistent combinations stop the run before any work (exit code 2).\n\n"
+      << "values and inconsistent combinations stop the run before any work (exit code 2), as does a deck\n"
+      << "that sets no run.job.\n\n"
       << detail::action_options() << "\n"
       << detail::key_options() << "\n"
       << "The same reference, as Markdown: docs/deck.md (lmscale --help-markdown).\n";
@@ -83,7 +84,9 @@ std::string deck_markdown() {
         "  `GiB`).\n"
         "- Strings and paths may be wrapped in double quotes; relative paths start at the working\n"
         "  directory, not at the deck's folder.\n"
-        "- A key given twice in the deck, or twice on the command line, is an error.\n\n";
+        "- A key given twice in the deck, or twice on the command line, is an error.\n"
+        "- A run must name its job: `run.job` in the deck or `--run.job=JOB`. An empty or job-less deck\n"
+        "  is an error (exit code 2), not a default training run (also for `--print-config`).\n\n";
   md += "## Actions\n\n"
         "| option | effect |\n|---|---|\n"
         "| `--help`, `-h` | print every key with its type, default and meaning |\n"
@@ -123,12 +126,28 @@ std::string deck_markdown() {
         "  world / (`tp` * `pp`) when that divides, else 1, and `accounting` takes an explicit `dp` as\n"
         "  the layout to predict, whatever the world size.\n"
         "- `data.source = tokens` needs `data.path`; for `train` the file (and `data.val_path`, if set)\n"
-        "  must exist, as must `train.resume` when set.\n"
+        "  must exist, as must `train.resume` when set. Token files are read once before any work: a\n"
+        "  whole number of `data.dtype` elements, at least `model.context_length + 2` tokens, every id\n"
+        "  below `model.vocab_size` (the first bad id is reported with its position).\n"
+        "- `train.resume` must be an lmscale checkpoint or weights file; a sharded optimizer\n"
+        "  (`parallel.zero` on more than one rank) can neither resume optimizer state nor write\n"
+        "  checkpoints (`train.checkpoint_every`) yet.\n"
         "- `optim.min_lr <= optim.lr`; for `train`, `optim.warmup_steps <= train.steps`;\n"
         "  `optim.cosine_steps` is 0 or at least `optim.warmup_steps`.\n"
-        "- `bench.min_bytes <= bench.max_bytes`; `bench.head_dims` items are 16, 32, 64 or 128.\n"
+        "- `bench.min_bytes <= bench.max_bytes`.\n"
+        "- Flash attention on CUDA (`parallel.device = cuda`, or `auto` in a CUDA build) takes head dims\n"
+        "  up to 256: `model.d_model / model.num_heads` with `model.attention = flash`, and the\n"
+        "  `bench.head_dims` items when `bench.impls` has `flash`.\n"
         "- For `train`: `train.save` and `train.checkpoint_path` differ from `run.output`;\n"
-        "  `train.checkpoint_every > 0` needs `train.checkpoint_path`.\n\n";
+        "  `train.checkpoint_every > 0` needs `train.checkpoint_path`.\n"
+        "- Every file the run writes (`run.output`; for `train` also `train.save` and, with checkpoints,\n"
+        "  `train.checkpoint_path`) follows the overwrite rule of docs/hdf5.md: a new name or an\n"
+        "  existing HDF5 (or empty) regular file, never a device, FIFO, socket, directory or other file;\n"
+        "  its `NAME.tmp` likewise; its directory writable or creatable.\n"
+        "- Once the device is known (before any output): `train` and `bench-model` runs whose predicted\n"
+        "  memory per rank (the `accounting` job's prediction; `bench.mode = forward` without gradients\n"
+        "  and optimizer state) exceeds the memory available (free GPU memory, or the host's available\n"
+        "  memory shared by the node's ranks) are refused, with both numbers.\n\n";
   md += "## Keys\n";
   for (const auto& section : detail::deck_sections()) {
     md += fmt::format("\n### [{}]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n", section);

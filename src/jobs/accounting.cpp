@@ -80,10 +80,12 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     const double k = static_cast<double>(std::min<std::int64_t>(cfg.train.checkpoint_k, m.layers));
     add("activations", std::ceil(L / k) * N * d * e + k * block,
         fmt::format("ceil(L/k) N d e (group inputs) + k x ({}) (one group recomputed), k = {}", block_f, k));
-  } else if (ac == "selective") {
-    const double kept = (6 * d + 2 * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0);
+  } else if (ac == "selective" || ac == "selective-mlp") {
+    const double f = ac == "selective" ? 2 : 0;   // [N,F] tensors kept per block (a, b)
+    const double kept = (6 * d + f * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0);
     add("activations", L * kept + (block - kept),
-        fmt::format("L x ((6d + 2F) N e + 8N{}) + one block's recomputed part", m.flash ? " + 4 B H T" : ""));
+        fmt::format("L x ((6d{}) N e + 8N{}) + one block's recomputed part", f > 0 ? " + 2F" : "",
+                    m.flash ? " + 4 B H T" : ""));
   } else {
     add("activations", L * block, "L x (" + block_f + ")");
   }

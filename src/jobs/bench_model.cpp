@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "lmscale/core/host_vector.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/rng.h"
 #include "lmscale/core/timer.h"
@@ -23,7 +24,7 @@ namespace {
 // peer's torch.randint: bench timings must not depend on data.
 std::vector<std::int32_t> random_tokens(std::uint64_t seed, std::int64_t step, std::int64_t first, std::int64_t rows,
                                         std::int64_t T, std::int64_t vocab) {
-  std::vector<std::int32_t> v(static_cast<std::size_t>(rows * (T + 1)));
+  auto v = host_vector<std::int32_t>(static_cast<std::size_t>(rows * (T + 1)), "the benchmark token batch");
   for (std::int64_t r = 0; r < rows; ++r) {
     const CounterRng rng(seed, 0xbe9c0000ull + static_cast<std::uint64_t>(step) * 1000003ull + static_cast<std::uint64_t>(first + r));
     for (std::int64_t t = 0; t <= T; ++t)

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "lmscale/core/error.h"
+#include "lmscale/core/host_vector.h"
 #include "lmscale/io/checkpoint.h"
 #include "lmscale/ops/ops.h"
 
@@ -12,7 +13,7 @@ namespace {
 
 // The whole flat fp32 buffer `flat` (on any device) copied to the host.
 std::vector<float> to_host(Context& ctx, const Tensor& flat) {
-  std::vector<float> h(static_cast<std::size_t>(flat.numel()));
+  auto h = host_vector<float>(static_cast<std::size_t>(flat.numel()), "a host copy of the weights for saving");
   Tensor dst = Tensor::view(h.data(), {flat.numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, flat, dst);
   return h;

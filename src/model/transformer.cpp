@@ -124,6 +124,10 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
       s.y2 = Tensor();
       s.g = Tensor();
       if (!dims_.flash) s.attn_aux = Tensor();
+      if (recompute_.mlp) {
+        s.a = Tensor();
+        s.b = Tensor();
+      }
     }
     call(pc.after_forward, l + 1);
   }
@@ -192,6 +196,14 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   return out;
 }
 
+void TransformerLM::recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N,
+                                   std::int64_t d) {
+  if (present(y)) return;
+  y = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
+  Tensor rstd = Tensor::empty({N}, stats_, *ctx.allocator, "activation_grads");   // the kept rstd's twin
+  ops::rmsnorm(ctx, x, w, dims_.norm_eps, y, rstd);
+}
+
 Tensor TransformerLM::grad_for_adding(Context& ctx, int i, bool accumulate) {
   Tensor g = params_.grad(i);
   if (!accumulate) ops::fill(ctx, g, 0.0);
@@ -210,6 +222,14 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   {
     // FFN: out = h + g(w2(silu(w1 f(y2)) * w3 f(y2))), y2 = rmsnorm2(h); dx holds d(out).
     NvtxRange r("ffn_block_backward");
+    if (!present(s.a)) {   // selective-mlp: y2, then a = w1 y2 and b = w3 y2 again
+      recompute_norm(ctx, s.h, W(kLn2), s.y2, Nl, d);   // [Nl,d]; tensor parallel: the local a, b [N,Fl]
+      s.a = act(F);
+      s.b = act(F);
+      const Tensor y2 = tp_f(pc, ctx, s.y2);
+      ops::linear(ctx, y2, W(kW1), s.a);
+      ops::linear(ctx, y2, W(kW3), s.b);
+    }
     if (!present(s.g)) {   // selective checkpointing: g = silu(a) * b again
       s.g = act(F);
       ops::swiglu(ctx, s.a, s.b, s.g);
@@ -227,11 +247,7 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     dg = Tensor();
     s.a = Tensor();
     s.b = Tensor();
-    if (!present(s.y2)) {   // selective: y2 = rmsnorm2(h) again (rstd is the kept one's twin)
-      s.y2 = act_local(d);
-      Tensor rstd = Tensor::empty({Nl}, stats_, A, "activation_grads");
-      ops::rmsnorm(ctx, s.h, W(kLn2), dims_.norm_eps, s.y2, rstd);
-    }
+    recompute_norm(ctx, s.h, W(kLn2), s.y2, Nl, d);   // selective: y2 = rmsnorm2(h) again
     Tensor dy2 = act(d), dy2b = act(d);
     Tensor gW1 = G(kW1), gW3 = G(kW3);
     if (!tp_.active()) {
@@ -289,11 +305,7 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   dO = Tensor();
   ops::rope(ctx, dq, B, T, H, Dh, dims_.rope_theta, true);
   ops::rope(ctx, dk, B, T, H, Dh, dims_.rope_theta, true);
-  if (!present(s.y1)) {   // selective: y1 = rmsnorm1(x) again
-    s.y1 = act_local(d);
-    Tensor rstd = Tensor::empty({Nl}, stats_, A, "activation_grads");
-    ops::rmsnorm(ctx, s.x, W(kLn1), dims_.norm_eps, s.y1, rstd);
-  }
+  recompute_norm(ctx, s.x, W(kLn1), s.y1, Nl, d);   // selective: y1 = rmsnorm1(x) again
   Tensor dy1 = act(d), tmp = act(d);
   Tensor gq = G(kQ), gk = G(kK), gv = G(kV);
   if (!tp_.active()) {

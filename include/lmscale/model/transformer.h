@@ -88,6 +88,8 @@ class TransformerLM {
   // dx [N,d]: in = gradient w.r.t. the block output, out = w.r.t. the block input (in place).
   void block_backward(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
                       std::int64_t B, std::int64_t T, bool accumulate);
+  // y = rmsnorm(x, w) [N,d] unless y is already there (selective checkpointing dropped it).
+  void recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N, std::int64_t d);
   // Gradient of parameter i, zeroed first unless accumulating (for the ops that always add).
   Tensor grad_for_adding(Context& ctx, int i, bool accumulate);
   int pidx(int layer, int slot) const { return 1 + layer * 9 + slot; }   // slot order of parameter_layout
