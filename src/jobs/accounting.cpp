@@ -49,8 +49,10 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
             ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF, and its "
               "cast shard)"
             : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block)");
-  } else {
-    const std::string p = tp > 1 ? "Pr" : "P";
+  }
+  // The parameters a rank holds: P, or Pr under tensor parallelism.
+  const std::string p = tp > 1 && !fsdp ? "Pr" : "P";
+  if (!fsdp) {
     add("parameters", 4 * Pr, "4 B x " + p + " (fp32 master)");
     if (mixed) add("parameters_lowp", 2 * Pr, "2 B x " + p + " (bf16/fp16 working copy)");
   }
@@ -59,11 +61,11 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     add("gradients", 0, "0 at the start of the backward: per-bucket buffers are allocated as the backward frees "
                         "activations (one process, zero2) and freed after the step (zero2: after their reduce-scatter)");
   else
-    add("gradients", 4 * Pr, "4 B x P (one flat fp32 buffer)");
+    add("gradients", 4 * Pr, "4 B x " + p + " (one flat fp32 buffer)");
   if (sharded && !fsdp && cfg.parallel.zero != "zero1-broadcast")
-    add("gradient_shard", 4 * Pr / dp, "4 B x P / N (reduced range)");
+    add("gradient_shard", 4 * Pr / dp, "4 B x " + p + " / N (reduced range)");
   add("optimizer_state", 8 * (fsdp ? P : Pr) / (sharded ? dp : 1),
-      sharded ? "8 B x P / N (AdamW m, v of this rank's range)" : "8 B x P (AdamW m, v)");
+      sharded ? "8 B x " + p + " / N (AdamW m, v of this rank's range)" : "8 B x " + p + " (AdamW m, v)");
   // Activations kept from the forward to the backward, as the checkpointing policy says
   // (model/recompute.h); every-k adds one recomputed group at the start of the backward.
   // Tensor parallel: q, k, v, o and a, b, g are split (1/tp), x, y1, h, y2 and the norms' rstd
