@@ -168,7 +168,12 @@ std::vector<DeckKey> build_table() {
                "Collective backend: auto picks nccl on cuda, mpi on cpu."),
       int_key("parallel.dp", LMSCALE_FIELD(parallel.dp), 0,
               "Data-parallel degree; 0 = world size / (tp * pp). dp * tp * pp must equal the world size."),
-      int_key("parallel.tp", LMSCALE_FIELD(parallel.tp), 1, "Tensor-parallel degree; must divide num_heads and d_ff."),
+      int_key("parallel.tp", LMSCALE_FIELD(parallel.tp), 1,
+              "Tensor-parallel degree (Megatron: heads, d_ff and the vocabulary split over tp adjacent ranks); must "
+              "divide num_heads, d_ff and vocab_size."),
+      bool_key("parallel.sequence_parallel", LMSCALE_FIELD(parallel.sequence_parallel),
+               "tp > 1: run the norms and residual adds on sequence shards (all-gather before the column-parallel "
+               "matmuls, reduce-scatter after the row-parallel ones); context_length must be divisible by tp."),
       int_key("parallel.pp", LMSCALE_FIELD(parallel.pp), 1, "Pipeline-parallel degree (stages); at most num_layers."),
       enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), {"none", "naive", "flat", "overlap", "bucketed"},
                "Gradient all-reduce strategy of data parallelism."),
@@ -269,6 +274,12 @@ std::vector<DeckKey> build_table() {
       string_key("data.val_path", "path", LMSCALE_FIELD(data.val_path),
                  "Evaluation token file; empty = data.path."),
       enum_key("data.dtype", LMSCALE_FIELD(data.dtype), {"uint16", "uint32"}, "Element type of the token files."),
+      // [accounting]
+      float_key("accounting.device_tflops", LMSCALE_FIELD(accounting.device_tflops), R::non_negative(),
+                "Communication analysis: dense FLOP/s per device in TFLOP/s; 0 = the datasheet peak of the device "
+                "(H100/H200 SXM: 989.4 bf16/fp16, 66.9 fp32) for precision.mode."),
+      float_key("accounting.link_gbps", LMSCALE_FIELD(accounting.link_gbps), R::positive(),
+                "Communication analysis: per-GPU link bandwidth in GB/s, one direction (H100/H200 NVLink 4: 450)."),
   };
 }
 

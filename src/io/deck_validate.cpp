@@ -222,6 +222,18 @@ void check_layout(const Config& c, int world_size) {
   if (m.d_ff % p.tp != 0)
     fail("parallel.tp = {} does not divide model.d_ff = {}; choose parallel.tp dividing both num_heads and d_ff", p.tp,
          m.d_ff);
+  if (m.vocab_size % p.tp != 0)
+    fail("parallel.tp = {} does not divide model.vocab_size = {} (the embedding and LM head are split by vocabulary "
+         "rows); choose parallel.tp dividing num_heads, d_ff and vocab_size, or pad vocab_size to a multiple of {}",
+         p.tp, m.vocab_size, p.tp);
+  if (p.sequence_parallel && p.tp > 1 && m.context_length % p.tp != 0)
+    fail("parallel.sequence_parallel = true needs model.context_length = {} divisible by parallel.tp = {} (each rank "
+         "holds an equal sequence shard); change context_length or tp",
+         m.context_length, p.tp);
+  if (p.tp > 1 && p.zero == "fsdp" && runs_model(c))
+    fail("parallel.zero = fsdp with parallel.tp = {} is not built (FSDP shards whole parameters); use parallel.zero = "
+         "zero1 or zero2 with tensor parallelism, or parallel.tp = 1",
+         p.tp);
   if (p.pp > m.num_layers)
     fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
          m.num_layers);

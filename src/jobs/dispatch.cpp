@@ -36,10 +36,10 @@ namespace {
 void reject_unbuilt_modes(const Config& c) {
   if (c.run.job == "accounting") return;   // accounting computes, it does not run the mode
   const auto& p = c.parallel;
-  if (p.tp != 1 || p.pp != 1)
-    throw UsageError(fmt::format("parallel.tp = {}, parallel.pp = {}: tensor and pipeline parallelism are not built in "
-                                 "this version; set parallel.tp = 1 and parallel.pp = 1 (data parallelism: parallel.ddp, "
-                                 "parallel.zero)", p.tp, p.pp));
+  if (p.pp != 1)
+    throw UsageError(fmt::format("parallel.pp = {}: pipeline parallelism is not built in this version; set "
+                                 "parallel.pp = 1 (data and tensor parallelism: parallel.ddp, parallel.zero, parallel.tp)",
+                                 p.pp));
   if (c.optim.name != "adamw")
     throw UsageError("optim.name = " + c.optim.name + " is not built in this version; use adamw");
 }

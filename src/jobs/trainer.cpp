@@ -9,8 +9,10 @@
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/gradient_sync.h"
+#include "lmscale/parallel/tensor_parallel.h"
 #include "lmscale/parallel/zero.h"
 #include "lmscale/comm/communicator.h"
+#include "lmscale/comm/mesh.h"
 
 namespace lmscale::jobs {
 
@@ -36,42 +38,65 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       grad_accum_(grad_accum),
       master_(kMaster),
       lowp_(lowp_dtype(env.cfg)) {
-  const std::int64_t dp = env.world;   // data-parallel degree (tp = pp = 1 for now)
+  Context& ctx = env.rt.ctx();
+  const auto& pc = env.cfg.parallel;
+  // Data-parallel group: the world, or with tensor parallelism the dp axis of the dp x tp mesh
+  // (tp ranks adjacent: rank = dp_idx * tp + tp_idx; pp = 1).
+  std::int64_t dp = env.world;
+  int dp_rank = env.rank;
+  comm::Communicator* dp_comm = env.comm.get();
+  comm::Communicator* dp_host = env.host_comm.get();
+  if (pc.tp > 1) {
+    LMSCALE_CHECK(env.comm && env.host_comm, "tensor parallelism needs the world communicators");
+    // Set before the split: the mesh's communicators inherit the compute stream.
+    if (env.comm->device() == Device::cuda) env.comm->set_compute_stream(ctx.stream);
+    comm::MeshShape shape;
+    shape.tp = static_cast<int>(pc.tp);
+    shape.dp = static_cast<int>(pc.dp);
+    mesh_ = std::make_unique<comm::Mesh>(env.comm, shape);
+    host_mesh_ = std::make_unique<comm::Mesh>(env.host_comm, shape);
+    LMSCALE_CHECK(mesh_->shape().pp == 1, "tensor parallelism with pipeline stages is not built");
+    tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), host_mesh_->tp(), pc.sequence_parallel);
+    dp = mesh_->shape().dp;
+    dp_rank = mesh_->coords().dp;
+    dp_comm = &mesh_->dp();
+    dp_host = &host_mesh_->dp();
+    LMSCALE_CHECK(pc.zero != "fsdp" || dp == 1, "parallel.zero = fsdp with parallel.tp > 1 is not built");
+  }
   LMSCALE_CHECK(global_batch % dp == 0, "batch_size {} not divisible by {} data-parallel ranks", global_batch, dp);
   local_rows_ = global_batch / dp;
-  first_row_ = env.rank * local_rows_;
+  first_row_ = dp_rank * local_rows_;
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
-  Context& ctx = env.rt.ctx();
   // One process and ZeRO-2 keep gradients in per-bucket buffers that exist only from the backward
   // to the optimizer step (so they never coexist with the whole forward's activations); DDP and
   // the other ZeRO levels reduce one flat buffer.
   // FSDP keeps only shards (the store holds no flat buffers). With one data-parallel rank every
   // sharding mode is the plain single-process path.
-  const auto& pc = env.cfg.parallel;
   const bool fsdp = dp > 1 && pc.zero == "fsdp";
   const bool bucket_grads = dp == 1 || pc.zero == "zero2";
   using Buffers = model::ParameterStore::Buffers;
   params_ = std::make_unique<model::ParameterStore>(
       dims_, master_, lowp_, *ctx.allocator,
-      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads));
+      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads),
+      tp_ ? tp_->split() : model::TensorSplit{});
   params_->init(env.cfg.run.seed, ctx);
   model_ = std::make_unique<model::TransformerLM>(dims_, *params_);
   model_->set_recompute(
       model::RecomputePolicy::from(env.cfg.train.activation_checkpointing, env.cfg.train.checkpoint_k));
   if (dp > 1) {
-    LMSCALE_CHECK(env.comm && env.host_comm, "data parallelism needs the world communicators");
-    if (env.comm->device() == Device::cuda) env.comm->set_compute_stream(ctx.stream);
+    LMSCALE_CHECK(dp_comm && dp_host, "data parallelism needs the world communicators");
+    if (dp_comm->device() == Device::cuda) dp_comm->set_compute_stream(ctx.stream);
     const parallel::DdpMode ddp = parallel::parse_ddp_mode(pc.ddp == "none" ? "flat" : pc.ddp);
     if (fsdp) {
-      auto f = std::make_unique<parallel::FullyShardedDataParallel>(*params_, *env.comm, *env.host_comm, env.cfg.optim,
+      auto f = std::make_unique<parallel::FullyShardedDataParallel>(*params_, *dp_comm, *dp_host, env.cfg.optim,
                                                                     parallel::FsdpOptions::from(pc),
                                                                     env.cfg.run.seed, env.rt);
       fsdp_ = f.get();
       sharded_ = std::move(f);
       sync_ = &sharded_->sync();
     } else if (pc.zero != "none") {
-      auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *env.comm,
-                                                            *env.host_comm, env.cfg.optim);
+      auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *dp_comm, *dp_host,
+                                                            env.cfg.optim);
       zero->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
                        params_->has_lowp() ? &params_->flat_lowp() : nullptr},
                       ctx);
@@ -79,7 +104,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       sharded_ = std::move(zero);
       sync_ = &sharded_->sync();
     } else {
-      auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *env.comm, *env.host_comm, *params_, pc.bucket_mb);
+      auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *dp_comm, *dp_host, *params_, pc.bucket_mb);
       ddp_sync->broadcast_parameters(ctx);
       owned_sync_ = std::move(ddp_sync);
     }
@@ -131,10 +156,10 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
   for (std::int64_t m = 0; m < grad_accum_; ++m) {
     auto [in, tg] = upload(tokens, T, m * micro, (m + 1) * micro);
     auto t0 = rt.mark();
-    auto act = model_->forward(ctx, in, tg, true, grad_scale, sync_->forward_hooks(true));
+    auto act = model_->forward(ctx, in, tg, true, grad_scale, with_tp(sync_->forward_hooks(true)));
     auto t1 = rt.mark();
     // The first micro-batch overwrites the gradients, later ones add to them.
-    model_->backward(ctx, *act, sync_->hooks(static_cast<int>(m), static_cast<int>(grad_accum_)), m > 0);
+    model_->backward(ctx, *act, with_tp(sync_->hooks(static_cast<int>(m), static_cast<int>(grad_accum_))), m > 0);
     auto t2 = rt.mark();
     loss_sums.push_back(act->loss_sum);
     r.times.forward_ms += rt.elapsed_ms(t0, t1);
@@ -182,17 +207,7 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   // Gradients hold loss_scale * d(mean loss)/dw; clipping works on the unscaled norm. After DDP
   // every rank holds the summed gradients; with ZeRO each holds its range (summed over ranks).
   const double inv_scale = 1.0 / scaler_.scale();
-  double sq = 0;
-  if (sharded_) {
-    sq = sharded_->grad_sum_squares(ctx);
-  } else if (lazy_) {
-    std::vector<Tensor> parts;
-    for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) parts.push_back(lazy_->bucket(b));
-    sq = optim::sum_of_squares(ctx, parts);
-  } else {
-    sq = optim::sum_of_squares(ctx, params_->flat_grads());
-  }
-  const double norm = std::sqrt(sq) * inv_scale;
+  const double norm = std::sqrt(global_grad_sum_squares(ctx)) * inv_scale;
   const bool finite = std::isfinite(norm);
   r.grad_norm = norm;
   r.loss_scale = scaler_.scale();
@@ -237,7 +252,7 @@ double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64
   const std::int64_t rows = static_cast<std::int64_t>(tokens.size()) / (T + 1);
   auto [in, tg] = upload(tokens, T, 0, rows);
   auto t0 = rt.mark();
-  auto act = model_->forward(ctx, in, tg, false, 1.0, sync_->forward_hooks(false));
+  auto act = model_->forward(ctx, in, tg, false, 1.0, with_tp(sync_->forward_hooks(false)));
   auto t1 = rt.mark();
   if (times) times->forward_ms = rt.elapsed_ms(t0, t1);
   rt.allocator().tracker().mark_phase("forward");
@@ -251,17 +266,62 @@ std::vector<float> Trainer::full_parameters() {
   std::vector<float> h(static_cast<std::size_t>(params_->numel()));
   Tensor dst = Tensor::view(h.data(), {params_->numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, params_->flat_params(), dst);
-  return h;
+  return to_full_layout(h);
 }
 
-void Trainer::set_parameters(const std::vector<float>& flat) {
+void Trainer::set_parameters(const std::vector<float>& full) {
   Context& ctx = env_.rt.ctx();
-  if (fsdp_) return fsdp_->set_parameters(ctx, flat);
+  if (fsdp_) return fsdp_->set_parameters(ctx, full);
+  const std::vector<float> flat = to_local_layout(full);
   LMSCALE_CHECK(static_cast<std::int64_t>(flat.size()) == params_->numel(), "set_parameters: {} values for {}",
                 flat.size(), params_->numel());
   Tensor src = Tensor::view(const_cast<float*>(flat.data()), {params_->numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, src, params_->flat_params());
   params_->refresh_lowp(ctx);
+}
+
+std::vector<float> Trainer::to_full_layout(const std::vector<float>& local) {
+  return tp_ ? tp_->gather_full(dims_, local) : local;
+}
+
+std::vector<float> Trainer::to_local_layout(const std::vector<float>& full) const {
+  return tp_ ? tp_->slice_local(dims_, full) : full;
+}
+
+model::ParallelContext Trainer::with_tp(model::ParallelContext pc) const {
+  if (tp_) pc.tp = tp_->callbacks();
+  return pc;
+}
+
+double Trainer::global_grad_sum_squares(Context& ctx) {
+  // Every strategy's sum of squares over this rank's gradients (summed over data-parallel ranks
+  // where they hold shards).
+  double sq = 0;
+  if (sharded_) {
+    sq = sharded_->grad_sum_squares(ctx);
+  } else if (lazy_) {
+    std::vector<Tensor> parts;
+    for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) parts.push_back(lazy_->bucket(b));
+    sq = optim::sum_of_squares(ctx, parts);
+  } else {
+    sq = optim::sum_of_squares(ctx, params_->flat_grads());
+  }
+  if (!tp_) return sq;
+  // Tensor parallel: the sliced parameters' squares add over the tp ranks; the replicated norm
+  // weights (identical on every tp rank) count once.
+  double replicated = 0;
+  if (sharded_) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    for (const auto& p : params_->infos())
+      if (p.split_dim < 0) ranges.emplace_back(p.offset, p.numel);
+    replicated = sharded_->grad_sum_squares_in(ctx, ranges);
+  } else {
+    std::vector<Tensor> parts;
+    for (int i = 0; i < params_->size(); ++i)
+      if (params_->infos()[static_cast<std::size_t>(i)].split_dim < 0) parts.push_back(params_->grad(i));
+    replicated = optim::sum_of_squares(ctx, parts);
+  }
+  return tp_->global_sum_squares(sq, replicated);
 }
 
 }  // namespace lmscale::jobs

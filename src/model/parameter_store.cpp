@@ -17,6 +17,7 @@ std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
     ParamInfo p;
     p.name = std::move(name);
     p.numel = shape_numel(shape);
+    p.full_shape = shape;
     p.shape = std::move(shape);
     p.offset = off;
     p.kind = kind;
@@ -51,15 +52,18 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
   }
   double std = 1.0;
   if (p.kind == ParamInfo::Kind::linear) {
-    const double d_out = static_cast<double>(p.shape[0]), d_in = static_cast<double>(p.shape[1]);
+    // The full parameter's fan-in/out (a tensor-parallel slice keeps its parameter's law).
+    const Shape& full = p.full_shape.empty() ? p.shape : p.full_shape;
+    const double d_out = static_cast<double>(full[0]), d_in = static_cast<double>(full[1]);
     std = std::sqrt(2.0 / (d_in + d_out));
   }
   const CounterRng rng(seed, hash_name(p.name));
   for (std::int64_t i = begin; i < end; ++i) out[i - begin] = rng.truncated_normal(static_cast<std::uint64_t>(i), std, 3.0);
 }
 
-ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers)
-    : infos_(parameter_layout(dims)), master_(master), lowp_dtype_(lowp),
+ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers,
+                               const TensorSplit& split)
+    : infos_(tensor_parallel_layout(dims, split)), split_(split), master_(master), lowp_dtype_(lowp),
       has_flat_params_(buffers != Buffers::none), has_flat_grads_(buffers == Buffers::params_and_grads) {
   total_ = infos_.back().offset + infos_.back().numel;
   if (has_flat_params_) params_ = Tensor::empty({total_}, master, alloc, "parameters");
@@ -138,7 +142,7 @@ void fill_initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t be
 
 void ParameterStore::init(std::uint64_t seed, Context& ctx) {
   if (!has_flat_params_) return;
-  for (const ParamInfo& p : infos_) fill_initial_values(p, seed, 0, p.numel, params_.flat_range(p.offset, p.numel), ctx);
+  for (const ParamInfo& p : infos_) fill_slice_initial_values(p, seed, params_.flat_range(p.offset, p.numel), ctx);
   zero_grads(ctx);
   refresh_lowp(ctx);
 }

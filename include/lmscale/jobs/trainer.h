@@ -18,7 +18,12 @@
 #include "lmscale/optim/loss_scaler.h"
 #include "lmscale/optim/lr_schedule.h"
 
+namespace lmscale::comm {
+class Mesh;
+}
+
 namespace lmscale::parallel {
+class TensorParallel;
 class GradientSync;
 class ShardedOptimizer;
 class FullyShardedDataParallel;
@@ -42,7 +47,9 @@ struct StepResult {
 class Trainer {
  public:
   // global_batch: sequences per optimizer step over all data-parallel ranks; the rank takes
-  // rows [rank*B/dp, (rank+1)*B/dp) and splits them into grad_accum micro-batches.
+  // rows [dp_rank*B/dp, (dp_rank+1)*B/dp) and splits them into grad_accum micro-batches.
+  // parallel.tp > 1: the world is a dp x tp mesh (comm/mesh.h); the ranks of a tp group take the
+  // same rows and each holds its slices of the parameters (parallel/tensor_parallel.h).
   Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum, std::int64_t total_steps);
   ~Trainer();
 
@@ -60,10 +67,17 @@ class Trainer {
   parallel::ShardedOptimizer* sharded() { return sharded_.get(); }
   // parallel.zero = fsdp on several ranks (the store then holds no flat parameters), else null.
   parallel::FullyShardedDataParallel* fsdp() { return fsdp_; }
-  // The full fp32 parameters in the store's flat layout on the host (collective under fsdp).
+  // The full fp32 parameters in the full model's flat layout (model::parameter_layout(dims)) on
+  // the host (collective under fsdp and tensor parallelism).
   std::vector<float> full_parameters();
   // Sets them from that layout on every rank (after loading a weights file).
   void set_parameters(const std::vector<float>& flat);
+  // A buffer in this rank's store layout (e.g. optimizer moments) -> the full layout (collective
+  // under tensor parallelism), and back.
+  std::vector<float> to_full_layout(const std::vector<float>& local);
+  std::vector<float> to_local_layout(const std::vector<float>& full) const;
+  // Null without tensor parallelism.
+  parallel::TensorParallel* tensor_parallel() { return tp_.get(); }
   parallel::GradientSync& sync() { return *sync_; }
   // Bytes per allocation tag at points of the last step: "after_init", "before_optimizer",
   // "after_optimizer" (DESIGN §5 memory accounting).
@@ -80,11 +94,18 @@ class Trainer {
   std::pair<Tensor, Tensor> upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
                                    std::int64_t r1);
   double reduce_loss(Tensor& loss_sum_device, double tokens_global);
+  // A strategy's hooks plus the tensor-parallel collectives.
+  model::ParallelContext with_tp(model::ParallelContext pc) const;
+  // Sum of squares of the global gradient after the sync (tensor parallel: norms counted once).
+  double global_grad_sum_squares(Context& ctx);
   void accumulate_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
                                 std::vector<Tensor>& loss_sums);
 
   JobEnv& env_;
   model::ModelDims dims_;
+  // Tensor parallelism: the dp x tp meshes of the device and host communicators and the strategy.
+  std::unique_ptr<comm::Mesh> mesh_, host_mesh_;
+  std::unique_ptr<parallel::TensorParallel> tp_;
   std::unique_ptr<model::ParameterStore> params_;
   std::unique_ptr<model::TransformerLM> model_;
   std::unique_ptr<optim::AdamW> adamw_;

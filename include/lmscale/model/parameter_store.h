@@ -12,6 +12,7 @@
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
 #include "lmscale/model/model_dims.h"
+#include "lmscale/model/tensor_parallel.h"
 
 namespace lmscale::model {
 
@@ -23,6 +24,12 @@ struct ParamInfo {
   std::int64_t numel = 0;
   Kind kind = Kind::linear;
   int layer = -1;           // block index, -1 outside blocks
+  // Tensor parallelism (model/tensor_parallel.h): this rank holds rows (split_dim 0) or columns
+  // (split_dim 1) [split_begin, split_begin + shape[split_dim]) of the full_shape parameter;
+  // split_dim -1: the whole parameter (full_shape == shape, or empty in hand-made infos).
+  Shape full_shape;
+  int split_dim = -1;
+  std::int64_t split_begin = 0;
 };
 
 // The layout of every parameter, in order; depends only on the dims.
@@ -47,9 +54,10 @@ class ParameterStore {
   //                     holds shards and gathers a unit's weights around its use)
   enum class Buffers { params_and_grads, params_only, none };
   // master: fp32 (or fp64 for gradient checks); lowp: bf16/fp16 working copy, or the same dtype
-  // as master for none.
+  // as master for none. split: tensor parallelism; the store then holds this rank's slices
+  // (tensor_parallel_layout), initialised with the full parameters' values.
   ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc,
-                 Buffers buffers = Buffers::params_and_grads);
+                 Buffers buffers = Buffers::params_and_grads, const TensorSplit& split = {});
 
   // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
   // (Buffers::none: the provider's owner initialises its shards itself.)
@@ -60,6 +68,7 @@ class ParameterStore {
 
   const std::vector<ParamInfo>& infos() const { return infos_; }
   int size() const { return static_cast<int>(infos_.size()); }
+  const TensorSplit& tensor_split() const { return split_; }
   int index(const std::string& name) const;   // throws on unknown names
   std::int64_t numel() const { return total_; }
   DType master_dtype() const { return master_; }
@@ -88,6 +97,7 @@ class ParameterStore {
  private:
   Tensor view(const Tensor& flat, int i) const;
   std::vector<ParamInfo> infos_;
+  TensorSplit split_;
   std::int64_t total_ = 0;
   DType master_, lowp_dtype_;
   Tensor params_, grads_, lowp_;
