@@ -4,8 +4,9 @@
 #   build    build everything on the device
 #   tests    the 2-GPU parallel test (every DDP/ZeRO variant, FSDP, checkpointing vs one GPU, bf16)
 #            and the 1-GPU model test
-#   fsdp     xl bf16 flash, global batch 8 on 2 GPUs: zero2, fsdp, fsdp + full / selective
-#            checkpointing, the 1-GPU step at batch 4; torch FSDP2 with and without --ac
+#   fsdp_context  the 1-GPU xl step at batch 4, zero2 and fsdp with prefetch 0 (gather on demand)
+#   fsdp     xl bf16 flash, global batch 8 on 2 GPUs: fsdp, fsdp + full / selective /
+#            selective-mlp checkpointing; torch FSDP2 with and without --ac
 #   ckpt     the CS336 checkpointing study on one GPU each (two runs at a time): d 2560, F 10240,
 #            32 layers, 16 heads, batch 4 x 2048: none, selective(-mlp), every-k for k = 1, 2, 4, 8, 16
 #   batch    fsdp with and without full checkpointing at global batch 16, 32, 64
@@ -20,7 +21,7 @@ export BUILD=${BUILD:-build-device}
 LM=$BUILD/lmscale
 PEER=.device/torch_peer.py
 MPIRUN=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
-stages=${*:-build tests fsdp ckpt batch}
+stages=${*:-build tests fsdp_context fsdp ckpt batch zero2_27b}
 has() { [[ " $stages " == *" $1 "* ]]; }
 T0=$(date +%s)
 summary=$OUT/summary.txt
@@ -40,17 +41,23 @@ if has build; then
 fi
 if has tests; then
   timeout 240 "${MPIRUN[@]}" -np 2 "$BUILD/ctest/parallel/mpi_test_parallel_gpu" > "$OUT/test_parallel_gpu.log" 2>&1
-  note "parallel gpu test (2 GPUs): rc=$? $(grep -aE '^\[  (PASSED|FAILED)|Expected|actual' "$OUT/test_parallel_gpu.log" | head -8 | tr '\n' ' ')"
+  note "parallel gpu test (2 GPUs): rc=$? $(grep -aE 'PASSED|FAILED|Expected|actual' "$OUT/test_parallel_gpu.log" | head -12 | tr '\n' ' ')"
+  timeout 120 "$BUILD/ctest/test_vocab_parallel_cuda" --gtest_brief=1 > "$OUT/test_vocab_parallel_cuda.log" 2>&1
+  note "vocab-parallel cuda kernels: rc=$? $(grep -aE '^\[  (PASSED|FAILED)' "$OUT/test_vocab_parallel_cuda.log" | tr '\n' ' ')"
   timeout 120 "$BUILD/ctest/test_model_cuda" --gtest_brief=1 > "$OUT/test_model_cuda.log" 2>&1
   note "model cuda test: rc=$? $(grep -aE '^\[  (PASSED|FAILED)' "$OUT/test_model_cuda.log" | tr '\n' ' ')"
   note "tests done at $(( $(date +%s) - T0 )) s"
 fi
-if has fsdp; then
+if has fsdp_context; then   # the 1-GPU step and zero2 beside which fsdp is judged
   FL=(--model.attention=flash --bench.warmup=3 --bench.steps=8)
   CUDA_VISIBLE_DEVICES=0 timeout 120 $LM inputs/bench_model_xl_bf16.ini "${FL[@]}" --run.output="$OUT/xl_1gpu.h5" > "$OUT/xl_1gpu.log" 2>&1
   note "1 GPU xl flash batch 4: $(brief "$OUT/xl_1gpu.log")"
   timeout 120 "${MPIRUN[@]}" -np 2 $LM inputs/ddp_xl_zero2.ini "${FL[@]}" --run.output="$OUT/zero2.h5" > "$OUT/zero2.log" 2>&1
   note "zero2: $(brief "$OUT/zero2.log")"
+  timeout 120 "${MPIRUN[@]}" -np 2 $LM inputs/fsdp_xl.ini --parallel.fsdp_prefetch=0 --run.output="$OUT/fsdp_xl_prefetch0.h5" > "$OUT/fsdp_xl_prefetch0.log" 2>&1
+  note "fsdp_xl prefetch 0: $(brief "$OUT/fsdp_xl_prefetch0.log")"
+fi
+if has fsdp; then
   for d in fsdp_xl fsdp_xl_full_ac fsdp_xl_selective_ac; do
     timeout 120 "${MPIRUN[@]}" -np 2 $LM inputs/$d.ini --run.output="$OUT/$d.h5" > "$OUT/$d.log" 2>&1
     note "$d: $(brief "$OUT/$d.log")"
@@ -58,8 +65,6 @@ if has fsdp; then
   timeout 120 "${MPIRUN[@]}" -np 2 $LM inputs/fsdp_xl_selective_ac.ini --train.activation_checkpointing=selective-mlp \
     --run.output="$OUT/fsdp_xl_selective_mlp_ac.h5" > "$OUT/fsdp_xl_selective_mlp_ac.log" 2>&1
   note "fsdp_xl selective-mlp: $(brief "$OUT/fsdp_xl_selective_mlp_ac.log")"
-  timeout 120 "${MPIRUN[@]}" -np 2 $LM inputs/fsdp_xl.ini --parallel.fsdp_prefetch=0 --run.output="$OUT/fsdp_xl_prefetch0.h5" > "$OUT/fsdp_xl_prefetch0.log" 2>&1
-  note "fsdp_xl prefetch 0: $(brief "$OUT/fsdp_xl_prefetch0.log")"
   timeout 150 torchrun --nproc-per-node 2 $PEER fsdp --size xl --precision bf16 --batch 8 --attention sdpa > "$OUT/torch_fsdp.log" 2>&1
   note "torch fsdp: $(grep '^{' "$OUT/torch_fsdp.log" || tail -3 "$OUT/torch_fsdp.log")"
   timeout 150 torchrun --nproc-per-node 2 $PEER fsdp --size xl --precision bf16 --batch 8 --attention sdpa --ac > "$OUT/torch_fsdp_ac.log" 2>&1

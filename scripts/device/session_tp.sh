@@ -50,8 +50,6 @@ if has bench; then
     timeout 150 "${MPIRUN[@]}" -np 2 $LM inputs/tp_2.7B_$d.ini --run.output="$OUT/tp_$d.h5" > "$OUT/tp_$d.log" 2>&1
     note "2.7B $d: $(brief "$OUT/tp_$d.log")"
   done
-  timeout 200 torchrun --nproc-per-node 2 $PEER tp --size 2.7B --precision bf16 --batch 4 --seq 512 > "$OUT/torch_tp.log" 2>&1
-  note "torch DTensor tp (naive attention): $(grep '^{' "$OUT/torch_tp.log" || tail -3 "$OUT/torch_tp.log")"
   timeout 200 torchrun --nproc-per-node 2 $PEER tp --size 2.7B --precision bf16 --batch 4 --seq 512 --attention sdpa > "$OUT/torch_tp_sdpa.log" 2>&1
   note "torch DTensor tp (sdpa): $(grep '^{' "$OUT/torch_tp_sdpa.log" || tail -3 "$OUT/torch_tp_sdpa.log")"
   note "bench stage done at $(( $(date +%s) - T0 )) s"
