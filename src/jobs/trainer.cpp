@@ -11,6 +11,9 @@
 #include "lmscale/parallel/gradient_sync.h"
 #include "lmscale/parallel/zero.h"
 #include "lmscale/comm/communicator.h"
+#include "lmscale/comm/mesh.h"
+#include "lmscale/model/stage.h"
+#include "lmscale/parallel/pipeline.h"
 
 namespace lmscale::jobs {
 
@@ -36,10 +39,31 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       grad_accum_(grad_accum),
       master_(kMaster),
       lowp_(lowp_dtype(env.cfg)) {
-  const std::int64_t dp = env.world;   // data-parallel degree (tp = pp = 1 for now)
+  const auto& pc = env.cfg.parallel;
+  // Pipeline parallelism: the world is a dp x pp mesh (tp = 1); each stage's dp ranks split the
+  // batch as without pp, and every stage of a dp replica reads the same rows.
+  const int pp = static_cast<int>(pc.pp);
+  model::StageUnits units = model::StageUnits::all();
+  dp_size_ = env.world;
+  dp_rank_ = env.rank;
+  std::shared_ptr<comm::Communicator> dp_comm = env.comm, dp_host = env.host_comm;
+  if (pp > 1) {
+    LMSCALE_CHECK(env.comm && env.host_comm, "pipeline parallelism needs the world communicators");
+    LMSCALE_CHECK(pc.tp == 1, "parallel.tp > 1 with parallel.pp > 1 is not built yet");
+    comm::MeshShape shape{0, 1, pp, 0};
+    mesh_ = std::make_unique<comm::Mesh>(env.comm, shape);
+    host_mesh_ = std::make_unique<comm::Mesh>(env.host_comm, shape);
+    dp_size_ = mesh_->shape().dp;
+    dp_rank_ = mesh_->coords().dp;
+    dp_comm = mesh_->group_ptr(comm::Axis::dp);
+    dp_host = host_mesh_->group_ptr(comm::Axis::dp);
+    const auto counts = model::stage_layer_counts(dims_, pp, model::parse_stage_layers(pc.stage_layers));
+    units = model::stage_units(dims_, counts, mesh_->coords().pp);
+  }
+  const std::int64_t dp = dp_size_;
   LMSCALE_CHECK(global_batch % dp == 0, "batch_size {} not divisible by {} data-parallel ranks", global_batch, dp);
   local_rows_ = global_batch / dp;
-  first_row_ = env.rank * local_rows_;
+  first_row_ = dp_rank_ * local_rows_;
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
   Context& ctx = env.rt.ctx();
   // One process and ZeRO-2 keep gradients in per-bucket buffers that exist only from the backward
@@ -47,31 +71,36 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   // the other ZeRO levels reduce one flat buffer.
   // FSDP keeps only shards (the store holds no flat buffers). With one data-parallel rank every
   // sharding mode is the plain single-process path.
-  const auto& pc = env.cfg.parallel;
   const bool fsdp = dp > 1 && pc.zero == "fsdp";
+  LMSCALE_CHECK(!(fsdp && pp > 1), "parallel.zero = fsdp with parallel.pp > 1 is not built");
   const bool bucket_grads = dp == 1 || pc.zero == "zero2";
   using Buffers = model::ParameterStore::Buffers;
   params_ = std::make_unique<model::ParameterStore>(
       dims_, master_, lowp_, *ctx.allocator,
-      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads));
+      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads), units);
   params_->init(env.cfg.run.seed, ctx);
   model_ = std::make_unique<model::TransformerLM>(dims_, *params_);
   model_->set_recompute(
       model::RecomputePolicy::from(env.cfg.train.activation_checkpointing, env.cfg.train.checkpoint_k));
+  if (pp > 1) {
+    if (env.comm->device() == Device::cuda) mesh_->pp().set_compute_stream(ctx.stream);
+    pipeline_ = std::make_unique<parallel::PipelineParallel>(*model_, mesh_->pp(), env.rt,
+                                                             parallel::parse_pipe_schedule(pc.schedule));
+  }
   if (dp > 1) {
-    LMSCALE_CHECK(env.comm && env.host_comm, "data parallelism needs the world communicators");
-    if (env.comm->device() == Device::cuda) env.comm->set_compute_stream(ctx.stream);
+    LMSCALE_CHECK(dp_comm && dp_host, "data parallelism needs the world communicators");
+    if (dp_comm->device() == Device::cuda) dp_comm->set_compute_stream(ctx.stream);
     const parallel::DdpMode ddp = parallel::parse_ddp_mode(pc.ddp == "none" ? "flat" : pc.ddp);
     if (fsdp) {
-      auto f = std::make_unique<parallel::FullyShardedDataParallel>(*params_, *env.comm, *env.host_comm, env.cfg.optim,
+      auto f = std::make_unique<parallel::FullyShardedDataParallel>(*params_, *dp_comm, *dp_host, env.cfg.optim,
                                                                     parallel::FsdpOptions::from(pc),
                                                                     env.cfg.run.seed, env.rt);
       fsdp_ = f.get();
       sharded_ = std::move(f);
       sync_ = &sharded_->sync();
     } else if (pc.zero != "none") {
-      auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *env.comm,
-                                                            *env.host_comm, env.cfg.optim);
+      auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *dp_comm,
+                                                            *dp_host, env.cfg.optim);
       zero->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
                        params_->has_lowp() ? &params_->flat_lowp() : nullptr},
                       ctx);
@@ -79,7 +108,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       sharded_ = std::move(zero);
       sync_ = &sharded_->sync();
     } else {
-      auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *env.comm, *env.host_comm, *params_, pc.bucket_mb);
+      auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *dp_comm, *dp_host, *params_, pc.bucket_mb);
       ddp_sync->broadcast_parameters(ctx);
       owned_sync_ = std::move(ddp_sync);
     }
@@ -119,7 +148,14 @@ double Trainer::reduce_loss(Tensor& loss_sum_device, double tokens_global) {
   Tensor host = Tensor::empty({1}, loss_sum_device.dtype(), *ctx.host, "loss");
   ops::copy(ctx, loss_sum_device, host);
   const double local = host.dtype() == DType::f64 ? host.data_as<double>()[0] : host.data_as<float>()[0];
-  return sync_->sum_scalar(local) / tokens_global;
+  return sum_over_stages(sync_->sum_scalar(local)) / tokens_global;
+}
+
+double Trainer::sum_over_stages(double x) {
+  if (!host_mesh_) return x;
+  double y = 0;
+  host_mesh_->pp().all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
+  return y;
 }
 
 void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
@@ -128,6 +164,37 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
   ops::Runtime& rt = env_.rt;
   const std::int64_t micro = local_rows_ / grad_accum_;
   const double grad_scale = scaler_.scale() / static_cast<double>(global_batch_ * T);
+  if (pipeline_) {
+    // The rank's rows in parallel.microbatches microbatches, run through the stages by the
+    // schedule (grad_accum is 1 with pp: the deck check refuses anything else).
+    const std::int64_t M = env_.cfg.parallel.microbatches, rows = local_rows_ / M;
+    std::vector<Tensor> ins, tgs;
+    for (std::int64_t m = 0; m < M; ++m) {
+      auto [in, tg] = upload(tokens, T, m * rows, (m + 1) * rows);
+      ins.push_back(in);
+      tgs.push_back(tg);
+    }
+    std::vector<Tensor> sums;
+    auto t0 = rt.mark();
+    pipeline_->run(ins, tgs, T, grad_scale, false, *sync_, 0, static_cast<int>(M), sums);
+    auto t1 = rt.mark();
+    pipeline_->finish_timing();
+    // Forward and backward interleave: the step's pipeline time is reported as forward +
+    // backward busy time, the rest (the bubble and transfers) as the pipeline's own.
+    const auto& st = pipeline_->stats();
+    r.times.forward_ms += st.busy_forward_ms;
+    r.times.backward_ms += rt.elapsed_ms(t0, t1) - st.busy_forward_ms;
+    // The last stage holds the loss sums; the others report 0 (summed over stages later).
+    // (as many as the last stage's, so every rank makes the same reductions).
+    while (static_cast<std::int64_t>(sums.size()) < M) {
+      Tensor zero = Tensor::empty({1}, DType::f32, *ctx.allocator, "loss");
+      ops::fill(ctx, zero, 0.0);
+      sums.push_back(zero);
+    }
+    for (auto& l : sums) loss_sums.push_back(l);
+    rt.allocator().tracker().mark_phase("forward_backward");
+    return;
+  }
   for (std::int64_t m = 0; m < grad_accum_; ++m) {
     auto [in, tg] = upload(tokens, T, m * micro, (m + 1) * micro);
     auto t0 = rt.mark();
@@ -192,6 +259,7 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   } else {
     sq = optim::sum_of_squares(ctx, params_->flat_grads());
   }
+  sq = sum_over_stages(sq);   // each stage holds its own parameters' gradients
   const double norm = std::sqrt(sq) * inv_scale;
   const bool finite = std::isfinite(norm);
   r.grad_norm = norm;
@@ -237,11 +305,20 @@ double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64
   const std::int64_t rows = static_cast<std::int64_t>(tokens.size()) / (T + 1);
   auto [in, tg] = upload(tokens, T, 0, rows);
   auto t0 = rt.mark();
-  auto act = model_->forward(ctx, in, tg, false, 1.0, sync_->forward_hooks(false));
+  Tensor loss_sum;
+  if (pipeline_) {
+    loss_sum = pipeline_->forward_only(in, tg, T);
+    if (!loss_sum.defined()) {   // not the last stage: it contributes 0 to the sum over stages
+      loss_sum = Tensor::empty({1}, DType::f32, *ctx.allocator, "loss");
+      ops::fill(ctx, loss_sum, 0.0);
+    }
+  } else {
+    loss_sum = model_->forward(ctx, in, tg, false, 1.0, sync_->forward_hooks(false))->loss_sum;
+  }
   auto t1 = rt.mark();
   if (times) times->forward_ms = rt.elapsed_ms(t0, t1);
   rt.allocator().tracker().mark_phase("forward");
-  return reduce_loss(act->loss_sum, static_cast<double>(sync_->sum_scalar(static_cast<double>(rows)) * T));
+  return reduce_loss(loss_sum, static_cast<double>(sync_->sum_scalar(static_cast<double>(rows)) * T));
 }
 
 std::vector<float> Trainer::full_parameters() {
@@ -251,12 +328,31 @@ std::vector<float> Trainer::full_parameters() {
   std::vector<float> h(static_cast<std::size_t>(params_->numel()));
   Tensor dst = Tensor::view(h.data(), {params_->numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, params_->flat_params(), dst);
-  return h;
+  if (!host_mesh_) return h;
+  // Pipeline: the stages' slices, in stage order, are the full flat layout (stage.h); every
+  // rank gets all of it (all-gather over the pp group of the host communicator).
+  comm::Communicator& pp = host_mesh_->pp();
+  std::vector<std::size_t> counts(static_cast<std::size_t>(pp.size()));
+  const double mine = static_cast<double>(params_->numel());
+  std::vector<double> all(counts.size());
+  pp.all_gather(&mine, all.data(), 1, DType::f64).wait();
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) total += counts[i] = static_cast<std::size_t>(all[i]);
+  std::vector<float> full(total);
+  pp.all_gather_v(h.data(), full.data(), counts, DType::f32).wait();
+  return full;
 }
 
 void Trainer::set_parameters(const std::vector<float>& flat) {
   Context& ctx = env_.rt.ctx();
   if (fsdp_) return fsdp_->set_parameters(ctx, flat);
+  if (pipeline_ && static_cast<std::int64_t>(flat.size()) == dims_.parameter_count()) {
+    // Full parameters (a weights file): keep this stage's slice.
+    const auto layout = model::parameter_layout(dims_);
+    const std::int64_t begin = layout[static_cast<std::size_t>(params_->first_index())].offset;
+    std::vector<float> mine(flat.begin() + begin, flat.begin() + begin + params_->numel());
+    return set_parameters(mine);
+  }
   LMSCALE_CHECK(static_cast<std::int64_t>(flat.size()) == params_->numel(), "set_parameters: {} values for {}",
                 flat.size(), params_->numel());
   Tensor src = Tensor::view(const_cast<float*>(flat.data()), {params_->numel()}, DType::f32, Device::cpu);

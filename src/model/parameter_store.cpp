@@ -58,9 +58,21 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
   for (std::int64_t i = begin; i < end; ++i) out[i - begin] = rng.truncated_normal(static_cast<std::uint64_t>(i), std, 3.0);
 }
 
-ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers)
-    : infos_(parameter_layout(dims)), master_(master), lowp_dtype_(lowp),
-      has_flat_params_(buffers != Buffers::none), has_flat_grads_(buffers == Buffers::params_and_grads) {
+ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers,
+                               StageUnits units)
+    : infos_(parameter_layout(dims)), units_(units), first_index_(units.first_param()), master_(master),
+      lowp_dtype_(lowp), has_flat_params_(buffers != Buffers::none),
+      has_flat_grads_(buffers == Buffers::params_and_grads) {
+  if (!units.is_all(dims)) {
+    // A pipeline stage: keep its contiguous slice of the layout, offsets from the slice's start.
+    const int lo = units.first_param(), hi = units.end_param(dims);
+    LMSCALE_CHECK(lo < hi && hi <= static_cast<int>(infos_.size()), "stage units [{}, {}) hold no parameters",
+                  units.first, units.end_unit(dims));
+    std::vector<ParamInfo> mine(infos_.begin() + lo, infos_.begin() + hi);
+    const std::int64_t base = mine.front().offset;
+    for (auto& p : mine) p.offset -= base;
+    infos_ = std::move(mine);
+  }
   total_ = infos_.back().offset + infos_.back().numel;
   if (has_flat_params_) params_ = Tensor::empty({total_}, master, alloc, "parameters");
   if (has_flat_grads_) grads_ = Tensor::empty({total_}, master, alloc, "gradients");
@@ -86,6 +98,8 @@ int ParameterStore::index(const std::string& name) const {
 }
 
 Tensor ParameterStore::view(const Tensor& flat, int i) const {
+  LMSCALE_CHECK(i >= 0 && i < size(), "parameter index {} outside this store's {} parameters (a pipeline stage "
+                "holds only its units')", i, size());
   const ParamInfo& p = infos_[static_cast<std::size_t>(i)];
   return flat.flat_range(p.offset, p.numel).reshape(p.shape);
 }

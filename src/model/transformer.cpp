@@ -32,6 +32,7 @@ TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
 std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& tokens, const Tensor& targets,
                                                     bool keep, double grad_scale, const ParallelContext& pc) {
   NvtxRange range("forward");
+  LMSCALE_CHECK(params_.units().is_all(dims_), "forward(): a pipeline stage's model runs forward_stage()");
   LMSCALE_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::i32, "tokens must be int32 [B,T], got {}",
                 shape_str(tokens.shape()));
   auto act = std::make_unique<Activations>();
@@ -83,7 +84,7 @@ Tensor TransformerLM::logits(Context& ctx, const Tensor& tokens, const ParallelC
 
 Tensor TransformerLM::head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep) {
   const std::int64_t N = x.dim(0), d = dims_.d_model;
-  const int ln_final = 1 + static_cast<int>(dims_.layers) * 9;
+  const int ln_final = 1 + static_cast<int>(dims_.layers) * 9 - params_.first_index();   // store index
   Allocator& A = *ctx.allocator;
   Tensor rstd = Tensor::empty({N}, stats_, A, "activations");
   Tensor y = Tensor::empty({N, d}, compute_, A, "activations");
@@ -101,15 +102,19 @@ Tensor TransformerLM::head_forward(Context& ctx, Activations& act, const Tensor&
 Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep,
                                          const ParallelContext& pc) {
   const int L = static_cast<int>(dims_.layers);
+  // The blocks this store holds: all of them, or a pipeline stage's range [l0, l1). Saved
+  // activations stay indexed by global layer (entries outside the range stay empty).
+  const int l0 = params_.units().first_layer(), l1 = params_.units().end_layer(dims_);
   using Mode = RecomputePolicy::Mode;
   const bool every_k = keep && recompute_.mode == Mode::every_k;
   const bool selective = keep && recompute_.mode == Mode::selective;
   act.blocks.assign(keep ? static_cast<std::size_t>(L) : 0, BlockActivations{});
   if (every_k) act.group_inputs.assign(static_cast<std::size_t>((L + recompute_.k - 1) / recompute_.k), Tensor());
-  for (int l = 0; l < L; ++l) {
+  for (int l = l0; l < l1; ++l) {
     NvtxRange r("layer");
     call(pc.before_forward, l + 1);
-    if (every_k && l % recompute_.k == 0) act.group_inputs[static_cast<std::size_t>(l / recompute_.k)] = x;
+    // Groups are [g k, (g+1) k) in global layers, cut at the stage's first layer.
+    if (every_k && (l % recompute_.k == 0 || l == l0)) act.group_inputs[static_cast<std::size_t>(l / recompute_.k)] = x;
     BlockActivations scratch;   // without `keep` (or under every-k) the block's saved tensors die with it
     BlockActivations& s = keep && !every_k ? act.blocks[static_cast<std::size_t>(l)] : scratch;
     x = block_forward(ctx, l, act.B, act.T, x, s);
@@ -304,12 +309,14 @@ void TransformerLM::backward(Context& ctx, Activations& act, const ParallelConte
 
 void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, const ParallelContext& pc,
                                     bool accumulate) {
-  const int L = static_cast<int>(dims_.layers);
+  // Blocks [l0, l1) of this store (all, or a pipeline stage's range).
+  const int l0 = params_.units().first_layer(), l1 = params_.units().end_layer(dims_);
+  if (l1 <= l0) return;
   // Without every-k a group is one block whose activations the forward kept.
   const bool every_k = !act.group_inputs.empty();
   const int k = every_k ? recompute_.k : 1;
-  for (int g = (L + k - 1) / k - 1; g >= 0; --g) {   // groups [g k, min(L, (g+1) k)), last first
-    const int lo = g * k, hi = std::min(L, lo + k);
+  for (int g = (l1 - 1) / k; g >= l0 / k; --g) {   // groups [g k, (g+1) k) within [l0, l1), last first
+    const int lo = std::max(l0, g * k), hi = std::min(l1, g * k + k);
     for (int l = hi - 1; l >= lo; --l) call(pc.before_backward, l + 1);
     if (every_k) {
       NvtxRange r("recompute");

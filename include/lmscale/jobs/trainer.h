@@ -18,7 +18,11 @@
 #include "lmscale/optim/loss_scaler.h"
 #include "lmscale/optim/lr_schedule.h"
 
+namespace lmscale::comm {
+class Mesh;
+}
 namespace lmscale::parallel {
+class PipelineParallel;
 class GradientSync;
 class ShardedOptimizer;
 class FullyShardedDataParallel;
@@ -65,6 +69,11 @@ class Trainer {
   // Sets them from that layout on every rank (after loading a weights file).
   void set_parameters(const std::vector<float>& flat);
   parallel::GradientSync& sync() { return *sync_; }
+  // parallel.pp > 1: this rank's pipeline stage (its schedule, events and bubble), else null.
+  parallel::PipelineParallel* pipeline() { return pipeline_.get(); }
+  // Data-parallel degree and index of this rank (world / (tp*pp) ranks hold each stage).
+  int dp_size() const { return dp_size_; }
+  int dp_rank() const { return dp_rank_; }
   // Bytes per allocation tag at points of the last step: "after_init", "before_optimizer",
   // "after_optimizer" (DESIGN §5 memory accounting).
   const std::map<std::string, std::map<std::string, std::size_t>>& memory_points() const { return memory_points_; }
@@ -80,6 +89,9 @@ class Trainer {
   std::pair<Tensor, Tensor> upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
                                    std::int64_t r1);
   double reduce_loss(Tensor& loss_sum_device, double tokens_global);
+  // Sum of a host scalar over the pipeline stages (identity without pp): stages hold disjoint
+  // parameters (squared gradient norms add) and only the last one holds the loss.
+  double sum_over_stages(double x);
   void accumulate_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
                                 std::vector<Tensor>& loss_sums);
 
@@ -94,6 +106,10 @@ class Trainer {
   std::unique_ptr<model::LazyGradients> lazy_;
   void release_gradients();
   std::unique_ptr<parallel::GradientSync> owned_sync_;
+  // Pipeline parallelism: the mesh over the device and host communicators, and the stage.
+  std::unique_ptr<comm::Mesh> mesh_, host_mesh_;
+  std::unique_ptr<parallel::PipelineParallel> pipeline_;
+  int dp_size_ = 1, dp_rank_ = 0;
   parallel::GradientSync* sync_ = nullptr;
   std::map<std::string, std::map<std::string, std::size_t>> memory_points_;
   optim::LossScaler scaler_;

@@ -12,6 +12,7 @@
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
 #include "lmscale/model/model_dims.h"
+#include "lmscale/model/stage.h"
 
 namespace lmscale::model {
 
@@ -48,8 +49,11 @@ class ParameterStore {
   enum class Buffers { params_and_grads, params_only, none };
   // master: fp32 (or fp64 for gradient checks); lowp: bf16/fp16 working copy, or the same dtype
   // as master for none.
+  // units: a pipeline stage holds only the parameters of its unit range (stage.h); infos() then
+  // lists those alone, with offsets from the start of the stage's slice, and every index the
+  // store takes or reports is local to the stage (global index - first_index()).
   ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc,
-                 Buffers buffers = Buffers::params_and_grads);
+                 Buffers buffers = Buffers::params_and_grads, StageUnits units = StageUnits::all());
 
   // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
   // (Buffers::none: the provider's owner initialises its shards itself.)
@@ -60,6 +64,9 @@ class ParameterStore {
 
   const std::vector<ParamInfo>& infos() const { return infos_; }
   int size() const { return static_cast<int>(infos_.size()); }
+  const StageUnits& units() const { return units_; }
+  // Global (full-model layout) index of local parameter 0: 0 unless a later pipeline stage.
+  int first_index() const { return first_index_; }
   int index(const std::string& name) const;   // throws on unknown names
   std::int64_t numel() const { return total_; }
   DType master_dtype() const { return master_; }
@@ -88,6 +95,8 @@ class ParameterStore {
  private:
   Tensor view(const Tensor& flat, int i) const;
   std::vector<ParamInfo> infos_;
+  StageUnits units_;
+  int first_index_ = 0;
   std::int64_t total_ = 0;
   DType master_, lowp_dtype_;
   Tensor params_, grads_, lowp_;
