@@ -50,7 +50,16 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
       {"num_heads", env.cfg.model.num_heads},
       {"rope_theta", env.cfg.model.rope_theta},
   };
-  io::write_weights(path, named(ps, params), attrs, with_optimizer_state ? &opt : nullptr);
+  // Pipeline stages hold a slice of the layout, but full_parameters() gathered all of them:
+  // name them by the whole model's layout.
+  std::vector<io::NamedArray> named_params;
+  if (static_cast<std::int64_t>(params.size()) == ps.numel()) {
+    named_params = named(ps, params);
+  } else {
+    for (const auto& p : model::parameter_layout(trainer.dims()))
+      named_params.push_back({p.name, p.shape, params.data() + p.offset});
+  }
+  io::write_weights(path, named_params, attrs, with_optimizer_state ? &opt : nullptr);
 }
 
 void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
