@@ -11,6 +11,7 @@
 namespace lmscale::jobs {
 
 Accounting account(const Config& cfg, int world, const std::string& device_name) {
+  if (cfg.parallel.pp > 1) return account_pipeline(cfg, world, device_name);
   Accounting a;
   const auto m = model::ModelDims::from(cfg.model);
   const double P = static_cast<double>(m.parameter_count());

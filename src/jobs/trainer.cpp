@@ -175,15 +175,9 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
       tgs.push_back(tg);
     }
     std::vector<Tensor> sums;
-    auto t0 = rt.mark();
+    pipe_begin_ = rt.mark();
     pipeline_->run(ins, tgs, T, grad_scale, false, *sync_, 0, static_cast<int>(M), sums);
-    auto t1 = rt.mark();
-    pipeline_->finish_timing();
-    // Forward and backward interleave: the step's pipeline time is reported as forward +
-    // backward busy time, the rest (the bubble and transfers) as the pipeline's own.
-    const auto& st = pipeline_->stats();
-    r.times.forward_ms += st.busy_forward_ms;
-    r.times.backward_ms += rt.elapsed_ms(t0, t1) - st.busy_forward_ms;
+    pipe_end_ = rt.mark();   // the times are read after the step (no host sync here)
     // The last stage holds the loss sums; the others report 0 (summed over stages later).
     // (as many as the last stage's, so every rank makes the same reductions).
     while (static_cast<std::int64_t>(sums.size()) < M) {
@@ -217,9 +211,21 @@ StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, st
   double loss = 0;
   for (auto& l : loss_sums) loss += reduce_loss(l, static_cast<double>(global_batch_ * T));
   r.loss = loss;   // the loss itself is never scaled, only the gradient seed is
+  pipeline_times(r);
   r.times.total_ms = r.times.forward_ms + r.times.backward_ms;
   release_gradients();
   return r;
+}
+
+void Trainer::pipeline_times(StepResult& r) {
+  if (!pipeline_) return;
+  ops::Runtime& rt = env_.rt;
+  pipeline_->finish_timing();
+  // Forwards and backwards interleave: forward_ms is the stage's forward busy time, backward_ms
+  // the rest of its pipeline (backward busy time, transfers and the bubble).
+  const auto& st = pipeline_->stats();
+  r.times.forward_ms = st.busy_forward_ms;
+  r.times.backward_ms = rt.elapsed_ms(pipe_begin_, pipe_end_) - st.busy_forward_ms;
 }
 
 void Trainer::release_gradients() {
@@ -295,6 +301,7 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   for (auto& l : loss_sums) loss += reduce_loss(l, static_cast<double>(global_batch_ * T));
   r.loss = loss;
   r.times.total_ms = rt.elapsed_ms(t_start, o1);
+  pipeline_times(r);
   ++step_;
   return r;
 }

@@ -110,6 +110,9 @@ class Trainer {
   std::unique_ptr<comm::Mesh> mesh_, host_mesh_;
   std::unique_ptr<parallel::PipelineParallel> pipeline_;
   int dp_size_ = 1, dp_rank_ = 0;
+  ops::Runtime::Mark pipe_begin_, pipe_end_;
+  // Fills r's forward/backward times from the pipeline's events (after the step: waits for it).
+  void pipeline_times(StepResult& r);
   parallel::GradientSync* sync_ = nullptr;
   std::map<std::string, std::map<std::string, std::size_t>> memory_points_;
   optim::LossScaler scaler_;
