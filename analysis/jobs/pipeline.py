@@ -4,8 +4,8 @@ step: which microbatch ran forward or backward, from when to when), written by b
 train when parallel.pp > 1.
 
 Table: stages. Plot: the schedule as a timeline, one row per stage (of data-parallel replica 0),
-forward boxes light and backward boxes dark, each labelled with its microbatch; the gaps are the
-bubble. Combined: bubble measured vs theory per file.
+forward boxes light and backward boxes dark, each labelled with its microbatch (interleaved:
+chunk.microbatch); the gaps are the bubble. Combined: bubble measured vs theory per file.
 """
 from analysis import compare
 from analysis.output import figure
@@ -48,13 +48,16 @@ def timeline(r, step=None):
     stages = sorted(ev["stage"].unique())
     a = r.group_attrs("/pipeline")
     fig, (ax,) = figure(width=max(6.4, 0.35 * len(ev) / max(1, len(stages))), height=0.7 + 0.55 * len(stages))
+    interleaved = "chunk" in ev and ev["chunk"].max() > 0
     for _, e in ev.iterrows():
         y = len(stages) - 1 - stages.index(e["stage"])   # stage 0 on top
         back = e["phase"] == "backward"
         w = e["end_ms"] - e["start_ms"]
         ax.barh(y, w, left=e["start_ms"], height=0.8, color="#1f4e9c" if back else "#8fb8ed", edgecolor="black",
                 linewidth=0.4)
-        ax.text(e["start_ms"] + w / 2, y, str(int(e["micro"])), ha="center", va="center", fontsize=7,
+        # Interleaved: "chunk.micro" (chunk = the rank's model chunk); else the microbatch.
+        text = f"{int(e['chunk'])}.{int(e['micro'])}" if interleaved else str(int(e["micro"]))
+        ax.text(e["start_ms"] + w / 2, y, text, ha="center", va="center", fontsize=6 if interleaved else 7,
                 color="white" if back else "black")
     ax.set_yticks(range(len(stages)))
     ax.set_yticklabels([f"stage {s}" for s in reversed(stages)])

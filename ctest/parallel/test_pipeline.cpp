@@ -75,6 +75,8 @@ struct Case {
   const char* ckpt;   // train.activation_checkpointing
   const char* zero;
   const char* stage_layers;
+  int virtual_stages = 1;   // > 1: the interleaved schedule alone
+  int layers = 4;
 };
 
 void check_against_one_process(const Case& c, int steps = 3) {
@@ -82,14 +84,18 @@ void check_against_one_process(const Case& c, int steps = 3) {
   if (world % c.pp != 0) return;
   const int dp = world / c.pp;
   Config cfg = pipe_config();
+  cfg.model.num_layers = c.layers;
   cfg.train.activation_checkpointing = c.ckpt;
   cfg.train.checkpoint_k = 3;   // groups cut by the stage boundaries
   Config ref_cfg = cfg;
   ref_cfg.train.grad_accum = dp * c.microbatches;   // the same microbatch rows as the pipeline
   const Run ref = train(ref_cfg, false, steps);
   Run first;
-  for (const char* schedule : {"gpipe", "1f1b"}) {
+  const std::vector<const char*> schedules =
+      c.virtual_stages > 1 ? std::vector<const char*>{"interleaved"} : std::vector<const char*>{"gpipe", "1f1b"};
+  for (const char* schedule : schedules) {
     Config p = cfg;
+    p.parallel.virtual_stages = c.virtual_stages;
     p.parallel.pp = c.pp;
     p.parallel.microbatches = c.microbatches;
     p.parallel.schedule = schedule;
@@ -97,7 +103,7 @@ void check_against_one_process(const Case& c, int steps = 3) {
     p.parallel.stage_layers = c.stage_layers;
     const Run got = train(p, true, steps);
     const std::string what = std::string(schedule) + " pp " + std::to_string(c.pp) + " dp " + std::to_string(dp) +
-                             " M " + std::to_string(c.microbatches) + " ckpt " + c.ckpt + " zero " + c.zero +
+                             " V " + std::to_string(c.virtual_stages) + " M " + std::to_string(c.microbatches) + " ckpt " + c.ckpt + " zero " + c.zero +
                              " stages '" + c.stage_layers + "'";
     ASSERT_EQ(got.params.size(), ref.params.size()) << what;
     if (test::mpi_env().rank() == 0)
@@ -136,6 +142,17 @@ TEST(Pipeline, DataAndPipelineParallelMatchOneProcess) {
   check_against_one_process({2, 2, "every-k", "zero2", ""});
 }
 
+// Interleaved 1F1B (Megatron): V chunks per rank around the ring of stages; microbatches a
+// multiple of pp. Each parameter still accumulates its microbatches in order 0..M-1.
+TEST(Pipeline, InterleavedMatchesOneProcess) {
+  check_against_one_process({2, 2, "none", "none", "", 2});
+  check_against_one_process({2, 4, "every-k", "none", "", 2});
+  check_against_one_process({2, 4, "selective", "none", "", 3, 6});
+  check_against_one_process({4, 4, "none", "none", "", 2, 8});
+  check_against_one_process({4, 8, "none", "none", "", 2, 8});
+  if (test::mpi_env().size() == 4) check_against_one_process({2, 2, "none", "zero1", "", 2});   // dp 2 x pp 2
+}
+
 TEST(Pipeline, StagesBalanceLayers) {
   model::ModelDims d;
   d.layers = 10;
@@ -150,4 +167,13 @@ TEST(Pipeline, StagesBalanceLayers) {
   EXPECT_EQ(s1.end_param(d), 1 + 9 * 7);
   EXPECT_TRUE(model::stage_units(d, counts, 2).owns_head(d));
   EXPECT_NEAR(parallel::theory_bubble_fraction(2, 8), 1.0 / 9.0, 1e-15);
+  // Interleaved chunks: rank 1 of 2 with 2 chunks of an 8-layer model holds blocks 2-3 and 6-7
+  // (and the head).
+  d.layers = 8;
+  const auto chunks = model::pipeline_chunks(d, 2, 2, 1);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0].first, 3);
+  EXPECT_EQ(chunks[0].end, 5);
+  EXPECT_EQ(chunks[1].first, 7);
+  EXPECT_TRUE(chunks[1].owns_head(d));
 }

@@ -137,6 +137,9 @@ void check_pipeline(const Config& c) {
       fail("parallel.virtual_stages = {}: the interleaved schedule needs model.num_layers = {} divisible by "
            "parallel.pp * parallel.virtual_stages = {} * {}",
            p.virtual_stages, m.num_layers, p.pp, p.virtual_stages);
+    if (p.pp > 1 && p.microbatches % p.pp != 0)
+      fail("parallel.microbatches = {}: the interleaved schedule needs a multiple of parallel.pp = {}",
+           p.microbatches, p.pp);
   } else if (p.virtual_stages != 1) {
     fail("parallel.virtual_stages = {} needs parallel.schedule = interleaved (schedule is {})", p.virtual_stages,
          p.schedule);

@@ -26,23 +26,34 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   const int pp = static_cast<int>(cfg.parallel.pp), M = static_cast<int>(cfg.parallel.microbatches);
   const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, world / pp);
   const auto layout = model::parameter_layout(m);
-  const auto counts = model::stage_layer_counts(m, pp, model::parse_stage_layers(cfg.parallel.stage_layers));
+  const bool interleaved = cfg.parallel.schedule == "interleaved";
+  const int V = interleaved ? static_cast<int>(cfg.parallel.virtual_stages) : 1;
+  const auto overrides = model::parse_stage_layers(cfg.parallel.stage_layers);
   const bool mixed = cfg.precision.mode != "fp32";
   const double e = mixed ? 2.0 : 4.0;
   const bool sharded = cfg.parallel.zero != "none" && dp > 1;
   const std::int64_t local = B / dp, micro_rows = std::max<std::int64_t>(1, local / M);
   const double b = static_cast<double>(micro_rows), T = static_cast<double>(m.context), N = b * T,
                d = static_cast<double>(m.d_model), F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads),
-               V = static_cast<double>(m.vocab);
+               Vocab = static_cast<double>(m.vocab);
   const double attn = m.flash ? b * H * T * 4 : b * H * T * T * e;
   const double block = (8 * d + 3 * F) * N * e + 2 * N * 4 + attn;
   for (int s = 0; s < pp; ++s) {
     Accounting a;
-    const auto u = model::stage_units(m, counts, s);
-    double P = 0;
-    for (int i = u.first_param(); i < u.end_param(m); ++i) P += static_cast<double>(layout[static_cast<std::size_t>(i)].numel);
-    const double Ls = counts[static_cast<std::size_t>(s)];
-    const double inflight = cfg.parallel.schedule == "gpipe" ? M : std::min(pp - s, M);
+    // The stage's chunks (one unless interleaved); in flight: chunk-microbatches whose
+    // activations are kept at the start of the first backward (Megatron's warm-up + 1).
+    const auto chunks = model::pipeline_chunks(m, pp, V, s, overrides);
+    double P = 0, Ls = 0;
+    bool head = false;
+    for (const auto& u : chunks) {
+      for (int i = u.first_param(); i < u.end_param(m); ++i) P += static_cast<double>(layout[static_cast<std::size_t>(i)].numel);
+      Ls += u.end_layer(m) - u.first_layer();
+      head = head || u.owns_head(m);
+    }
+    const double inflight =
+        cfg.parallel.schedule == "gpipe" ? M
+        : interleaved ? std::min(M * V, (pp - s - 1) * 2 + (V - 1) * pp + 1) / static_cast<double>(V)
+                      : std::min(pp - s, M);
     a.parameters = static_cast<std::int64_t>(P);
     a.local_batch = micro_rows;
     a.seq = m.context;
@@ -66,13 +77,13 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
       per_micro = Ls * ((6 * d + 2 * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0));
       f = "L_stage x ((6d + 2F) n e + 8n [+ lse])";
     }
-    add("activations", inflight * (per_micro + (u.owns_head(m) ? N * V * e + 2 * N * d * e : 0.0)) +
+    add("activations", inflight * (per_micro + (head ? N * Vocab * e + 2 * N * d * e : 0.0)) +
                            (ac == "every-k" ? std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls) * block : 0.0),
-        fmt::format("{} microbatches in flight x ({}{})", inflight, f, u.owns_head(m) ? " + logits n V e" : ""));
+        fmt::format("{:.3g} microbatches in flight x ({}{})", inflight, f, head ? " + logits n V e" : ""));
     for (const auto& it : a.memory) a.peak_bytes += it.bytes;
-    // p2p: every microbatch sends its output [n, d] forward (not the last stage) and its input
-    // gradient [n, d] backward (not the first stage).
-    const double p2p = M * N * d * e * ((s + 1 < pp ? 1.0 : 0.0) + (s > 0 ? 1.0 : 0.0));
+    // p2p: every microbatch sends each chunk's output [n, d] forward (not from the last virtual
+    // stage) and each chunk's input gradient [n, d] backward (not from virtual stage 0).
+    const double p2p = M * N * d * e * ((V - (s + 1 == pp ? 1.0 : 0.0)) + (V - (s == 0 ? 1.0 : 0.0)));
     const double G = 4 * P, fr = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
     a.comm_bytes_per_step = p2p + 2 * fr * G + (cfg.parallel.zero == "zero1-broadcast" && dp > 1 ? G / dp : 0.0);
     a.comm_formula = fmt::format("M x n d e per direction between stages (activations forward, gradients backward){}",
@@ -84,7 +95,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   best.peak_flops = device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name, cfg.precision.mode,
                                       cfg.precision.tf32);
   // Every rank computes 1/(dp pp) of the FLOPs, idle for the bubble (p-1)/(M+p-1) of the step.
-  const double bubble = parallel::theory_bubble_fraction(pp, M, static_cast<int>(cfg.parallel.virtual_stages));
+  const double bubble = parallel::theory_bubble_fraction(pp, M, V);
   best.ideal_step_s = best.peak_flops > 0 ? best.flops_per_step / (dp * pp * best.peak_flops) / (1 - bubble) : 0;
   best.comm_formula += fmt::format("; ideal step includes the bubble {:.3f}", bubble);
   return best;

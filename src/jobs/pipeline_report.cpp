@@ -11,7 +11,7 @@
 namespace lmscale::jobs {
 
 namespace {
-constexpr int kEventFields = 5;   // step, micro, backward, start_ms, end_ms
+constexpr int kEventFields = 6;   // step, micro, backward, start_ms, end_ms, chunk
 constexpr int kStatFields = 7;    // stage, dp_rank, forward_ms, backward_ms, span_ms (per-step means), peak, events
 }  // namespace
 
@@ -27,7 +27,7 @@ void PipelineRecorder::add_step(std::int64_t step) {
   if (steps_ < kEventSteps)
     for (const auto& e : trainer_.pipeline()->events())
       events_.insert(events_.end(), {static_cast<double>(step), static_cast<double>(e.micro),
-                                     e.backward ? 1.0 : 0.0, e.start_ms, e.end_ms});
+                                     e.backward ? 1.0 : 0.0, e.start_ms, e.end_ms, static_cast<double>(e.chunk)});
   ++steps_;
 }
 
@@ -84,6 +84,7 @@ double PipelineRecorder::write() {
                                                         {"stage", C::Type::i64, ""},
                                                         {"step", C::Type::i64, ""},
                                                         {"micro", C::Type::i64, ""},
+                                                        {"chunk", C::Type::i64, ""},
                                                         {"phase", C::Type::str, ""},
                                                         {"start_ms", C::Type::f64, "ms"},
                                                         {"end_ms", C::Type::f64, "ms"}});
@@ -94,7 +95,8 @@ double PipelineRecorder::write() {
     for (std::size_t k = 0; k < counts[static_cast<std::size_t>(r)]; k += kEventFields, at += kEventFields) {
       const double* e = events.data() + at;
       rows.push_back({static_cast<std::int64_t>(r), stage, static_cast<std::int64_t>(e[0]),
-                      static_cast<std::int64_t>(e[1]), std::string(e[2] > 0 ? "backward" : "forward"), e[3], e[4]});
+                      static_cast<std::int64_t>(e[1]), static_cast<std::int64_t>(e[5]),
+                      std::string(e[2] > 0 ? "backward" : "forward"), e[3], e[4]});
     }
   }
   ev.append_rows(rows);
@@ -103,16 +105,24 @@ double PipelineRecorder::write() {
   env_.out.set_attr(g, "pp", p.pp);
   env_.out.set_attr(g, "microbatches", p.microbatches);
   env_.out.set_attr(g, "virtual_stages", p.virtual_stages);
-  const auto counts_per_stage =
-      model::stage_layer_counts(trainer_.dims(), stages, model::parse_stage_layers(p.stage_layers));
+  // Blocks per rank (interleaved: summed over its chunks).
+  const int V = p.schedule == "interleaved" ? static_cast<int>(p.virtual_stages) : 1;
+  std::vector<int> counts_per_stage;
+  for (int s = 0; s < stages; ++s) {
+    int n = 0;
+    for (const auto& u : model::pipeline_chunks(trainer_.dims(), stages, V, s, model::parse_stage_layers(p.stage_layers)))
+      n += u.end_layer(trainer_.dims()) - u.first_layer();
+    counts_per_stage.push_back(n);
+  }
   env_.out.set_attr(g, "stage_layers", fmt::format("{}", fmt::join(counts_per_stage, ",")));
   env_.out.set_attr(g, "theory_bubble_fraction", theory);
   env_.out.set_attr(g, "measured_bubble_fraction", mean_bubble);
   env_.out.set_attr(g, "steps", steps_);
   if (env_.is_root()) {
     fmt::print("pipeline: {} stages ({} layers), {} microbatches, {}: bubble {:.1f}% measured (mean over ranks), "
-               "{:.1f}% theory (p-1)/(m+p-1)\n",
-               stages, fmt::join(counts_per_stage, "/"), M, p.schedule, 100 * mean_bubble, 100 * theory);
+               "{:.1f}% theory (p-1)/(m+p-1){}\n",
+               stages, fmt::join(counts_per_stage, "/"), M, p.schedule, 100 * mean_bubble, 100 * theory,
+               p.virtual_stages > 1 ? "/v" : "");
     for (int r = 0; r < n; ++r) {
       const double* s = stats.data() + r * kStatFields;
       fmt::print("  rank {} stage {}: forward {:.2f} ms  backward {:.2f} ms  idle {:.2f} ms of {:.2f} ms  peak {:.3f} GiB\n",

@@ -43,7 +43,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   // Pipeline parallelism: the world is a dp x pp mesh (tp = 1); each stage's dp ranks split the
   // batch as without pp, and every stage of a dp replica reads the same rows.
   const int pp = static_cast<int>(pc.pp);
-  model::StageUnits units = model::StageUnits::all();
+  std::vector<model::StageUnits> chunks{model::StageUnits::all()};
   dp_size_ = env.world;
   dp_rank_ = env.rank;
   std::shared_ptr<comm::Communicator> dp_comm = env.comm, dp_host = env.host_comm;
@@ -57,8 +57,9 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     dp_rank_ = mesh_->coords().dp;
     dp_comm = mesh_->group_ptr(comm::Axis::dp);
     dp_host = host_mesh_->group_ptr(comm::Axis::dp);
-    const auto counts = model::stage_layer_counts(dims_, pp, model::parse_stage_layers(pc.stage_layers));
-    units = model::stage_units(dims_, counts, mesh_->coords().pp);
+    // This rank's stage, or its virtual_stages chunks under the interleaved schedule.
+    const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
+    chunks = model::pipeline_chunks(dims_, pp, V, mesh_->coords().pp, model::parse_stage_layers(pc.stage_layers));
   }
   const std::int64_t dp = dp_size_;
   LMSCALE_CHECK(global_batch % dp == 0, "batch_size {} not divisible by {} data-parallel ranks", global_batch, dp);
@@ -77,14 +78,18 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   using Buffers = model::ParameterStore::Buffers;
   params_ = std::make_unique<model::ParameterStore>(
       dims_, master_, lowp_, *ctx.allocator,
-      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads), units);
+      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads), chunks);
   params_->init(env.cfg.run.seed, ctx);
-  model_ = std::make_unique<model::TransformerLM>(dims_, *params_);
-  model_->set_recompute(
-      model::RecomputePolicy::from(env.cfg.train.activation_checkpointing, env.cfg.train.checkpoint_k));
+  // One model per chunk over the one store (a single one without the interleaved schedule).
+  for (const auto& u : chunks) chunk_models_.push_back(std::make_unique<model::TransformerLM>(dims_, *params_, u));
+  model_ = chunk_models_.front().get();
+  for (auto& m : chunk_models_)
+    m->set_recompute(model::RecomputePolicy::from(env.cfg.train.activation_checkpointing, env.cfg.train.checkpoint_k));
   if (pp > 1) {
     if (env.comm->device() == Device::cuda) mesh_->pp().set_compute_stream(ctx.stream);
-    pipeline_ = std::make_unique<parallel::PipelineParallel>(*model_, mesh_->pp(), env.rt,
+    std::vector<model::TransformerLM*> models;
+    for (auto& m : chunk_models_) models.push_back(m.get());
+    pipeline_ = std::make_unique<parallel::PipelineParallel>(models, mesh_->pp(), env.rt,
                                                              parallel::parse_pipe_schedule(pc.schedule));
   }
   if (dp > 1) {
@@ -336,8 +341,8 @@ std::vector<float> Trainer::full_parameters() {
   Tensor dst = Tensor::view(h.data(), {params_->numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, params_->flat_params(), dst);
   if (!host_mesh_) return h;
-  // Pipeline: the stages' slices, in stage order, are the full flat layout (stage.h); every
-  // rank gets all of it (all-gather over the pp group of the host communicator).
+  // Pipeline: every rank's store (its chunks' parameters, in chunk order), all-gathered over the
+  // pp group of the host communicator, then each parameter put at its place in the full layout.
   comm::Communicator& pp = host_mesh_->pp();
   std::vector<std::size_t> counts(static_cast<std::size_t>(pp.size()));
   const double mine = static_cast<double>(params_->numel());
@@ -345,8 +350,24 @@ std::vector<float> Trainer::full_parameters() {
   pp.all_gather(&mine, all.data(), 1, DType::f64).wait();
   std::size_t total = 0;
   for (std::size_t i = 0; i < counts.size(); ++i) total += counts[i] = static_cast<std::size_t>(all[i]);
-  std::vector<float> full(total);
-  pp.all_gather_v(h.data(), full.data(), counts, DType::f32).wait();
+  std::vector<float> gathered(total);
+  pp.all_gather_v(h.data(), gathered.data(), counts, DType::f32).wait();
+  const auto& pc = env_.cfg.parallel;
+  const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
+  const auto layout = model::parameter_layout(dims_);
+  std::vector<float> full(static_cast<std::size_t>(dims_.parameter_count()));
+  std::size_t at = 0;
+  for (int r = 0; r < pp.size(); ++r) {
+    for (const auto& u : model::pipeline_chunks(dims_, pp.size(), V, r, model::parse_stage_layers(pc.stage_layers))) {
+      for (int g = u.first_param(); g < u.end_param(dims_); ++g) {
+        const auto& p = layout[static_cast<std::size_t>(g)];
+        std::copy(gathered.begin() + static_cast<std::ptrdiff_t>(at),
+                  gathered.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(p.numel)),
+                  full.begin() + p.offset);
+        at += static_cast<std::size_t>(p.numel);
+      }
+    }
+  }
   return full;
 }
 
@@ -356,8 +377,12 @@ void Trainer::set_parameters(const std::vector<float>& flat) {
   if (pipeline_ && static_cast<std::int64_t>(flat.size()) == dims_.parameter_count()) {
     // Full parameters (a weights file): keep this stage's slice.
     const auto layout = model::parameter_layout(dims_);
-    const std::int64_t begin = layout[static_cast<std::size_t>(params_->first_index())].offset;
-    std::vector<float> mine(flat.begin() + begin, flat.begin() + begin + params_->numel());
+    std::vector<float> mine(static_cast<std::size_t>(params_->numel()));
+    for (int i = 0; i < params_->size(); ++i) {
+      const auto& g = layout[static_cast<std::size_t>(params_->global_index(i))];
+      std::copy(flat.begin() + g.offset, flat.begin() + g.offset + g.numel,
+                mine.begin() + params_->infos()[static_cast<std::size_t>(i)].offset);
+    }
     return set_parameters(mine);
   }
   LMSCALE_CHECK(static_cast<std::int64_t>(flat.size()) == params_->numel(), "set_parameters: {} values for {}",

@@ -59,18 +59,33 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
 }
 
 ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers,
-                               StageUnits units)
-    : infos_(parameter_layout(dims)), units_(units), first_index_(units.first_param()), master_(master),
-      lowp_dtype_(lowp), has_flat_params_(buffers != Buffers::none),
-      has_flat_grads_(buffers == Buffers::params_and_grads) {
-  if (!units.is_all(dims)) {
-    // A pipeline stage: keep its contiguous slice of the layout, offsets from the slice's start.
-    const int lo = units.first_param(), hi = units.end_param(dims);
-    LMSCALE_CHECK(lo < hi && hi <= static_cast<int>(infos_.size()), "stage units [{}, {}) hold no parameters",
-                  units.first, units.end_unit(dims));
-    std::vector<ParamInfo> mine(infos_.begin() + lo, infos_.begin() + hi);
-    const std::int64_t base = mine.front().offset;
-    for (auto& p : mine) p.offset -= base;
+                               std::vector<StageUnits> chunks)
+    : infos_(parameter_layout(dims)), chunks_(std::move(chunks)), master_(master), lowp_dtype_(lowp),
+      has_flat_params_(buffers != Buffers::none), has_flat_grads_(buffers == Buffers::params_and_grads) {
+  LMSCALE_CHECK(!chunks_.empty(), "a parameter store needs at least one unit range");
+  const int all = static_cast<int>(infos_.size());
+  local_of_.assign(static_cast<std::size_t>(all), -1);
+  if (chunks_.size() == 1 && chunks_[0].is_all(dims)) {
+    for (int i = 0; i < all; ++i) local_of_[static_cast<std::size_t>(i)] = i;
+    global_of_ = local_of_;
+  } else {
+    // A pipeline stage: its chunks' contiguous slices of the layout, one after the other, with
+    // offsets from the start of this store's buffer.
+    std::vector<ParamInfo> mine;
+    std::int64_t off = 0;
+    for (const StageUnits& u : chunks_) {
+      const int lo = u.first_param(), hi = u.end_param(dims);
+      LMSCALE_CHECK(lo < hi && hi <= all, "stage units [{}, {}) hold no parameters", u.first, u.end_unit(dims));
+      for (int i = lo; i < hi; ++i) {
+        LMSCALE_CHECK(local_of_[static_cast<std::size_t>(i)] < 0, "pipeline chunks overlap at {}", infos_[static_cast<std::size_t>(i)].name);
+        local_of_[static_cast<std::size_t>(i)] = static_cast<int>(mine.size());
+        global_of_.push_back(i);
+        ParamInfo p = infos_[static_cast<std::size_t>(i)];
+        p.offset = off;
+        off += p.numel;
+        mine.push_back(std::move(p));
+      }
+    }
     infos_ = std::move(mine);
   }
   total_ = infos_.back().offset + infos_.back().numel;
@@ -89,6 +104,17 @@ Tensor ParameterStore::param(int i) const {
   LMSCALE_CHECK(has_flat_params_, "parameter {}: this store holds no flat parameters (FSDP keeps shards)",
                 infos_[static_cast<std::size_t>(i)].name);
   return view(params_, i);
+}
+
+const StageUnits& ParameterStore::units() const {
+  LMSCALE_CHECK(chunks_.size() == 1, "units(): this store holds {} pipeline chunks", chunks_.size());
+  return chunks_.front();
+}
+
+int ParameterStore::local_index(int global) const {
+  const int i = global >= 0 && global < static_cast<int>(local_of_.size()) ? local_of_[static_cast<std::size_t>(global)] : -1;
+  LMSCALE_CHECK(i >= 0, "parameter {} of the full model is not held by this store (pipeline stage)", global);
+  return i;
 }
 
 int ParameterStore::index(const std::string& name) const {

@@ -43,6 +43,14 @@ StageUnits stage_units(const ModelDims& d, const std::vector<int>& counts, int s
   return u;
 }
 
+std::vector<StageUnits> pipeline_chunks(const ModelDims& d, int stages, int virtual_stages, int stage,
+                                        const std::vector<int>& override_layers) {
+  const auto counts = stage_layer_counts(d, stages * virtual_stages, override_layers);
+  std::vector<StageUnits> chunks;
+  for (int c = 0; c < virtual_stages; ++c) chunks.push_back(stage_units(d, counts, c * stages + stage));
+  return chunks;
+}
+
 std::vector<int> parse_stage_layers(const std::string& s) {
   std::vector<int> v;
   if (s.empty()) return v;

@@ -23,8 +23,11 @@ bool present(const Tensor& t) { return t.defined() && t.numel() > 0; }
 }  // namespace
 
 TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
+    : TransformerLM(dims, params, params.units()) {}
+
+TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params, StageUnits units)
     : dims_(dims), params_(params), compute_(params.lowp_dtype()),
-      stats_(params.master_dtype() == DType::f64 ? DType::f64 : DType::f32) {
+      stats_(params.master_dtype() == DType::f64 ? DType::f64 : DType::f32), units_(units) {
   LMSCALE_CHECK(dims.d_model % dims.heads == 0 && dims.head_dim() % 2 == 0, "d_model {} / heads {}", dims.d_model,
                 dims.heads);
 }
@@ -32,7 +35,7 @@ TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
 std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& tokens, const Tensor& targets,
                                                     bool keep, double grad_scale, const ParallelContext& pc) {
   NvtxRange range("forward");
-  LMSCALE_CHECK(params_.units().is_all(dims_), "forward(): a pipeline stage's model runs forward_stage()");
+  LMSCALE_CHECK(units_.is_all(dims_), "forward(): a pipeline stage's model runs forward_stage()");
   LMSCALE_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::i32, "tokens must be int32 [B,T], got {}",
                 shape_str(tokens.shape()));
   auto act = std::make_unique<Activations>();
@@ -84,7 +87,7 @@ Tensor TransformerLM::logits(Context& ctx, const Tensor& tokens, const ParallelC
 
 Tensor TransformerLM::head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep) {
   const std::int64_t N = x.dim(0), d = dims_.d_model;
-  const int ln_final = 1 + static_cast<int>(dims_.layers) * 9 - params_.first_index();   // store index
+  const int ln_final = params_.local_index(1 + static_cast<int>(dims_.layers) * 9);   // store index
   Allocator& A = *ctx.allocator;
   Tensor rstd = Tensor::empty({N}, stats_, A, "activations");
   Tensor y = Tensor::empty({N, d}, compute_, A, "activations");
@@ -104,7 +107,7 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
   const int L = static_cast<int>(dims_.layers);
   // The blocks this store holds: all of them, or a pipeline stage's range [l0, l1). Saved
   // activations stay indexed by global layer (entries outside the range stay empty).
-  const int l0 = params_.units().first_layer(), l1 = params_.units().end_layer(dims_);
+  const int l0 = units_.first_layer(), l1 = units_.end_layer(dims_);
   using Mode = RecomputePolicy::Mode;
   const bool every_k = keep && recompute_.mode == Mode::every_k;
   const bool selective = keep && recompute_.mode == Mode::selective;
@@ -310,7 +313,7 @@ void TransformerLM::backward(Context& ctx, Activations& act, const ParallelConte
 void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, const ParallelContext& pc,
                                     bool accumulate) {
   // Blocks [l0, l1) of this store (all, or a pipeline stage's range).
-  const int l0 = params_.units().first_layer(), l1 = params_.units().end_layer(dims_);
+  const int l0 = units_.first_layer(), l1 = units_.end_layer(dims_);
   if (l1 <= l0) return;
   // Without every-k a group is one block whose activations the forward kept.
   const bool every_k = !act.group_inputs.empty();

@@ -23,7 +23,7 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
                                                           std::int64_t B, std::int64_t T, double grad_scale,
                                                           const ParallelContext& pc) {
   NvtxRange range("forward_stage");
-  const StageUnits& u = params_.units();
+  const StageUnits& u = units_;
   const std::int64_t N = B * T, d = dims_.d_model;
   const int L = static_cast<int>(dims_.layers);
   auto act = std::make_unique<Activations>();
@@ -37,7 +37,7 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
     act->tokens = input;
     x = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
     call(pc.before_forward, 0);
-    ops::embedding(ctx, input.reshape({N}), params_.compute_weight(0 - params_.first_index()), x);
+    ops::embedding(ctx, input.reshape({N}), params_.compute_weight(params_.local_index(0)), x);
     call(pc.after_forward, 0);
   } else {
     LMSCALE_CHECK(input.dtype() == compute_ && input.numel() == N * d, "stage input: activations [{}, {}] {}, got {} {}",
@@ -63,14 +63,13 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
 Tensor TransformerLM::backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc,
                                      bool accumulate) {
   NvtxRange range("backward_stage");
-  const StageUnits& u = params_.units();
+  const StageUnits& u = units_;
   const std::int64_t N = act.B * act.T, d = dims_.d_model;
   const int L = static_cast<int>(dims_.layers);
-  const int base = params_.first_index();
   Tensor dx;
   if (u.owns_head(dims_)) {
     // As backward(): LM head, then the final RMSNorm; dx = d(loss)/d(last block output) [N,d].
-    const int ln_final = 1 + L * 9 - base, head = ln_final + 1;
+    const int ln_final = params_.local_index(1 + L * 9), head = params_.local_index(2 + L * 9);
     NvtxRange r("lm_head_backward");
     call(pc.before_backward, L + 1);
     dx = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
@@ -94,10 +93,11 @@ Tensor TransformerLM::backward_stage(Context& ctx, Activations& act, Tensor dy, 
   if (!u.owns_embedding()) return dx;
   NvtxRange r("embedding_backward");
   call(pc.before_backward, 0);
-  Tensor gEmb = params_.grad(0 - base);
+  const int emb = params_.local_index(0);
+  Tensor gEmb = params_.grad(emb);
   if (!accumulate) ops::fill(ctx, gEmb, 0.0);
   ops::embedding_backward(ctx, act.tokens.reshape({N}), dx, gEmb);
-  notify(pc, 0 - base);
+  notify(pc, emb);
   call(pc.after_backward, 0);
   return Tensor();
 }

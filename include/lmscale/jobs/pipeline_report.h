@@ -32,7 +32,7 @@ class PipelineRecorder {
   bool active_ = false;
   std::int64_t steps_ = 0;
   double forward_ms_ = 0, backward_ms_ = 0, span_ms_ = 0;
-  std::vector<double> events_;   // per event: step, micro, backward (0/1), start_ms, end_ms
+  std::vector<double> events_;   // per event: step, micro, backward (0/1), start_ms, end_ms, chunk
 };
 
 }  // namespace lmscale::jobs

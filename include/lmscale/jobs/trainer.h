@@ -98,7 +98,9 @@ class Trainer {
   JobEnv& env_;
   model::ModelDims dims_;
   std::unique_ptr<model::ParameterStore> params_;
-  std::unique_ptr<model::TransformerLM> model_;
+  // The model (with the interleaved schedule: one per chunk of this rank, model_ the first).
+  std::vector<std::unique_ptr<model::TransformerLM>> chunk_models_;
+  model::TransformerLM* model_ = nullptr;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<parallel::ShardedOptimizer> sharded_;
   parallel::FullyShardedDataParallel* fsdp_ = nullptr;   // sharded_ when it is fsdp

@@ -49,11 +49,13 @@ class ParameterStore {
   enum class Buffers { params_and_grads, params_only, none };
   // master: fp32 (or fp64 for gradient checks); lowp: bf16/fp16 working copy, or the same dtype
   // as master for none.
-  // units: a pipeline stage holds only the parameters of its unit range (stage.h); infos() then
-  // lists those alone, with offsets from the start of the stage's slice, and every index the
-  // store takes or reports is local to the stage (global index - first_index()).
+  // chunks: a pipeline stage holds only the parameters of its unit range(s) (stage.h; several
+  // with the interleaved schedule); infos() then lists those alone, in chunk order, with offsets
+  // from the start of the store's buffer, and every index the store takes or reports is local
+  // (local_index(global) maps the full model's parameter index to it).
   ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc,
-                 Buffers buffers = Buffers::params_and_grads, StageUnits units = StageUnits::all());
+                 Buffers buffers = Buffers::params_and_grads,
+                 std::vector<StageUnits> chunks = {StageUnits::all()});
 
   // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
   // (Buffers::none: the provider's owner initialises its shards itself.)
@@ -64,9 +66,13 @@ class ParameterStore {
 
   const std::vector<ParamInfo>& infos() const { return infos_; }
   int size() const { return static_cast<int>(infos_.size()); }
-  const StageUnits& units() const { return units_; }
-  // Global (full-model layout) index of local parameter 0: 0 unless a later pipeline stage.
-  int first_index() const { return first_index_; }
+  const std::vector<StageUnits>& chunks() const { return chunks_; }
+  // The one unit range of a store with a single chunk (the whole model or one pipeline stage).
+  const StageUnits& units() const;
+  // Local index of the full model's parameter `global` (throws when this store does not hold it)
+  // and back.
+  int local_index(int global) const;
+  int global_index(int local) const { return global_of_[static_cast<std::size_t>(local)]; }
   int index(const std::string& name) const;   // throws on unknown names
   std::int64_t numel() const { return total_; }
   DType master_dtype() const { return master_; }
@@ -95,8 +101,9 @@ class ParameterStore {
  private:
   Tensor view(const Tensor& flat, int i) const;
   std::vector<ParamInfo> infos_;
-  StageUnits units_;
-  int first_index_ = 0;
+  std::vector<StageUnits> chunks_;
+  std::vector<int> local_of_;    // full-model index -> local index, -1 when not held
+  std::vector<int> global_of_;   // local index -> full-model index
   std::int64_t total_ = 0;
   DType master_, lowp_dtype_;
   Tensor params_, grads_, lowp_;

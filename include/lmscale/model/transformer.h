@@ -46,6 +46,10 @@ class TransformerLM {
  public:
   // compute: the activation dtype (= params.lowp_dtype()).
   TransformerLM(const ModelDims& dims, ParameterStore& params);
+  // A pipeline chunk: runs `units`, one of params.chunks() (interleaved: several models share
+  // one store). The two-argument form runs the store's single unit range.
+  TransformerLM(const ModelDims& dims, ParameterStore& params, StageUnits units);
+  const StageUnits& units() const { return units_; }
 
   const ModelDims& dims() const { return dims_; }
   ParameterStore& params() { return params_; }
@@ -70,7 +74,7 @@ class TransformerLM {
   void backward(Context& ctx, Activations& act, const ParallelContext& pc, bool accumulate = true);
 
   // ---- Pipeline stages (model/stage.h; src/model/transformer_stage.cpp) ----------------------
-  // The model runs the units of its ParameterStore (params().units()): the schedule in parallel/
+  // The model runs its units (units(): the store's, or its chunk's): the schedule in parallel/
   // calls these once per microbatch. forward_stage: `input` is tokens int32 [B,T] when the stage
   // owns the embedding, else the previous stage's output [B*T,d] in the compute dtype; `targets`
   // int32 [B,T] is read by the stage owning the head (loss, grad_scale as in forward()). Always
@@ -101,14 +105,15 @@ class TransformerLM {
   // Gradient of parameter i, zeroed first unless accumulating (for the ops that always add).
   Tensor grad_for_adding(Context& ctx, int i, bool accumulate);
   // Store index of a block's parameter (slot order of parameter_layout); a pipeline stage's
-  // store starts at global index params_.first_index().
-  int pidx(int layer, int slot) const { return 1 + layer * 9 + slot - params_.first_index(); }
+  // store holds only its units' parameters, indexed locally.
+  int pidx(int layer, int slot) const { return params_.local_index(1 + layer * 9 + slot); }
 
   ModelDims dims_;
   ParameterStore& params_;
   DType compute_;
   DType stats_;   // dtype of rstd and loss: fp64 for fp64 models, fp32 otherwise
   RecomputePolicy recompute_;
+  StageUnits units_;
 };
 
 }  // namespace lmscale::model

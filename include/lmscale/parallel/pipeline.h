@@ -11,8 +11,16 @@
 //   1f1b   PipeDream-flush / Megatron: min(p-s-1, M) warm-up forwards, then alternate one
 //          forward and one backward, then the remaining backwards. Holds at most p-s
 //          microbatches' activations; the same bubble as gpipe.
-// Both have the bubble fraction (p-1)/(M+p-1) of each stage's step time (forward and backward
-// times tf, tb per microbatch: the step spans (M+p-1)(tf+tb), a stage is busy M(tf+tb)).
+//   interleaved  Megatron's interleaved 1F1B (Narayanan et al. 2021): each rank holds V model
+//          chunks (virtual stages c*p + s, c = 0..V-1) and runs the 1F1B pattern over the
+//          M*V chunk-microbatches; activations go around the ring (rank p-1's chunk c feeds rank
+//          0's chunk c+1). Needs M a multiple of p. Each chunk-step is 1/V of a stage-step, so the
+//          fill and drain shrink V times: bubble (p-1)/(M+p-1)/V as the issue states it. Built for
+//          the mpi backend (tags tell the two directions apart; NCCL would need one grouped
+//          exchange per step, see docs/design-notes.md).
+// Both gpipe and 1f1b have the bubble fraction (p-1)/(M+p-1) of each stage's step time (forward
+// and backward times tf, tb per microbatch: the step spans (M+p-1)(tf+tb), a stage is busy
+// M(tf+tb)).
 //
 // Communication follows Megatron's pairing so that no two neighbours both wait to send: in the
 // steady 1F1B phase a forward's "send activation, receive gradient" is one grouped sendrecv and
@@ -31,8 +39,8 @@
 
 namespace lmscale::parallel {
 
-enum class PipeSchedule { gpipe, one_f_one_b };
-PipeSchedule parse_pipe_schedule(const std::string& name);   // "gpipe" | "1f1b"
+enum class PipeSchedule { gpipe, one_f_one_b, interleaved };
+PipeSchedule parse_pipe_schedule(const std::string& name);   // "gpipe" | "1f1b" | "interleaved"
 const char* pipe_schedule_name(PipeSchedule s);
 
 // Theory: idle fraction of a stage's step, (p-1)/(M+p-1) (divided by v for v virtual stages).
@@ -43,6 +51,7 @@ double theory_bubble_fraction(int stages, int microbatches, int virtual_stages =
 struct PipeEvent {
   int micro = 0;
   bool backward = false;
+  int chunk = 0;   // interleaved: which of the rank's model chunks
   double start_ms = 0, end_ms = 0;
 };
 
@@ -56,9 +65,10 @@ struct PipeStageStats {
 
 class PipelineParallel {
  public:
-  // model: this stage's model (its store holds the stage's units); pp: the pipeline group, rank
-  // = stage index.
-  PipelineParallel(model::TransformerLM& model, comm::Communicator& pp, ops::Runtime& rt, PipeSchedule schedule);
+  // chunks: this stage's model(s) (one; interleaved: one per chunk, in chunk order, sharing one
+  // store); pp: the pipeline group, rank = stage index.
+  PipelineParallel(std::vector<model::TransformerLM*> chunks, comm::Communicator& pp, ops::Runtime& rt,
+                   PipeSchedule schedule);
 
   int stage() const { return stage_; }
   int stages() const { return stages_; }
@@ -85,15 +95,18 @@ class PipelineParallel {
   const PipeStageStats& stats() const { return stats_; }
 
  private:
-  struct Slot;   // one microbatch in flight on this stage
+  struct Slot;   // one microbatch in flight on this stage (of one chunk)
+  void run_interleaved(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets, std::int64_t T,
+                       double grad_scale, bool accumulate, GradientSync& sync, int micro_count,
+                       std::vector<Tensor>& loss_sums);
   Tensor recv_activation(std::int64_t rows);
   void forward(int m, Slot& slot, const Tensor& input, const Tensor& targets, std::int64_t T, double grad_scale,
-               std::vector<Tensor>& loss_sums);
+               std::vector<Tensor>& loss_sums, int chunk = 0);
   Tensor backward(int m, Slot& slot, Tensor dy, bool accumulate, GradientSync& sync, int micro_offset,
-                  int micro_count);
+                  int micro_count, int chunk = 0);
   void keep_send(comm::Work w, Tensor buf);
 
-  model::TransformerLM& model_;
+  std::vector<model::TransformerLM*> chunks_;
   comm::Communicator& pp_;
   ops::Runtime& rt_;
   PipeSchedule schedule_;
@@ -106,6 +119,7 @@ class PipelineParallel {
   struct RawEvent {
     int micro;
     bool backward;
+    int chunk;
     ops::Runtime::Mark begin, end;
   };
   ops::Runtime::Mark start_;
