@@ -1,6 +1,7 @@
-// Pipeline parallelism against one process (DESIGN.md §4): a 4-layer tiny Transformer, fp32 on
-// CPU, several AdamW steps (with clipping), on 2 ranks (pp = 2) and 4 ranks (pp = 4, dp 2 x pp 2),
-// each schedule. The reference is one process accumulating over the same microbatches
+// Pipeline parallelism against one process (DESIGN.md §4): a 4-layer (6, 8 for interleaved)
+// tiny Transformer, fp32 on CPU, several AdamW steps (with clipping), on 2 ranks (pp = 2) and 4
+// ranks (pp = 4, dp 2 x pp 2), each schedule (gpipe, 1f1b, interleaved with 2 or 3 chunks), with
+// and without activation checkpointing, DDP or ZeRO-1/2 over dp, and a stage-split override. The reference is one process accumulating over the same microbatches
 // (train.grad_accum = microbatches per rank): every microbatch's forward and backward are the
 // same ops on the same rows, so gradients agree bitwise; the global gradient norm sums squares
 // per stage and then over stages (one process: per bucket), a different order, so parameters
@@ -103,7 +104,8 @@ void check_against_one_process(const Case& c, int steps = 3) {
     p.parallel.stage_layers = c.stage_layers;
     const Run got = train(p, true, steps);
     const std::string what = std::string(schedule) + " pp " + std::to_string(c.pp) + " dp " + std::to_string(dp) +
-                             " V " + std::to_string(c.virtual_stages) + " M " + std::to_string(c.microbatches) + " ckpt " + c.ckpt + " zero " + c.zero +
+                             " V " + std::to_string(c.virtual_stages) + " M " + std::to_string(c.microbatches) +
+                             " ckpt " + c.ckpt + " zero " + c.zero +
                              " stages '" + c.stage_layers + "'";
     ASSERT_EQ(got.params.size(), ref.params.size()) << what;
     if (test::mpi_env().rank() == 0)

@@ -65,7 +65,8 @@ std::vector<int> parse_stage_layers(const std::string& s) {
       used = 0;
     }
     while (used < item.size() && item[used] == ' ') ++used;
-    if (used != item.size() || item.empty()) throw UsageError("parallel.stage_layers = '" + s + "': expected comma-separated layer counts, e.g. 12,12,12,12");
+    if (used != item.size() || item.empty())
+      throw UsageError("parallel.stage_layers = '" + s + "': expected comma-separated layer counts, e.g. 12,12,12,12");
     v.push_back(n);
   }
   return v;

@@ -70,8 +70,9 @@ Tensor PipelineParallel::backward(int m, Slot& slot, Tensor dy, bool accumulate,
   RawEvent e{m, true, chunk, rt_.mark(), {}};
   // Each chunk's parameters are touched only by that chunk's backwards, which run in
   // microbatch order 0..M-1: microbatch 0 overwrites its gradients.
-  Tensor dx = chunks_[static_cast<std::size_t>(chunk)]->backward_stage(rt_.ctx(), *slot.act, std::move(dy), sync.hooks(micro_offset + m, micro_count),
-                                    accumulate || m > 0);
+  model::TransformerLM& model = *chunks_[static_cast<std::size_t>(chunk)];
+  Tensor dx = model.backward_stage(rt_.ctx(), *slot.act, std::move(dy), sync.hooks(micro_offset + m, micro_count),
+                                   accumulate || m > 0);
   e.end = rt_.mark();
   raw_.push_back(std::move(e));
   slot.act.reset();
@@ -290,7 +291,8 @@ void PipelineParallel::run_interleaved(const std::vector<Tensor>& tokens, const 
     if (recv_prev) inputs[static_cast<std::size_t>(nfc)].push_back(in);
     if (recv_next) grads[static_cast<std::size_t>(nbc)].push_back(dy);
   }
-  if (all_warmup && stage_ != p - 1) grads[static_cast<std::size_t>(V - 1)].push_back(exchange(Tensor(), false, Tensor(), true).second);
+  if (all_warmup && stage_ != p - 1)
+    grads[static_cast<std::size_t>(V - 1)].push_back(exchange(Tensor(), false, Tensor(), true).second);
   for (int k = remaining; k < total; ++k) {
     const Tensor dx = bwd(k);
     const int nbc = chunk_of(k + 1, false);
