@@ -78,6 +78,7 @@ struct Case {
   const char* stage_layers;
   int virtual_stages = 1;   // > 1: the interleaved schedule alone
   int layers = 4;
+  const char* ddp = "none";
 };
 
 void check_against_one_process(const Case& c, int steps = 3) {
@@ -101,11 +102,12 @@ void check_against_one_process(const Case& c, int steps = 3) {
     p.parallel.microbatches = c.microbatches;
     p.parallel.schedule = schedule;
     p.parallel.zero = c.zero;
+    p.parallel.ddp = c.ddp;
     p.parallel.stage_layers = c.stage_layers;
     const Run got = train(p, true, steps);
     const std::string what = std::string(schedule) + " pp " + std::to_string(c.pp) + " dp " + std::to_string(dp) +
                              " V " + std::to_string(c.virtual_stages) + " M " + std::to_string(c.microbatches) +
-                             " ckpt " + c.ckpt + " zero " + c.zero +
+                             " ckpt " + c.ckpt + " zero " + c.zero + " ddp " + c.ddp +
                              " stages '" + c.stage_layers + "'";
     ASSERT_EQ(got.params.size(), ref.params.size()) << what;
     if (test::mpi_env().rank() == 0)
@@ -142,6 +144,8 @@ TEST(Pipeline, DataAndPipelineParallelMatchOneProcess) {
   check_against_one_process({2, 2, "none", "none", ""});
   check_against_one_process({2, 4, "none", "zero1", ""});
   check_against_one_process({2, 2, "every-k", "zero2", ""});
+  check_against_one_process({2, 4, "none", "none", "", 1, 4, "bucketed"});   // overlapped all-reduces
+  check_against_one_process({2, 4, "selective", "none", "", 1, 4, "overlap"});
 }
 
 // Interleaved 1F1B (Megatron): V chunks per rank around the ring of stages; microbatches a
