@@ -32,7 +32,7 @@ void PipelineRecorder::add_step(std::int64_t step) {
 }
 
 double PipelineRecorder::write() {
-  if (!active_) return 0;
+  if (!active_ || steps_ == 0) return 0;   // (every rank alike: bench forward mode records no steps)
   LMSCALE_CHECK(env_.host_comm, "pipeline report: needs the world's host communicator");
   comm::Communicator& world = *env_.host_comm;
   const int n = world.size();
