@@ -1,5 +1,5 @@
 """bench-collectives: /bench_collectives/results, one row per (op, backend, algo, dtype, ranks,
-size, in-place).
+size, in-place); newer files also say the path taken and the number of nodes.
 
 Table: every row. Plot: bus bandwidth vs message size (log x), one line per (backend, algo,
 ranks, op) and, where they vary, dtype and in-place. Combined: the rows of every file with the
@@ -12,14 +12,15 @@ from analysis.tables import Table, header, num
 SECTION = "bench_collectives"
 JOBS = {"bench-collectives"}
 RESULTS = "/bench_collectives/results"
-LINE_KEYS = ["backend", "algo", "ranks", "op"]
+# path and nodes (files from multi-node runs): one node vs two, shm vs hier vs the network
+LINE_KEYS = ["backend", "algo", "path", "ranks", "nodes", "op"]
 OPTIONAL_LINE_KEYS = ["dtype", "inplace"]
 # column -> (header, format); units come from the table's `units` attribute.
-COLUMNS = {"op": ("op", "s"), "backend": ("backend", "s"), "algo": ("algo", "s"), "dtype": ("dtype", "s"),
-           "ranks": ("ranks", "d"), "bytes": ("size", "d"), "count": ("count", "d"), "inplace": ("in-place", "d"),
+COLUMNS = {"op": ("op", "s"), "backend": ("backend", "s"), "algo": ("algo", "s"), "path": ("path", "s"),
+           "dtype": ("dtype", "s"), "ranks": ("ranks", "d"), "nodes": ("nodes", "d"), "bytes": ("size", "d"), "count": ("count", "d"), "inplace": ("in-place", "d"),
            "time_us_avg": ("time avg", ".2f"), "time_us_min": ("time min", ".2f"), "time_us_max": ("time max", ".2f"),
            "algbw_gbs": ("algbw", ".3f"), "busbw_gbs": ("busbw", ".3f"), "errors": ("errors", "d")}
-TEXT = {"op", "backend", "algo", "dtype"}
+TEXT = {"op", "backend", "algo", "path", "dtype"}
 
 
 def present(r):

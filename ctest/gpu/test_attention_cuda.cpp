@@ -1,10 +1,12 @@
 // CUDA attention (naive and FlashAttention-2) against the float64 CPU reference: every dtype
-// (bf16, fp16, fp32), every head_dim (16, 32, 64, 128), causal and not, sequence lengths that are
-// not tile multiples (1, 17, 100, 257, 1000), both layouts; fresh random inputs per case and
-// NaN-poisoned outputs before each run. Errors are ||out - ref|| / ||ref|| over the whole tensor.
+// (bf16, fp16, fp32), causal and not, both layouts; fresh random inputs per case and NaN-poisoned
+// outputs before each run. Errors are ||out - ref|| / ||ref|| over the whole tensor. Head dims:
+// 16, 32, 64, 80, 128, 256 at sequence lengths that are not tile multiples (1, 17, 100, 257,
+// 1000); every other multiple of 8 from 8 to 256 at T = 77 (causal) and 130 (full); head dims
+// that are not multiples of 8 (CUDA-core path for every dtype) at T = 77.
 //
 // Two DISABLED_ tests are tools for scripts/device/attention.sh, run by name only:
-// DISABLED_TimingLeaderboard (CUDA-event medians at the leaderboard shape, tile variants) and
+// DISABLED_Timing (CUDA-event medians at one shape, default the leaderboard's; tile variants) and
 // DISABLED_FileIO (runs flash on inputs written by scripts/device/attention_errors.py).
 #include <gtest/gtest.h>
 
@@ -124,10 +126,20 @@ TEST_P(AttentionCuda, MatchesFloat64Reference) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cs;
-  for (DType d : {DType::bf16, DType::f16, DType::f32})
-    for (int D : {16, 32, 64, 128})
+  const std::vector<int> full_grid{16, 32, 64, 80, 128, 256};   // every T below
+  for (DType d : {DType::bf16, DType::f16, DType::f32}) {
+    for (int D : full_grid)
       for (int T : {1, 17, 100, 257, 1000})
         for (bool causal : {true, false}) cs.push_back({d, D, T, causal});
+    // Every other multiple of 8 (padded tensor-core widths, split dK/dV columns above 128).
+    for (int D = 8; D <= 256; D += 8) {
+      if (std::find(full_grid.begin(), full_grid.end(), D) != full_grid.end()) continue;
+      cs.push_back({d, D, 77, true});
+      cs.push_back({d, D, 130, false});
+    }
+    // Not multiples of 8: the CUDA-core kernels (rows cannot be copied in 16-byte chunks).
+    for (int D : {2, 20, 36, 100, 250}) cs.push_back({d, D, 77, true});
+  }
   return cs;
 }
 
@@ -199,21 +211,38 @@ float time_ms(F&& f, int warmup, int reps) {
   return median(ts);
 }
 
-// Leaderboard shape: batch 1, 16 heads, seq 16384, head_dim 64, bf16, causal, [B,H,T,D].
-TEST(AttentionCudaTools, DISABLED_TimingLeaderboard) {
-  const int B = 1, H = 16, T = std::getenv("ATTN_SEQ") ? std::atoi(std::getenv("ATTN_SEQ")) : 16384, D = 64;
+int env_int(const char* name, int fallback) { return std::getenv(name) ? std::atoi(std::getenv(name)) : fallback; }
+std::vector<int> env_list(const char* name, const char* fallback) {
+  std::vector<int> out;
+  std::string text = std::getenv(name) ? std::getenv(name) : fallback;
+  for (std::size_t pos = 0; pos < text.size();) {
+    const std::size_t end = std::min(text.find(',', pos), text.size());
+    out.push_back(std::atoi(text.substr(pos, end - pos).c_str()));
+    pos = end + 1;
+  }
+  return out;
+}
+
+// One bf16 shape, [B,H,T,D]; default the leaderboard's (batch 1, 16 heads, seq 16384, head_dim 64,
+// causal). ATTN_B, ATTN_H, ATTN_SEQ, ATTN_D, ATTN_CAUSAL (0/1), ATTN_REPS pick another;
+// ATTN_FWD_VARIANTS / ATTN_BWD_VARIANTS list the raw-launch tile variants to time (attention_kernels.h).
+TEST(AttentionCudaTools, DISABLED_Timing) {
+  const int B = env_int("ATTN_B", 1), H = env_int("ATTN_H", 16), T = env_int("ATTN_SEQ", 16384), D = env_int("ATTN_D", 64);
+  const bool causal = env_int("ATTN_CAUSAL", 1) != 0;
+  const int reps = env_int("ATTN_REPS", 20);
   lmscale::ops::Runtime r(lmscale::Device::cuda, 0, false);
-  const AttentionShape s = AttentionShape::bhtd(B, H, T, D, true);
+  const AttentionShape s = AttentionShape::bhtd(B, H, T, D, causal);
   const std::int64_t n = s.elements(), nl = static_cast<std::int64_t>(B) * H * T;
   const DType d = DType::bf16;
   auto mk = [&](std::int64_t count, DType dt) { return Tensor::empty({count}, dt, r.allocator(), "timing"); };
+  const std::int64_t n_acc = nl * lmscale::ops::cuda::attn::padded_head_dim(D);   // fp32 dQ accumulator
   Tensor q = mk(n, d), k = mk(n, d), v = mk(n, d), dout = mk(n, d), o = mk(n, d), lse = mk(nl, DType::f32),
-         dq = mk(n, d), dk = mk(n, d), dv = mk(n, d), dsum = mk(nl, DType::f32), dq_accum = mk(n, DType::f32);
+         dq = mk(n, d), dk = mk(n, d), dv = mk(n, d), dsum = mk(nl, DType::f32), dq_accum = mk(n_acc, DType::f32);
   upload(random_rounded(n, 9, 1, d), q);
   upload(random_rounded(n, 9, 2, d), k);
   upload(random_rounded(n, 9, 3, d), v);
   upload(random_rounded(n, 9, 4, d), dout);
-  const double fwd_flop = 4.0 * B * H * double(T) * T * D / 2;   // causal: half the score matrix
+  const double fwd_flop = 4.0 * B * H * double(T) * T * D / (causal ? 2 : 1);   // causal: half the score matrix
   const double bwd_flop = 2.5 * fwd_flop;
   lmscale::ops::cuda::attn::Params p;
   p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data(), p.dout = dout.data(), p.out = o.data();
@@ -222,27 +251,28 @@ TEST(AttentionCudaTools, DISABLED_TimingLeaderboard) {
   p.batch = B, p.heads = H, p.seq = T, p.head_dim = D;
   p.stride_b = s.stride_b, p.stride_h = s.stride_h, p.stride_t = s.stride_t;
   p.scale = static_cast<float>(s.softmax_scale());
-  p.causal = true;
+  p.causal = causal;
   using lmscale::ops::cuda::attn::Elem;
   cudaStream_t st = nullptr;   // legacy default stream, the one cudaEventRecord(a) uses
-  for (int var = 0; var < 5; ++var) {
-    const float ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_fwd_mma_variant(p, Elem::bf16, st, var); }, 3, 20);
-    std::printf("TIME fwd variant %d: %.3f ms  %.1f TFLOP/s\n", var, ms, fwd_flop / ms * 1e-9);
+  std::printf("SHAPE bf16 B=%d H=%d T=%d D=%d %s\n", B, H, T, D, causal ? "causal" : "full");
+  for (int var : env_list("ATTN_FWD_VARIANTS", "0")) {
+    const float ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_fwd_mma_variant(p, Elem::bf16, st, var); }, 3, reps);
+    std::printf("TIME fwd variant %d: %.4f ms  %.1f TFLOP/s\n", var, ms, fwd_flop / ms * 1e-9);
   }
   lmscale::ops::cuda::attn::launch_flash_fwd_mma(p, Elem::bf16, st);
   lmscale::ops::cuda::attn::launch_flash_bwd_dsum(p, Elem::bf16, st);
-  for (int var = 0; var < 5; ++var) {
-    const float ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_bwd_mma_variant(p, Elem::bf16, st, var); }, 3, 20);
-    std::printf("TIME bwd (dkdv+dq, 1 = deterministic) variant %d: %.3f ms  %.1f TFLOP/s\n", var, ms, bwd_flop / ms * 1e-9);
+  for (int var : env_list("ATTN_BWD_VARIANTS", "0,1")) {
+    const float ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_bwd_mma_variant(p, Elem::bf16, st, var); }, 3, reps);
+    std::printf("TIME bwd (1 = deterministic dkdv + dq) variant %d: %.4f ms  %.1f TFLOP/s\n", var, ms, bwd_flop / ms * 1e-9);
   }
-  const float dsum_ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_bwd_dsum(p, Elem::bf16, st); }, 3, 20);
+  const float dsum_ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_bwd_dsum(p, Elem::bf16, st); }, 3, reps);
   std::printf("TIME bwd dsum: %.3f ms\n", dsum_ms);
   // The public ops on the runtime's stream, events on that stream.
   auto& ctx = r.ctx();
   auto timed = [&](auto&& f) {
     for (int i = 0; i < 3; ++i) f();
     std::vector<float> ts;
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < reps; ++i) {
       auto a = r.mark();
       f();
       auto b = r.mark();
@@ -256,9 +286,9 @@ TEST(AttentionCudaTools, DISABLED_TimingLeaderboard) {
     lmscale::ops::attention_flash(ctx, s, q, k, v, o, lse);
     lmscale::ops::attention_flash_backward(ctx, s, q, k, v, o, lse, dout, dq, dk, dv);
   });
-  std::printf("LEADERBOARD flash bf16 B=%d H=%d T=%d D=%d causal: fwd %.3f ms (%.1f TFLOP/s)  bwd %.3f ms (%.1f)  "
-              "fwd+bwd %.3f ms (%.1f TFLOP/s)\n",
-              B, H, T, D, f_ms, fwd_flop / f_ms * 1e-9, b_ms, bwd_flop / b_ms * 1e-9, fb_ms,
+  std::printf("OP flash bf16 B=%d H=%d T=%d D=%d %s: fwd %.4f ms (%.1f TFLOP/s)  bwd %.4f ms (%.1f)  "
+              "fwd+bwd %.4f ms (%.1f TFLOP/s)\n",
+              B, H, T, D, causal ? "causal" : "full", f_ms, fwd_flop / f_ms * 1e-9, b_ms, bwd_flop / b_ms * 1e-9, fb_ms,
               (fwd_flop + bwd_flop) / fb_ms * 1e-9);
   if (!std::getenv("ATTN_SKIP_NAIVE")) {
     Tensor probs = mk(static_cast<std::int64_t>(B) * H * T * T, d);
@@ -274,7 +304,7 @@ TEST(AttentionCudaTools, DISABLED_TimingLeaderboard) {
       auto b = r.mark();
       ts.push_back(static_cast<float>(r.elapsed_ms(a, b)));
     }
-    std::printf("LEADERBOARD naive bf16 fwd+bwd %.3f ms\n", median(ts));
+    std::printf("OP naive bf16 B=%d H=%d T=%d D=%d fwd+bwd %.3f ms\n", B, H, T, D, median(ts));
   }
 }
 

@@ -270,5 +270,36 @@ TEST(Algorithms, AutoPicksAWorkingAlgorithmForSmallAndLargeMessages) {
   }
 }
 
+// The path record behind /system/comm_paths and bench-collectives' path column: under mpirun
+// every rank is on this node, so auto takes shm for large messages and library (node) for small
+// ones, and hier (asked for explicitly) is shm here; hier itself crosses nodes only in the
+// two-node Slurm test (ctest/slurm/run_multi_node_test.sh), which checks its results.
+TEST(Algorithms, PathsAreRecordedPerCall) {
+  MpiCommunicator comm(test::mpi_env().world());
+  ASSERT_TRUE(comm.node_local());
+  EXPECT_EQ(comm.nodes(), 1);
+  std::vector<float> big(std::size_t{1} << 16, 1.0f), small(4, 1.0f);
+  comm.all_reduce(big.data(), big.data(), big.size(), DType::f32, ReduceOp::sum);
+  comm.all_reduce(small.data(), small.data(), small.size(), DType::f32, ReduceOp::sum);
+  comm.all_reduce(small.data(), small.data(), small.size(), DType::f32, ReduceOp::sum);
+  comm.all_reduce(big.data(), big.data(), big.size(), DType::f32, ReduceOp::avg, CallOptions{false, Algo::hier});
+  comm.barrier();   // not a collective for the record
+  for (float x : big) ASSERT_FLOAT_EQ(x, static_cast<float>(comm.size()));
+  const auto uses = comm.path_uses();
+  auto calls = [&](const std::string& p) -> std::uint64_t {
+    for (const auto& u : uses)
+      if (u.path == p) return u.calls;
+    return 0;
+  };
+  EXPECT_EQ(calls("shm"), 2u);
+  EXPECT_EQ(calls("library-node"), 2u);
+  EXPECT_EQ(uses.size(), 2u);
+  for (const auto& u : uses) {
+    if (u.path == "library-node") {
+      EXPECT_EQ(u.bytes, 2 * small.size() * sizeof(float));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lmscale::comm

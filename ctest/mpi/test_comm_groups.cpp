@@ -132,3 +132,25 @@ TEST(Mesh, DescribeAndBadShapes) {
 
 }  // namespace
 }  // namespace lmscale::comm
+
+// Placement on nodes (multi-node runs): tp groups must stay inside a node; the check is pure.
+TEST(Mesh, GroupsAcrossNodes) {
+  using lmscale::comm::Axis;
+  using lmscale::comm::groups_across_nodes;
+  using lmscale::comm::MeshShape;
+  using lmscale::comm::resolve_mesh;
+  // 2 nodes x 2 ranks, launched node by node: node_of = {0,0,1,1}.
+  const std::vector<int> two_by_two = {0, 0, 1, 1};
+  // tp=2: groups {0,1} and {2,3}, each inside a node; dp groups {0,2},{1,3} cross (expected).
+  const MeshShape tp2 = resolve_mesh(MeshShape{0, 2, 1, 0}, 4);
+  EXPECT_TRUE(groups_across_nodes(tp2, Axis::tp, two_by_two).empty());
+  EXPECT_EQ(groups_across_nodes(tp2, Axis::dp, two_by_two), (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  // tp=4 on 2 nodes: the one tp group spans both.
+  const MeshShape tp4 = resolve_mesh(MeshShape{0, 4, 1, 0}, 4);
+  EXPECT_EQ(groups_across_nodes(tp4, Axis::tp, two_by_two), (std::vector<std::vector<int>>{{0, 1, 2, 3}}));
+  // tp=2 but ranks placed round-robin (cyclic distribution): every tp group spans nodes.
+  EXPECT_EQ(groups_across_nodes(tp2, Axis::tp, {0, 1, 0, 1}), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+  // one node: nothing spans
+  EXPECT_TRUE(groups_across_nodes(tp4, Axis::tp, {7, 7, 7, 7}).empty());
+  EXPECT_THROW(groups_across_nodes(tp4, Axis::tp, {0, 0}), lmscale::Error);
+}

@@ -40,7 +40,7 @@ TEST(Fsdp, TrainsToTheWeightsOfOneProcess) {
   const int R = test::mpi_env().size();
   for (Case c : {Case{1, 1, true, "none", 1}, Case{2, 1, true, "none", 1}, Case{1, 0, true, "none", 1},
                  Case{1, 3, false, "none", 1}, Case{1, 1, true, "every-k", 1}, Case{2, 2, true, "every-k", 2},
-                 Case{1, 1, false, "selective", 1}}) {
+                 Case{1, 1, false, "selective", 1}, Case{1, 2, true, "selective-mlp", 1}}) {
     if (kBatch / R % c.accum) continue;
     Config cfg = fsdp_config();
     cfg.train.grad_accum = c.accum;

@@ -1,5 +1,6 @@
-// Data parallelism on 2 GPUs (label gpu, mpirun -np 2): every DDP variant and ZeRO level (FSDP
-// included, with and without activation checkpointing) trains
+// Data, tensor and pipeline parallelism on 2 GPUs (label gpu, mpirun -np 2): every DDP variant and
+// ZeRO level (FSDP included, with and without activation checkpointing), and tp = 2 with and
+// without sequence parallelism, trains
 // a tiny Transformer in bf16 mixed precision over NCCL to the parameters one GPU reaches on the
 // same global batch, within 2e-3 of the largest parameter (bf16 activations: a different split of
 // the batch changes which products round where). Pipeline parallelism (pp = 2, gpipe and 1f1b,
@@ -11,7 +12,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "lmscale/comm/factory.h"
@@ -43,7 +46,7 @@ Config tiny_config() {
   return c;
 }
 
-std::vector<float> train(const Config& cfg, bool distributed, int steps) {
+std::vector<float> train(const Config& cfg, bool distributed, int steps, std::vector<double>* losses = nullptr) {
   auto& mpi = test::mpi_env();
   ops::Runtime rt(Device::cuda, mpi.local_rank(), false);
   io::ResultsFile out("/nonexistent/never-written.h5", false);
@@ -59,9 +62,10 @@ std::vector<float> train(const Config& cfg, bool distributed, int steps) {
   for (int s = 0; s < steps; ++s) {
     std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
     data.sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
-    trainer.train_step(tok, T);
+    const auto r = trainer.train_step(tok, T);
+    if (losses) losses->push_back(r.loss);
   }
-  std::vector<float> p = trainer.full_parameters();   // collective under fsdp
+  std::vector<float> p = trainer.full_parameters();   // collective under fsdp and tp
   rt.synchronize();
   return p;
 }
@@ -95,6 +99,51 @@ TEST(DataParallelGpu, EveryVariantMatchesOneGpuInBf16) {
     std::vector<float> other(got.size());
     MPI_Allreduce(got.data(), other.data(), static_cast<int>(got.size()), MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
     EXPECT_EQ(other, got) << c.ddp << "/" << c.zero << ": ranks disagree";
+  }
+}
+
+// Tensor parallelism (Megatron, vocabulary-parallel embedding and head) on 2 GPUs in bf16 over
+// NCCL: tp = 2, with and without sequence parallelism, and with activation checkpointing, trains
+// to the parameters of one GPU within 2e-3 of the largest parameter and to its losses within
+// 5e-3 relative (bf16 activations: each rank rounds its partial products, the all-reduce adds
+// them in fp32 and rounds once more).
+TEST(TensorParallelGpu, Tp2MatchesOneGpuInBf16) {
+  int gpus = 0;
+  cudaGetDeviceCount(&gpus);
+  if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
+  const int steps = 3;
+  Config base = tiny_config();
+  base.model.vocab_size = 128;   // divisible by tp (the vocabulary-parallel head splits it)
+  std::vector<double> ref_losses;
+  const auto reference = train(base, false, steps, &ref_losses);
+  double scale = 0;
+  for (float x : reference) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+  struct Case { bool sp; const char* recompute; const char* attention; };
+  for (Case c : {Case{false, "none", "flash"}, Case{true, "none", "flash"}, Case{false, "every-k", "flash"},
+                 Case{true, "selective", "naive"}}) {
+    Config cfg = base;
+    cfg.parallel.tp = 2;
+    cfg.parallel.sequence_parallel = c.sp;
+    cfg.train.activation_checkpointing = c.recompute;
+    cfg.model.attention = c.attention;
+    std::vector<double> losses;
+    Config ref_cfg = base;
+    ref_cfg.model.attention = c.attention;
+    std::vector<double> case_ref_losses;
+    const auto case_ref = std::string(c.attention) == "flash" ? reference : train(ref_cfg, false, steps, &case_ref_losses);
+    if (std::string(c.attention) == "flash") case_ref_losses = ref_losses;
+    const auto got = train(cfg, true, steps, &losses);
+    ASSERT_EQ(got.size(), case_ref.size());
+    double diff = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(got[i] - case_ref[i])));
+    EXPECT_LT(diff / scale, 2e-3) << "tp 2 sp " << c.sp << " " << c.recompute << " " << c.attention;
+    for (int s = 0; s < steps; ++s)
+      EXPECT_NEAR(losses[static_cast<std::size_t>(s)], case_ref_losses[static_cast<std::size_t>(s)],
+                  5e-3 * case_ref_losses[static_cast<std::size_t>(s)])
+          << "tp 2 sp " << c.sp << " step " << s;
+    if (test::mpi_env().rank() == 0)
+      std::printf("tp 2 sp %d %-9s %-5s: weights max diff %.2e of the largest; losses %.5f vs %.5f (last step)\n", c.sp,
+                  c.recompute, c.attention, diff / scale, losses.back(), case_ref_losses.back());
   }
 }
 

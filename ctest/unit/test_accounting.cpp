@@ -4,6 +4,8 @@
 // communication volumes.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "lmscale/jobs/accounting.h"
 
 using namespace lmscale;
@@ -79,4 +81,64 @@ TEST(Accounting, PipelineStagesAndMicrobatchesInFlight) {
   c.parallel.schedule = "gpipe";
   const auto g = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
   EXPECT_GT(item(g, "activations"), 3 * item(a, "activations"));   // all 8 in flight
+}
+
+// Tensor parallelism: the collectives the model makes per step, counted by hand for L = 48 layers
+// (every sublayer's g forward and f backward, the embedding's g, the head's f), and each rank's
+// share of parameters and activations.
+TEST(Accounting, TensorParallelCommunicationAndMemory) {
+  const auto m = model::ModelDims::from(xl_bf16().model);
+  const double tokens = 2048, act = tokens * 1600 * 2;
+  const auto plain = jobs::tensor_parallel_comm(m, tokens, 2, false, 2.0, false);
+  EXPECT_EQ(plain.all_reduces, 4 * 48 + 2);
+  EXPECT_DOUBLE_EQ(plain.bytes, 194 * 2 * 0.5 * act + 2 * 0.5 * tokens * 12);
+  const auto sp = jobs::tensor_parallel_comm(m, tokens, 4, true, 2.0, false);
+  EXPECT_EQ(sp.all_gathers, 6 * 48 + 3);
+  EXPECT_EQ(sp.reduce_scatters, 4 * 48 + 2);
+  EXPECT_DOUBLE_EQ(sp.bytes, (291 + 194) * 0.75 * act + 97 * 2 * 0.75 * 4 * 1600 + 2 * 0.75 * tokens * 12);
+  EXPECT_EQ(jobs::tensor_parallel_comm(m, tokens, 2, false, 2.0, true).all_reduces, 6 * 48 + 2);   // recompute
+  EXPECT_EQ(jobs::tensor_parallel_comm(m, tokens, 1, false, 2.0, false).bytes, 0.0);
+
+  Config c = xl_bf16();
+  c.parallel.tp = 2;
+  const auto a = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
+  const double norms = (2 * 48 + 1) * 1600.0, P = 1998235200;
+  EXPECT_DOUBLE_EQ(item(a, "parameters"), 4.0 * ((P - norms) / 2 + norms));
+  EXPECT_DOUBLE_EQ(a.tp_comm_bytes_per_step, plain.bytes);   // dp = 1: the whole batch per tp group
+  const auto one = jobs::account(xl_bf16(), 1, "NVIDIA H100 80GB HBM3");
+  EXPECT_LT(item(a, "activations"), item(one, "activations"));
+  c.parallel.sequence_parallel = true;
+  EXPECT_LT(item(jobs::account(c, 2, "NVIDIA H100 80GB HBM3"), "activations"), item(a, "activations"));
+}
+
+// CS336 §8: data parallelism is communication bound once the gradient all-reduce, 2(n-1)/n x 4P
+// bytes at W, takes as long as the rank's 1/n of the step's FLOPs at C: n >= 1 + F W / (8 P C).
+// Tensor parallelism is bound from the degree where (n-1)/n x its activation bytes outweigh F/(nC).
+TEST(Accounting, CommunicationBoundDegrees) {
+  Config c = xl_bf16();
+  const auto m = model::ModelDims::from(c.model);
+  const double C = 989.4e12, W = 450e9, P = static_cast<double>(m.parameter_count());
+  const double F = m.train_flops_per_token(512) * 4 * 512;
+  const auto bounds = jobs::parallel_bounds(c, C, W);
+  ASSERT_EQ(bounds.size(), 5u);
+  EXPECT_EQ(bounds[0].strategy, "data");
+  EXPECT_EQ(bounds[0].degree, static_cast<std::int64_t>(std::ceil(1 + F * W / (8 * P * C))));
+  const auto& tp = bounds[2];
+  EXPECT_EQ(tp.strategy, "tensor");
+  ASSERT_GT(tp.degree, 1);
+  auto tp_bound = [&](std::int64_t n) {
+    return jobs::tensor_parallel_comm(m, 2048, static_cast<int>(n), false, 2.0, false).bytes / W >= F / (n * C);
+  };
+  EXPECT_TRUE(tp_bound(tp.degree));
+  EXPECT_FALSE(tp_bound(tp.degree - 1));
+  // Sequence parallelism moves more bytes here (the backward gathers the norm outputs again).
+  EXPECT_LE(bounds[3].degree, tp.degree);
+  // 2D reaches further than data parallelism alone (it trades gradient bytes for activation bytes).
+  EXPECT_GT(bounds[4].degree, bounds[0].degree);
+  // The same from the deck keys inside the accounting job.
+  c.accounting.device_tflops = 989.4;
+  c.accounting.link_gbps = 450;
+  const auto a = jobs::account(c, 1, "");
+  ASSERT_EQ(a.bounds.size(), 5u);
+  EXPECT_EQ(a.bounds[2].degree, tp.degree);
 }

@@ -148,7 +148,7 @@ TEST(Deck, ExplicitKeysWinOverPreset) {
 }
 
 TEST(Deck, CommandLineWinsOverDeck) {
-  const std::string deck = "[model]\nd_model = 256\nnum_heads = 8\n[train]\nsteps = 7\n";
+  const std::string deck = "[run]\njob = train\n[model]\nd_model = 256\nnum_heads = 8\n[train]\nsteps = 7\n";
   const Config c = parse_deck_text(deck, {"--model.d_model=128", "train.batch_size=16"}, 1);
   EXPECT_EQ(c.model.d_model, 128);
   EXPECT_EQ(c.model.num_heads, 8);
@@ -274,7 +274,7 @@ TEST(Deck, DataParallelDegreeResolvesFromWorldSize) {
 
 TEST(Deck, InvocationFillsProvenance) {
   TempDir dir;
-  const std::string text = "[model]\nd_model = 256   # narrower\nnum_heads = 8\n";
+  const std::string text = "[run]\njob = train\n[model]\nd_model = 256   # narrower\nnum_heads = 8\n";
   const std::string path = dir.write("deck.ini", text);
   const Invocation inv = invoke({path, "--train.steps=5", "--run.output=a b.h5"});
   EXPECT_EQ(inv.action, Invocation::Action::run);
@@ -287,7 +287,7 @@ TEST(Deck, InvocationFillsProvenance) {
 }
 
 TEST(Deck, InvocationWithoutDeckUsesDefaultsAndCommandLine) {
-  const Invocation inv = invoke({"--model.d_model=64", "--model.num_heads=4"});
+  const Invocation inv = invoke({"--run.job=train", "--model.d_model=64", "--model.num_heads=4"});
   EXPECT_EQ(inv.action, Invocation::Action::run);
   EXPECT_EQ(inv.config.model.d_model, 64);
   EXPECT_EQ(inv.config.model.num_layers, Config{}.model.num_layers);
@@ -301,12 +301,42 @@ TEST(Deck, Actions) {
   EXPECT_EQ(invoke({"--version"}).action, Invocation::Action::version);
   // --help needs no valid deck.
   EXPECT_EQ(invoke({"/nonexistent/deck.ini", "--help"}).action, Invocation::Action::help);
-  const Invocation print = invoke({"--print-config", "--model.d_model=64", "--model.num_heads=4"});
+  const Invocation print = invoke({"--print-config", "--run.job=train", "--model.d_model=64", "--model.num_heads=4"});
   EXPECT_EQ(print.action, Invocation::Action::print_config);
   EXPECT_NE(print.config.resolved.find("d_model = 64"), std::string::npos);
   // --print-config still checks the deck.
-  EXPECT_THROW(invoke({"--print-config", "--model.num_heads=7"}), UsageError);
+  EXPECT_THROW(invoke({"--print-config", "--run.job=train", "--model.num_heads=7"}), UsageError);
   EXPECT_NE(lmscale::io::version_text().find("lmscale "), std::string::npos);
+}
+
+// The executable runs only what a deck asks for: an empty or job-less deck (or no deck and no
+// --run.job) is an error naming run.job, for running and for --print-config alike. Tests and
+// tools that build configs with parse_deck_text keep the default job.
+TEST(Deck, InvocationNeedsRunJob) {
+  TempDir dir;
+  const std::string empty = dir.write("empty.ini", "");
+  const std::string comments = dir.write("comments.ini", "# nothing but a comment\n");
+  const std::string jobless = dir.write("jobless.ini", "[model]\nd_model = 64\nnum_heads = 4\n");
+  const std::vector<std::vector<std::string>> cases{
+      {empty}, {comments}, {jobless}, {}, {"--model.d_model=64", "--model.num_heads=4"}, {"--print-config", jobless}};
+  for (const auto& args : cases) {
+    try {
+      invoke(args);
+      ADD_FAILURE() << "no error for " << (args.empty() ? "no arguments" : args.back());
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("run.job"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("accounting"), std::string::npos) << "lists the jobs: " << e.what();
+    }
+  }
+  try {
+    invoke({empty});
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("sets no key at all"), std::string::npos) << e.what();
+  }
+  // The job given on the command line or in the deck is enough.
+  EXPECT_EQ(invoke({jobless, "--run.job=accounting"}).config.run.job, "accounting");
+  EXPECT_EQ(invoke({dir.write("job.ini", "[run]\njob = bench-model\n")}).config.run.job, "bench-model");
+  EXPECT_EQ(parse_deck_text("", {}, 1).run.job, "train");
 }
 
 TEST(Deck, MissingDeckFileNamesThePath) {
@@ -359,8 +389,27 @@ TEST(Deck, BadValueSaysWhereItCameFrom) {
 TEST(Deck, ValidateChecksConfigsBuiltInCode) {
   Config c;
   EXPECT_NO_THROW(lmscale::io::validate(c, 1));
-  c.bench.head_dims = {48};
+  c.bench.head_dims = {0};
   EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
+  c.bench.head_dims = {48, 80, 256};   // any head dim on CPU and up to 256 with flash on CUDA
+  EXPECT_NO_THROW(lmscale::io::validate(c, 1));
+  c.parallel.device = "cuda";
+  c.run.job = "bench-attention";
+  c.bench.head_dims = {64, 264};
+  EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
+  c.parallel.device = "cpu";   // CPU flash takes any head dim
+  EXPECT_NO_THROW(lmscale::io::validate(c, 1));
+  c = Config{};
+  c.run.job = "bench-model";
+  c.model.attention = "flash";
+  c.model.d_model = 2560;   // the 2.7B preset: 32 heads of 80, runs on CUDA
+  c.model.num_heads = 32;
+  c.parallel.device = "cuda";
+  EXPECT_NO_THROW(lmscale::io::validate(c, 1));
+  c.model.num_heads = 8;    // 320 > 256
+  EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
+  c.model.attention = "naive";
+  EXPECT_NO_THROW(lmscale::io::validate(c, 1));
   c = Config{};
   c.model.num_heads = 7;
   EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);

@@ -3,6 +3,9 @@
 // ctest/decks runs through the real executable; here every such file is also parsed directly.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <ostream>
 #include <fstream>
@@ -47,7 +50,13 @@ const std::vector<BadDeck> kBadDecks{
     {"bad_list_item", "[bench]\nseq_lens = 128,abc,512\n", {}, "bench.seq_lens", "'abc'"},
     {"empty_list_item", "[bench]\nseq_lens = 128,,512\n", {}, "bench.seq_lens"},
     {"empty_list", "[bench]\nimpls =\n", {}, "bench.impls"},
-    {"head_dim_48", "[bench]\nhead_dims = 64,48\n", {}, "bench.head_dims", "16, 32, 64, 128"},
+    {"flash_head_dim_512", "[run]\njob = bench-attention\n[bench]\nhead_dims = 64,512\n[parallel]\ndevice = cuda\n", {},
+     "bench.head_dims", "512"},
+    {"model_flash_head_dim_512",
+     "[run]\njob = bench-model\n[model]\nd_model = 1024\nnum_heads = 2\nattention = flash\n[parallel]\ndevice = cuda\n",
+     {},
+     "model.attention",
+     "= 512"},
     {"min_bytes_over_max", "[bench]\nmin_bytes = 2M\nmax_bytes = 1M\n", {}, "bench.min_bytes", "bench.max_bytes"},
     {"step_factor_1", "[bench]\nstep_factor = 1\n", {}, "bench.step_factor"},
     {"bad_bytes", "[bench]\nmax_bytes = 1T\n", {}, "bench.max_bytes"},
@@ -122,6 +131,148 @@ TEST(BadDeckFiles, EachThrowsNamingItsExpectedKey) {
     }
   }
   EXPECT_GE(files, 20);
+}
+
+// ---- files a deck names (issue 22): output targets, token files, checkpoints -----------------
+
+class Files {
+ public:
+  Files() {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("lmscale_deck_files_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  ~Files() { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string write(const std::string& name, const std::string& bytes) const {
+    std::ofstream(dir_ / name, std::ios::binary) << bytes;
+    return path(name);
+  }
+  // n uint16 token ids, id i = i % 64 (all below the vocabulary of 64 used here).
+  std::string tokens(const std::string& name, std::size_t n) const {
+    std::string bytes(2 * n, '\0');
+    for (std::size_t i = 0; i < n; ++i) bytes[2 * i] = static_cast<char>(i % 64);
+    return write(name, bytes);
+  }
+  std::string fifo(const std::string& name) const {
+    EXPECT_EQ(::mkfifo(path(name).c_str(), 0644), 0);
+    return path(name);
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// The message of the UsageError that parsing throws ("" when none).
+std::string deck_error(const std::string& deck, const std::vector<std::string>& overrides, int world = 1) {
+  try {
+    lmscale::io::parse_deck_text(deck, overrides, world);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const std::string kTinyTrain =
+    "[run]\njob = train\n[model]\nvocab_size = 64\ncontext_length = 8\nd_model = 16\nd_ff = 32\nnum_layers = 1\n"
+    "num_heads = 2\n[parallel]\ndevice = cpu\n";
+
+TEST(DeckFiles, OutputTargetsThatAreNotOursAreRefused) {
+  Files f;
+  std::filesystem::create_directories(f.path("dir.h5"));
+  f.write("notes.h5", "my notes\n");
+  f.write("blocker", "a file");
+  const std::string fifo = f.fifo("fifo.h5");
+  f.fifo("busy.h5.tmp");
+  const struct {
+    std::vector<std::string> overrides;
+    std::string key, also;
+  } cases[] = {
+      {{"--run.output=" + fifo}, "run.output", "FIFO"},
+      {{"--run.output=/dev/null"}, "run.output", "character device"},
+      {{"--run.output=" + f.path("dir.h5")}, "run.output", "directory"},
+      {{"--run.output=" + f.path("notes.h5")}, "run.output", "not an HDF5 file"},
+      {{"--run.output=" + f.path("blocker/sub/out.h5")}, "run.output", "not a directory"},
+      {{"--run.output=" + f.path("busy.h5")}, "run.output", "busy.h5.tmp"},
+      {{"--run.output=" + f.path("out/")}, "run.output", "directory"},
+      {{"--run.output=" + f.path("o.h5"), "--train.save=" + fifo}, "train.save", "FIFO"},
+      {{"--run.output=" + f.path("o.h5"), "--train.checkpoint_every=1", "--train.checkpoint_path=" + fifo},
+       "train.checkpoint_path", "FIFO"},
+  };
+  for (const auto& c : cases) {
+    const std::string message = deck_error(kTinyTrain, c.overrides);
+    EXPECT_NE(message.find(c.key + " = '"), std::string::npos) << c.overrides.back() << ": " << message;
+    EXPECT_NE(message.find(c.also), std::string::npos) << c.overrides.back() << ": " << message;
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));   // validation touches nothing
+  EXPECT_FALSE(std::filesystem::exists(f.path("blocker/sub")));
+  // What may be written: a new name (in directories still to be made), an HDF5 file, an empty file.
+  f.write("empty.h5", "");
+  f.write("previous.h5", std::string("\x89HDF\r\n\x1a\n", 8) + std::string(100, '\0'));
+  for (const std::string& ok : {f.path("new/dirs/out.h5"), f.path("previous.h5"), f.path("empty.h5")})
+    EXPECT_EQ(deck_error(kTinyTrain, {"--run.output=" + ok}), "") << ok;
+  // train.save of a bench job is not written, so not checked.
+  EXPECT_EQ(deck_error(kTinyTrain, {"--run.output=" + f.path("o.h5"), "--run.job=bench-model", "--train.save=" + fifo}),
+            "");
+}
+
+TEST(DeckFiles, TokenFilesAreCheckedBeforeAnyWork) {
+  Files f;
+  const std::string good = f.tokens("good.bin", 100);
+  const std::string out = "--run.output=" + f.path("o.h5");
+  auto tokens = [&](const std::string& path) {
+    return std::vector<std::string>{out, "--data.source=tokens", "--data.path=" + path};
+  };
+  EXPECT_EQ(deck_error(kTinyTrain, tokens(good)), "");
+
+  const std::string short_file = f.tokens("short.bin", 9);   // context 8 needs 10
+  std::string message = deck_error(kTinyTrain, tokens(short_file));
+  EXPECT_NE(message.find("data.path"), std::string::npos) << message;
+  EXPECT_NE(message.find("holds 9 tokens"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.context_length"), std::string::npos) << message;
+
+  const std::string odd = f.write("odd.bin", std::string(201, '\0'));
+  message = deck_error(kTinyTrain, tokens(odd));
+  EXPECT_NE(message.find("data.path"), std::string::npos) << message;
+  EXPECT_NE(message.find("201 bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("data.dtype"), std::string::npos) << message;
+  // 202 bytes are 101 uint16 tokens but no whole number of uint32 ones.
+  const std::string even = f.write("even.bin", std::string(202, '\0'));
+  EXPECT_EQ(deck_error(kTinyTrain, tokens(even)), "");
+  message = deck_error(kTinyTrain, {out, "--data.source=tokens", "--data.path=" + even, "--data.dtype=uint32"});
+  EXPECT_NE(message.find("data.dtype = uint32 tokens (4 bytes each)"), std::string::npos) << message;
+
+  std::string bytes(200, '\0');
+  bytes[2 * 77] = 64;   // id 64 at position 77, vocabulary 64
+  bytes[2 * 90] = static_cast<char>(0xff);   // and 255 later
+  const std::string bad = f.write("bad.bin", bytes);
+  message = deck_error(kTinyTrain, tokens(bad));
+  EXPECT_NE(message.find("data.path"), std::string::npos) << message;
+  EXPECT_NE(message.find("token 64 at position 77"), std::string::npos) << message;
+  EXPECT_NE(message.find("largest id in the file is 255"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.vocab_size"), std::string::npos) << message;
+  EXPECT_EQ(deck_error(kTinyTrain, {out, "--data.source=tokens", "--data.path=" + bad, "--model.vocab_size=256"}), "");
+
+  auto with_val = tokens(good);
+  with_val.push_back("--data.val_path=" + bad);
+  message = deck_error(kTinyTrain, with_val);
+  EXPECT_NE(message.find("data.val_path"), std::string::npos) << message;
+}
+
+TEST(DeckFiles, CheckpointsAreCheckedBeforeAnyWork) {
+  Files f;
+  const std::string out = "--run.output=" + f.path("o.h5");
+  std::string message = deck_error(kTinyTrain, {out, "--train.resume=" + f.write("ck.h5", "not a checkpoint")});
+  EXPECT_NE(message.find("train.resume"), std::string::npos) << message;
+  EXPECT_NE(message.find("not a readable lmscale checkpoint"), std::string::npos) << message;
+  // A sharded optimizer cannot write optimizer state yet: refused before the run, not after it.
+  message = deck_error(kTinyTrain + "[train]\nbatch_size = 2\n",
+                       {out, "--parallel.zero=zero1", "--train.checkpoint_every=5"}, 2);
+  EXPECT_NE(message.find("train.checkpoint_every"), std::string::npos) << message;
+  EXPECT_NE(message.find("parallel.zero"), std::string::npos) << message;
+  EXPECT_EQ(deck_error(kTinyTrain + "[train]\nbatch_size = 2\n", {out, "--parallel.zero=zero1"}, 2), "");
 }
 
 }  // namespace

@@ -78,7 +78,8 @@ TEST_P(Recompute, EveryPolicyGivesBitwiseTheGradientsOfNone) {
   const Pass ref = run(flash, {});
   for (auto [name, policy] : {std::pair{"every-1", every(1)}, std::pair{"every-2", every(2)},
                               std::pair{"every-3", every(3)}, std::pair{"every-5", every(5)},
-                              std::pair{"selective", model::RecomputePolicy::from("selective", 1)}}) {
+                              std::pair{"selective", model::RecomputePolicy::from("selective", 1)},
+                              std::pair{"selective-mlp", model::RecomputePolicy::from("selective-mlp", 1)}}) {
     const Pass got = run(flash, policy);
     EXPECT_EQ(got.loss, ref.loss) << name;
     ASSERT_EQ(got.grads.size(), ref.grads.size());
@@ -89,13 +90,15 @@ TEST_P(Recompute, EveryPolicyGivesBitwiseTheGradientsOfNone) {
   }
 }
 
-TEST_P(Recompute, FullCheckpointingKeepsLeastThenSelective) {
+TEST_P(Recompute, FullCheckpointingKeepsLeastThenSelectiveMlpThenSelective) {
   const bool flash = GetParam();
   const std::size_t none = run(flash, {}).kept_bytes;
   const std::size_t sel = run(flash, model::RecomputePolicy::from("selective", 1)).kept_bytes;
+  const std::size_t mlp = run(flash, model::RecomputePolicy::from("selective-mlp", 1)).kept_bytes;
   const std::size_t every1 = run(flash, every(1)).kept_bytes;
   const std::size_t every5 = run(flash, every(5)).kept_bytes;
-  EXPECT_LT(every1, sel);
+  EXPECT_LT(every1, mlp);
+  EXPECT_LT(mlp, sel);
   EXPECT_LT(sel, none);
   EXPECT_LE(every5, every1);   // one group: a single [N,d] input kept
 }

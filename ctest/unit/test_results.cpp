@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <hdf5.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -296,6 +298,95 @@ TEST(Results, UnfinishedFileStaysTmp) {
   ASSERT_GE(file, 0);
   EXPECT_EQ(read_steps(file, "/train/steps").size(), 1u);
   H5Fclose(file);
+}
+
+// A run that fails before its first result row leaves nothing: neither NAME.tmp nor the
+// directories made for it. Provenance and /system rows are not results.
+TEST(Results, AbandonedBeforeResultsLeavesNothing) {
+  TempDir dir;
+  const std::string path = dir.file("made/for/it/out.h5");
+  {
+    ResultsFile f(path, true);
+    lmscale::Config cfg;
+    f.write_provenance(cfg, 1);
+    Table ranks = f.create_table("/system/ranks", lmscale::io::system_ranks_columns());
+    ranks.append({std::int64_t{0}, std::string("h"), std::int64_t{0}, std::string("cpu"), std::string("cpu"),
+                  std::string(""), std::string(""), std::string(""), std::string(""), std::string("")});
+    Table steps = f.create_table("/train/steps", kStepColumns);   // created, no row yet
+    ASSERT_TRUE(fs::exists(path + ".tmp"));
+    EXPECT_FALSE(f.has_results());
+    EXPECT_EQ(f.abandon(), "");
+    EXPECT_EQ(f.abandon(), "");   // once
+  }
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(dir.file("made")));   // the directories it created are gone too
+}
+
+// After the first row, abandon() keeps NAME.tmp and names it (main's error message uses it).
+TEST(Results, AbandonedAfterResultsKeepsAndNamesTmp) {
+  TempDir dir;
+  const std::string path = dir.file("out.h5");
+  ResultsFile f(path, true);
+  Table t = f.create_table("/bench/rows", kStepColumns);
+  t.append({std::int64_t{1}, 1.0, std::string("x")});
+  EXPECT_TRUE(f.has_results());
+  EXPECT_EQ(f.result_rows(), 1);
+  EXPECT_EQ(f.abandon(), path + ".tmp");
+  EXPECT_FALSE(fs::exists(path));
+  const hid_t file = H5Fopen((path + ".tmp").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  EXPECT_EQ(read_steps(file, "/bench/rows").size(), 1u);
+  H5Fclose(file);
+}
+
+// The final rename replaces only a regular file (HDF5 or empty) or a new name: a FIFO that
+// appeared at NAME during the run is left alone and the complete file stays as NAME.tmp.
+TEST(Results, FinishNeverReplacesAFifo) {
+  TempDir dir;
+  const std::string path = dir.file("out.h5");
+  ResultsFile f(path, true);
+  Table t = f.create_table("/train/steps", kStepColumns);
+  t.append({std::int64_t{1}, 1.0, std::string("x")});
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  try {
+    f.finish();
+    FAIL() << "finish() replaced a FIFO";
+  } catch (const lmscale::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FIFO"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path + ".tmp"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_fifo(path));
+  EXPECT_TRUE(fs::is_regular_file(path + ".tmp"));
+}
+
+// A regular file that is not HDF5 (someone's notes) is not replaced either; an HDF5 file is.
+TEST(Results, FinishReplacesHdf5ButNotOtherFiles) {
+  TempDir dir;
+  const std::string notes = dir.file("notes.h5");
+  {
+    ResultsFile f(notes, true);
+    FILE* other = std::fopen(notes.c_str(), "w");
+    ASSERT_NE(other, nullptr);
+    std::fputs("my notes\n", other);
+    std::fclose(other);
+    EXPECT_THROW(f.finish(), lmscale::Error);
+  }
+  EXPECT_EQ(fs::file_size(notes), 9u);
+  const std::string previous = dir.file("previous.h5");
+  for (int run = 0; run < 2; ++run) {   // the second run replaces the first one's file
+    ResultsFile f(previous, true);
+    f.set_attr("/", "run", std::int64_t{run});
+    f.finish();
+  }
+  const hid_t file = H5Fopen(previous.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  std::int64_t run = -1;
+  const hid_t attr = H5Aopen(file, "run", H5P_DEFAULT);
+  H5Aread(attr, H5T_NATIVE_INT64, &run);
+  H5Aclose(attr);
+  H5Fclose(file);
+  EXPECT_EQ(run, 1);
 }
 
 TEST(Results, InactiveFileDoesNothing) {

@@ -4,9 +4,11 @@
 #   slurmd slurmctld slurm-client  Slurm 22.05 daemons and clients (sbatch, srun, squeue, ...)
 #   libpmix-dev                    ships .../pmix2/lib/libpmix.so, which Slurm's mpi/pmix plugin loads
 #   munge                          authentication daemon (the test cluster runs a private one)
+#   iproute2 util-linux            ip (network namespaces, veth), unshare and nsenter: the two-node
+#                                  test cluster (SLURM_NODES=2, ctest slurm.multi_node)
 set -euo pipefail
 
-pkgs=(slurmd slurmctld slurm-client libpmix-dev munge)
+pkgs=(slurmd slurmctld slurm-client libpmix-dev munge iproute2 util-linux)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -10,7 +10,8 @@ NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 ARCH="-gencode=arch=compute_90a,code=sm_90a"
 INC="-Iinclude -I/usr/local/cuda/include -I/usr/include/x86_64-linux-gnu/openblas-pthread -I/usr/include/openblas"
 CXXFLAGS="-std=c++20 -O3 -DNDEBUG -DLMSCALE_WITH_CUDA=1 $INC"
-CU=(src/ops/cuda/flash_attention_fwd.cu src/ops/cuda/flash_attention_bwd.cu src/ops/cuda/flash_attention_simt.cu
+CU=(src/ops/cuda/flash_attention_fwd.cu src/ops/cuda/flash_attention_bwd.cu src/ops/cuda/flash_attention_bwd_dq.cu
+    src/ops/cuda/flash_attention_simt.cu
     src/ops/cuda/attention_naive.cu)
 CPP=(src/core/tensor.cpp src/core/host_allocator.cpp src/core/memory_tracker.cpp src/core/rng.cpp src/core/dtype.cpp
      src/core/cuda/device_allocator.cpp src/ops/runtime.cpp src/ops/cuda/runtime_state.cpp src/ops/cuda/resources.cpp src/ops/cuda/gemm.cpp

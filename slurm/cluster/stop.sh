@@ -4,14 +4,19 @@
 # Cancels all jobs and waits (up to 10 s) for the queue to empty, SIGTERMs munged, slurmctld and
 # slurmd by the pids in DIR, SIGKILLs any still alive after 5 s, and kills leftover job
 # processes (slurmstepd and its descendants) started by this cluster's slurmd.
-# Only processes of this cluster are touched.
+# Only processes of this cluster are touched. A two-node cluster (SLURM_NODES=2) also loses its
+# two network namespaces (listed in DIR/netns), and with them the veth pair.
 set -uo pipefail
 
 log() { echo "slurm-cluster: $*" >&2; }
 [[ $# -eq 1 && -d $1 ]] || { log "usage: stop.sh DIR"; exit 1; }
 D=$(cd "$1" && pwd)
 export SLURM_CONF=$D/slurm.conf
-pidfiles=("$D/slurmd.pid" "$D/slurmctld.pid" "$D/munge/munged.pid")
+pidfiles=("$D"/slurmd*.pid "$D/slurmctld.pid" "$D/munge/munged.pid")   # slurmd-NODE.pid with two nodes
+netns=()
+[[ -f $D/netns ]] && mapfile -t netns < "$D/netns"
+# Clients reach slurmctld only from inside node 0's namespace in a two-node cluster.
+ctl() { if [[ ${#netns[@]} -gt 0 ]]; then ip netns exec "${netns[0]}" "$@"; else "$@"; fi; }
 
 # alive: exists and is not a zombie (an unreaped daemon still answers kill -0)
 alive() { [[ -n $1 ]] && kill -0 "$1" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
@@ -19,12 +24,12 @@ ctld=$(cat "$D/slurmctld.pid" 2>/dev/null || true)
 
 # 1. cancel jobs, wait for the queue to drain
 if [[ -f $SLURM_CONF ]] && alive "$ctld"; then
-  jobs=$(timeout 5 squeue -h -o %A 2>/dev/null | sort -u)
+  jobs=$(ctl timeout 5 squeue -h -o %A 2>/dev/null | sort -u)
   if [[ -n $jobs ]]; then
     # shellcheck disable=SC2086
-    timeout 5 scancel $jobs 2>/dev/null || true
+    ctl timeout 5 scancel $jobs 2>/dev/null || true
     for _ in $(seq 40); do
-      [[ -z $(timeout 2 squeue -h -o %A 2>/dev/null) ]] && break
+      [[ -z $(ctl timeout 2 squeue -h -o %A 2>/dev/null) ]] && break
       sleep 0.25
     done
   fi
@@ -67,6 +72,12 @@ if [[ ${#roots[@]} -gt 0 ]]; then
     kill -KILL "$p" 2>/dev/null
   done
 fi
+
+# 4. namespaces: nothing of this cluster runs in them any more; deleting them removes the veth pair
+for ns in "${netns[@]}"; do
+  [[ -n $ns && $ns == lmscale-* ]] || continue   # only names start.sh made
+  ip netns del "$ns" 2>/dev/null || log "could not delete network namespace $ns"
+done
 
 if [[ -z ${KEEP:-} ]]; then
   # only a folder that start.sh made

@@ -1,7 +1,11 @@
 // lmscale: reads a deck, sets up MPI, the device and the results file, runs one job.
 // Exit codes: 0 ok, 1 runtime failure, 2 bad usage or deck (nothing run, nothing written).
+// A failure before the first result row leaves no file; after it, NAME.tmp keeps the rows and the
+// error names it (io/results.h).
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <new>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,13 +17,39 @@
 #include "lmscale/io/results.h"
 #include "lmscale/jobs/dispatch.h"
 #include "lmscale/jobs/job_env.h"
+#include "lmscale/jobs/memory_fit.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/version.h"
 #include "system_info.h"
 
 namespace {
 
-int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv) {
+// Runs `check` on every rank. When it throws UsageError on any rank, every rank throws the message
+// of the lowest such rank, so that all exit 2 together (none is left waiting in a collective).
+void agree_on_usage(lmscale::comm::MpiEnvironment& mpi, const std::function<void()>& check) {
+  std::string message;
+  try {
+    check();
+  } catch (const lmscale::UsageError& e) {
+    message = e.what();
+  }
+  if (mpi.size() == 1) {
+    if (!message.empty()) throw lmscale::UsageError(message);
+    return;
+  }
+  int mine = message.empty() ? mpi.size() : mpi.rank(), first = mpi.size();
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, mpi.world());
+  if (first == mpi.size()) return;
+  int length = static_cast<int>(message.size());
+  MPI_Bcast(&length, 1, MPI_INT, first, mpi.world());
+  message.resize(static_cast<std::size_t>(length));
+  MPI_Bcast(message.data(), length, MPI_CHAR, first, mpi.world());
+  throw lmscale::UsageError(first == 0 ? message : fmt::format("rank {}: {}", first, message));
+}
+
+// `partial`: set when the run fails after results were written, to the sentence naming the kept
+// NAME.tmp.
+int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& partial) {
   using namespace lmscale;
   const bool root = mpi.rank() == 0;
   io::Invocation inv = io::parse_invocation(argc, argv, mpi.size());
@@ -39,39 +69,69 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv) {
     case io::Invocation::Action::run:
       break;
   }
+  // Before the deck check: a tp group across nodes is a placement problem worth a warning even
+  // when the run goes on (or is refused for another reason).
+  const std::string tp_warning = app::tp_placement_warning(mpi, inv.config);
+  if (root && !tp_warning.empty()) fmt::print(stderr, "lmscale: warning: {}\n", tp_warning);
   Config cfg = jobs::resolve_runtime(inv.config, mpi.size());
   ops::Runtime rt(cfg.parallel.device == "cuda" ? Device::cuda : Device::cpu, mpi.local_rank(), cfg.precision.tf32,
                   cfg.precision.gemm_autotune);
+  // Before any output: a run whose predicted memory cannot fit is a configuration error.
+  agree_on_usage(mpi, [&] { jobs::check_memory_fits(cfg, mpi.size(), mpi.local_size(), rt); });
   io::ResultsFile out(cfg.run.output, root);
-  out.write_provenance(cfg, mpi.size());
-  app::write_system_info(out, mpi, rt);
-  jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr};
-  if (mpi.size() > 1 && cfg.run.job != "bench-collectives") {
-    // Gradients travel over the deck's backend; host scalars (losses, norms) over MPI.
-    env.comm = comm::make_world_communicator(cfg.parallel.backend, mpi, mpi.local_rank());
-    env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
+  try {
+    out.write_provenance(cfg, mpi.size());
+    app::write_system_info(out, mpi, rt);
+    if (!tp_warning.empty()) out.set_attr("/system", "tp_placement_warning", tp_warning);
+    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr};
+    if (mpi.size() > 1 && cfg.run.job != "bench-collectives") {
+      // Gradients travel over the deck's backend; host scalars (losses, norms) over MPI.
+      env.comm = comm::make_world_communicator(cfg.parallel.backend, mpi, mpi.local_rank());
+      env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
+    }
+    const int code = jobs::run_job(env);
+    // Which path (shm inside a node, network across nodes) the job's collectives took.
+    app::write_comm_paths(out, {{"world", env.comm.get()}, {"host", env.host_comm.get()}});
+    rt.synchronize();
+    out.finish();
+    if (root && cfg.run.progress) fmt::print("results written to {}\n", cfg.run.output);
+    return code;
+  } catch (...) {
+    // No result yet: the file goes. Results: NAME.tmp stays, and the error says so.
+    const std::int64_t rows = out.result_rows();
+    const std::string kept = out.abandon();
+    if (!kept.empty())
+      partial = fmt::format("the results written before the failure ({} table rows) are kept in '{}'; '{}' was not "
+                            "written",
+                            rows, kept, cfg.run.output);
+    throw;
   }
-  const int code = jobs::run_job(env);
-  rt.synchronize();
-  out.finish();
-  if (root && cfg.run.progress) fmt::print("results written to {}\n", cfg.run.output);
-  return code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   lmscale::comm::MpiEnvironment mpi(&argc, &argv);
-  try {
-    return run(mpi, argc, argv);
-  } catch (const lmscale::UsageError& e) {
-    // Every rank parsed the same deck and failed the same way: rank 0 speaks, all exit 2.
-    if (mpi.rank() == 0) fmt::print(stderr, "lmscale: error: {}\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "lmscale: rank {}: error: {}\n", mpi.rank(), e.what());
+  std::string partial;
+  auto fail = [&](const std::string& message) {
+    fmt::print(stderr, "lmscale: rank {}: error: {}\n", mpi.rank(), message);
+    if (!partial.empty()) fmt::print(stderr, "lmscale: rank {}: {}\n", mpi.rank(), partial);
     std::fflush(stderr);
     if (mpi.size() > 1) mpi.abort(1);   // a failed rank ends the whole job
     return 1;
+  };
+  try {
+    return run(mpi, argc, argv, partial);
+  } catch (const lmscale::UsageError& e) {
+    // Every rank parsed the same deck and failed the same way: rank 0 speaks, all exit 2.
+    if (mpi.rank() == 0) {
+      fmt::print(stderr, "lmscale: error: {}\n", e.what());
+      if (!partial.empty()) fmt::print(stderr, "lmscale: {}\n", partial);
+    }
+    return 2;
+  } catch (const std::bad_alloc& e) {
+    return fail(fmt::format("out of host memory: {}", e.what()));
+  } catch (const std::exception& e) {
+    return fail(e.what());
   }
 }

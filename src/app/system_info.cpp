@@ -9,7 +9,10 @@
 
 #include <cblas.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <hdf5.h>
+#include "lmscale/comm/mesh.h"
+#include "lmscale/core/error.h"
 #ifdef LMSCALE_WITH_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -57,6 +60,61 @@ void write_system_info(io::ResultsFile& out, comm::MpiEnvironment& mpi, ops::Run
     auto field = [&](int f) { return std::string(all.data() + (static_cast<std::size_t>(r) * kFields + f) * kWidth); };
     table.append({static_cast<std::int64_t>(r), field(1), std::stoll(field(2)), field(3), field(4), field(5), field(6),
                   field(7), field(8), field(9)});
+  }
+}
+
+std::string tp_placement_warning(comm::MpiEnvironment& mpi, const Config& cfg) {
+  const auto& p = cfg.parallel;
+  if (p.tp <= 1 || mpi.size() <= 1) return "";
+  comm::MeshShape shape;
+  try {
+    shape = comm::resolve_mesh(comm::MeshShape{static_cast<int>(p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp), 0},
+                               mpi.size());
+  } catch (const UsageError&) {
+    return "";   // the deck check names the mismatch
+  }
+  // Node id of a rank = world rank of its node's first rank (local rank 0), gathered everywhere.
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mpi.rank(), MPI_INFO_NULL, &node);
+  int leader = mpi.rank();
+  MPI_Bcast(&leader, 1, MPI_INT, 0, node);
+  MPI_Comm_free(&node);
+  std::vector<int> node_of(static_cast<std::size_t>(mpi.size()));
+  MPI_Allgather(&leader, 1, MPI_INT, node_of.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  const auto spanning = comm::groups_across_nodes(shape, comm::Axis::tp, node_of);
+  if (spanning.empty()) return "";
+  std::vector<std::string> hosts_of(static_cast<std::size_t>(mpi.size()));
+  {
+    std::vector<char> mine(kWidth, 0), all(static_cast<std::size_t>(mpi.size()) * kWidth);
+    std::strncpy(mine.data(), mpi.host().c_str(), kWidth - 1);
+    MPI_Allgather(mine.data(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, MPI_COMM_WORLD);
+    for (int r = 0; r < mpi.size(); ++r) hosts_of[static_cast<std::size_t>(r)] = std::string(all.data() + r * kWidth);
+  }
+  const auto& g = spanning.front();
+  std::vector<std::string> where;
+  for (int r : g) where.push_back(fmt::format("{}@{}", r, hosts_of[static_cast<std::size_t>(r)]));
+  return fmt::format(
+      "parallel.tp={}: {} of {} tensor-parallel group(s) span nodes (e.g. ranks {}); their two all-reduces per "
+      "sublayer will cross the network. Use tp <= ranks per node ({} here) and launch ranks node by node "
+      "(srun's default block distribution)",
+      p.tp, spanning.size(), mpi.size() / p.tp, fmt::join(where, ","), mpi.local_size());
+}
+
+void write_comm_paths(io::ResultsFile& out,
+                      const std::vector<std::pair<std::string, const comm::Communicator*>>& comms) {
+  if (!out.active()) return;
+  using T = io::Column::Type;
+  auto table = out.create_table("/system/comm_paths", {{"communicator", T::str, ""},
+                                                      {"backend", T::str, ""},
+                                                      {"ranks", T::i64, ""},
+                                                      {"path", T::str, ""},
+                                                      {"calls", T::i64, "calls"},
+                                                      {"bytes", T::i64, "bytes"}});
+  for (const auto& [name, c] : comms) {
+    if (!c) continue;
+    for (const auto& u : c->path_uses())
+      table.append({name, std::string(comm::backend_name(c->backend())), static_cast<std::int64_t>(c->size()), u.path,
+                    static_cast<std::int64_t>(u.calls), static_cast<std::int64_t>(u.bytes)});
   }
 }
 

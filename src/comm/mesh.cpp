@@ -1,5 +1,6 @@
 #include "lmscale/comm/mesh.h"
 
+#include <algorithm>
 #include <vector>
 
 #include <fmt/ranges.h>
@@ -93,6 +94,21 @@ std::string describe_mesh(const MeshShape& shape, int world_size) {
                        list(members(s, c, Axis::pp)), list(members(s, c, Axis::shard)));
   }
   if (shown < world_size) out += fmt::format("   ... {} more ranks\n", world_size - shown);
+  return out;
+}
+
+std::vector<std::vector<int>> groups_across_nodes(const MeshShape& s, Axis axis, const std::vector<int>& node_of) {
+  const int world = s.dp * s.tp * s.pp;
+  LMSCALE_CHECK(static_cast<int>(node_of.size()) == world, "groups_across_nodes: {} node ids for {} ranks",
+                node_of.size(), world);
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < world; ++r) {
+    std::vector<int> m = members(s, mesh_coords(s, r), axis);
+    if (m.empty() || *std::min_element(m.begin(), m.end()) != r) continue;   // each group once
+    const int node = node_of[static_cast<std::size_t>(m[0])];
+    if (std::any_of(m.begin(), m.end(), [&](int q) { return node_of[static_cast<std::size_t>(q)] != node; }))
+      out.push_back(std::move(m));
+  }
   return out;
 }
 

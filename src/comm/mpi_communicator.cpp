@@ -1,5 +1,6 @@
 #include "lmscale/comm/mpi_communicator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 
@@ -35,11 +36,34 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options) : impl_(std:
   // All ranks see the same answer: the node group of any rank is the whole group or it is not.
   MPI_Comm node = MPI_COMM_NULL;
   LMSCALE_MPI_CHECK(MPI_Comm_split_type(c.comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), rank_);
-  int node_size = 0;
+  int node_size = 0, node_rank = 0;
   MPI_Comm_size(node, &node_size);
-  MPI_Comm_free(&node);
+  MPI_Comm_rank(node, &node_rank);
   node_local_ = node_size == size_;
   c.node_local = node_local_;
+  if (node_local_) {
+    MPI_Comm_free(&node);
+  } else {
+    // Spans nodes: keep this node's ranks and one leader per node for the hier all-reduce, so a
+    // collective can use shared memory inside each node and the network only between nodes.
+    MPI_Comm leaders = MPI_COMM_NULL;
+    LMSCALE_MPI_CHECK(MPI_Comm_split(c.comm, node_rank == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders), rank_);
+    int lead = node_rank == 0 ? 1 : 0;
+    LMSCALE_MPI_CHECK(MPI_Allreduce(&lead, &c.nodes, 1, MPI_INT, MPI_SUM, c.comm), rank_);
+    auto sub = [&](MPI_Comm m) {
+      auto s = std::make_unique<MpiContext>();
+      s->comm = m;   // owned; `ring` stays null: only library and shm run on these
+      LMSCALE_MPI_CHECK(MPI_Comm_set_errhandler(m, MPI_ERRORS_RETURN), rank_);
+      MPI_Comm_rank(m, &s->rank);
+      MPI_Comm_size(m, &s->size);
+      s->options = options_;
+      return s;
+    };
+    c.node = sub(node);
+    c.node->node_local = true;
+    if (leaders != MPI_COMM_NULL) c.leaders = sub(leaders);
+  }
+  nodes_ = c.nodes;
   c.options = options_;
   set_algo(options_.algo);
   set_check(options_.check);
@@ -59,18 +83,13 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options) : impl_(std:
 
 MpiCommunicator::~MpiCommunicator() {
   impl_->thread.reset();
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  impl_->ctx.shm.reset();
-  impl_->ctx.pool.reset();
-  MPI_Comm_free(&impl_->ctx.ring);
-  MPI_Comm_free(&impl_->ctx.comm);
+  impl_->ctx.release();
 }
 
 std::string MpiCommunicator::describe() const {
   return fmt::format("mpi rank {}/{} algo={}{}{}{}", rank_, size_, algo_name(options_.algo),
-                     node_local_ ? " node-local" : "", threaded() ? "" : " inline", check() ? " check" : "");
+                     node_local_ ? " node-local" : fmt::format(" nodes={}", nodes_), threaded() ? "" : " inline",
+                     check() ? " check" : "");
 }
 
 bool MpiCommunicator::threaded() const { return impl_->thread && impl_->thread->threaded(); }
@@ -96,11 +115,24 @@ std::size_t buffer_bytes(const Request& req, int size) {
 Work MpiCommunicator::start(Request req) {
   const bool collective = req.kind != OpKind::send && req.kind != OpKind::recv && req.kind != OpKind::barrier;
   Algo algo = collective ? req.algo : Algo::library;
-  if (algo == Algo::automatic)
-    algo = (node_local_ && size_ > 1 && buffer_bytes(req, size_) >= options_.shm_min_bytes) ? Algo::shm : Algo::library;
+  const std::size_t bytes = collective ? buffer_bytes(req, size_) : 0;
+  // hier pays off only when some node holds several ranks of the group (else it is library plus
+  // two no-op node steps); on one node shm is the whole story.
+  const bool hier_useful = !node_local_ && nodes_ < size_;
+  if (algo == Algo::automatic) {
+    algo = Algo::library;
+    if (size_ > 1 && bytes >= options_.shm_min_bytes) {
+      if (node_local_) algo = Algo::shm;
+      else if (hier_useful && req.kind == OpKind::all_reduce) algo = Algo::hier;
+    }
+  }
   if (algo == Algo::shm && !node_local_)
-    throw UsageError("algo=shm needs every rank of the communicator on one node; use library or ring");
+    throw UsageError("algo=shm needs every rank of the communicator on one node; use library, ring or hier");
+  // hier is an all-reduce algorithm; on one node it is shm
+  if (algo == Algo::hier && req.kind != OpKind::all_reduce) algo = Algo::library;
+  if (algo == Algo::hier && node_local_) algo = Algo::shm;
   req.algo = algo;
+  if (collective) count_path(algo, bytes);
 
   MpiContext* ctx = &impl_->ctx;
   const bool checked = check() && req.kind != OpKind::send && req.kind != OpKind::recv;
@@ -146,11 +178,27 @@ Work MpiCommunicator::start(Request req) {
     switch (req.algo) {
       case Algo::ring: detail::run_ring(*ctx, req); break;
       case Algo::shm: detail::run_shm(*ctx, req); break;
+      case Algo::hier: detail::run_hier(*ctx, req); break;
       default: detail::run_library(*ctx, req); break;
     }
     return posted;
   };
   return Work(impl_->thread->submit(std::move(job)));
+}
+
+void MpiCommunicator::count_path(Algo algo, std::size_t bytes) {
+  std::string path = algo_name(algo);
+  if (algo == Algo::library || algo == Algo::ring) path += node_local_ || size_ == 1 ? "-node" : "-net";
+  std::lock_guard<std::mutex> lock(paths_mutex_);
+  auto it = std::find_if(paths_.begin(), paths_.end(), [&](const PathUse& u) { return u.path == path; });
+  if (it == paths_.end()) it = paths_.insert(paths_.end(), PathUse{path, 0, 0});
+  it->calls += 1;
+  it->bytes += bytes;
+}
+
+std::vector<PathUse> MpiCommunicator::path_uses() const {
+  std::lock_guard<std::mutex> lock(paths_mutex_);
+  return paths_;
 }
 
 void MpiCommunicator::barrier() {

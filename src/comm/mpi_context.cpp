@@ -31,6 +31,19 @@ ShmSegment& MpiContext::shm_segment() {
   return *shm;
 }
 
+void MpiContext::release() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  // Children first: their shm windows live on their own communicators.
+  node.reset();
+  leaders.reset();
+  shm.reset();
+  pool.reset();
+  if (ring != MPI_COMM_NULL) MPI_Comm_free(&ring);
+  if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+}
+
 ThreadPool& MpiContext::thread_pool() {
   if (!pool) {
     int threads = options.shm_threads;

@@ -38,8 +38,16 @@ struct MpiContext {
   std::unique_ptr<ShmSegment> shm;
   std::unique_ptr<ThreadPool> pool;
 
+  // A group that spans nodes (hier): `node` = the ranks of this node (node-local, shm possible),
+  // `leaders` = the lowest rank of every node (null on the other ranks); nodes = their count.
+  std::unique_ptr<MpiContext> node, leaders;
+  int nodes = 1;
+
   ShmSegment& shm_segment();   // collective on first use
   ThreadPool& thread_pool();
+  // Frees the shm window and the communicators (collective, children first); idempotent.
+  void release();
+  ~MpiContext() { release(); }
 };
 
 // MPI datatype of an element type (bf16/fp16 as MPI_UINT16_T: moved, never reduced by MPI).
@@ -50,5 +58,7 @@ int mpi_count(std::size_t n, const char* what);
 void run_library(MpiContext& ctx, const Request& req);
 void run_ring(MpiContext& ctx, const Request& req);
 void run_shm(MpiContext& ctx, const Request& req);
+// All-reduce over ctx.node (shm), ctx.leaders (library), ctx.node (shm broadcast); needs node set.
+void run_hier(MpiContext& ctx, const Request& req);
 
 }  // namespace lmscale::comm::detail

@@ -28,6 +28,7 @@ const char* algo_name(Algo a) {
     case Algo::library: return "library";
     case Algo::ring: return "ring";
     case Algo::shm: return "shm";
+    case Algo::hier: return "hier";
   }
   return "?";
 }
@@ -37,7 +38,8 @@ Algo parse_algo(std::string_view name) {
   if (name == "library") return Algo::library;
   if (name == "ring") return Algo::ring;
   if (name == "shm") return Algo::shm;
-  throw UsageError(fmt::format("unknown collective algorithm '{}' (use auto, library, ring or shm)", name));
+  if (name == "hier") return Algo::hier;
+  throw UsageError(fmt::format("unknown collective algorithm '{}' (use auto, library, ring, shm or hier)", name));
 }
 
 const char* backend_name(Backend b) { return b == Backend::mpi ? "mpi" : "nccl"; }

@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 
@@ -8,11 +9,15 @@ namespace lmscale {
 
 void* HostAllocator::allocate(std::size_t bytes, const char* tag) {
   if (bytes == 0) return nullptr;
-  const std::size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
+  // A size near SIZE_MAX (an overflowed product upstream) must fail, not wrap to a small block.
+  const std::size_t rounded = bytes > SIZE_MAX - 63 ? 0 : (bytes + 63) / 64 * 64;
+  void* p = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
   if (!p) {
-    throw OutOfMemory(fmt::format("host allocation of {} bytes for '{}' failed", bytes, tag ? tag : ""), bytes,
-                      tracker_.current());
+    throw OutOfMemory(fmt::format("out of host memory: allocating {} bytes ({:.2f} GiB) for '{}' failed ({:.2f} GiB "
+                                  "held by tensors already)",
+                                  bytes, static_cast<double>(bytes) / (1 << 30), tag ? tag : "",
+                                  static_cast<double>(tracker_.current()) / (1 << 30)),
+                      bytes, tracker_.current());
   }
   tracker_.on_alloc(bytes, tag);
   return p;

@@ -73,20 +73,28 @@ void write_weights(const std::string& path, const std::vector<NamedArray>& param
   }
 
   const std::string tmp = h5::temporary_path(path);
-  h5::File file = h5::create_file(tmp, /*track_creation_order=*/true);
-  for (const auto& p : params) write_array(file.get(), path, p.name, p);
-  if (optimizer) {
-    for (const auto& a : optimizer->m) write_array(file.get(), path, "optimizer/m/" + a.name, a);
-    for (const auto& a : optimizer->v) write_array(file.get(), path, "optimizer/v/" + a.name, a);
+  std::vector<std::string> created_dirs;
+  h5::File file = h5::create_file(tmp, /*track_creation_order=*/true, &created_dirs);
+  try {
+    for (const auto& p : params) write_array(file.get(), path, p.name, p);
+    if (optimizer) {
+      for (const auto& a : optimizer->m) write_array(file.get(), path, "optimizer/m/" + a.name, a);
+      for (const auto& a : optimizer->v) write_array(file.get(), path, "optimizer/v/" + a.name, a);
+    }
+    const h5::Object root(H5Oopen(file.get(), "/", H5P_DEFAULT), "open '/'");
+    h5::write_attr(root.get(), "schema", std::string(kSchema));
+    h5::write_attr(root.get(), "version", std::string(kVersion));
+    h5::write_attr(root.get(), "git_commit", std::string(kGitCommit));
+    h5::write_attr(root.get(), "utc_time", h5::utc_now_iso8601());
+    for (const auto& [name, value] : attrs) h5::write_attr(root.get(), name, value);
+    file.close(fmt::format("close '{}'", tmp));
+  } catch (...) {
+    // A half-written weights file is of no use: leave nothing behind.
+    file.reset();
+    h5::remove_abandoned(tmp, created_dirs);
+    throw;
   }
-  const h5::Object root(H5Oopen(file.get(), "/", H5P_DEFAULT), "open '/'");
-  h5::write_attr(root.get(), "schema", std::string(kSchema));
-  h5::write_attr(root.get(), "version", std::string(kVersion));
-  h5::write_attr(root.get(), "git_commit", std::string(kGitCommit));
-  h5::write_attr(root.get(), "utc_time", h5::utc_now_iso8601());
-  for (const auto& [name, value] : attrs) h5::write_attr(root.get(), name, value);
-  file.close(fmt::format("close '{}'", tmp));
-  h5::commit_file(tmp, path);
+  h5::commit_file(tmp, path);   // on failure the complete file stays as NAME.tmp (named in the error)
 }
 
 struct CheckpointReader::Impl {

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 
@@ -107,6 +109,78 @@ void TokenFile::sample(std::uint64_t step, std::int64_t first, std::int64_t rows
 
 std::string TokenFile::describe() const {
   return fmt::format("token file {} ({} tokens of {} bytes)", train_.path, train_.bytes / width_, width_);
+}
+
+namespace {
+
+// The largest id in n tokens of type T and the index of the first id >= limit (n when none). The
+// max pass vectorises; the second pass runs only when a bad id exists.
+template <class T>
+std::pair<std::uint64_t, std::size_t> scan_ids(const unsigned char* bytes, std::size_t n, std::uint64_t limit) {
+  const T* ids = reinterpret_cast<const T*>(bytes);   // mmap'ed: page-aligned
+  T largest = 0;
+  for (std::size_t i = 0; i < n; ++i) largest = std::max(largest, ids[i]);
+  std::size_t first_bad = n;
+  if (largest >= limit)
+    for (std::size_t i = 0; i < n; ++i)
+      if (ids[i] >= limit) {
+        first_bad = i;
+        break;
+      }
+  return {largest, first_bad};
+}
+
+}  // namespace
+
+void check_token_file(const std::string& key, const std::string& path, const std::string& dtype, std::int64_t vocab,
+                      std::int64_t min_tokens) {
+  const std::size_t width = dtype == "uint32" ? 4 : 2;
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw UsageError(fmt::format("{} = '{}' cannot be opened: {}; fix the path", key, path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw UsageError(fmt::format("{} = '{}' is not a regular file; give a token file", key, path));
+  }
+  const auto bytes = static_cast<std::size_t>(st.st_size);
+  if (bytes % width != 0) {
+    ::close(fd);
+    throw UsageError(fmt::format("{} = '{}' holds {} bytes, not a whole number of data.dtype = {} tokens ({} bytes "
+                                 "each); check data.dtype (uint16 or uint32) or the file",
+                                 key, path, bytes, dtype, width));
+  }
+  const auto n = static_cast<std::int64_t>(bytes / width);
+  if (n < min_tokens) {
+    ::close(fd);
+    throw UsageError(fmt::format("{} = '{}' holds {} tokens, but model.context_length = {} needs at least {} "
+                                 "(context_length + 2); use a longer file or a smaller model.context_length",
+                                 key, path, n, min_tokens - 2, min_tokens));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw Error(fmt::format("{}: cannot map token file '{}': {}", key, path, std::strerror(errno)));
+  ::madvise(p, bytes, MADV_SEQUENTIAL);
+  const auto* data = static_cast<const unsigned char*>(p);
+  const auto limit = static_cast<std::uint64_t>(vocab);
+  const auto [largest, first_bad] = width == 2 ? scan_ids<std::uint16_t>(data, bytes / 2, limit)
+                                               : scan_ids<std::uint32_t>(data, bytes / 4, limit);
+  std::uint64_t bad_id = 0;
+  if (first_bad < bytes / width) {
+    std::uint32_t v = 0;
+    if (width == 2) {
+      std::uint16_t u;
+      std::memcpy(&u, data + first_bad * 2, 2);
+      v = u;
+    } else {
+      std::memcpy(&v, data + first_bad * 4, 4);
+    }
+    bad_id = v;
+  }
+  ::munmap(p, bytes);
+  if (first_bad < bytes / width)
+    throw UsageError(fmt::format("{} = '{}': token {} at position {} (byte {}) is >= model.vocab_size = {} (the "
+                                 "largest id in the file is {}); set model.vocab_size >= {} or check data.dtype",
+                                 key, path, bad_id, first_bad, first_bad * width, vocab, largest, largest + 1));
 }
 
 std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, std::int64_t vocab, std::uint64_t seed) {

@@ -168,7 +168,12 @@ std::vector<DeckKey> build_table() {
                "Collective backend: auto picks nccl on cuda, mpi on cpu."),
       int_key("parallel.dp", LMSCALE_FIELD(parallel.dp), 0,
               "Data-parallel degree; 0 = world size / (tp * pp). dp * tp * pp must equal the world size."),
-      int_key("parallel.tp", LMSCALE_FIELD(parallel.tp), 1, "Tensor-parallel degree; must divide num_heads and d_ff."),
+      int_key("parallel.tp", LMSCALE_FIELD(parallel.tp), 1,
+              "Tensor-parallel degree (Megatron: heads, d_ff and the vocabulary split over tp adjacent ranks); must "
+              "divide num_heads, d_ff and vocab_size."),
+      bool_key("parallel.sequence_parallel", LMSCALE_FIELD(parallel.sequence_parallel),
+               "tp > 1: run the norms and residual adds on sequence shards (all-gather before the column-parallel "
+               "matmuls, reduce-scatter after the row-parallel ones); context_length must be divisible by tp."),
       int_key("parallel.pp", LMSCALE_FIELD(parallel.pp), 1, "Pipeline-parallel degree (stages); at most num_layers."),
       enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), {"none", "naive", "flat", "overlap", "bucketed"},
                "Gradient all-reduce strategy of data parallelism."),
@@ -209,16 +214,18 @@ std::vector<DeckKey> build_table() {
       int_list_key("bench.attn_batch", LMSCALE_FIELD(bench.attn_batch), 1, {}, "bench-attention: batch sizes."),
       int_list_key("bench.attn_heads", LMSCALE_FIELD(bench.attn_heads), 1, {}, "bench-attention: numbers of heads."),
       int_list_key("bench.seq_lens", LMSCALE_FIELD(bench.seq_lens), 1, {}, "bench-attention: sequence lengths."),
-      int_list_key("bench.head_dims", LMSCALE_FIELD(bench.head_dims), 1, {16, 32, 64, 128},
-                   "bench-attention: head dimensions."),
+      int_list_key("bench.head_dims", LMSCALE_FIELD(bench.head_dims), 1, {},
+                   "bench-attention: head dimensions (flash on CUDA: at most 256)."),
       enum_list_key("bench.dtypes", LMSCALE_FIELD(bench.dtypes), dtypes,
                     "bench-attention and bench-collectives: element types."),
       bool_list_key("bench.causal", LMSCALE_FIELD(bench.causal), "bench-attention: causal masking settings to sweep."),
       enum_list_key("bench.ops", LMSCALE_FIELD(bench.ops), {"all-reduce", "reduce-scatter", "all-gather", "broadcast"},
                     "bench-collectives: collectives to time."),
-      enum_key("bench.algo", LMSCALE_FIELD(bench.algo), {"library", "ring", "shm", "auto"},
+      enum_key("bench.algo", LMSCALE_FIELD(bench.algo), {"library", "ring", "shm", "hier", "auto"},
                "bench-collectives: the backend's own algorithm (library), lmscale's ring over send/recv, "
-               "node-local shared memory with threads (shm, mpi backend), or auto (shm for large messages)."),
+               "node-local shared memory with threads (shm, mpi backend), shm inside each node plus library between "
+               "node leaders (hier, all-reduce across nodes, mpi backend), or auto (shm on one node, hier across "
+               "nodes, for large messages)."),
       bytes_key("bench.min_bytes", LMSCALE_FIELD(bench.min_bytes), 1, "bench-collectives: smallest message size."),
       bytes_key("bench.max_bytes", LMSCALE_FIELD(bench.max_bytes), 1, "bench-collectives: largest message size."),
       int_key("bench.step_factor", LMSCALE_FIELD(bench.step_factor), 2,
@@ -241,10 +248,11 @@ std::vector<DeckKey> build_table() {
               "Write a training checkpoint every this many steps; 0 = never."),
       string_key("train.checkpoint_path", "path", LMSCALE_FIELD(train.checkpoint_path), "Training checkpoint file."),
       enum_key("train.activation_checkpointing", LMSCALE_FIELD(train.activation_checkpointing),
-               {"none", "every-k", "selective"},
+               {"none", "every-k", "selective", "selective-mlp"},
                "Activation checkpointing (train and bench-model): none; every-k (keep the input of each group of "
                "train.checkpoint_k blocks, recompute the group in the backward); selective (recompute the norms' "
-               "outputs, the SwiGLU product and naive attention's probabilities; keep the matmul and flash outputs)."),
+               "outputs, the SwiGLU product and naive attention's probabilities; keep the matmul and flash outputs); "
+               "selective-mlp (selective, and the FFN's w1/w3 outputs recomputed too: less memory, two more GEMMs)."),
       int_key("train.checkpoint_k", LMSCALE_FIELD(train.checkpoint_k), 1,
               "Blocks per group of activation_checkpointing = every-k (1 = every block); at most model.num_layers."),
       // [optim]
@@ -273,6 +281,12 @@ std::vector<DeckKey> build_table() {
       string_key("data.val_path", "path", LMSCALE_FIELD(data.val_path),
                  "Evaluation token file; empty = data.path."),
       enum_key("data.dtype", LMSCALE_FIELD(data.dtype), {"uint16", "uint32"}, "Element type of the token files."),
+      // [accounting]
+      float_key("accounting.device_tflops", LMSCALE_FIELD(accounting.device_tflops), R::non_negative(),
+                "Communication analysis: dense FLOP/s per device in TFLOP/s; 0 = the datasheet peak of the device "
+                "(H100/H200 SXM: 989.4 bf16/fp16, 66.9 fp32) for precision.mode."),
+      float_key("accounting.link_gbps", LMSCALE_FIELD(accounting.link_gbps), R::positive(),
+                "Communication analysis: per-GPU link bandwidth in GB/s, one direction (H100/H200 NVLink 4: 450)."),
   };
 }
 

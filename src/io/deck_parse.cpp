@@ -138,7 +138,7 @@ std::string quote_argument(const std::string& arg) {
 
 // The command-line values are in `vm` already; the deck's values are stored after them.
 Config resolve(po::variables_map& vm, const po::parsed_options& command_line, const OptionSet& options,
-               const std::string& deck_text, const std::string& deck_name, int world_size) {
+               const std::string& deck_text, const std::string& deck_name, int world_size, bool require_job) {
   const std::string in_deck = "in " + deck_name;
   reject_unregistered(command_line, "on the command line", true);
   po::parsed_options deck(&options.keys);
@@ -165,6 +165,19 @@ Config resolve(po::variables_map& vm, const po::parsed_options& command_line, co
     } catch (const UsageError& e) {
       throw UsageError(fmt::format("{} ({})", e.what(), from_command_line.contains(key.name) ? "on the command line" : in_deck));
     }
+  }
+  // Every other check depends on the job, and a deck without one would run the default (train):
+  // an empty or job-less deck is an error rather than a minute of unasked-for training.
+  if (require_job && !explicit_keys.contains("run.job")) {
+    constexpr const char* jobs = "bench-model, bench-attention, bench-collectives, train or accounting";
+    if (deck_name == "the deck")
+      throw UsageError(fmt::format("no deck and no run.job given; usage: lmscale DECK.ini [--section.key=value ...], "
+                                   "where the deck sets run.job = {} (or give --run.job=JOB)",
+                                   jobs));
+    throw UsageError(fmt::format("deck '{}' sets no run.job{}; set run.job = {} in its [run] section (or give "
+                                 "--run.job=JOB)",
+                                 deck_name, deck.options.empty() ? " (it sets no key at all)" : "",
+                                 jobs));
   }
   apply_preset(c, explicit_keys);
   validate(c, world_size);
@@ -198,7 +211,8 @@ Invocation parse_invocation(int argc, const char* const* argv, int world_size) {
       deck_path = vm["deck"].as<std::string>();
       deck_text = read_deck(deck_path);
     }
-    inv.config = resolve(vm, command_line, options, deck_text, deck_path.empty() ? "the deck" : deck_path, world_size);
+    inv.config = resolve(vm, command_line, options, deck_text, deck_path.empty() ? "the deck" : deck_path, world_size,
+                         /*require_job=*/true);
     inv.config.deck_path = deck_path;
   }
   std::vector<std::string> quoted;
@@ -216,7 +230,7 @@ Config parse_deck_text(const std::string& deck_text, const std::vector<std::stri
   store_values(command_line, vm, "on the command line");
   for (const char* action : {"help", "help-markdown", "version", "print-config"})
     if (vm[action].as<bool>()) throw UsageError(fmt::format("--{} is an action, not a setting", action));
-  return resolve(vm, command_line, options, deck_text, "the deck", world_size);
+  return resolve(vm, command_line, options, deck_text, "the deck", world_size, /*require_job=*/false);
 }
 
 }  // namespace lmscale::io

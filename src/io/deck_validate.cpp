@@ -15,6 +15,9 @@
 #include <fmt/ranges.h>
 
 #include "deck_keys.h"
+#include "lmscale/io/checkpoint.h"
+#include "lmscale/io/dataset.h"
+#include "output_target.h"
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
 
@@ -71,6 +74,40 @@ void check_devices(const Config& c) {
     fail("parallel.backend = nccl needs CUDA devices but parallel.device = cpu; set parallel.backend = mpi (or auto)");
 }
 
+// Largest head dim of flash attention on CUDA (kMaxFlashHeadDim in src/ops/cuda/attention_kernels.h;
+// io does not depend on ops). CPU flash takes any head dim.
+constexpr std::int64_t kMaxCudaFlashHeadDim = 256;
+#ifdef LMSCALE_WITH_CUDA
+constexpr bool kCudaBuilt = true;
+#else
+constexpr bool kCudaBuilt = false;
+#endif
+
+// Refused here, before any allocation, whenever the run would be on CUDA: parallel.device = cuda,
+// or auto in a CUDA build (auto picks the GPU wherever one is visible).
+void check_flash_head_dim(const Config& c) {
+  const auto& p = c.parallel;
+  if (p.device != "cuda" && !(p.device == "auto" && kCudaBuilt)) return;
+  const auto& m = c.model;
+  const std::int64_t head_dim = m.d_model / m.num_heads;
+  if (runs_model(c) && m.attention == "flash" && head_dim > kMaxCudaFlashHeadDim) {
+    std::int64_t heads = m.num_heads;   // the fewest heads at least as many that fit, for the hint
+    while (heads <= m.d_model &&
+           (m.d_model % heads || (m.d_model / heads) % 2 || m.d_model / heads > kMaxCudaFlashHeadDim || heads % p.tp))
+      ++heads;
+    fail("model.attention = flash on CUDA takes head dims up to {}, but the head dim is model.d_model / "
+         "model.num_heads = {} / {} = {}; set model.attention = naive, model.num_heads = {}, or parallel.device = cpu",
+         kMaxCudaFlashHeadDim, m.d_model, m.num_heads, head_dim, heads);
+  }
+  const auto& b = c.bench;
+  if (c.run.job == "bench-attention" && std::find(b.impls.begin(), b.impls.end(), "flash") != b.impls.end())
+    for (const std::int64_t d : b.head_dims)
+      if (d > kMaxCudaFlashHeadDim)
+        fail("bench.head_dims item {} exceeds {}, the largest head dim of flash attention on CUDA; drop it, remove "
+             "flash from bench.impls, or set parallel.device = cpu",
+             d, kMaxCudaFlashHeadDim);
+}
+
 void check_outputs(const Config& c) {
   if (c.run.output.empty()) fail("run.output is empty; set run.output = PATH.h5");
   if (c.run.job == "train") {
@@ -85,6 +122,46 @@ void check_outputs(const Config& c) {
   }
 }
 
+// Checkpoints against the optimizer layout, and the file to resume from opened before any work
+// (a sharded optimizer, parallel.zero on more than one rank, cannot write or read optimizer state
+// yet: refused here rather than after the run has measured something).
+void check_checkpoints(const Config& c, int world_size) {
+  if (c.run.job != "train") return;
+  const bool sharded = c.parallel.zero != "none" && detail::resolved_dp(c, world_size) > 1;
+  if (sharded && c.train.checkpoint_every > 0)
+    fail("train.checkpoint_every = {}: checkpoints with a sharded optimizer (parallel.zero = {}) are not supported "
+         "yet; set train.checkpoint_every = 0 (final weights: train.save) or parallel.zero = none",
+         c.train.checkpoint_every, c.parallel.zero);
+  if (c.train.resume.empty()) return;
+  bool optimizer_state = false;
+  try {
+    optimizer_state = CheckpointReader(c.train.resume).has_optimizer_state();
+  } catch (const Error& e) {
+    fail("train.resume = '{}' is not a readable lmscale checkpoint ({}); give a file written by train.save or "
+         "train.checkpoint_every",
+         c.train.resume, e.what());
+  }
+  if (sharded && optimizer_state)
+    fail("train.resume = '{}' holds optimizer state, which cannot be resumed with parallel.zero = {} yet; resume with "
+         "parallel.zero = none, or from a weights file (train.save)",
+         c.train.resume, c.parallel.zero);
+}
+
+// Every file the run will write, under the overwrite rule (output_target.h, docs/hdf5.md).
+void check_output_paths(const Config& c) {
+  std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
+  if (c.run.job == "train") {
+    if (!c.train.save.empty()) outputs.emplace_back("train.save", c.train.save);
+    if (c.train.checkpoint_every > 0) outputs.emplace_back("train.checkpoint_path", c.train.checkpoint_path);
+  }
+  for (const auto& [key, path] : outputs) {
+    if (const auto problem = detail::output_problem(path))
+      fail("{} = '{}' {}; choose another path (lmscale writes a new file or replaces an HDF5 file, never anything "
+           "else: docs/hdf5.md)",
+           key, path, *problem);
+  }
+}
+
 void check_data(const Config& c) {
   if (c.data.source != "tokens") return;
   if (c.data.path.empty())
@@ -94,6 +171,16 @@ void check_data(const Config& c) {
     check_file("data.path", c.data.path);
     if (!c.data.val_path.empty()) check_file("data.val_path", c.data.val_path);
   }
+}
+
+// The token files' length, element size and every id (one fast pass over each file): after the
+// cheap checks, before any work.
+void check_token_files(const Config& c) {
+  if (c.data.source != "tokens" || c.run.job != "train") return;
+  const std::int64_t min_tokens = c.model.context_length + 2;
+  check_token_file("data.path", c.data.path, c.data.dtype, c.model.vocab_size, min_tokens);
+  if (!c.data.val_path.empty() && c.data.val_path != c.data.path)
+    check_token_file("data.val_path", c.data.val_path, c.data.dtype, c.model.vocab_size, min_tokens);
 }
 
 void check_optim(const Config& c) {
@@ -186,6 +273,18 @@ void check_layout(const Config& c, int world_size) {
   if (m.d_ff % p.tp != 0)
     fail("parallel.tp = {} does not divide model.d_ff = {}; choose parallel.tp dividing both num_heads and d_ff", p.tp,
          m.d_ff);
+  if (m.vocab_size % p.tp != 0)
+    fail("parallel.tp = {} does not divide model.vocab_size = {} (the embedding and LM head are split by vocabulary "
+         "rows); choose parallel.tp dividing num_heads, d_ff and vocab_size, or pad vocab_size to a multiple of {}",
+         p.tp, m.vocab_size, p.tp);
+  if (p.sequence_parallel && p.tp > 1 && m.context_length % p.tp != 0)
+    fail("parallel.sequence_parallel = true needs model.context_length = {} divisible by parallel.tp = {} (each rank "
+         "holds an equal sequence shard); change context_length or tp",
+         m.context_length, p.tp);
+  if (p.tp > 1 && p.zero == "fsdp" && runs_model(c))
+    fail("parallel.zero = fsdp with parallel.tp = {} is not built (FSDP shards whole parameters); use parallel.zero = "
+         "zero1 or zero2 with tensor parallelism, or parallel.tp = 1",
+         p.tp);
   if (p.pp > m.num_layers)
     fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
          m.num_layers);
@@ -238,12 +337,17 @@ void validate(const Config& c, int world_size) {
   for (const auto& key : detail::deck_keys()) key.set(scratch, key.get(c));
   check_model(c);
   check_devices(c);
+  check_flash_head_dim(c);
   check_outputs(c);
   check_data(c);
   check_optim(c);
   check_bench(c);
   check_modes(c);
   check_layout(c, world_size);
+  // Last: a deck is judged on its own before the file system is.
+  check_checkpoints(c, world_size);
+  check_output_paths(c);
+  check_token_files(c);
 }
 
 }  // namespace lmscale::io

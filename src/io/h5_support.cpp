@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "lmscale/core/error.h"
+#include "output_target.h"
 
 namespace lmscale::io::h5 {
 
@@ -215,17 +216,44 @@ PropertyList file_access_properties() {
   return fapl;
 }
 
-File create_file(const std::string& path, bool track_creation_order) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+File create_file(const std::string& path, bool track_creation_order, std::vector<std::string>* created_dirs) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  // Missing directories, outermost last, so that an abandoned file can take them away again.
+  std::vector<fs::path> missing;
+  for (fs::path dir = fs::path(path).parent_path(); !dir.empty() && dir.has_relative_path(); dir = dir.parent_path()) {
+    if (fs::symlink_status(dir, ec).type() != fs::file_type::not_found) break;
+    missing.push_back(dir);
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  if (!missing.empty()) fs::create_directories(parent, ec);
   if (ec) throw Error(fmt::format("cannot create directory '{}' for '{}': {}", parent.string(), path, ec.message()));
+  if (created_dirs)
+    for (const auto& dir : missing) created_dirs->push_back(dir.string());
+  // A NAME.tmp left by a stopped run is removed (a link is removed, never written through), and
+  // the file is created exclusively: nothing that exists is truncated.
+  const fs::file_type existing = fs::symlink_status(path, ec).type();
+  if (existing == fs::file_type::regular || existing == fs::file_type::symlink) {
+    if (!fs::remove(path, ec) || ec)
+      throw Error(fmt::format("cannot remove the stale '{}': {}", path, ec ? ec.message() : "not removed"));
+  } else if (existing != fs::file_type::not_found) {
+    throw Error(fmt::format("cannot create '{}': it exists and is not a regular file", path));
+  }
   const PropertyList fapl = file_access_properties();
   PropertyList fcpl(H5Pcreate(H5P_FILE_CREATE), "create file creation properties");
   if (track_creation_order)
     check_status(H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
                  "track creation order");
-  return File(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), fmt::format("create '{}'", path));
+  return File(H5Fcreate(path.c_str(), H5F_ACC_EXCL, fcpl.get(), fapl.get()), fmt::format("create '{}'", path));
+}
+
+void remove_abandoned(const std::string& path, const std::vector<std::string>& created_dirs) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  for (const auto& dir : created_dirs) {   // innermost first; only while empty
+    if (!std::filesystem::is_empty(dir, ec) || ec) break;
+    std::filesystem::remove(dir, ec);
+  }
 }
 
 void copy_fixed_string(const std::string& s, char* field, std::size_t size) {
@@ -240,9 +268,13 @@ void copy_fixed_string(const std::string& s, char* field, std::size_t size) {
 std::string temporary_path(const std::string& path) { return path + ".tmp"; }
 
 void commit_file(const std::string& tmp, const std::string& path) {
+  // The overwrite rule once more: the target may have changed since the deck was validated.
+  if (const auto problem = detail::replace_problem(path))
+    throw Error(fmt::format("'{}' {}: it is left as it is and the complete file is kept as '{}'", path, *problem, tmp));
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, ec.message()));
+  if (ec) throw Error(fmt::format("cannot rename '{}' to '{}': {} (the complete file is kept as '{}')", tmp, path,
+                                  ec.message(), tmp));
 }
 
 std::string utc_now_iso8601() {

@@ -36,14 +36,21 @@ std::vector<std::string> attr_names(hid_t obj);
 // File access: H5F_CLOSE_STRONG (closing the file closes every object still open in it) and
 // file locking that is skipped where the file system does not support it.
 PropertyList file_access_properties();
-// Creates (truncates) an HDF5 file for writing: parent directories are created, and the file is
-// opened with H5F_CLOSE_STRONG so closing it closes every object still open in it.
-File create_file(const std::string& path, bool track_creation_order);
+// Creates an HDF5 file for writing (a NAME.tmp): missing parent directories are created (and
+// listed in `created_dirs`, innermost first, when given); an existing regular file or link at
+// `path` is removed first and the file is created exclusively, so nothing is written through a
+// link or into a device; it is opened with H5F_CLOSE_STRONG so closing it closes every object
+// still open in it.
+File create_file(const std::string& path, bool track_creation_order, std::vector<std::string>* created_dirs = nullptr);
+// Removes an abandoned NAME.tmp and then those of `created_dirs` (innermost first) that are empty.
+void remove_abandoned(const std::string& path, const std::vector<std::string>& created_dirs);
 // Copies at most `size` bytes of `s` into a fixed-length field, cutting on a UTF-8 boundary.
 void copy_fixed_string(const std::string& s, char* field, std::size_t size);
 
 std::string temporary_path(const std::string& path);   // PATH.tmp
-// Renames PATH.tmp to PATH (replacing an existing PATH atomically on POSIX).
+// Renames PATH.tmp to PATH (replacing an existing PATH atomically on POSIX) when PATH may be
+// replaced (output_target.h: absent, an empty or HDF5 regular file, or a link); otherwise throws
+// Error and leaves both as they are.
 void commit_file(const std::string& tmp, const std::string& path);
 std::string utc_now_iso8601();                          // "2025-01-31T12:34:56Z"
 std::string library_version();                          // "1.10.8"

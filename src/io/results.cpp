@@ -68,6 +68,8 @@ struct Table::Impl {
   h5::Datatype type;                  // packed compound, used in memory and in the file
   h5::Dataset dataset;
   std::int64_t rows = 0;
+  // The file's count of result rows (rows of tables outside /system); null for /system tables.
+  std::shared_ptr<std::int64_t> result_rows;
 
   // Packs `row` into `out` (row_bytes bytes).
   void pack(const Row& row, std::int64_t index, char* out) const {
@@ -131,6 +133,7 @@ void Table::append_rows(const std::vector<Row>& rows) {
                             buffer.data()),
                    what);
   t.rows = static_cast<std::int64_t>(new_size);
+  if (t.result_rows) *t.result_rows += static_cast<std::int64_t>(count);
 }
 
 void Table::flush() {
@@ -148,6 +151,11 @@ struct ResultsFile::Impl {
   std::string tmp_path;
   h5::File file;
   bool finished = false;
+  std::vector<std::string> created_dirs;   // by create_file, innermost first
+  // Rows appended to tables outside /system (provenance is not a result) and arrays written:
+  // what a stopped run has to keep.
+  std::shared_ptr<std::int64_t> result_rows = std::make_shared<std::int64_t>(0);
+  std::int64_t result_arrays = 0;
 
   hid_t open_file(const std::string& path, const char* operation) const {
     if (finished) throw Error(fmt::format("results file '{}': {} after finish()", path, operation));
@@ -160,17 +168,38 @@ ResultsFile::ResultsFile(const std::string& path, bool active) : path_(path) {
   const h5::QuietErrors quiet;
   auto impl = std::make_unique<Impl>();
   impl->tmp_path = h5::temporary_path(path);
-  impl->file = h5::create_file(impl->tmp_path, /*track_creation_order=*/false);
+  impl->file = h5::create_file(impl->tmp_path, /*track_creation_order=*/false, &impl->created_dirs);
   impl_ = std::move(impl);
 }
 
 ResultsFile::~ResultsFile() {
-  if (!impl_ || impl_->finished) return;
-  // An unfinished run: flush what was written and leave NAME.tmp for inspection.
-  const h5::QuietErrors quiet;
-  H5Fflush(impl_->file.get(), H5F_SCOPE_LOCAL);
-  impl_->file.reset();
+  try {
+    abandon();
+  } catch (...) {   // a destructor must not throw; abandon() reports nothing it cannot do
+  }
 }
+
+std::string ResultsFile::abandon() {
+  if (!impl_ || impl_->finished) return "";
+  const h5::QuietErrors quiet;
+  impl_->finished = true;
+  if (has_results()) {
+    // Rows were measured: flush them and keep NAME.tmp, which the caller names.
+    H5Fflush(impl_->file.get(), H5F_SCOPE_LOCAL);
+    impl_->file.reset();
+    return impl_->tmp_path;
+  }
+  // Nothing measured yet: leave nothing behind (the file and the directories made for it).
+  impl_->file.reset();
+  h5::remove_abandoned(impl_->tmp_path, impl_->created_dirs);
+  return "";
+}
+
+bool ResultsFile::has_results() const {
+  return impl_ && (*impl_->result_rows > 0 || impl_->result_arrays > 0);
+}
+
+std::int64_t ResultsFile::result_rows() const { return impl_ ? *impl_->result_rows : 0; }
 
 bool ResultsFile::active() const { return impl_ != nullptr; }
 
@@ -214,6 +243,7 @@ Table ResultsFile::create_table(const std::string& path, const std::vector<Colum
   auto t = std::make_unique<Table::Impl>();
   t->path = path;
   t->columns = columns;
+  if (path.rfind("/system/", 0) != 0 && path.rfind("system/", 0) != 0) t->result_rows = impl_->result_rows;
   for (const auto& c : columns) {
     t->offsets.push_back(t->row_bytes);
     t->row_bytes += cell_bytes(c.type);
@@ -274,12 +304,14 @@ void ResultsFile::write_array(const std::string& path, const std::vector<std::in
   if (!impl_) return;
   const h5::QuietErrors quiet;
   write_plain_array(impl_->open_file(path_, "write_array"), path, shape, data);
+  ++impl_->result_arrays;
 }
 
 void ResultsFile::write_array(const std::string& path, const std::vector<std::int64_t>& shape, const double* data) {
   if (!impl_) return;
   const h5::QuietErrors quiet;
   write_plain_array(impl_->open_file(path_, "write_array"), path, shape, data);
+  ++impl_->result_arrays;
 }
 
 void ResultsFile::flush() {

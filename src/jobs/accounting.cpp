@@ -11,7 +11,20 @@
 namespace lmscale::jobs {
 
 Accounting account(const Config& cfg, int world, const std::string& device_name) {
-  if (cfg.parallel.pp > 1) return account_pipeline(cfg, world, device_name);
+  // CS336 §8: where each strategy becomes communication bound on the [accounting] machine.
+  auto analysis = [&](Accounting& a) {
+    a.analysis_flops = cfg.accounting.device_tflops > 0
+                           ? cfg.accounting.device_tflops * 1e12
+                           : device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name,
+                                               cfg.precision.mode, cfg.precision.tf32);
+    a.analysis_link_bytes = cfg.accounting.link_gbps * 1e9;
+    if (a.analysis_flops > 0) a.bounds = parallel_bounds(cfg, a.analysis_flops, a.analysis_link_bytes);
+  };
+  if (cfg.parallel.pp > 1) {
+    Accounting a = account_pipeline(cfg, world, device_name);
+    analysis(a);
+    return a;
+  }
   Accounting a;
   const auto m = model::ModelDims::from(cfg.model);
   const double P = static_cast<double>(m.parameter_count());
@@ -19,7 +32,10 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   const bool bench = cfg.run.job == "bench-model";
   const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   // The deck's layout (the accounting job may describe a layout other than the one it runs on).
-  const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : world;   // tp = pp = 1 in this version
+  const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
+  const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp)
+                                     : std::max(1, world / (tp * static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp))));
+  const bool sp = tp > 1 && cfg.parallel.sequence_parallel;
   a.local_batch = B / dp / (bench ? 1 : cfg.train.grad_accum);
   a.seq = m.context;
   const bool mixed = cfg.precision.mode != "fp32";
@@ -32,6 +48,9 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   auto add = [&](std::string name, double bytes, std::string f) { a.memory.push_back({std::move(name), bytes, std::move(f)}); };
   // FSDP units: embedding, blocks, head; the norms (2d per block, d final) stay replicated.
   const double unit_block = 4 * d * d + 3 * d * F, unit_head = V * d, norm_params = (2 * L + 1) * d;
+  // Tensor parallel: a rank holds 1/tp of every parameter but the replicated norm weights, so the
+  // non-FSDP items below count Pr = (P - norms)/tp + norms (= P with tp = 1).
+  const double Pr = (P - norm_params) / tp + norm_params;
   if (fsdp) {
     const double Ps = P - norm_params;
     add("parameters", 4 * Ps / dp + 4 * norm_params, "4 B x (P - norms) / N (fp32 master shard) + replicated norms");
@@ -44,41 +63,54 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
             ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF, and its "
               "cast shard)"
             : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block)");
-  } else {
-    add("parameters", 4 * P, "4 B x P (fp32 master)");
-    if (mixed) add("parameters_lowp", 2 * P, "2 B x P (bf16/fp16 working copy)");
+  }
+  // The parameters a rank holds: P, or Pr under tensor parallelism.
+  const std::string p = tp > 1 && !fsdp ? "Pr" : "P";
+  if (!fsdp) {
+    add("parameters", 4 * Pr, "4 B x " + p + " (fp32 master)");
+    if (mixed) add("parameters_lowp", 2 * Pr, "2 B x " + p + " (bf16/fp16 working copy)");
   }
   if (fsdp) {
   } else if (dp <= 1 || (sharded && cfg.parallel.zero == "zero2"))
     add("gradients", 0, "0 at the start of the backward: per-bucket buffers are allocated as the backward frees "
                         "activations (one process, zero2) and freed after the step (zero2: after their reduce-scatter)");
   else
-    add("gradients", 4 * P, "4 B x P (one flat fp32 buffer)");
+    add("gradients", 4 * Pr, "4 B x " + p + " (one flat fp32 buffer)");
   if (sharded && !fsdp && cfg.parallel.zero != "zero1-broadcast")
-    add("gradient_shard", 4 * P / dp, "4 B x P / N (reduced range)");
-  add("optimizer_state", 8 * P / (sharded ? dp : 1), sharded ? "8 B x P / N (AdamW m, v of this rank's range)" : "8 B x P (AdamW m, v)");
+    add("gradient_shard", 4 * Pr / dp, "4 B x " + p + " / N (reduced range)");
+  add("optimizer_state", 8 * (fsdp ? P : Pr) / (sharded ? dp : 1),
+      sharded ? "8 B x " + p + " / N (AdamW m, v of this rank's range)" : "8 B x " + p + " (AdamW m, v)");
   // Activations kept from the forward to the backward, as the checkpointing policy says
   // (model/recompute.h); every-k adds one recomputed group at the start of the backward.
-  const double attn = m.flash ? b * H * T * 4 : b * H * T * T * e;
-  const double block = (8 * d + 3 * F) * N * e + 2 * N * 4 + attn;
-  const std::string block_f = fmt::format("(8d + 3F) N e + 8N + {}", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)");
+  // Tensor parallel: q, k, v, o and a, b, g are split (1/tp), x, y1, h, y2 and the norms' rstd
+  // replicated, or split too under sequence parallelism (r = 1/tp).
+  const double r = sp ? 1.0 / tp : 1.0;
+  const double attn = (m.flash ? b * H * T * 4 : b * H * T * T * e) / tp;
+  const double block = (4 * d * r + (4 * d + 3 * F) / tp) * N * e + 2 * N * 4 * r + attn;
+  const std::string block_f =
+      tp > 1 ? fmt::format("(4d{} + (4d + 3F)/tp) N e + 8N{} + {}/tp", sp ? "/tp" : "", sp ? "/tp" : "",
+                           m.flash ? "4 B H T" : "B H T^2 e")
+             : fmt::format("(8d + 3F) N e + 8N + {}", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)");
   const std::string& ac = cfg.train.activation_checkpointing;
   if (ac == "every-k") {
     const double k = static_cast<double>(std::min<std::int64_t>(cfg.train.checkpoint_k, m.layers));
     add("activations", std::ceil(L / k) * N * d * e + k * block,
         fmt::format("ceil(L/k) N d e (group inputs) + k x ({}) (one group recomputed), k = {}", block_f, k));
-  } else if (ac == "selective") {
-    const double kept = (6 * d + 2 * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0);
+  } else if (ac == "selective" || ac == "selective-mlp") {
+    const double f = ac == "selective" ? 2 : 0;   // [N,F] tensors kept per block (a, b)
+    const double kept = (6 * d + f * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0);
     add("activations", L * kept + (block - kept),
-        fmt::format("L x ((6d + 2F) N e + 8N{}) + one block's recomputed part", m.flash ? " + 4 B H T" : ""));
+        fmt::format("L x ((6d{}) N e + 8N{}) + one block's recomputed part", f > 0 ? " + 2F" : "",
+                    m.flash ? " + 4 B H T" : ""));
   } else {
     add("activations", L * block, "L x (" + block_f + ")");
   }
-  add("logits", N * V * e + 2 * N * d * e, "N V e (logits, then their gradient in place) + final norm");
+  add("logits", N * V / tp * e + 2 * N * d * e * r,
+      tp > 1 ? "N V/tp e (this rank's vocabulary columns) + final norm" : "N V e (logits, then their gradient in place) + final norm");
   for (const auto& it : a.memory) a.peak_bytes += it.bytes;
   // Bytes each rank sends per step (ring algorithms): all-reduce 2(N-1)/N x G, reduce-scatter
   // and all-gather (N-1)/N x G each; zero1-broadcast: all-reduce + the owner's broadcasts.
-  const double G = 4 * P, f = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
+  const double G = 4 * Pr, f = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
   if (dp <= 1) {
     a.comm_formula = "none (one data-parallel rank)";
   } else if (!sharded) {
@@ -100,7 +132,12 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   a.flops_per_step = m.train_flops_per_token(m.context) * static_cast<double>(B * m.context);
   a.peak_flops = device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name, cfg.precision.mode,
                                    cfg.precision.tf32);
-  a.ideal_step_s = a.peak_flops > 0 ? a.flops_per_step / (dp * a.peak_flops) : 0;
+  a.ideal_step_s = a.peak_flops > 0 ? a.flops_per_step / (dp * tp * a.peak_flops) : 0;
+  const auto tpc = tensor_parallel_comm(m, static_cast<double>(B / dp * m.context), tp, sp, e,
+                                        cfg.train.activation_checkpointing == "every-k");
+  a.tp_comm_bytes_per_step = tpc.bytes;
+  a.tp_comm_formula = tpc.formula;
+  analysis(a);
   return a;
 }
 
@@ -121,6 +158,16 @@ int run_accounting(JobEnv& env) {
   env.out.set_attr(g, "flops_per_step", a.flops_per_step);
   env.out.set_attr(g, "peak_flops_per_device", a.peak_flops);
   env.out.set_attr(g, "ideal_step_s", a.ideal_step_s);
+  env.out.set_attr(g, "tp_comm_bytes_per_step_per_rank", a.tp_comm_bytes_per_step);
+  env.out.set_attr(g, "tp_comm_formula", a.tp_comm_formula);
+  env.out.set_attr(g, "analysis_flops_per_device", a.analysis_flops);
+  env.out.set_attr(g, "analysis_link_bytes_per_s", a.analysis_link_bytes);
+  auto bounds = env.out.create_table("/accounting/comm_bound_degree", {{"strategy", io::Column::Type::str, ""},
+                                                                       {"degree", io::Column::Type::i64, ""},
+                                                                       {"limit", io::Column::Type::i64, ""},
+                                                                       {"split", io::Column::Type::str, ""},
+                                                                       {"formula", io::Column::Type::str, ""}});
+  for (const auto& b : a.bounds) bounds.append({b.strategy, b.degree, b.limit, b.split, b.formula});
   if (env.is_root()) {
     fmt::print("accounting: {} parameters ({:.2f} B), {} ranks, local batch {} x {} tokens, {}\n", a.parameters,
                static_cast<double>(a.parameters) / 1e9, env.world, a.local_batch, a.seq, cfg.precision.mode);
@@ -131,6 +178,16 @@ int run_accounting(JobEnv& env) {
     fmt::print("FLOPs per step: {:.4g}; at the device peak ({:.0f} TFLOP/s) a step takes at least {:.1f} ms "
                "({:.1f} ms at 50% MFU)\n",
                a.flops_per_step, a.peak_flops / 1e12, a.ideal_step_s * 1e3, 2 * a.ideal_step_s * 1e3);
+    if (cfg.parallel.tp > 1)
+      fmt::print("tensor parallel (tp {}{}): {:.3f} GiB per step per rank ({})\n", cfg.parallel.tp,
+                 cfg.parallel.sequence_parallel ? ", sequence parallel" : "", a.tp_comm_bytes_per_step / (1u << 30),
+                 a.tp_comm_formula);
+    fmt::print("communication bound from degree (C = {:.1f} TFLOP/s, W = {:.0f} GB/s per GPU; CS336 §8):\n",
+               a.analysis_flops / 1e12, a.analysis_link_bytes / 1e9);
+    for (const auto& b : a.bounds)
+      fmt::print("  {:<20} {:>8}  {}{}\n", b.strategy,
+                 b.degree > 0 ? std::to_string(b.degree) : fmt::format("> {}", b.limit), b.formula,
+                 b.split.empty() ? "" : " (at that degree: " + b.split + ")");
   }
   return 0;
 }

@@ -73,9 +73,10 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
       const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls);
       per_micro = std::ceil(Ls / k) * N * d * e;
       f = "ceil(L_stage/k) n d e (group inputs), + one group recomputed";
-    } else if (ac == "selective") {
-      per_micro = Ls * ((6 * d + 2 * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0));
-      f = "L_stage x ((6d + 2F) n e + 8n [+ lse])";
+    } else if (ac == "selective" || ac == "selective-mlp") {
+      const double kf = ac == "selective" ? 2 : 0;   // [n,F] tensors kept per block (a, b)
+      per_micro = Ls * ((6 * d + kf * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0));
+      f = kf > 0 ? "L_stage x ((6d + 2F) n e + 8n [+ lse])" : "L_stage x (6d n e + 8n [+ lse])";
     }
     add("activations", inflight * (per_micro + (head ? N * Vocab * e + 2 * N * d * e : 0.0)) +
                            (ac == "every-k" ? std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls) * block : 0.0),

@@ -222,6 +222,21 @@ std::string human_bytes(std::int64_t b) {
   return fmt::format("{}", b);
 }
 
+// The path most of the timed calls took (the difference of two path_uses() snapshots); the
+// backend's name where it does not report paths (nccl).
+std::string dominant_path(const std::vector<comm::PathUse>& before, const std::vector<comm::PathUse>& after,
+                          const std::string& backend) {
+  std::string best = backend;
+  std::uint64_t most = 0;
+  for (const auto& a : after) {
+    std::uint64_t calls = a.calls;
+    for (const auto& b : before)
+      if (b.path == a.path) calls -= b.calls;
+    if (calls > most) most = calls, best = a.path;
+  }
+  return best;
+}
+
 }  // namespace
 
 int run_bench_collectives(JobEnv& env) {
@@ -252,8 +267,10 @@ int run_bench_collectives(JobEnv& env) {
 
   const std::vector<io::Column> cols = {
       {"op", io::Column::Type::str, ""},           {"backend", io::Column::Type::str, ""},
-      {"algo", io::Column::Type::str, ""},         {"dtype", io::Column::Type::str, ""},
-      {"ranks", io::Column::Type::i64, ""},        {"bytes", io::Column::Type::i64, "bytes"},
+      {"algo", io::Column::Type::str, ""},         {"path", io::Column::Type::str, ""},
+      {"dtype", io::Column::Type::str, ""},
+      {"ranks", io::Column::Type::i64, ""},        {"nodes", io::Column::Type::i64, ""},
+      {"bytes", io::Column::Type::i64, "bytes"},
       {"count", io::Column::Type::i64, "elements"}, {"inplace", io::Column::Type::i64, "bool"},
       {"time_us_avg", io::Column::Type::f64, "us"}, {"time_us_min", io::Column::Type::f64, "us"},
       {"time_us_max", io::Column::Type::f64, "us"}, {"algbw_gbs", io::Column::Type::f64, "GB/s"},
@@ -262,6 +279,11 @@ int run_bench_collectives(JobEnv& env) {
   env.out.set_attr("/bench_collectives", "backend", backend);
   env.out.set_attr("/bench_collectives", "algo", b.algo);
   env.out.set_attr("/bench_collectives", "ranks", static_cast<std::int64_t>(p));
+  // Nodes = ranks with node-local rank 0; with the path column it tells a one-node curve from a
+  // cross-node one in the analysis tables.
+  std::int64_t nodes = env.mpi.local_rank() == 0 ? 1 : 0, lead = nodes;
+  MPI_Allreduce(&lead, &nodes, 1, MPI_INT64_T, MPI_SUM, world);
+  env.out.set_attr("/bench_collectives", "nodes", nodes);
   env.out.set_attr("/bench_collectives", "warmup", b.warmup);
   env.out.set_attr("/bench_collectives", "steps", b.steps);
   env.out.set_attr("/bench_collectives", "busbw_factors",
@@ -269,13 +291,13 @@ int run_bench_collectives(JobEnv& env) {
                                "algbw = bytes / avg time; errors = -1 when unchecked"));
 
   if (r == 0) {
-    fmt::print("# bench-collectives: {} ({}), {} ranks, {} warm-up + {} timed calls per size, check {}\n", backend,
-               comm->describe(), p, b.warmup, b.steps, b.check ? "on" : "off");
+    fmt::print("# bench-collectives: {} ({}), {} ranks on {} node{}, {} warm-up + {} timed calls per size, check {}\n",
+               backend, comm->describe(), p, nodes, nodes == 1 ? "" : "s", b.warmup, b.steps, b.check ? "on" : "off");
     fmt::print("# MPI: {}{}\n", env.mpi.library_version(), on_device ? fmt::format("; NCCL {}", comm::nccl_version()) : "");
     fmt::print("# bytes = whole buffer; algbw = bytes/avg time; busbw = algbw * (all-reduce 2(n-1)/n, "
                "reduce-scatter/all-gather (n-1)/n, broadcast 1)\n");
-    fmt::print("{:<14} {:>5} {:>13} {:>11} {:>7} {:>2} {:>11} {:>11} {:>11} {:>10} {:>10} {:>8} {}\n", "op", "type",
-               "size(B)", "count", "size", "ip", "time(us)", "min(us)", "max(us)", "algbw", "busbw", "#wrong", "result");
+    fmt::print("{:<14} {:>5} {:>13} {:>11} {:>7} {:>2} {:>11} {:>11} {:>11} {:>10} {:>10} {:>8} {:<9} {}\n", "op", "type",
+               "size(B)", "count", "size", "ip", "time(us)", "min(us)", "max(us)", "algbw", "busbw", "#wrong", "result", "path");
     std::fflush(stdout);
   }
 
@@ -311,7 +333,9 @@ int run_bench_collectives(JobEnv& env) {
           wrong = 0;
           MPI_Allreduce(&local, &wrong, 1, MPI_INT64_T, MPI_SUM, world);
         }
+        const auto before = comm->path_uses();
         const double secs = time_call(*comm, env.rt, on_device, k, b.warmup, b.steps);
+        const std::string path = dominant_path(before, comm->path_uses(), backend);
         std::vector<double> all(static_cast<std::size_t>(p));
         MPI_Gather(&secs, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, world);
         double avg = 0, lo = secs, hi = secs;
@@ -327,12 +351,12 @@ int run_bench_collectives(JobEnv& env) {
         failed = failed || bad;
         best_busbw = std::max(best_busbw, busbw);
         if (r == 0) {
-          fmt::print("{:<14} {:>5} {:>13} {:>11} {:>7} {:>2} {:>11.2f} {:>11.2f} {:>11.2f} {:>10.3f} {:>10.3f} {:>8} {}\n", op,
-                     dtype_name(t), bytes, k.count, human_bytes(bytes), k.in_place ? 1 : 0, avg * 1e6, lo * 1e6, hi * 1e6,
-                     algbw, busbw, wrong, wrong < 0 ? "unchecked" : (bad ? "FAIL" : "ok"));
+          fmt::print("{:<14} {:>5} {:>13} {:>11} {:>7} {:>2} {:>11.2f} {:>11.2f} {:>11.2f} {:>10.3f} {:>10.3f} {:>8} {:<9} {}\n",
+                     op, dtype_name(t), bytes, k.count, human_bytes(bytes), k.in_place ? 1 : 0, avg * 1e6, lo * 1e6,
+                     hi * 1e6, algbw, busbw, wrong, wrong < 0 ? "unchecked" : (bad ? "FAIL" : "ok"), path);
           std::fflush(stdout);
         }
-        table.append({op, backend, b.algo, std::string(dtype_name(t)), static_cast<std::int64_t>(p), bytes,
+        table.append({op, backend, b.algo, path, std::string(dtype_name(t)), static_cast<std::int64_t>(p), nodes, bytes,
                       static_cast<std::int64_t>(k.count), static_cast<std::int64_t>(k.in_place), avg * 1e6, lo * 1e6,
                       hi * 1e6, algbw, busbw, wrong});
         table.flush();

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "lmscale/core/host_vector.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/rng.h"
 #include "lmscale/core/timer.h"
@@ -24,7 +25,7 @@ namespace {
 // peer's torch.randint: bench timings must not depend on data.
 std::vector<std::int32_t> random_tokens(std::uint64_t seed, std::int64_t step, std::int64_t first, std::int64_t rows,
                                         std::int64_t T, std::int64_t vocab) {
-  std::vector<std::int32_t> v(static_cast<std::size_t>(rows * (T + 1)));
+  auto v = host_vector<std::int32_t>(static_cast<std::size_t>(rows * (T + 1)), "the benchmark token batch");
   for (std::int64_t r = 0; r < rows; ++r) {
     const CounterRng rng(seed, 0xbe9c0000ull + static_cast<std::uint64_t>(step) * 1000003ull + static_cast<std::uint64_t>(first + r));
     for (std::int64_t t = 0; t <= T; ++t)
@@ -163,6 +164,11 @@ int run_bench_model(JobEnv& env) {
   const Accounting pred = account(cfg, env.world, rt.device() == Device::cuda ? rt.device_name() : "");
   env.out.set_attr(g, "predicted_peak_bytes", pred.peak_bytes);
   env.out.set_attr(g, "predicted_comm_bytes_per_step", pred.comm_bytes_per_step);
+  // Tensor parallelism: its activation collectives run inside the forward and backward (on the
+  // compute stream's critical path), so their time is part of forward_ms/backward_ms, not comm.
+  env.out.set_attr(g, "tp", cfg.parallel.tp);
+  env.out.set_attr(g, "sequence_parallel", static_cast<std::int64_t>(cfg.parallel.sequence_parallel));
+  env.out.set_attr(g, "predicted_tp_comm_bytes_per_step", pred.tp_comm_bytes_per_step);
   // Memory by allocation tag at three points of the last step, one row per (point, tag).
   auto memtab = env.out.create_table("/bench_model/memory", {{"point", io::Column::Type::str, ""},
                                                              {"tag", io::Column::Type::str, ""},
@@ -188,6 +194,10 @@ int run_bench_model(JobEnv& env) {
       fmt::print("ranks {}  ddp {}  zero {}  exposed communication {:.1f}% of the step  optimizer state {:.3f} GiB/rank\n",
                  env.world, cfg.parallel.ddp, cfg.parallel.zero, st.mean > 0 ? 100 * sc.mean / st.mean : 0.0,
                  static_cast<double>(opt_bytes) / (1 << 30));
+    if (cfg.parallel.tp > 1)
+      fmt::print("tp {}{}: {:.3f} GiB of activation collectives per step per rank (inside forward/backward)\n",
+                 cfg.parallel.tp, cfg.parallel.sequence_parallel ? " + sequence parallel" : "",
+                 pred.tp_comm_bytes_per_step / (1u << 30));
     if (trainer.fsdp())
       fmt::print("fsdp: compute waited {:.3f} ms per step for all-gathers in the forward, {:.3f} ms in the backward "
                  "(/bench_model/fsdp_waits has each unit)\n",

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "lmscale/core/error.h"
+#include "lmscale/core/host_vector.h"
 #include "lmscale/io/checkpoint.h"
 #include "lmscale/ops/ops.h"
 
@@ -12,15 +13,17 @@ namespace {
 
 // The whole flat fp32 buffer `flat` (on any device) copied to the host.
 std::vector<float> to_host(Context& ctx, const Tensor& flat) {
-  std::vector<float> h(static_cast<std::size_t>(flat.numel()));
+  auto h = host_vector<float>(static_cast<std::size_t>(flat.numel()), "a host copy of the weights for saving");
   Tensor dst = Tensor::view(h.data(), {flat.numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, flat, dst);
   return h;
 }
 
-std::vector<io::NamedArray> named(const model::ParameterStore& ps, const std::vector<float>& flat) {
+// Files hold the full parameters by name (any layout can read them): `flat` is in the full
+// model's layout, whatever slices this rank's store holds (tensor parallelism).
+std::vector<io::NamedArray> named(const std::vector<model::ParamInfo>& full_layout, const std::vector<float>& flat) {
   std::vector<io::NamedArray> v;
-  for (const auto& p : ps.infos()) v.push_back({p.name, p.shape, flat.data() + p.offset});
+  for (const auto& p : full_layout) v.push_back({p.name, p.shape, flat.data() + p.offset});
   return v;
 }
 
@@ -30,15 +33,16 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
   Context& ctx = env.rt.ctx();
   auto& ps = trainer.params();
   LMSCALE_CHECK(ps.master_dtype() == DType::f32, "weights files hold fp32 master weights");
-  const std::vector<float> params = trainer.full_parameters();   // collective under fsdp
+  const auto full_layout = model::parameter_layout(trainer.dims());
+  const std::vector<float> params = trainer.full_parameters();   // collective under fsdp and tp
   std::vector<float> m, v;
   io::OptimizerArrays opt;
   if (with_optimizer_state) {
     if (!trainer.optimizer()) throw UsageError("train.checkpoint_every: checkpoints with a sharded optimizer (parallel.zero) are not supported yet; save final weights with train.save");
-    m = to_host(ctx, trainer.optimizer()->m());
-    v = to_host(ctx, trainer.optimizer()->v());
-    opt.m = named(ps, m);
-    opt.v = named(ps, v);
+    m = trainer.to_full_layout(to_host(ctx, trainer.optimizer()->m()));   // collective under tp
+    v = trainer.to_full_layout(to_host(ctx, trainer.optimizer()->v()));
+    opt.m = named(full_layout, m);
+    opt.v = named(full_layout, v);
   }
   if (!env.is_root()) return;
   std::map<std::string, io::AttrValue> attrs{
@@ -50,30 +54,25 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
       {"num_heads", env.cfg.model.num_heads},
       {"rope_theta", env.cfg.model.rope_theta},
   };
-  // Pipeline stages hold a slice of the layout, but full_parameters() gathered all of them:
-  // name them by the whole model's layout.
-  std::vector<io::NamedArray> named_params;
-  if (static_cast<std::int64_t>(params.size()) == ps.numel()) {
-    named_params = named(ps, params);
-  } else {
-    for (const auto& p : model::parameter_layout(trainer.dims()))
-      named_params.push_back({p.name, p.shape, params.data() + p.offset});
-  }
-  io::write_weights(path, named_params, attrs, with_optimizer_state ? &opt : nullptr);
+  // full_parameters() is in the whole model's layout whatever this rank holds (tensor slices,
+  // pipeline stages): name it by that layout.
+  io::write_weights(path, named(full_layout, params), attrs, with_optimizer_state ? &opt : nullptr);
 }
 
 void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   Context& ctx = env.rt.ctx();
-  auto& ps = trainer.params();
+  // Full parameters by name, sliced by the trainer for this rank's layout.
+  const auto full_layout = model::parameter_layout(trainer.dims());
   io::CheckpointReader r(path);
-  std::vector<float> flat(static_cast<std::size_t>(ps.numel()));
-  for (const auto& p : ps.infos()) r.read(p.name, p.shape, flat.data() + p.offset);
-  Tensor src = Tensor::view(flat.data(), {ps.numel()}, DType::f32, Device::cpu);
+  std::vector<float> flat(static_cast<std::size_t>(full_layout.back().offset + full_layout.back().numel));
+  for (const auto& p : full_layout) r.read(p.name, p.shape, flat.data() + p.offset);
   trainer.set_parameters(flat);
   if (!r.has_optimizer_state()) return;   // a weights file: fresh optimizer, step 0
   if (!trainer.optimizer()) throw UsageError("train.resume: resuming optimizer state with parallel.zero is not supported yet");
   for (const char* moment : {"m", "v"}) {
-    for (const auto& p : ps.infos()) r.read_optimizer(moment, p.name, p.shape, flat.data() + p.offset);
+    for (const auto& p : full_layout) r.read_optimizer(moment, p.name, p.shape, flat.data() + p.offset);
+    std::vector<float> local = trainer.to_local_layout(flat);
+    Tensor src = Tensor::view(local.data(), {static_cast<std::int64_t>(local.size())}, DType::f32, Device::cpu);
     Tensor& dst = moment[0] == 'm' ? trainer.optimizer()->m() : trainer.optimizer()->v();
     ops::copy(ctx, src, dst);
   }

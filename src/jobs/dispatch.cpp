@@ -36,9 +36,6 @@ namespace {
 void reject_unbuilt_modes(const Config& c) {
   if (c.run.job == "accounting") return;   // accounting computes, it does not run the mode
   const auto& p = c.parallel;
-  if (p.tp != 1)
-    throw UsageError(fmt::format("parallel.tp = {}: tensor parallelism is not built in this version; set parallel.tp "
-                                 "= 1 (data parallelism: parallel.ddp, parallel.zero; pipeline: parallel.pp)", p.tp));
   if (p.pp > 1 && (c.train.checkpoint_every > 0 || !c.train.resume.empty()) && c.run.job == "train")
     throw UsageError("train.checkpoint_every / train.resume with parallel.pp > 1 are not built yet (train.save "
                      "works: it gathers the stages' parameters)");

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "lmscale/core/host_vector.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/timer.h"
 #include "lmscale/io/dataset.h"
@@ -27,7 +28,8 @@ double evaluate(const Config& cfg, Trainer& trainer, const io::TokenSource& data
   const std::int64_t T = cfg.model.context_length;
   double sum = 0;
   for (std::int64_t b = 0; b < cfg.train.eval_batches; ++b) {
-    std::vector<std::int32_t> tokens(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+    auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
+                                            "the evaluation token batch");
     data.sample(static_cast<std::uint64_t>(b), trainer.first_row(), trainer.local_rows(), T, tokens.data(), true);
     sum += trainer.forward_loss(tokens, T);
   }
@@ -74,7 +76,8 @@ int run_train(JobEnv& env) {
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
   for (std::int64_t s = start; s < cfg.train.steps; ++s) {
-    std::vector<std::int32_t> tokens(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+    auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
+                                            "the training token batch");
     data->sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tokens.data(), false);
     StepResult r = trainer.train_step(tokens, T);
     rt.synchronize();

@@ -9,6 +9,7 @@
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/gradient_sync.h"
+#include "lmscale/parallel/tensor_parallel.h"
 #include "lmscale/parallel/zero.h"
 #include "lmscale/comm/communicator.h"
 #include "lmscale/comm/mesh.h"
@@ -39,24 +40,44 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       grad_accum_(grad_accum),
       master_(kMaster),
       lowp_(lowp_dtype(env.cfg)) {
+  Context& ctx = env.rt.ctx();
   const auto& pc = env.cfg.parallel;
-  // Pipeline parallelism: the world is a dp x pp mesh (tp = 1); each stage's dp ranks split the
-  // batch as without pp, and every stage of a dp replica reads the same rows.
+  // Data-parallel group: the world, or the dp axis of a mesh. Tensor parallelism: a dp x tp mesh
+  // (tp ranks adjacent: rank = dp_idx * tp + tp_idx), the ranks of a tp group take the same rows.
+  // Pipeline parallelism: a dp x pp mesh; each stage's dp ranks split the batch as without pp,
+  // and every stage of a dp replica reads the same rows. tp x pp is refused by the deck check.
   const int pp = static_cast<int>(pc.pp);
+  LMSCALE_CHECK(pc.tp == 1 || pp == 1, "parallel.tp > 1 with parallel.pp > 1 is not built yet");
   std::vector<model::StageUnits> chunks{model::StageUnits::all()};
   dp_size_ = env.world;
   dp_rank_ = env.rank;
-  std::shared_ptr<comm::Communicator> dp_comm = env.comm, dp_host = env.host_comm;
-  if (pp > 1) {
+  comm::Communicator* dp_comm = env.comm.get();
+  comm::Communicator* dp_host = env.host_comm.get();
+  if (pc.tp > 1) {
+    LMSCALE_CHECK(env.comm && env.host_comm, "tensor parallelism needs the world communicators");
+    // Set before the split: the mesh's communicators inherit the compute stream.
+    if (env.comm->device() == Device::cuda) env.comm->set_compute_stream(ctx.stream);
+    comm::MeshShape shape;
+    shape.tp = static_cast<int>(pc.tp);
+    shape.dp = static_cast<int>(pc.dp);
+    mesh_ = std::make_unique<comm::Mesh>(env.comm, shape);
+    host_mesh_ = std::make_unique<comm::Mesh>(env.host_comm, shape);
+    LMSCALE_CHECK(mesh_->shape().pp == 1, "tensor parallelism with pipeline stages is not built");
+    tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), host_mesh_->tp(), pc.sequence_parallel);
+    dp_size_ = mesh_->shape().dp;
+    dp_rank_ = mesh_->coords().dp;
+    dp_comm = &mesh_->dp();
+    dp_host = &host_mesh_->dp();
+    LMSCALE_CHECK(pc.zero != "fsdp" || dp_size_ == 1, "parallel.zero = fsdp with parallel.tp > 1 is not built");
+  } else if (pp > 1) {
     LMSCALE_CHECK(env.comm && env.host_comm, "pipeline parallelism needs the world communicators");
-    LMSCALE_CHECK(pc.tp == 1, "parallel.tp > 1 with parallel.pp > 1 is not built yet");
     comm::MeshShape shape{0, 1, pp, 0};
     mesh_ = std::make_unique<comm::Mesh>(env.comm, shape);
     host_mesh_ = std::make_unique<comm::Mesh>(env.host_comm, shape);
     dp_size_ = mesh_->shape().dp;
     dp_rank_ = mesh_->coords().dp;
-    dp_comm = mesh_->group_ptr(comm::Axis::dp);
-    dp_host = host_mesh_->group_ptr(comm::Axis::dp);
+    dp_comm = &mesh_->dp();
+    dp_host = &host_mesh_->dp();
     // This rank's stage, or its virtual_stages chunks under the interleaved schedule.
     const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
     chunks = model::pipeline_chunks(dims_, pp, V, mesh_->coords().pp, model::parse_stage_layers(pc.stage_layers));
@@ -66,7 +87,6 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   local_rows_ = global_batch / dp;
   first_row_ = dp_rank_ * local_rows_;
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
-  Context& ctx = env.rt.ctx();
   // One process and ZeRO-2 keep gradients in per-bucket buffers that exist only from the backward
   // to the optimizer step (so they never coexist with the whole forward's activations); DDP and
   // the other ZeRO levels reduce one flat buffer.
@@ -78,7 +98,8 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   using Buffers = model::ParameterStore::Buffers;
   params_ = std::make_unique<model::ParameterStore>(
       dims_, master_, lowp_, *ctx.allocator,
-      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads), chunks);
+      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads),
+      tp_ ? tp_->split() : model::TensorSplit{}, chunks);
   params_->init(env.cfg.run.seed, ctx);
   // One model per chunk over the one store (a single one without the interleaved schedule).
   for (const auto& u : chunks) chunk_models_.push_back(std::make_unique<model::TransformerLM>(dims_, *params_, u));
@@ -104,8 +125,8 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       sharded_ = std::move(f);
       sync_ = &sharded_->sync();
     } else if (pc.zero != "none") {
-      auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *dp_comm,
-                                                            *dp_host, env.cfg.optim);
+      auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *dp_comm, *dp_host,
+                                                            env.cfg.optim);
       zero->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
                        params_->has_lowp() ? &params_->flat_lowp() : nullptr},
                       ctx);
@@ -157,7 +178,7 @@ double Trainer::reduce_loss(Tensor& loss_sum_device, double tokens_global) {
 }
 
 double Trainer::sum_over_stages(double x) {
-  if (!host_mesh_) return x;
+  if (!pipeline_) return x;   // (host_mesh_ alone may be the dp x tp mesh)
   double y = 0;
   host_mesh_->pp().all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
   return y;
@@ -197,10 +218,10 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
   for (std::int64_t m = 0; m < grad_accum_; ++m) {
     auto [in, tg] = upload(tokens, T, m * micro, (m + 1) * micro);
     auto t0 = rt.mark();
-    auto act = model_->forward(ctx, in, tg, true, grad_scale, sync_->forward_hooks(true));
+    auto act = model_->forward(ctx, in, tg, true, grad_scale, with_tp(sync_->forward_hooks(true)));
     auto t1 = rt.mark();
     // The first micro-batch overwrites the gradients, later ones add to them.
-    model_->backward(ctx, *act, sync_->hooks(static_cast<int>(m), static_cast<int>(grad_accum_)), m > 0);
+    model_->backward(ctx, *act, with_tp(sync_->hooks(static_cast<int>(m), static_cast<int>(grad_accum_))), m > 0);
     auto t2 = rt.mark();
     loss_sums.push_back(act->loss_sum);
     r.times.forward_ms += rt.elapsed_ms(t0, t1);
@@ -260,18 +281,8 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   // Gradients hold loss_scale * d(mean loss)/dw; clipping works on the unscaled norm. After DDP
   // every rank holds the summed gradients; with ZeRO each holds its range (summed over ranks).
   const double inv_scale = 1.0 / scaler_.scale();
-  double sq = 0;
-  if (sharded_) {
-    sq = sharded_->grad_sum_squares(ctx);
-  } else if (lazy_) {
-    std::vector<Tensor> parts;
-    for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) parts.push_back(lazy_->bucket(b));
-    sq = optim::sum_of_squares(ctx, parts);
-  } else {
-    sq = optim::sum_of_squares(ctx, params_->flat_grads());
-  }
-  sq = sum_over_stages(sq);   // each stage holds its own parameters' gradients
-  const double norm = std::sqrt(sq) * inv_scale;
+  // Pipeline: each stage holds its own parameters' gradients (squares add over the stages).
+  const double norm = std::sqrt(sum_over_stages(global_grad_sum_squares(ctx))) * inv_scale;
   const bool finite = std::isfinite(norm);
   r.grad_norm = norm;
   r.loss_scale = scaler_.scale();
@@ -325,7 +336,7 @@ double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64
       ops::fill(ctx, loss_sum, 0.0);
     }
   } else {
-    loss_sum = model_->forward(ctx, in, tg, false, 1.0, sync_->forward_hooks(false))->loss_sum;
+    loss_sum = model_->forward(ctx, in, tg, false, 1.0, with_tp(sync_->forward_hooks(false)))->loss_sum;
   }
   auto t1 = rt.mark();
   if (times) times->forward_ms = rt.elapsed_ms(t0, t1);
@@ -340,7 +351,7 @@ std::vector<float> Trainer::full_parameters() {
   std::vector<float> h(static_cast<std::size_t>(params_->numel()));
   Tensor dst = Tensor::view(h.data(), {params_->numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, params_->flat_params(), dst);
-  if (!host_mesh_) return h;
+  if (!pipeline_) return to_full_layout(h);   // tensor parallel: gathered over tp
   // Pipeline: every rank's store (its chunks' parameters, in chunk order), all-gathered over the
   // pp group of the host communicator, then each parameter put at its place in the full layout.
   comm::Communicator& pp = host_mesh_->pp();
@@ -371,25 +382,70 @@ std::vector<float> Trainer::full_parameters() {
   return full;
 }
 
-void Trainer::set_parameters(const std::vector<float>& flat) {
+void Trainer::set_parameters(const std::vector<float>& full) {
   Context& ctx = env_.rt.ctx();
-  if (fsdp_) return fsdp_->set_parameters(ctx, flat);
-  if (pipeline_ && static_cast<std::int64_t>(flat.size()) == dims_.parameter_count()) {
+  if (fsdp_) return fsdp_->set_parameters(ctx, full);
+  if (pipeline_ && static_cast<std::int64_t>(full.size()) == dims_.parameter_count()) {
     // Full parameters (a weights file): keep this stage's slice.
     const auto layout = model::parameter_layout(dims_);
     std::vector<float> mine(static_cast<std::size_t>(params_->numel()));
     for (int i = 0; i < params_->size(); ++i) {
       const auto& g = layout[static_cast<std::size_t>(params_->global_index(i))];
-      std::copy(flat.begin() + g.offset, flat.begin() + g.offset + g.numel,
+      std::copy(full.begin() + g.offset, full.begin() + g.offset + g.numel,
                 mine.begin() + params_->infos()[static_cast<std::size_t>(i)].offset);
     }
     return set_parameters(mine);
   }
+  const std::vector<float> flat = to_local_layout(full);   // tensor parallel: this rank's slices
   LMSCALE_CHECK(static_cast<std::int64_t>(flat.size()) == params_->numel(), "set_parameters: {} values for {}",
                 flat.size(), params_->numel());
   Tensor src = Tensor::view(const_cast<float*>(flat.data()), {params_->numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, src, params_->flat_params());
   params_->refresh_lowp(ctx);
+}
+
+std::vector<float> Trainer::to_full_layout(const std::vector<float>& local) {
+  return tp_ ? tp_->gather_full(dims_, local) : local;
+}
+
+std::vector<float> Trainer::to_local_layout(const std::vector<float>& full) const {
+  return tp_ ? tp_->slice_local(dims_, full) : full;
+}
+
+model::ParallelContext Trainer::with_tp(model::ParallelContext pc) const {
+  if (tp_) pc.tp = tp_->callbacks();
+  return pc;
+}
+
+double Trainer::global_grad_sum_squares(Context& ctx) {
+  // Every strategy's sum of squares over this rank's gradients (summed over data-parallel ranks
+  // where they hold shards).
+  double sq = 0;
+  if (sharded_) {
+    sq = sharded_->grad_sum_squares(ctx);
+  } else if (lazy_) {
+    std::vector<Tensor> parts;
+    for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) parts.push_back(lazy_->bucket(b));
+    sq = optim::sum_of_squares(ctx, parts);
+  } else {
+    sq = optim::sum_of_squares(ctx, params_->flat_grads());
+  }
+  if (!tp_) return sq;
+  // Tensor parallel: the sliced parameters' squares add over the tp ranks; the replicated norm
+  // weights (identical on every tp rank) count once.
+  double replicated = 0;
+  if (sharded_) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    for (const auto& p : params_->infos())
+      if (p.split_dim < 0) ranges.emplace_back(p.offset, p.numel);
+    replicated = sharded_->grad_sum_squares_in(ctx, ranges);
+  } else {
+    std::vector<Tensor> parts;
+    for (int i = 0; i < params_->size(); ++i)
+      if (params_->infos()[static_cast<std::size_t>(i)].split_dim < 0) parts.push_back(params_->grad(i));
+    replicated = optim::sum_of_squares(ctx, parts);
+  }
+  return tp_->global_sum_squares(sq, replicated);
 }
 
 }  // namespace lmscale::jobs

@@ -17,6 +17,7 @@ std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
     ParamInfo p;
     p.name = std::move(name);
     p.numel = shape_numel(shape);
+    p.full_shape = shape;
     p.shape = std::move(shape);
     p.offset = off;
     p.kind = kind;
@@ -51,7 +52,9 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
   }
   double std = 1.0;
   if (p.kind == ParamInfo::Kind::linear) {
-    const double d_out = static_cast<double>(p.shape[0]), d_in = static_cast<double>(p.shape[1]);
+    // The full parameter's fan-in/out (a tensor-parallel slice keeps its parameter's law).
+    const Shape& full = p.full_shape.empty() ? p.shape : p.full_shape;
+    const double d_out = static_cast<double>(full[0]), d_in = static_cast<double>(full[1]);
     std = std::sqrt(2.0 / (d_in + d_out));
   }
   const CounterRng rng(seed, hash_name(p.name));
@@ -59,10 +62,13 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
 }
 
 ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers,
-                               std::vector<StageUnits> chunks)
-    : infos_(parameter_layout(dims)), chunks_(std::move(chunks)), master_(master), lowp_dtype_(lowp),
+                               const TensorSplit& split, std::vector<StageUnits> chunks)
+    : infos_(tensor_parallel_layout(dims, split)), chunks_(std::move(chunks)), split_(split), master_(master),
+      lowp_dtype_(lowp),
       has_flat_params_(buffers != Buffers::none), has_flat_grads_(buffers == Buffers::params_and_grads) {
-  LMSCALE_CHECK(!chunks_.empty(), "a parameter store needs at least one unit range");
+  if (chunks_.empty()) chunks_ = {StageUnits::all()};
+  LMSCALE_CHECK(!split.active() || (chunks_.size() == 1 && chunks_[0].is_all(dims)),
+                "a tensor-parallel store holds the whole model (tp x pp is not supported)");
   const int all = static_cast<int>(infos_.size());
   local_of_.assign(static_cast<std::size_t>(all), -1);
   if (chunks_.size() == 1 && chunks_[0].is_all(dims)) {
@@ -178,7 +184,7 @@ void fill_initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t be
 
 void ParameterStore::init(std::uint64_t seed, Context& ctx) {
   if (!has_flat_params_) return;
-  for (const ParamInfo& p : infos_) fill_initial_values(p, seed, 0, p.numel, params_.flat_range(p.offset, p.numel), ctx);
+  for (const ParamInfo& p : infos_) fill_slice_initial_values(p, seed, params_.flat_range(p.offset, p.numel), ctx);
   zero_grads(ctx);
   refresh_lowp(ctx);
 }

@@ -27,9 +27,14 @@ TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
 
 TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params, StageUnits units)
     : dims_(dims), params_(params), compute_(params.lowp_dtype()),
-      stats_(params.master_dtype() == DType::f64 ? DType::f64 : DType::f32), units_(units) {
+      stats_(params.master_dtype() == DType::f64 ? DType::f64 : DType::f32), units_(units),
+      tp_(params.tensor_split()) {
   LMSCALE_CHECK(dims.d_model % dims.heads == 0 && dims.head_dim() % 2 == 0, "d_model {} / heads {}", dims.d_model,
                 dims.heads);
+  Hl_ = tp_.local(dims.heads);
+  dl_ = Hl_ * dims.head_dim();
+  Fl_ = tp_.local(dims.d_ff);
+  Vl_ = tp_.local(dims.vocab);
 }
 
 std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& tokens, const Tensor& targets,
@@ -44,24 +49,24 @@ std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& 
   LMSCALE_CHECK(act->T <= dims_.context, "sequence length {} exceeds model.context_length {}", act->T, dims_.context);
   act->tokens = tokens;
   act->targets = targets;
-  const std::int64_t N = act->B * act->T, d = dims_.d_model;
+  const std::int64_t N = act->B * act->T;
   const int head_unit = static_cast<int>(dims_.layers) + 1;
 
-  Tensor x = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
+  Tensor x;
   {
     NvtxRange r("embedding");
     call(pc.before_forward, 0);
-    ops::embedding(ctx, tokens.reshape({N}), params_.compute_weight(0), x);
+    x = embed(pc, ctx, tokens.reshape({N}));
     call(pc.after_forward, 0);
   }
   x = run_blocks_forward(ctx, *act, x, keep, pc);
 
   NvtxRange r("lm_head");
   call(pc.before_forward, head_unit);
-  Tensor logits = head_forward(ctx, *act, x, keep);
+  Tensor logits = head_forward(ctx, *act, x, keep, pc);
   if (targets.defined() && targets.numel() > 0) {
     act->loss_sum = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
-    ops::cross_entropy(ctx, logits, targets.reshape({N}), act->loss_sum, keep ? &logits : nullptr, grad_scale);
+    loss(pc, ctx, logits, targets.reshape({N}), act->loss_sum, keep, grad_scale);
   }
   if (keep) act->dlogits = logits;
   call(pc.after_forward, head_unit);
@@ -69,31 +74,32 @@ std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& 
 }
 
 Tensor TransformerLM::logits(Context& ctx, const Tensor& tokens, const ParallelContext& pc) {
-  const std::int64_t N = tokens.numel(), d = dims_.d_model;
+  const std::int64_t N = tokens.numel();
   Activations act;
   act.B = tokens.dim(0);
   act.T = tokens.dim(1);
-  Tensor x = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
   call(pc.before_forward, 0);
-  ops::embedding(ctx, tokens.reshape({N}), params_.compute_weight(0), x);
+  Tensor x = embed(pc, ctx, tokens.reshape({N}));
   call(pc.after_forward, 0);
   x = run_blocks_forward(ctx, act, x, false, pc);
   const int head_unit = static_cast<int>(dims_.layers) + 1;
   call(pc.before_forward, head_unit);
-  Tensor out = head_forward(ctx, act, x, false);
+  Tensor out = head_forward(ctx, act, x, false, pc);
   call(pc.after_forward, head_unit);
   return out;
 }
 
-Tensor TransformerLM::head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep) {
-  const std::int64_t N = x.dim(0), d = dims_.d_model;
+Tensor TransformerLM::head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep,
+                                   const ParallelContext& pc) {
+  const std::int64_t Nl = x.dim(0), d = dims_.d_model;
   const int ln_final = params_.local_index(1 + static_cast<int>(dims_.layers) * 9);   // store index
   Allocator& A = *ctx.allocator;
-  Tensor rstd = Tensor::empty({N}, stats_, A, "activations");
-  Tensor y = Tensor::empty({N, d}, compute_, A, "activations");
+  Tensor rstd = Tensor::empty({Nl}, stats_, A, "activations");
+  Tensor y = Tensor::empty({Nl, d}, compute_, A, "activations");
   ops::rmsnorm(ctx, x, params_.compute_weight(ln_final), dims_.norm_eps, y, rstd);
-  Tensor logits = Tensor::empty({N, dims_.vocab}, compute_, A, "logits");
-  ops::linear(ctx, y, params_.compute_weight(ln_final + 1), logits);
+  Tensor y_full = tp_f(pc, ctx, y);   // [N,d]: the vocabulary-parallel head is column-parallel
+  Tensor logits = Tensor::empty({y_full.dim(0), Vl_}, compute_, A, "logits");
+  ops::linear(ctx, y_full, params_.compute_weight(ln_final + 1), logits);
   if (keep) {
     act.x_final = x;
     act.rstd_final = rstd;
@@ -120,13 +126,17 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
     if (every_k && (l % recompute_.k == 0 || l == l0)) act.group_inputs[static_cast<std::size_t>(l / recompute_.k)] = x;
     BlockActivations scratch;   // without `keep` (or under every-k) the block's saved tensors die with it
     BlockActivations& s = keep && !every_k ? act.blocks[static_cast<std::size_t>(l)] : scratch;
-    x = block_forward(ctx, l, act.B, act.T, x, s);
+    x = block_forward(ctx, l, act.B, act.T, x, s, pc);
     if (selective) {
       // Recomputed in the backward from what stays (see recompute.h).
       s.y1 = Tensor();
       s.y2 = Tensor();
       s.g = Tensor();
       if (!dims_.flash) s.attn_aux = Tensor();
+      if (recompute_.mlp) {
+        s.a = Tensor();
+        s.b = Tensor();
+      }
     }
     call(pc.after_forward, l + 1);
   }
@@ -134,27 +144,33 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
 }
 
 Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::int64_t T, const Tensor& x,
-                                    BlockActivations& s, bool need_output) {
-  const std::int64_t N = B * T, d = dims_.d_model, F = dims_.d_ff, H = dims_.heads, Dh = dims_.head_dim();
+                                    BlockActivations& s, const ParallelContext& pc, bool need_output) {
+  // Tensor parallel: this rank's heads (dl = Hl*Dh columns) and FFN features (Fl); x, h and the
+  // norms' outputs are [Nl,d] row shards under sequence parallelism.
+  const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model, F = Fl_, H = Hl_, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
   auto W = [&](int slot) { return params_.compute_weight(pidx(l, slot)); };
   auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activations"); };
+  auto act_local = [&](std::int64_t cols) { return Tensor::empty({Nl, cols}, compute_, A, "activations"); };
   s.x = x;
   {
     NvtxRange r("attention_block");
-    s.rstd1 = Tensor::empty({N}, stats_, A, "activations");
-    s.y1 = act(d);
+    s.rstd1 = Tensor::empty({Nl}, stats_, A, "activations");
+    s.y1 = act_local(d);
     ops::rmsnorm(ctx, x, W(kLn1), dims_.norm_eps, s.y1, s.rstd1);
-    s.q = act(d);
-    s.k = act(d);
-    s.v = act(d);
-    ops::linear(ctx, s.y1, W(kQ), s.q);
-    ops::linear(ctx, s.y1, W(kK), s.k);
-    ops::linear(ctx, s.y1, W(kV), s.v);
+    s.q = act(dl_);
+    s.k = act(dl_);
+    s.v = act(dl_);
+    {
+      const Tensor y1 = tp_f(pc, ctx, s.y1);   // [N,d]; gathered rows are dropped after the matmuls
+      ops::linear(ctx, y1, W(kQ), s.q);
+      ops::linear(ctx, y1, W(kK), s.k);
+      ops::linear(ctx, y1, W(kV), s.v);
+    }
     ops::rope(ctx, s.q, B, T, H, Dh, dims_.rope_theta, false);
     ops::rope(ctx, s.k, B, T, H, Dh, dims_.rope_theta, false);
     const auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
-    s.o = act(d);
+    s.o = act(dl_);
     if (dims_.flash) {
       s.attn_aux = Tensor::empty({B, H, T}, stats_, A, "activations");
       ops::attention_flash(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux);
@@ -163,25 +179,38 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
       ops::attention_naive(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux);
     }
     Tensor proj = act(d);
-    ops::linear(ctx, s.o, W(kO), proj);
-    s.h = act(d);
+    ops::linear(ctx, s.o, W(kO), proj);   // row-parallel: this rank's heads' share of the sum
+    proj = tp_g(pc, ctx, proj);           // [Nl,d]
+    s.h = act_local(d);
     ops::add(ctx, x, proj, s.h);
   }
   NvtxRange r("ffn_block");
-  s.rstd2 = Tensor::empty({N}, stats_, A, "activations");
-  s.y2 = act(d);
+  s.rstd2 = Tensor::empty({Nl}, stats_, A, "activations");
+  s.y2 = act_local(d);
   ops::rmsnorm(ctx, s.h, W(kLn2), dims_.norm_eps, s.y2, s.rstd2);
   s.a = act(F);
   s.b = act(F);
-  ops::linear(ctx, s.y2, W(kW1), s.a);
-  ops::linear(ctx, s.y2, W(kW3), s.b);
+  {
+    const Tensor y2 = tp_f(pc, ctx, s.y2);
+    ops::linear(ctx, y2, W(kW1), s.a);
+    ops::linear(ctx, y2, W(kW3), s.b);
+  }
   s.g = act(F);
   ops::swiglu(ctx, s.a, s.b, s.g);
   if (!need_output) return Tensor();   // a recompute's last block: its output is not needed again
   Tensor out = act(d);
-  ops::linear(ctx, s.g, W(kW2), out);
+  ops::linear(ctx, s.g, W(kW2), out);   // row-parallel partial sum
+  out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);
   return out;
+}
+
+void TransformerLM::recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N,
+                                   std::int64_t d) {
+  if (present(y)) return;
+  y = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
+  Tensor rstd = Tensor::empty({N}, stats_, *ctx.allocator, "activation_grads");   // the kept rstd's twin
+  ops::rmsnorm(ctx, x, w, dims_.norm_eps, y, rstd);
 }
 
 Tensor TransformerLM::grad_for_adding(Context& ctx, int i, bool accumulate) {
@@ -192,21 +221,34 @@ Tensor TransformerLM::grad_for_adding(Context& ctx, int i, bool accumulate) {
 
 void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
                                    std::int64_t B, std::int64_t T, bool accumulate) {
-  const std::int64_t N = B * T, d = dims_.d_model, F = dims_.d_ff, H = dims_.heads, Dh = dims_.head_dim();
+  // Local shapes as in block_forward; dx is [Nl,d].
+  const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model, F = Fl_, H = Hl_, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
   auto W = [&](int slot) { return params_.compute_weight(pidx(l, slot)); };
   auto G = [&](int slot) { return params_.grad(pidx(l, slot)); };
   auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activation_grads"); };
+  auto act_local = [&](std::int64_t cols) { return Tensor::empty({Nl, cols}, compute_, A, "activation_grads"); };
   {
-    // FFN: out = h + w2(silu(w1 y2) * w3 y2), y2 = rmsnorm2(h); dx holds d(out).
+    // FFN: out = h + g(w2(silu(w1 f(y2)) * w3 f(y2))), y2 = rmsnorm2(h); dx holds d(out).
     NvtxRange r("ffn_block_backward");
+    if (!present(s.a)) {   // selective-mlp: y2, then a = w1 y2 and b = w3 y2 again
+      recompute_norm(ctx, s.h, W(kLn2), s.y2, Nl, d);   // [Nl,d]; tensor parallel: the local a, b [N,Fl]
+      s.a = act(F);
+      s.b = act(F);
+      const Tensor y2 = tp_f(pc, ctx, s.y2);
+      ops::linear(ctx, y2, W(kW1), s.a);
+      ops::linear(ctx, y2, W(kW3), s.b);
+    }
     if (!present(s.g)) {   // selective checkpointing: g = silu(a) * b again
       s.g = act(F);
       ops::swiglu(ctx, s.a, s.b, s.g);
     }
     Tensor dg = act(F);
     Tensor gW2 = G(kW2);
-    ops::linear_backward(ctx, s.g, W(kW2), dx, &dg, &gW2, accumulate);
+    {
+      const Tensor dout = tp_g_backward(pc, ctx, dx);   // [N,d]
+      ops::linear_backward(ctx, s.g, W(kW2), dout, &dg, &gW2, accumulate);
+    }
     notify(pc, pidx(l, kW2));
     s.g = Tensor();
     Tensor da = act(F), db = act(F);
@@ -214,31 +256,47 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     dg = Tensor();
     s.a = Tensor();
     s.b = Tensor();
-    if (!present(s.y2)) {   // selective: y2 = rmsnorm2(h) again (rstd is the kept one's twin)
-      s.y2 = act(d);
-      Tensor rstd = Tensor::empty({N}, stats_, A, "activation_grads");
-      ops::rmsnorm(ctx, s.h, W(kLn2), dims_.norm_eps, s.y2, rstd);
-    }
+    recompute_norm(ctx, s.h, W(kLn2), s.y2, Nl, d);   // selective: y2 = rmsnorm2(h) again
     Tensor dy2 = act(d), dy2b = act(d);
     Tensor gW1 = G(kW1), gW3 = G(kW3);
-    ops::linear_backward(ctx, s.y2, W(kW1), da, &dy2, &gW1, accumulate);
-    notify(pc, pidx(l, kW1));
-    ops::linear_backward(ctx, s.y2, W(kW3), db, &dy2b, &gW3, accumulate);
-    notify(pc, pidx(l, kW3));
-    ops::add(ctx, dy2, dy2b, dy2);
-    Tensor dh = act(d), gLn2 = grad_for_adding(ctx, pidx(l, kLn2), accumulate);
-    ops::rmsnorm_backward(ctx, s.h, W(kLn2), s.rstd2, dy2, dh, gLn2);
+    if (!tp_.active()) {
+      ops::linear_backward(ctx, s.y2, W(kW1), da, &dy2, &gW1, accumulate);
+      notify(pc, pidx(l, kW1));
+      ops::linear_backward(ctx, s.y2, W(kW3), db, &dy2b, &gW3, accumulate);
+      notify(pc, pidx(l, kW3));
+      ops::add(ctx, dy2, dy2b, dy2);
+    } else {
+      // Tensor parallel: the input gradient first, so that its f-backward collective runs while
+      // the weight-gradient GEMMs (which do not read it) compute.
+      const Tensor y2 = tp_f(pc, ctx, s.y2);   // sequence parallel: gathered again, as Megatron does
+      ops::linear_backward(ctx, y2, W(kW1), da, &dy2, nullptr, accumulate);
+      ops::linear_backward(ctx, y2, W(kW3), db, &dy2b, nullptr, accumulate);
+      ops::add(ctx, dy2, dy2b, dy2);
+      dy2b = Tensor();
+      PendingGrad pending = tp_f_backward_start(pc, ctx, dy2);
+      ops::linear_backward(ctx, y2, W(kW1), da, nullptr, &gW1, accumulate);
+      notify(pc, pidx(l, kW1));
+      ops::linear_backward(ctx, y2, W(kW3), db, nullptr, &gW3, accumulate);
+      notify(pc, pidx(l, kW3));
+      dy2 = pending.finish();   // [Nl,d]
+    }
+    dy2b = Tensor();
+    Tensor dh = act_local(d), gLn2 = grad_for_adding(ctx, pidx(l, kLn2), accumulate);
+    norm_backward(pc, ctx, s.h, W(kLn2), s.rstd2, dy2, dh, gLn2);
     notify(pc, pidx(l, kLn2));
     ops::add(ctx, dx, dh, dx);   // dx now holds d(h)
     s.y2 = Tensor();
     s.h = Tensor();
   }
   NvtxRange r("attention_block_backward");
-  // Attention: h = x + output_proj(attn(rope(q), rope(k), v)), q,k,v = proj(rmsnorm1(x)).
-  Tensor dO = act(d), gWo = G(kO);
-  ops::linear_backward(ctx, s.o, W(kO), dx, &dO, &gWo, accumulate);
+  // Attention: h = x + g(output_proj(attn(rope(q), rope(k), v))), q,k,v = proj(f(rmsnorm1(x))).
+  Tensor dO = act(dl_), gWo = G(kO);
+  {
+    const Tensor dproj = tp_g_backward(pc, ctx, dx);   // [N,d]
+    ops::linear_backward(ctx, s.o, W(kO), dproj, &dO, &gWo, accumulate);
+  }
   notify(pc, pidx(l, kO));
-  Tensor dq = act(d), dk = act(d), dv = act(d);
+  Tensor dq = act(dl_), dk = act(dl_), dv = act(dl_);
   const auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
   if (dims_.flash) {
     ops::attention_flash_backward(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux, dO, dq, dk, dv);
@@ -246,7 +304,7 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     if (!present(s.attn_aux)) {   // selective: the probabilities again (the output is discarded)
       NvtxRange rr("recompute_probs");
       s.attn_aux = Tensor::empty({B, H, T, T}, compute_, A, "attention_probs");
-      Tensor o = act(d);
+      Tensor o = act(dl_);
       ops::attention_naive(ctx, shape, s.q, s.k, s.v, o, s.attn_aux);
     }
     ops::attention_naive_backward(ctx, shape, s.q, s.k, s.v, s.attn_aux, dO, dq, dk, dv);
@@ -256,25 +314,40 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   dO = Tensor();
   ops::rope(ctx, dq, B, T, H, Dh, dims_.rope_theta, true);
   ops::rope(ctx, dk, B, T, H, Dh, dims_.rope_theta, true);
-  if (!present(s.y1)) {   // selective: y1 = rmsnorm1(x) again
-    s.y1 = act(d);
-    Tensor rstd = Tensor::empty({N}, stats_, A, "activation_grads");
-    ops::rmsnorm(ctx, s.x, W(kLn1), dims_.norm_eps, s.y1, rstd);
-  }
+  recompute_norm(ctx, s.x, W(kLn1), s.y1, Nl, d);   // selective: y1 = rmsnorm1(x) again
   Tensor dy1 = act(d), tmp = act(d);
   Tensor gq = G(kQ), gk = G(kK), gv = G(kV);
-  ops::linear_backward(ctx, s.y1, W(kQ), dq, &dy1, &gq, accumulate);
-  notify(pc, pidx(l, kQ));
-  ops::linear_backward(ctx, s.y1, W(kK), dk, &tmp, &gk, accumulate);
-  notify(pc, pidx(l, kK));
-  ops::add(ctx, dy1, tmp, dy1);
-  ops::linear_backward(ctx, s.y1, W(kV), dv, &tmp, &gv, accumulate);
-  notify(pc, pidx(l, kV));
-  ops::add(ctx, dy1, tmp, dy1);
+  if (!tp_.active()) {
+    ops::linear_backward(ctx, s.y1, W(kQ), dq, &dy1, &gq, accumulate);
+    notify(pc, pidx(l, kQ));
+    ops::linear_backward(ctx, s.y1, W(kK), dk, &tmp, &gk, accumulate);
+    notify(pc, pidx(l, kK));
+    ops::add(ctx, dy1, tmp, dy1);
+    ops::linear_backward(ctx, s.y1, W(kV), dv, &tmp, &gv, accumulate);
+    notify(pc, pidx(l, kV));
+    ops::add(ctx, dy1, tmp, dy1);
+  } else {
+    // As in the FFN: input gradients, then f backward overlapped with the weight gradients.
+    const Tensor y1 = tp_f(pc, ctx, s.y1);
+    ops::linear_backward(ctx, y1, W(kQ), dq, &dy1, nullptr, accumulate);
+    ops::linear_backward(ctx, y1, W(kK), dk, &tmp, nullptr, accumulate);
+    ops::add(ctx, dy1, tmp, dy1);
+    ops::linear_backward(ctx, y1, W(kV), dv, &tmp, nullptr, accumulate);
+    ops::add(ctx, dy1, tmp, dy1);
+    PendingGrad pending = tp_f_backward_start(pc, ctx, dy1);
+    ops::linear_backward(ctx, y1, W(kQ), dq, nullptr, &gq, accumulate);
+    notify(pc, pidx(l, kQ));
+    ops::linear_backward(ctx, y1, W(kK), dk, nullptr, &gk, accumulate);
+    notify(pc, pidx(l, kK));
+    ops::linear_backward(ctx, y1, W(kV), dv, nullptr, &gv, accumulate);
+    notify(pc, pidx(l, kV));
+    dy1 = pending.finish();   // [Nl,d]
+  }
+  Tensor dxn = Nl == N ? tmp : act_local(d);
   Tensor gLn1 = grad_for_adding(ctx, pidx(l, kLn1), accumulate);
-  ops::rmsnorm_backward(ctx, s.x, W(kLn1), s.rstd1, dy1, tmp, gLn1);
+  norm_backward(pc, ctx, s.x, W(kLn1), s.rstd1, dy1, dxn, gLn1);
   notify(pc, pidx(l, kLn1));
-  ops::add(ctx, dx, tmp, dx);   // dx now holds d(x)
+  ops::add(ctx, dx, dxn, dx);   // dx now holds d(x)
   s = BlockActivations{};
 }
 
@@ -282,21 +355,32 @@ void TransformerLM::backward(Context& ctx, Activations& act, const ParallelConte
   NvtxRange range("backward");
   LMSCALE_CHECK(act.dlogits.defined() && act.dlogits.numel() > 0 && act.loss_sum.defined(),
                 "backward needs a forward with targets and keep=true");
-  const std::int64_t N = act.B * act.T, d = dims_.d_model;
+  const std::int64_t N = act.B * act.T, Nl = local_rows(N), d = dims_.d_model;
   const int L = static_cast<int>(dims_.layers);
   const int ln_final = 1 + L * 9, head = ln_final + 1;
-  Tensor dx = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
+  Tensor dx = Tensor::empty({Nl, d}, compute_, *ctx.allocator, "activation_grads");
   {
     NvtxRange r("lm_head_backward");
     call(pc.before_backward, L + 1);
     Tensor dy = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
     Tensor gHead = params_.grad(head);
-    ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dy, &gHead, accumulate);
-    notify(pc, head);
+    if (!tp_.active()) {
+      ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dy, &gHead, accumulate);
+      notify(pc, head);
+    } else {
+      // Vocabulary-parallel head: the partial input gradients are summed (f backward) while the
+      // head's weight gradient computes.
+      const Tensor y = tp_f(pc, ctx, act.y_final);   // [N,d]
+      ops::linear_backward(ctx, y, params_.compute_weight(head), act.dlogits, &dy, nullptr, accumulate);
+      PendingGrad pending = tp_f_backward_start(pc, ctx, dy);
+      ops::linear_backward(ctx, y, params_.compute_weight(head), act.dlogits, nullptr, &gHead, accumulate);
+      notify(pc, head);
+      dy = pending.finish();
+    }
     act.dlogits = Tensor();
     act.y_final = Tensor();
     Tensor gLnF = grad_for_adding(ctx, ln_final, accumulate);
-    ops::rmsnorm_backward(ctx, act.x_final, params_.compute_weight(ln_final), act.rstd_final, dy, dx, gLnF);
+    norm_backward(pc, ctx, act.x_final, params_.compute_weight(ln_final), act.rstd_final, dy, dx, gLnF);
     notify(pc, ln_final);
     act.x_final = Tensor();
     call(pc.after_backward, L + 1);
@@ -305,7 +389,7 @@ void TransformerLM::backward(Context& ctx, Activations& act, const ParallelConte
   NvtxRange r("embedding_backward");
   call(pc.before_backward, 0);
   Tensor gEmb = grad_for_adding(ctx, 0, accumulate);
-  ops::embedding_backward(ctx, act.tokens.reshape({N}), dx, gEmb);
+  embed_backward(pc, ctx, act.tokens.reshape({N}), dx, gEmb);
   notify(pc, 0);
   call(pc.after_backward, 0);
 }
@@ -326,7 +410,7 @@ void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, 
       Tensor x = act.group_inputs[static_cast<std::size_t>(g)];
       act.group_inputs[static_cast<std::size_t>(g)] = Tensor();
       for (int l = lo; l < hi; ++l)
-        x = block_forward(ctx, l, act.B, act.T, x, act.blocks[static_cast<std::size_t>(l)], l + 1 < hi);
+        x = block_forward(ctx, l, act.B, act.T, x, act.blocks[static_cast<std::size_t>(l)], pc, l + 1 < hi);
     }
     for (int l = hi - 1; l >= lo; --l) {
       NvtxRange r("layer_backward");

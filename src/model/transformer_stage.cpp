@@ -23,6 +23,8 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
                                                           std::int64_t B, std::int64_t T, double grad_scale,
                                                           const ParallelContext& pc) {
   NvtxRange range("forward_stage");
+  // Pipeline stages run whole tensors: tensor x pipeline parallelism is refused by the deck.
+  LMSCALE_CHECK(!tp_.active(), "a pipeline stage with tensor parallelism (tp = {}) is not supported", tp_.degree);
   const StageUnits& u = units_;
   const std::int64_t N = B * T, d = dims_.d_model;
   const int L = static_cast<int>(dims_.layers);
@@ -51,7 +53,7 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
   }
   NvtxRange r("lm_head");
   call(pc.before_forward, L + 1);
-  Tensor logits = head_forward(ctx, *act, x, true);
+  Tensor logits = head_forward(ctx, *act, x, true, pc);
   LMSCALE_CHECK(targets.defined() && targets.numel() == N, "the last stage needs targets int32 [{}, {}]", B, T);
   act->loss_sum = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
   ops::cross_entropy(ctx, logits, targets.reshape({N}), act->loss_sum, &logits, grad_scale);
@@ -63,6 +65,7 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
 Tensor TransformerLM::backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc,
                                      bool accumulate) {
   NvtxRange range("backward_stage");
+  LMSCALE_CHECK(!tp_.active(), "a pipeline stage with tensor parallelism (tp = {}) is not supported", tp_.degree);
   const StageUnits& u = units_;
   const std::int64_t N = act.B * act.T, d = dims_.d_model;
   const int L = static_cast<int>(dims_.layers);

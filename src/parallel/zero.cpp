@@ -1,5 +1,7 @@
 #include "lmscale/parallel/zero.h"
 
+#include <algorithm>
+
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
@@ -171,6 +173,22 @@ const Tensor& ZeroOptimizer::shard_grads(Shard& s) {
 double ZeroOptimizer::grad_sum_squares(Context& ctx) {
   double local = 0;
   for (auto& s : shards_) local += optim::sum_of_squares(ctx, shard_grads(s));
+  return sync_->sum_scalar(local);
+}
+
+double ZeroOptimizer::grad_sum_squares_in(Context& ctx,
+                                          const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
+  // Each rank sums the part of the ranges inside its shard of group 0; the parts add up over ranks.
+  std::vector<Tensor> parts;
+  if (!shards_.empty()) {
+    Shard& s = shards_[0];
+    const Tensor& g = shard_grads(s);
+    for (const auto& [offset, numel] : ranges) {
+      const std::int64_t a = std::max(offset, s.begin), b = std::min(offset + numel, s.begin + s.size);
+      if (b > a) parts.push_back(g.flat_range(a - s.begin, b - a));
+    }
+  }
+  const double local = parts.empty() ? 0.0 : optim::sum_of_squares(ctx, parts);
   return sync_->sum_scalar(local);
 }
 

@@ -58,6 +58,17 @@ struct Request {
   std::size_t total_count(int size) const; // elements of the full (size-block) buffer
 };
 
+// How many collectives (and bytes, as bench-collectives counts them) went by one path since the
+// communicator was made. Paths of the mpi backend: "shm" (lmscale's shared memory, one node),
+// "hier" (shm inside each node + library between node leaders), and "library-node",
+// "library-net", "ring-node", "ring-net" (MPI's own transports: "-node" when the whole group is on
+// one node, "-net" when it spans nodes, so some messages cross the network).
+struct PathUse {
+  std::string path;
+  std::uint64_t calls = 0;
+  std::uint64_t bytes = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -82,6 +93,9 @@ class Communicator {
   // nccl: the cudaStream_t that collectives are ordered after and that wait() orders after them
   // (default: the legacy default stream). mpi: ignored.
   virtual void set_compute_stream(void* stream) { (void)stream; }
+  // Collectives per path so far (see PathUse), for the results file; empty where the backend does
+  // not choose its transport itself (nccl: NCCL does, NCCL_DEBUG=INFO logs it).
+  virtual std::vector<PathUse> path_uses() const { return {}; }
 
   // ---- raw buffers -------------------------------------------------------------------------
   Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, CallOptions o = {});

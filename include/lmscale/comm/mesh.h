@@ -15,6 +15,7 @@
 // communicator of the world's backend, made with split (MPI_Comm_split / ncclCommSplit).
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lmscale/comm/communicator.h"
 
@@ -42,6 +43,11 @@ int mesh_rank(const MeshShape& resolved, int pp_idx, int dp_idx, int tp_idx);
 // A printable table: the formula, then one line per rank with its coordinates and the members of
 // its tp/dp/pp groups (first 64 ranks; the rest elided). Needs no MPI.
 std::string describe_mesh(const MeshShape& shape, int world_size);
+// The groups of `axis` whose ranks sit on more than one node, each as its rank list, given the
+// node of every world rank (node_of[rank], any ids). A tensor-parallel group that spans nodes
+// puts two all-reduces per sublayer on the network; ranks are laid out tp-fastest, so launching
+// ranks node by node with tp <= ranks per node keeps every tp group inside a node. Needs no MPI.
+std::vector<std::vector<int>> groups_across_nodes(const MeshShape& resolved, Axis axis, const std::vector<int>& node_of);
 
 class Mesh {
  public:

@@ -14,13 +14,18 @@
 //            pipelined chain); any count, also count < size
 //   shm      node-local shared-memory window (MPI_Win_allocate_shared), double-buffered chunks,
 //            copies and reductions split over `shm_threads` threads; needs all ranks on one node
-//   auto     shm when available and count*elem >= shm_min_bytes, else library
+//   hier     all-reduce across nodes: shm inside each node, library between node leaders, shm
+//            broadcast inside each node (other collectives: library)
+//   auto     for count*elem >= shm_min_bytes: shm on one node, hier (all-reduce) across nodes
+//            when some node holds several ranks; else library
 // bf16/fp16 reductions accumulate in fp32 and round once: library and ring convert to fp32
 // buffers (the ring sends fp32 partial sums), shm adds the ranks' 16-bit values in fp32 registers.
 #include <mpi.h>
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "lmscale/comm/communicator.h"
 
@@ -53,6 +58,9 @@ class MpiCommunicator final : public Communicator {
 
   // True when every rank of this communicator is on this node (shm is possible).
   bool node_local() const { return node_local_; }
+  // Nodes the ranks of this communicator are on (MPI_COMM_TYPE_SHARED groups).
+  int nodes() const { return nodes_; }
+  std::vector<PathUse> path_uses() const override;
   // True when work runs on the communication thread (MPI_THREAD_MULTIPLE).
   bool threaded() const;
   const MpiOptions& options() const { return options_; }
@@ -64,8 +72,12 @@ class MpiCommunicator final : public Communicator {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   MpiOptions options_;
-  int rank_ = 0, size_ = 1;
+  void count_path(Algo algo, std::size_t bytes);
+
+  int rank_ = 0, size_ = 1, nodes_ = 1;
   bool node_local_ = false;
+  mutable std::mutex paths_mutex_;   // start() may be called from several threads
+  std::vector<PathUse> paths_;
 };
 
 }  // namespace lmscale::comm

@@ -21,9 +21,14 @@ ReduceOp parse_reduce_op(std::string_view name);
 //           all-gather over `size` chunks
 //  shm:     node-local shared memory with several copy/reduce threads per rank (mpi backend,
 //           all ranks of the communicator on one node)
-//  automatic: shm when available and the message is large enough, otherwise library
-enum class Algo : std::uint8_t { automatic, library, ring, shm };
-const char* algo_name(Algo a);   // "auto", "library", "ring", "shm"
+//  hier:    all-reduce over several nodes (mpi backend): shm inside each node, then the library's
+//           all-reduce between one leader per node (the network), then a shm broadcast inside
+//           each node; other collectives use library
+//  automatic: shm when every rank is on one node, hier when the group spans nodes and some node
+//           holds several of its ranks (all-reduce only), each for messages of at least
+//           shm_min_bytes; otherwise library
+enum class Algo : std::uint8_t { automatic, library, ring, shm, hier };
+const char* algo_name(Algo a);   // "auto", "library", "ring", "shm", "hier"
 Algo parse_algo(std::string_view name);
 
 enum class Backend : std::uint8_t { mpi, nccl };

@@ -56,6 +56,7 @@ struct ParallelConfig {
   std::string schedule = "1f1b";        // gpipe | 1f1b | interleaved
   std::int64_t virtual_stages = 1;      // interleaved: model chunks per pipeline rank
   std::string stage_layers;             // blocks per stage, e.g. "12,12,12,12"; empty = balanced
+  bool sequence_parallel = false;       // tp: norms and residuals on sequence shards
 
   bool operator==(const ParallelConfig&) const = default;
 };
@@ -126,6 +127,14 @@ struct DataConfig {
   bool operator==(const DataConfig&) const = default;
 };
 
+// The machine the accounting job's communication analysis assumes (jobs/parallel_bounds.h).
+struct AccountingConfig {
+  double device_tflops = 0;   // dense FLOP/s per device, TFLOP/s; 0 = datasheet peak (H100/H200)
+  double link_gbps = 450;     // per-GPU link bandwidth, GB/s one way (NVLink 4: 900 both ways)
+
+  bool operator==(const AccountingConfig&) const = default;
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -135,6 +144,7 @@ struct Config {
   TrainConfig train;
   OptimConfig optim;
   DataConfig data;
+  AccountingConfig accounting;
 
   // Provenance, written to the HDF5 root attributes.
   std::string deck_path;      // "" when no deck file was given

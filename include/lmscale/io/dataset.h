@@ -62,6 +62,13 @@ class TokenFile final : public TokenSource {
   std::uint64_t seed_;
 };
 
+// Validates a token file before any work (deck validation, exit 2 on failure): a regular file,
+// a whole number of `dtype` elements, at least `min_tokens` of them, and every id < `vocab` (one
+// pass over the memory-mapped file, a few GB/s). Throws UsageError naming `key` (data.path or
+// data.val_path), the file and the fix.
+void check_token_file(const std::string& key, const std::string& path, const std::string& dtype, std::int64_t vocab,
+                      std::int64_t min_tokens);
+
 std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, std::int64_t vocab, std::uint64_t seed);
 
 }  // namespace lmscale::io

@@ -2,8 +2,10 @@
 // HDF5 results files (schema lmscale-results/1, DESIGN.md §7, docs/hdf5.md). Only rank 0 writes:
 // on other ranks a ResultsFile is inactive and every call is a no-op, so jobs gather data over MPI
 // first and then call the same code on every rank. The file is written as NAME.tmp and renamed to
-// NAME by finish(); a crashed run leaves NAME.tmp with every row flushed so far. HDF5 here is the
-// serial, not thread-safe library: call from one thread (the main thread).
+// NAME by finish(); a run that stops after measuring something leaves NAME.tmp with every row
+// flushed so far, one that stops before leaves nothing (abandon()). What may be replaced is the
+// overwrite rule of docs/hdf5.md. HDF5 here is the serial, not thread-safe library: call from one
+// thread (the main thread).
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -60,7 +62,7 @@ class ResultsFile {
  public:
   // active=false (ranks other than 0): nothing is opened or written.
   ResultsFile(const std::string& path, bool active);
-  ~ResultsFile();   // if finish() was not called, closes NAME.tmp and leaves it
+  ~ResultsFile();   // if finish() was not called: abandon()
   ResultsFile(const ResultsFile&) = delete;
   ResultsFile& operator=(const ResultsFile&) = delete;
 
@@ -81,6 +83,15 @@ class ResultsFile {
   // Closes and renames NAME.tmp -> NAME. Tables still open are closed with the file; any call
   // after finish() throws Error (on an active file).
   void finish();
+  // A run that stops without finish(): when the file holds results (has_results()) NAME.tmp is
+  // flushed, closed and kept, and its path returned so that the error message can name it;
+  // otherwise NAME.tmp and the directories made for it are removed and "" is returned. Later
+  // calls do nothing and return "".
+  std::string abandon();
+  // Whether a result was written: a row of a table outside /system, or an array. Provenance
+  // (root attributes, /system/ranks) is not a result.
+  bool has_results() const;
+  std::int64_t result_rows() const;   // rows appended to tables outside /system
 
  private:
   struct Impl;

@@ -9,6 +9,7 @@
 
 #include "lmscale/io/config.h"
 #include "lmscale/jobs/job_env.h"
+#include "lmscale/jobs/parallel_bounds.h"
 
 namespace lmscale::jobs {
 
@@ -28,6 +29,13 @@ struct Accounting {
   double flops_per_step = 0;           // all ranks
   double peak_flops = 0;               // per device (0 when the device is unknown)
   double ideal_step_s = 0;             // flops / (ranks * peak)
+  // Tensor parallelism: activation bytes each rank sends per step over its tp group.
+  double tp_comm_bytes_per_step = 0;
+  std::string tp_comm_formula;
+  // The degree at which each strategy becomes communication bound (parallel_bounds.h), for the
+  // FLOP rate and link bandwidth of the [accounting] keys.
+  std::vector<ParallelBound> bounds;
+  double analysis_flops = 0, analysis_link_bytes = 0;   // C (FLOP/s) and W (bytes/s) used
 };
 
 // For a resolved config on `world` ranks; device_name picks the peak FLOP/s ("" = H100 SXM).

@@ -21,8 +21,10 @@
 namespace lmscale::comm {
 class Mesh;
 }
+
 namespace lmscale::parallel {
 class PipelineParallel;
+class TensorParallel;
 class GradientSync;
 class ShardedOptimizer;
 class FullyShardedDataParallel;
@@ -46,7 +48,11 @@ struct StepResult {
 class Trainer {
  public:
   // global_batch: sequences per optimizer step over all data-parallel ranks; the rank takes
-  // rows [rank*B/dp, (rank+1)*B/dp) and splits them into grad_accum micro-batches.
+  // rows [dp_rank*B/dp, (dp_rank+1)*B/dp) and splits them into grad_accum micro-batches.
+  // parallel.tp > 1: the world is a dp x tp mesh (comm/mesh.h); the ranks of a tp group take the
+  // same rows and each holds its slices of the parameters (parallel/tensor_parallel.h).
+  // parallel.pp > 1: the world is a dp x pp mesh; each rank holds its stage's units (model/stage.h)
+  // and the step runs the pipeline schedule over parallel.microbatches (parallel/pipeline.h).
   Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum, std::int64_t total_steps);
   ~Trainer();
 
@@ -64,10 +70,17 @@ class Trainer {
   parallel::ShardedOptimizer* sharded() { return sharded_.get(); }
   // parallel.zero = fsdp on several ranks (the store then holds no flat parameters), else null.
   parallel::FullyShardedDataParallel* fsdp() { return fsdp_; }
-  // The full fp32 parameters in the store's flat layout on the host (collective under fsdp).
+  // The full fp32 parameters in the full model's flat layout (model::parameter_layout(dims)) on
+  // the host (collective under fsdp and tensor parallelism).
   std::vector<float> full_parameters();
   // Sets them from that layout on every rank (after loading a weights file).
   void set_parameters(const std::vector<float>& flat);
+  // A buffer in this rank's store layout (e.g. optimizer moments) -> the full layout (collective
+  // under tensor parallelism), and back.
+  std::vector<float> to_full_layout(const std::vector<float>& local);
+  std::vector<float> to_local_layout(const std::vector<float>& full) const;
+  // Null without tensor parallelism.
+  parallel::TensorParallel* tensor_parallel() { return tp_.get(); }
   parallel::GradientSync& sync() { return *sync_; }
   // parallel.pp > 1: this rank's pipeline stage (its schedule, events and bubble), else null.
   parallel::PipelineParallel* pipeline() { return pipeline_.get(); }
@@ -92,11 +105,19 @@ class Trainer {
   // Sum of a host scalar over the pipeline stages (identity without pp): stages hold disjoint
   // parameters (squared gradient norms add) and only the last one holds the loss.
   double sum_over_stages(double x);
+  // A strategy's hooks plus the tensor-parallel collectives.
+  model::ParallelContext with_tp(model::ParallelContext pc) const;
+  // Sum of squares of the global gradient after the sync (tensor parallel: norms counted once).
+  double global_grad_sum_squares(Context& ctx);
   void accumulate_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
                                 std::vector<Tensor>& loss_sums);
 
   JobEnv& env_;
   model::ModelDims dims_;
+  // The dp x tp (tensor parallelism) or dp x pp (pipeline parallelism) meshes of the device and
+  // host communicators (null without either), and the tensor-parallel strategy.
+  std::unique_ptr<comm::Mesh> mesh_, host_mesh_;
+  std::unique_ptr<parallel::TensorParallel> tp_;
   std::unique_ptr<model::ParameterStore> params_;
   // The model (with the interleaved schedule: one per chunk of this rank, model_ the first).
   std::vector<std::unique_ptr<model::TransformerLM>> chunk_models_;
@@ -108,8 +129,7 @@ class Trainer {
   std::unique_ptr<model::LazyGradients> lazy_;
   void release_gradients();
   std::unique_ptr<parallel::GradientSync> owned_sync_;
-  // Pipeline parallelism: the mesh over the device and host communicators, and the stage.
-  std::unique_ptr<comm::Mesh> mesh_, host_mesh_;
+  // Pipeline parallelism: this rank's stage (its mesh is mesh_ / host_mesh_).
   std::unique_ptr<parallel::PipelineParallel> pipeline_;
   int dp_size_ = 1, dp_rank_ = 0;
   ops::Runtime::Mark pipe_begin_, pipe_end_;

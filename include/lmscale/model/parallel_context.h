@@ -19,13 +19,17 @@
 //   - FSDP (parallel/fsdp.cpp): before_* gathers a unit's weights (and prefetches the next),
 //     after_forward frees them, after_backward reduce-scatters the unit's gradients. The weights
 //     and gradients themselves are reached through the ParameterStore's providers.
-//   - tensor parallelism: a static part (the degree and rank, from which the model derives its
-//     local shapes) and the Megatron f/g collective points of each sublayer as callbacks here.
+//   - tensor parallelism (parallel/tensor_parallel.cpp, model/tensor_parallel.h): a static part
+//     (model::TensorSplit: degree, rank, sequence parallelism; given to the ParameterStore, from
+//     which the model derives its local shapes) and the collectives of Megatron's f/g points of
+//     each sublayer as callbacks here (`tp`).
 //   - pipeline parallelism: a static part (the stage's unit range; whether it owns the embedding
 //     and the head); the schedule in parallel/ drives the model one microbatch and one stage at a
 //     time through the same per-unit forward and backward.
 // Only the parts that are built exist as members; the others are added by their modes.
 #include <functional>
+
+#include "lmscale/model/tensor_parallel.h"
 
 namespace lmscale::model {
 
@@ -37,6 +41,11 @@ struct ParallelContext {
 
   // Per-unit hooks (units as above); any may be empty.
   std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
+
+  // Tensor parallelism: the collectives over the tp group from which the model builds Megatron's
+  // f and g (model/tensor_parallel.h). Empty without tensor parallelism. The static part (degree,
+  // rank, sequence parallelism) is the parameter store's TensorSplit.
+  TensorParallelComm tp;
 };
 
 }  // namespace lmscale::model

@@ -13,6 +13,7 @@
 #include "lmscale/core/tensor.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/stage.h"
+#include "lmscale/model/tensor_parallel.h"
 
 namespace lmscale::model {
 
@@ -24,6 +25,12 @@ struct ParamInfo {
   std::int64_t numel = 0;
   Kind kind = Kind::linear;
   int layer = -1;           // block index, -1 outside blocks
+  // Tensor parallelism (model/tensor_parallel.h): this rank holds rows (split_dim 0) or columns
+  // (split_dim 1) [split_begin, split_begin + shape[split_dim]) of the full_shape parameter;
+  // split_dim -1: the whole parameter (full_shape == shape, or empty in hand-made infos).
+  Shape full_shape;
+  int split_dim = -1;
+  std::int64_t split_begin = 0;
 };
 
 // The layout of every parameter, in order; depends only on the dims.
@@ -49,12 +56,15 @@ class ParameterStore {
   enum class Buffers { params_and_grads, params_only, none };
   // master: fp32 (or fp64 for gradient checks); lowp: bf16/fp16 working copy, or the same dtype
   // as master for none.
+  // split: tensor parallelism; the store then holds this rank's slices (tensor_parallel_layout),
+  // initialised with the full parameters' values.
   // chunks: a pipeline stage holds only the parameters of its unit range(s) (stage.h; several
   // with the interleaved schedule); infos() then lists those alone, in chunk order, with offsets
   // from the start of the store's buffer, and every index the store takes or reports is local
-  // (local_index(global) maps the full model's parameter index to it).
+  // (local_index(global) maps the full model's parameter index to it). Empty: the whole model.
+  // (Tensor and pipeline parallelism are not combined: the trainer refuses tp x pp.)
   ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc,
-                 Buffers buffers = Buffers::params_and_grads,
+                 Buffers buffers = Buffers::params_and_grads, const TensorSplit& split = {},
                  std::vector<StageUnits> chunks = {StageUnits::all()});
 
   // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
@@ -73,6 +83,7 @@ class ParameterStore {
   // and back.
   int local_index(int global) const;
   int global_index(int local) const { return global_of_[static_cast<std::size_t>(local)]; }
+  const TensorSplit& tensor_split() const { return split_; }
   int index(const std::string& name) const;   // throws on unknown names
   std::int64_t numel() const { return total_; }
   DType master_dtype() const { return master_; }
@@ -104,6 +115,7 @@ class ParameterStore {
   std::vector<StageUnits> chunks_;
   std::vector<int> local_of_;    // full-model index -> local index, -1 when not held
   std::vector<int> global_of_;   // local index -> full-model index
+  TensorSplit split_;
   std::int64_t total_ = 0;
   DType master_, lowp_dtype_;
   Tensor params_, grads_, lowp_;

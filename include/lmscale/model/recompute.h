@@ -12,6 +12,9 @@
 //              with naive attention the probabilities [B,H,T,T] (Megatron's choice: large, and one
 //              scores product plus a softmax to rebuild). Per block it keeps 6d + 2F of the
 //              8d + 3F values of `none` (xl: 30% less) for no recomputed matmul FLOPs with flash.
+//   selective-mlp  also the FFN's inputs to the SwiGLU, a = w1 y2 and b = w3 y2 ([N,F] each):
+//              keeps 6d per block (xl: 81% less than none) for two recomputed matmuls, half a
+//              block's forward FLOPs.
 #include <string>
 
 namespace lmscale::model {
@@ -19,7 +22,8 @@ namespace lmscale::model {
 struct RecomputePolicy {
   enum class Mode { none, every_k, selective };
   Mode mode = Mode::none;
-  int k = 1;   // every_k: blocks per group
+  int k = 1;          // every_k: blocks per group
+  bool mlp = false;   // selective: recompute the FFN's w1/w3 outputs too (selective-mlp)
 
   // From the deck's train.activation_checkpointing / train.checkpoint_k.
   static RecomputePolicy from(const std::string& name, long long k);

@@ -4,7 +4,13 @@
 // forward() and backward(); a forward without gradients frees them layer by layer.
 //
 // Shapes: B = local batch, T = sequence length (<= context), N = B*T rows, d = d_model,
-// F = d_ff, H heads of Dh = d/H, V = vocab. Token and target ids are int32 [B, T] on the model's
+// F = d_ff, H heads of Dh = d/H, V = vocab.
+// Tensor parallelism (model/tensor_parallel.h; the split comes from the parameter store, the
+// collectives from ParallelContext::tp): each rank computes Hl = H/tp heads (q, k, v, o are
+// [N, dl], dl = Hl*Dh), Fl = F/tp FFN features (a, b, g [N, Fl]) and Vl = V/tp vocabulary columns
+// of the logits ([N, Vl]); with sequence parallelism the norms' inputs/outputs and the residual
+// stream (x, h, rstd, y1, y2, x_final, y_final) are row shards [Nl, d], Nl = N/tp; without it
+// Nl = N and they are replicated on the tp ranks. Token and target ids are int32 [B, T] on the model's
 // device. Activations are [N, d] (equivalently [B, T, H, Dh] for attention) in the compute dtype
 // (fp32/fp64, or bf16/fp16 in mixed precision); norms' rstd and the loss are fp32 (fp64).
 #include <memory>
@@ -37,7 +43,7 @@ struct Activations {
   std::vector<BlockActivations> blocks;   // L entries when kept (empty ones under every-k)
   std::vector<Tensor> group_inputs;       // every-k checkpointing: input [N,d] of each group
   Tensor x_final, rstd_final, y_final;    // final RMSNorm input/rstd/output
-  Tensor dlogits;                         // [N,V]: logits, overwritten in place by their gradient
+  Tensor dlogits;                         // [N,V] ([N,Vl]): logits, overwritten in place by their gradient
   Tensor loss_sum;                        // 1 element (fp32; fp64 for fp64 models)
   Tensor output;                          // pipeline stage without the head: its output [N,d]
 };
@@ -65,7 +71,8 @@ class TransformerLM {
   // forward hooks are called around each unit.
   std::unique_ptr<Activations> forward(Context& ctx, const Tensor& tokens, const Tensor& targets, bool keep,
                                        double grad_scale, const ParallelContext& pc = {});
-  // Logits [B*T, V] only (no loss); for evaluation of checkpoints and tests.
+  // Logits [B*T, V] only (no loss); for evaluation of checkpoints and tests. Tensor parallel:
+  // this rank's vocabulary columns [B*T, V/tp].
   Tensor logits(Context& ctx, const Tensor& tokens, const ParallelContext& pc = {});
   // Accumulates parameter gradients into params().flat_grads() (accumulate = true: zero them
   // first for a fresh step) or overwrites them (accumulate = false: the first micro-batch of a
@@ -92,21 +99,61 @@ class TransformerLM {
  private:
   Tensor run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep, const ParallelContext& pc);
   // Final RMSNorm and LM head: x [N,d] -> logits [N,V]; keeps the norm's input and output in act.
-  Tensor head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep);
+  Tensor head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep, const ParallelContext& pc);
   // The backward of blocks [lo, hi) after the head's, every-k: recomputes the group first.
   void blocks_backward(Context& ctx, Activations& act, Tensor& dx, const ParallelContext& pc, bool accumulate);
   // x [N,d] -> block output [N,d]; what the backward needs goes into s. need_output = false
   // (recomputing the last block of a checkpointed group) stops after what the backward reads.
   Tensor block_forward(Context& ctx, int layer, std::int64_t B, std::int64_t T, const Tensor& x,
-                       BlockActivations& s, bool need_output = true);
+                       BlockActivations& s, const ParallelContext& pc, bool need_output = true);
   // dx [N,d]: in = gradient w.r.t. the block output, out = w.r.t. the block input (in place).
   void block_backward(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
                       std::int64_t B, std::int64_t T, bool accumulate);
+  // y = rmsnorm(x, w) [N,d] unless y is already there (selective checkpointing dropped it).
+  void recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N, std::int64_t d);
   // Gradient of parameter i, zeroed first unless accumulating (for the ops that always add).
   Tensor grad_for_adding(Context& ctx, int i, bool accumulate);
   // Store index of a block's parameter (slot order of parameter_layout); a pipeline stage's
   // store holds only its units' parameters, indexed locally.
   int pidx(int layer, int slot) const { return params_.local_index(1 + layer * 9 + slot); }
+
+  // ---- tensor parallelism (transformer_tp.cpp) ------------------------------------------------
+  // Megatron's conjugate operators at the two points of each sublayer; identities with tp = 1.
+  // f: y [Nl,d] -> the column-parallel matmul's input [N,d] (sequence parallel: all-gather rows).
+  Tensor tp_f(const ParallelContext& pc, Context& ctx, const Tensor& y);
+  // f backward: the partial input gradient [N,d] summed over tp -> [Nl,d] (all-reduce in place,
+  // or reduce-scatter of rows).
+  Tensor tp_f_backward(const ParallelContext& pc, Context& ctx, Tensor& dy);
+  // f backward started asynchronously: the result is usable after finish(); in between the
+  // caller computes the weight gradients (they do not read dy). Synchronous without sum_async.
+  struct PendingGrad {
+    Tensor result;
+    TensorParallelComm::Wait wait;
+    Tensor finish() {
+      if (wait) wait();
+      wait = nullptr;
+      return result;
+    }
+  };
+  PendingGrad tp_f_backward_start(const ParallelContext& pc, Context& ctx, Tensor& dy);
+  // g: a row-parallel matmul's partial output [N,d] summed over tp -> [Nl,d].
+  Tensor tp_g(const ParallelContext& pc, Context& ctx, Tensor& partial);
+  // g backward: d(output) [Nl,d] -> [N,d] (sequence parallel: all-gather rows).
+  Tensor tp_g_backward(const ParallelContext& pc, Context& ctx, const Tensor& d);
+  // RMSNorm backward into gradient dw; under sequence parallelism each rank sees only its rows,
+  // so the weight gradient of this call is summed over tp before it is added.
+  void norm_backward(const ParallelContext& pc, Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                     const Tensor& dy, Tensor& dx, Tensor& dw);
+  // Token embedding of ids [N] -> x [Nl,d] (vocabulary-parallel: partial lookups, then g).
+  Tensor embed(const ParallelContext& pc, Context& ctx, const Tensor& ids);
+  // Its backward from dx [Nl,d] into the (local) table gradient (accumulates).
+  void embed_backward(const ParallelContext& pc, Context& ctx, const Tensor& ids, const Tensor& dx, Tensor& dtable);
+  // Cross-entropy of logits [N,Vl] (the full V with tp = 1): loss_sum, and the gradient in place
+  // when keep; vocabulary-parallel: max and sum of exponentials all-reduced, logits never gathered.
+  void loss(const ParallelContext& pc, Context& ctx, Tensor& logits, const Tensor& targets, Tensor& loss_sum,
+            bool keep, double grad_scale);
+  // Rows this rank holds of the residual stream: N, or N/tp under sequence parallelism.
+  std::int64_t local_rows(std::int64_t N) const;
 
   ModelDims dims_;
   ParameterStore& params_;
@@ -114,6 +161,8 @@ class TransformerLM {
   DType stats_;   // dtype of rstd and loss: fp64 for fp64 models, fp32 otherwise
   RecomputePolicy recompute_;
   StageUnits units_;
+  TensorSplit tp_;                  // from the parameter store
+  std::int64_t Hl_, dl_, Fl_, Vl_;  // local heads, their width Hl*Dh, FFN features, vocabulary
 };
 
 }  // namespace lmscale::model

@@ -131,6 +131,7 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   std::vector<PendingReduction> pending_;
   int micro_ = 0;
   bool training_ = false;
+  bool step_open_ = false;   // the step's last backward ran and finish() has not yet
   std::unique_ptr<Sync> sync_;
   // Around each wait of the compute for a gather in this step's training passes.
   std::vector<WaitMarks> marks_;

@@ -4,8 +4,11 @@
 // norm over the shards, the optimizer step of this rank's shard, and the state's size.
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "lmscale/core/context.h"
+#include "lmscale/core/error.h"
 #include "lmscale/parallel/gradient_sync.h"
 
 namespace lmscale::parallel {
@@ -17,6 +20,13 @@ class ShardedOptimizer {
   // Sum of squares of the global (summed over ranks) gradient, after sync().finish(); every
   // element counted once however many ranks hold it.
   virtual double grad_sum_squares(Context& ctx) = 0;
+  // The same restricted to element ranges (offset, numel) of the model's flat layout (the first
+  // group): tensor parallelism counts the replicated norm weights apart.
+  virtual double grad_sum_squares_in(Context& ctx, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
+    (void)ctx;
+    (void)ranges;
+    throw Error("this sharded optimizer cannot restrict the gradient norm to parameter ranges");
+  }
   // One AdamW step of what this rank owns, grad_scale times the gradients (1/loss scale and the
   // clipping factor), leaving every rank with the parameters its next forward needs.
   virtual void step(Context& ctx, double lr, double grad_scale) = 0;

@@ -57,6 +57,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
   // Sum of squares of the summed gradient over all groups (after sync().finish()), reduced over
   // ranks where each holds only its range.
   double grad_sum_squares(Context& ctx) override;
+  double grad_sum_squares_in(Context& ctx, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) override;
   // One step of every group's range, then the parameters are made whole again on every rank.
   void step(Context& ctx, double lr, double grad_scale) override;
 

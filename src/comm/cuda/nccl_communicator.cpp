@@ -164,7 +164,7 @@ class NcclCommunicator final : public Communicator {
   Backend backend() const override { return Backend::nccl; }
   Device device() const override { return Device::cuda; }
   void set_algo(Algo a) override {
-    if (a == Algo::ring || a == Algo::shm)
+    if (a == Algo::ring || a == Algo::shm || a == Algo::hier)
       throw UsageError(fmt::format("algo={} is not available on the nccl backend (use library)", algo_name(a)));
     algo_ = a;
   }
@@ -216,7 +216,7 @@ class NcclCommunicator final : public Communicator {
 
  protected:
   Work start(Request req) override {
-    if (req.algo == Algo::ring || req.algo == Algo::shm)
+    if (req.algo == Algo::ring || req.algo == Algo::shm || req.algo == Algo::hier)
       throw UsageError(fmt::format("algo={} is not available on the nccl backend (use library)", algo_name(req.algo)));
     req.algo = Algo::library;
     if (check() && req.kind != OpKind::send && req.kind != OpKind::recv) verify(req);

@@ -43,4 +43,15 @@ void check_finite(Context& ctx, const Tensor& x, Tensor& flag);
 void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
            Tensor* param_lowp);
 
+// Vocabulary-parallel embedding and cross-entropy (lmscale/ops/vocab_parallel.h).
+void embedding_shard(Context& ctx, const Tensor& ids, const Tensor& table, std::int64_t vocab_begin, Tensor& out);
+void embedding_shard_backward(Context& ctx, const Tensor& ids, const Tensor& dout, std::int64_t vocab_begin,
+                              Tensor& dtable);
+void vocab_parallel_max(Context& ctx, const Tensor& logits, Tensor& row_max);
+void vocab_parallel_sums(Context& ctx, const Tensor& logits, const Tensor& targets, std::int64_t vocab_begin,
+                         const Tensor& row_max, Tensor& sums);
+void vocab_parallel_loss(Context& ctx, const Tensor& logits, const Tensor& targets, std::int64_t vocab_begin,
+                         const Tensor& row_max, const Tensor& sums, Tensor& loss_sum, Tensor* dlogits,
+                         double grad_scale);
+
 }  // namespace lmscale::ops::cpu

@@ -15,11 +15,13 @@ void attention_naive_forward(Context& ctx, const AttentionShape& s, DType dtype,
 void attention_naive_backward(Context& ctx, const AttentionShape& s, DType dtype, const void* q, const void* k,
                               const void* v, const void* probs, const void* dout, void* dq, void* dk, void* dv);
 
-// FlashAttention-2. bf16/fp16: tensor-core kernels (mma.sync m16n8k16, ldmatrix, cp.async);
-// fp32: CUDA-core kernels with fp32 FMAs. head_dim 16, 32, 64 or 128; any seq length.
+// FlashAttention-2. bf16/fp16 with head_dim a multiple of 8 and 16-byte aligned rows: tensor-core
+// kernels (mma.sync m16n8k16, ldmatrix, cp.async); fp32 and the rest: CUDA-core kernels with fp32
+// FMAs. head_dim 1 to 256 (attn::kMaxFlashHeadDim); any seq length.
 void attention_flash_forward(Context& ctx, const AttentionShape& s, DType dtype, const void* q, const void* k,
                              const void* v, void* o, float* lse);
-// Temporaries: D = rowsum(dO*O) (fp32 [B,H,T]).
+// Temporaries: D = rowsum(dO*O) (fp32 [B,H,T]); tensor cores: the fp32 dQ accumulator
+// [B*H, T, padded head_dim].
 void attention_flash_backward(Context& ctx, const AttentionShape& s, DType dtype, const void* q, const void* k,
                               const void* v, const void* o, const float* lse, const void* dout, void* dq, void* dk,
                               void* dv);

@@ -21,7 +21,7 @@ struct Params {
   void* dv = nullptr;
   float* lse = nullptr;         // natural-log logsumexp of the scaled scores per query row
   float* dsum = nullptr;        // backward: D = rowsum(dO * O)
-  float* dq_accum = nullptr;    // backward, tensor cores: fp32 dQ accumulator [B*H, T, head_dim], contiguous
+  float* dq_accum = nullptr;    // backward, tensor cores: fp32 dQ accumulator [B*H, T, padded_head_dim(head_dim)]
   int batch = 1, heads = 1, seq = 1, head_dim = 64;
   long long stride_b = 0, stride_h = 0, stride_t = 0;
   float scale = 1.f;            // softmax scale
@@ -38,13 +38,27 @@ void check_cuda(cudaError_t err, const char* what, const char* file, int line); 
 #define LMSCALE_ATTN_CUDA_CHECK(expr) ::lmscale::ops::cuda::attn::check_cuda((expr), #expr, __FILE__, __LINE__)
 #define LMSCALE_ATTN_CHECK_LAUNCH() LMSCALE_ATTN_CUDA_CHECK(cudaGetLastError())
 
-// Tensor-core kernels (bf16/f16; head_dim 16/32/64/128; rows 16-byte aligned).
+// Head dims of the CUDA flash kernels: any 1..kMaxFlashHeadDim on CUDA cores (fp32, or layouts the
+// tensor cores cannot take), multiples of 8 up to kMaxFlashHeadDim on tensor cores. The tensor-core
+// kernels are compiled for padded widths (multiples of 16 up to 128, of 32 up to 256) and
+// zero-fill the columns past the real head dim.
+constexpr int kMaxFlashHeadDim = 256;
+__host__ __device__ constexpr int padded_head_dim(int d) {
+  return d < 1 || d > kMaxFlashHeadDim ? 0 : d <= 128 ? (d + 15) / 16 * 16 : (d + 31) / 32 * 32;
+}
+
+// Tensor-core kernels (bf16/f16; head_dim a multiple of 8 up to 256; rows 16-byte aligned).
 void launch_flash_fwd_mma(const Params& p, Elem e, cudaStream_t stream);
 void launch_flash_bwd_mma(const Params& p, Elem e, cudaStream_t stream);
-// Tile-shape variants of the above for tuning (head_dim 64; 0 = the default the public op uses).
+// Variants of the above for tuning (0 = the default the public op uses; other numbers fall back to
+// it). Forward: none at present. Backward: 1 = the deterministic (atomic-free) two-kernel path at
+// head dims 16, 32, 64, 128; 2 = 64 queries per step at head dim 160.
 void launch_flash_fwd_mma_variant(const Params& p, Elem e, cudaStream_t stream, int variant);
 void launch_flash_bwd_mma_variant(const Params& p, Elem e, cudaStream_t stream, int variant);
-// CUDA-core kernels (any of the three element types; head_dim 16/32/64/128).
+// The dQ kernel of the deterministic backward (variant 1; flash_attention_bwd_dq.cu): head dims
+// 16, 32, 64, 128; needs p.dsum and runs after the dK/dV kernel without the dQ part.
+void launch_flash_bwd_dq_deterministic(const Params& p, Elem e, cudaStream_t stream);
+// CUDA-core kernels (any of the three element types; any head_dim up to 256).
 void launch_flash_fwd_simt(const Params& p, Elem e, cudaStream_t stream);
 void launch_flash_bwd_simt(const Params& p, Elem e, cudaStream_t stream);
 // Naive attention's row kernels, in place on [rows, T] matrices in the input dtype: softmax of

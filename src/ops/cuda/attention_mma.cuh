@@ -120,19 +120,20 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Copies rows [row0, row0 + R) of one head (row stride `gld` elements, D elements per row) into
-// a padded shared tile (row stride D + 8); rows at or past `rows` are zero-filled. All kThreads
-// threads of the block take part.
-template <class E, int R, int D, int kThreads>
-__device__ __forceinline__ void load_tile(E* tile, const E* head, long long gld, int row0, int rows) {
-  constexpr int kChunksPerRow = D / 8;   // 16-byte chunks
+// Copies rows [row0, row0 + R) of one head (row stride `gld` elements, `dreal` elements per row,
+// a multiple of 8) into a padded shared tile of DP >= dreal columns (row stride DP + 8); rows at
+// or past `rows` and columns at or past `dreal` are zero-filled, so products over the DP columns
+// equal those over the real ones. All kThreads threads of the block take part.
+template <class E, int R, int DP, int kThreads>
+__device__ __forceinline__ void load_tile(E* tile, const E* head, long long gld, int row0, int rows, int dreal) {
+  constexpr int kChunksPerRow = DP / 8;   // 16-byte chunks
   constexpr int kChunks = R * kChunksPerRow;
 #pragma unroll
   for (int c = threadIdx.x; c < kChunks; c += kThreads) {
     const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const bool valid = row0 + r < rows;
+    const bool valid = row0 + r < rows && col < dreal;
     const E* src = head + (valid ? static_cast<long long>(row0 + r) * gld + col : 0);
-    cp_async16(tile + r * (D + 8) + col, src, valid);
+    cp_async16(tile + r * (DP + 8) + col, src, valid);
   }
 }
 

@@ -1,5 +1,6 @@
 // CUDA FlashAttention-2 entry points (attention_cuda.h): choose the tensor-core kernels
-// (bf16/fp16, 16-byte aligned rows) or the CUDA-core kernels (fp32, or unaligned layouts), and
+// (bf16/fp16, head_dim a multiple of 8, 16-byte aligned rows; each compiled for a padded head dim,
+// attention_kernels.h) or the CUDA-core kernels (fp32, other head dims, or unaligned layouts), and
 // allocate the backward's workspaces (D = rowsum(dO*O); the fp32 dQ accumulator of the fused
 // tensor-core backward) from the context's allocator.
 #include <cstdint>
@@ -17,7 +18,7 @@ void check_cuda(cudaError_t err, const char* what, const char* file, int line) {
   if (err != cudaSuccess) throw Error(fmt::format("{}:{}: {} failed: {}", file, line, what, cudaGetErrorString(err)));
 }
 void throw_unsupported_head_dim(int head_dim) {
-  throw Error(fmt::format("flash attention on CUDA: head_dim {} not supported (16, 32, 64, 128)", head_dim));
+  throw Error(fmt::format("flash attention on CUDA: head_dim {} not supported (1 to {})", head_dim, kMaxFlashHeadDim));
 }
 void throw_error(const char* message) { throw Error(message); }
 
@@ -35,8 +36,9 @@ attn::Elem elem_of(DType d) {
 }
 
 attn::Params make_params(const AttentionShape& s) {
-  LMSCALE_CHECK(s.head_dim == 16 || s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128,
-                "flash attention on CUDA: head_dim {} not supported (16, 32, 64, 128)", s.head_dim);
+  LMSCALE_CHECK(s.head_dim >= 1 && s.head_dim <= attn::kMaxFlashHeadDim,
+                "flash attention on CUDA: head_dim {} not supported (1 to {}; io/deck_validate.cpp refuses such decks)",
+                s.head_dim, attn::kMaxFlashHeadDim);
   LMSCALE_CHECK(s.seq < (1ll << 31) && s.batch * s.heads < (1ll << 31), "flash attention: shape too large");
   attn::Params p;
   p.batch = static_cast<int>(s.batch);
@@ -53,10 +55,11 @@ attn::Params make_params(const AttentionShape& s) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0; }
 
-// The tensor-core kernels copy rows with 16-byte cp.async: 16-bit types, strides in multiples of
-// 8 elements and 16-byte aligned base pointers.
+// The tensor-core kernels copy rows with 16-byte cp.async: 16-bit types, head dims and strides in
+// multiples of 8 elements and 16-byte aligned base pointers.
 bool tensor_core_ok(const AttentionShape& s, DType d, std::initializer_list<const void*> ptrs) {
   if (d != DType::bf16 && d != DType::f16) return false;
+  if (s.head_dim % 8 || attn::padded_head_dim(static_cast<int>(s.head_dim)) == 0) return false;
   if (s.stride_b % 8 || s.stride_h % 8 || s.stride_t % 8) return false;
   for (const void* ptr : ptrs)
     if (!aligned16(ptr)) return false;
@@ -102,8 +105,10 @@ void attention_flash_backward(Context& ctx, const AttentionShape& s, DType dtype
   const attn::Elem e = elem_of(dtype);
   attn::launch_flash_bwd_dsum(p, e, stream(ctx));
   if (tensor_core_ok(s, dtype, {q, k, v, o, dout, dq, dk, dv})) {
-    // fp32 dQ accumulator [B*H, T, Dh] for the fused kernel's atomics (2x the size of dQ in bf16).
-    Workspace dq_accum(alloc, rows * static_cast<std::size_t>(s.head_dim) * sizeof(float), "attention_dq_accum");
+    // fp32 dQ accumulator [B*H, T, padded Dh] for the fused kernel's atomics (2x the size of dQ in
+    // bf16 when Dh is one of the padded widths, attention_kernels.h).
+    const auto ld_acc = static_cast<std::size_t>(attn::padded_head_dim(static_cast<int>(s.head_dim)));
+    Workspace dq_accum(alloc, rows * ld_acc * sizeof(float), "attention_dq_accum");
     p.dq_accum = static_cast<float*>(dq_accum.ptr);
     attn::launch_flash_bwd_mma(p, e, stream(ctx));
   } else {

@@ -9,13 +9,19 @@
 //  3. convert: dQ = scale * dQacc in the input dtype and layout.
 // The atomics make dQ's last bits depend on the order key blocks arrive in (not deterministic).
 // Deterministic alternative (variant 1, the previous default, 7 products per tile pair): dkdv
-// without the dQ part, then a dq kernel (one block per query tile, streaming key tiles:
-// S = Q K^T, P = exp2(S - L), dP = dO V^T, dS = P (dP - D), dQ += dS K), no atomics.
+// without the dQ part, then a dq kernel (flash_attention_bwd_dq.cu), no atomics.
 // Causal: tiles wholly above the diagonal are skipped, diagonal tiles masked.
+// Head dims: compiled for a padded width D (multiples of 16 up to 128, of 32 up to 256), run for
+// any real head dim p.head_dim <= D that is a multiple of 8; columns past it are zero-filled in
+// shared memory and never stored. Above 128 the dK/dV accumulators (16 keys x D per warp, twice)
+// no longer fit in registers: the dkdv kernel then owns a column chunk [c0, c0 + DC) of dK, dV and
+// dQ per block (grid.z = D / DC chunks) and every chunk recomputes S^T and dP^T over all D columns
+// (7 products per tile pair over two chunks instead of 5).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "attention_kernels.h"
 #include "attention_mma.cuh"
@@ -43,13 +49,39 @@ __global__ void flash_bwd_dsum_kernel(const Params p) {
   if (lane == 0) p.dsum[row] = acc;
 }
 
+// Warp grid of the fused dQ part: the block's [Br x DC] share of dQ is NR x NC blocks of 16x16
+// over kWarps warps. First choice (the tuned layout of D = 64 and 128): WN = min(NC, kWarps) warp
+// columns when that tiles exactly. Otherwise (NC = 3, 5, 6, 7 for D = 48, 80, 96, 112) WM = the
+// largest divisor of kWarps that divides NR, WN = kWarps / WM, and each warp takes QN = ceil(NC/WN)
+// column blocks, the last warp column fewer when WN does not divide NC (kRagged).
+template <int kWarps, int NR, int NC>
+struct DqTiling {
+  static constexpr int WN0 = NC < kWarps ? NC : kWarps;
+  static constexpr bool kExact0 = kWarps % WN0 == 0 && NR % (kWarps / WN0) == 0 && NC % WN0 == 0;
+  static constexpr int wm_fallback() {
+    int w = kWarps;
+    while (w > 1 && (kWarps % w != 0 || NR % w != 0)) --w;
+    return w;
+  }
+  static constexpr int WM = kExact0 ? kWarps / WN0 : wm_fallback();
+  static constexpr int WN = kWarps / WM;
+  static constexpr int QM = NR / WM;
+  static constexpr int QN = (NC + WN - 1) / WN;
+  static constexpr bool kRagged = QN * WN != NC;
+  static_assert(QM * WM == NR, "dQ warp rows");
+};
+
 // ---- dK, dV (and dQ's share): a block owns Bc = 16*MT*kWarps keys; query tiles of Br rows stream
 // past. kKVInRegs keeps the warp's K and V A-fragments in registers for the whole loop (MT = 1,
 // small D); otherwise they are re-read from shared memory for every query tile. kFuseDq: also
 // dQacc[q] += dS[q, keys of the block] K[keys of the block] for every query tile (atomics).
-template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs, bool kFuseDq>
+// DC: output columns per block (D, or D / 2 above 128: blockIdx.z picks the chunk).
+template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs, bool kFuseDq, int DC = D>
 __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Params p) {
   constexpr int Bc = 16 * MT * kWarps, kThreads = kWarps * 32, LD = D + 8;
+  static_assert(D % DC == 0 && DC % 16 == 0, "column chunks of 16-column blocks");
+  const int dreal = p.head_dim;                         // multiple of 8, <= D
+  const int c0 = DC == D ? 0 : static_cast<int>(blockIdx.z) * DC;   // this block's output columns [c0, c0 + DC)
   constexpr int LDS = Br + 8;   // dS^T tile row stride (padded: conflict-free stores and ldmatrix)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   E* Ks = reinterpret_cast<E*>(smem_raw);   // [Bc][LD]
@@ -78,25 +110,25 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
   const int n_qtiles = (T - q_begin + Br - 1) / Br;
 
   auto load_q_tile = [&](int buf, int qs0) {
-    load_tile<E, Br, D, kThreads>(Qs + buf * Br * LD, Q, ld, qs0, T);
-    load_tile<E, Br, D, kThreads>(dOs + buf * Br * LD, dO, ld, qs0, T);
+    load_tile<E, Br, D, kThreads>(Qs + buf * Br * LD, Q, ld, qs0, T, dreal);
+    load_tile<E, Br, D, kThreads>(dOs + buf * Br * LD, dO, ld, qs0, T, dreal);
     for (int r = threadIdx.x; r < Br; r += kThreads) {
       const int q = qs0 + r;
       Ls[buf * Br + r] = q < T ? lse[q] * kLog2e : INFINITY;
       Ds[buf * Br + r] = q < T ? dsum[q] : 0.f;
     }
   };
-  load_tile<E, Bc, D, kThreads>(Ks, K, ld, k0, T);
-  load_tile<E, Bc, D, kThreads>(Vs, V, ld, k0, T);
+  load_tile<E, Bc, D, kThreads>(Ks, K, ld, k0, T, dreal);
+  load_tile<E, Bc, D, kThreads>(Vs, V, ld, k0, T, dreal);
   load_q_tile(0, q_begin);
   cp_async_commit();
 
   std::uint32_t kf[kKVInRegs ? MT : 1][kKVInRegs ? D / 16 : 1][4], vf[kKVInRegs ? MT : 1][kKVInRegs ? D / 16 : 1][4];
-  float dk[MT][D / 8][4], dv[MT][D / 8][4];
+  float dk[MT][DC / 8][4], dv[MT][DC / 8][4];   // columns c0 .. c0 + DC - 1
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int d = 0; d < D / 8; ++d)
+    for (int d = 0; d < DC / 8; ++d)
 #pragma unroll
       for (int i = 0; i < 4; ++i) dk[mt][d][i] = dv[mt][d][i] = 0.f;
 
@@ -200,10 +232,10 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
         da[mt][3] = pack2<E>(dp[mt][2 * kk + 1][2], dp[mt][2 * kk + 1][3]);
       }
 #pragma unroll
-      for (int nd = 0; nd < D / 16; ++nd) {
+      for (int nd = 0; nd < DC / 16; ++nd) {
         std::uint32_t bdo[4], bq[4];
-        load_b_kn(bdo, dOt, LD, kk * 16, nd * 16);
-        load_b_kn(bq, Qt, LD, kk * 16, nd * 16);
+        load_b_kn(bdo, dOt, LD, kk * 16, c0 + nd * 16);
+        load_b_kn(bq, Qt, LD, kk * 16, c0 + nd * 16);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<E>(dv[mt][2 * nd], pa[mt], bdo);
@@ -215,12 +247,11 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
     }
     if constexpr (kFuseDq) {
       __syncthreads();   // dS^T of all warps is in dSs (the next iteration's first barrier guards reuse)
-      // dQ[Br x D] += dS[Br x Bc] K[Bc x D]: warps tile the output (WM x WN warps, QM x QN 16x16
-      // blocks each), k runs over the block's Bc keys. A = dS from the [key][q] tile (transposing
-      // ldmatrix), B = K tile stored [key][d].
-      constexpr int WN = (D / 16 < kWarps) ? D / 16 : kWarps, WM = kWarps / WN;
-      constexpr int QM = Br / 16 / WM, QN = D / 16 / WN;
-      static_assert(WN * WM == kWarps && QM * WM * 16 == Br && QN * WN * 16 == D, "dQ warp tiling");
+      // dQ[Br x DC] += dS[Br x Bc] K[Bc x DC] (this block's column chunk): warps tile the output
+      // (WM x WN warps, QM x QN 16x16 blocks each; see DqTiling), k runs over the block's Bc keys.
+      // A = dS from the [key][q] tile (transposing ldmatrix), B = K tile stored [key][d].
+      using Tl = DqTiling<kWarps, Br / 16, DC / 16>;
+      constexpr int WN = Tl::WN, QM = Tl::QM, QN = Tl::QN;
       const int wm = warp / WN, wn = warp % WN;
       float dq[QM][2 * QN][4];
 #pragma unroll
@@ -234,8 +265,9 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
         for (int qm = 0; qm < QM; ++qm) load_a_km(a[qm], dSs, LDS, (wm * QM + qm) * 16, kk * 16);
 #pragma unroll
         for (int qn = 0; qn < QN; ++qn) {
+          if (Tl::kRagged && wn * QN + qn >= DC / 16) break;   // warp-uniform: this warp's last blocks
           std::uint32_t bk[4];
-          load_b_kn(bk, Ks, LD, kk * 16, (wn * QN + qn) * 16);
+          load_b_kn(bk, Ks, LD, kk * 16, c0 + (wn * QN + qn) * 16);
 #pragma unroll
           for (int qm = 0; qm < QM; ++qm) {
             mma16816<E>(dq[qm][2 * qn], a[qm], bk);
@@ -243,7 +275,9 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
           }
         }
       }
-      float* acc = p.dq_accum + static_cast<long long>(bh) * T * D;
+      // dQacc rows have the padded width D (compile-time stride; the padded columns receive zeros and
+      // are never converted), so no column predicate is needed here.
+      float* acc = p.dq_accum + static_cast<long long>(bh) * T * D;   // [T][D] of this head
 #pragma unroll
       for (int qm = 0; qm < QM; ++qm)
 #pragma unroll
@@ -252,7 +286,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
           if (q < T) {
 #pragma unroll
             for (int n = 0; n < 2 * QN; ++n) {
-              float* dst = acc + static_cast<long long>(q) * D + wn * QN * 16 + n * 8 + 2 * t;
+              if (Tl::kRagged && wn * QN * 2 + n >= DC / 8) continue;   // past this warp's last block
+              float* dst = acc + static_cast<long long>(q) * D + c0 + wn * QN * 16 + n * 8 + 2 * t;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
               atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq[qm][n][2 * hr], dq[qm][n][2 * hr + 1]));
 #else
@@ -274,8 +309,9 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
       const int key = key0 + mt * 16 + hr * 8;
       if (key < T) {
 #pragma unroll
-        for (int d = 0; d < D / 8; ++d) {
-          const int col = d * 8 + 2 * t;
+        for (int d = 0; d < DC / 8; ++d) {
+          if (c0 + d * 8 >= dreal) continue;   // padded columns
+          const int col = c0 + d * 8 + 2 * t;
           *reinterpret_cast<std::uint32_t*>(dK + key * ld + col) =
               pack2<E>(dk[mt][d][2 * hr] * p.scale, dk[mt][d][2 * hr + 1] * p.scale);
           *reinterpret_cast<std::uint32_t*>(dV + key * ld + col) = pack2<E>(dv[mt][d][2 * hr], dv[mt][d][2 * hr + 1]);
@@ -284,168 +320,17 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
     }
 }
 
-// ---- dQ: a block owns Br = 16*MT*kWarps queries; key tiles of Bc rows stream past ---------------
-template <class E, int D, int kWarps, int Bc, int MT>
-__global__ void __launch_bounds__(kWarps * 32) flash_bwd_dq_kernel(const Params p) {
-  constexpr int Br = 16 * MT * kWarps, kThreads = kWarps * 32, LD = D + 8;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  E* Qs = reinterpret_cast<E*>(smem_raw);   // [Br][LD]
-  E* dOs = Qs + Br * LD;                    // [Br][LD]
-  E* Ks = dOs + Br * LD;                    // [2][Bc][LD]
-  E* Vs = Ks + 2 * Bc * LD;                 // [2][Bc][LD]
-
-  const int T = p.seq;
-  const int n_qtiles = (T + Br - 1) / Br;
-  const int q0 = (p.causal ? n_qtiles - 1 - static_cast<int>(blockIdx.y) : static_cast<int>(blockIdx.y)) * Br;
-  const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
-  const long long head = b * p.stride_b + h * p.stride_h, ld = p.stride_t;
-  const E* Q = static_cast<const E*>(p.q) + head;
-  const E* K = static_cast<const E*>(p.k) + head;
-  const E* V = static_cast<const E*>(p.v) + head;
-  const E* dO = static_cast<const E*>(p.dout) + head;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int wrow0 = warp * 16 * MT, row0 = q0 + wrow0 + g;   // rows row0 + 16*mt + 8*hr
-  const float sl2 = p.scale * kLog2e;
-  const float* lse = p.lse + static_cast<long long>(bh) * T;
-  const float* dsum = p.dsum + static_cast<long long>(bh) * T;
-  float Lr[MT][2], Dr[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int row = row0 + mt * 16 + hr * 8;
-      Lr[mt][hr] = row < T ? lse[row] * kLog2e : 0.f;
-      Dr[mt][hr] = row < T ? dsum[row] : 0.f;
-    }
-
-  const int kv_end = p.causal ? min(T, q0 + Br) : T;
-  const int n_ktiles = (kv_end + Bc - 1) / Bc;
-
-  load_tile<E, Br, D, kThreads>(Qs, Q, ld, q0, T);
-  load_tile<E, Br, D, kThreads>(dOs, dO, ld, q0, T);
-  load_tile<E, Bc, D, kThreads>(Ks, K, ld, 0, T);
-  load_tile<E, Bc, D, kThreads>(Vs, V, ld, 0, T);
-  cp_async_commit();
-
-  std::uint32_t qf[MT][D / 16][4], df[MT][D / 16][4];
-  float dq[MT][D / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d) dq[mt][d][0] = dq[mt][d][1] = dq[mt][d][2] = dq[mt][d][3] = 0.f;
-
-  for (int j = 0; j < n_ktiles; ++j) {
-    cp_async_wait<0>();
-    __syncthreads();
-    if (j + 1 < n_ktiles) {
-      const int nb = (j + 1) & 1;
-      load_tile<E, Bc, D, kThreads>(Ks + nb * Bc * LD, K, ld, (j + 1) * Bc, T);
-      load_tile<E, Bc, D, kThreads>(Vs + nb * Bc * LD, V, ld, (j + 1) * Bc, T);
-      cp_async_commit();
-    }
-    if (j == 0) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          load_a(qf[mt][kk], Qs, LD, wrow0 + mt * 16, kk * 16);
-          load_a(df[mt][kk], dOs, LD, wrow0 + mt * 16, kk * 16);
-        }
-    }
-    const E* Kt = Ks + (j & 1) * Bc * LD;
-    const E* Vt = Vs + (j & 1) * Bc * LD;
-
-    // S = Q K^T and dP = dO V^T   [16*MT rows x Bc keys] per warp
-    float s[MT][Bc / 8][4], dp[MT][Bc / 8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[mt][n][i] = dp[mt][n][i] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int nb = 0; nb < Bc / 16; ++nb) {
-        std::uint32_t bk[4], bv[4];
-        load_b_nk(bk, Kt, LD, nb * 16, kk * 16);
-        load_b_nk(bv, Vt, LD, nb * 16, kk * 16);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816<E>(s[mt][2 * nb], qf[mt][kk], bk);
-          mma16816<E>(s[mt][2 * nb + 1], qf[mt][kk], bk + 2);
-          mma16816<E>(dp[mt][2 * nb], df[mt][kk], bv);
-          mma16816<E>(dp[mt][2 * nb + 1], df[mt][kk], bv + 2);
-        }
-      }
-    }
-    // P = exp2(S*c - L), masked to 0; dS = P (dP - D), kept in s.
-    const int k0 = j * Bc;
-    const bool need_mask = (k0 + Bc > T) || (p.causal && k0 + Bc - 1 > q0);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int hr = i >> 1;
-          float pv = exp2f(fmaf(s[mt][n][i], sl2, -Lr[mt][hr]));
-          if (need_mask) {
-            const int key = k0 + n * 8 + 2 * t + (i & 1);
-            if (key >= T || (p.causal && key > row0 + mt * 16 + hr * 8)) pv = 0.f;
-          }
-          s[mt][n][i] = pv * (dp[mt][n][i] - Dr[mt][hr]);
-        }
-    // dQ += dS K: B = K tile stored [key][d] = [k][n]; each fragment feeds MT row blocks.
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) {
-      std::uint32_t da[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        da[mt][0] = pack2<E>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        da[mt][1] = pack2<E>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        da[mt][2] = pack2<E>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        da[mt][3] = pack2<E>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int nd = 0; nd < D / 16; ++nd) {
-        std::uint32_t bf[4];
-        load_b_kn(bf, Kt, LD, kk * 16, nd * 16);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816<E>(dq[mt][2 * nd], da[mt], bf);
-          mma16816<E>(dq[mt][2 * nd + 1], da[mt], bf + 2);
-        }
-      }
-    }
-  }
-
-  E* dQ = static_cast<E*>(p.dq) + head;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int row = row0 + mt * 16 + hr * 8;
-      if (row < T) {
-#pragma unroll
-        for (int d = 0; d < D / 8; ++d)
-          *reinterpret_cast<std::uint32_t*>(dQ + row * ld + d * 8 + 2 * t) =
-              pack2<E>(dq[mt][d][2 * hr] * p.scale, dq[mt][d][2 * hr + 1] * p.scale);
-      }
-    }
-}
-
 // dQ = scale * dQacc in E: one thread per 8 elements (a 16-byte store; rows are 16-byte aligned on
-// the tensor-core path).
+// the tensor-core path). dQacc rows are padded_head_dim(D) floats apart; only the first D are read.
 template <class E>
 __global__ void flash_bwd_dq_convert_kernel(const Params p) {
-  const int D = p.head_dim, chunks_per_row = D / 8;
+  const int D = p.head_dim, chunks_per_row = D / 8, ld_acc = padded_head_dim(D);
   const long long chunk = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (chunk >= static_cast<long long>(p.batch) * p.heads * p.seq * chunks_per_row) return;
   const long long row = chunk / chunks_per_row;   // bh * T + t
   const int col = static_cast<int>(chunk % chunks_per_row) * 8;
   const long long bh = row / p.seq, t = row % p.seq, b = bh / p.heads, h = bh % p.heads;
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row * D + col);
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + row * ld_acc + col);
   const float4 x = src[0], y = src[1];
   const float c = p.scale;
   uint4 out;
@@ -456,12 +341,12 @@ __global__ void flash_bwd_dq_convert_kernel(const Params p) {
   *reinterpret_cast<uint4*>(static_cast<E*>(p.dq) + b * p.stride_b + h * p.stride_h + t * p.stride_t + col) = out;
 }
 
-template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs, bool kFuseDq = false>
+template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs, bool kFuseDq = false, int DC = D>
 void launch_dkdv(const Params& p, cudaStream_t stream) {
   constexpr int Bc = 16 * MT * kWarps;
   const std::size_t smem = static_cast<std::size_t>(2 * Bc + 4 * Br) * (D + 8) * sizeof(E) + 4 * Br * sizeof(float) +
                            (kFuseDq ? static_cast<std::size_t>(Bc) * (Br + 8) * sizeof(E) : 0);
-  auto kernel = flash_bwd_dkdv_kernel<E, D, kWarps, Br, MT, kKVInRegs, kFuseDq>;
+  auto kernel = flash_bwd_dkdv_kernel<E, D, kWarps, Br, MT, kKVInRegs, kFuseDq, DC>;
   // Once per kernel instantiation (the process drives one GPU): raising the dynamic shared-memory
   // limit on every launch measurably slowed back-to-back calls.
   static const bool smem_ok = [&] {
@@ -469,35 +354,20 @@ void launch_dkdv(const Params& p, cudaStream_t stream) {
     return true;
   }();
   (void)smem_ok;
-  const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq + Bc - 1) / Bc));
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
-  LMSCALE_ATTN_CHECK_LAUNCH();
-}
-
-template <class E, int D, int kWarps, int Bc, int MT>
-void launch_dq(const Params& p, cudaStream_t stream) {
-  constexpr int Br = 16 * MT * kWarps;
-  const std::size_t smem = static_cast<std::size_t>(2 * Br + 4 * Bc) * (D + 8) * sizeof(E);
-  auto kernel = flash_bwd_dq_kernel<E, D, kWarps, Bc, MT>;
-  // Once per kernel instantiation (the process drives one GPU): raising the dynamic shared-memory
-  // limit on every launch measurably slowed back-to-back calls.
-  static const bool smem_ok = [&] {
-    LMSCALE_ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    return true;
-  }();
-  (void)smem_ok;
-  const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq + Br - 1) / Br));
+  const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq + Bc - 1) / Bc), D / DC);
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
   LMSCALE_ATTN_CHECK_LAUNCH();
 }
 
 // Fused path: zero dQacc, dkdv with dQ's share added by atomics, convert dQacc to dQ.
-template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs>
+template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs, int DC = D>
 void launch_fused(const Params& p, cudaStream_t stream) {
   if (p.dq_accum == nullptr) throw_error("flash attention backward (tensor cores): no dQ accumulator");
-  const long long elems = static_cast<long long>(p.batch) * p.heads * p.seq * D;
-  LMSCALE_ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(elems) * sizeof(float), stream));
-  launch_dkdv<E, D, kWarps, Br, MT, kKVInRegs, true>(p, stream);
+  // dQacc is [B*H, T, D] with the padded head dim D (= padded_head_dim(p.head_dim)).
+  const long long rows = static_cast<long long>(p.batch) * p.heads * p.seq;
+  LMSCALE_ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(rows * D) * sizeof(float), stream));
+  launch_dkdv<E, D, kWarps, Br, MT, kKVInRegs, true, DC>(p, stream);
+  const long long elems = rows * p.head_dim;   // dQ elements, converted 8 per thread
   constexpr int kThreads = 256;
   const unsigned blocks = static_cast<unsigned>((elems / 8 + kThreads - 1) / kThreads);
   flash_bwd_dq_convert_kernel<E><<<blocks, kThreads, 0, stream>>>(p);
@@ -505,40 +375,53 @@ void launch_fused(const Params& p, cudaStream_t stream) {
 }
 
 template <class E>
+constexpr Elem kElem = std::is_same_v<E, __half> ? Elem::f16 : Elem::bf16;
+
+// Tile shape per padded head dim. launch_fused<E, D, kWarps, Br, MT, kKVInRegs(, DC)>: Bc =
+// 16*MT*kWarps keys per block, Br queries per step, dQ fused (atomics), DC output columns per block
+// (D / 2 above 128). Registers per thread grow as D/2*MT*2 (dK, dV; DC instead of D when split) +
+// Br/2*MT*2 (S^T, dP^T) + the dQ part; shapes were chosen so that ptxas reports no spills (the D = 64
+// default has a tuned 8-byte one). Variant 1: the deterministic two-kernel path (launch_dkdv without
+// dQ, then the dq kernel of flash_attention_bwd_dq.cu).
+template <class E>
 void launch_dim(const Params& p, cudaStream_t stream, int variant) {
-  // launch_dkdv<E, D, kWarps, Br, MT, kKVInRegs>: Bc = 16*MT*kWarps keys per block, Br queries per
-  // step. launch_dq<E, D, kWarps, Bc, MT>: Br = 16*MT*kWarps queries per block, Bc keys per step.
-  // launch_fused<E, D, kWarps, Br, MT, kKVInRegs> is the same geometry with dQ fused (atomics).
-  switch (p.head_dim) {
+  switch (padded_head_dim(p.head_dim)) {
     case 16:
       if (variant == 1) {
         launch_dkdv<E, 16, 4, 64, 1, true>(p, stream);
-        return launch_dq<E, 16, 4, 64, 2>(p, stream);
+        return launch_flash_bwd_dq_deterministic(p, kElem<E>, stream);
       }
       return launch_fused<E, 16, 4, 64, 1, true>(p, stream);
     case 32:
       if (variant == 1) {
         launch_dkdv<E, 32, 4, 64, 1, true>(p, stream);
-        return launch_dq<E, 32, 4, 32, 2>(p, stream);
+        return launch_flash_bwd_dq_deterministic(p, kElem<E>, stream);
       }
       return launch_fused<E, 32, 4, 64, 1, true>(p, stream);
+    case 48: return launch_fused<E, 48, 4, 64, 1, true>(p, stream);
     case 64:
-      // Variants for tuning (DISABLED_TimingLeaderboard in ctest/gpu/test_attention_cuda.cpp);
-      // 0 is the default; 1 is the deterministic two-kernel path (no atomics).
       if (variant == 1) {
         launch_dkdv<E, 64, 4, 32, 2, false>(p, stream);
-        return launch_dq<E, 64, 4, 32, 2>(p, stream);
+        return launch_flash_bwd_dq_deterministic(p, kElem<E>, stream);
       }
-      if (variant == 2) return launch_fused<E, 64, 8, 32, 1, true>(p, stream);
-      if (variant == 3) return launch_fused<E, 64, 4, 16, 2, false>(p, stream);
-      if (variant == 4) return launch_fused<E, 64, 8, 32, 2, false>(p, stream);
       return launch_fused<E, 64, 4, 32, 2, false>(p, stream);
+    case 80:   // the 2.7B preset's head dim; other shapes tried are in docs/attention.md
+      return launch_fused<E, 80, 4, 64, 1, true>(p, stream);
+    case 96: return launch_fused<E, 96, 4, 32, 1, false>(p, stream);
+    case 112: return launch_fused<E, 112, 4, 32, 1, false>(p, stream);
     case 128:
       if (variant == 1) {
         launch_dkdv<E, 128, 4, 32, 1, false>(p, stream);
-        return launch_dq<E, 128, 4, 32, 1>(p, stream);
+        return launch_flash_bwd_dq_deterministic(p, kElem<E>, stream);
       }
       return launch_fused<E, 128, 4, 32, 1, false>(p, stream);
+    case 160:
+      // 32 queries per step: 91 KB of shared memory, 2 blocks per SM (variant 2, 64 queries: 138 KB, 1).
+      if (variant == 2) return launch_fused<E, 160, 4, 64, 1, false, 80>(p, stream);
+      return launch_fused<E, 160, 4, 32, 1, false, 80>(p, stream);
+    case 192: return launch_fused<E, 192, 4, 32, 1, false, 96>(p, stream);
+    case 224: return launch_fused<E, 224, 4, 32, 1, false, 112>(p, stream);
+    case 256: return launch_fused<E, 256, 4, 32, 1, false, 128>(p, stream);
     default: throw_unsupported_head_dim(p.head_dim);
   }
 }

@@ -8,6 +8,11 @@
 // and at the end O /= l, lse = (m + log2 l) * ln 2. Causal: key tiles past the block's last row
 // are never loaded; only tiles crossing the diagonal (or the sequence end) are masked; blocks
 // with the most key tiles are scheduled first (grid.y reversed).
+// Head dims: the kernel is compiled for a padded width DP (a multiple of 16 up to 128, of 32 up to
+// 256) and runs any real D = p.head_dim <= DP that is a multiple of 8: Q/K/V columns D..DP-1 are
+// zero-filled in shared memory (they add nothing to Q K^T; P V gives zeros there) and never stored.
+// kQSmem (large DP): Q fragments are re-read from shared memory for every key tile instead of
+// living in registers, which leaves room for the DP/2 fp32 output accumulators per thread.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -20,9 +25,11 @@ namespace lmscale::ops::cuda::attn {
 
 namespace {
 
-template <class E, int D, int kWarps, int Bc, int MT>
+template <class E, int D, int kWarps, int Bc, int MT, bool kQSmem>
 __global__ void __launch_bounds__(kWarps * 32) flash_fwd_mma_kernel(const Params p) {
+  // D is the padded width (template), dreal the head dim of this call (multiple of 8, <= D).
   constexpr int Br = 16 * MT * kWarps, kThreads = kWarps * 32, LD = D + 8;
+  const int dreal = p.head_dim;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   E* Qs = reinterpret_cast<E*>(smem_raw);   // [Br][LD]
   E* Ks = Qs + Br * LD;                     // [2][Bc][LD]
@@ -44,12 +51,12 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_mma_kernel(const Params
   const int kv_end = p.causal ? min(T, q0 + Br) : T;
   const int n_ktiles = (kv_end + Bc - 1) / Bc;
 
-  load_tile<E, Br, D, kThreads>(Qs, Q, ld, q0, T);
-  load_tile<E, Bc, D, kThreads>(Ks, K, ld, 0, T);
-  load_tile<E, Bc, D, kThreads>(Vs, V, ld, 0, T);
+  load_tile<E, Br, D, kThreads>(Qs, Q, ld, q0, T, dreal);
+  load_tile<E, Bc, D, kThreads>(Ks, K, ld, 0, T, dreal);
+  load_tile<E, Bc, D, kThreads>(Vs, V, ld, 0, T, dreal);
   cp_async_commit();
 
-  std::uint32_t qf[MT][D / 16][4];
+  std::uint32_t qf[kQSmem ? 1 : MT][kQSmem ? 1 : D / 16][4];
   float oacc[MT][D / 8][4];
   float m[MT][2], l[MT][2];
 #pragma unroll
@@ -66,15 +73,17 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_mma_kernel(const Params
     __syncthreads();   // tile j visible to all; everyone is done with tile j-1's buffer
     if (j + 1 < n_ktiles) {
       const int nb = (j + 1) & 1;
-      load_tile<E, Bc, D, kThreads>(Ks + nb * Bc * LD, K, ld, (j + 1) * Bc, T);
-      load_tile<E, Bc, D, kThreads>(Vs + nb * Bc * LD, V, ld, (j + 1) * Bc, T);
+      load_tile<E, Bc, D, kThreads>(Ks + nb * Bc * LD, K, ld, (j + 1) * Bc, T, dreal);
+      load_tile<E, Bc, D, kThreads>(Vs + nb * Bc * LD, V, ld, (j + 1) * Bc, T, dreal);
       cp_async_commit();
     }
-    if (j == 0) {
+    if constexpr (!kQSmem) {
+      if (j == 0) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) load_a(qf[mt][kk], Qs, LD, wrow0 + mt * 16, kk * 16);
+          for (int kk = 0; kk < D / 16; ++kk) load_a(qf[mt][kk], Qs, LD, wrow0 + mt * 16, kk * 16);
+      }
     }
     const E* Kt = Ks + (j & 1) * Bc * LD;
     const E* Vt = Vs + (j & 1) * Bc * LD;
@@ -87,14 +96,24 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_mma_kernel(const Params
       for (int n = 0; n < Bc / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t qa[MT][4];   // this k-slice's Q fragments
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (kQSmem) {
+          load_a(qa[mt], Qs, LD, wrow0 + mt * 16, kk * 16);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qa[mt][i] = qf[mt][kk][i];
+        }
+      }
 #pragma unroll
       for (int nb = 0; nb < Bc / 16; ++nb) {
         std::uint32_t bf[4];
         load_b_nk(bf, Kt, LD, nb * 16, kk * 16);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma16816<E>(s[mt][2 * nb], qf[mt][kk], bf);
-          mma16816<E>(s[mt][2 * nb + 1], qf[mt][kk], bf + 2);
+          mma16816<E>(s[mt][2 * nb], qa[mt], bf);
+          mma16816<E>(s[mt][2 * nb + 1], qa[mt], bf + 2);
         }
       }
     }
@@ -173,19 +192,20 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_mma_kernel(const Params
       if (row < T) {
 #pragma unroll
         for (int d = 0; d < D / 8; ++d)
-          *reinterpret_cast<std::uint32_t*>(O + row * ld + d * 8 + 2 * t) =
-              pack2<E>(oacc[mt][d][2 * hr] * inv, oacc[mt][d][2 * hr + 1] * inv);
+          if (d * 8 < dreal)   // padded columns are not part of O
+            *reinterpret_cast<std::uint32_t*>(O + row * ld + d * 8 + 2 * t) =
+                pack2<E>(oacc[mt][d][2 * hr] * inv, oacc[mt][d][2 * hr + 1] * inv);
         if (t == 0) p.lse[static_cast<long long>(bh) * T + row] = (m[mt][hr] + log2f(lsum)) * kLn2;
       }
     }
   }
 }
 
-template <class E, int D, int kWarps, int Bc, int MT>
+template <class E, int D, int kWarps, int Bc, int MT, bool kQSmem = false>
 void launch(const Params& p, cudaStream_t stream) {
   constexpr int Br = 16 * MT * kWarps;
   const std::size_t smem = static_cast<std::size_t>(Br + 4 * Bc) * (D + 8) * sizeof(E);
-  auto kernel = flash_fwd_mma_kernel<E, D, kWarps, Bc, MT>;
+  auto kernel = flash_fwd_mma_kernel<E, D, kWarps, Bc, MT, kQSmem>;
   // Once per kernel instantiation (the process drives one GPU): raising the dynamic shared-memory
   // limit on every launch measurably slowed back-to-back calls.
   static const bool smem_ok = [&] {
@@ -198,20 +218,25 @@ void launch(const Params& p, cudaStream_t stream) {
   LMSCALE_ATTN_CHECK_LAUNCH();
 }
 
+// Tile shape per padded head dim, <kWarps, Bc, MT(, kQSmem)>: Br = 16*MT*kWarps query rows per
+// block, Bc keys per shared-memory tile. Registers per thread grow as D/4 (Q fragments, unless
+// kQSmem) + D/2*MT (O accumulators) + Bc/2*MT (scores); shapes were chosen so that ptxas reports
+// no spills (docs/attention.md lists registers and shared memory per shape).
 template <class E>
-void launch_dim(const Params& p, cudaStream_t stream, int variant) {
-  switch (p.head_dim) {
+void launch_dim(const Params& p, cudaStream_t stream, int /*variant: none left (docs/attention.md)*/) {
+  switch (padded_head_dim(p.head_dim)) {
     case 16: return launch<E, 16, 4, 64, 2>(p, stream);
     case 32: return launch<E, 32, 4, 32, 2>(p, stream);
-    case 64:
-      // Variants for tuning (DISABLED_TimingLeaderboard in ctest/gpu/test_attention_cuda.cpp);
-      // 0 is the default. <kWarps, Bc, MT>: Br = 16 * MT * kWarps query rows per block.
-      if (variant == 1) return launch<E, 64, 8, 32, 2>(p, stream);
-      if (variant == 2) return launch<E, 64, 4, 32, 2>(p, stream);
-      if (variant == 3) return launch<E, 64, 8, 64, 2>(p, stream);
-      if (variant == 4) return launch<E, 64, 4, 128, 1>(p, stream);
-      return launch<E, 64, 4, 64, 2>(p, stream);
+    case 48: return launch<E, 48, 4, 64, 2>(p, stream);
+    case 64: return launch<E, 64, 4, 64, 2>(p, stream);
+    case 80: return launch<E, 80, 4, 64, 2>(p, stream);   // 2.7B preset; shapes tried: docs/attention.md
+    case 96: return launch<E, 96, 4, 32, 2>(p, stream);
+    case 112: return launch<E, 112, 4, 64, 1>(p, stream);
     case 128: return launch<E, 128, 4, 64, 1>(p, stream);
+    case 160: return launch<E, 160, 4, 32, 1>(p, stream);
+    case 192: return launch<E, 192, 4, 32, 1, true>(p, stream);
+    case 224: return launch<E, 224, 4, 32, 1, true>(p, stream);
+    case 256: return launch<E, 256, 4, 32, 1, true>(p, stream);
     default: throw_unsupported_head_dim(p.head_dim);
   }
 }

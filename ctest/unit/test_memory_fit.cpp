@@ -1,0 +1,114 @@
+// The memory check before a run (jobs/memory_fit.h): the accounting prediction per mode, and the
+// refusal (exit 2) when it exceeds the memory available, with both numbers and the keys to change.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "lmscale/core/error.h"
+#include "lmscale/jobs/accounting.h"
+#include "lmscale/jobs/memory_fit.h"
+#include "lmscale/ops/runtime.h"
+
+using namespace lmscale;
+
+namespace {
+
+Config xl_bench(const std::string& mode) {
+  Config c;
+  c.run.job = "bench-model";
+  c.bench.mode = mode;
+  c.model.d_model = 1600;
+  c.model.d_ff = 6400;
+  c.model.num_layers = 48;
+  c.model.num_heads = 25;
+  c.model.context_length = 512;
+  c.precision.mode = "bf16";
+  c.bench.batch_size = 4;
+  return c;
+}
+
+double item(const jobs::Accounting& a, const std::string& n) {
+  for (const auto& i : a.memory)
+    if (i.name == n) return i.bytes;
+  return 0;
+}
+
+constexpr double GiB = 1024.0 * 1024 * 1024;
+
+}  // namespace
+
+TEST(MemoryFit, TrainStepNeedsTheWholePredictionForwardLess) {
+  const Config step = xl_bench("train-step");
+  const jobs::Accounting a = jobs::account(step, 1, "");
+  const auto need = jobs::predicted_need(step, 1, "");
+  ASSERT_TRUE(need);
+  EXPECT_DOUBLE_EQ(need->bytes, a.peak_bytes);
+  EXPECT_NE(need->detail.find("optimizer_state"), std::string::npos) << need->detail;
+  // Largest first: AdamW's m and v (8 B x 2.0e9 parameters) lead the xl's bf16 activations.
+  EXPECT_EQ(need->detail.rfind("optimizer_state 14.89 GiB, activations", 0), 0u) << need->detail;
+
+  const auto forward = jobs::predicted_need(xl_bench("forward"), 1, "");
+  ASSERT_TRUE(forward);
+  EXPECT_DOUBLE_EQ(forward->bytes, a.peak_bytes - item(a, "optimizer_state") - item(a, "gradients"));
+  EXPECT_EQ(forward->detail.find("optimizer_state"), std::string::npos) << forward->detail;
+  const auto fb = jobs::predicted_need(xl_bench("forward-backward"), 1, "");
+  EXPECT_DOUBLE_EQ(fb->bytes, a.peak_bytes - item(a, "optimizer_state"));
+
+  Config accounting = step;
+  accounting.run.job = "accounting";   // computes, allocates nothing
+  EXPECT_FALSE(jobs::predicted_need(accounting, 1, ""));
+}
+
+TEST(MemoryFit, RefusedWithPredictionAvailableMemoryAndKeys) {
+  const Config c = xl_bench("train-step");
+  const auto need = jobs::predicted_need(c, 1, "");
+  ASSERT_TRUE(need);
+  ASSERT_GT(need->bytes, 30 * GiB);   // about 34.6 GiB
+  const jobs::MemoryBudget h100{79.1 * GiB, "are free on GPU 0"};
+  EXPECT_FALSE(jobs::memory_fit_problem(*need, 1, h100, c));
+
+  const jobs::MemoryBudget small{24 * GiB, "are free on GPU 0"};
+  const auto problem = jobs::memory_fit_problem(*need, 1, small, c);
+  ASSERT_TRUE(problem);
+  EXPECT_NE(problem->find(jobs::format_bytes(need->bytes) + " per rank"), std::string::npos) << *problem;
+  EXPECT_NE(problem->find("only 24.00 GiB are free on GPU 0"), std::string::npos) << *problem;
+  EXPECT_NE(problem->find("bench.batch_size"), std::string::npos) << *problem;
+  EXPECT_NE(problem->find("model.context_length"), std::string::npos) << *problem;
+  EXPECT_EQ(problem->find('\n'), std::string::npos) << "one line";
+
+  // Host memory is shared by the ranks of a node: two ranks of 34.6 GiB do not fit in 64 GiB.
+  const jobs::MemoryBudget host{64 * GiB, "are available in host memory"};
+  EXPECT_FALSE(jobs::memory_fit_problem(*need, 1, host, c));
+  const auto shared = jobs::memory_fit_problem(*need, 2, host, c);
+  ASSERT_TRUE(shared);
+  EXPECT_NE(shared->find("for the 2 ranks sharing it"), std::string::npos) << *shared;
+}
+
+TEST(MemoryFit, ThisMachineRefusesAnImpossibleContextButRunsATinyModel) {
+  ops::Runtime rt(Device::cpu, 0, false);
+  const jobs::MemoryBudget b = jobs::memory_budget(rt);
+  EXPECT_GT(b.bytes, 0.0);
+  Config c;
+  c.run.job = "train";
+  c.parallel.device = "cpu";
+  c.model.vocab_size = 512;
+  c.model.d_model = 128;
+  c.model.d_ff = 344;
+  c.model.num_layers = 2;
+  c.model.num_heads = 4;
+  c.model.context_length = 64;
+  EXPECT_NO_THROW(jobs::check_memory_fits(c, 1, 1, rt));
+  c.model.context_length = 99999999999;
+  try {
+    jobs::check_memory_fits(c, 1, 1, rt);
+    FAIL() << "an impossible run passed the memory check";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit in memory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MemoryFit, FormatBytes) {
+  EXPECT_EQ(jobs::format_bytes(512), "512 B");
+  EXPECT_EQ(jobs::format_bytes(1.5 * GiB), "1.50 GiB");
+  EXPECT_EQ(jobs::format_bytes(3.0 * 1024 * GiB), "3.00 TiB");
+}

@@ -1,0 +1,104 @@
+// The overwrite rule (output_target.h, docs/hdf5.md): what lmscale may replace, checked before any
+// work and again just before the final rename.
+#include "output_target.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+namespace lmscale::io::detail {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kind_name(fs::file_type type) {
+  switch (type) {
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::fifo: return "a FIFO (named pipe)";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::regular: return "a regular file";
+    case fs::file_type::symlink: return "a symbolic link";
+    default: return "not a regular file";
+  }
+}
+
+// Why the entry at `path` (the target, or NAME.tmp) may not be replaced, or nullopt.
+std::optional<std::string> replaceable(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(path, ec);
+  if (ec && link.type() != fs::file_type::not_found)
+    return fmt::format("cannot be examined ({})", ec.message());
+  if (link.type() == fs::file_type::not_found) return std::nullopt;   // a new name
+  fs::file_type type = link.type();
+  std::string prefix = "exists and is";
+  if (type == fs::file_type::symlink) {
+    const fs::file_status target = fs::status(path, ec);
+    if (target.type() == fs::file_type::not_found) return std::nullopt;   // dangling: the link is replaced
+    type = target.type();
+    prefix = "is a symbolic link to";
+  }
+  if (type != fs::file_type::regular) return fmt::format("{} {}, not a regular file", prefix, kind_name(type));
+  if (!is_empty_or_hdf5(path))
+    return fmt::format("{} a regular file that is not an HDF5 file (lmscale replaces only HDF5 files and empty files)",
+                       prefix);
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool is_empty_or_hdf5(const std::string& path) {
+  static constexpr char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) return false;
+  if (size == 0) return true;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  // The superblock is at 0 or, after a user block, at 512, 1024, 2048, ... (HDF5 file format).
+  for (std::uintmax_t offset = 0; offset + sizeof kSignature <= size; offset = offset == 0 ? 512 : offset * 2) {
+    char head[sizeof kSignature] = {};
+    in.seekg(static_cast<std::streamoff>(offset));
+    if (!in.read(head, sizeof head)) return false;
+    if (std::memcmp(head, kSignature, sizeof kSignature) == 0) return true;
+  }
+  return false;
+}
+
+std::optional<std::string> replace_problem(const std::string& path) { return replaceable(path); }
+
+std::optional<std::string> output_problem(const std::string& path) {
+  if (path.empty()) return std::string("is empty");
+  if (path.back() == '/') return std::string("names a directory (ends with '/'); give a file name");
+  if (auto problem = replaceable(path)) return problem;
+  const std::string tmp = path + ".tmp";
+  if (auto problem = replaceable(tmp)) return fmt::format("cannot be written because '{}' {}", tmp, *problem);
+
+  // The directory: the nearest existing ancestor must be a writable directory (what is missing
+  // below it is created when the file is).
+  std::error_code ec;
+  fs::path dir = fs::absolute(fs::path(path), ec).parent_path();
+  if (ec) return fmt::format("cannot be resolved ({})", ec.message());
+  while (true) {
+    const fs::file_status st = fs::status(dir, ec);
+    if (st.type() == fs::file_type::not_found) {
+      if (!dir.has_relative_path()) return fmt::format("cannot be created: '{}' does not exist", dir.string());
+      dir = dir.parent_path();
+      continue;
+    }
+    if (st.type() != fs::file_type::directory)
+      return fmt::format("cannot be created: '{}' is {}, not a directory", dir.string(), kind_name(st.type()));
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      return fmt::format("cannot be created: directory '{}' is not writable ({})", dir.string(), std::strerror(errno));
+    return std::nullopt;
+  }
+}
+
+}  // namespace lmscale::io::detail

@@ -1,0 +1,27 @@
+#pragma once
+// Internal: the overwrite rule for every file lmscale writes (run.output, train.save,
+// train.checkpoint_path; docs/hdf5.md "Overwrite rule"). A file is written as NAME.tmp and renamed
+// to NAME; that is allowed only when
+//   - NAME is a new name, or a regular file that is empty or an HDF5 file (a previous result), or a
+//     symbolic link to one of those or to nothing (the rename replaces the link, never its target);
+//   - NAME.tmp is absent, or a regular file that is empty or an HDF5 file (left by a stopped run);
+//   - the directory of NAME exists and is writable, or can be created (its nearest existing
+//     ancestor is a writable directory).
+// Devices, FIFOs, sockets, directories and files of other formats are never replaced.
+#include <optional>
+#include <string>
+
+namespace lmscale::io::detail {
+
+// Why `path` cannot be written under the rule above ("exists and is a FIFO", ...), or nullopt.
+// Touches nothing: used by deck validation (UsageError naming the key).
+std::optional<std::string> output_problem(const std::string& path);
+
+// The target alone (not NAME.tmp, not the directory): checked again just before the rename.
+std::optional<std::string> replace_problem(const std::string& path);
+
+// True for a regular file that is empty or starts with the HDF5 signature (at offset 0 or at a
+// user-block offset 512, 1024, 2048, ...).
+bool is_empty_or_hdf5(const std::string& path);
+
+}  // namespace lmscale::io::detail

@@ -1,0 +1,95 @@
+#include "lmscale/parallel/tensor_parallel.h"
+
+#include "lmscale/core/error.h"
+#include "lmscale/core/nvtx.h"
+
+namespace lmscale::parallel {
+
+TensorParallel::TensorParallel(comm::Communicator& device, comm::Communicator& host, bool sequence_parallel)
+    : device_(device), host_(host) {
+  LMSCALE_CHECK(device.size() == host.size() && device.rank() == host.rank(),
+                "tensor parallel: device ({} of {}) and host ({} of {}) communicators differ", device.rank(),
+                device.size(), host.rank(), host.size());
+  split_.degree = device.size();
+  split_.rank = device.rank();
+  split_.sequence_parallel = sequence_parallel;
+  // Each call returns once the result is usable by the next op on the compute stream: mpi blocks
+  // until done; nccl makes the compute stream wait for the communication stream (no host wait).
+  // The model calls them in the same order on every tp rank.
+  comm::Communicator* c = &device_;
+  callbacks_.sum = [c](Tensor& x) {
+    NvtxRange r("tp_all_reduce");
+    c->all_reduce(x, comm::ReduceOp::sum);
+  };
+  callbacks_.max = [c](Tensor& x) {
+    NvtxRange r("tp_all_reduce_max");
+    c->all_reduce(x, comm::ReduceOp::max);
+  };
+  callbacks_.gather_rows = [c](const Tensor& shard, Tensor& full) {
+    NvtxRange r("sp_all_gather");
+    c->all_gather(shard, full);
+  };
+  callbacks_.scatter_rows = [c](const Tensor& full, Tensor& shard) {
+    NvtxRange r("sp_reduce_scatter");
+    c->reduce_scatter(full, shard, comm::ReduceOp::sum);
+  };
+  // The buffers stay alive until the returned function has run: the model holds them.
+  callbacks_.sum_async = [c](Tensor& x) -> model::TensorParallelComm::Wait {
+    NvtxRange r("tp_all_reduce_async");
+    comm::Work w = c->all_reduce(x, comm::ReduceOp::sum, comm::async_call());
+    return [w]() mutable { w.wait(); };
+  };
+  callbacks_.scatter_rows_async = [c](const Tensor& full, Tensor& shard) -> model::TensorParallelComm::Wait {
+    NvtxRange r("sp_reduce_scatter_async");
+    comm::Work w = c->reduce_scatter(full, shard, comm::ReduceOp::sum, comm::async_call());
+    return [w]() mutable { w.wait(); };
+  };
+}
+
+double TensorParallel::sum_scalar(double x) {
+  double y = 0;
+  host_.all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
+  return y;
+}
+
+double TensorParallel::global_sum_squares(double local_all, double local_replicated) {
+  // The replicated gradients are the same on every tp rank: count them once.
+  return sum_scalar(local_all - local_replicated) + local_replicated;
+}
+
+std::vector<float> TensorParallel::gather_full(const model::ModelDims& dims, const std::vector<float>& local) {
+  const int tp = split_.degree;
+  std::vector<float> all(local.size() * static_cast<std::size_t>(tp));
+  host_.all_gather(local.data(), all.data(), local.size(), DType::f32).wait();
+  const auto full_layout = model::parameter_layout(dims);
+  const auto& last = full_layout.back();
+  std::vector<float> full(static_cast<std::size_t>(last.offset + last.numel));
+  for (int q = 0; q < tp; ++q) {
+    model::TensorSplit s = split_;
+    s.rank = q;
+    const auto layout = model::tensor_parallel_layout(dims, s);
+    LMSCALE_CHECK(layout.back().offset + layout.back().numel == static_cast<std::int64_t>(local.size()),
+                  "gather_full: {} local values for a layout of {}", local.size(),
+                  layout.back().offset + layout.back().numel);
+    float* from = all.data() + static_cast<std::size_t>(q) * local.size();
+    for (std::size_t i = 0; i < layout.size(); ++i)
+      model::copy_slice(layout[i], full.data() + full_layout[i].offset, from + layout[i].offset, sizeof(float), true);
+  }
+  return full;
+}
+
+std::vector<float> TensorParallel::slice_local(const model::ModelDims& dims, const std::vector<float>& full) const {
+  const auto layout = model::tensor_parallel_layout(dims, split_);
+  const auto full_layout = model::parameter_layout(dims);
+  LMSCALE_CHECK(static_cast<std::int64_t>(full.size()) == full_layout.back().offset + full_layout.back().numel,
+                "slice_local: {} values for a model of {}", full.size(),
+                full_layout.back().offset + full_layout.back().numel);
+  std::vector<float> local(static_cast<std::size_t>(layout.back().offset + layout.back().numel));
+  std::vector<float>& src = const_cast<std::vector<float>&>(full);   // copy_slice reads it (to_full = false)
+  for (std::size_t i = 0; i < layout.size(); ++i)
+    model::copy_slice(layout[i], src.data() + full_layout[i].offset, local.data() + layout[i].offset, sizeof(float),
+                      false);
+  return local;
+}
+
+}  // namespace lmscale::parallel
