@@ -1,9 +1,13 @@
-// Data and tensor parallelism on 2 GPUs (label gpu, mpirun -np 2): every DDP variant and ZeRO level
-// (FSDP included, with and without activation checkpointing), and tp = 2 with and without
-// sequence parallelism, trains
+// Data, tensor and pipeline parallelism on 2 GPUs (label gpu, mpirun -np 2): every DDP variant and
+// ZeRO level (FSDP included, with and without activation checkpointing), and tp = 2 with and
+// without sequence parallelism, trains
 // a tiny Transformer in bf16 mixed precision over NCCL to the parameters one GPU reaches on the
 // same global batch, within 2e-3 of the largest parameter (bf16 activations: a different split of
-// the batch changes which products round where). Skipped (77) without 2 GPUs.
+// the batch changes which products round where). Pipeline parallelism (pp = 2, gpipe and 1f1b,
+// with and without checkpointing) against one GPU accumulating over the same microbatches
+// (within 1e-4: the same per-microbatch kernels; only the gradient norm's summation order
+// differs) and against one GPU without accumulation (within 2e-3, as DDP). Skipped (77) without
+// 2 GPUs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -53,7 +57,7 @@ std::vector<float> train(const Config& cfg, bool distributed, int steps, std::ve
     env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
   }
   const std::int64_t B = 8, T = cfg.model.context_length;
-  jobs::Trainer trainer(env, B, 1, steps);
+  jobs::Trainer trainer(env, B, cfg.train.grad_accum, steps);
   io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
   for (int s = 0; s < steps; ++s) {
     std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
@@ -140,5 +144,41 @@ TEST(TensorParallelGpu, Tp2MatchesOneGpuInBf16) {
     if (test::mpi_env().rank() == 0)
       std::printf("tp 2 sp %d %-9s %-5s: weights max diff %.2e of the largest; losses %.5f vs %.5f (last step)\n", c.sp,
                   c.recompute, c.attention, diff / scale, losses.back(), case_ref_losses.back());
+  }
+}
+
+TEST(PipelineGpu, TwoStagesMatchOneGpuInBf16) {
+  int gpus = 0;
+  cudaGetDeviceCount(&gpus);
+  if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
+  const int steps = 3;
+  const Config base = tiny_config();
+  const auto plain = train(base, false, steps);
+  double scale = 0;
+  for (float x : plain) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+  struct Case { const char* schedule; int micro; const char* recompute; };
+  for (Case c : {Case{"1f1b", 4, "none"}, Case{"gpipe", 2, "none"}, Case{"1f1b", 8, "every-k"},
+                 Case{"1f1b", 2, "selective"}}) {
+    Config ref_cfg = base;
+    ref_cfg.train.grad_accum = c.micro;
+    ref_cfg.train.activation_checkpointing = c.recompute;
+    const auto accumulated = train(ref_cfg, false, steps);
+    Config cfg = base;
+    cfg.parallel.pp = 2;
+    cfg.parallel.microbatches = c.micro;
+    cfg.parallel.schedule = c.schedule;
+    cfg.train.activation_checkpointing = c.recompute;
+    const auto got = train(cfg, true, steps);
+    ASSERT_EQ(got.size(), plain.size());
+    double d_acc = 0, d_plain = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      d_acc = std::max(d_acc, static_cast<double>(std::fabs(got[i] - accumulated[i])));
+      d_plain = std::max(d_plain, static_cast<double>(std::fabs(got[i] - plain[i])));
+    }
+    EXPECT_LT(d_acc / scale, 1e-4) << c.schedule << " M " << c.micro << " " << c.recompute;
+    EXPECT_LT(d_plain / scale, 2e-3) << c.schedule << " M " << c.micro << " " << c.recompute;
+    std::vector<float> other(got.size());
+    MPI_Allreduce(got.data(), other.data(), static_cast<int>(got.size()), MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(other, got) << c.schedule << ": ranks disagree";
   }
 }

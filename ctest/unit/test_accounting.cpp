@@ -61,6 +61,28 @@ TEST(Accounting, Zero1ShardsOptimizerStateAndKeepsCommunicationVolume) {
   EXPECT_EQ(ddp.local_batch, 4);
 }
 
+// Pipeline (pp = 2, 8 microbatches of one sequence, global batch 8): stage 0 holds the embedding
+// and 24 blocks, stage 1 24 blocks, the final norm and the head; 1F1B keeps at most p - s microbatches in flight, GPipe all M; between stages each
+// microbatch moves [512, 1600] bf16 once each way.
+TEST(Accounting, PipelineStagesAndMicrobatchesInFlight) {
+  Config c = xl_bf16();
+  c.bench.batch_size = 8;
+  c.model.attention = "flash";
+  c.parallel.pp = 2;
+  c.parallel.microbatches = 8;
+  c.parallel.schedule = "1f1b";
+  const auto a = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
+  const double block_params = 4.0 * 1600 * 1600 + 3.0 * 1600 * 6400 + 2 * 1600;
+  const double stage0 = 10000.0 * 1600 + 24 * block_params;   // the larger stage in activations
+  EXPECT_DOUBLE_EQ(item(a, "parameters"), 4 * stage0);
+  const double n = 512, per_block = (8 * 1600 + 3 * 6400) * n * 2 + 2 * n * 4 + 25 * 512 * 4;
+  EXPECT_DOUBLE_EQ(item(a, "activations"), 2 * 24 * per_block);   // stage 0: 2 microbatches in flight
+  EXPECT_DOUBLE_EQ(a.comm_bytes_per_step, 8 * n * 1600 * 2);   // stage 0 sends activations only
+  c.parallel.schedule = "gpipe";
+  const auto g = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
+  EXPECT_GT(item(g, "activations"), 3 * item(a, "activations"));   // all 8 in flight
+}
+
 // Tensor parallelism: the collectives the model makes per step, counted by hand for L = 48 layers
 // (every sublayer's g forward and f backward, the embedding's g, the head's f), and each rank's
 // share of parameters and activations.

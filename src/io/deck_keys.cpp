@@ -189,7 +189,14 @@ std::vector<DeckKey> build_table() {
                "(false: keep them from the forward to the backward; more memory, fewer gathers)."),
       int_key("parallel.microbatches", LMSCALE_FIELD(parallel.microbatches), 1,
               "Pipeline microbatches per step; must divide the per-rank batch when pp > 1."),
-      enum_key("parallel.schedule", LMSCALE_FIELD(parallel.schedule), {"gpipe", "1f1b"}, "Pipeline schedule."),
+      enum_key("parallel.schedule", LMSCALE_FIELD(parallel.schedule), {"gpipe", "1f1b", "interleaved"},
+               "Pipeline schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward "
+               "in the steady state), interleaved (1F1B over parallel.virtual_stages chunks per rank; mpi backend only)."),
+      int_key("parallel.virtual_stages", LMSCALE_FIELD(parallel.virtual_stages), 1,
+              "interleaved: model chunks per pipeline rank; num_layers must be divisible by pp * virtual_stages."),
+      string_key("parallel.stage_layers", "list", LMSCALE_FIELD(parallel.stage_layers),
+                 "Blocks per pipeline stage, comma-separated (e.g. 10,14); empty = balanced by layers (the "
+                 "first stage also holds the embedding, the last the final norm, LM head and loss)."),
       // [bench]
       enum_key("bench.mode", LMSCALE_FIELD(bench.mode), {"forward", "forward-backward", "train-step"},
                "bench-model: what one timed step does."),

@@ -118,6 +118,8 @@ std::string deck_markdown() {
         "- `parallel.tp` divides `model.num_heads`, `model.d_ff` and `model.vocab_size`; with\n"
         "  `parallel.sequence_parallel = true` it also divides `model.context_length`; `parallel.tp > 1`\n"
         "  with `parallel.zero = fsdp` is refused (not built); `parallel.pp` is at most `model.num_layers`.\n"
+        "- `parallel.pp > 1` refuses `parallel.tp > 1` and `parallel.zero = fsdp` (not built), and for\n"
+        "  `train` needs `train.grad_accum = 1` (the pipeline accumulates over `parallel.microbatches`).\n"
         "- Jobs that run the model (`train`, `bench-model`): the global batch (`train.batch_size` or\n"
         "  `bench.batch_size`) is divisible by `parallel.dp`; `train.grad_accum` divides the per-rank\n"
         "  batch; with `parallel.pp > 1`, `parallel.microbatches` divides the per-rank batch of one pass;\n"

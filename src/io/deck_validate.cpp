@@ -2,6 +2,9 @@
 // the key(s) and says how to fix them, thrown before any work or output.
 #include "deck_validate.h"
 
+#include <cstdlib>
+#include <sstream>
+
 #include <algorithm>
 #include <filesystem>
 #include <string>
@@ -211,6 +214,54 @@ void check_bench(const Config& c) {
          c.bench.max_bytes);
 }
 
+// Pipeline keys against each other and the model (model/stage.h, parallel/pipeline.h).
+void check_pipeline(const Config& c) {
+  const auto& p = c.parallel;
+  const auto& m = c.model;
+  if (p.virtual_stages < 1) fail("parallel.virtual_stages = {} must be at least 1", p.virtual_stages);
+  if (p.schedule == "interleaved") {
+    if (m.num_layers % (p.pp * p.virtual_stages) != 0)
+      fail("parallel.virtual_stages = {}: the interleaved schedule needs model.num_layers = {} divisible by "
+           "parallel.pp * parallel.virtual_stages = {} * {}",
+           p.virtual_stages, m.num_layers, p.pp, p.virtual_stages);
+    if (p.pp > 1 && p.microbatches % p.pp != 0)
+      fail("parallel.microbatches = {}: the interleaved schedule needs a multiple of parallel.pp = {}",
+           p.microbatches, p.pp);
+  } else if (p.virtual_stages != 1) {
+    fail("parallel.virtual_stages = {} needs parallel.schedule = interleaved (schedule is {})", p.virtual_stages,
+         p.schedule);
+  }
+  if (!p.stage_layers.empty()) {
+    std::vector<std::int64_t> n;
+    std::stringstream in(p.stage_layers);
+    std::string item;
+    std::int64_t sum = 0;
+    while (std::getline(in, item, ',')) {
+      char* end = nullptr;
+      const long long v = std::strtoll(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || v < 1)
+        fail("parallel.stage_layers = '{}': expected comma-separated positive layer counts, one per stage (e.g. "
+             "12,12)", p.stage_layers);
+      n.push_back(v);
+      sum += v;
+    }
+    if (static_cast<std::int64_t>(n.size()) != p.pp || sum != m.num_layers)
+      fail("parallel.stage_layers = '{}' gives {} stages and {} layers; it needs parallel.pp = {} entries summing to "
+           "model.num_layers = {}", p.stage_layers, n.size(), sum, p.pp, m.num_layers);
+    if (p.schedule == "interleaved")
+      fail("parallel.stage_layers is not used by the interleaved schedule (its chunks are equal); leave it empty");
+  }
+  if (p.pp > 1 && p.zero == "fsdp")
+    fail("parallel.zero = fsdp with parallel.pp = {} is not built; use parallel.zero = none, zero1 or zero2 with "
+         "pipeline parallelism", p.pp);
+  if (p.pp > 1 && p.tp > 1)
+    fail("parallel.tp = {} with parallel.pp = {}: tensor x pipeline parallelism is not built yet; set parallel.tp = 1",
+         p.tp, p.pp);
+  if (p.pp > 1 && c.run.job == "train" && c.train.grad_accum != 1)
+    fail("train.grad_accum = {} with parallel.pp = {}: a pipeline accumulates over parallel.microbatches; set "
+         "train.grad_accum = 1 and raise parallel.microbatches", c.train.grad_accum, p.pp);
+}
+
 // Parallel layout against the model, the batch and the world size. Batch checks come before the
 // world-size check so that a deck is judged on its own first.
 void check_layout(const Config& c, int world_size) {
@@ -237,6 +288,7 @@ void check_layout(const Config& c, int world_size) {
   if (p.pp > m.num_layers)
     fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
          m.num_layers);
+  check_pipeline(c);
   if (!runs_model(c)) return;
 
   const std::int64_t dp = detail::resolved_dp(c, world_size);

@@ -11,6 +11,20 @@
 namespace lmscale::jobs {
 
 Accounting account(const Config& cfg, int world, const std::string& device_name) {
+  // CS336 §8: where each strategy becomes communication bound on the [accounting] machine.
+  auto analysis = [&](Accounting& a) {
+    a.analysis_flops = cfg.accounting.device_tflops > 0
+                           ? cfg.accounting.device_tflops * 1e12
+                           : device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name,
+                                               cfg.precision.mode, cfg.precision.tf32);
+    a.analysis_link_bytes = cfg.accounting.link_gbps * 1e9;
+    if (a.analysis_flops > 0) a.bounds = parallel_bounds(cfg, a.analysis_flops, a.analysis_link_bytes);
+  };
+  if (cfg.parallel.pp > 1) {
+    Accounting a = account_pipeline(cfg, world, device_name);
+    analysis(a);
+    return a;
+  }
   Accounting a;
   const auto m = model::ModelDims::from(cfg.model);
   const double P = static_cast<double>(m.parameter_count());
@@ -123,13 +137,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                                         cfg.train.activation_checkpointing == "every-k");
   a.tp_comm_bytes_per_step = tpc.bytes;
   a.tp_comm_formula = tpc.formula;
-  // CS336 §8: where each strategy becomes communication bound on the [accounting] machine.
-  a.analysis_flops = cfg.accounting.device_tflops > 0
-                         ? cfg.accounting.device_tflops * 1e12
-                         : device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name,
-                                             cfg.precision.mode, cfg.precision.tf32);
-  a.analysis_link_bytes = cfg.accounting.link_gbps * 1e9;
-  if (a.analysis_flops > 0) a.bounds = parallel_bounds(cfg, a.analysis_flops, a.analysis_link_bytes);
+  analysis(a);
   return a;
 }
 

@@ -12,6 +12,7 @@
 #include "lmscale/jobs/accounting.h"
 #include "lmscale/jobs/device_peak.h"
 #include "lmscale/jobs/memory_report.h"
+#include "lmscale/jobs/pipeline_report.h"
 #include "lmscale/jobs/trainer.h"
 #include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/sharded_optimizer.h"
@@ -67,6 +68,7 @@ int run_bench_model(JobEnv& env) {
                                                            {"optimizer_ms", io::Column::Type::f64, "ms"},
                                                            {"total_ms", io::Column::Type::f64, "ms"},
                                                            {"loss", io::Column::Type::f64, "nats"}});
+  PipelineRecorder pipe(env, trainer);   // parallel.pp > 1: bubble and timeline (/pipeline)
   std::vector<double> fwd, bwd, comm, opt, total;
   const std::int64_t n_steps = cfg.bench.warmup + cfg.bench.steps;
   for (std::int64_t s = 0; s < n_steps; ++s) {
@@ -88,6 +90,7 @@ int run_bench_model(JobEnv& env) {
     rt.synchronize();
     r.times.total_ms = rt.elapsed_ms(m0, m1);
     if (!timed) continue;
+    if (mode != "forward") pipe.add_step(s - cfg.bench.warmup);
     fwd.push_back(r.times.forward_ms);
     bwd.push_back(r.times.backward_ms);
     comm.push_back(r.times.comm_ms);
@@ -172,6 +175,7 @@ int run_bench_model(JobEnv& env) {
                                                              {"bytes", io::Column::Type::i64, "bytes"}});
   for (const auto& [point, tags] : trainer.memory_points())
     for (const auto& [tag, bytes] : tags) memtab.append({point, tag, static_cast<std::int64_t>(bytes)});
+  pipe.write();
   write_memory_report(env);
 
   if (env.is_root()) {

@@ -54,6 +54,8 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
       {"num_heads", env.cfg.model.num_heads},
       {"rope_theta", env.cfg.model.rope_theta},
   };
+  // full_parameters() is in the whole model's layout whatever this rank holds (tensor slices,
+  // pipeline stages): name it by that layout.
   io::write_weights(path, named(full_layout, params), attrs, with_optimizer_state ? &opt : nullptr);
 }
 

@@ -36,10 +36,9 @@ namespace {
 void reject_unbuilt_modes(const Config& c) {
   if (c.run.job == "accounting") return;   // accounting computes, it does not run the mode
   const auto& p = c.parallel;
-  if (p.pp != 1)
-    throw UsageError(fmt::format("parallel.pp = {}: pipeline parallelism is not built in this version; set "
-                                 "parallel.pp = 1 (data and tensor parallelism: parallel.ddp, parallel.zero, parallel.tp)",
-                                 p.pp));
+  if (p.pp > 1 && (c.train.checkpoint_every > 0 || !c.train.resume.empty()) && c.run.job == "train")
+    throw UsageError("train.checkpoint_every / train.resume with parallel.pp > 1 are not built yet (train.save "
+                     "works: it gathers the stages' parameters)");
   if (c.optim.name != "adamw")
     throw UsageError("optim.name = " + c.optim.name + " is not built in this version; use adamw");
 }
@@ -55,6 +54,12 @@ Config resolve_runtime(const Config& in, int world) {
   if (c.parallel.backend == "auto") c.parallel.backend = c.parallel.device == "cuda" ? "nccl" : "mpi";
   if (c.parallel.backend == "nccl" && c.parallel.device != "cuda")
     throw UsageError("parallel.backend=nccl needs parallel.device=cuda; use parallel.backend=mpi on CPUs");
+  // NCCL matches point-to-point calls by order, not tag: the interleaved schedule's two
+  // directions between the same ranks need one grouped exchange per step, not built yet.
+  if (c.run.job != "accounting" && c.parallel.pp > 1 && c.parallel.schedule == "interleaved" &&
+      c.parallel.backend == "nccl")
+    throw UsageError("parallel.schedule = interleaved is built for the mpi backend only (CPUs); on GPUs use "
+                     "parallel.schedule = 1f1b or gpipe");
   if (c.parallel.dp == 0) c.parallel.dp = world / (c.parallel.tp * c.parallel.pp);
   if (c.parallel.device == "cpu" && c.run.job != "accounting" && (c.precision.mode == "bf16" || c.precision.mode == "fp16"))
     throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));

@@ -10,6 +10,7 @@
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/checkpointing.h"
 #include "lmscale/jobs/memory_report.h"
+#include "lmscale/jobs/pipeline_report.h"
 #include "lmscale/jobs/trainer.h"
 
 namespace lmscale::jobs {
@@ -70,6 +71,7 @@ int run_train(JobEnv& env) {
   auto evals = env.out.create_table("/train/eval", {{"step", C::Type::i64, ""}, {"loss", C::Type::f64, "nats"}});
 
   const double tokens_per_step = static_cast<double>(cfg.train.batch_size * T);
+  PipelineRecorder pipe(env, trainer);   // parallel.pp > 1: bubble and timeline (/pipeline)
   WallTimer wall;
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
@@ -79,6 +81,7 @@ int run_train(JobEnv& env) {
     data->sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tokens.data(), false);
     StepResult r = trainer.train_step(tokens, T);
     rt.synchronize();
+    pipe.add_step(s);
     if (std::isnan(first_loss)) first_loss = r.loss;
     last_loss = r.loss;
     steps.append({s, r.loss, r.lr, r.grad_norm, r.times.total_ms, r.times.forward_ms, r.times.backward_ms,
@@ -112,6 +115,7 @@ int run_train(JobEnv& env) {
     save_weights(env, trainer, cfg.train.save, false);
     if (env.is_root()) fmt::print("weights saved to {}\n", cfg.train.save);
   }
+  pipe.write();
   write_memory_report(env);
   return 0;
 }

@@ -13,6 +13,8 @@
 #include "lmscale/parallel/zero.h"
 #include "lmscale/comm/communicator.h"
 #include "lmscale/comm/mesh.h"
+#include "lmscale/model/stage.h"
+#include "lmscale/parallel/pipeline.h"
 
 namespace lmscale::jobs {
 
@@ -40,10 +42,15 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       lowp_(lowp_dtype(env.cfg)) {
   Context& ctx = env.rt.ctx();
   const auto& pc = env.cfg.parallel;
-  // Data-parallel group: the world, or with tensor parallelism the dp axis of the dp x tp mesh
-  // (tp ranks adjacent: rank = dp_idx * tp + tp_idx; pp = 1).
-  std::int64_t dp = env.world;
-  int dp_rank = env.rank;
+  // Data-parallel group: the world, or the dp axis of a mesh. Tensor parallelism: a dp x tp mesh
+  // (tp ranks adjacent: rank = dp_idx * tp + tp_idx), the ranks of a tp group take the same rows.
+  // Pipeline parallelism: a dp x pp mesh; each stage's dp ranks split the batch as without pp,
+  // and every stage of a dp replica reads the same rows. tp x pp is refused by the deck check.
+  const int pp = static_cast<int>(pc.pp);
+  LMSCALE_CHECK(pc.tp == 1 || pp == 1, "parallel.tp > 1 with parallel.pp > 1 is not built yet");
+  std::vector<model::StageUnits> chunks{model::StageUnits::all()};
+  dp_size_ = env.world;
+  dp_rank_ = env.rank;
   comm::Communicator* dp_comm = env.comm.get();
   comm::Communicator* dp_host = env.host_comm.get();
   if (pc.tp > 1) {
@@ -57,15 +64,28 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     host_mesh_ = std::make_unique<comm::Mesh>(env.host_comm, shape);
     LMSCALE_CHECK(mesh_->shape().pp == 1, "tensor parallelism with pipeline stages is not built");
     tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), host_mesh_->tp(), pc.sequence_parallel);
-    dp = mesh_->shape().dp;
-    dp_rank = mesh_->coords().dp;
+    dp_size_ = mesh_->shape().dp;
+    dp_rank_ = mesh_->coords().dp;
     dp_comm = &mesh_->dp();
     dp_host = &host_mesh_->dp();
-    LMSCALE_CHECK(pc.zero != "fsdp" || dp == 1, "parallel.zero = fsdp with parallel.tp > 1 is not built");
+    LMSCALE_CHECK(pc.zero != "fsdp" || dp_size_ == 1, "parallel.zero = fsdp with parallel.tp > 1 is not built");
+  } else if (pp > 1) {
+    LMSCALE_CHECK(env.comm && env.host_comm, "pipeline parallelism needs the world communicators");
+    comm::MeshShape shape{0, 1, pp, 0};
+    mesh_ = std::make_unique<comm::Mesh>(env.comm, shape);
+    host_mesh_ = std::make_unique<comm::Mesh>(env.host_comm, shape);
+    dp_size_ = mesh_->shape().dp;
+    dp_rank_ = mesh_->coords().dp;
+    dp_comm = &mesh_->dp();
+    dp_host = &host_mesh_->dp();
+    // This rank's stage, or its virtual_stages chunks under the interleaved schedule.
+    const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
+    chunks = model::pipeline_chunks(dims_, pp, V, mesh_->coords().pp, model::parse_stage_layers(pc.stage_layers));
   }
+  const std::int64_t dp = dp_size_;
   LMSCALE_CHECK(global_batch % dp == 0, "batch_size {} not divisible by {} data-parallel ranks", global_batch, dp);
   local_rows_ = global_batch / dp;
-  first_row_ = dp_rank * local_rows_;
+  first_row_ = dp_rank_ * local_rows_;
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
   // One process and ZeRO-2 keep gradients in per-bucket buffers that exist only from the backward
   // to the optimizer step (so they never coexist with the whole forward's activations); DDP and
@@ -73,16 +93,26 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   // FSDP keeps only shards (the store holds no flat buffers). With one data-parallel rank every
   // sharding mode is the plain single-process path.
   const bool fsdp = dp > 1 && pc.zero == "fsdp";
+  LMSCALE_CHECK(!(fsdp && pp > 1), "parallel.zero = fsdp with parallel.pp > 1 is not built");
   const bool bucket_grads = dp == 1 || pc.zero == "zero2";
   using Buffers = model::ParameterStore::Buffers;
   params_ = std::make_unique<model::ParameterStore>(
       dims_, master_, lowp_, *ctx.allocator,
       fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads),
-      tp_ ? tp_->split() : model::TensorSplit{});
+      tp_ ? tp_->split() : model::TensorSplit{}, chunks);
   params_->init(env.cfg.run.seed, ctx);
-  model_ = std::make_unique<model::TransformerLM>(dims_, *params_);
-  model_->set_recompute(
-      model::RecomputePolicy::from(env.cfg.train.activation_checkpointing, env.cfg.train.checkpoint_k));
+  // One model per chunk over the one store (a single one without the interleaved schedule).
+  for (const auto& u : chunks) chunk_models_.push_back(std::make_unique<model::TransformerLM>(dims_, *params_, u));
+  model_ = chunk_models_.front().get();
+  for (auto& m : chunk_models_)
+    m->set_recompute(model::RecomputePolicy::from(env.cfg.train.activation_checkpointing, env.cfg.train.checkpoint_k));
+  if (pp > 1) {
+    if (env.comm->device() == Device::cuda) mesh_->pp().set_compute_stream(ctx.stream);
+    std::vector<model::TransformerLM*> models;
+    for (auto& m : chunk_models_) models.push_back(m.get());
+    pipeline_ = std::make_unique<parallel::PipelineParallel>(models, mesh_->pp(), env.rt,
+                                                             parallel::parse_pipe_schedule(pc.schedule));
+  }
   if (dp > 1) {
     LMSCALE_CHECK(dp_comm && dp_host, "data parallelism needs the world communicators");
     if (dp_comm->device() == Device::cuda) dp_comm->set_compute_stream(ctx.stream);
@@ -144,7 +174,14 @@ double Trainer::reduce_loss(Tensor& loss_sum_device, double tokens_global) {
   Tensor host = Tensor::empty({1}, loss_sum_device.dtype(), *ctx.host, "loss");
   ops::copy(ctx, loss_sum_device, host);
   const double local = host.dtype() == DType::f64 ? host.data_as<double>()[0] : host.data_as<float>()[0];
-  return sync_->sum_scalar(local) / tokens_global;
+  return sum_over_stages(sync_->sum_scalar(local)) / tokens_global;
+}
+
+double Trainer::sum_over_stages(double x) {
+  if (!pipeline_) return x;   // (host_mesh_ alone may be the dp x tp mesh)
+  double y = 0;
+  host_mesh_->pp().all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
+  return y;
 }
 
 void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
@@ -153,6 +190,31 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
   ops::Runtime& rt = env_.rt;
   const std::int64_t micro = local_rows_ / grad_accum_;
   const double grad_scale = scaler_.scale() / static_cast<double>(global_batch_ * T);
+  if (pipeline_) {
+    // The rank's rows in parallel.microbatches microbatches, run through the stages by the
+    // schedule (grad_accum is 1 with pp: the deck check refuses anything else).
+    const std::int64_t M = env_.cfg.parallel.microbatches, rows = local_rows_ / M;
+    std::vector<Tensor> ins, tgs;
+    for (std::int64_t m = 0; m < M; ++m) {
+      auto [in, tg] = upload(tokens, T, m * rows, (m + 1) * rows);
+      ins.push_back(in);
+      tgs.push_back(tg);
+    }
+    std::vector<Tensor> sums;
+    pipe_begin_ = rt.mark();
+    pipeline_->run(ins, tgs, T, grad_scale, false, *sync_, 0, static_cast<int>(M), sums);
+    pipe_end_ = rt.mark();   // the times are read after the step (no host sync here)
+    // The last stage holds the loss sums; the others report 0 (summed over stages later).
+    // (as many as the last stage's, so every rank makes the same reductions).
+    while (static_cast<std::int64_t>(sums.size()) < M) {
+      Tensor zero = Tensor::empty({1}, DType::f32, *ctx.allocator, "loss");
+      ops::fill(ctx, zero, 0.0);
+      sums.push_back(zero);
+    }
+    for (auto& l : sums) loss_sums.push_back(l);
+    rt.allocator().tracker().mark_phase("forward_backward");
+    return;
+  }
   for (std::int64_t m = 0; m < grad_accum_; ++m) {
     auto [in, tg] = upload(tokens, T, m * micro, (m + 1) * micro);
     auto t0 = rt.mark();
@@ -175,9 +237,21 @@ StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, st
   double loss = 0;
   for (auto& l : loss_sums) loss += reduce_loss(l, static_cast<double>(global_batch_ * T));
   r.loss = loss;   // the loss itself is never scaled, only the gradient seed is
+  pipeline_times(r);
   r.times.total_ms = r.times.forward_ms + r.times.backward_ms;
   release_gradients();
   return r;
+}
+
+void Trainer::pipeline_times(StepResult& r) {
+  if (!pipeline_) return;
+  ops::Runtime& rt = env_.rt;
+  pipeline_->finish_timing();
+  // Forwards and backwards interleave: forward_ms is the stage's forward busy time, backward_ms
+  // the rest of its pipeline (backward busy time, transfers and the bubble).
+  const auto& st = pipeline_->stats();
+  r.times.forward_ms = st.busy_forward_ms;
+  r.times.backward_ms = rt.elapsed_ms(pipe_begin_, pipe_end_) - st.busy_forward_ms;
 }
 
 void Trainer::release_gradients() {
@@ -207,7 +281,8 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   // Gradients hold loss_scale * d(mean loss)/dw; clipping works on the unscaled norm. After DDP
   // every rank holds the summed gradients; with ZeRO each holds its range (summed over ranks).
   const double inv_scale = 1.0 / scaler_.scale();
-  const double norm = std::sqrt(global_grad_sum_squares(ctx)) * inv_scale;
+  // Pipeline: each stage holds its own parameters' gradients (squares add over the stages).
+  const double norm = std::sqrt(sum_over_stages(global_grad_sum_squares(ctx))) * inv_scale;
   const bool finite = std::isfinite(norm);
   r.grad_norm = norm;
   r.loss_scale = scaler_.scale();
@@ -242,6 +317,7 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   for (auto& l : loss_sums) loss += reduce_loss(l, static_cast<double>(global_batch_ * T));
   r.loss = loss;
   r.times.total_ms = rt.elapsed_ms(t_start, o1);
+  pipeline_times(r);
   ++step_;
   return r;
 }
@@ -252,11 +328,20 @@ double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64
   const std::int64_t rows = static_cast<std::int64_t>(tokens.size()) / (T + 1);
   auto [in, tg] = upload(tokens, T, 0, rows);
   auto t0 = rt.mark();
-  auto act = model_->forward(ctx, in, tg, false, 1.0, with_tp(sync_->forward_hooks(false)));
+  Tensor loss_sum;
+  if (pipeline_) {
+    loss_sum = pipeline_->forward_only(in, tg, T);
+    if (!loss_sum.defined()) {   // not the last stage: it contributes 0 to the sum over stages
+      loss_sum = Tensor::empty({1}, DType::f32, *ctx.allocator, "loss");
+      ops::fill(ctx, loss_sum, 0.0);
+    }
+  } else {
+    loss_sum = model_->forward(ctx, in, tg, false, 1.0, with_tp(sync_->forward_hooks(false)))->loss_sum;
+  }
   auto t1 = rt.mark();
   if (times) times->forward_ms = rt.elapsed_ms(t0, t1);
   rt.allocator().tracker().mark_phase("forward");
-  return reduce_loss(act->loss_sum, static_cast<double>(sync_->sum_scalar(static_cast<double>(rows)) * T));
+  return reduce_loss(loss_sum, static_cast<double>(sync_->sum_scalar(static_cast<double>(rows)) * T));
 }
 
 std::vector<float> Trainer::full_parameters() {
@@ -266,13 +351,52 @@ std::vector<float> Trainer::full_parameters() {
   std::vector<float> h(static_cast<std::size_t>(params_->numel()));
   Tensor dst = Tensor::view(h.data(), {params_->numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, params_->flat_params(), dst);
-  return to_full_layout(h);
+  if (!pipeline_) return to_full_layout(h);   // tensor parallel: gathered over tp
+  // Pipeline: every rank's store (its chunks' parameters, in chunk order), all-gathered over the
+  // pp group of the host communicator, then each parameter put at its place in the full layout.
+  comm::Communicator& pp = host_mesh_->pp();
+  std::vector<std::size_t> counts(static_cast<std::size_t>(pp.size()));
+  const double mine = static_cast<double>(params_->numel());
+  std::vector<double> all(counts.size());
+  pp.all_gather(&mine, all.data(), 1, DType::f64).wait();
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) total += counts[i] = static_cast<std::size_t>(all[i]);
+  std::vector<float> gathered(total);
+  pp.all_gather_v(h.data(), gathered.data(), counts, DType::f32).wait();
+  const auto& pc = env_.cfg.parallel;
+  const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
+  const auto layout = model::parameter_layout(dims_);
+  std::vector<float> full(static_cast<std::size_t>(dims_.parameter_count()));
+  std::size_t at = 0;
+  for (int r = 0; r < pp.size(); ++r) {
+    for (const auto& u : model::pipeline_chunks(dims_, pp.size(), V, r, model::parse_stage_layers(pc.stage_layers))) {
+      for (int g = u.first_param(); g < u.end_param(dims_); ++g) {
+        const auto& p = layout[static_cast<std::size_t>(g)];
+        std::copy(gathered.begin() + static_cast<std::ptrdiff_t>(at),
+                  gathered.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(p.numel)),
+                  full.begin() + p.offset);
+        at += static_cast<std::size_t>(p.numel);
+      }
+    }
+  }
+  return full;
 }
 
 void Trainer::set_parameters(const std::vector<float>& full) {
   Context& ctx = env_.rt.ctx();
   if (fsdp_) return fsdp_->set_parameters(ctx, full);
-  const std::vector<float> flat = to_local_layout(full);
+  if (pipeline_ && static_cast<std::int64_t>(full.size()) == dims_.parameter_count()) {
+    // Full parameters (a weights file): keep this stage's slice.
+    const auto layout = model::parameter_layout(dims_);
+    std::vector<float> mine(static_cast<std::size_t>(params_->numel()));
+    for (int i = 0; i < params_->size(); ++i) {
+      const auto& g = layout[static_cast<std::size_t>(params_->global_index(i))];
+      std::copy(full.begin() + g.offset, full.begin() + g.offset + g.numel,
+                mine.begin() + params_->infos()[static_cast<std::size_t>(i)].offset);
+    }
+    return set_parameters(mine);
+  }
+  const std::vector<float> flat = to_local_layout(full);   // tensor parallel: this rank's slices
   LMSCALE_CHECK(static_cast<std::int64_t>(flat.size()) == params_->numel(), "set_parameters: {} values for {}",
                 flat.size(), params_->numel());
   Tensor src = Tensor::view(const_cast<float*>(flat.data()), {params_->numel()}, DType::f32, Device::cpu);

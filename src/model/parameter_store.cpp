@@ -62,9 +62,38 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
 }
 
 ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers,
-                               const TensorSplit& split)
-    : infos_(tensor_parallel_layout(dims, split)), split_(split), master_(master), lowp_dtype_(lowp),
+                               const TensorSplit& split, std::vector<StageUnits> chunks)
+    : infos_(tensor_parallel_layout(dims, split)), chunks_(std::move(chunks)), split_(split), master_(master),
+      lowp_dtype_(lowp),
       has_flat_params_(buffers != Buffers::none), has_flat_grads_(buffers == Buffers::params_and_grads) {
+  if (chunks_.empty()) chunks_ = {StageUnits::all()};
+  LMSCALE_CHECK(!split.active() || (chunks_.size() == 1 && chunks_[0].is_all(dims)),
+                "a tensor-parallel store holds the whole model (tp x pp is not supported)");
+  const int all = static_cast<int>(infos_.size());
+  local_of_.assign(static_cast<std::size_t>(all), -1);
+  if (chunks_.size() == 1 && chunks_[0].is_all(dims)) {
+    for (int i = 0; i < all; ++i) local_of_[static_cast<std::size_t>(i)] = i;
+    global_of_ = local_of_;
+  } else {
+    // A pipeline stage: its chunks' contiguous slices of the layout, one after the other, with
+    // offsets from the start of this store's buffer.
+    std::vector<ParamInfo> mine;
+    std::int64_t off = 0;
+    for (const StageUnits& u : chunks_) {
+      const int lo = u.first_param(), hi = u.end_param(dims);
+      LMSCALE_CHECK(lo < hi && hi <= all, "stage units [{}, {}) hold no parameters", u.first, u.end_unit(dims));
+      for (int i = lo; i < hi; ++i) {
+        LMSCALE_CHECK(local_of_[static_cast<std::size_t>(i)] < 0, "pipeline chunks overlap at {}", infos_[static_cast<std::size_t>(i)].name);
+        local_of_[static_cast<std::size_t>(i)] = static_cast<int>(mine.size());
+        global_of_.push_back(i);
+        ParamInfo p = infos_[static_cast<std::size_t>(i)];
+        p.offset = off;
+        off += p.numel;
+        mine.push_back(std::move(p));
+      }
+    }
+    infos_ = std::move(mine);
+  }
   total_ = infos_.back().offset + infos_.back().numel;
   if (has_flat_params_) params_ = Tensor::empty({total_}, master, alloc, "parameters");
   if (has_flat_grads_) grads_ = Tensor::empty({total_}, master, alloc, "gradients");
@@ -83,6 +112,17 @@ Tensor ParameterStore::param(int i) const {
   return view(params_, i);
 }
 
+const StageUnits& ParameterStore::units() const {
+  LMSCALE_CHECK(chunks_.size() == 1, "units(): this store holds {} pipeline chunks", chunks_.size());
+  return chunks_.front();
+}
+
+int ParameterStore::local_index(int global) const {
+  const int i = global >= 0 && global < static_cast<int>(local_of_.size()) ? local_of_[static_cast<std::size_t>(global)] : -1;
+  LMSCALE_CHECK(i >= 0, "parameter {} of the full model is not held by this store (pipeline stage)", global);
+  return i;
+}
+
 int ParameterStore::index(const std::string& name) const {
   for (std::size_t i = 0; i < infos_.size(); ++i)
     if (infos_[i].name == name) return static_cast<int>(i);
@@ -90,6 +130,8 @@ int ParameterStore::index(const std::string& name) const {
 }
 
 Tensor ParameterStore::view(const Tensor& flat, int i) const {
+  LMSCALE_CHECK(i >= 0 && i < size(), "parameter index {} outside this store's {} parameters (a pipeline stage "
+                "holds only its units')", i, size());
   const ParamInfo& p = infos_[static_cast<std::size_t>(i)];
   return flat.flat_range(p.offset, p.numel).reshape(p.shape);
 }

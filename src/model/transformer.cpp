@@ -23,8 +23,12 @@ bool present(const Tensor& t) { return t.defined() && t.numel() > 0; }
 }  // namespace
 
 TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
+    : TransformerLM(dims, params, params.units()) {}
+
+TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params, StageUnits units)
     : dims_(dims), params_(params), compute_(params.lowp_dtype()),
-      stats_(params.master_dtype() == DType::f64 ? DType::f64 : DType::f32), tp_(params.tensor_split()) {
+      stats_(params.master_dtype() == DType::f64 ? DType::f64 : DType::f32), units_(units),
+      tp_(params.tensor_split()) {
   LMSCALE_CHECK(dims.d_model % dims.heads == 0 && dims.head_dim() % 2 == 0, "d_model {} / heads {}", dims.d_model,
                 dims.heads);
   Hl_ = tp_.local(dims.heads);
@@ -36,6 +40,7 @@ TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
 std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& tokens, const Tensor& targets,
                                                     bool keep, double grad_scale, const ParallelContext& pc) {
   NvtxRange range("forward");
+  LMSCALE_CHECK(units_.is_all(dims_), "forward(): a pipeline stage's model runs forward_stage()");
   LMSCALE_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::i32, "tokens must be int32 [B,T], got {}",
                 shape_str(tokens.shape()));
   auto act = std::make_unique<Activations>();
@@ -87,7 +92,7 @@ Tensor TransformerLM::logits(Context& ctx, const Tensor& tokens, const ParallelC
 Tensor TransformerLM::head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep,
                                    const ParallelContext& pc) {
   const std::int64_t Nl = x.dim(0), d = dims_.d_model;
-  const int ln_final = 1 + static_cast<int>(dims_.layers) * 9;
+  const int ln_final = params_.local_index(1 + static_cast<int>(dims_.layers) * 9);   // store index
   Allocator& A = *ctx.allocator;
   Tensor rstd = Tensor::empty({Nl}, stats_, A, "activations");
   Tensor y = Tensor::empty({Nl, d}, compute_, A, "activations");
@@ -106,15 +111,19 @@ Tensor TransformerLM::head_forward(Context& ctx, Activations& act, const Tensor&
 Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep,
                                          const ParallelContext& pc) {
   const int L = static_cast<int>(dims_.layers);
+  // The blocks this store holds: all of them, or a pipeline stage's range [l0, l1). Saved
+  // activations stay indexed by global layer (entries outside the range stay empty).
+  const int l0 = units_.first_layer(), l1 = units_.end_layer(dims_);
   using Mode = RecomputePolicy::Mode;
   const bool every_k = keep && recompute_.mode == Mode::every_k;
   const bool selective = keep && recompute_.mode == Mode::selective;
   act.blocks.assign(keep ? static_cast<std::size_t>(L) : 0, BlockActivations{});
   if (every_k) act.group_inputs.assign(static_cast<std::size_t>((L + recompute_.k - 1) / recompute_.k), Tensor());
-  for (int l = 0; l < L; ++l) {
+  for (int l = l0; l < l1; ++l) {
     NvtxRange r("layer");
     call(pc.before_forward, l + 1);
-    if (every_k && l % recompute_.k == 0) act.group_inputs[static_cast<std::size_t>(l / recompute_.k)] = x;
+    // Groups are [g k, (g+1) k) in global layers, cut at the stage's first layer.
+    if (every_k && (l % recompute_.k == 0 || l == l0)) act.group_inputs[static_cast<std::size_t>(l / recompute_.k)] = x;
     BlockActivations scratch;   // without `keep` (or under every-k) the block's saved tensors die with it
     BlockActivations& s = keep && !every_k ? act.blocks[static_cast<std::size_t>(l)] : scratch;
     x = block_forward(ctx, l, act.B, act.T, x, s, pc);
@@ -387,12 +396,14 @@ void TransformerLM::backward(Context& ctx, Activations& act, const ParallelConte
 
 void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, const ParallelContext& pc,
                                     bool accumulate) {
-  const int L = static_cast<int>(dims_.layers);
+  // Blocks [l0, l1) of this store (all, or a pipeline stage's range).
+  const int l0 = units_.first_layer(), l1 = units_.end_layer(dims_);
+  if (l1 <= l0) return;
   // Without every-k a group is one block whose activations the forward kept.
   const bool every_k = !act.group_inputs.empty();
   const int k = every_k ? recompute_.k : 1;
-  for (int g = (L + k - 1) / k - 1; g >= 0; --g) {   // groups [g k, min(L, (g+1) k)), last first
-    const int lo = g * k, hi = std::min(L, lo + k);
+  for (int g = (l1 - 1) / k; g >= l0 / k; --g) {   // groups [g k, (g+1) k) within [l0, l1), last first
+    const int lo = std::max(l0, g * k), hi = std::min(l1, g * k + k);
     for (int l = hi - 1; l >= lo; --l) call(pc.before_backward, l + 1);
     if (every_k) {
       NvtxRange r("recompute");

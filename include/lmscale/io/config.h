@@ -53,7 +53,9 @@ struct ParallelConfig {
   std::int64_t fsdp_prefetch = 1;       // fsdp: units gathered ahead of the one computing
   bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
   std::int64_t microbatches = 1;
-  std::string schedule = "1f1b";        // gpipe | 1f1b
+  std::string schedule = "1f1b";        // gpipe | 1f1b | interleaved
+  std::int64_t virtual_stages = 1;      // interleaved: model chunks per pipeline rank
+  std::string stage_layers;             // blocks per stage, e.g. "12,12,12,12"; empty = balanced
   bool sequence_parallel = false;       // tp: norms and residuals on sequence shards
 
   bool operator==(const ParallelConfig&) const = default;

@@ -40,6 +40,9 @@ struct Accounting {
 
 // For a resolved config on `world` ranks; device_name picks the peak FLOP/s ("" = H100 SXM).
 Accounting account(const Config& cfg, int world, const std::string& device_name);
+// parallel.pp > 1 (src/jobs/accounting_pipeline.cpp): the stage needing the most memory, with
+// its microbatches in flight, the bytes sent between stages, and the bubble in the ideal step.
+Accounting account_pipeline(const Config& cfg, int world, const std::string& device_name);
 int run_accounting(JobEnv& env);
 
 }  // namespace lmscale::jobs

@@ -23,6 +23,7 @@ class Mesh;
 }
 
 namespace lmscale::parallel {
+class PipelineParallel;
 class TensorParallel;
 class GradientSync;
 class ShardedOptimizer;
@@ -50,6 +51,8 @@ class Trainer {
   // rows [dp_rank*B/dp, (dp_rank+1)*B/dp) and splits them into grad_accum micro-batches.
   // parallel.tp > 1: the world is a dp x tp mesh (comm/mesh.h); the ranks of a tp group take the
   // same rows and each holds its slices of the parameters (parallel/tensor_parallel.h).
+  // parallel.pp > 1: the world is a dp x pp mesh; each rank holds its stage's units (model/stage.h)
+  // and the step runs the pipeline schedule over parallel.microbatches (parallel/pipeline.h).
   Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum, std::int64_t total_steps);
   ~Trainer();
 
@@ -79,6 +82,11 @@ class Trainer {
   // Null without tensor parallelism.
   parallel::TensorParallel* tensor_parallel() { return tp_.get(); }
   parallel::GradientSync& sync() { return *sync_; }
+  // parallel.pp > 1: this rank's pipeline stage (its schedule, events and bubble), else null.
+  parallel::PipelineParallel* pipeline() { return pipeline_.get(); }
+  // Data-parallel degree and index of this rank (world / (tp*pp) ranks hold each stage).
+  int dp_size() const { return dp_size_; }
+  int dp_rank() const { return dp_rank_; }
   // Bytes per allocation tag at points of the last step: "after_init", "before_optimizer",
   // "after_optimizer" (DESIGN §5 memory accounting).
   const std::map<std::string, std::map<std::string, std::size_t>>& memory_points() const { return memory_points_; }
@@ -94,6 +102,9 @@ class Trainer {
   std::pair<Tensor, Tensor> upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
                                    std::int64_t r1);
   double reduce_loss(Tensor& loss_sum_device, double tokens_global);
+  // Sum of a host scalar over the pipeline stages (identity without pp): stages hold disjoint
+  // parameters (squared gradient norms add) and only the last one holds the loss.
+  double sum_over_stages(double x);
   // A strategy's hooks plus the tensor-parallel collectives.
   model::ParallelContext with_tp(model::ParallelContext pc) const;
   // Sum of squares of the global gradient after the sync (tensor parallel: norms counted once).
@@ -103,11 +114,14 @@ class Trainer {
 
   JobEnv& env_;
   model::ModelDims dims_;
-  // Tensor parallelism: the dp x tp meshes of the device and host communicators and the strategy.
+  // The dp x tp (tensor parallelism) or dp x pp (pipeline parallelism) meshes of the device and
+  // host communicators (null without either), and the tensor-parallel strategy.
   std::unique_ptr<comm::Mesh> mesh_, host_mesh_;
   std::unique_ptr<parallel::TensorParallel> tp_;
   std::unique_ptr<model::ParameterStore> params_;
-  std::unique_ptr<model::TransformerLM> model_;
+  // The model (with the interleaved schedule: one per chunk of this rank, model_ the first).
+  std::vector<std::unique_ptr<model::TransformerLM>> chunk_models_;
+  model::TransformerLM* model_ = nullptr;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<parallel::ShardedOptimizer> sharded_;
   parallel::FullyShardedDataParallel* fsdp_ = nullptr;   // sharded_ when it is fsdp
@@ -115,6 +129,12 @@ class Trainer {
   std::unique_ptr<model::LazyGradients> lazy_;
   void release_gradients();
   std::unique_ptr<parallel::GradientSync> owned_sync_;
+  // Pipeline parallelism: this rank's stage (its mesh is mesh_ / host_mesh_).
+  std::unique_ptr<parallel::PipelineParallel> pipeline_;
+  int dp_size_ = 1, dp_rank_ = 0;
+  ops::Runtime::Mark pipe_begin_, pipe_end_;
+  // Fills r's forward/backward times from the pipeline's events (after the step: waits for it).
+  void pipeline_times(StepResult& r);
   parallel::GradientSync* sync_ = nullptr;
   std::map<std::string, std::map<std::string, std::size_t>> memory_points_;
   optim::LossScaler scaler_;

@@ -12,6 +12,7 @@
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
 #include "lmscale/model/model_dims.h"
+#include "lmscale/model/stage.h"
 #include "lmscale/model/tensor_parallel.h"
 
 namespace lmscale::model {
@@ -54,10 +55,17 @@ class ParameterStore {
   //                     holds shards and gathers a unit's weights around its use)
   enum class Buffers { params_and_grads, params_only, none };
   // master: fp32 (or fp64 for gradient checks); lowp: bf16/fp16 working copy, or the same dtype
-  // as master for none. split: tensor parallelism; the store then holds this rank's slices
-  // (tensor_parallel_layout), initialised with the full parameters' values.
+  // as master for none.
+  // split: tensor parallelism; the store then holds this rank's slices (tensor_parallel_layout),
+  // initialised with the full parameters' values.
+  // chunks: a pipeline stage holds only the parameters of its unit range(s) (stage.h; several
+  // with the interleaved schedule); infos() then lists those alone, in chunk order, with offsets
+  // from the start of the store's buffer, and every index the store takes or reports is local
+  // (local_index(global) maps the full model's parameter index to it). Empty: the whole model.
+  // (Tensor and pipeline parallelism are not combined: the trainer refuses tp x pp.)
   ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc,
-                 Buffers buffers = Buffers::params_and_grads, const TensorSplit& split = {});
+                 Buffers buffers = Buffers::params_and_grads, const TensorSplit& split = {},
+                 std::vector<StageUnits> chunks = {StageUnits::all()});
 
   // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
   // (Buffers::none: the provider's owner initialises its shards itself.)
@@ -68,6 +76,13 @@ class ParameterStore {
 
   const std::vector<ParamInfo>& infos() const { return infos_; }
   int size() const { return static_cast<int>(infos_.size()); }
+  const std::vector<StageUnits>& chunks() const { return chunks_; }
+  // The one unit range of a store with a single chunk (the whole model or one pipeline stage).
+  const StageUnits& units() const;
+  // Local index of the full model's parameter `global` (throws when this store does not hold it)
+  // and back.
+  int local_index(int global) const;
+  int global_index(int local) const { return global_of_[static_cast<std::size_t>(local)]; }
   const TensorSplit& tensor_split() const { return split_; }
   int index(const std::string& name) const;   // throws on unknown names
   std::int64_t numel() const { return total_; }
@@ -97,6 +112,9 @@ class ParameterStore {
  private:
   Tensor view(const Tensor& flat, int i) const;
   std::vector<ParamInfo> infos_;
+  std::vector<StageUnits> chunks_;
+  std::vector<int> local_of_;    // full-model index -> local index, -1 when not held
+  std::vector<int> global_of_;   // local index -> full-model index
   TensorSplit split_;
   std::int64_t total_ = 0;
   DType master_, lowp_dtype_;

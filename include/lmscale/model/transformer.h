@@ -45,12 +45,17 @@ struct Activations {
   Tensor x_final, rstd_final, y_final;    // final RMSNorm input/rstd/output
   Tensor dlogits;                         // [N,V] ([N,Vl]): logits, overwritten in place by their gradient
   Tensor loss_sum;                        // 1 element (fp32; fp64 for fp64 models)
+  Tensor output;                          // pipeline stage without the head: its output [N,d]
 };
 
 class TransformerLM {
  public:
   // compute: the activation dtype (= params.lowp_dtype()).
   TransformerLM(const ModelDims& dims, ParameterStore& params);
+  // A pipeline chunk: runs `units`, one of params.chunks() (interleaved: several models share
+  // one store). The two-argument form runs the store's single unit range.
+  TransformerLM(const ModelDims& dims, ParameterStore& params, StageUnits units);
+  const StageUnits& units() const { return units_; }
 
   const ModelDims& dims() const { return dims_; }
   ParameterStore& params() { return params_; }
@@ -75,6 +80,22 @@ class TransformerLM {
   // Calls pc.on_grad_ready(i) for each parameter and pc's backward hooks around each unit.
   void backward(Context& ctx, Activations& act, const ParallelContext& pc, bool accumulate = true);
 
+  // ---- Pipeline stages (model/stage.h; src/model/transformer_stage.cpp) ----------------------
+  // The model runs its units (units(): the store's, or its chunk's): the schedule in parallel/
+  // calls these once per microbatch. forward_stage: `input` is tokens int32 [B,T] when the stage
+  // owns the embedding, else the previous stage's output [B*T,d] in the compute dtype; `targets`
+  // int32 [B,T] is read by the stage owning the head (loss, grad_scale as in forward()). Always
+  // keeps what the backward needs (as the recompute policy says); a stage without the head
+  // leaves its output [B*T,d] in act->output.
+  std::unique_ptr<Activations> forward_stage(Context& ctx, const Tensor& input, const Tensor& targets,
+                                             std::int64_t B, std::int64_t T, double grad_scale,
+                                             const ParallelContext& pc = {});
+  // backward_stage: dy = d(loss)/d(stage output) [B*T,d] (ignored by the stage owning the head,
+  // which starts from its logits' gradient; consumed in place otherwise). Returns the gradient
+  // w.r.t. the stage input [B*T,d] for the previous stage, or an undefined tensor on the stage
+  // owning the embedding. Gradients accumulate as in backward().
+  Tensor backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc, bool accumulate);
+
  private:
   Tensor run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep, const ParallelContext& pc);
   // Final RMSNorm and LM head: x [N,d] -> logits [N,V]; keeps the norm's input and output in act.
@@ -92,7 +113,9 @@ class TransformerLM {
   void recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N, std::int64_t d);
   // Gradient of parameter i, zeroed first unless accumulating (for the ops that always add).
   Tensor grad_for_adding(Context& ctx, int i, bool accumulate);
-  int pidx(int layer, int slot) const { return 1 + layer * 9 + slot; }   // slot order of parameter_layout
+  // Store index of a block's parameter (slot order of parameter_layout); a pipeline stage's
+  // store holds only its units' parameters, indexed locally.
+  int pidx(int layer, int slot) const { return params_.local_index(1 + layer * 9 + slot); }
 
   // ---- tensor parallelism (transformer_tp.cpp) ------------------------------------------------
   // Megatron's conjugate operators at the two points of each sublayer; identities with tp = 1.
@@ -137,6 +160,7 @@ class TransformerLM {
   DType compute_;
   DType stats_;   // dtype of rstd and loss: fp64 for fp64 models, fp32 otherwise
   RecomputePolicy recompute_;
+  StageUnits units_;
   TensorSplit tp_;                  // from the parameter store
   std::int64_t Hl_, dl_, Fl_, Vl_;  // local heads, their width Hl*Dh, FFN features, vocabulary
 };

@@ -1,0 +1,185 @@
+// Pipeline parallelism against one process (DESIGN.md §4): a 4-layer (6, 8 for interleaved)
+// tiny Transformer, fp32 on CPU, several AdamW steps (with clipping), on 2 ranks (pp = 2) and 4
+// ranks (pp = 4, dp 2 x pp 2), each schedule (gpipe, 1f1b, interleaved with 2 or 3 chunks), with
+// and without activation checkpointing, DDP or ZeRO-1/2 over dp, and a stage-split override. The reference is one process accumulating over the same microbatches
+// (train.grad_accum = microbatches per rank): every microbatch's forward and backward are the
+// same ops on the same rows, so gradients agree bitwise; the global gradient norm sums squares
+// per stage and then over stages (one process: per bucket), a different order, so parameters
+// after clipping agree within 1e-6 relative and the losses within 1e-6 relative (measured: 0 with
+// dp 1, i.e. bitwise; 4e-8 for parameters and 1e-8 for losses with dp 2, where DDP sums two
+// ranks' accumulated gradients in another order than one process). GPipe and 1F1B accumulate
+// in the same microbatch order: bitwise equal to each other.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "lmscale/comm/factory.h"
+#include "lmscale/io/dataset.h"
+#include "lmscale/jobs/trainer.h"
+#include "lmscale/parallel/pipeline.h"
+#include "mpi_test_support.h"
+#include "parallel_test_util.h"
+
+using namespace lmscale;
+
+namespace {
+
+constexpr double kTolerance = 1e-6;
+
+Config pipe_config() {
+  Config c = test::tiny_config();
+  c.model.num_layers = 4;
+  return c;
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<float> params;
+};
+
+// `steps` steps of a global batch of 8 under cfg (on every rank, or one process), the logged
+// losses and the final full parameters.
+Run train(const Config& cfg, bool distributed, int steps) {
+  auto& mpi = test::mpi_env();
+  ops::Runtime rt(Device::cpu, 0, false);
+  io::ResultsFile out("/nonexistent/never-written.h5", false);
+  jobs::JobEnv env{cfg, mpi, rt, out, distributed ? mpi.rank() : 0, distributed ? mpi.size() : 1, 0, nullptr, nullptr};
+  if (distributed) {
+    env.comm = comm::make_world_communicator("mpi", mpi, 0);
+    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+  }
+  const std::int64_t T = cfg.model.context_length, B = 8;
+  jobs::Trainer trainer(env, B, cfg.train.grad_accum, steps);
+  io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
+  Run r;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+    data.sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
+    r.losses.push_back(trainer.train_step(tok, T).loss);
+  }
+  r.params = trainer.full_parameters();
+  return r;
+}
+
+double max_rel_loss_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  return m;
+}
+
+struct Case {
+  int pp;
+  int microbatches;
+  const char* ckpt;   // train.activation_checkpointing
+  const char* zero;
+  const char* stage_layers;
+  int virtual_stages = 1;   // > 1: the interleaved schedule alone
+  int layers = 4;
+  const char* ddp = "none";
+};
+
+void check_against_one_process(const Case& c, int steps = 3) {
+  const int world = test::mpi_env().size();
+  if (world % c.pp != 0) return;
+  const int dp = world / c.pp;
+  Config cfg = pipe_config();
+  cfg.model.num_layers = c.layers;
+  cfg.train.activation_checkpointing = c.ckpt;
+  cfg.train.checkpoint_k = 3;   // groups cut by the stage boundaries
+  Config ref_cfg = cfg;
+  ref_cfg.train.grad_accum = dp * c.microbatches;   // the same microbatch rows as the pipeline
+  const Run ref = train(ref_cfg, false, steps);
+  Run first;
+  const std::vector<const char*> schedules =
+      c.virtual_stages > 1 ? std::vector<const char*>{"interleaved"} : std::vector<const char*>{"gpipe", "1f1b"};
+  for (const char* schedule : schedules) {
+    Config p = cfg;
+    p.parallel.virtual_stages = c.virtual_stages;
+    p.parallel.pp = c.pp;
+    p.parallel.microbatches = c.microbatches;
+    p.parallel.schedule = schedule;
+    p.parallel.zero = c.zero;
+    p.parallel.ddp = c.ddp;
+    p.parallel.stage_layers = c.stage_layers;
+    const Run got = train(p, true, steps);
+    const std::string what = std::string(schedule) + " pp " + std::to_string(c.pp) + " dp " + std::to_string(dp) +
+                             " V " + std::to_string(c.virtual_stages) + " M " + std::to_string(c.microbatches) +
+                             " ckpt " + c.ckpt + " zero " + c.zero + " ddp " + c.ddp +
+                             " stages '" + c.stage_layers + "'";
+    ASSERT_EQ(got.params.size(), ref.params.size()) << what;
+    if (test::mpi_env().rank() == 0)
+      std::printf("  %s: params %.2e, losses %.2e (relative to one process)\n", what.c_str(),
+                  test::max_rel_diff(got.params, ref.params), max_rel_loss_diff(got.losses, ref.losses));
+    EXPECT_LT(test::max_rel_diff(got.params, ref.params), kTolerance) << what;
+    EXPECT_LT(max_rel_loss_diff(got.losses, ref.losses), kTolerance) << what;
+    EXPECT_GT(ref.losses.front() - ref.losses.back(), 0.0) << "the reference does not train: a vacuous comparison";
+    if (first.params.empty()) {
+      first = got;
+    } else {
+      EXPECT_EQ(got.params, first.params) << what << ": 1f1b is not bitwise equal to gpipe";
+      EXPECT_EQ(got.losses, first.losses) << what;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Pipeline, TwoStagesMatchOneProcess) {
+  check_against_one_process({2, 4, "none", "none", ""});
+  check_against_one_process({2, 1, "none", "none", ""});   // M = 1: stage 0 has no steady phase
+  check_against_one_process({2, 2, "every-k", "none", "1,3"});
+  check_against_one_process({2, 4, "selective", "none", ""});
+}
+
+TEST(Pipeline, FourStagesMatchOneProcess) {
+  check_against_one_process({4, 8, "none", "none", ""});
+  check_against_one_process({4, 2, "none", "none", ""});   // fewer microbatches than stages
+}
+
+TEST(Pipeline, DataAndPipelineParallelMatchOneProcess) {
+  if (test::mpi_env().size() != 4) GTEST_SKIP() << "dp 2 x pp 2 needs 4 ranks";
+  check_against_one_process({2, 2, "none", "none", ""});
+  check_against_one_process({2, 4, "none", "zero1", ""});
+  check_against_one_process({2, 2, "every-k", "zero2", ""});
+  check_against_one_process({2, 4, "none", "none", "", 1, 4, "bucketed"});   // overlapped all-reduces
+  check_against_one_process({2, 4, "selective", "none", "", 1, 4, "overlap"});
+}
+
+// Interleaved 1F1B (Megatron): V chunks per rank around the ring of stages; microbatches a
+// multiple of pp. Each parameter still accumulates its microbatches in order 0..M-1.
+TEST(Pipeline, InterleavedMatchesOneProcess) {
+  check_against_one_process({2, 2, "none", "none", "", 2});
+  check_against_one_process({2, 4, "every-k", "none", "", 2});
+  check_against_one_process({2, 4, "selective", "none", "", 3, 6});
+  check_against_one_process({4, 4, "none", "none", "", 2, 8});
+  check_against_one_process({4, 8, "none", "none", "", 2, 8});
+  if (test::mpi_env().size() == 4) check_against_one_process({2, 2, "none", "zero1", "", 2});   // dp 2 x pp 2
+}
+
+TEST(Pipeline, StagesBalanceLayers) {
+  model::ModelDims d;
+  d.layers = 10;
+  EXPECT_EQ(model::stage_layer_counts(d, 4), (std::vector<int>{2, 2, 3, 3}));
+  const auto counts = model::stage_layer_counts(d, 3, {2, 5, 3});
+  const auto s1 = model::stage_units(d, counts, 1);
+  EXPECT_EQ(s1.first, 3);   // blocks 2..6 are units 3..7
+  EXPECT_EQ(s1.end, 8);
+  EXPECT_FALSE(s1.owns_embedding());
+  EXPECT_FALSE(s1.owns_head(d));
+  EXPECT_EQ(s1.first_param(), 1 + 9 * 2);
+  EXPECT_EQ(s1.end_param(d), 1 + 9 * 7);
+  EXPECT_TRUE(model::stage_units(d, counts, 2).owns_head(d));
+  EXPECT_NEAR(parallel::theory_bubble_fraction(2, 8), 1.0 / 9.0, 1e-15);
+  // Interleaved chunks: rank 1 of 2 with 2 chunks of an 8-layer model holds blocks 2-3 and 6-7
+  // (and the head).
+  d.layers = 8;
+  const auto chunks = model::pipeline_chunks(d, 2, 2, 1);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0].first, 3);
+  EXPECT_EQ(chunks[0].end, 5);
+  EXPECT_EQ(chunks[1].first, 7);
+  EXPECT_TRUE(chunks[1].owns_head(d));
+}

@@ -1,0 +1,131 @@
+#pragma once
+// Pipeline parallelism (DESIGN.md §4): the model's units split into pp stages (model/stage.h),
+// one per rank of the pp group; each optimizer step runs M microbatches through the stages under
+// a schedule, activations [b*T, d] travelling forward and their gradients backward by
+// point-to-point transfers on the pp communicator (NCCL on GPUs, MPI on CPUs).
+//
+// Schedules (per stage s of p, M microbatches, F = forward, B = backward of one microbatch):
+//   gpipe  all M forwards, then all M backwards (GPipe, Huang et al. 2019). Backwards run in
+//          microbatch order 0..M-1, as in 1F1B, so both accumulate gradients in the same order
+//          and give bitwise the same result. Holds M microbatches' activations.
+//   1f1b   PipeDream-flush / Megatron: min(p-s-1, M) warm-up forwards, then alternate one
+//          forward and one backward, then the remaining backwards. Holds at most p-s
+//          microbatches' activations; the same bubble as gpipe.
+//   interleaved  Megatron's interleaved 1F1B (Narayanan et al. 2021): each rank holds V model
+//          chunks (virtual stages c*p + s, c = 0..V-1) and runs the 1F1B pattern over the
+//          M*V chunk-microbatches; activations go around the ring (rank p-1's chunk c feeds rank
+//          0's chunk c+1). Needs M a multiple of p. Each chunk-step is 1/V of a stage-step, so the
+//          fill and drain shrink V times: bubble (p-1)/(M+p-1)/V as the issue states it. Built for
+//          the mpi backend (tags tell the two directions apart; NCCL would need one grouped
+//          exchange per step, see docs/design-notes.md).
+// Both gpipe and 1f1b have the bubble fraction (p-1)/(M+p-1) of each stage's step time (forward
+// and backward times tf, tb per microbatch: the step spans (M+p-1)(tf+tb), a stage is busy
+// M(tf+tb)).
+//
+// Communication follows Megatron's pairing so that no two neighbours both wait to send: in the
+// steady 1F1B phase a forward's "send activation, receive gradient" is one grouped sendrecv and
+// matches the neighbour's "send gradient, receive activation". Sends are asynchronous (the
+// compute goes on); a send's buffer is kept until the work is waited on. On NCCL a wait orders
+// the compute stream after the transfer and never blocks the host, so the host queues a whole
+// step without a synchronisation per microbatch.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lmscale/comm/communicator.h"
+#include "lmscale/model/transformer.h"
+#include "lmscale/ops/runtime.h"
+#include "lmscale/parallel/gradient_sync.h"
+
+namespace lmscale::parallel {
+
+enum class PipeSchedule { gpipe, one_f_one_b, interleaved };
+PipeSchedule parse_pipe_schedule(const std::string& name);   // "gpipe" | "1f1b" | "interleaved"
+const char* pipe_schedule_name(PipeSchedule s);
+
+// Theory: idle fraction of a stage's step, (p-1)/(M+p-1) (divided by v for v virtual stages).
+double theory_bubble_fraction(int stages, int microbatches, int virtual_stages = 1);
+
+// One forward or backward of one microbatch on this stage, in ms from the start of the step's
+// pipeline (the stage's own clock; device timeline on GPUs).
+struct PipeEvent {
+  int micro = 0;
+  bool backward = false;
+  int chunk = 0;   // interleaved: which of the rank's model chunks
+  double start_ms = 0, end_ms = 0;
+};
+
+// What one stage measured over one step's pipeline.
+struct PipeStageStats {
+  double busy_forward_ms = 0, busy_backward_ms = 0;
+  double span_ms = 0;   // from the start of the pipeline to the end of this stage's last backward
+  double idle_ms() const { return span_ms - busy_forward_ms - busy_backward_ms; }
+  double bubble_fraction() const { return span_ms > 0 ? idle_ms() / span_ms : 0; }
+};
+
+class PipelineParallel {
+ public:
+  // chunks: this stage's model(s) (one; interleaved: one per chunk, in chunk order, sharing one
+  // store); pp: the pipeline group, rank = stage index.
+  PipelineParallel(std::vector<model::TransformerLM*> chunks, comm::Communicator& pp, ops::Runtime& rt,
+                   PipeSchedule schedule);
+
+  int stage() const { return stage_; }
+  int stages() const { return stages_; }
+  bool is_first() const { return stage_ == 0; }
+  bool is_last() const { return stage_ + 1 == stages_; }
+
+  // One pipeline flush over microbatches m = 0..M-1 (M = tokens.size()): tokens[m] / targets[m]
+  // int32 [b, T] on the device (the first stage reads tokens, the last targets; others neither).
+  // grad_scale as in TransformerLM::forward. The first backward overwrites the gradients unless
+  // `accumulate`. sync.hooks(micro_offset + m, micro_count) are the backward hooks of
+  // microbatch m (data parallelism reduces on the last one). The last stage appends each
+  // microbatch's loss sum (device scalar) to loss_sums. Events and stats replace the previous
+  // step's.
+  void run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets, std::int64_t T, double grad_scale,
+           bool accumulate, GradientSync& sync, int micro_offset, int micro_count, std::vector<Tensor>& loss_sums);
+
+  // Forward only (evaluation) of tokens/targets [b, T]: the loss sum on the last stage (device
+  // scalar), an undefined tensor on the others.
+  Tensor forward_only(const Tensor& tokens, const Tensor& targets, std::int64_t T);
+
+  // Computes the step's events and stats from the recorded marks (waits for the device).
+  void finish_timing();
+  const std::vector<PipeEvent>& events() const { return events_; }
+  const PipeStageStats& stats() const { return stats_; }
+
+ private:
+  struct Slot;   // one microbatch in flight on this stage (of one chunk)
+  void run_interleaved(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets, std::int64_t T,
+                       double grad_scale, bool accumulate, GradientSync& sync, int micro_count,
+                       std::vector<Tensor>& loss_sums);
+  Tensor recv_activation(std::int64_t rows);
+  void forward(int m, Slot& slot, const Tensor& input, const Tensor& targets, std::int64_t T, double grad_scale,
+               std::vector<Tensor>& loss_sums, int chunk = 0);
+  Tensor backward(int m, Slot& slot, Tensor dy, bool accumulate, GradientSync& sync, int micro_offset,
+                  int micro_count, int chunk = 0);
+  void keep_send(comm::Work w, Tensor buf);
+
+  std::vector<model::TransformerLM*> chunks_;
+  comm::Communicator& pp_;
+  ops::Runtime& rt_;
+  PipeSchedule schedule_;
+  int stage_ = 0, stages_ = 1;
+  std::int64_t d_ = 0;
+  DType act_dtype_;
+  // Sends in flight with the buffers they read (kept alive until waited on).
+  std::vector<std::pair<comm::Work, Tensor>> sends_;
+  // Timing: marks per event, turned into events_ by finish_timing().
+  struct RawEvent {
+    int micro;
+    bool backward;
+    int chunk;
+    ops::Runtime::Mark begin, end;
+  };
+  ops::Runtime::Mark start_;
+  std::vector<RawEvent> raw_;
+  std::vector<PipeEvent> events_;
+  PipeStageStats stats_;
+};
+
+}  // namespace lmscale::parallel

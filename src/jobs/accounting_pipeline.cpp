@@ -1,0 +1,105 @@
+// Accounting of a pipeline-parallel deck (parallel.pp > 1; jobs/accounting.h): per-rank memory of
+// the stage that needs the most, the bytes each rank sends per step (activations and their
+// gradients between stages, plus the data-parallel gradient traffic of its stage) and the
+// theoretical bubble. Same memory model as account() for one rank (parameters fp32 + bf16 copy,
+// gradients, AdamW state, activations per block as model/recompute.h keeps them), applied to a
+// stage's parameters and blocks, with the microbatches in flight at the start of the backward:
+// gpipe M on every stage, 1f1b min(p - s, M) on stage s.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "lmscale/jobs/accounting.h"
+#include "lmscale/jobs/device_peak.h"
+#include "lmscale/model/parameter_store.h"
+#include "lmscale/model/stage.h"
+#include "lmscale/parallel/pipeline.h"
+
+namespace lmscale::jobs {
+
+Accounting account_pipeline(const Config& cfg, int world, const std::string& device_name) {
+  Accounting best;
+  const auto m = model::ModelDims::from(cfg.model);
+  const bool bench = cfg.run.job == "bench-model";
+  const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
+  const int pp = static_cast<int>(cfg.parallel.pp), M = static_cast<int>(cfg.parallel.microbatches);
+  const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, world / pp);
+  const auto layout = model::parameter_layout(m);
+  const bool interleaved = cfg.parallel.schedule == "interleaved";
+  const int V = interleaved ? static_cast<int>(cfg.parallel.virtual_stages) : 1;
+  const auto overrides = model::parse_stage_layers(cfg.parallel.stage_layers);
+  const bool mixed = cfg.precision.mode != "fp32";
+  const double e = mixed ? 2.0 : 4.0;
+  const bool sharded = cfg.parallel.zero != "none" && dp > 1;
+  const std::int64_t local = B / dp, micro_rows = std::max<std::int64_t>(1, local / M);
+  const double b = static_cast<double>(micro_rows), T = static_cast<double>(m.context), N = b * T,
+               d = static_cast<double>(m.d_model), F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads),
+               Vocab = static_cast<double>(m.vocab);
+  const double attn = m.flash ? b * H * T * 4 : b * H * T * T * e;
+  const double block = (8 * d + 3 * F) * N * e + 2 * N * 4 + attn;
+  for (int s = 0; s < pp; ++s) {
+    Accounting a;
+    // The stage's chunks (one unless interleaved); in flight: chunk-microbatches whose
+    // activations are kept at the start of the first backward (Megatron's warm-up + 1).
+    const auto chunks = model::pipeline_chunks(m, pp, V, s, overrides);
+    double P = 0, Ls = 0;
+    bool head = false;
+    for (const auto& u : chunks) {
+      for (int i = u.first_param(); i < u.end_param(m); ++i) P += static_cast<double>(layout[static_cast<std::size_t>(i)].numel);
+      Ls += u.end_layer(m) - u.first_layer();
+      head = head || u.owns_head(m);
+    }
+    const double inflight =
+        cfg.parallel.schedule == "gpipe" ? M
+        : interleaved ? std::min(M * V, (pp - s - 1) * 2 + (V - 1) * pp + 1) / static_cast<double>(V)
+                      : std::min(pp - s, M);
+    a.parameters = static_cast<std::int64_t>(P);
+    a.local_batch = micro_rows;
+    a.seq = m.context;
+    auto add = [&](std::string name, double bytes, std::string f) { a.memory.push_back({std::move(name), bytes, std::move(f)}); };
+    add("parameters", 4 * P, "4 B x P_stage (fp32 master of this stage's units)");
+    if (mixed) add("parameters_lowp", 2 * P, "2 B x P_stage (bf16/fp16 working copy)");
+    if (dp <= 1 || (sharded && cfg.parallel.zero == "zero2"))
+      add("gradients", 0, "0 at the start of the backward (per-bucket buffers, allocated as the backward goes)");
+    else
+      add("gradients", 4 * P, "4 B x P_stage (one flat fp32 buffer)");
+    if (sharded && cfg.parallel.zero != "zero1-broadcast") add("gradient_shard", 4 * P / dp, "4 B x P_stage / dp");
+    add("optimizer_state", 8 * P / (sharded ? dp : 1), sharded ? "8 B x P_stage / dp" : "8 B x P_stage (AdamW m, v)");
+    const std::string& ac = cfg.train.activation_checkpointing;
+    double per_micro = Ls * block;
+    std::string f = "L_stage x ((8d + 3F) n e + 8n + attention aux), n = b_micro T";
+    if (ac == "every-k") {
+      const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls);
+      per_micro = std::ceil(Ls / k) * N * d * e;
+      f = "ceil(L_stage/k) n d e (group inputs), + one group recomputed";
+    } else if (ac == "selective" || ac == "selective-mlp") {
+      const double kf = ac == "selective" ? 2 : 0;   // [n,F] tensors kept per block (a, b)
+      per_micro = Ls * ((6 * d + kf * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0));
+      f = kf > 0 ? "L_stage x ((6d + 2F) n e + 8n [+ lse])" : "L_stage x (6d n e + 8n [+ lse])";
+    }
+    add("activations", inflight * (per_micro + (head ? N * Vocab * e + 2 * N * d * e : 0.0)) +
+                           (ac == "every-k" ? std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls) * block : 0.0),
+        fmt::format("{:.3g} microbatches in flight x ({}{})", inflight, f, head ? " + logits n V e" : ""));
+    for (const auto& it : a.memory) a.peak_bytes += it.bytes;
+    // p2p: every microbatch sends each chunk's output [n, d] forward (not from the last virtual
+    // stage) and each chunk's input gradient [n, d] backward (not from virtual stage 0).
+    const double p2p = M * N * d * e * ((V - (s + 1 == pp ? 1.0 : 0.0)) + (V - (s == 0 ? 1.0 : 0.0)));
+    const double G = 4 * P, fr = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
+    a.comm_bytes_per_step = p2p + 2 * fr * G + (cfg.parallel.zero == "zero1-broadcast" && dp > 1 ? G / dp : 0.0);
+    a.comm_formula = fmt::format("M x n d e per direction between stages (activations forward, gradients backward){}",
+                                 dp > 1 ? " + data-parallel gradients of the stage: 2 (dp-1)/dp x 4 P_stage" : "");
+    if (a.peak_bytes > best.peak_bytes) best = a;
+  }
+  best.parameters = m.parameter_count();   // the model's (the memory items count the stage's)
+  best.flops_per_step = m.train_flops_per_token(m.context) * static_cast<double>(B * m.context);
+  best.peak_flops = device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name, cfg.precision.mode,
+                                      cfg.precision.tf32);
+  // Every rank computes 1/(dp pp) of the FLOPs, idle for the bubble (p-1)/(M+p-1) of the step.
+  const double bubble = parallel::theory_bubble_fraction(pp, M, V);
+  best.ideal_step_s = best.peak_flops > 0 ? best.flops_per_step / (dp * pp * best.peak_flops) / (1 - bubble) : 0;
+  best.comm_formula += fmt::format("; ideal step includes the bubble {:.3f}", bubble);
+  return best;
+}
+
+}  // namespace lmscale::jobs

@@ -1,0 +1,75 @@
+#include "lmscale/model/stage.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "lmscale/core/error.h"
+
+namespace lmscale::model {
+
+int StageUnits::end_param(const ModelDims& d) const {
+  const int L = static_cast<int>(d.layers);
+  const int e = end_unit(d);
+  if (e == L + 2) return 1 + 9 * L + 2;
+  return 1 + 9 * (e - 1);   // units 1..e-1 are blocks 0..e-2
+}
+
+std::vector<int> stage_layer_counts(const ModelDims& d, int stages, const std::vector<int>& override_layers) {
+  const int L = static_cast<int>(d.layers);
+  LMSCALE_CHECK(stages >= 1 && stages <= L, "{} pipeline stages for {} layers", stages, L);
+  if (!override_layers.empty()) {
+    LMSCALE_CHECK(static_cast<int>(override_layers.size()) == stages, "stage_layers has {} entries for {} stages",
+                  override_layers.size(), stages);
+    int sum = 0;
+    for (int n : override_layers) {
+      LMSCALE_CHECK(n >= 1, "stage_layers: every stage needs at least one layer");
+      sum += n;
+    }
+    LMSCALE_CHECK(sum == L, "stage_layers sum to {} but the model has {} layers", sum, L);
+    return override_layers;
+  }
+  std::vector<int> c(static_cast<std::size_t>(stages), L / stages);
+  for (int r = 0; r < L % stages; ++r) c[static_cast<std::size_t>(stages - 1 - r)] += 1;
+  return c;
+}
+
+StageUnits stage_units(const ModelDims& d, const std::vector<int>& counts, int s) {
+  int first_layer = 0;
+  for (int i = 0; i < s; ++i) first_layer += counts[static_cast<std::size_t>(i)];
+  const int end_layer = first_layer + counts[static_cast<std::size_t>(s)];
+  StageUnits u;
+  u.first = s == 0 ? 0 : first_layer + 1;
+  u.end = s + 1 == static_cast<int>(counts.size()) ? static_cast<int>(d.layers) + 2 : end_layer + 1;
+  return u;
+}
+
+std::vector<StageUnits> pipeline_chunks(const ModelDims& d, int stages, int virtual_stages, int stage,
+                                        const std::vector<int>& override_layers) {
+  const auto counts = stage_layer_counts(d, stages * virtual_stages, override_layers);
+  std::vector<StageUnits> chunks;
+  for (int c = 0; c < virtual_stages; ++c) chunks.push_back(stage_units(d, counts, c * stages + stage));
+  return chunks;
+}
+
+std::vector<int> parse_stage_layers(const std::string& s) {
+  std::vector<int> v;
+  if (s.empty()) return v;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    std::size_t used = 0;
+    int n = 0;
+    try {
+      n = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && item[used] == ' ') ++used;
+    if (used != item.size() || item.empty())
+      throw UsageError("parallel.stage_layers = '" + s + "': expected comma-separated layer counts, e.g. 12,12,12,12");
+    v.push_back(n);
+  }
+  return v;
+}
+
+}  // namespace lmscale::model

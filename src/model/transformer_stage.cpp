@@ -1,0 +1,108 @@
+// The Transformer LM run as one pipeline stage (transformer.h, "Pipeline stages"): the units of
+// the ParameterStore's range. Same ops in the same order as forward()/backward() of the whole
+// model, so a pipeline over one process's microbatches gives bitwise the same gradients.
+#include <functional>
+
+#include "lmscale/core/error.h"
+#include "lmscale/core/nvtx.h"
+#include "lmscale/model/transformer.h"
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::model {
+
+namespace {
+void call(const std::function<void(int)>& hook, int unit) {
+  if (hook) hook(unit);
+}
+void notify(const ParallelContext& pc, int i) {
+  if (pc.on_grad_ready) pc.on_grad_ready(i);
+}
+}  // namespace
+
+std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Tensor& input, const Tensor& targets,
+                                                          std::int64_t B, std::int64_t T, double grad_scale,
+                                                          const ParallelContext& pc) {
+  NvtxRange range("forward_stage");
+  // Pipeline stages run whole tensors: tensor x pipeline parallelism is refused by the deck.
+  LMSCALE_CHECK(!tp_.active(), "a pipeline stage with tensor parallelism (tp = {}) is not supported", tp_.degree);
+  const StageUnits& u = units_;
+  const std::int64_t N = B * T, d = dims_.d_model;
+  const int L = static_cast<int>(dims_.layers);
+  auto act = std::make_unique<Activations>();
+  act->B = B;
+  act->T = T;
+  act->targets = targets;
+  Tensor x;
+  if (u.owns_embedding()) {
+    LMSCALE_CHECK(input.dtype() == DType::i32 && input.numel() == N, "stage 0 input: tokens int32 [{}, {}], got {}", B,
+                  T, shape_str(input.shape()));
+    act->tokens = input;
+    x = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
+    call(pc.before_forward, 0);
+    ops::embedding(ctx, input.reshape({N}), params_.compute_weight(params_.local_index(0)), x);
+    call(pc.after_forward, 0);
+  } else {
+    LMSCALE_CHECK(input.dtype() == compute_ && input.numel() == N * d, "stage input: activations [{}, {}] {}, got {} {}",
+                  N, d, dtype_name(compute_), shape_str(input.shape()), dtype_name(input.dtype()));
+    x = input.reshape({N, d});
+  }
+  x = run_blocks_forward(ctx, *act, x, true, pc);
+  if (!u.owns_head(dims_)) {
+    act->output = x;
+    return act;
+  }
+  NvtxRange r("lm_head");
+  call(pc.before_forward, L + 1);
+  Tensor logits = head_forward(ctx, *act, x, true, pc);
+  LMSCALE_CHECK(targets.defined() && targets.numel() == N, "the last stage needs targets int32 [{}, {}]", B, T);
+  act->loss_sum = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
+  ops::cross_entropy(ctx, logits, targets.reshape({N}), act->loss_sum, &logits, grad_scale);
+  act->dlogits = logits;
+  call(pc.after_forward, L + 1);
+  return act;
+}
+
+Tensor TransformerLM::backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc,
+                                     bool accumulate) {
+  NvtxRange range("backward_stage");
+  LMSCALE_CHECK(!tp_.active(), "a pipeline stage with tensor parallelism (tp = {}) is not supported", tp_.degree);
+  const StageUnits& u = units_;
+  const std::int64_t N = act.B * act.T, d = dims_.d_model;
+  const int L = static_cast<int>(dims_.layers);
+  Tensor dx;
+  if (u.owns_head(dims_)) {
+    // As backward(): LM head, then the final RMSNorm; dx = d(loss)/d(last block output) [N,d].
+    const int ln_final = params_.local_index(1 + L * 9), head = params_.local_index(2 + L * 9);
+    NvtxRange r("lm_head_backward");
+    call(pc.before_backward, L + 1);
+    dx = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
+    Tensor dyh = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
+    Tensor gHead = params_.grad(head);
+    ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dyh, &gHead, accumulate);
+    notify(pc, head);
+    act.dlogits = Tensor();
+    act.y_final = Tensor();
+    Tensor gLnF = params_.grad(ln_final);
+    if (!accumulate) ops::fill(ctx, gLnF, 0.0);
+    ops::rmsnorm_backward(ctx, act.x_final, params_.compute_weight(ln_final), act.rstd_final, dyh, dx, gLnF);
+    notify(pc, ln_final);
+    act.x_final = Tensor();
+    call(pc.after_backward, L + 1);
+  } else {
+    LMSCALE_CHECK(dy.defined() && dy.numel() == N * d, "stage backward: output gradient [{}, {}] expected", N, d);
+    dx = dy.reshape({N, d});
+  }
+  blocks_backward(ctx, act, dx, pc, accumulate);
+  if (!u.owns_embedding()) return dx;
+  NvtxRange r("embedding_backward");
+  call(pc.before_backward, 0);
+  const int emb = params_.local_index(0);
+  Tensor gEmb = params_.grad(emb);
+  if (!accumulate) ops::fill(ctx, gEmb, 0.0);
+  ops::embedding_backward(ctx, act.tokens.reshape({N}), dx, gEmb);
+  notify(pc, emb);
+  call(pc.after_backward, 0);
+  return Tensor();
+}
+
+}  // namespace lmscale::model
