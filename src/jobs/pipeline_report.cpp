@@ -109,10 +109,10 @@ double PipelineRecorder::write() {
   const int V = p.schedule == "interleaved" ? static_cast<int>(p.virtual_stages) : 1;
   std::vector<int> counts_per_stage;
   for (int s = 0; s < stages; ++s) {
-    int n = 0;
+    int blocks = 0;
     for (const auto& u : model::pipeline_chunks(trainer_.dims(), stages, V, s, model::parse_stage_layers(p.stage_layers)))
-      n += u.end_layer(trainer_.dims()) - u.first_layer();
-    counts_per_stage.push_back(n);
+      blocks += u.end_layer(trainer_.dims()) - u.first_layer();
+    counts_per_stage.push_back(blocks);
   }
   env_.out.set_attr(g, "stage_layers", fmt::format("{}", fmt::join(counts_per_stage, ",")));
   env_.out.set_attr(g, "theory_bubble_fraction", theory);
