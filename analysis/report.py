@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """lmscale results -> tables and plots.
 
-    python3 -m analysis.report FILE.h5 [FILE2.h5 ...] --out DIR [--format md,tex,png]
+    python3 -m analysis.report FILE.h5 [FILE2.h5 ...] --out DIR [--format md,tex,png] [--vs KEY]
 
 For each file, per section found (train, bench-model, bench-attention, bench-collectives, memory,
 system ranks): Markdown (NAME.md) and LaTeX (NAME.tex, a booktabs tabular) tables and PNG plots,
 named FILESTEM.TABLE.*. When several files of one job are given, also one comparison per section
 (combined-JOB.TABLE.*) whose first columns are the configuration keys that differ between the
-files. DIR/index.md collects every table and plot. Exit status: 0, 1 if a file could not be
+files. With --vs KEY (e.g. bench.batch_size), the bench-model files also get a study against that
+key: tokens/s and peak memory per run, one line per combination of the other differing keys
+(vs-KEY.bench_model.*). DIR/index.md collects every table and plot. Exit status: 0, 1 if a file could not be
 read, 2 on bad arguments.
 """
 import argparse
@@ -33,6 +35,7 @@ def parse_args(argv):
     p.add_argument("files", nargs="+", metavar="FILE.h5", help="lmscale results files (schema lmscale-results/1)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
     p.add_argument("--format", default="md,tex,png", help="comma-separated subset of md,tex,png (default: all)")
+    p.add_argument("--vs", metavar="KEY", help="bench-model: tokens/s and peak memory against this deck key")
     args = p.parse_args(argv)
     args.formats = [f.strip() for f in args.format.split(",") if f.strip()]
     bad = set(args.formats) - FORMATS
@@ -98,6 +101,16 @@ def main(argv=None):
                 keys = compare.differing_keys(present)
                 guarded(out, module, job, module.combine, compare.sorted_by_keys(present, keys), keys, out,
                         f"combined-{job}")
+
+    if args.vs:
+        from analysis.jobs import bench_model
+        runs = [r for r in results if r.job == "bench-model"]
+        if not runs or not all(args.vs in r.config for r in runs):
+            print(f"analysis.report: --vs {args.vs}: no bench-model files with that key", file=sys.stderr)
+            status = 2
+        else:
+            out.sections.append((f"## bench-model against {args.vs}", ""))
+            guarded(out, bench_model, "bench-model", bench_model.versus, runs, args.vs, out, f"vs-{args.vs}")
 
     write_index(out)
     for name in out.written:

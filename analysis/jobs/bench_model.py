@@ -96,3 +96,39 @@ def combine(results, keys, out, prefix):
     ax.set(ylabel="time (ms)", title="bench-model runs compared")
     ax.legend()
     out.figure(f"{prefix}.bench_model", fig)
+
+
+# Keys that differ between runs of one study without being part of it.
+NOISE_KEYS = {"bench.steps", "bench.warmup"}
+
+
+def versus(results, key, out, prefix):
+    """A study against one configuration key (e.g. bench.batch_size): tokens/s and peak memory per
+    run, one line per combination of the other keys that differ (e.g. checkpointing on and off)."""
+    others = [k for k in compare.differing_keys(results) if k != key and k not in NOISE_KEYS]
+    series = {}
+    for r in compare.sorted_by_keys(results, [key]):
+        series.setdefault(tuple(r.config.get(k, "") for k in others), []).append(r)
+    t = Table(f"bench-model: tokens/s and peak memory against {key}",
+              others + [key, "tokens/s", header("peak memory", "GiB")],
+              numeric=[False] * len(others) + [False, True, True])
+    fig, (tput, mem) = figure(ncols=2)
+    for values, runs in sorted(series.items()):
+        xs = [r.config.get(key, "") for r in runs]
+        try:
+            xs = [float(x) for x in xs]
+        except ValueError:
+            pass
+        tps = [r.group_attrs(GROUP).get("tokens_per_s") for r in runs]
+        peaks = [(r.group_attrs(GROUP).get("peak_bytes") or 0) / 2**30 for r in runs]
+        for r, a, b in zip(runs, tps, peaks):
+            t.add(*values, r.config.get(key, ""), num(a, ".0f"), num(b, ".2f"))
+        label = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in zip(others, values)) or "runs"
+        tput.plot(xs, tps, marker="o", label=label)
+        mem.plot(xs, peaks, marker="o", label=label)
+    name = key.split(".", 1)[-1]
+    tput.set(xlabel=name, ylabel="tokens/s", title=f"throughput against {name}")
+    mem.set(xlabel=name, ylabel="peak memory per rank (GiB)", title=f"peak memory against {name}")
+    tput.legend()
+    out.table(f"{prefix}.bench_model", t)
+    out.figure(f"{prefix}.bench_model", fig)

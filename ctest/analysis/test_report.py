@@ -263,6 +263,20 @@ def main():
     for name in pngs:
         c.run(f"png {name}", check_png, os.path.join(out, name + ".png"))
 
+    # A study against one key: tokens/s and peak memory per run.
+    out3 = os.path.join(work, "report-vs")
+    proc = subprocess.run([sys.executable, "-m", "analysis.report", h5["bench_small"], h5["bench_medium"], "--out", out3,
+                           "--vs", "model.size"], cwd=work, env=env, capture_output=True, text=True)
+    c.eq("--vs exit status", proc.returncode, 0)
+    head, rows = read_table(os.path.join(out3, "vs-model.size.bench_model.md"))
+    c.eq("--vs columns", head, ["model.size", "tokens/s", "peak memory (GiB)"])
+    c.eq("--vs rows", [(r["model.size"], r["tokens/s"], r["peak memory (GiB)"]) for r in rows],
+         [("medium", "51200", "3.00"), ("small", "51200", "3.00")])
+    c.run("png vs", check_png, os.path.join(out3, "vs-model.size.bench_model.png"))
+    proc = subprocess.run([sys.executable, "-m", "analysis.report", h5["bench_small"], "--out", out3, "--vs", "no.key"],
+                          cwd=work, env=env, capture_output=True, text=True)
+    c.eq("--vs unknown key exit status", proc.returncode, 2)
+
     # The script runs directly too, and --format limits what is written.
     out2 = os.path.join(work, "report-md")
     proc = subprocess.run([sys.executable, os.path.join(REPO, "analysis", "report.py"), h5["train_a"], "--out", out2,
