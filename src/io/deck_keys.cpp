@@ -231,10 +231,22 @@ std::vector<DeckKey> build_table() {
       int_key("train.log_every", LMSCALE_FIELD(train.log_every), 1, "Print a progress line every this many steps."),
       string_key("train.save", "path", LMSCALE_FIELD(train.save), "Final weights file (HDF5); empty = do not save."),
       string_key("train.resume", "path", LMSCALE_FIELD(train.resume),
-                 "Checkpoint to resume from; empty = fresh start."),
+                 "Checkpoint to resume from: empty = fresh start; auto = the newest complete checkpoint in "
+                 "train.checkpoint_dir (fresh start if none); a step directory (DIR/step_NNNNNNNN) of a sharded "
+                 "checkpoint; or a single-file checkpoint (train.checkpoint_path, train.save) (docs/checkpoints.md)."),
       int_key("train.checkpoint_every", LMSCALE_FIELD(train.checkpoint_every), 0,
-              "Write a training checkpoint every this many steps; 0 = never."),
-      string_key("train.checkpoint_path", "path", LMSCALE_FIELD(train.checkpoint_path), "Training checkpoint file."),
+              "Write a training checkpoint every this many steps (and at the end); 0 = never (a sharded one is "
+              "still written on SIGTERM/SIGUSR1 and at the end when train.checkpoint_dir is set)."),
+      string_key("train.checkpoint_path", "path", LMSCALE_FIELD(train.checkpoint_path),
+                 "Single-file training checkpoint (one process and DDP only), used when train.checkpoint_dir is "
+                 "empty."),
+      string_key("train.checkpoint_dir", "path", LMSCALE_FIELD(train.checkpoint_dir),
+                 "Directory of sharded checkpoints (step_NNNNNNNN/, one file per rank and an index; any layout "
+                 "resumes any other's); empty = none. Written every train.checkpoint_every steps, at the end, and "
+                 "when the run is preempted (docs/checkpoints.md)."),
+      int_key("train.keep_checkpoints", LMSCALE_FIELD(train.keep_checkpoints), 0,
+              "Newest complete sharded checkpoints kept in train.checkpoint_dir (older ones are removed after a "
+              "new one is complete); 0 = keep all."),
       enum_key("train.activation_checkpointing", LMSCALE_FIELD(train.activation_checkpointing),
                {"none", "every-k", "selective", "selective-mlp"},
                "Activation checkpointing (train and bench-model): none; every-k (keep the input of each group of "

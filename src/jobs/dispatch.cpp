@@ -8,6 +8,7 @@
 #include "lmscale/jobs/bench_attention.h"
 #include "lmscale/jobs/bench_collectives.h"
 #include "lmscale/jobs/bench_model.h"
+#include "lmscale/jobs/oom_report.h"
 #include "lmscale/jobs/train.h"
 #ifdef LMSCALE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -68,8 +69,8 @@ std::string describe_run(const Config& cfg, int world) {
 
 int run_job(JobEnv& env) {
   const std::string& job = env.cfg.run.job;
-  if (job == "bench-model") return run_bench_model(env);
-  if (job == "train") return run_train(env);
+  if (job == "bench-model") return with_oom_report(env, [&] { return run_bench_model(env); });
+  if (job == "train") return with_oom_report(env, [&] { return run_train(env); });
   if (job == "bench-attention") return run_bench_attention(env.cfg, env.rt, env.out);
   if (job == "bench-collectives") return run_bench_collectives(env);
   if (job == "accounting") return run_accounting(env);

@@ -10,6 +10,8 @@
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/checkpointing.h"
 #include "lmscale/jobs/memory_report.h"
+#include "lmscale/jobs/preemption.h"
+#include "lmscale/jobs/sharded_checkpointing.h"
 #include "lmscale/jobs/trainer.h"
 
 namespace lmscale::jobs {
@@ -43,7 +45,25 @@ int run_train(JobEnv& env) {
   ops::Runtime& rt = env.rt;
   auto data = io::make_token_source(cfg.data, cfg.model.vocab_size, cfg.run.seed);
   Trainer trainer(env, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.steps);
-  if (!cfg.train.resume.empty()) load_checkpoint(env, trainer, cfg.train.resume);
+  PreemptionWatch preemption;   // from here on SIGTERM/SIGUSR1 stop the run at a step boundary
+  std::string resumed_from;
+  if (const auto dir = resume_directory(env)) {
+    load_sharded_checkpoint(env, trainer, *dir);
+    resumed_from = *dir;
+  } else if (!cfg.train.resume.empty() && cfg.train.resume != "auto") {
+    load_checkpoint(env, trainer, cfg.train.resume);
+    resumed_from = cfg.train.resume;
+  }
+  // Sharded checkpoints (train.checkpoint_dir) or the single file train.checkpoint_path.
+  const bool sharded_checkpoints = !cfg.train.checkpoint_dir.empty();
+  std::int64_t checkpointed_at = trainer.step();   // a resumed run's step is already saved
+  auto write_checkpoint = [&] {
+    if (sharded_checkpoints)
+      save_sharded_checkpoint(env, trainer);
+    else
+      save_weights(env, trainer, cfg.train.checkpoint_path, true);
+    checkpointed_at = trainer.step();
+  };
   rt.synchronize();
   rt.allocator().tracker().mark_phase("init");
   const auto& dims = trainer.dims();
@@ -51,7 +71,7 @@ int run_train(JobEnv& env) {
     fmt::print("train: {} parameters ({} layers, d_model {}), {} steps of {} x {} tokens, {} on {}, data: {}\n",
                dims.parameter_count(), dims.layers, dims.d_model, cfg.train.steps, cfg.train.batch_size, T,
                cfg.precision.mode, rt.device_name(), data->describe());
-    if (trainer.step() > 0) fmt::print("resumed from {} at step {}\n", cfg.train.resume, trainer.step());
+    if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
   }
   using C = io::Column;
   auto steps = env.out.create_table("/train/steps", {{"step", C::Type::i64, ""},
@@ -73,6 +93,7 @@ int run_train(JobEnv& env) {
   WallTimer wall;
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
+  bool interrupted = false;
   for (std::int64_t s = start; s < cfg.train.steps; ++s) {
     auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
                                             "the training token batch");
@@ -100,14 +121,30 @@ int run_train(JobEnv& env) {
       evals.flush();
       if (env.is_root()) fmt::print("eval  step {:>6}  loss {:.4f}\n", s + 1, el);
     }
-    if (cfg.train.checkpoint_every > 0 && (s + 1) % cfg.train.checkpoint_every == 0 && !last)
-      save_weights(env, trainer, cfg.train.checkpoint_path, true);
+    if (cfg.train.checkpoint_every > 0 && (s + 1) % cfg.train.checkpoint_every == 0 && !last) write_checkpoint();
+    if (!last && preemption.agreed_stop(trainer.sync())) {
+      interrupted = true;
+      break;
+    }
   }
   env.out.set_attr("/train", "first_loss", first_loss);
   env.out.set_attr("/train", "final_loss", last_loss);
   env.out.set_attr("/train", "parameters", dims.parameter_count());
   env.out.set_attr("/train", "wall_s", wall.seconds());
-  if (cfg.train.checkpoint_every > 0) save_weights(env, trainer, cfg.train.checkpoint_path, true);
+  env.out.set_attr("/train", "interrupted", static_cast<std::int64_t>(interrupted));
+  env.out.set_attr("/train", "resumed_at_step", resumed_from.empty() ? std::int64_t{-1} : start);
+  if ((cfg.train.checkpoint_every > 0 || sharded_checkpoints) && checkpointed_at != trainer.step()) write_checkpoint();
+  if (interrupted) {
+    env.out.set_attr("/train", "stopped_at_step", trainer.step());
+    if (env.is_root())
+      fmt::print("interrupted (signal {} on rank 0; 0 = another rank's) at step {}: {}; exit {}\n",
+                 preemption.signal(), trainer.step(),
+                 checkpointed_at == trainer.step() ? "checkpoint written, resume with train.resume = auto"
+                                                   : "no checkpoint (train.checkpoint_dir is empty)",
+                 kExitInterrupted);
+    write_memory_report(env);
+    return kExitInterrupted;
+  }
   if (!cfg.train.save.empty()) {
     save_weights(env, trainer, cfg.train.save, false);
     if (env.is_root()) fmt::print("weights saved to {}\n", cfg.train.save);

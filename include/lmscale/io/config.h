@@ -97,6 +97,8 @@ struct TrainConfig {
   std::string resume;                   // checkpoint to resume from, empty = fresh start
   std::int64_t checkpoint_every = 0;    // 0 = none
   std::string checkpoint_path = "outputs/checkpoint.h5";
+  std::string checkpoint_dir;           // sharded checkpoints (step_NNNNNNNN/), empty = single-file checkpoint_path
+  std::int64_t keep_checkpoints = 2;    // newest complete sharded checkpoints kept; 0 = all
   std::string activation_checkpointing = "none";  // none | every-k | selective
   std::int64_t checkpoint_k = 1;
 
