@@ -20,7 +20,9 @@ mpi() { mpirun --oversubscribe --allow-run-as-root --bind-to none -np 2 "$lmscal
 # Starts the run in the background; returns once it has logged step 20 (pid in $job).
 start_and_wait() {
   local log=$1; shift
-  mpi "$@" > "$log" 2>&1 &
+  # mpirun itself in the background (not through a function: that would be a subshell), so that
+  # $job is mpirun and its children are the ranks.
+  mpirun --oversubscribe --allow-run-as-root --bind-to none -np 2 "$lmscale" "$deck" "${args[@]}" "$@" > "$log" 2>&1 &
   job=$!
   for _ in $(seq 1 600); do
     grep -q "^step  *20/" "$log" && return 0
