@@ -10,7 +10,7 @@
 set -uo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-steps=${STEPS:-3000}
+steps=${STEPS:-2000}
 rm -rf "$out/preempt"; mkdir -p "$out/preempt"; cd "$out/preempt" || exit 1
 fail() { echo "FAIL: $*"; for f in *.log; do echo "--- $f"; tail -n 20 "$f"; done; exit 1; }
 args=(--optim.cosine_steps="$steps" --train.steps="$steps" --parallel.zero=zero2 --run.progress=true
