@@ -7,6 +7,8 @@
 #      = 1, a complete checkpoint at the stop step; resumed with train.resume = auto -> exit 0,
 #      and Q's losses followed by the resumed run's equal R's bitwise
 #   K  kill -9 of one rank mid-run -> the job ends non-zero within 60 s
+#   H  one rank stopped (SIGSTOP, a hang) -> the other rank's watchdog (parallel.timeout_s = 5)
+#      aborts the job within 60 s, its message naming itself and the step
 set -uo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -66,4 +68,17 @@ dt=$((SECONDS - t0))
 [[ $rc -ne 0 ]] || fail "kill -9 of one rank: exit 0"
 (( dt <= 60 )) || fail "kill -9 of one rank: the job took ${dt}s to end"
 echo "ok: kill -9 of one rank -> exit $rc after ${dt}s"
+
+# H  one rank hangs (SIGSTOP): the other's watchdog (parallel.timeout_s = 5) ends the job.
+start_and_wait H.log --run.output=H.h5 --parallel.timeout_s=5
+rank=$(one_rank)
+t0=$SECONDS
+kill -STOP "$rank"
+wait "$job"; rc=$?
+dt=$((SECONDS - t0))
+kill -KILL "$rank" 2>/dev/null
+[[ $rc -ne 0 ]] || fail "a hung rank: exit 0"
+(( dt <= 60 )) || fail "a hung rank: the job took ${dt}s to end"
+grep -q "error: no progress for 5 s (parallel.timeout_s) in the train step of step" H.log || fail "H.log lacks the watchdog's message"
+echo "ok: SIGSTOP of one rank -> exit $rc after ${dt}s: $(grep -m1 'no progress' H.log)"
 echo PASS

@@ -25,9 +25,9 @@ std::string report(JobEnv& env, const std::string& what) {
   const MemoryBudget budget = memory_budget(env.rt);
   const std::string key = cfg.run.job == "train" ? "train.batch_size" : "bench.batch_size";
   return fmt::format(
-      "rank {}: {}; {} {}; {}. To fit: train.activation_checkpointing = every-k or selective (activations), "
+      "{}; {} {}; {}. To fit: train.activation_checkpointing = every-k or selective (activations), "
       "parallel.zero = fsdp or zero2 on more ranks (parameters, gradients, optimizer state), or a smaller {}{}",
-      env.rank, what, format_bytes(budget.bytes), budget.source, prediction, key,
+      what, format_bytes(budget.bytes), budget.source, prediction, key,
       cfg.run.job == "train" ? " with train.grad_accum to keep the global batch" : "");
 }
 

@@ -12,6 +12,7 @@
 #include "lmscale/jobs/memory_report.h"
 #include "lmscale/jobs/preemption.h"
 #include "lmscale/jobs/sharded_checkpointing.h"
+#include "lmscale/jobs/step_watchdog.h"
 #include "lmscale/jobs/trainer.h"
 
 namespace lmscale::jobs {
@@ -57,7 +58,9 @@ int run_train(JobEnv& env) {
   // Sharded checkpoints (train.checkpoint_dir) or the single file train.checkpoint_path.
   const bool sharded_checkpoints = !cfg.train.checkpoint_dir.empty();
   std::int64_t checkpointed_at = trainer.step();   // a resumed run's step is already saved
+  StepWatchdog watchdog(env, cfg.parallel.timeout_s);   // a stuck rank ends the job (parallel.timeout_s)
   auto write_checkpoint = [&] {
+    watchdog.mark(trainer.step(), "checkpoint");
     if (sharded_checkpoints)
       save_sharded_checkpoint(env, trainer);
     else
@@ -98,6 +101,7 @@ int run_train(JobEnv& env) {
     auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
                                             "the training token batch");
     data->sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tokens.data(), false);
+    watchdog.mark(s, "train step");
     StepResult r = trainer.train_step(tokens, T);
     rt.synchronize();
     if (std::isnan(first_loss)) first_loss = r.loss;
@@ -116,6 +120,7 @@ int run_train(JobEnv& env) {
       steps.flush();
     }
     if (cfg.train.eval_every > 0 && ((s + 1) % cfg.train.eval_every == 0 || last)) {
+      watchdog.mark(s + 1, "evaluation");
       const double el = evaluate(cfg, trainer, *data);
       evals.append({s + 1, el});
       evals.flush();
@@ -146,6 +151,7 @@ int run_train(JobEnv& env) {
     return kExitInterrupted;
   }
   if (!cfg.train.save.empty()) {
+    watchdog.mark(trainer.step(), "final weights");
     save_weights(env, trainer, cfg.train.save, false);
     if (env.is_root()) fmt::print("weights saved to {}\n", cfg.train.save);
   }

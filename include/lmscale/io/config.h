@@ -54,6 +54,7 @@ struct ParallelConfig {
   bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
   std::int64_t microbatches = 1;
   std::string schedule = "1f1b";        // gpipe | 1f1b
+  std::int64_t timeout_s = 0;           // train: a step (or checkpoint) taking longer aborts the job; 0 = off
 
   bool operator==(const ParallelConfig&) const = default;
 };
@@ -97,10 +98,10 @@ struct TrainConfig {
   std::string resume;                   // checkpoint to resume from, empty = fresh start
   std::int64_t checkpoint_every = 0;    // 0 = none
   std::string checkpoint_path = "outputs/checkpoint.h5";
-  std::string checkpoint_dir;           // sharded checkpoints (step_NNNNNNNN/), empty = single-file checkpoint_path
-  std::int64_t keep_checkpoints = 2;    // newest complete sharded checkpoints kept; 0 = all
   std::string activation_checkpointing = "none";  // none | every-k | selective
   std::int64_t checkpoint_k = 1;
+  std::string checkpoint_dir;           // sharded checkpoints (step_NNNNNNNN/), empty = single-file checkpoint_path
+  std::int64_t keep_checkpoints = 2;    // newest complete sharded checkpoints kept; 0 = all
 
   bool operator==(const TrainConfig&) const = default;
 };
