@@ -14,13 +14,8 @@ PreemptionWatch::PreemptionWatch() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;   // a signal must not make a file or network call fail
-  sigaction(SIGTERM, &sa, &old_term_);
-  sigaction(SIGUSR1, &sa, &old_usr1_);
-}
-
-PreemptionWatch::~PreemptionWatch() {
-  sigaction(SIGTERM, &old_term_, nullptr);
-  sigaction(SIGUSR1, &old_usr1_, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
 }
 
 bool PreemptionWatch::agreed_stop(parallel::GradientSync& sync) const {

@@ -44,9 +44,10 @@ int run_train(JobEnv& env) {
   const Config& cfg = env.cfg;
   const std::int64_t T = cfg.model.context_length;
   ops::Runtime& rt = env.rt;
+  // From here on SIGTERM/SIGUSR1 stop the run at the next step boundary (none during the setup).
+  PreemptionWatch preemption;
   auto data = io::make_token_source(cfg.data, cfg.model.vocab_size, cfg.run.seed);
   Trainer trainer(env, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.steps);
-  PreemptionWatch preemption;   // from here on SIGTERM/SIGUSR1 stop the run at a step boundary
   std::string resumed_from;
   if (const auto dir = resume_directory(env)) {
     load_sharded_checkpoint(env, trainer, *dir);

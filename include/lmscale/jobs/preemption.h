@@ -15,8 +15,10 @@ inline constexpr int kExitInterrupted = 75;
 
 class PreemptionWatch {
  public:
-  PreemptionWatch();    // installs the handlers for SIGTERM and SIGUSR1
-  ~PreemptionWatch();   // restores the previous ones
+  // Installs the handlers for SIGTERM and SIGUSR1. They stay installed until the process exits: a
+  // signal that comes after the last step (while the results are finished) must not kill a rank
+  // half-way through its exit, which would leave its peers in a collective with a dead rank.
+  PreemptionWatch();
   PreemptionWatch(const PreemptionWatch&) = delete;
   PreemptionWatch& operator=(const PreemptionWatch&) = delete;
   // Collective over the data-parallel ranks (through `sync`): true on every rank when any rank
@@ -24,9 +26,6 @@ class PreemptionWatch {
   bool agreed_stop(parallel::GradientSync& sync) const;
   // The signal number this rank received (0 = none; another rank's may have stopped it).
   int signal() const;
-
- private:
-  struct sigaction old_term_ {}, old_usr1_ {};
 };
 
 }  // namespace lmscale::jobs
