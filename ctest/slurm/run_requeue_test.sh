@@ -4,7 +4,7 @@
 #   run_requeue_test.sh LMSCALE_BIN DECK SCRATCH_DIR
 #
 # On a private one-node cluster (slurm/cluster/start.sh): slurm/train_requeue.sbatch runs the tiny
-# deck on 2 ranks; once it has logged step 10, `scontrol requeue` stops it (Slurm sends SIGTERM:
+# deck on 2 ranks; once it has written its checkpoint of step 25, `scontrol requeue` stops it (Slurm sends SIGTERM:
 # the ranks checkpoint and exit 75) and puts it back in the queue; its second start resumes from
 # the checkpoint (train.resume = auto) and finishes. The two results files' losses together must
 # equal those of the same run uninterrupted (mpirun, same 2-rank layout) bitwise. Exit 77
@@ -33,9 +33,9 @@ bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 export LMSCALE_BIN=$bin LMSCALE_ROOT=$repo
 rm -rf "$scratch"; mkdir -p "$scratch" || fail "cannot create '$scratch'"
 S=$(cd "$scratch" && pwd)
-# A model a little larger than the deck's, so that the run goes on for seconds after step 10 (the
-# requeue must reach it mid-run): ~1.5 ms a step on 2 idle cores, so ~4 s after step 10.
-steps=3000
+# A model a little larger than the deck's, so that the run goes on for seconds after step 25 (the
+# requeue must reach it mid-run): ~1.5 ms a step on 2 idle cores, so seconds after step 25 (it stopped at steps 131-327 of 1500 in trials).
+steps=1500
 args=(--parallel.device=cpu --train.steps=$steps --optim.cosine_steps=$steps --train.log_every=1 --run.progress=true
       --model.d_model=64 --model.d_ff=160 --model.num_layers=2 --model.context_length=32)
 
@@ -59,16 +59,20 @@ D=$("$repo/slurm/cluster/start.sh") || { D=""; fail "could not start the cluster
 source "$D/env"
 extra=(); (( $(nproc) < 2 )) && extra+=(--overcommit)
 jobid=$(sbatch --parsable --ntasks=2 "${extra[@]}" --output="$S/job-%j.out" "$repo/slurm/train_requeue.sbatch" \
-        "$deck" "$S/out" "${args[@]}") || fail "sbatch failed"
+        "$deck" "$S/out" "${args[@]}" --train.checkpoint_every=25) || fail "sbatch failed"
 jobid=${jobid%%;*}
 out=$S/job-$jobid.out
 say "submitted job $jobid"
+# Progress is read from the checkpoint directory (written every 25 steps), not from the job's
+# output, which reaches the file late.
+# (keep_checkpoints = 2 removes older ones: any complete one will do.)
+ckpts="$S/out/checkpoints-$jobid/step_*/index.h5"
 for i in $(seq 1 800); do
-  grep -q '^step  *10/' "$out" 2>/dev/null && break
-  (( i % 20 == 0 )) && [[ -z $(squeue -h -j "$jobid" -o %i 2>/dev/null) ]] && fail "job $jobid ended before step 10"
+  compgen -G "$ckpts" >/dev/null && break
+  (( i % 20 == 0 )) && [[ -z $(squeue -h -j "$jobid" -o %i 2>/dev/null) ]] && fail "job $jobid ended before step 25"
   sleep 0.05
 done
-grep -q '^step  *10/' "$out" || fail "job $jobid logged no step 10 in 40 s"
+compgen -G "$ckpts" >/dev/null || fail "job $jobid wrote no checkpoint in 40 s"
 scontrol requeue "$jobid" || fail "scontrol requeue $jobid failed"
 say "requeued job $jobid mid-run"
 for _ in $(seq 1 600); do
