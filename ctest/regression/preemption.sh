@@ -6,7 +6,8 @@
 #      stops at the same step boundary: exit 75, Q.h5 finished (renamed) with /train interrupted
 #      = 1, a complete checkpoint at the stop step; resumed with train.resume = auto -> exit 0,
 #      and Q's losses followed by the resumed run's equal R's bitwise
-#   K  kill -9 of one rank mid-run -> the job ends non-zero within 60 s
+#   K  kill -9 of one rank mid-run -> the job ends non-zero within 60 s; the rows flushed before
+#      (log_every = 1 flushes each) are readable in K.h5.tmp
 #   H  one rank stopped (SIGSTOP, a hang) -> the other rank's watchdog (parallel.timeout_s = 5)
 #      aborts the job within 60 s, its message naming itself and the step
 set -uo pipefail
@@ -67,7 +68,9 @@ wait "$job"; rc=$?
 dt=$((SECONDS - t0))
 [[ $rc -ne 0 ]] || fail "kill -9 of one rank: exit 0"
 (( dt <= 60 )) || fail "kill -9 of one rank: the job took ${dt}s to end"
-echo "ok: kill -9 of one rank -> exit $rc after ${dt}s"
+rows() { python3 -c "import h5py, sys; print(len(h5py.File(sys.argv[1])['/train/steps']))" "$1" 2>/dev/null || echo 0; }
+(( $(rows K.h5.tmp) >= 20 )) || fail "K.h5.tmp does not hold the rows flushed before the failure"
+echo "ok: kill -9 of one rank -> exit $rc after ${dt}s; $(rows K.h5.tmp) flushed rows readable in K.h5.tmp"
 
 # H  one rank hangs (SIGSTOP): the other's watchdog (parallel.timeout_s = 5) ends the job.
 start_and_wait H.log --run.output=H.h5 --parallel.timeout_s=5
@@ -80,5 +83,6 @@ kill -KILL "$rank" 2>/dev/null
 [[ $rc -ne 0 ]] || fail "a hung rank: exit 0"
 (( dt <= 60 )) || fail "a hung rank: the job took ${dt}s to end"
 grep -q "error: no progress for 5 s (parallel.timeout_s) in the train step of step" H.log || fail "H.log lacks the watchdog's message"
-echo "ok: SIGSTOP of one rank -> exit $rc after ${dt}s: $(grep -m1 'no progress' H.log)"
+(( $(rows H.h5.tmp) >= 20 )) || fail "H.h5.tmp does not hold the rows flushed before the failure"
+echo "ok: SIGSTOP of one rank -> exit $rc after ${dt}s, $(rows H.h5.tmp) rows readable: $(grep -m1 'no progress' H.log)"
 echo PASS
