@@ -156,6 +156,12 @@ void check_checkpoints(const Config& c, int world_size) {
     try {
       index = read_index(step_dir);
     } catch (const Error& e) {
+      // A checkpoint directory given where a step directory is expected: say which to give.
+      const auto inside = complete_checkpoints(step_dir);
+      if (!inside.empty())
+        fail("train.resume = '{}' is a directory of checkpoints, not one checkpoint; give one of its step directories "
+             "(the newest complete is '{}'), or set train.resume = auto and train.checkpoint_dir = '{}'",
+             c.train.resume, inside.back().second, c.train.resume);
       fail("train.resume = '{}': {}; give a complete checkpoint (a step directory with {})", c.train.resume, e.what(),
            kIndexFile);
     }
