@@ -1,6 +1,8 @@
 #include "lmscale/jobs/step_watchdog.h"
 
 #include <cstdio>
+#include <future>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -45,9 +47,17 @@ void StepWatchdog::watch() {
                "has died or hangs; aborting the job\n",
                env_.rank, timeout_.count(), phase_, step_);
     std::fflush(stderr);
-    // NCCL kernels waiting for a dead peer never finish: abort them so the process can exit.
-    for (auto* c : {env_.comm.get(), env_.host_comm.get()})
-      if (c) c->abort();
+    // NCCL kernels waiting for a dead peer never finish: abort them so the process can exit. On a
+    // thread of its own, waited for at most 5 s: an abort that blocks must not keep MPI_Abort,
+    // which ends every rank whatever state NCCL is in, from running.
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> aborted = done->get_future();
+    std::thread([comm = env_.comm, host = env_.host_comm, done] {
+      for (auto* c : {comm.get(), host.get()})
+        if (c) c->abort();
+      done->set_value();
+    }).detach();
+    aborted.wait_for(std::chrono::seconds(5));
     env_.mpi.abort(1);
   }
 }
