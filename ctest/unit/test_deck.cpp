@@ -210,7 +210,7 @@ Config everything_changed() {
   c.run = {"bench-model", "out dir/x.h5", 42, false};
   c.model = {"custom", 321, 77, 96, 200, 3, 6, 5000.5, 1e-6, "flash"};
   c.precision = {"bf16", true, true, 1024.0, 17};
-  c.parallel = {"cuda", "nccl", 2, 1, 1, "bucketed", 12.5, "zero2", 2, false, 3, "gpipe", 1, "3", true};
+  c.parallel = {"cuda", "nccl", 2, 1, 1, "bucketed", 12.5, "zero2", 2, false, 3, "gpipe", 1, "3", true, 45};
   c.bench.mode = "forward";
   c.bench.warmup = 0;
   c.bench.steps = 3;
@@ -231,7 +231,7 @@ Config everything_changed() {
   c.bench.step_factor = 2;
   c.bench.inplace = true;
   c.bench.check = false;
-  c.train = {11, 24, 2, 5, 3, 2, "w.h5", "r.h5", 4, "ck.h5", "every-k", 2};
+  c.train = {11, 24, 2, 5, 3, 2, "w.h5", "r.h5", 4, "ck.h5", "every-k", 2, "ckdir", 5};
   c.optim = {"lamb", 0.0123, 1e-7, 3, 9, 0.1, 0.85, 0.98, 1e-10, 0.5, 0.8};
   c.data = {"tokens", "train.bin", "val.bin", "uint32"};
   return c;

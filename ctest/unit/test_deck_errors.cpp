@@ -267,12 +267,36 @@ TEST(DeckFiles, CheckpointsAreCheckedBeforeAnyWork) {
   std::string message = deck_error(kTinyTrain, {out, "--train.resume=" + f.write("ck.h5", "not a checkpoint")});
   EXPECT_NE(message.find("train.resume"), std::string::npos) << message;
   EXPECT_NE(message.find("not a readable lmscale checkpoint"), std::string::npos) << message;
-  // A sharded optimizer cannot write optimizer state yet: refused before the run, not after it.
+  // A sharded optimizer writes sharded checkpoints only: checkpoint_every without checkpoint_dir
+  // is refused before the run, not after it.
   message = deck_error(kTinyTrain + "[train]\nbatch_size = 2\n",
                        {out, "--parallel.zero=zero1", "--train.checkpoint_every=5"}, 2);
   EXPECT_NE(message.find("train.checkpoint_every"), std::string::npos) << message;
   EXPECT_NE(message.find("parallel.zero"), std::string::npos) << message;
   EXPECT_EQ(deck_error(kTinyTrain + "[train]\nbatch_size = 2\n", {out, "--parallel.zero=zero1"}, 2), "");
+  EXPECT_EQ(deck_error(kTinyTrain + "[train]\nbatch_size = 2\n",
+                       {out, "--parallel.zero=zero1", "--train.checkpoint_every=5", "--train.checkpoint_dir=" + f.path("ck")},
+                       2),
+            "");
+}
+
+TEST(DeckFiles, ShardedCheckpointKeys) {
+  Files f;
+  const std::string out = "--run.output=" + f.path("o.h5");
+  // auto needs a directory to look in.
+  std::string message = deck_error(kTinyTrain, {out, "--train.resume=auto"});
+  EXPECT_NE(message.find("train.checkpoint_dir"), std::string::npos) << message;
+  // auto with an empty (or missing) directory is a fresh start.
+  EXPECT_EQ(deck_error(kTinyTrain, {out, "--train.resume=auto", "--train.checkpoint_dir=" + f.path("ck")}), "");
+  // The directory must not be a file.
+  message = deck_error(kTinyTrain, {out, "--train.checkpoint_dir=" + f.write("ck.h5", "x")});
+  EXPECT_NE(message.find("not a directory"), std::string::npos) << message;
+  // A step directory without its index is incomplete: refused, naming it.
+  const std::string step = f.path("ck2/step_00000004");
+  std::filesystem::create_directories(step);
+  message = deck_error(kTinyTrain, {out, "--train.resume=" + step});
+  EXPECT_NE(message.find("incomplete"), std::string::npos) << message;
+  EXPECT_NE(message.find("index.h5"), std::string::npos) << message;
 }
 
 }  // namespace

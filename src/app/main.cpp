@@ -1,5 +1,6 @@
 // lmscale: reads a deck, sets up MPI, the device and the results file, runs one job.
-// Exit codes: 0 ok, 1 runtime failure, 2 bad usage or deck (nothing run, nothing written).
+// Exit codes: 0 ok, 1 runtime failure, 2 bad usage or deck (nothing run, nothing written), 75 train
+// stopped by SIGTERM/SIGUSR1 after writing a checkpoint (jobs/preemption.h, docs/checkpoints.md).
 // A failure before the first result row leaves no file; after it, NAME.tmp keeps the rows and the
 // error names it (io/results.h).
 #include <cstdio>
@@ -94,6 +95,9 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
     app::write_comm_paths(out, {{"world", env.comm.get()}, {"host", env.host_comm.get()}});
     rt.synchronize();
     out.finish();
+    // A non-zero code (75: preempted) makes mpirun/srun end the other ranks as soon as one exits:
+    // none may exit before rank 0 has finished the results file.
+    if (code != 0 && mpi.size() > 1) MPI_Barrier(mpi.world());
     if (root && cfg.run.progress) fmt::print("results written to {}\n", cfg.run.output);
     return code;
   } catch (...) {

@@ -181,6 +181,10 @@ std::vector<DeckKey> build_table() {
                 "Bucket size of ddp = bucketed (MB)."),
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
+      int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,
+              "train: when a step, evaluation or checkpoint has not finished after this many seconds (a rank died "
+              "or hangs), every rank that notices aborts the whole job with exit 1, naming itself and the step; "
+              "0 = off (docs/checkpoints.md)."),
       int_key("parallel.fsdp_prefetch", LMSCALE_FIELD(parallel.fsdp_prefetch), 0,
               "fsdp: units (embedding, blocks, head) whose all-gather runs ahead of the unit computing; 1 = unit "
               "i's gather starts once unit i-2's forward is done."),
@@ -243,10 +247,22 @@ std::vector<DeckKey> build_table() {
       int_key("train.log_every", LMSCALE_FIELD(train.log_every), 1, "Print a progress line every this many steps."),
       string_key("train.save", "path", LMSCALE_FIELD(train.save), "Final weights file (HDF5); empty = do not save."),
       string_key("train.resume", "path", LMSCALE_FIELD(train.resume),
-                 "Checkpoint to resume from; empty = fresh start."),
+                 "Checkpoint to resume from: empty = fresh start; auto = the newest complete checkpoint in "
+                 "train.checkpoint_dir (fresh start if none); a step directory (DIR/step_NNNNNNNN) of a sharded "
+                 "checkpoint; or a single-file checkpoint (train.checkpoint_path, train.save) (docs/checkpoints.md)."),
       int_key("train.checkpoint_every", LMSCALE_FIELD(train.checkpoint_every), 0,
-              "Write a training checkpoint every this many steps; 0 = never."),
-      string_key("train.checkpoint_path", "path", LMSCALE_FIELD(train.checkpoint_path), "Training checkpoint file."),
+              "Write a training checkpoint every this many steps (and at the end); 0 = never (a sharded one is "
+              "still written on SIGTERM/SIGUSR1 and at the end when train.checkpoint_dir is set)."),
+      string_key("train.checkpoint_path", "path", LMSCALE_FIELD(train.checkpoint_path),
+                 "Single-file training checkpoint (one process and DDP only), used when train.checkpoint_dir is "
+                 "empty."),
+      string_key("train.checkpoint_dir", "path", LMSCALE_FIELD(train.checkpoint_dir),
+                 "Directory of sharded checkpoints (step_NNNNNNNN/, one file per rank and an index; any layout "
+                 "resumes any other's); empty = none. Written every train.checkpoint_every steps, at the end, and "
+                 "when the run is preempted (docs/checkpoints.md)."),
+      int_key("train.keep_checkpoints", LMSCALE_FIELD(train.keep_checkpoints), 0,
+              "Newest complete sharded checkpoints kept in train.checkpoint_dir (older ones are removed after a "
+              "new one is complete); 0 = keep all."),
       enum_key("train.activation_checkpointing", LMSCALE_FIELD(train.activation_checkpointing),
                {"none", "every-k", "selective", "selective-mlp"},
                "Activation checkpointing (train and bench-model): none; every-k (keep the input of each group of "

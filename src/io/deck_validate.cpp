@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "deck_keys.h"
 #include "lmscale/io/checkpoint.h"
 #include "lmscale/io/dataset.h"
+#include "lmscale/io/sharded_checkpoint.h"
 #include "output_target.h"
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
@@ -118,7 +121,15 @@ void check_outputs(const Config& c) {
            c.train.checkpoint_every);
     if (c.train.checkpoint_every > 0 && c.train.checkpoint_path == c.run.output)
       fail("train.checkpoint_path = '{}' is also run.output; give the checkpoint a different path", c.run.output);
-    if (!c.train.resume.empty()) check_file("train.resume", c.train.resume);
+    if (c.train.resume == "auto" && c.train.checkpoint_dir.empty())
+      fail("train.resume = auto looks for checkpoints in train.checkpoint_dir, which is empty; set "
+           "train.checkpoint_dir = DIR");
+    std::error_code ec;
+    if (!c.train.resume.empty() && c.train.resume != "auto" && !std::filesystem::is_directory(c.train.resume, ec))
+      check_file("train.resume", c.train.resume);
+    if (!c.train.checkpoint_dir.empty() && c.train.checkpoint_dir == c.run.output)
+      fail("train.checkpoint_dir = '{}' is also run.output; give the checkpoints a directory of their own",
+           c.run.output);
   }
 }
 
@@ -128,11 +139,49 @@ void check_outputs(const Config& c) {
 void check_checkpoints(const Config& c, int world_size) {
   if (c.run.job != "train") return;
   const bool sharded = c.parallel.zero != "none" && detail::resolved_dp(c, world_size) > 1;
-  if (sharded && c.train.checkpoint_every > 0)
-    fail("train.checkpoint_every = {}: checkpoints with a sharded optimizer (parallel.zero = {}) are not supported "
-         "yet; set train.checkpoint_every = 0 (final weights: train.save) or parallel.zero = none",
+  if (sharded && c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty())
+    fail("train.checkpoint_every = {}: a sharded optimizer (parallel.zero = {}) writes sharded checkpoints only; set "
+         "train.checkpoint_dir = DIR (train.checkpoint_path is the single-file format of one process and DDP)",
          c.train.checkpoint_every, c.parallel.zero);
   if (c.train.resume.empty()) return;
+  // Sharded: the step directory named, or the newest complete one under checkpoint_dir.
+  std::string step_dir;
+  std::error_code ec;
+  if (c.train.resume == "auto") {
+    const auto complete = complete_checkpoints(c.train.checkpoint_dir);
+    if (complete.empty()) return;   // a fresh start
+    step_dir = complete.back().second;
+  } else if (std::filesystem::is_directory(c.train.resume, ec)) {
+    step_dir = c.train.resume;
+  }
+  if (!step_dir.empty()) {
+    CheckpointIndex index;
+    try {
+      index = read_index(step_dir);
+    } catch (const Error& e) {
+      // A checkpoint directory given where a step directory is expected: say which to give.
+      const auto inside = complete_checkpoints(step_dir);
+      if (!inside.empty())
+        fail("train.resume = '{}' is a directory of checkpoints, not one checkpoint; give one of its step directories "
+             "(the newest complete is '{}'), or set train.resume = auto and train.checkpoint_dir = '{}'",
+             c.train.resume, inside.back().second, c.train.resume);
+      fail("train.resume = '{}': {}; give a complete checkpoint (a step directory with {})", c.train.resume, e.what(),
+           kIndexFile);
+    }
+    const std::map<std::string, std::int64_t> dims{{"vocab_size", c.model.vocab_size}, {"d_model", c.model.d_model},
+                                                    {"d_ff", c.model.d_ff},           {"num_layers", c.model.num_layers},
+                                                    {"num_heads", c.model.num_heads}};
+    std::optional<std::string> problem;
+    try {
+      problem = model_mismatch(index, dims);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    if (problem)
+      fail("train.resume = '{}': checkpoint '{}/{}' does not fit the deck: {}", c.train.resume, step_dir, kIndexFile,
+           *problem);
+    return;
+  }
   bool optimizer_state = false;
   try {
     optimizer_state = CheckpointReader(c.train.resume).has_optimizer_state();
@@ -152,7 +201,17 @@ void check_output_paths(const Config& c) {
   std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
   if (c.run.job == "train") {
     if (!c.train.save.empty()) outputs.emplace_back("train.save", c.train.save);
-    if (c.train.checkpoint_every > 0) outputs.emplace_back("train.checkpoint_path", c.train.checkpoint_path);
+    if (c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty())
+      outputs.emplace_back("train.checkpoint_path", c.train.checkpoint_path);
+    // A checkpoint directory: an existing directory, or a new one; its files are new names.
+    if (!c.train.checkpoint_dir.empty()) {
+      std::error_code ec;
+      const auto status = std::filesystem::symlink_status(c.train.checkpoint_dir, ec);
+      if (std::filesystem::exists(status) && !std::filesystem::is_directory(c.train.checkpoint_dir, ec))
+        fail("train.checkpoint_dir = '{}' exists and is not a directory; choose another path", c.train.checkpoint_dir);
+      outputs.emplace_back("train.checkpoint_dir",
+                           (std::filesystem::path(c.train.checkpoint_dir) / "step_00000000" / "index.h5").string());
+    }
   }
   for (const auto& [key, path] : outputs) {
     if (const auto problem = detail::output_problem(path))

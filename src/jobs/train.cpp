@@ -11,6 +11,9 @@
 #include "lmscale/jobs/checkpointing.h"
 #include "lmscale/jobs/memory_report.h"
 #include "lmscale/jobs/pipeline_report.h"
+#include "lmscale/jobs/preemption.h"
+#include "lmscale/jobs/sharded_checkpointing.h"
+#include "lmscale/jobs/step_watchdog.h"
 #include "lmscale/jobs/trainer.h"
 
 namespace lmscale::jobs {
@@ -42,9 +45,30 @@ int run_train(JobEnv& env) {
   const Config& cfg = env.cfg;
   const std::int64_t T = cfg.model.context_length;
   ops::Runtime& rt = env.rt;
+  // From here on SIGTERM/SIGUSR1 stop the run at the next step boundary (none during the setup).
+  PreemptionWatch preemption;
   auto data = io::make_token_source(cfg.data, cfg.model.vocab_size, cfg.run.seed);
   Trainer trainer(env, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.steps);
-  if (!cfg.train.resume.empty()) load_checkpoint(env, trainer, cfg.train.resume);
+  std::string resumed_from;
+  if (const auto dir = resume_directory(env)) {
+    load_sharded_checkpoint(env, trainer, *dir);
+    resumed_from = *dir;
+  } else if (!cfg.train.resume.empty() && cfg.train.resume != "auto") {
+    load_checkpoint(env, trainer, cfg.train.resume);
+    resumed_from = cfg.train.resume;
+  }
+  // Sharded checkpoints (train.checkpoint_dir) or the single file train.checkpoint_path.
+  const bool sharded_checkpoints = !cfg.train.checkpoint_dir.empty();
+  std::int64_t checkpointed_at = trainer.step();   // a resumed run's step is already saved
+  StepWatchdog watchdog(env, cfg.parallel.timeout_s);   // a stuck rank ends the job (parallel.timeout_s)
+  auto write_checkpoint = [&] {
+    watchdog.mark(trainer.step(), "checkpoint");
+    if (sharded_checkpoints)
+      save_sharded_checkpoint(env, trainer);
+    else
+      save_weights(env, trainer, cfg.train.checkpoint_path, true);
+    checkpointed_at = trainer.step();
+  };
   rt.synchronize();
   rt.allocator().tracker().mark_phase("init");
   const auto& dims = trainer.dims();
@@ -52,7 +76,7 @@ int run_train(JobEnv& env) {
     fmt::print("train: {} parameters ({} layers, d_model {}), {} steps of {} x {} tokens, {} on {}, data: {}\n",
                dims.parameter_count(), dims.layers, dims.d_model, cfg.train.steps, cfg.train.batch_size, T,
                cfg.precision.mode, rt.device_name(), data->describe());
-    if (trainer.step() > 0) fmt::print("resumed from {} at step {}\n", cfg.train.resume, trainer.step());
+    if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
   }
   using C = io::Column;
   auto steps = env.out.create_table("/train/steps", {{"step", C::Type::i64, ""},
@@ -75,10 +99,12 @@ int run_train(JobEnv& env) {
   WallTimer wall;
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
+  bool interrupted = false;
   for (std::int64_t s = start; s < cfg.train.steps; ++s) {
     auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
                                             "the training token batch");
     data->sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tokens.data(), false);
+    watchdog.mark(s, "train step");
     StepResult r = trainer.train_step(tokens, T);
     rt.synchronize();
     pipe.add_step(s);
@@ -98,20 +124,38 @@ int run_train(JobEnv& env) {
       steps.flush();
     }
     if (cfg.train.eval_every > 0 && ((s + 1) % cfg.train.eval_every == 0 || last)) {
+      watchdog.mark(s + 1, "evaluation");
       const double el = evaluate(cfg, trainer, *data);
       evals.append({s + 1, el});
       evals.flush();
       if (env.is_root()) fmt::print("eval  step {:>6}  loss {:.4f}\n", s + 1, el);
     }
-    if (cfg.train.checkpoint_every > 0 && (s + 1) % cfg.train.checkpoint_every == 0 && !last)
-      save_weights(env, trainer, cfg.train.checkpoint_path, true);
+    if (cfg.train.checkpoint_every > 0 && (s + 1) % cfg.train.checkpoint_every == 0 && !last) write_checkpoint();
+    if (!last && preemption.agreed_stop(trainer.sync())) {
+      interrupted = true;
+      break;
+    }
   }
   env.out.set_attr("/train", "first_loss", first_loss);
   env.out.set_attr("/train", "final_loss", last_loss);
   env.out.set_attr("/train", "parameters", dims.parameter_count());
   env.out.set_attr("/train", "wall_s", wall.seconds());
-  if (cfg.train.checkpoint_every > 0) save_weights(env, trainer, cfg.train.checkpoint_path, true);
+  env.out.set_attr("/train", "interrupted", static_cast<std::int64_t>(interrupted));
+  env.out.set_attr("/train", "resumed_at_step", resumed_from.empty() ? std::int64_t{-1} : start);
+  if ((cfg.train.checkpoint_every > 0 || sharded_checkpoints) && checkpointed_at != trainer.step()) write_checkpoint();
+  if (interrupted) {
+    env.out.set_attr("/train", "stopped_at_step", trainer.step());
+    if (env.is_root())
+      fmt::print("interrupted (signal {} on rank 0; 0 = another rank's) at step {}: {}; exit {}\n",
+                 preemption.signal(), trainer.step(),
+                 checkpointed_at == trainer.step() ? "checkpoint written, resume with train.resume = auto"
+                                                   : "no checkpoint (train.checkpoint_dir is empty)",
+                 kExitInterrupted);
+    write_memory_report(env);
+    return kExitInterrupted;
+  }
   if (!cfg.train.save.empty()) {
+    watchdog.mark(trainer.step(), "final weights");
     save_weights(env, trainer, cfg.train.save, false);
     if (env.is_root()) fmt::print("weights saved to {}\n", cfg.train.save);
   }

@@ -362,4 +362,37 @@ void FullyShardedDataParallel::set_parameters(Context& ctx, const std::vector<fl
   }
 }
 
+StateLayout FullyShardedDataParallel::state_layout() {
+  StateLayout out;
+  const auto& infos = store_.infos();
+  // Sharded parameters: each rank's pieces are disjoint by construction (padding holds no
+  // parameter), so what it holds is what it writes.
+  for (const auto& u : units_)
+    for_each_piece(u, [&](int i, std::int64_t begin, std::int64_t n, std::int64_t at) {
+      const std::int64_t o = u.shard_offset + at;
+      StatePiece piece{i, begin, begin + n, master_.flat_range(o, n), adamw_->m().flat_range(o, n),
+                       adamw_->v().flat_range(o, n)};
+      out.save.push_back(piece);
+      out.load.push_back(piece);
+    });
+  // Norms are replicated: every rank loads all of them and writes its slice.
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    if (unit_of_[i] >= 0) continue;
+    const std::int64_t o = local_[i], n = infos[i].numel;
+    const int p = static_cast<int>(i);
+    out.load.push_back({p, 0, n, norm_master_.flat_range(o, n), adamw_norms_->m().flat_range(o, n),
+                        adamw_norms_->v().flat_range(o, n)});
+    const auto [a, b] = slice_of(n, comm_.rank(), comm_.size());
+    if (a < b)
+      out.save.push_back({p, a, b, norm_master_.flat_range(o + a, b - a), adamw_norms_->m().flat_range(o + a, b - a),
+                          adamw_norms_->v().flat_range(o + a, b - a)});
+  }
+  return out;
+}
+
+void FullyShardedDataParallel::set_steps(std::int64_t t) {
+  adamw_->set_steps(t);
+  adamw_norms_->set_steps(t);
+}
+
 }  // namespace lmscale::parallel

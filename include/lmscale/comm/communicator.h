@@ -96,6 +96,10 @@ class Communicator {
   // Collectives per path so far (see PathUse), for the results file; empty where the backend does
   // not choose its transport itself (nccl: NCCL does, NCCL_DEBUG=INFO logs it).
   virtual std::vector<PathUse> path_uses() const { return {}; }
+  // Gives up on every operation in flight, from any thread, so that a process stuck waiting for a
+  // dead peer can exit (the step watchdog calls it just before MPI_Abort). nccl: ncclCommAbort;
+  // mpi: nothing (MPI_Abort ends the stuck calls).
+  virtual void abort() {}
 
   // ---- raw buffers -------------------------------------------------------------------------
   Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, CallOptions o = {});

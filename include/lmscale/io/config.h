@@ -57,6 +57,7 @@ struct ParallelConfig {
   std::int64_t virtual_stages = 1;      // interleaved: model chunks per pipeline rank
   std::string stage_layers;             // blocks per stage, e.g. "12,12,12,12"; empty = balanced
   bool sequence_parallel = false;       // tp: norms and residuals on sequence shards
+  std::int64_t timeout_s = 0;           // train: a step (or checkpoint) taking longer aborts the job; 0 = off
 
   bool operator==(const ParallelConfig&) const = default;
 };
@@ -102,6 +103,8 @@ struct TrainConfig {
   std::string checkpoint_path = "outputs/checkpoint.h5";
   std::string activation_checkpointing = "none";  // none | every-k | selective
   std::int64_t checkpoint_k = 1;
+  std::string checkpoint_dir;           // sharded checkpoints (step_NNNNNNNN/), empty = single-file checkpoint_path
+  std::int64_t keep_checkpoints = 2;    // newest complete sharded checkpoints kept; 0 = all
 
   bool operator==(const TrainConfig&) const = default;
 };

@@ -17,6 +17,9 @@ class LossScaler {
   // should be applied.
   bool update(bool found_inf);
   std::int64_t skipped() const { return skipped_; }
+  // Clean steps since the last change of scale: part of the state a bitwise resume restores.
+  std::int64_t clean_steps() const { return clean_; }
+  void set_clean_steps(std::int64_t n) { clean_ = n; }
 
  private:
   double scale_;

@@ -36,6 +36,7 @@
 #include "lmscale/ops/runtime.h"
 #include "lmscale/optim/adamw.h"
 #include "lmscale/parallel/sharded_optimizer.h"
+#include "lmscale/parallel/state_layout.h"
 
 namespace lmscale::parallel {
 
@@ -66,6 +67,11 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   std::vector<float> full_parameters(Context& ctx);
   // Sets this rank's shards (and the replicated norms) from full parameters in that layout.
   void set_parameters(Context& ctx, const std::vector<float>& full);
+
+  // This rank's shards and the replicated norms as pieces of named parameters (checkpoints;
+  // state_layout.h). Views stay valid for the object's life.
+  StateLayout state_layout();
+  void set_steps(std::int64_t t);   // the AdamW step count of shards and norms (on resume)
 
   int num_units() const { return static_cast<int>(units_.size()); }
   // Milliseconds the compute waited for unit u's gather, summed since reset_waits().

@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -81,6 +82,7 @@ struct NcclShared {
   cudaStream_t stream = nullptr;
   int rank = 0, size = 1, device = 0;
   bool failed = false;
+  std::atomic<bool> aborted{false};
   EventPool events;
 
   NcclShared(ncclComm_t c, int r, int n, int dev) : comm(c), rank(r), size(n), device(dev), events(dev) {
@@ -93,7 +95,9 @@ struct NcclShared {
   }
   ~NcclShared() {
     cudaSetDevice(device);
-    if (failed) {
+    if (aborted.load()) {
+      // ncclCommAbort has freed the communicator already.
+    } else if (failed) {
       ncclCommAbort(comm);
     } else {
       cudaStreamSynchronize(stream);
@@ -170,6 +174,10 @@ class NcclCommunicator final : public Communicator {
   }
   Algo algo() const override { return algo_; }
   void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
+  // From the watchdog thread (jobs/step_watchdog.h): not run on a GPU in CI (no device there).
+  void abort() override {
+    if (!shared_->aborted.exchange(true)) ncclCommAbort(shared_->comm);
+  }
 
   void barrier() override {
     LMSCALE_CUDA_CHECK(cudaSetDevice(shared_->device));
