@@ -6,7 +6,10 @@
 #           (TensorParallelGpu: tp = 2, with and without sequence parallelism, bf16, vs one GPU;
 #           then every data-parallel variant as before)
 #   bench   2.7B bf16 flash, global batch 4 x 512, train step: one GPU, tp = 2, tp = 2 + sp, and
-#           torch DTensor TP (torch_peer.py tp) in the same call. Targets: tp = 2 step <= 0.62 x the
+#           torch DTensor TP (torch_peer.py tp) in the same call.
+#   cs229s  the CS229S comparison: 2.7B bf16 flash, tp = 2 vs fsdp vs DDP (bucketed) on 2 GPUs at
+#           global batch 4, 8 and 16 (1 warm-up + 2 timed steps each); then
+#           python3 -m analysis.report cs229s_*.h5 --out DIR --vs bench.batch_size Targets: tp = 2 step <= 0.62 x the
 #           1-GPU step and <= 500.1/4 ms; peak memory per rank <= 0.6 x the 1-GPU peak.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,5 +56,20 @@ if has bench; then
   timeout 200 torchrun --nproc-per-node 2 $PEER tp --size 2.7B --precision bf16 --batch 4 --seq 512 --attention sdpa > "$OUT/torch_tp_sdpa.log" 2>&1
   note "torch DTensor tp (sdpa): $(grep '^{' "$OUT/torch_tp_sdpa.log" || tail -3 "$OUT/torch_tp_sdpa.log")"
   note "bench stage done at $(( $(date +%s) - T0 )) s"
+fi
+if has cs229s; then
+  for b in 4 8 16; do
+    for m in tp ddp fsdp; do
+      case $m in
+        tp) args=(--parallel.tp=2) ;;
+        ddp) args=(--parallel.tp=1 --parallel.ddp=bucketed --parallel.bucket_mb=100) ;;
+        fsdp) args=(--parallel.tp=1 --parallel.zero=fsdp) ;;
+      esac
+      timeout 60 "${MPIRUN[@]}" -np 2 $LM inputs/tp_2.7B_tp2.ini "${args[@]}" --bench.batch_size=$b --bench.warmup=1 \
+        --bench.steps=2 --run.output="$OUT/cs229s_${m}_b$b.h5" > "$OUT/cs229s_${m}_b$b.log" 2>&1
+      note "cs229s $m batch $b: $(brief "$OUT/cs229s_${m}_b$b.log") $(grep -oE 'tokens/s [0-9.]+' "$OUT/cs229s_${m}_b$b.log")"
+    done
+  done
+  note "cs229s stage done at $(( $(date +%s) - T0 )) s"
 fi
 echo "==== summary"; cat "$summary"
