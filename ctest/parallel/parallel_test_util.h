@@ -31,9 +31,16 @@ inline Config tiny_config() {
   return c;
 }
 
+// What a few training steps produced: the logged (global mean) losses, the gradient norms before
+// clipping and the final full parameters in the flat layout.
+struct TrainRun {
+  std::vector<double> losses, norms;
+  std::vector<float> params;
+};
+
 // Trains `steps` steps of a global batch of B sequences under `cfg` on every rank (distributed)
-// or on this process alone, and returns the final full parameters in the flat layout.
-inline std::vector<float> train(const Config& cfg, bool distributed, int steps, std::int64_t B = 8) {
+// or on this process alone.
+inline TrainRun train_run(const Config& cfg, bool distributed, int steps, std::int64_t B = 8) {
   auto& mpi = test::mpi_env();
   ops::Runtime rt(Device::cpu, 0, false);
   io::ResultsFile out("/nonexistent/never-written.h5", false);
@@ -45,12 +52,21 @@ inline std::vector<float> train(const Config& cfg, bool distributed, int steps, 
   const std::int64_t T = cfg.model.context_length;
   jobs::Trainer trainer(env, B, cfg.train.grad_accum, steps);
   io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
+  TrainRun r;
   for (int s = 0; s < steps; ++s) {
     std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
     data.sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
-    trainer.train_step(tok, T);
+    const auto step = trainer.train_step(tok, T);
+    r.losses.push_back(step.loss);
+    r.norms.push_back(step.grad_norm);
   }
-  return trainer.full_parameters();   // collective under fsdp
+  r.params = trainer.full_parameters();   // collective under fsdp, tp and pp
+  return r;
+}
+
+// The final full parameters only.
+inline std::vector<float> train(const Config& cfg, bool distributed, int steps, std::int64_t B = 8) {
+  return train_run(cfg, distributed, steps, B).params;
 }
 
 inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -35,35 +35,6 @@ Config pipe_config() {
   return c;
 }
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<float> params;
-};
-
-// `steps` steps of a global batch of 8 under cfg (on every rank, or one process), the logged
-// losses and the final full parameters.
-Run train(const Config& cfg, bool distributed, int steps) {
-  auto& mpi = test::mpi_env();
-  ops::Runtime rt(Device::cpu, 0, false);
-  io::ResultsFile out("/nonexistent/never-written.h5", false);
-  jobs::JobEnv env{cfg, mpi, rt, out, distributed ? mpi.rank() : 0, distributed ? mpi.size() : 1, 0, nullptr, nullptr};
-  if (distributed) {
-    env.comm = comm::make_world_communicator("mpi", mpi, 0);
-    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
-  }
-  const std::int64_t T = cfg.model.context_length, B = 8;
-  jobs::Trainer trainer(env, B, cfg.train.grad_accum, steps);
-  io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
-  Run r;
-  for (int s = 0; s < steps; ++s) {
-    std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
-    data.sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
-    r.losses.push_back(trainer.train_step(tok, T).loss);
-  }
-  r.params = trainer.full_parameters();
-  return r;
-}
-
 double max_rel_loss_diff(const std::vector<double>& a, const std::vector<double>& b) {
   double m = 0;
   for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
@@ -91,8 +62,8 @@ void check_against_one_process(const Case& c, int steps = 3) {
   cfg.train.checkpoint_k = 3;   // groups cut by the stage boundaries
   Config ref_cfg = cfg;
   ref_cfg.train.grad_accum = dp * c.microbatches;   // the same microbatch rows as the pipeline
-  const Run ref = train(ref_cfg, false, steps);
-  Run first;
+  const test::TrainRun ref = test::train_run(ref_cfg, false, steps);
+  test::TrainRun first;
   const std::vector<const char*> schedules =
       c.virtual_stages > 1 ? std::vector<const char*>{"interleaved"} : std::vector<const char*>{"gpipe", "1f1b"};
   for (const char* schedule : schedules) {
@@ -104,7 +75,7 @@ void check_against_one_process(const Case& c, int steps = 3) {
     p.parallel.zero = c.zero;
     p.parallel.ddp = c.ddp;
     p.parallel.stage_layers = c.stage_layers;
-    const Run got = train(p, true, steps);
+    const test::TrainRun got = test::train_run(p, true, steps);
     const std::string what = std::string(schedule) + " pp " + std::to_string(c.pp) + " dp " + std::to_string(dp) +
                              " V " + std::to_string(c.virtual_stages) + " M " + std::to_string(c.microbatches) +
                              " ckpt " + c.ckpt + " zero " + c.zero + " ddp " + c.ddp +

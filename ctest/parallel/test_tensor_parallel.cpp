@@ -38,36 +38,6 @@ Config tp_config() {
   return c;
 }
 
-struct TpRun {
-  std::vector<double> losses;
-  std::vector<double> norms;
-  std::vector<float> params;   // full layout
-};
-
-TpRun train(const Config& cfg, bool distributed, int steps) {
-  auto& mpi = test::mpi_env();
-  ops::Runtime rt(Device::cpu, 0, false);
-  io::ResultsFile out("/nonexistent/never-written.h5", false);
-  jobs::JobEnv env{cfg, mpi, rt, out, distributed ? mpi.rank() : 0, distributed ? mpi.size() : 1, 0, nullptr, nullptr};
-  if (distributed) {
-    env.comm = comm::make_world_communicator("mpi", mpi, 0);
-    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
-  }
-  const std::int64_t T = cfg.model.context_length;
-  jobs::Trainer trainer(env, kBatch, cfg.train.grad_accum, steps);
-  io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
-  TpRun r;
-  for (int s = 0; s < steps; ++s) {
-    std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
-    data.sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
-    const auto step = trainer.train_step(tok, T);
-    r.losses.push_back(step.loss);
-    r.norms.push_back(step.grad_norm);
-  }
-  r.params = trainer.full_parameters();
-  return r;
-}
-
 double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
 
 }  // namespace
@@ -75,7 +45,7 @@ double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b)
 TEST(TensorParallel, TrainsToTheLossesAndWeightsOfOneProcess) {
   const int R = test::mpi_env().size();
   const int steps = 4;
-  const TpRun ref = train(tp_config(), false, steps);
+  const test::TrainRun ref = test::train_run(tp_config(), false, steps);
   struct Case {
     int tp;
     bool sp;
@@ -106,7 +76,7 @@ TEST(TensorParallel, TrainsToTheLossesAndWeightsOfOneProcess) {
     cfg.train.activation_checkpointing = c.recompute;
     const std::string what = "tp " + std::to_string(c.tp) + (c.sp ? " +sp " : " ") + c.ddp + "/" + c.zero +
                              " accum " + std::to_string(c.accum) + " " + c.recompute;
-    const TpRun got = train(cfg, true, steps);
+    const test::TrainRun got = test::train_run(cfg, true, steps);
     double worst_loss = 0, worst_norm = 0;
     for (int s = 0; s < steps; ++s) {
       worst_loss = std::max(worst_loss, rel(got.losses[static_cast<std::size_t>(s)], ref.losses[static_cast<std::size_t>(s)]));
@@ -125,7 +95,7 @@ TEST(TensorParallel, TrainsToTheLossesAndWeightsOfOneProcess) {
 
 TEST(TensorParallel, StartsFromTheSlicedWeightsOfOneProcessAndRoundTripsFullParameters) {
   const int R = test::mpi_env().size();
-  const TpRun ref = train(tp_config(), false, 0);
+  const test::TrainRun ref = test::train_run(tp_config(), false, 0);
   Config cfg = tp_config();
   cfg.parallel.tp = R;
   auto& mpi = test::mpi_env();
