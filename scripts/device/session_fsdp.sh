@@ -14,25 +14,9 @@
 #            per GPU) beside one GPU at batch 4 and torch_peer.py model --size 2.7B (sdpa)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/device/env.sh
-OUT=${OUT:-/tmp/session_fsdp_out}
-mkdir -p "$OUT"
-export BUILD=${BUILD:-build-device}
-LM=$BUILD/lmscale
-PEER=.device/torch_peer.py
-MPIRUN=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
 stages=${*:-build tests fsdp_context fsdp ckpt batch zero2_27b}
-has() { [[ " $stages " == *" $1 "* ]]; }
-T0=$(date +%s)
-summary=$OUT/summary.txt
-touch "$summary"
-note() { echo "$*" | tee -a "$summary"; }
-# One line per bench-model run: step, phases, peak memory, prediction, fsdp waits.
-brief() {
-  local log=$1
-  echo "$(grep -E '^step ' "$log" | awk '{print "step", $2, "+-", $3}')  fwd $(grep -E '^forward ' "$log" | awk '{print $2}') bwd $(grep -E '^backward ' "$log" | awk '{print $2}') opt $(grep -E '^optimizer ' "$log" | awk '{print $2}') $(grep -oE 'peak memory [0-9.]+ GiB' "$log") $(grep -oE 'predicted peak \(accounting\) [0-9.]+ GiB' "$log" | sed 's/(accounting) //') $(grep -oE 'waited [0-9.]+ ms per step for all-gathers in the forward, [0-9.]+ ms in the backward' "$log")"
-  grep -aiE "error|out of memory" "$log" | head -3
-}
+OUT=${OUT:-/tmp/session_fsdp_out}
+source scripts/device/session_lib.sh
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
 if has build; then

@@ -7,19 +7,9 @@
 # peer:  torch.distributed.pipelining, same shape (1f1b, 8 microbatches), in the same call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/device/env.sh
-OUT=${OUT:-/tmp/session_pp_out}
-mkdir -p "$OUT"
-export BUILD=${BUILD:-build-device}
-LM=$BUILD/lmscale
-PEER=.device/torch_peer.py
-MPIRUN=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
 stages=${*:-build tests bench peer}
-has() { [[ " $stages " == *" $1 "* ]]; }
-T0=$(date +%s)
-summary=$OUT/summary.txt
-touch "$summary"
-note() { echo "$*" | tee -a "$summary"; }
+OUT=${OUT:-/tmp/session_pp_out}
+source scripts/device/session_lib.sh
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
 if has build; then

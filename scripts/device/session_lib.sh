@@ -1,0 +1,23 @@
+# Sourced by the scripts/device/session_*.sh scripts after they set `stages` (the words given on
+# the command line, or their default list): the environment every GPU run needs, the paths, the
+# mpirun line, and the helpers that write the summary the device call returns.
+#   has STAGE    the call asked for this stage
+#   note TEXT    print and append to $OUT/summary.txt
+#   brief LOG    one line for a bench-model log: step, phases, peak and predicted memory, fsdp waits
+source scripts/device/env.sh
+OUT=${OUT:-/tmp/session_out}
+mkdir -p "$OUT"
+export BUILD=${BUILD:-build-device}
+LM=$BUILD/lmscale
+PEER=.device/torch_peer.py
+MPIRUN=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
+T0=$(date +%s)
+summary=$OUT/summary.txt
+touch "$summary"
+has() { [[ " $stages " == *" $1 "* ]]; }
+note() { echo "$*" | tee -a "$summary"; }
+brief() {
+  local log=$1
+  echo "$(grep -E '^step ' "$log" | awk '{print "step", $2, "+-", $3}')  fwd $(grep -E '^forward ' "$log" | awk '{print $2}') bwd $(grep -E '^backward ' "$log" | awk '{print $2}') opt $(grep -E '^optimizer ' "$log" | awk '{print $2}') $(grep -oE 'peak memory [0-9.]+ GiB' "$log") $(grep -oE 'predicted peak \(accounting\) [0-9.]+ GiB' "$log" | sed 's/(accounting) //') $(grep -oE 'MFU [0-9.]+%' "$log") $(grep -oE 'waited [0-9.]+ ms per step for all-gathers in the forward, [0-9.]+ ms in the backward' "$log")"
+  grep -aiE "error|out of memory" "$log" | head -3
+}
