@@ -89,7 +89,61 @@ struct Grads {
     }
     held.assign(bucket_bytes.size(), false);
   }
+  // FSDP (parallel/fsdp.cpp): units 0 = embedding, 1..L = blocks, L+1 = head; each unit's
+  // weights gathered (compute dtype, padded to dp shards) ahead of use and released after it, its
+  // full-size fp32 gradients allocated at the first gradient and freed once reduce-scattered
+  // (kReductionsInFlight = 1 reduction left in flight).
+  bool fsdp = false, training = false, reshard = true;
+  int prefetch = 1, last = 0, dp = 1;
+  double e = 4;
+  std::vector<double> unit_padded;           // elements of each unit, padded to dp shards
+  std::vector<int> unit_of_param;            // -1 for the replicated norms
+  std::vector<double> gathered, full, send;  // bytes alive per unit (send: the cast shard, mixed precision)
+  std::vector<double> pending;               // reductions in flight (full-size gradients)
+  void gather(int u) {
+    const auto i = static_cast<std::size_t>(u);
+    if (i >= gathered.size() || gathered[i] > 0) return;
+    if (e < 4) send[i] = sim->alloc(e * unit_padded[i] / dp);
+    gathered[i] = sim->alloc(e * unit_padded[i]);
+  }
+  void wait(int u) { sim->free(send[static_cast<std::size_t>(u)]); }
+  void release(int u) {
+    sim->free(gathered[static_cast<std::size_t>(u)]);
+    sim->free(send[static_cast<std::size_t>(u)]);
+  }
+  void before_forward(int u) {
+    if (!fsdp) return;
+    for (int j = u; j <= std::min(u + prefetch, last); ++j) gather(j);
+    wait(u);
+  }
+  void after_forward(int u) {
+    if (fsdp && !(training && (!reshard || u == last))) release(u);
+  }
+  void before_backward(int u) {
+    if (!fsdp) return;
+    if (u > 0) gather(u);
+    for (int j = u - 1; j >= std::max(1, u - prefetch); --j) gather(j);
+    if (u > 0) wait(u);
+  }
+  void after_backward(int u) {
+    if (!fsdp) return;
+    release(u);
+    if (full[static_cast<std::size_t>(u)] > 0) {
+      pending.push_back(full[static_cast<std::size_t>(u)]);
+      full[static_cast<std::size_t>(u)] = 0;
+    }
+    while (pending.size() > 1) {
+      sim->free(pending.front());
+      pending.erase(pending.begin());
+    }
+  }
   void touch(int i) {
+    if (fsdp) {
+      const int u = unit_of_param[static_cast<std::size_t>(i)];
+      if (u >= 0 && full[static_cast<std::size_t>(u)] <= 0)
+        full[static_cast<std::size_t>(u)] = sim->alloc(4 * unit_padded[static_cast<std::size_t>(u)]);
+      return;
+    }
     if (!lazy) return;
     const auto b = static_cast<std::size_t>(bucket_of[static_cast<std::size_t>(i)]);
     if (held[b]) return;
@@ -220,11 +274,15 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
   const bool every_k = keep && s.ac == "every-k", selective = keep && (s.ac == "selective" || s.ac == "selective-mlp");
   std::vector<Block> blocks(static_cast<std::size_t>(s.L));
   std::vector<bool> group_input(static_cast<std::size_t>(s.L), false);   // block l's input kept as a group input
+  gr.training = keep;
+  gr.before_forward(0);
   double x0 = m.alloc(s.sp ? Nlde : Nde);   // the embedding output, held by forward() until the blocks return
+  gr.after_forward(0);
   double x = x0;
   for (int l = 0; l < s.L; ++l) {
     if (every_k && l % s.k == 0) group_input[static_cast<std::size_t>(l)] = true;
     Block b;
+    gr.before_forward(l + 1);
     double out = block_forward(m, s, b, true);
     if (keep && !every_k) {
       b.x = x;   // the block's input stays with its activations
@@ -245,6 +303,7 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
       if (l > 0 && !group_input[static_cast<std::size_t>(l)]) m.free(x);
       else if (l > 0) blocks[static_cast<std::size_t>(l)].x = x;   // freed by that group's backward
     }
+    gr.after_forward(l + 1);
     x = out;
   }
   if (!keep || every_k) {
@@ -252,26 +311,32 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
     else m.free(x0);
   }
   // Head: final norm, logits (the cross-entropy writes their gradient in place), the loss sum.
+  gr.before_forward(s.L + 1);
   double rstd = m.alloc(s.st * s.Nl), y = m.alloc(Nlde), yfull = s.sp ? m.alloc(Nde) : 0.0;
   double logits = m.alloc(s.N * s.V * s.e);
   m.alloc(s.st);   // loss_sum: kept until the step's losses are reduced
   if (s.V > 0 && s.sp) m.free(yfull);
+  gr.after_forward(s.L + 1);
   if (!keep) {
     for (double* t : {&rstd, &y, &yfull, &logits, &x, &batch, &targets}) m.free(*t);
     return m.peak - base;
   }
   if (backward) {
-    double dx = m.alloc(Nlde), dy = m.alloc(Nde);
     const int L = s.L;
+    double dx = m.alloc(Nlde);
+    gr.before_backward(L + 1);
+    double dy = m.alloc(Nde);
     gr.touch(2 + 9 * L);   // lm_head
     m.free(logits);
     m.free(y);
     gr.touch(1 + 9 * L);   // ln_final
     m.free(x);             // x_final (rstd_final stays with the activations until the micro-batch ends)
+    gr.after_backward(L + 1);
     m.free(dy);
     const int k = every_k ? s.k : 1;
     for (int g = (L - 1) / k; g >= 0; --g) {
       const int lo = g * k, hi = std::min(L, lo + k);
+      for (int l = hi - 1; l >= lo; --l) gr.before_backward(l + 1);
       if (every_k) {   // recompute the group, keeping its activations; its last block's output is not needed
         double in = blocks[static_cast<std::size_t>(lo)].x;
         for (int l = lo; l < hi; ++l) {
@@ -282,9 +347,14 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
           if (l + 1 < hi) blocks[static_cast<std::size_t>(l + 1)].x = out;
         }
       }
-      for (int l = hi - 1; l >= lo; --l) block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l);
+      for (int l = hi - 1; l >= lo; --l) {
+        block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l);
+        gr.after_backward(l + 1);
+      }
     }
+    gr.before_backward(0);
     gr.touch(0);   // embedding
+    gr.after_backward(0);
     m.free(dx);
     m.free(rstd);
   }
@@ -327,10 +397,6 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
   s.L = static_cast<int>(dims.layers);
   s.ac = cfg.train.activation_checkpointing;
   s.k = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.train.checkpoint_k, dims.layers)));
-  if (s.ac == "full") {   // full = every block is a group of one
-    s.ac = "every-k";
-    s.k = 1;
-  }
   const auto sizes = param_sizes(s);
   double P = 0, norms = 0;
   for (double n : sizes) P += n;
@@ -359,6 +425,24 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
     if (mode == "train-step") out.phases.push_back({"optimizer", init + workspace + grads_after});
   } else {
     if (fsdp) {
+      gr.fsdp = true;
+      gr.e = s.e;
+      gr.dp = dp;
+      gr.prefetch = static_cast<int>(cfg.parallel.fsdp_prefetch);
+      gr.reshard = cfg.parallel.reshard_after_forward;
+      gr.last = s.L + 1;
+      auto padded = [&](double n) { return std::ceil(n / dp) * dp; };
+      gr.unit_padded.push_back(padded(s.V * s.d));
+      for (int l = 0; l < s.L; ++l) gr.unit_padded.push_back(padded(4 * s.d * s.dl + 3 * s.d * s.F));
+      gr.unit_padded.push_back(padded(s.V * s.d));
+      gr.unit_of_param.push_back(0);
+      for (int l = 0; l < s.L; ++l)
+        for (int slot = 0; slot < 9; ++slot) gr.unit_of_param.push_back(slot == 4 || slot == 8 ? -1 : l + 1);
+      gr.unit_of_param.push_back(-1);
+      gr.unit_of_param.push_back(s.L + 1);
+      gr.gathered.assign(gr.unit_padded.size(), 0);
+      gr.full.assign(gr.unit_padded.size(), 0);
+      gr.send.assign(gr.unit_padded.size(), 0);
       const double Ps = P - norms, S = std::ceil(Ps / dp);
       init = probe.round(4 * S) * 2 + probe.round(4 * norms) * 2 + probe.round(4 * S) * 2 + probe.round(4 * norms) * 2;
       out.layout = "fsdp (master, gradient shard and AdamW state of 1/dp; gathered units beside the replayed activations)";
@@ -375,16 +459,6 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
                            : sharded        ? zero + " (flat gradients, gradient shard and 1/dp of the optimizer state)"
                                             : "ddp (flat gradient buffer)";
     }
-    // FSDP: the gathered units alive beside the activations (the head from its forward to its
-    // backward, the prefetch window of blocks and their cast shards) and one unit's full-size
-    // gradients before its reduce-scatter.
-    double fsdp_extra = 0;
-    if (fsdp) {
-      const double block = 4 * s.d * s.d + 3 * s.d * s.F, head = s.V * s.d;
-      const double pf = static_cast<double>(cfg.parallel.fsdp_prefetch);
-      fsdp_extra = s.e * (head + pf * block * (1 + 1.0 / dp)) + 4 * std::max(block, head);
-      if (!cfg.parallel.reshard_after_forward) fsdp_extra += s.e * (s.L * block + head);
-    }
     auto run = [&](bool keep, bool backward, bool grads_held) {
       Sim m;
       m.cuda = cuda;
@@ -400,8 +474,11 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
       replay(s, m, g, keep, backward);
       return m.peak;
     };
-    grads_after = gr.lazy ? gr.total() : 0;
-    const double base = init + workspace + fsdp_extra;
+    // Gradients alive when the backward ends: every bucket (one process, zero2: released after
+    // the step / the reduce-scatters), or under FSDP the embedding's full-size gradients, whose
+    // reduce-scatter is the one left in flight.
+    grads_after = gr.lazy ? gr.total() : fsdp ? probe.round(4 * gr.unit_padded[0]) : 0.0;
+    const double base = init + workspace;
     out.phases = {{"init", init}};
     if (mode == "forward") {
       out.phases.push_back({"forward", base + run(false, false, false)});
