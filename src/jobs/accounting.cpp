@@ -170,7 +170,7 @@ int run_accounting(JobEnv& env) {
                                                                        {"formula", io::Column::Type::str, ""}});
   for (const auto& b : a.bounds) bounds.append({b.strategy, b.degree, b.limit, b.split, b.formula});
   // Per-phase peaks of the mode the deck runs (memory_model.h), as the CPU allocator counts them
-  // and as the CUDA caching allocator would (rounded blocks, cuBLASLt workspace).
+  // and as a CUDA run's tracker would (plus cuBLASLt's workspace and flash attention's).
   const MemoryPhases on_cpu = predict_memory_phases(cfg, env.world, false);
   const MemoryPhases on_cuda = predict_memory_phases(cfg, env.world, true);
   auto phases = env.out.create_table("/accounting/memory_phases", {{"phase", io::Column::Type::str, ""},

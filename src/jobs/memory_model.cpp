@@ -18,16 +18,14 @@ namespace lmscale::jobs {
 
 namespace {
 
-// Current and peak bytes of one rank's allocator. CUDA rounds as core/cuda/device_allocator.cpp
-// does (the tracker counts the rounded block sizes).
+// Current and peak bytes of one rank's allocator, as its MemoryTracker counts them: the bytes
+// asked for. (The CUDA caching allocator rounds blocks to 512 B / 2 MiB and may hand out a cached
+// block up to 1.25x larger, but its tracker records the requested size, and /memory/peaks is what
+// the prediction is compared with; `round` stays the identity.)
 struct Sim {
   bool cuda = false;
   double cur = 0, peak = 0;
-  double round(double b) const {
-    if (!cuda || b <= 0) return b;
-    constexpr double small = 1 << 20, large = 2 << 20;
-    return b < small ? std::ceil(b / 512) * 512 : std::ceil(b / large) * large;
-  }
+  double round(double b) const { return b; }
   double alloc(double b) {
     b = round(b);
     cur += b;
@@ -378,7 +376,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
   const bool mixed = cfg.precision.mode != "fp32";
   const std::int64_t accum = bench ? 1 : std::max<std::int64_t>(1, cfg.train.grad_accum);
   const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
-  const double workspace = cuda ? 32.0 * 1024 * 1024 : 0.0;   // cuBLASLt's, allocated at the first matmul
+  const double workspace = cuda ? 32.0 * 1024 * 1024 : 0.0;   // cuBLASLt's, allocated with the runtime
 
   Shapes s;
   s.B = static_cast<double>(global / dp / accum);
@@ -419,7 +417,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
     grads_after = lazy ? 4 * param : 0;
     out.layout = "pipeline stage (coarse: the stage accounting with microbatches in flight)";
     const double fb = init + workspace + act + grads_after;
-    out.phases = {{"init", init}};
+    out.phases = {{"init", init + workspace}};
     if (mode == "forward") out.phases.push_back({"forward", init + workspace + act});
     else out.phases.push_back({"forward_backward", fb});
     if (mode == "train-step") out.phases.push_back({"optimizer", init + workspace + grads_after});
@@ -479,7 +477,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
     // reduce-scatter is the one left in flight.
     grads_after = gr.lazy ? gr.total() : fsdp ? probe.round(4 * gr.unit_padded[0]) : 0.0;
     const double base = init + workspace;
-    out.phases = {{"init", init}};
+    out.phases = {{"init", init + workspace}};
     if (mode == "forward") {
       out.phases.push_back({"forward", base + run(false, false, false)});
     } else {

@@ -32,8 +32,8 @@ struct MemoryPhases {
 };
 
 // The phases a bench mode runs ("forward", "forward-backward", "train-step"; train runs
-// train-step). cuda: round every allocation as the caching allocator does (512 B below 1 MiB,
-// 2 MiB above) and count cuBLASLt's workspace.
+// train-step). cuda: count cuBLASLt's 32 MiB workspace and flash attention's backward
+// workspaces, as the device runs allocate them (sizes as requested: what the tracker counts).
 MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda);
 // The mode a job runs: bench.mode for bench-model, train-step otherwise.
 std::string job_mode(const Config& cfg);
