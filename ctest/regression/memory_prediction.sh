@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # memory_prediction.sh LMSCALE OUTDIR [NP]: tiny bench-model decks on CPU in every bench mode and
 # activation-checkpointing policy (naive and flash attention), one process, and with NP = 2 also
-# DDP, zero1, zero2 and fsdp on 2 ranks; each run's /bench_model/memory_prediction must hold every
+# DDP, zero1, zero2, fsdp and tp (with and without sequence parallelism) on 2 ranks; each run's /bench_model/memory_prediction must hold every
 # phase of its mode with a measured peak and a prediction within 5% (issue 21). The CPU allocator
 # counts the bytes it hands out, so the prediction can be checked exactly there.
 set -u
@@ -70,5 +70,8 @@ else
       run "np${NP}_$1_${mode}" "$NP" --parallel.ddp=$2 --parallel.zero=$3 --parallel.bucket_mb=0.1 --bench.mode=$mode
     done
   done
+  # Tensor parallel (local shapes), with and without sequence parallelism.
+  run "np${NP}_tp" "$NP" --parallel.tp=$NP --bench.mode=train-step
+  run "np${NP}_tp_sp" "$NP" --parallel.tp=$NP --parallel.sequence_parallel=true --bench.mode=train-step
 fi
 exit $fail
