@@ -1,4 +1,4 @@
-// The memory check before a run (jobs/memory_fit.h): the accounting prediction per mode, and the
+// The memory check before a run (jobs/memory_fit.h): the peak of the predicted phases per mode, and the
 // refusal (exit 2) when it exceeds the memory available, with both numbers and the keys to change.
 #include <gtest/gtest.h>
 
@@ -7,6 +7,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/jobs/accounting.h"
 #include "lmscale/jobs/memory_fit.h"
+#include "lmscale/jobs/memory_model.h"
 #include "lmscale/ops/runtime.h"
 
 using namespace lmscale;
@@ -27,32 +28,37 @@ Config xl_bench(const std::string& mode) {
   return c;
 }
 
-double item(const jobs::Accounting& a, const std::string& n) {
-  for (const auto& i : a.memory)
-    if (i.name == n) return i.bytes;
-  return 0;
-}
-
 constexpr double GiB = 1024.0 * 1024 * 1024;
 
 }  // namespace
 
-TEST(MemoryFit, TrainStepNeedsTheWholePredictionForwardLess) {
+TEST(MemoryFit, NeedIsThePeakOfThePhasesTheModeRuns) {
   const Config step = xl_bench("train-step");
-  const jobs::Accounting a = jobs::account(step, 1, "");
+  const auto phases = jobs::predict_memory_phases(step, 1, false);
   const auto need = jobs::predicted_need(step, 1, "");
   ASSERT_TRUE(need);
-  EXPECT_DOUBLE_EQ(need->bytes, a.peak_bytes);
-  EXPECT_NE(need->detail.find("optimizer_state"), std::string::npos) << need->detail;
-  // Largest first: AdamW's m and v (8 B x 2.0e9 parameters) lead the xl's bf16 activations.
-  EXPECT_EQ(need->detail.rfind("optimizer_state 14.89 GiB, activations", 0), 0u) << need->detail;
+  EXPECT_DOUBLE_EQ(need->bytes, phases.peak);
+  ASSERT_EQ(phases.phases.size(), 3u);
+  EXPECT_EQ(need->detail.rfind("peak of phases: init ", 0), 0u) << need->detail;
+  EXPECT_NE(need->detail.find("optimizer"), std::string::npos) << need->detail;
+  // The optimizer phase holds every gradient bucket beside parameters, bf16 copy, m and v:
+  // 4 + 2 + 4 + 8 bytes per parameter of the 2.0e9.
+  EXPECT_GT(phases.phases[2].bytes, 18.0 * 1998235200);
+  // On an H100 this deck measured a 34.624 GiB peak (the start of the backward's gradients);
+  // with the caching allocator's rounding the prediction must be within 2%.
+  const double measured = 34.624 * GiB;
+  EXPECT_NEAR(jobs::predict_memory_phases(step, 1, true).peak, measured, 0.02 * measured);
 
+  // AdamW's state is allocated when the trainer is built, so a forward-only run holds it too,
+  // but no gradients: less than a train step, more than init.
   const auto forward = jobs::predicted_need(xl_bench("forward"), 1, "");
   ASSERT_TRUE(forward);
-  EXPECT_DOUBLE_EQ(forward->bytes, a.peak_bytes - item(a, "optimizer_state") - item(a, "gradients"));
-  EXPECT_EQ(forward->detail.find("optimizer_state"), std::string::npos) << forward->detail;
+  EXPECT_LT(forward->bytes, need->bytes);
+  EXPECT_GT(forward->bytes, phases.phases[0].bytes);
+  EXPECT_EQ(forward->detail.find("optimizer"), std::string::npos) << forward->detail;
   const auto fb = jobs::predicted_need(xl_bench("forward-backward"), 1, "");
-  EXPECT_DOUBLE_EQ(fb->bytes, a.peak_bytes - item(a, "optimizer_state"));
+  ASSERT_TRUE(fb);
+  EXPECT_DOUBLE_EQ(fb->bytes, phases.phases[1].bytes);
 
   Config accounting = step;
   accounting.run.job = "accounting";   // computes, allocates nothing

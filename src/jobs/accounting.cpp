@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "lmscale/jobs/device_peak.h"
+#include "lmscale/jobs/memory_model.h"
 #include "lmscale/model/model_dims.h"
 
 namespace lmscale::jobs {
@@ -168,12 +169,31 @@ int run_accounting(JobEnv& env) {
                                                                        {"split", io::Column::Type::str, ""},
                                                                        {"formula", io::Column::Type::str, ""}});
   for (const auto& b : a.bounds) bounds.append({b.strategy, b.degree, b.limit, b.split, b.formula});
+  // Per-phase peaks of the mode the deck runs (memory_model.h), as the CPU allocator counts them
+  // and as a CUDA run's tracker would (plus cuBLASLt's workspace and flash attention's).
+  const MemoryPhases on_cpu = predict_memory_phases(cfg, env.world, false);
+  const MemoryPhases on_cuda = predict_memory_phases(cfg, env.world, true);
+  auto phases = env.out.create_table("/accounting/memory_phases", {{"phase", io::Column::Type::str, ""},
+                                                                   {"cpu_bytes", io::Column::Type::f64, "bytes"},
+                                                                   {"cuda_bytes", io::Column::Type::f64, "bytes"}});
+  for (std::size_t i = 0; i < on_cpu.phases.size(); ++i)
+    phases.append({on_cpu.phases[i].phase, on_cpu.phases[i].bytes, on_cuda.phases[i].bytes});
+  env.out.set_attr(g, "mode", job_mode(cfg));
+  env.out.set_attr(g, "predicted_peak_bytes_cpu", on_cpu.peak);
+  env.out.set_attr(g, "predicted_peak_bytes_cuda", on_cuda.peak);
+  env.out.set_attr(g, "memory_model_layout", on_cpu.layout);
   if (env.is_root()) {
     fmt::print("accounting: {} parameters ({:.2f} B), {} ranks, local batch {} x {} tokens, {}\n", a.parameters,
                static_cast<double>(a.parameters) / 1e9, env.world, a.local_batch, a.seq, cfg.precision.mode);
     fmt::print("{:<18} {:>12}  {}\n", "memory per rank", "GiB", "counted as");
     for (const auto& it : a.memory) fmt::print("{:<18} {:>12.3f}  {}\n", it.name, it.bytes / (1u << 30), it.formula);
     fmt::print("{:<18} {:>12.3f}\n", "total", a.peak_bytes / (1u << 30));
+    fmt::print("memory per phase of {} ({}):\n{:<18} {:>12} {:>12}\n", job_mode(cfg), on_cpu.layout, "phase", "CPU GiB",
+               "CUDA GiB");
+    for (std::size_t i = 0; i < on_cpu.phases.size(); ++i)
+      fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", on_cpu.phases[i].phase, on_cpu.phases[i].bytes / (1u << 30),
+                 on_cuda.phases[i].bytes / (1u << 30));
+    fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", "peak", on_cpu.peak / (1u << 30), on_cuda.peak / (1u << 30));
     fmt::print("communication per step per rank: {:.3f} GiB ({})\n", a.comm_bytes_per_step / (1u << 30), a.comm_formula);
     fmt::print("FLOPs per step: {:.4g}; at the device peak ({:.0f} TFLOP/s) a step takes at least {:.1f} ms "
                "({:.1f} ms at 50% MFU)\n",

@@ -13,6 +13,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/jobs/accounting.h"
+#include "lmscale/jobs/memory_model.h"
 #ifdef LMSCALE_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -81,22 +82,13 @@ std::string format_bytes(double bytes) {
 std::optional<MemoryNeed> predicted_need(const Config& cfg, int world, const std::string& device_name) {
   const bool bench = cfg.run.job == "bench-model";
   if (!bench && cfg.run.job != "train") return std::nullopt;
-  const Accounting a = account(cfg, world, device_name);
-  const std::string mode = bench ? cfg.bench.mode : "train-step";
-  std::vector<MemoryItem> items;
-  for (const auto& it : a.memory) {
-    const bool optimizer = it.name == "optimizer_state" || it.name == "gradient_shard";
-    const bool gradients = it.name == "gradients" || it.name == "gradient_shard";
-    if (mode == "forward" && (optimizer || gradients)) continue;
-    if (mode == "forward-backward" && optimizer) continue;
-    if (it.bytes > 0) items.push_back(it);
-  }
-  std::sort(items.begin(), items.end(), [](const auto& x, const auto& y) { return x.bytes > y.bytes; });
+  // The peak of the phases the job runs (memory_model.h): a forward-only bench never holds
+  // gradients, a train step's optimizer phase holds them beside the AdamW state.
+  const MemoryPhases phases = predict_memory_phases(cfg, world, !device_name.empty());
   MemoryNeed need;
-  for (const auto& it : items) {
-    need.bytes += it.bytes;
-    need.detail += fmt::format("{}{} {}", need.detail.empty() ? "" : ", ", it.name, format_bytes(it.bytes));
-  }
+  need.bytes = phases.peak;
+  for (const auto& p : phases.phases)
+    need.detail += fmt::format("{}{} {}", need.detail.empty() ? "peak of phases: " : ", ", p.phase, format_bytes(p.bytes));
   return need;
 }
 
