@@ -129,7 +129,14 @@ class NcclWork final : public WorkState {
       : shared_(std::move(shared)), done_(done), compute_(compute), what_(what) {}
   ~NcclWork() override { shared_->events.put(done_); }
 
-  void wait() override { LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0)); }
+  void wait() override {
+    // run.trace: timing events on the compute stream on both sides of the wait: the range is how
+    // long the compute stream stalls for the comm stream ("cuda compute" track).
+    trace::Recorder* rec = trace::active();
+    const int token = rec ? rec->device_begin(compute_) : -1;
+    LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    if (rec) rec->device_end(token, fmt::format("wait {}", what_), trace::kCudaCompute, {}, compute_);
+  }
   void synchronize() override {
     // Poll rather than cudaEventSynchronize: a failed peer must surface as an error, not a hang.
     for (int spins = 0;; ++spins) {
