@@ -7,6 +7,7 @@
 #include <exception>
 #include <functional>
 #include <new>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -14,8 +15,10 @@
 #include "lmscale/comm/factory.h"
 #include "lmscale/comm/mpi_environment.h"
 #include "lmscale/core/error.h"
+#include "lmscale/core/trace.h"
 #include "lmscale/io/deck.h"
 #include "lmscale/io/results.h"
+#include "lmscale/jobs/trace_output.h"
 #include "lmscale/jobs/dispatch.h"
 #include "lmscale/jobs/job_env.h"
 #include "lmscale/jobs/memory_fit.h"
@@ -90,7 +93,29 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
       env.comm = comm::make_world_communicator(cfg.parallel.backend, mpi, mpi.local_rank());
       env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
     }
-    const int code = jobs::run_job(env);
+    // run.trace: a recorder for this rank, its clock started at a barrier so the ranks line up;
+    // installed as the main thread's active recorder for the job (core/trace.h).
+    std::optional<trace::Recorder> recorder;
+    if (!cfg.run.trace.empty()) {
+      rt.synchronize();
+      MPI_Barrier(mpi.world());
+      recorder.emplace();
+#ifdef LMSCALE_WITH_CUDA
+      if (rt.device() == Device::cuda)
+        recorder->set_device_timeline(trace::make_cuda_timeline(*recorder, rt.ctx().stream));
+#endif
+    }
+    int code = 0;
+    {
+      trace::ActiveTrace active(recorder ? &*recorder : nullptr);
+      code = jobs::run_job(env);
+      rt.synchronize();
+    }
+    if (recorder) {
+      recorder->finish_device();
+      jobs::write_merged_trace(mpi.world(), *recorder, cfg.run.trace);
+      if (root && cfg.run.progress) fmt::print("trace written to {}\n", cfg.run.trace);
+    }
     // Which path (shm inside a node, network across nodes) the job's collectives took.
     app::write_comm_paths(out, {{"world", env.comm.get()}, {"host", env.host_comm.get()}});
     rt.synchronize();

@@ -4,6 +4,7 @@
 
 #include "consistency_check.h"
 #include "lmscale/core/error.h"
+#include "lmscale/core/trace.h"
 #include "mpi_check.h"
 
 namespace lmscale::comm::detail {
@@ -17,8 +18,15 @@ constexpr auto kPollSleep = std::chrono::microseconds(50);
 
 void MpiWork::wait() {
   if (!done_.load(std::memory_order_acquire)) {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return done_.load(std::memory_order_acquire); });
+    // run.trace: the time the caller's thread blocks on the communication thread.
+    trace::Recorder* rec = trace::active();
+    const double begin = rec ? rec->now_us() : 0;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return done_.load(std::memory_order_acquire); });
+    }
+    if (rec)
+      rec->complete(fmt::format("wait {}", name_), trace::kHost, begin, rec->now_us() - begin);
   }
   if (error_) std::rethrow_exception(error_);
 }
@@ -46,8 +54,9 @@ CommThread::~CommThread() {
   thread_.join();
 }
 
-std::shared_ptr<MpiWork> CommThread::submit(Job job) {
+std::shared_ptr<MpiWork> CommThread::submit(Job job, const char* name) {
   auto work = std::make_shared<MpiWork>();
+  work->set_name(name);
   Item item{work, std::move(job)};
   if (!threaded_) {
     execute(item);

@@ -27,8 +27,11 @@ class MpiWork final : public WorkState {
   void synchronize() override { wait(); }
   bool is_completed() override { return done_.load(std::memory_order_acquire); }
   void complete(std::exception_ptr error);
+  // The op's name for run.trace's "wait" events (a string literal).
+  void set_name(const char* name) { name_ = name; }
 
  private:
+  const char* name_ = "comm";
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> done_{false};
@@ -53,7 +56,7 @@ class CommThread {
   CommThread& operator=(const CommThread&) = delete;
 
   bool threaded() const { return threaded_; }
-  std::shared_ptr<MpiWork> submit(Job job);
+  std::shared_ptr<MpiWork> submit(Job job, const char* name = "comm");
 
  private:
   struct Item {

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "comm_thread.h"
+#include "lmscale/core/trace.h"
 #include "consistency_check.h"
 #include "mpi_check.h"
 #include "mpi_context.h"
@@ -134,6 +135,8 @@ Work MpiCommunicator::start(Request req) {
   req.algo = algo;
   if (collective) count_path(algo, bytes);
 
+  const OpKind kind = req.kind;
+  const std::size_t p2p_bytes = req.count * dtype_size(req.dtype);
   MpiContext* ctx = &impl_->ctx;
   const bool checked = check() && req.kind != OpKind::send && req.kind != OpKind::recv;
   auto job = [ctx, req = std::move(req), checked]() -> Posted {
@@ -183,7 +186,35 @@ Work MpiCommunicator::start(Request req) {
     }
     return posted;
   };
-  return Work(impl_->thread->submit(std::move(job)));
+  trace::Recorder* rec = trace::active();
+  if (!rec) return Work(impl_->thread->submit(std::move(job), op_kind_name(kind)));
+  // run.trace: the span from issue (here, on the caller's thread) to completion, and the part the
+  // communication thread spent on it, with the op's name and bytes (core/trace.h).
+  const double issued = rec->now_us();
+  const bool p2p = kind == OpKind::send || kind == OpKind::recv;
+  std::string args = fmt::format("\"bytes\":{},\"algo\":\"{}\"", p2p ? p2p_bytes : bytes, algo_name(algo));
+  auto traced = [rec, issued, p2p, kind, args, job = std::move(job)]() -> Posted {
+    const double started = rec->now_us();
+    Posted posted = job();
+    auto done = [rec, issued, started, p2p, kind, args] {
+      const double now = rec->now_us();
+      const std::string a = fmt::format("{},\"queued_us\":{:.3f}", args, started - issued);
+      rec->complete(op_kind_name(kind), p2p ? trace::kCommP2P : trace::kComm, started, now - started, a);
+      rec->async_span(op_kind_name(kind), p2p ? trace::kCommP2P : trace::kComm, issued, now, args);
+    };
+    if (posted.requests.empty()) {
+      if (posted.finish) posted.finish({});
+      posted.finish = nullptr;
+      done();
+      return posted;
+    }
+    posted.finish = [inner = std::move(posted.finish), done](const std::vector<MPI_Status>& st) {
+      if (inner) inner(st);
+      done();
+    };
+    return posted;
+  };
+  return Work(impl_->thread->submit(std::move(traced), op_kind_name(kind)));
 }
 
 void MpiCommunicator::count_path(Algo algo, std::size_t bytes) {

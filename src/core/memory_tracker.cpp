@@ -2,7 +2,18 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
+#include "lmscale/core/trace.h"
+
 namespace lmscale {
+
+namespace {
+// run.trace: bytes in use after every allocator event, as a Chrome counter on the memory track.
+void trace_in_use(std::size_t in_use) {
+  if (trace::Recorder* r = trace::active()) r->counter("memory in use", r->now_us(), fmt::format("\"bytes\":{}", in_use));
+}
+}  // namespace
 
 MemoryTracker::MemoryTracker() : t0_(std::chrono::steady_clock::now()) {}
 
@@ -11,6 +22,7 @@ void MemoryTracker::on_alloc(std::size_t bytes, const char* tag) {
   peak_ = std::max(peak_, current_);
   phase_peak_ = std::max(phase_peak_, current_);
   by_tag_[tag ? tag : ""] += bytes;
+  trace_in_use(current_);
   if (timeline_on_) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     timeline_.push_back({t, static_cast<std::int64_t>(bytes), current_, tag ? tag : ""});
@@ -21,6 +33,7 @@ void MemoryTracker::on_free(std::size_t bytes, const char* tag) {
   current_ -= std::min(bytes, current_);
   auto& b = by_tag_[tag ? tag : ""];
   b -= std::min(bytes, b);
+  trace_in_use(current_);
   if (timeline_on_) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     timeline_.push_back({t, -static_cast<std::int64_t>(bytes), current_, tag ? tag : ""});

@@ -132,6 +132,10 @@ std::vector<DeckKey> build_table() {
                {"bench-model", "bench-attention", "bench-collectives", "train", "accounting"}, "Job to run."),
       string_key("run.output", "path", LMSCALE_FIELD(run.output),
                  "HDF5 results file; written as PATH.tmp and renamed to PATH when the job ends."),
+      string_key("run.trace", "path", LMSCALE_FIELD(run.trace),
+                 "Chrome-trace JSON of the run (all ranks in one file: steps, phases, layers, collectives, waits, "
+                 "memory); open it in ui.perfetto.dev or chrome://tracing (docs/profiling.md). Written as PATH.tmp "
+                 "and renamed to PATH when the job ends; empty: no trace."),
       uint_key("run.seed", LMSCALE_FIELD(run.seed), "Seed of every random stream (weight init, synthetic data, data order)."),
       bool_key("run.progress", LMSCALE_FIELD(run.progress), "Print progress lines on stdout (rank 0)."),
       // [model]

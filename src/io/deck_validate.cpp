@@ -214,10 +214,19 @@ void check_output_paths(const Config& c) {
     }
   }
   for (const auto& [key, path] : outputs) {
+    if (key != "train.checkpoint_dir" && path == c.run.trace)
+      fail("run.trace = '{}' is also {}; give the trace a path of its own", c.run.trace, key);
     if (const auto problem = detail::output_problem(path))
       fail("{} = '{}' {}; choose another path (lmscale writes a new file or replaces an HDF5 file, never anything "
            "else: docs/hdf5.md)",
            key, path, *problem);
+  }
+  // The trace is JSON: it may replace an earlier trace, not an HDF5 file.
+  if (!c.run.trace.empty()) {
+    if (const auto problem = detail::output_problem(c.run.trace, true))
+      fail("run.trace = '{}' {}; choose another path (lmscale writes a new file or replaces a trace it wrote, never "
+           "anything else: docs/profiling.md)",
+           c.run.trace, *problem);
   }
 }
 

@@ -31,7 +31,7 @@ const char* kind_name(fs::file_type type) {
 }
 
 // Why the entry at `path` (the target, or NAME.tmp) may not be replaced, or nullopt.
-std::optional<std::string> replaceable(const std::string& path) {
+std::optional<std::string> replaceable(const std::string& path, bool trace) {
   std::error_code ec;
   const fs::file_status link = fs::symlink_status(path, ec);
   if (ec && link.type() != fs::file_type::not_found)
@@ -46,6 +46,13 @@ std::optional<std::string> replaceable(const std::string& path) {
     prefix = "is a symbolic link to";
   }
   if (type != fs::file_type::regular) return fmt::format("{} {}, not a regular file", prefix, kind_name(type));
+  if (trace) {
+    if (!is_empty_or_trace(path))
+      return fmt::format("{} a regular file that is not a trace written by lmscale (run.trace replaces only its own "
+                         "traces and empty files)",
+                         prefix);
+    return std::nullopt;
+  }
   if (!is_empty_or_hdf5(path))
     return fmt::format("{} a regular file that is not an HDF5 file (lmscale replaces only HDF5 files and empty files)",
                        prefix);
@@ -72,14 +79,26 @@ bool is_empty_or_hdf5(const std::string& path) {
   return false;
 }
 
-std::optional<std::string> replace_problem(const std::string& path) { return replaceable(path); }
+bool is_empty_or_trace(const std::string& path) {
+  static constexpr char kHead[] = "{\"traceEvents\"";
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) return false;
+  if (size == 0) return true;
+  std::ifstream in(path, std::ios::binary);
+  char head[sizeof kHead - 1] = {};
+  if (!in || !in.read(head, sizeof head)) return false;
+  return std::memcmp(head, kHead, sizeof head) == 0;
+}
 
-std::optional<std::string> output_problem(const std::string& path) {
+std::optional<std::string> replace_problem(const std::string& path, bool trace) { return replaceable(path, trace); }
+
+std::optional<std::string> output_problem(const std::string& path, bool trace) {
   if (path.empty()) return std::string("is empty");
   if (path.back() == '/') return std::string("names a directory (ends with '/'); give a file name");
-  if (auto problem = replaceable(path)) return problem;
+  if (auto problem = replaceable(path, trace)) return problem;
   const std::string tmp = path + ".tmp";
-  if (auto problem = replaceable(tmp)) return fmt::format("cannot be written because '{}' {}", tmp, *problem);
+  if (auto problem = replaceable(tmp, trace)) return fmt::format("cannot be written because '{}' {}", tmp, *problem);
 
   // The directory: the nearest existing ancestor must be a writable directory (what is missing
   // below it is created when the file is).

@@ -15,10 +15,15 @@ namespace lmscale::io::detail {
 
 // Why `path` cannot be written under the rule above ("exists and is a FIFO", ...), or nullopt.
 // Touches nothing: used by deck validation (UsageError naming the key).
-std::optional<std::string> output_problem(const std::string& path);
+// `trace`: the file is a Chrome-trace JSON (run.trace): a previous trace (is_empty_or_trace) may be
+// replaced instead of an HDF5 file.
+std::optional<std::string> output_problem(const std::string& path, bool trace = false);
 
 // The target alone (not NAME.tmp, not the directory): checked again just before the rename.
-std::optional<std::string> replace_problem(const std::string& path);
+std::optional<std::string> replace_problem(const std::string& path, bool trace = false);
+
+// True for a regular file that is empty or starts with '{"traceEvents"' (what run.trace writes).
+bool is_empty_or_trace(const std::string& path);
 
 // True for a regular file that is empty or starts with the HDF5 signature (at offset 0 or at a
 // user-block offset 512, 1024, 2048, ...).

@@ -13,6 +13,7 @@ struct RunConfig {
   std::string output = "outputs/run.h5"; // HDF5 results path
   std::uint64_t seed = 0;
   bool progress = true;                  // progress lines on stdout (rank 0)
+  std::string trace;                     // Chrome-trace JSON path; empty: no trace (docs/profiling.md)
 
   bool operator==(const RunConfig&) const = default;
 };

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "../mpi_check.h"
 #include "lmscale/core/cuda/cuda_check.h"
 #include "lmscale/core/error.h"
+#include "lmscale/core/trace.h"
 
 namespace lmscale::comm {
 
@@ -127,7 +129,14 @@ class NcclWork final : public WorkState {
       : shared_(std::move(shared)), done_(done), compute_(compute), what_(what) {}
   ~NcclWork() override { shared_->events.put(done_); }
 
-  void wait() override { LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0)); }
+  void wait() override {
+    // run.trace: timing events on the compute stream on both sides of the wait: the range is how
+    // long the compute stream stalls for the comm stream ("cuda compute" track).
+    trace::Recorder* rec = trace::active();
+    const int token = rec ? rec->device_begin(compute_) : -1;
+    LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    if (rec) rec->device_end(token, fmt::format("wait {}", what_), trace::kCudaCompute, {}, compute_);
+  }
   void synchronize() override {
     // Poll rather than cudaEventSynchronize: a failed peer must surface as an error, not a hang.
     for (int spins = 0;; ++spins) {
@@ -212,7 +221,7 @@ class NcclCommunicator final : public Communicator {
     if (to < 0 || to >= size_ || from < 0 || from >= size_)
       throw UsageError(fmt::format("sendrecv: ranks {} / {} not in the group of {}", to, from, size_));
     const ncclDataType_t type = nccl_type(dtype);
-    Work w = launch("sendrecv", [&](cudaStream_t s) {
+    Work w = launch("sendrecv", (send_count + recv_count) * dtype_size(dtype), [&](cudaStream_t s) {
       shared_->check(ncclGroupStart(), "sendrecv (ncclGroupStart)");
       shared_->check(ncclSend(send_buf, send_count, type, to, shared_->comm, s), "sendrecv (ncclSend)");
       shared_->check(ncclRecv(recv_buf, recv_count, type, from, shared_->comm, s), "sendrecv (ncclRecv)");
@@ -232,7 +241,9 @@ class NcclCommunicator final : public Communicator {
     const std::size_t es = dtype_size(req.dtype);
     ncclComm_t comm = shared_->comm;
     const char* what = op_kind_name(req.kind);
-    return launch(what, [&](cudaStream_t s) {
+    const bool blocks = req.kind == OpKind::reduce_scatter || req.kind == OpKind::all_gather;
+    const std::size_t bytes = (blocks ? req.total_count(size_) : req.count) * es;
+    return launch(what, bytes, [&](cudaStream_t s) {
       switch (req.kind) {
         case OpKind::all_reduce:
           shared_->check(ncclAllReduce(req.send, req.recv, req.count, type, nccl_op(req.op), comm, s), "all-reduce");
@@ -285,15 +296,29 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // Point-to-point ops go on their own trace track: several may be in flight together.
+  static bool is_p2p(const char* what) {
+    const std::string_view w(what);
+    return w == "send" || w == "recv" || w == "sendrecv";
+  }
+
   // Orders the communication stream after the compute stream, enqueues, records completion.
   template <class F>
-  Work launch(const char* what, F&& enqueue) {
+  Work launch(const char* what, std::size_t bytes, F&& enqueue) {
     LMSCALE_CUDA_CHECK(cudaSetDevice(shared_->device));
     cudaEvent_t ready = shared_->events.get();
     LMSCALE_CUDA_CHECK(cudaEventRecord(ready, compute_));
     LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(shared_->stream, ready, 0));
     shared_->events.put(ready);   // the wait captured the recorded state; the event may be reused
+    // run.trace: the op as the comm stream runs it (timing events around the enqueue), on the comm
+    // track; the host's issue time goes in its args. Resolved after the step (core/trace.h).
+    trace::Recorder* rec = trace::active();
+    const int token = rec ? rec->device_begin(shared_->stream) : -1;
+    const double issued = rec ? rec->now_us() : 0;
     enqueue(shared_->stream);
+    if (rec)
+      rec->device_end(token, what, is_p2p(what) ? trace::kCommP2P : trace::kComm,
+                      fmt::format("\"bytes\":{},\"issued_us\":{:.3f}", bytes, issued), shared_->stream);
     cudaEvent_t done = shared_->events.get();
     LMSCALE_CUDA_CHECK(cudaEventRecord(done, shared_->stream));
     return Work(std::make_shared<NcclWork>(shared_, done, compute_, what));

@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "attention_blas.h"
 #include "attention_cpu.h"
+#include "lmscale/core/nvtx.h"
 
 namespace lmscale::ops::cpu {
 
@@ -18,26 +20,31 @@ template <class T>
 void attention_naive_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* o, T* probs) {
   const std::int64_t Tn = s.seq, D = s.head_dim, ld = s.stride_t;
   const T scale = static_cast<T>(s.softmax_scale());
-  for (std::int64_t b = 0; b < s.batch; ++b) {
-    for (std::int64_t h = 0; h < s.heads; ++h) {
-      const std::int64_t off = head_offset(s, b, h);
-      T* P = probs + (b * s.heads + h) * Tn * Tn;   // [T, T]
-      // S = scale * Q K^T  -> P (overwritten by the softmax below)
-      gemm(false, true, Tn, Tn, D, scale, q + off, ld, k + off, ld, T(0), P, Tn);
-      for (std::int64_t i = 0; i < Tn; ++i) {
-        T* row = P + i * Tn;
-        const std::int64_t valid = s.causal ? i + 1 : Tn;   // keys 0..valid-1 take part
-        double mx = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < valid; ++j) mx = std::max(mx, static_cast<double>(row[j]));
-        double sum = 0;
-        for (std::int64_t j = 0; j < valid; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
-        for (std::int64_t j = 0; j < valid; ++j) row[j] = static_cast<T>(std::exp(static_cast<double>(row[j]) - mx) / sum);
-        for (std::int64_t j = valid; j < Tn; ++j) row[j] = T(0);
-      }
-      // O = P V
-      gemm(false, false, Tn, D, Tn, T(1), P, Tn, v + off, ld, T(0), o + off, ld);
+  // Three passes over the heads rather than one: each stage is one range (scores, softmax,
+  // weighted_sum) in profiles and run.trace, as on CUDA; every head's arithmetic is unchanged.
+  auto each_head = [&](auto&& f) {
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t h = 0; h < s.heads; ++h) f(head_offset(s, b, h), probs + (b * s.heads + h) * Tn * Tn);
+  };
+  std::optional<NvtxRange> range(std::in_place, "scores");
+  // S = scale * Q K^T  -> P [T, T] (overwritten by the softmax below)
+  each_head([&](std::int64_t off, T* P) { gemm(false, true, Tn, Tn, D, scale, q + off, ld, k + off, ld, T(0), P, Tn); });
+  range.emplace("softmax");
+  each_head([&](std::int64_t, T* P) {
+    for (std::int64_t i = 0; i < Tn; ++i) {
+      T* row = P + i * Tn;
+      const std::int64_t valid = s.causal ? i + 1 : Tn;   // keys 0..valid-1 take part
+      double mx = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = 0; j < valid; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+      double sum = 0;
+      for (std::int64_t j = 0; j < valid; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+      for (std::int64_t j = 0; j < valid; ++j) row[j] = static_cast<T>(std::exp(static_cast<double>(row[j]) - mx) / sum);
+      for (std::int64_t j = valid; j < Tn; ++j) row[j] = T(0);
     }
-  }
+  });
+  range.emplace("weighted_sum");
+  // O = P V
+  each_head([&](std::int64_t off, T* P) { gemm(false, false, Tn, D, Tn, T(1), P, Tn, v + off, ld, T(0), o + off, ld); });
 }
 
 template <class T>
