@@ -183,12 +183,21 @@ std::vector<DeckKey> build_table() {
                "Gradient all-reduce strategy of data parallelism."),
       float_key("parallel.bucket_mb", LMSCALE_FIELD(parallel.bucket_mb), R::positive(),
                 "Bucket size of ddp = bucketed (MB)."),
+      enum_key("parallel.grad_reduce_dtype", LMSCALE_FIELD(parallel.grad_reduce_dtype), {"fp32", "bf16"},
+               "Element type of the data-parallel gradient collectives (ddp and zero2): bf16 halves the bytes; "
+               "each rank's fp32 gradients are rounded to bf16, summed with fp32 accumulation (exact for 2 ranks; "
+               "NCCL rounds to bf16 at each ring hop beyond that) and widened back to fp32."),
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,
               "train: when a step, evaluation or checkpoint has not finished after this many seconds (a rank died "
               "or hangs), every rank that notices aborts the whole job with exit 1, naming itself and the step; "
               "0 = off (docs/checkpoints.md)."),
+      bool_key("parallel.overlap_optimizer", LMSCALE_FIELD(parallel.overlap_optimizer),
+               "CUDA without a sharded optimizer: run the optimizer step on a second stream, bucket by bucket in "
+               "forward order, and let the next forward wait per unit only for its own parameters (same results, "
+               "the update hidden behind the next step's forward; the gradients of a unit live until its next "
+               "forward)."),
       int_key("parallel.fsdp_prefetch", LMSCALE_FIELD(parallel.fsdp_prefetch), 0,
               "fsdp: units (embedding, blocks, head) whose all-gather runs ahead of the unit computing; 1 = unit "
               "i's gather starts once unit i-2's forward is done."),

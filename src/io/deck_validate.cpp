@@ -353,6 +353,15 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.zero = fsdp with parallel.tp = {} is not built (FSDP shards whole parameters); use parallel.zero = "
          "zero1 or zero2 with tensor parallelism, or parallel.tp = 1",
          p.tp);
+  if (p.grad_reduce_dtype == "bf16" && runs_model(c)) {
+    if (p.zero == "zero1" || p.zero == "zero1-broadcast" || p.zero == "fsdp")
+      fail("parallel.grad_reduce_dtype = bf16 is built for ddp (flat, overlap, bucketed) and zero2, not parallel.zero = "
+           "{}; use parallel.zero = zero2 or parallel.grad_reduce_dtype = fp32",
+           p.zero);
+    if (p.zero == "none" && p.ddp == "naive")
+      fail("parallel.grad_reduce_dtype = bf16 is not built for parallel.ddp = naive (one collective per parameter); "
+           "use parallel.ddp = flat, overlap or bucketed");
+  }
   if (p.pp > m.num_layers)
     fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
          m.num_layers);

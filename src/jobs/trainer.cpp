@@ -117,6 +117,9 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     LMSCALE_CHECK(dp_comm && dp_host, "data parallelism needs the world communicators");
     if (dp_comm->device() == Device::cuda) dp_comm->set_compute_stream(ctx.stream);
     const parallel::DdpMode ddp = parallel::parse_ddp_mode(pc.ddp == "none" ? "flat" : pc.ddp);
+    // parallel.grad_reduce_dtype (fp64 test runs keep their own dtype).
+    const std::optional<DType> grad_reduce =
+        pc.grad_reduce_dtype == "bf16" ? std::optional<DType>(DType::bf16) : std::nullopt;
     if (fsdp) {
       auto f = std::make_unique<parallel::FullyShardedDataParallel>(*params_, *dp_comm, *dp_host, env.cfg.optim,
                                                                     parallel::FsdpOptions::from(pc),
@@ -130,11 +133,12 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       zero->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
                        params_->has_lowp() ? &params_->flat_lowp() : nullptr},
                       ctx);
-      zero->make_sync(ddp, *params_, pc.bucket_mb, ctx);
+      zero->make_sync(ddp, *params_, pc.bucket_mb, ctx, grad_reduce);
       sharded_ = std::move(zero);
       sync_ = &sharded_->sync();
     } else {
       auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *dp_comm, *dp_host, *params_, pc.bucket_mb);
+      if (grad_reduce) ddp_sync->set_reduce_dtype(*grad_reduce, ctx);
       ddp_sync->broadcast_parameters(ctx);
       owned_sync_ = std::move(ddp_sync);
     }
@@ -144,10 +148,52 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   }
   if (!sync_) sync_ = owned_sync_.get();
   if (!sharded_) adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
+  overlap_optimizer_ = pc.overlap_optimizer && ctx.device == Device::cuda && lazy_ && !sharded_ && !tp_ && !pipeline_;
+  if (overlap_optimizer_) {
+    // Units: 0 the embedding, l+1 block l, L+1 the final norm and the head (model/parallel_context.h).
+    const int L = static_cast<int>(dims_.layers);
+    for (const auto& k : lazy_->buckets()) {
+      int first = L + 1;
+      for (int i = k.first; i <= k.last; ++i) {
+        const auto& p = params_->infos()[static_cast<std::size_t>(i)];
+        const int u = p.layer >= 0 ? p.layer + 1 : (p.kind == model::ParamInfo::Kind::embedding ? 0 : L + 1);
+        first = std::min(first, u);
+      }
+      bucket_first_unit_.push_back(first);
+    }
+  }
   memory_points_["after_init"] = env.rt.allocator().tracker().by_tag();
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // The side stream may still read the parameters, state and gradients freed below.
+  settle_optimizer();
+  if (overlap_optimizer_) env_.rt.synchronize();
+}
+
+void Trainer::wait_for_update(int unit) {
+  ops::Runtime& rt = env_.rt;
+  while (next_pending_ < pending_updates_.size() && pending_updates_[next_pending_].first_unit <= unit) {
+    const PendingUpdate& p = pending_updates_[next_pending_++];
+    rt.wait(rt.ctx(), p.done);
+    // Ordered after the wait on the compute stream, so the allocator may hand the bytes to the
+    // forward's next allocation.
+    lazy_->release(p.bucket);
+  }
+  if (next_pending_ == pending_updates_.size()) {
+    pending_updates_.clear();
+    next_pending_ = 0;
+  }
+}
+
+model::ParallelContext Trainer::with_update_waits(model::ParallelContext pc) {
+  if (pending_updates_.empty()) return pc;
+  pc.before_forward = [this, inner = std::move(pc.before_forward)](int u) {
+    wait_for_update(u);
+    if (inner) inner(u);
+  };
+  return pc;
+}
 
 std::pair<Tensor, Tensor> Trainer::upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
                                           std::int64_t r1) {
@@ -218,7 +264,8 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
   for (std::int64_t m = 0; m < grad_accum_; ++m) {
     auto [in, tg] = upload(tokens, T, m * micro, (m + 1) * micro);
     auto t0 = rt.mark();
-    auto act = model_->forward(ctx, in, tg, true, grad_scale, with_tp(sync_->forward_hooks(true)));
+    auto act = model_->forward(ctx, in, tg, true, grad_scale, with_update_waits(with_tp(sync_->forward_hooks(true))));
+    settle_optimizer();   // (the forward waited per unit; this only drops an empty queue)
     auto t1 = rt.mark();
     // The first micro-batch overwrites the gradients, later ones add to them.
     model_->backward(ctx, *act, with_tp(sync_->hooks(static_cast<int>(m), static_cast<int>(grad_accum_))), m > 0);
@@ -231,6 +278,7 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
 }
 
 StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, std::int64_t T) {
+  settle_optimizer();
   StepResult r;
   std::vector<Tensor> loss_sums;
   accumulate_micro_batches(tokens, T, r, loss_sums);
@@ -293,13 +341,19 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
       sharded_->step(ctx, r.lr, inv_scale * clip);
     } else if (lazy_) {
       adamw_->begin_step();
-      for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) {
+      // Overlapped: on the side stream, after everything the compute stream has queued (the
+      // backward and the norm), buckets in forward order (the last bucket holds the embedding).
+      Context& octx = overlap_optimizer_ ? rt.side_ctx() : ctx;
+      if (overlap_optimizer_) rt.wait(octx, rt.mark());
+      for (int b = static_cast<int>(lazy_->buckets().size()) - 1; b >= 0; --b) {
         const auto& k = lazy_->buckets()[static_cast<std::size_t>(b)];
         Tensor p = params_->flat_params().flat_range(k.offset, k.numel);
         Tensor lowp;
         if (params_->has_lowp()) lowp = params_->flat_lowp().flat_range(k.offset, k.numel);
-        adamw_->step_range(ctx, p, lazy_->bucket(b), params_->has_lowp() ? &lowp : nullptr, k.offset, r.lr,
+        adamw_->step_range(octx, p, lazy_->bucket(b), params_->has_lowp() ? &lowp : nullptr, k.offset, r.lr,
                            inv_scale * clip);
+        if (overlap_optimizer_)
+          pending_updates_.push_back({b, bucket_first_unit_[static_cast<std::size_t>(b)], rt.mark(octx)});
       }
     } else {
       Tensor* lowp = params_->has_lowp() ? &params_->flat_lowp() : nullptr;
@@ -308,7 +362,7 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   } else {
     r.skipped = true;
   }
-  release_gradients();
+  if (pending_updates_.empty()) release_gradients();   // else freed bucket by bucket by the next forward
   auto o1 = rt.mark();
   r.times.optimizer_ms = rt.elapsed_ms(o0, o1);
   rt.allocator().tracker().mark_phase("optimizer");
@@ -323,6 +377,7 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
 }
 
 double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64_t T, StepTimes* times) {
+  settle_optimizer();
   ops::Runtime& rt = env_.rt;
   Context& ctx = rt.ctx();
   const std::int64_t rows = static_cast<std::int64_t>(tokens.size()) / (T + 1);
@@ -345,6 +400,7 @@ double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64
 }
 
 std::vector<float> Trainer::full_parameters() {
+  settle_optimizer();
   Context& ctx = env_.rt.ctx();
   if (fsdp_) return fsdp_->full_parameters(ctx);
   LMSCALE_CHECK(params_->master_dtype() == DType::f32, "full_parameters: fp32 master weights only");
@@ -383,6 +439,7 @@ std::vector<float> Trainer::full_parameters() {
 }
 
 void Trainer::set_parameters(const std::vector<float>& full) {
+  settle_optimizer();
   Context& ctx = env_.rt.ctx();
   if (fsdp_) return fsdp_->set_parameters(ctx, full);
   if (pipeline_ && static_cast<std::int64_t>(full.size()) == dims_.parameter_count()) {

@@ -62,4 +62,6 @@ void LazyGradients::release() {
   for (auto& t : buffers_) t = Tensor();
 }
 
+void LazyGradients::release(int b) { buffers_[static_cast<std::size_t>(b)] = Tensor(); }
+
 }  // namespace lmscale::model

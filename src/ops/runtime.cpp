@@ -56,6 +56,47 @@ Runtime::Mark Runtime::mark() {
   return m;
 }
 
+Context& Runtime::side_ctx() {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) {
+    if (!side_ctx_.stream) {
+      side_ctx_ = ctx_;
+      side_ctx_.stream = cuda_->side_stream();
+    }
+    return side_ctx_;
+  }
+#endif
+  return ctx_;
+}
+
+Runtime::Mark Runtime::mark(Context& on) {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) {
+    Mark m;
+    m.event = cuda_->record_event(static_cast<cudaStream_t>(on.stream));
+    return m;
+  }
+#endif
+  (void)on;
+  return mark();
+}
+
+void Runtime::wait(Context& waiter, const Mark& m) {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) cuda_->wait(static_cast<cudaStream_t>(waiter.stream), m.event.get());
+#endif
+  (void)waiter;
+  (void)m;
+}
+
+bool Runtime::done(const Mark& m) {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) return cuda_->done(m.event.get());
+#endif
+  (void)m;
+  return true;
+}
+
 double Runtime::elapsed_ms(const Mark& begin, const Mark& end) {
 #ifdef LMSCALE_WITH_CUDA
   if (cuda_) return cuda_->elapsed_ms(begin.event.get(), end.event.get());

@@ -2,6 +2,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
+#include "lmscale/ops/ops.h"
 
 namespace lmscale::parallel {
 
@@ -39,9 +40,29 @@ void DataParallel::broadcast_parameters(Context& ctx) {
   params_.refresh_lowp(ctx);
 }
 
+void DataParallel::set_reduce_dtype(DType dtype, Context& ctx) {
+  LMSCALE_CHECK(dtype == DType::f32 || mode_ != DdpMode::naive, "ddp naive reduces in the gradients' own dtype");
+  reduce_dtype_ = dtype;
+  ctx_ = &ctx;
+}
+
 void DataParallel::launch(std::int64_t offset, std::int64_t numel) {
   Tensor g = params_.flat_grads().flat_range(offset, numel);
-  inflight_.push_back(grads_.all_reduce(g, comm::ReduceOp::sum, comm::async_call()));
+  if (reduce_dtype_ == g.dtype()) {
+    inflight_.push_back(grads_.all_reduce(g, comm::ReduceOp::sum, comm::async_call()));
+    return;
+  }
+  // [numel] in the reduce dtype, allocated and filled on the compute stream (the collective
+  // waits for it), widened back in finish().
+  Tensor stage = Tensor::empty({numel}, reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
+  ops::cast(*ctx_, g, stage);
+  inflight_.push_back(grads_.all_reduce(stage, comm::ReduceOp::sum, comm::async_call()));
+  staged_.push_back({stage, g});
+}
+
+void DataParallel::widen_staged() {
+  for (auto& s : staged_) ops::cast(*ctx_, s.stage, s.dst);
+  staged_.clear();   // the stage buffers return to the stream-ordered allocator after the casts
 }
 
 void DataParallel::on_ready(int i) {
@@ -59,6 +80,7 @@ model::ParallelContext DataParallel::hooks(int micro, int micro_count) {
   if (micro + 1 != micro_count || (mode_ != DdpMode::overlap && mode_ != DdpMode::bucketed)) return pc;
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last - buckets_[b].first + 1;
   inflight_.clear();
+  staged_.clear();
   pc.on_grad_ready = [this](int i) { on_ready(i); };
   return pc;
 }
@@ -74,11 +96,19 @@ void DataParallel::finish(Context& ctx) {
       }
       break;
     case DdpMode::flat:
-      grads_.all_reduce(params_.flat_grads(), comm::ReduceOp::sum).wait();
+      if (reduce_dtype_ == params_.flat_grads().dtype()) {
+        grads_.all_reduce(params_.flat_grads(), comm::ReduceOp::sum).wait();
+      } else {
+        launch(0, params_.flat_grads().numel());
+        for (auto& w : inflight_) w.wait();
+        inflight_.clear();
+        widen_staged();
+      }
       break;
     case DdpMode::overlap:
     case DdpMode::bucketed:
       for (auto& w : inflight_) w.wait();
+      widen_staged();
       if (mode_ == DdpMode::bucketed)
         for (std::size_t b = 0; b < buckets_.size(); ++b)
           LMSCALE_CHECK(pending_[b] == 0, "bucket {} still waits for {} gradients after the backward", b, pending_[b]);

@@ -1,6 +1,7 @@
 #include "lmscale/parallel/zero.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
@@ -48,12 +49,17 @@ class ReduceScatterSync final : public GradientSync {
     if (micro + 1 != micro_count || buckets_.empty()) return pc;
     for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last - buckets_[b].first + 1;
     inflight_.clear();
+    staged_.clear();
+    keep_.clear();
     armed_ = true;
     pc.on_grad_ready = [this](int i) {
       const int b = bucket_of_[static_cast<std::size_t>(i)];
       if (--pending_[static_cast<std::size_t>(b)] == 0) {
         const Bucket& k = buckets_[static_cast<std::size_t>(b)];
-        inflight_.push_back(scatter_range(z_.shards_[0], bucket_source(b), k.offset, k.numel, true));
+        if (!reduce_dtype_)
+          inflight_.push_back(scatter_range(z_.shards_[0], bucket_source(b), k.offset, k.numel, true));
+        else
+          inflight_.push_back(scatter_range_staged(z_.shards_[0], b));
       }
     };
     return pc;
@@ -72,6 +78,9 @@ class ReduceScatterSync final : public GradientSync {
       armed_ = false;
       for (auto& w : inflight_) w.wait();
       inflight_.clear();
+      for (auto& st : staged_) ops::cast(*ctx_, st.stage, st.dst);
+      staged_.clear();
+      keep_.clear();
       for (std::size_t b = 0; b < buckets_.size(); ++b)
         LMSCALE_CHECK(pending_[b] == 0, "zero2 bucket {} still waits for {} gradients", b, pending_[b]);
       // Reduced: the bucket buffers are no longer needed (the waits above ordered the compute
@@ -100,6 +109,11 @@ class ReduceScatterSync final : public GradientSync {
   // Reduce-scatters elements [offset, offset+n) of a group's gradients, read from `send` (the
   // address of element `offset`): rank r receives the part in its range into its grad_shard.
   comm::Work scatter_range(ZeroOptimizer::Shard& s, const void* send, std::int64_t offset, std::int64_t n, bool async) {
+    return scatter_into(s, send, nullptr, s.grad_shard.dtype(), offset, n, async);
+  }
+  // recv: where this rank's part goes (null: its place in grad_shard); dtype: of send and recv.
+  comm::Work scatter_into(ZeroOptimizer::Shard& s, const void* send, void* recv_at, DType dtype, std::int64_t offset,
+                          std::int64_t n, bool async) {
     const int size = z_.grads_.size();
     std::vector<std::size_t> counts(static_cast<std::size_t>(size));
     std::int64_t start = 0, mine_at = 0;
@@ -111,12 +125,43 @@ class ReduceScatterSync final : public GradientSync {
       start = hi;
     }
     const std::size_t esz = dtype_size(s.grad_shard.dtype());
-    char* recv = static_cast<char*>(s.grad_shard.data()) + static_cast<std::size_t>(mine_at) * esz;
+    void* recv = recv_at ? recv_at
+                         : static_cast<void*>(static_cast<char*>(s.grad_shard.data()) + static_cast<std::size_t>(mine_at) * esz);
     comm::CallOptions o;
     o.async = async;
-    return z_.grads_.reduce_scatter_v(send, recv, counts, s.grad_shard.dtype(), comm::ReduceOp::sum, o);
+    return z_.grads_.reduce_scatter_v(send, recv, counts, dtype, comm::ReduceOp::sum, o);
   }
 
+  // parallel.grad_reduce_dtype = bf16: bucket b rounded into a [numel] staging copy, reduce-
+  // scattered into a staging part [this rank's count], widened into grad_shard in finish().
+  comm::Work scatter_range_staged(ZeroOptimizer::Shard& s, int b) {
+    const Bucket& k = buckets_[static_cast<std::size_t>(b)];
+    Tensor src = lazy_ ? lazy_->bucket(b) : s.g.grads.flat_range(k.offset, k.numel);
+    Tensor send = Tensor::empty({k.numel}, *reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
+    ops::cast(*ctx_, src, send);
+    // This rank's part of the bucket: [max(lo, offset), min(hi, offset+numel)) of its range.
+    std::int64_t lo = 0;
+    for (int r = 0; r < z_.grads_.rank(); ++r) lo += static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(r)]);
+    const std::int64_t hi = lo + static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(z_.grads_.rank())]);
+    const std::int64_t a = std::max(lo, k.offset), e = std::min(hi, k.offset + k.numel);
+    const std::int64_t mine = e > a ? e - a : 0;
+    Tensor recv = Tensor::empty({std::max<std::int64_t>(mine, 1)}, *reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
+    comm::Work w = scatter_into(s, send.data(), recv.data(), *reduce_dtype_, k.offset, k.numel, true);
+    if (mine > 0) staged_.push_back({recv.flat_range(0, mine), s.grad_shard.flat_range(a - lo, mine)});
+    keep_.push_back(send);   // alive until the collective is waited (stream-ordered free after it)
+    return w;
+  }
+
+ public:
+  void set_reduce_dtype(std::optional<DType> t) { reduce_dtype_ = t; }
+
+ private:
+  struct Staged {
+    Tensor stage, dst;
+  };
+  std::vector<Staged> staged_;
+  std::vector<Tensor> keep_;
+  std::optional<DType> reduce_dtype_;   // none: reduce-scatter the gradients in their own dtype
   ZeroOptimizer& z_;
   std::vector<Bucket> buckets_;
   model::ParameterStore* store_;
@@ -153,13 +198,18 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
   return static_cast<int>(shards_.size()) - 1;
 }
 
-void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx) {
+void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx,
+                              std::optional<DType> reduce_dtype) {
+  LMSCALE_CHECK(!reduce_dtype || mode_ == ZeroMode::zero2,
+                "a gradient reduce dtype other than fp32 is built for zero2 only");
   if (mode_ == ZeroMode::zero1_broadcast) {
     sync_ = std::make_unique<DataParallel>(ddp, grads_, host_, store, bucket_mb);
   } else if (mode_ == ZeroMode::zero1) {
     sync_ = std::make_unique<ReduceScatterSync>(*this, 0.0, nullptr, &ctx);
   } else {
-    sync_ = std::make_unique<ReduceScatterSync>(*this, bucket_mb * 1024.0 * 1024.0, &store, &ctx);
+    auto rs = std::make_unique<ReduceScatterSync>(*this, bucket_mb * 1024.0 * 1024.0, &store, &ctx);
+    rs->set_reduce_dtype(reduce_dtype);
+    sync_ = std::move(rs);
   }
 }
 

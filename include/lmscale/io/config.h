@@ -50,6 +50,7 @@ struct ParallelConfig {
   std::int64_t tp = 1, pp = 1;
   std::string ddp = "none";             // none | naive | flat | overlap | bucketed
   double bucket_mb = 25.0;
+  std::string grad_reduce_dtype = "fp32";  // fp32 | bf16: element type of the gradient collectives
   std::string zero = "none";            // none | zero1-broadcast | zero1 | zero2 | fsdp
   std::int64_t fsdp_prefetch = 1;       // fsdp: units gathered ahead of the one computing
   bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
@@ -59,6 +60,7 @@ struct ParallelConfig {
   std::string stage_layers;             // blocks per stage, e.g. "12,12,12,12"; empty = balanced
   bool sequence_parallel = false;       // tp: norms and residuals on sequence shards
   std::int64_t timeout_s = 0;           // train: a step (or checkpoint) taking longer aborts the job; 0 = off
+  bool overlap_optimizer = true;        // CUDA, unsharded: optimizer on a side stream, overlapping the next forward
 
   bool operator==(const ParallelConfig&) const = default;
 };

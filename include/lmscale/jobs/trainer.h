@@ -63,10 +63,24 @@ class Trainer {
   // Forward + backward without the optimizer step (bench-model forward-backward mode).
   StepResult forward_backward(const std::vector<std::int32_t>& tokens, std::int64_t T);
 
-  model::ParameterStore& params() { return *params_; }
-  model::TransformerLM& model() { return *model_; }
+  // These accessors first finish an overlapped optimizer step (settle_optimizer()).
+  model::ParameterStore& params() {
+    settle_optimizer();
+    return *params_;
+  }
+  model::TransformerLM& model() {
+    settle_optimizer();
+    return *model_;
+  }
   // Null with a sharded optimizer (parallel.zero): then sharded() holds the state.
-  optim::AdamW* optimizer() { return adamw_.get(); }
+  optim::AdamW* optimizer() {
+    settle_optimizer();
+    return adamw_.get();
+  }
+  // parallel.overlap_optimizer: makes the compute stream wait for the whole pending update and
+  // frees the gradients it read (no host wait). Anything that reads parameters or optimizer
+  // state outside train_step's forward calls it first; a no-op when nothing is pending.
+  void settle_optimizer() { wait_for_update(kAllUnits); }
   parallel::ShardedOptimizer* sharded() { return sharded_.get(); }
   // parallel.zero = fsdp on several ranks (the store then holds no flat parameters), else null.
   parallel::FullyShardedDataParallel* fsdp() { return fsdp_; }
@@ -128,6 +142,23 @@ class Trainer {
   // One process: gradients per bucket, allocated during the backward, freed after the step.
   std::unique_ptr<model::LazyGradients> lazy_;
   void release_gradients();
+  // parallel.overlap_optimizer (one process on CUDA, no tp/pp): bucket b's optimizer step runs
+  // on the runtime's side stream after the step's backward and gradient norm; the next forward's
+  // before_forward(u) makes the compute stream wait for the buckets holding parameters of units
+  // <= u and frees their gradients. Results are unchanged (same kernels on the same inputs).
+  struct PendingUpdate {
+    int bucket = 0;
+    int first_unit = 0;           // the lowest unit with a parameter in the bucket
+    ops::Runtime::Mark done;      // on the side stream, after the bucket's update
+  };
+  static constexpr int kAllUnits = 1 << 30;
+  bool overlap_optimizer_ = false;
+  std::vector<int> bucket_first_unit_;          // per lazy bucket
+  std::vector<PendingUpdate> pending_updates_;  // ascending first_unit (forward order)
+  std::size_t next_pending_ = 0;
+  void wait_for_update(int unit);
+  // A strategy's forward hooks with the overlapped update's waits in front of before_forward.
+  model::ParallelContext with_update_waits(model::ParallelContext pc);
   std::unique_ptr<parallel::GradientSync> owned_sync_;
   // Pipeline parallelism: this rank's stage (its mesh is mesh_ / host_mesh_).
   std::unique_ptr<parallel::PipelineParallel> pipeline_;

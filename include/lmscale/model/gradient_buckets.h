@@ -37,6 +37,9 @@ class LazyGradients {
   Tensor bucket(int b);
   // Frees every bucket buffer (the next backward allocates them again).
   void release();
+  // Frees bucket b's buffer only (the frees are ordered on the allocator's stream: the caller
+  // makes sure no other stream still reads it).
+  void release(int b);
 
  private:
   Tensor grad(int param);

@@ -32,6 +32,17 @@ class Runtime {
   Mark mark();
   // Milliseconds between two marks; waits until `end` has happened.
   double elapsed_ms(const Mark& begin, const Mark& end);
+
+  // A second context on a side stream of the same device (CUDA: created on first use, low
+  // priority, same allocator and library resources; ops that take it must launch on
+  // ctx.stream). On CPU it is ctx() itself: work on it is synchronous.
+  Context& side_ctx();
+  // A mark on `on`'s stream (mark() is the compute stream's).
+  Mark mark(Context& on);
+  // Makes `waiter`'s stream wait until `m` has happened (no host wait; no-op on CPU).
+  void wait(Context& waiter, const Mark& m);
+  // Whether `m` has happened (always true on CPU).
+  bool done(const Mark& m);
   // Device name ("cpu" or e.g. "NVIDIA H100 80GB HBM3").
   std::string device_name() const;
 
@@ -39,6 +50,7 @@ class Runtime {
   HostAllocator host_;
   std::unique_ptr<Allocator> device_alloc_;
   Context ctx_;
+  Context side_ctx_;
   struct CudaState;
   std::unique_ptr<CudaState> cuda_;
 };

@@ -46,6 +46,10 @@ class DataParallel final : public GradientSync {
 
   // Rank 0's parameters to every rank (DESIGN §4), then the working copy is refreshed.
   void broadcast_parameters(Context& ctx);
+  // parallel.grad_reduce_dtype: with bf16 the flat/overlap/bucketed collectives run on a bf16
+  // copy of each range (rounded on ctx's stream), widened back into the fp32 gradients after the
+  // wait. f32 (the default) reduces the gradients in place.
+  void set_reduce_dtype(DType dtype, Context& ctx);
   model::ParallelContext hooks(int micro, int micro_count) override;
   void finish(Context& ctx) override;
   double sum_scalar(double x) override;
@@ -55,6 +59,7 @@ class DataParallel final : public GradientSync {
  private:
   void on_ready(int param);
   void launch(std::int64_t offset, std::int64_t numel);
+  void widen_staged();
 
   DdpMode mode_;
   comm::Communicator& grads_;
@@ -64,6 +69,14 @@ class DataParallel final : public GradientSync {
   std::vector<int> bucket_of_;       // parameter -> bucket
   std::vector<int> pending_;         // bucket -> gradients not yet ready this step
   std::vector<comm::Work> inflight_;
+  // Reduced-precision collectives: the staging copy of each in-flight range and the fp32 range
+  // it is widened back into (parallel to inflight_).
+  struct Staged {
+    Tensor stage, dst;
+  };
+  std::vector<Staged> staged_;
+  DType reduce_dtype_ = DType::f32;
+  Context* ctx_ = nullptr;
 };
 
 }  // namespace lmscale::parallel

@@ -15,6 +15,7 @@
 // their state are untouched. Parameters are exchanged in the master dtype (fp32); the working
 // copy (bf16/fp16) is refreshed from the gathered master weights.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,10 @@ class ZeroOptimizer final : public ShardedOptimizer {
   GradientSync& sync() override { return *sync_; }
   // zero2 with a store that has no flat gradient buffer: the sync becomes the store's gradient
   // provider (per-bucket buffers allocated during the backward, freed after their reduce-scatter).
-  void make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx);
+  // reduce_dtype (parallel.grad_reduce_dtype): bf16 reduce-scatters each zero2 bucket as a bf16
+  // copy, widened into the fp32 gradient shard after the wait.
+  void make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx,
+                 std::optional<DType> reduce_dtype = std::nullopt);
 
   // Sum of squares of the summed gradient over all groups (after sync().finish()), reduced over
   // ranks where each holds only its range.
@@ -64,6 +68,8 @@ class ZeroOptimizer final : public ShardedOptimizer {
   std::size_t state_bytes() const override;  // this rank's AdamW state
   std::int64_t shard_begin(int group) const;  // first element this rank owns in a group
   std::int64_t shard_size(int group) const;
+  // zero1/zero2: this rank's reduced gradients of a group's range [shard_size] (after finish()).
+  const Tensor& grad_shard(int group) const { return shards_[static_cast<std::size_t>(group)].grad_shard; }
   std::int64_t steps() const override;
   optim::AdamW& group_optimizer(int group) { return *shards_[static_cast<std::size_t>(group)].adamw; }
 

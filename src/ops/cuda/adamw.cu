@@ -96,12 +96,12 @@ void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v
   float* mp = m.data_as<float>();
   float* vp = v.data_as<float>();
   if (!param_lowp) {
-    adamw_kernel<void><<<grid, kThreads, 0, r.stream>>>(p, g, mp, vp, nullptr, n, chunks, s);
+    adamw_kernel<void><<<grid, kThreads, 0, stream(ctx)>>>(p, g, mp, vp, nullptr, n, chunks, s);
   } else if (param_lowp->dtype() == DType::bf16) {
-    adamw_kernel<__nv_bfloat16><<<grid, kThreads, 0, r.stream>>>(p, g, mp, vp, param_lowp->data_as<__nv_bfloat16>(), n,
+    adamw_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream(ctx)>>>(p, g, mp, vp, param_lowp->data_as<__nv_bfloat16>(), n,
                                                                  chunks, s);
   } else if (param_lowp->dtype() == DType::f16) {
-    adamw_kernel<__half><<<grid, kThreads, 0, r.stream>>>(p, g, mp, vp, param_lowp->data_as<__half>(), n, chunks, s);
+    adamw_kernel<__half><<<grid, kThreads, 0, stream(ctx)>>>(p, g, mp, vp, param_lowp->data_as<__half>(), n, chunks, s);
   } else {
     throw Error(fmt::format("adamw: param_lowp is {}, expected bf16 or fp16", dtype_name(param_lowp->dtype())));
   }

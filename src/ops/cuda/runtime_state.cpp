@@ -20,12 +20,34 @@ Runtime::CudaState::CudaState(int dev) : device(dev) {
 }
 
 Runtime::CudaState::~CudaState() {
+  if (side) cudaStreamSynchronize(side);
   if (stream) cudaStreamSynchronize(stream);
   for (cudaEvent_t e : *event_pool) cudaEventDestroy(e);
   event_pool->clear();
   resources_.reset();
   allocator.reset();
   if (stream) cudaStreamDestroy(stream);
+  if (side) cudaStreamDestroy(side);
+}
+
+cudaStream_t Runtime::CudaState::side_stream() {
+  if (!side) {
+    int least = 0, greatest = 0;
+    LMSCALE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    LMSCALE_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, least));
+  }
+  return side;
+}
+
+void Runtime::CudaState::wait(cudaStream_t waiter, void* event) {
+  LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(waiter, static_cast<cudaEvent_t>(event), 0));
+}
+
+bool Runtime::CudaState::done(void* event) {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (e == cudaErrorNotReady) return false;
+  LMSCALE_CUDA_CHECK(e);
+  return true;
 }
 
 void Runtime::CudaState::synchronize() { LMSCALE_CUDA_CHECK(cudaStreamSynchronize(stream)); }
@@ -34,7 +56,9 @@ void Runtime::CudaState::synchronize() { LMSCALE_CUDA_CHECK(cudaStreamSynchroniz
 
 namespace lmscale::ops {
 
-std::shared_ptr<void> Runtime::CudaState::record_event() {
+std::shared_ptr<void> Runtime::CudaState::record_event() { return record_event(stream); }
+
+std::shared_ptr<void> Runtime::CudaState::record_event(cudaStream_t on) {
   cudaEvent_t e;
   if (event_pool->empty()) {
     LMSCALE_CUDA_CHECK(cudaEventCreate(&e));
@@ -42,7 +66,7 @@ std::shared_ptr<void> Runtime::CudaState::record_event() {
     e = event_pool->back();
     event_pool->pop_back();
   }
-  LMSCALE_CUDA_CHECK(cudaEventRecord(e, stream));
+  LMSCALE_CUDA_CHECK(cudaEventRecord(e, on));
   // The pool outlives the runtime only through this weak reference: events released after the
   // runtime is gone are destroyed instead of pooled.
   std::weak_ptr<std::vector<cudaEvent_t>> pool = event_pool;
