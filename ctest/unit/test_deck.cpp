@@ -23,7 +23,7 @@ using lmscale::io::Invocation;
 using lmscale::io::parse_deck_text;
 using lmscale::io::to_ini;
 
-const std::filesystem::path kRepo = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+const std::filesystem::path kRepo = LMSCALE_SOURCE_DIR;   // (not __FILE__: ccache base_dir makes it relative)
 
 // Every setting, provenance aside.
 void expect_same_settings(const Config& a, const Config& b) {

@@ -19,7 +19,7 @@ namespace {
 
 using lmscale::UsageError;
 
-const std::filesystem::path kRepo = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+const std::filesystem::path kRepo = LMSCALE_SOURCE_DIR;   // (not __FILE__: ccache base_dir makes it relative)
 
 struct BadDeck {
   std::string name;

@@ -148,19 +148,19 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   }
   if (!sync_) sync_ = owned_sync_.get();
   if (!sharded_) adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
-  overlap_optimizer_ = pc.overlap_optimizer && ctx.device == Device::cuda && lazy_ && !sharded_ && !tp_ && !pipeline_;
-  if (overlap_optimizer_) {
-    // Units: 0 the embedding, l+1 block l, L+1 the final norm and the head (model/parallel_context.h).
-    const int L = static_cast<int>(dims_.layers);
-    for (const auto& k : lazy_->buckets()) {
-      int first = L + 1;
-      for (int i = k.first; i <= k.last; ++i) {
-        const auto& p = params_->infos()[static_cast<std::size_t>(i)];
-        const int u = p.layer >= 0 ? p.layer + 1 : (p.kind == model::ParamInfo::Kind::embedding ? 0 : L + 1);
-        first = std::min(first, u);
-      }
-      bucket_first_unit_.push_back(first);
+  overlap_optimizer_ = pc.overlap_optimizer && ctx.device == Device::cuda && adamw_ && !tp_ && !pipeline_;
+  // The update's segments: the lazy gradient buckets (one process), or the same 256 MiB split of
+  // the flat buffer (DDP). Units: 0 the embedding, l+1 block l, L+1 the final norm and the head.
+  const auto segments = lazy_ ? lazy_->buckets() : model::gradient_buckets(params_->infos(), kLazyBucketBytes, 4);
+  const int L = static_cast<int>(dims_.layers);
+  for (const auto& k : segments) {
+    int first = L + 1;
+    for (int i = k.first; i <= k.last; ++i) {
+      const auto& p = params_->infos()[static_cast<std::size_t>(i)];
+      const int u = p.layer >= 0 ? p.layer + 1 : (p.kind == model::ParamInfo::Kind::embedding ? 0 : L + 1);
+      first = std::min(first, u);
     }
+    update_segments_.push_back({k, first});
   }
   memory_points_["after_init"] = env.rt.allocator().tracker().by_tag();
 }
@@ -178,7 +178,7 @@ void Trainer::wait_for_update(int unit) {
     rt.wait(rt.ctx(), p.done);
     // Ordered after the wait on the compute stream, so the allocator may hand the bytes to the
     // forward's next allocation.
-    lazy_->release(p.bucket);
+    if (lazy_) lazy_->release(p.bucket);
   }
   if (next_pending_ == pending_updates_.size()) {
     pending_updates_.clear();
@@ -339,21 +339,22 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
     const double clip = optim::clip_factor(norm, env_.cfg.optim.grad_clip);
     if (sharded_) {
       sharded_->step(ctx, r.lr, inv_scale * clip);
-    } else if (lazy_) {
+    } else if (lazy_ || overlap_optimizer_) {
       adamw_->begin_step();
       // Overlapped: on the side stream, after everything the compute stream has queued (the
-      // backward and the norm), buckets in forward order (the last bucket holds the embedding).
+      // backward, the gradient sync's waits and the norm), segments in forward order (the last
+      // holds the embedding).
       Context& octx = overlap_optimizer_ ? rt.side_ctx() : ctx;
       if (overlap_optimizer_) rt.wait(octx, rt.mark());
-      for (int b = static_cast<int>(lazy_->buckets().size()) - 1; b >= 0; --b) {
-        const auto& k = lazy_->buckets()[static_cast<std::size_t>(b)];
+      for (int b = static_cast<int>(update_segments_.size()) - 1; b >= 0; --b) {
+        const auto& k = update_segments_[static_cast<std::size_t>(b)].range;
         Tensor p = params_->flat_params().flat_range(k.offset, k.numel);
+        Tensor g = lazy_ ? lazy_->bucket(b) : params_->flat_grads().flat_range(k.offset, k.numel);
         Tensor lowp;
         if (params_->has_lowp()) lowp = params_->flat_lowp().flat_range(k.offset, k.numel);
-        adamw_->step_range(octx, p, lazy_->bucket(b), params_->has_lowp() ? &lowp : nullptr, k.offset, r.lr,
-                           inv_scale * clip);
+        adamw_->step_range(octx, p, g, params_->has_lowp() ? &lowp : nullptr, k.offset, r.lr, inv_scale * clip);
         if (overlap_optimizer_)
-          pending_updates_.push_back({b, bucket_first_unit_[static_cast<std::size_t>(b)], rt.mark(octx)});
+          pending_updates_.push_back({b, update_segments_[static_cast<std::size_t>(b)].first_unit, rt.mark(octx)});
       }
     } else {
       Tensor* lowp = params_->has_lowp() ? &params_->flat_lowp() : nullptr;

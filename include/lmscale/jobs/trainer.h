@@ -142,7 +142,7 @@ class Trainer {
   // One process: gradients per bucket, allocated during the backward, freed after the step.
   std::unique_ptr<model::LazyGradients> lazy_;
   void release_gradients();
-  // parallel.overlap_optimizer (one process on CUDA, no tp/pp): bucket b's optimizer step runs
+  // parallel.overlap_optimizer (one process or DDP on CUDA, no tp/pp): segment b's update runs
   // on the runtime's side stream after the step's backward and gradient norm; the next forward's
   // before_forward(u) makes the compute stream wait for the buckets holding parameters of units
   // <= u and frees their gradients. Results are unchanged (same kernels on the same inputs).
@@ -153,7 +153,11 @@ class Trainer {
   };
   static constexpr int kAllUnits = 1 << 30;
   bool overlap_optimizer_ = false;
-  std::vector<int> bucket_first_unit_;          // per lazy bucket
+  struct UpdateSegment {
+    model::GradBucket range;   // the lazy bucket (one process) or a range of the flat buffer (DDP)
+    int first_unit = 0;
+  };
+  std::vector<UpdateSegment> update_segments_;
   std::vector<PendingUpdate> pending_updates_;  // ascending first_unit (forward order)
   std::size_t next_pending_ = 0;
   void wait_for_update(int unit);
