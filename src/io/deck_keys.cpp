@@ -186,8 +186,9 @@ std::vector<DeckKey> build_table() {
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,
-              "train: when a step, evaluation or checkpoint has not finished after this many seconds (a rank died "
-              "or hangs), every rank that notices aborts the whole job with exit 1, naming itself and the step; "
+              "train and bench-model: when a step, evaluation or checkpoint has not finished after this many "
+              "seconds, or a communicator reports an asynchronous error (NCCL), the ranks' watchdogs compare notes "
+              "and one line names the rank that died or hangs; the job ends with exit 1 within about this + 10 s; "
               "0 = off (docs/checkpoints.md)."),
       int_key("parallel.fsdp_prefetch", LMSCALE_FIELD(parallel.fsdp_prefetch), 0,
               "fsdp: units (embedding, blocks, head) whose all-gather runs ahead of the unit computing; 1 = unit "
