@@ -1,7 +1,7 @@
 // The nccl backend on device buffers: every collective x dtype, sizes 0, 1, 7, 1000, 1<<16, in place
 // and out of place, sum/avg/max, even and uneven splits, checked bit for bit against the exact
 // test values; stream ordering (after the compute stream, wait() without blocking the host);
-// split; check mode. Built twice: here with gpu_main.cpp (one process, label gpu) and in
+// split; check mode; health() of non-blocking communicators. Built twice: here with gpu_main.cpp (one process, label gpu) and in
 // ctest/mpi with nccl_test_main.cpp, run as mpirun -np 2 on 2 GPUs (gpu.test_nccl_comm.np2).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -216,6 +216,36 @@ TEST_F(Nccl, WaitDoesNotBlockTheHost) {
   EXPECT_TRUE(w.is_completed());
   EXPECT_GT(total_s, 0.25);
   CUDA_OK(cudaStreamSynchronize(stream_));
+}
+
+// Non-blocking communicators (issue 15): health() of the world covers the children split from
+// it; idle after the streams drain, busy while a collective waits for a peer that has not joined
+// yet, and no asynchronous error on the healthy path.
+TEST_F(Nccl, HealthCoversSplitsAndSeesWaitingCollective) {
+  auto half = comm_->split(r_ % 2, r_);
+  ASSERT_NE(half, nullptr);
+  half->set_compute_stream(stream_);
+  DeviceBuffer d(DType::f32, 1 << 20);
+  half->all_reduce(d.data(), d.data(), 1 << 20, DType::f32, ReduceOp::sum);
+  comm_->barrier();
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  CommHealth h = comm_->health();
+  EXPECT_EQ(h.error, "");
+  EXPECT_FALSE(h.busy);
+  if (p_ < 2) return;
+  // Rank 0 starts an all-reduce 0.5 s before the others: meanwhile its stream is busy. (Without
+  // check mode, which would hold rank 0 on the host until the others join.)
+  auto plain = make_nccl_communicator(test::mpi_env().world(), device_, NcclOptions{false});
+  plain->set_compute_stream(stream_);
+  if (r_ != 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Work w = plain->all_reduce(d.data(), d.data(), 1 << 20, DType::f32, ReduceOp::sum, async_call());
+  if (r_ == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_TRUE(plain->health().busy);
+  }
+  w.synchronize();
+  EXPECT_FALSE(plain->health().busy);
+  EXPECT_EQ(plain->health().error, "");
 }
 
 TEST_F(Nccl, SplitAndSendrecv) {

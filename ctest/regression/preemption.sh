@@ -9,7 +9,10 @@
 #   K  kill -9 of one rank mid-run -> the job ends non-zero within 60 s; the rows flushed before
 #      (log_every = 1 flushes each) are readable in K.h5.tmp
 #   H  one rank stopped (SIGSTOP, a hang) -> the other rank's watchdog (parallel.timeout_s = 5)
-#      aborts the job within 60 s, its message naming itself and the step
+#      aborts the job within 60 s with ONE message naming the step and the stopped rank (which
+#      cannot answer the watchdogs' side channel)
+#   S  one rank sleeps inside a step (test-only LMSCALE_FAULT_SLEEP_*) -> ONE message naming it as
+#      the rank that hangs outside communication while the other waits
 set -uo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -76,13 +79,33 @@ echo "ok: kill -9 of one rank -> exit $rc after ${dt}s; $(rows K.h5.tmp) flushed
 start_and_wait H.log --run.output=H.h5 --parallel.timeout_s=5
 rank=$(one_rank)
 t0=$SECONDS
+stopped=$(tr '\0' '\n' < "/proc/$rank/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
 kill -STOP "$rank"
 wait "$job"; rc=$?
 dt=$((SECONDS - t0))
-kill -KILL "$rank" 2>/dev/null
 [[ $rc -ne 0 ]] || fail "a hung rank: exit 0"
 (( dt <= 60 )) || fail "a hung rank: the job took ${dt}s to end"
 grep -q "error: no progress for 5 s (parallel.timeout_s) in the train step of step" H.log || fail "H.log lacks the watchdog's message"
+# ONE message, naming the stopped rank (its watchdog cannot answer the other's report).
+(( $(grep -c "^lmscale: rank [0-9]*: error:" H.log) == 1 )) || fail "H.log: not exactly one error line"
+[[ -z $stopped ]] || grep -q "rank $stopped did not answer" H.log || fail "H.log does not name the stopped rank $stopped"
 (( $(rows H.h5.tmp) >= 20 )) || fail "H.h5.tmp does not hold the rows flushed before the failure"
+kill -KILL "$rank" 2>/dev/null
 echo "ok: SIGSTOP of one rank -> exit $rc after ${dt}s, $(rows H.h5.tmp) rows readable: $(grep -m1 'no progress' H.log)"
+
+# S  one rank hangs inside a step (test-only fault injection: rank 1 sleeps at the start of step
+#    25) while rank 0 waits for it in the gradient reduce-scatter: ONE message naming rank 1 as
+#    the rank that hangs outside communication, within 60 s.
+export LMSCALE_FAULT_SLEEP_RANK=1 LMSCALE_FAULT_SLEEP_STEP=25 LMSCALE_FAULT_SLEEP_S=600
+start_and_wait S.log --run.output=S.h5 --parallel.timeout_s=5
+t0=$SECONDS
+wait "$job"; rc=$?
+dt=$((SECONDS - t0))
+unset LMSCALE_FAULT_SLEEP_RANK LMSCALE_FAULT_SLEEP_STEP LMSCALE_FAULT_SLEEP_S
+[[ $rc -ne 0 ]] || fail "a sleeping rank: exit 0"
+(( dt <= 60 )) || fail "a sleeping rank: the job took ${dt}s to end"
+(( $(grep -c "^lmscale: rank [0-9]*: error:" S.log) == 1 )) || fail "S.log: not exactly one error line"
+grep -q "rank 1 hangs outside communication (rank 1 in the train step of step 25) while rank 0 waits" S.log ||
+  fail "S.log does not name rank 1 as the rank that hangs"
+echo "ok: rank 1 asleep in step 25 -> exit $rc after ${dt}s: $(grep -m1 '^lmscale: rank [0-9]*: error:' S.log)"
 echo PASS

@@ -35,9 +35,14 @@ void MpiWork::complete(std::exception_ptr error) {
   {
     std::lock_guard lk(mu_);
     error_ = std::move(error);
+    if (outstanding_ && !done_.load(std::memory_order_relaxed)) outstanding_->fetch_sub(1, std::memory_order_relaxed);
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
+}
+
+MpiWork::~MpiWork() {
+  if (outstanding_ && !done_.load(std::memory_order_acquire)) outstanding_->fetch_sub(1, std::memory_order_relaxed);
 }
 
 CommThread::CommThread(bool threaded, int rank) : threaded_(threaded), rank_(rank) {
@@ -57,6 +62,7 @@ CommThread::~CommThread() {
 std::shared_ptr<MpiWork> CommThread::submit(Job job, const char* name) {
   auto work = std::make_shared<MpiWork>();
   work->set_name(name);
+  work->track(outstanding_);
   Item item{work, std::move(job)};
   if (!threaded_) {
     execute(item);

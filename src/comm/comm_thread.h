@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <cstdint>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -29,9 +30,16 @@ class MpiWork final : public WorkState {
   void complete(std::exception_ptr error);
   // The op's name for run.trace's "wait" events (a string literal).
   void set_name(const char* name) { name_ = name; }
+  // Counts this work in `outstanding` until it completes (Communicator::health's busy).
+  void track(std::shared_ptr<std::atomic<std::int64_t>> outstanding) {
+    outstanding_ = std::move(outstanding);
+    outstanding_->fetch_add(1, std::memory_order_relaxed);
+  }
+  ~MpiWork() override;
 
  private:
   const char* name_ = "comm";
+  std::shared_ptr<std::atomic<std::int64_t>> outstanding_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> done_{false};
@@ -56,6 +64,8 @@ class CommThread {
   CommThread& operator=(const CommThread&) = delete;
 
   bool threaded() const { return threaded_; }
+  // Works submitted and not completed yet (shared: a parent communicator watches its children's).
+  const std::shared_ptr<std::atomic<std::int64_t>>& outstanding() const { return outstanding_; }
   std::shared_ptr<MpiWork> submit(Job job, const char* name = "comm");
 
  private:
@@ -75,6 +85,7 @@ class CommThread {
 
   const bool threaded_;
   const int rank_;
+  std::shared_ptr<std::atomic<std::int64_t>> outstanding_ = std::make_shared<std::atomic<std::int64_t>>(0);
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;

@@ -1,6 +1,8 @@
 #include "lmscale/comm/mpi_communicator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 
@@ -19,6 +21,9 @@ using detail::Posted;
 struct MpiCommunicator::Impl {
   MpiContext ctx;
   std::unique_ptr<CommThread> thread;   // reset first in the destructor: it uses ctx
+  // The outstanding-work counters of the communicators split from this one (health()).
+  mutable std::mutex children_mu;
+  std::vector<std::shared_ptr<std::atomic<std::int64_t>>> children;
 };
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options) : impl_(std::make_unique<Impl>()), options_(options) {
@@ -251,7 +256,19 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   o.check = check();
   auto child = std::make_unique<MpiCommunicator>(part, o);
   MPI_Comm_free(&part);
+  {
+    std::lock_guard lk(impl_->children_mu);
+    impl_->children.push_back(child->impl_->thread->outstanding());
+  }
   return child;
+}
+
+CommHealth MpiCommunicator::health() const {
+  CommHealth h;
+  h.busy = impl_->thread->outstanding()->load(std::memory_order_relaxed) > 0;
+  std::lock_guard lk(impl_->children_mu);
+  for (const auto& c : impl_->children) h.busy = h.busy || c->load(std::memory_order_relaxed) > 0;
+  return h;
 }
 
 }  // namespace lmscale::comm

@@ -190,8 +190,9 @@ std::vector<DeckKey> build_table() {
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,
-              "train: when a step, evaluation or checkpoint has not finished after this many seconds (a rank died "
-              "or hangs), every rank that notices aborts the whole job with exit 1, naming itself and the step; "
+              "train and bench-model: when a step, evaluation or checkpoint has not finished after this many "
+              "seconds, or a communicator reports an asynchronous error (NCCL), the ranks' watchdogs compare notes "
+              "and one line names the rank that died or hangs; the job ends with exit 1 within about this + 10 s; "
               "0 = off (docs/checkpoints.md)."),
       bool_key("parallel.overlap_optimizer", LMSCALE_FIELD(parallel.overlap_optimizer),
                "CUDA without a sharded optimizer: run the optimizer step on a second stream, bucket by bucket in "

@@ -14,6 +14,7 @@
 #include "lmscale/jobs/memory_model.h"
 #include "lmscale/jobs/memory_report.h"
 #include "lmscale/jobs/pipeline_report.h"
+#include "lmscale/jobs/step_watchdog.h"
 #include "lmscale/jobs/trainer.h"
 #include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/sharded_optimizer.h"
@@ -72,8 +73,10 @@ int run_bench_model(JobEnv& env) {
   PipelineRecorder pipe(env, trainer);   // parallel.pp > 1: bubble and timeline (/pipeline)
   std::vector<double> fwd, bwd, comm, opt, total;
   const std::int64_t n_steps = cfg.bench.warmup + cfg.bench.steps;
+  StepWatchdog watchdog(env, cfg.parallel.timeout_s);   // a stuck rank ends the job (parallel.timeout_s)
   for (std::int64_t s = 0; s < n_steps; ++s) {
     const bool timed = s >= cfg.bench.warmup;
+    watchdog.mark(s, timed ? "timed step" : "warm-up step");
     if (s == cfg.bench.warmup && trainer.fsdp()) trainer.fsdp()->reset_waits();
     NvtxRange range(timed ? "timed_step" : "warmup_step");
     auto tokens = random_tokens(cfg.run.seed, s, trainer.first_row(), trainer.local_rows(), T, dims.vocab);

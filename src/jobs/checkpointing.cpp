@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "lmscale/core/error.h"
 #include "lmscale/core/host_vector.h"
 #include "lmscale/io/checkpoint.h"
@@ -68,6 +70,10 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   for (const auto& p : full_layout) r.read(p.name, p.shape, flat.data() + p.offset);
   trainer.set_parameters(flat);
   if (!r.has_optimizer_state()) return;   // a weights file: fresh optimizer, step 0
+  if (trainer.pipeline())
+    throw UsageError(fmt::format("train.resume: '{}' is a single-file checkpoint with optimizer state, which is not "
+                                 "built for parallel.pp > 1; resume a sharded checkpoint (train.checkpoint_dir) or a "
+                                 "weights file (train.save)", path));
   if (!trainer.optimizer()) throw UsageError("train.resume: resuming optimizer state with parallel.zero is not supported yet");
   for (const char* moment : {"m", "v"}) {
     for (const auto& p : full_layout) r.read_optimizer(moment, p.name, p.shape, flat.data() + p.offset);

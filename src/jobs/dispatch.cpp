@@ -37,16 +37,12 @@ namespace {
 void reject_unbuilt_modes(const Config& c) {
   if (c.run.job == "accounting") return;   // accounting computes, it does not run the mode
   const auto& p = c.parallel;
-  if (p.pp > 1 && (c.train.checkpoint_every > 0 || !c.train.resume.empty()) && c.run.job == "train")
-    throw UsageError("train.checkpoint_every / train.resume with parallel.pp > 1 are not built yet (train.save "
-                     "works: it gathers the stages' parameters)");
-  // Sharded checkpoints describe what each rank owns by (parameter, element range); tensor
-  // parallelism's slices are not described yet (docs/checkpoints.md says how they plug in), so
-  // with tp the single-file checkpoints (train.checkpoint_path), which gather full parameters, are
-  // the way.
-  if (p.tp > 1 && !c.train.checkpoint_dir.empty() && c.run.job == "train")
-    throw UsageError("train.checkpoint_dir (sharded checkpoints) with parallel.tp > 1 is not built yet; use "
-                     "train.checkpoint_path and train.checkpoint_every (one file of full parameters by name)");
+  // Sharded checkpoints (train.checkpoint_dir) cover pipeline stages; the single file
+  // (train.checkpoint_path with train.checkpoint_every) gathers the optimizer moments through the
+  // tensor-parallel layout only, so with pp it is refused (resuming a weights file works).
+  if (p.pp > 1 && c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty() && c.run.job == "train")
+    throw UsageError("train.checkpoint_every with parallel.pp > 1 needs train.checkpoint_dir (sharded checkpoints); "
+                     "the single-file checkpoint (train.checkpoint_path) is not built for pipeline stages");
   if (c.optim.name != "adamw")
     throw UsageError("optim.name = " + c.optim.name + " is not built in this version; use adamw");
 }

@@ -15,6 +15,7 @@
 #include "lmscale/io/sharded_checkpoint.h"
 #include "lmscale/jobs/rank_agreement.h"
 #include "lmscale/jobs/trainer_state.h"
+#include "lmscale/model/parameter_store.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::jobs {
@@ -30,6 +31,31 @@ constexpr io::StateKind kKinds[] = {io::StateKind::master, io::StateKind::m, io:
 
 const Tensor& view_of(const parallel::StatePiece& p, io::StateKind k) {
   return k == io::StateKind::master ? p.master : (k == io::StateKind::m ? p.m : p.v);
+}
+
+// One copy between a device view and a rank file's array, and runs of them merged: a tensor-
+// parallel row-parallel slice is one piece per row, contiguous both in memory and in the file,
+// which must not cost one device copy, one synchronisation and one HDF5 call per row.
+struct CopyRun {
+  int file = 0;                      // restore: which rank file
+  io::StateKind kind = io::StateKind::master;
+  std::int64_t file_offset = 0;      // in the rank file's array
+  float* device = nullptr;           // the view's first element (any device)
+  Device where = Device::cpu;
+  std::int64_t count = 0;
+};
+
+void append_run(std::vector<CopyRun>& runs, const CopyRun& r) {
+  if (r.count == 0) return;
+  if (!runs.empty()) {
+    CopyRun& b = runs.back();
+    if (b.file == r.file && b.kind == r.kind && b.where == r.where && b.file_offset + b.count == r.file_offset &&
+        b.device + b.count == r.device) {
+      b.count += r.count;
+      return;
+    }
+  }
+  runs.push_back(r);
 }
 
 std::map<std::string, std::int64_t> model_dims(const Config& c) {
@@ -56,30 +82,37 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
     if (ec) throw Error(fmt::format("cannot create the checkpoint directory '{}': {}", dir, ec.message()));
   }, false);
   env.rt.synchronize();
+  const auto full_layout = model::parameter_layout(trainer.dims());
   agree_on_failure(env, [&] {
-    const parallel::StateLayout layout = describe_state(trainer, env.rank, env.world);
+    const parallel::StateLayout layout = describe_state(trainer);
     std::int64_t total = 0;
     std::vector<io::ShardPiece> table;
+    std::vector<CopyRun> runs;
+    for (io::StateKind k : kKinds) {
+      std::int64_t at = 0;
+      for (const auto& p : layout.save) {
+        const Tensor& src = view_of(p, k);
+        LMSCALE_CHECK(src.numel() == p.end - p.begin, "checkpoint piece of {} elements has a view of {}",
+                      p.end - p.begin, src.numel());
+        append_run(runs, {0, k, at, src.data_as<float>(), src.device(), src.numel()});
+        at += src.numel();
+      }
+    }
     for (const auto& p : layout.save) {
-      table.push_back({trainer.params().infos()[static_cast<std::size_t>(p.param)].name, p.begin, p.end, total});
+      table.push_back({full_layout[static_cast<std::size_t>(p.param)].name, p.begin, p.end, total});
       total += p.end - p.begin;
     }
     io::ShardWriter writer((fs::path(dir) / io::shard_file_name(env.rank)).string(), total);
     auto stage = host_vector<float>(static_cast<std::size_t>(std::min(kStage, std::max<std::int64_t>(total, 1))),
                                     "checkpoint staging buffer");
-    for (std::size_t i = 0; i < layout.save.size(); ++i) {
-      const auto& p = layout.save[i];
-      for (io::StateKind k : kKinds) {
-        const Tensor& src = view_of(p, k);
-        LMSCALE_CHECK(src.numel() == p.end - p.begin, "checkpoint piece of {} elements has a view of {}",
-                      p.end - p.begin, src.numel());
-        for (std::int64_t at = 0; at < src.numel(); at += kStage) {
-          const std::int64_t n = std::min(kStage, src.numel() - at);
-          Tensor dst = Tensor::view(stage.data(), {n}, DType::f32, Device::cpu);
-          ops::copy(ctx, src.flat_range(at, n), dst);
-          env.rt.synchronize();
-          writer.write(k, table[i].offset + at, stage.data(), n);
-        }
+    for (const auto& r : runs) {
+      for (std::int64_t at = 0; at < r.count; at += kStage) {
+        const std::int64_t n = std::min(kStage, r.count - at);
+        Tensor src = Tensor::view(r.device + at, {n}, DType::f32, r.where);
+        Tensor dst = Tensor::view(stage.data(), {n}, DType::f32, Device::cpu);
+        ops::copy(ctx, src, dst);
+        env.rt.synchronize();
+        writer.write(r.kind, r.file_offset + at, stage.data(), n);
       }
     }
     writer.commit(table, {{"rank", static_cast<std::int64_t>(env.rank)},
@@ -89,8 +122,9 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
   // Every rank file is complete: the index makes the checkpoint so.
   agree_on_failure(env, [&] {
     if (!env.is_root()) return;
+    // The full model's parameters (every layout's pieces are in its coordinates).
     std::vector<std::pair<std::string, std::int64_t>> params;
-    for (const auto& p : trainer.params().infos()) params.emplace_back(p.name, p.numel);
+    for (const auto& p : full_layout) params.emplace_back(p.name, p.numel);
     std::map<std::string, io::AttrValue> attrs{
         {"step", trainer.step()},
         {"data_step", trainer.step()},   // samples are a pure function of (seed, step, index)
@@ -145,7 +179,7 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
     throw UsageError(fmt::format("train.resume: checkpoint '{}' was written with run.seed = {} but the deck has {}; "
                                  "the data and random streams continue only with the same seed",
                                  index_path, ix.int_attr("seed"), cfg.run.seed));
-  const auto& infos = trainer.params().infos();
+  const auto infos = model::parameter_layout(trainer.dims());   // pieces are in full coordinates
   std::vector<int> saved_index(infos.size());
   for (std::size_t i = 0; i < infos.size(); ++i) {
     const int j = ix.param_index(infos[i].name);
@@ -162,26 +196,36 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
                .first;
     return it->second;
   };
-  std::vector<float> stage;
-  const parallel::StateLayout layout = describe_state(trainer, env.rank, env.world);
-  for (const auto& p : layout.load) {
-    const int j = saved_index[static_cast<std::size_t>(p.param)];
-    for (const auto& e : ix.entries) {
-      if (e.param != j || e.end <= p.begin || e.begin >= p.end) continue;
-      const std::int64_t a = std::max(p.begin, e.begin), b = std::min(p.end, e.end);
-      for (io::StateKind k : kKinds) {
-        const Tensor& dst = view_of(p, k);
-        if (!dst.defined()) continue;   // the rank holds no such state for this range
-        for (std::int64_t at = a; at < b; at += kStage) {
-          const std::int64_t n = std::min(kStage, b - at);
-          stage.resize(static_cast<std::size_t>(n));
-          reader(e.file).read(k, e.offset + (at - e.begin), stage.data(), n);
-          Tensor src = Tensor::view(stage.data(), {n}, DType::f32, Device::cpu);
-          Tensor out = dst.flat_range(at - p.begin, n);
-          ops::copy(ctx, src, out);
-          env.rt.synchronize();
-        }
+  // Every (file range -> view range) copy this rank needs, in order, merged into runs. The index's
+  // entries are sorted by (param, begin) and disjoint: the first overlapping one is found by
+  // bisection.
+  const parallel::StateLayout layout = describe_state(trainer);
+  std::vector<CopyRun> runs;
+  for (io::StateKind k : kKinds) {
+    for (const auto& p : layout.load) {
+      const Tensor& dst = view_of(p, k);
+      if (!dst.defined()) continue;   // the rank holds no such state for this range
+      const int j = saved_index[static_cast<std::size_t>(p.param)];
+      auto e = std::partition_point(ix.entries.begin(), ix.entries.end(), [&](const io::CheckpointIndex::Entry& x) {
+        return x.param < j || (x.param == j && x.end <= p.begin);
+      });
+      for (; e != ix.entries.end() && e->param == j && e->begin < p.end; ++e) {
+        const std::int64_t a = std::max(p.begin, e->begin), b = std::min(p.end, e->end);
+        append_run(runs, {e->file, k, e->offset + (a - e->begin), dst.data_as<float>() + (a - p.begin), dst.device(),
+                          b - a});
       }
+    }
+  }
+  std::vector<float> stage;
+  for (const auto& r : runs) {
+    for (std::int64_t at = 0; at < r.count; at += kStage) {
+      const std::int64_t n = std::min(kStage, r.count - at);
+      stage.resize(static_cast<std::size_t>(n));
+      reader(r.file).read(r.kind, r.file_offset + at, stage.data(), n);
+      Tensor src = Tensor::view(stage.data(), {n}, DType::f32, Device::cpu);
+      Tensor out = Tensor::view(r.device + at, {n}, DType::f32, r.where);
+      ops::copy(ctx, src, out);
+      env.rt.synchronize();
     }
   }
   trainer.set_step(ix.int_attr("step"));

@@ -308,6 +308,7 @@ void Trainer::release_gradients() {
 
 StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int64_t T) {
   NvtxRange range("train_step");
+  faults_.at_step_start(env_.rank, step_);   // test-only: one rank hangs here
   ops::Runtime& rt = env_.rt;
   Context& ctx = rt.ctx();
   StepResult r;

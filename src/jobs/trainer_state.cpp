@@ -2,50 +2,113 @@
 #include "lmscale/jobs/trainer_state.h"
 
 #include <algorithm>
+#include <array>
 
 #include <fmt/format.h>
 
 #include "lmscale/core/error.h"
 #include "lmscale/parallel/fsdp.h"
+#include "lmscale/parallel/tensor_parallel.h"
 #include "lmscale/parallel/zero.h"
 
 namespace lmscale::jobs {
 
 namespace {
 
-// One process and DDP: every rank holds all of it; rank r writes the r-th slice of each parameter.
-parallel::StateLayout replicated(Trainer& t, int rank, int world) {
+// Where this rank sits among the ranks that hold the same copy of a parameter's state.
+struct Mesh {
+  int dp = 1, dp_rank = 0;   // data-parallel replicas (the world without a mesh)
+  int tp = 1, tp_rank = 0;   // tensor-parallel group (replicated parameters: the norms)
+};
+
+Mesh mesh_of(Trainer& t) {
+  Mesh m;
+  m.dp = t.dp_size();
+  m.dp_rank = t.dp_rank();
+  if (auto* tp = t.tensor_parallel()) {
+    m.tp = tp->degree();
+    m.tp_rank = tp->split().rank;
+  }
+  return m;
+}
+
+// Under tensor parallelism, parameters the tp ranks hold whole (norms) are replicated over them.
+bool tp_replicated(const model::ParamInfo& p, const Mesh& m) { return m.tp > 1 && p.split_dim < 0; }
+
+// Adds the pieces of local elements [lo, hi) of store parameter i, in full-parameter coordinates
+// (one per contiguous run: parallel::full_segments). `master`, `m`, `v`: views of local elements
+// [lo, hi) of the parameter, or empty.
+void add_pieces(std::vector<parallel::StatePiece>& out, const model::ParameterStore& ps, int i, std::int64_t lo,
+                std::int64_t hi, const Tensor& master, const Tensor& m, const Tensor& v) {
+  if (lo >= hi) return;
+  const auto& p = ps.infos()[static_cast<std::size_t>(i)];
+  auto part = [&](const Tensor& t, std::int64_t a, std::int64_t n) { return t.defined() ? t.flat_range(a - lo, n) : Tensor(); };
+  for (const auto& s : parallel::full_segments(p)) {
+    const std::int64_t a = std::max(lo, s.local), b = std::min(hi, s.local + s.count);
+    if (a >= b) continue;
+    const std::int64_t full = s.full + (a - s.local);
+    out.push_back({ps.global_index(i), full, full + (b - a), part(master, a, b - a), part(m, a, b - a), part(v, a, b - a)});
+  }
+}
+
+// One process, DDP, and tp / pp without a sharded optimizer: every rank holds all of its store;
+// the replicas of each piece (dp ranks; dp x tp ranks for tp-replicated norms) each write a
+// near-equal slice of it.
+parallel::StateLayout replicated(Trainer& t) {
   parallel::StateLayout out;
-  auto& ps = t.params();
+  const auto& ps = t.params();
+  const Mesh mesh = mesh_of(t);
   optim::AdamW& opt = *t.optimizer();
   for (int i = 0; i < ps.size(); ++i) {
     const auto& p = ps.infos()[static_cast<std::size_t>(i)];
-    auto piece = [&](std::int64_t a, std::int64_t b) {
-      return parallel::StatePiece{i, a, b, ps.flat_params().flat_range(p.offset + a, b - a),
-                                  opt.m().flat_range(p.offset + a, b - a), opt.v().flat_range(p.offset + a, b - a)};
+    auto views = [&](std::int64_t a, std::int64_t b) {
+      return std::array<Tensor, 3>{t.params().flat_params().flat_range(p.offset + a, b - a),
+                                   opt.m().flat_range(p.offset + a, b - a), opt.v().flat_range(p.offset + a, b - a)};
     };
-    out.load.push_back(piece(0, p.numel));
-    const auto [a, b] = parallel::slice_of(p.numel, rank, world);
-    if (a < b) out.save.push_back(piece(a, b));
+    auto all = views(0, p.numel);
+    add_pieces(out.load, ps, i, 0, p.numel, all[0], all[1], all[2]);
+    const bool rep = tp_replicated(p, mesh);
+    const auto [a, b] = parallel::slice_of(p.numel, rep ? mesh.dp_rank * mesh.tp + mesh.tp_rank : mesh.dp_rank,
+                                           rep ? mesh.dp * mesh.tp : mesh.dp);
+    if (a < b) {
+      auto mine = views(a, b);
+      add_pieces(out.save, ps, i, a, b, mine[0], mine[1], mine[2]);
+    }
   }
   return out;
 }
 
-// zero1/zero2: the master is replicated (every rank loads all of it), m and v exist for this
-// rank's range of the flat buffer only; the range, cut at parameter boundaries, is what it writes.
+// zero1/zero2 (over the dp ranks): the master is replicated (every rank loads all of its store),
+// m and v exist for this rank's range of the flat buffer only; the range, cut at parameter
+// boundaries, is what it writes (tp-replicated norms: split once more among the tp ranks, which
+// hold identical copies).
 parallel::StateLayout zero_shard(Trainer& t, parallel::ZeroOptimizer& zero) {
   parallel::StateLayout out;
-  auto& ps = t.params();
+  const auto& ps = t.params();
+  const Mesh mesh = mesh_of(t);
   const std::int64_t lo = zero.shard_begin(0), hi = lo + zero.shard_size(0);
   optim::AdamW& opt = zero.group_optimizer(0);
   for (int i = 0; i < ps.size(); ++i) {
     const auto& p = ps.infos()[static_cast<std::size_t>(i)];
-    out.load.push_back({i, 0, p.numel, ps.flat_params().flat_range(p.offset, p.numel), Tensor(), Tensor()});
-    const std::int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+    add_pieces(out.load, ps, i, 0, p.numel, t.params().flat_params().flat_range(p.offset, p.numel), Tensor(), Tensor());
+    const std::int64_t a = std::max(lo, p.offset) - p.offset, b = std::min(hi, p.offset + p.numel) - p.offset;
     if (a >= b) continue;
-    const Tensor m = opt.m().flat_range(a - lo, b - a), v = opt.v().flat_range(a - lo, b - a);
-    out.save.push_back({i, a - p.offset, b - p.offset, ps.flat_params().flat_range(a, b - a), m, v});
-    out.load.push_back({i, a - p.offset, b - p.offset, Tensor(), m, v});
+    auto views = [&](std::int64_t x, std::int64_t y) {
+      return std::array<Tensor, 3>{t.params().flat_params().flat_range(p.offset + x, y - x),
+                                   opt.m().flat_range(p.offset + x - lo, y - x), opt.v().flat_range(p.offset + x - lo, y - x)};
+    };
+    auto held = views(a, b);
+    add_pieces(out.load, ps, i, a, b, Tensor(), held[1], held[2]);
+    std::int64_t sa = a, sb = b;
+    if (tp_replicated(p, mesh)) {
+      const auto [ta, tb] = parallel::slice_of(p.numel, mesh.tp_rank, mesh.tp);
+      sa = std::max(a, ta);
+      sb = std::min(b, tb);
+    }
+    if (sa < sb) {
+      auto mine = views(sa, sb);
+      add_pieces(out.save, ps, i, sa, sb, mine[0], mine[1], mine[2]);
+    }
   }
   return out;
 }
@@ -54,11 +117,11 @@ parallel::ZeroOptimizer* zero_of(Trainer& t) { return dynamic_cast<parallel::Zer
 
 }  // namespace
 
-parallel::StateLayout describe_state(Trainer& t, int rank, int world) {
-  if (t.fsdp()) return t.fsdp()->state_layout();
+parallel::StateLayout describe_state(Trainer& t) {
+  if (t.fsdp()) return t.fsdp()->state_layout();   // never with tp or pp (the trainer refuses them)
   if (auto* zero = zero_of(t)) return zero_shard(t, *zero);
   LMSCALE_CHECK(t.optimizer() != nullptr, "describe_state: a trainer without an optimizer");
-  return replicated(t, rank, world);
+  return replicated(t);
 }
 
 std::int64_t optimizer_steps(Trainer& t) {
@@ -75,8 +138,10 @@ void set_optimizer_steps(Trainer& t, std::int64_t steps) {
 std::string layout_name(const Trainer& t, const Config& cfg, int world) {
   (void)t;
   if (world == 1) return "one process";
-  const std::string mode = cfg.parallel.zero != "none" ? cfg.parallel.zero
-                                                       : "ddp " + (cfg.parallel.ddp == "none" ? "flat" : cfg.parallel.ddp);
+  const auto& p = cfg.parallel;
+  std::string mode = p.zero != "none" ? p.zero : "ddp " + (p.ddp == "none" ? "flat" : p.ddp);
+  if (p.tp > 1) mode += fmt::format(" x tp {}{}", p.tp, p.sequence_parallel ? " (sequence parallel)" : "");
+  if (p.pp > 1) mode += fmt::format(" x pp {} ({})", p.pp, p.schedule);
   return fmt::format("{} ({} ranks)", mode, world);
 }
 

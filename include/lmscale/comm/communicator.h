@@ -69,6 +69,11 @@ struct PathUse {
   std::uint64_t bytes = 0;
 };
 
+struct CommHealth {
+  std::string error;   // empty: none
+  bool busy = false;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -100,6 +105,12 @@ class Communicator {
   // dead peer can exit (the step watchdog calls it just before MPI_Abort). nccl: ncclCommAbort;
   // mpi: nothing (MPI_Abort ends the stuck calls).
   virtual void abort() {}
+  // For a watchdog thread (any thread, cheap, never blocks): an asynchronous error of this
+  // communicator or of one split from it (nccl: ncclCommGetAsyncError; empty when none), and
+  // whether any of them has communication in flight on this rank (nccl: its streams are not
+  // idle; mpi: a call has not completed). A rank that hangs outside communication is not busy
+  // while the ranks waiting for it are (jobs/rank_failure.h names the culprit from this).
+  virtual CommHealth health() const { return {}; }
 
   // ---- raw buffers -------------------------------------------------------------------------
   Work all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, CallOptions o = {});

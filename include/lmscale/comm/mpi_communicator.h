@@ -61,6 +61,9 @@ class MpiCommunicator final : public Communicator {
   // Nodes the ranks of this communicator are on (MPI_COMM_TYPE_SHARED groups).
   int nodes() const { return nodes_; }
   std::vector<PathUse> path_uses() const override;
+  // busy: a call of this communicator or of one split from it has not completed (no async errors:
+  // MPI reports failures as the calls return).
+  CommHealth health() const override;
   // True when work runs on the communication thread (MPI_THREAD_MULTIPLE).
   bool threaded() const;
   const MpiOptions& options() const { return options_; }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "lmscale/jobs/fault_injection.h"
 #include "lmscale/jobs/job_env.h"
 #include "lmscale/model/gradient_buckets.h"
 #include "lmscale/model/parameter_store.h"
@@ -177,6 +178,8 @@ class Trainer {
   std::int64_t global_batch_, grad_accum_, local_rows_, first_row_;
   std::int64_t step_ = 0;
   DType master_, lowp_;
+  // Test-only (LMSCALE_FAULT_SLEEP_*): read once here, applied at the start of train_step.
+  const FaultInjection faults_ = FaultInjection::from_environment();
 };
 
 }  // namespace lmscale::jobs

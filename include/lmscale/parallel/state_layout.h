@@ -5,6 +5,10 @@
 // checkpoints (jobs/sharded_checkpointing.h) are written and read through it alone, so any
 // layout resumes any other's checkpoint by name.
 //
+// Coordinates are the FULL model's: `param` indexes model::parameter_layout(dims) (DESIGN §2
+// order), [begin, end) is a range of the full parameter's row-major flat index, whatever slice or
+// stage of the model this rank's store holds.
+//
 //   save  pieces this rank writes. Over all ranks they cover every element of every parameter
 //         exactly once (replicated state is split among the ranks that hold it, so all ranks
 //         write in parallel). Each has master, m and v.
@@ -12,24 +16,28 @@
 //         empty (Tensor(), not defined()) where the rank holds that part of the state for no element of the range (e.g.
 //         zero1/zero2 hold the whole master but m, v only for their shard: two kinds of pieces).
 //
-// Layouts: one process / DDP own everything (save: a 1/N slice of each parameter per rank);
-// zero1/zero2 own near-equal ranges of the flat buffer (save = load = that range cut at parameter
-// boundaries, plus the replicated master); fsdp owns per-unit padded shards (padding is not
-// state) and replicated norms. Tensor parallelism would give a column slice (rows [r*d/tp,
-// (r+1)*d/tp) of a [d_out, d_in] weight: one piece) or a row slice (one piece per row) per
-// parameter; a pipeline stage gives whole parameters of its layers.
+// Layouts (jobs/trainer_state.cpp, parallel/fsdp.cpp): one process / DDP own everything (save: a
+// 1/N slice of each parameter per rank); zero1/zero2 own near-equal ranges of the flat buffer
+// (save = load = that range cut at parameter boundaries, plus the replicated master); fsdp owns
+// per-unit padded shards (padding is not state) and replicated norms. Tensor parallelism: each
+// stored slice is described by full_segments (a column-parallel or vocab-parallel slice = one
+// range of rows = one contiguous piece; a row-parallel slice = a block of columns = one piece per
+// row); its dp replicas split it for writing, the norms (replicated over tp too) are split over dp
+// x tp. Pipeline parallelism: a stage's store holds whole parameters of its layers (global
+// indices through ParameterStore::global_index), split for writing among the stage's dp replicas.
 #include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
 
 #include "lmscale/core/tensor.h"
+#include "lmscale/model/parameter_store.h"
 
 namespace lmscale::parallel {
 
 struct StatePiece {
-  int param = 0;                     // index in the parameter store's infos()
-  std::int64_t begin = 0, end = 0;   // element range within the parameter (row-major flat index)
+  int param = 0;                     // index in model::parameter_layout(dims) (the full model)
+  std::int64_t begin = 0, end = 0;   // element range within the full parameter (row-major flat index)
   Tensor master, m, v;               // fp32 views of end - begin elements each, or empty
 };
 
@@ -44,6 +52,28 @@ inline std::pair<std::int64_t, std::int64_t> slice_of(std::int64_t count, int r,
   const std::int64_t base = count / n, extra = count % n;
   const std::int64_t begin = r * base + std::min<std::int64_t>(r, extra);
   return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
+// A run of `count` elements that are contiguous both in the store's parameter (from `local`) and
+// in the full parameter's row-major flat index (from `full`).
+struct Segment {
+  std::int64_t local = 0, full = 0, count = 0;
+};
+
+// Where a stored parameter's elements (this rank's tensor-parallel slice, or the whole parameter)
+// sit in the full parameter, in local order:
+//   whole (split_dim -1)                          one run
+//   rows [b, b + R) of [R_full, C] (split_dim 0)  one run: elements [b C, (b + R) C)
+//   columns [b, b + C) of [R, C_full] (dim 1)     one run per row i: [i C_full + b, ... + C)
+inline std::vector<Segment> full_segments(const model::ParamInfo& p) {
+  if (p.split_dim < 0 || p.full_shape.empty()) return {{0, 0, p.numel}};
+  const std::int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
+  if (p.split_dim == 0) return {{0, p.split_begin * cols, p.numel}};
+  const std::int64_t full_cols = p.full_shape[1];
+  std::vector<Segment> out;
+  out.reserve(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < rows; ++i) out.push_back({i * cols, i * full_cols + p.split_begin, cols});
+  return out;
 }
 
 }  // namespace lmscale::parallel

@@ -77,6 +77,21 @@ class EventPool {
   std::vector<cudaEvent_t> free_;
 };
 
+// Non-blocking mode (ncclConfig_t blocking = 0): every NCCL call may return ncclInProgress while
+// NCCL finishes it in the background (initialisation, split, a first use's connection setup, a
+// group's launch); the caller then polls ncclCommGetAsyncError until the state leaves
+// ncclInProgress before the next call on that communicator. A call that returns ncclSuccess (the
+// steady state of collectives) costs nothing more. The point: no NCCL call can block the host
+// forever, so a watchdog thread can read the asynchronous error and ncclCommAbort a communicator
+// whose peer died or hangs (jobs/step_watchdog.h).
+ncclResult_t wait_ready(ncclComm_t comm, ncclResult_t r) {
+  for (int spins = 0; r == ncclInProgress; ++spins) {
+    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+  }
+  return r;
+}
+
 // The NCCL communicator, its stream and events; shared with the Work handles so that a Work can
 // still be synchronised (and its async errors read) after the Communicator object is gone.
 struct NcclShared {
@@ -86,6 +101,9 @@ struct NcclShared {
   bool failed = false;
   std::atomic<bool> aborted{false};
   EventPool events;
+  // The communicators split from this one (health() and abort() cover them too).
+  std::mutex children_mu;
+  std::vector<std::weak_ptr<NcclShared>> children;
 
   NcclShared(ncclComm_t c, int r, int n, int dev) : comm(c), rank(r), size(n), device(dev), events(dev) {
     cudaSetDevice(device);
@@ -103,7 +121,11 @@ struct NcclShared {
       ncclCommAbort(comm);
     } else {
       cudaStreamSynchronize(stream);
-      ncclCommDestroy(comm);
+      // Non-blocking: finalize may return ncclInProgress (flushing); destroy once it is done.
+      if (wait_ready(comm, ncclCommFinalize(comm)) == ncclSuccess)
+        ncclCommDestroy(comm);
+      else
+        ncclCommAbort(comm);
     }
     cudaStreamDestroy(stream);
   }
@@ -113,13 +135,39 @@ struct NcclShared {
     throw Error(fmt::format("nccl {} failed on rank {}/{} (cuda device {}): {}: {}", what, rank, size, device,
                             ncclGetErrorString(r), ncclGetLastError(comm)));
   }
+  // After each NCCL call: waits out ncclInProgress (non-blocking mode), raises an error.
   void check(ncclResult_t r, const char* what) {
-    if (r != ncclSuccess && r != ncclInProgress) raise(what, r);
+    r = wait_ready(comm, r);
+    if (r != ncclSuccess) raise(what, r);
   }
   void check_async(const char* what) {
     ncclResult_t a = ncclSuccess;
     ncclCommGetAsyncError(comm, &a);
     if (a != ncclSuccess && a != ncclInProgress) raise(what, a);
+  }
+  void add_child(const std::shared_ptr<NcclShared>& c) {
+    std::lock_guard lk(children_mu);
+    children.push_back(c);
+  }
+  std::vector<std::shared_ptr<NcclShared>> live_children() {
+    std::lock_guard lk(children_mu);
+    std::vector<std::shared_ptr<NcclShared>> out;
+    for (auto& w : children)
+      if (auto c = w.lock()) out.push_back(std::move(c));
+    return out;
+  }
+  // From the watchdog thread: this communicator's async error and whether its stream is idle.
+  void health(CommHealth& h) {
+    if (aborted.load()) return;
+    ncclResult_t a = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &a) == ncclSuccess && a != ncclSuccess && a != ncclInProgress &&
+        h.error.empty())
+      h.error = fmt::format("nccl error on rank {}/{} (cuda device {}): {}: {}", rank, size, device,
+                            ncclGetErrorString(a), ncclGetLastError(comm));
+    if (cudaStreamQuery(stream) == cudaErrorNotReady) h.busy = true;
+  }
+  void abort() {
+    if (!aborted.exchange(true)) ncclCommAbort(comm);
   }
 };
 
@@ -183,9 +231,18 @@ class NcclCommunicator final : public Communicator {
   }
   Algo algo() const override { return algo_; }
   void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
-  // From the watchdog thread (jobs/step_watchdog.h): not run on a GPU in CI (no device there).
+  // From the watchdog thread (jobs/step_watchdog.h): this communicator and those split from it.
+  // Run on 2 GPUs by scripts/device/rank_failure.sh (no device in CI).
   void abort() override {
-    if (!shared_->aborted.exchange(true)) ncclCommAbort(shared_->comm);
+    for (auto& c : shared_->live_children()) c->abort();
+    shared_->abort();
+  }
+  CommHealth health() const override {
+    CommHealth h;
+    cudaSetDevice(shared_->device);   // per thread: the watchdog's may not be set yet
+    shared_->health(h);
+    for (auto& c : shared_->live_children()) c->health(h);
+    return h;
   }
 
   void barrier() override {
@@ -200,16 +257,20 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm part = MPI_COMM_NULL;
     LMSCALE_MPI_CHECK(MPI_Comm_split(mpi_, color < 0 ? MPI_UNDEFINED : color, key, &part), rank_);
+    // The child is non-blocking too: the split may return ncclInProgress; its state is then read
+    // on the child (or, for a rank that joins no group, on the parent) until it is ready.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 1;
+    config.blocking = 0;
     ncclComm_t child = nullptr;
     LMSCALE_CUDA_CHECK(cudaSetDevice(shared_->device));
-    shared_->check(ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config),
-                   "ncclCommSplit");
+    ncclResult_t r = ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+    if (r == ncclInProgress) r = wait_ready(child ? child : shared_->comm, r);
+    if (r != ncclSuccess) shared_->raise("ncclCommSplit", r);
     if (part == MPI_COMM_NULL) return nullptr;
     NcclOptions o;
     o.check = check();
     auto c = std::make_unique<NcclCommunicator>(part, child, shared_->device, o);
+    shared_->add_child(c->shared_);
     c->set_algo(algo_);
     c->set_compute_stream(compute_);
     return c;
@@ -369,13 +430,18 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int cuda_dev
     if (r != ncclSuccess) throw Error(fmt::format("nccl ncclGetUniqueId failed on rank 0: {}", ncclGetErrorString(r)));
   }
   LMSCALE_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi), rank);
+  // Non-blocking (see wait_ready): the init returns at once; its state is polled until ready.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 1;
+  config.blocking = 0;
   ncclComm_t nc = nullptr;
-  const ncclResult_t r = ncclCommInitRankConfig(&nc, size, id, rank, &config);
-  if (r != ncclSuccess)
+  ncclResult_t r = ncclCommInitRankConfig(&nc, size, id, rank, &config);
+  if (r == ncclInProgress && nc) r = wait_ready(nc, r);
+  if (r != ncclSuccess) {
+    const std::string detail = nc ? ncclGetLastError(nc) : "";
+    if (nc) ncclCommAbort(nc);
     throw Error(fmt::format("nccl ncclCommInitRankConfig failed on rank {}/{} (cuda device {}): {}: {}", rank, size,
-                            cuda_device, ncclGetErrorString(r), nc ? ncclGetLastError(nc) : ""));
+                            cuda_device, ncclGetErrorString(r), detail));
+  }
   return std::make_unique<NcclCommunicator>(mpi, nc, cuda_device, options);
 }
 
