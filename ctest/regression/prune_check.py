@@ -52,6 +52,15 @@ with h5py.File(f"{out}/s.h5", "r") as f:
         assert rel < 1e-5, rel
     assert r["d_ff"][-1] == 32
 
+# (4) two ranks (DDP; pipeline stages) give the one-process rounds.
+for name in ("s_np2ddp=bucketed", "s_np2pp=2"):
+    with h5py.File(f"{out}/{name}.h5", "r") as f:
+        r2 = f["/prune/rounds"][()]
+    rel = np.abs(r2["val_loss"] - r["val_loss"]) / r["val_loss"]
+    print(f"{name}: val losses {np.round(r2['val_loss'], 7).tolist()}, max rel to one process {rel.max():.1e}")
+    assert rel.max() < 1e-5, rel
+    assert (r2["d_ff"] == r["d_ff"]).all()
+
 # (3) loss-guided: the kept round is within the bound; a later round went above it (or the target
 # was reached).
 with h5py.File(f"{out}/g.h5", "r") as f:

@@ -23,6 +23,13 @@ common=(--model.d_ff=64 "${base[@]}")
 "$lmscale" "$deck" "${common[@]}" --run.job=prune --run.output="$out/s.h5" --prune.weights="$out/w.h5" \
   --prune.method=structured --prune.target_sparsity=0.5 --prune.theta=4 --prune.finetune_steps=3 \
   --prune.output="$out/s_w.h5"
+# (4) the same structured run on 2 data-parallel ranks and with 2 pipeline stages: the masks go
+#     through the trainer's full-parameter gather/scatter, so the rounds match one process.
+for layout in --parallel.ddp=bucketed --parallel.pp=2; do
+  mpirun --oversubscribe --allow-run-as-root --bind-to none -np 2 "$lmscale" "$deck" "${common[@]}" --run.job=prune \
+    --run.output="$out/s_np2${layout##*.}.h5" --prune.weights="$out/w.h5" --prune.method=structured \
+    --prune.target_sparsity=0.5 --prune.theta=4 --prune.finetune_steps=3 "$layout"
+done
 "$lmscale" "$deck" "${common[@]}" --run.job=prune --run.output="$out/g.h5" --prune.weights="$out/w.h5" \
   --prune.schedule=loss-guided --prune.target_sparsity=0.99 --prune.theta=2 --prune.finetune_steps=2 \
   --prune.max_loss_increase=0.25

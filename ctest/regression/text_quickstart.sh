@@ -11,8 +11,11 @@ steps=$4
 mkdir -p "$out"
 cd "$src"
 "$lmscale" inputs/text_quickstart.ini --run.output="$out/text_quickstart.h5" --train.steps="$steps" \
-  --train.eval_every="$steps" --train.log_every=50 | tee "$out/text_quickstart.log"
+  --train.eval_every="$steps" --train.log_every=50 --cost.price_per_gpu_hour=3 | tee "$out/text_quickstart.log"
 grep -q "unigram entropy" "$out/text_quickstart.log"
+# With a price, the step lines carry the cost to finish beside the ETA; the last one's is 0.
+grep -qE "ETA .*cost to finish [0-9.e+-]+ \([0-9.e+-]+ in all\)" "$out/text_quickstart.log"
+grep -E "^step +$steps/" "$out/text_quickstart.log" | grep -q "cost to finish 0 "
 python3 - "$out/text_quickstart.h5" <<'PY'
 import math, sys
 import h5py, numpy as np
@@ -28,6 +31,8 @@ assert abs(h - expect) < 1e-9, (h, expect)
 loss = f["/train/steps"]["loss"]
 first, last = float(loss[0]), float(np.mean(loss[-10:]))
 ev = float(f["/train/eval"]["loss"][-1])
+wall, cost = float(f["/train"].attrs["wall_s"]), float(f["/train"].attrs["cost"])
+assert abs(cost - wall / 3600 * 3) < 1e-12, (cost, wall)  # one rank x 3 per GPU-hour
 print(f"unigram entropy {h:.4f}; loss {first:.4f} -> {last:.4f} (mean of the last 10 steps); eval {ev:.4f}")
 assert first > h, "the first loss should be above the unigram entropy (near ln 256)"
 assert last < h - 0.1, f"training loss {last:.4f} not below the unigram entropy {h:.4f} - 0.1"

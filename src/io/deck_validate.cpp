@@ -293,6 +293,12 @@ void check_prune(const Config& c) {
   if (p.weights.empty())
     fail("run.job = prune needs prune.weights = FILE (a weights file written by train.save, e.g. "
          "outputs/quickstart_weights.h5)");
+  // Each round's smaller model must split its d_ff over tp ranks; not arranged (rounds would have
+  // to keep multiples of tp units).
+  if (p.method == "structured" && c.parallel.tp > 1)
+    fail("prune.method = structured with parallel.tp = {} is not built (the pruned d_ff would have to stay a multiple "
+         "of tp); use parallel.tp = 1 or prune.method = unstructured",
+         c.parallel.tp);
   check_file("prune.weights", p.weights);
   if (!p.output.empty() && (p.output == c.run.output || p.output == p.weights))
     fail("prune.output = '{}' is also {}; give the pruned weights a path of their own", p.output,

@@ -149,9 +149,10 @@ int run_train(JobEnv& env) {
   env.out.set_attr("/train", "final_loss", last_loss);
   env.out.set_attr("/train", "parameters", dims.parameter_count());
   for (const auto& [name, value] : data->attributes()) env.out.set_attr("/train", "data_" + name, value);
-  env.out.set_attr("/train", "wall_s", wall.seconds());
-  env.out.set_attr("/train", "gpu_hours", wall.seconds() / 3600.0 * static_cast<double>(env.world));
-  if (price > 0) env.out.set_attr("/train", "cost", money(wall.seconds()));
+  const double wall_s = wall.seconds();
+  env.out.set_attr("/train", "wall_s", wall_s);
+  env.out.set_attr("/train", "gpu_hours", wall_s / 3600.0 * static_cast<double>(env.world));
+  if (price > 0) env.out.set_attr("/train", "cost", money(wall_s));
   env.out.set_attr("/train", "interrupted", static_cast<std::int64_t>(interrupted));
   env.out.set_attr("/train", "resumed_at_step", resumed_from.empty() ? std::int64_t{-1} : start);
   if ((cfg.train.checkpoint_every > 0 || sharded_checkpoints) && checkpointed_at != trainer.step()) write_checkpoint();
