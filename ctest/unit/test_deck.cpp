@@ -35,6 +35,8 @@ void expect_same_settings(const Config& a, const Config& b) {
   EXPECT_EQ(a.train, b.train);
   EXPECT_EQ(a.optim, b.optim);
   EXPECT_EQ(a.data, b.data);
+  EXPECT_EQ(a.cost, b.cost);
+  EXPECT_EQ(a.prune, b.prune);
 }
 
 class TempDir {
@@ -233,7 +235,9 @@ Config everything_changed() {
   c.bench.check = false;
   c.train = {11, 24, 2, 5, 3, 2, "w.h5", "r.h5", 4, "ck.h5", "every-k", 2, "ckdir", 5};
   c.optim = {"lamb", 0.0123, 1e-7, 3, 9, 0.1, 0.85, 0.98, 1e-10, 0.5, 0.8};
-  c.data = {"tokens", "train.bin", "val.bin", "uint32"};
+  c.data = {"tokens", "train.bin", "val.bin", "uint32", 0.25};
+  c.cost = {1e12, 64, 2.5, 0.6, 0.45, "bench.h5", 4.0, 0.5, 0.002, 7};
+  c.prune = {"w.h5", "structured", "loss-guided", 0.75, 5, 7, 3.5, 0.1, "pruned.h5"};
   return c;
 }
 

@@ -14,15 +14,12 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/rng.h"
+#include "lmscale/io/text_data.h"
+#include "sample_key.h"
 
 namespace lmscale::io {
 
-namespace {
-constexpr std::uint64_t kEvalKey = 0xe7a1e7a1e7a1ull;
-std::uint64_t sample_key(std::uint64_t step, std::int64_t index, bool eval) {
-  return splitmix64(step * 0x100000001b3ull + static_cast<std::uint64_t>(index)) ^ (eval ? kEvalKey : 0);
-}
-}  // namespace
+using detail::sample_key;
 
 void SyntheticTokens::sample(std::uint64_t step, std::int64_t first, std::int64_t rows, std::int64_t T,
                              std::int32_t* out, bool eval) const {
@@ -185,6 +182,7 @@ void check_token_file(const std::string& key, const std::string& path, const std
 
 std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, std::int64_t vocab, std::uint64_t seed) {
   if (cfg.source == "tokens") return std::make_unique<TokenFile>(cfg.path, cfg.val_path, cfg.dtype, vocab, seed);
+  if (cfg.source == "text") return std::make_unique<TextBytes>(cfg.path, cfg.val_path, cfg.val_fraction, seed);
   return std::make_unique<SyntheticTokens>(vocab, seed);
 }
 

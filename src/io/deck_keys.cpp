@@ -129,7 +129,7 @@ std::vector<DeckKey> build_table() {
   return {
       // [run]
       enum_key("run.job", LMSCALE_FIELD(run.job),
-               {"bench-model", "bench-attention", "bench-collectives", "train", "accounting"}, "Job to run."),
+               {"bench-model", "bench-attention", "bench-collectives", "train", "accounting", "prune"}, "Job to run."),
       string_key("run.output", "path", LMSCALE_FIELD(run.output),
                  "HDF5 results file; written as PATH.tmp and renamed to PATH when the job ends."),
       string_key("run.trace", "path", LMSCALE_FIELD(run.trace),
@@ -304,12 +304,17 @@ std::vector<DeckKey> build_table() {
                 "Clip the global gradient norm to this value; 0 = off."),
       float_key("optim.momentum", LMSCALE_FIELD(optim.momentum), R::unit_open_right(), "SGD momentum."),
       // [data]
-      enum_key("data.source", LMSCALE_FIELD(data.source), {"synthetic", "tokens"},
-               "Training data: synthetic random tokens, or a token file (data.path)."),
+      enum_key("data.source", LMSCALE_FIELD(data.source), {"synthetic", "tokens", "text"},
+               "Training data: synthetic random tokens, a token file (data.path), or a UTF-8 text file (data.path) "
+               "read as bytes, one token per byte (needs model.vocab_size >= 256; docs/recipes.md)."),
       string_key("data.path", "path", LMSCALE_FIELD(data.path),
-                 "Token file: raw little-endian token ids of type data.dtype."),
+                 "Token file (raw little-endian token ids of type data.dtype), or with data.source = text a UTF-8 "
+                 "text file."),
       string_key("data.val_path", "path", LMSCALE_FIELD(data.val_path),
-                 "Evaluation token file; empty = data.path."),
+                 "Evaluation token or text file; empty = data.path (text: its tail, data.val_fraction)."),
+      float_key("data.val_fraction", LMSCALE_FIELD(data.val_fraction), R::unit_open_right(),
+                "data.source = text without data.val_path: share of the file's bytes, taken from its end, held out "
+                "for evaluation; 0 = evaluate on the training text."),
       enum_key("data.dtype", LMSCALE_FIELD(data.dtype), {"uint16", "uint32"}, "Element type of the token files."),
       // [accounting]
       float_key("accounting.device_tflops", LMSCALE_FIELD(accounting.device_tflops), R::non_negative(),
@@ -317,6 +322,62 @@ std::vector<DeckKey> build_table() {
                 "(H100/H200 SXM: 989.4 bf16/fp16, 66.9 fp32) for precision.mode."),
       float_key("accounting.link_gbps", LMSCALE_FIELD(accounting.link_gbps), R::positive(),
                 "Communication analysis: per-GPU link bandwidth in GB/s, one direction (H100/H200 NVLink 4: 450)."),
+      // [cost] (docs/recipes.md "Cost")
+      float_key("cost.tokens", LMSCALE_FIELD(cost.tokens), R::non_negative(),
+                "accounting: estimate GPU-hours and money for training on this many tokens (FLOPs = 6 x matmul "
+                "parameters + 12 L T d per token); 0 = no estimate. Needs cost.mfu or cost.mfu_from."),
+      int_key("cost.gpus", LMSCALE_FIELD(cost.gpus), 0,
+              "accounting: GPUs of the costed run; 0 = the deck's parallel layout (dp x tp x pp)."),
+      float_key("cost.price_per_gpu_hour", LMSCALE_FIELD(cost.price_per_gpu_hour), R::non_negative(),
+                "On-demand price of one GPU-hour (any currency); 0 = no money figures. train: prints the projected "
+                "cost to finish beside its ETA."),
+      float_key("cost.spot_discount", LMSCALE_FIELD(cost.spot_discount), R::unit_open_right(),
+                "Fraction taken off cost.price_per_gpu_hour (spot/preemptible machines; 0.6 = 60% cheaper)."),
+      float_key("cost.mfu", LMSCALE_FIELD(cost.mfu), FloatRange{0.0, 1.0, true, true},
+                "accounting: model FLOPs utilisation of the costed run against the device peak "
+                "(accounting.device_tflops); 0 = read it from cost.mfu_from."),
+      string_key("cost.mfu_from", "path", LMSCALE_FIELD(cost.mfu_from),
+                 "accounting: a bench-model results file whose measured MFU (/bench_model attribute mfu) is used when "
+                 "cost.mfu = 0."),
+      float_key("cost.checkpoint_gbps", LMSCALE_FIELD(cost.checkpoint_gbps), R::positive(),
+                "accounting: bandwidth at which a checkpoint (fp32 weights + AdamW m, v: 12 B per parameter) is "
+                "written, GB/s over all writers."),
+      float_key("cost.checkpoint_interval_h", LMSCALE_FIELD(cost.checkpoint_interval_h), R::non_negative(),
+                "accounting: hours of training between checkpoints (one more at the end); 0 = no checkpoints (a "
+                "preemption then loses half the run on average)."),
+      float_key("cost.preemptions_per_gpu_hour", LMSCALE_FIELD(cost.preemptions_per_gpu_hour), R::non_negative(),
+                "accounting: expected preemptions per GPU-hour (spot machines; 0 = on-demand). Each loses half a "
+                "checkpoint interval of work plus cost.restart_minutes."),
+      float_key("cost.restart_minutes", LMSCALE_FIELD(cost.restart_minutes), R::non_negative(),
+                "accounting: minutes to get machines back and load the checkpoint after a preemption."),
+      // [prune] (docs/recipes.md "Pruning")
+      string_key("prune.weights", "path", LMSCALE_FIELD(prune.weights),
+                 "prune: the weights file to prune (written by train.save); the [model] keys must describe it."),
+      enum_key("prune.method", LMSCALE_FIELD(prune.method), {"unstructured", "structured"},
+               "prune: unstructured (smallest |w| over all attention and FFN matrices of all layers, one global "
+               "threshold; embedding, LM head and norms kept) or structured (whole FFN hidden units: rows of w1, w3 "
+               "and columns of w2 with the smallest L2 norm, the same number in every layer; the export has a "
+               "smaller model.d_ff)."),
+      enum_key("prune.schedule", LMSCALE_FIELD(prune.schedule), {"fixed", "loss-guided"},
+               "prune: fixed (rounds of gamma until prune.target_sparsity) or loss-guided (rounds while the "
+               "validation loss stays under the bound; the last round within it is kept)."),
+      float_key("prune.target_sparsity", LMSCALE_FIELD(prune.target_sparsity), FloatRange{0.0, 1.0, false, false},
+                "prune: fraction of the pruned parameters (structured: FFN units) removed at the end (fixed), or "
+                "at most (loss-guided)."),
+      int_key("prune.theta", LMSCALE_FIELD(prune.theta), 1,
+              "prune: each round removes gamma = 1 - (1/10)^(1/theta) of the remaining weights, so theta rounds "
+              "keep 1/10; the last round stops exactly at prune.target_sparsity."),
+      int_key("prune.finetune_steps", LMSCALE_FIELD(prune.finetune_steps), 0,
+              "prune: training steps (train.batch_size, optim.*) after each round, with the pruned weights held at "
+              "zero."),
+      float_key("prune.max_loss", LMSCALE_FIELD(prune.max_loss), R::non_negative(),
+                "prune, loss-guided: the validation-loss bound (nats); 0 = the unpruned loss x (1 + "
+                "prune.max_loss_increase)."),
+      float_key("prune.max_loss_increase", LMSCALE_FIELD(prune.max_loss_increase), R::positive(),
+                "prune, loss-guided with prune.max_loss = 0: allowed relative rise of the validation loss."),
+      string_key("prune.output", "path", LMSCALE_FIELD(prune.output),
+                 "prune: the pruned weights file (structured: physically smaller, d_ff attribute and shapes of the "
+                 "smaller model); empty = none."),
   };
 }
 

@@ -2,6 +2,7 @@
 // the key(s) and says how to fix them, thrown before any work or output.
 #include "deck_validate.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -19,7 +20,9 @@
 #include "deck_keys.h"
 #include "lmscale/io/checkpoint.h"
 #include "lmscale/io/dataset.h"
+#include "lmscale/io/results_attr.h"
 #include "lmscale/io/sharded_checkpoint.h"
+#include "lmscale/io/text_data.h"
 #include "output_target.h"
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
@@ -33,7 +36,11 @@ template <class... Args>
   throw UsageError(fmt::format(format, std::forward<Args>(args)...));
 }
 
-bool runs_model(const Config& c) { return c.run.job == "train" || c.run.job == "bench-model"; }
+bool runs_model(const Config& c) {
+  return c.run.job == "train" || c.run.job == "bench-model" || c.run.job == "prune";
+}
+// Jobs that read training data: train, and prune's fine-tuning and evaluation.
+bool trains(const Config& c) { return c.run.job == "train" || c.run.job == "prune"; }
 
 // Head counts near `heads` that divide d_model with an even head dimension, for the fix hint.
 std::string head_suggestions(std::int64_t d_model, std::int64_t heads, std::int64_t tp) {
@@ -183,13 +190,20 @@ void check_checkpoints(const Config& c, int world_size) {
     return;
   }
   bool optimizer_state = false;
+  std::int64_t file_d_ff = c.model.d_ff;
   try {
-    optimizer_state = CheckpointReader(c.train.resume).has_optimizer_state();
+    const CheckpointReader r(c.train.resume);
+    optimizer_state = r.has_optimizer_state();
+    if (r.has("layers.0.ffn.w1.weight")) file_d_ff = r.shape("layers.0.ffn.w1.weight")[0];
   } catch (const Error& e) {
     fail("train.resume = '{}' is not a readable lmscale checkpoint ({}); give a file written by train.save or "
          "train.checkpoint_every",
          c.train.resume, e.what());
   }
+  // A structurally pruned export (run.job = prune) has a smaller d_ff: say which to set.
+  if (file_d_ff != c.model.d_ff)
+    fail("train.resume = '{}' holds FFN weights of d_ff = {} but model.d_ff = {}; set model.d_ff = {}", c.train.resume,
+         file_d_ff, c.model.d_ff, file_d_ff);
   if (sharded && optimizer_state)
     fail("train.resume = '{}' holds optimizer state, which cannot be resumed with parallel.zero = {} yet; resume with "
          "parallel.zero = none, or from a weights file (train.save)",
@@ -199,6 +213,7 @@ void check_checkpoints(const Config& c, int world_size) {
 // Every file the run will write, under the overwrite rule (output_target.h, docs/hdf5.md).
 void check_output_paths(const Config& c) {
   std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
+  if (c.run.job == "prune" && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
   if (c.run.job == "train") {
     if (!c.train.save.empty()) outputs.emplace_back("train.save", c.train.save);
     if (c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty())
@@ -230,12 +245,23 @@ void check_output_paths(const Config& c) {
   }
 }
 
+// data.source = text: bytes are the tokens (ids 0..255).
+void check_text_data(const Config& c) {
+  if (c.data.path.empty())
+    fail("data.source = text needs data.path; set data.path = FILE (a UTF-8 text file) or data.source = synthetic");
+  if (c.model.vocab_size < 256)
+    fail("data.source = text uses one token per byte (ids 0..255) but model.vocab_size = {}; set model.vocab_size = "
+         "256",
+         c.model.vocab_size);
+}
+
 void check_data(const Config& c) {
+  if (c.data.source == "text") return check_text_data(c);
   if (c.data.source != "tokens") return;
   if (c.data.path.empty())
     fail("data.source = tokens needs data.path; set data.path = FILE (raw {} token ids) or data.source = synthetic",
          c.data.dtype);
-  if (c.run.job == "train") {
+  if (trains(c)) {
     check_file("data.path", c.data.path);
     if (!c.data.val_path.empty()) check_file("data.val_path", c.data.val_path);
   }
@@ -244,11 +270,83 @@ void check_data(const Config& c) {
 // The token files' length, element size and every id (one fast pass over each file): after the
 // cheap checks, before any work.
 void check_token_files(const Config& c) {
-  if (c.data.source != "tokens" || c.run.job != "train") return;
+  if (c.data.source == "text" && trains(c)) {
+    const std::int64_t min_bytes = c.model.context_length + 2;
+    const bool val_file = !c.data.val_path.empty() && c.data.val_path != c.data.path;
+    check_text_file("data.path", c.data.path, val_file ? 0.0 : c.data.val_fraction, min_bytes);
+    if (val_file) check_text_file("data.val_path", c.data.val_path, 0.0, min_bytes);
+    return;
+  }
+  if (c.data.source != "tokens" || !trains(c)) return;
   const std::int64_t min_tokens = c.model.context_length + 2;
   check_token_file("data.path", c.data.path, c.data.dtype, c.model.vocab_size, min_tokens);
   if (!c.data.val_path.empty() && c.data.val_path != c.data.path)
     check_token_file("data.val_path", c.data.val_path, c.data.dtype, c.model.vocab_size, min_tokens);
+}
+
+// run.job = prune: the weights file exists and fits the [model] keys (the shapes the model
+// expects), the sparsity leaves something, the output is a path of its own.
+void check_prune(const Config& c) {
+  if (c.run.job != "prune") return;
+  const auto& p = c.prune;
+  const auto& m = c.model;
+  if (p.weights.empty())
+    fail("run.job = prune needs prune.weights = FILE (a weights file written by train.save, e.g. "
+         "outputs/quickstart_weights.h5)");
+  // Each round's smaller model must split its d_ff over tp ranks; not arranged (rounds would have
+  // to keep multiples of tp units).
+  if (p.method == "structured" && c.parallel.tp > 1)
+    fail("prune.method = structured with parallel.tp = {} is not built (the pruned d_ff would have to stay a multiple "
+         "of tp); use parallel.tp = 1 or prune.method = unstructured",
+         c.parallel.tp);
+  check_file("prune.weights", p.weights);
+  if (!p.output.empty() && (p.output == c.run.output || p.output == p.weights))
+    fail("prune.output = '{}' is also {}; give the pruned weights a path of their own", p.output,
+         p.output == c.run.output ? "run.output" : "prune.weights");
+  if (p.method == "structured" && m.d_ff - std::llround(p.target_sparsity * static_cast<double>(m.d_ff)) < 1)
+    fail("prune.target_sparsity = {} removes every one of the {} FFN units (model.d_ff); choose a smaller sparsity",
+         p.target_sparsity, m.d_ff);
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> expected{
+      {"token_embeddings.weight", {m.vocab_size, m.d_model}},
+      {"layers.0.attn.q_proj.weight", {m.d_model, m.d_model}},
+      {fmt::format("layers.{}.ffn.w1.weight", m.num_layers - 1), {m.d_ff, m.d_model}},
+      {"lm_head.weight", {m.vocab_size, m.d_model}}};
+  try {
+    const CheckpointReader r(p.weights);
+    for (const auto& [name, shape] : expected) {
+      if (!r.has(name))
+        fail("prune.weights = '{}' has no parameter {}: it is not a weights file of this model (model.num_layers = "
+             "{}?); give a file written by train.save with the same [model] keys",
+             p.weights, name, m.num_layers);
+      const auto got = r.shape(name);
+      if (got != shape)
+        fail("prune.weights = '{}': {} has shape [{}] but the [model] keys (vocab_size, d_model, d_ff) give [{}]; set "
+             "the [model] keys of the run that wrote the file",
+             p.weights, name, fmt::join(got, ", "), fmt::join(shape, ", "));
+    }
+    if (r.has(fmt::format("layers.{}.ln1.weight", m.num_layers)))
+      fail("prune.weights = '{}' has more than model.num_layers = {} blocks; set model.num_layers to the file's",
+           p.weights, m.num_layers);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    fail("prune.weights = '{}' is not a readable weights file ({}); give a file written by train.save", p.weights,
+         e.what());
+  }
+}
+
+// [cost]: the accounting job's estimate needs an MFU; a bench file is read now (exit 2 if unusable).
+void check_cost(const Config& c) {
+  const auto& k = c.cost;
+  if (c.run.job != "accounting" || k.tokens <= 0) return;
+  if (k.mfu <= 0 && k.mfu_from.empty())
+    fail("cost.tokens = {} needs a model FLOPs utilisation: set cost.mfu (e.g. 0.4) or cost.mfu_from = BENCH.h5 (a "
+         "bench-model results file)",
+         k.tokens);
+  if (k.mfu <= 0) {
+    check_file("cost.mfu_from", k.mfu_from);
+    read_bench_mfu("cost.mfu_from", k.mfu_from);
+  }
 }
 
 void check_optim(const Config& c) {
@@ -369,7 +467,7 @@ void check_layout(const Config& c, int world_size) {
   if (!runs_model(c)) return;
 
   const std::int64_t dp = detail::resolved_dp(c, world_size);
-  const bool train = c.run.job == "train";
+  const bool train = c.run.job == "train" || c.run.job == "prune";
   const std::string batch_key = train ? "train.batch_size" : "bench.batch_size";
   const std::int64_t batch = train ? c.train.batch_size : c.bench.batch_size;
   if (batch % dp != 0)
@@ -418,6 +516,8 @@ void validate(const Config& c, int world_size) {
   check_outputs(c);
   check_data(c);
   check_optim(c);
+  check_cost(c);
+  check_prune(c);
   check_bench(c);
   check_modes(c);
   check_layout(c, world_size);

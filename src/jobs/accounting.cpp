@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "lmscale/jobs/cost_estimate.h"
 #include "lmscale/jobs/device_peak.h"
 #include "lmscale/jobs/memory_model.h"
 #include "lmscale/model/model_dims.h"
@@ -142,6 +143,64 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   return a;
 }
 
+namespace {
+
+// cost.tokens > 0: GPU-hours and money of training on that many tokens (cost_estimate.h), as a
+// table /accounting/cost (one row per part of the wall time) and attributes.
+void write_cost(JobEnv& env, const Accounting& a) {
+  const Config& cfg = env.cfg;
+  const CostInputs in = cost_inputs(cfg, env.world, a.analysis_flops);
+  const CostEstimate e = estimate_cost(in);
+  auto table = env.out.create_table("/accounting/cost", {{"item", io::Column::Type::str, ""},
+                                                         {"hours", io::Column::Type::f64, "h"},
+                                                         {"gpu_hours", io::Column::Type::f64, "h"},
+                                                         {"cost", io::Column::Type::f64, "currency"},
+                                                         {"formula", io::Column::Type::str, ""}});
+  struct Row {
+    const char* item;
+    double hours;
+    std::string formula;
+  };
+  const std::vector<Row> rows{
+      {"compute", e.compute_h, "D x FLOPs/token / (gpus x peak x MFU)"},
+      {"checkpoints", e.checkpoint_h, "ceil(compute / interval) x 12 B P / bandwidth"},
+      {"rework", e.rework_h, "rate x gpus x (compute + checkpoints) x (interval/2 + restart)"},
+      {"total", e.wall_h, "compute + checkpoints + rework"},
+  };
+  for (const auto& r : rows)
+    table.append({std::string(r.item), r.hours, r.hours * in.gpus, r.hours * in.gpus * e.price_per_gpu_hour, r.formula});
+  const std::string g = "/accounting/cost";
+  env.out.set_attr(g, "tokens", in.tokens);
+  env.out.set_attr(g, "flops_per_token", in.flops_per_token);
+  env.out.set_attr(g, "flops", e.flops);
+  env.out.set_attr(g, "gpus", in.gpus);
+  env.out.set_attr(g, "peak_flops_per_gpu", in.peak_flops);
+  env.out.set_attr(g, "mfu", in.mfu);
+  env.out.set_attr(g, "mfu_source", cfg.cost.mfu > 0 ? std::string("cost.mfu") : cfg.cost.mfu_from);
+  env.out.set_attr(g, "checkpoint_bytes", in.state_bytes);
+  env.out.set_attr(g, "checkpoints", e.checkpoints);
+  env.out.set_attr(g, "checkpoint_write_s", e.checkpoint_write_s);
+  env.out.set_attr(g, "preemptions", e.preemptions);
+  env.out.set_attr(g, "lost_per_preemption_h", e.lost_per_preemption_h);
+  env.out.set_attr(g, "wall_h", e.wall_h);
+  env.out.set_attr(g, "gpu_hours", e.gpu_hours);
+  env.out.set_attr(g, "price_per_gpu_hour", e.price_per_gpu_hour);
+  env.out.set_attr(g, "cost", e.cost);
+  if (!env.is_root()) return;
+  fmt::print("cost of {:.4g} tokens: {:.4g} FLOPs ({:.4g} per token) on {} GPUs at {:.1f} TFLOP/s x MFU {:.3f}\n",
+             in.tokens, e.flops, in.flops_per_token, in.gpus, in.peak_flops / 1e12, in.mfu);
+  fmt::print("{:<12} {:>12} {:>12} {:>12}  {}\n", "part", "hours", "GPU-hours", "cost", "counted as");
+  for (const auto& r : rows)
+    fmt::print("{:<12} {:>12.3f} {:>12.1f} {:>12.2f}  {}\n", r.item, r.hours, r.hours * in.gpus,
+               r.hours * in.gpus * e.price_per_gpu_hour, r.formula);
+  fmt::print("({} checkpoints of {:.3g} GB, {:.1f} s each; {:.3f} preemptions expected, {:.2f} h lost each; price "
+             "{:.4g} per GPU-hour after a {:.0f}% spot discount)\n",
+             e.checkpoints, in.state_bytes / 1e9, e.checkpoint_write_s, e.preemptions, e.lost_per_preemption_h,
+             e.price_per_gpu_hour, 100 * in.spot_discount);
+}
+
+}  // namespace
+
 int run_accounting(JobEnv& env) {
   const Config& cfg = env.cfg;
   const std::string dev = env.rt.device() == Device::cuda ? env.rt.device_name() : "";
@@ -209,6 +268,7 @@ int run_accounting(JobEnv& env) {
                  b.degree > 0 ? std::to_string(b.degree) : fmt::format("> {}", b.limit), b.formula,
                  b.split.empty() ? "" : " (at that degree: " + b.split + ")");
   }
+  if (cfg.cost.tokens > 0) write_cost(env, a);
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include "lmscale/jobs/bench_collectives.h"
 #include "lmscale/jobs/bench_model.h"
 #include "lmscale/jobs/oom_report.h"
+#include "lmscale/jobs/prune.h"
 #include "lmscale/jobs/train.h"
 #ifdef LMSCALE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -82,6 +83,7 @@ int run_job(JobEnv& env) {
   if (job == "bench-attention") return run_bench_attention(env.cfg, env.rt, env.out);
   if (job == "bench-collectives") return run_bench_collectives(env);
   if (job == "accounting") return run_accounting(env);
+  if (job == "prune") return with_oom_report(env, [&] { return run_prune(env); });
   throw UsageError(fmt::format("run.job={} is not a job", job));
 }
 

@@ -95,6 +95,13 @@ int run_train(JobEnv& env) {
   auto evals = env.out.create_table("/train/eval", {{"step", C::Type::i64, ""}, {"loss", C::Type::f64, "nats"}});
 
   const double tokens_per_step = static_cast<double>(cfg.train.batch_size * T);
+  // cost.price_per_gpu_hour > 0: money to finish (and in all, this run's steps only) at the
+  // current pace, every rank counted as one GPU (docs/recipes.md "Cost").
+  const double price = cfg.cost.price_per_gpu_hour * (1.0 - cfg.cost.spot_discount);
+  auto money = [&](double seconds) { return seconds / 3600.0 * static_cast<double>(env.world) * price; };
+  auto cost_to_finish = [&](double remaining_s, double total_s) {
+    return fmt::format("  cost to finish {:.4g} ({:.4g} in all)", money(remaining_s), money(total_s));
+  };
   PipelineRecorder pipe(env, trainer);   // parallel.pp > 1: bubble and timeline (/pipeline)
   WallTimer wall;
   double first_loss = NAN, last_loss = NAN;
@@ -117,9 +124,11 @@ int run_train(JobEnv& env) {
     if (cfg.run.progress && env.is_root() && (last || s == start || (cfg.train.log_every > 0 && (s + 1) % cfg.train.log_every == 0))) {
       const double elapsed = wall.seconds();
       const double per_step = elapsed / static_cast<double>(s + 1 - start);
-      fmt::print("step {:>6}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.1f} ms  {:.0f} tok/s  ETA {}{}\n", s + 1,
+      const double remaining_s = per_step * static_cast<double>(cfg.train.steps - s - 1);
+      fmt::print("step {:>6}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.1f} ms  {:.0f} tok/s  ETA {}{}{}\n", s + 1,
                  cfg.train.steps, r.loss, r.lr, r.grad_norm, r.times.total_ms, tokens_per_step / per_step,
-                 eta(per_step * static_cast<double>(cfg.train.steps - s - 1)), r.skipped ? "  (skipped: overflow)" : "");
+                 eta(remaining_s), price > 0 ? cost_to_finish(remaining_s, elapsed + remaining_s) : "",
+                 r.skipped ? "  (skipped: overflow)" : "");
       std::fflush(stdout);
       steps.flush();
     }
@@ -139,7 +148,11 @@ int run_train(JobEnv& env) {
   env.out.set_attr("/train", "first_loss", first_loss);
   env.out.set_attr("/train", "final_loss", last_loss);
   env.out.set_attr("/train", "parameters", dims.parameter_count());
-  env.out.set_attr("/train", "wall_s", wall.seconds());
+  for (const auto& [name, value] : data->attributes()) env.out.set_attr("/train", "data_" + name, value);
+  const double wall_s = wall.seconds();
+  env.out.set_attr("/train", "wall_s", wall_s);
+  env.out.set_attr("/train", "gpu_hours", wall_s / 3600.0 * static_cast<double>(env.world));
+  if (price > 0) env.out.set_attr("/train", "cost", money(wall_s));
   env.out.set_attr("/train", "interrupted", static_cast<std::int64_t>(interrupted));
   env.out.set_attr("/train", "resumed_at_step", resumed_from.empty() ? std::int64_t{-1} : start);
   if ((cfg.train.checkpoint_every > 0 || sharded_checkpoints) && checkpointed_at != trainer.step()) write_checkpoint();
@@ -154,6 +167,10 @@ int run_train(JobEnv& env) {
     write_memory_report(env);
     return kExitInterrupted;
   }
+  if (const auto attrs = data->attributes(); env.is_root() && attrs.count("unigram_entropy"))
+    fmt::print("final loss {:.4f} nats/byte vs the text's unigram entropy {:.4f} ({})\n", last_loss,
+               attrs.at("unigram_entropy"),
+               last_loss < attrs.at("unigram_entropy") ? "below: the model uses the context" : "not below yet");
   if (!cfg.train.save.empty()) {
     watchdog.mark(trainer.step(), "final weights");
     save_weights(env, trainer, cfg.train.save, false);

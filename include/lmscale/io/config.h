@@ -9,7 +9,7 @@
 namespace lmscale {
 
 struct RunConfig {
-  std::string job = "train";             // bench-model | bench-attention | bench-collectives | train | accounting
+  std::string job = "train";             // bench-model | bench-attention | bench-collectives | train | accounting | prune
   std::string output = "outputs/run.h5"; // HDF5 results path
   std::uint64_t seed = 0;
   bool progress = true;                  // progress lines on stdout (rank 0)
@@ -125,10 +125,11 @@ struct OptimConfig {
 };
 
 struct DataConfig {
-  std::string source = "synthetic";     // synthetic | tokens
-  std::string path;                     // token file (raw little-endian uint16/uint32)
+  std::string source = "synthetic";     // synthetic | tokens | text
+  std::string path;                     // token file (raw little-endian uint16/uint32) or UTF-8 text file
   std::string val_path;                 // evaluation token file (default: path)
   std::string dtype = "uint16";         // uint16 | uint32
+  double val_fraction = 0.1;            // text: share of the file's tail held out for evaluation
 
   bool operator==(const DataConfig&) const = default;
 };
@@ -141,6 +142,38 @@ struct AccountingConfig {
   bool operator==(const AccountingConfig&) const = default;
 };
 
+// The cost of a training run (accounting job) and of finishing the current one (train's ETA line);
+// docs/recipes.md "Cost".
+struct CostConfig {
+  double tokens = 0;                    // tokens to train on; 0 = no cost estimate in accounting
+  std::int64_t gpus = 0;                // 0 = the deck's layout (dp x tp x pp)
+  double price_per_gpu_hour = 0;        // on-demand price per GPU-hour; 0 = no money figures
+  double spot_discount = 0;             // fraction off the price (spot/preemptible), [0, 1)
+  double mfu = 0;                       // model FLOPs utilisation; 0 = from mfu_from
+  std::string mfu_from;                 // a bench-model results file: its /bench_model mfu
+  double checkpoint_gbps = 2;           // checkpoint write bandwidth, GB/s (all writers together)
+  double checkpoint_interval_h = 1;     // hours between checkpoints; 0 = none
+  double preemptions_per_gpu_hour = 0;  // expected preemptions per GPU-hour
+  double restart_minutes = 10;          // per preemption: new machines, load the checkpoint
+
+  bool operator==(const CostConfig&) const = default;
+};
+
+// run.job = prune: iterative global magnitude pruning of a weights file (docs/recipes.md "Pruning").
+struct PruneConfig {
+  std::string weights;                  // weights file to prune (train.save)
+  std::string method = "unstructured";  // unstructured (L1, global) | structured (L2 of FFN units)
+  std::string schedule = "fixed";       // fixed | loss-guided
+  double target_sparsity = 0.9;         // fraction of the pruned parameters (units) removed at the end
+  std::int64_t theta = 10;              // rounds that keep 1/10: gamma = 1 - (1/10)^(1/theta) per round
+  std::int64_t finetune_steps = 20;     // training steps after each pruning round
+  double max_loss = 0;                  // loss-guided: validation-loss bound; 0 = max_loss_increase
+  double max_loss_increase = 0.05;      // loss-guided: bound = unpruned loss x (1 + this)
+  std::string output;                   // pruned weights file; empty = none
+
+  bool operator==(const PruneConfig&) const = default;
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -151,6 +184,8 @@ struct Config {
   OptimConfig optim;
   DataConfig data;
   AccountingConfig accounting;
+  CostConfig cost;
+  PruneConfig prune;
 
   // Provenance, written to the HDF5 root attributes.
   std::string deck_path;      // "" when no deck file was given

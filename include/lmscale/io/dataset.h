@@ -3,6 +3,7 @@
 // index), never by rank, so every data-parallel layout sees the same global batch: rank r of N
 // asks for samples [r*B/N, (r+1)*B/N) of each global batch (DESIGN.md §6).
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,9 @@ class TokenSource {
   virtual void sample(std::uint64_t step, std::int64_t first, std::int64_t rows, std::int64_t T, std::int32_t* out,
                       bool eval) const = 0;
   virtual std::string describe() const = 0;
+  // Facts about the data worth keeping beside the run (written as /train attributes data_NAME),
+  // e.g. the text source's unigram entropy.
+  virtual std::map<std::string, double> attributes() const { return {}; }
 };
 
 // Synthetic text with learnable structure: each next token is succ(prev) = (prev*7919 + 1237) mod V
