@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "lmscale/core/error.h"
 #include "lmscale/core/rng.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
@@ -186,7 +187,6 @@ TEST(ModelGradient, GradReadyHookFiresOncePerParameterAfterItsGradient) {
   ps.init(3, f.ctx);
   model::TransformerLM m(d, ps);
   Tensor x = int_tensor(f.alloc, 2, 5, d.vocab, 1), y = int_tensor(f.alloc, 2, 5, d.vocab, 2);
-  auto a = m.forward(f.ctx, x, y, true, 0.1);
   std::vector<int> order;
   std::vector<double> snap(static_cast<std::size_t>(ps.numel()));
   model::ParallelContext pc;
@@ -195,6 +195,9 @@ TEST(ModelGradient, GradReadyHookFiresOncePerParameterAfterItsGradient) {
     const auto& info = ps.infos()[static_cast<std::size_t>(i)];
     std::copy_n(ps.flat_grads().data_as<double>() + info.offset, info.numel, snap.begin() + info.offset);
   };
+  // The head's gradients are final in the forward (fused head): the same hooks go to both.
+  auto a = m.forward(f.ctx, x, y, true, 0.1, pc);
+  EXPECT_EQ(order.size(), 2u);   // lm_head and ln_final
   m.backward(f.ctx, *a, pc);
   ASSERT_EQ(static_cast<int>(order.size()), ps.size());
   std::vector<int> sorted = order;
@@ -237,7 +240,10 @@ TEST(ModelGradient, OverwriteModeIgnoresStaleGradients) {
   m.backward(f.ctx, *a, {});
   std::vector<double> ref(ps.flat_grads().data_as<double>(), ps.flat_grads().data_as<double>() + ps.numel());
   ops::fill(f.ctx, ps.flat_grads(), 12345.0);
-  auto b = m.forward(f.ctx, x, y, true, 0.1);
+  auto b = m.forward(f.ctx, x, y, true, 0.1, {}, false);
   m.backward(f.ctx, *b, {}, false);
+  // forward and backward must agree on accumulate (the head's gradients are written in the forward)
+  auto c = m.forward(f.ctx, x, y, true, 0.1, {}, false);
+  EXPECT_THROW(m.backward(f.ctx, *c, {}, true), Error);
   for (std::int64_t i = 0; i < ps.numel(); ++i) EXPECT_EQ(ps.flat_grads().data_as<double>()[i], ref[static_cast<std::size_t>(i)]) << i;
 }
