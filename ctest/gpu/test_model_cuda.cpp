@@ -21,8 +21,9 @@ using namespace lmscale;
 
 namespace {
 
-model::ModelDims dims(bool flash) {
+model::ModelDims dims(bool flash, std::int64_t ce_chunk_rows = -1) {
   model::ModelDims d;
+  d.ce_chunk_rows = ce_chunk_rows;
   d.vocab = 101;
   d.context = 40;
   d.d_model = 64;
@@ -40,10 +41,11 @@ struct Result {
 
 // Loss and gradients of one forward/backward with weights initialised from seed 5, on `device`
 // in `lowp` working precision.
-Result run(Device device, DType lowp, bool flash, const std::vector<std::int32_t>& tok, std::int64_t B, std::int64_t T) {
+Result run(Device device, DType lowp, bool flash, const std::vector<std::int32_t>& tok, std::int64_t B, std::int64_t T,
+           std::int64_t ce_chunk_rows = -1) {
   ops::Runtime rt(device, 0, false);
   Context& ctx = rt.ctx();
-  const auto d = dims(flash);
+  const auto d = dims(flash, ce_chunk_rows);
   model::ParameterStore ps(d, DType::f32, lowp, rt.allocator());
   ps.init(5, ctx);
   model::TransformerLM m(d, ps);
@@ -105,6 +107,22 @@ TEST_P(ModelCuda, LossAndGradientsMatchCpu) {
   for (const auto& p : model::parameter_layout(dims(flash))) {
     for (std::int64_t i = p.offset; i < p.offset + p.numel; ++i) ASSERT_TRUE(std::isfinite(gpu.grads[static_cast<std::size_t>(i)])) << p.name;
     EXPECT_LT(rel_err(gpu.grads, cpu.grads, p.offset, p.numel), tol) << p.name;
+  }
+}
+
+// The fused LM head + cross-entropy in row chunks on the GPU (16 rows: 111 = 6 x 16 + 15, a
+// remainder chunk) against the CPU's single chunk, in fp32 and bf16, same bounds as above.
+TEST(ModelCudaChunkedHead, LossAndGradientsMatchCpuUnchunked) {
+  const std::int64_t B = 3, T = 37;
+  const auto tok = tokens(B, T, 101, 12);
+  const Result cpu = run(Device::cpu, DType::f32, true, tok, B, T, 0);
+  for (DType lowp : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(lowp));
+    const Result gpu = run(Device::cuda, lowp, true, tok, B, T, 16);
+    const double tol = lowp == DType::f32 ? 1e-4 : 3e-2;
+    EXPECT_NEAR(gpu.loss, cpu.loss, (lowp == DType::f32 ? 1e-5 : 1e-2) * cpu.loss);
+    for (const auto& p : model::parameter_layout(dims(true)))
+      EXPECT_LT(rel_err(gpu.grads, cpu.grads, p.offset, p.numel), tol) << p.name;
   }
 }
 

@@ -63,6 +63,10 @@ if [ "$NP" -eq 1 ]; then
     run "one_${att}_every2" 1 --model.attention=$att --bench.mode=train-step --train.activation_checkpointing=every-k \
         --train.checkpoint_k=2
   done
+  # The fused LM head in row chunks of 7 (256 rows: 36 chunks and a remainder of 4).
+  for mode in forward train-step; do
+    run "one_chunked_${mode}" 1 --model.attention=flash --model.ce_chunk_rows=7 --bench.mode=$mode
+  done
 else
   for z in "ddp flat none" "zero1 flat zero1" "zero2 bucketed zero2" "fsdp none fsdp"; do
     set -- $z
@@ -73,5 +77,9 @@ else
   # Tensor parallel (local shapes), with and without sequence parallelism.
   run "np${NP}_tp" "$NP" --parallel.tp=$NP --bench.mode=train-step
   run "np${NP}_tp_sp" "$NP" --parallel.tp=$NP --parallel.sequence_parallel=true --bench.mode=train-step
+  # The fused LM head in row chunks of 7 under fsdp and the vocabulary-parallel head.
+  run "np${NP}_fsdp_chunked" "$NP" --parallel.zero=fsdp --model.ce_chunk_rows=7 --bench.mode=train-step
+  run "np${NP}_tp_sp_chunked" "$NP" --parallel.tp=$NP --parallel.sequence_parallel=true --model.ce_chunk_rows=7 \
+      --bench.mode=train-step
 fi
 exit $fail

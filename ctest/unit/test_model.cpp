@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "lmscale/core/error.h"
 #include "lmscale/core/rng.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
@@ -186,7 +187,6 @@ TEST(ModelGradient, GradReadyHookFiresOncePerParameterAfterItsGradient) {
   ps.init(3, f.ctx);
   model::TransformerLM m(d, ps);
   Tensor x = int_tensor(f.alloc, 2, 5, d.vocab, 1), y = int_tensor(f.alloc, 2, 5, d.vocab, 2);
-  auto a = m.forward(f.ctx, x, y, true, 0.1);
   std::vector<int> order;
   std::vector<double> snap(static_cast<std::size_t>(ps.numel()));
   model::ParallelContext pc;
@@ -195,6 +195,9 @@ TEST(ModelGradient, GradReadyHookFiresOncePerParameterAfterItsGradient) {
     const auto& info = ps.infos()[static_cast<std::size_t>(i)];
     std::copy_n(ps.flat_grads().data_as<double>() + info.offset, info.numel, snap.begin() + info.offset);
   };
+  // The head's gradients are final in the forward (fused head): the same hooks go to both.
+  auto a = m.forward(f.ctx, x, y, true, 0.1, pc);
+  EXPECT_EQ(order.size(), 2u);   // lm_head and ln_final
   m.backward(f.ctx, *a, pc);
   ASSERT_EQ(static_cast<int>(order.size()), ps.size());
   std::vector<int> sorted = order;
@@ -237,7 +240,108 @@ TEST(ModelGradient, OverwriteModeIgnoresStaleGradients) {
   m.backward(f.ctx, *a, {});
   std::vector<double> ref(ps.flat_grads().data_as<double>(), ps.flat_grads().data_as<double>() + ps.numel());
   ops::fill(f.ctx, ps.flat_grads(), 12345.0);
-  auto b = m.forward(f.ctx, x, y, true, 0.1);
+  auto b = m.forward(f.ctx, x, y, true, 0.1, {}, false);
   m.backward(f.ctx, *b, {}, false);
+  // forward and backward must agree on accumulate (the head's gradients are written in the forward)
+  auto c = m.forward(f.ctx, x, y, true, 0.1, {}, false);
+  EXPECT_THROW(m.backward(f.ctx, *c, {}, true), Error);
   for (std::int64_t i = 0; i < ps.numel(); ++i) EXPECT_EQ(ps.flat_grads().data_as<double>()[i], ref[static_cast<std::size_t>(i)]) << i;
+}
+
+// The fused LM head + cross-entropy in row chunks (model.ce_chunk_rows) against one chunk (the
+// unfused ops): losses and every gradient of the whole model, fp64 to 1e-13 and fp32 to 1e-6
+// relative, chunk sizes of one row, a remainder chunk (10 rows in chunks of 3 and 4) and one chunk.
+TEST(ModelChunkedHead, LossAndGradientsMatchOneChunk) {
+  for (DType t : {DType::f64, DType::f32}) {
+    auto run = [&](std::int64_t chunk, double& loss) {
+      Fixture f;
+      model::ModelDims d = tiny(true);
+      d.ce_chunk_rows = chunk;
+      model::ParameterStore ps(d, t, t, f.alloc);
+      ps.init(3, f.ctx);
+      model::TransformerLM m(d, ps);
+      Tensor x = int_tensor(f.alloc, 2, 5, d.vocab, 1), y = int_tensor(f.alloc, 2, 5, d.vocab, 2);
+      auto a = m.forward(f.ctx, x, y, true, 0.1, {}, false);
+      loss = t == DType::f64 ? a->loss_sum.data_as<double>()[0] : a->loss_sum.data_as<float>()[0];
+      m.backward(f.ctx, *a, {}, false);
+      std::vector<double> g(static_cast<std::size_t>(ps.numel()));
+      for (std::int64_t i = 0; i < ps.numel(); ++i)
+        g[static_cast<std::size_t>(i)] =
+            t == DType::f64 ? ps.flat_grads().data_as<double>()[i] : ps.flat_grads().data_as<float>()[i];
+      // A forward without gradients (evaluation) gives the same loss.
+      auto e = m.forward(f.ctx, x, y, false, 1.0);
+      const double le = t == DType::f64 ? e->loss_sum.data_as<double>()[0] : e->loss_sum.data_as<float>()[0];
+      EXPECT_EQ(le, loss);
+      return g;
+    };
+    double l0 = 0;
+    const auto g0 = run(0, l0);
+    const double tol = t == DType::f64 ? 1e-13 : 1e-6;
+    double gmax = 0;
+    for (double v : g0) gmax = std::max(gmax, std::fabs(v));
+    for (std::int64_t chunk : {std::int64_t{1}, std::int64_t{3}, std::int64_t{4}, std::int64_t{10}, std::int64_t{-1}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " ce_chunk_rows " << chunk);
+      double l = 0;
+      const auto g = run(chunk, l);
+      EXPECT_NEAR(l, l0, tol * std::fabs(l0));
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) bad += std::fabs(g[i] - g0[i]) > tol * gmax;
+      EXPECT_EQ(bad, 0u);
+      if (chunk == 10 || chunk == -1) {   // one chunk (auto: 10 rows of 11 logits are far below 256 MiB)
+        EXPECT_EQ(l, l0);
+        EXPECT_EQ(g, g0);
+      }
+    }
+  }
+}
+
+TEST(ModelChunkedHead, GradientMatchesCentralDifferencesWithARemainderChunk) {
+  Fixture f;
+  model::ModelDims d = tiny(false);
+  d.ce_chunk_rows = 4;   // 10 rows: 4 + 4 + 2
+  model::ParameterStore ps(d, DType::f64, DType::f64, f.alloc);
+  ps.init(5, f.ctx);
+  model::TransformerLM m(d, ps);
+  const std::int64_t B = 2, T = 5;
+  Tensor x = int_tensor(f.alloc, B, T, d.vocab, 3), y = int_tensor(f.alloc, B, T, d.vocab, 4);
+  auto act = m.forward(f.ctx, x, y, true, 1.0 / static_cast<double>(B * T));
+  m.backward(f.ctx, *act, {});
+  double* p = ps.flat_params().data_as<double>();
+  const double* g = ps.flat_grads().data_as<double>();
+  std::mt19937 rng(9);
+  for (const auto& info : ps.infos()) {
+    for (int k = 0; k < 3; ++k) {
+      const std::int64_t i = info.offset + static_cast<std::int64_t>(rng() % static_cast<unsigned>(info.numel));
+      const double h = 1e-5, keep = p[i];
+      p[i] = keep + h;
+      const double lp = loss_of(f.ctx, m, x, y);
+      p[i] = keep - h;
+      const double lm = loss_of(f.ctx, m, x, y);
+      p[i] = keep;
+      const double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(g[i], fd, 1e-7 + 1e-6 * std::fabs(fd)) << info.name;
+    }
+  }
+}
+
+// The 8B deck's vocabulary (issue 14): on uniform random tokens the loss at initialisation is
+// ln(151936) = 11.93 within 0.1 (the head runs in several auto-sized chunks here: 1024 rows).
+TEST(ModelLoss, InitialLossWithThe8bVocabularyIsNearLn151936) {
+  Fixture f;
+  model::ModelDims d;
+  d.vocab = 151936;
+  d.context = 512;
+  d.d_model = 64;
+  d.d_ff = 172;
+  d.layers = 2;
+  d.heads = 32;   // the 8B model's head count (head dim 2 here)
+  model::ParameterStore ps(d, DType::f32, DType::f32, f.alloc);
+  ps.init(14, f.ctx);
+  model::TransformerLM m(d, ps);
+  ASSERT_LT(d.head_chunk_rows(1024, d.vocab, 4), 1024);
+  Tensor x = int_tensor(f.alloc, 2, 512, d.vocab, 5), y = int_tensor(f.alloc, 2, 512, d.vocab, 6);
+  auto act = m.forward(f.ctx, x, y, false, 1.0);
+  const double loss = act->loss_sum.data_as<float>()[0] / 1024.0;
+  EXPECT_NEAR(loss, std::log(151936.0), 0.1);
+  EXPECT_NEAR(std::log(151936.0), 11.931, 1e-3);
 }

@@ -64,6 +64,37 @@ TEST_F(RopeTest, Fp32AgreesWithFp64AtLongPositions) {
   EXPECT_LT(max_rel_diff(x32, x), 1e-6);
 }
 
+// Issue 14: position 32767 = 2^15 - 1 (the last of a 32k context) on every frequency pair of a
+// 128-wide head against a direct long-double rotation. The angle reaches 32767 rad; computed in
+// fp32 it would be off by up to 2e-3 rad. Bounds, relative to the pair's norm: fp64 1e-10 (the
+// double angle's rounding, 32767 * 2^-52 * a few), fp32 2e-6 (cos, sin and products in fp32).
+TEST_F(RopeTest, Position32767MatchesLongDoubleOnEveryPair) {
+  const std::int64_t b = 1, t = 32768, h = 1, dh = 128, half = dh / 2;
+  Tensor x = randn({b, t, h, dh}, 8);
+  Tensor x32 = as(x, DType::f32), x32_in = clone(x32);
+  Tensor y = clone(x);
+  ops::rope(ctx, y, b, t, h, dh, 10000.0, false);
+  ops::rope(ctx, x32, b, t, h, dh, 10000.0, false);
+  const auto xv = values(x), x32v = values(x32_in), yv = values(y), y32 = values(x32);
+  for (std::int64_t pos : {t - 1, t - 2, std::int64_t{16384}}) {
+    double worst64 = 0, worst32 = 0;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const long double a = static_cast<long double>(pos) * std::pow(10000.0L, -2.0L * static_cast<long double>(i) / dh);
+      const std::size_t e = static_cast<std::size_t>(pos * dh + 2 * i);
+      auto err = [&](const std::vector<double>& in, const std::vector<double>& out) {
+        const long double x0 = in[e], x1 = in[e + 1];
+        const long double r0 = x0 * std::cos(a) - x1 * std::sin(a), r1 = x0 * std::sin(a) + x1 * std::cos(a);
+        return std::hypot(out[e] - static_cast<double>(r0), out[e + 1] - static_cast<double>(r1)) /
+               std::sqrt(static_cast<double>(x0 * x0 + x1 * x1));
+      };
+      worst64 = std::max(worst64, err(xv, yv));
+      worst32 = std::max(worst32, err(x32v, y32));
+    }
+    EXPECT_LT(worst64, 1e-10) << "position " << pos;
+    EXPECT_LT(worst32, 2e-6) << "position " << pos;
+  }
+}
+
 TEST_F(RopeTest, BadArgumentsThrow) {
   Tensor x = randn({B, T, H, Dh}, 6);
   EXPECT_THROW(ops::rope(ctx, x, B, T, H, Dh + 1, 10000.0, false), Error);   // numel mismatch

@@ -1,9 +1,12 @@
 #include "deck_keys.h"
 
+#include <cctype>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "deck_values.h"
+#include "lmscale/core/error.h"
 #include "lmscale/io/presets.h"
 
 namespace lmscale::io::detail {
@@ -115,6 +118,32 @@ DeckKey bool_list_key(std::string name, F field, std::string meaning) {
   return k;
 }
 
+// model.ce_chunk_rows: a row count, or the words auto (-1) and all (0).
+DeckKey ce_chunk_rows_key() {
+  const std::string name = "model.ce_chunk_rows";
+  DeckKey k{name, "int|auto|all",
+            "Rows per chunk of the fused LM head + cross-entropy (the [B*T, vocab] logits are never "
+            "materialised: per chunk the logits, loss and gradient, then dx and dW_head): auto = as many rows as "
+            "keep one chunk's logits <= 256 MiB (one chunk for small models: results as unchunked); all (or 0) = "
+            "one chunk of every row; n = n rows.",
+            {}, "auto, all, or an integer >= 0", {}, {}};
+  k.set = [name](Config& c, const std::string& t) {
+    std::string v = trim(t);
+    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (v == "auto") c.model.ce_chunk_rows = -1;
+    else if (v == "all") c.model.ce_chunk_rows = 0;
+    else if (!v.empty() && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-' || v[0] == '+'))
+      c.model.ce_chunk_rows = parse_int(name, t, 0);
+    else
+      throw UsageError(fmt::format("bad value for {}: '{}' (expected auto, all, or an integer >= 0)", name, trim(t)));
+  };
+  k.get = [](const Config& c) {
+    const std::int64_t r = c.model.ce_chunk_rows;
+    return r < 0 ? std::string("auto") : r == 0 ? std::string("all") : fmt::format("{}", r);
+  };
+  return k;
+}
+
 std::vector<std::string> preset_names() {
   std::vector<std::string> names{"custom"};
   for (const auto& p : model_presets()) names.push_back(p.name);
@@ -153,6 +182,7 @@ std::vector<DeckKey> build_table() {
       float_key("model.norm_eps", LMSCALE_FIELD(model.norm_eps), R::positive(), "RMSNorm epsilon."),
       enum_key("model.attention", LMSCALE_FIELD(model.attention), {"naive", "flash"},
                "Attention implementation: naive (materialises the score matrix) or flash (FlashAttention-2)."),
+      ce_chunk_rows_key(),
       // [precision]
       enum_key("precision.mode", LMSCALE_FIELD(precision.mode), dtypes,
                "fp32, or bf16/fp16 mixed precision (fp32 master weights); bf16 and fp16 need a CUDA device."),

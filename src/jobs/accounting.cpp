@@ -107,8 +107,15 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   } else {
     add("activations", L * block, "L x (" + block_f + ")");
   }
-  add("logits", N * V / tp * e + 2 * N * d * e * r,
-      tp > 1 ? "N V/tp e (this rank's vocabulary columns) + final norm" : "N V e (logits, then their gradient in place) + final norm");
+  // The fused LM head + cross-entropy (model/transformer_head.cpp): one row chunk of logits
+  // (model.ce_chunk_rows), then its gradient in place; the final norm's output [Nl,d] and the
+  // head's input gradient [N,d] while the head unit runs (its backward is in the forward).
+  const double chunk = static_cast<double>(
+      m.head_chunk_rows(static_cast<std::int64_t>(N), m.vocab / tp, static_cast<std::int64_t>(e)));
+  add("logits", chunk * V / tp * e + N * d * e * r + N * d * e,
+      fmt::format("rows x V{} e (one chunk of {} rows of logits, then their gradient in place) + final norm output "
+                  "and its gradient",
+                  tp > 1 ? "/tp" : "", chunk));
   for (const auto& it : a.memory) a.peak_bytes += it.bytes;
   // Bytes each rank sends per step (ring algorithms): all-reduce 2(N-1)/N x G, reduce-scatter
   // and all-gather (N-1)/N x G each; zero1-broadcast: all-reduce + the owner's broadcasts.
@@ -132,6 +139,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     a.comm_formula = "reduce-scatter (N-1)/N x 4P + all-gather (N-1)/N x 4P";
   }
   a.flops_per_step = m.train_flops_per_token(m.context) * static_cast<double>(B * m.context);
+  a.flops_per_step_causal = m.train_flops_per_token_causal(m.context) * static_cast<double>(B * m.context);
   a.peak_flops = device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name, cfg.precision.mode,
                                    cfg.precision.tf32);
   a.ideal_step_s = a.peak_flops > 0 ? a.flops_per_step / (dp * tp * a.peak_flops) : 0;
@@ -216,6 +224,7 @@ int run_accounting(JobEnv& env) {
   env.out.set_attr(g, "comm_bytes_per_step_per_rank", a.comm_bytes_per_step);
   env.out.set_attr(g, "comm_formula", a.comm_formula);
   env.out.set_attr(g, "flops_per_step", a.flops_per_step);
+  env.out.set_attr(g, "flops_per_step_causal", a.flops_per_step_causal);
   env.out.set_attr(g, "peak_flops_per_device", a.peak_flops);
   env.out.set_attr(g, "ideal_step_s", a.ideal_step_s);
   env.out.set_attr(g, "tp_comm_bytes_per_step_per_rank", a.tp_comm_bytes_per_step);
@@ -257,6 +266,7 @@ int run_accounting(JobEnv& env) {
     fmt::print("FLOPs per step: {:.4g}; at the device peak ({:.0f} TFLOP/s) a step takes at least {:.1f} ms "
                "({:.1f} ms at 50% MFU)\n",
                a.flops_per_step, a.peak_flops / 1e12, a.ideal_step_s * 1e3, 2 * a.ideal_step_s * 1e3);
+    fmt::print("FLOPs per step with causal attention halved: {:.4g}\n", a.flops_per_step_causal);
     if (cfg.parallel.tp > 1)
       fmt::print("tensor parallel (tp {}{}): {:.3f} GiB per step per rank ({})\n", cfg.parallel.tp,
                  cfg.parallel.sequence_parallel ? ", sequence parallel" : "", a.tp_comm_bytes_per_step / (1u << 30),

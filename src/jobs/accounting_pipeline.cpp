@@ -78,9 +78,14 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
       per_micro = Ls * ((6 * d + kf * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0));
       f = kf > 0 ? "L_stage x ((6d + 2F) n e + 8n [+ lse])" : "L_stage x (6d n e + 8n [+ lse])";
     }
-    add("activations", inflight * (per_micro + (head ? N * Vocab * e + 2 * N * d * e : 0.0)) +
+    // The head stage: the fused LM head + cross-entropy keeps only the gradient of its input
+    // [n,d] per microbatch in flight; one row chunk of logits, the final norm's output and its
+    // gradient exist while a microbatch's head runs.
+    const double chunk = static_cast<double>(m.head_chunk_rows(static_cast<std::int64_t>(N), m.vocab, mixed ? 2 : 4));
+    add("activations", inflight * (per_micro + (head ? N * d * e : 0.0)) + (head ? chunk * Vocab * e + 2 * N * d * e : 0.0) +
                            (ac == "every-k" ? std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls) * block : 0.0),
-        fmt::format("{:.3g} microbatches in flight x ({}{})", inflight, f, head ? " + logits n V e" : ""));
+        fmt::format("{:.3g} microbatches in flight x ({}{}){}", inflight, f, head ? " + n d e (head input gradient)" : "",
+                    head ? " + chunk V e + 2 n d e (one chunk of logits, final norm output and gradient)" : ""));
     for (const auto& it : a.memory) a.peak_bytes += it.bytes;
     // p2p: every microbatch sends each chunk's output [n, d] forward (not from the last virtual
     // stage) and each chunk's input gradient [n, d] backward (not from virtual stage 0).

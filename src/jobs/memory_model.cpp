@@ -46,7 +46,8 @@ struct Block {
 struct Shapes {
   double N = 0, Nl = 0, d = 0, dl = 0, F = 0, H = 0, T = 0, B = 0, V = 0, e = 4, st = 4;
   bool flash = false, sp = false, cuda = false;
-  int L = 0;
+  int L = 0, tp = 1;
+  double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   std::string ac = "none";
   int k = 1;
 };
@@ -308,29 +309,63 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
     if (every_k) blocks[0].x = x0;   // group 0's input
     else m.free(x0);
   }
-  // Head: final norm, logits (the cross-entropy writes their gradient in place), the loss sum.
+  // Head unit (transformer_head.cpp): final norm, then the LM head + cross-entropy in row chunks
+  // of one reused logits buffer; a training forward runs the unit's backward here too.
   gr.before_forward(s.L + 1);
+  double loss_sum = m.alloc(s.st);   // kept until the step's losses are reduced
+  (void)loss_sum;
   double rstd = m.alloc(s.st * s.Nl), y = m.alloc(Nlde), yfull = s.sp ? m.alloc(Nde) : 0.0;
-  double logits = m.alloc(s.N * s.V * s.e);
-  m.alloc(s.st);   // loss_sum: kept until the step's losses are reduced
-  if (s.V > 0 && s.sp) m.free(yfull);
-  gr.after_forward(s.L + 1);
+  double dy = 0;
+  if (keep) {
+    gr.before_backward(s.L + 1);
+    dy = m.alloc(Nde);
+    gr.touch(2 + 9 * s.L);   // lm_head
+  }
+  // The chunks: the logits buffer, a loss scalar per chunk after the first, per chunk the CUDA
+  // cross-entropy's row losses (fp32) or, vocabulary-parallel, the row max and (sum, target) pair.
+  const double rows = s.chunk, chunks = std::ceil(s.N / s.chunk);
+  double logits = m.alloc(rows * s.V * s.e);
+  double part = chunks > 1 ? m.alloc(s.st) : 0.0;
+  for (double c = 0; c < std::min(chunks, 2.0); ++c) {   // every chunk allocates the same (the last no more)
+    const double n = std::min(rows, s.N - c * rows);
+    if (s.tp > 1) {
+      double row_max = m.alloc(s.st * n), sums = m.alloc(2 * s.st * n);
+      if (s.cuda) {
+        double r = m.alloc(4 * n);
+        m.free(r);
+      }
+      m.free(row_max);
+      m.free(sums);
+    } else if (s.cuda) {
+      double r = m.alloc(4 * n);
+      m.free(r);
+    }
+  }
+  if (keep && s.sp) {   // the f backward reduce-scatters dy into a new [Nl,d] (dy kept until it is done)
+    double shard = m.alloc(Nlde);
+    m.free(logits);
+    m.free(part);
+    m.free(dy);
+    dy = shard;
+  }
+  m.free(logits);
+  m.free(part);
   if (!keep) {
-    for (double* t : {&rstd, &y, &yfull, &logits, &x, &batch, &targets}) m.free(*t);
+    for (double* t : {&rstd, &y, &yfull, &x, &batch, &targets}) m.free(*t);
+    gr.after_forward(s.L + 1);
     return m.peak - base;
   }
+  m.free(yfull);
+  m.free(y);
+  double dx = m.alloc(Nlde);   // d(loss)/d(last block output): where the blocks' backward starts
+  gr.touch(1 + 9 * s.L);       // ln_final
+  gr.after_backward(s.L + 1);
+  m.free(rstd);
+  m.free(dy);
+  m.free(x);                   // the last block's output
+  gr.after_forward(s.L + 1);
   if (backward) {
     const int L = s.L;
-    double dx = m.alloc(Nlde);
-    gr.before_backward(L + 1);
-    double dy = m.alloc(Nde);
-    gr.touch(2 + 9 * L);   // lm_head
-    m.free(logits);
-    m.free(y);
-    gr.touch(1 + 9 * L);   // ln_final
-    m.free(x);             // x_final (rstd_final stays with the activations until the micro-batch ends)
-    gr.after_backward(L + 1);
-    m.free(dy);
     const int k = every_k ? s.k : 1;
     for (int g = (L - 1) / k; g >= 0; --g) {
       const int lo = g * k, hi = std::min(L, lo + k);
@@ -353,9 +388,8 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
     gr.before_backward(0);
     gr.touch(0);   // embedding
     gr.after_backward(0);
-    m.free(dx);
-    m.free(rstd);
   }
+  m.free(dx);
   return m.peak - base;
 }
 
@@ -390,6 +424,8 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
   s.H = static_cast<double>(dims.heads) / tp;
   s.V = static_cast<double>(dims.vocab) / tp;
   s.e = mixed ? 2 : 4;
+  s.tp = tp;
+  s.chunk = static_cast<double>(dims.head_chunk_rows(static_cast<std::int64_t>(s.N), dims.vocab / tp, mixed ? 2 : 4));
   s.flash = dims.flash;
   s.cuda = cuda;
   s.L = static_cast<int>(dims.layers);
@@ -487,8 +523,8 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
         // with grad_accum > 1 it also holds micro-batches 2.. (their forward and backward run
         // after the first one's phase mark, with the buckets already allocated).
         // Its peak is at its start: the phase mark comes while the last micro-batch's inputs,
-        // targets, final-norm rstd and loss sum are still alive (they die with its scope).
-        double opt = init + workspace + grads_after + 2 * probe.round(4 * s.B * s.T) + probe.round(s.st * s.Nl) +
+        // targets and loss sum are still alive (they die with its scope).
+        double opt = init + workspace + grads_after + 2 * probe.round(4 * s.B * s.T) +
                      probe.round(s.st) * static_cast<double>(accum);
         if (accum > 1) opt = std::max(opt, base + run(true, true, true));
         out.phases.push_back({"optimizer", opt});

@@ -263,12 +263,21 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
   }
   for (std::int64_t m = 0; m < grad_accum_; ++m) {
     auto [in, tg] = upload(tokens, T, m * micro, (m + 1) * micro);
+    // The first micro-batch overwrites the gradients, later ones add to them. The forward runs the
+    // head unit's backward (fused LM head + cross-entropy), so it gets the micro-batch's backward
+    // hooks as well as the forward ones (taken in this order: FSDP's forward hooks close a step
+    // left open, its backward hooks open this one).
+    const bool accumulate = m > 0;
+    model::ParallelContext pc = with_tp(sync_->forward_hooks(true));
+    const model::ParallelContext bpc = sync_->hooks(static_cast<int>(m), static_cast<int>(grad_accum_));
+    pc.on_grad_ready = bpc.on_grad_ready;
+    pc.before_backward = bpc.before_backward;
+    pc.after_backward = bpc.after_backward;
     auto t0 = rt.mark();
-    auto act = model_->forward(ctx, in, tg, true, grad_scale, with_update_waits(with_tp(sync_->forward_hooks(true))));
+    auto act = model_->forward(ctx, in, tg, true, grad_scale, with_update_waits(pc), accumulate);
     settle_optimizer();   // (the forward waited per unit; this only drops an empty queue)
     auto t1 = rt.mark();
-    // The first micro-batch overwrites the gradients, later ones add to them.
-    model_->backward(ctx, *act, with_tp(sync_->hooks(static_cast<int>(m), static_cast<int>(grad_accum_))), m > 0);
+    model_->backward(ctx, *act, pc, accumulate);
     auto t2 = rt.mark();
     loss_sums.push_back(act->loss_sum);
     r.times.forward_ms += rt.elapsed_ms(t0, t1);

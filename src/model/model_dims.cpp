@@ -1,5 +1,7 @@
 #include "lmscale/model/model_dims.h"
 
+#include <algorithm>
+
 namespace lmscale::model {
 
 ModelDims ModelDims::from(const ModelConfig& m) {
@@ -13,6 +15,7 @@ ModelDims ModelDims::from(const ModelConfig& m) {
   d.rope_theta = m.rope_theta;
   d.norm_eps = m.norm_eps;
   d.flash = m.attention == "flash";
+  d.ce_chunk_rows = m.ce_chunk_rows;
   return d;
 }
 
@@ -30,6 +33,19 @@ std::int64_t ModelDims::parameter_count() const {
 double ModelDims::train_flops_per_token(std::int64_t T) const {
   return 6.0 * static_cast<double>(matmul_parameter_count()) +
          12.0 * static_cast<double>(layers) * static_cast<double>(T) * static_cast<double>(d_model);
+}
+
+double ModelDims::train_flops_per_token_causal(std::int64_t T) const {
+  return 6.0 * static_cast<double>(matmul_parameter_count()) +
+         6.0 * static_cast<double>(layers) * static_cast<double>(T) * static_cast<double>(d_model);
+}
+
+std::int64_t ModelDims::head_chunk_rows(std::int64_t N, std::int64_t Vl, std::int64_t elem_bytes) const {
+  const std::int64_t all = std::max<std::int64_t>(1, N);
+  if (ce_chunk_rows == 0) return all;
+  if (ce_chunk_rows > 0) return std::min(ce_chunk_rows, all);
+  const std::int64_t row_bytes = std::max<std::int64_t>(1, Vl * elem_bytes);
+  return std::clamp<std::int64_t>(kAutoChunkLogitBytes / row_bytes, 1, all);
 }
 
 }  // namespace lmscale::model

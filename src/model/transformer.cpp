@@ -38,7 +38,8 @@ TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params, Stag
 }
 
 std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& tokens, const Tensor& targets,
-                                                    bool keep, double grad_scale, const ParallelContext& pc) {
+                                                    bool keep, double grad_scale, const ParallelContext& pc,
+                                                    bool accumulate) {
   NvtxRange range("forward");
   LMSCALE_CHECK(units_.is_all(dims_), "forward(): a pipeline stage's model runs forward_stage()");
   LMSCALE_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::i32, "tokens must be int32 [B,T], got {}",
@@ -47,10 +48,13 @@ std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& 
   act->B = tokens.dim(0);
   act->T = tokens.dim(1);
   LMSCALE_CHECK(act->T <= dims_.context, "sequence length {} exceeds model.context_length {}", act->T, dims_.context);
+  const std::int64_t N = act->B * act->T;
+  LMSCALE_CHECK(targets.defined() && targets.dtype() == DType::i32 && targets.numel() == N,
+                "forward() needs targets int32 [{}, {}] (logits() gives the logits without a loss)", act->B, act->T);
   act->tokens = tokens;
   act->targets = targets;
-  const std::int64_t N = act->B * act->T;
-  const int head_unit = static_cast<int>(dims_.layers) + 1;
+  act->accumulate = accumulate;
+  const int head_unit_index = static_cast<int>(dims_.layers) + 1;
 
   Tensor x;
   {
@@ -62,14 +66,12 @@ std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& 
   x = run_blocks_forward(ctx, *act, x, keep, pc);
 
   NvtxRange r("lm_head");
-  call(pc.before_forward, head_unit);
-  Tensor logits = head_forward(ctx, *act, x, keep, pc);
-  if (targets.defined() && targets.numel() > 0) {
-    act->loss_sum = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
-    loss(pc, ctx, logits, targets.reshape({N}), act->loss_sum, keep, grad_scale);
-  }
-  if (keep) act->dlogits = logits;
-  call(pc.after_forward, head_unit);
+  call(pc.before_forward, head_unit_index);
+  act->loss_sum = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
+  const HeadGrad grad{grad_scale, accumulate};
+  act->dx_final = head_unit(ctx, x, targets.reshape({N}), act->loss_sum, keep ? &grad : nullptr, pc);
+  x = Tensor();   // the last block's output: its gradient (dx_final) is all the backward needs
+  call(pc.after_forward, head_unit_index);
   return act;
 }
 
@@ -82,30 +84,11 @@ Tensor TransformerLM::logits(Context& ctx, const Tensor& tokens, const ParallelC
   Tensor x = embed(pc, ctx, tokens.reshape({N}));
   call(pc.after_forward, 0);
   x = run_blocks_forward(ctx, act, x, false, pc);
-  const int head_unit = static_cast<int>(dims_.layers) + 1;
-  call(pc.before_forward, head_unit);
-  Tensor out = head_forward(ctx, act, x, false, pc);
-  call(pc.after_forward, head_unit);
+  const int head_unit_index = static_cast<int>(dims_.layers) + 1;
+  call(pc.before_forward, head_unit_index);
+  Tensor out = head_logits(ctx, x, pc);
+  call(pc.after_forward, head_unit_index);
   return out;
-}
-
-Tensor TransformerLM::head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep,
-                                   const ParallelContext& pc) {
-  const std::int64_t Nl = x.dim(0), d = dims_.d_model;
-  const int ln_final = params_.local_index(1 + static_cast<int>(dims_.layers) * 9);   // store index
-  Allocator& A = *ctx.allocator;
-  Tensor rstd = Tensor::empty({Nl}, stats_, A, "activations");
-  Tensor y = Tensor::empty({Nl, d}, compute_, A, "activations");
-  ops::rmsnorm(ctx, x, params_.compute_weight(ln_final), dims_.norm_eps, y, rstd);
-  Tensor y_full = tp_f(pc, ctx, y);   // [N,d]: the vocabulary-parallel head is column-parallel
-  Tensor logits = Tensor::empty({y_full.dim(0), Vl_}, compute_, A, "logits");
-  ops::linear(ctx, y_full, params_.compute_weight(ln_final + 1), logits);
-  if (keep) {
-    act.x_final = x;
-    act.rstd_final = rstd;
-    act.y_final = y;
-  }
-  return logits;
 }
 
 Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep,
@@ -353,38 +336,17 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
 
 void TransformerLM::backward(Context& ctx, Activations& act, const ParallelContext& pc, bool accumulate) {
   NvtxRange range("backward");
-  LMSCALE_CHECK(act.dlogits.defined() && act.dlogits.numel() > 0 && act.loss_sum.defined(),
-                "backward needs a forward with targets and keep=true");
-  const std::int64_t N = act.B * act.T, Nl = local_rows(N), d = dims_.d_model;
-  const int L = static_cast<int>(dims_.layers);
-  const int ln_final = 1 + L * 9, head = ln_final + 1;
-  Tensor dx = Tensor::empty({Nl, d}, compute_, *ctx.allocator, "activation_grads");
-  {
-    NvtxRange r("lm_head_backward");
-    call(pc.before_backward, L + 1);
-    Tensor dy = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
-    Tensor gHead = params_.grad(head);
-    if (!tp_.active()) {
-      ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dy, &gHead, accumulate);
-      notify(pc, head);
-    } else {
-      // Vocabulary-parallel head: the partial input gradients are summed (f backward) while the
-      // head's weight gradient computes.
-      const Tensor y = tp_f(pc, ctx, act.y_final);   // [N,d]
-      ops::linear_backward(ctx, y, params_.compute_weight(head), act.dlogits, &dy, nullptr, accumulate);
-      PendingGrad pending = tp_f_backward_start(pc, ctx, dy);
-      ops::linear_backward(ctx, y, params_.compute_weight(head), act.dlogits, nullptr, &gHead, accumulate);
-      notify(pc, head);
-      dy = pending.finish();
-    }
-    act.dlogits = Tensor();
-    act.y_final = Tensor();
-    Tensor gLnF = grad_for_adding(ctx, ln_final, accumulate);
-    norm_backward(pc, ctx, act.x_final, params_.compute_weight(ln_final), act.rstd_final, dy, dx, gLnF);
-    notify(pc, ln_final);
-    act.x_final = Tensor();
-    call(pc.after_backward, L + 1);
-  }
+  LMSCALE_CHECK(act.dx_final.defined() && act.loss_sum.defined(),
+                "backward needs a forward with targets and keep = true (once per forward)");
+  LMSCALE_CHECK(act.accumulate == accumulate,
+                "backward(accumulate = {}) after a forward with accumulate = {}: the head's gradients were written "
+                "in the forward, both must say the same",
+                accumulate, act.accumulate);
+  const std::int64_t N = act.B * act.T;
+  // The head unit's backward ran in the forward (fused LM head + cross-entropy): start from the
+  // gradient it left for the last block's output [Nl,d].
+  Tensor dx = act.dx_final;
+  act.dx_final = Tensor();
   blocks_backward(ctx, act, dx, pc, accumulate);
   NvtxRange r("embedding_backward");
   call(pc.before_backward, 0);

@@ -20,8 +20,9 @@ void notify(const ParallelContext& pc, int i) {
 }  // namespace
 
 std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Tensor& input, const Tensor& targets,
-                                                          std::int64_t B, std::int64_t T, double grad_scale,
-                                                          const ParallelContext& pc) {
+                                                          std::int64_t B, std::int64_t T, bool keep,
+                                                          double grad_scale, const ParallelContext& pc,
+                                                          bool accumulate) {
   NvtxRange range("forward_stage");
   // Pipeline stages run whole tensors: tensor x pipeline parallelism is refused by the deck.
   LMSCALE_CHECK(!tp_.active(), "a pipeline stage with tensor parallelism (tp = {}) is not supported", tp_.degree);
@@ -32,6 +33,7 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
   act->B = B;
   act->T = T;
   act->targets = targets;
+  act->accumulate = accumulate;
   Tensor x;
   if (u.owns_embedding()) {
     LMSCALE_CHECK(input.dtype() == DType::i32 && input.numel() == N, "stage 0 input: tokens int32 [{}, {}], got {}", B,
@@ -46,18 +48,18 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
                   N, d, dtype_name(compute_), shape_str(input.shape()), dtype_name(input.dtype()));
     x = input.reshape({N, d});
   }
-  x = run_blocks_forward(ctx, *act, x, true, pc);
+  x = run_blocks_forward(ctx, *act, x, keep, pc);
   if (!u.owns_head(dims_)) {
     act->output = x;
     return act;
   }
   NvtxRange r("lm_head");
   call(pc.before_forward, L + 1);
-  Tensor logits = head_forward(ctx, *act, x, true, pc);
   LMSCALE_CHECK(targets.defined() && targets.numel() == N, "the last stage needs targets int32 [{}, {}]", B, T);
   act->loss_sum = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
-  ops::cross_entropy(ctx, logits, targets.reshape({N}), act->loss_sum, &logits, grad_scale);
-  act->dlogits = logits;
+  const HeadGrad grad{grad_scale, accumulate};
+  act->dx_final = head_unit(ctx, x, targets.reshape({N}), act->loss_sum, keep ? &grad : nullptr, pc);
+  x = Tensor();
   call(pc.after_forward, L + 1);
   return act;
 }
@@ -68,26 +70,14 @@ Tensor TransformerLM::backward_stage(Context& ctx, Activations& act, Tensor dy, 
   LMSCALE_CHECK(!tp_.active(), "a pipeline stage with tensor parallelism (tp = {}) is not supported", tp_.degree);
   const StageUnits& u = units_;
   const std::int64_t N = act.B * act.T, d = dims_.d_model;
-  const int L = static_cast<int>(dims_.layers);
   Tensor dx;
   if (u.owns_head(dims_)) {
-    // As backward(): LM head, then the final RMSNorm; dx = d(loss)/d(last block output) [N,d].
-    const int ln_final = params_.local_index(1 + L * 9), head = params_.local_index(2 + L * 9);
-    NvtxRange r("lm_head_backward");
-    call(pc.before_backward, L + 1);
-    dx = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
-    Tensor dyh = Tensor::empty({N, d}, compute_, *ctx.allocator, "activation_grads");
-    Tensor gHead = params_.grad(head);
-    ops::linear_backward(ctx, act.y_final, params_.compute_weight(head), act.dlogits, &dyh, &gHead, accumulate);
-    notify(pc, head);
-    act.dlogits = Tensor();
-    act.y_final = Tensor();
-    Tensor gLnF = params_.grad(ln_final);
-    if (!accumulate) ops::fill(ctx, gLnF, 0.0);
-    ops::rmsnorm_backward(ctx, act.x_final, params_.compute_weight(ln_final), act.rstd_final, dyh, dx, gLnF);
-    notify(pc, ln_final);
-    act.x_final = Tensor();
-    call(pc.after_backward, L + 1);
+    // As backward(): the head unit's backward ran in forward_stage; start from its gradient.
+    LMSCALE_CHECK(act.dx_final.defined(), "backward_stage needs a forward_stage with keep = true");
+    LMSCALE_CHECK(act.accumulate == accumulate, "backward_stage(accumulate = {}) after forward_stage(accumulate = {})",
+                  accumulate, act.accumulate);
+    dx = act.dx_final;
+    act.dx_final = Tensor();
   } else {
     LMSCALE_CHECK(dy.defined() && dy.numel() == N * d, "stage backward: output gradient [{}, {}] expected", N, d);
     dx = dy.reshape({N, d});

@@ -3,6 +3,8 @@
 // vocabulary-parallel cross-entropy. Everything here is an identity (or the plain op) when the
 // tensor-parallel degree is 1, so the single-process model pays nothing.
 // Shapes: N = B*T rows, Nl = N/tp under sequence parallelism (else N), d = d_model, Vl = V/tp.
+#include <algorithm>
+
 #include "lmscale/core/error.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/ops.h"
@@ -131,6 +133,35 @@ void TransformerLM::loss(const ParallelContext& pc, Context& ctx, Tensor& logits
   ops::vocab_parallel_sums(ctx, logits, targets, vb, row_max, sums);
   pc.tp.sum(sums);                          // sum of exp over V, and the target's logit
   ops::vocab_parallel_loss(ctx, logits, targets, vb, row_max, sums, loss_sum, keep ? &logits : nullptr, grad_scale);
+}
+
+Tensor TransformerLM::head_chunks_tp(const ParallelContext& pc, Context& ctx, const Tensor& y, const Tensor& w,
+                                     const Tensor& targets, Tensor& loss_sum, Tensor* dy, Tensor* dw,
+                                     const HeadGrad* grad, std::int64_t chunk_rows) {
+  const std::int64_t N = y.dim(0), d = y.dim(1), rows = std::min(chunk_rows, N);
+  Allocator& A = *ctx.allocator;
+  Tensor logits = Tensor::empty({rows, Vl_}, compute_, A, "logits");   // one chunk's [rows, Vl], reused
+  Tensor part = rows < N ? Tensor::empty({1}, stats_, A, "loss") : Tensor();
+  PendingGrad pending;
+  for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
+    const std::int64_t n = std::min(rows, N - r0);
+    const bool whole = n == N, last = r0 + n == N;
+    const Tensor yc = whole ? y : y.flat_range(r0 * d, n * d).reshape({n, d});
+    const Tensor tc = whole ? targets : targets.flat_range(r0, n);
+    Tensor z = n == rows ? logits : logits.flat_range(0, n * Vl_).reshape({n, Vl_});
+    ops::linear(ctx, yc, w, z);
+    Tensor& l = r0 == 0 ? loss_sum : part;
+    loss(pc, ctx, z, tc, l, grad != nullptr, grad ? grad->scale : 1.0);
+    if (r0 > 0) ops::add(ctx, loss_sum, part, loss_sum);
+    if (!grad) continue;
+    // The input gradient first; after the last chunk's, its f-backward collective runs while the
+    // weight-gradient GEMM (which does not read it) computes.
+    Tensor dyc = whole ? *dy : dy->flat_range(r0 * d, n * d).reshape({n, d});
+    ops::linear_backward(ctx, yc, w, z, &dyc, nullptr, false);
+    if (last) pending = tp_f_backward_start(pc, ctx, *dy);
+    ops::linear_backward(ctx, yc, w, z, nullptr, dw, grad->accumulate || r0 > 0);
+  }
+  return grad ? pending.finish() : Tensor();
 }
 
 }  // namespace lmscale::model

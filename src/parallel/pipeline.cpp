@@ -31,6 +31,10 @@ constexpr int kForwardTag = 1, kBackwardTag = 2;
 
 struct PipelineParallel::Slot {
   std::unique_ptr<model::Activations> act;
+  // The head-owning chunk: microbatch m's backward hooks, taken once at its forward (whose head
+  // unit runs its backward) and used again by its backward.
+  bool has_hooks = false;
+  model::ParallelContext hooks;
 };
 
 PipelineParallel::PipelineParallel(std::vector<model::TransformerLM*> chunks, comm::Communicator& pp,
@@ -49,12 +53,21 @@ Tensor PipelineParallel::recv_activation(std::int64_t rows) {
 }
 
 void PipelineParallel::forward(int m, Slot& slot, const Tensor& input, const Tensor& targets, std::int64_t T,
-                               double grad_scale, std::vector<Tensor>& loss_sums, int chunk) {
+                               double grad_scale, std::vector<Tensor>& loss_sums, bool accumulate, GradientSync& sync,
+                               int micro_offset, int micro_count, int chunk) {
   NvtxRange r("pipeline_forward");
   const std::int64_t B = targets.dim(0);
   model::TransformerLM& model = *chunks_[static_cast<std::size_t>(chunk)];
+  const bool head = model.units().owns_head(model.dims());
+  if (head) {
+    slot.hooks = sync.hooks(micro_offset + m, micro_count);
+    slot.has_hooks = true;
+  }
   RawEvent e{m, false, chunk, rt_.mark(), {}};
-  slot.act = model.forward_stage(rt_.ctx(), input, targets, B, T, grad_scale);
+  // Microbatches run forward in order 0..M-1 too, so the head's gradients accumulate in the
+  // order of a single process's micro-batches.
+  slot.act = model.forward_stage(rt_.ctx(), input, targets, B, T, true, grad_scale,
+                                 head ? slot.hooks : model::ParallelContext{}, accumulate || m > 0);
   e.end = rt_.mark();
   raw_.push_back(std::move(e));
   if (model.units().owns_head(model.dims())) loss_sums.push_back(slot.act->loss_sum);
@@ -71,7 +84,8 @@ Tensor PipelineParallel::backward(int m, Slot& slot, Tensor dy, bool accumulate,
   // Each chunk's parameters are touched only by that chunk's backwards, which run in
   // microbatch order 0..M-1: microbatch 0 overwrites its gradients.
   model::TransformerLM& model = *chunks_[static_cast<std::size_t>(chunk)];
-  Tensor dx = model.backward_stage(rt_.ctx(), *slot.act, std::move(dy), sync.hooks(micro_offset + m, micro_count),
+  Tensor dx = model.backward_stage(rt_.ctx(), *slot.act, std::move(dy),
+                                   slot.has_hooks ? slot.hooks : sync.hooks(micro_offset + m, micro_count),
                                    accumulate || m > 0);
   e.end = rt_.mark();
   raw_.push_back(std::move(e));
@@ -118,7 +132,8 @@ void PipelineParallel::run(const std::vector<Tensor>& tokens, const std::vector<
   // Warm-up: forwards only (gpipe: all of them).
   for (int i = 0; i < warmup; ++i, ++f) {
     Tensor in = is_first() ? tokens[static_cast<std::size_t>(f)] : recv_from(in_of(f), prev);
-    forward(f, slots[static_cast<std::size_t>(f)], in, targets[static_cast<std::size_t>(f)], T, grad_scale, loss_sums);
+    forward(f, slots[static_cast<std::size_t>(f)], in, targets[static_cast<std::size_t>(f)], T, grad_scale, loss_sums,
+            accumulate, sync, micro_offset, micro_count);
     if (!is_last()) {
       Tensor out = output_of(f);
       keep_send(pp_.send(out, next, 0, comm::async_call()), out);
@@ -128,7 +143,8 @@ void PipelineParallel::run(const std::vector<Tensor>& tokens, const std::vector<
   Tensor in;
   if (steady > 0) in = is_first() ? tokens[static_cast<std::size_t>(f)] : recv_from(in_of(f), prev);
   for (int i = 0; i < steady; ++i, ++f, ++b) {
-    forward(f, slots[static_cast<std::size_t>(f)], in, targets[static_cast<std::size_t>(f)], T, grad_scale, loss_sums);
+    forward(f, slots[static_cast<std::size_t>(f)], in, targets[static_cast<std::size_t>(f)], T, grad_scale, loss_sums,
+            accumulate, sync, micro_offset, micro_count);
     Tensor dy;
     if (!is_last()) {
       // Send this forward's output, receive the gradient of microbatch b's output.
@@ -176,7 +192,7 @@ Tensor PipelineParallel::forward_only(const Tensor& tokens, const Tensor& target
       in = recv_activation(rows);
       pp_.recv(in, prev, kForwardTag).wait();
     }
-    auto act = model.forward_stage(rt_.ctx(), in, targets, targets.dim(0), T, 1.0);
+    auto act = model.forward_stage(rt_.ctx(), in, targets, targets.dim(0), T, false, 1.0);
     if (model.units().owns_head(model.dims())) loss = act->loss_sum;
     else pp_.send(act->output, next, kForwardTag).wait();
   }
@@ -216,7 +232,8 @@ void PipelineParallel::run_interleaved(const std::vector<Tensor>& tokens, const 
     const int c = chunk_of(k, true), m = micro_of(k);
     Slot& slot = slots[static_cast<std::size_t>(c)][static_cast<std::size_t>(m)];
     const Tensor in = first_virtual(c) ? tokens[static_cast<std::size_t>(m)] : pop(inputs[static_cast<std::size_t>(c)]);
-    forward(m, slot, in, targets[static_cast<std::size_t>(m)], T, grad_scale, loss_sums, c);
+    forward(m, slot, in, targets[static_cast<std::size_t>(m)], T, grad_scale, loss_sums, accumulate, sync, 0,
+            micro_count, c);
     if (last_virtual(c)) return Tensor();
     Tensor out = slot.act->output;
     slot.act->output = Tensor();

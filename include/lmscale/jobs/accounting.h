@@ -26,7 +26,8 @@ struct Accounting {
   double peak_bytes = 0;               // sum of `memory`
   double comm_bytes_per_step = 0;      // bytes each rank sends per optimizer step
   std::string comm_formula;
-  double flops_per_step = 0;           // all ranks
+  double flops_per_step = 0;           // all ranks (attention over the full T x T matrix)
+  double flops_per_step_causal = 0;    // the same with causal attention halved (model_dims.h)
   double peak_flops = 0;               // per device (0 when the device is unknown)
   double ideal_step_s = 0;             // flops / (ranks * peak)
   // Tensor parallelism: activation bytes each rank sends per step over its tp group.

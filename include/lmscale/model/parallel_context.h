@@ -10,6 +10,15 @@
 //   forward:   before_forward(u), the unit's forward, after_forward(u)        for u = 0 .. L+1
 //   backward:  before_backward(u), [recompute], the unit's backward, after_backward(u)
 //                                                                             for u = L+1 .. 0
+// The head unit's backward is fused into a training forward (the LM head and cross-entropy run
+// in row chunks whose logits become their gradient at once; transformer_head.cpp), so for unit
+// L+1 of a training forward the order is
+//   before_forward(L+1), before_backward(L+1), on_grad_ready(lm_head), on_grad_ready(ln_final),
+//   after_backward(L+1), after_forward(L+1)
+// and backward() starts at unit L. A strategy therefore hands the model one context holding the
+// micro-batch's forward and backward hooks for both calls (jobs/trainer.cpp; the pipeline keeps
+// the head stage's backward hooks in its slot), and a strategy's backward state (FSDP's
+// micro-batch index, DDP's bucket counters) must be set before that forward.
 // With activation checkpointing every k blocks the backward calls before_backward for all the
 // units of a group (highest first) before it recomputes the group's forward, then runs the
 // group's backwards, each followed by its after_backward. The recompute itself calls no forward

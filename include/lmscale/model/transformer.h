@@ -9,7 +9,7 @@
 // collectives from ParallelContext::tp): each rank computes Hl = H/tp heads (q, k, v, o are
 // [N, dl], dl = Hl*Dh), Fl = F/tp FFN features (a, b, g [N, Fl]) and Vl = V/tp vocabulary columns
 // of the logits ([N, Vl]); with sequence parallelism the norms' inputs/outputs and the residual
-// stream (x, h, rstd, y1, y2, x_final, y_final) are row shards [Nl, d], Nl = N/tp; without it
+// stream (x, h, rstd, y1, y2, the final norm's input and output) are row shards [Nl, d], Nl = N/tp; without it
 // Nl = N and they are replicated on the tp ranks. Token and target ids are int32 [B, T] on the model's
 // device. Activations are [N, d] (equivalently [B, T, H, Dh] for attention) in the compute dtype
 // (fp32/fp64, or bf16/fp16 in mixed precision); norms' rstd and the loss are fp32 (fp64).
@@ -42,8 +42,10 @@ struct Activations {
   Tensor tokens, targets;                 // int32 [B,T]
   std::vector<BlockActivations> blocks;   // L entries when kept (empty ones under every-k)
   std::vector<Tensor> group_inputs;       // every-k checkpointing: input [N,d] of each group
-  Tensor x_final, rstd_final, y_final;    // final RMSNorm input/rstd/output
-  Tensor dlogits;                         // [N,V] ([N,Vl]): logits, overwritten in place by their gradient
+  // d(loss)/d(last block output) [Nl,d]: the head unit (final norm, LM head, loss) ran its
+  // backward inside the training forward (fused LM head + cross-entropy, no logits kept).
+  Tensor dx_final;
+  bool accumulate = true;                 // how that forward wrote the head's gradients
   Tensor loss_sum;                        // 1 element (fp32; fp64 for fp64 models)
   Tensor output;                          // pipeline stage without the head: its output [N,d]
 };
@@ -64,42 +66,73 @@ class TransformerLM {
   void set_recompute(const RecomputePolicy& p) { recompute_ = p; }
   const RecomputePolicy& recompute() const { return recompute_; }
 
-  // Forward over tokens[B,T]; when targets is defined also the loss and, with `keep`, what the
+  // Forward over tokens[B,T] and the loss over targets[B,T]; with `keep` (training) also what the
   // backward needs (as the recompute policy says). grad_scale = d(loss)/d(sum of token losses)
   // for the backward: 1 / (global number of target tokens), times the fp16 loss scale. Returns
   // the activations (holding loss_sum, the sum of this rank's token losses, on the device). pc's
   // forward hooks are called around each unit.
+  // The LM head and cross-entropy run fused in row chunks (model.ce_chunk_rows): the [N,V] logits
+  // never exist. With `keep` the head unit's (L+1) backward runs inside this forward, from the
+  // same chunks (no logits kept, none recomputed): lm_head's and ln_final's gradients are
+  // written here (overwritten unless `accumulate`, as backward() does), so pc must already hold
+  // the micro-batch's backward hooks: before_backward(L+1), on_grad_ready(lm_head, ln_final) and
+  // after_backward(L+1) are called from here (parallel_context.h), and backward() must get the
+  // same hooks and the same `accumulate` (checked).
   std::unique_ptr<Activations> forward(Context& ctx, const Tensor& tokens, const Tensor& targets, bool keep,
-                                       double grad_scale, const ParallelContext& pc = {});
+                                       double grad_scale, const ParallelContext& pc = {}, bool accumulate = true);
   // Logits [B*T, V] only (no loss); for evaluation of checkpoints and tests. Tensor parallel:
   // this rank's vocabulary columns [B*T, V/tp].
   Tensor logits(Context& ctx, const Tensor& tokens, const ParallelContext& pc = {});
   // Accumulates parameter gradients into params().flat_grads() (accumulate = true: zero them
   // first for a fresh step) or overwrites them (accumulate = false: the first micro-batch of a
   // step, which saves a pass over the whole gradient buffer); frees the activations as it goes.
-  // Calls pc.on_grad_ready(i) for each parameter and pc's backward hooks around each unit.
+  // Calls pc.on_grad_ready(i) for each parameter and pc's backward hooks around each unit, from
+  // the last block's down (the head unit's ran in forward()).
   void backward(Context& ctx, Activations& act, const ParallelContext& pc, bool accumulate = true);
 
   // ---- Pipeline stages (model/stage.h; src/model/transformer_stage.cpp) ----------------------
   // The model runs its units (units(): the store's, or its chunk's): the schedule in parallel/
   // calls these once per microbatch. forward_stage: `input` is tokens int32 [B,T] when the stage
   // owns the embedding, else the previous stage's output [B*T,d] in the compute dtype; `targets`
-  // int32 [B,T] is read by the stage owning the head (loss, grad_scale as in forward()). Always
-  // keeps what the backward needs (as the recompute policy says); a stage without the head
-  // leaves its output [B*T,d] in act->output.
+  // int32 [B,T] is read by the stage owning the head (loss, grad_scale as in forward()). With
+  // `keep` (training) keeps what the backward needs (as the recompute policy says) and, on the
+  // stage owning the head, runs the head unit's backward as forward() does (pc with the
+  // micro-batch's backward hooks, `accumulate`); without it only the loss (evaluation). A stage
+  // without the head leaves its output [B*T,d] in act->output.
   std::unique_ptr<Activations> forward_stage(Context& ctx, const Tensor& input, const Tensor& targets,
-                                             std::int64_t B, std::int64_t T, double grad_scale,
-                                             const ParallelContext& pc = {});
+                                             std::int64_t B, std::int64_t T, bool keep, double grad_scale,
+                                             const ParallelContext& pc = {}, bool accumulate = true);
   // backward_stage: dy = d(loss)/d(stage output) [B*T,d] (ignored by the stage owning the head,
-  // which starts from its logits' gradient; consumed in place otherwise). Returns the gradient
+  // which starts from the gradient its forward left in act.dx_final; consumed in place otherwise). Returns the gradient
   // w.r.t. the stage input [B*T,d] for the previous stage, or an undefined tensor on the stage
   // owning the embedding. Gradients accumulate as in backward().
   Tensor backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc, bool accumulate);
 
  private:
   Tensor run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep, const ParallelContext& pc);
-  // Final RMSNorm and LM head: x [N,d] -> logits [N,V]; keeps the norm's input and output in act.
-  Tensor head_forward(Context& ctx, Activations& act, const Tensor& x, bool keep, const ParallelContext& pc);
+  // Final RMSNorm and LM head: x [Nl,d] -> all logits [N,Vl] (logits() only; the loss never
+  // materialises them).
+  Tensor head_logits(Context& ctx, const Tensor& x, const ParallelContext& pc);
+  // The head unit L+1 on the last block's output x [Nl,d] (transformer_head.cpp): final RMSNorm,
+  // then the LM head and cross-entropy fused in row chunks; loss_sum [1] gets the sum of the N
+  // rows' token losses. With `grad` (a training forward) the unit's backward runs here too:
+  // lm_head's and ln_final's gradients, pc's before/after_backward(L+1) and on_grad_ready; it
+  // returns d(loss)/dx [Nl,d]. Without it returns an undefined tensor. The caller calls the
+  // forward hooks around it.
+  struct HeadGrad {
+    double scale;      // grad_scale of forward()
+    bool accumulate;   // add to the gradients (false: overwrite them)
+  };
+  Tensor head_unit(Context& ctx, const Tensor& x, const Tensor& targets, Tensor& loss_sum, const HeadGrad* grad,
+                   const ParallelContext& pc);
+  // Vocabulary-parallel form of the chunked head (transformer_tp.cpp): y [N,d] (gathered rows),
+  // this rank's w [Vl,d]; per chunk the logits [rows,Vl], loss() with its all-reduces, and with
+  // grad the partial input gradient into dy's rows and w's gradient dw; dy [N,d] is summed over
+  // tp (f backward) at the end, overlapped with the last chunk's weight-gradient GEMM. Returns
+  // the summed input gradient ([Nl,d]) when grad, else an undefined tensor.
+  Tensor head_chunks_tp(const ParallelContext& pc, Context& ctx, const Tensor& y, const Tensor& w,
+                        const Tensor& targets, Tensor& loss_sum, Tensor* dy, Tensor* dw, const HeadGrad* grad,
+                        std::int64_t chunk_rows);
   // The backward of blocks [lo, hi) after the head's, every-k: recomputes the group first.
   void blocks_backward(Context& ctx, Activations& act, Tensor& dx, const ParallelContext& pc, bool accumulate);
   // x [N,d] -> block output [N,d]; what the backward needs goes into s. need_output = false
@@ -148,8 +181,9 @@ class TransformerLM {
   Tensor embed(const ParallelContext& pc, Context& ctx, const Tensor& ids);
   // Its backward from dx [Nl,d] into the (local) table gradient (accumulates).
   void embed_backward(const ParallelContext& pc, Context& ctx, const Tensor& ids, const Tensor& dx, Tensor& dtable);
-  // Cross-entropy of logits [N,Vl] (the full V with tp = 1): loss_sum, and the gradient in place
-  // when keep; vocabulary-parallel: max and sum of exponentials all-reduced, logits never gathered.
+  // Cross-entropy of logits [rows,Vl] (the full V with tp = 1): loss_sum, and the gradient in
+  // place when keep; vocabulary-parallel: max and sum of exponentials all-reduced, logits never
+  // gathered. One row chunk of the fused head.
   void loss(const ParallelContext& pc, Context& ctx, Tensor& logits, const Tensor& targets, Tensor& loss_sum,
             bool keep, double grad_scale);
   // Rows this rank holds of the residual stream: N, or N/tp under sequence parallelism.

@@ -87,6 +87,19 @@ void attention_flash_backward(Context& ctx, const AttentionShape& s, const Tenso
 void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, Tensor& loss_sum, Tensor* dlogits,
                    double grad_scale);
 
+// ---- fused LM head + cross-entropy -------------------------------------------------------------
+// The loss of logits z = y w^T without ever holding all of them: rows in chunks of chunk_rows (the
+// last chunk may be shorter), one [chunk_rows, V] buffer reused. Per chunk c:
+//   z_c = y_c w^T;  loss_sum += sum over its rows of (logsumexp(z_c) - z_c[target])
+// and, when dy / dw are given, the gradient (softmax - onehot) * grad_scale written over z_c, then
+//   dy_c = dz_c w  (overwrites dy's rows of the chunk)    dw (+)= dz_c^T y_c
+// (dw: the first chunk overwrites unless accumulate_dw, later chunks add).
+// y [N,d], w [V,d] (same dtype), targets int32 [N], loss_sum 1 element (fp32; fp64 for fp64 y),
+// dy [N,d] like y, dw [V,d] (fp32 beside bf16/fp16 y, as in linear_backward). One chunk
+// (chunk_rows >= N) is exactly linear + cross_entropy + linear_backward, bitwise.
+void linear_cross_entropy(Context& ctx, const Tensor& y, const Tensor& w, const Tensor& targets, Tensor& loss_sum,
+                          Tensor* dy, Tensor* dw, bool accumulate_dw, double grad_scale, std::int64_t chunk_rows);
+
 // ---- elementwise and reductions ----------------------------------------------------------------
 void fill(Context& ctx, Tensor& x, double value);
 // out = a + b (out may alias a or b); all three the same dtype and size.

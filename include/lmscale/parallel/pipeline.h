@@ -100,8 +100,12 @@ class PipelineParallel {
                        double grad_scale, bool accumulate, GradientSync& sync, int micro_count,
                        std::vector<Tensor>& loss_sums);
   Tensor recv_activation(std::int64_t rows);
+  // The chunk owning the head runs its head unit's backward inside the forward (fused LM head +
+  // cross-entropy, TransformerLM::forward_stage): it takes microbatch m's backward hooks from
+  // sync here, once, and keeps them in the slot for the backward.
   void forward(int m, Slot& slot, const Tensor& input, const Tensor& targets, std::int64_t T, double grad_scale,
-               std::vector<Tensor>& loss_sums, int chunk = 0);
+               std::vector<Tensor>& loss_sums, bool accumulate, GradientSync& sync, int micro_offset,
+               int micro_count, int chunk = 0);
   Tensor backward(int m, Slot& slot, Tensor dy, bool accumulate, GradientSync& sync, int micro_offset,
                   int micro_count, int chunk = 0);
   void keep_send(comm::Work w, Tensor buf);
