@@ -6,6 +6,7 @@ cd "$(dirname "$0")/../.."
 stages=${*:-build tests perf rankfail lb}
 OUT=${OUT:-/tmp/s3_out}
 source scripts/device/session_lib.sh
+NGPU=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name --format=csv,noheader | tee -a "$summary"
 if has build; then
   scripts/device/build.sh > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
@@ -17,7 +18,7 @@ if has tests; then
     CUDA_VISIBLE_DEVICES=0 timeout 200 $BUILD/ctest/$t > "$OUT/$t.log" 2>&1
     note "$t rc=$? $(grep -aE '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ') $(grep -a 'FAILED  \]' "$OUT/$t.log" | head -3 | tr '\n' ' ')"
   done
-  timeout 200 "${MPIRUN[@]}" -np 2 $BUILD/ctest/parallel/mpi_test_parallel_gpu > "$OUT/par_gpu.log" 2>&1
+  [ $NGPU -ge 2 ] && timeout 200 "${MPIRUN[@]}" -np 2 $BUILD/ctest/parallel/mpi_test_parallel_gpu > "$OUT/par_gpu.log" 2>&1
   note "parallel gpu np2 rc=$? $(grep -aE '^\[  (PASSED|FAILED)' "$OUT/par_gpu.log" | sort -u | tr '\n' ' ') $(grep -a 'FAILED  \]' "$OUT/par_gpu.log" | sort -u | head -4 | tr '\n' ' ')"
   timeout 100 "${MPIRUN[@]}" -np 2 $BUILD/ctest/mpi/mpi_test_nccl_comm > "$OUT/nccl.log" 2>&1
   note "nccl np2 rc=$? $(grep -aE '^\[  (PASSED|FAILED)' "$OUT/nccl.log" | sort -u | tr '\n' ' ')"
@@ -29,19 +30,19 @@ if has perf; then
       --run.output="$OUT/xl1_$ov.h5" > "$OUT/xl1_$ov.log" 2>&1
     note "1 GPU xl flash overlap_optimizer=$ov: $(brief "$OUT/xl1_$ov.log")"
   done
-  for v in "zero2 fp32" "zero2 bf16" "bucketed bf16"; do
+  [ $NGPU -ge 2 ] && for v in "zero2 fp32" "zero2 bf16" "bucketed bf16"; do
     set -- $v
     extra=(); [ $1 = bucketed ] && extra=(--parallel.zero=none)
     timeout 100 "${MPIRUN[@]}" -np 2 $LM inputs/ddp_xl_zero2.ini --model.attention=flash --bench.batch_size=8 \
       --parallel.grad_reduce_dtype=$2 "${extra[@]}" --run.output="$OUT/dp_$1_$2.h5" > "$OUT/dp_$1_$2.log" 2>&1
     note "2 GPU $1 reduce $2: $(brief "$OUT/dp_$1_$2.log")"
   done
-  NCCL_CTA_POLICY=1 timeout 100 "${MPIRUN[@]}" -x NCCL_CTA_POLICY -np 2 $LM inputs/ddp_xl_zero2.ini --model.attention=flash \
+  [ $NGPU -ge 2 ] && NCCL_CTA_POLICY=1 timeout 100 "${MPIRUN[@]}" -x NCCL_CTA_POLICY -np 2 $LM inputs/ddp_xl_zero2.ini --model.attention=flash \
     --parallel.grad_reduce_dtype=bf16 --run.output="$OUT/dp_cta.h5" > "$OUT/dp_cta.log" 2>&1
   note "2 GPU zero2 bf16 NCCL_CTA_POLICY=1: $(brief "$OUT/dp_cta.log")"
   CUDA_VISIBLE_DEVICES=0 timeout 150 python3 $PEER model --size xl --precision bf16 --compile --attention sdpa > "$OUT/torch_model.log" 2>&1
   note "torch compile sdpa 1 GPU: $(grep '^{' "$OUT/torch_model.log" | tail -1 || tail -2 "$OUT/torch_model.log")"
-  timeout 150 torchrun --nproc-per-node 2 $PEER ddp --size xl --precision bf16 --attention sdpa > "$OUT/torch_ddp.log" 2>&1
+  [ $NGPU -ge 2 ] && timeout 150 torchrun --nproc-per-node 2 $PEER ddp --size xl --precision bf16 --attention sdpa > "$OUT/torch_ddp.log" 2>&1
   note "torch ddp sdpa: $(grep '^{' "$OUT/torch_ddp.log" | tail -1 || tail -2 "$OUT/torch_ddp.log")"
   note "perf done at $(( $(date +%s) - T0 )) s"
 fi
