@@ -92,6 +92,12 @@ std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V,
   return v;
 }
 
+// One MPI environment per process (MPI cannot be initialised again after finalize).
+comm::MpiEnvironment& mpi_once() {
+  static comm::MpiEnvironment mpi(nullptr, nullptr);
+  return mpi;
+}
+
 }  // namespace
 
 class ModelCuda : public ::testing::TestWithParam<std::tuple<bool, DType>> {};
@@ -133,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(AttentionAndPrecision, ModelCuda,
                          });
 
 TEST(LossScaling, OverflowSkipsTheStepAndHalvesTheScale) {
-  comm::MpiEnvironment mpi(nullptr, nullptr);
+  comm::MpiEnvironment& mpi = mpi_once();
   Config cfg;
   cfg.model.vocab_size = 101;
   cfg.model.context_length = 16;
@@ -175,7 +181,7 @@ TEST(LossScaling, OverflowSkipsTheStepAndHalvesTheScale) {
 // several steps (each forward reads weights an overlapped update wrote), with gradient
 // accumulation, with an evaluation forward between steps, and with clipping active.
 TEST(OverlappedOptimizer, SameBitsAsTheSerialStep) {
-  comm::MpiEnvironment mpi(nullptr, nullptr);
+  comm::MpiEnvironment& mpi = mpi_once();
   auto run = [&](bool overlap, std::int64_t accum) {
     Config cfg;
     // Large enough for three 256 MiB gradient buckets (about 190M fp32 parameters).

@@ -212,7 +212,7 @@ Config everything_changed() {
   c.run = {"bench-model", "out dir/x.h5", 42, false, "out dir/x.trace.json"};
   c.model = {"custom", 321, 77, 96, 200, 3, 6, 5000.5, 1e-6, "flash"};
   c.precision = {"bf16", true, true, 1024.0, 17};
-  c.parallel = {"cuda", "nccl", 2, 1, 1, "bucketed", 12.5, "bf16", "zero2", 2, false, 3, "gpipe", 1, "3", true, 45, false};
+  c.parallel = {"cuda", "nccl", 2, 1, 1, "bucketed", 12.5, "bf16", "zero2", 2, false, 3, "gpipe", 1, "3", true, 45, true};
   c.bench.mode = "forward";
   c.bench.warmup = 0;
   c.bench.steps = 3;

@@ -63,7 +63,7 @@ struct ParallelConfig {
   std::string stage_layers;             // blocks per stage, e.g. "12,12,12,12"; empty = balanced
   bool sequence_parallel = false;       // tp: norms and residuals on sequence shards
   std::int64_t timeout_s = 0;           // train, bench-model: a step (or checkpoint) taking longer aborts the job; 0 = off
-  bool overlap_optimizer = true;        // CUDA, unsharded: optimizer on a side stream, overlapping the next forward
+  bool overlap_optimizer = false;       // CUDA, unsharded: optimizer on a side stream, overlapping the next forward (measured: no gain)
 
   bool operator==(const ParallelConfig&) const = default;
 };
