@@ -140,9 +140,7 @@ class ReduceScatterSync final : public GradientSync {
     Tensor send = Tensor::empty({k.numel}, *reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
     ops::cast(*ctx_, src, send);
     // This rank's part of the bucket: [max(lo, offset), min(hi, offset+numel)) of its range.
-    std::int64_t lo = 0;
-    for (int r = 0; r < z_.grads_.rank(); ++r) lo += static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(r)]);
-    const std::int64_t hi = lo + static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(z_.grads_.rank())]);
+    const std::int64_t lo = s.begin, hi = s.begin + s.size;
     const std::int64_t a = std::max(lo, k.offset), e = std::min(hi, k.offset + k.numel);
     const std::int64_t mine = e > a ? e - a : 0;
     Tensor recv = Tensor::empty({std::max<std::int64_t>(mine, 1)}, *reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
