@@ -47,8 +47,6 @@ void reject_unbuilt_modes(const Config& c) {
   if (p.tp > 1 && !c.train.checkpoint_dir.empty() && c.run.job == "train")
     throw UsageError("train.checkpoint_dir (sharded checkpoints) with parallel.tp > 1 is not built yet; use "
                      "train.checkpoint_path and train.checkpoint_every (one file of full parameters by name)");
-  if (c.optim.name != "adamw")
-    throw UsageError("optim.name = " + c.optim.name + " is not built in this version; use adamw");
 }
 }  // namespace
 

@@ -71,12 +71,18 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
       const auto& p = layout.save[i];
       for (io::StateKind k : kKinds) {
         const Tensor& src = view_of(p, k);
-        LMSCALE_CHECK(src.numel() == p.end - p.begin, "checkpoint piece of {} elements has a view of {}",
+        // v of a one-state optimizer (sgd, lars): not held, written as zeros.
+        const bool absent = k == io::StateKind::v && !src.defined();
+        LMSCALE_CHECK(absent || src.numel() == p.end - p.begin, "checkpoint piece of {} elements has a view of {}",
                       p.end - p.begin, src.numel());
-        for (std::int64_t at = 0; at < src.numel(); at += kStage) {
-          const std::int64_t n = std::min(kStage, src.numel() - at);
+        for (std::int64_t at = 0; at < p.end - p.begin; at += kStage) {
+          const std::int64_t n = std::min(kStage, p.end - p.begin - at);
           Tensor dst = Tensor::view(stage.data(), {n}, DType::f32, Device::cpu);
-          ops::copy(ctx, src.flat_range(at, n), dst);
+          if (absent) {
+            std::fill(stage.begin(), stage.begin() + n, 0.0f);
+          } else {
+            ops::copy(ctx, src.flat_range(at, n), dst);
+          }
           env.rt.synchronize();
           writer.write(k, table[i].offset + at, stage.data(), n);
         }
@@ -95,6 +101,7 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
         {"step", trainer.step()},
         {"data_step", trainer.step()},   // samples are a pure function of (seed, step, index)
         {"optimizer_steps", optimizer_steps(trainer)},
+        {"optimizer", cfg.optim.name},
         {"loss_scale", trainer.loss_scaler().scale()},
         {"loss_scale_clean_steps", trainer.loss_scaler().clean_steps()},
         {"seed", static_cast<std::int64_t>(cfg.run.seed)},
@@ -145,6 +152,14 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
     throw UsageError(fmt::format("train.resume: checkpoint '{}' was written with run.seed = {} but the deck has {}; "
                                  "the data and random streams continue only with the same seed",
                                  index_path, ix.int_attr("seed"), cfg.run.seed));
+  // Checkpoints from before issue 16 carry no optimizer name: they are AdamW's.
+  std::string written_by = "adamw";
+  if (auto it = ix.attrs.find("optimizer"); it != ix.attrs.end() && std::holds_alternative<std::string>(it->second))
+    written_by = std::get<std::string>(it->second);
+  if (written_by != cfg.optim.name)
+    throw UsageError(fmt::format("train.resume: checkpoint '{}' holds the state of optim.name = {} but the deck asks "
+                                 "for {}; set optim.name = {} (optimizer state belongs to the optimizer that wrote it)",
+                                 index_path, written_by, cfg.optim.name, written_by));
   const auto& infos = trainer.params().infos();
   std::vector<int> saved_index(infos.size());
   for (std::size_t i = 0; i < infos.size(); ++i) {

@@ -9,6 +9,7 @@
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/gradient_sync.h"
+#include "lmscale/parallel/optimizer_segments.h"
 #include "lmscale/parallel/tensor_parallel.h"
 #include "lmscale/parallel/zero.h"
 #include "lmscale/comm/communicator.h"
@@ -23,6 +24,11 @@ namespace {
 constexpr DType kMaster = DType::f32;
 // Gradient buckets of one process: large, so the optimizer makes few launches (xl: ~32).
 constexpr double kLazyBucketBytes = 256.0 * 1024 * 1024;
+// Linear LR scaling (Goyal et al. 2017): lr x global batch / reference batch, global batch = the
+// sequences of one optimizer step over all data-parallel ranks and micro-batches.
+double linear_lr_scale(const OptimConfig& o, std::int64_t global_batch) {
+  return o.reference_batch > 0 ? static_cast<double>(global_batch) / static_cast<double>(o.reference_batch) : 1.0;
+}
 DType lowp_dtype(const Config& c) {
   if (c.precision.mode == "bf16") return DType::bf16;
   if (c.precision.mode == "fp16") return DType::f16;
@@ -34,10 +40,12 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     : env_(env),
       dims_(model::ModelDims::from(env.cfg.model)),
       scaler_(env.cfg.precision.loss_scale_init, env.cfg.precision.loss_scale_window, env.cfg.precision.mode == "fp16"),
-      schedule_{env.cfg.optim.lr, env.cfg.optim.min_lr, env.cfg.optim.warmup_steps,
+      schedule_{env.cfg.optim.lr * linear_lr_scale(env.cfg.optim, global_batch),
+                env.cfg.optim.min_lr * linear_lr_scale(env.cfg.optim, global_batch), env.cfg.optim.warmup_steps,
                 env.cfg.optim.cosine_steps > 0 ? env.cfg.optim.cosine_steps : total_steps},
       global_batch_(global_batch),
       grad_accum_(grad_accum),
+      lr_scale_(linear_lr_scale(env.cfg.optim, global_batch)),
       master_(kMaster),
       lowp_(lowp_dtype(env.cfg)) {
   Context& ctx = env.rt.ctx();
@@ -128,7 +136,8 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *dp_comm, *dp_host,
                                                             env.cfg.optim);
       zero->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
-                       params_->has_lowp() ? &params_->flat_lowp() : nullptr},
+                       params_->has_lowp() ? &params_->flat_lowp() : nullptr,
+                       parallel::param_segments(params_->infos(), 0, params_->numel()), params_->size()},
                       ctx);
       zero->make_sync(ddp, *params_, pc.bucket_mb, ctx);
       sharded_ = std::move(zero);
@@ -143,7 +152,16 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     lazy_ = std::make_unique<model::LazyGradients>(*params_, kLazyBucketBytes, *ctx.allocator);
   }
   if (!sync_) sync_ = owned_sync_.get();
-  if (!sharded_) adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
+  if (!sharded_) {
+    optimizer_ = optim::make_optimizer(env.cfg.optim, params_->numel(), master_, ctx, params_->size(),
+                                       parallel::param_segments(params_->infos(), 0, params_->numel()));
+  } else if (tp_) {
+    // ZeRO over the dp axis of a dp x tp mesh: the shards' norm sums are summed over dp by the
+    // strategy, then over the tp slices here.
+    sharded_->set_norm_reducer([this](std::vector<double>& sums) {
+      tp_->sum_param_norms(params_->infos(), optim::Optimizer::kNormSlots, sums);
+    });
+  }
   memory_points_["after_init"] = env.rt.allocator().tracker().by_tag();
 }
 
@@ -291,19 +309,8 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
     const double clip = optim::clip_factor(norm, env_.cfg.optim.grad_clip);
     if (sharded_) {
       sharded_->step(ctx, r.lr, inv_scale * clip);
-    } else if (lazy_) {
-      adamw_->begin_step();
-      for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) {
-        const auto& k = lazy_->buckets()[static_cast<std::size_t>(b)];
-        Tensor p = params_->flat_params().flat_range(k.offset, k.numel);
-        Tensor lowp;
-        if (params_->has_lowp()) lowp = params_->flat_lowp().flat_range(k.offset, k.numel);
-        adamw_->step_range(ctx, p, lazy_->bucket(b), params_->has_lowp() ? &lowp : nullptr, k.offset, r.lr,
-                           inv_scale * clip);
-      }
     } else {
-      Tensor* lowp = params_->has_lowp() ? &params_->flat_lowp() : nullptr;
-      adamw_->step(ctx, params_->flat_params(), params_->flat_grads(), lowp, r.lr, inv_scale * clip);
+      step_unsharded(ctx, r.lr, inv_scale * clip);
     }
   } else {
     r.skipped = true;
@@ -320,6 +327,39 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   pipeline_times(r);
   ++step_;
   return r;
+}
+
+void Trainer::step_unsharded(Context& ctx, double lr, double grad_scale) {
+  optim::Optimizer& opt = *optimizer_;
+  // The ranges this rank steps: the lazy gradient buckets (one process), else the whole flat
+  // buffer (DDP, tensor and pipeline parallelism). Offsets are flat-buffer elements.
+  struct Range {
+    Tensor params, grads, lowp;
+    std::int64_t offset;
+  };
+  std::vector<Range> ranges;
+  if (lazy_) {
+    for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) {
+      const auto& k = lazy_->buckets()[static_cast<std::size_t>(b)];
+      Tensor lowp;
+      if (params_->has_lowp()) lowp = params_->flat_lowp().flat_range(k.offset, k.numel);
+      ranges.push_back({params_->flat_params().flat_range(k.offset, k.numel), lazy_->bucket(b), lowp, k.offset});
+    }
+  } else {
+    ranges.push_back({params_->flat_params(), params_->flat_grads(),
+                      params_->has_lowp() ? params_->flat_lowp() : Tensor(), 0});
+  }
+  opt.begin_step();
+  if (opt.layerwise()) {
+    // Whole parameters on this rank (DDP replicas are identical, pipeline stages disjoint), except
+    // tensor-parallel slices: their partial sums are added over the tp group.
+    std::vector<double> sums(opt.norm_slots(), 0.0);
+    for (auto& g : ranges) opt.accumulate_norms(ctx, g.params, g.grads, g.offset, grad_scale, sums);
+    if (tp_) tp_->sum_param_norms(params_->infos(), optim::Optimizer::kNormSlots, sums);
+    opt.set_norms(sums);
+  }
+  for (auto& g : ranges)
+    opt.step_range(ctx, g.params, g.grads, g.lowp.defined() ? &g.lowp : nullptr, g.offset, lr, grad_scale);
 }
 
 double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64_t T, StepTimes* times) {

@@ -17,12 +17,13 @@ namespace {
 parallel::StateLayout replicated(Trainer& t, int rank, int world) {
   parallel::StateLayout out;
   auto& ps = t.params();
-  optim::AdamW& opt = *t.optimizer();
+  optim::Optimizer& opt = *t.optimizer();
   for (int i = 0; i < ps.size(); ++i) {
     const auto& p = ps.infos()[static_cast<std::size_t>(i)];
     auto piece = [&](std::int64_t a, std::int64_t b) {
       return parallel::StatePiece{i, a, b, ps.flat_params().flat_range(p.offset + a, b - a),
-                                  opt.m().flat_range(p.offset + a, b - a), opt.v().flat_range(p.offset + a, b - a)};
+                                  parallel::state_view(opt, 0, p.offset + a, b - a),
+                                  parallel::state_view(opt, 1, p.offset + a, b - a)};
     };
     out.load.push_back(piece(0, p.numel));
     const auto [a, b] = parallel::slice_of(p.numel, rank, world);
@@ -31,19 +32,19 @@ parallel::StateLayout replicated(Trainer& t, int rank, int world) {
   return out;
 }
 
-// zero1/zero2: the master is replicated (every rank loads all of it), m and v exist for this
+// zero1/zero2: the master is replicated (every rank loads all of it), the optimizer state exists for this
 // rank's range of the flat buffer only; the range, cut at parameter boundaries, is what it writes.
 parallel::StateLayout zero_shard(Trainer& t, parallel::ZeroOptimizer& zero) {
   parallel::StateLayout out;
   auto& ps = t.params();
   const std::int64_t lo = zero.shard_begin(0), hi = lo + zero.shard_size(0);
-  optim::AdamW& opt = zero.group_optimizer(0);
+  optim::Optimizer& opt = zero.group_optimizer(0);
   for (int i = 0; i < ps.size(); ++i) {
     const auto& p = ps.infos()[static_cast<std::size_t>(i)];
     out.load.push_back({i, 0, p.numel, ps.flat_params().flat_range(p.offset, p.numel), Tensor(), Tensor()});
     const std::int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
     if (a >= b) continue;
-    const Tensor m = opt.m().flat_range(a - lo, b - a), v = opt.v().flat_range(a - lo, b - a);
+    const Tensor m = parallel::state_view(opt, 0, a - lo, b - a), v = parallel::state_view(opt, 1, a - lo, b - a);
     out.save.push_back({i, a - p.offset, b - p.offset, ps.flat_params().flat_range(a, b - a), m, v});
     out.load.push_back({i, a - p.offset, b - p.offset, Tensor(), m, v});
   }

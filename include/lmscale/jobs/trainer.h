@@ -14,7 +14,7 @@
 #include "lmscale/model/gradient_buckets.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
-#include "lmscale/optim/adamw.h"
+#include "lmscale/optim/optimizer.h"
 #include "lmscale/optim/loss_scaler.h"
 #include "lmscale/optim/lr_schedule.h"
 
@@ -58,6 +58,9 @@ class Trainer {
 
   // One optimizer step on `tokens`: this rank's rows, host int32 [b, T+1].
   StepResult train_step(const std::vector<std::int32_t>& tokens, std::int64_t T);
+  // optim.reference_batch > 0: global batch / reference_batch, the factor of the linear LR
+  // scaling rule applied to the schedule's lr and min_lr; 1 otherwise.
+  double lr_scale() const { return lr_scale_; }
   // Forward only (no gradients) over this rank's rows; returns the global mean loss.
   double forward_loss(const std::vector<std::int32_t>& tokens, std::int64_t T, StepTimes* times = nullptr);
   // Forward + backward without the optimizer step (bench-model forward-backward mode).
@@ -66,7 +69,7 @@ class Trainer {
   model::ParameterStore& params() { return *params_; }
   model::TransformerLM& model() { return *model_; }
   // Null with a sharded optimizer (parallel.zero): then sharded() holds the state.
-  optim::AdamW* optimizer() { return adamw_.get(); }
+  optim::Optimizer* optimizer() { return optimizer_.get(); }
   parallel::ShardedOptimizer* sharded() { return sharded_.get(); }
   // parallel.zero = fsdp on several ranks (the store then holds no flat parameters), else null.
   parallel::FullyShardedDataParallel* fsdp() { return fsdp_; }
@@ -122,7 +125,7 @@ class Trainer {
   // The model (with the interleaved schedule: one per chunk of this rank, model_ the first).
   std::vector<std::unique_ptr<model::TransformerLM>> chunk_models_;
   model::TransformerLM* model_ = nullptr;
-  std::unique_ptr<optim::AdamW> adamw_;
+  std::unique_ptr<optim::Optimizer> optimizer_;   // optim.name over the whole store (unsharded layouts)
   std::unique_ptr<parallel::ShardedOptimizer> sharded_;
   parallel::FullyShardedDataParallel* fsdp_ = nullptr;   // sharded_ when it is fsdp
   // One process: gradients per bucket, allocated during the backward, freed after the step.
@@ -141,7 +144,11 @@ class Trainer {
   optim::CosineSchedule schedule_;
   std::int64_t global_batch_, grad_accum_, local_rows_, first_row_;
   std::int64_t step_ = 0;
+  double lr_scale_ = 1.0;
   DType master_, lowp_;
+  // The unsharded optimizer's step (one process, DDP, tp, pp): over the flat gradient buffer or
+  // the lazy buckets, with the tp reduction of the layer-wise norms.
+  void step_unsharded(Context& ctx, double lr, double grad_scale);
 };
 
 }  // namespace lmscale::jobs

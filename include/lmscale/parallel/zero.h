@@ -21,7 +21,7 @@
 #include "lmscale/comm/communicator.h"
 #include "lmscale/io/config.h"
 #include "lmscale/model/parameter_store.h"
-#include "lmscale/optim/adamw.h"
+#include "lmscale/optim/optimizer.h"
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/gradient_sync.h"
 #include "lmscale/parallel/sharded_optimizer.h"
@@ -40,6 +40,10 @@ class ZeroOptimizer final : public ShardedOptimizer {
   struct Group {
     Tensor params, grads;   // flat, same size
     Tensor* lowp = nullptr; // flat working copy, or null
+    // Parameters of the group (optim/optimizer.h, offsets in the group): layer-wise optimizers
+    // need them; empty = the whole group is one parameter.
+    std::vector<optim::ParamSegment> segments;
+    int num_params = 0;
   };
 
   ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host, const OptimConfig& cfg);
@@ -65,7 +69,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
   std::int64_t shard_begin(int group) const;  // first element this rank owns in a group
   std::int64_t shard_size(int group) const;
   std::int64_t steps() const override;
-  optim::AdamW& group_optimizer(int group) { return *shards_[static_cast<std::size_t>(group)].adamw; }
+  optim::Optimizer& group_optimizer(int group) { return *shards_[static_cast<std::size_t>(group)].opt; }
 
  private:
   struct Shard {
@@ -73,7 +77,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
     std::vector<std::size_t> counts;   // per rank
     std::int64_t begin = 0, size = 0;   // this rank's range
     Tensor grad_shard;                   // zero1/zero2: reduced gradients of the range
-    std::unique_ptr<optim::AdamW> adamw;
+    std::unique_ptr<optim::Optimizer> opt;   // optim.name over this rank's range
   };
   void distribute_parameters(Shard& s, Context& ctx);
   const Tensor& shard_grads(Shard& s);
