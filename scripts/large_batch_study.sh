@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The large-batch study (issue 16, docs/optimizers.md): the same 65,536 training tokens at global
+# The large-batch study (issue 16, docs/optimizers.md): the same 131,072 training tokens at global
 # batch B = 4, 4B and 16B sequences with adamw and lamb, the LR scaled linearly with the batch
 # (optim.reference_batch = B) and a warm-up of ~5% of each run; 16B reaches its batch with
 # train.grad_accum = 4 (micro-batches of 4B). Then one plot of loss vs tokens for the six runs.
@@ -12,7 +12,7 @@ OUTDIR=outputs/large_batch_study
 DECK=inputs/large_batch_study/base.ini
 mkdir -p "$OUTDIR"
 B=4
-STEPS_B=512
+STEPS_B=1024
 run() {   # optimizer multiple accum lr
   local opt=$1 k=$2 accum=$3 lr=$4
   local steps=$(( STEPS_B / k )) warmup=$(( (STEPS_B / k + 19) / 20 ))
@@ -27,9 +27,9 @@ run() {   # optimizer multiple accum lr
 # lr x ||w|| per layer, a relative step, so it takes a larger nominal LR).
 for opt_lr in "adamw 2e-3" "lamb 1e-2"; do
   set -- $opt_lr
-  run "$1" 1 1 "$2" &
-  run "$1" 4 1 "$2" &
-  wait
+  run "$1" 1 1 "$2" & p1=$!
+  run "$1" 4 1 "$2" & p4=$!
+  wait $p1 && wait $p4
   run "$1" 16 4 "$2"
 done
 python3 -m analysis.large_batch_study "$OUTDIR" --png docs/figures/large_batch_study.png
