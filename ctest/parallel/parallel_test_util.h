@@ -3,6 +3,7 @@
 // one process or on every rank of the MPI world, returning the final full parameters.
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "lmscale/comm/factory.h"
@@ -67,6 +68,21 @@ inline TrainRun train_run(const Config& cfg, bool distributed, int steps, std::i
 // The final full parameters only.
 inline std::vector<float> train(const Config& cfg, bool distributed, int steps, std::int64_t B = 8) {
   return train_run(cfg, distributed, steps, B).params;
+}
+
+// `base` set up for optimizer `name` with hyper-parameters that move this tiny model visibly in a
+// few steps (LARS's trust ratio makes its step about eta * lr of the weights' scale).
+inline Config with_optimizer(Config c, const std::string& name) {
+  c.optim.name = name;
+  c.optim.weight_decay = 0.01;
+  if (name == "sgd") {
+    c.optim.lr = 0.2, c.optim.min_lr = 0.02, c.optim.momentum = 0.9, c.optim.nesterov = true;
+  } else if (name == "lars") {
+    c.optim.lr = 5.0, c.optim.min_lr = 0.5, c.optim.momentum = 0.9, c.optim.trust_coefficient = 0.02;
+  } else if (name == "lamb") {
+    c.optim.lr = 2e-2, c.optim.min_lr = 2e-3;
+  }
+  return c;
 }
 
 inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -56,6 +56,28 @@ TEST(Fsdp, TrainsToTheWeightsOfOneProcess) {
   }
 }
 
+// SGD, LARS and LAMB under FSDP (issue 16): unit shards cut parameters anywhere (and are padded),
+// so the per-parameter norms of LARS/LAMB are all-reduced partial sums; the replicated norms are
+// excluded from the trust ratio.
+TEST(Fsdp, OptimizersMatchOneProcess) {
+  const int steps = 3;
+  const int R = test::mpi_env().size();
+  for (const char* name : {"sgd", "lars", "lamb"}) {
+    Config one = test::with_optimizer(fsdp_config(), name);
+    one.parallel.zero = "none";
+    const auto reference = test::train(one, false, steps, kBatch);
+    EXPECT_GT(test::max_rel_diff(reference, test::train(one, false, 0, kBatch)), 1e-3) << name;
+    for (int accum : {1, 2}) {
+      if (kBatch / R % accum) continue;
+      Config cfg = test::with_optimizer(fsdp_config(), name);
+      cfg.train.grad_accum = accum;
+      const auto got = test::train(cfg, true, steps, kBatch);
+      ASSERT_EQ(got.size(), reference.size());
+      EXPECT_LT(test::max_rel_diff(got, reference), 2e-6) << name << " accum " << accum;
+    }
+  }
+}
+
 TEST(Fsdp, EachRankHoldsOnlyItsShards) {
   auto& mpi = test::mpi_env();
   const int R = mpi.size();

@@ -17,6 +17,7 @@
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/trainer.h"
 #include "lmscale/ops/ops.h"
+#include "lmscale/optim/adamw.h"
 #include "lmscale/parallel/zero.h"
 #include "mpi_test_support.h"
 #include "parallel_test_util.h"
@@ -52,6 +53,32 @@ TEST(DataParallel, EveryVariantMatchesOneProcess) {
   }
 }
 
+// SGD, LARS and LAMB (issue 16): DDP and every ZeRO level against one process. ZeRO ranges cut
+// parameters anywhere, so LARS/LAMB's per-parameter norms are partial sums all-reduced over the
+// ranks; a norm over the shard alone would give other trust ratios and fail the bound.
+TEST(DataParallel, OptimizersMatchOneProcess) {
+  const int steps = 4;
+  for (const char* name : {"sgd", "lars", "lamb"}) {
+    const Config base = test::with_optimizer(test::tiny_config(), name);
+    const auto initial = test::train(base, false, 0);
+    const auto reference = test::train(base, false, steps);
+    // The steps moved the weights (a test of equality between two frozen runs would prove nothing).
+    EXPECT_GT(test::max_rel_diff(reference, initial), 1e-3) << name;
+    struct Case { const char* ddp; const char* zero; int accum; };
+    for (Case c : {Case{"flat", "none", 1}, Case{"bucketed", "zero1-broadcast", 1}, Case{"none", "zero1", 1},
+                   Case{"none", "zero2", 1}, Case{"none", "zero2", 2}}) {
+      if (8 / test::mpi_env().size() % c.accum) continue;
+      Config cfg = base;
+      cfg.parallel.ddp = c.ddp;
+      cfg.parallel.zero = c.zero;
+      cfg.train.grad_accum = c.accum;
+      const auto got = test::train(cfg, true, steps);
+      ASSERT_EQ(got.size(), reference.size());
+      EXPECT_LT(test::max_rel_diff(got, reference), 2e-6) << name << " " << c.ddp << "/" << c.zero << " accum " << c.accum;
+    }
+  }
+}
+
 TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
   auto& mpi = test::mpi_env();
   auto grads = comm::make_world_communicator("mpi", mpi, 0);
@@ -81,7 +108,7 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
     Tensor ta = Tensor::view(pa.data(), {7}, DType::f32, Device::cpu), tga = Tensor::view(ga.data(), {7}, DType::f32, Device::cpu);
     Tensor tb = Tensor::view(pb.data(), {5}, DType::f32, Device::cpu), tgb = Tensor::view(gb.data(), {5}, DType::f32, Device::cpu);
     parallel::ZeroOptimizer z(parallel::parse_zero_mode(mode), *grads, *host, oc);
-    z.add_group({ta, tga, nullptr}, ctx);
+    z.add_group({ta, tga, nullptr, {}, 0}, ctx);
     // no backward runs here, so zero2's bucket hooks never fire: finish() then reduce-scatters
     // each group whole, like zero1
     model::ModelDims d;
@@ -93,7 +120,7 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
     ref_a = optim::AdamW(oc, 7, DType::f32, ctx);
     ref_b = optim::AdamW(oc, 5, DType::f32, ctx);
     for (int step = 0; step < 5; ++step) {
-      if (step == 2) z.add_group({tb, tgb, nullptr}, ctx);
+      if (step == 2) z.add_group({tb, tgb, nullptr, {}, 0}, ctx);
       for (int i = 0; i < 7; ++i) ga[static_cast<std::size_t>(i)] = static_cast<float>(pa[static_cast<std::size_t>(i)] - target(r, i));
       for (int i = 0; i < 5; ++i) gb[static_cast<std::size_t>(i)] = static_cast<float>(pb[static_cast<std::size_t>(i)] - target(r, 10 + i));
       if (std::string(mode) != "zero1-broadcast") {

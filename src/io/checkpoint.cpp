@@ -208,7 +208,8 @@ void CheckpointReader::read(const std::string& name, const std::vector<std::int6
 
 bool CheckpointReader::has_optimizer_state() const {
   const h5::QuietErrors quiet;
-  return h5::exists(impl_->file.get(), "optimizer/m") && h5::exists(impl_->file.get(), "optimizer/v");
+  // v is absent for optimizers with one state (sgd, lars: the momentum buffer is in m).
+  return h5::exists(impl_->file.get(), "optimizer/m");
 }
 
 void CheckpointReader::read_optimizer(const std::string& moment, const std::string& name,

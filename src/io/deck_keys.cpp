@@ -316,7 +316,12 @@ std::vector<DeckKey> build_table() {
       int_key("train.checkpoint_k", LMSCALE_FIELD(train.checkpoint_k), 1,
               "Blocks per group of activation_checkpointing = every-k (1 = every block); at most model.num_layers."),
       // [optim]
-      enum_key("optim.name", LMSCALE_FIELD(optim.name), {"adamw", "sgd", "lamb"}, "Optimizer."),
+      enum_key("optim.name", LMSCALE_FIELD(optim.name), {"adamw", "sgd", "lars", "lamb"},
+               "Optimizer: adamw (decoupled decay); sgd (torch.optim.SGD: momentum, L2-coupled weight decay, "
+               "optim.nesterov); lars (You et al. 2017: momentum SGD with the layer-wise trust ratio "
+               "optim.trust_coefficient ||w|| / (||g|| + wd ||w||)); lamb (You et al. 2019: Adam moments with the "
+               "trust ratio ||w|| / ||update||). lars and lamb exclude the RMSNorm gains from the ratio and the decay "
+               "(docs/optimizers.md)."),
       float_key("optim.lr", LMSCALE_FIELD(optim.lr), R::positive(), "Peak learning rate."),
       float_key("optim.min_lr", LMSCALE_FIELD(optim.min_lr), R::non_negative(),
                 "Learning rate at the end of the cosine schedule; at most lr."),
@@ -325,14 +330,23 @@ std::vector<DeckKey> build_table() {
       int_key("optim.cosine_steps", LMSCALE_FIELD(optim.cosine_steps), 0,
               "Step at which the cosine schedule reaches min_lr; 0 = train.steps."),
       float_key("optim.weight_decay", LMSCALE_FIELD(optim.weight_decay), R::non_negative(),
-                "Decoupled weight decay."),
+                "Weight decay: decoupled for adamw, added to the gradient (L2) for sgd and lars, part of the update "
+                "for lamb."),
       float_key("optim.beta1", LMSCALE_FIELD(optim.beta1), R::unit_open_right(), "AdamW/LAMB beta1."),
       float_key("optim.beta2", LMSCALE_FIELD(optim.beta2), R::unit_open_right(),
                 "AdamW/LAMB beta2 (a model.size preset sets its own unless given)."),
       float_key("optim.eps", LMSCALE_FIELD(optim.eps), R::positive(), "AdamW/LAMB epsilon."),
       float_key("optim.grad_clip", LMSCALE_FIELD(optim.grad_clip), R::non_negative(),
                 "Clip the global gradient norm to this value; 0 = off."),
-      float_key("optim.momentum", LMSCALE_FIELD(optim.momentum), R::unit_open_right(), "SGD momentum."),
+      float_key("optim.momentum", LMSCALE_FIELD(optim.momentum), R::unit_open_right(),
+                "Momentum of sgd and lars, in [0, 1) (0 = none)."),
+      bool_key("optim.nesterov", LMSCALE_FIELD(optim.nesterov),
+               "Nesterov momentum (sgd only; needs optim.momentum > 0)."),
+      float_key("optim.trust_coefficient", LMSCALE_FIELD(optim.trust_coefficient), R::positive(),
+                "LARS trust coefficient eta: local lr = eta ||w|| / (||g|| + wd ||w||); > 0."),
+      int_key("optim.reference_batch", LMSCALE_FIELD(optim.reference_batch), 0,
+              "Linear LR scaling: the schedule's lr and min_lr are multiplied by (global batch in sequences) / "
+              "reference_batch, the global batch being train.batch_size (bench: bench.batch_size); 0 = off."),
       // [data]
       enum_key("data.source", LMSCALE_FIELD(data.source), {"synthetic", "tokens", "text"},
                "Training data: synthetic random tokens, a token file (data.path), or a UTF-8 text file (data.path) "

@@ -143,6 +143,18 @@ void check_outputs(const Config& c) {
 // Checkpoints against the optimizer layout, and the file to resume from opened before any work
 // (a sharded optimizer, parallel.zero on more than one rank, cannot write or read optimizer state
 // yet: refused here rather than after the run has measured something).
+// A checkpoint's optimizer state belongs to the optimizer that wrote it (attribute `optimizer`;
+// absent before issue 16 = adamw).
+void check_resume_optimizer(const Config& c, const std::map<std::string, AttrValue>& attrs, const std::string& where) {
+  std::string written_by = "adamw";
+  if (auto it = attrs.find("optimizer"); it != attrs.end() && std::holds_alternative<std::string>(it->second))
+    written_by = std::get<std::string>(it->second);
+  if (written_by != c.optim.name)
+    fail("optim.name = {}: train.resume = '{}' holds the optimizer state of optim.name = {}; set optim.name = {} to "
+         "resume it",
+         c.optim.name, where, written_by, written_by);
+}
+
 void check_checkpoints(const Config& c, int world_size) {
   if (c.run.job != "train") return;
   const bool sharded = c.parallel.zero != "none" && detail::resolved_dp(c, world_size) > 1;
@@ -187,6 +199,7 @@ void check_checkpoints(const Config& c, int world_size) {
     if (problem)
       fail("train.resume = '{}': checkpoint '{}/{}' does not fit the deck: {}", c.train.resume, step_dir, kIndexFile,
            *problem);
+    check_resume_optimizer(c, index.attrs, step_dir);
     return;
   }
   bool optimizer_state = false;
@@ -204,6 +217,7 @@ void check_checkpoints(const Config& c, int world_size) {
   if (file_d_ff != c.model.d_ff)
     fail("train.resume = '{}' holds FFN weights of d_ff = {} but model.d_ff = {}; set model.d_ff = {}", c.train.resume,
          file_d_ff, c.model.d_ff, file_d_ff);
+  if (optimizer_state) check_resume_optimizer(c, CheckpointReader(c.train.resume).attrs(), c.train.resume);
   if (sharded && optimizer_state)
     fail("train.resume = '{}' holds optimizer state, which cannot be resumed with parallel.zero = {} yet; resume with "
          "parallel.zero = none, or from a weights file (train.save)",
@@ -355,6 +369,16 @@ void check_optim(const Config& c) {
   if (c.run.job == "train" && o.warmup_steps > c.train.steps)
     fail("optim.warmup_steps = {} exceeds train.steps = {}; set optim.warmup_steps <= train.steps", o.warmup_steps,
          c.train.steps);
+  // Optimizer-specific keys (issue 16): a key that does nothing for the chosen optimizer, or an
+  // impossible combination, is an error rather than silently ignored.
+  if (o.nesterov && o.name != "sgd")
+    fail("optim.nesterov = true with optim.name = {}: Nesterov momentum is built for sgd only; set optim.nesterov = "
+         "false or optim.name = sgd",
+         o.name);
+  if (o.nesterov && o.momentum == 0)
+    fail("optim.nesterov = true needs optim.momentum > 0 (it is 0); set optim.momentum, e.g. 0.9");
+  if (o.name == "lars" && !(o.trust_coefficient > 0 && o.trust_coefficient <= 1))
+    fail("optim.trust_coefficient = {} for lars must lie in (0, 1] (the paper uses 0.001)", o.trust_coefficient);
   if (o.cosine_steps > 0 && o.cosine_steps < o.warmup_steps)
     fail("optim.cosine_steps = {} is less than optim.warmup_steps = {}; set optim.cosine_steps = 0 (= train.steps) "
          "or >= optim.warmup_steps",

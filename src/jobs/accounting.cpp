@@ -80,8 +80,11 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     add("gradients", 4 * Pr, "4 B x " + p + " (one flat fp32 buffer)");
   if (sharded && !fsdp && cfg.parallel.zero != "zero1-broadcast")
     add("gradient_shard", 4 * Pr / dp, "4 B x " + p + " / N (reduced range)");
-  add("optimizer_state", 8 * (fsdp ? P : Pr) / (sharded ? dp : 1),
-      sharded ? "8 B x " + p + " / N (AdamW m, v of this rank's range)" : "8 B x " + p + " (AdamW m, v)");
+  // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
+  const bool one_state = cfg.optim.name == "sgd" || cfg.optim.name == "lars";
+  const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : cfg.optim.name + " m, v";
+  add("optimizer_state", (one_state ? 4 : 8) * (fsdp ? P : Pr) / (sharded ? dp : 1),
+      sharded ? sb + p + " / N (" + what + " of this rank's range)" : sb + p + " (" + what + ")");
   // Activations kept from the forward to the backward, as the checkpointing policy says
   // (model/recompute.h); every-k adds one recomputed group at the start of the backward.
   // Tensor parallel: q, k, v, o and a, b, g are split (1/tp), x, y1, h, y2 and the norms' rstd

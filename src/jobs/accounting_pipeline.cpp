@@ -65,7 +65,9 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     else
       add("gradients", 4 * P, "4 B x P_stage (one flat fp32 buffer)");
     if (sharded && cfg.parallel.zero != "zero1-broadcast") add("gradient_shard", 4 * P / dp, "4 B x P_stage / dp");
-    add("optimizer_state", 8 * P / (sharded ? dp : 1), sharded ? "8 B x P_stage / dp" : "8 B x P_stage (AdamW m, v)");
+    const double state_b = cfg.optim.name == "sgd" || cfg.optim.name == "lars" ? 4 : 8;   // one or two fp32 states
+    add("optimizer_state", state_b * P / (sharded ? dp : 1),
+        sharded ? fmt::format("{} B x P_stage / dp", state_b) : fmt::format("{} B x P_stage (optimizer state)", state_b));
     const std::string& ac = cfg.train.activation_checkpointing;
     double per_micro = Ls * block;
     std::string f = "L_stage x ((8d + 3F) n e + 8n + attention aux), n = b_micro T";

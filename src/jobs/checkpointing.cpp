@@ -41,15 +41,20 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
   io::OptimizerArrays opt;
   if (with_optimizer_state) {
     if (!trainer.optimizer()) throw UsageError("train.checkpoint_every: checkpoints with a sharded optimizer (parallel.zero) are not supported yet; save final weights with train.save");
-    m = trainer.to_full_layout(to_host(ctx, trainer.optimizer()->m()));   // collective under tp
-    v = trainer.to_full_layout(to_host(ctx, trainer.optimizer()->v()));
+    // State 0 is m, state 1 (adamw, lamb) v: sgd and lars keep their momentum buffer in m.
+    optim::Optimizer& o = *trainer.optimizer();
+    m = trainer.to_full_layout(to_host(ctx, o.state(0)));   // collective under tp
     opt.m = named(full_layout, m);
-    opt.v = named(full_layout, v);
+    if (o.num_states() > 1) {
+      v = trainer.to_full_layout(to_host(ctx, o.state(1)));
+      opt.v = named(full_layout, v);
+    }
   }
   if (!env.is_root()) return;
   std::map<std::string, io::AttrValue> attrs{
       {"step", trainer.step()},
       {"optimizer_steps", trainer.optimizer() ? trainer.optimizer()->steps() : trainer.step()},
+      {"optimizer", env.cfg.optim.name},
       {"seed", static_cast<std::int64_t>(env.cfg.run.seed)},
       {"loss_scale", trainer.loss_scaler().scale()},
       {"config", env.cfg.resolved},
@@ -75,12 +80,20 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
                                  "built for parallel.pp > 1; resume a sharded checkpoint (train.checkpoint_dir) or a "
                                  "weights file (train.save)", path));
   if (!trainer.optimizer()) throw UsageError("train.resume: resuming optimizer state with parallel.zero is not supported yet");
-  for (const char* moment : {"m", "v"}) {
+  // Checkpoints from before issue 16 carry no optimizer name: they are AdamW's.
+  std::string written_by = "adamw";
+  if (auto a = r.attr("optimizer"); a && std::holds_alternative<std::string>(*a)) written_by = std::get<std::string>(*a);
+  optim::Optimizer& o = *trainer.optimizer();
+  if (written_by != o.name())
+    throw UsageError("train.resume: checkpoint " + path + " holds the state of optim.name = " + written_by +
+                     " but the deck asks for " + o.name() + "; set optim.name = " + written_by +
+                     " (optimizer state belongs to the optimizer that wrote it)");
+  for (int k = 0; k < o.num_states(); ++k) {
+    const char* moment = k == 0 ? "m" : "v";
     for (const auto& p : full_layout) r.read_optimizer(moment, p.name, p.shape, flat.data() + p.offset);
     std::vector<float> local = trainer.to_local_layout(flat);
     Tensor src = Tensor::view(local.data(), {static_cast<std::int64_t>(local.size())}, DType::f32, Device::cpu);
-    Tensor& dst = moment[0] == 'm' ? trainer.optimizer()->m() : trainer.optimizer()->v();
-    ops::copy(ctx, src, dst);
+    ops::copy(ctx, src, o.state(k));
   }
   auto get = [&](const char* name) -> std::int64_t {
     auto a = r.attr(name);

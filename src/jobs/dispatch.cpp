@@ -44,8 +44,6 @@ void reject_unbuilt_modes(const Config& c) {
   if (p.pp > 1 && c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty() && c.run.job == "train")
     throw UsageError("train.checkpoint_every with parallel.pp > 1 needs train.checkpoint_dir (sharded checkpoints); "
                      "the single-file checkpoint (train.checkpoint_path) is not built for pipeline stages");
-  if (c.optim.name != "adamw")
-    throw UsageError("optim.name = " + c.optim.name + " is not built in this version; use adamw");
 }
 }  // namespace
 

@@ -440,6 +440,8 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
   probe.cuda = cuda;
   // Long-lived state after init, per layout.
   double init = 0, grads_after = 0;   // grads_after: gradient bytes alive when the backward ends
+  // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
+  const double states = cfg.optim.name == "sgd" || cfg.optim.name == "lars" ? 1.0 : 2.0;
   Grads gr;
   gr.sim = nullptr;
   if (pp > 1) {
@@ -478,14 +480,15 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
       gr.full.assign(gr.unit_padded.size(), 0);
       gr.send.assign(gr.unit_padded.size(), 0);
       const double Ps = P - norms, S = std::ceil(Ps / dp);
-      init = probe.round(4 * S) * 2 + probe.round(4 * norms) * 2 + probe.round(4 * S) * 2 + probe.round(4 * norms) * 2;
-      out.layout = "fsdp (master, gradient shard and AdamW state of 1/dp; gathered units beside the replayed activations)";
+      init = probe.round(4 * S) * 2 + probe.round(4 * norms) * 2 + probe.round(4 * S) * states + probe.round(4 * norms) * states;
+      out.layout = "fsdp (master, gradient shard and optimizer state of 1/dp; gathered units beside the replayed activations)";
     } else {
       init = probe.round(4 * P) + (mixed ? probe.round(2 * P) : 0.0);
       const bool lazy = dp == 1 || zero == "zero2";
       if (!lazy) init += probe.round(4 * P);   // one flat fp32 gradient buffer
-      if (sharded) init += probe.round(8 * P / dp) + probe.round(4 * P / dp);   // AdamW state and gradient shard
-      else init += 2 * probe.round(4 * P);                                      // AdamW m and v
+      // Optimizer state (AdamW, LAMB m and v; SGD, LARS the momentum buffer) and gradient shard.
+      if (sharded) init += (states == 2 ? probe.round(8 * P / dp) : probe.round(4 * P / dp)) + probe.round(4 * P / dp);
+      else init += states * probe.round(4 * P);
       gr.lazy = lazy;
       gr.init(sizes, dp == 1 ? 256.0 * 1024 * 1024 : cfg.parallel.bucket_mb * 1024.0 * 1024.0);
       out.layout = dp == 1 ? (tp > 1 ? "tensor parallel (local shapes), gradients in 256 MiB buckets" : "one process, gradients in 256 MiB buckets")

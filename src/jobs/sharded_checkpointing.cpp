@@ -40,7 +40,7 @@ struct CopyRun {
   int file = 0;                      // restore: which rank file
   io::StateKind kind = io::StateKind::master;
   std::int64_t file_offset = 0;      // in the rank file's array
-  float* device = nullptr;           // the view's first element (any device)
+  float* device = nullptr;           // the view's first element (any device); save: null = zeros
   Device where = Device::cpu;
   std::int64_t count = 0;
 };
@@ -49,8 +49,10 @@ void append_run(std::vector<CopyRun>& runs, const CopyRun& r) {
   if (r.count == 0) return;
   if (!runs.empty()) {
     CopyRun& b = runs.back();
+    const bool adjacent = (b.device == nullptr && r.device == nullptr) ||
+                          (b.device != nullptr && r.device != nullptr && b.device + b.count == r.device);
     if (b.file == r.file && b.kind == r.kind && b.where == r.where && b.file_offset + b.count == r.file_offset &&
-        b.device + b.count == r.device) {
+        adjacent) {
       b.count += r.count;
       return;
     }
@@ -92,10 +94,13 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
       std::int64_t at = 0;
       for (const auto& p : layout.save) {
         const Tensor& src = view_of(p, k);
-        LMSCALE_CHECK(src.numel() == p.end - p.begin, "checkpoint piece of {} elements has a view of {}",
+        // v of a one-state optimizer (sgd, lars): not held, written as zeros (a run with no device).
+        const bool absent = k == io::StateKind::v && !src.defined();
+        LMSCALE_CHECK(absent || src.numel() == p.end - p.begin, "checkpoint piece of {} elements has a view of {}",
                       p.end - p.begin, src.numel());
-        append_run(runs, {0, k, at, src.data_as<float>(), src.device(), src.numel()});
-        at += src.numel();
+        append_run(runs, {0, k, at, absent ? nullptr : src.data_as<float>(), absent ? Device::cpu : src.device(),
+                          p.end - p.begin});
+        at += p.end - p.begin;
       }
     }
     for (const auto& p : layout.save) {
@@ -108,10 +113,14 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
     for (const auto& r : runs) {
       for (std::int64_t at = 0; at < r.count; at += kStage) {
         const std::int64_t n = std::min(kStage, r.count - at);
-        Tensor src = Tensor::view(r.device + at, {n}, DType::f32, r.where);
-        Tensor dst = Tensor::view(stage.data(), {n}, DType::f32, Device::cpu);
-        ops::copy(ctx, src, dst);
-        env.rt.synchronize();
+        if (r.device == nullptr) {
+          std::fill(stage.begin(), stage.begin() + n, 0.0f);   // v of a one-state optimizer
+        } else {
+          Tensor src = Tensor::view(r.device + at, {n}, DType::f32, r.where);
+          Tensor dst = Tensor::view(stage.data(), {n}, DType::f32, Device::cpu);
+          ops::copy(ctx, src, dst);
+          env.rt.synchronize();
+        }
         writer.write(r.kind, r.file_offset + at, stage.data(), n);
       }
     }
@@ -129,6 +138,7 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
         {"step", trainer.step()},
         {"data_step", trainer.step()},   // samples are a pure function of (seed, step, index)
         {"optimizer_steps", optimizer_steps(trainer)},
+        {"optimizer", cfg.optim.name},
         {"loss_scale", trainer.loss_scaler().scale()},
         {"loss_scale_clean_steps", trainer.loss_scaler().clean_steps()},
         {"seed", static_cast<std::int64_t>(cfg.run.seed)},
@@ -179,6 +189,14 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
     throw UsageError(fmt::format("train.resume: checkpoint '{}' was written with run.seed = {} but the deck has {}; "
                                  "the data and random streams continue only with the same seed",
                                  index_path, ix.int_attr("seed"), cfg.run.seed));
+  // Checkpoints from before issue 16 carry no optimizer name: they are AdamW's.
+  std::string written_by = "adamw";
+  if (auto it = ix.attrs.find("optimizer"); it != ix.attrs.end() && std::holds_alternative<std::string>(it->second))
+    written_by = std::get<std::string>(it->second);
+  if (written_by != cfg.optim.name)
+    throw UsageError(fmt::format("train.resume: checkpoint '{}' holds the state of optim.name = {} but the deck asks "
+                                 "for {}; set optim.name = {} (optimizer state belongs to the optimizer that wrote it)",
+                                 index_path, written_by, cfg.optim.name, written_by));
   const auto infos = model::parameter_layout(trainer.dims());   // pieces are in full coordinates
   std::vector<int> saved_index(infos.size());
   for (std::size_t i = 0; i < infos.size(); ++i) {

@@ -41,6 +41,34 @@ double evaluate(const Config& cfg, Trainer& trainer, const io::TokenSource& data
 
 }  // namespace
 
+namespace {
+
+// The optimizer and the learning rate it really runs with (optim.reference_batch's linear
+// scaling applied): printed at start, stored as /train attributes.
+void print_optimizer_line(const Config& cfg, const Trainer& trainer) {
+  const auto& o = cfg.optim;
+  fmt::print("optimizer: {}, lr {:.3e} (min {:.3e}){}, warmup {} steps, global batch {} sequences = {} per rank x {} "
+             "data-parallel ranks, in {} micro-batches each\n",
+             o.name, o.lr * trainer.lr_scale(), o.min_lr * trainer.lr_scale(),
+             o.reference_batch > 0 ? fmt::format(" = {:.3e} x {} / reference_batch {}", o.lr, cfg.train.batch_size,
+                                                 o.reference_batch)
+                                   : std::string(),
+             o.warmup_steps, cfg.train.batch_size, trainer.local_rows(), trainer.dp_size(), cfg.train.grad_accum);
+}
+
+void store_optimizer_attrs(JobEnv& env, const Config& cfg, const Trainer& trainer) {
+  env.out.set_attr("/train", "optimizer", cfg.optim.name);
+  env.out.set_attr("/train", "lr_effective", cfg.optim.lr * trainer.lr_scale());
+  env.out.set_attr("/train", "min_lr_effective", cfg.optim.min_lr * trainer.lr_scale());
+  env.out.set_attr("/train", "lr_scale", trainer.lr_scale());
+  env.out.set_attr("/train", "reference_batch", cfg.optim.reference_batch);
+  env.out.set_attr("/train", "global_batch", cfg.train.batch_size);
+  env.out.set_attr("/train", "grad_accum", cfg.train.grad_accum);
+  env.out.set_attr("/train", "tokens_per_step", cfg.train.batch_size * cfg.model.context_length);
+}
+
+}  // namespace
+
 int run_train(JobEnv& env) {
   const Config& cfg = env.cfg;
   const std::int64_t T = cfg.model.context_length;
@@ -77,6 +105,7 @@ int run_train(JobEnv& env) {
                dims.parameter_count(), dims.layers, dims.d_model, cfg.train.steps, cfg.train.batch_size, T,
                cfg.precision.mode, rt.device_name(), data->describe());
     if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
+    print_optimizer_line(cfg, trainer);
   }
   using C = io::Column;
   auto steps = env.out.create_table("/train/steps", {{"step", C::Type::i64, ""},
@@ -93,6 +122,7 @@ int run_train(JobEnv& env) {
                                                      {"skipped", C::Type::i64, ""},
                                                      {"memory_bytes", C::Type::i64, "bytes"}});
   auto evals = env.out.create_table("/train/eval", {{"step", C::Type::i64, ""}, {"loss", C::Type::f64, "nats"}});
+  store_optimizer_attrs(env, cfg, trainer);
 
   const double tokens_per_step = static_cast<double>(cfg.train.batch_size * T);
   // cost.price_per_gpu_hour > 0: money to finish (and in all, this run's steps only) at the

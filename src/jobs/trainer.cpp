@@ -9,6 +9,7 @@
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/gradient_sync.h"
+#include "lmscale/parallel/optimizer_segments.h"
 #include "lmscale/parallel/tensor_parallel.h"
 #include "lmscale/parallel/zero.h"
 #include "lmscale/comm/communicator.h"
@@ -23,6 +24,11 @@ namespace {
 constexpr DType kMaster = DType::f32;
 // Gradient buckets of one process: large, so the optimizer makes few launches (xl: ~32).
 constexpr double kLazyBucketBytes = 256.0 * 1024 * 1024;
+// Linear LR scaling (Goyal et al. 2017): lr x global batch / reference batch, global batch = the
+// sequences of one optimizer step over all data-parallel ranks and micro-batches.
+double linear_lr_scale(const OptimConfig& o, std::int64_t global_batch) {
+  return o.reference_batch > 0 ? static_cast<double>(global_batch) / static_cast<double>(o.reference_batch) : 1.0;
+}
 DType lowp_dtype(const Config& c) {
   if (c.precision.mode == "bf16") return DType::bf16;
   if (c.precision.mode == "fp16") return DType::f16;
@@ -34,10 +40,12 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     : env_(env),
       dims_(model::ModelDims::from(env.cfg.model)),
       scaler_(env.cfg.precision.loss_scale_init, env.cfg.precision.loss_scale_window, env.cfg.precision.mode == "fp16"),
-      schedule_{env.cfg.optim.lr, env.cfg.optim.min_lr, env.cfg.optim.warmup_steps,
+      schedule_{env.cfg.optim.lr * linear_lr_scale(env.cfg.optim, global_batch),
+                env.cfg.optim.min_lr * linear_lr_scale(env.cfg.optim, global_batch), env.cfg.optim.warmup_steps,
                 env.cfg.optim.cosine_steps > 0 ? env.cfg.optim.cosine_steps : total_steps},
       global_batch_(global_batch),
       grad_accum_(grad_accum),
+      lr_scale_(linear_lr_scale(env.cfg.optim, global_batch)),
       master_(kMaster),
       lowp_(lowp_dtype(env.cfg)) {
   Context& ctx = env.rt.ctx();
@@ -131,7 +139,8 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *dp_comm, *dp_host,
                                                             env.cfg.optim);
       zero->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
-                       params_->has_lowp() ? &params_->flat_lowp() : nullptr},
+                       params_->has_lowp() ? &params_->flat_lowp() : nullptr,
+                       parallel::param_segments(params_->infos(), 0, params_->numel()), params_->size()},
                       ctx);
       zero->make_sync(ddp, *params_, pc.bucket_mb, ctx, grad_reduce);
       sharded_ = std::move(zero);
@@ -147,8 +156,17 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     lazy_ = std::make_unique<model::LazyGradients>(*params_, kLazyBucketBytes, *ctx.allocator);
   }
   if (!sync_) sync_ = owned_sync_.get();
-  if (!sharded_) adamw_ = std::make_unique<optim::AdamW>(env.cfg.optim, params_->numel(), master_, ctx);
-  overlap_optimizer_ = pc.overlap_optimizer && ctx.device == Device::cuda && adamw_ && !tp_ && !pipeline_;
+  if (!sharded_) {
+    optimizer_ = optim::make_optimizer(env.cfg.optim, params_->numel(), master_, ctx, params_->size(),
+                                       parallel::param_segments(params_->infos(), 0, params_->numel()));
+  } else if (tp_) {
+    // ZeRO over the dp axis of a dp x tp mesh: the shards' norm sums are summed over dp by the
+    // strategy, then over the tp slices here.
+    sharded_->set_norm_reducer([this](std::vector<double>& sums) {
+      tp_->sum_param_norms(params_->infos(), optim::Optimizer::kNormSlots, sums);
+    });
+  }
+  overlap_optimizer_ = pc.overlap_optimizer && ctx.device == Device::cuda && optimizer_ && !tp_ && !pipeline_;
   // The update's segments: the lazy gradient buckets (one process), or the same 256 MiB split of
   // the flat buffer (DDP). Units: 0 the embedding, l+1 block l, L+1 the final norm and the head.
   const auto segments = lazy_ ? lazy_->buckets() : model::gradient_buckets(params_->infos(), kLazyBucketBytes, 4);
@@ -349,26 +367,8 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
     const double clip = optim::clip_factor(norm, env_.cfg.optim.grad_clip);
     if (sharded_) {
       sharded_->step(ctx, r.lr, inv_scale * clip);
-    } else if (lazy_ || overlap_optimizer_) {
-      adamw_->begin_step();
-      // Overlapped: on the side stream, after everything the compute stream has queued (the
-      // backward, the gradient sync's waits and the norm), segments in forward order (the last
-      // holds the embedding).
-      Context& octx = overlap_optimizer_ ? rt.side_ctx() : ctx;
-      if (overlap_optimizer_) rt.wait(octx, rt.mark());
-      for (int b = static_cast<int>(update_segments_.size()) - 1; b >= 0; --b) {
-        const auto& k = update_segments_[static_cast<std::size_t>(b)].range;
-        Tensor p = params_->flat_params().flat_range(k.offset, k.numel);
-        Tensor g = lazy_ ? lazy_->bucket(b) : params_->flat_grads().flat_range(k.offset, k.numel);
-        Tensor lowp;
-        if (params_->has_lowp()) lowp = params_->flat_lowp().flat_range(k.offset, k.numel);
-        adamw_->step_range(octx, p, g, params_->has_lowp() ? &lowp : nullptr, k.offset, r.lr, inv_scale * clip);
-        if (overlap_optimizer_)
-          pending_updates_.push_back({b, update_segments_[static_cast<std::size_t>(b)].first_unit, rt.mark(octx)});
-      }
     } else {
-      Tensor* lowp = params_->has_lowp() ? &params_->flat_lowp() : nullptr;
-      adamw_->step(ctx, params_->flat_params(), params_->flat_grads(), lowp, r.lr, inv_scale * clip);
+      step_unsharded(ctx, r.lr, inv_scale * clip);
     }
   } else {
     r.skipped = true;
@@ -385,6 +385,54 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   pipeline_times(r);
   ++step_;
   return r;
+}
+
+void Trainer::step_unsharded(Context& ctx, double lr, double grad_scale) {
+  optim::Optimizer& opt = *optimizer_;
+  ops::Runtime& rt = env_.rt;
+  // The ranges this rank steps: the update segments (the lazy gradient buckets of one process, or
+  // the 256 MiB split of DDP's flat buffer when the update is overlapped), else the whole flat
+  // buffer (DDP, tensor and pipeline parallelism). Offsets are flat-buffer elements.
+  struct Range {
+    Tensor params, grads, lowp;
+    std::int64_t offset;
+    int segment;   // index in update_segments_, or -1 for the whole buffer
+  };
+  std::vector<Range> ranges;
+  if (lazy_ || overlap_optimizer_) {
+    for (int b = 0; b < static_cast<int>(update_segments_.size()); ++b) {
+      const auto& k = update_segments_[static_cast<std::size_t>(b)].range;
+      Tensor lowp;
+      if (params_->has_lowp()) lowp = params_->flat_lowp().flat_range(k.offset, k.numel);
+      Tensor g = lazy_ ? lazy_->bucket(b) : params_->flat_grads().flat_range(k.offset, k.numel);
+      ranges.push_back({params_->flat_params().flat_range(k.offset, k.numel), g, lowp, k.offset, b});
+    }
+  } else {
+    ranges.push_back({params_->flat_params(), params_->flat_grads(),
+                      params_->has_lowp() ? params_->flat_lowp() : Tensor(), 0, -1});
+  }
+  opt.begin_step();
+  if (opt.layerwise()) {
+    // Whole parameters on this rank (DDP replicas are identical, pipeline stages disjoint), except
+    // tensor-parallel slices: their partial sums are added over the tp group. On the compute
+    // stream, before an overlapped update starts.
+    std::vector<double> sums(opt.norm_slots(), 0.0);
+    for (auto& g : ranges) opt.accumulate_norms(ctx, g.params, g.grads, g.offset, grad_scale, sums);
+    if (tp_) tp_->sum_param_norms(params_->infos(), optim::Optimizer::kNormSlots, sums);
+    opt.set_norms(sums);
+  }
+  // Overlapped: on the side stream, after everything the compute stream has queued (the backward,
+  // the gradient sync's waits and the norm), segments in forward order (the last holds the
+  // embedding), each marked so the next forward waits only for the units it reads.
+  Context& octx = overlap_optimizer_ ? rt.side_ctx() : ctx;
+  if (overlap_optimizer_) rt.wait(octx, rt.mark());
+  for (int i = static_cast<int>(ranges.size()) - 1; i >= 0; --i) {
+    auto& g = ranges[static_cast<std::size_t>(i)];
+    opt.step_range(octx, g.params, g.grads, g.lowp.defined() ? &g.lowp : nullptr, g.offset, lr, grad_scale);
+    if (overlap_optimizer_)
+      pending_updates_.push_back({g.segment, update_segments_[static_cast<std::size_t>(g.segment)].first_unit,
+                                  rt.mark(octx)});
+  }
 }
 
 double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64_t T, StepTimes* times) {

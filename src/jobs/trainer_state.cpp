@@ -58,12 +58,14 @@ parallel::StateLayout replicated(Trainer& t) {
   parallel::StateLayout out;
   const auto& ps = t.params();
   const Mesh mesh = mesh_of(t);
-  optim::AdamW& opt = *t.optimizer();
+  optim::Optimizer& opt = *t.optimizer();
   for (int i = 0; i < ps.size(); ++i) {
     const auto& p = ps.infos()[static_cast<std::size_t>(i)];
+    // m, v: the optimizer's state tensors 0 and 1 (empty where it holds none, e.g. sgd's v).
     auto views = [&](std::int64_t a, std::int64_t b) {
       return std::array<Tensor, 3>{t.params().flat_params().flat_range(p.offset + a, b - a),
-                                   opt.m().flat_range(p.offset + a, b - a), opt.v().flat_range(p.offset + a, b - a)};
+                                   parallel::state_view(opt, 0, p.offset + a, b - a),
+                                   parallel::state_view(opt, 1, p.offset + a, b - a)};
     };
     auto all = views(0, p.numel);
     add_pieces(out.load, ps, i, 0, p.numel, all[0], all[1], all[2]);
@@ -87,7 +89,7 @@ parallel::StateLayout zero_shard(Trainer& t, parallel::ZeroOptimizer& zero) {
   const auto& ps = t.params();
   const Mesh mesh = mesh_of(t);
   const std::int64_t lo = zero.shard_begin(0), hi = lo + zero.shard_size(0);
-  optim::AdamW& opt = zero.group_optimizer(0);
+  optim::Optimizer& opt = zero.group_optimizer(0);
   for (int i = 0; i < ps.size(); ++i) {
     const auto& p = ps.infos()[static_cast<std::size_t>(i)];
     add_pieces(out.load, ps, i, 0, p.numel, t.params().flat_params().flat_range(p.offset, p.numel), Tensor(), Tensor());
@@ -95,7 +97,8 @@ parallel::StateLayout zero_shard(Trainer& t, parallel::ZeroOptimizer& zero) {
     if (a >= b) continue;
     auto views = [&](std::int64_t x, std::int64_t y) {
       return std::array<Tensor, 3>{t.params().flat_params().flat_range(p.offset + x, y - x),
-                                   opt.m().flat_range(p.offset + x - lo, y - x), opt.v().flat_range(p.offset + x - lo, y - x)};
+                                   parallel::state_view(opt, 0, p.offset + x - lo, y - x),
+                                   parallel::state_view(opt, 1, p.offset + x - lo, y - x)};
     };
     auto held = views(a, b);
     add_pieces(out.load, ps, i, a, b, Tensor(), held[1], held[2]);

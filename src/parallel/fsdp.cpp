@@ -162,8 +162,16 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
       model::fill_initial_values(infos[i], seed, 0, infos[i].numel, norm_master_.flat_range(local_[i], infos[i].numel), ctx);
   ops::fill(ctx, grad_shard_, 0.0);
   ops::fill(ctx, norm_grads_, 0.0);
-  adamw_ = std::make_unique<optim::AdamW>(cfg, S, master, ctx);
-  adamw_norms_ = std::make_unique<optim::AdamW>(cfg, norms, master, ctx);
+  std::vector<optim::ParamSegment> shard_segments, norm_segments;
+  for (const auto& u : units_)
+    for_each_piece(u, [&](int i, std::int64_t, std::int64_t n, std::int64_t at) {
+      shard_segments.push_back({u.shard_offset + at, n, i, true});
+    });
+  for (std::size_t i = 0; i < infos.size(); ++i)
+    if (unit_of_[i] < 0) norm_segments.push_back({local_[i], infos[i].numel, static_cast<int>(i), false});
+  const int P = static_cast<int>(infos.size());
+  optimizer_ = optim::make_optimizer(cfg, S, master, ctx, P, std::move(shard_segments));
+  norm_optimizer_ = optim::make_optimizer(cfg, norms, master, ctx, P, std::move(norm_segments));
 
   gathered_.resize(units_.size());
   unit_grads_.resize(units_.size());
@@ -312,15 +320,26 @@ double FullyShardedDataParallel::grad_sum_squares(Context& ctx) {
 
 void FullyShardedDataParallel::step(Context& ctx, double lr, double grad_scale) {
   NvtxRange r("fsdp_step");
-  adamw_->step(ctx, master_, grad_shard_, nullptr, lr, grad_scale);
-  adamw_norms_->step(ctx, norm_master_, norm_grads_, nullptr, lr, grad_scale);
+  optimizer_->begin_step();
+  if (optimizer_->layerwise()) {
+    // Per-parameter partial sums over this rank's pieces, summed over the ranks: norms of the
+    // whole parameters (a unit's shards cut its parameters anywhere).
+    std::vector<double> sums(optimizer_->norm_slots(), 0.0), total(sums.size());
+    optimizer_->accumulate_norms(ctx, master_, grad_shard_, 0, grad_scale, sums);
+    host_.all_reduce(sums.data(), total.data(), sums.size(), DType::f64, comm::ReduceOp::sum).wait();
+    if (norm_reducer_) norm_reducer_(total);
+    optimizer_->set_norms(total);
+  }
+  optimizer_->step_range(ctx, master_, grad_shard_, nullptr, 0, lr, grad_scale);
+  // The norms are whole on every rank (replicated): a plain step.
+  norm_optimizer_->step(ctx, norm_master_, norm_grads_, nullptr, lr, grad_scale);
 }
 
 std::size_t FullyShardedDataParallel::state_bytes() const {
-  return adamw_->state_bytes() + adamw_norms_->state_bytes();
+  return optimizer_->state_bytes() + norm_optimizer_->state_bytes();
 }
 
-std::int64_t FullyShardedDataParallel::steps() const { return adamw_->steps(); }
+std::int64_t FullyShardedDataParallel::steps() const { return optimizer_->steps(); }
 
 std::vector<float> FullyShardedDataParallel::full_parameters(Context& ctx) {
   LMSCALE_CHECK(store_.master_dtype() == DType::f32, "full_parameters: fp32 master weights only");
@@ -370,8 +389,8 @@ StateLayout FullyShardedDataParallel::state_layout() {
   for (const auto& u : units_)
     for_each_piece(u, [&](int i, std::int64_t begin, std::int64_t n, std::int64_t at) {
       const std::int64_t o = u.shard_offset + at;
-      StatePiece piece{i, begin, begin + n, master_.flat_range(o, n), adamw_->m().flat_range(o, n),
-                       adamw_->v().flat_range(o, n)};
+      StatePiece piece{i, begin, begin + n, master_.flat_range(o, n), state_view(*optimizer_, 0, o, n),
+                       state_view(*optimizer_, 1, o, n)};
       out.save.push_back(piece);
       out.load.push_back(piece);
     });
@@ -380,19 +399,19 @@ StateLayout FullyShardedDataParallel::state_layout() {
     if (unit_of_[i] >= 0) continue;
     const std::int64_t o = local_[i], n = infos[i].numel;
     const int p = static_cast<int>(i);
-    out.load.push_back({p, 0, n, norm_master_.flat_range(o, n), adamw_norms_->m().flat_range(o, n),
-                        adamw_norms_->v().flat_range(o, n)});
+    out.load.push_back({p, 0, n, norm_master_.flat_range(o, n), state_view(*norm_optimizer_, 0, o, n),
+                        state_view(*norm_optimizer_, 1, o, n)});
     const auto [a, b] = slice_of(n, comm_.rank(), comm_.size());
     if (a < b)
-      out.save.push_back({p, a, b, norm_master_.flat_range(o + a, b - a), adamw_norms_->m().flat_range(o + a, b - a),
-                          adamw_norms_->v().flat_range(o + a, b - a)});
+      out.save.push_back({p, a, b, norm_master_.flat_range(o + a, b - a), state_view(*norm_optimizer_, 0, o + a, b - a),
+                          state_view(*norm_optimizer_, 1, o + a, b - a)});
   }
   return out;
 }
 
 void FullyShardedDataParallel::set_steps(std::int64_t t) {
-  adamw_->set_steps(t);
-  adamw_norms_->set_steps(t);
+  optimizer_->set_steps(t);
+  norm_optimizer_->set_steps(t);
 }
 
 }  // namespace lmscale::parallel

@@ -57,6 +57,18 @@ double TensorParallel::global_sum_squares(double local_all, double local_replica
   return sum_scalar(local_all - local_replicated) + local_replicated;
 }
 
+void TensorParallel::sum_param_norms(const std::vector<model::ParamInfo>& infos, int slots, std::vector<double>& sums) {
+  LMSCALE_CHECK(sums.size() == infos.size() * static_cast<std::size_t>(slots), "sum_param_norms: {} sums for {} x {}",
+                sums.size(), infos.size(), slots);
+  if (split_.rank != 0)
+    for (std::size_t i = 0; i < infos.size(); ++i)
+      if (infos[i].split_dim < 0)
+        for (int k = 0; k < slots; ++k) sums[i * static_cast<std::size_t>(slots) + static_cast<std::size_t>(k)] = 0.0;
+  std::vector<double> out(sums.size());
+  host_.all_reduce(sums.data(), out.data(), sums.size(), DType::f64, comm::ReduceOp::sum).wait();
+  sums.swap(out);
+}
+
 std::vector<float> TensorParallel::gather_full(const model::ModelDims& dims, const std::vector<float>& local) {
   const int tp = split_.degree;
   std::vector<float> all(local.size() * static_cast<std::size_t>(tp));

@@ -188,7 +188,15 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
   s.size = static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(grads_.rank())]);
   if (mode_ != ZeroMode::zero1_broadcast)
     s.grad_shard = Tensor::empty({s.size}, g.params.dtype(), *ctx.allocator, "gradient_shard");
-  s.adamw = std::make_unique<optim::AdamW>(cfg_, s.size, g.params.dtype(), ctx);
+  // This rank's part of the group's parameters (layer-wise optimizers: their norms are summed
+  // over the ranks in step()).
+  std::vector<optim::ParamSegment> mine;
+  for (const auto& seg : g.segments) {
+    const std::int64_t a = std::max(seg.offset, s.begin), b = std::min(seg.offset + seg.numel, s.begin + s.size);
+    if (a < b) mine.push_back({a - s.begin, b - a, seg.param, seg.layerwise});
+  }
+  if (g.segments.empty() && s.size > 0) mine.push_back({0, s.size, 0, true});
+  s.opt = optim::make_optimizer(cfg_, s.size, g.params.dtype(), ctx, std::max(g.num_params, 1), std::move(mine));
   // A group added mid-training starts from rank 0's values everywhere.
   grads_.broadcast(s.g.params, 0);
   if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
@@ -260,21 +268,33 @@ void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
 
 void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
   NvtxRange r("zero_step");
-  for (auto& s : shards_) {
+  for (std::size_t gi = 0; gi < shards_.size(); ++gi) {
+    Shard& s = shards_[gi];
     Tensor p = s.g.params.flat_range(s.begin, s.size);
-    if (s.size > 0) s.adamw->step(ctx, p, shard_grads(s), nullptr, lr, grad_scale);
+    optim::Optimizer& opt = *s.opt;
+    opt.begin_step();
+    if (opt.layerwise()) {
+      // Each rank's partial sums of squares of the parameter pieces in its range; one all-reduce
+      // makes them the norms of the whole parameters (ranges cut parameters anywhere).
+      std::vector<double> sums(opt.norm_slots(), 0.0), total(sums.size());
+      if (s.size > 0) opt.accumulate_norms(ctx, p, shard_grads(s), 0, grad_scale, sums);
+      host_.all_reduce(sums.data(), total.data(), sums.size(), DType::f64, comm::ReduceOp::sum).wait();
+      if (gi == 0 && norm_reducer_) norm_reducer_(total);
+      opt.set_norms(total);
+    }
+    if (s.size > 0) opt.step_range(ctx, p, shard_grads(s), nullptr, 0, lr, grad_scale);
     distribute_parameters(s, ctx);
   }
 }
 
 std::size_t ZeroOptimizer::state_bytes() const {
   std::size_t b = 0;
-  for (const auto& s : shards_) b += s.adamw->state_bytes();
+  for (const auto& s : shards_) b += s.opt->state_bytes();
   return b;
 }
 
 std::int64_t ZeroOptimizer::shard_begin(int g) const { return shards_[static_cast<std::size_t>(g)].begin; }
 std::int64_t ZeroOptimizer::shard_size(int g) const { return shards_[static_cast<std::size_t>(g)].size; }
-std::int64_t ZeroOptimizer::steps() const { return shards_.empty() ? 0 : shards_[0].adamw->steps(); }
+std::int64_t ZeroOptimizer::steps() const { return shards_.empty() ? 0 : shards_[0].opt->steps(); }
 
 }  // namespace lmscale::parallel

@@ -4,8 +4,9 @@
 // shape as given), so that in Python
 //   {k: torch.from_numpy(f[k][()]) for k in f if isinstance(f[k], h5py.Dataset)}
 // is a state_dict the reference model loads with no renaming. A training checkpoint adds the
-// AdamW moments as /optimizer/m/<name> and /optimizer/v/<name> (float32, same shapes) and root
-// attributes (step, seed, data position, loss scale, config, ...). Files are written as
+// optimizer state as /optimizer/m/<name> and /optimizer/v/<name> (float32, same shapes: AdamW's
+// and LAMB's moments; SGD's and LARS's momentum buffer in m, no v) and root attributes (step,
+// seed, data position, loss scale, optimizer name, config, ...). Files are written as
 // NAME.tmp and renamed to NAME, so a crash never leaves a half-written checkpoint under NAME.
 #include <cstdint>
 #include <map>
@@ -25,7 +26,8 @@ struct NamedArray {
   const float* data = nullptr;
 };
 
-// AdamW first and second moments; each entry's name and shape must be a parameter's.
+// The optimizer's state tensors 0 (m) and 1 (v, may be empty); each entry's name and shape must
+// be a parameter's.
 struct OptimizerArrays {
   std::vector<NamedArray> m;
   std::vector<NamedArray> v;

@@ -116,13 +116,16 @@ struct TrainConfig {
 };
 
 struct OptimConfig {
-  std::string name = "adamw";           // adamw | sgd | lamb
+  std::string name = "adamw";           // adamw | sgd | lars | lamb
   double lr = 1e-3, min_lr = 1e-4;
   std::int64_t warmup_steps = 0;
   std::int64_t cosine_steps = 0;        // 0 = train.steps
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double grad_clip = 1.0;               // global-norm clip; 0 = off
-  double momentum = 0.9;                // sgd
+  double momentum = 0.9;                // sgd, lars
+  bool nesterov = false;                // sgd
+  double trust_coefficient = 0.001;     // lars: eta of the trust ratio
+  std::int64_t reference_batch = 0;     // linear LR scaling: lr * global batch / reference_batch; 0 = off
 
   bool operator==(const OptimConfig&) const = default;
 };

@@ -15,7 +15,7 @@
 #include "lmscale/model/gradient_buckets.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
-#include "lmscale/optim/adamw.h"
+#include "lmscale/optim/optimizer.h"
 #include "lmscale/optim/loss_scaler.h"
 #include "lmscale/optim/lr_schedule.h"
 
@@ -59,6 +59,9 @@ class Trainer {
 
   // One optimizer step on `tokens`: this rank's rows, host int32 [b, T+1].
   StepResult train_step(const std::vector<std::int32_t>& tokens, std::int64_t T);
+  // optim.reference_batch > 0: global batch / reference_batch, the factor of the linear LR
+  // scaling rule applied to the schedule's lr and min_lr; 1 otherwise.
+  double lr_scale() const { return lr_scale_; }
   // Forward only (no gradients) over this rank's rows; returns the global mean loss.
   double forward_loss(const std::vector<std::int32_t>& tokens, std::int64_t T, StepTimes* times = nullptr);
   // Forward + backward without the optimizer step (bench-model forward-backward mode).
@@ -74,9 +77,9 @@ class Trainer {
     return *model_;
   }
   // Null with a sharded optimizer (parallel.zero): then sharded() holds the state.
-  optim::AdamW* optimizer() {
+  optim::Optimizer* optimizer() {
     settle_optimizer();
-    return adamw_.get();
+    return optimizer_.get();
   }
   // parallel.overlap_optimizer: makes the compute stream wait for the whole pending update and
   // frees the gradients it read (no host wait). Anything that reads parameters or optimizer
@@ -137,7 +140,7 @@ class Trainer {
   // The model (with the interleaved schedule: one per chunk of this rank, model_ the first).
   std::vector<std::unique_ptr<model::TransformerLM>> chunk_models_;
   model::TransformerLM* model_ = nullptr;
-  std::unique_ptr<optim::AdamW> adamw_;
+  std::unique_ptr<optim::Optimizer> optimizer_;   // optim.name over the whole store (unsharded layouts)
   std::unique_ptr<parallel::ShardedOptimizer> sharded_;
   parallel::FullyShardedDataParallel* fsdp_ = nullptr;   // sharded_ when it is fsdp
   // One process: gradients per bucket, allocated during the backward, freed after the step.
@@ -177,9 +180,13 @@ class Trainer {
   optim::CosineSchedule schedule_;
   std::int64_t global_batch_, grad_accum_, local_rows_, first_row_;
   std::int64_t step_ = 0;
+  double lr_scale_ = 1.0;
   DType master_, lowp_;
   // Test-only (LMSCALE_FAULT_SLEEP_*): read once here, applied at the start of train_step.
   const FaultInjection faults_ = FaultInjection::from_environment();
+  // The unsharded optimizer's step (one process, DDP, tp, pp): over the flat gradient buffer or
+  // the lazy buckets, with the tp reduction of the layer-wise norms.
+  void step_unsharded(Context& ctx, double lr, double grad_scale);
 };
 
 }  // namespace lmscale::jobs

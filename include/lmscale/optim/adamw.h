@@ -1,40 +1,30 @@
 #pragma once
 // AdamW (DESIGN.md §2) over a contiguous range of the flat parameter buffer: the whole model for
 // plain and DDP training, this rank's shard for ZeRO. State m, v has the master dtype and the
-// range's size, so its bytes are exactly what the optimizer state costs this rank.
+// range's size, so its bytes are exactly what the optimizer state costs this rank. Element-wise:
+// it needs no parameter segments and no norms.
 #include <cstdint>
 
-#include "lmscale/core/context.h"
-#include "lmscale/core/tensor.h"
-#include "lmscale/io/config.h"
+#include "lmscale/optim/optimizer.h"
 
 namespace lmscale::optim {
 
-class AdamW {
+class AdamW final : public Optimizer {
  public:
   // State zeroed on ctx's device.
   AdamW(const OptimConfig& cfg, std::int64_t numel, DType dtype, Context& ctx);
 
-  // One step on params/grads (same size as the state); `lowp` (optional, same size) receives the
-  // updated parameters in the working dtype. grad_scale multiplies the gradients first (1/loss
-  // scale and clipping factor).
-  void step(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, double lr, double grad_scale);
-  // The same step in pieces (gradients kept per bucket): begin_step() once, then step_range() for
+  std::string name() const override { return "adamw"; }
+  // The step in pieces (gradients kept per bucket): begin_step() once, then step_range() for
   // elements [offset, offset + params.numel()) of the state, every element exactly once.
-  void begin_step() { ++t_; }
   void step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset, double lr,
-                  double grad_scale);
+                  double grad_scale) override;
 
-  std::int64_t steps() const { return t_; }
-  void set_steps(std::int64_t t) { t_ = t; }
-  Tensor& m() { return m_; }
-  Tensor& v() { return v_; }
-  std::size_t state_bytes() const { return m_.nbytes() + v_.nbytes(); }
+  Tensor& m() { return state(0); }
+  Tensor& v() { return state(1); }
 
  private:
   OptimConfig cfg_;
-  Tensor m_, v_;
-  std::int64_t t_ = 0;
 };
 
 }  // namespace lmscale::optim

@@ -5,7 +5,7 @@
 // units. Each unit's embedding and linear weights, concatenated in parameter order, form one
 // region of n_u elements, split into `dp` equal shards of s_u = ceil(n_u / dp) elements (the last
 // rank's shard is zero-padded, so the collectives are plain all-gather / reduce-scatter). Rank r
-// holds only its shards: fp32 master weights, fp32 gradient shards and the AdamW state of its
+// holds only its shards: fp32 master weights, fp32 gradient shards and the optimizer state of its
 // shards. In mixed precision a unit's shard is cast to bf16/fp16 just before its all-gather (the
 // low-precision copy is what travels; it lives only until the gather is done, which costs one
 // small cast per gather instead of a persistent 2 B/parameter copy). Norm weights stay replicated (fp32 master, fp32 gradients summed
@@ -34,7 +34,7 @@
 #include "lmscale/io/config.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/ops/runtime.h"
-#include "lmscale/optim/adamw.h"
+#include "lmscale/optim/optimizer.h"
 #include "lmscale/parallel/sharded_optimizer.h"
 #include "lmscale/parallel/state_layout.h"
 
@@ -71,7 +71,7 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   // This rank's shards and the replicated norms as pieces of named parameters (checkpoints;
   // state_layout.h). Views stay valid for the object's life.
   StateLayout state_layout();
-  void set_steps(std::int64_t t);   // the AdamW step count of shards and norms (on resume)
+  void set_steps(std::int64_t t);   // the optimizer step count of shards and norms (on resume)
 
   int num_units() const { return static_cast<int>(units_.size()); }
   // Milliseconds the compute waited for unit u's gather, summed since reset_waits().
@@ -131,7 +131,9 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   std::vector<std::int64_t> local_;   // per parameter: offset in its unit's region, or in the norm buffer
   Tensor master_, grad_shard_;          // this rank's shards [S]
   Tensor norm_master_, norm_grads_;     // replicated norm weights [Nn]
-  std::unique_ptr<optim::AdamW> adamw_, adamw_norms_;
+  // optim.name over the shards (segments: the parameter pieces, padding in none) and over the
+  // replicated norms (excluded from layer-wise ratios: no reduction needed).
+  std::unique_ptr<optim::Optimizer> optimizer_, norm_optimizer_;
   std::vector<Gathered> gathered_;
   std::vector<Tensor> unit_grads_;      // full-size gradients of units in their backward
   std::vector<PendingReduction> pending_;

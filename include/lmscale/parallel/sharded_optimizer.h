@@ -4,6 +4,7 @@
 // norm over the shards, the optimizer step of this rank's shard, and the state's size.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -27,11 +28,19 @@ class ShardedOptimizer {
     (void)ranges;
     throw Error("this sharded optimizer cannot restrict the gradient norm to parameter ranges");
   }
-  // One AdamW step of what this rank owns, grad_scale times the gradients (1/loss scale and the
+  // Layer-wise optimizers (LARS, LAMB): called on the per-parameter norm sums of the model's
+  // group after they are summed over this strategy's data-parallel ranks, for a further reduction
+  // over other ranks that hold slices of the same parameters (tensor parallelism).
+  using NormReducer = std::function<void(std::vector<double>& sums)>;
+  void set_norm_reducer(NormReducer r) { norm_reducer_ = std::move(r); }
+  // One optimizer step of what this rank owns, grad_scale times the gradients (1/loss scale and the
   // clipping factor), leaving every rank with the parameters its next forward needs.
   virtual void step(Context& ctx, double lr, double grad_scale) = 0;
-  virtual std::size_t state_bytes() const = 0;   // this rank's AdamW state
+  virtual std::size_t state_bytes() const = 0;   // this rank's optimizer state
   virtual std::int64_t steps() const = 0;
+
+ protected:
+  NormReducer norm_reducer_;
 };
 
 }  // namespace lmscale::parallel

@@ -32,14 +32,24 @@
 
 #include "lmscale/core/tensor.h"
 #include "lmscale/model/parameter_store.h"
+#include "lmscale/optim/optimizer.h"
 
 namespace lmscale::parallel {
 
+// m and v are the optimizer's state tensors 0 and 1 (optim/optimizer.h): AdamW's and LAMB's
+// moments, SGD's and LARS's momentum buffer in m with no v (empty: nothing is held, and a save
+// piece writes zeros there so every rank file keeps its three arrays).
 struct StatePiece {
   int param = 0;                     // index in model::parameter_layout(dims) (the full model)
   std::int64_t begin = 0, end = 0;   // element range within the full parameter (row-major flat index)
   Tensor master, m, v;               // fp32 views of end - begin elements each, or empty
 };
+
+// View of elements [offset, offset + n) of an optimizer's state k, or an empty tensor when the
+// optimizer has fewer states.
+inline Tensor state_view(optim::Optimizer& opt, int k, std::int64_t offset, std::int64_t n) {
+  return k < opt.num_states() ? opt.state(k).flat_range(offset, n) : Tensor();
+}
 
 struct StateLayout {
   std::vector<StatePiece> save;

@@ -37,6 +37,10 @@ class TensorParallel {
   // squares over all its gradients (already summed over data-parallel ranks), replicated = the
   // part of it that belongs to the replicated parameters (the norm weights).
   double global_sum_squares(double local_all, double local_replicated);
+  // Per-parameter partial sums (optim::Optimizer::kNormSlots per parameter of the store, whose
+  // infos give split_dim) summed over the tp ranks: a sliced parameter's pieces add up to the
+  // whole parameter; a replicated one (split_dim < 0) is counted once (tp rank 0's values).
+  void sum_param_norms(const std::vector<model::ParamInfo>& infos, int slots, std::vector<double>& sums);
 
   // This rank's flat fp32 buffer (store layout, host) -> the full parameters in
   // model::parameter_layout(dims) order and offsets, on every tp rank (collective).

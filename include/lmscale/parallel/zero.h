@@ -22,7 +22,7 @@
 #include "lmscale/comm/communicator.h"
 #include "lmscale/io/config.h"
 #include "lmscale/model/parameter_store.h"
-#include "lmscale/optim/adamw.h"
+#include "lmscale/optim/optimizer.h"
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/gradient_sync.h"
 #include "lmscale/parallel/sharded_optimizer.h"
@@ -41,6 +41,10 @@ class ZeroOptimizer final : public ShardedOptimizer {
   struct Group {
     Tensor params, grads;   // flat, same size
     Tensor* lowp = nullptr; // flat working copy, or null
+    // Parameters of the group (optim/optimizer.h, offsets in the group): layer-wise optimizers
+    // need them; empty = the whole group is one parameter.
+    std::vector<optim::ParamSegment> segments;
+    int num_params = 0;
   };
 
   ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host, const OptimConfig& cfg);
@@ -71,7 +75,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
   // zero1/zero2: this rank's reduced gradients of a group's range [shard_size] (after finish()).
   const Tensor& grad_shard(int group) const { return shards_[static_cast<std::size_t>(group)].grad_shard; }
   std::int64_t steps() const override;
-  optim::AdamW& group_optimizer(int group) { return *shards_[static_cast<std::size_t>(group)].adamw; }
+  optim::Optimizer& group_optimizer(int group) { return *shards_[static_cast<std::size_t>(group)].opt; }
 
  private:
   struct Shard {
@@ -79,7 +83,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
     std::vector<std::size_t> counts;   // per rank
     std::int64_t begin = 0, size = 0;   // this rank's range
     Tensor grad_shard;                   // zero1/zero2: reduced gradients of the range
-    std::unique_ptr<optim::AdamW> adamw;
+    std::unique_ptr<optim::Optimizer> opt;   // optim.name over this rank's range
   };
   void distribute_parameters(Shard& s, Context& ctx);
   const Tensor& shard_grads(Shard& s);

@@ -8,7 +8,10 @@
 // Attention has its own header (attention_cpu.h).
 #include <cstdint>
 
+#include <vector>
+
 #include "lmscale/ops/ops.h"
+#include "lmscale/ops/optimizer_steps.h"
 
 namespace lmscale::ops::cpu {
 
@@ -42,6 +45,16 @@ void check_finite(Context& ctx, const Tensor& x, Tensor& flag);
 
 void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
            Tensor* param_lowp);
+
+// Momentum SGD, LAMB and the trust-ratio norms (lmscale/ops/optimizer_steps.h).
+void momentum_update(Context& ctx, Tensor& param, const Tensor& grad, Tensor& buf, const MomentumStep& s,
+                     Tensor* param_lowp);
+void lamb_moments(Context& ctx, const Tensor& grad, Tensor& m, Tensor& v, const LambStep& s);
+void lamb_update(Context& ctx, Tensor& param, const Tensor& m, const Tensor& v, const LambStep& s, Tensor* param_lowp);
+std::vector<double> lars_norms(Context& ctx, const Tensor& param, const Tensor& grad, double grad_scale,
+                               const std::vector<Span>& spans);
+std::vector<double> lamb_norms(Context& ctx, const Tensor& param, const Tensor& m, const Tensor& v, const LambStep& s,
+                               const std::vector<Span>& spans);
 
 // Vocabulary-parallel embedding and cross-entropy (lmscale/ops/vocab_parallel.h).
 void embedding_shard(Context& ctx, const Tensor& ids, const Tensor& table, std::int64_t vocab_begin, Tensor& out);
