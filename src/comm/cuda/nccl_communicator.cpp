@@ -257,16 +257,20 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm part = MPI_COMM_NULL;
     LMSCALE_MPI_CHECK(MPI_Comm_split(mpi_, color < 0 ? MPI_UNDEFINED : color, key, &part), rank_);
-    // The child is non-blocking too: the split may return ncclInProgress; its state is then read
-    // on the child (or, for a rank that joins no group, on the parent) until it is ready.
+    // The child is non-blocking too. A non-blocking split behaves like a collective on the
+    // parent: the child's handle is filled in only when the parent leaves ncclInProgress (NCCL
+    // issue 1472; the call may even return ncclSuccess with the handle still unset), so the parent
+    // is always polled first, then the child until it is ready.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
     LMSCALE_CUDA_CHECK(cudaSetDevice(shared_->device));
     ncclResult_t r = ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-    if (r == ncclInProgress) r = wait_ready(child ? child : shared_->comm, r);
+    if (r == ncclSuccess || r == ncclInProgress) r = wait_ready(shared_->comm, ncclInProgress);
+    if (r == ncclSuccess && child) r = wait_ready(child, ncclInProgress);
     if (r != ncclSuccess) shared_->raise("ncclCommSplit", r);
     if (part == MPI_COMM_NULL) return nullptr;
+    if (!child) shared_->raise("ncclCommSplit (no communicator returned)", ncclInternalError);
     NcclOptions o;
     o.check = check();
     auto c = std::make_unique<NcclCommunicator>(part, child, shared_->device, o);
