@@ -19,6 +19,7 @@
 
 #include "../../src/ops/cpu/attention_cpu.h"
 #include "../../src/ops/cuda/attention_kernels.h"
+#include "../../src/ops/cuda/flash_attention_sm90.h"
 #include "attention_gpu_util.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/ops/runtime.h"
@@ -182,6 +183,113 @@ TEST(AttentionCudaFallback, UnalignedBf16UsesSimtPathCorrectly) {
   EXPECT_LT(rel_err(download(tdv), dv_ref), 1e-2);
 }
 
+// ---- Hopper kernels (flash_attention_sm90_*.cu) --------------------------------------------------
+// Every (dtype, head dim 64/128, causal, length remainder) case through the sm90 launchers directly,
+// against the float64 reference, with the FA2 tensor-core kernels on the same inputs beside them:
+// the sm90 error must stay within the stated bound and within 1.5x FA2's (whose errors match
+// torch SDPA's, docs/attention.md) plus rounding noise. Skipped where the sm90 kernels cannot run.
+namespace lattn = lmscale::ops::cuda::attn;
+
+struct Sm90Case {
+  DType dtype;
+  int D, T, B, H;
+  bool causal, bhtd;
+};
+std::string sm90_name(const Sm90Case& c) {
+  return std::string(lmscale::dtype_name(c.dtype)) + "_d" + std::to_string(c.D) + "_t" + std::to_string(c.T) + "_b" +
+         std::to_string(c.B) + "h" + std::to_string(c.H) + (c.causal ? "_causal" : "_full") + (c.bhtd ? "_bhtd" : "_bthd");
+}
+
+struct Sm90Outputs {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+class AttentionSm90 : public ::testing::TestWithParam<Sm90Case> {};
+
+TEST_P(AttentionSm90, MatchesReferenceAndFa2) {
+  const Sm90Case c = GetParam();
+  lmscale::ops::Runtime r(lmscale::Device::cuda, 0, false);
+  if (!lattn::sm90_available()) GTEST_SKIP() << "no sm_90 device or sm_90a build";
+  const AttentionShape s = c.bhtd ? AttentionShape::bhtd(c.B, c.H, c.T, c.D, c.causal)
+                                  : AttentionShape::bthd(c.B, c.T, c.H, c.D, c.causal);
+  const std::int64_t n = s.elements(), nl = static_cast<std::int64_t>(c.B) * c.H * c.T;
+  static std::uint64_t draw = 0;
+  const std::uint64_t seed = 9000 + ++draw;
+  const auto q = random_rounded(n, seed, 1, c.dtype), k = random_rounded(n, seed, 2, c.dtype),
+             v = random_rounded(n, seed, 3, c.dtype), dout = random_rounded(n, seed, 4, c.dtype);
+  std::vector<double> o_ref(q.size()), l_ref(static_cast<std::size_t>(nl)), dq_ref(q.size()), dk_ref(q.size()),
+      dv_ref(q.size());
+  lmscale::ops::cpu::attention_flash_forward(s, q.data(), k.data(), v.data(), o_ref.data(), l_ref.data());
+  lmscale::ops::cpu::attention_flash_backward(s, q.data(), k.data(), v.data(), o_ref.data(), l_ref.data(), dout.data(),
+                                              dq_ref.data(), dk_ref.data(), dv_ref.data());
+  auto mk = [&](std::int64_t count, DType d) { return Tensor::empty({count}, d, r.allocator(), "test"); };
+  Tensor tq = mk(n, c.dtype), tk = mk(n, c.dtype), tv = mk(n, c.dtype), tdo = mk(n, c.dtype);
+  upload(q, tq);
+  upload(k, tk);
+  upload(v, tv);
+  upload(dout, tdo);
+  const std::int64_t pad = static_cast<std::int64_t>(c.B) * c.H * lattn::sm90_bwd_seq_pad(c.T);
+  Tensor to = mk(n, c.dtype), tl = mk(nl, DType::f32), tdq = mk(n, c.dtype), tdk = mk(n, c.dtype), tdv = mk(n, c.dtype),
+         dsum = mk(std::max(pad, nl), DType::f32), lse2 = mk(pad, DType::f32), acc = mk(pad * c.D, DType::f32);
+  const lattn::Elem e = c.dtype == DType::bf16 ? lattn::Elem::bf16 : lattn::Elem::f16;
+  auto run = [&](bool sm90) {
+    for (Tensor* t : {&to, &tl, &tdq, &tdk, &tdv}) poison(*t);
+    lattn::Params p;
+    p.q = tq.data(), p.k = tk.data(), p.v = tv.data(), p.out = to.data(), p.o = to.data(), p.dout = tdo.data();
+    p.dq = tdq.data(), p.dk = tdk.data(), p.dv = tdv.data(), p.lse = tl.data_as<float>();
+    p.dsum = dsum.data_as<float>(), p.lse_log2 = lse2.data_as<float>(), p.dq_accum = acc.data_as<float>();
+    p.batch = c.B, p.heads = c.H, p.seq = c.T, p.head_dim = c.D;
+    p.stride_b = s.stride_b, p.stride_h = s.stride_h, p.stride_t = s.stride_t;
+    p.scale = static_cast<float>(s.softmax_scale());
+    p.causal = c.causal;
+    EXPECT_TRUE(lattn::sm90_layout_ok(p, e));
+    if (sm90) {
+      lattn::launch_flash_fwd_sm90(p, e, lattn::make_sm90_fwd_maps(p, e), nullptr);
+      lattn::launch_flash_bwd_sm90(p, e, lattn::make_sm90_bwd_maps(p, e), nullptr);
+    } else {
+      lattn::launch_flash_fwd_mma(p, e, nullptr);
+      lattn::launch_flash_bwd_dsum(p, e, nullptr);
+      lattn::launch_flash_bwd_mma(p, e, nullptr);
+    }
+    cuda_ok(cudaDeviceSynchronize());
+    return Sm90Outputs{download(to), download(tl), download(tdq), download(tdk), download(tdv)};
+  };
+  const Sm90Outputs h = run(true), f = run(false);
+  const Bounds fb = flash_bounds(c.dtype);
+  const double eo = rel_err(h.o, o_ref), el = rel_err(h.lse, l_ref), edq = rel_err(h.dq, dq_ref),
+               edk = rel_err(h.dk, dk_ref), edv = rel_err(h.dv, dv_ref);
+  const double fo = rel_err(f.o, o_ref), fdq = rel_err(f.dq, dq_ref), fdk = rel_err(f.dk, dk_ref),
+               fdv = rel_err(f.dv, dv_ref);
+  EXPECT_LT(eo, fb.o) << "sm90 O";
+  EXPECT_LT(el, fb.lse) << "sm90 lse";
+  EXPECT_LT(edq, fb.grad) << "sm90 dQ";
+  EXPECT_LT(edk, fb.grad) << "sm90 dK";
+  EXPECT_LT(edv, fb.grad) << "sm90 dV";
+  // Within 1.5x the FA2 kernels' error (+ 1e-4 for cases where both are at rounding level).
+  EXPECT_LE(eo, 1.5 * fo + 1e-4) << "sm90 O vs FA2";
+  EXPECT_LE(edq, 1.5 * fdq + 1e-4) << "sm90 dQ vs FA2";
+  EXPECT_LE(edk, 1.5 * fdk + 1e-4) << "sm90 dK vs FA2";
+  EXPECT_LE(edv, 1.5 * fdv + 1e-4) << "sm90 dV vs FA2";
+  std::printf("SM90 %-36s O %.2e L %.2e dQ %.2e dK %.2e dV %.2e | FA2 O %.2e dQ %.2e dK %.2e dV %.2e\n",
+              sm90_name(c).c_str(), eo, el, edq, edk, edv, fo, fdq, fdk, fdv);
+}
+
+std::vector<Sm90Case> sm90_cases() {
+  std::vector<Sm90Case> cs;
+  for (DType d : {DType::bf16, DType::f16})
+    for (int D : {64, 128})
+      for (bool causal : {true, false}) {
+        // Lengths around the tiles (64 queries / 128 keys / 128 query rows) and one long one.
+        for (int T : {1, 17, 64, 100, 128, 129, 191, 257, 1000})
+          cs.push_back({d, D, T, T % 2 ? 1 : 2, 2, causal, T % 2 == 0});
+        cs.push_back({d, D, 1537, 1, 3, causal, false});
+      }
+  return cs;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AttentionSm90, ::testing::ValuesIn(sm90_cases()),
+                         [](const ::testing::TestParamInfo<Sm90Case>& i) { return sm90_name(i.param); });
+
 // ---- tools (run by name from scripts/device/attention.sh) -------------------------------------
 
 float median(std::vector<float> v) {
@@ -267,6 +375,19 @@ TEST(AttentionCudaTools, DISABLED_Timing) {
   }
   const float dsum_ms = time_ms([&] { lmscale::ops::cuda::attn::launch_flash_bwd_dsum(p, Elem::bf16, st); }, 3, reps);
   std::printf("TIME bwd dsum: %.3f ms\n", dsum_ms);
+  if ((D == 64 || D == 128) && lmscale::ops::cuda::attn::sm90_available()) {
+    namespace la = lmscale::ops::cuda::attn;
+    const std::int64_t pad = static_cast<std::int64_t>(B) * H * la::sm90_bwd_seq_pad(T);
+    Tensor dsum_pad = mk(pad, DType::f32), lse2 = mk(pad, DType::f32), acc_pad = mk(pad * D, DType::f32);
+    la::Params p9 = p;
+    p9.dsum = dsum_pad.data_as<float>(), p9.lse_log2 = lse2.data_as<float>(), p9.dq_accum = acc_pad.data_as<float>();
+    const la::TmaMaps fm = la::make_sm90_fwd_maps(p9, Elem::bf16), bm = la::make_sm90_bwd_maps(p9, Elem::bf16);
+    const float f9 = time_ms([&] { la::launch_flash_fwd_sm90(p9, Elem::bf16, fm, st); }, 3, reps);
+    const float b9 = time_ms([&] { la::launch_flash_bwd_sm90(p9, Elem::bf16, bm, st); }, 3, reps);
+    std::printf("TIME sm90 fwd: %.4f ms  %.1f TFLOP/s\n", f9, fwd_flop / f9 * 1e-9);
+    std::printf("TIME sm90 bwd (prep + kernel + dQ convert): %.4f ms  %.1f TFLOP/s\n", b9, bwd_flop / b9 * 1e-9);
+    std::printf("TIME sm90 fwd+bwd: %.4f ms  %.1f TFLOP/s\n", f9 + b9, (fwd_flop + bwd_flop) / (f9 + b9) * 1e-9);
+  }
   // The public ops on the runtime's stream, events on that stream.
   auto& ctx = r.ctx();
   auto timed = [&](auto&& f) {

@@ -11,12 +11,12 @@ ARCH="-gencode=arch=compute_90a,code=sm_90a"
 INC="-Iinclude -I/usr/local/cuda/include -I/usr/include/x86_64-linux-gnu/openblas-pthread -I/usr/include/openblas"
 CXXFLAGS="-std=c++20 -O3 -DNDEBUG -DLMSCALE_WITH_CUDA=1 $INC"
 CU=(src/ops/cuda/flash_attention_fwd.cu src/ops/cuda/flash_attention_bwd.cu src/ops/cuda/flash_attention_bwd_dq.cu
-    src/ops/cuda/flash_attention_simt.cu
+    src/ops/cuda/flash_attention_simt.cu src/ops/cuda/flash_attention_sm90_fwd.cu src/ops/cuda/flash_attention_sm90_bwd.cu
     src/ops/cuda/attention_naive.cu)
-CPP=(src/core/tensor.cpp src/core/host_allocator.cpp src/core/memory_tracker.cpp src/core/rng.cpp src/core/dtype.cpp
+CPP=(src/core/tensor.cpp src/core/trace.cpp src/core/host_allocator.cpp src/core/memory_tracker.cpp src/core/rng.cpp src/core/dtype.cpp
      src/core/cuda/device_allocator.cpp src/ops/runtime.cpp src/ops/cuda/runtime_state.cpp src/ops/cuda/resources.cpp src/ops/cuda/gemm.cpp
      src/ops/attention.cpp src/ops/cpu/attention_naive.cpp src/ops/cpu/flash_attention.cpp
-     src/ops/cuda/flash_attention.cpp src/ops/cuda/attention_naive_host.cpp
+     src/ops/cuda/flash_attention.cpp src/ops/cuda/flash_attention_sm90.cpp src/ops/cuda/attention_naive_host.cpp
      ctest/gpu/test_attention_cuda.cpp ctest/gpu/gpu_main.cpp)
 pids=()
 for f in "${CU[@]}"; do

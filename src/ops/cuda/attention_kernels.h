@@ -22,6 +22,8 @@ struct Params {
   float* lse = nullptr;         // natural-log logsumexp of the scaled scores per query row
   float* dsum = nullptr;        // backward: D = rowsum(dO * O)
   float* dq_accum = nullptr;    // backward, tensor cores: fp32 dQ accumulator [B*H, T, padded_head_dim(head_dim)]
+  float* lse_log2 = nullptr;    // backward, sm90: lse * log2(e) and D in rows padded to 64 queries,
+                                // [B*H, seq_pad] each (flash_attention_sm90_bwd.cu), zeros past seq
   int batch = 1, heads = 1, seq = 1, head_dim = 64;
   long long stride_b = 0, stride_h = 0, stride_t = 0;
   float scale = 1.f;            // softmax scale

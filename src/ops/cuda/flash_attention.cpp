@@ -7,6 +7,7 @@
 
 #include "attention_cuda.h"
 #include "attention_kernels.h"
+#include "flash_attention_sm90.h"
 #include "lmscale/core/error.h"
 #include "resources.h"
 
@@ -72,10 +73,13 @@ void attention_flash_forward(Context& ctx, const AttentionShape& s, DType dtype,
                              const void* v, void* o, float* lse) {
   attn::Params p = make_params(s);
   p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
-  if (tensor_core_ok(s, dtype, {q, k, v, o}))
-    attn::launch_flash_fwd_mma(p, elem_of(dtype), stream(ctx));
+  const attn::Elem e = elem_of(dtype);
+  if (attn::sm90_layout_ok(p, e) && attn::sm90_available())
+    attn::launch_flash_fwd_sm90(p, e, attn::make_sm90_fwd_maps(p, e), stream(ctx));
+  else if (tensor_core_ok(s, dtype, {q, k, v, o}))
+    attn::launch_flash_fwd_mma(p, e, stream(ctx));
   else
-    attn::launch_flash_fwd_simt(p, elem_of(dtype), stream(ctx));
+    attn::launch_flash_fwd_simt(p, e, stream(ctx));
 }
 
 void attention_flash_backward(Context& ctx, const AttentionShape& s, DType dtype, const void* q, const void* k,
@@ -100,9 +104,22 @@ void attention_flash_backward(Context& ctx, const AttentionShape& s, DType dtype
     Workspace& operator=(const Workspace&) = delete;
     ~Workspace() { a.deallocate(ptr, bytes, tag); }
   };
+  const attn::Elem e = elem_of(dtype);
+  if (attn::sm90_layout_ok(p, e) && attn::sm90_available()) {
+    // The Hopper kernel: D and lse * log2(e) in rows padded to whole query tiles, and the blocked
+    // fp32 dQ accumulator over the same padded rows [B*H, T_pad, head_dim] (head_dim 64 or 128).
+    const std::size_t padded = static_cast<std::size_t>(s.batch * s.heads) * attn::sm90_bwd_seq_pad(p.seq);
+    Workspace dsum(alloc, padded * sizeof(float), "attention_dsum");
+    Workspace lse2(alloc, padded * sizeof(float), "attention_lse_log2");
+    Workspace dq_accum(alloc, padded * static_cast<std::size_t>(s.head_dim) * sizeof(float), "attention_dq_accum");
+    p.dsum = static_cast<float*>(dsum.ptr);
+    p.lse_log2 = static_cast<float*>(lse2.ptr);
+    p.dq_accum = static_cast<float*>(dq_accum.ptr);
+    attn::launch_flash_bwd_sm90(p, e, attn::make_sm90_bwd_maps(p, e), stream(ctx));
+    return;
+  }
   Workspace dsum(alloc, rows * sizeof(float), "attention_dsum");   // D = rowsum(dO*O), fp32 [B,H,T]
   p.dsum = static_cast<float*>(dsum.ptr);
-  const attn::Elem e = elem_of(dtype);
   attn::launch_flash_bwd_dsum(p, e, stream(ctx));
   if (tensor_core_ok(s, dtype, {q, k, v, o, dout, dq, dk, dv})) {
     // fp32 dQ accumulator [B*H, T, padded Dh] for the fused kernel's atomics (2x the size of dQ in

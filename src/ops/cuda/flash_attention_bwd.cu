@@ -25,6 +25,7 @@
 
 #include "attention_kernels.h"
 #include "attention_mma.cuh"
+#include "flash_attention_sm90.h"
 
 namespace lmscale::ops::cuda::attn {
 
@@ -341,6 +342,15 @@ __global__ void flash_bwd_dq_convert_kernel(const Params p) {
   *reinterpret_cast<uint4*>(static_cast<E*>(p.dq) + b * p.stride_b + h * p.stride_h + t * p.stride_t + col) = out;
 }
 
+template <class E>
+void launch_dq_convert(const Params& p, cudaStream_t stream) {
+  const long long elems = static_cast<long long>(p.batch) * p.heads * p.seq * p.head_dim;   // converted 8 per thread
+  constexpr int kThreads = 256;
+  const unsigned blocks = static_cast<unsigned>((elems / 8 + kThreads - 1) / kThreads);
+  flash_bwd_dq_convert_kernel<E><<<blocks, kThreads, 0, stream>>>(p);
+  LMSCALE_ATTN_CHECK_LAUNCH();
+}
+
 template <class E, int D, int kWarps, int Br, int MT, bool kKVInRegs, bool kFuseDq = false, int DC = D>
 void launch_dkdv(const Params& p, cudaStream_t stream) {
   constexpr int Bc = 16 * MT * kWarps;
@@ -367,11 +377,7 @@ void launch_fused(const Params& p, cudaStream_t stream) {
   const long long rows = static_cast<long long>(p.batch) * p.heads * p.seq;
   LMSCALE_ATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(rows * D) * sizeof(float), stream));
   launch_dkdv<E, D, kWarps, Br, MT, kKVInRegs, true, DC>(p, stream);
-  const long long elems = rows * p.head_dim;   // dQ elements, converted 8 per thread
-  constexpr int kThreads = 256;
-  const unsigned blocks = static_cast<unsigned>((elems / 8 + kThreads - 1) / kThreads);
-  flash_bwd_dq_convert_kernel<E><<<blocks, kThreads, 0, stream>>>(p);
-  LMSCALE_ATTN_CHECK_LAUNCH();
+  launch_dq_convert<E>(p, stream);
 }
 
 template <class E>
@@ -445,6 +451,12 @@ void launch_flash_bwd_mma_variant(const Params& p, Elem e, cudaStream_t stream, 
   if (e == Elem::bf16) return launch_dim<__nv_bfloat16>(p, stream, variant);
   if (e == Elem::f16) return launch_dim<__half>(p, stream, variant);
   throw_error("flash attention backward (tensor cores): bf16 or fp16 only");
+}
+
+void launch_flash_bwd_dq_convert(const Params& p, Elem e, cudaStream_t stream) {
+  if (e == Elem::bf16) return launch_dq_convert<__nv_bfloat16>(p, stream);
+  if (e == Elem::f16) return launch_dq_convert<__half>(p, stream);
+  throw_error("flash attention backward: dQ convert is for bf16 or fp16");
 }
 
 void launch_flash_bwd_mma(const Params& p, Elem e, cudaStream_t stream) { launch_flash_bwd_mma_variant(p, e, stream, 0); }

@@ -1,0 +1,97 @@
+// Host side of the Hopper attention kernels: can this process run them, and the TMA tensor maps of
+// one call. The tensor-map encoder is a driver function; it is fetched through the runtime
+// (cudaGetDriverEntryPointByVersion) so the library does not link libcuda itself.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "flash_attention_sm90.h"
+
+namespace lmscale::ops::cuda::attn {
+
+bool sm90_kernels_compiled();   // flash_attention_sm90_fwd.cu: the device code was built for sm_90a
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    LMSCALE_ATTN_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || ptr == nullptr)
+      throw_error("flash attention (sm90): the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// [batch, heads, seq, head_dim] with the call's strides (elements), boxes of `rows` x 64.
+CUtensorMap make_map(const void* base, const Params& p, Elem e, int rows) {
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof(map));
+  const cuuint64_t elem = 2;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq),
+                              static_cast<cuuint64_t>(p.heads), static_cast<cuuint64_t>(p.batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.stride_t) * elem, static_cast<cuuint64_t>(p.stride_h) * elem,
+                                 static_cast<cuuint64_t>(p.stride_b) * elem};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(rows), 1, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      e == Elem::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encoder()(&map, type, 4, const_cast<void*>(base), dims, strides, box, unit,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) throw_error("flash attention (sm90): cuTensorMapEncodeTiled failed for this layout");
+  return map;
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0; }
+
+}  // namespace
+
+bool sm90_available() {
+  static const bool ok = [] {
+    // LMSCALE_FLASH_SM90=0 keeps the FlashAttention-2 kernels (for comparisons and bisecting).
+    if (const char* env = std::getenv("LMSCALE_FLASH_SM90"); env != nullptr && std::strcmp(env, "0") == 0) return false;
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return false;
+    return prop.major == 9 && sm90_kernels_compiled();
+  }();
+  return ok;
+}
+
+bool sm90_layout_ok(const Params& p, Elem e) {
+  if (e != Elem::bf16 && e != Elem::f16) return false;
+  if (p.head_dim != 64 && p.head_dim != 128) return false;
+  // TMA: 16-byte aligned base and strides that are multiples of 16 bytes (8 elements).
+  if (p.stride_t % 8 || p.stride_h % 8 || p.stride_b % 8) return false;
+  for (const void* ptr : {p.q, p.k, p.v, p.o, p.dout, static_cast<const void*>(p.out), static_cast<const void*>(p.dq),
+                          static_cast<const void*>(p.dk), static_cast<const void*>(p.dv)})
+    if (ptr != nullptr && !aligned16(ptr)) return false;
+  return true;
+}
+
+TmaMaps make_sm90_fwd_maps(const Params& p, Elem e) {
+  TmaMaps m;
+  m.q = make_map(p.q, p, e, 128);
+  m.k = make_map(p.k, p, e, 128);
+  m.v = make_map(p.v, p, e, 128);
+  std::memset(&m.dout, 0, sizeof(m.dout));
+  return m;
+}
+
+TmaMaps make_sm90_bwd_maps(const Params& p, Elem e) {
+  TmaMaps m;
+  m.q = make_map(p.q, p, e, 64);
+  m.k = make_map(p.k, p, e, 128);
+  m.v = make_map(p.v, p, e, 128);
+  m.dout = make_map(p.dout, p, e, 64);
+  return m;
+}
+
+}  // namespace lmscale::ops::cuda::attn
