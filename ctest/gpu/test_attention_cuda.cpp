@@ -183,6 +183,48 @@ TEST(AttentionCudaFallback, UnalignedBf16UsesSimtPathCorrectly) {
   EXPECT_LT(rel_err(download(tdv), dv_ref), 1e-2);
 }
 
+// model.attention_deterministic: the backward without atomics gives bitwise the same dQ, dK, dV on
+// every run, within the flash error bounds (head dims with tensor-core deterministic kernels and
+// one on the CUDA-core path).
+TEST(AttentionCudaDeterministic, BitwiseRepeatableAndAccurate) {
+  lmscale::ops::Runtime r(lmscale::Device::cuda, 0, false);
+  for (int D : {64, 80, 128}) {
+    AttentionShape s = AttentionShape::bthd(2, 300, 3, D, true);
+    s.deterministic = true;
+    const std::int64_t n = s.elements(), nl = 2 * 3 * 300;
+    const DType d = DType::bf16;
+    const auto q = random_rounded(n, 31 + D, 1, d), k = random_rounded(n, 31 + D, 2, d),
+               v = random_rounded(n, 31 + D, 3, d), dout = random_rounded(n, 31 + D, 4, d);
+    std::vector<double> o_ref(q.size()), l_ref(static_cast<std::size_t>(nl)), dq_ref(q.size()), dk_ref(q.size()),
+        dv_ref(q.size());
+    lmscale::ops::cpu::attention_flash_forward(s, q.data(), k.data(), v.data(), o_ref.data(), l_ref.data());
+    lmscale::ops::cpu::attention_flash_backward(s, q.data(), k.data(), v.data(), o_ref.data(), l_ref.data(),
+                                                dout.data(), dq_ref.data(), dk_ref.data(), dv_ref.data());
+    auto mk = [&](std::int64_t count, DType dt) { return Tensor::empty({count}, dt, r.allocator(), "test"); };
+    Tensor tq = mk(n, d), tk = mk(n, d), tv = mk(n, d), tdo = mk(n, d), to = mk(n, d), tl = mk(nl, DType::f32);
+    upload(q, tq);
+    upload(k, tk);
+    upload(v, tv);
+    upload(dout, tdo);
+    lmscale::ops::attention_flash(r.ctx(), s, tq, tk, tv, to, tl);
+    std::vector<std::vector<double>> runs;
+    for (int rep = 0; rep < 3; ++rep) {
+      Tensor tdq = mk(n, d), tdk = mk(n, d), tdv = mk(n, d);
+      for (Tensor* t : {&tdq, &tdk, &tdv}) poison(*t);
+      lmscale::ops::attention_flash_backward(r.ctx(), s, tq, tk, tv, to, tl, tdo, tdq, tdk, tdv);
+      auto dq = download(tdq), dk = download(tdk), dv = download(tdv);
+      EXPECT_LT(rel_err(dq, dq_ref), flash_bounds(d).grad) << "D " << D;
+      EXPECT_LT(rel_err(dk, dk_ref), flash_bounds(d).grad) << "D " << D;
+      EXPECT_LT(rel_err(dv, dv_ref), flash_bounds(d).grad) << "D " << D;
+      dq.insert(dq.end(), dk.begin(), dk.end());
+      dq.insert(dq.end(), dv.begin(), dv.end());
+      runs.push_back(std::move(dq));
+    }
+    EXPECT_EQ(runs[0], runs[1]) << "D " << D;
+    EXPECT_EQ(runs[0], runs[2]) << "D " << D;
+  }
+}
+
 // ---- Hopper kernels (flash_attention_sm90_*.cu) --------------------------------------------------
 // Every (dtype, head dim 64/128, causal, length remainder) case through the sm90 launchers directly,
 // against the float64 reference, with the FA2 tensor-core kernels on the same inputs beside them:

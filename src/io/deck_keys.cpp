@@ -181,7 +181,12 @@ std::vector<DeckKey> build_table() {
       float_key("model.rope_theta", LMSCALE_FIELD(model.rope_theta), R::positive(), "RoPE base theta."),
       float_key("model.norm_eps", LMSCALE_FIELD(model.norm_eps), R::positive(), "RMSNorm epsilon."),
       enum_key("model.attention", LMSCALE_FIELD(model.attention), {"naive", "flash"},
-               "Attention implementation: naive (materialises the score matrix) or flash (FlashAttention-2)."),
+               "Attention implementation: naive (materialises the score matrix) or flash (FlashAttention-2; "
+               "on Hopper GPUs the FlashAttention-3 design at head dims 64 and 128)."),
+      bool_key("model.attention_deterministic", LMSCALE_FIELD(model.attention_deterministic),
+               "Flash backward without atomics, so dQ is bit-reproducible run to run: on CUDA the FlashAttention-2 "
+               "two-kernel backward (7 products per tile pair instead of 5; slower). CPU flash is always "
+               "deterministic."),
       ce_chunk_rows_key(),
       // [precision]
       enum_key("precision.mode", LMSCALE_FIELD(precision.mode), dtypes,

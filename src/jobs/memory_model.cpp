@@ -45,7 +45,7 @@ struct Block {
 
 struct Shapes {
   double N = 0, Nl = 0, d = 0, dl = 0, F = 0, H = 0, T = 0, B = 0, V = 0, e = 4, st = 4;
-  bool flash = false, sp = false, cuda = false;
+  bool flash = false, sp = false, cuda = false, deterministic = false;
   int L = 0, tp = 1;
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   std::string ac = "none";
@@ -240,7 +240,19 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   double dO = m.alloc(Ndle);
   gr.touch(p0 + 3);
   double dq = m.alloc(Ndle), dk = m.alloc(Ndle), dv = m.alloc(Ndle);
-  if (s.flash && s.cuda) {   // flash backward workspaces: D = rowsum(dO*O) and the fp32 dQ accumulator
+  if (s.flash && s.cuda && s.deterministic) {   // the atomic-free backward: D = rowsum(dO*O) only
+    double D = m.alloc(s.st * s.B * s.H * s.T);
+    m.free(D);
+  } else if (s.flash && s.cuda && s.e == 2 && (s.dl / s.H == 64 || s.dl / s.H == 128)) {
+    // The Hopper kernels (ops/cuda/flash_attention.cpp), every GPU lent here: D and lse * log2(e)
+    // over rows padded to whole 64-query tiles, and the blocked fp32 dQ accumulator over them.
+    // (Other GPUs take the FA2 path below: a little less.)
+    const double Tp = std::ceil(s.T / 64) * 64;
+    double D = m.alloc(4 * s.B * s.H * Tp), L2 = m.alloc(4 * s.B * s.H * Tp), acc = m.alloc(4 * s.B * Tp * s.dl);
+    m.free(D);
+    m.free(L2);
+    m.free(acc);
+  } else if (s.flash && s.cuda) {   // FA2 backward workspaces: D = rowsum(dO*O) and the fp32 dQ accumulator
     double D = m.alloc(s.st * s.B * s.H * s.T), acc = m.alloc(4 * s.N * s.dl);
     m.free(D);
     m.free(acc);
@@ -427,6 +439,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
   s.tp = tp;
   s.chunk = static_cast<double>(dims.head_chunk_rows(static_cast<std::int64_t>(s.N), dims.vocab / tp, mixed ? 2 : 4));
   s.flash = dims.flash;
+  s.deterministic = dims.deterministic_attention;
   s.cuda = cuda;
   s.L = static_cast<int>(dims.layers);
   s.ac = cfg.train.activation_checkpointing;

@@ -15,6 +15,7 @@ ModelDims ModelDims::from(const ModelConfig& m) {
   d.rope_theta = m.rope_theta;
   d.norm_eps = m.norm_eps;
   d.flash = m.attention == "flash";
+  d.deterministic_attention = m.attention_deterministic;
   d.ce_chunk_rows = m.ce_chunk_rows;
   return d;
 }

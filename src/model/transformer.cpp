@@ -152,7 +152,8 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     }
     ops::rope(ctx, s.q, B, T, H, Dh, dims_.rope_theta, false);
     ops::rope(ctx, s.k, B, T, H, Dh, dims_.rope_theta, false);
-    const auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
+    auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
+    shape.deterministic = dims_.deterministic_attention;
     s.o = act(dl_);
     if (dims_.flash) {
       s.attn_aux = Tensor::empty({B, H, T}, stats_, A, "activations");
@@ -280,7 +281,8 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   }
   notify(pc, pidx(l, kO));
   Tensor dq = act(dl_), dk = act(dl_), dv = act(dl_);
-  const auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
+  auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
+  shape.deterministic = dims_.deterministic_attention;
   if (dims_.flash) {
     ops::attention_flash_backward(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux, dO, dq, dk, dv);
   } else {

@@ -29,6 +29,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   std::string attention = "naive";      // naive | flash
+  bool attention_deterministic = false; // flash backward without atomics (bit-reproducible dQ)
   // Rows per chunk of the fused LM head + cross-entropy: -1 = auto (chunk logits <= 256 MiB),
   // 0 = all rows in one chunk, n >= 1 = n rows (model/model_dims.h head_chunk_rows).
   std::int64_t ce_chunk_rows = -1;

@@ -17,6 +17,7 @@ struct ModelDims {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool flash = false;             // attention implementation: flash (true) or naive
+  bool deterministic_attention = false;   // flash backward without atomics (model.attention_deterministic)
   std::int64_t ce_chunk_rows = -1;   // fused LM head + cross-entropy: -1 auto, 0 all rows, n rows
   std::int64_t head_dim() const { return d_model / heads; }
 

@@ -57,6 +57,10 @@ struct AttentionShape {
   std::int64_t stride_b = 0, stride_h = 0, stride_t = 0;
   bool causal = true;
   double scale = 0;   // softmax scale; 0 means 1/sqrt(head_dim)
+  // Flash backward without atomics (bit-reproducible dQ): on CUDA the FA2 two-kernel path (head
+  // dims 16, 32, 64, 128 on tensor cores; others on CUDA cores) instead of the faster kernels that
+  // add dQ's key-block shares with atomics or bulk reductions. CPU flash is always deterministic.
+  bool deterministic = false;
   static AttentionShape bthd(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, bool causal = true);
   static AttentionShape bhtd(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t Dh, bool causal = true);
   double softmax_scale() const;

@@ -105,6 +105,20 @@ void attention_flash_backward(Context& ctx, const AttentionShape& s, DType dtype
     ~Workspace() { a.deallocate(ptr, bytes, tag); }
   };
   const attn::Elem e = elem_of(dtype);
+  if (s.deterministic) {
+    // No atomics: the FA2 dK/dV kernel without dQ, then a dQ kernel per query tile (tensor cores,
+    // head dims 16, 32, 64, 128), or the CUDA-core kernels (no atomics either).
+    Workspace dsum(alloc, rows * sizeof(float), "attention_dsum");
+    p.dsum = static_cast<float*>(dsum.ptr);
+    attn::launch_flash_bwd_dsum(p, e, stream(ctx));
+    const int dp = attn::padded_head_dim(static_cast<int>(s.head_dim));
+    const bool has_deterministic_mma = dp == 16 || dp == 32 || dp == 64 || dp == 128;
+    if (has_deterministic_mma && tensor_core_ok(s, dtype, {q, k, v, o, dout, dq, dk, dv}))
+      attn::launch_flash_bwd_mma_variant(p, e, stream(ctx), 1);
+    else
+      attn::launch_flash_bwd_simt(p, e, stream(ctx));
+    return;
+  }
   if (attn::sm90_layout_ok(p, e) && attn::sm90_available()) {
     // The Hopper kernel: D and lse * log2(e) in rows padded to whole query tiles, and the blocked
     // fp32 dQ accumulator over the same padded rows [B*H, T_pad, head_dim] (head_dim 64 or 128).
