@@ -16,7 +16,7 @@ lmscale=$1 check=$2 deck=$3 golden=$4 out=$5
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cmp="python3 $here/compare_losses.py"
 rtol=${RTOL:-2e-5}   # as tp_check.sh: summation order only
-rm -rf "$out/tp_fsdp"; mkdir -p "$out/tp_fsdp"; cd "$out/tp_fsdp"
+rm -rf "$out/fsdp_2d"; mkdir -p "$out/fsdp_2d"; cd "$out/fsdp_2d"   # (tp_check.sh removes $out/tp_*)
 mpi() { local np=$1; shift; mpirun --oversubscribe --allow-run-as-root --bind-to none -np "$np" "$lmscale" "$deck" "$@"; }
 dtf=(--parallel.tp=2 --parallel.zero=fsdp)
 
