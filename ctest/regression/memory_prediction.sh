@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # memory_prediction.sh LMSCALE OUTDIR [NP]: tiny bench-model decks on CPU in every bench mode and
 # activation-checkpointing policy (naive and flash attention), one process, and with NP = 2 also
-# DDP, zero1, zero2, fsdp and tp (with and without sequence parallelism) on 2 ranks; each run's /bench_model/memory_prediction must hold every
+# DDP, zero1, zero2, fsdp and tp (with and without sequence parallelism) on 2 ranks, and with NP = 4
+# fsdp over dp 2 x tp 2 (2D); each run's /bench_model/memory_prediction must hold every
 # phase of its mode with a measured peak and a prediction within 5% (issue 21). The CPU allocator
 # counts the bytes it hands out, so the prediction can be checked exactly there.
 set -u
@@ -51,7 +52,17 @@ run() {   # NAME NP ARGS...
   check "$name" "${phases[@]}" || fail=1
 }
 
-if [ "$NP" -eq 1 ]; then
+if [ "$NP" -eq 4 ]; then
+  # 2D: fsdp over the dp axis of dp 2 x tp 2 (each tp rank's slices sharded over its dp group),
+  # with and without sequence parallelism, forward and train-step; mixed-precision casts are
+  # GPU-only and not replayed here.
+  for mode in forward train-step; do
+    run "np4_tp2_fsdp_${mode}" 4 --parallel.tp=2 --parallel.zero=fsdp --bench.mode=$mode
+  done
+  run "np4_tp2_fsdp_sp" 4 --parallel.tp=2 --parallel.zero=fsdp --parallel.sequence_parallel=true --bench.mode=train-step
+  run "np4_tp2_fsdp_every1" 4 --parallel.tp=2 --parallel.zero=fsdp --bench.mode=train-step \
+      --train.activation_checkpointing=every-k
+elif [ "$NP" -eq 1 ]; then
   for att in naive flash; do
     for mode in forward forward-backward train-step; do
       run "one_${att}_${mode}" 1 --model.attention=$att --bench.mode=$mode

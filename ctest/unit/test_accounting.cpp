@@ -111,6 +111,28 @@ TEST(Accounting, TensorParallelCommunicationAndMemory) {
   EXPECT_LT(item(jobs::account(c, 2, "NVIDIA H100 80GB HBM3"), "activations"), item(a, "activations"));
 }
 
+// 2D (fsdp over the dp axis of dp 2 x tp 2, 4 ranks): each tp rank's slices, Ps = (P - norms)/2,
+// sharded over its 2 dp ranks; norms replicated; gathered units and the dp traffic are slices.
+TEST(Accounting, TensorParallelFsdpShardsTheSlices) {
+  Config c = xl_bf16();
+  c.bench.batch_size = 8;
+  c.parallel.zero = "fsdp";
+  const double norms = (2 * 48 + 1) * 1600.0, P = 1998235200, Ps = (P - norms) / 2;
+  const auto f = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");   // fsdp on 2 ranks, no tp
+  c.parallel.tp = 2;
+  const auto a = jobs::account(c, 4, "NVIDIA H100 80GB HBM3");
+  EXPECT_DOUBLE_EQ(item(a, "parameters"), 4.0 * (Ps / 2 + norms));
+  EXPECT_DOUBLE_EQ(item(a, "gradient_shard"), 4.0 * Ps / 2);
+  EXPECT_DOUBLE_EQ(item(a, "gradients"), 4.0 * norms);
+  EXPECT_DOUBLE_EQ(item(a, "optimizer_state"), 8.0 * (Ps / 2 + norms));
+  EXPECT_DOUBLE_EQ(item(f, "optimizer_state"), 8.0 * ((P - norms) / 2 + norms));
+  EXPECT_DOUBLE_EQ(item(a, "fsdp_gathered"), item(f, "fsdp_gathered") / 2);
+  // all-gather twice in bf16 + reduce-scatter in fp32 of the slices over dp 2, norms all-reduced.
+  EXPECT_DOUBLE_EQ(a.comm_bytes_per_step, 0.5 * (2 * 2 * Ps + 4 * Ps) + 2 * 0.5 * 4 * norms);
+  EXPECT_GT(a.tp_comm_bytes_per_step, 0.0);
+  EXPECT_EQ(a.local_batch, 4);
+}
+
 // CS336 §8: data parallelism is communication bound once the gradient all-reduce, 2(n-1)/n x 4P
 // bytes at W, takes as long as the rank's 1/n of the step's FLOPs at C: n >= 1 + F W / (8 P C).
 // Tensor parallelism is bound from the degree where (n-1)/n x its activation bytes outweigh F/(nC).

@@ -9,6 +9,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/rng.h"
 #include "lmscale/model/parameter_store.h"
+#include "lmscale/model/tensor_parallel.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/ops.h"
 
@@ -104,6 +105,40 @@ TEST(ModelInit, DeterministicAndShardIndependent) {
       } else {
         EXPECT_LE(std::fabs(v), bound + 1e-12);
       }
+    }
+  }
+}
+
+// FSDP over tensor-parallel slices initialises ranges of a slice that may start and end inside a
+// row of a row-parallel (column-split) slice: every range equals the same elements of the whole
+// slice's values, which are the full parameter's at the slice's positions.
+TEST(ModelInit, RangesOfTensorParallelSlicesMatchTheWholeSlice) {
+  model::ModelDims d = tiny(false);
+  d.vocab = 12;
+  Fixture f;
+  for (int rank = 0; rank < 2; ++rank) {
+    model::TensorSplit split;
+    split.degree = 2;
+    split.rank = rank;
+    for (const auto& p : model::tensor_parallel_layout(d, split)) {
+      Tensor whole = Tensor::empty({p.numel}, DType::f64, f.alloc);
+      model::fill_slice_initial_values(p, 7, whole, f.ctx);
+      // The full parameter's values at the slice's positions (copy_slice: the reference mapping).
+      std::vector<double> full(static_cast<std::size_t>(shape_numel(p.full_shape.empty() ? p.shape : p.full_shape)));
+      model::initial_values(p, 7, 0, static_cast<std::int64_t>(full.size()), full.data());
+      std::vector<double> expect(static_cast<std::size_t>(p.numel));
+      model::copy_slice(p, full.data(), expect.data(), sizeof(double), false);
+      for (std::int64_t i = 0; i < p.numel; ++i) ASSERT_EQ(whole.data_as<double>()[i], expect[static_cast<std::size_t>(i)]) << p.name;
+      // Ranges cut anywhere (inside rows too), including empty ones.
+      const std::int64_t cuts[] = {0, 1, p.numel / 3, p.numel / 2 + 1, p.numel - 1, p.numel};
+      for (std::int64_t a : cuts)
+        for (std::int64_t b : cuts) {
+          if (a > b || b > p.numel || a < 0) continue;
+          Tensor part = Tensor::empty({b - a}, DType::f64, f.alloc);
+          model::fill_slice_initial_values(p, 7, a, b, part, f.ctx);
+          for (std::int64_t i = a; i < b; ++i)
+            ASSERT_EQ(part.data_as<double>()[i - a], expect[static_cast<std::size_t>(i)]) << p.name << " [" << a << ", " << b << ")";
+        }
     }
   }
 }

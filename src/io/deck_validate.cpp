@@ -471,10 +471,6 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.sequence_parallel = true needs model.context_length = {} divisible by parallel.tp = {} (each rank "
          "holds an equal sequence shard); change context_length or tp",
          m.context_length, p.tp);
-  if (p.tp > 1 && p.zero == "fsdp" && runs_model(c))
-    fail("parallel.zero = fsdp with parallel.tp = {} is not built (FSDP shards whole parameters); use parallel.zero = "
-         "zero1 or zero2 with tensor parallelism, or parallel.tp = 1",
-         p.tp);
   if (p.grad_reduce_dtype == "bf16" && runs_model(c)) {
     if (p.zero == "zero1" || p.zero == "zero1-broadcast" || p.zero == "fsdp")
       fail("parallel.grad_reduce_dtype = bf16 is built for ddp (flat, overlap, bucketed) and zero2, not parallel.zero = "

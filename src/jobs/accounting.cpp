@@ -53,18 +53,22 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   // Tensor parallel: a rank holds 1/tp of every parameter but the replicated norm weights, so the
   // non-FSDP items below count Pr = (P - norms)/tp + norms (= P with tp = 1).
   const double Pr = (P - norm_params) / tp + norm_params;
+  // FSDP shards what the rank would hold without it: under tensor parallelism (2D) its slices,
+  // Ps = (P - norms)/tp elements, over the dp ranks; gathered units are slices too (1/tp).
+  const double Ps = (P - norm_params) / tp;
+  const std::string ps = tp > 1 ? "(P - norms)/tp" : "(P - norms)";
   if (fsdp) {
-    const double Ps = P - norm_params;
-    add("parameters", 4 * Ps / dp + 4 * norm_params, "4 B x (P - norms) / N (fp32 master shard) + replicated norms");
+    add("parameters", 4 * Ps / dp + 4 * norm_params, "4 B x " + ps + " / N (fp32 master shard) + replicated norms");
     add("gradients", 4 * norm_params, "replicated norm gradients (each unit's full-size gradients live only from its "
                                       "backward to its reduce-scatter)");
-    add("gradient_shard", 4 * Ps / dp, "4 B x (P - norms) / N (fp32)");
-    add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + 1.0 / dp)) +
-                             (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d)),
-        cfg.parallel.reshard_after_forward
-            ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF, and its "
-              "cast shard)"
-            : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block)");
+    add("gradient_shard", 4 * Ps / dp, "4 B x " + ps + " / N (fp32)");
+    add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + 1.0 / dp)) / tp +
+                             (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d) / tp),
+        std::string(cfg.parallel.reshard_after_forward
+                        ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF, and "
+                          "its cast shard)"
+                        : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block)") +
+            (tp > 1 ? " / tp" : ""));
   }
   // The parameters a rank holds: P, or Pr under tensor parallelism.
   const std::string p = tp > 1 && !fsdp ? "Pr" : "P";
@@ -83,8 +87,12 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
   const bool one_state = cfg.optim.name == "sgd" || cfg.optim.name == "lars";
   const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : cfg.optim.name + " m, v";
-  add("optimizer_state", (one_state ? 4 : 8) * (fsdp ? P : Pr) / (sharded ? dp : 1),
-      sharded ? sb + p + " / N (" + what + " of this rank's range)" : sb + p + " (" + what + ")");
+  if (fsdp)   // the shard's state and the replicated norms'
+    add("optimizer_state", (one_state ? 4 : 8) * (Ps / dp + norm_params),
+        sb + "(" + ps + " / N + norms) (" + what + " of this rank's shard and of the norms)");
+  else
+    add("optimizer_state", (one_state ? 4 : 8) * Pr / (sharded ? dp : 1),
+        sharded ? sb + p + " / N (" + what + " of this rank's range)" : sb + p + " (" + what + ")");
   // Activations kept from the forward to the backward, as the checkpointing policy says
   // (model/recompute.h); every-k adds one recomputed group at the start of the backward.
   // Tensor parallel: q, k, v, o and a, b, g are split (1/tp), x, y1, h, y2 and the norms' rstd
@@ -130,10 +138,13 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     a.comm_formula = "all-reduce of fp32 gradients: 2 (N-1)/N x 4P";
   } else if (fsdp) {
     const double reshard = cfg.parallel.reshard_after_forward ? 2.0 : 1.0;
-    a.comm_bytes_per_step = f * (reshard * e * (P - norm_params) + 4 * (P - norm_params)) + 2 * f * 4 * norm_params;
+    // Over the dp group of each tp rank: its slices (Ps); the norms' all-reduce in full.
+    a.comm_bytes_per_step = f * (reshard * e * Ps + 4 * Ps) + 2 * f * 4 * norm_params;
+    const std::string gathered = tp > 1 ? "Ps (Ps = (P - norms)/tp, this tp rank's slices)" : "P";
     a.comm_formula = cfg.parallel.reshard_after_forward
-                         ? "all-gather (N-1)/N x e P twice (forward, backward) + reduce-scatter (N-1)/N x 4P"
-                         : "all-gather (N-1)/N x e P once + reduce-scatter (N-1)/N x 4P";
+                         ? "all-gather (N-1)/N x e " + gathered + " twice (forward, backward) + reduce-scatter (N-1)/N x 4" +
+                               (tp > 1 ? "Ps" : "P")
+                         : "all-gather (N-1)/N x e " + gathered + " once + reduce-scatter (N-1)/N x 4" + (tp > 1 ? "Ps" : "P");
   } else if (cfg.parallel.zero == "zero1-broadcast") {
     a.comm_bytes_per_step = 2 * f * G + G / dp;
     a.comm_formula = "all-reduce 2 (N-1)/N x 4P + broadcast of the own range 4P/N";

@@ -494,7 +494,10 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda) {
       gr.send.assign(gr.unit_padded.size(), 0);
       const double Ps = P - norms, S = std::ceil(Ps / dp);
       init = probe.round(4 * S) * 2 + probe.round(4 * norms) * 2 + probe.round(4 * S) * states + probe.round(4 * norms) * states;
-      out.layout = "fsdp (master, gradient shard and optimizer state of 1/dp; gathered units beside the replayed activations)";
+      // Under tensor parallelism (2D) the sizes above are this tp rank's slices (local shapes), so
+      // the units, shards and gathers are those of the slices.
+      out.layout = std::string("fsdp (master, gradient shard and optimizer state of 1/dp") +
+                   (tp > 1 ? " of this tp rank's slices" : "") + "; gathered units beside the replayed activations)";
     } else {
       init = probe.round(4 * P) + (mixed ? probe.round(2 * P) : 0.0);
       const bool lazy = dp == 1 || zero == "zero2";

@@ -76,7 +76,6 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     dp_rank_ = mesh_->coords().dp;
     dp_comm = &mesh_->dp();
     dp_host = &host_mesh_->dp();
-    LMSCALE_CHECK(pc.zero != "fsdp" || dp_size_ == 1, "parallel.zero = fsdp with parallel.tp > 1 is not built");
   } else if (pp > 1) {
     LMSCALE_CHECK(env.comm && env.host_comm, "pipeline parallelism needs the world communicators");
     comm::MeshShape shape{0, 1, pp, 0};
@@ -461,7 +460,7 @@ double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64
 std::vector<float> Trainer::full_parameters() {
   settle_optimizer();
   Context& ctx = env_.rt.ctx();
-  if (fsdp_) return fsdp_->full_parameters(ctx);
+  if (fsdp_) return to_full_layout(fsdp_->full_parameters(ctx));   // gathered over dp, then over tp
   LMSCALE_CHECK(params_->master_dtype() == DType::f32, "full_parameters: fp32 master weights only");
   std::vector<float> h(static_cast<std::size_t>(params_->numel()));
   Tensor dst = Tensor::view(h.data(), {params_->numel()}, DType::f32, Device::cpu);
@@ -500,7 +499,7 @@ std::vector<float> Trainer::full_parameters() {
 void Trainer::set_parameters(const std::vector<float>& full) {
   settle_optimizer();
   Context& ctx = env_.rt.ctx();
-  if (fsdp_) return fsdp_->set_parameters(ctx, full);
+  if (fsdp_) return fsdp_->set_parameters(ctx, to_local_layout(full));
   if (pipeline_ && static_cast<std::int64_t>(full.size()) == dims_.parameter_count()) {
     // Full parameters (a weights file): keep this stage's slice.
     const auto layout = model::parameter_layout(dims_);

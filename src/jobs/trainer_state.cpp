@@ -36,19 +36,10 @@ Mesh mesh_of(Trainer& t) {
 bool tp_replicated(const model::ParamInfo& p, const Mesh& m) { return m.tp > 1 && p.split_dim < 0; }
 
 // Adds the pieces of local elements [lo, hi) of store parameter i, in full-parameter coordinates
-// (one per contiguous run: parallel::full_segments). `master`, `m`, `v`: views of local elements
-// [lo, hi) of the parameter, or empty.
+// (parallel::append_full_pieces).
 void add_pieces(std::vector<parallel::StatePiece>& out, const model::ParameterStore& ps, int i, std::int64_t lo,
                 std::int64_t hi, const Tensor& master, const Tensor& m, const Tensor& v) {
-  if (lo >= hi) return;
-  const auto& p = ps.infos()[static_cast<std::size_t>(i)];
-  auto part = [&](const Tensor& t, std::int64_t a, std::int64_t n) { return t.defined() ? t.flat_range(a - lo, n) : Tensor(); };
-  for (const auto& s : parallel::full_segments(p)) {
-    const std::int64_t a = std::max(lo, s.local), b = std::min(hi, s.local + s.count);
-    if (a >= b) continue;
-    const std::int64_t full = s.full + (a - s.local);
-    out.push_back({ps.global_index(i), full, full + (b - a), part(master, a, b - a), part(m, a, b - a), part(v, a, b - a)});
-  }
+  parallel::append_full_pieces(out, ps.infos()[static_cast<std::size_t>(i)], ps.global_index(i), lo, hi, master, m, v);
 }
 
 // One process, DDP, and tp / pp without a sharded optimizer: every rank holds all of its store;
@@ -121,7 +112,7 @@ parallel::ZeroOptimizer* zero_of(Trainer& t) { return dynamic_cast<parallel::Zer
 }  // namespace
 
 parallel::StateLayout describe_state(Trainer& t) {
-  if (t.fsdp()) return t.fsdp()->state_layout();   // never with tp or pp (the trainer refuses them)
+  if (t.fsdp()) return t.fsdp()->state_layout();   // its dp shards of (tp slices of) parameters
   if (auto* zero = zero_of(t)) return zero_shard(t, *zero);
   LMSCALE_CHECK(t.optimizer() != nullptr, "describe_state: a trainer without an optimizer");
   return replicated(t);

@@ -75,16 +75,26 @@ void copy_slice(const ParamInfo& local, void* full, void* slice, std::size_t ele
 }
 
 void fill_slice_initial_values(const ParamInfo& local, std::uint64_t seed, Tensor dst, Context& ctx) {
-  if (local.split_dim < 0) return fill_initial_values(local, seed, 0, local.numel, dst, ctx);
+  fill_slice_initial_values(local, seed, 0, local.numel, dst, ctx);
+}
+
+void fill_slice_initial_values(const ParamInfo& local, std::uint64_t seed, std::int64_t begin, std::int64_t end,
+                               Tensor dst, Context& ctx) {
+  LMSCALE_CHECK(0 <= begin && begin <= end && end <= local.numel && dst.numel() == end - begin,
+                "fill_slice_initial_values: [{}, {}) of {} into {} elements", begin, end, local.numel, dst.numel());
+  if (begin == end) return;
+  if (local.split_dim < 0) return fill_initial_values(local, seed, begin, end, dst, ctx);
   const std::int64_t cols = local.full_shape[1];
   if (local.split_dim == 0) {   // contiguous rows: one range of the full parameter
     const std::int64_t b = local.split_begin * cols;
-    return fill_initial_values(local, seed, b, b + local.numel, dst, ctx);
+    return fill_initial_values(local, seed, b + begin, b + end, dst, ctx);
   }
-  // Columns [c0, c0 + lc) of every row: computed on the host in fp64 by several threads, a block
-  // of rows at a time (<= 16 Mi elements of staging), then converted and copied.
-  const std::int64_t rows = local.shape[0], lc = local.shape[1], c0 = local.split_begin;
-  const std::int64_t block_rows = std::max<std::int64_t>(1, std::min(rows, (std::int64_t{1} << 24) / lc));
+  // Columns [c0, c0 + lc) of every row: local element j of row i is full element i cols + c0 + j.
+  // Computed on the host in fp64 by several threads, a block of rows at a time (<= 16 Mi elements
+  // of staging), then converted and copied; the first and last rows may be partial.
+  const std::int64_t lc = local.shape[1], c0 = local.split_begin;
+  const std::int64_t first_row = begin / lc, end_row = (end + lc - 1) / lc;
+  const std::int64_t block_rows = std::max<std::int64_t>(1, std::min(end_row - first_row, (std::int64_t{1} << 24) / lc));
   HostAllocator staging_alloc;
   Tensor staging64 = Tensor::empty({block_rows * lc}, DType::f64, staging_alloc, "init_staging");
   Tensor staging =
@@ -94,26 +104,31 @@ void fill_slice_initial_values(const ParamInfo& local, std::uint64_t seed, Tenso
   host_ctx.allocator = &staging_alloc;
   host_ctx.host = &staging_alloc;
   const unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  for (std::int64_t r0 = 0; r0 < rows; r0 += block_rows) {
-    const std::int64_t nr = std::min(block_rows, rows - r0);
+  for (std::int64_t r0 = first_row; r0 < end_row; r0 += block_rows) {
+    const std::int64_t nr = std::min(block_rows, end_row - r0);
+    // Local elements [lo, hi) of this block of rows, written to staging from its start.
+    const std::int64_t lo = std::max(begin, r0 * lc), hi = std::min(end, (r0 + nr) * lc);
     double* out = staging64.data_as<double>();
     std::vector<std::thread> workers;
     const std::int64_t per = (nr + nthreads - 1) / nthreads;
     for (unsigned t = 0; t < nthreads; ++t) {
-      const std::int64_t lo = t * per, hi = std::min(nr, lo + per);
-      if (lo >= hi) break;
-      workers.emplace_back([&, lo, hi] {
-        for (std::int64_t i = lo; i < hi; ++i) {
-          const std::int64_t g = (r0 + i) * cols + c0;
-          initial_values(local, seed, g, g + lc, out + i * lc);
+      const std::int64_t a = t * per, b = std::min(nr, a + per);
+      if (a >= b) break;
+      workers.emplace_back([&, a, b] {
+        for (std::int64_t i = a; i < b; ++i) {
+          const std::int64_t row = r0 + i;
+          const std::int64_t x = std::max(lo, row * lc), y = std::min(hi, (row + 1) * lc);   // local
+          if (x >= y) continue;
+          const std::int64_t g = row * cols + c0 + (x - row * lc);
+          initial_values(local, seed, g, g + (y - x), out + (x - lo));
         }
       });
     }
     for (auto& w : workers) w.join();
-    Tensor src64 = staging64.flat_range(0, nr * lc);
-    Tensor src = staging.flat_range(0, nr * lc);
+    Tensor src64 = staging64.flat_range(0, hi - lo);
+    Tensor src = staging.flat_range(0, hi - lo);
     if (staging.dtype() != DType::f64) ops::cast(host_ctx, src64, src);
-    Tensor part = dst.flat_range(r0 * lc, nr * lc);
+    Tensor part = dst.flat_range(lo - begin, hi - lo);
     ops::copy(ctx, src, part);
   }
 }

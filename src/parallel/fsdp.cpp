@@ -150,12 +150,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
   norm_master_ = Tensor::empty({norms}, master, A, "parameters");
   norm_grads_ = Tensor::empty({norms}, master, A, "gradients");
 
-  // Initial values: each rank computes its own pieces from (seed, name, index); padding is 0.
+  // Initial values: each rank computes its own pieces from (seed, name, full element index), also
+  // when a piece is a range of a tensor-parallel slice; padding is 0.
   ops::fill(ctx, master_, 0.0);
   for (const auto& u : units_)
     for_each_piece(u, [&](int i, std::int64_t begin, std::int64_t n, std::int64_t at) {
-      model::fill_initial_values(infos[static_cast<std::size_t>(i)], seed, begin, begin + n,
-                                 master_.flat_range(u.shard_offset + at, n), ctx);
+      model::fill_slice_initial_values(infos[static_cast<std::size_t>(i)], seed, begin, begin + n,
+                                       master_.flat_range(u.shard_offset + at, n), ctx);
     });
   for (std::size_t i = 0; i < infos.size(); ++i)
     if (unit_of_[i] < 0)
@@ -318,6 +319,34 @@ double FullyShardedDataParallel::grad_sum_squares(Context& ctx) {
   return sync_->sum_scalar(local);
 }
 
+double FullyShardedDataParallel::grad_sum_squares_in(Context& ctx,
+                                                     const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
+  // The parts of the ranges in this rank's shards, and in the replicated norms on rank 0 only
+  // (as grad_sum_squares counts them); summed over the data-parallel ranks.
+  const auto& infos = store_.infos();
+  std::vector<Tensor> parts;
+  for (const auto& [offset, numel] : ranges) {
+    for (std::size_t i = 0; i < infos.size(); ++i) {
+      const auto& p = infos[i];
+      const std::int64_t a = std::max(offset, p.offset) - p.offset, b = std::min(offset + numel, p.offset + p.numel) - p.offset;
+      if (a >= b) continue;   // [a, b): elements of parameter i inside the range
+      const int u = unit_of_[i];
+      if (u < 0) {
+        if (comm_.rank() == 0) parts.push_back(norm_grads_.flat_range(local_[i] + a, b - a));
+        continue;
+      }
+      const Unit& unit = units_[static_cast<std::size_t>(u)];
+      for_each_piece(unit, [&](int j, std::int64_t begin, std::int64_t n, std::int64_t at) {
+        if (j != static_cast<int>(i)) return;
+        const std::int64_t x = std::max(a, begin), y = std::min(b, begin + n);
+        if (x < y) parts.push_back(grad_shard_.flat_range(unit.shard_offset + at + (x - begin), y - x));
+      });
+    }
+  }
+  const double local = parts.empty() ? 0.0 : optim::sum_of_squares(ctx, parts);
+  return sync_->sum_scalar(local);
+}
+
 void FullyShardedDataParallel::step(Context& ctx, double lr, double grad_scale) {
   NvtxRange r("fsdp_step");
   optimizer_->begin_step();
@@ -384,24 +413,30 @@ void FullyShardedDataParallel::set_parameters(Context& ctx, const std::vector<fl
 StateLayout FullyShardedDataParallel::state_layout() {
   StateLayout out;
   const auto& infos = store_.infos();
+  const model::TensorSplit& tp = store_.tensor_split();
   // Sharded parameters: each rank's pieces are disjoint by construction (padding holds no
-  // parameter), so what it holds is what it writes.
+  // parameter), so what it holds is what it writes. Under tensor parallelism a piece is a range
+  // of this rank's slice, named in the full parameter's coordinates (a row-parallel slice: one
+  // piece per row it touches).
   for (const auto& u : units_)
     for_each_piece(u, [&](int i, std::int64_t begin, std::int64_t n, std::int64_t at) {
       const std::int64_t o = u.shard_offset + at;
-      StatePiece piece{i, begin, begin + n, master_.flat_range(o, n), state_view(*optimizer_, 0, o, n),
-                       state_view(*optimizer_, 1, o, n)};
-      out.save.push_back(piece);
-      out.load.push_back(piece);
+      const auto& p = infos[static_cast<std::size_t>(i)];
+      const Tensor master = master_.flat_range(o, n), m = state_view(*optimizer_, 0, o, n),
+                   v = state_view(*optimizer_, 1, o, n);
+      append_full_pieces(out.save, p, store_.global_index(i), begin, begin + n, master, m, v);
+      append_full_pieces(out.load, p, store_.global_index(i), begin, begin + n, master, m, v);
     });
-  // Norms are replicated: every rank loads all of them and writes its slice.
+  // Norms are replicated over the dp ranks and the tp ranks: every rank loads all of them and
+  // writes its 1/(dp x tp) slice.
+  const int writers = comm_.size() * tp.degree, writer = comm_.rank() * tp.degree + tp.rank;
   for (std::size_t i = 0; i < infos.size(); ++i) {
     if (unit_of_[i] >= 0) continue;
     const std::int64_t o = local_[i], n = infos[i].numel;
-    const int p = static_cast<int>(i);
+    const int p = store_.global_index(static_cast<int>(i));
     out.load.push_back({p, 0, n, norm_master_.flat_range(o, n), state_view(*norm_optimizer_, 0, o, n),
                         state_view(*norm_optimizer_, 1, o, n)});
-    const auto [a, b] = slice_of(n, comm_.rank(), comm_.size());
+    const auto [a, b] = slice_of(n, writer, writers);
     if (a < b)
       out.save.push_back({p, a, b, norm_master_.flat_range(o + a, b - a), state_view(*norm_optimizer_, 0, o + a, b - a),
                           state_view(*norm_optimizer_, 1, o + a, b - a)});

@@ -78,5 +78,10 @@ void copy_slice(const ParamInfo& local, void* full, void* slice, std::size_t ele
 // Initial values of a parameter's local slice (dst: its numel, any device and float dtype): the
 // full parameter's values (initial_values, by full element index) at the slice's positions.
 void fill_slice_initial_values(const ParamInfo& local, std::uint64_t seed, Tensor dst, Context& ctx);
+// The same for elements [begin, end) of the slice in its local row-major order (dst: end - begin
+// elements): FSDP over a tensor-parallel slice holds a range of it, which for a row-parallel
+// slice may start and end inside a row.
+void fill_slice_initial_values(const ParamInfo& local, std::uint64_t seed, std::int64_t begin, std::int64_t end,
+                               Tensor dst, Context& ctx);
 
 }  // namespace lmscale::model

@@ -26,6 +26,14 @@
 //
 // Per unit, the time the compute waited for a gather (forward and backward) is measured: the
 // answer to "does the next layer's all-gather finish in time for its forward?".
+//
+// 2D parallelism (dp x tp mesh): `comm` is the dp axis and the store holds this tp rank's slices
+// (model/tensor_parallel.h), so the units' regions are the local slices concatenated: each tp
+// rank shards its own slices over its dp group, gathers them over dp ahead of use and
+// reduce-scatters their gradients over dp, while the model's Megatron collectives run over tp.
+// The norms, replicated over dp and tp, are summed over dp here; their gradients are already
+// whole on every tp rank (without sequence parallelism the tp ranks compute them from the same
+// replicated activations; with it the model sums each norm's partial gradient over tp).
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -58,18 +66,21 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
 
   GradientSync& sync() override;
   double grad_sum_squares(Context& ctx) override;
+  // Restricted to element ranges of the store's flat layout (tensor parallelism: the replicated norms).
+  double grad_sum_squares_in(Context& ctx, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) override;
   void step(Context& ctx, double lr, double grad_scale) override;
   std::size_t state_bytes() const override;
   std::int64_t steps() const override;
 
-  // The full fp32 parameters in the store's flat layout (ParamInfo offsets), gathered unit by
-  // unit; collective: every rank calls it and gets them.
+  // The fp32 parameters in the store's flat layout (ParamInfo offsets), gathered unit by unit over
+  // the dp group; collective: every rank calls it and gets them. Under tensor parallelism that is
+  // this rank's slices (the trainer gathers them over tp into the full model's layout).
   std::vector<float> full_parameters(Context& ctx);
-  // Sets this rank's shards (and the replicated norms) from full parameters in that layout.
+  // Sets this rank's shards (and the replicated norms) from parameters in that layout.
   void set_parameters(Context& ctx, const std::vector<float>& full);
 
-  // This rank's shards and the replicated norms as pieces of named parameters (checkpoints;
-  // state_layout.h). Views stay valid for the object's life.
+  // This rank's shards and the replicated norms as pieces of named parameters in the full model's
+  // coordinates (checkpoints; state_layout.h). Views stay valid for the object's life.
   StateLayout state_layout();
   void set_steps(std::int64_t t);   // the optimizer step count of shards and norms (on resume)
 

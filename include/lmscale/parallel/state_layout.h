@@ -86,4 +86,19 @@ inline std::vector<Segment> full_segments(const model::ParamInfo& p) {
   return out;
 }
 
+// Appends the pieces of local elements [lo, hi) of a stored parameter `p` (a tensor-parallel slice
+// or a whole parameter; `global` = its index in the full model) in full-model coordinates, one
+// per contiguous run (full_segments). master, m, v: views of local elements [lo, hi), or empty.
+inline void append_full_pieces(std::vector<StatePiece>& out, const model::ParamInfo& p, int global, std::int64_t lo,
+                               std::int64_t hi, const Tensor& master, const Tensor& m, const Tensor& v) {
+  if (lo >= hi) return;
+  auto part = [&](const Tensor& t, std::int64_t a, std::int64_t n) { return t.defined() ? t.flat_range(a - lo, n) : Tensor(); };
+  for (const auto& s : full_segments(p)) {
+    const std::int64_t a = std::max(lo, s.local), b = std::min(hi, s.local + s.count);
+    if (a >= b) continue;
+    const std::int64_t full = s.full + (a - s.local);
+    out.push_back({global, full, full + (b - a), part(master, a, b - a), part(m, a, b - a), part(v, a, b - a)});
+  }
+}
+
 }  // namespace lmscale::parallel
