@@ -7,7 +7,8 @@
 # both continuing with the uninterrupted run's losses; train.save of a tp = 2 run holds every
 # parameter by name at its full shape, equal to one process's (h5diff). Tensor x pipeline: tp 2 x
 # pp 2 (4 ranks; gpipe, and 1f1b with sequence parallelism, 2 microbatches) logs the same losses,
-# and its train.save (slices gathered over tp, then stages over pp) equals one process's weights.
+# and its train.save (slices gathered over tp, then stages over pp) equals one process's weights;
+# single-file checkpoints resume from tp 2 x pp 2 in one process and back.
 set -euo pipefail
 lmscale=$1 check=$2 deck=$3 golden=$4 out=$5
 mkdir -p "$out"
@@ -47,6 +48,18 @@ run 2 resume_a --parallel.tp=2 --train.steps=6 --train.checkpoint_every=6 \
 run 2 resume_d --parallel.tp=2 --parallel.sequence_parallel=true --train.resume="$out/tp_ckpt_one.h5" \
   --train.checkpoint_path="$out/tp_ckpt_d.h5" "${common[@]}"
 "$check" "$out/tp_resume_d.h5" /train/steps loss "$out/tp_golden_b.txt" "$rtol"
+# The same single-file checkpoint (parameters and moments gathered over tp, then pp) from tp 2 x
+# pp 2 to one process, and one process's into tp 2 x pp 2 with sequence parallelism.
+tpp_sp=(--parallel.tp=2 --parallel.pp=2 --parallel.microbatches=2 --parallel.sequence_parallel=true)
+run 4 resume_e "${tpp_sp[@]}" --train.steps=6 --train.checkpoint_every=6 \
+  --train.checkpoint_path="$out/tp_ckpt_tpp.h5" "${common[@]}"
+"$check" "$out/tp_resume_e.h5" /train/steps loss "$out/tp_golden_a.txt" "$rtol"
+"$lmscale" "$deck" --run.output="$out/tp_resume_f.h5" --train.resume="$out/tp_ckpt_tpp.h5" \
+  --train.checkpoint_path="$out/tp_ckpt_f.h5" "${common[@]}"
+"$check" "$out/tp_resume_f.h5" /train/steps loss "$out/tp_golden_b.txt" "$rtol"
+run 4 resume_g "${tpp_sp[@]}" --train.resume="$out/tp_ckpt_one.h5" --train.checkpoint_path="$out/tp_ckpt_g.h5" \
+  "${common[@]}"
+"$check" "$out/tp_resume_g.h5" /train/steps loss "$out/tp_golden_b.txt" "$rtol"
 # train.save of the tp = 2 run: every parameter by name at its full shape, equal to one process's
 # weights within 1e-5 (h5diff fails on a missing name, another shape or a larger difference).
 "$lmscale" "$deck" --run.output="$out/tp_one.h5" --train.save="$out/tp_one_weights.h5"

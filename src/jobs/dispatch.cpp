@@ -37,13 +37,9 @@ namespace {
 // build yet: refused up front rather than silently ignored.
 void reject_unbuilt_modes(const Config& c) {
   if (c.run.job == "accounting") return;   // accounting computes, it does not run the mode
-  const auto& p = c.parallel;
-  // Sharded checkpoints (train.checkpoint_dir) cover pipeline stages; the single file
-  // (train.checkpoint_path with train.checkpoint_every) gathers the optimizer moments through the
-  // tensor-parallel layout only, so with pp it is refused (resuming a weights file works).
-  if (p.pp > 1 && c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty() && c.run.job == "train")
-    throw UsageError("train.checkpoint_every with parallel.pp > 1 needs train.checkpoint_dir (sharded checkpoints); "
-                     "the single-file checkpoint (train.checkpoint_path) is not built for pipeline stages");
+  // (Nothing at present: the single-file checkpoint gathers parameters and moments over tp and pp,
+  // Trainer::to_full_layout, so it works with pipeline stages too.)
+  (void)c;
 }
 }  // namespace
 
