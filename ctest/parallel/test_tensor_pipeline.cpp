@@ -168,7 +168,8 @@ TEST(TensorPipeline, StartsFromOneProcessWeightsAndRoundTripsFullParameters) {
     EXPECT_LT(trainer.params().numel(), static_cast<std::int64_t>(ref.params.size()) / 3) << schedule;
     EXPECT_EQ(trainer.full_parameters(), ref.params) << schedule;
     std::vector<float> other(ref.params.size());
-    for (std::size_t i = 0; i < other.size(); ++i) other[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    for (std::size_t i = 0; i < other.size(); ++i)
+      other[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
     trainer.set_parameters(other);
     EXPECT_EQ(trainer.full_parameters(), other) << schedule;
     EXPECT_EQ(trainer.to_full_layout(trainer.to_local_layout(other)), other) << schedule;

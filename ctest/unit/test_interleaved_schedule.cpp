@@ -77,6 +77,9 @@ std::string simulate(int p, int V, int M, const Order& order) {
   std::map<std::tuple<int, int, std::int64_t>, bool> recv_posted;
   const int last_v = p * V - 1;
   auto vstage = [&](int s, int c) { return c * p + s; };
+  auto fchunk = [&](int k) { return parallel::interleaved_forward_chunk(k, p, V); };
+  auto bchunk = [&](int k) { return parallel::interleaved_backward_chunk(k, p, V); };
+  auto micro = [&](int k) { return parallel::interleaved_microbatch(k, p, V); };
   for (bool progress = true; progress;) {
     progress = false;
     for (int s = 0; s < p; ++s) {
@@ -84,7 +87,7 @@ std::string simulate(int p, int V, int M, const Order& order) {
       while (x.pc < x.plan.size() && !x.in_exchange) {
         const InterleavedStep& st = x.plan[x.pc];
         if (st.kind == InterleavedStep::Kind::forward) {
-          const int c = parallel::interleaved_forward_chunk(st.k, p, V), m = parallel::interleaved_microbatch(st.k, p, V);
+          const int c = fchunk(st.k), m = micro(st.k);
           const int v = vstage(s, c);
           if (v > 0) {
             auto& q = x.inputs[static_cast<std::size_t>(c)];
@@ -97,18 +100,19 @@ std::string simulate(int p, int V, int M, const Order& order) {
           }
           if (!x.forwarded.insert(st.k).second) return "forward twice";
         } else if (st.kind == InterleavedStep::Kind::backward) {
-          const int c = parallel::interleaved_backward_chunk(st.k, p, V), m = parallel::interleaved_microbatch(st.k, p, V);
+          const int c = bchunk(st.k), m = micro(st.k);
           const int v = vstage(s, c);
           // Backward k of chunk c runs microbatch m; its forward was the forward step with the
           // same chunk and microbatch.
           bool had_forward = false;
           for (int f : x.forwarded)
-            if (parallel::interleaved_forward_chunk(f, p, V) == c && parallel::interleaved_microbatch(f, p, V) == m)
+            if (fchunk(f) == c && micro(f) == m)
               had_forward = true;
           if (!had_forward) return "backward before its forward";
           if (v < last_v) {
             auto& q = x.grads[static_cast<std::size_t>(c)];
-            if (q.empty()) return "rank " + std::to_string(s) + ": backward " + std::to_string(st.k) + " has no gradient";
+            if (q.empty())
+              return "rank " + std::to_string(s) + ": backward " + std::to_string(st.k) + " has no gradient";
             const Content want{true, v + 1, m};
             if (!(q.front() == want))
               return "rank " + std::to_string(s) + ": backward of v" + std::to_string(v) + " m" + std::to_string(m) +
@@ -130,15 +134,13 @@ std::string simulate(int p, int V, int M, const Order& order) {
           if (st.send_output_of >= 0) {
             const int k = st.send_output_of;
             if (!x.forwarded.count(k)) return "sends the output of a forward not run";
-            add(comm::P2POp::Kind::send, next, kForwardTag,
-                {false, vstage(s, parallel::interleaved_forward_chunk(k, p, V)), parallel::interleaved_microbatch(k, p, V)}, -1);
+            add(comm::P2POp::Kind::send, next, kForwardTag, {false, vstage(s, fchunk(k)), micro(k)}, -1);
           }
           if (st.recv_input_chunk >= 0) add(comm::P2POp::Kind::recv, prev, kForwardTag, {}, st.recv_input_chunk);
           if (st.send_grad_of >= 0) {
             const int k = st.send_grad_of;
             if (!x.backwarded.count(k)) return "sends the gradient of a backward not run";
-            add(comm::P2POp::Kind::send, prev, kBackwardTag,
-                {true, vstage(s, parallel::interleaved_backward_chunk(k, p, V)), parallel::interleaved_microbatch(k, p, V)}, -1);
+            add(comm::P2POp::Kind::send, prev, kBackwardTag, {true, vstage(s, bchunk(k)), micro(k)}, -1);
           }
           if (st.recv_grad_chunk >= 0) add(comm::P2POp::Kind::recv, next, kBackwardTag, {}, st.recv_grad_chunk);
           x.posted.clear();
@@ -221,7 +223,8 @@ TEST(InterleavedSchedule, RankDependentOrderInsideAGroupMismatchesWithTwoStages)
   // between the same two ranks in one exchange, and NCCL's order matching swaps them.
   const Order skewed = [](std::vector<comm::P2POp> ops, int rank) {
     ops = comm::canonical_order(std::move(ops));
-    if (rank % 2 == 1) std::stable_sort(ops.begin(), ops.end(), [](const comm::P2POp& a, const comm::P2POp& b) { return a.tag > b.tag; });
+    auto backward_first = [](const comm::P2POp& a, const comm::P2POp& b) { return a.tag > b.tag; };
+    if (rank % 2 == 1) std::stable_sort(ops.begin(), ops.end(), backward_first);
     return ops;
   };
   EXPECT_NE(simulate(2, 2, 4, skewed), "");

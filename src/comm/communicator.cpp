@@ -199,8 +199,10 @@ std::vector<P2POp> Communicator::checked_exchange(const std::vector<P2POp>& ops)
     if (a.peer < 0 || a.peer >= n)
       throw UsageError(fmt::format("{}: rank {} is not in the group of {} ranks", what, a.peer, n));
     if (a.tag < 0) throw UsageError(fmt::format("{}: tag {} must be >= 0", what, a.tag));
-    if (!is_comm_dtype(a.dtype)) throw UsageError(fmt::format("{}: dtype {} cannot be communicated", what, dtype_name(a.dtype)));
-    if (a.count > 0 && a.buf == nullptr) throw UsageError(fmt::format("{}: null buffer for {} elements", what, a.count));
+    if (!is_comm_dtype(a.dtype))
+      throw UsageError(fmt::format("{}: dtype {} cannot be communicated", what, dtype_name(a.dtype)));
+    if (a.count > 0 && a.buf == nullptr)
+      throw UsageError(fmt::format("{}: null buffer for {} elements", what, a.count));
     for (std::size_t j = 0; j < i; ++j)
       if (ops[j].kind == a.kind && ops[j].peer == a.peer && ops[j].tag == a.tag)
         throw UsageError(fmt::format("{}: two operations with peer {} and tag {} in one exchange (their order would "

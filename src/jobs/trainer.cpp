@@ -71,12 +71,14 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     shape.dp = static_cast<int>(pc.dp);
     mesh_ = std::make_unique<comm::Mesh>(env.comm, shape);
     host_mesh_ = std::make_unique<comm::Mesh>(env.host_comm, shape);
-    if (pc.tp > 1) tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), host_mesh_->tp(), pc.sequence_parallel);
+    if (pc.tp > 1)
+      tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), host_mesh_->tp(), pc.sequence_parallel);
     dp_size_ = mesh_->shape().dp;
     dp_rank_ = mesh_->coords().dp;
     dp_comm = &mesh_->dp();
     dp_host = &host_mesh_->dp();
-    LMSCALE_CHECK(pc.zero != "fsdp" || dp_size_ == 1 || pc.tp == 1, "parallel.zero = fsdp with parallel.tp > 1 is not built");
+    LMSCALE_CHECK(pc.zero != "fsdp" || dp_size_ == 1 || pc.tp == 1,
+                  "parallel.zero = fsdp with parallel.tp > 1 is not built");
     if (pp > 1) {
       // This rank's stage, or its virtual_stages chunks under the interleaved schedule.
       const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;

@@ -45,8 +45,9 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
     x = embed(pc, ctx, input.reshape({N}));   // [Nl,d]
     call(pc.after_forward, 0);
   } else {
-    LMSCALE_CHECK(input.dtype() == compute_ && input.numel() == Nl * d, "stage input: activations [{}, {}] {}, got {} {}",
-                  Nl, d, dtype_name(compute_), shape_str(input.shape()), dtype_name(input.dtype()));
+    LMSCALE_CHECK(input.dtype() == compute_ && input.numel() == Nl * d,
+                  "stage input: activations [{}, {}] {}, got {} {}", Nl, d, dtype_name(compute_),
+                  shape_str(input.shape()), dtype_name(input.dtype()));
     x = input.reshape({Nl, d});
   }
   x = run_blocks_forward(ctx, *act, x, keep, pc);

@@ -18,8 +18,8 @@ int interleaved_backward_chunk(int k, int p, int V) { return V - 1 - interleaved
 int interleaved_microbatch(int k, int p, int V) { return (k / (p * V)) * p + k % p; }
 
 std::vector<InterleavedStep> interleaved_plan(int p, int V, int M, int s) {
-  LMSCALE_CHECK(p >= 1 && V >= 1 && M >= 1 && s >= 0 && s < p, "interleaved plan: {} stages, {} chunks, {} microbatches, "
-                "stage {}", p, V, M, s);
+  LMSCALE_CHECK(p >= 1 && V >= 1 && M >= 1 && s >= 0 && s < p,
+                "interleaved plan: {} stages, {} chunks, {} microbatches, stage {}", p, V, M, s);
   LMSCALE_CHECK(M % p == 0, "interleaved: {} microbatches is not a multiple of {} stages", M, p);
   using Kind = InterleavedStep::Kind;
   const int total = M * V;

@@ -253,7 +253,8 @@ void PipelineParallel::run_interleaved(const std::vector<Tensor>& tokens, const 
     if (st.kind == InterleavedStep::Kind::forward) {
       const int c = interleaved_forward_chunk(st.k, p, V), m = interleaved_microbatch(st.k, p, V);
       Slot& slot = slots[static_cast<std::size_t>(c)][static_cast<std::size_t>(m)];
-      const Tensor in = first_virtual(c) ? tokens[static_cast<std::size_t>(m)] : pop(inputs[static_cast<std::size_t>(c)]);
+      const Tensor in =
+          first_virtual(c) ? tokens[static_cast<std::size_t>(m)] : pop(inputs[static_cast<std::size_t>(c)]);
       forward(m, slot, in, targets[static_cast<std::size_t>(m)], T, grad_scale, loss_sums, accumulate, sync, 0,
               micro_count, c);
       if (!last_virtual(c)) {

@@ -307,10 +307,11 @@ class NcclCommunicator final : public Communicator {
     Work w = launch("exchange", bytes, [&](cudaStream_t s) {
       shared_->check(ncclGroupStart(), "exchange (ncclGroupStart)");
       for (const P2POp& op : ordered) {
+        const ncclDataType_t type = nccl_type(op.dtype);
         if (op.kind == P2POp::Kind::send)
-          shared_->check(ncclSend(op.buf, op.count, nccl_type(op.dtype), op.peer, shared_->comm, s), "exchange (ncclSend)");
+          shared_->check(ncclSend(op.buf, op.count, type, op.peer, shared_->comm, s), "exchange (ncclSend)");
         else
-          shared_->check(ncclRecv(op.buf, op.count, nccl_type(op.dtype), op.peer, shared_->comm, s), "exchange (ncclRecv)");
+          shared_->check(ncclRecv(op.buf, op.count, type, op.peer, shared_->comm, s), "exchange (ncclRecv)");
       }
       shared_->check(ncclGroupEnd(), "exchange (ncclGroupEnd)");
     });
