@@ -127,7 +127,14 @@ TEST(Pipeline, InterleavedMatchesOneProcess) {
   check_against_one_process({2, 4, "selective", "none", "", 3, 6});
   check_against_one_process({4, 4, "none", "none", "", 2, 8});
   check_against_one_process({4, 8, "none", "none", "", 2, 8});
-  if (test::mpi_env().size() == 4) check_against_one_process({2, 2, "none", "zero1", "", 2});   // dp 2 x pp 2
+  if (test::mpi_env().size() == 4) {   // dp 2 x pp 2
+    check_against_one_process({2, 2, "none", "zero1", "", 2});
+    // Strategies that reduce during the last microbatch's backward, which the interleaved
+    // schedule splits over the V chunks: armed once per step, not once per chunk.
+    check_against_one_process({2, 4, "none", "zero2", "", 2});
+    check_against_one_process({2, 4, "none", "none", "", 2, 4, "bucketed"});
+    check_against_one_process({2, 2, "none", "none", "", 2, 4, "overlap"});
+  }
 }
 
 TEST(Pipeline, StagesBalanceLayers) {

@@ -7,7 +7,10 @@
 #   dt  dp 2 x tp 2, zero2 (4 ranks): same layout -> bitwise; tp = 2 without dp -> within tolerance
 #   pp  pp = 2 (1f1b, 2 microbatches): same layout -> bitwise; one process -> within tolerance
 #   dpp dp 2 x pp 2, zero1 (gpipe, 4 ranks): same layout -> bitwise; pp = 2 -> within tolerance
-#   one one process's checkpoint -> resumed by tp = 2 and by pp = 2 (the reverse) within tolerance
+#   tpp tp 2 x pp 2 with sequence parallelism (1f1b, 4 ranks): same layout -> bitwise; one
+#       process -> within tolerance
+#   one one process's checkpoint -> resumed by tp = 2, by pp = 2 and by tp 2 x pp 2 (the reverse)
+#       within tolerance
 # Each checkpoint's index checks that its pieces cover every parameter exactly once (a row-
 # parallel slice is one piece per row: a wrong element range fails there or in the losses).
 set -euo pipefail
@@ -62,9 +65,16 @@ writer dpp 4 "${dpp[@]}"
 resume dpp dpp_same 4 0 "${dpp[@]}"
 resume dpp dpp_to_pp 2 "$rtol" --parallel.pp=2 --parallel.microbatches=2
 
+tpp=(--parallel.tp=2 --parallel.pp=2 --parallel.microbatches=2 --parallel.schedule=1f1b
+     --parallel.sequence_parallel=true)
+writer tpp 4 "${tpp[@]}"
+resume tpp tpp_same 4 0 "${tpp[@]}"
+resume tpp tpp_to_one 1 "$rtol"
+
 writer one 1
 resume one one_to_tp 2 "$rtol" --parallel.tp=2
 resume one one_to_pp 2 "$rtol" --parallel.pp=2 --parallel.microbatches=2
+resume one one_to_tpp 4 "$rtol" "${tpp[@]}"
 python3 - <<'PY'
 import h5py
 with h5py.File("ck_tp/step_00000006/index.h5") as f:

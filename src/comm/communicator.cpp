@@ -2,6 +2,7 @@
 // async + wait.
 #include "lmscale/comm/communicator.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 
@@ -176,6 +177,51 @@ Work Communicator::sendrecv(const void* send_buf, std::size_t send_count, int to
   std::vector<Work> parts;
   parts.push_back(recv(recv_buf, recv_count, dtype, from, tag, a));
   parts.push_back(send(send_buf, send_count, dtype, to, tag, a));
+  Work w(std::make_shared<WorkGroup>(std::move(parts)));
+  if (!o.async) w.wait();
+  return w;
+}
+
+std::vector<P2POp> canonical_order(std::vector<P2POp> ops) {
+  std::stable_sort(ops.begin(), ops.end(), [](const P2POp& a, const P2POp& b) {
+    if (a.tag != b.tag) return a.tag < b.tag;
+    if (a.kind != b.kind) return a.kind == P2POp::Kind::send;
+    return a.peer < b.peer;
+  });
+  return ops;
+}
+
+std::vector<P2POp> Communicator::checked_exchange(const std::vector<P2POp>& ops) const {
+  const int n = size();
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& a = ops[i];
+    const char* what = a.kind == P2POp::Kind::send ? "exchange (send)" : "exchange (recv)";
+    if (a.peer < 0 || a.peer >= n)
+      throw UsageError(fmt::format("{}: rank {} is not in the group of {} ranks", what, a.peer, n));
+    if (a.tag < 0) throw UsageError(fmt::format("{}: tag {} must be >= 0", what, a.tag));
+    if (!is_comm_dtype(a.dtype))
+      throw UsageError(fmt::format("{}: dtype {} cannot be communicated", what, dtype_name(a.dtype)));
+    if (a.count > 0 && a.buf == nullptr)
+      throw UsageError(fmt::format("{}: null buffer for {} elements", what, a.count));
+    for (std::size_t j = 0; j < i; ++j)
+      if (ops[j].kind == a.kind && ops[j].peer == a.peer && ops[j].tag == a.tag)
+        throw UsageError(fmt::format("{}: two operations with peer {} and tag {} in one exchange (their order would "
+                                     "be ambiguous)", what, a.peer, a.tag));
+  }
+  return canonical_order(ops);
+}
+
+Work Communicator::exchange(const std::vector<P2POp>& ops, CallOptions o) {
+  // The default (mpi): each op posted asynchronously in canonical order; MPI matches by
+  // (source, tag), so the order does not matter here, but every backend issues the same one.
+  CallOptions a = o;
+  a.async = true;
+  std::vector<Work> parts;
+  for (const P2POp& op : checked_exchange(ops)) {
+    if (op.kind == P2POp::Kind::send) parts.push_back(send(op.buf, op.count, op.dtype, op.peer, op.tag, a));
+    else parts.push_back(recv(op.buf, op.count, op.dtype, op.peer, op.tag, a));
+  }
+  if (parts.empty()) return Work();
   Work w(std::make_shared<WorkGroup>(std::move(parts)));
   if (!o.async) w.wait();
   return w;

@@ -244,7 +244,8 @@ std::vector<DeckKey> build_table() {
               "Pipeline microbatches per step; must divide the per-rank batch when pp > 1."),
       enum_key("parallel.schedule", LMSCALE_FIELD(parallel.schedule), {"gpipe", "1f1b", "interleaved"},
                "Pipeline schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward "
-               "in the steady state), interleaved (1F1B over parallel.virtual_stages chunks per rank; mpi backend only)."),
+               "in the steady state), interleaved (1F1B over parallel.virtual_stages chunks per rank; microbatches a "
+               "multiple of pp). Each composes with parallel.tp (tensor-parallel stages) and dp."),
       int_key("parallel.virtual_stages", LMSCALE_FIELD(parallel.virtual_stages), 1,
               "interleaved: model chunks per pipeline rank; num_layers must be divisible by pp * virtual_stages."),
       string_key("parallel.stage_layers", "list", LMSCALE_FIELD(parallel.stage_layers),

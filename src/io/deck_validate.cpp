@@ -444,9 +444,6 @@ void check_pipeline(const Config& c) {
   if (p.pp > 1 && p.zero == "fsdp")
     fail("parallel.zero = fsdp with parallel.pp = {} is not built; use parallel.zero = none, zero1 or zero2 with "
          "pipeline parallelism", p.pp);
-  if (p.pp > 1 && p.tp > 1)
-    fail("parallel.tp = {} with parallel.pp = {}: tensor x pipeline parallelism is not built yet; set parallel.tp = 1",
-         p.tp, p.pp);
   if (p.pp > 1 && c.run.job == "train" && c.train.grad_accum != 1)
     fail("train.grad_accum = {} with parallel.pp = {}: a pipeline accumulates over parallel.microbatches; set "
          "train.grad_accum = 1 and raise parallel.microbatches", c.train.grad_accum, p.pp);

@@ -4,7 +4,10 @@
 // theoretical bubble. Same memory model as account() for one rank (parameters fp32 + bf16 copy,
 // gradients, AdamW state, activations per block as model/recompute.h keeps them), applied to a
 // stage's parameters and blocks, with the microbatches in flight at the start of the backward:
-// gpipe M on every stage, 1f1b min(p - s, M) on stage s.
+// gpipe M on every stage, 1f1b min(p - s, M) on stage s. Tensor-parallel stages (tp x pp): the
+// stage's parameters as one tp rank holds them (sliced, norms whole), activations with q, k, v,
+// o, a, b, g split 1/tp and the residual stream replicated (or 1/tp under sequence
+// parallelism, as are the transfers between stages), plus the stage's tp collectives.
 #include <algorithm>
 #include <cmath>
 
@@ -12,6 +15,7 @@
 
 #include "lmscale/jobs/accounting.h"
 #include "lmscale/jobs/device_peak.h"
+#include "lmscale/jobs/parallel_bounds.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/stage.h"
 #include "lmscale/parallel/pipeline.h"
@@ -24,8 +28,14 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   const bool bench = cfg.run.job == "bench-model";
   const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const int pp = static_cast<int>(cfg.parallel.pp), M = static_cast<int>(cfg.parallel.microbatches);
-  const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, world / pp);
-  const auto layout = model::parameter_layout(m);
+  const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
+  const bool sp = tp > 1 && cfg.parallel.sequence_parallel;
+  const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, world / (tp * pp));
+  // One tp rank's parameter sizes (the full ones with tp = 1), in parameter_layout order.
+  model::TensorSplit split;
+  split.degree = tp;
+  split.sequence_parallel = sp;
+  const auto layout = model::tensor_parallel_layout(m, split);
   const bool interleaved = cfg.parallel.schedule == "interleaved";
   const int V = interleaved ? static_cast<int>(cfg.parallel.virtual_stages) : 1;
   const auto overrides = model::parse_stage_layers(cfg.parallel.stage_layers);
@@ -36,8 +46,10 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   const double b = static_cast<double>(micro_rows), T = static_cast<double>(m.context), N = b * T,
                d = static_cast<double>(m.d_model), F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads),
                Vocab = static_cast<double>(m.vocab);
-  const double attn = m.flash ? b * H * T * 4 : b * H * T * T * e;
-  const double block = (8 * d + 3 * F) * N * e + 2 * N * 4 + attn;
+  // r: the share of the residual-stream tensors (x, y1, h, y2, rstd) a tp rank holds.
+  const double r = sp ? 1.0 / tp : 1.0;
+  const double attn = (m.flash ? b * H * T * 4 : b * H * T * T * e) / tp;
+  const double block = (4 * d * r + (4 * d + 3 * F) / tp) * N * e + 2 * N * 4 * r + attn;
   for (int s = 0; s < pp; ++s) {
     Accounting a;
     // The stage's chunks (one unless interleaved); in flight: chunk-microbatches whose
@@ -58,7 +70,8 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     a.local_batch = micro_rows;
     a.seq = m.context;
     auto add = [&](std::string name, double bytes, std::string f) { a.memory.push_back({std::move(name), bytes, std::move(f)}); };
-    add("parameters", 4 * P, "4 B x P_stage (fp32 master of this stage's units)");
+    add("parameters", 4 * P, tp > 1 ? "4 B x P_stage (fp32 master of this tp rank's slices of the stage's units)"
+                                     : "4 B x P_stage (fp32 master of this stage's units)");
     if (mixed) add("parameters_lowp", 2 * P, "2 B x P_stage (bf16/fp16 working copy)");
     if (dp <= 1 || (sharded && cfg.parallel.zero == "zero2"))
       add("gradients", 0, "0 at the start of the backward (per-bucket buffers, allocated as the backward goes)");
@@ -70,41 +83,56 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
         sharded ? fmt::format("{} B x P_stage / dp", state_b) : fmt::format("{} B x P_stage (optimizer state)", state_b));
     const std::string& ac = cfg.train.activation_checkpointing;
     double per_micro = Ls * block;
-    std::string f = "L_stage x ((8d + 3F) n e + 8n + attention aux), n = b_micro T";
+    std::string f = tp > 1 ? "L_stage x ((4d r + (4d + 3F)/tp) n e + 8n r + attention aux/tp), n = b_micro T, r = "
+                             "1 (1/tp with sequence parallelism)"
+                           : "L_stage x ((8d + 3F) n e + 8n + attention aux), n = b_micro T";
     if (ac == "every-k") {
       const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls);
-      per_micro = std::ceil(Ls / k) * N * d * e;
+      per_micro = std::ceil(Ls / k) * N * d * e * r;
       f = "ceil(L_stage/k) n d e (group inputs), + one group recomputed";
     } else if (ac == "selective" || ac == "selective-mlp") {
       const double kf = ac == "selective" ? 2 : 0;   // [n,F] tensors kept per block (a, b)
-      per_micro = Ls * ((6 * d + kf * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0));
+      // kept: x, h (residual stream), q, k, v, o (split), a, b (split).
+      per_micro = Ls * ((2 * d * r + (4 * d + kf * F) / tp) * N * e + 2 * N * 4 * r + (m.flash ? attn : 0.0));
       f = kf > 0 ? "L_stage x ((6d + 2F) n e + 8n [+ lse])" : "L_stage x (6d n e + 8n [+ lse])";
     }
     // The head stage: the fused LM head + cross-entropy keeps only the gradient of its input
     // [n,d] per microbatch in flight; one row chunk of logits, the final norm's output and its
     // gradient exist while a microbatch's head runs.
-    const double chunk = static_cast<double>(m.head_chunk_rows(static_cast<std::int64_t>(N), m.vocab, mixed ? 2 : 4));
-    add("activations", inflight * (per_micro + (head ? N * d * e : 0.0)) + (head ? chunk * Vocab * e + 2 * N * d * e : 0.0) +
+    const double chunk =
+        static_cast<double>(m.head_chunk_rows(static_cast<std::int64_t>(N), m.vocab / tp, mixed ? 2 : 4));
+    add("activations", inflight * (per_micro + (head ? N * d * e * r : 0.0)) +
+                           (head ? chunk * Vocab / tp * e + N * d * e * r + N * d * e : 0.0) +
                            (ac == "every-k" ? std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls) * block : 0.0),
         fmt::format("{:.3g} microbatches in flight x ({}{}){}", inflight, f, head ? " + n d e (head input gradient)" : "",
                     head ? " + chunk V e + 2 n d e (one chunk of logits, final norm output and gradient)" : ""));
     for (const auto& it : a.memory) a.peak_bytes += it.bytes;
     // p2p: every microbatch sends each chunk's output [n, d] forward (not from the last virtual
     // stage) and each chunk's input gradient [n, d] backward (not from virtual stage 0).
-    const double p2p = M * N * d * e * ((V - (s + 1 == pp ? 1.0 : 0.0)) + (V - (s == 0 ? 1.0 : 0.0)));
+    // (tp x pp: each tp rank sends its copy, or under sequence parallelism its row shard.)
+    const double p2p = M * N * d * e * r * ((V - (s + 1 == pp ? 1.0 : 0.0)) + (V - (s == 0 ? 1.0 : 0.0)));
     const double G = 4 * P, fr = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
     a.comm_bytes_per_step = p2p + 2 * fr * G + (cfg.parallel.zero == "zero1-broadcast" && dp > 1 ? G / dp : 0.0);
-    a.comm_formula = fmt::format("M x n d e per direction between stages (activations forward, gradients backward){}",
+    a.comm_formula = fmt::format("M x n d e{} per direction between stages (activations forward, gradients "
+                                 "backward){}", sp ? "/tp" : "",
                                  dp > 1 ? " + data-parallel gradients of the stage: 2 (dp-1)/dp x 4 P_stage" : "");
+    // The stage's tp collectives over its M microbatches (counted for L_stage blocks plus the
+    // embedding's and the head's, which only the first and the last stage run: coarse by two).
+    model::ModelDims stage_dims = m;
+    stage_dims.layers = static_cast<std::int64_t>(Ls);
+    const auto tpc = tensor_parallel_comm(stage_dims, static_cast<double>(local) * T, tp, sp, e, ac == "every-k");
+    a.tp_comm_bytes_per_step = tpc.bytes;
+    a.tp_comm_formula = tpc.formula;
     if (a.peak_bytes > best.peak_bytes) best = a;
   }
   best.parameters = m.parameter_count();   // the model's (the memory items count the stage's)
   best.flops_per_step = m.train_flops_per_token(m.context) * static_cast<double>(B * m.context);
+  best.flops_per_step_causal = m.train_flops_per_token_causal(m.context) * static_cast<double>(B * m.context);
   best.peak_flops = device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name, cfg.precision.mode,
                                       cfg.precision.tf32);
-  // Every rank computes 1/(dp pp) of the FLOPs, idle for the bubble (p-1)/(M+p-1) of the step.
+  // Every rank computes 1/(dp tp pp) of the FLOPs, idle for the bubble (p-1)/(M+p-1) of the step.
   const double bubble = parallel::theory_bubble_fraction(pp, M, V);
-  best.ideal_step_s = best.peak_flops > 0 ? best.flops_per_step / (dp * pp * best.peak_flops) / (1 - bubble) : 0;
+  best.ideal_step_s = best.peak_flops > 0 ? best.flops_per_step / (dp * tp * pp * best.peak_flops) / (1 - bubble) : 0;
   best.comm_formula += fmt::format("; ideal step includes the bubble {:.3f}", bubble);
   return best;
 }

@@ -36,14 +36,14 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
   auto& ps = trainer.params();
   LMSCALE_CHECK(ps.master_dtype() == DType::f32, "weights files hold fp32 master weights");
   const auto full_layout = model::parameter_layout(trainer.dims());
-  const std::vector<float> params = trainer.full_parameters();   // collective under fsdp and tp
+  const std::vector<float> params = trainer.full_parameters();   // collective under fsdp, tp and pp
   std::vector<float> m, v;
   io::OptimizerArrays opt;
   if (with_optimizer_state) {
     if (!trainer.optimizer()) throw UsageError("train.checkpoint_every: checkpoints with a sharded optimizer (parallel.zero) are not supported yet; save final weights with train.save");
     // State 0 is m, state 1 (adamw, lamb) v: sgd and lars keep their momentum buffer in m.
     optim::Optimizer& o = *trainer.optimizer();
-    m = trainer.to_full_layout(to_host(ctx, o.state(0)));   // collective under tp
+    m = trainer.to_full_layout(to_host(ctx, o.state(0)));   // collective under tp and pp
     opt.m = named(full_layout, m);
     if (o.num_states() > 1) {
       v = trainer.to_full_layout(to_host(ctx, o.state(1)));
@@ -75,10 +75,6 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   for (const auto& p : full_layout) r.read(p.name, p.shape, flat.data() + p.offset);
   trainer.set_parameters(flat);
   if (!r.has_optimizer_state()) return;   // a weights file: fresh optimizer, step 0
-  if (trainer.pipeline())
-    throw UsageError(fmt::format("train.resume: '{}' is a single-file checkpoint with optimizer state, which is not "
-                                 "built for parallel.pp > 1; resume a sharded checkpoint (train.checkpoint_dir) or a "
-                                 "weights file (train.save)", path));
   if (!trainer.optimizer()) throw UsageError("train.resume: resuming optimizer state with parallel.zero is not supported yet");
   // Checkpoints from before issue 16 carry no optimizer name: they are AdamW's.
   std::string written_by = "adamw";

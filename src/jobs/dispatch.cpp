@@ -37,13 +37,9 @@ namespace {
 // build yet: refused up front rather than silently ignored.
 void reject_unbuilt_modes(const Config& c) {
   if (c.run.job == "accounting") return;   // accounting computes, it does not run the mode
-  const auto& p = c.parallel;
-  // Sharded checkpoints (train.checkpoint_dir) cover pipeline stages; the single file
-  // (train.checkpoint_path with train.checkpoint_every) gathers the optimizer moments through the
-  // tensor-parallel layout only, so with pp it is refused (resuming a weights file works).
-  if (p.pp > 1 && c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty() && c.run.job == "train")
-    throw UsageError("train.checkpoint_every with parallel.pp > 1 needs train.checkpoint_dir (sharded checkpoints); "
-                     "the single-file checkpoint (train.checkpoint_path) is not built for pipeline stages");
+  // (Nothing at present: the single-file checkpoint gathers parameters and moments over tp and pp,
+  // Trainer::to_full_layout, so it works with pipeline stages too.)
+  (void)c;
 }
 }  // namespace
 
@@ -57,12 +53,8 @@ Config resolve_runtime(const Config& in, int world) {
   if (c.parallel.backend == "auto") c.parallel.backend = c.parallel.device == "cuda" ? "nccl" : "mpi";
   if (c.parallel.backend == "nccl" && c.parallel.device != "cuda")
     throw UsageError("parallel.backend=nccl needs parallel.device=cuda; use parallel.backend=mpi on CPUs");
-  // NCCL matches point-to-point calls by order, not tag: the interleaved schedule's two
-  // directions between the same ranks need one grouped exchange per step, not built yet.
-  if (c.run.job != "accounting" && c.parallel.pp > 1 && c.parallel.schedule == "interleaved" &&
-      c.parallel.backend == "nccl")
-    throw UsageError("parallel.schedule = interleaved is built for the mpi backend only (CPUs); on GPUs use "
-                     "parallel.schedule = 1f1b or gpipe");
+  // (The interleaved schedule runs on nccl too: each communication point is one grouped exchange
+  // issued in an order both neighbours agree on; parallel/interleaved_schedule.h.)
   if (c.parallel.dp == 0) c.parallel.dp = world / (c.parallel.tp * c.parallel.pp);
   if (c.parallel.device == "cpu" && c.run.job != "accounting" && (c.precision.mode == "bf16" || c.precision.mode == "fp16"))
     throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));

@@ -50,44 +50,38 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       lowp_(lowp_dtype(env.cfg)) {
   Context& ctx = env.rt.ctx();
   const auto& pc = env.cfg.parallel;
-  // Data-parallel group: the world, or the dp axis of a mesh. Tensor parallelism: a dp x tp mesh
-  // (tp ranks adjacent: rank = dp_idx * tp + tp_idx), the ranks of a tp group take the same rows.
-  // Pipeline parallelism: a dp x pp mesh; each stage's dp ranks split the batch as without pp,
-  // and every stage of a dp replica reads the same rows. tp x pp is refused by the deck check.
+  // Data-parallel group: the world, or the dp axis of the dp x tp x pp mesh (comm/mesh.h; tp
+  // ranks adjacent: rank = (pp_idx*dp + dp_idx)*tp + tp_idx). The ranks of a tp group take the
+  // same rows and each holds its slices of the parameters; every stage of a dp replica reads the
+  // same rows, each stage's dp ranks split the batch as without pp. tp x pp: each stage's blocks
+  // are tensor-parallel over its tp group, and the pp group links the same tp rank of every stage.
   const int pp = static_cast<int>(pc.pp);
-  LMSCALE_CHECK(pc.tp == 1 || pp == 1, "parallel.tp > 1 with parallel.pp > 1 is not built yet");
   std::vector<model::StageUnits> chunks{model::StageUnits::all()};
   dp_size_ = env.world;
   dp_rank_ = env.rank;
   comm::Communicator* dp_comm = env.comm.get();
   comm::Communicator* dp_host = env.host_comm.get();
-  if (pc.tp > 1) {
-    LMSCALE_CHECK(env.comm && env.host_comm, "tensor parallelism needs the world communicators");
+  if (pc.tp > 1 || pp > 1) {
+    LMSCALE_CHECK(env.comm && env.host_comm, "tensor and pipeline parallelism need the world communicators");
     // Set before the split: the mesh's communicators inherit the compute stream.
     if (env.comm->device() == Device::cuda) env.comm->set_compute_stream(ctx.stream);
     comm::MeshShape shape;
     shape.tp = static_cast<int>(pc.tp);
+    shape.pp = pp;
     shape.dp = static_cast<int>(pc.dp);
     mesh_ = std::make_unique<comm::Mesh>(env.comm, shape);
     host_mesh_ = std::make_unique<comm::Mesh>(env.host_comm, shape);
-    LMSCALE_CHECK(mesh_->shape().pp == 1, "tensor parallelism with pipeline stages is not built");
-    tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), host_mesh_->tp(), pc.sequence_parallel);
+    if (pc.tp > 1)
+      tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), host_mesh_->tp(), pc.sequence_parallel);
     dp_size_ = mesh_->shape().dp;
     dp_rank_ = mesh_->coords().dp;
     dp_comm = &mesh_->dp();
     dp_host = &host_mesh_->dp();
-  } else if (pp > 1) {
-    LMSCALE_CHECK(env.comm && env.host_comm, "pipeline parallelism needs the world communicators");
-    comm::MeshShape shape{0, 1, pp, 0};
-    mesh_ = std::make_unique<comm::Mesh>(env.comm, shape);
-    host_mesh_ = std::make_unique<comm::Mesh>(env.host_comm, shape);
-    dp_size_ = mesh_->shape().dp;
-    dp_rank_ = mesh_->coords().dp;
-    dp_comm = &mesh_->dp();
-    dp_host = &host_mesh_->dp();
-    // This rank's stage, or its virtual_stages chunks under the interleaved schedule.
-    const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
-    chunks = model::pipeline_chunks(dims_, pp, V, mesh_->coords().pp, model::parse_stage_layers(pc.stage_layers));
+    if (pp > 1) {
+      // This rank's stage, or its virtual_stages chunks under the interleaved schedule.
+      const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
+      chunks = model::pipeline_chunks(dims_, pp, V, mesh_->coords().pp, model::parse_stage_layers(pc.stage_layers));
+    }
   }
   const std::int64_t dp = dp_size_;
   LMSCALE_CHECK(global_batch % dp == 0, "batch_size {} not divisible by {} data-parallel ranks", global_batch, dp);
@@ -118,7 +112,8 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     std::vector<model::TransformerLM*> models;
     for (auto& m : chunk_models_) models.push_back(m.get());
     pipeline_ = std::make_unique<parallel::PipelineParallel>(models, mesh_->pp(), env.rt,
-                                                             parallel::parse_pipe_schedule(pc.schedule));
+                                                             parallel::parse_pipe_schedule(pc.schedule),
+                                                             tp_ ? tp_->callbacks() : model::TensorParallelComm{});
   }
   if (dp > 1) {
     LMSCALE_CHECK(dp_comm && dp_host, "data parallelism needs the world communicators");
@@ -465,18 +460,36 @@ std::vector<float> Trainer::full_parameters() {
   std::vector<float> h(static_cast<std::size_t>(params_->numel()));
   Tensor dst = Tensor::view(h.data(), {params_->numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, params_->flat_params(), dst);
-  if (!pipeline_) return to_full_layout(h);   // tensor parallel: gathered over tp
+  return to_full_layout(h);
+}
+
+void Trainer::set_parameters(const std::vector<float>& full) {
+  settle_optimizer();
+  Context& ctx = env_.rt.ctx();
+  if (fsdp_) return fsdp_->set_parameters(ctx, to_local_layout(full));   // this tp rank's slices, sharded over dp
+  const std::vector<float> flat = to_local_layout(full);   // this stage's parameters, this tp rank's slices
+  LMSCALE_CHECK(static_cast<std::int64_t>(flat.size()) == params_->numel(), "set_parameters: {} values for {}",
+                flat.size(), params_->numel());
+  Tensor src = Tensor::view(const_cast<float*>(flat.data()), {params_->numel()}, DType::f32, Device::cpu);
+  ops::copy(ctx, src, params_->flat_params());
+  params_->refresh_lowp(ctx);
+}
+
+std::vector<float> Trainer::to_full_layout(const std::vector<float>& local) {
+  // Tensor parallel: the tp ranks' slices -> this store's parameters whole (in store order).
+  std::vector<float> whole = tp_ ? tp_->gather_full(params_->infos(), local) : local;
+  if (!pipeline_) return whole;   // the whole model: already the full layout
   // Pipeline: every rank's store (its chunks' parameters, in chunk order), all-gathered over the
   // pp group of the host communicator, then each parameter put at its place in the full layout.
   comm::Communicator& pp = host_mesh_->pp();
   std::vector<std::size_t> counts(static_cast<std::size_t>(pp.size()));
-  const double mine = static_cast<double>(params_->numel());
+  const double mine = static_cast<double>(whole.size());
   std::vector<double> all(counts.size());
   pp.all_gather(&mine, all.data(), 1, DType::f64).wait();
   std::size_t total = 0;
   for (std::size_t i = 0; i < counts.size(); ++i) total += counts[i] = static_cast<std::size_t>(all[i]);
   std::vector<float> gathered(total);
-  pp.all_gather_v(h.data(), gathered.data(), counts, DType::f32).wait();
+  pp.all_gather_v(whole.data(), gathered.data(), counts, DType::f32).wait();
   const auto& pc = env_.cfg.parallel;
   const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
   const auto layout = model::parameter_layout(dims_);
@@ -493,38 +506,25 @@ std::vector<float> Trainer::full_parameters() {
       }
     }
   }
+  LMSCALE_CHECK(at == total, "to_full_layout: {} gathered values, {} placed", total, at);
   return full;
 }
 
-void Trainer::set_parameters(const std::vector<float>& full) {
-  settle_optimizer();
-  Context& ctx = env_.rt.ctx();
-  if (fsdp_) return fsdp_->set_parameters(ctx, to_local_layout(full));
-  if (pipeline_ && static_cast<std::int64_t>(full.size()) == dims_.parameter_count()) {
-    // Full parameters (a weights file): keep this stage's slice.
+std::vector<float> Trainer::to_local_layout(const std::vector<float>& full) const {
+  LMSCALE_CHECK(static_cast<std::int64_t>(full.size()) == dims_.parameter_count(),
+                "to_local_layout: {} values for a model of {}", full.size(), dims_.parameter_count());
+  // This store's parameters whole, in store order (a pipeline stage: its chunks' parameters).
+  std::vector<float> whole;
+  if (pipeline_) {
     const auto layout = model::parameter_layout(dims_);
-    std::vector<float> mine(static_cast<std::size_t>(params_->numel()));
     for (int i = 0; i < params_->size(); ++i) {
       const auto& g = layout[static_cast<std::size_t>(params_->global_index(i))];
-      std::copy(full.begin() + g.offset, full.begin() + g.offset + g.numel,
-                mine.begin() + params_->infos()[static_cast<std::size_t>(i)].offset);
+      whole.insert(whole.end(), full.begin() + g.offset, full.begin() + g.offset + g.numel);
     }
-    return set_parameters(mine);
+  } else {
+    whole = full;
   }
-  const std::vector<float> flat = to_local_layout(full);   // tensor parallel: this rank's slices
-  LMSCALE_CHECK(static_cast<std::int64_t>(flat.size()) == params_->numel(), "set_parameters: {} values for {}",
-                flat.size(), params_->numel());
-  Tensor src = Tensor::view(const_cast<float*>(flat.data()), {params_->numel()}, DType::f32, Device::cpu);
-  ops::copy(ctx, src, params_->flat_params());
-  params_->refresh_lowp(ctx);
-}
-
-std::vector<float> Trainer::to_full_layout(const std::vector<float>& local) {
-  return tp_ ? tp_->gather_full(dims_, local) : local;
-}
-
-std::vector<float> Trainer::to_local_layout(const std::vector<float>& full) const {
-  return tp_ ? tp_->slice_local(dims_, full) : full;
+  return tp_ ? tp_->slice_local(params_->infos(), whole) : whole;   // tensor parallel: this rank's slices
 }
 
 model::ParallelContext Trainer::with_tp(model::ParallelContext pc) const {

@@ -67,8 +67,6 @@ ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, 
       lowp_dtype_(lowp),
       has_flat_params_(buffers != Buffers::none), has_flat_grads_(buffers == Buffers::params_and_grads) {
   if (chunks_.empty()) chunks_ = {StageUnits::all()};
-  LMSCALE_CHECK(!split.active() || (chunks_.size() == 1 && chunks_[0].is_all(dims)),
-                "a tensor-parallel store holds the whole model (tp x pp is not supported)");
   const int all = static_cast<int>(infos_.size());
   local_of_.assign(static_cast<std::size_t>(all), -1);
   if (chunks_.size() == 1 && chunks_[0].is_all(dims)) {
@@ -76,7 +74,8 @@ ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, 
     global_of_ = local_of_;
   } else {
     // A pipeline stage: its chunks' contiguous slices of the layout, one after the other, with
-    // offsets from the start of this store's buffer.
+    // offsets from the start of this store's buffer. Under tensor parallelism too (tp x pp): the
+    // layout is then this tp rank's (local shapes), so the stage holds its units' slices.
     std::vector<ParamInfo> mine;
     std::int64_t off = 0;
     for (const StageUnits& u : chunks_) {

@@ -24,10 +24,12 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
                                                           double grad_scale, const ParallelContext& pc,
                                                           bool accumulate) {
   NvtxRange range("forward_stage");
-  // Pipeline stages run whole tensors: tensor x pipeline parallelism is refused by the deck.
-  LMSCALE_CHECK(!tp_.active(), "a pipeline stage with tensor parallelism (tp = {}) is not supported", tp_.degree);
+  // Tensor parallel stages (tp x pp): the blocks are Megatron's, the first stage's embedding and
+  // the last stage's head vocabulary-parallel; what crosses a stage boundary is the residual
+  // stream as this tp rank holds it: [N,d] replicated, or its row shard [N/tp,d] under sequence
+  // parallelism (Nl rows either way).
   const StageUnits& u = units_;
-  const std::int64_t N = B * T, d = dims_.d_model;
+  const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model;
   const int L = static_cast<int>(dims_.layers);
   auto act = std::make_unique<Activations>();
   act->B = B;
@@ -39,14 +41,14 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
     LMSCALE_CHECK(input.dtype() == DType::i32 && input.numel() == N, "stage 0 input: tokens int32 [{}, {}], got {}", B,
                   T, shape_str(input.shape()));
     act->tokens = input;
-    x = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
     call(pc.before_forward, 0);
-    ops::embedding(ctx, input.reshape({N}), params_.compute_weight(params_.local_index(0)), x);
+    x = embed(pc, ctx, input.reshape({N}));   // [Nl,d]
     call(pc.after_forward, 0);
   } else {
-    LMSCALE_CHECK(input.dtype() == compute_ && input.numel() == N * d, "stage input: activations [{}, {}] {}, got {} {}",
-                  N, d, dtype_name(compute_), shape_str(input.shape()), dtype_name(input.dtype()));
-    x = input.reshape({N, d});
+    LMSCALE_CHECK(input.dtype() == compute_ && input.numel() == Nl * d,
+                  "stage input: activations [{}, {}] {}, got {} {}", Nl, d, dtype_name(compute_),
+                  shape_str(input.shape()), dtype_name(input.dtype()));
+    x = input.reshape({Nl, d});
   }
   x = run_blocks_forward(ctx, *act, x, keep, pc);
   if (!u.owns_head(dims_)) {
@@ -67,9 +69,8 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
 Tensor TransformerLM::backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc,
                                      bool accumulate) {
   NvtxRange range("backward_stage");
-  LMSCALE_CHECK(!tp_.active(), "a pipeline stage with tensor parallelism (tp = {}) is not supported", tp_.degree);
   const StageUnits& u = units_;
-  const std::int64_t N = act.B * act.T, d = dims_.d_model;
+  const std::int64_t N = act.B * act.T, Nl = local_rows(N), d = dims_.d_model;
   Tensor dx;
   if (u.owns_head(dims_)) {
     // As backward(): the head unit's backward ran in forward_stage; start from its gradient.
@@ -79,17 +80,16 @@ Tensor TransformerLM::backward_stage(Context& ctx, Activations& act, Tensor dy, 
     dx = act.dx_final;
     act.dx_final = Tensor();
   } else {
-    LMSCALE_CHECK(dy.defined() && dy.numel() == N * d, "stage backward: output gradient [{}, {}] expected", N, d);
-    dx = dy.reshape({N, d});
+    LMSCALE_CHECK(dy.defined() && dy.numel() == Nl * d, "stage backward: output gradient [{}, {}] expected", Nl, d);
+    dx = dy.reshape({Nl, d});
   }
   blocks_backward(ctx, act, dx, pc, accumulate);
   if (!u.owns_embedding()) return dx;
   NvtxRange r("embedding_backward");
   call(pc.before_backward, 0);
   const int emb = params_.local_index(0);
-  Tensor gEmb = params_.grad(emb);
-  if (!accumulate) ops::fill(ctx, gEmb, 0.0);
-  ops::embedding_backward(ctx, act.tokens.reshape({N}), dx, gEmb);
+  Tensor gEmb = grad_for_adding(ctx, emb, accumulate);
+  embed_backward(pc, ctx, act.tokens.reshape({N}), dx, gEmb);   // vocabulary-parallel under tp
   notify(pc, emb);
   call(pc.after_backward, 0);
   return Tensor();

@@ -102,13 +102,14 @@ void TransformerLM::norm_backward(const ParallelContext& pc, Context& ctx, const
 Tensor TransformerLM::embed(const ParallelContext& pc, Context& ctx, const Tensor& ids) {
   const std::int64_t N = ids.numel(), d = dims_.d_model;
   Tensor x = Tensor::empty({N, d}, compute_, *ctx.allocator, "activations");
+  const Tensor table = params_.compute_weight(params_.local_index(0));   // [V,d] or [V/tp,d]
   if (!tp_.active()) {
-    ops::embedding(ctx, ids, params_.compute_weight(0), x);
+    ops::embedding(ctx, ids, table, x);
     return x;
   }
   // Vocabulary-parallel: rows of ids outside this rank's range are zero; g sums the ranks' parts
   // (sequence parallel: reduce-scatter, so each rank keeps its rows).
-  ops::embedding_shard(ctx, ids, params_.compute_weight(0), tp_.begin(dims_.vocab), x);
+  ops::embedding_shard(ctx, ids, table, tp_.begin(dims_.vocab), x);
   return tp_g(pc, ctx, x);
 }
 

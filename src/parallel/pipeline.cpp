@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
+#include "lmscale/parallel/interleaved_schedule.h"
 
 namespace lmscale::parallel {
 
@@ -31,18 +33,40 @@ constexpr int kForwardTag = 1, kBackwardTag = 2;
 
 struct PipelineParallel::Slot {
   std::unique_ptr<model::Activations> act;
-  // The head-owning chunk: microbatch m's backward hooks, taken once at its forward (whose head
-  // unit runs its backward) and used again by its backward.
-  bool has_hooks = false;
-  model::ParallelContext hooks;
 };
 
+const model::ParallelContext& PipelineParallel::hooks_for(GradientSync& sync, int micro, int micro_count) {
+  // Taken from the strategy once per microbatch and step, then shared: by the head chunk's
+  // forward (whose head unit runs its backward) and its backward, and under the interleaved
+  // schedule by the backwards of all V chunks, which together are microbatch m's backward. A
+  // strategy arms its gradient reduction when it hands out the last microbatch's hooks (DDP's
+  // bucket counters, ZeRO-2's reduce-scatters); asking again per chunk would re-arm it halfway.
+  auto it = hooks_.find(micro);
+  if (it == hooks_.end()) it = hooks_.emplace(micro, with_tp(sync.hooks(micro, micro_count))).first;
+  return it->second;
+}
+
 PipelineParallel::PipelineParallel(std::vector<model::TransformerLM*> chunks, comm::Communicator& pp,
-                                   ops::Runtime& rt, PipeSchedule schedule)
+                                   ops::Runtime& rt, PipeSchedule schedule, model::TensorParallelComm tp)
     : chunks_(std::move(chunks)), pp_(pp), rt_(rt), schedule_(schedule), stage_(pp.rank()), stages_(pp.size()),
-      d_(chunks_.front()->dims().d_model), act_dtype_(chunks_.front()->params().lowp_dtype()) {
+      d_(chunks_.front()->dims().d_model), act_dtype_(chunks_.front()->params().lowp_dtype()),
+      split_(chunks_.front()->params().tensor_split()), tp_(std::move(tp)) {
   LMSCALE_CHECK(schedule == PipeSchedule::interleaved || chunks_.size() == 1, "{} chunks for the {} schedule",
                 chunks_.size(), pipe_schedule_name(schedule));
+  LMSCALE_CHECK(!split_.active() || static_cast<bool>(tp_.sum),
+                "pipeline stages with tensor parallelism (tp = {}) need the tp callbacks", split_.degree);
+}
+
+model::ParallelContext PipelineParallel::with_tp(model::ParallelContext pc) const {
+  if (split_.active()) pc.tp = tp_;
+  return pc;
+}
+
+std::int64_t PipelineParallel::transfer_rows(std::int64_t N) const {
+  // Sequence parallel: this tp rank's row shard of the residual stream (the stage's output
+  // under sp; no gather at the boundary). Otherwise the [N,d] replicated on the tp ranks, each
+  // sending its copy to the same tp rank of the next stage.
+  return split_.sequence_sharded() ? N / split_.degree : N;
 }
 
 void PipelineParallel::keep_send(comm::Work w, Tensor buf) { sends_.emplace_back(std::move(w), std::move(buf)); }
@@ -59,15 +83,12 @@ void PipelineParallel::forward(int m, Slot& slot, const Tensor& input, const Ten
   const std::int64_t B = targets.dim(0);
   model::TransformerLM& model = *chunks_[static_cast<std::size_t>(chunk)];
   const bool head = model.units().owns_head(model.dims());
-  if (head) {
-    slot.hooks = sync.hooks(micro_offset + m, micro_count);
-    slot.has_hooks = true;
-  }
   RawEvent e{m, false, chunk, rt_.mark(), {}};
   // Microbatches run forward in order 0..M-1 too, so the head's gradients accumulate in the
   // order of a single process's micro-batches.
   slot.act = model.forward_stage(rt_.ctx(), input, targets, B, T, true, grad_scale,
-                                 head ? slot.hooks : model::ParallelContext{}, accumulate || m > 0);
+                                 head ? hooks_for(sync, micro_offset + m, micro_count) : with_tp({}),
+                                 accumulate || m > 0);
   e.end = rt_.mark();
   raw_.push_back(std::move(e));
   if (model.units().owns_head(model.dims())) loss_sums.push_back(slot.act->loss_sum);
@@ -85,7 +106,7 @@ Tensor PipelineParallel::backward(int m, Slot& slot, Tensor dy, bool accumulate,
   // microbatch order 0..M-1: microbatch 0 overwrites its gradients.
   model::TransformerLM& model = *chunks_[static_cast<std::size_t>(chunk)];
   Tensor dx = model.backward_stage(rt_.ctx(), *slot.act, std::move(dy),
-                                   slot.has_hooks ? slot.hooks : sync.hooks(micro_offset + m, micro_count),
+                                   hooks_for(sync, micro_offset + m, micro_count),
                                    accumulate || m > 0);
   e.end = rt_.mark();
   raw_.push_back(std::move(e));
@@ -97,6 +118,7 @@ void PipelineParallel::run(const std::vector<Tensor>& tokens, const std::vector<
                            double grad_scale, bool accumulate, GradientSync& sync, int micro_offset, int micro_count,
                            std::vector<Tensor>& loss_sums) {
   NvtxRange range("pipeline");
+  if (micro_offset == 0) hooks_.clear();
   if (schedule_ == PipeSchedule::interleaved) {
     if (micro_offset == 0) {
       start_ = rt_.mark();
@@ -107,7 +129,7 @@ void PipelineParallel::run(const std::vector<Tensor>& tokens, const std::vector<
   const int M = static_cast<int>(targets.size());
   LMSCALE_CHECK(M >= 1 && tokens.size() == targets.size(), "pipeline: {} token and {} target microbatches",
                 tokens.size(), targets.size());
-  const std::int64_t rows = targets[0].dim(0) * T;   // N = b*T rows of every transfer
+  const std::int64_t rows = transfer_rows(targets[0].dim(0) * T);   // of every transfer
   const int prev = stage_ - 1, next = stage_ + 1;
   if (micro_offset == 0) {
     start_ = rt_.mark();
@@ -182,7 +204,7 @@ void PipelineParallel::run(const std::vector<Tensor>& tokens, const std::vector<
 
 Tensor PipelineParallel::forward_only(const Tensor& tokens, const Tensor& targets, std::int64_t T) {
   // Virtual stage k = c * p + s (chunk c of rank s) feeds k + 1: around the ring for each chunk.
-  const std::int64_t rows = targets.dim(0) * T;
+  const std::int64_t rows = transfer_rows(targets.dim(0) * T);
   const int p = stages_, next = (stage_ + 1) % p, prev = (stage_ + p - 1) % p;
   Tensor loss;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
@@ -192,7 +214,7 @@ Tensor PipelineParallel::forward_only(const Tensor& tokens, const Tensor& target
       in = recv_activation(rows);
       pp_.recv(in, prev, kForwardTag).wait();
     }
-    auto act = model.forward_stage(rt_.ctx(), in, targets, targets.dim(0), T, false, 1.0);
+    auto act = model.forward_stage(rt_.ctx(), in, targets, targets.dim(0), T, false, 1.0, with_tp({}));
     if (model.units().owns_head(model.dims())) loss = act->loss_sum;
     else pp_.send(act->output, next, kForwardTag).wait();
   }
@@ -202,122 +224,83 @@ Tensor PipelineParallel::forward_only(const Tensor& tokens, const Tensor& target
 void PipelineParallel::run_interleaved(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
                                        std::int64_t T, double grad_scale, bool accumulate, GradientSync& sync,
                                        int micro_count, std::vector<Tensor>& loss_sums) {
-  // Megatron-LM's forward_backward_pipelining_with_interleaving, step by step: "k" counts the
-  // rank's chunk-microbatches (M*V forwards, M*V backwards); groups of p consecutive k run the
-  // same chunk on p microbatches. Received tensors queue per chunk in the order they are used.
+  // Megatron-LM's forward_backward_pipelining_with_interleaving, as the plan of
+  // parallel/interleaved_schedule.h lays it out: "k" counts the rank's chunk-microbatches (M*V
+  // forwards, M*V backwards). Received tensors queue per chunk in the order they are used.
   const int p = stages_, V = static_cast<int>(chunks_.size()), M = static_cast<int>(targets.size());
-  const int total = M * V;
-  LMSCALE_CHECK(M % p == 0, "interleaved: {} microbatches is not a multiple of {} stages", M, p);
-  const std::int64_t rows = targets[0].dim(0) * T;
+  const std::int64_t rows = transfer_rows(targets[0].dim(0) * T);
   const int next = (stage_ + 1) % p, prev = (stage_ + p - 1) % p;
-  auto mod = [](int a, int n) { return ((a % n) + n) % n; };
-  auto chunk_of = [&](int k, bool fwd) {
-    const int c = mod(k, p * V) / p;
-    return fwd ? c : V - 1 - c;
-  };
-  auto micro_of = [&](int k) { return (k / (p * V)) * p + k % p; };
   auto first_virtual = [&](int c) { return stage_ == 0 && c == 0; };
   auto last_virtual = [&](int c) { return stage_ == p - 1 && c == V - 1; };
   std::vector<std::deque<Tensor>> inputs(static_cast<std::size_t>(V)), grads(static_cast<std::size_t>(V));
   std::vector<std::vector<Slot>> slots(static_cast<std::size_t>(V));
   for (auto& v : slots) v.resize(static_cast<std::size_t>(M));
+  std::map<int, Tensor> outputs, input_grads;   // by k: produced, not yet sent
   auto pop = [](std::deque<Tensor>& q) {
     LMSCALE_CHECK(!q.empty(), "interleaved schedule: no tensor received for this step");
     Tensor t = q.front();
     q.pop_front();
     return t;
   };
-  // Forward of chunk-microbatch k; returns the output to send (none on the last virtual stage).
-  auto fwd = [&](int k) {
-    const int c = chunk_of(k, true), m = micro_of(k);
-    Slot& slot = slots[static_cast<std::size_t>(c)][static_cast<std::size_t>(m)];
-    const Tensor in = first_virtual(c) ? tokens[static_cast<std::size_t>(m)] : pop(inputs[static_cast<std::size_t>(c)]);
-    forward(m, slot, in, targets[static_cast<std::size_t>(m)], T, grad_scale, loss_sums, accumulate, sync, 0,
-            micro_count, c);
-    if (last_virtual(c)) return Tensor();
-    Tensor out = slot.act->output;
-    slot.act->output = Tensor();
-    return out;
+  auto take = [](std::map<int, Tensor>& m, int k) {
+    auto it = m.find(k);
+    LMSCALE_CHECK(it != m.end(), "interleaved schedule: nothing to send for chunk-microbatch {}", k);
+    Tensor t = it->second;
+    m.erase(it);
+    return t;
   };
-  // Backward of chunk-microbatch k; returns the input gradient to send (none on virtual stage 0).
-  auto bwd = [&](int k) {
-    const int c = chunk_of(k, false), m = micro_of(k);
-    Tensor dy = last_virtual(c) ? Tensor() : pop(grads[static_cast<std::size_t>(c)]);
-    Tensor dx = backward(m, slots[static_cast<std::size_t>(c)][static_cast<std::size_t>(m)], dy, accumulate, sync, 0,
-                         micro_count, c);
-    return first_virtual(c) ? Tensor() : dx;
-  };
-  // One communication point: activations forward around the ring, gradients backward, each
-  // direction with its own tag (with p = 2 both go between the same two ranks).
-  auto exchange = [&](const Tensor& out, bool recv_prev, const Tensor& dx, bool recv_next) {
-    Tensor in, dy;
-    comm::Work wi, wd;
-    if (out.defined()) keep_send(pp_.send(out, next, kForwardTag, comm::async_call()), out);
-    if (recv_prev) {
-      in = recv_activation(rows);
-      wi = pp_.recv(in, prev, kForwardTag, comm::async_call());
-    }
-    if (dx.defined()) keep_send(pp_.send(dx, prev, kBackwardTag, comm::async_call()), dx);
-    if (recv_next) {
-      dy = recv_activation(rows);
-      wd = pp_.recv(dy, next, kBackwardTag, comm::async_call());
-    }
-    wi.wait();
-    wd.wait();
-    return std::make_pair(in, dy);
-  };
-
-  const int warmup = std::min(total, (p - stage_ - 1) * 2 + (V - 1) * p);
-  const bool all_warmup = warmup == total;
-  const int remaining = total - warmup;
-  if (!first_virtual(0)) inputs[0].push_back(exchange(Tensor(), true, Tensor(), false).first);
-  for (int k = 0; k < warmup; ++k) {
-    const Tensor out = fwd(k);
-    const int nc = chunk_of(k + 1, true);
-    bool recv_prev = !(stage_ == 0 && nc == 0) && k + 1 < total;
-    const bool last_warmup = k == warmup - 1 && !all_warmup;
-    const bool recv_next = last_warmup && stage_ != p - 1;
-    auto [in, dy] = exchange(out, recv_prev, Tensor(), recv_next);
-    if (recv_prev) inputs[static_cast<std::size_t>(nc)].push_back(in);
-    if (recv_next) grads[static_cast<std::size_t>(V - 1)].push_back(dy);
-  }
-  for (int i = 0; i < remaining; ++i) {
-    const int fk = i + warmup, bk = i;
-    const Tensor out = fwd(fk);
-    const Tensor dx = bwd(bk);
-    bool recv_prev = true;
-    int nfc;
-    if (stage_ == 0) {
-      nfc = chunk_of(fk - (p - 1), true);
-      if (nfc == V - 1) recv_prev = false;
-      nfc += 1;
+  for (const InterleavedStep& st : interleaved_plan(p, V, M, stage_)) {
+    if (st.kind == InterleavedStep::Kind::forward) {
+      const int c = interleaved_forward_chunk(st.k, p, V), m = interleaved_microbatch(st.k, p, V);
+      Slot& slot = slots[static_cast<std::size_t>(c)][static_cast<std::size_t>(m)];
+      const Tensor in =
+          first_virtual(c) ? tokens[static_cast<std::size_t>(m)] : pop(inputs[static_cast<std::size_t>(c)]);
+      forward(m, slot, in, targets[static_cast<std::size_t>(m)], T, grad_scale, loss_sums, accumulate, sync, 0,
+              micro_count, c);
+      if (!last_virtual(c)) {
+        outputs[st.k] = slot.act->output;
+        slot.act->output = Tensor();
+      }
+    } else if (st.kind == InterleavedStep::Kind::backward) {
+      const int c = interleaved_backward_chunk(st.k, p, V), m = interleaved_microbatch(st.k, p, V);
+      Tensor dy = last_virtual(c) ? Tensor() : pop(grads[static_cast<std::size_t>(c)]);
+      Tensor dx = backward(m, slots[static_cast<std::size_t>(c)][static_cast<std::size_t>(m)], dy, accumulate, sync, 0,
+                           micro_count, c);
+      if (!first_virtual(c)) input_grads[st.k] = dx;
     } else {
-      nfc = chunk_of(fk + 1, true);
+      // One communication point: up to four transfers (activation to the next rank, gradient to
+      // the previous one, and one of each received) posted as one grouped exchange. With p = 2
+      // both directions run between the same two ranks: the tags tell them apart on mpi, the
+      // canonical order of Communicator::exchange on nccl (matched by order; both neighbours
+      // post the same messages in one exchange, ctest/unit/test_interleaved_schedule.cpp).
+      std::vector<comm::P2POp> ops;
+      std::vector<Tensor> sent;
+      Tensor in, dy;
+      if (st.send_output_of >= 0) {
+        sent.push_back(take(outputs, st.send_output_of));
+        ops.push_back(comm::P2POp::send(sent.back(), next, kForwardTag));
+      }
+      if (st.recv_input_chunk >= 0) {
+        in = recv_activation(rows);
+        ops.push_back(comm::P2POp::recv(in, prev, kForwardTag));
+      }
+      if (st.send_grad_of >= 0) {
+        sent.push_back(take(input_grads, st.send_grad_of));
+        ops.push_back(comm::P2POp::send(sent.back(), prev, kBackwardTag));
+      }
+      if (st.recv_grad_chunk >= 0) {
+        dy = recv_activation(rows);
+        ops.push_back(comm::P2POp::recv(dy, next, kBackwardTag));
+      }
+      comm::Work w = pp_.exchange(ops, comm::async_call());
+      w.wait();   // nccl: orders the compute stream after the group; mpi: blocks until it is done
+      for (auto& t : sent) keep_send(w, t);
+      if (in.defined()) inputs[static_cast<std::size_t>(st.recv_input_chunk)].push_back(in);
+      if (dy.defined()) grads[static_cast<std::size_t>(st.recv_grad_chunk)].push_back(dy);
     }
-    bool recv_next = true;
-    int nbc;
-    if (stage_ == p - 1) {
-      nbc = chunk_of(bk - (p - 1), false);
-      if (nbc == 0) recv_next = false;
-      nbc -= 1;
-    } else {
-      nbc = chunk_of(bk + 1, false);
-    }
-    if (i == remaining - 1) recv_prev = false;
-    auto [in, dy] = exchange(out, recv_prev, dx, recv_next);
-    if (recv_prev) inputs[static_cast<std::size_t>(nfc)].push_back(in);
-    if (recv_next) grads[static_cast<std::size_t>(nbc)].push_back(dy);
   }
-  if (all_warmup && stage_ != p - 1)
-    grads[static_cast<std::size_t>(V - 1)].push_back(exchange(Tensor(), false, Tensor(), true).second);
-  for (int k = remaining; k < total; ++k) {
-    const Tensor dx = bwd(k);
-    const int nbc = chunk_of(k + 1, false);
-    const bool recv_next = !(stage_ == p - 1 && nbc == V - 1) && k + 1 < total;
-    auto [in, dy] = exchange(Tensor(), false, dx, recv_next);
-    (void)in;
-    if (recv_next) grads[static_cast<std::size_t>(nbc)].push_back(dy);
-  }
+  LMSCALE_CHECK(outputs.empty() && input_grads.empty(), "interleaved schedule: {} outputs and {} gradients never sent",
+                outputs.size(), input_grads.size());
   for (auto& s : sends_) s.first.wait();
   sends_.clear();
 }

@@ -69,6 +69,33 @@ struct PathUse {
   std::uint64_t bytes = 0;
 };
 
+// One send or receive of a grouped point-to-point exchange (Communicator::exchange).
+struct P2POp {
+  enum class Kind : std::uint8_t { send, recv };
+  Kind kind = Kind::send;
+  void* buf = nullptr;     // send: read; recv: written
+  std::size_t count = 0;   // elements of dtype
+  DType dtype = DType::f32;
+  int peer = 0;
+  int tag = 0;
+
+  static P2POp send(const Tensor& t, int peer, int tag) {
+    return {Kind::send, t.data(), static_cast<std::size_t>(t.numel()), t.dtype(), peer, tag};
+  }
+  static P2POp recv(const Tensor& t, int peer, int tag) {
+    return {Kind::recv, t.data(), static_cast<std::size_t>(t.numel()), t.dtype(), peer, tag};
+  }
+};
+
+// The order in which exchange() issues its operations on every backend: by tag, then sends before
+// receives, then by peer (a stable sort). NCCL matches the point-to-point calls between two ranks
+// by the order they are issued, not by tag, so two neighbours that each post one exchange with the
+// same messages between them (e.g. with 2 pipeline stages both an activation and a gradient go
+// from rank 0 to rank 1) must issue them in an order that depends on the messages alone, never on
+// the rank or the caller's list order: the i-th message rank a sends to rank b (tag order) is then
+// the i-th one b receives from a.
+std::vector<P2POp> canonical_order(std::vector<P2POp> ops);
+
 struct CommHealth {
   std::string error;   // empty: none
   bool busy = false;
@@ -131,6 +158,15 @@ class Communicator {
   // Both at once (pipeline stages): send to `to`, receive from `from`; returns when both are done.
   virtual Work sendrecv(const void* send_buf, std::size_t send_count, int to, void* recv_buf,
                         std::size_t recv_count, int from, DType dtype, int tag = 0, CallOptions o = {});
+  // A group of sends and receives posted as one operation (the pipeline's communication points):
+  // every op of `ops` is issued in canonical_order(ops); the Work completes when all of them have.
+  // nccl: one ncclGroupStart/ncclGroupEnd around them (one launch on the communication stream, no
+  // deadlock however the neighbours' sends and receives interleave, provided each posts its side
+  // of the same messages in one exchange). mpi: nonblocking MPI_Isend/MPI_Irecv, matched by tag.
+  // No two ops may share (kind, peer, tag): the canonical order would then not tell them apart.
+  // Send buffers must stay alive and unmodified, receive buffers unread, until the Work is waited
+  // on. An empty list gives a complete Work.
+  virtual Work exchange(const std::vector<P2POp>& ops, CallOptions o = {});
   // All ranks reach this point (mpi: after all earlier calls are done; nccl: after the compute and
   // communication streams are drained).
   virtual void barrier() = 0;
@@ -156,6 +192,13 @@ class Communicator {
 
  private:
   Work submit(Request req, const CallOptions& o);
+
+ protected:
+  // Argument checks of exchange() (peers, tags, devices, duplicates); returns the ops in
+  // canonical order. For backends that override exchange().
+  std::vector<P2POp> checked_exchange(const std::vector<P2POp>& ops) const;
+
+ private:
   void check_tensor(const Tensor& t, const char* what) const;
   bool check_ = false;
 };

@@ -54,6 +54,7 @@ class Trainer {
   // same rows and each holds its slices of the parameters (parallel/tensor_parallel.h).
   // parallel.pp > 1: the world is a dp x pp mesh; each rank holds its stage's units (model/stage.h)
   // and the step runs the pipeline schedule over parallel.microbatches (parallel/pipeline.h).
+  // Both (tp x pp, dp x tp x pp): each rank holds its tp slices of its stage's units.
   Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum, std::int64_t total_steps);
   ~Trainer();
 
@@ -94,7 +95,7 @@ class Trainer {
   // Sets them from that layout on every rank (after loading a weights file).
   void set_parameters(const std::vector<float>& flat);
   // A buffer in this rank's store layout (e.g. optimizer moments) -> the full layout (collective
-  // under tensor parallelism), and back.
+  // under tensor and pipeline parallelism: gathered over tp, then over pp), and back.
   std::vector<float> to_full_layout(const std::vector<float>& local);
   std::vector<float> to_local_layout(const std::vector<float>& full) const;
   // Null without tensor parallelism.
@@ -132,8 +133,8 @@ class Trainer {
 
   JobEnv& env_;
   model::ModelDims dims_;
-  // The dp x tp (tensor parallelism) or dp x pp (pipeline parallelism) meshes of the device and
-  // host communicators (null without either), and the tensor-parallel strategy.
+  // The dp x tp x pp mesh of the device and host communicators (null without tp and pp), and
+  // the tensor-parallel strategy.
   std::unique_ptr<comm::Mesh> mesh_, host_mesh_;
   std::unique_ptr<parallel::TensorParallel> tp_;
   std::unique_ptr<model::ParameterStore> params_;

@@ -62,7 +62,7 @@ class ParameterStore {
   // with the interleaved schedule); infos() then lists those alone, in chunk order, with offsets
   // from the start of the store's buffer, and every index the store takes or reports is local
   // (local_index(global) maps the full model's parameter index to it). Empty: the whole model.
-  // (Tensor and pipeline parallelism are not combined: the trainer refuses tp x pp.)
+  // Both together (tp x pp): the stage's units, each parameter this tp rank's slice.
   ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc,
                  Buffers buffers = Buffers::params_and_grads, const TensorSplit& split = {},
                  std::vector<StageUnits> chunks = {StageUnits::all()});

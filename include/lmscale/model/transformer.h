@@ -98,7 +98,10 @@ class TransformerLM {
   // `keep` (training) keeps what the backward needs (as the recompute policy says) and, on the
   // stage owning the head, runs the head unit's backward as forward() does (pc with the
   // micro-batch's backward hooks, `accumulate`); without it only the loss (evaluation). A stage
-  // without the head leaves its output [B*T,d] in act->output.
+  // without the head leaves its output [B*T,d] in act->output. Tensor parallel stages (tp x pp):
+  // every [B*T,d] of these two calls is the residual stream as this tp rank holds it, [Nl,d]
+  // (replicated, Nl = B*T; sequence parallel, this rank's row shard, Nl = B*T/tp), and pc must
+  // carry the tp callbacks as for forward().
   std::unique_ptr<Activations> forward_stage(Context& ctx, const Tensor& input, const Tensor& targets,
                                              std::int64_t B, std::int64_t T, bool keep, double grad_scale,
                                              const ParallelContext& pc = {}, bool accumulate = true);

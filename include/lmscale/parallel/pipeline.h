@@ -15,9 +15,9 @@
 //          chunks (virtual stages c*p + s, c = 0..V-1) and runs the 1F1B pattern over the
 //          M*V chunk-microbatches; activations go around the ring (rank p-1's chunk c feeds rank
 //          0's chunk c+1). Needs M a multiple of p. Each chunk-step is 1/V of a stage-step, so the
-//          fill and drain shrink V times: bubble (p-1)/(M+p-1)/V as the issue states it. Built for
-//          the mpi backend (tags tell the two directions apart; NCCL would need one grouped
-//          exchange per step, see docs/design-notes.md).
+//          fill and drain shrink V times: bubble (p-1)/(M+p-1)/V as the issue states it. Each
+//          communication point is one grouped Communicator::exchange (parallel/
+//          interleaved_schedule.h), so it runs on NCCL too (matched by order, not tag).
 // Both gpipe and 1f1b have the bubble fraction (p-1)/(M+p-1) of each stage's step time (forward
 // and backward times tf, tb per microbatch: the step spans (M+p-1)(tf+tb), a stage is busy
 // M(tf+tb)).
@@ -28,6 +28,7 @@
 // compute goes on); a send's buffer is kept until the work is waited on. On NCCL a wait orders
 // the compute stream after the transfer and never blocks the host, so the host queues a whole
 // step without a synchronisation per microbatch.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,9 +67,12 @@ struct PipeStageStats {
 class PipelineParallel {
  public:
   // chunks: this stage's model(s) (one; interleaved: one per chunk, in chunk order, sharing one
-  // store); pp: the pipeline group, rank = stage index.
+  // store); pp: the pipeline group, rank = stage index. tp: with tensor-parallel stages (the
+  // store's TensorSplit active; tp x pp), the tp group's collectives that every model call gets
+  // in its ParallelContext (parallel/tensor_parallel.h); the pp group is then the ranks of one tp
+  // index, so each tp rank runs its own copy of the schedule and sends to its counterpart.
   PipelineParallel(std::vector<model::TransformerLM*> chunks, comm::Communicator& pp, ops::Runtime& rt,
-                   PipeSchedule schedule);
+                   PipeSchedule schedule, model::TensorParallelComm tp = {});
 
   int stage() const { return stage_; }
   int stages() const { return stages_; }
@@ -109,6 +113,12 @@ class PipelineParallel {
   Tensor backward(int m, Slot& slot, Tensor dy, bool accumulate, GradientSync& sync, int micro_offset,
                   int micro_count, int chunk = 0);
   void keep_send(comm::Work w, Tensor buf);
+  // Microbatch `micro`'s backward hooks (with the tp callbacks), asked of sync once per step.
+  const model::ParallelContext& hooks_for(GradientSync& sync, int micro, int micro_count);
+  // A strategy's hooks plus the tp callbacks (identity without tensor parallelism).
+  model::ParallelContext with_tp(model::ParallelContext pc) const;
+  // Rows of one transfer for a microbatch of N = b*T tokens: N, or N/tp under sequence parallelism.
+  std::int64_t transfer_rows(std::int64_t N) const;
 
   std::vector<model::TransformerLM*> chunks_;
   comm::Communicator& pp_;
@@ -117,6 +127,10 @@ class PipelineParallel {
   int stage_ = 0, stages_ = 1;
   std::int64_t d_ = 0;
   DType act_dtype_;
+  model::TensorSplit split_;         // the stores' (every chunk shares one store)
+  model::TensorParallelComm tp_;
+  // This step's backward hooks by microbatch (hooks_for; cleared when a step starts).
+  std::map<int, model::ParallelContext> hooks_;
   // Sends in flight with the buffers they read (kept alive until waited on).
   std::vector<std::pair<comm::Work, Tensor>> sends_;
   // Timing: marks per event, turned into events_ by finish_timing().

@@ -42,11 +42,14 @@ class TensorParallel {
   // whole parameter; a replicated one (split_dim < 0) is counted once (tp rank 0's values).
   void sum_param_norms(const std::vector<model::ParamInfo>& infos, int slots, std::vector<double>& sums);
 
-  // This rank's flat fp32 buffer (store layout, host) -> the full parameters in
-  // model::parameter_layout(dims) order and offsets, on every tp rank (collective).
-  std::vector<float> gather_full(const model::ModelDims& dims, const std::vector<float>& local);
-  // The inverse: this rank's slices out of a full flat buffer (no communication).
-  std::vector<float> slice_local(const model::ModelDims& dims, const std::vector<float>& full) const;
+  // This rank's flat fp32 buffer (host) in its store's layout `infos` -> the same parameters
+  // whole (full_shape), one after the other in store order, on every tp rank (collective). For a
+  // store of the whole model that is model::parameter_layout(dims) (order and offsets); for a
+  // pipeline stage (tp x pp) the stage's parameters. Every tp rank's store has the same infos
+  // but for split_begin.
+  std::vector<float> gather_full(const std::vector<model::ParamInfo>& infos, const std::vector<float>& local);
+  // The inverse: this rank's slices out of those whole parameters (no communication).
+  std::vector<float> slice_local(const std::vector<model::ParamInfo>& infos, const std::vector<float>& whole) const;
 
  private:
   comm::Communicator& device_;

@@ -296,6 +296,29 @@ class NcclCommunicator final : public Communicator {
     return w;
   }
 
+  // One group: NCCL runs the sends and receives together, so neighbours that both send before
+  // they receive cannot block each other, and issues them in canonical_order on every rank, so
+  // several messages between the same two ranks are matched by that order (NCCL has no tags).
+  Work exchange(const std::vector<P2POp>& ops, CallOptions o) override {
+    const std::vector<P2POp> ordered = checked_exchange(ops);
+    if (ordered.empty()) return Work();
+    std::size_t bytes = 0;
+    for (const P2POp& op : ordered) bytes += op.count * dtype_size(op.dtype);
+    Work w = launch("exchange", bytes, [&](cudaStream_t s) {
+      shared_->check(ncclGroupStart(), "exchange (ncclGroupStart)");
+      for (const P2POp& op : ordered) {
+        const ncclDataType_t type = nccl_type(op.dtype);
+        if (op.kind == P2POp::Kind::send)
+          shared_->check(ncclSend(op.buf, op.count, type, op.peer, shared_->comm, s), "exchange (ncclSend)");
+        else
+          shared_->check(ncclRecv(op.buf, op.count, type, op.peer, shared_->comm, s), "exchange (ncclRecv)");
+      }
+      shared_->check(ncclGroupEnd(), "exchange (ncclGroupEnd)");
+    });
+    if (!o.async) w.wait();
+    return w;
+  }
+
  protected:
   Work start(Request req) override {
     if (req.algo == Algo::ring || req.algo == Algo::shm || req.algo == Algo::hier)
@@ -364,7 +387,7 @@ class NcclCommunicator final : public Communicator {
   // Point-to-point ops go on their own trace track: several may be in flight together.
   static bool is_p2p(const char* what) {
     const std::string_view w(what);
-    return w == "send" || w == "recv" || w == "sendrecv";
+    return w == "send" || w == "recv" || w == "sendrecv" || w == "exchange";
   }
 
   // Orders the communication stream after the compute stream, enqueues, records completion.
