@@ -237,6 +237,11 @@ TEST_F(Nccl, HealthCoversSplitsAndSeesWaitingCollective) {
   // check mode, which would hold rank 0 on the host until the others join.)
   auto plain = make_nccl_communicator(test::mpi_env().world(), device_, NcclOptions{false});
   plain->set_compute_stream(stream_);
+  // NCCL connects lazily: a fresh communicator's first collective sets up its connections on the
+  // host (ncclInProgress, polled until the peers join), so the staggered call below would wait
+  // on the host instead of on the stream. Connect first (seen on 2 H100s: busy was false).
+  plain->all_reduce(d.data(), d.data(), 1 << 20, DType::f32, ReduceOp::sum).synchronize();
+  comm_->barrier();
   if (r_ != 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
   Work w = plain->all_reduce(d.data(), d.data(), 1 << 20, DType::f32, ReduceOp::sum, async_call());
   if (r_ == 0) {

@@ -102,34 +102,47 @@ TEST(DataParallelGpu, EveryVariantMatchesOneGpuInBf16) {
   }
 }
 
-// SGD, LARS and LAMB (issue 16) on 2 GPUs in bf16 over NCCL: zero1, zero2, fsdp and tp 2 against
-// one GPU (the layer-wise norms are all-reduced over the shards/slices), same bound as above.
-TEST(DataParallelGpu, OptimizersMatchOneGpuInBf16) {
+// SGD, LARS and LAMB (issue 16) on 2 GPUs over NCCL: zero1, zero2, fsdp and tp 2 against one GPU
+// (the layer-wise norms are all-reduced over the shards/slices). In fp32 within 1e-4 of the
+// largest parameter: only summation orders differ, so this is the check of the sharded norms.
+// In bf16 within 2e-3 as DDP, except LAMB under tp (1e-2): tp splits every matmul's reduction,
+// so near-zero gradient elements change sign in bf16 (AdamW under tp already reaches 1.7e-3,
+// TensorParallelGpu below); LAMB's Adam direction is +-1 there at the first steps and its update
+// is rescaled to trust x ||w|| per layer whatever the gradient's size, so each flip moves an
+// element by about 2 lr ratio (seen on 2 H100s: 5.7e-3 at lr 1e-2, fp32 case within bound).
+TEST(DataParallelGpu, OptimizersMatchOneGpuInFp32AndBf16) {
   int gpus = 0;
   cudaGetDeviceCount(&gpus);
   if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
   const int steps = 3;
-  for (const char* name : {"sgd", "lars", "lamb"}) {
-    Config base = tiny_config();
-    base.optim.name = name;
-    base.optim.lr = std::string(name) == "lars" ? 5.0 : std::string(name) == "sgd" ? 0.2 : 1e-2;
-    base.optim.trust_coefficient = 0.02;
-    base.model.vocab_size = 100;   // divisible by tp = 2
-    const auto reference = train(base, false, steps);
-    double scale = 0;
-    for (float x : reference) scale = std::max(scale, static_cast<double>(std::fabs(x)));
-    struct Case { const char* zero; int tp; };
-    for (Case c : {Case{"zero1", 1}, Case{"zero2", 1}, Case{"fsdp", 1}, Case{"none", 2}}) {
-      Config cfg = base;
-      cfg.parallel.zero = c.zero;
-      cfg.parallel.tp = c.tp;
-      const auto got = train(cfg, true, steps);
-      double diff = 0;
-      for (std::size_t i = 0; i < got.size(); ++i)
-        diff = std::max(diff, static_cast<double>(std::fabs(got[i] - reference[i])));
-      EXPECT_LT(diff / scale, 2e-3) << name << " " << c.zero << " tp " << c.tp;
+  for (const char* precision : {"fp32", "bf16"})
+    for (const std::string name : {"sgd", "lars", "lamb"}) {
+      Config base = tiny_config();
+      base.precision.mode = precision;
+      base.optim.name = name;
+      base.optim.lr = name == "lars" ? 5.0 : name == "sgd" ? 0.2 : 1e-2;
+      base.optim.trust_coefficient = 0.02;
+      base.model.vocab_size = 100;   // divisible by tp = 2
+      const auto reference = train(base, false, steps);
+      double scale = 0;
+      for (float x : reference) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+      struct Case { const char* zero; int tp; };
+      for (Case c : {Case{"zero1", 1}, Case{"zero2", 1}, Case{"fsdp", 1}, Case{"none", 2}}) {
+        Config cfg = base;
+        cfg.parallel.zero = c.zero;
+        cfg.parallel.tp = c.tp;
+        const auto got = train(cfg, true, steps);
+        double diff = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          diff = std::max(diff, static_cast<double>(std::fabs(got[i] - reference[i])));
+        const bool fp32 = std::string(precision) == "fp32";
+        const double bound = fp32 ? 1e-4 : (c.tp > 1 && name == "lamb" ? 1e-2 : 2e-3);
+        if (test::mpi_env().rank() == 0)
+          std::printf("%s %-4s %-5s tp %d: weights max diff %.2e of the largest (bound %.0e)\n", precision,
+                      name.c_str(), c.zero, c.tp, diff / scale, bound);
+        EXPECT_LT(diff / scale, bound) << precision << " " << name << " " << c.zero << " tp " << c.tp;
+      }
     }
-  }
 }
 
 // Tensor parallelism (Megatron, vocabulary-parallel embedding and head) on 2 GPUs in bf16 over
