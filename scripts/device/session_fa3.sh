@@ -15,7 +15,7 @@ stages=${*:-build tests sass time errors ncu model}
 OUT=${OUT:-/tmp/fa3_out}
 source scripts/device/session_lib.sh
 AB=/tmp/attn_build
-EXE=$AB/test_attention_cuda
+EXE=${ATTN_EXE:-$AB/test_attention_cuda}   # ATTN_EXE: time another build (A/B)
 SHAPES=${ATTN_SHAPES:-"1 16 16384 64;1 32 32768 128;4 25 512 64"}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader | tee -a "$summary"
 
@@ -46,9 +46,9 @@ for line in open(sys.argv[1], errors="replace"):
 for k, v in sorted(mx.items()): print("max rel err", k, " ".join(f"{n} {x:.2e}" for n, x in v.items()))
 PY
   grep -aE "Failure|Expected|Which is|error:" "$OUT/sm90_tests.log" | head -10 >> "$summary"
-  timeout 200 "$EXE" --gtest_filter='All/AttentionCuda.*_d64_*:All/AttentionCuda.*_d128_*:AttentionCudaFallback.*' \
+  timeout 200 "$EXE" --gtest_filter='All/AttentionCuda.*_d64_*:All/AttentionCuda.*_d128_*:AttentionCudaFallback.*:AttentionCudaDeterministic.*' \
     > "$OUT/public_tests.log" 2>&1
-  note "public-op tests d64/d128 rc=$? $(grep -aE '^\[  PASSED|^\[  FAILED' "$OUT/public_tests.log" | head -2 | tr '\n' ' ')"
+  note "public-op tests d64/d128 + deterministic rc=$? $(grep -aE '^\[  PASSED|^\[  FAILED' "$OUT/public_tests.log" | head -2 | tr '\n' ' ')"
   grep -aE "^\[  FAILED \]" "$OUT/public_tests.log" | head -8 >> "$summary"
   note "tests done at $(( $(date +%s) - T0 )) s"
 fi
