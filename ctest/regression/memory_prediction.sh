@@ -137,6 +137,8 @@ else
       done
     done
   done
+  run "np${NP}_pp_1f1b_m4_forward-backward" "$NP" --parallel.pp=$NP --parallel.schedule=1f1b --parallel.microbatches=4 \
+      --bench.mode=forward-backward
   LAYERS=4 run "np${NP}_pp_1f1b_every3" "$NP" --parallel.pp=$NP --parallel.schedule=1f1b --parallel.microbatches=4 \
       --train.activation_checkpointing=every-k --train.checkpoint_k=3 --bench.mode=train-step
   LAYERS=4 run "np${NP}_pp_interleaved_selective" "$NP" --parallel.pp=$NP --parallel.schedule=interleaved \

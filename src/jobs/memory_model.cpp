@@ -23,13 +23,14 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
   const int pp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp));
   const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, world / (tp * pp));
   if (rank < 0) {
-    // The rank that needs the most: pipeline stages differ; otherwise (up to a ZeRO shard's
-    // element) every rank is rank 0.
+    // The rank that needs the most: pipeline stages differ; the tp ranks of a stage do not, and
+    // dp rank 0 holds the largest ZeRO shard (even_split gives the remainder to the first ranks),
+    // so the first rank of each stage stands for it.
     if (pp == 1) return predict_memory_phases(cfg, world, cuda, 0);
     MemoryPhases best;
-    for (int r = 0; r < dp * tp * pp; ++r) {
-      MemoryPhases p = predict_pipeline_phases(cfg, world, cuda, r);
-      if (r == 0 || p.peak > best.peak) best = std::move(p);
+    for (int stage = 0; stage < pp; ++stage) {
+      MemoryPhases p = predict_pipeline_phases(cfg, world, cuda, stage * dp * tp);
+      if (stage == 0 || p.peak > best.peak) best = std::move(p);
     }
     return best;
   }
@@ -147,7 +148,8 @@ double write_memory_prediction(JobEnv& env) {
     table.append({pred.phases[i].phase, mine[2 * i], mine[2 * i + 1], error(mine[2 * i], mine[2 * i + 1])});
   // Every rank's rows, gathered to rank 0 (the phases are the mode's, the same on every rank).
   std::vector<double> all = mine;
-  if (env.host_comm && env.world > 1) {
+  const bool gathered = env.host_comm && env.world > 1;
+  if (gathered) {
     all.resize(mine.size() * static_cast<std::size_t>(env.world));
     env.host_comm->all_gather(mine.data(), all.data(), mine.size(), DType::f64).wait();
   }
@@ -158,7 +160,8 @@ double write_memory_prediction(JobEnv& env) {
   for (std::size_t r = 0; r < all.size() / std::max<std::size_t>(1, 2 * n); ++r)
     for (std::size_t i = 0; i < n; ++i) {
       const double p = all[2 * (r * n + i)], got = all[2 * (r * n + i) + 1];
-      ranks.append({static_cast<std::int64_t>(r), pred.phases[i].phase, p, got, error(p, got)});
+      ranks.append({static_cast<std::int64_t>(gathered ? static_cast<int>(r) : env.rank), pred.phases[i].phase, p,
+                    got, error(p, got)});
     }
   env.out.set_attr("/bench_model", "memory_model_layout", pred.layout);
   return pred.peak;

@@ -97,7 +97,8 @@ class StageReplay {
     for (const auto& st : parallel::interleaved_plan(p_, V, M_, stage_)) {
       using Kind = parallel::InterleavedStep::Kind;
       if (st.kind == Kind::forward) {
-        const int c = parallel::interleaved_forward_chunk(st.k, p_, V), mb = parallel::interleaved_microbatch(st.k, p_, V);
+        const int c = parallel::interleaved_forward_chunk(st.k, p_, V);
+        const int mb = parallel::interleaved_microbatch(st.k, p_, V);
         const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
         std::shared_ptr<Shared> in;
         if (!ch.embed) {
@@ -110,7 +111,8 @@ class StageReplay {
         if (!ch.head) outputs[st.k] = out;
         if (in) in->drop(m_);
       } else if (st.kind == Kind::backward) {
-        const int c = parallel::interleaved_backward_chunk(st.k, p_, V), mb = parallel::interleaved_microbatch(st.k, p_, V);
+        const int c = parallel::interleaved_backward_chunk(st.k, p_, V);
+        const int mb = parallel::interleaved_microbatch(st.k, p_, V);
         const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
         double dy = 0;
         if (!ch.head) {
@@ -126,7 +128,8 @@ class StageReplay {
         std::shared_ptr<Shared> in;
         if (st.recv_input_chunk >= 0) in = received();
         if (st.send_grad_of >= 0) sends_.push_back(take(input_grads, st.send_grad_of));
-        if (st.recv_grad_chunk >= 0) grads[static_cast<std::size_t>(st.recv_grad_chunk)].push_back(m_.alloc(transfer()));
+        if (st.recv_grad_chunk >= 0)
+          grads[static_cast<std::size_t>(st.recv_grad_chunk)].push_back(m_.alloc(transfer()));
         if (in) inputs[static_cast<std::size_t>(st.recv_input_chunk)].push_back(in);
       }
     }
