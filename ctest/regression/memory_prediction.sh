@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # memory_prediction.sh LMSCALE OUTDIR [NP]: tiny bench-model decks on CPU in every bench mode and
 # activation-checkpointing policy (naive and flash attention), one process, and with NP = 2 also
-# DDP, zero1, zero2, fsdp and tp (with and without sequence parallelism) on 2 ranks, and with NP = 4
-# fsdp over dp 2 x tp 2 (2D); each run's /bench_model/memory_prediction must hold every
-# phase of its mode with a measured peak and a prediction within 5% (issue 21). The CPU allocator
-# counts the bytes it hands out, so the prediction can be checked exactly there.
+# DDP, zero1, zero2, fsdp and tp (with and without sequence parallelism) on 2 ranks and pipeline
+# parallelism on 2 stages (gpipe, 1f1b, interleaved; 2 and 4 microbatches), and with NP = 4 fsdp
+# over dp 2 x tp 2 (2D) and pipelines on dp 2 x pp 2 (ddp, zero2) and tp 2 x pp 2 (with and
+# without sequence parallelism). Each run's /bench_model/memory_prediction must hold every phase
+# of its mode with a measured peak and a prediction within 5%, and so must every rank's rows in
+# /bench_model/memory_prediction_ranks (a pipeline rank predicts its own stage) (issue 21). The CPU
+# allocator counts the bytes it hands out, so the prediction can be checked exactly there.
+# LAYERS (default 3) sets model.num_layers of a run.
 set -u
 LMSCALE=$1
 OUT=$2
@@ -13,24 +17,37 @@ MAX_ERROR=${MEMORY_PREDICTION_MAX_ERROR:-0.05}
 mkdir -p "$OUT"
 fail=0
 deck="--run.job=bench-model --run.seed=1 --run.progress=false --model.vocab_size=512 --model.context_length=64
-      --model.d_model=64 --model.d_ff=176 --model.num_layers=3 --model.num_heads=4 --parallel.device=cpu
+      --model.d_model=64 --model.d_ff=176 --model.num_heads=4 --parallel.device=cpu
       --bench.warmup=1 --bench.steps=1 --bench.batch_size=4"
 
-check() {   # NAME EXPECTED_PHASES... ; reads $OUT/NAME.h5
-  local name=$1
-  shift
-  python3 - "$OUT/$name.h5" "$MAX_ERROR" "$@" <<'PY'
+check() {   # NAME NP EXPECTED_PHASES... ; reads $OUT/NAME.h5
+  local name=$1 np=$2
+  shift 2
+  python3 - "$OUT/$name.h5" "$MAX_ERROR" "$np" "$@" <<'PY'
 import sys, h5py
-path, limit, want = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-rows = {r["phase"].decode().rstrip("\0"): r for r in h5py.File(path, "r")["/bench_model/memory_prediction"][:]}
+path, limit, np, want = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+f = h5py.File(path, "r")
 bad = 0
+def row_ok(where, r):
+    ok = r["measured_bytes"] > 0 and abs(r["error"]) <= limit
+    print(f"  {where:<24} predicted {r['predicted_bytes']:12.0f}  measured {r['measured_bytes']:12.0f}  "
+          f"error {100*r['error']:+7.3f}%  {'ok' if ok else 'FAIL'}")
+    return ok
+rows = {r["phase"].decode().rstrip("\0"): r for r in f["/bench_model/memory_prediction"][:]}
 for p in want:
     if p not in rows:
         print(f"  {path}: no phase {p} in /bench_model/memory_prediction"); bad = 1; continue
-    r = rows[p]
-    ok = r["measured_bytes"] > 0 and abs(r["error"]) <= limit
-    print(f"  {p:<17} predicted {r['predicted_bytes']:12.0f}  measured {r['measured_bytes']:12.0f}  error {100*r['error']:+7.3f}%  {'ok' if ok else 'FAIL'}")
-    bad |= not ok
+    bad |= not row_ok(p, rows[p])
+# Every rank's own prediction against its own peaks (rank 0's rows equal the table above).
+ranks = {(int(r["rank"]), r["phase"].decode().rstrip("\0")): r for r in f["/bench_model/memory_prediction_ranks"][:]}
+if np > 1:
+    for rank in range(np):
+        for p in want:
+            if (rank, p) not in ranks:
+                print(f"  {path}: no row (rank {rank}, {p}) in /bench_model/memory_prediction_ranks"); bad = 1; continue
+            bad |= not row_ok(f"rank {rank} {p}", ranks[(rank, p)])
+if len(ranks) != np * len(want):
+    print(f"  {path}: {len(ranks)} rows in /bench_model/memory_prediction_ranks, expected {np * len(want)}"); bad = 1
 sys.exit(bad)
 PY
 }
@@ -38,7 +55,7 @@ PY
 run() {   # NAME NP ARGS...
   local name=$1 np=$2
   shift 2
-  local cmd=("$LMSCALE" $deck "$@" "--run.output=$OUT/$name.h5")
+  local cmd=("$LMSCALE" $deck "--model.num_layers=${LAYERS:-3}" "$@" "--run.output=$OUT/$name.h5")
   [ "$np" -gt 1 ] && cmd=(mpirun -np "$np" --bind-to none "${cmd[@]}")
   if ! "${cmd[@]}" > "$OUT/$name.log" 2>&1; then
     echo "$name: lmscale failed"; tail -5 "$OUT/$name.log"; fail=1; return
@@ -49,7 +66,7 @@ run() {   # NAME NP ARGS...
     *bench.mode=forward\ *|*bench.mode=forward) phases=(init forward) ;;
   esac
   echo "$name"
-  check "$name" "${phases[@]}" || fail=1
+  check "$name" "$np" "${phases[@]}" || fail=1
 }
 
 if [ "$NP" -eq 4 ]; then
@@ -62,6 +79,21 @@ if [ "$NP" -eq 4 ]; then
   run "np4_tp2_fsdp_sp" 4 --parallel.tp=2 --parallel.zero=fsdp --parallel.sequence_parallel=true --bench.mode=train-step
   run "np4_tp2_fsdp_every1" 4 --parallel.tp=2 --parallel.zero=fsdp --bench.mode=train-step \
       --train.activation_checkpointing=every-k
+  # Pipelines on the mesh: dp 2 x pp 2 (zero2 in bucket_mb buckets, ddp's flat gradients) and
+  # tp 2 x pp 2 (with and without sequence parallelism); each rank predicts its stage.
+  pipe="--parallel.pp=2 --parallel.microbatches=2"
+  for mode in forward train-step; do
+    run "np4_dp2_pp2_zero2_1f1b_${mode}" 4 $pipe --parallel.dp=2 --parallel.schedule=1f1b --parallel.zero=zero2 \
+        --parallel.ddp=bucketed --parallel.bucket_mb=0.1 --bench.mode=$mode
+  done
+  run "np4_dp2_pp2_ddp_gpipe" 4 $pipe --parallel.dp=2 --parallel.schedule=gpipe --parallel.ddp=flat --bench.mode=train-step
+  for mode in forward train-step; do
+    run "np4_tp2_pp2_1f1b_${mode}" 4 $pipe --parallel.tp=2 --parallel.schedule=1f1b --bench.mode=$mode
+  done
+  run "np4_tp2_pp2_sp_1f1b" 4 $pipe --parallel.tp=2 --parallel.sequence_parallel=true --parallel.schedule=1f1b \
+      --bench.mode=train-step
+  LAYERS=4 run "np4_tp2_pp2_sp_interleaved" 4 $pipe --parallel.tp=2 --parallel.sequence_parallel=true \
+      --parallel.schedule=interleaved --parallel.virtual_stages=2 --bench.mode=train-step
 elif [ "$NP" -eq 1 ]; then
   for att in naive flash; do
     for mode in forward forward-backward train-step; do
@@ -92,5 +124,25 @@ else
   run "np${NP}_fsdp_chunked" "$NP" --parallel.zero=fsdp --model.ce_chunk_rows=7 --bench.mode=train-step
   run "np${NP}_tp_sp_chunked" "$NP" --parallel.tp=$NP --parallel.sequence_parallel=true --model.ce_chunk_rows=7 \
       --bench.mode=train-step
+  # Pipeline parallelism on NP stages: each rank replays its own stage under the schedule
+  # (interleaved: 2 chunks per rank of a 4-layer model), 2 and 4 microbatches, forward and
+  # train-step, and a checkpointing policy whose every-k groups are cut at the stage boundary.
+  for sched in gpipe 1f1b interleaved; do
+    layers=3 extra=""
+    [ "$sched" = interleaved ] && layers=4 extra="--parallel.virtual_stages=2"
+    for M in 2 4; do
+      for mode in forward train-step; do
+        LAYERS=$layers run "np${NP}_pp_${sched}_m${M}_${mode}" "$NP" --parallel.pp=$NP --parallel.schedule=$sched \
+            --parallel.microbatches=$M $extra --bench.mode=$mode
+      done
+    done
+  done
+  run "np${NP}_pp_1f1b_m4_forward-backward" "$NP" --parallel.pp=$NP --parallel.schedule=1f1b --parallel.microbatches=4 \
+      --bench.mode=forward-backward
+  LAYERS=4 run "np${NP}_pp_1f1b_every3" "$NP" --parallel.pp=$NP --parallel.schedule=1f1b --parallel.microbatches=4 \
+      --train.activation_checkpointing=every-k --train.checkpoint_k=3 --bench.mode=train-step
+  LAYERS=4 run "np${NP}_pp_interleaved_selective" "$NP" --parallel.pp=$NP --parallel.schedule=interleaved \
+      --parallel.virtual_stages=2 --parallel.microbatches=4 --train.activation_checkpointing=selective \
+      --model.attention=flash --bench.mode=train-step
 fi
 exit $fail

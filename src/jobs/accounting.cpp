@@ -260,6 +260,25 @@ int run_accounting(JobEnv& env) {
                                                                    {"cuda_bytes", io::Column::Type::f64, "bytes"}});
   for (std::size_t i = 0; i < on_cpu.phases.size(); ++i)
     phases.append({on_cpu.phases[i].phase, on_cpu.phases[i].bytes, on_cuda.phases[i].bytes});
+  // Pipelines: each stage's phases (its dp 0, tp 0 rank; memory_model_pipeline.cpp). The table
+  // above holds the stage with the largest peak.
+  const int pp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp));
+  std::vector<std::pair<MemoryPhases, MemoryPhases>> stages;
+  if (pp > 1) {
+    const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
+    const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, env.world / (tp * pp));
+    auto t = env.out.create_table("/accounting/memory_phases_stages", {{"stage", io::Column::Type::i64, ""},
+                                                                       {"phase", io::Column::Type::str, ""},
+                                                                       {"cpu_bytes", io::Column::Type::f64, "bytes"},
+                                                                       {"cuda_bytes", io::Column::Type::f64, "bytes"}});
+    for (int st = 0; st < pp; ++st) {
+      stages.emplace_back(predict_memory_phases(cfg, env.world, false, st * dp * tp),
+                          predict_memory_phases(cfg, env.world, true, st * dp * tp));
+      const auto& [c, u] = stages.back();
+      for (std::size_t i = 0; i < c.phases.size(); ++i)
+        t.append({static_cast<std::int64_t>(st), c.phases[i].phase, c.phases[i].bytes, u.phases[i].bytes});
+    }
+  }
   env.out.set_attr(g, "mode", job_mode(cfg));
   env.out.set_attr(g, "predicted_peak_bytes_cpu", on_cpu.peak);
   env.out.set_attr(g, "predicted_peak_bytes_cuda", on_cuda.peak);
@@ -276,6 +295,13 @@ int run_accounting(JobEnv& env) {
       fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", on_cpu.phases[i].phase, on_cpu.phases[i].bytes / (1u << 30),
                  on_cuda.phases[i].bytes / (1u << 30));
     fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", "peak", on_cpu.peak / (1u << 30), on_cuda.peak / (1u << 30));
+    if (!stages.empty()) {
+      fmt::print("peak per pipeline stage (replayed under {}):\n{:<18} {:>12} {:>12}\n", cfg.parallel.schedule, "stage",
+                 "CPU GiB", "CUDA GiB");
+      for (std::size_t st = 0; st < stages.size(); ++st)
+        fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", st, stages[st].first.peak / (1u << 30),
+                   stages[st].second.peak / (1u << 30));
+    }
     fmt::print("communication per step per rank: {:.3f} GiB ({})\n", a.comm_bytes_per_step / (1u << 30), a.comm_formula);
     fmt::print("FLOPs per step: {:.4g}; at the device peak ({:.0f} TFLOP/s) a step takes at least {:.1f} ms "
                "({:.1f} ms at 50% MFU)\n",

@@ -7,7 +7,10 @@
 // gpipe M on every stage, 1f1b min(p - s, M) on stage s. Tensor-parallel stages (tp x pp): the
 // stage's parameters as one tp rank holds them (sliced, norms whole), activations with q, k, v,
 // o, a, b, g split 1/tp and the residual stream replicated (or 1/tp under sequence
-// parallelism, as are the transfers between stages), plus the stage's tp collectives.
+// parallelism, as are the transfers between stages), plus the stage's tp collectives. These
+// components are a formula (what a stage holds at the start of its first backward); the exact
+// per-phase peaks of every stage come from replaying its schedule (memory_model_pipeline.cpp),
+// which the accounting job prints and stores per stage beside them.
 #include <algorithm>
 #include <cmath>
 

@@ -8,10 +8,12 @@
 // init + forward_backward + optimizer (train-step); its predicted peak is the largest of those.
 //
 // One process, DDP, zero1/zero2 and tensor parallelism are predicted by replaying the model's
-// allocations (src/jobs/memory_model.cpp follows transformer.cpp tensor by tensor: what the
+// allocations (src/jobs/memory_replay.cpp follows transformer.cpp tensor by tensor: what the
 // forward keeps for the backward under each checkpointing policy, what the backward allocates and
-// frees block by block, when each gradient bucket is allocated). FSDP and pipeline stages add
-// their own terms to that replay (gathered units; microbatches in flight) and are coarser.
+// frees block by block, when each gradient bucket is allocated). FSDP adds its gathered units to
+// that replay; a pipeline rank replays its own stage's chunks under its schedule
+// (src/jobs/memory_model_pipeline.cpp: microbatch activations in flight, the p2p receive buffers,
+// the sends kept until the next backward, the inputs and loss sums of all microbatches).
 #include <string>
 #include <vector>
 
@@ -34,11 +36,16 @@ struct MemoryPhases {
 // The phases a bench mode runs ("forward", "forward-backward", "train-step"; train runs
 // train-step). cuda: count cuBLASLt's 32 MiB workspace and flash attention's backward
 // workspaces, as the device runs allocate them (sizes as requested: what the tracker counts).
-MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda);
+// rank: the world rank whose memory is predicted (mesh rank = (pp_idx dp + dp_idx) tp + tp_idx:
+// its pipeline stage, its ZeRO shard); -1: the rank with the largest peak (the stage that needs
+// the most; memory fit checks and the accounting job).
+MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int rank = -1);
 // The mode a job runs: bench.mode for bench-model, train-step otherwise.
 std::string job_mode(const Config& cfg);
 // bench-model: /bench_model/memory_prediction (phase, predicted_bytes, measured_bytes, error), one
-// row per phase of the mode, against the allocator's phase peaks; returns the predicted peak.
+// row per phase of the mode, rank 0's prediction against its allocator's phase peaks, and
+// /bench_model/memory_prediction_ranks, the same for every rank (a rank column; gathered to rank 0
+// over the world's host communicator; collective). Returns this rank's predicted peak.
 double write_memory_prediction(JobEnv& env);
 
 }  // namespace lmscale::jobs

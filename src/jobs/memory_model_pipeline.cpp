@@ -1,0 +1,304 @@
+// Per-phase memory of one pipeline rank (parallel.pp > 1; memory_model.h): its stage's store and
+// optimizer state, and a replay (memory_replay.h) of one step of parallel/pipeline.cpp on that
+// rank: the schedule's forwards and backwards in the rank's order (gpipe, 1f1b, or the
+// interleaved plan of parallel/interleaved_schedule.h), each microbatch's activations kept from
+// its forward to its backward, the receive buffers (an activation becomes the stage input that the
+// first block keeps; a gradient becomes the running dx of the backward, then the sent input
+// gradient), outputs and input gradients kept by the send list until the next backward starts (or
+// the end of the step), the lazily allocated gradient buckets, and what the trainer holds around
+// the pipeline: every microbatch's tokens and targets, the loss sums.
+#include <deque>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "lmscale/core/error.h"
+#include "lmscale/model/model_dims.h"
+#include "lmscale/model/stage.h"
+#include "lmscale/parallel/interleaved_schedule.h"
+#include "memory_replay.h"
+
+namespace lmscale::jobs {
+
+namespace {
+
+using replay::Block;
+using replay::Grads;
+using replay::Shapes;
+using replay::Shared;
+using replay::Sim;
+
+struct Chunk {
+  int l0 = 0, l1 = 0;   // blocks [l0, l1)
+  bool embed = false, head = false;
+};
+
+// One rank's stage (its chunks) replayed over one step (PipelineParallel::run) or one forward
+// (forward_only).
+class StageReplay {
+ public:
+  StageReplay(Sim& m, const Shapes& s, Grads& gr, std::vector<Chunk> chunks, int stages, int stage, int M)
+      : m_(m), s_(s), gr_(gr), chunks_(std::move(chunks)), p_(stages), stage_(stage), M_(M),
+        slots_(chunks_.size(), std::vector<Slot>(static_cast<std::size_t>(M))) {}
+
+  // gpipe and 1f1b (PipelineParallel::run): warm-up forwards, steady 1F1B, cool-down backwards.
+  void run_1f1b(bool gpipe) {
+    const bool first = stage_ == 0, last = stage_ + 1 == p_;
+    const int warmup = gpipe ? M_ : std::min(p_ - stage_ - 1, M_), steady = M_ - warmup;
+    int f = 0, b = 0;
+    for (int i = 0; i < warmup; ++i, ++f) {   // the received input lives for the iteration
+      std::shared_ptr<Shared> in = first ? nullptr : received();
+      const double out = forward(0, f, in);
+      if (!last) sends_.push_back(out);
+      if (in) in->drop(m_);
+    }
+    std::shared_ptr<Shared> in;   // the steady phase's input: held until the next one is received
+    if (steady > 0 && !first) in = received();
+    for (int i = 0; i < steady; ++i, ++f, ++b) {
+      const double out = forward(0, f, in);
+      double dy = 0;
+      if (!last) {   // sendrecv: this forward's output for the gradient of microbatch b's output
+        dy = m_.alloc(transfer());
+        sends_.push_back(out);
+      }
+      const double dx = backward(0, b, dy);
+      if (first) continue;
+      if (i + 1 < steady) {   // sendrecv: dx for the next input (received before the old one is let go)
+        auto next = received();
+        in->drop(m_);
+        in = next;
+      }
+      sends_.push_back(dx);
+    }
+    for (; b < M_; ++b) {
+      const double dy = last ? 0.0 : m_.alloc(transfer());
+      const double dx = backward(0, b, dy);
+      if (!first) sends_.push_back(dx);
+    }
+    release_sends();
+    if (in) in->drop(m_);
+  }
+
+  // The interleaved schedule (PipelineParallel::run_interleaved): the plan's forwards, backwards
+  // and exchanges; received tensors queue per chunk, produced ones wait in maps until sent.
+  void run_interleaved() {
+    const int V = static_cast<int>(chunks_.size());
+    std::vector<std::deque<std::shared_ptr<Shared>>> inputs(static_cast<std::size_t>(V));
+    std::vector<std::deque<double>> grads(static_cast<std::size_t>(V));
+    std::map<int, double> outputs, input_grads;
+    auto take = [](std::map<int, double>& from, int k) {
+      auto it = from.find(k);
+      LMSCALE_CHECK(it != from.end(), "memory replay: nothing to send for chunk-microbatch {}", k);
+      const double b = it->second;
+      from.erase(it);
+      return b;
+    };
+    for (const auto& st : parallel::interleaved_plan(p_, V, M_, stage_)) {
+      using Kind = parallel::InterleavedStep::Kind;
+      if (st.kind == Kind::forward) {
+        const int c = parallel::interleaved_forward_chunk(st.k, p_, V);
+        const int mb = parallel::interleaved_microbatch(st.k, p_, V);
+        const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+        std::shared_ptr<Shared> in;
+        if (!ch.embed) {
+          auto& q = inputs[static_cast<std::size_t>(c)];
+          LMSCALE_CHECK(!q.empty(), "memory replay: no input received for chunk {}", c);
+          in = q.front();
+          q.pop_front();
+        }
+        const double out = forward(c, mb, in);
+        if (!ch.head) outputs[st.k] = out;
+        if (in) in->drop(m_);
+      } else if (st.kind == Kind::backward) {
+        const int c = parallel::interleaved_backward_chunk(st.k, p_, V);
+        const int mb = parallel::interleaved_microbatch(st.k, p_, V);
+        const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+        double dy = 0;
+        if (!ch.head) {
+          auto& q = grads[static_cast<std::size_t>(c)];
+          LMSCALE_CHECK(!q.empty(), "memory replay: no gradient received for chunk {}", c);
+          dy = q.front();
+          q.pop_front();
+        }
+        const double dx = backward(c, mb, dy);
+        if (!ch.embed) input_grads[st.k] = dx;
+      } else {   // one exchange: the sent tensors join the send list, receive buffers are new
+        if (st.send_output_of >= 0) sends_.push_back(take(outputs, st.send_output_of));
+        std::shared_ptr<Shared> in;
+        if (st.recv_input_chunk >= 0) in = received();
+        if (st.send_grad_of >= 0) sends_.push_back(take(input_grads, st.send_grad_of));
+        if (st.recv_grad_chunk >= 0)
+          grads[static_cast<std::size_t>(st.recv_grad_chunk)].push_back(m_.alloc(transfer()));
+        if (in) inputs[static_cast<std::size_t>(st.recv_input_chunk)].push_back(in);
+      }
+    }
+    release_sends();
+  }
+
+  // forward_only (evaluation, bench forward mode): the chunks in order, one at a time, without
+  // keeping activations; the head chunk's loss sum stays.
+  void run_forward_only() {
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const Chunk& ch = chunks_[c];
+      double in = ch.embed ? 0.0 : m_.alloc(transfer());
+      double x0 = ch.embed ? replay::embed_forward(m_, s_, gr_) : 0.0;
+      std::vector<Block> blocks(static_cast<std::size_t>(s_.L));
+      double out = replay::blocks_forward(m_, s_, gr_, blocks, ch.l0, ch.l1, false);
+      m_.free(x0);
+      if (ch.head) {
+        replay::head_forward(m_, s_, gr_, false, &losses_);
+      }
+      m_.free(out);   // the head's input, or the output once sent
+      m_.free(in);
+    }
+  }
+
+ private:
+  struct Slot {   // one microbatch's forward state on one chunk (its Activations)
+    std::vector<Block> blocks;
+    std::shared_ptr<Shared> input;   // the stage input, kept by the first block (or group)
+    double dx_final = 0;             // head chunk: the gradient of the last block's output
+  };
+
+  double transfer() const { return s_.Nl * s_.d * s_.e; }   // [Nl,d] in the compute dtype
+  std::shared_ptr<Shared> received() { return std::make_shared<Shared>(Shared{m_.alloc(transfer()), 1}); }
+
+  // forward_stage with keep: returns the output (0 on the head chunk, which keeps dx_final).
+  double forward(int c, int mb, std::shared_ptr<Shared> in) {
+    const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+    Slot& slot = slots_[static_cast<std::size_t>(c)][static_cast<std::size_t>(mb)];
+    slot.blocks.assign(static_cast<std::size_t>(s_.L), Block{});
+    gr_.training = true;
+    // The embedding's output is forward_stage's local until the blocks return.
+    if (ch.embed) in = std::make_shared<Shared>(Shared{replay::embed_forward(m_, s_, gr_), 1});
+    in->refs += 1;   // the activations' (block l0's input, or group l0's)
+    slot.input = in;
+    double out = replay::blocks_forward(m_, s_, gr_, slot.blocks, ch.l0, ch.l1, true);
+    if (ch.embed) in->drop(m_);
+    if (!ch.head) return out;
+    slot.dx_final = replay::head_forward(m_, s_, gr_, true, &losses_);
+    m_.free(out);
+    return 0;
+  }
+
+  // backward_stage after the send list is waited on and released; dy: the received gradient
+  // (0 on the head chunk). Returns the input gradient (dy's buffer), 0 on the embedding chunk.
+  double backward(int c, int mb, double dy) {
+    release_sends();
+    const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+    Slot& slot = slots_[static_cast<std::size_t>(c)][static_cast<std::size_t>(mb)];
+    double dx = ch.head ? slot.dx_final : dy;
+    slot.dx_final = 0;
+    replay::blocks_backward(m_, s_, gr_, slot.blocks, ch.l0, ch.l1);
+    slot.input->drop(m_);
+    slot.input.reset();
+    if (!ch.embed) return dx;
+    replay::embed_backward(m_, s_, gr_);
+    m_.free(dx);
+    return 0;
+  }
+
+  void release_sends() {
+    for (double& b : sends_) m_.free(b);
+    sends_.clear();
+  }
+
+  Sim& m_;
+  const Shapes& s_;
+  Grads& gr_;
+  std::vector<Chunk> chunks_;
+  int p_, stage_, M_;
+  std::vector<std::vector<Slot>> slots_;
+  std::vector<double> sends_;   // sent buffers, kept until the next backward (PipelineParallel::sends_)
+  double losses_ = 0;           // the head chunk's loss sums (kept until the step's losses are reduced)
+};
+
+}  // namespace
+
+MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, int rank) {
+  MemoryPhases out;
+  const auto dims = model::ModelDims::from(cfg.model);
+  const bool bench = cfg.run.job == "bench-model";
+  const std::string mode = job_mode(cfg);
+  const auto& pc = cfg.parallel;
+  const int tp = static_cast<int>(std::max<std::int64_t>(1, pc.tp)), pp = static_cast<int>(pc.pp);
+  const int dp = pc.dp > 0 ? static_cast<int>(pc.dp) : std::max(1, world / (tp * pp));
+  // Mesh rank = (pp_idx dp + dp_idx) tp + tp_idx (comm/mesh.h).
+  const int stage = rank / (tp * dp), dp_rank = (rank / tp) % dp;
+  const int M = static_cast<int>(std::max<std::int64_t>(1, pc.microbatches));
+  const bool interleaved = pc.schedule == "interleaved";
+  const int V = interleaved ? static_cast<int>(pc.virtual_stages) : 1;
+  const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
+  const double local = static_cast<double>(global / dp);   // rows of this dp rank (grad_accum is 1 with pp)
+  const double workspace = cuda ? 32.0 * 1024 * 1024 : 0.0;   // cuBLASLt's, allocated with the runtime
+
+  // The rank's chunks and its store: their parameters in order (one store; the flat layout
+  // follows the units, so each chunk is a contiguous range of the whole model's parameters).
+  const Shapes micro = replay::shapes_for(cfg, static_cast<double>(static_cast<std::int64_t>(local) / M), cuda);
+  const auto all_sizes = replay::param_sizes(micro);
+  std::vector<Chunk> chunks;
+  std::vector<double> sizes;
+  std::vector<int> local_index(all_sizes.size(), -1);
+  for (const auto& u : model::pipeline_chunks(dims, pp, V, stage, model::parse_stage_layers(pc.stage_layers))) {
+    chunks.push_back({u.first_layer(), u.end_layer(dims), u.owns_embedding(), u.owns_head(dims)});
+    for (int i = u.first_param(); i < u.end_param(dims); ++i) {
+      local_index[static_cast<std::size_t>(i)] = static_cast<int>(sizes.size());
+      sizes.push_back(all_sizes[static_cast<std::size_t>(i)]);
+    }
+  }
+  double P = 0;
+  for (double n : sizes) P += n;
+  const bool last_stage = stage + 1 == pp;
+  // Gradients: lazy buckets with one data-parallel rank (256 MiB) and under zero2 (bucket_mb),
+  // else DDP's / zero1's flat buffer (in the init bytes).
+  const bool lazy = dp == 1 || pc.zero == "zero2";
+  const double init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
+  Grads gr;
+  gr.lazy = lazy;
+  gr.local = local_index;
+  gr.init(sizes, dp == 1 ? 256.0 * 1024 * 1024 : pc.bucket_mb * 1024.0 * 1024.0);
+  const double base = init + workspace;
+  out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp, pc.schedule,
+                           interleaved ? fmt::format(" with {} chunks", V) : std::string(), M,
+                           tp > 1 ? fmt::format(", tp {}{}", tp, micro.sp ? " sp" : "") : std::string(),
+                           dp > 1 ? fmt::format(", dp {}", dp) : std::string(),
+                           dp == 1    ? "gradients in 256 MiB buckets"
+                           : lazy     ? "zero2 gradient buckets of bucket_mb"
+                           : pc.zero == "none" ? "ddp flat gradients"
+                                             : pc.zero + " flat gradients");
+  out.phases = {{"init", base}};
+  if (mode == "forward") {
+    // Trainer::forward_loss: the whole local batch through the chunks in order.
+    const Shapes whole = replay::shapes_for(cfg, local, cuda);
+    Sim m;
+    m.cuda = cuda;
+    m.alloc(base);
+    Grads g = gr;
+    g.sim = &m;
+    m.alloc(2 * 4 * whole.B * whole.T);   // inputs and targets
+    StageReplay(m, whole, g, chunks, pp, stage, 1).run_forward_only();
+    if (!last_stage) m.alloc(4);   // the 0 loss sum the other stages report
+    out.phases.push_back({"forward", m.peak});
+  } else {
+    Sim m;
+    m.cuda = cuda;
+    m.alloc(base);
+    Grads g = gr;
+    g.sim = &m;
+    // Trainer::accumulate_micro_batches: every microbatch's inputs and targets uploaded first.
+    m.alloc(M * 2 * 4 * micro.B * micro.T);
+    StageReplay r(m, micro, g, chunks, pp, stage, M);
+    if (interleaved) r.run_interleaved();
+    else r.run_1f1b(pc.schedule == "gpipe");
+    if (!last_stage) m.alloc(4.0 * M);   // the 0 loss sums the other stages report
+    out.phases.push_back({"forward_backward", m.peak});
+    // The optimizer phase's peak is at its start: the gradients, the microbatches' inputs,
+    // targets and loss sums are alive at the phase mark (the step allocates nothing larger).
+    if (mode == "train-step") out.phases.push_back({"optimizer", m.cur});
+  }
+  for (const auto& p : out.phases) out.peak = std::max(out.peak, p.bytes);
+  return out;
+}
+
+}  // namespace lmscale::jobs
