@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on 2 GPUs (kind nvidia-h100-x2 or nvidia-h200-x2), carry [".deps", ".device"]: what the
 # 2026-11-25 session still had to see on GPUs, in priority order.
-#   scripts/device/session_x2b.sh [stages...]    stages: build tests recipes pp27 dp xlpp
+#   scripts/device/session_x2b.sh [stages...]    stages: build tests recipes pp27 dp xlpp [cs229s memcheck]
 # tests:   the 2-GPU suite (mpi_test_parallel_gpu: DDP/zero/fsdp/tp/pp against one GPU, and the
 #          interleaved 1F1B over the grouped NCCL exchange, PipelineGpu.Interleaved*), the NCCL
 #          communicator test; the recipes' GPU paths (session_recipes.sh text prune) run on
@@ -11,6 +11,10 @@
 # dp:      issue 17 part 1: xl bf16 flash batch 4 per GPU, 1 GPU vs 2 GPUs zero2 and bucketed
 #          with parallel.grad_reduce_dtype = fp32 | bf16.
 # xlpp:    xl pp = 2 interleaved (V = 2) beside 1f1b, 8 microbatches.
+# cs229s:  (not by default) issue 11's comparison in one call: 2.7B bf16 flash, tp = 2 vs fsdp vs
+#          bucketed DDP at global batch 4, 8, 16 (1 warm-up + 2 steps; out of memory is a row).
+# memcheck: (not by default) issue 21: the bf16 gradient reduction's staging (zero2, bucketed) and
+#          the pipeline's per-rank predictions (/bench_model/memory_prediction_ranks), every phase.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 stages=${*:-build tests recipes pp27 dp xlpp}
@@ -69,6 +73,52 @@ if has xlpp; then
     grep -aE "^pipeline:|^  rank" "$OUT/xlpp_$s.log" >> "$summary"
   done
 fi
-(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.h5' $(find . -name '*.log' -o -name 'summary.txt') 2>/dev/null)
+if has cs229s; then
+  for b in 4 8 16; do
+    for m in tp fsdp ddp; do
+      case $m in
+        tp) args=(--parallel.tp=2) ;;
+        ddp) args=(--parallel.tp=1 --parallel.ddp=bucketed --parallel.bucket_mb=100) ;;
+        fsdp) args=(--parallel.tp=1 --parallel.zero=fsdp) ;;
+      esac
+      timeout 60 "${MPIRUN[@]}" -np 2 $LM inputs/tp_2.7B_tp2.ini "${args[@]}" --bench.batch_size=$b --bench.warmup=1 \
+        --bench.steps=2 --run.output="$OUT/cs229s_${m}_b$b.h5" > "$OUT/cs229s_${m}_b$b.log" 2>&1
+      note "cs229s $m batch $b (rc $?): $(brief "$OUT/cs229s_${m}_b$b.log") $(grep -oE 'tokens/s [0-9.]+' "$OUT/cs229s_${m}_b$b.log" | head -1)"
+    done
+  done
+  python3 -m analysis.report "$OUT"/cs229s_*.h5 --out "$OUT/cs229s_report" --vs bench.batch_size > "$OUT/cs229s_report.log" 2>&1 \
+    || tail -5 "$OUT/cs229s_report.log"
+  note "cs229s done at $(( $(date +%s) - T0 )) s"
+fi
+if has memcheck; then
+  memrows() {   # FILE: every rank's predicted vs measured phases (rank 0 only without the table)
+    python3 - "$1" <<'PY' | tee -a "$summary"
+import sys, h5py
+f = h5py.File(sys.argv[1], "r")
+t = f["/bench_model/memory_prediction_ranks"] if "/bench_model/memory_prediction_ranks" in f else f["/bench_model/memory_prediction"]
+for r in t[:]:
+    d = {k: r[k] for k in r.dtype.names}
+    ph = d["phase"].decode().rstrip("\0") if isinstance(d["phase"], bytes) else d["phase"]
+    print(f"  rank {d.get('rank', 0)} {ph:<17} predicted {d['predicted_bytes']/2**30:8.3f} GiB measured {d['measured_bytes']/2**30:8.3f} GiB error {100*d['error']:+6.2f}%")
+PY
+  }
+  for v in "zero2 bf16" "bucketed bf16"; do
+    set -- $v
+    extra=(); [ $1 = bucketed ] && extra=(--parallel.zero=none)
+    timeout 100 "${MPIRUN[@]}" -np 2 $LM inputs/ddp_xl_zero2.ini --model.attention=flash --bench.warmup=1 --bench.steps=2 \
+      --parallel.grad_reduce_dtype=$2 "${extra[@]}" --run.output="$OUT/mem_$1_$2.h5" > "$OUT/mem_$1_$2.log" 2>&1
+    note "xl 2 GPU $1 reduce $2 (rc $?):"; memrows "$OUT/mem_$1_$2.h5"
+  done
+  for s in 1f1b interleaved; do
+    extra=(); [ $s = interleaved ] && extra=(--parallel.schedule=interleaved --parallel.virtual_stages=2)
+    timeout 100 "${MPIRUN[@]}" -np 2 $LM inputs/pp_xl_1f1b.ini "${extra[@]}" --bench.warmup=1 --bench.steps=2 \
+      --run.output="$OUT/mem_pp_$s.h5" > "$OUT/mem_pp_$s.log" 2>&1
+    note "xl pp 2 $s (rc $?):"; memrows "$OUT/mem_pp_$s.h5"
+  done
+  timeout 100 "${MPIRUN[@]}" -np 2 $LM "${B27[@]}" --bench.warmup=1 --bench.steps=2 --run.output="$OUT/mem_pp27.h5" \
+    > "$OUT/mem_pp27.log" 2>&1
+  note "2.7B pp 2 1f1b M 4 (rc $?):"; memrows "$OUT/mem_pp27.h5"
+fi
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.h5' $(find . -name '*.log' -o -name 'summary.txt' -o -name '*.png' -o -name '*.md') 2>/dev/null)
 find "$OUT" -name '*.log' -delete; find "$OUT" -name '*.h5' -size +2M -delete
 echo "==== summary"; cat "$summary"

@@ -86,6 +86,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
     gr.lazy = lazy;
     gr.init(sizes, dp == 1 ? 256.0 * 1024 * 1024 : cfg.parallel.bucket_mb * 1024.0 * 1024.0);
+    replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
     out.layout = dp == 1 ? (tp > 1 ? "tensor parallel (local shapes), gradients in 256 MiB buckets"
                                    : "one process, gradients in 256 MiB buckets")
                  : zero == "zero2" ? "zero2 (gradient buckets of bucket_mb, shard of the optimizer state)"
@@ -119,7 +120,12 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
       // targets and loss sum are still alive (they die with its scope).
       double opt = init + workspace + grads_after + 2 * 4 * s.B * s.T + s.st * static_cast<double>(accum);
       if (accum > 1) opt = std::max(opt, base + run(true, true, true));
-      out.phases.push_back({"optimizer", opt});
+      // bf16 gradient reduction: its copies are alive at the phase mark (made during the
+      // backward; under ddp flat in finish(), inside this phase), so the backward phase ends
+      // with them too.
+      const double staging = fsdp ? 0.0 : replay::reduce_staging_bytes(cfg, gr.bucket_bytes, P, dp, dp_rank);
+      if (staging > 0 && cfg.parallel.ddp != "flat") out.phases.back().bytes = std::max(out.phases.back().bytes, opt + staging);
+      out.phases.push_back({"optimizer", opt + staging});
     }
   }
   for (const auto& p : out.phases) out.peak = std::max(out.peak, p.bytes);

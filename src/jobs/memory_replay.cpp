@@ -106,16 +106,25 @@ void Grads::after_backward(int u) {
   }
 }
 
-void Grads::touch(int i) {
+void Grads::ready(int i) {
+  const int j = local.empty() ? i : local[static_cast<std::size_t>(i)];
+  if (j < 0 || group_of.empty() || counted[static_cast<std::size_t>(j)]) return;
+  counted[static_cast<std::size_t>(j)] = true;
+  const auto g = static_cast<std::size_t>(group_of[static_cast<std::size_t>(j)]);
+  if (--group_pending[g] == 0) sim->alloc(group_stage[g]);
+}
+
+void Grads::touch(int i, bool ready_now) {
   if (fsdp) {
     const int u = unit_of_param[static_cast<std::size_t>(i)];
     if (u >= 0 && full[static_cast<std::size_t>(u)] <= 0)
       full[static_cast<std::size_t>(u)] = sim->alloc(4 * unit_padded[static_cast<std::size_t>(u)]);
     return;
   }
-  if (!lazy) return;
   const int j = local.empty() ? i : local[static_cast<std::size_t>(i)];
   if (j < 0) return;   // not on this stage (cannot happen: a stage's backward touches its own)
+  if (ready_now) ready(i);
+  if (!lazy) return;
   const auto b = static_cast<std::size_t>(bucket_of[static_cast<std::size_t>(j)]);
   if (held[b]) return;
   held[b] = true;
@@ -338,7 +347,7 @@ double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss)
   if (keep) {
     gr.before_backward(s.L + 1);
     dy = m.alloc(Nde);
-    gr.touch(2 + 9 * s.L);   // lm_head
+    gr.touch(2 + 9 * s.L, false);   // lm_head: written by the chunks below
   }
   // The chunks: the logits buffer, a loss scalar per chunk after the first, per chunk the CUDA
   // cross-entropy's row losses (fp32) or, vocabulary-parallel, the row max and (sum, target) pair.
@@ -369,6 +378,7 @@ double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss)
   }
   m.free(logits);
   m.free(part);
+  if (keep) gr.ready(2 + 9 * s.L);   // the model's notify: after the chunks, before y is dropped
   if (!keep) {
     for (double* t : {&rstd, &y, &yfull}) m.free(*t);
     gr.after_forward(s.L + 1);
@@ -435,6 +445,56 @@ double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy) 
     bytes += states * 4 * shard + (cfg.parallel.zero == "zero1-broadcast" ? 0.0 : 4 * shard);
   } else {
     bytes += states * 4 * P;
+  }
+  return bytes;
+}
+
+void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank) {
+  if (dp <= 1 || cfg.parallel.grad_reduce_dtype != "bf16" || cfg.parallel.ddp == "flat") return;
+  const bool per_param = cfg.parallel.zero == "none" && cfg.parallel.ddp == "overlap";
+  const std::size_t n = sizes.size();
+  gr.group_of.assign(n, 0);
+  gr.counted.assign(n, false);
+  if (per_param) {
+    for (std::size_t i = 0; i < n; ++i) gr.group_of[i] = static_cast<int>(i);
+    gr.group_pending.assign(n, 1);
+    gr.group_stage.assign(sizes.begin(), sizes.end());
+    for (double& b : gr.group_stage) b *= 2;
+    return;
+  }
+  gr.group_of = gr.bucket_of;
+  gr.group_pending.assign(gr.bucket_bytes.size(), 0);
+  for (int b : gr.bucket_of) ++gr.group_pending[static_cast<std::size_t>(b)];
+  const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
+  double lo = 0;
+  for (int r = 0; r < dp_rank; ++r) lo += static_cast<double>(counts[static_cast<std::size_t>(r)]);
+  const double hi = lo + static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
+  double end = P;
+  for (double bytes : gr.bucket_bytes) {
+    const double numel = bytes / 4, offset = end - numel;
+    const double mine = std::max(0.0, std::min(hi, end) - std::max(lo, offset));
+    // zero2: the send copy and this rank's received part (at least one element); ddp: the copy.
+    gr.group_stage.push_back(2 * numel + (cfg.parallel.zero == "zero2" ? 2 * std::max(mine, 1.0) : 0.0));
+    end = offset;
+  }
+}
+
+double reduce_staging_bytes(const Config& cfg, const std::vector<double>& bucket_bytes, double P, int dp, int dp_rank) {
+  if (dp <= 1 || cfg.parallel.grad_reduce_dtype != "bf16") return 0.0;
+  double bytes = 2 * P;   // the send copies: every gradient element once, in bf16
+  if (cfg.parallel.zero != "zero2") return bytes;
+  // zero2: bucket b covers elements [offset, offset + numel) of the flat order, buckets from
+  // the end; this rank receives its shard's overlap with it (at least one element).
+  const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
+  double lo = 0;
+  for (int r = 0; r < dp_rank; ++r) lo += static_cast<double>(counts[static_cast<std::size_t>(r)]);
+  const double hi = lo + static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
+  double end = P;
+  for (double b : bucket_bytes) {
+    const double numel = b / 4, offset = end - numel;
+    const double mine = std::max(0.0, std::min(hi, end) - std::max(lo, offset));
+    bytes += 2 * std::max(mine, 1.0);
+    end = offset;
   }
   return bytes;
 }

@@ -101,7 +101,16 @@ struct Grads {
   void after_forward(int u);
   void before_backward(int u);
   void after_backward(int u);
-  void touch(int i);   // the backward asks for parameter i's gradient (whole-model index)
+  // bf16 gradient reduction (reduce_staging_bytes): per reduction group (bucket, or parameter
+  // under ddp overlap) its staging bytes, allocated when the group's last gradient is written
+  // and alive to the end of the step; group_of maps a store index to its group.
+  std::vector<int> group_of, group_pending;
+  std::vector<double> group_stage;
+  std::vector<bool> counted;
+  // The backward asks for parameter i's gradient (whole-model index); with ready_now its write is
+  // done at once (the model's notify), else ready(i) says when.
+  void touch(int i, bool ready_now = true);
+  void ready(int i);
   void hold_all();     // every bucket allocated (gradients kept from an earlier micro-batch)
   double total() const;
 };
@@ -136,6 +145,16 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward);
 // copy, the flat gradient buffer unless gradients are lazy (one process, zero2), and optimizer
 // state (whole, or this dp rank's shard with its gradient shard; zero's even_split of P).
 double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy);
+// parallel.grad_reduce_dtype = bf16 (parallel/ddp.cpp launch, parallel/zero.cpp
+// scatter_range_staged): the bf16 copies of the gradients made for the reduction, alive from
+// their bucket's (overlap: parameter's) reduction to finish(), i.e. all of them when the backward
+// ends and the optimizer phase starts: ddp overlap/bucketed 2 bytes per parameter (flat: the
+// same, made in finish()); zero2 also this rank's received part of each bucket, [max(mine, 1)].
+// bucket_bytes: gr.bucket_bytes (fp32, reverse parameter order). 0 unless dp > 1 and bf16.
+double reduce_staging_bytes(const Config& cfg, const std::vector<double>& bucket_bytes, double P, int dp, int dp_rank);
+// The same copies as groups of gr (after gr.init), allocated in the replay when each group's
+// last gradient is written (ddp flat makes its copy in finish(): none here).
+void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank);
 
 }  // namespace lmscale::jobs::replay
 
