@@ -48,8 +48,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The reference: the same layout without Slurm.
-OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --allow-run-as-root --bind-to none \
+# The reference: the same layout without Slurm, and the same BLAS threads as the job
+# (slurm/train_requeue.sbatch exports OMP_NUM_THREADS = SLURM_CPUS_PER_TASK or 1, which OpenBLAS
+# follows): OpenBLAS's multithreaded GEMMs round differently (1e-7 from step 7 with 2 threads
+# against 1 on the 2-core dev machine), and the comparison is bitwise.
+OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --allow-run-as-root --bind-to none \
   -np 2 "$bin" "$deck" "${args[@]}" --run.output="$S/reference.h5" > "$S/reference.log" 2>&1 \
   || fail "reference run: exit $?"
 say "reference run done"
