@@ -73,22 +73,10 @@ if has xlpp; then
     grep -aE "^pipeline:|^  rank" "$OUT/xlpp_$s.log" >> "$summary"
   done
 fi
-if has cs229s; then
-  for b in 4 8 16; do
-    for m in tp fsdp ddp; do
-      case $m in
-        tp) args=(--parallel.tp=2) ;;
-        ddp) args=(--parallel.tp=1 --parallel.ddp=bucketed --parallel.bucket_mb=100) ;;
-        fsdp) args=(--parallel.tp=1 --parallel.zero=fsdp) ;;
-      esac
-      timeout 60 "${MPIRUN[@]}" -np 2 $LM inputs/tp_2.7B_tp2.ini "${args[@]}" --bench.batch_size=$b --bench.warmup=1 \
-        --bench.steps=2 --run.output="$OUT/cs229s_${m}_b$b.h5" > "$OUT/cs229s_${m}_b$b.log" 2>&1
-      note "cs229s $m batch $b (rc $?): $(brief "$OUT/cs229s_${m}_b$b.log") $(grep -oE 'tokens/s [0-9.]+' "$OUT/cs229s_${m}_b$b.log" | head -1)"
-    done
-  done
+if has cs229s; then   # session_tp.sh's stage (same runs, same summary), then the study against the batch
+  OUT="$OUT" scripts/device/session_tp.sh cs229s > "$OUT/cs229s_stage.log" 2>&1
   python3 -m analysis.report "$OUT"/cs229s_*.h5 --out "$OUT/cs229s_report" --vs bench.batch_size > "$OUT/cs229s_report.log" 2>&1 \
     || tail -5 "$OUT/cs229s_report.log"
-  note "cs229s done at $(( $(date +%s) - T0 )) s"
 fi
 if has memcheck; then
   memrows() {   # FILE: every rank's predicted vs measured phases (rank 0 only without the table)
