@@ -98,6 +98,9 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     m.cuda = cuda;
     Grads g = gr;
     g.sim = &m;
+    // The gradient reduction (and its bf16 copies) is armed by the last micro-batch's hooks:
+    // the replay of the first one under grad_accum > 1 makes none.
+    g.staging_armed = accum == 1 || grads_held;
     if (grads_held) g.hold_all();
     replay::replay(s, m, g, keep, backward);
     return m.peak;

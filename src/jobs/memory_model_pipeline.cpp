@@ -167,6 +167,7 @@ class StageReplay {
   // forward_stage with keep: returns the output (0 on the head chunk, which keeps dx_final).
   double forward(int c, int mb, std::shared_ptr<Shared> in) {
     const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+    gr_.staging_armed = mb + 1 == M_;   // the head's backward runs here with this microbatch's hooks
     Slot& slot = slots_[static_cast<std::size_t>(c)][static_cast<std::size_t>(mb)];
     slot.blocks.assign(static_cast<std::size_t>(s_.L), Block{});
     gr_.training = true;
@@ -186,6 +187,7 @@ class StageReplay {
   // (0 on the head chunk). Returns the input gradient (dy's buffer), 0 on the embedding chunk.
   double backward(int c, int mb, double dy) {
     release_sends();
+    gr_.staging_armed = mb + 1 == M_;   // PipelineParallel::hooks_for: the last microbatch's arm the reduction
     const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
     Slot& slot = slots_[static_cast<std::size_t>(c)][static_cast<std::size_t>(mb)];
     double dx = ch.head ? slot.dx_final : dy;
@@ -258,6 +260,11 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   gr.lazy = lazy;
   gr.local = local_index;
   gr.init(sizes, dp == 1 ? 256.0 * 1024 * 1024 : pc.bucket_mb * 1024.0 * 1024.0);
+  // bf16 gradient reduction: the copies of the stage's buckets (made during the last
+  // microbatch's backward), or ddp flat's one copy, made in finish() inside the optimizer phase.
+  replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
+  const double flat_staging =
+      pc.ddp == "flat" && pc.zero == "none" ? replay::reduce_staging_bytes(cfg, gr.bucket_bytes, P, dp, dp_rank) : 0.0;
   const double base = init + workspace;
   out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp, pc.schedule,
                            interleaved ? fmt::format(" with {} chunks", V) : std::string(), M,
@@ -295,7 +302,7 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
     out.phases.push_back({"forward_backward", m.peak});
     // The optimizer phase's peak is at its start: the gradients, the microbatches' inputs,
     // targets and loss sums are alive at the phase mark (the step allocates nothing larger).
-    if (mode == "train-step") out.phases.push_back({"optimizer", m.cur});
+    if (mode == "train-step") out.phases.push_back({"optimizer", m.cur + flat_staging});
   }
   for (const auto& p : out.phases) out.peak = std::max(out.peak, p.bytes);
   return out;

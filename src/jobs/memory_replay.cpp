@@ -108,7 +108,7 @@ void Grads::after_backward(int u) {
 
 void Grads::ready(int i) {
   const int j = local.empty() ? i : local[static_cast<std::size_t>(i)];
-  if (j < 0 || group_of.empty() || counted[static_cast<std::size_t>(j)]) return;
+  if (j < 0 || group_of.empty() || !staging_armed || counted[static_cast<std::size_t>(j)]) return;
   counted[static_cast<std::size_t>(j)] = true;
   const auto g = static_cast<std::size_t>(group_of[static_cast<std::size_t>(j)]);
   if (--group_pending[g] == 0) sim->alloc(group_stage[g]);

@@ -107,6 +107,7 @@ struct Grads {
   std::vector<int> group_of, group_pending;
   std::vector<double> group_stage;
   std::vector<bool> counted;
+  bool staging_armed = true;   // the reduction is armed for this micro-batch (the last one's hooks)
   // The backward asks for parameter i's gradient (whole-model index); with ready_now its write is
   // done at once (the model's notify), else ready(i) says when.
   void touch(int i, bool ready_now = true);
