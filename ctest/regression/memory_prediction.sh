@@ -5,7 +5,8 @@
 # parallelism on 2 stages (gpipe, 1f1b, interleaved; 2 and 4 microbatches), and with NP = 4 fsdp
 # over dp 2 x tp 2 (2D) and pipelines on dp 2 x pp 2 (ddp, zero2) and tp 2 x pp 2 (with and
 # without sequence parallelism). Each run's /bench_model/memory_prediction must hold every phase
-# of its mode with a measured peak and a prediction within 5%, and so must every rank's rows in
+# of its mode with a measured peak and a prediction within MAX_ERROR (0.5%; issue 21 asks for
+# 5%), and so must every rank's rows in
 # /bench_model/memory_prediction_ranks (a pipeline rank predicts its own stage) (issue 21). The CPU
 # allocator counts the bytes it hands out, so the prediction can be checked exactly there.
 # LAYERS (default 3) sets model.num_layers of a run; RUN_MAX_ERROR a run's bound (default MAX_ERROR).
@@ -13,7 +14,7 @@ set -u
 LMSCALE=$1
 OUT=$2
 NP=${3:-1}
-MAX_ERROR=${MEMORY_PREDICTION_MAX_ERROR:-0.05}
+MAX_ERROR=${MEMORY_PREDICTION_MAX_ERROR:-0.005}   # 0.5%: the CPU allocator counts exactly (issue 21 asks for 5%)
 mkdir -p "$OUT"
 fail=0
 deck="--run.job=bench-model --run.seed=1 --run.progress=false --model.vocab_size=512 --model.context_length=64
@@ -79,6 +80,9 @@ if [ "$NP" -eq 4 ]; then
   run "np4_tp2_fsdp_sp" 4 --parallel.tp=2 --parallel.zero=fsdp --parallel.sequence_parallel=true --bench.mode=train-step
   run "np4_tp2_fsdp_every1" 4 --parallel.tp=2 --parallel.zero=fsdp --bench.mode=train-step \
       --train.activation_checkpointing=every-k
+  # ZeRO-2 over 4 ranks (uneven shards, each rank's received parts), gradients reduced in bf16.
+  RUN_MAX_ERROR=0.001 run "np4_dp4_zero2_bf16" 4 --parallel.zero=zero2 --parallel.ddp=bucketed --parallel.bucket_mb=0.05 \
+      --parallel.grad_reduce_dtype=bf16 --bench.mode=train-step
   # Pipelines on the mesh: dp 2 x pp 2 (zero2 in bucket_mb buckets, ddp's flat gradients) and
   # tp 2 x pp 2 (with and without sequence parallelism); each rank predicts its stage.
   pipe="--parallel.pp=2 --parallel.microbatches=2"
@@ -92,6 +96,11 @@ if [ "$NP" -eq 4 ]; then
   RUN_MAX_ERROR=0.001 run "np4_dp2_pp2_zero2_bf16_1f1b" 4 $pipe --parallel.dp=2 --parallel.schedule=1f1b \
       --parallel.zero=zero2 --parallel.ddp=bucketed --parallel.bucket_mb=0.05 --parallel.grad_reduce_dtype=bf16 \
       --bench.mode=train-step
+  RUN_MAX_ERROR=0.001 run "np4_dp2_pp2_zero2_flat_bf16_gpipe" 4 $pipe --parallel.dp=2 --parallel.schedule=gpipe \
+      --parallel.zero=zero2 --parallel.ddp=flat --parallel.bucket_mb=0.05 --parallel.grad_reduce_dtype=bf16 \
+      --bench.mode=train-step
+  RUN_MAX_ERROR=0.001 run "np4_dp2_pp2_ddp_bf16_forward-backward" 4 $pipe --parallel.dp=2 --parallel.schedule=1f1b \
+      --parallel.grad_reduce_dtype=bf16 --bench.mode=forward-backward
   LAYERS=4 RUN_MAX_ERROR=0.001 run "np4_dp2_pp2_overlap_bf16_interleaved" 4 $pipe --parallel.dp=2 \
       --parallel.schedule=interleaved --parallel.virtual_stages=2 --parallel.ddp=overlap \
       --parallel.grad_reduce_dtype=bf16 --bench.mode=train-step
@@ -129,10 +138,18 @@ else
   # (overlap: per parameter; zero2 also this rank's received part) live to the step's end.
   # Checked at 0.1% (RUN_MAX_ERROR): leaving the copies out misses by 2.5% (zero2's backward
   # phase) to 15% (the optimizer phase of bucketed), which 5% would not all catch.
-  for z in "bucketed none" "overlap none" "bucketed zero2"; do
+  # ddp none runs as flat (one copy, in finish()); zero2 makes its copies per bucket whatever
+  # parallel.ddp says. forward-backward mode waits for the reduction too (finish() after the
+  # phase mark: flat's copy and zero2's buckets show in the next step's phase).
+  for z in "bucketed none" "overlap none" "bucketed zero2" "none none" "flat zero2"; do
     set -- $z
     RUN_MAX_ERROR=0.001 run "np${NP}_$1_$2_bf16_reduce" "$NP" --parallel.ddp=$1 --parallel.zero=$2 --parallel.bucket_mb=0.05 \
         --parallel.grad_reduce_dtype=bf16 --bench.mode=train-step
+  done
+  for z in "flat none bf16" "bucketed zero2 bf16" "bucketed zero2 fp32" "none fsdp fp32"; do
+    set -- $z
+    RUN_MAX_ERROR=0.001 run "np${NP}_$1_$2_$3_forward-backward" "$NP" --parallel.ddp=$1 --parallel.zero=$2 \
+        --parallel.bucket_mb=0.05 --parallel.grad_reduce_dtype=$3 --bench.mode=forward-backward
   done
   # Tensor parallel (local shapes), with and without sequence parallelism.
   run "np${NP}_tp" "$NP" --parallel.tp=$NP --bench.mode=train-step

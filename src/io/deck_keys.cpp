@@ -253,7 +253,8 @@ std::vector<DeckKey> build_table() {
                  "first stage also holds the embedding, the last the final norm, LM head and loss)."),
       // [bench]
       enum_key("bench.mode", LMSCALE_FIELD(bench.mode), {"forward", "forward-backward", "train-step"},
-               "bench-model: what one timed step does."),
+               "bench-model: what one timed step does (forward-backward includes waiting for the "
+               "data-parallel gradient reduction; train-step adds clipping and the optimizer)."),
       int_key("bench.warmup", LMSCALE_FIELD(bench.warmup), 0,
               "Untimed warm-up iterations (bench-model steps, attention and collective iterations)."),
       int_key("bench.steps", LMSCALE_FIELD(bench.steps), 1,

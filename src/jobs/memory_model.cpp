@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "lmscale/comm/communicator.h"
+#include "lmscale/core/error.h"
 #include "lmscale/model/model_dims.h"
 #include "memory_replay.h"
 
@@ -114,22 +115,25 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
   if (mode == "forward") {
     out.phases.push_back({"forward", base + run(false, false, false)});
   } else {
-    out.phases.push_back({"forward_backward", base + run(true, true, false)});
-    if (mode == "train-step") {
-      // The optimizer phase starts with every gradient bucket alive (released after the step);
-      // with grad_accum > 1 it also holds micro-batches 2.. (their forward and backward run
-      // after the first one's phase mark, with the buckets already allocated).
-      // Its peak is at its start: the phase mark comes while the last micro-batch's inputs,
-      // targets and loss sum are still alive (they die with its scope).
-      double opt = init + workspace + grads_after + 2 * 4 * s.B * s.T + s.st * static_cast<double>(accum);
-      if (accum > 1) opt = std::max(opt, base + run(true, true, true));
-      // bf16 gradient reduction: its copies are alive at the phase mark (made during the
-      // backward; under ddp flat in finish(), inside this phase), so the backward phase ends
-      // with them too.
-      const double staging = fsdp ? 0.0 : replay::reduce_staging_bytes(cfg, gr.bucket_bytes, P, dp, dp_rank);
-      if (staging > 0 && cfg.parallel.ddp != "flat") out.phases.back().bytes = std::max(out.phases.back().bytes, opt + staging);
-      out.phases.push_back({"optimizer", opt + staging});
-    }
+    // What is alive at the forward_backward phase mark (the end of the first micro-batch's
+    // backward): the state, the gradients, that micro-batch's inputs, targets and loss sums.
+    // The optimizer phase starts there (its peak is at its start; with grad_accum > 1 it also
+    // holds micro-batches 2.., run with the buckets already allocated).
+    const double at_mark = init + workspace + grads_after + 2 * 4 * s.B * s.T + s.st * static_cast<double>(accum);
+    // bf16 gradient reduction: the copies are alive from the backward (or, ddp flat, from the
+    // sync's finish()) to the end of finish(); made by the micro-batch that arms the reduction.
+    const auto staging_kind = fsdp ? replay::ReduceStaging::none : replay::reduce_staging_kind(cfg, dp);
+    const double staging = replay::reduce_staging_bytes(cfg, gr.bucket_bytes, P, dp, dp_rank);
+    double fb = base + run(true, true, false);
+    // The copies made during the first (only) micro-batch's backward end it beside its state.
+    // In forward-backward mode finish() runs after the mark, so flat's copy (made there) shows
+    // in the next step's phase, over the same state.
+    const bool in_backward = staging_kind == replay::ReduceStaging::per_param || staging_kind == replay::ReduceStaging::buckets;
+    if (accum == 1 && (in_backward || (staging_kind == replay::ReduceStaging::flat && mode == "forward-backward")))
+      fb = std::max(fb, at_mark + staging);
+    out.phases.push_back({"forward_backward", fb});
+    if (mode == "train-step")
+      out.phases.push_back({"optimizer", std::max(at_mark + staging, accum > 1 ? base + run(true, true, true) : 0.0)});
   }
   for (const auto& p : out.phases) out.peak = std::max(out.peak, p.bytes);
   return out;
@@ -159,6 +163,11 @@ double write_memory_prediction(JobEnv& env) {
   std::vector<double> all = mine;
   const bool gathered = env.host_comm && env.world > 1;
   if (gathered) {
+    // The phases follow the mode, so every rank has as many; the gather below relies on it.
+    const double n_mine = static_cast<double>(mine.size());
+    std::vector<double> counts(static_cast<std::size_t>(env.world));
+    env.host_comm->all_gather(&n_mine, counts.data(), 1, DType::f64).wait();
+    for (double c : counts) LMSCALE_CHECK(c == n_mine, "memory prediction: ranks predict different phases ({} and {})", c, n_mine);
     all.resize(mine.size() * static_cast<std::size_t>(env.world));
     env.host_comm->all_gather(mine.data(), all.data(), mine.size(), DType::f64).wait();
   }

@@ -219,6 +219,7 @@ class StageReplay {
 }  // namespace
 
 MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, int rank) {
+  LMSCALE_CHECK(cfg.parallel.zero != "fsdp", "memory model: fsdp with pipeline stages is not built (the deck refuses it)");
   MemoryPhases out;
   const auto dims = model::ModelDims::from(cfg.model);
   const bool bench = cfg.run.job == "bench-model";
@@ -263,8 +264,9 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   // bf16 gradient reduction: the copies of the stage's buckets (made during the last
   // microbatch's backward), or ddp flat's one copy, made in finish() inside the optimizer phase.
   replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
-  const double flat_staging =
-      pc.ddp == "flat" && pc.zero == "none" ? replay::reduce_staging_bytes(cfg, gr.bucket_bytes, P, dp, dp_rank) : 0.0;
+  const double flat_staging = replay::reduce_staging_kind(cfg, dp) == replay::ReduceStaging::flat
+                                  ? replay::reduce_staging_bytes(cfg, gr.bucket_bytes, P, dp, dp_rank)
+                                  : 0.0;
   const double base = init + workspace;
   out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp, pc.schedule,
                            interleaved ? fmt::format(" with {} chunks", V) : std::string(), M,
@@ -299,7 +301,9 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
     if (interleaved) r.run_interleaved();
     else r.run_1f1b(pc.schedule == "gpipe");
     if (!last_stage) m.alloc(4.0 * M);   // the 0 loss sums the other stages report
-    out.phases.push_back({"forward_backward", m.peak});
+    // forward-backward mode: finish() runs after the phase mark, so ddp flat's copy shows in
+    // the next step's phase, over what is alive at the mark.
+    out.phases.push_back({"forward_backward", mode == "forward-backward" ? std::max(m.peak, m.cur + flat_staging) : m.peak});
     // The optimizer phase's peak is at its start: the gradients, the microbatches' inputs,
     // targets and loss sums are alive at the phase mark (the step allocates nothing larger).
     if (mode == "train-step") out.phases.push_back({"optimizer", m.cur + flat_staging});

@@ -449,9 +449,24 @@ double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy) 
   return bytes;
 }
 
+ReduceStaging reduce_staging_kind(const Config& cfg, int dp) {
+  const auto& pc = cfg.parallel;
+  if (dp <= 1 || pc.grad_reduce_dtype != "bf16") return ReduceStaging::none;
+  if (pc.zero == "zero2") return ReduceStaging::buckets;
+  if (pc.zero != "none") return ReduceStaging::none;
+  if (pc.ddp == "overlap") return ReduceStaging::per_param;
+  if (pc.ddp == "bucketed") return ReduceStaging::buckets;
+  return ReduceStaging::flat;   // ddp none (the trainer runs it as flat) or flat
+}
+
 void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank) {
-  if (dp <= 1 || cfg.parallel.grad_reduce_dtype != "bf16" || cfg.parallel.ddp == "flat") return;
-  const bool per_param = cfg.parallel.zero == "none" && cfg.parallel.ddp == "overlap";
+  gr.group_of.clear();
+  gr.group_pending.clear();
+  gr.group_stage.clear();
+  gr.counted.clear();
+  const ReduceStaging kind = reduce_staging_kind(cfg, dp);
+  if (kind != ReduceStaging::per_param && kind != ReduceStaging::buckets) return;   // flat: in finish()
+  const bool per_param = kind == ReduceStaging::per_param;
   const std::size_t n = sizes.size();
   gr.group_of.assign(n, 0);
   gr.counted.assign(n, false);
@@ -480,7 +495,7 @@ void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>&
 }
 
 double reduce_staging_bytes(const Config& cfg, const std::vector<double>& bucket_bytes, double P, int dp, int dp_rank) {
-  if (dp <= 1 || cfg.parallel.grad_reduce_dtype != "bf16") return 0.0;
+  if (reduce_staging_kind(cfg, dp) == ReduceStaging::none) return 0.0;
   double bytes = 2 * P;   // the send copies: every gradient element once, in bf16
   if (cfg.parallel.zero != "zero2") return bytes;
   // zero2: bucket b covers elements [offset, offset + numel) of the flat order, buckets from

@@ -146,6 +146,13 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward);
 // copy, the flat gradient buffer unless gradients are lazy (one process, zero2), and optimizer
 // state (whole, or this dp rank's shard with its gradient shard; zero's even_split of P).
 double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy);
+// How the bf16 gradient reduction (parallel.grad_reduce_dtype = bf16, dp > 1) makes its copies,
+// as the trainer builds the sync (jobs/trainer.cpp): zero2 per bucket whatever parallel.ddp
+// says; without ZeRO, ddp none (run as flat) and flat one copy in finish(), overlap one per
+// parameter, bucketed one per bucket; none otherwise (zero1 and fsdp refuse the key).
+enum class ReduceStaging { none, flat, per_param, buckets };
+ReduceStaging reduce_staging_kind(const Config& cfg, int dp);
+
 // parallel.grad_reduce_dtype = bf16 (parallel/ddp.cpp launch, parallel/zero.cpp
 // scatter_range_staged): the bf16 copies of the gradients made for the reduction, alive from
 // their bucket's (overlap: parameter's) reduction to finish(), i.e. all of them when the backward
