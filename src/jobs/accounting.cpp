@@ -252,29 +252,36 @@ int run_accounting(JobEnv& env) {
                                                                        {"formula", io::Column::Type::str, ""}});
   for (const auto& b : a.bounds) bounds.append({b.strategy, b.degree, b.limit, b.split, b.formula});
   // Per-phase peaks of the mode the deck runs (memory_model.h), as the CPU allocator counts them
-  // and as a CUDA run's tracker would (plus cuBLASLt's workspace and flash attention's).
-  const MemoryPhases on_cpu = predict_memory_phases(cfg, env.world, false);
-  const MemoryPhases on_cuda = predict_memory_phases(cfg, env.world, true);
+  // and as a CUDA run's tracker would (plus cuBLASLt's workspace and flash attention's). Under
+  // pipelines each stage's (its dp 0, tp 0 rank; memory_model_pipeline.cpp), and the first table
+  // holds the stage whose CUDA peak is the largest, both columns of that one stage.
+  const int pp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp));
+  std::vector<std::pair<MemoryPhases, MemoryPhases>> stages;
+  std::size_t largest = 0;
+  if (pp > 1) {
+    const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
+    const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, env.world / (tp * pp));
+    for (int st = 0; st < pp; ++st) {
+      stages.emplace_back(predict_memory_phases(cfg, env.world, false, st * dp * tp),
+                          predict_memory_phases(cfg, env.world, true, st * dp * tp));
+      if (stages.back().second.peak > stages[largest].second.peak) largest = stages.size() - 1;
+    }
+  }
+  const MemoryPhases on_cpu = pp > 1 ? stages[largest].first : predict_memory_phases(cfg, env.world, false);
+  const MemoryPhases on_cuda = pp > 1 ? stages[largest].second : predict_memory_phases(cfg, env.world, true);
   auto phases = env.out.create_table("/accounting/memory_phases", {{"phase", io::Column::Type::str, ""},
                                                                    {"cpu_bytes", io::Column::Type::f64, "bytes"},
                                                                    {"cuda_bytes", io::Column::Type::f64, "bytes"}});
   for (std::size_t i = 0; i < on_cpu.phases.size(); ++i)
     phases.append({on_cpu.phases[i].phase, on_cpu.phases[i].bytes, on_cuda.phases[i].bytes});
-  // Pipelines: each stage's phases (its dp 0, tp 0 rank; memory_model_pipeline.cpp). The table
-  // above holds the stage with the largest peak.
-  const int pp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp));
-  std::vector<std::pair<MemoryPhases, MemoryPhases>> stages;
   if (pp > 1) {
-    const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
-    const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, env.world / (tp * pp));
+    env.out.set_attr(g, "memory_phases_stage", static_cast<std::int64_t>(largest));
     auto t = env.out.create_table("/accounting/memory_phases_stages", {{"stage", io::Column::Type::i64, ""},
                                                                        {"phase", io::Column::Type::str, ""},
                                                                        {"cpu_bytes", io::Column::Type::f64, "bytes"},
                                                                        {"cuda_bytes", io::Column::Type::f64, "bytes"}});
-    for (int st = 0; st < pp; ++st) {
-      stages.emplace_back(predict_memory_phases(cfg, env.world, false, st * dp * tp),
-                          predict_memory_phases(cfg, env.world, true, st * dp * tp));
-      const auto& [c, u] = stages.back();
+    for (std::size_t st = 0; st < stages.size(); ++st) {
+      const auto& [c, u] = stages[st];
       for (std::size_t i = 0; i < c.phases.size(); ++i)
         t.append({static_cast<std::int64_t>(st), c.phases[i].phase, c.phases[i].bytes, u.phases[i].bytes});
     }
