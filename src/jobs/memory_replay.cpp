@@ -212,7 +212,12 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   }
   if (b.g <= 0) b.g = m.alloc(NFe);
   double dg = m.alloc(NFe);
-  gr.touch(p0 + 6);
+  gr.touch(p0 + 6, false);
+  if (s.sp) {   // tp_g_backward gathers dx into a [N,d] temporary for the w2 GEMMs
+    double dout = m.alloc(Nde);
+    m.free(dout);
+  }
+  gr.ready(p0 + 6);
   m.free(b.g);
   double da = m.alloc(NFe), db = m.alloc(NFe);
   m.free(dg);
@@ -220,16 +225,39 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   m.free(b.b);
   recompute_norm(m, s, b.y2);
   double dy2 = m.alloc(Nde), dy2b = m.alloc(Nde);
-  gr.touch(p0 + 5);
-  gr.touch(p0 + 7);
-  m.free(dy2b);
+  if (s.tp > 1) {
+    // Tensor parallel (transformer.cpp): the input gradients first, dy2b dropped, then f's
+    // backward started (sequence parallel: a new [Nl,d] result; the gathered y2 and the old
+    // [N,d] dy2 live until the weight gradients are done), w1 and w3 notified after their GEMMs.
+    gr.touch(p0 + 5, false);
+    gr.touch(p0 + 7, false);
+    double y2full = s.sp ? m.alloc(Nde) : 0.0;
+    m.free(dy2b);
+    const double res = s.sp ? m.alloc(Nlde) : 0.0;
+    gr.ready(p0 + 5);
+    gr.ready(p0 + 7);
+    if (s.sp) {
+      m.free(dy2);
+      m.free(y2full);
+      dy2 = res;
+    }
+  } else {
+    gr.touch(p0 + 5);
+    gr.touch(p0 + 7);
+    m.free(dy2b);
+  }
   double dh = m.alloc(Nlde);
   gr.touch(p0 + 8);
   m.free(b.y2);
   m.free(b.h);
   for (double* t : {&dy2, &dh, &da, &db}) m.free(*t);
   double dO = m.alloc(Ndle);
-  gr.touch(p0 + 3);
+  gr.touch(p0 + 3, false);
+  if (s.sp) {   // tp_g_backward: dx gathered for the output projection's GEMMs
+    double dproj = m.alloc(Nde);
+    m.free(dproj);
+  }
+  gr.ready(p0 + 3);
   double dq = m.alloc(Ndle), dk = m.alloc(Ndle), dv = m.alloc(Ndle);
   if (s.flash && s.cuda && s.deterministic) {   // the atomic-free backward: D = rowsum(dO*O) only
     double D = m.alloc(s.st * s.B * s.H * s.T);
@@ -257,9 +285,21 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   m.free(dO);
   recompute_norm(m, s, b.y1);
   double dy1 = m.alloc(Nde), tmp = m.alloc(Nde);
-  gr.touch(p0);
-  gr.touch(p0 + 1);
-  gr.touch(p0 + 2);
+  if (s.tp > 1) {   // as in the FFN: y1 gathered, f's backward started, then the weight gradients
+    for (int j = 0; j < 3; ++j) gr.touch(p0 + j, false);
+    double y1full = s.sp ? m.alloc(Nde) : 0.0;
+    const double res = s.sp ? m.alloc(Nlde) : 0.0;
+    for (int j = 0; j < 3; ++j) gr.ready(p0 + j);
+    if (s.sp) {
+      m.free(dy1);
+      m.free(y1full);
+      dy1 = res;
+    }
+  } else {
+    gr.touch(p0);
+    gr.touch(p0 + 1);
+    gr.touch(p0 + 2);
+  }
   double dxn = s.Nl == s.N ? 0 : m.alloc(Nlde);
   gr.touch(p0 + 4);
   for (double* t : {&dq, &dk, &dv, &dy1, &tmp, &dxn}) m.free(*t);
