@@ -499,6 +499,26 @@ ReduceStaging reduce_staging_kind(const Config& cfg, int dp) {
   return ReduceStaging::flat;   // ddp none (the trainer runs it as flat) or flat
 }
 
+namespace {
+// ZeRO-2's buckets cover elements [offset, offset + numel) of the flat order, taken from the end
+// (bucket_bytes: fp32, reverse parameter order); per bucket, the elements of this dp rank's shard
+// (parallel::even_split) it receives.
+std::vector<double> received_parts(const std::vector<double>& bucket_bytes, double P, int dp, int dp_rank) {
+  const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
+  double lo = 0;
+  for (int r = 0; r < dp_rank; ++r) lo += static_cast<double>(counts[static_cast<std::size_t>(r)]);
+  const double hi = lo + static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
+  std::vector<double> mine;
+  double end = P;
+  for (double b : bucket_bytes) {
+    const double offset = end - b / 4;
+    mine.push_back(std::max(0.0, std::min(hi, end) - std::max(lo, offset)));
+    end = offset;
+  }
+  return mine;
+}
+}  // namespace
+
 void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank) {
   gr.group_of.clear();
   gr.group_pending.clear();
@@ -520,17 +540,11 @@ void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>&
   gr.group_of = gr.bucket_of;
   gr.group_pending.assign(gr.bucket_bytes.size(), 0);
   for (int b : gr.bucket_of) ++gr.group_pending[static_cast<std::size_t>(b)];
-  const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
-  double lo = 0;
-  for (int r = 0; r < dp_rank; ++r) lo += static_cast<double>(counts[static_cast<std::size_t>(r)]);
-  const double hi = lo + static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
-  double end = P;
-  for (double bytes : gr.bucket_bytes) {
-    const double numel = bytes / 4, offset = end - numel;
-    const double mine = std::max(0.0, std::min(hi, end) - std::max(lo, offset));
+  const auto mine = received_parts(gr.bucket_bytes, P, dp, dp_rank);
+  for (std::size_t b = 0; b < gr.bucket_bytes.size(); ++b) {
     // zero2: the send copy and this rank's received part (at least one element); ddp: the copy.
-    gr.group_stage.push_back(2 * numel + (cfg.parallel.zero == "zero2" ? 2 * std::max(mine, 1.0) : 0.0));
-    end = offset;
+    gr.group_stage.push_back(2 * gr.bucket_bytes[b] / 4 +
+                             (cfg.parallel.zero == "zero2" ? 2 * std::max(mine[b], 1.0) : 0.0));
   }
 }
 
@@ -538,19 +552,7 @@ double reduce_staging_bytes(const Config& cfg, const std::vector<double>& bucket
   if (reduce_staging_kind(cfg, dp) == ReduceStaging::none) return 0.0;
   double bytes = 2 * P;   // the send copies: every gradient element once, in bf16
   if (cfg.parallel.zero != "zero2") return bytes;
-  // zero2: bucket b covers elements [offset, offset + numel) of the flat order, buckets from
-  // the end; this rank receives its shard's overlap with it (at least one element).
-  const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
-  double lo = 0;
-  for (int r = 0; r < dp_rank; ++r) lo += static_cast<double>(counts[static_cast<std::size_t>(r)]);
-  const double hi = lo + static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
-  double end = P;
-  for (double b : bucket_bytes) {
-    const double numel = b / 4, offset = end - numel;
-    const double mine = std::max(0.0, std::min(hi, end) - std::max(lo, offset));
-    bytes += 2 * std::max(mine, 1.0);
-    end = offset;
-  }
+  for (double mine : received_parts(bucket_bytes, P, dp, dp_rank)) bytes += 2 * std::max(mine, 1.0);
   return bytes;
 }
 
