@@ -300,18 +300,12 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
 
 StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, std::int64_t T) {
   settle_optimizer();
-  ops::Runtime& rt = env_.rt;
   StepResult r;
   std::vector<Tensor> loss_sums;
   accumulate_micro_batches(tokens, T, r, loss_sums);
   // The gradient reduction belongs to the backward (as in torch DDP): waited here, so no
   // collective is left in flight and ZeRO-2's buckets and the bf16 copies are released.
-  auto c0 = rt.mark();
-  {
-    NvtxRange n("gradient_sync");
-    sync_->finish(rt.ctx());
-  }
-  r.times.comm_ms = rt.elapsed_ms(c0, rt.mark());
+  finish_gradient_sync(r);
   double loss = 0;
   for (auto& l : loss_sums) loss += reduce_loss(l, static_cast<double>(global_batch_ * T));
   r.loss = loss;   // the loss itself is never scaled, only the gradient seed is
@@ -319,6 +313,16 @@ StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, st
   r.times.total_ms = r.times.forward_ms + r.times.backward_ms + r.times.comm_ms;
   release_gradients();
   return r;
+}
+
+void Trainer::finish_gradient_sync(StepResult& r) {
+  ops::Runtime& rt = env_.rt;
+  auto c0 = rt.mark();
+  {
+    NvtxRange n("gradient_sync");
+    sync_->finish(rt.ctx());
+  }
+  r.times.comm_ms = rt.elapsed_ms(c0, rt.mark());
 }
 
 void Trainer::pipeline_times(StepResult& r) {
@@ -346,13 +350,7 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
   std::vector<Tensor> loss_sums;
   accumulate_micro_batches(tokens, T, r, loss_sums);
 
-  auto c0 = rt.mark();
-  {
-    NvtxRange n("gradient_sync");
-    sync_->finish(ctx);
-  }
-  auto c1 = rt.mark();
-  r.times.comm_ms = rt.elapsed_ms(c0, c1);
+  finish_gradient_sync(r);
 
   NvtxRange n("optimizer");
   memory_points_["before_optimizer"] = rt.allocator().tracker().by_tag();

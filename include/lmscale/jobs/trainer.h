@@ -147,6 +147,9 @@ class Trainer {
   // One process: gradients per bucket, allocated during the backward, freed after the step.
   std::unique_ptr<model::LazyGradients> lazy_;
   void release_gradients();
+  // Waits for the data-parallel gradient reduction (the sync's finish(); NVTX gradient_sync) and
+  // records the wait as r.times.comm_ms. Both step kinds end their backward with it.
+  void finish_gradient_sync(StepResult& r);
   // parallel.overlap_optimizer (one process or DDP on CUDA, no tp/pp): segment b's update runs
   // on the runtime's side stream after the step's backward and gradient norm; the next forward's
   // before_forward(u) makes the compute stream wait for the buckets holding parameters of units
