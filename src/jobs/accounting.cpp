@@ -255,33 +255,27 @@ int run_accounting(JobEnv& env) {
   // and as a CUDA run's tracker would (plus cuBLASLt's workspace and flash attention's). Under
   // pipelines each stage's (its dp 0, tp 0 rank; memory_model_pipeline.cpp), and the first table
   // holds the stage whose CUDA peak is the largest, both columns of that one stage.
-  const int pp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp));
-  std::vector<std::pair<MemoryPhases, MemoryPhases>> stages;
+  const std::vector<MemoryPhases> cpu_stages = predict_stage_phases(cfg, env.world, false);
+  const std::vector<MemoryPhases> cuda_stages = predict_stage_phases(cfg, env.world, true);
+  const bool pipelined = cuda_stages.size() > 1;
   std::size_t largest = 0;
-  if (pp > 1) {
-    const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
-    const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, env.world / (tp * pp));
-    for (int st = 0; st < pp; ++st) {
-      stages.emplace_back(predict_memory_phases(cfg, env.world, false, st * dp * tp),
-                          predict_memory_phases(cfg, env.world, true, st * dp * tp));
-      if (stages.back().second.peak > stages[largest].second.peak) largest = stages.size() - 1;
-    }
-  }
-  const MemoryPhases on_cpu = pp > 1 ? stages[largest].first : predict_memory_phases(cfg, env.world, false);
-  const MemoryPhases on_cuda = pp > 1 ? stages[largest].second : predict_memory_phases(cfg, env.world, true);
+  for (std::size_t st = 1; st < cuda_stages.size(); ++st)
+    if (cuda_stages[st].peak > cuda_stages[largest].peak) largest = st;
+  const MemoryPhases& on_cpu = cpu_stages[largest];
+  const MemoryPhases& on_cuda = cuda_stages[largest];
   auto phases = env.out.create_table("/accounting/memory_phases", {{"phase", io::Column::Type::str, ""},
                                                                    {"cpu_bytes", io::Column::Type::f64, "bytes"},
                                                                    {"cuda_bytes", io::Column::Type::f64, "bytes"}});
   for (std::size_t i = 0; i < on_cpu.phases.size(); ++i)
     phases.append({on_cpu.phases[i].phase, on_cpu.phases[i].bytes, on_cuda.phases[i].bytes});
-  if (pp > 1) {
+  if (pipelined) {
     env.out.set_attr(g, "memory_phases_stage", static_cast<std::int64_t>(largest));
     auto t = env.out.create_table("/accounting/memory_phases_stages", {{"stage", io::Column::Type::i64, ""},
                                                                        {"phase", io::Column::Type::str, ""},
                                                                        {"cpu_bytes", io::Column::Type::f64, "bytes"},
                                                                        {"cuda_bytes", io::Column::Type::f64, "bytes"}});
-    for (std::size_t st = 0; st < stages.size(); ++st) {
-      const auto& [c, u] = stages[st];
+    for (std::size_t st = 0; st < cuda_stages.size(); ++st) {
+      const auto &c = cpu_stages[st], &u = cuda_stages[st];
       for (std::size_t i = 0; i < c.phases.size(); ++i)
         t.append({static_cast<std::int64_t>(st), c.phases[i].phase, c.phases[i].bytes, u.phases[i].bytes});
     }
@@ -302,12 +296,11 @@ int run_accounting(JobEnv& env) {
       fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", on_cpu.phases[i].phase, on_cpu.phases[i].bytes / (1u << 30),
                  on_cuda.phases[i].bytes / (1u << 30));
     fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", "peak", on_cpu.peak / (1u << 30), on_cuda.peak / (1u << 30));
-    if (!stages.empty()) {
+    if (pipelined) {
       fmt::print("peak per pipeline stage (replayed under {}):\n{:<18} {:>12} {:>12}\n", cfg.parallel.schedule, "stage",
                  "CPU GiB", "CUDA GiB");
-      for (std::size_t st = 0; st < stages.size(); ++st)
-        fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", st, stages[st].first.peak / (1u << 30),
-                   stages[st].second.peak / (1u << 30));
+      for (std::size_t st = 0; st < cuda_stages.size(); ++st)
+        fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", st, cpu_stages[st].peak / (1u << 30), cuda_stages[st].peak / (1u << 30));
     }
     fmt::print("communication per step per rank: {:.3f} GiB ({})\n", a.comm_bytes_per_step / (1u << 30), a.comm_formula);
     fmt::print("FLOPs per step: {:.4g}; at the device peak ({:.0f} TFLOP/s) a step takes at least {:.1f} ms "

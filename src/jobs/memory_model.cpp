@@ -19,27 +19,27 @@ using replay::Sim;
 
 std::string job_mode(const Config& cfg) { return cfg.run.job == "bench-model" ? cfg.bench.mode : "train-step"; }
 
+std::vector<MemoryPhases> predict_stage_phases(const Config& cfg, int world, bool cuda) {
+  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  std::vector<MemoryPhases> stages;
+  for (int stage = 0; stage < mesh.pp; ++stage)
+    stages.push_back(predict_memory_phases(cfg, world, cuda, comm::mesh_rank(mesh, stage, 0, 0)));
+  return stages;
+}
+
 MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int rank) {
-  const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
-  const int pp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp));
-  const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, world / (tp * pp));
-  if (rank < 0) {
-    // The rank that needs the most: pipeline stages differ; the tp ranks of a stage do not, and
-    // dp rank 0 holds the largest ZeRO shard (even_split gives the remainder to the first ranks),
-    // so the first rank of each stage stands for it.
-    if (pp == 1) return predict_memory_phases(cfg, world, cuda, 0);
-    MemoryPhases best;
-    for (int stage = 0; stage < pp; ++stage) {
-      MemoryPhases p = predict_pipeline_phases(cfg, world, cuda, stage * dp * tp);
-      if (stage == 0 || p.peak > best.peak) best = std::move(p);
-    }
-    return best;
+  if (rank < 0) {   // the rank that needs the most: the stage with the largest peak
+    auto stages = predict_stage_phases(cfg, world, cuda);
+    return *std::max_element(stages.begin(), stages.end(),
+                             [](const MemoryPhases& a, const MemoryPhases& b) { return a.peak < b.peak; });
   }
-  if (pp > 1) return predict_pipeline_phases(cfg, world, cuda, rank);
+  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  if (mesh.pp > 1) return predict_pipeline_phases(cfg, world, cuda, rank);
+  const int tp = mesh.tp, dp = mesh.dp;
+  const int dp_rank = comm::mesh_coords(mesh, rank).dp;
   MemoryPhases out;
   const bool bench = cfg.run.job == "bench-model";
   const std::string mode = job_mode(cfg);
-  const int dp_rank = (rank / tp) % dp;   // mesh rank = (pp_idx dp + dp_idx) tp + tp_idx
   const std::string& zero = cfg.parallel.zero;
   const bool fsdp = dp > 1 && zero == "fsdp", sharded = dp > 1 && zero != "none";
   const std::int64_t accum = bench ? 1 : std::max<std::int64_t>(1, cfg.train.grad_accum);
@@ -122,14 +122,12 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     const double at_mark = init + workspace + grads_after + 2 * 4 * s.B * s.T + s.st * static_cast<double>(accum);
     // bf16 gradient reduction: the copies are alive from the backward (or, ddp flat, from the
     // sync's finish()) to the end of finish(); made by the micro-batch that arms the reduction.
-    const auto staging_kind = fsdp ? replay::ReduceStaging::none : replay::reduce_staging_kind(cfg, dp);
-    const double staging = replay::reduce_staging_bytes(cfg, gr.bucket_bytes, P, dp, dp_rank);
+    const double staging = gr.staging_total();
     double fb = base + run(true, true, false);
     // The copies made during the first (only) micro-batch's backward end it beside its state.
     // In forward-backward mode finish() runs after the mark, so flat's copy (made there) shows
     // in the next step's phase, over the same state.
-    const bool in_backward = staging_kind == replay::ReduceStaging::per_param || staging_kind == replay::ReduceStaging::buckets;
-    if (accum == 1 && (in_backward || (staging_kind == replay::ReduceStaging::flat && mode == "forward-backward")))
+    if (accum == 1 && (!gr.group_stage.empty() || (gr.finish_stage > 0 && mode == "forward-backward")))
       fb = std::max(fb, at_mark + staging);
     out.phases.push_back({"forward_backward", fb});
     if (mode == "train-step")

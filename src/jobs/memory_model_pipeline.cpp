@@ -94,19 +94,21 @@ class StageReplay {
       from.erase(it);
       return b;
     };
+    // The oldest tensor received for chunk c (inputs and gradients arrive in microbatch order).
+    auto next = [](auto& queues, int c, const char* what) {
+      auto& q = queues[static_cast<std::size_t>(c)];
+      LMSCALE_CHECK(!q.empty(), "memory replay: no {} received for chunk {}", what, c);
+      auto front = q.front();
+      q.pop_front();
+      return front;
+    };
     for (const auto& st : parallel::interleaved_plan(p_, V, M_, stage_)) {
       using Kind = parallel::InterleavedStep::Kind;
       if (st.kind == Kind::forward) {
         const int c = parallel::interleaved_forward_chunk(st.k, p_, V);
         const int mb = parallel::interleaved_microbatch(st.k, p_, V);
         const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
-        std::shared_ptr<Shared> in;
-        if (!ch.embed) {
-          auto& q = inputs[static_cast<std::size_t>(c)];
-          LMSCALE_CHECK(!q.empty(), "memory replay: no input received for chunk {}", c);
-          in = q.front();
-          q.pop_front();
-        }
+        std::shared_ptr<Shared> in = ch.embed ? nullptr : next(inputs, c, "input");
         const double out = forward(c, mb, in);
         if (!ch.head) outputs[st.k] = out;
         if (in) in->drop(m_);
@@ -114,13 +116,7 @@ class StageReplay {
         const int c = parallel::interleaved_backward_chunk(st.k, p_, V);
         const int mb = parallel::interleaved_microbatch(st.k, p_, V);
         const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
-        double dy = 0;
-        if (!ch.head) {
-          auto& q = grads[static_cast<std::size_t>(c)];
-          LMSCALE_CHECK(!q.empty(), "memory replay: no gradient received for chunk {}", c);
-          dy = q.front();
-          q.pop_front();
-        }
+        const double dy = ch.head ? 0.0 : next(grads, c, "gradient");
         const double dx = backward(c, mb, dy);
         if (!ch.embed) input_grads[st.k] = dx;
       } else {   // one exchange: the sent tensors join the send list, receive buffers are new
@@ -225,10 +221,10 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   const bool bench = cfg.run.job == "bench-model";
   const std::string mode = job_mode(cfg);
   const auto& pc = cfg.parallel;
-  const int tp = static_cast<int>(std::max<std::int64_t>(1, pc.tp)), pp = static_cast<int>(pc.pp);
-  const int dp = pc.dp > 0 ? static_cast<int>(pc.dp) : std::max(1, world / (tp * pp));
-  // Mesh rank = (pp_idx dp + dp_idx) tp + tp_idx (comm/mesh.h).
-  const int stage = rank / (tp * dp), dp_rank = (rank / tp) % dp;
+  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  const int tp = mesh.tp, pp = mesh.pp, dp = mesh.dp;
+  const comm::MeshCoords at = comm::mesh_coords(mesh, rank);
+  const int stage = at.pp, dp_rank = at.dp;
   const int M = static_cast<int>(std::max<std::int64_t>(1, pc.microbatches));
   const bool interleaved = pc.schedule == "interleaved";
   const int V = interleaved ? static_cast<int>(pc.virtual_stages) : 1;
@@ -264,9 +260,7 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   // bf16 gradient reduction: the copies of the stage's buckets (made during the last
   // microbatch's backward), or ddp flat's one copy, made in finish() inside the optimizer phase.
   replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
-  const double flat_staging = replay::reduce_staging_kind(cfg, dp) == replay::ReduceStaging::flat
-                                  ? replay::reduce_staging_bytes(cfg, gr.bucket_bytes, P, dp, dp_rank)
-                                  : 0.0;
+  const double flat_staging = gr.finish_stage;
   const double base = init + workspace;
   out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp, pc.schedule,
                            interleaved ? fmt::format(" with {} chunks", V) : std::string(), M,

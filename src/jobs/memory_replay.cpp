@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lmscale/model/model_dims.h"
+#include "lmscale/parallel/state_layout.h"
 #include "lmscale/parallel/zero.h"
 
 namespace lmscale::jobs::replay {
@@ -142,6 +143,12 @@ void Grads::hold_all() {
 double Grads::total() const {
   double t = 0;
   for (double b : bucket_bytes) t += b;
+  return t;
+}
+
+double Grads::staging_total() const {
+  double t = finish_stage;
+  for (double b : group_stage) t += b;
   return t;
 }
 
@@ -489,6 +496,10 @@ double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy) 
   return bytes;
 }
 
+namespace {
+enum class ReduceStaging { none, flat, per_param, buckets };
+
+// How the trainer's sync makes the bf16 copies (jobs/trainer.cpp builds it).
 ReduceStaging reduce_staging_kind(const Config& cfg, int dp) {
   const auto& pc = cfg.parallel;
   if (dp <= 1 || pc.grad_reduce_dtype != "bf16") return ReduceStaging::none;
@@ -498,25 +509,6 @@ ReduceStaging reduce_staging_kind(const Config& cfg, int dp) {
   if (pc.ddp == "bucketed") return ReduceStaging::buckets;
   return ReduceStaging::flat;   // ddp none (the trainer runs it as flat) or flat
 }
-
-namespace {
-// ZeRO-2's buckets cover elements [offset, offset + numel) of the flat order, taken from the end
-// (bucket_bytes: fp32, reverse parameter order); per bucket, the elements of this dp rank's shard
-// (parallel::even_split) it receives.
-std::vector<double> received_parts(const std::vector<double>& bucket_bytes, double P, int dp, int dp_rank) {
-  const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
-  double lo = 0;
-  for (int r = 0; r < dp_rank; ++r) lo += static_cast<double>(counts[static_cast<std::size_t>(r)]);
-  const double hi = lo + static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
-  std::vector<double> mine;
-  double end = P;
-  for (double b : bucket_bytes) {
-    const double offset = end - b / 4;
-    mine.push_back(std::max(0.0, std::min(hi, end) - std::max(lo, offset)));
-    end = offset;
-  }
-  return mine;
-}
 }  // namespace
 
 void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank) {
@@ -524,36 +516,44 @@ void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>&
   gr.group_pending.clear();
   gr.group_stage.clear();
   gr.counted.clear();
+  gr.finish_stage = 0;
   const ReduceStaging kind = reduce_staging_kind(cfg, dp);
-  if (kind != ReduceStaging::per_param && kind != ReduceStaging::buckets) return;   // flat: in finish()
-  const bool per_param = kind == ReduceStaging::per_param;
+  if (kind == ReduceStaging::none) return;
+  if (kind == ReduceStaging::flat) {
+    gr.finish_stage = 2 * P;
+    return;
+  }
   const std::size_t n = sizes.size();
-  gr.group_of.assign(n, 0);
   gr.counted.assign(n, false);
-  if (per_param) {
+  if (kind == ReduceStaging::per_param) {
+    gr.group_of.resize(n);
     for (std::size_t i = 0; i < n; ++i) gr.group_of[i] = static_cast<int>(i);
     gr.group_pending.assign(n, 1);
-    gr.group_stage.assign(sizes.begin(), sizes.end());
-    for (double& b : gr.group_stage) b *= 2;
+    for (double numel : sizes) gr.group_stage.push_back(2 * numel);
     return;
   }
   gr.group_of = gr.bucket_of;
   gr.group_pending.assign(gr.bucket_bytes.size(), 0);
   for (int b : gr.bucket_of) ++gr.group_pending[static_cast<std::size_t>(b)];
-  const auto mine = received_parts(gr.bucket_bytes, P, dp, dp_rank);
-  for (std::size_t b = 0; b < gr.bucket_bytes.size(); ++b) {
-    // zero2: the send copy and this rank's received part (at least one element); ddp: the copy.
-    gr.group_stage.push_back(2 * gr.bucket_bytes[b] / 4 +
-                             (cfg.parallel.zero == "zero2" ? 2 * std::max(mine[b], 1.0) : 0.0));
+  // ZeRO-2's buckets cover elements [offset, offset + numel) of the flat order, taken from the
+  // end; this rank receives their overlap with its shard (zero.cpp: even_split, i.e. slice_of).
+  const auto [lo, hi] = parallel::slice_of(static_cast<std::int64_t>(P), dp_rank, dp);
+  double end = P;
+  for (double bytes : gr.bucket_bytes) {
+    const double numel = bytes / 4, offset = end - numel;
+    const double mine = std::max(0.0, std::min(static_cast<double>(hi), end) - std::max(static_cast<double>(lo), offset));
+    gr.group_stage.push_back(2 * numel + (cfg.parallel.zero == "zero2" ? 2 * std::max(mine, 1.0) : 0.0));
+    end = offset;
   }
 }
 
-double reduce_staging_bytes(const Config& cfg, const std::vector<double>& bucket_bytes, double P, int dp, int dp_rank) {
-  if (reduce_staging_kind(cfg, dp) == ReduceStaging::none) return 0.0;
-  double bytes = 2 * P;   // the send copies: every gradient element once, in bf16
-  if (cfg.parallel.zero != "zero2") return bytes;
-  for (double mine : received_parts(bucket_bytes, P, dp, dp_rank)) bytes += 2 * std::max(mine, 1.0);
-  return bytes;
+comm::MeshShape mesh_of(const Config& cfg, int world) {
+  comm::MeshShape m;
+  m.tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
+  m.pp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp));
+  m.dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, world / (m.tp * m.pp));
+  m.shard = m.dp;
+  return m;
 }
 
 }  // namespace lmscale::jobs::replay

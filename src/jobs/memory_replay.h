@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/comm/mesh.h"
 #include "lmscale/io/config.h"
 #include "lmscale/jobs/memory_model.h"
 
@@ -101,12 +102,14 @@ struct Grads {
   void after_forward(int u);
   void before_backward(int u);
   void after_backward(int u);
-  // bf16 gradient reduction (reduce_staging_bytes): per reduction group (bucket, or parameter
+  // bf16 gradient reduction (set_reduce_staging): per reduction group (bucket, or parameter
   // under ddp overlap) its staging bytes, allocated when the group's last gradient is written
-  // and alive to the end of the step; group_of maps a store index to its group.
+  // and alive to the end of the step; group_of maps a store index to its group. finish_stage:
+  // ddp flat's one copy, made in the sync's finish() instead.
   std::vector<int> group_of, group_pending;
   std::vector<double> group_stage;
   std::vector<bool> counted;
+  double finish_stage = 0;
   bool staging_armed = true;   // the reduction is armed for this micro-batch (the last one's hooks)
   // The backward asks for parameter i's gradient (whole-model index); with ready_now its write is
   // done at once (the model's notify), else ready(i) says when.
@@ -114,6 +117,8 @@ struct Grads {
   void ready(int i);
   void hold_all();     // every bucket allocated (gradients kept from an earlier micro-batch)
   double total() const;
+  // Every bf16 copy of one step (the groups' and finish()'s): what is alive when finish() ends.
+  double staging_total() const;
 };
 
 // block_forward: allocations in transformer.cpp's order; returns the output's bytes (0 when a
@@ -146,23 +151,18 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward);
 // copy, the flat gradient buffer unless gradients are lazy (one process, zero2), and optimizer
 // state (whole, or this dp rank's shard with its gradient shard; zero's even_split of P).
 double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy);
-// How the bf16 gradient reduction (parallel.grad_reduce_dtype = bf16, dp > 1) makes its copies,
-// as the trainer builds the sync (jobs/trainer.cpp): zero2 per bucket whatever parallel.ddp
-// says; without ZeRO, ddp none (run as flat) and flat one copy in finish(), overlap one per
-// parameter, bucketed one per bucket; none otherwise (zero1 and fsdp refuse the key).
-enum class ReduceStaging { none, flat, per_param, buckets };
-ReduceStaging reduce_staging_kind(const Config& cfg, int dp);
-
 // parallel.grad_reduce_dtype = bf16 (parallel/ddp.cpp launch, parallel/zero.cpp
-// scatter_range_staged): the bf16 copies of the gradients made for the reduction, alive from
-// their bucket's (overlap: parameter's) reduction to finish(), i.e. all of them when the backward
-// ends and the optimizer phase starts: ddp overlap/bucketed 2 bytes per parameter (flat: the
-// same, made in finish()); zero2 also this rank's received part of each bucket, [max(mine, 1)].
-// bucket_bytes: gr.bucket_bytes (fp32, reverse parameter order). 0 unless dp > 1 and bf16.
-double reduce_staging_bytes(const Config& cfg, const std::vector<double>& bucket_bytes, double P, int dp, int dp_rank);
-// The same copies as groups of gr (after gr.init), allocated in the replay when each group's
-// last gradient is written (ddp flat makes its copy in finish(): none here).
+// scatter_range_staged): the bf16 copies of the gradients made for the reduction, as the trainer
+// builds the sync, alive to the end of its finish(): zero2 per bucket whatever parallel.ddp says
+// (the send copy and this rank's received part, [max(mine, 1)]); without ZeRO, overlap one per
+// parameter, bucketed one per bucket, ddp none (run as flat) and flat one copy of all made in
+// finish() (finish_stage). Set as groups of gr (after gr.init); nothing unless dp > 1 and bf16
+// (zero1 and fsdp refuse the key).
 void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank);
+
+// The mesh a deck describes (comm/mesh.h; dp from the deck, else world / (tp pp)). Not checked
+// against the world: the accounting job predicts layouts larger than its own run.
+comm::MeshShape mesh_of(const Config& cfg, int world);
 
 }  // namespace lmscale::jobs::replay
 

@@ -40,6 +40,10 @@ struct MemoryPhases {
 // its pipeline stage, its ZeRO shard); -1: the rank with the largest peak (the stage that needs
 // the most; memory fit checks and the accounting job).
 MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int rank = -1);
+// The phases of every pipeline stage's first rank (dp 0, tp 0), stage by stage; one entry (rank
+// 0) without pipeline parallelism. The tp ranks of a stage predict alike, and dp rank 0 holds
+// the largest ZeRO shard (even_split gives the remainder to the first ranks).
+std::vector<MemoryPhases> predict_stage_phases(const Config& cfg, int world, bool cuda);
 // The mode a job runs: bench.mode for bench-model, train-step otherwise.
 std::string job_mode(const Config& cfg);
 // bench-model: /bench_model/memory_prediction (phase, predicted_bytes, measured_bytes, error), one
