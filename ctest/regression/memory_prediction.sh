@@ -80,6 +80,9 @@ if [ "$NP" -eq 4 ]; then
   run "np4_tp2_fsdp_sp" 4 --parallel.tp=2 --parallel.zero=fsdp --parallel.sequence_parallel=true --bench.mode=train-step
   run "np4_tp2_fsdp_every1" 4 --parallel.tp=2 --parallel.zero=fsdp --bench.mode=train-step \
       --train.activation_checkpointing=every-k
+  run "np4_tp2_fsdp_sp_every1_keep_attention" 4 --parallel.tp=2 --parallel.zero=fsdp --parallel.sequence_parallel=true \
+      --bench.mode=train-step --train.activation_checkpointing=every-k --train.checkpoint_keep_attention=true \
+      --model.attention=flash
   # ZeRO-2 over 4 ranks (uneven shards, each rank's received parts), gradients reduced in bf16.
   RUN_MAX_ERROR=0.001 run "np4_dp4_zero2_bf16" 4 --parallel.zero=zero2 --parallel.ddp=bucketed --parallel.bucket_mb=0.05 \
       --parallel.grad_reduce_dtype=bf16 --bench.mode=train-step
@@ -122,6 +125,8 @@ elif [ "$NP" -eq 1 ]; then
     run "one_${att}_every1" 1 --model.attention=$att --bench.mode=train-step --train.activation_checkpointing=every-k
     run "one_${att}_every2" 1 --model.attention=$att --bench.mode=train-step --train.activation_checkpointing=every-k \
         --train.checkpoint_k=2
+    run "one_${att}_every2_keep_attention" 1 --model.attention=$att --bench.mode=train-step \
+        --train.activation_checkpointing=every-k --train.checkpoint_k=2 --train.checkpoint_keep_attention=true
   done
   # The fused LM head in row chunks of 7 (256 rows: 36 chunks and a remainder of 4).
   for mode in forward train-step; do
@@ -175,6 +180,9 @@ else
       --bench.mode=forward-backward
   LAYERS=4 run "np${NP}_pp_1f1b_every3" "$NP" --parallel.pp=$NP --parallel.schedule=1f1b --parallel.microbatches=4 \
       --train.activation_checkpointing=every-k --train.checkpoint_k=3 --bench.mode=train-step
+  LAYERS=4 run "np${NP}_pp_1f1b_every1_keep_attention" "$NP" --parallel.pp=$NP --parallel.schedule=1f1b \
+      --parallel.microbatches=4 --train.activation_checkpointing=every-k --train.checkpoint_keep_attention=true \
+      --model.attention=flash --bench.mode=train-step
   LAYERS=4 run "np${NP}_pp_interleaved_selective" "$NP" --parallel.pp=$NP --parallel.schedule=interleaved \
       --parallel.virtual_stages=2 --parallel.microbatches=4 --train.activation_checkpointing=selective \
       --model.attention=flash --bench.mode=train-step

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/core/error.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
 
@@ -67,7 +68,9 @@ Pass run(bool flash, model::RecomputePolicy policy) {
   return r;
 }
 
-model::RecomputePolicy every(int k) { return model::RecomputePolicy::from("every-k", k); }
+model::RecomputePolicy every(int k, bool keep_attention = false) {
+  return model::RecomputePolicy::from("every-k", k, keep_attention);
+}
 
 }  // namespace
 
@@ -78,6 +81,8 @@ TEST_P(Recompute, EveryPolicyGivesBitwiseTheGradientsOfNone) {
   const Pass ref = run(flash, {});
   for (auto [name, policy] : {std::pair{"every-1", every(1)}, std::pair{"every-2", every(2)},
                               std::pair{"every-3", every(3)}, std::pair{"every-5", every(5)},
+                              std::pair{"every-1 keep attention", every(1, true)},
+                              std::pair{"every-2 keep attention", every(2, true)},
                               std::pair{"selective", model::RecomputePolicy::from("selective", 1)},
                               std::pair{"selective-mlp", model::RecomputePolicy::from("selective-mlp", 1)}}) {
     const Pass got = run(flash, policy);
@@ -101,6 +106,20 @@ TEST_P(Recompute, FullCheckpointingKeepsLeastThenSelectiveMlpThenSelective) {
   EXPECT_LT(mlp, sel);
   EXPECT_LT(sel, none);
   EXPECT_LE(every5, every1);   // one group: a single [N,d] input kept
+}
+
+TEST_P(Recompute, KeepAttentionKeepsEachBlocksAttentionOutputAndAuxBesideTheGroupInputs) {
+  // keep_attention adds, per block, o [B T, d] and the aux: flash's log-sum-exp [B,H,T] or naive
+  // attention's probabilities [B,H,T,T] (fp32 here, as everything on this CPU run).
+  const bool flash = GetParam();
+  const model::ModelDims d = dims(flash);
+  const std::size_t B = 3, T = 7, H = static_cast<std::size_t>(d.heads), D = static_cast<std::size_t>(d.d_model);
+  const std::size_t per_block = 4 * (B * T * D + (flash ? B * H * T : B * H * T * T));
+  for (int k : {1, 2}) {
+    const std::size_t plain = run(flash, every(k)).kept_bytes, kept = run(flash, every(k, true)).kept_bytes;
+    EXPECT_EQ(kept, plain + static_cast<std::size_t>(d.layers) * per_block) << "k = " << k;
+  }
+  EXPECT_THROW(model::RecomputePolicy::from("selective", 1, true), Error);
 }
 
 TEST_P(Recompute, HooksCallEachUnitInOrderAndGroupsBeforeTheirRecompute) {

@@ -396,6 +396,11 @@ void check_modes(const Config& c) {
   if (t.activation_checkpointing == "every-k" && t.checkpoint_k > c.model.num_layers)
     fail("train.checkpoint_k = {} exceeds model.num_layers = {}; choose a group size between 1 and {}", t.checkpoint_k,
          c.model.num_layers, c.model.num_layers);
+  if (t.checkpoint_keep_attention && t.activation_checkpointing != "every-k")
+    fail("train.checkpoint_keep_attention = true with train.activation_checkpointing = {}: it keeps the attention "
+         "output of blocks whose forward every-k recomputes; set train.activation_checkpointing = every-k or "
+         "train.checkpoint_keep_attention = false",
+         t.activation_checkpointing);
 }
 
 void check_bench(const Config& c) {

@@ -105,7 +105,16 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                            m.flash ? "4 B H T" : "B H T^2 e")
              : fmt::format("(8d + 3F) N e + 8N + {}", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)");
   const std::string& ac = cfg.train.activation_checkpointing;
-  if (ac == "every-k") {
+  if (ac == "every-k" && cfg.train.checkpoint_keep_attention) {
+    // Each block's attention output and aux stay; the recomputed group rebuilds the rest.
+    const double k = static_cast<double>(std::min<std::int64_t>(cfg.train.checkpoint_k, m.layers));
+    const double kept = N * d * e / tp + attn;
+    add("activations", std::ceil(L / k) * N * d * e + L * kept + k * (block - kept),
+        fmt::format("ceil(L/k) N d e (group inputs) + L x (N d e{} + {}) (attention outputs and {} kept) + k x "
+                    "(the rest of {}) (one group recomputed), k = {}",
+                    tp > 1 ? "/tp" : "", m.flash ? "4 B H T" : "B H T^2 e", m.flash ? "lse" : "probabilities", block_f,
+                    k));
+  } else if (ac == "every-k") {
     const double k = static_cast<double>(std::min<std::int64_t>(cfg.train.checkpoint_k, m.layers));
     add("activations", std::ceil(L / k) * N * d * e + k * block,
         fmt::format("ceil(L/k) N d e (group inputs) + k x ({}) (one group recomputed), k = {}", block_f, k));

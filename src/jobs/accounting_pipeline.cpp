@@ -93,6 +93,11 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
       const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls);
       per_micro = std::ceil(Ls / k) * N * d * e * r;
       f = "ceil(L_stage/k) n d e (group inputs), + one group recomputed";
+      if (cfg.train.checkpoint_keep_attention) {   // each block's attention output and aux stay too
+        per_micro += Ls * (N * d * e / tp + attn);
+        f = "ceil(L_stage/k) n d e (group inputs) + L_stage x (n d e/tp + attention aux) (kept attention), + one "
+            "group recomputed";
+      }
     } else if (ac == "selective" || ac == "selective-mlp") {
       const double kf = ac == "selective" ? 2 : 0;   // [n,F] tensors kept per block (a, b)
       // kept: x, h (residual stream), q, k, v, o (split), a, b (split).

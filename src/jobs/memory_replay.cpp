@@ -33,6 +33,7 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.L = static_cast<int>(dims.layers);
   s.ac = cfg.train.activation_checkpointing;
   s.k = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.train.checkpoint_k, dims.layers)));
+  s.keep_attention = cfg.train.checkpoint_keep_attention;
   return s;
 }
 
@@ -163,8 +164,10 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output) {
     double g = m.alloc(Nde);
     m.free(g);
   }
-  b.o = m.alloc(Ndle);
-  b.aux = m.alloc(s.flash ? s.st * s.B * s.H * s.T : s.B * s.H * s.T * s.T * s.e);
+  if (b.o <= 0) {   // a recompute under keep_attention finds o and the aux kept from the forward
+    b.o = m.alloc(Ndle);
+    b.aux = m.alloc(s.flash ? s.st * s.B * s.H * s.T : s.B * s.H * s.T * s.T * s.e);
+  }
   double proj = m.alloc(Nde);
   if (s.sp) {   // tp_g reduce-scatters into a new [Nl,d] tensor
     double shard = m.alloc(Nlde);
@@ -348,6 +351,11 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
       }
       blocks[static_cast<std::size_t>(l)] = b;
     } else {
+      if (every_k && s.keep_attention) {   // o and the aux stay for the backward (recompute.h)
+        blocks[static_cast<std::size_t>(l)].o = b.o;
+        blocks[static_cast<std::size_t>(l)].aux = b.aux;
+        b.o = b.aux = 0;
+      }
       free_block(m, b);
       // The input dies with the block unless the caller or a group input holds it.
       if (l > l0 && !group_start) m.free(x);
@@ -370,6 +378,8 @@ void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blo
       const double in = blocks[static_cast<std::size_t>(lo)].x;
       for (int l = lo; l < hi; ++l) {
         Block b;
+        b.o = blocks[static_cast<std::size_t>(l)].o;   // kept under keep_attention, else 0
+        b.aux = blocks[static_cast<std::size_t>(l)].aux;
         const double out = block_forward(m, s, b, l + 1 < hi);
         b.x = l == lo ? in : blocks[static_cast<std::size_t>(l)].x;
         blocks[static_cast<std::size_t>(l)] = b;

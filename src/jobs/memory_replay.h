@@ -61,6 +61,7 @@ struct Shapes {
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   std::string ac = "none";
   int k = 1;
+  bool keep_attention = false;   // every-k: o and the attention's aux kept per block
 };
 
 // The shapes of a micro-batch of `rows` sequences under the deck's model, precision, tp and

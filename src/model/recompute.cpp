@@ -4,8 +4,10 @@
 
 namespace lmscale::model {
 
-RecomputePolicy RecomputePolicy::from(const std::string& name, long long k) {
+RecomputePolicy RecomputePolicy::from(const std::string& name, long long k, bool keep_attention) {
   RecomputePolicy p;
+  LMSCALE_CHECK(!keep_attention || name == "every-k", "keep_attention with activation checkpointing '{}' (every-k only)",
+                name);
   if (name == "none") return p;
   if (name == "selective" || name == "selective-mlp") {
     p.mode = Mode::selective;
@@ -16,6 +18,7 @@ RecomputePolicy RecomputePolicy::from(const std::string& name, long long k) {
   LMSCALE_CHECK(k >= 1, "checkpoint_k {} < 1", k);
   p.mode = Mode::every_k;
   p.k = static_cast<int>(k);
+  p.keep_attention = keep_attention;
   return p;
 }
 

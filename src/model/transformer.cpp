@@ -110,6 +110,10 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
     BlockActivations scratch;   // without `keep` (or under every-k) the block's saved tensors die with it
     BlockActivations& s = keep && !every_k ? act.blocks[static_cast<std::size_t>(l)] : scratch;
     x = block_forward(ctx, l, act.B, act.T, x, s, pc);
+    if (every_k && recompute_.keep_attention) {   // the recompute skips the attention (recompute.h)
+      act.blocks[static_cast<std::size_t>(l)].o = s.o;
+      act.blocks[static_cast<std::size_t>(l)].attn_aux = s.attn_aux;
+    }
     if (selective) {
       // Recomputed in the backward from what stays (see recompute.h).
       s.y1 = Tensor();
@@ -154,13 +158,17 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     ops::rope(ctx, s.k, B, T, H, Dh, dims_.rope_theta, false);
     auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
     shape.deterministic = dims_.deterministic_attention;
-    s.o = act(dl_);
-    if (dims_.flash) {
-      s.attn_aux = Tensor::empty({B, H, T}, stats_, A, "activations");
-      ops::attention_flash(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux);
-    } else {
-      s.attn_aux = Tensor::empty({B, H, T, T}, compute_, A, "attention_probs");
-      ops::attention_naive(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux);
+    // A recompute under keep_attention finds o and the aux kept from the forward: bitwise what the
+    // attention would give again from the same q, k, v, so it is skipped.
+    if (!present(s.o)) {
+      s.o = act(dl_);
+      if (dims_.flash) {
+        s.attn_aux = Tensor::empty({B, H, T}, stats_, A, "activations");
+        ops::attention_flash(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux);
+      } else {
+        s.attn_aux = Tensor::empty({B, H, T, T}, compute_, A, "attention_probs");
+        ops::attention_naive(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux);
+      }
     }
     Tensor proj = act(d);
     ops::linear(ctx, s.o, W(kO), proj);   // row-parallel: this rank's heads' share of the sum

@@ -112,6 +112,7 @@ struct TrainConfig {
   std::int64_t checkpoint_k = 1;
   std::string checkpoint_dir;           // sharded checkpoints (step_NNNNNNNN/), empty = single-file checkpoint_path
   std::int64_t keep_checkpoints = 2;    // newest complete sharded checkpoints kept; 0 = all
+  bool checkpoint_keep_attention = false;   // every-k: keep each block's attention output and LSE
 
   bool operator==(const TrainConfig&) const = default;
 };

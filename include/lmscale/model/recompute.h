@@ -15,6 +15,13 @@
 //   selective-mlp  also the FFN's inputs to the SwiGLU, a = w1 y2 and b = w3 y2 ([N,F] each):
 //              keeps 6d per block (xl: 81% less than none) for two recomputed matmuls, half a
 //              block's forward FLOPs.
+//   keep_attention (every_k only): each block also keeps its attention output o [N,dl] and the
+//              attention's log-sum-exp [B,H,T] (flash; naive: its probabilities [B,H,T,T]), and the
+//              recompute skips the attention kernel: it rebuilds q, k, v (the backward reads them)
+//              but not o. The attention is the costliest part of a block at long context (8b at 32k
+//              tokens: ~40% of a block's forward FLOPs) and o is one [N,d] tensor, so this buys the
+//              most recompute time per byte kept (FlashAttention's own argument for keeping the
+//              log-sum-exp).
 #include <string>
 
 namespace lmscale::model {
@@ -24,9 +31,11 @@ struct RecomputePolicy {
   Mode mode = Mode::none;
   int k = 1;          // every_k: blocks per group
   bool mlp = false;   // selective: recompute the FFN's w1/w3 outputs too (selective-mlp)
+  bool keep_attention = false;   // every_k: keep o and the attention's aux, skip it in the recompute
 
-  // From the deck's train.activation_checkpointing / train.checkpoint_k.
-  static RecomputePolicy from(const std::string& name, long long k);
+  // From the deck's train.activation_checkpointing / train.checkpoint_k /
+  // train.checkpoint_keep_attention.
+  static RecomputePolicy from(const std::string& name, long long k, bool keep_attention = false);
 };
 
 }  // namespace lmscale::model
