@@ -9,8 +9,12 @@
 #             on 2 GPUs with fsdp, the same global batch; losses compared (bf16: within 2e-2
 #             relative) and the first loss against ln(151936) = 11.93 (within 0.1)
 #   account   the accounting job's prediction of the deck (per-rank peak, step FLOPs)
-#   run       the deck itself (fsdp, full checkpointing) and its variants: zero2, selective-mlp,
-#             1 GiB logits chunks
+#   run       the deck itself (fsdp, full checkpointing) and its variants (RUNS, default "fsdp
+#             keepattn"): keepattn (train.checkpoint_keep_attention), zero2, selective_mlp, chunk1g
+#             (1 GiB logits chunks)
+#   proxy     one GPU, the deck's widths at 32k tokens with 8 layers and one sequence (no sharding):
+#             full checkpointing against checkpoint_keep_attention, the per-layer difference and
+#             both peaks against the prediction (fits an H100; for when 2 H200s are not lent)
 #   peer      torch FSDP2 peer in the same call
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,10 +57,28 @@ if has account; then
     > "$OUT/accounting.log" 2>&1
   note "accounting: $(grep -E '^(peak|FLOPs)' "$OUT/accounting.log" | tr '\n' ' ')"
 fi
-if has run; then
-  for v in "fsdp:" "zero2:--parallel.zero=zero2" "selective_mlp:--train.activation_checkpointing=selective-mlp" \
-           "chunk1g:--model.ce_chunk_rows=3534"; do
+if has proxy; then
+  PROXY=(--model.num_layers=8 --parallel.zero=none --bench.batch_size=1 --train.batch_size=1 --bench.steps=3)
+  for v in "full:" "keepattn:--train.checkpoint_keep_attention=true"; do
     name=${v%%:*}; args=${v#*:}
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=0 timeout 300 $LM $DECK "${PROXY[@]}" $args --run.output="$OUT/proxy_$name.h5" \
+      > "$OUT/proxy_$name.log" 2>&1
+    note "proxy 8 layers $name: rc=$? $(brief "$OUT/proxy_$name.log")"
+  done
+  # Same model, same data: the step losses agree (the first bitwise: the updates before the later
+  # ones use the flash backward's atomic dQ sums).
+  python3 - "$OUT/proxy_full.h5" "$OUT/proxy_keepattn.h5" <<'PY' | tee -a "$summary"
+import sys, h5py
+a, b = (h5py.File(f, "r")["/bench_model/steps"]["loss"][:] for f in sys.argv[1:])
+print("proxy losses full", list(map(float, a)), "keepattn", list(map(float, b)), "first equal:", a[0] == b[0])
+PY
+fi
+declare -A VARIANT=([fsdp]="" [keepattn]="--train.checkpoint_keep_attention=true" [zero2]="--parallel.zero=zero2"
+                    [selective_mlp]="--train.activation_checkpointing=selective-mlp" [chunk1g]="--model.ce_chunk_rows=3534")
+if has run; then
+  for name in ${RUNS:-fsdp keepattn}; do
+    args=${VARIANT[$name]}
     # shellcheck disable=SC2086
     timeout 590 "${MPIRUN[@]}" -np 2 $LM $DECK $args --run.output="$OUT/8b_$name.h5" > "$OUT/8b_$name.log" 2>&1
     note "8b $name: rc=$? $(brief "$OUT/8b_$name.log")"
@@ -68,3 +90,5 @@ if has peer; then
   note "peer: rc=$? $(tail -3 "$OUT/peer.log" | tr '\n' ' ')"
 fi
 note "done at $(( $(date +%s) - T0 )) s"
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.h5' $(find . -name '*.log') 2>/dev/null)
+find "$OUT" -name '*.log' -delete; find "$OUT" -name '*.h5' -delete
