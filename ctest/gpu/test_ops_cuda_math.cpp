@@ -111,6 +111,63 @@ TEST_F(LinearTest, AutotunedAlgorithmsGiveTheSameProduct) {
   }
 }
 
+// ---- linear_group (q, k, v and w1, w3 of a block) ---------------------------------------------
+// n weights [N,K] `gap` weights apart in one buffer (gap 1: back to back like q, k, v; gap 2 like
+// w1 and w3 with w2 between), outputs and their gradients views of one [n,M,N] tensor (the
+// strided-batched GEMM) or separate tensors (one product each); weight gradients likewise in one
+// buffer or separate. Checked against the float64 CPU reference of separate linear products.
+class LinearGroupTest : public CudaOpsTest {
+ protected:
+  void run(DType t, DType dw_type, int n, int gap, bool packed, bool accumulate) {
+    const std::int64_t M = 77, K = 96, N = 40;
+    SCOPED_TRACE(::testing::Message() << dtype_name(t) << " dw " << dtype_name(dw_type) << " n=" << n << " gap=" << gap
+                                      << (packed ? " packed" : " separate") << (accumulate ? " accumulate" : ""));
+    const auto x = randn(M * K, t), wall = randn(n * gap * N * K, t, 0.1), dyall = randn(n * M * N, t),
+               dwall = randn(n * gap * N * K, dw_type);
+    Tensor xd = dev(x, {M, K}, t), wd = dev(wall, {n * gap * N * K}, t), dyd = dev(dyall, {n * M * N}, t);
+    Tensor dwd = dev(dwall, {n * gap * N * K}, dw_type), yd = poisoned({n * M * N}, t);
+    std::vector<Tensor> ws, ys, dys, dws;
+    for (int i = 0; i < n; ++i) {
+      ws.push_back(wd.flat_range(i * gap * N * K, N * K).reshape({N, K}));
+      dws.push_back(packed ? dwd.flat_range(i * gap * N * K, N * K).reshape({N, K})
+                           : dev(std::vector<double>(dwall.begin() + i * gap * N * K,
+                                                     dwall.begin() + (i * gap + 1) * N * K), {N, K}, dw_type));
+      ys.push_back(packed ? yd.flat_range(i * M * N, M * N).reshape({M, N}) : poisoned({M, N}, t));
+      dys.push_back(packed ? dyd.flat_range(i * M * N, M * N).reshape({M, N})
+                           : dev(std::vector<double>(dyall.begin() + i * M * N, dyall.begin() + (i + 1) * M * N),
+                                 {M, N}, t));
+    }
+    Tensor dx = poisoned({M, K}, t);
+    ops::linear_group(g(), xd, ws, ys);
+    ops::linear_group_backward(g(), xd, ws, dys, &dx, &dws, accumulate);
+    std::vector<double> dxr(M * K, 0.0);
+    for (int i = 0; i < n; ++i) {
+      const std::vector<double> wi(wall.begin() + i * gap * N * K, wall.begin() + (i * gap + 1) * N * K),
+          dyi(dyall.begin() + i * M * N, dyall.begin() + (i + 1) * M * N),
+          dw0(dwall.begin() + i * gap * N * K, dwall.begin() + (i * gap + 1) * N * K);
+      Tensor yr = ref(std::vector<double>(M * N), {M, N}), dxi = ref(std::vector<double>(M * K), {M, K});
+      Tensor dwr = ref(accumulate ? dw0 : std::vector<double>(N * K), {N, K});
+      ops::linear(c(), ref(x, {M, K}), ref(wi, {N, K}), yr);
+      ops::linear_backward(c(), ref(x, {M, K}), ref(wi, {N, K}), ref(dyi, {M, N}), &dxi, &dwr, accumulate);
+      EXPECT_CLOSE(values(ys[i]), values(yr), tolerance(t));
+      EXPECT_CLOSE(values(dws[i]), values(dwr), tolerance(dw_type));
+      const auto v = values(dxi);
+      for (std::int64_t j = 0; j < M * K; ++j) dxr[j] += v[j];
+    }
+    EXPECT_CLOSE(values(dx), dxr, tolerance(t));
+    if (packed && gap > 1) {   // the weights between the group's are not written
+      const auto all = values(dwd);
+      for (std::int64_t j = N * K; j < gap * N * K; ++j) ASSERT_EQ(all[j], round_to(dwall[j], dw_type)) << j;
+    }
+  }
+};
+
+TEST_F(LinearGroupTest, QkvPackedBf16Fp32Grads) { run(DType::bf16, DType::f32, 3, 1, true, true); }
+TEST_F(LinearGroupTest, QkvPackedFp32) { run(DType::f32, DType::f32, 3, 1, true, false); }
+TEST_F(LinearGroupTest, W13PackedWithGapFp16) { run(DType::f16, DType::f32, 2, 2, true, false); }
+TEST_F(LinearGroupTest, W13PackedWithGapBf16Accumulates) { run(DType::bf16, DType::f32, 2, 2, true, true); }
+TEST_F(LinearGroupTest, SeparateTensorsOneProductEach) { run(DType::bf16, DType::f32, 3, 1, false, true); }
+
 // ---- RMSNorm -----------------------------------------------------------------------------------
 class RmsNormTest : public CudaOpsTest,
                     public ::testing::WithParamInterface<std::tuple<DType, bool, std::int64_t>> {};

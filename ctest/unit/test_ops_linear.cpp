@@ -105,5 +105,41 @@ TEST_F(LinearTest, BadArgumentsThrow) {
   EXPECT_THROW(ops::linear_backward(ctx, x, w, dy, &dx_bad, nullptr, false), Error);
 }
 
+// linear_group is the products of linear, one per weight; its backward sums the input gradients
+// (checked by finite differences of f = sum_i <y_i, r_i>) and gives each weight its own gradient.
+TEST_F(LinearTest, GroupIsOneLinearPerWeightAndSumsTheInputGradients) {
+  Tensor x = randn({5, 4}, 30);
+  const std::vector<Tensor> ws = {randn({3, 4}, 31), randn({3, 4}, 32), randn({3, 4}, 33)};
+  const std::vector<Tensor> rs = {randn({5, 3}, 34), randn({5, 3}, 35), randn({5, 3}, 36)};
+  std::vector<Tensor> ys = {poisoned({5, 3}), poisoned({5, 3}), poisoned({5, 3})};
+  ops::linear_group(ctx, x, ws, ys);
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    Tensor yi = poisoned({5, 3});
+    ops::linear(ctx, x, ws[i], yi);
+    EXPECT_EQ(values(ys[i]), values(yi)) << i;
+  }
+  Tensor dx = poisoned({5, 4});
+  const std::vector<Tensor> dws = {poisoned({3, 4}), poisoned({3, 4}), poisoned({3, 4})};
+  ops::linear_group_backward(ctx, x, ws, rs, &dx, &dws, false);
+  std::vector<Tensor> wv = ws;   // gradcheck perturbs these in place
+  const auto f = [&] {
+    ops::linear_group(ctx, x, wv, ys);
+    double sum = 0;
+    for (std::size_t i = 0; i < ys.size(); ++i) sum += dot(ys[i], rs[i]);
+    return sum;
+  };
+  Tensor dw0 = dws[0], dw1 = dws[1], dw2 = dws[2];
+  expect_gradcheck_ok(gradcheck(f, {{"x", &x, &dx}, {"w0", &wv[0], &dw0}, {"w1", &wv[1], &dw1}, {"w2", &wv[2], &dw2}}));
+  // accumulate adds to what the weight gradients held; dx alone leaves them untouched
+  const std::vector<Tensor> acc = {clone(dws[0]), clone(dws[1]), clone(dws[2])};
+  ops::linear_group_backward(ctx, x, ws, rs, nullptr, &acc, true);
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    const auto a = values(acc[i]), once = values(dws[i]);
+    for (std::size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], 2 * once[j], 1e-13);
+  }
+  std::vector<Tensor> bad = {poisoned({5, 3})};
+  EXPECT_THROW(ops::linear_group(ctx, x, ws, bad), Error);   // one output for three weights
+}
+
 }  // namespace
 }  // namespace lmscale::test

@@ -153,13 +153,21 @@ double Grads::staging_total() const {
   return t;
 }
 
+namespace {
+// a and b: views of one [2,N,F] tensor (b.b stays 0), made after sequence parallelism's gather
+// of y2 into a [N,d] temporary that lives until their GEMM is done (TransformerLM::ffn_inputs).
+void ffn_inputs(Sim& m, const Shapes& s, Block& b) {
+  double g = s.sp ? m.alloc(s.N * s.d * s.e) : 0.0;
+  b.a = m.alloc(2 * s.N * s.F * s.e);
+  m.free(g);
+}
+}  // namespace
+
 double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output) {
   const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
   b.rstd1 = m.alloc(s.st * s.Nl);
   b.y1 = m.alloc(Nlde);
-  b.q = m.alloc(Ndle);
-  b.k = m.alloc(Ndle);
-  b.v = m.alloc(Ndle);
+  b.q = m.alloc(3 * Ndle);   // q, k, v: views of one [3,N,dl] tensor (b.k, b.v stay 0)
   if (s.sp) {   // tp_f all-gathers y1 into a [N,d] temporary for the three matmuls
     double g = m.alloc(Nde);
     m.free(g);
@@ -178,12 +186,7 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output) {
   m.free(proj);
   b.rstd2 = m.alloc(s.st * s.Nl);
   b.y2 = m.alloc(Nlde);
-  b.a = m.alloc(NFe);
-  b.b = m.alloc(NFe);
-  if (s.sp) {
-    double g = m.alloc(Nde);
-    m.free(g);
-  }
+  ffn_inputs(m, s, b);
   b.g = m.alloc(NFe);
   if (!need_output) return 0;
   double out = m.alloc(Nde);
@@ -217,8 +220,7 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   const int p0 = 1 + l * 9;   // slots q,k,v,o,ln1,w1,w2,w3,ln2
   if (b.a <= 0) {             // selective-mlp: y2, a, b again
     recompute_norm(m, s, b.y2);
-    b.a = m.alloc(NFe);
-    b.b = m.alloc(NFe);
+    ffn_inputs(m, s, b);
   }
   if (b.g <= 0) b.g = m.alloc(NFe);
   double dg = m.alloc(NFe);
@@ -229,20 +231,19 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   }
   gr.ready(p0 + 6);
   m.free(b.g);
-  double da = m.alloc(NFe), db = m.alloc(NFe);
+  double da = m.alloc(2 * NFe), db = 0;   // one [2,N,F] tensor
   m.free(dg);
   m.free(b.a);
   m.free(b.b);
   recompute_norm(m, s, b.y2);
-  double dy2 = m.alloc(Nde), dy2b = m.alloc(Nde);
+  double dy2 = m.alloc(Nde);   // dy2 = da w1 + db w3, accumulated in the GEMM epilogue
+  gr.touch(p0 + 5, false);
+  gr.touch(p0 + 7, false);
   if (s.tp > 1) {
-    // Tensor parallel (transformer.cpp): the input gradients first, dy2b dropped, then f's
-    // backward started (sequence parallel: a new [Nl,d] result; the gathered y2 and the old
-    // [N,d] dy2 live until the weight gradients are done), w1 and w3 notified after their GEMMs.
-    gr.touch(p0 + 5, false);
-    gr.touch(p0 + 7, false);
+    // Tensor parallel (transformer.cpp): the input gradients first, then f's backward started
+    // (sequence parallel: a new [Nl,d] result; the gathered y2 and the old [N,d] dy2 live until
+    // the weight gradients are done), w1 and w3 notified after their GEMMs.
     double y2full = s.sp ? m.alloc(Nde) : 0.0;
-    m.free(dy2b);
     const double res = s.sp ? m.alloc(Nlde) : 0.0;
     gr.ready(p0 + 5);
     gr.ready(p0 + 7);
@@ -252,9 +253,8 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
       dy2 = res;
     }
   } else {
-    gr.touch(p0 + 5);
-    gr.touch(p0 + 7);
-    m.free(dy2b);
+    gr.ready(p0 + 5);
+    gr.ready(p0 + 7);
   }
   double dh = m.alloc(Nlde);
   gr.touch(p0 + 8);
@@ -268,7 +268,7 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
     m.free(dproj);
   }
   gr.ready(p0 + 3);
-  double dq = m.alloc(Ndle), dk = m.alloc(Ndle), dv = m.alloc(Ndle);
+  double dq = m.alloc(3 * Ndle), dk = 0, dv = 0;   // one [3,N,dl] tensor
   if (s.flash && s.cuda && s.deterministic) {   // the atomic-free backward: D = rowsum(dO*O) only
     double D = m.alloc(s.st * s.B * s.H * s.T);
     m.free(D);
@@ -294,9 +294,9 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   m.free(b.o);
   m.free(dO);
   recompute_norm(m, s, b.y1);
-  double dy1 = m.alloc(Nde), tmp = m.alloc(Nde);
+  double dy1 = m.alloc(Nde);   // dq wq + dk wk + dv wv, accumulated in the GEMM epilogues
+  for (int j = 0; j < 3; ++j) gr.touch(p0 + j, false);
   if (s.tp > 1) {   // as in the FFN: y1 gathered, f's backward started, then the weight gradients
-    for (int j = 0; j < 3; ++j) gr.touch(p0 + j, false);
     double y1full = s.sp ? m.alloc(Nde) : 0.0;
     const double res = s.sp ? m.alloc(Nlde) : 0.0;
     for (int j = 0; j < 3; ++j) gr.ready(p0 + j);
@@ -306,13 +306,11 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
       dy1 = res;
     }
   } else {
-    gr.touch(p0);
-    gr.touch(p0 + 1);
-    gr.touch(p0 + 2);
+    for (int j = 0; j < 3; ++j) gr.ready(p0 + j);
   }
-  double dxn = s.Nl == s.N ? 0 : m.alloc(Nlde);
+  double dxn = m.alloc(Nlde);
   gr.touch(p0 + 4);
-  for (double* t : {&dq, &dk, &dv, &dy1, &tmp, &dxn}) m.free(*t);
+  for (double* t : {&dq, &dk, &dv, &dy1, &dxn}) m.free(*t);
   free_block(m, b);
 }
 

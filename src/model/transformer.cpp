@@ -20,6 +20,8 @@ void call(const std::function<void(int)>& hook, int unit) {
   if (hook) hook(unit);
 }
 bool present(const Tensor& t) { return t.defined() && t.numel() > 0; }
+// Matrix i of a [n, rows, cols] tensor as a [rows, cols] view.
+Tensor part(const Tensor& t, std::int64_t i) { return t.slice(i, i + 1).reshape({t.dim(1), t.dim(2)}); }
 }  // namespace
 
 TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
@@ -145,17 +147,18 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     s.rstd1 = Tensor::empty({Nl}, stats_, A, "activations");
     s.y1 = act_local(d);
     ops::rmsnorm(ctx, x, W(kLn1), dims_.norm_eps, s.y1, s.rstd1);
-    s.q = act(dl_);
-    s.k = act(dl_);
-    s.v = act(dl_);
+    // q, k, v are views of one [3,N,dl] tensor: the three projections are one batched GEMM (the
+    // weights lie back to back in the store) and RoPE runs once over q and k as [2B,T,H,Dh].
+    const Tensor qkv = Tensor::empty({3, N, dl_}, compute_, A, "activations");
+    s.q = part(qkv, 0);
+    s.k = part(qkv, 1);
+    s.v = part(qkv, 2);
     {
       const Tensor y1 = tp_f(pc, ctx, s.y1);   // [N,d]; gathered rows are dropped after the matmuls
-      ops::linear(ctx, y1, W(kQ), s.q);
-      ops::linear(ctx, y1, W(kK), s.k);
-      ops::linear(ctx, y1, W(kV), s.v);
+      ops::linear_group(ctx, y1, {W(kQ), W(kK), W(kV)}, {s.q, s.k, s.v});
     }
-    ops::rope(ctx, s.q, B, T, H, Dh, dims_.rope_theta, false);
-    ops::rope(ctx, s.k, B, T, H, Dh, dims_.rope_theta, false);
+    Tensor qk = qkv.slice(0, 2).reshape({2 * N, dl_});
+    ops::rope(ctx, qk, 2 * B, T, H, Dh, dims_.rope_theta, false);
     auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
     shape.deterministic = dims_.deterministic_attention;
     // A recompute under keep_attention finds o and the aux kept from the forward: bitwise what the
@@ -180,13 +183,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   s.rstd2 = Tensor::empty({Nl}, stats_, A, "activations");
   s.y2 = act_local(d);
   ops::rmsnorm(ctx, s.h, W(kLn2), dims_.norm_eps, s.y2, s.rstd2);
-  s.a = act(F);
-  s.b = act(F);
-  {
-    const Tensor y2 = tp_f(pc, ctx, s.y2);
-    ops::linear(ctx, y2, W(kW1), s.a);
-    ops::linear(ctx, y2, W(kW3), s.b);
-  }
+  ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l);
   s.g = act(F);
   ops::swiglu(ctx, s.a, s.b, s.g);
   if (!need_output) return Tensor();   // a recompute's last block: its output is not needed again
@@ -195,6 +192,14 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);
   return out;
+}
+
+void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l) {
+  // a = w1 y2 and b = w3 y2 [N,Fl]: views of one [2,N,Fl] tensor, one batched GEMM.
+  const Tensor ab = Tensor::empty({2, y2.dim(0), Fl_}, compute_, *ctx.allocator, "activations");
+  s.a = part(ab, 0);
+  s.b = part(ab, 1);
+  ops::linear_group(ctx, y2, {params_.compute_weight(pidx(l, kW1)), params_.compute_weight(pidx(l, kW3))}, {s.a, s.b});
 }
 
 void TransformerLM::recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N,
@@ -225,11 +230,7 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     NvtxRange r("ffn_block_backward");
     if (!present(s.a)) {   // selective-mlp: y2, then a = w1 y2 and b = w3 y2 again
       recompute_norm(ctx, s.h, W(kLn2), s.y2, Nl, d);   // [Nl,d]; tensor parallel: the local a, b [N,Fl]
-      s.a = act(F);
-      s.b = act(F);
-      const Tensor y2 = tp_f(pc, ctx, s.y2);
-      ops::linear(ctx, y2, W(kW1), s.a);
-      ops::linear(ctx, y2, W(kW3), s.b);
+      ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l);
     }
     if (!present(s.g)) {   // selective checkpointing: g = silu(a) * b again
       s.g = act(F);
@@ -243,36 +244,31 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     }
     notify(pc, pidx(l, kW2));
     s.g = Tensor();
-    Tensor da = act(F), db = act(F);
+    const Tensor dab = Tensor::empty({2, N, F}, compute_, A, "activation_grads");   // da, db side by side
+    Tensor da = part(dab, 0), db = part(dab, 1);
     ops::swiglu_backward(ctx, s.a, s.b, dg, da, db);
     dg = Tensor();
     s.a = Tensor();
     s.b = Tensor();
     recompute_norm(ctx, s.h, W(kLn2), s.y2, Nl, d);   // selective: y2 = rmsnorm2(h) again
-    Tensor dy2 = act(d), dy2b = act(d);
-    Tensor gW1 = G(kW1), gW3 = G(kW3);
+    // dy2 = da w1 + db w3 (the second product added in the GEMM epilogue), dW1, dW3 batched.
+    Tensor dy2 = act(d);
+    const std::vector<Tensor> w13 = {W(kW1), W(kW3)}, d13 = {da, db}, g13 = {G(kW1), G(kW3)};
     if (!tp_.active()) {
-      ops::linear_backward(ctx, s.y2, W(kW1), da, &dy2, &gW1, accumulate);
+      ops::linear_group_backward(ctx, s.y2, w13, d13, &dy2, &g13, accumulate);
       notify(pc, pidx(l, kW1));
-      ops::linear_backward(ctx, s.y2, W(kW3), db, &dy2b, &gW3, accumulate);
       notify(pc, pidx(l, kW3));
-      ops::add(ctx, dy2, dy2b, dy2);
     } else {
       // Tensor parallel: the input gradient first, so that its f-backward collective runs while
       // the weight-gradient GEMMs (which do not read it) compute.
       const Tensor y2 = tp_f(pc, ctx, s.y2);   // sequence parallel: gathered again, as Megatron does
-      ops::linear_backward(ctx, y2, W(kW1), da, &dy2, nullptr, accumulate);
-      ops::linear_backward(ctx, y2, W(kW3), db, &dy2b, nullptr, accumulate);
-      ops::add(ctx, dy2, dy2b, dy2);
-      dy2b = Tensor();
+      ops::linear_group_backward(ctx, y2, w13, d13, &dy2, nullptr, accumulate);
       PendingGrad pending = tp_f_backward_start(pc, ctx, dy2);
-      ops::linear_backward(ctx, y2, W(kW1), da, nullptr, &gW1, accumulate);
+      ops::linear_group_backward(ctx, y2, w13, d13, nullptr, &g13, accumulate);
       notify(pc, pidx(l, kW1));
-      ops::linear_backward(ctx, y2, W(kW3), db, nullptr, &gW3, accumulate);
       notify(pc, pidx(l, kW3));
       dy2 = pending.finish();   // [Nl,d]
     }
-    dy2b = Tensor();
     Tensor dh = act_local(d), gLn2 = grad_for_adding(ctx, pidx(l, kLn2), accumulate);
     norm_backward(pc, ctx, s.h, W(kLn2), s.rstd2, dy2, dh, gLn2);
     notify(pc, pidx(l, kLn2));
@@ -288,7 +284,8 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     ops::linear_backward(ctx, s.o, W(kO), dproj, &dO, &gWo, accumulate);
   }
   notify(pc, pidx(l, kO));
-  Tensor dq = act(dl_), dk = act(dl_), dv = act(dl_);
+  const Tensor dqkv = Tensor::empty({3, N, dl_}, compute_, A, "activation_grads");   // dq, dk, dv side by side
+  Tensor dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
   auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
   shape.deterministic = dims_.deterministic_attention;
   if (dims_.flash) {
@@ -305,38 +302,28 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   s.attn_aux = Tensor();
   s.o = Tensor();
   dO = Tensor();
-  ops::rope(ctx, dq, B, T, H, Dh, dims_.rope_theta, true);
-  ops::rope(ctx, dk, B, T, H, Dh, dims_.rope_theta, true);
+  Tensor dqk = dqkv.slice(0, 2).reshape({2 * N, dl_});
+  ops::rope(ctx, dqk, 2 * B, T, H, Dh, dims_.rope_theta, true);
   recompute_norm(ctx, s.x, W(kLn1), s.y1, Nl, d);   // selective: y1 = rmsnorm1(x) again
-  Tensor dy1 = act(d), tmp = act(d);
-  Tensor gq = G(kQ), gk = G(kK), gv = G(kV);
+  // dy1 = dq wq + dk wk + dv wv (added in the GEMM epilogues), dWq, dWk, dWv batched.
+  Tensor dy1 = act(d);
+  const std::vector<Tensor> wqkv = {W(kQ), W(kK), W(kV)}, dqkv3 = {dq, dk, dv}, gqkv = {G(kQ), G(kK), G(kV)};
+  auto notify_qkv = [&] {
+    for (int slot : {kQ, kK, kV}) notify(pc, pidx(l, slot));
+  };
   if (!tp_.active()) {
-    ops::linear_backward(ctx, s.y1, W(kQ), dq, &dy1, &gq, accumulate);
-    notify(pc, pidx(l, kQ));
-    ops::linear_backward(ctx, s.y1, W(kK), dk, &tmp, &gk, accumulate);
-    notify(pc, pidx(l, kK));
-    ops::add(ctx, dy1, tmp, dy1);
-    ops::linear_backward(ctx, s.y1, W(kV), dv, &tmp, &gv, accumulate);
-    notify(pc, pidx(l, kV));
-    ops::add(ctx, dy1, tmp, dy1);
+    ops::linear_group_backward(ctx, s.y1, wqkv, dqkv3, &dy1, &gqkv, accumulate);
+    notify_qkv();
   } else {
     // As in the FFN: input gradients, then f backward overlapped with the weight gradients.
     const Tensor y1 = tp_f(pc, ctx, s.y1);
-    ops::linear_backward(ctx, y1, W(kQ), dq, &dy1, nullptr, accumulate);
-    ops::linear_backward(ctx, y1, W(kK), dk, &tmp, nullptr, accumulate);
-    ops::add(ctx, dy1, tmp, dy1);
-    ops::linear_backward(ctx, y1, W(kV), dv, &tmp, nullptr, accumulate);
-    ops::add(ctx, dy1, tmp, dy1);
+    ops::linear_group_backward(ctx, y1, wqkv, dqkv3, &dy1, nullptr, accumulate);
     PendingGrad pending = tp_f_backward_start(pc, ctx, dy1);
-    ops::linear_backward(ctx, y1, W(kQ), dq, nullptr, &gq, accumulate);
-    notify(pc, pidx(l, kQ));
-    ops::linear_backward(ctx, y1, W(kK), dk, nullptr, &gk, accumulate);
-    notify(pc, pidx(l, kK));
-    ops::linear_backward(ctx, y1, W(kV), dv, nullptr, &gv, accumulate);
-    notify(pc, pidx(l, kV));
+    ops::linear_group_backward(ctx, y1, wqkv, dqkv3, nullptr, &gqkv, accumulate);
+    notify_qkv();
     dy1 = pending.finish();   // [Nl,d]
   }
-  Tensor dxn = Nl == N ? tmp : act_local(d);
+  Tensor dxn = act_local(d);
   Tensor gLn1 = grad_for_adding(ctx, pidx(l, kLn1), accumulate);
   norm_backward(pc, ctx, s.x, W(kLn1), s.rstd1, dy1, dxn, gLn1);
   notify(pc, pidx(l, kLn1));

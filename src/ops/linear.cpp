@@ -62,4 +62,54 @@ void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
 #endif
 }
 
+void linear_group(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& ys) {
+  constexpr const char* op = "ops::linear_group";
+  LMSCALE_CHECK(!ws.empty() && ws.size() == ys.size(), "{}: {} weights and {} outputs", op, ws.size(), ys.size());
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    detail::common_device(op, {{"x", &x}, {"w", &ws[i]}, {"y", &ys[i]}});
+    check_operands(op, x, ws[i]);
+    detail::check_shape(op, "w", ws[i], ws[0].shape());
+    detail::check_shape(op, "y", ys[i], output_shape(x, ws[i].dim(0)));
+    detail::check_same_dtype(op, "x", x, "y", ys[i]);
+  }
+  if (x.device() == Device::cpu) return cpu::linear_group(ctx, x, ws, ys);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::linear_group(ctx, x, ws, ys);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws,
+                           const std::vector<Tensor>& dys, Tensor* dx, const std::vector<Tensor>* dws,
+                           bool accumulate_dw) {
+  constexpr const char* op = "ops::linear_group_backward";
+  LMSCALE_CHECK(!ws.empty() && ws.size() == dys.size() && (!dws || dws->size() == ws.size()),
+                "{}: {} weights, {} output gradients, {} weight gradients", op, ws.size(), dys.size(),
+                dws ? dws->size() : 0);
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    const Tensor* dw = dws ? &(*dws)[i] : nullptr;
+    detail::common_device(op, {{"x", &x}, {"w", &ws[i]}, {"dy", &dys[i]}, {"dx", dx}, {"dw", dw}});
+    check_operands(op, x, ws[i]);
+    detail::check_shape(op, "w", ws[i], ws[0].shape());
+    detail::check_shape(op, "dy", dys[i], output_shape(x, ws[i].dim(0)));
+    detail::check_same_dtype(op, "x", x, "dy", dys[i]);
+    if (dw) {
+      detail::check_shape(op, "dw", *dw, ws[i].shape());
+      detail::check_floating(op, "dw", *dw);
+    }
+  }
+  if (dx) {
+    detail::check_shape(op, "dx", *dx, x.shape());
+    detail::check_same_dtype(op, "x", x, "dx", *dx);
+  }
+  if (!dx && !dws) return;
+  if (x.device() == Device::cpu) return cpu::linear_group_backward(ctx, x, ws, dys, dx, dws, accumulate_dw);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::linear_group_backward(ctx, x, ws, dys, dx, dws, accumulate_dw);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
 }  // namespace lmscale::ops

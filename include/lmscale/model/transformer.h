@@ -147,6 +147,8 @@ class TransformerLM {
                       std::int64_t B, std::int64_t T, bool accumulate);
   // y = rmsnorm(x, w) [N,d] unless y is already there (selective checkpointing dropped it).
   void recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N, std::int64_t d);
+  // s.a = w1 y2, s.b = w3 y2 of block l (y2 [N,d], gathered under sequence parallelism).
+  void ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l);
   // Gradient of parameter i, zeroed first unless accumulating (for the ops that always add).
   Tensor grad_for_adding(Context& ctx, int i, bool accumulate);
   // Store index of a block's parameter (slot order of parameter_layout); a pipeline stage's

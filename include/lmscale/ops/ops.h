@@ -6,6 +6,7 @@
 // V = vocab. Backward functions that say "accumulates" add into their output (+=), so gradient
 // accumulation over micro-batches needs no extra pass; the others overwrite.
 #include <cstdint>
+#include <vector>
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
@@ -20,6 +21,20 @@ void linear(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y);
 // dw is null). dw may be fp32 while x, w, dy are bf16/fp16 (mixed precision master gradients).
 void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
                      bool accumulate_dw);
+// A group of linear layers reading one input (a block's q, k, v projections; the FFN's w1, w3):
+//   ys[i][M,N] = x[M,K] . ws[i][N,K]^T     (the ws share a shape; outputs written through the handles)
+// On CUDA one strided-batched GEMM when the weights lie back to back in memory (as the flat
+// parameter store holds them) and the outputs are equally spaced (views of one [n,M,N] tensor),
+// so small-batch products fill the GPU's SMs n times better; otherwise one product per weight.
+void linear_group(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& ys);
+// Its backward:
+//   dx[M,K] = sum_i dys[i][M,N] . ws[i][N,K]    (each product added to dx in the GEMM epilogue:
+//                                                no temporaries, no add kernels; skipped when null)
+//   dws[i] (+)= dys[i]^T . x                     (batched like the forward when the dws and the dys
+//                                                are equally spaced; skipped when dws is null)
+void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws,
+                           const std::vector<Tensor>& dys, Tensor* dx, const std::vector<Tensor>* dws,
+                           bool accumulate_dw);
 
 // ---- embedding -------------------------------------------------------------------------------
 // out[N,d] = table[V,d][ids[N]]; ids int32 in [0, V) (checked on CPU).

@@ -76,4 +76,32 @@ void linear_backward(Context&, const Tensor& x, const Tensor& w, const Tensor& d
   });
 }
 
+void linear_group(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& ys) {
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    Tensor y = ys[i];
+    linear(ctx, x, ws[i], y);
+  }
+}
+
+void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws,
+                           const std::vector<Tensor>& dys, Tensor* dx, const std::vector<Tensor>* dws,
+                           bool accumulate_dw) {
+  const std::int64_t K = x.dim(-1), M = leading_rows(x);
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    check_real_same("ops::linear_group_backward", x, {&ws[i], &dys[i], dx, dws ? &(*dws)[i] : nullptr});
+    const std::int64_t N = ws[i].dim(0);
+    if (dx) {   // dx (+)= dy_i w_i: the first product overwrites, the others add (beta = 1)
+      dispatch_real("ops::linear_group_backward", x.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        gemm<T>(CblasNoTrans, CblasNoTrans, M, K, N, dys[i].data_as<T>(), N, ws[i].data_as<T>(), K, T(i == 0 ? 0 : 1),
+                dx->data_as<T>(), K);
+      });
+    }
+    if (dws) {
+      Tensor dw = (*dws)[i];
+      linear_backward(ctx, x, ws[i], dys[i], nullptr, &dw, accumulate_dw);
+    }
+  }
+}
+
 }  // namespace lmscale::ops::cpu

@@ -16,6 +16,10 @@ namespace lmscale::ops::cuda {
 void linear(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y);
 void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
                      bool accumulate_dw);
+void linear_group(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& ys);
+void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws,
+                           const std::vector<Tensor>& dys, Tensor* dx, const std::vector<Tensor>* dws,
+                           bool accumulate_dw);
 
 void embedding(Context& ctx, const Tensor& ids, const Tensor& table, Tensor& out);
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable);

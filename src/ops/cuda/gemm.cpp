@@ -38,6 +38,13 @@ std::uint32_t alignment(const void* p) {
   while (al > 1 && (a % al) != 0) al >>= 1;
   return al;
 }
+// The alignment every matrix of a strided batch has: that of the first and of the stride.
+std::uint32_t batch_alignment(const void* p, std::int64_t stride, DType t) {
+  const std::uint32_t base = alignment(p);
+  if (stride == 0) return base;
+  const auto bytes = static_cast<std::uintptr_t>(stride) * dtype_size(t);
+  return std::min(base, alignment(reinterpret_cast<const void*>(bytes)));
+}
 std::uint32_t log2u(std::uint32_t x) {
   std::uint32_t r = 0;
   while (x > 1) x >>= 1, ++r;
@@ -51,6 +58,7 @@ struct GemmPlanCache::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::size_t workspace = 0;
+  bool one_by_one = false;   // a strided batch cuBLASLt has no algorithm for: run its products singly
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -64,7 +72,8 @@ GemmPlanCache::~GemmPlanCache() = default;
 
 std::size_t GemmPlanCache::KeyHash::operator()(const Key& k) const {
   std::size_t h = 1469598103934665603ull;
-  for (std::int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc, static_cast<std::int64_t>(k.flags)})
+  for (std::int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc, static_cast<std::int64_t>(k.flags), k.batch, k.stride_a,
+                         k.stride_b, k.stride_c})
     h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
   return h;
 }
@@ -76,7 +85,8 @@ namespace {
 // and returns the index of the fastest (median of 3 runs after one warm-up). Runs once per plan.
 int fastest(Resources& r, const GemmPlanCache::Plan& p, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t* res,
             int count) {
-  const std::size_t c_bytes = static_cast<std::size_t>(g.ldc) * static_cast<std::size_t>(g.n) * dtype_size(g.c_type);
+  const std::size_t c_bytes =
+      static_cast<std::size_t>(g.ldc * g.n + (g.batch > 1 ? (g.batch - 1) * g.stride_c : 0)) * dtype_size(g.c_type);
   void* c = r.alloc->allocate(c_bytes, "gemm_autotune");
   LMSCALE_CUDA_CHECK(cudaMemsetAsync(c, 0, c_bytes, r.stream));
   cudaEvent_t e0, e1;
@@ -115,11 +125,16 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
                 dtype_name(g.c_type), dtype_name(g.ab_type));
   if (g.m == 0 || g.n == 0) return;
   const bool tf32 = allow_tf32 && g.ab_type == DType::f32;
-  const std::uint32_t al_a = alignment(g.a), al_b = alignment(g.b), al_c = alignment(g.c);
+  LMSCALE_CHECK(g.batch >= 1, "gemm: batch {}", g.batch);
+  const bool batched = g.batch > 1;
+  const std::uint32_t al_a = batch_alignment(g.a, batched ? g.stride_a : 0, g.ab_type),
+                      al_b = batch_alignment(g.b, batched ? g.stride_b : 0, g.ab_type),
+                      al_c = batch_alignment(g.c, batched ? g.stride_c : 0, g.c_type);
   GemmPlanCache::Key key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
                          (g.trans_a ? 1u : 0u) | (g.trans_b ? 2u : 0u) | (tf32 ? 4u : 0u) | (g.beta != 0.f ? 8u : 0u) |
                              (static_cast<std::uint32_t>(g.ab_type) << 4) | (static_cast<std::uint32_t>(g.c_type) << 8) |
-                             (log2u(al_a) << 12) | (log2u(al_b) << 16) | (log2u(al_c) << 20)};
+                             (log2u(al_a) << 12) | (log2u(al_b) << 16) | (log2u(al_c) << 20),
+                         g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0, batched ? g.stride_c : 0};
   auto it = r.gemm_plans.plans.find(key);
   if (it == r.gemm_plans.plans.end()) {
     auto plan = std::make_unique<GemmPlanCache::Plan>();
@@ -133,6 +148,16 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
     LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
     LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
     LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, ct, g.m, g.n, g.ldc));
+    if (batched) {
+      const std::int32_t count = g.batch;
+      for (auto [layout, stride] : {std::pair{plan->a, g.stride_a}, std::pair{plan->b, g.stride_b},
+                                    std::pair{plan->c, g.stride_c}}) {
+        LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                              sizeof(count)));
+        LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                              &stride, sizeof(stride)));
+      }
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     LMSCALE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const std::uint64_t ws = r.workspace_bytes;
@@ -147,16 +172,33 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
     const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(r.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref,
                                                             r.gemm_autotune ? kCandidates : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS || found == 0)
+    const bool none = s != CUBLAS_STATUS_SUCCESS || found == 0;
+    if (none && !batched)
       throw Error(fmt::format("gemm: cuBLASLt has no algorithm for m={} n={} k={} {}x{}->{} ({})", g.m, g.n, g.k,
                               dtype_name(g.ab_type), dtype_name(g.ab_type), dtype_name(g.c_type), status_name(s)));
-    int best = 0;
-    if (found > 1) best = fastest(r, *plan, g, results, found);
-    plan->algo = results[best].algo;
-    plan->workspace = results[best].workspaceSize;
+    if (none) {
+      plan->one_by_one = true;
+    } else {
+      int best = 0;
+      if (found > 1) best = fastest(r, *plan, g, results, found);
+      plan->algo = results[best].algo;
+      plan->workspace = results[best].workspaceSize;
+    }
     it = r.gemm_plans.plans.emplace(key, std::move(plan)).first;
   }
   const GemmPlanCache::Plan& p = *it->second;
+  if (p.one_by_one) {
+    const auto ab = static_cast<std::ptrdiff_t>(dtype_size(g.ab_type)), cb = static_cast<std::ptrdiff_t>(dtype_size(g.c_type));
+    for (int i = 0; i < g.batch; ++i) {
+      GemmArgs one = g;
+      one.batch = 1;
+      one.a = static_cast<const char*>(g.a) + i * g.stride_a * ab;
+      one.b = static_cast<const char*>(g.b) + i * g.stride_b * ab;
+      one.c = static_cast<char*>(g.c) + i * g.stride_c * cb;
+      gemm(r, allow_tf32, one);
+    }
+    return;
+  }
   LMSCALE_CUBLAS_CHECK(cublasLtMatmul(r.lt, p.desc, &g.alpha, g.a, p.a, g.b, p.b, &g.beta, g.c, p.c, g.c, p.c, &p.algo,
                                       r.workspace, r.workspace_bytes, r.stream));
 }

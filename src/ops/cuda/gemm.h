@@ -31,6 +31,10 @@ struct GemmArgs {
   DType ab_type = DType::f32;   // A and B share a dtype
   DType c_type = DType::f32;    // ab_type or fp32
   float alpha = 1.f, beta = 0.f;
+  // Strided batch: `batch` products, matrix i at a + i stride_a (elements; likewise b, c). A
+  // stride of 0 shares that operand between the products (the input of the q, k, v projections).
+  int batch = 1;
+  std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 // Runs the product on the resources' stream with their workspace.
@@ -47,8 +51,10 @@ class GemmPlanCache {
   struct Key {
     std::int64_t m, n, k, lda, ldb, ldc;
     std::uint32_t flags;   // trans_a, trans_b, dtypes, compute mode, beta != 0, alignments
+    std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
     bool operator==(const Key& o) const {
-      return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc && flags == o.flags;
+      return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc && flags == o.flags &&
+             batch == o.batch && stride_a == o.stride_a && stride_b == o.stride_b && stride_c == o.stride_c;
     }
   };
   struct KeyHash {

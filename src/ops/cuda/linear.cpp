@@ -17,6 +17,21 @@ namespace lmscale::ops::cuda {
 
 namespace {
 std::int64_t rows(const Tensor& t) { return t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1); }
+
+// The element stride between consecutive tensors of a group when they share shape and dtype and
+// lie at equal, non-overlapping distances in memory (views of one [n, ...] tensor; a block's
+// weights in the flat store); 0 when they do not, or when there is only one.
+std::int64_t equal_spacing(const std::vector<Tensor>& ts) {
+  if (ts.size() < 2) return 0;
+  const auto es = static_cast<std::ptrdiff_t>(dtype_size(ts[0].dtype()));
+  const std::ptrdiff_t step = static_cast<const char*>(ts[1].data()) - static_cast<const char*>(ts[0].data());
+  if (step <= 0 || step % es != 0 || step / es < ts[0].numel()) return 0;
+  for (std::size_t i = 1; i < ts.size(); ++i) {
+    if (ts[i].shape() != ts[0].shape() || ts[i].dtype() != ts[0].dtype()) return 0;
+    if (static_cast<const char*>(ts[i].data()) - static_cast<const char*>(ts[i - 1].data()) != step) return 0;
+  }
+  return step / es;
+}
 }  // namespace
 
 void linear(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y) {
@@ -70,6 +85,71 @@ void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
     g.beta = accumulate_dw ? 1.f : 0.f;   // accumulate in the GEMM's epilogue: no extra pass
     gemm(r, ctx.allow_tf32, g);
   }
+}
+
+void linear_group(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& ys) {
+  const std::int64_t sw = equal_spacing(ws), sy = equal_spacing(ys), M = rows(x), K = x.dim(-1), N = ws[0].dim(0);
+  if (sw == 0 || sy == 0 || M == 0) {
+    for (std::size_t i = 0; i < ws.size(); ++i) {
+      Tensor y = ys[i];
+      linear(ctx, x, ws[i], y);
+    }
+    return;
+  }
+  LMSCALE_CHECK(K > 0, "linear_group: K = 0");
+  // y_i^T (N x M) = W_i'^T X' for every i: A steps through the weights, B (x) is shared.
+  GemmArgs g;
+  g.trans_a = true;
+  g.m = N, g.n = M, g.k = K;
+  g.a = ws[0].data(), g.lda = K;
+  g.b = x.data(), g.ldb = K;
+  g.c = ys[0].data(), g.ldc = N;
+  g.ab_type = x.dtype(), g.c_type = ys[0].dtype();
+  g.batch = static_cast<int>(ws.size());
+  g.stride_a = sw, g.stride_b = 0, g.stride_c = sy;
+  gemm(resources(ctx), ctx.allow_tf32, g);
+}
+
+void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws,
+                           const std::vector<Tensor>& dys, Tensor* dx, const std::vector<Tensor>* dws,
+                           bool accumulate_dw) {
+  const std::int64_t M = rows(x), K = x.dim(-1), N = ws[0].dim(0);
+  Resources& r = resources(ctx);
+  if (dx && dx->numel() > 0) {
+    LMSCALE_CHECK(N > 0, "linear_group_backward: N = 0");
+    // dx^T (K x M) = sum_i W_i' dY_i': the first product overwrites, the others add in the epilogue.
+    for (std::size_t i = 0; i < ws.size(); ++i) {
+      GemmArgs g;
+      g.m = K, g.n = M, g.k = N;
+      g.a = ws[i].data(), g.lda = K;
+      g.b = dys[i].data(), g.ldb = N;
+      g.c = dx->data(), g.ldc = K;
+      g.ab_type = x.dtype(), g.c_type = dx->dtype();
+      g.beta = i == 0 ? 0.f : 1.f;
+      gemm(r, ctx.allow_tf32, g);
+    }
+  }
+  if (!dws) return;
+  const std::int64_t sdw = equal_spacing(*dws), sdy = equal_spacing(dys);
+  if (sdw == 0 || sdy == 0 || M == 0) {
+    for (std::size_t i = 0; i < ws.size(); ++i) {
+      Tensor dw = (*dws)[i];
+      linear_backward(ctx, x, ws[i], dys[i], nullptr, &dw, accumulate_dw);
+    }
+    return;
+  }
+  // dw_i^T (K x N) = X' dY_i'^T for every i: A (x) is shared, B and C step.
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = K, g.n = N, g.k = M;
+  g.a = x.data(), g.lda = K;
+  g.b = dys[0].data(), g.ldb = N;
+  g.c = (*dws)[0].data(), g.ldc = K;
+  g.ab_type = x.dtype(), g.c_type = (*dws)[0].dtype();
+  g.beta = accumulate_dw ? 1.f : 0.f;
+  g.batch = static_cast<int>(ws.size());
+  g.stride_a = 0, g.stride_b = sdy, g.stride_c = sdw;
+  gemm(r, ctx.allow_tf32, g);
 }
 
 }  // namespace lmscale::ops::cuda
