@@ -2,7 +2,7 @@
 # One call on 2 GPUs (kind nvidia-h100-x2), carry [".deps", ".device"]: the batched q/k/v and
 # w1/w3 GEMMs (ops::linear_group) against the commit before them (BASE, built beside), in
 # priority order. Every stage appends to $OUT/summary.txt as it ends.
-#   scripts/device/session_fuse.sh [stages...]    stages: build gputests bench pp suite dp
+#   scripts/device/session_fuse.sh [stages...]    stages: build gputests bench pp suite dp [memtune]
 # gputests: the linear ops and the model against the CPU reference (GPU 0).
 # bench:    xl bf16 flash at batch 1 (the pipeline's microbatch) and 4, new and base (GPU 0).
 # pp:       xl pp = 2 1f1b, 8 microbatches, new and base.
@@ -62,6 +62,21 @@ if has dp; then
     timeout 100 "${MPIRUN[@]}" -np 2 $exe inputs/ddp_xl_zero2.ini --model.attention=flash --run.output="$OUT/dp_$which.h5" \
       > "$OUT/dp_$which.log" 2>&1
     note "xl zero2 2 GPUs $which (rc $?): $(brief "$OUT/dp_$which.log")"
+  done
+fi
+if has memtune; then   # every rank's phases, predicted vs measured, with and without GEMM autotuning
+  for tune in true false; do
+    timeout 100 "${MPIRUN[@]}" -np 2 $LM inputs/pp_xl_1f1b.ini --precision.gemm_autotune=$tune --bench.warmup=1 \
+      --bench.steps=2 --run.output="$OUT/mt_pp_$tune.h5" > "$OUT/mt_pp_$tune.log" 2>&1
+    note "pp autotune $tune (rc $?):"
+    python3 - "$OUT/mt_pp_$tune.h5" <<'PY' | tee -a "$summary"
+import sys, h5py
+t = h5py.File(sys.argv[1], "r")["/bench_model/memory_prediction_ranks"]
+for r in t[:]:
+    d = {k: r[k] for k in r.dtype.names}
+    ph = d["phase"].decode().rstrip("\0") if isinstance(d["phase"], bytes) else d["phase"]
+    print(f"  rank {d.get('rank', 0)} {ph:<17} predicted {d['predicted_bytes']/2**30:8.3f} measured {d['measured_bytes']/2**30:8.3f} GiB")
+PY
   done
 fi
 note "done at $(( $(date +%s) - T0 )) s"

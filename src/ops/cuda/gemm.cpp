@@ -80,15 +80,28 @@ std::size_t GemmPlanCache::KeyHash::operator()(const Key& k) const {
 
 namespace {
 
-// Autotuning (Resources::gemm_autotune): times each candidate algorithm on the real operands,
-// writing into a scratch C so the caller's C (which beta = 1 would accumulate into) is untouched,
-// and returns the index of the fastest (median of 3 runs after one warm-up). Runs once per plan.
+// Bytes an operand spans: `cols` columns of leading dimension ld, per matrix of the batch.
+std::size_t span_bytes(std::int64_t ld, std::int64_t cols, const GemmArgs& g, std::int64_t stride, DType t) {
+  return static_cast<std::size_t>(ld * cols + (g.batch > 1 ? (g.batch - 1) * stride : 0)) * dtype_size(t);
+}
+bool overlap(const void* p, std::size_t pn, const void* q, std::size_t qn) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
+  return a < b + qn && b < a + pn;
+}
+
+// Autotuning (Resources::gemm_autotune): times each candidate algorithm on the real operands and
+// returns the index of the fastest (median of 3 runs after one warm-up). Runs once per plan. With
+// beta = 0 the candidates write the caller's C, which the real product overwrites next (no
+// scratch: the tuning step's memory is the steady state's, so the memory model stays exact); with
+// beta != 0 they write a scratch C, since C holds what the product accumulates into.
 int fastest(Resources& r, const GemmPlanCache::Plan& p, const GemmArgs& g, const cublasLtMatmulHeuristicResult_t* res,
             int count) {
-  const std::size_t c_bytes =
-      static_cast<std::size_t>(g.ldc * g.n + (g.batch > 1 ? (g.batch - 1) * g.stride_c : 0)) * dtype_size(g.c_type);
-  void* c = r.alloc->allocate(c_bytes, "gemm_autotune");
-  LMSCALE_CUDA_CHECK(cudaMemsetAsync(c, 0, c_bytes, r.stream));
+  const std::size_t c_bytes = span_bytes(g.ldc, g.n, g, g.stride_c, g.c_type);
+  const bool in_place = g.beta == 0.f &&
+                        !overlap(g.c, c_bytes, g.a, span_bytes(g.lda, g.trans_a ? g.m : g.k, g, g.stride_a, g.ab_type)) &&
+                        !overlap(g.c, c_bytes, g.b, span_bytes(g.ldb, g.trans_b ? g.k : g.n, g, g.stride_b, g.ab_type));
+  void* c = in_place ? g.c : r.alloc->allocate(c_bytes, "gemm_autotune");
+  if (!in_place) LMSCALE_CUDA_CHECK(cudaMemsetAsync(c, 0, c_bytes, r.stream));
   cudaEvent_t e0, e1;
   LMSCALE_CUDA_CHECK(cudaEventCreate(&e0));
   LMSCALE_CUDA_CHECK(cudaEventCreate(&e1));
@@ -114,7 +127,7 @@ int fastest(Resources& r, const GemmPlanCache::Plan& p, const GemmArgs& g, const
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   LMSCALE_CUDA_CHECK(cudaStreamSynchronize(r.stream));
-  r.alloc->deallocate(c, c_bytes, "gemm_autotune");
+  if (!in_place) r.alloc->deallocate(c, c_bytes, "gemm_autotune");
   return best < 0 ? 0 : best;
 }
 
@@ -176,8 +189,16 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
     if (none && !batched)
       throw Error(fmt::format("gemm: cuBLASLt has no algorithm for m={} n={} k={} {}x{}->{} ({})", g.m, g.n, g.k,
                               dtype_name(g.ab_type), dtype_name(g.ab_type), dtype_name(g.c_type), status_name(s)));
+    // beta is a call argument, not part of the plan: an accumulating product takes the algorithm
+    // its overwriting twin (the same shape, tuned in place) chose, without a scratch C.
+    GemmPlanCache::Key twin_key = key;
+    twin_key.flags &= ~8u;
+    const auto twin = g.beta != 0.f ? r.gemm_plans.plans.find(twin_key) : r.gemm_plans.plans.end();
     if (none) {
       plan->one_by_one = true;
+    } else if (twin != r.gemm_plans.plans.end() && !twin->second->one_by_one) {
+      plan->algo = twin->second->algo;
+      plan->workspace = twin->second->workspace;
     } else {
       int best = 0;
       if (found > 1) best = fastest(r, *plan, g, results, found);
