@@ -5,10 +5,12 @@
 
 #include <fmt/format.h>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/jobs/cost_estimate.h"
 #include "lmscale/jobs/device_peak.h"
 #include "lmscale/jobs/memory_model.h"
 #include "lmscale/model/model_dims.h"
+#include "memory_replay.h"
 
 namespace lmscale::jobs {
 
@@ -176,6 +178,27 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
 
 namespace {
 
+// The deck as the run the accounting describes (a train step of train.batch_size on dp x tp x pp
+// ranks, checked as bench-model so that no training data need exist): the first check that run
+// would fail (exit 2), or empty when it would start. The accounting job itself skips the checks of
+// jobs that run the model, so without this it would predict decks the run refuses.
+std::string run_refusal(const Config& cfg, int world) {
+  Config run = cfg;
+  run.run.job = "bench-model";
+  run.bench.mode = "train-step";
+  run.bench.batch_size = cfg.train.batch_size;
+  // The devices are the run's, not this process's (accounting runs on a CPU for a GPU deck).
+  run.parallel.device = "auto";
+  run.parallel.backend = "auto";
+  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  try {
+    io::validate(run, mesh.dp * mesh.tp * mesh.pp);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return {};
+}
+
 // cost.tokens > 0: GPU-hours and money of training on that many tokens (cost_estimate.h), as a
 // table /accounting/cost (one row per part of the wall time) and attributes.
 void write_cost(JobEnv& env, const Accounting& a) {
@@ -290,6 +313,8 @@ int run_accounting(JobEnv& env) {
     }
   }
   env.out.set_attr(g, "mode", job_mode(cfg));
+  const std::string refused = run_refusal(cfg, env.world);
+  env.out.set_attr(g, "run_refused", refused);
   env.out.set_attr(g, "predicted_peak_bytes_cpu", on_cpu.peak);
   env.out.set_attr(g, "predicted_peak_bytes_cuda", on_cuda.peak);
   env.out.set_attr(g, "memory_model_layout", on_cpu.layout);
@@ -326,6 +351,8 @@ int run_accounting(JobEnv& env) {
       fmt::print("  {:<20} {:>8}  {}{}\n", b.strategy,
                  b.degree > 0 ? std::to_string(b.degree) : fmt::format("> {}", b.limit), b.formula,
                  b.split.empty() ? "" : " (at that degree: " + b.split + ")");
+    if (!refused.empty())
+      fmt::print("note: these are predictions for a run lmscale refuses to start (exit 2): {}\n", refused);
   }
   if (cfg.cost.tokens > 0) write_cost(env, a);
   return 0;
