@@ -36,9 +36,8 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   const bool bench = cfg.run.job == "bench-model";
   const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   // The deck's layout (the accounting job may describe a layout other than the one it runs on).
-  const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
-  const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp)
-                                     : std::max(1, world / (tp * static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp))));
+  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  const int tp = mesh.tp, dp = mesh.dp;
   const bool sp = tp > 1 && cfg.parallel.sequence_parallel;
   a.local_batch = B / dp / (bench ? 1 : cfg.train.grad_accum);
   a.seq = m.context;

@@ -22,6 +22,7 @@
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/stage.h"
 #include "lmscale/parallel/pipeline.h"
+#include "memory_replay.h"
 
 namespace lmscale::jobs {
 
@@ -31,9 +32,9 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   const bool bench = cfg.run.job == "bench-model";
   const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const int pp = static_cast<int>(cfg.parallel.pp), M = static_cast<int>(cfg.parallel.microbatches);
-  const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
+  const comm::MeshShape mesh = replay::mesh_of(cfg, world);   // the deck's layout, as the replay reads it
+  const int tp = mesh.tp, dp = mesh.dp;
   const bool sp = tp > 1 && cfg.parallel.sequence_parallel;
-  const int dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, world / (tp * pp));
   // One tp rank's parameter sizes (the full ones with tp = 1), in parameter_layout order.
   model::TensorSplit split;
   split.degree = tp;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "lmscale/comm/communicator.h"
 #include "lmscale/core/error.h"
@@ -147,8 +148,11 @@ double write_memory_prediction(JobEnv& env) {
     mine.push_back(p.bytes);
     mine.push_back(it == measured.end() ? 0.0 : static_cast<double>(it->second));
   }
-  // error = predicted / measured - 1 (negative: the prediction is short).
-  auto error = [](double predicted, double got) { return got > 0 ? predicted / got - 1 : 0.0; };
+  // error = predicted / measured - 1 (negative: the prediction is short); NaN when the phase was
+  // not measured (a 0 would read as a perfect prediction).
+  auto error = [](double predicted, double got) {
+    return got > 0 ? predicted / got - 1 : std::numeric_limits<double>::quiet_NaN();
+  };
   using C = io::Column;
   const std::vector<C> columns{{"phase", C::Type::str, ""},
                                {"predicted_bytes", C::Type::f64, "bytes"},
