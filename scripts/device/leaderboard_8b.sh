@@ -5,7 +5,7 @@
 #   tests     the fused LM head and RoPE-at-32767 GPU tests, the model test (chunked head vs CPU),
 #             the vocabulary-parallel kernels and the 2-GPU parallel test
 #   small     the deck scaled down with the real widths (2 layers, context 2048, d 4096, F 11008,
-#             32 heads, vocab 151936, bf16, selective checkpointing): 3 train steps on 1 GPU and
+#             32 heads, vocab 151936, bf16, the deck's checkpointing): 3 train steps on 1 GPU and
 #             on 2 GPUs with fsdp, the same global batch; losses compared (bf16: within 2e-2
 #             relative) and the first loss against ln(151936) = 11.93 (within 0.1)
 #   account   the accounting job's prediction of the deck (per-rank peak, step FLOPs)
@@ -38,7 +38,7 @@ if has tests; then
 fi
 if has small; then
   SMALL=(--run.job=train --model.num_layers=2 --model.context_length=2048 --train.batch_size=2 --train.steps=3
-         --train.log_every=1 --train.eval_every=0 --data.source=synthetic --train.activation_checkpointing=selective
+         --train.log_every=1 --train.eval_every=0 --data.source=synthetic --train.activation_checkpointing=every-k
          --parallel.dp=0)
   CUDA_VISIBLE_DEVICES=0 timeout 300 $LM $DECK "${SMALL[@]}" --parallel.zero=none --run.output="$OUT/small_1gpu.h5" \
     > "$OUT/small_1gpu.log" 2>&1
@@ -75,7 +75,8 @@ print("proxy losses full", list(map(float, a)), "keepattn", list(map(float, b)),
 PY
 fi
 declare -A VARIANT=([fsdp]="" [keepattn]="--train.checkpoint_keep_attention=true" [zero2]="--parallel.zero=zero2"
-                    [selective_mlp]="--train.activation_checkpointing=selective-mlp" [chunk1g]="--model.ce_chunk_rows=3534")
+                    [selective_mlp]="--train.activation_checkpointing=selective-mlp --train.checkpoint_keep_attention=false"
+                    [chunk1g]="--model.ce_chunk_rows=3534")
 if has run; then
   for name in ${RUNS:-fsdp keepattn}; do
     args=${VARIANT[$name]}

@@ -39,7 +39,7 @@ if has fail; then
 fi
 if has small; then
   SMALL=(--run.job=train --model.num_layers=2 --model.context_length=2048 --train.batch_size=2 --train.steps=3
-         --train.log_every=1 --train.eval_every=0 --data.source=synthetic --train.activation_checkpointing=selective
+         --train.log_every=1 --train.eval_every=0 --data.source=synthetic --train.activation_checkpointing=selective --train.checkpoint_keep_attention=false
          --parallel.dp=0)
   CUDA_VISIBLE_DEVICES=0 timeout 90 $LM $DECK "${SMALL[@]}" --parallel.zero=none --run.output="$OUT/small_1gpu.h5" \
     > "$OUT/small_1gpu.log" 2>&1
