@@ -199,6 +199,37 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, RmsNormTest,
                          ::testing::Combine(::testing::ValuesIn(kTypes), ::testing::Bool(),
                                             ::testing::Values<std::int64_t>(1600, 37, 8, 8200)));
 
+// The fused residual add + norm is bitwise ops::add then ops::rmsnorm on the GPU (sum, y, rstd);
+// the accumulating backward adds to what dx held (against the float64 reference: dx0 + dx).
+TEST_P(RmsNormTest, FusedAddAndAccumulatingBackward) {
+  const auto [t, fp32_weight, d] = GetParam();
+  const DType wt = fp32_weight ? DType::f32 : t;
+  const std::int64_t N = 67;
+  const auto a = randn(N * d, t), b = randn(N * d, t), dy = randn(N * d, t), dx0 = randn(N * d, t);
+  auto w = randn(d, DType::f64, 0.5);
+  for (auto& v : w) v = round_to(1.0 + v, wt);
+  Tensor ad = dev(a, {N, d}, t), bd = dev(b, {N, d}, t), wd = dev(w, {d}, wt);
+  Tensor sum = poisoned({N, d}, t), y = poisoned({N, d}, t), rstd = poisoned({N}, DType::f32);
+  ops::add_rmsnorm(g(), ad, bd, wd, 1e-5, sum, y, rstd);
+  Tensor sum2 = poisoned({N, d}, t), y2 = poisoned({N, d}, t), rstd2 = poisoned({N}, DType::f32);
+  ops::add(g(), ad, bd, sum2);
+  ops::rmsnorm(g(), sum2, wd, 1e-5, y2, rstd2);
+  EXPECT_EQ(values(sum), values(sum2));
+  EXPECT_EQ(values(y), values(y2));
+  EXPECT_EQ(values(rstd), values(rstd2));
+
+  Tensor dx = dev(dx0, {N, d}, t), dw = dev(std::vector<double>(d, 0.0), {d}, wt);
+  ops::rmsnorm_backward(g(), sum, wd, rstd, dev(dy, {N, d}, t), dx, dw, true);
+  const auto sv = values(sum);
+  Tensor dxr = ref(std::vector<double>(N * d), {N, d}), dwr = ref(std::vector<double>(d, 0.0), {d});
+  Tensor rr = ref(std::vector<double>(N), {N}), yr = ref(std::vector<double>(N * d), {N, d});
+  ops::rmsnorm(c(), ref(sv, {N, d}), ref(w, {d}), 1e-5, yr, rr);
+  ops::rmsnorm_backward(c(), ref(sv, {N, d}), ref(w, {d}), rr, ref(dy, {N, d}), dxr, dwr);
+  auto want = values(dxr);
+  for (std::int64_t i = 0; i < N * d; ++i) want[static_cast<std::size_t>(i)] += round_to(dx0[static_cast<std::size_t>(i)], t);
+  EXPECT_CLOSE(values(dx), want, tolerance(t));
+}
+
 // ---- RoPE --------------------------------------------------------------------------------------
 TEST_F(CudaOpsTest, RopeForwardAndInverse) {
   struct Case {

@@ -69,6 +69,35 @@ TEST_F(RmsNormTest, DwAccumulates) {
   }
 }
 
+// accumulate_dx adds the input gradient to what dx holds: bitwise dx0 + (the overwriting result),
+// in fp32 as the model uses it for the residual stream; add_rmsnorm is add then rmsnorm, bitwise.
+TEST_F(RmsNormTest, AccumulatingBackwardAndFusedAdd) {
+  const std::int64_t N = 4, d = 9;
+  Tensor x = as(randn({N, d}, 40), DType::f32), w = as(randn({d}, 41, 0.3, 1.0), DType::f32);
+  Tensor dy = as(randn({N, d}, 42), DType::f32), rstd = poisoned({N}, DType::f32), y = poisoned({N, d}, DType::f32);
+  ops::rmsnorm(ctx, x, w, kEps, y, rstd);
+  Tensor dx_fresh = poisoned({N, d}, DType::f32), dw1 = as(zeros({d}), DType::f32), dw2 = as(zeros({d}), DType::f32);
+  ops::rmsnorm_backward(ctx, x, w, rstd, dy, dx_fresh, dw1);
+  Tensor dx0 = as(randn({N, d}, 43), DType::f32), dx_acc = clone(dx0);
+  ops::rmsnorm_backward(ctx, x, w, rstd, dy, dx_acc, dw2, true);
+  Tensor want = poisoned({N, d}, DType::f32);
+  ops::add(ctx, dx0, dx_fresh, want);
+  EXPECT_EQ(values(dx_acc), values(want));
+  EXPECT_EQ(values(dw2), values(dw1));   // the weight gradient is the same either way
+
+  Tensor a = as(randn({N, d}, 44), DType::f32), b = as(randn({N, d}, 45), DType::f32);
+  Tensor sum = poisoned({N, d}, DType::f32), yf = poisoned({N, d}, DType::f32), rf = poisoned({N}, DType::f32);
+  ops::add_rmsnorm(ctx, a, b, w, kEps, sum, yf, rf);
+  Tensor sum2 = poisoned({N, d}, DType::f32), y2 = poisoned({N, d}, DType::f32), r2 = poisoned({N}, DType::f32);
+  ops::add(ctx, a, b, sum2);
+  ops::rmsnorm(ctx, sum2, w, kEps, y2, r2);
+  EXPECT_EQ(values(sum), values(sum2));
+  EXPECT_EQ(values(yf), values(y2));
+  EXPECT_EQ(values(rf), values(r2));
+  Tensor bad = poisoned({N, d + 1}, DType::f32);
+  EXPECT_THROW(ops::add_rmsnorm(ctx, a, bad, w, kEps, sum, yf, rf), Error);
+}
+
 TEST_F(RmsNormTest, Fp32AgreesWithFp64) {
   const std::int64_t N = 5, d = 64;
   Tensor x = randn({N, d}, 13), w = randn({d}, 14, 0.3, 1.0), dy = randn({N, d}, 15);

@@ -183,9 +183,9 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output) {
     proj = shard;
   }
   b.h = m.alloc(Nlde);
-  m.free(proj);
   b.rstd2 = m.alloc(s.st * s.Nl);
   b.y2 = m.alloc(Nlde);
+  m.free(proj);   // after the fused h = x + proj, y2 = rmsnorm2(h)
   ffn_inputs(m, s, b);
   b.g = m.alloc(NFe);
   if (!need_output) return 0;
@@ -256,11 +256,10 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
     gr.ready(p0 + 5);
     gr.ready(p0 + 7);
   }
-  double dh = m.alloc(Nlde);
-  gr.touch(p0 + 8);
+  gr.touch(p0 + 8);   // the norm's input gradient is added to dx: no [Nl,d] temporary
   m.free(b.y2);
   m.free(b.h);
-  for (double* t : {&dy2, &dh, &da, &db}) m.free(*t);
+  for (double* t : {&dy2, &da, &db}) m.free(*t);
   double dO = m.alloc(Ndle);
   gr.touch(p0 + 3, false);
   if (s.sp) {   // tp_g_backward: dx gathered for the output projection's GEMMs
@@ -308,9 +307,8 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   } else {
     for (int j = 0; j < 3; ++j) gr.ready(p0 + j);
   }
-  double dxn = m.alloc(Nlde);
-  gr.touch(p0 + 4);
-  for (double* t : {&dq, &dk, &dv, &dy1, &dxn}) m.free(*t);
+  gr.touch(p0 + 4);   // as in the FFN: added to dx
+  for (double* t : {&dq, &dk, &dv, &dy1}) m.free(*t);
   free_block(m, b);
 }
 

@@ -142,6 +142,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activations"); };
   auto act_local = [&](std::int64_t cols) { return Tensor::empty({Nl, cols}, compute_, A, "activations"); };
   s.x = x;
+  Tensor proj;   // the output projection [Nl,d]; the fused residual add + FFN norm below reads it
   {
     NvtxRange r("attention_block");
     s.rstd1 = Tensor::empty({Nl}, stats_, A, "activations");
@@ -173,16 +174,16 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
         ops::attention_naive(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux);
       }
     }
-    Tensor proj = act(d);
+    proj = act(d);
     ops::linear(ctx, s.o, W(kO), proj);   // row-parallel: this rank's heads' share of the sum
     proj = tp_g(pc, ctx, proj);           // [Nl,d]
     s.h = act_local(d);
-    ops::add(ctx, x, proj, s.h);
   }
   NvtxRange r("ffn_block");
   s.rstd2 = Tensor::empty({Nl}, stats_, A, "activations");
   s.y2 = act_local(d);
-  ops::rmsnorm(ctx, s.h, W(kLn2), dims_.norm_eps, s.y2, s.rstd2);
+  ops::add_rmsnorm(ctx, x, proj, W(kLn2), dims_.norm_eps, s.h, s.y2, s.rstd2);   // h = x + proj, y2 = rmsnorm2(h)
+  proj = Tensor();
   ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l);
   s.g = act(F);
   ops::swiglu(ctx, s.a, s.b, s.g);
@@ -269,10 +270,9 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
       notify(pc, pidx(l, kW3));
       dy2 = pending.finish();   // [Nl,d]
     }
-    Tensor dh = act_local(d), gLn2 = grad_for_adding(ctx, pidx(l, kLn2), accumulate);
-    norm_backward(pc, ctx, s.h, W(kLn2), s.rstd2, dy2, dh, gLn2);
+    Tensor gLn2 = grad_for_adding(ctx, pidx(l, kLn2), accumulate);
+    norm_backward(pc, ctx, s.h, W(kLn2), s.rstd2, dy2, dx, gLn2, true);   // dx += the norm's input gradient: d(h)
     notify(pc, pidx(l, kLn2));
-    ops::add(ctx, dx, dh, dx);   // dx now holds d(h)
     s.y2 = Tensor();
     s.h = Tensor();
   }
@@ -323,11 +323,9 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     notify_qkv();
     dy1 = pending.finish();   // [Nl,d]
   }
-  Tensor dxn = act_local(d);
   Tensor gLn1 = grad_for_adding(ctx, pidx(l, kLn1), accumulate);
-  norm_backward(pc, ctx, s.x, W(kLn1), s.rstd1, dy1, dxn, gLn1);
+  norm_backward(pc, ctx, s.x, W(kLn1), s.rstd1, dy1, dx, gLn1, true);   // dx += the norm's input gradient: d(x)
   notify(pc, pidx(l, kLn1));
-  ops::add(ctx, dx, dxn, dx);   // dx now holds d(x)
   s = BlockActivations{};
 }
 

@@ -84,8 +84,8 @@ Tensor TransformerLM::tp_g_backward(const ParallelContext& pc, Context& ctx, con
 }
 
 void TransformerLM::norm_backward(const ParallelContext& pc, Context& ctx, const Tensor& x, const Tensor& w,
-                                  const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw) {
-  if (!tp_.sequence_sharded()) return ops::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw);
+                                  const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dx) {
+  if (!tp_.sequence_sharded()) return ops::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw, accumulate_dx);
   // Each rank saw only its rows: the weight gradient of this call [d] is a partial sum. It is
   // summed over tp here, per call, rather than once per step, so that gradient accumulation and
   // every data-parallel strategy see the same full gradient as without sequence parallelism
@@ -93,7 +93,7 @@ void TransformerLM::norm_backward(const ParallelContext& pc, Context& ctx, const
   need(pc.tp.sum, "sum");
   Tensor part = Tensor::empty({dw.numel()}, dw.dtype(), *ctx.allocator, "norm_grad");
   ops::fill(ctx, part, 0.0);
-  ops::rmsnorm_backward(ctx, x, w, rstd, dy, dx, part);
+  ops::rmsnorm_backward(ctx, x, w, rstd, dy, dx, part, accumulate_dx);
   pc.tp.sum(part);
   Tensor flat = dw.reshape({dw.numel()});
   ops::add(ctx, flat, part, flat);

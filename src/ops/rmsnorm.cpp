@@ -1,4 +1,5 @@
-// ops::rmsnorm and ops::rmsnorm_backward: shape, dtype and device checks, then dispatch.
+// ops::rmsnorm, ops::rmsnorm_backward and ops::add_rmsnorm: shape, dtype and device checks, then
+// dispatch.
 // x, y, dy, dx are [..., d] (N rows of d), w and dw are [d], rstd is [N] (any shape of N elements)
 // in fp32, or fp64 for fp64 x.
 #include "checks.h"
@@ -37,7 +38,7 @@ void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor&
 }
 
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor& dw) {
+                      Tensor& dx, Tensor& dw, bool accumulate_dx) {
   constexpr const char* op = "ops::rmsnorm_backward";
   const Device dev = detail::common_device(
       op, {{"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}});
@@ -48,9 +49,33 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
   detail::check_floating(op, "dy", dy);
   detail::check_floating(op, "dx", dx);
   detail::check_floating(op, "dw", dw);
-  if (dev == Device::cpu) return cpu::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw);
+  if (dev == Device::cpu) return cpu::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw, accumulate_dx);
 #ifdef LMSCALE_WITH_CUDA
-  return cuda::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw);
+  return cuda::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw, accumulate_dx);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& sum, Tensor& y,
+                 Tensor& rstd) {
+  constexpr const char* op = "ops::add_rmsnorm";
+  const Device dev = detail::common_device(
+      op, {{"a", &a}, {"b", &b}, {"w", &w}, {"sum", &sum}, {"y", &y}, {"rstd", &rstd}});
+  check_norm_operands(op, a, w, rstd);
+  detail::check_shape(op, "b", b, a.shape());
+  detail::check_shape(op, "sum", sum, a.shape());
+  detail::check_shape(op, "y", y, a.shape());
+  detail::check_same_dtype(op, "a", a, "b", b);
+  detail::check_same_dtype(op, "a", a, "sum", sum);
+  detail::check_floating(op, "y", y);
+  LMSCALE_CHECK(eps >= 0, "{}: eps must be >= 0, got {}", op, eps);
+  if (dev == Device::cpu) {   // the composition itself: the reference the CUDA kernel is held to
+    cpu::add(ctx, a, b, sum);
+    return cpu::rmsnorm(ctx, sum, w, eps, y, rstd);
+  }
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::add_rmsnorm(ctx, a, b, w, eps, sum, y, rstd);
 #else
   detail::no_cuda_build(op);
 #endif

@@ -179,9 +179,10 @@ class TransformerLM {
   // g backward: d(output) [Nl,d] -> [N,d] (sequence parallel: all-gather rows).
   Tensor tp_g_backward(const ParallelContext& pc, Context& ctx, const Tensor& d);
   // RMSNorm backward into gradient dw; under sequence parallelism each rank sees only its rows,
-  // so the weight gradient of this call is summed over tp before it is added.
+  // so the weight gradient of this call is summed over tp before it is added. accumulate_dx: the
+  // input gradient is added to dx (the residual stream's gradient) instead of overwriting it.
   void norm_backward(const ParallelContext& pc, Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                     const Tensor& dy, Tensor& dx, Tensor& dw);
+                     const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dx = false);
   // Token embedding of ids [N] -> x [Nl,d] (vocabulary-parallel: partial lookups, then g).
   Tensor embed(const ParallelContext& pc, Context& ctx, const Tensor& ids);
   // Its backward from dx [Nl,d] into the (local) table gradient (accumulates).

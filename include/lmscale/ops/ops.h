@@ -46,9 +46,15 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Ten
 // y[N,d] = x * rsqrt(mean(x^2) + eps) * w[d], computed in fp32 (fp64 for fp64 inputs).
 // rstd[N] (fp32; fp64 for fp64 inputs) is saved for the backward.
 void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
-// dx[N,d] overwritten; dw[d] accumulates.
+// dx[N,d] overwritten (accumulate_dx: added to, as the residual stream's gradient is: no
+// temporary and no add kernel); dw[d] accumulates.
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor& dw);
+                      Tensor& dx, Tensor& dw, bool accumulate_dx = false);
+// The residual add and the RMSNorm after it in one pass (a block's h = x + attention output, then
+// its FFN norm): sum = a + b (rounded to the dtype, as ops::add stores it), then ops::rmsnorm of
+// that sum into y and rstd. Bitwise ops::add followed by ops::rmsnorm.
+void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& sum, Tensor& y,
+                 Tensor& rstd);
 
 // ---- RoPE ------------------------------------------------------------------------------------
 // In place on x viewed as [B, T, H, Dh] (Dh even): pairs (2i, 2i+1) of the head vector at

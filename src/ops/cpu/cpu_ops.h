@@ -28,7 +28,7 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Ten
 
 void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor& dw);
+                      Tensor& dx, Tensor& dw, bool accumulate_dx);
 
 void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
           bool inverse);

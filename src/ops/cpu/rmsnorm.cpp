@@ -41,7 +41,7 @@ void rmsnorm(Context&, const Tensor& x, const Tensor& w, double eps, Tensor& y, 
 }
 
 void rmsnorm_backward(Context&, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                      Tensor& dw) {
+                      Tensor& dw, bool accumulate_dx) {
   constexpr const char* op = "ops::rmsnorm_backward";
   check_one_dtype(op, {&x, &w, &rstd, &dy, &dx, &dw});
   const std::int64_t d = x.dim(-1), rows = rstd.numel();
@@ -60,7 +60,8 @@ void rmsnorm_backward(Context&, const Tensor& x, const Tensor& w, const Tensor& 
       for (std::int64_t j = 0; j < d; ++j) {
         const T g = gr[j], xv = xr[j];
         dw_acc[static_cast<std::size_t>(j)] += static_cast<double>(g) * (xv * rt);
-        dxr[j] = rt * wp[j] * g - c * xv;
+        const T v = rt * wp[j] * g - c * xv;   // rounded as a separate output would be, then added
+        dxr[j] = accumulate_dx ? dxr[j] + v : v;
       }
     }
     T* dwp = dw.data_as<T>();

@@ -26,7 +26,9 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Ten
 
 void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor& dw);
+                      Tensor& dx, Tensor& dw, bool accumulate_dx);
+void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& sum, Tensor& y,
+                 Tensor& rstd);
 
 void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
           bool inverse);

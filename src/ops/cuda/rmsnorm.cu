@@ -18,6 +18,61 @@ int row_threads(std::int64_t d) {
   return static_cast<int>(std::max<std::int64_t>(32, std::min<std::int64_t>(256, t)));
 }
 
+// out += the chunk at p (the residual gradient a backward adds into), in fp32.
+template <class T>
+__device__ __forceinline__ void add_existing(const T* p, float (&out)[kChunk]) {
+  float prev[kChunk];
+  load_chunk(p, prev);
+#pragma unroll
+  for (int e = 0; e < kChunk; ++e) out[e] += prev[e];
+}
+
+// sum = a + b rounded to T (ops::add), then rmsnorm of the rounded sum (ops::rmsnorm): one block
+// per row, each thread reading back in the second pass the chunks it wrote in the first.
+template <bool kVec, class T, class W>
+__global__ void add_rmsnorm_kernel(const T* __restrict__ a, const T* __restrict__ b, const W* __restrict__ w,
+                                   T* __restrict__ sum, T* __restrict__ y, float* __restrict__ rstd, int d, float eps) {
+  __shared__ float scratch[32];
+  const std::int64_t row = blockIdx.x;
+  const T *ar = a + row * d, *br = b + row * d;
+  T *sr = sum + row * d, *yr = y + row * d;
+  float ss = 0.f;
+  if constexpr (kVec) {
+    for (int c = threadIdx.x * kChunk; c < d; c += blockDim.x * kChunk) {
+      float u[kChunk], v[kChunk];
+      load_chunk(ar + c, u);
+      load_chunk(br + c, v);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        u[e] = to_f32(from_f32<T>(u[e] + v[e]));   // the value ops::add stores
+        ss = fmaf(u[e], u[e], ss);
+      }
+      store_chunk(sr + c, u);
+    }
+  } else {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      const T s = from_f32<T>(to_f32(ar[c]) + to_f32(br[c]));
+      sr[c] = s;
+      const float v = to_f32(s);
+      ss = fmaf(v, v, ss);
+    }
+  }
+  const float r = rsqrtf(block_sum(ss, scratch) / static_cast<float>(d) + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  if constexpr (kVec) {
+    for (int c = threadIdx.x * kChunk; c < d; c += blockDim.x * kChunk) {
+      float v[kChunk], g[kChunk];
+      load_chunk(sr + c, v);
+      load_chunk(w + c, g);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) v[e] = v[e] * r * g[e];
+      store_chunk(yr + c, v);
+    }
+  } else {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) yr[c] = from_f32<T>(to_f32(sr[c]) * r * to_f32(w[c]));
+  }
+}
+
 template <bool kVec, class T, class W>
 __global__ void rmsnorm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                                float* __restrict__ rstd, int d, float eps) {
@@ -62,7 +117,7 @@ template <bool kVec, class T, class W>
 __global__ void rmsnorm_backward_kernel(const T* __restrict__ x, const W* __restrict__ w,
                                         const float* __restrict__ rstd, const T* __restrict__ dy,
                                         T* __restrict__ dx, float* __restrict__ dw_partial, std::int64_t rows,
-                                        int d) {
+                                        int d, bool accumulate) {
   extern __shared__ float dw_acc[];
   __shared__ float scratch[32];
   for (int c = threadIdx.x; c < d; c += blockDim.x) dw_acc[c] = 0.f;
@@ -98,12 +153,13 @@ __global__ void rmsnorm_backward_kernel(const T* __restrict__ x, const W* __rest
           out[e] = r * gv[e] * wv[e] - xv[e] * k;
           dw_acc[c + e] = fmaf(gv[e] * xv[e], r, dw_acc[c + e]);
         }
+        if (accumulate) add_existing(dxr + c, out);
         store_chunk(dxr + c, out);
       }
     } else {
       for (int c = threadIdx.x; c < d; c += blockDim.x) {
         const float xv = to_f32(xr[c]), gv = to_f32(dyr[c]);
-        dxr[c] = from_f32<T>(r * gv * to_f32(w[c]) - xv * k);
+        dxr[c] = from_f32<T>(r * gv * to_f32(w[c]) - xv * k + (accumulate ? to_f32(dxr[c]) : 0.f));
         dw_acc[c] = fmaf(gv * xv, r, dw_acc[c]);
       }
     }
@@ -121,7 +177,7 @@ template <class T, class W>
 __global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* __restrict__ w,
                                              const float* __restrict__ rstd, const T* __restrict__ dy,
                                              T* __restrict__ dx, float* __restrict__ dw_partial, std::int64_t rows,
-                                             int d) {
+                                             int d, bool accumulate) {
   __shared__ float scratch[32];
   const float inv_d = 1.f / static_cast<float>(d);
   float wv[kRegChunks][kChunk], acc[kRegChunks][kChunk];
@@ -157,6 +213,7 @@ __global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* _
           out[e] = r * gv[j][e] * wv[j][e] - xv[j][e] * k;
           acc[j][e] = fmaf(gv[j][e] * xv[j][e], r, acc[j][e]);
         }
+        if (accumulate) add_existing(dx + row * d + c, out);
         store_chunk(dx + row * d + c, out);
       }
     }
@@ -222,8 +279,32 @@ void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor&
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
+void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& sum, Tensor& y,
+                 Tensor& rstd) {
+  const std::int64_t d = a.dim(-1), rows = d ? a.numel() / d : 0;
+  LMSCALE_CHECK(b.dtype() == a.dtype() && sum.dtype() == a.dtype() && y.dtype() == a.dtype() &&
+                    rstd.dtype() == DType::f32,
+                "add_rmsnorm: b {}, sum {}, y {}, rstd {} with a {}", dtype_name(b.dtype()), dtype_name(sum.dtype()),
+                dtype_name(y.dtype()), dtype_name(rstd.dtype()), dtype_name(a.dtype()));
+  if (rows == 0) return;
+  Resources& r = resources(ctx);
+  const bool vec = d % kChunk == 0 && is_aligned16(a.data()) && is_aligned16(b.data()) && is_aligned16(sum.data()) &&
+                   is_aligned16(y.data()) && is_aligned16(w.data());
+  LMSCALE_CHECK(rows <= 0x7fffffff, "add_rmsnorm: {} rows", rows);
+  LMSCALE_CUDA_DISPATCH_FLOAT(a.dtype(), "add_rmsnorm", T, {
+    with_weight_type<T>(w.dtype(), a.dtype(), "add_rmsnorm", [&](auto wtag) {
+      using W = decltype(wtag);
+      auto kernel = vec ? add_rmsnorm_kernel<true, T, W> : add_rmsnorm_kernel<false, T, W>;
+      kernel<<<static_cast<unsigned>(rows), row_threads(d), 0, r.stream>>>(
+          a.data_as<const T>(), b.data_as<const T>(), w.data_as<const W>(), sum.data_as<T>(), y.data_as<T>(),
+          rstd.data_as<float>(), static_cast<int>(d), static_cast<float>(eps));
+    });
+  });
+  LMSCALE_CUDA_CHECK_LAUNCH();
+}
+
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor& dw) {
+                      Tensor& dx, Tensor& dw, bool accumulate_dx) {
   const std::int64_t d = x.dim(-1), rows = d ? x.numel() / d : 0;
   LMSCALE_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype() && rstd.dtype() == DType::f32,
                 "rmsnorm_backward: dy {}, dx {}, rstd {} with x {}", dtype_name(dy.dtype()), dtype_name(dx.dtype()),
@@ -246,7 +327,7 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
       if (vec && d <= static_cast<std::int64_t>(kRegChunks) * threads * kChunk) {
         rmsnorm_backward_regs_kernel<T, W><<<blocks, threads, 0, r.stream>>>(
             x.data_as<const T>(), w.data_as<const W>(), rstd.data_as<const float>(), dy.data_as<const T>(),
-            dx.data_as<T>(), partial.as<float>(), rows, static_cast<int>(d));
+            dx.data_as<T>(), partial.as<float>(), rows, static_cast<int>(d), accumulate_dx);
       } else {
         auto kernel = vec ? rmsnorm_backward_kernel<true, T, W> : rmsnorm_backward_kernel<false, T, W>;
         if (smem > 48 * 1024)
@@ -254,7 +335,8 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
                                                   static_cast<int>(smem)));
         kernel<<<blocks, threads, smem, r.stream>>>(x.data_as<const T>(), w.data_as<const W>(),
                                                     rstd.data_as<const float>(), dy.data_as<const T>(),
-                                                    dx.data_as<T>(), partial.as<float>(), rows, static_cast<int>(d));
+                                                    dx.data_as<T>(), partial.as<float>(), rows, static_cast<int>(d),
+                                                    accumulate_dx);
       }
       LMSCALE_CUDA_CHECK_LAUNCH();
       rmsnorm_dw_kernel<W><<<static_cast<unsigned>((d + kDwCols - 1) / kDwCols), dim3(kDwCols, kDwRows), 0, r.stream>>>(
