@@ -225,7 +225,6 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   auto W = [&](int slot) { return params_.compute_weight(pidx(l, slot)); };
   auto G = [&](int slot) { return params_.grad(pidx(l, slot)); };
   auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activation_grads"); };
-  auto act_local = [&](std::int64_t cols) { return Tensor::empty({Nl, cols}, compute_, A, "activation_grads"); };
   {
     // FFN: out = h + g(w2(silu(w1 f(y2)) * w3 f(y2))), y2 = rmsnorm2(h); dx holds d(out).
     NvtxRange r("ffn_block_backward");
