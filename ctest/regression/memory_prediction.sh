@@ -127,6 +127,8 @@ elif [ "$NP" -eq 1 ]; then
         --train.checkpoint_k=2
     run "one_${att}_every2_keep_attention" 1 --model.attention=$att --bench.mode=train-step \
         --train.activation_checkpointing=every-k --train.checkpoint_k=2 --train.checkpoint_keep_attention=true
+    run "one_${att}_every1_first1" 1 --model.attention=$att --bench.mode=train-step \
+        --train.activation_checkpointing=every-k --train.checkpoint_layers=1
   done
   # The fused LM head in row chunks of 7 (256 rows: 36 chunks and a remainder of 4).
   for mode in forward train-step; do
@@ -183,6 +185,9 @@ else
   LAYERS=4 run "np${NP}_pp_1f1b_every1_keep_attention" "$NP" --parallel.pp=$NP --parallel.schedule=1f1b \
       --parallel.microbatches=4 --train.activation_checkpointing=every-k --train.checkpoint_keep_attention=true \
       --model.attention=flash --bench.mode=train-step
+  LAYERS=4 run "np${NP}_pp_interleaved_first1_keep_attention" "$NP" --parallel.pp=$NP --parallel.schedule=interleaved \
+      --parallel.virtual_stages=2 --parallel.microbatches=4 --train.activation_checkpointing=every-k \
+      --train.checkpoint_layers=1 --train.checkpoint_keep_attention=true --model.attention=flash --bench.mode=train-step
   LAYERS=4 run "np${NP}_pp_interleaved_selective" "$NP" --parallel.pp=$NP --parallel.schedule=interleaved \
       --parallel.virtual_stages=2 --parallel.microbatches=4 --train.activation_checkpointing=selective \
       --model.attention=flash --bench.mode=train-step

@@ -68,8 +68,8 @@ Pass run(bool flash, model::RecomputePolicy policy) {
   return r;
 }
 
-model::RecomputePolicy every(int k, bool keep_attention = false) {
-  return model::RecomputePolicy::from("every-k", k, keep_attention);
+model::RecomputePolicy every(int k, bool keep_attention = false, int layers = 0) {
+  return model::RecomputePolicy::from("every-k", k, keep_attention, layers);
 }
 
 }  // namespace
@@ -83,6 +83,8 @@ TEST_P(Recompute, EveryPolicyGivesBitwiseTheGradientsOfNone) {
                               std::pair{"every-3", every(3)}, std::pair{"every-5", every(5)},
                               std::pair{"every-1 keep attention", every(1, true)},
                               std::pair{"every-2 keep attention", every(2, true)},
+                              std::pair{"every-2 first 3 blocks", every(2, false, 3)},
+                              std::pair{"every-1 first 2 blocks, keep attention", every(1, true, 2)},
                               std::pair{"selective", model::RecomputePolicy::from("selective", 1)},
                               std::pair{"selective-mlp", model::RecomputePolicy::from("selective-mlp", 1)}}) {
     const Pass got = run(flash, policy);
@@ -120,6 +122,25 @@ TEST_P(Recompute, KeepAttentionKeepsEachBlocksAttentionOutputAndAuxBesideTheGrou
     EXPECT_EQ(kept, plain + static_cast<std::size_t>(d.layers) * per_block) << "k = " << k;
   }
   EXPECT_THROW(model::RecomputePolicy::from("selective", 1, true), Error);
+}
+
+TEST_P(Recompute, CheckpointLayersKeepsEverythingPastTheFirstN) {
+  // checkpoint_layers = n: blocks n.. keep what none keeps, so the kept bytes rise with n's
+  // complement: every-1 (all) < first 3 < first 1 < none, and first 5 of 5 is every-1 itself.
+  const bool flash = GetParam();
+  const std::size_t none = run(flash, {}).kept_bytes, all = run(flash, every(1)).kept_bytes;
+  const std::size_t first3 = run(flash, every(1, false, 3)).kept_bytes, first1 = run(flash, every(1, false, 1)).kept_bytes;
+  EXPECT_LT(all, first3);
+  EXPECT_LT(first3, first1);
+  EXPECT_LT(first1, none);
+  EXPECT_EQ(run(flash, every(1, false, 5)).kept_bytes, all);
+  // The blocks past the checkpointed ones run their backwards first and alone, as under none;
+  // then the groups of 2 within the first 3 blocks: {3}, {1,2} (units 1..5 are blocks 0..4).
+  const std::vector<std::string> expect = {"F0", "f0", "F1", "f1", "F2", "f2", "F3", "f3", "F4", "f4", "F5", "f5",
+                                           "F6", "B6", "b6", "f6", "B5", "b5", "B4", "b4", "B3", "b3", "B2", "B1",
+                                           "b2", "b1", "B0", "b0"};
+  EXPECT_EQ(run(flash, every(2, false, 3)).hooks, expect);
+  EXPECT_THROW(model::RecomputePolicy::from("selective", 1, false, 2), Error);
 }
 
 TEST_P(Recompute, HooksCallEachUnitInOrderAndGroupsBeforeTheirRecompute) {

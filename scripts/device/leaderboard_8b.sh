@@ -9,9 +9,11 @@
 #             on 2 GPUs with fsdp, the same global batch; losses compared (bf16: within 2e-2
 #             relative) and the first loss against ln(151936) = 11.93 (within 0.1)
 #   account   the accounting job's prediction of the deck (per-rank peak, step FLOPs)
-#   run       the deck itself (fsdp, full checkpointing) and its variants (RUNS, default "fsdp
-#             keepattn"): keepattn (train.checkpoint_keep_attention), zero2, selective_mlp, chunk1g
-#             (1 GiB logits chunks)
+#   run       the deck itself and its variants (RUNS, default "deck nokeep ck27"): deck (fsdp, every
+#             block checkpointed keeping its attention output), nokeep (the deck before 2026-11-25:
+#             the recompute runs the attention too), ck27 (only the first 27 of 34 blocks
+#             checkpointed: predicted 107.9 GiB per rank), zero2, selective_mlp, chunk1g (1 GiB
+#             logits chunks)
 #   proxy     one GPU, the deck's widths at 32k tokens with 8 layers and one sequence (no sharding):
 #             full checkpointing against checkpoint_keep_attention, the per-layer difference and
 #             both peaks against the prediction (fits an H100; for when 2 H200s are not lent)
@@ -74,11 +76,12 @@ a, b = (h5py.File(f, "r")["/bench_model/steps"]["loss"][:] for f in sys.argv[1:]
 print("proxy losses full", list(map(float, a)), "keepattn", list(map(float, b)), "first equal:", a[0] == b[0])
 PY
 fi
-declare -A VARIANT=([fsdp]="" [keepattn]="--train.checkpoint_keep_attention=true" [zero2]="--parallel.zero=zero2"
+declare -A VARIANT=([deck]="" [nokeep]="--train.checkpoint_keep_attention=false" [ck27]="--train.checkpoint_layers=27"
+                    [zero2]="--parallel.zero=zero2"
                     [selective_mlp]="--train.activation_checkpointing=selective-mlp --train.checkpoint_keep_attention=false"
                     [chunk1g]="--model.ce_chunk_rows=3534")
 if has run; then
-  for name in ${RUNS:-fsdp keepattn}; do
+  for name in ${RUNS:-deck nokeep ck27}; do
     args=${VARIANT[$name]}
     # shellcheck disable=SC2086
     timeout 590 "${MPIRUN[@]}" -np 2 $LM $DECK $args --run.output="$OUT/8b_$name.h5" > "$OUT/8b_$name.log" 2>&1

@@ -327,6 +327,11 @@ std::vector<DeckKey> build_table() {
                "the attention's log-sum-exp (flash; naive: its probabilities), so the backward's recompute skips "
                "the attention kernel, the costliest part of a block at long context (8b at 32k tokens: about 40% "
                "of the recompute's FLOPs for 256 MiB a block). Results are unchanged."),
+      int_key("train.checkpoint_layers", LMSCALE_FIELD(train.checkpoint_layers), 0,
+              "activation_checkpointing = every-k only: checkpoint only the first N blocks of the model (of each "
+              "pipeline stage, or interleaved chunk); the blocks after them keep all their activations and are "
+              "not recomputed (Megatron's block method: spare memory buys less recompute). 0 = every block; at "
+              "most model.num_layers. Results are unchanged."),
       // [optim]
       enum_key("optim.name", LMSCALE_FIELD(optim.name), {"adamw", "sgd", "lars", "lamb"},
                "Optimizer: adamw (decoupled decay); sgd (torch.optim.SGD: momentum, L2-coupled weight decay, "

@@ -396,6 +396,13 @@ void check_modes(const Config& c) {
   if (t.activation_checkpointing == "every-k" && t.checkpoint_k > c.model.num_layers)
     fail("train.checkpoint_k = {} exceeds model.num_layers = {}; choose a group size between 1 and {}", t.checkpoint_k,
          c.model.num_layers, c.model.num_layers);
+  if (t.checkpoint_layers > 0 && t.activation_checkpointing != "every-k")
+    fail("train.checkpoint_layers = {} with train.activation_checkpointing = {}: it limits the blocks every-k "
+         "checkpoints; set train.activation_checkpointing = every-k or train.checkpoint_layers = 0",
+         t.checkpoint_layers, t.activation_checkpointing);
+  if (t.checkpoint_layers > c.model.num_layers)
+    fail("train.checkpoint_layers = {} exceeds model.num_layers = {}; choose 0 (every block) to {}",
+         t.checkpoint_layers, c.model.num_layers, c.model.num_layers);
   if (t.checkpoint_keep_attention && t.activation_checkpointing != "every-k")
     fail("train.checkpoint_keep_attention = true with train.activation_checkpointing = {}: it keeps the attention "
          "output of blocks whose forward every-k recomputes; set train.activation_checkpointing = every-k or "

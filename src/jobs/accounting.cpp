@@ -106,19 +106,21 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                            m.flash ? "4 B H T" : "B H T^2 e")
              : fmt::format("(8d + 3F) N e + 8N + {}", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)");
   const std::string& ac = cfg.train.activation_checkpointing;
-  if (ac == "every-k" && cfg.train.checkpoint_keep_attention) {
-    // Each block's attention output and aux stay; the recomputed group rebuilds the rest.
-    const double k = static_cast<double>(std::min<std::int64_t>(cfg.train.checkpoint_k, m.layers));
-    const double kept = N * d * e / tp + attn;
-    add("activations", std::ceil(L / k) * N * d * e + L * kept + k * (block - kept),
-        fmt::format("ceil(L/k) N d e (group inputs) + L x (N d e{} + {}) (attention outputs and {} kept) + k x "
-                    "(the rest of {}) (one group recomputed), k = {}",
-                    tp > 1 ? "/tp" : "", m.flash ? "4 B H T" : "B H T^2 e", m.flash ? "lse" : "probabilities", block_f,
-                    k));
-  } else if (ac == "every-k") {
-    const double k = static_cast<double>(std::min<std::int64_t>(cfg.train.checkpoint_k, m.layers));
-    add("activations", std::ceil(L / k) * N * d * e + k * block,
-        fmt::format("ceil(L/k) N d e (group inputs) + k x ({}) (one group recomputed), k = {}", block_f, k));
+  if (ac == "every-k") {
+    // c checkpointed blocks (train.checkpoint_layers) keep their groups' inputs, and under
+    // keep_attention each its attention output and aux; the other L - c keep everything.
+    const double c =
+        cfg.train.checkpoint_layers > 0 ? std::min<double>(static_cast<double>(cfg.train.checkpoint_layers), L) : L;
+    const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), c);
+    const bool keep_attn = cfg.train.checkpoint_keep_attention;
+    const double kept = keep_attn ? N * d * e / tp + attn : 0.0;
+    add("activations", std::ceil(c / k) * N * d * e + c * kept + (L - c) * block + k * (block - kept),
+        fmt::format("ceil(c/k) N d e (group inputs){} + (L - c) x ({}) (blocks not checkpointed) + k x ({}{}) (one "
+                    "group recomputed), c = {}, k = {}",
+                    keep_attn ? fmt::format(" + c x (N d e{} + {}) (attention outputs and {} kept)", tp > 1 ? "/tp" : "",
+                                            m.flash ? "4 B H T" : "B H T^2 e", m.flash ? "lse" : "probabilities")
+                              : "",
+                    block_f, keep_attn ? "the rest of " : "", block_f, c, k));
   } else if (ac == "selective" || ac == "selective-mlp") {
     const double f = ac == "selective" ? 2 : 0;   // [N,F] tensors kept per block (a, b)
     const double kept = (6 * d + f * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0);

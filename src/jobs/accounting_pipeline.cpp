@@ -91,13 +91,18 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
                              "1 (1/tp with sequence parallelism)"
                            : "L_stage x ((8d + 3F) n e + 8n + attention aux), n = b_micro T";
     if (ac == "every-k") {
+      // train.checkpoint_layers: n blocks of each of the stage's chunks are checkpointed.
+      const double nchunks = static_cast<double>(chunks.size()), per_chunk = Ls / nchunks;
+      const double c = nchunks * (cfg.train.checkpoint_layers > 0
+                                      ? std::min<double>(static_cast<double>(cfg.train.checkpoint_layers), per_chunk)
+                                      : per_chunk);
       const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls);
-      per_micro = std::ceil(Ls / k) * N * d * e * r;
-      f = "ceil(L_stage/k) n d e (group inputs), + one group recomputed";
-      if (cfg.train.checkpoint_keep_attention) {   // each block's attention output and aux stay too
-        per_micro += Ls * (N * d * e / tp + attn);
-        f = "ceil(L_stage/k) n d e (group inputs) + L_stage x (n d e/tp + attention aux) (kept attention), + one "
-            "group recomputed";
+      per_micro = std::ceil(c / k) * N * d * e * r + (Ls - c) * block;
+      f = "ceil(c/k) n d e (group inputs of the c checkpointed blocks) + (L_stage - c) x block, + one group recomputed";
+      if (cfg.train.checkpoint_keep_attention) {   // each checkpointed block's attention output and aux stay too
+        per_micro += c * (N * d * e / tp + attn);
+        f = "ceil(c/k) n d e (group inputs of the c checkpointed blocks) + c x (n d e/tp + attention aux) (kept "
+            "attention) + (L_stage - c) x block, + one group recomputed";
       }
     } else if (ac == "selective" || ac == "selective-mlp") {
       const double kf = ac == "selective" ? 2 : 0;   // [n,F] tensors kept per block (a, b)

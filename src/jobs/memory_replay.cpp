@@ -34,6 +34,7 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.ac = cfg.train.activation_checkpointing;
   s.k = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.train.checkpoint_k, dims.layers)));
   s.keep_attention = cfg.train.checkpoint_keep_attention;
+  s.ck_layers = static_cast<int>(cfg.train.checkpoint_layers);
   return s;
 }
 
@@ -326,14 +327,16 @@ double embed_forward(Sim& m, const Shapes& s, Grads& gr) {
 
 double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1, bool keep) {
   const bool every_k = keep && s.ac == "every-k", selective = keep && (s.ac == "selective" || s.ac == "selective-mlp");
+  const int lc = every_k ? s.checkpointed_end(l0, l1) : l0;   // [l0, lc) checkpointed
   double x = 0;   // the current block's input; block l0's is the caller's
   for (int l = l0; l < l1; ++l) {
+    const bool checkpointed = l < lc;
     // Groups are [g k, (g+1) k) in global layers, cut at the first layer (run_blocks_forward).
-    const bool group_start = every_k && (l % s.k == 0 || l == l0);
+    const bool group_start = checkpointed && (l % s.k == 0 || l == l0);
     Block b;
     gr.before_forward(l + 1);
     double out = block_forward(m, s, b, true);
-    if (keep && !every_k) {
+    if (keep && !checkpointed) {
       b.x = x;   // the block's input stays with its activations
       if (selective) {
         m.free(b.y1);
@@ -347,7 +350,7 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
       }
       blocks[static_cast<std::size_t>(l)] = b;
     } else {
-      if (every_k && s.keep_attention) {   // o and the aux stay for the backward (recompute.h)
+      if (checkpointed && s.keep_attention) {   // o and the aux stay for the backward (recompute.h)
         blocks[static_cast<std::size_t>(l)].o = b.o;
         blocks[static_cast<std::size_t>(l)].aux = b.aux;
         b.o = b.aux = 0;
@@ -366,9 +369,16 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
 void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1) {
   if (l1 <= l0) return;
   const bool every_k = s.ac == "every-k";
+  const int lc = every_k ? s.checkpointed_end(l0, l1) : l1;
+  for (int l = l1 - 1; l >= lc; --l) {   // blocks past the checkpointed ones: as without checkpointing
+    gr.before_backward(l + 1);
+    block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l);
+    gr.after_backward(l + 1);
+  }
+  if (lc <= l0) return;
   const int k = every_k ? s.k : 1;
-  for (int g = (l1 - 1) / k; g >= l0 / k; --g) {   // groups [g k, (g+1) k) within [l0, l1), last first
-    const int lo = std::max(l0, g * k), hi = std::min(l1, g * k + k);
+  for (int g = (lc - 1) / k; g >= l0 / k; --g) {   // groups [g k, (g+1) k) within [l0, lc), last first
+    const int lo = std::max(l0, g * k), hi = std::min(lc, g * k + k);
     for (int l = hi - 1; l >= lo; --l) gr.before_backward(l + 1);
     if (every_k) {   // recompute the group, keeping its activations; its last block's output is not needed
       const double in = blocks[static_cast<std::size_t>(lo)].x;

@@ -62,6 +62,9 @@ struct Shapes {
   std::string ac = "none";
   int k = 1;
   bool keep_attention = false;   // every-k: o and the attention's aux kept per block
+  int ck_layers = 0;             // every-k: blocks checkpointed per range (0: all)
+  // The end of the checkpointed blocks of [l0, l1) (model/recompute.h checkpointed_end).
+  int checkpointed_end(int l0, int l1) const { return ck_layers > 0 && l0 + ck_layers < l1 ? l0 + ck_layers : l1; }
 };
 
 // The shapes of a micro-batch of `rows` sequences under the deck's model, precision, tp and

@@ -4,10 +4,12 @@
 
 namespace lmscale::model {
 
-RecomputePolicy RecomputePolicy::from(const std::string& name, long long k, bool keep_attention) {
+RecomputePolicy RecomputePolicy::from(const std::string& name, long long k, bool keep_attention, long long layers) {
   RecomputePolicy p;
   LMSCALE_CHECK(!keep_attention || name == "every-k", "keep_attention with activation checkpointing '{}' (every-k only)",
                 name);
+  LMSCALE_CHECK(layers >= 0 && (layers == 0 || name == "every-k"),
+                "checkpointed layers {} with activation checkpointing '{}' (every-k only, >= 0)", layers, name);
   if (name == "none") return p;
   if (name == "selective" || name == "selective-mlp") {
     p.mode = Mode::selective;
@@ -19,6 +21,7 @@ RecomputePolicy RecomputePolicy::from(const std::string& name, long long k, bool
   p.mode = Mode::every_k;
   p.k = static_cast<int>(k);
   p.keep_attention = keep_attention;
+  p.layers = static_cast<int>(layers);
   return p;
 }
 

@@ -104,15 +104,19 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
   const bool selective = keep && recompute_.mode == Mode::selective;
   act.blocks.assign(keep ? static_cast<std::size_t>(L) : 0, BlockActivations{});
   if (every_k) act.group_inputs.assign(static_cast<std::size_t>((L + recompute_.k - 1) / recompute_.k), Tensor());
+  // Blocks [l0, lc) are checkpointed under every-k; those after keep everything (recompute.h).
+  const int lc = every_k ? recompute_.checkpointed_end(l0, l1) : l0;
   for (int l = l0; l < l1; ++l) {
     NvtxRange r("layer");
     call(pc.before_forward, l + 1);
+    const bool checkpointed = l < lc;
     // Groups are [g k, (g+1) k) in global layers, cut at the stage's first layer.
-    if (every_k && (l % recompute_.k == 0 || l == l0)) act.group_inputs[static_cast<std::size_t>(l / recompute_.k)] = x;
-    BlockActivations scratch;   // without `keep` (or under every-k) the block's saved tensors die with it
-    BlockActivations& s = keep && !every_k ? act.blocks[static_cast<std::size_t>(l)] : scratch;
+    if (checkpointed && (l % recompute_.k == 0 || l == l0))
+      act.group_inputs[static_cast<std::size_t>(l / recompute_.k)] = x;
+    BlockActivations scratch;   // without `keep` (or checkpointed) the block's saved tensors die with it
+    BlockActivations& s = keep && !checkpointed ? act.blocks[static_cast<std::size_t>(l)] : scratch;
     x = block_forward(ctx, l, act.B, act.T, x, s, pc);
-    if (every_k && recompute_.keep_attention) {   // the recompute skips the attention (recompute.h)
+    if (checkpointed && recompute_.keep_attention) {   // the recompute skips the attention (recompute.h)
       act.blocks[static_cast<std::size_t>(l)].o = s.o;
       act.blocks[static_cast<std::size_t>(l)].attn_aux = s.attn_aux;
     }
@@ -357,9 +361,19 @@ void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, 
   if (l1 <= l0) return;
   // Without every-k a group is one block whose activations the forward kept.
   const bool every_k = !act.group_inputs.empty();
+  // Blocks [lc, l1), past the checkpointed ones (train.checkpoint_layers), kept everything: their
+  // backwards first, one at a time, as without checkpointing.
+  const int lc = every_k ? recompute_.checkpointed_end(l0, l1) : l1;
+  for (int l = l1 - 1; l >= lc; --l) {
+    call(pc.before_backward, l + 1);
+    NvtxRange r("layer_backward");
+    block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate);
+    call(pc.after_backward, l + 1);
+  }
+  if (lc <= l0) return;
   const int k = every_k ? recompute_.k : 1;
-  for (int g = (l1 - 1) / k; g >= l0 / k; --g) {   // groups [g k, (g+1) k) within [l0, l1), last first
-    const int lo = std::max(l0, g * k), hi = std::min(l1, g * k + k);
+  for (int g = (lc - 1) / k; g >= l0 / k; --g) {   // groups [g k, (g+1) k) within [l0, lc), last first
+    const int lo = std::max(l0, g * k), hi = std::min(lc, g * k + k);
     for (int l = hi - 1; l >= lo; --l) call(pc.before_backward, l + 1);
     if (every_k) {
       NvtxRange r("recompute");

@@ -113,6 +113,7 @@ struct TrainConfig {
   std::string checkpoint_dir;           // sharded checkpoints (step_NNNNNNNN/), empty = single-file checkpoint_path
   std::int64_t keep_checkpoints = 2;    // newest complete sharded checkpoints kept; 0 = all
   bool checkpoint_keep_attention = false;   // every-k: keep each block's attention output and LSE
+  std::int64_t checkpoint_layers = 0;       // every-k: checkpoint only the first n blocks of a range (0: all)
 
   bool operator==(const TrainConfig&) const = default;
 };
