@@ -33,8 +33,7 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.L = static_cast<int>(dims.layers);
   s.ac = cfg.train.activation_checkpointing;
   s.k = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.train.checkpoint_k, dims.layers)));
-  s.keep_attention = cfg.train.checkpoint_keep_attention;
-  s.ck_layers = static_cast<int>(cfg.train.checkpoint_layers);
+  s.recompute = model::RecomputePolicy::from(cfg.train);
   return s;
 }
 
@@ -327,7 +326,7 @@ double embed_forward(Sim& m, const Shapes& s, Grads& gr) {
 
 double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1, bool keep) {
   const bool every_k = keep && s.ac == "every-k", selective = keep && (s.ac == "selective" || s.ac == "selective-mlp");
-  const int lc = every_k ? s.checkpointed_end(l0, l1) : l0;   // [l0, lc) checkpointed
+  const int lc = every_k ? s.recompute.checkpointed_end(l0, l1) : l0;   // [l0, lc) checkpointed
   double x = 0;   // the current block's input; block l0's is the caller's
   for (int l = l0; l < l1; ++l) {
     const bool checkpointed = l < lc;
@@ -350,7 +349,7 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
       }
       blocks[static_cast<std::size_t>(l)] = b;
     } else {
-      if (checkpointed && s.keep_attention) {   // o and the aux stay for the backward (recompute.h)
+      if (checkpointed && s.recompute.keep_attention) {   // o and the aux stay for the backward (recompute.h)
         blocks[static_cast<std::size_t>(l)].o = b.o;
         blocks[static_cast<std::size_t>(l)].aux = b.aux;
         b.o = b.aux = 0;
@@ -369,7 +368,7 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
 void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1) {
   if (l1 <= l0) return;
   const bool every_k = s.ac == "every-k";
-  const int lc = every_k ? s.checkpointed_end(l0, l1) : l1;
+  const int lc = every_k ? s.recompute.checkpointed_end(l0, l1) : l1;
   for (int l = l1 - 1; l >= lc; --l) {   // blocks past the checkpointed ones: as without checkpointing
     gr.before_backward(l + 1);
     block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l);

@@ -14,6 +14,7 @@
 #include "lmscale/comm/mesh.h"
 #include "lmscale/io/config.h"
 #include "lmscale/jobs/memory_model.h"
+#include "lmscale/model/recompute.h"
 
 namespace lmscale::jobs::replay {
 
@@ -61,10 +62,7 @@ struct Shapes {
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   std::string ac = "none";
   int k = 1;
-  bool keep_attention = false;   // every-k: o and the attention's aux kept per block
-  int ck_layers = 0;             // every-k: blocks checkpointed per range (0: all)
-  // The end of the checkpointed blocks of [l0, l1) (model/recompute.h checkpointed_end).
-  int checkpointed_end(int l0, int l1) const { return ck_layers > 0 && l0 + ck_layers < l1 ? l0 + ck_layers : l1; }
+  model::RecomputePolicy recompute;   // the model's: keep_attention, checkpointed_end
 };
 
 // The shapes of a micro-batch of `rows` sequences under the deck's model, precision, tp and

@@ -106,9 +106,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   for (const auto& u : chunks) chunk_models_.push_back(std::make_unique<model::TransformerLM>(dims_, *params_, u));
   model_ = chunk_models_.front().get();
   for (auto& m : chunk_models_)
-    m->set_recompute(model::RecomputePolicy::from(env.cfg.train.activation_checkpointing, env.cfg.train.checkpoint_k,
-                                                     env.cfg.train.checkpoint_keep_attention,
-                                                     env.cfg.train.checkpoint_layers));
+    m->set_recompute(model::RecomputePolicy::from(env.cfg.train));
   if (pp > 1) {
     if (env.comm->device() == Device::cuda) mesh_->pp().set_compute_stream(ctx.stream);
     std::vector<model::TransformerLM*> models;

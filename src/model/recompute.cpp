@@ -25,4 +25,8 @@ RecomputePolicy RecomputePolicy::from(const std::string& name, long long k, bool
   return p;
 }
 
+RecomputePolicy RecomputePolicy::from(const TrainConfig& t) {
+  return from(t.activation_checkpointing, t.checkpoint_k, t.checkpoint_keep_attention, t.checkpoint_layers);
+}
+
 }  // namespace lmscale::model

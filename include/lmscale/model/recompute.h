@@ -30,6 +30,8 @@
 //              ~19 ms less recompute).
 #include <string>
 
+#include "lmscale/io/config.h"
+
 namespace lmscale::model {
 
 struct RecomputePolicy {
@@ -44,6 +46,8 @@ struct RecomputePolicy {
   // train.checkpoint_keep_attention / train.checkpoint_layers.
   static RecomputePolicy from(const std::string& name, long long k, bool keep_attention = false,
                               long long layers = 0);
+  // The same from the deck's [train] section (the trainer's and the memory replay's policy).
+  static RecomputePolicy from(const TrainConfig& t);
   // The end of the checkpointed blocks of the range [l0, l1): l0 + layers, or l1.
   int checkpointed_end(int l0, int l1) const { return layers > 0 && l0 + layers < l1 ? l0 + layers : l1; }
 };
