@@ -1,32 +1,30 @@
 #!/usr/bin/env bash
 # One call on 2 GPUs (kind nvidia-h100-x2), carry [".deps", ".device"]: the batched q/k/v and
-# w1/w3 GEMMs (ops::linear_group) against the commit before them (BASE, built beside), in
-# priority order. Every stage appends to $OUT/summary.txt as it ends.
+# w1/w3 GEMMs (ops::linear_group) and the fused residual add + norm, in priority order. Every
+# stage appends to $OUT/summary.txt as it ends.
 #   scripts/device/session_fuse.sh [stages...]    stages: build gputests bench pp suite dp [memtune]
-# gputests: the linear ops and the model against the CPU reference (GPU 0).
-# bench:    xl bf16 flash at batch 1 (the pipeline's microbatch) and 4, new and base (GPU 0).
-# pp:       xl pp = 2 1f1b, 8 microbatches, new and base.
+# gputests: the linear and norm ops and the model against the CPU reference (GPU 0).
+# bench:    xl bf16 flash at batch 1 (the pipeline's microbatch) and 4 (GPU 0).
+# pp:       xl pp = 2 1f1b, 8 microbatches.
 # suite:    the 2-GPU parallel suite (DDP/zero/fsdp/tp/pp against one GPU).
-# dp:       xl zero2 on 2 GPUs, new and base.
+# dp:       xl zero2 on 2 GPUs.
+# memtune:  every rank's predicted vs measured phases of xl pp = 2, with and without GEMM autotuning.
+# A baseline in the same call: BASE_EXE=path of another lmscale build carried in an ignored folder
+# (the device's copy of the repository has no history to build an older commit from); the
+# timing stages then run it too, as "base".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 stages=${*:-build gputests bench pp suite dp}
 OUT=${OUT:-/tmp/session_fuse_out}
-BASE_REV=${BASE_REV:-HEAD~1}
 source scripts/device/session_lib.sh
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
+builds=(new); [ -n "${BASE_EXE:-}" ] && builds+=(base)
+exe_of() { [ "$1" = base ] && echo "$BASE_EXE" || echo "$LM"; }
 if has build; then
-  git config --global --add safe.directory '*'
-  mkdir -p /opt/deps && [ -f /opt/deps/usr/include/boost/version.hpp ] || for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
-  rm -rf ../base && git worktree add -f ../base "$BASE_REV" > "$OUT/worktree.log" 2>&1 && cp -r .deps ../base/
-  (cd ../base && BUILD=build-base scripts/device/build.sh lmscale > "$OUT/build_base.log" 2>&1) &
-  base_pid=$!
   scripts/device/build.sh lmscale test_ops_cuda_math test_model_cuda mpi_test_parallel_gpu > "$OUT/build.log" 2>&1 \
     || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-  wait $base_pid || { note "base build failed"; tail -5 "$OUT/build_base.log"; }
-  note "build done at $(( $(date +%s) - T0 )) s (base $(git rev-parse --short "$BASE_REV"))"
+  note "build done at $(( $(date +%s) - T0 )) s"
 fi
-BASE=../base/build-base/lmscale
 XL=(inputs/bench_model_xl_bf16.ini --model.attention=flash)
 if has gputests; then
   for t in test_ops_cuda_math test_model_cuda; do
@@ -36,47 +34,38 @@ if has gputests; then
 fi
 if has bench; then
   for b in 1 4; do
-    for which in new base; do
-      exe=$LM; [ $which = base ] && exe=$BASE
-      CUDA_VISIBLE_DEVICES=0 timeout 100 $exe "${XL[@]}" --bench.batch_size=$b --run.output="$OUT/b${b}_$which.h5" \
-        > "$OUT/b${b}_$which.log" 2>&1
+    for which in "${builds[@]}"; do
+      CUDA_VISIBLE_DEVICES=0 timeout 100 "$(exe_of $which)" "${XL[@]}" --bench.batch_size=$b \
+        --run.output="$OUT/b${b}_$which.h5" > "$OUT/b${b}_$which.log" 2>&1
       note "xl b$b $which (rc $?): $(brief "$OUT/b${b}_$which.log")"
     done
   done
 fi
 if has pp; then
-  for which in new base; do
-    exe=$LM; [ $which = base ] && exe=$BASE
-    timeout 120 "${MPIRUN[@]}" -np 2 $exe inputs/pp_xl_1f1b.ini --run.output="$OUT/pp_$which.h5" > "$OUT/pp_$which.log" 2>&1
+  for which in "${builds[@]}"; do
+    timeout 120 "${MPIRUN[@]}" -np 2 "$(exe_of $which)" inputs/pp_xl_1f1b.ini --run.output="$OUT/pp_$which.h5" \
+      > "$OUT/pp_$which.log" 2>&1
     note "xl pp=2 1f1b $which (rc $?): $(brief "$OUT/pp_$which.log")"
     grep -aE "^pipeline:|^  rank" "$OUT/pp_$which.log" >> "$summary"
   done
 fi
 if has suite; then
   timeout 240 "${MPIRUN[@]}" -np 2 $BUILD/ctest/parallel/mpi_test_parallel_gpu > "$OUT/par_gpu.log" 2>&1
-  note "parallel gpu np2 rc=$? $(grep -aE '^\[  (PASSED|FAILED)' "$OUT/par_gpu.log" | sort -u | tr '\n' ' ') $(grep -a 'FAILED  \]' "$OUT/par_gpu.log" | sort -u | head -6 | tr '\n' ' ')"
+  note "parallel gpu np2 rc=$? $(grep -aE '(PASSED|FAILED)  \]' "$OUT/par_gpu.log" | sort -u | tr '\n' ' ')"
 fi
 if has dp; then
-  for which in new base; do
-    exe=$LM; [ $which = base ] && exe=$BASE
-    timeout 100 "${MPIRUN[@]}" -np 2 $exe inputs/ddp_xl_zero2.ini --model.attention=flash --run.output="$OUT/dp_$which.h5" \
-      > "$OUT/dp_$which.log" 2>&1
+  for which in "${builds[@]}"; do
+    timeout 100 "${MPIRUN[@]}" -np 2 "$(exe_of $which)" inputs/ddp_xl_zero2.ini --model.attention=flash \
+      --run.output="$OUT/dp_$which.h5" > "$OUT/dp_$which.log" 2>&1
     note "xl zero2 2 GPUs $which (rc $?): $(brief "$OUT/dp_$which.log")"
   done
 fi
-if has memtune; then   # every rank's phases, predicted vs measured, with and without GEMM autotuning
+if has memtune; then
   for tune in true false; do
     timeout 100 "${MPIRUN[@]}" -np 2 $LM inputs/pp_xl_1f1b.ini --precision.gemm_autotune=$tune --bench.warmup=1 \
       --bench.steps=2 --run.output="$OUT/mt_pp_$tune.h5" > "$OUT/mt_pp_$tune.log" 2>&1
     note "pp autotune $tune (rc $?):"
-    python3 - "$OUT/mt_pp_$tune.h5" <<'PY' | tee -a "$summary"
-import sys, h5py
-t = h5py.File(sys.argv[1], "r")["/bench_model/memory_prediction_ranks"]
-for r in t[:]:
-    d = {k: r[k] for k in r.dtype.names}
-    ph = d["phase"].decode().rstrip("\0") if isinstance(d["phase"], bytes) else d["phase"]
-    print(f"  rank {d.get('rank', 0)} {ph:<17} predicted {d['predicted_bytes']/2**30:8.3f} measured {d['measured_bytes']/2**30:8.3f} GiB")
-PY
+    memrows "$OUT/mt_pp_$tune.h5"
   done
 fi
 note "done at $(( $(date +%s) - T0 )) s"

@@ -4,6 +4,7 @@
 #   has STAGE    the call asked for this stage
 #   note TEXT    print and append to $OUT/summary.txt
 #   brief LOG    one line for a bench-model log: step, phases, peak and predicted memory, fsdp waits
+#   memrows H5   every rank's predicted and measured memory per phase of a bench-model output
 source scripts/device/env.sh
 OUT=${OUT:-/tmp/session_out}
 mkdir -p "$OUT"
@@ -20,4 +21,15 @@ brief() {
   local log=$1
   echo "$(grep -E '^step ' "$log" | awk '{print "step", $2, "+-", $3}')  fwd $(grep -E '^forward ' "$log" | awk '{print $2}') bwd $(grep -E '^backward ' "$log" | awk '{print $2}') opt $(grep -E '^optimizer ' "$log" | awk '{print $2}') $(grep -oE 'peak memory [0-9.]+ GiB' "$log") $(grep -oE 'predicted peak \(accounting\) [0-9.]+ GiB' "$log" | sed 's/(accounting) //') $(grep -oE 'MFU [0-9.]+%' "$log") $(grep -oE 'waited [0-9.]+ ms per step for all-gathers in the forward, [0-9.]+ ms in the backward' "$log")"
   grep -aiE "error|out of memory" "$log" | head -3
+}
+memrows() {   # FILE: every rank's predicted vs measured phases (rank 0 only without the ranks table)
+  python3 - "$1" <<'PY' | tee -a "$summary"
+import sys, h5py
+f = h5py.File(sys.argv[1], "r")
+t = f["/bench_model/memory_prediction_ranks"] if "/bench_model/memory_prediction_ranks" in f else f["/bench_model/memory_prediction"]
+for r in t[:]:
+    d = {k: r[k] for k in r.dtype.names}
+    ph = d["phase"].decode().rstrip("\0") if isinstance(d["phase"], bytes) else d["phase"]
+    print(f"  rank {d.get('rank', 0)} {ph:<17} predicted {d['predicted_bytes']/2**30:8.3f} GiB measured {d['measured_bytes']/2**30:8.3f} GiB error {100*d['error']:+6.2f}%")
+PY
 }

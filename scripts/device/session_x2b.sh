@@ -79,17 +79,6 @@ if has cs229s; then   # session_tp.sh's stage (same runs, same summary), then th
     || tail -5 "$OUT/cs229s_report.log"
 fi
 if has memcheck; then
-  memrows() {   # FILE: every rank's predicted vs measured phases (rank 0 only without the table)
-    python3 - "$1" <<'PY' | tee -a "$summary"
-import sys, h5py
-f = h5py.File(sys.argv[1], "r")
-t = f["/bench_model/memory_prediction_ranks"] if "/bench_model/memory_prediction_ranks" in f else f["/bench_model/memory_prediction"]
-for r in t[:]:
-    d = {k: r[k] for k in r.dtype.names}
-    ph = d["phase"].decode().rstrip("\0") if isinstance(d["phase"], bytes) else d["phase"]
-    print(f"  rank {d.get('rank', 0)} {ph:<17} predicted {d['predicted_bytes']/2**30:8.3f} GiB measured {d['measured_bytes']/2**30:8.3f} GiB error {100*d['error']:+6.2f}%")
-PY
-  }
   for v in "zero2 bf16" "bucketed bf16"; do
     set -- $v
     extra=(); [ $1 = bucketed ] && extra=(--parallel.zero=none)
