@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <tuple>
 
+#include "lmscale/core/error.h"
 #include "ops_cuda_test_util.h"
 
 namespace lmscale::test {
@@ -106,6 +107,47 @@ TEST_F(LinearTest, AutotunedAlgorithmsGiveTheSameProduct) {
     ops::linear(c(), ref(x, {M, K}), ref(w, {N, K}), yr);
     ops::linear_backward(c(), ref(x, {M, K}), ref(w, {N, K}), ref(dy, {M, N}), &dxr, &dwr, true);
     EXPECT_CLOSE(values(y), values(yr), tolerance(t));
+    EXPECT_CLOSE(values(dx), values(dxr), tolerance(t));
+    EXPECT_CLOSE(values(dw), values(dwr), 1e-5);
+  }
+}
+
+// parallel.comm_sms: inside a carve-out the GEMM plans target the SMs NCCL leaves (a separate
+// plan per target); the products stay the same products. Scopes nest, an inner one that is off
+// keeps the outer target, and more than half the SMs is refused naming the key.
+TEST_F(LinearTest, CarvedOutPlansGiveTheSameProduct) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  ops::Runtime rt(Device::cuda, 0, false);
+  EXPECT_THROW(rt.set_comm_sms(sms / 2 + 1), UsageError);
+  rt.set_comm_sms(16);
+  EXPECT_EQ(rt.gemm_sm_target(), 0);
+  for (DType t : {DType::bf16, DType::f32}) {
+    const std::int64_t M = 1024, K = 640, N = 768;   // 48 tiles of 128 x 128: more than one wave on 16 SMs less
+    const auto x = randn(M * K, t), w = randn(N * K, t, 0.1), dy = randn(M * N, t);
+    Tensor xd = dev(x, {M, K}, t), wd = dev(w, {N, K}, t), dyd = dev(dy, {M, N}, t);
+    gpu_.synchronize();   // inputs were written on the other runtime's stream
+    Tensor y_all = poisoned({M, N}, t), y_carved = poisoned({M, N}, t), dx = poisoned({M, K}, t);
+    Tensor dw = poisoned({N, K}, DType::f32);
+    ops::linear(rt.ctx(), xd, wd, y_all);
+    {
+      ops::Runtime::GemmCarveout carve(rt, true);
+      EXPECT_EQ(rt.gemm_sm_target(), sms - 16);
+      {
+        ops::Runtime::GemmCarveout inner(rt, false);
+        EXPECT_EQ(rt.gemm_sm_target(), sms - 16);
+      }
+      ops::linear(rt.ctx(), xd, wd, y_carved);
+      ops::linear_backward(rt.ctx(), xd, wd, dyd, &dx, &dw, false);
+    }
+    EXPECT_EQ(rt.gemm_sm_target(), 0);
+    rt.synchronize();
+    Tensor yr = ref(std::vector<double>(M * N), {M, N}), dxr = ref(std::vector<double>(M * K), {M, K});
+    Tensor dwr = ref(std::vector<double>(N * K), {N, K});
+    ops::linear(c(), ref(x, {M, K}), ref(w, {N, K}), yr);
+    ops::linear_backward(c(), ref(x, {M, K}), ref(w, {N, K}), ref(dy, {M, N}), &dxr, &dwr, false);
+    EXPECT_CLOSE(values(y_all), values(yr), tolerance(t));
+    EXPECT_CLOSE(values(y_carved), values(yr), tolerance(t));
     EXPECT_CLOSE(values(dx), values(dxr), tolerance(t));
     EXPECT_CLOSE(values(dw), values(dwr), 1e-5);
   }

@@ -118,3 +118,22 @@ TEST(MemoryFit, FormatBytes) {
   EXPECT_EQ(jobs::format_bytes(1.5 * GiB), "1.50 GiB");
   EXPECT_EQ(jobs::format_bytes(3.0 * 1024 * GiB), "3.00 TiB");
 }
+
+// parallel.comm_sms on a CPU runtime: 0 is accepted and carves nothing; anything else is a usage
+// error naming the key (the deck check refuses device = cpu first; this is the runtime's guard).
+TEST(RuntimeCommSms, CpuTakesOnlyZero) {
+  ops::Runtime rt(Device::cpu, 0, false);
+  EXPECT_NO_THROW(rt.set_comm_sms(0));
+  {
+    ops::Runtime::GemmCarveout carve(rt, true);
+    EXPECT_EQ(rt.gemm_sm_target(), 0);
+  }
+  try {
+    rt.set_comm_sms(8);
+    FAIL() << "comm_sms = 8 on the CPU was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.comm_sms"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(rt.set_comm_sms(-1), UsageError);
+  EXPECT_EQ(rt.comm_sms(), 0);
+}

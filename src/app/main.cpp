@@ -81,7 +81,10 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
   ops::Runtime rt(cfg.parallel.device == "cuda" ? Device::cuda : Device::cpu, mpi.local_rank(), cfg.precision.tf32,
                   cfg.precision.gemm_autotune);
   // Before any output: a run whose predicted memory cannot fit is a configuration error.
-  agree_on_usage(mpi, [&] { jobs::check_memory_fits(cfg, mpi.size(), mpi.local_size(), rt); });
+  agree_on_usage(mpi, [&] {
+    rt.set_comm_sms(static_cast<int>(cfg.parallel.comm_sms));
+    jobs::check_memory_fits(cfg, mpi.size(), mpi.local_size(), rt);
+  });
   io::ResultsFile out(cfg.run.output, root);
   try {
     out.write_provenance(cfg, mpi.size());
@@ -90,7 +93,8 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
     jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr};
     if (mpi.size() > 1 && cfg.run.job != "bench-collectives") {
       // Gradients travel over the deck's backend; host scalars (losses, norms) over MPI.
-      env.comm = comm::make_world_communicator(cfg.parallel.backend, mpi, mpi.local_rank());
+      env.comm = comm::make_world_communicator(cfg.parallel.backend, mpi, mpi.local_rank(), false,
+                                               static_cast<int>(cfg.parallel.comm_sms));
       env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
     }
     // run.trace: a recorder for this rank, its clock started at a barrier so the ranks line up;

@@ -14,7 +14,7 @@ Backend resolve_backend(std::string_view backend, Device device) {
 }
 
 std::unique_ptr<Communicator> make_world_communicator(std::string_view backend, MpiEnvironment& env, int cuda_device,
-                                                      bool check) {
+                                                      bool check, int nccl_max_ctas) {
   if (backend == "auto")
     throw UsageError("make_world_communicator: resolve parallel.backend=auto first (resolve_backend)");
   switch (parse_backend(backend)) {
@@ -27,6 +27,7 @@ std::unique_ptr<Communicator> make_world_communicator(std::string_view backend, 
       ::setenv("NCCL_NVLS_ENABLE", "0", 0);   // NVLink multicast stays off (../shared/GPU.md)
       NcclOptions o;
       o.check = check;
+      o.max_ctas = nccl_max_ctas;
       return make_nccl_communicator(env.world(), cuda_device, o);
     }
   }

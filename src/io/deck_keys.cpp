@@ -234,6 +234,12 @@ std::vector<DeckKey> build_table() {
                "forward order, and let the next forward wait per unit only for its own parameters (same results, "
                "the update hidden behind the next step's forward; the gradients of a unit live until its next "
                "forward)."),
+      int_key("parallel.comm_sms", LMSCALE_FIELD(parallel.comm_sms), 0,
+              "CUDA with NCCL: SMs left to the collectives that overlap compute. NCCL communicators get at most this "
+              "many CTAs (ncclConfig_t maxCTAs) and the cuBLASLt GEMMs that can run beside them (the backward with "
+              "data parallelism; the forward too with fsdp or pp) are planned for the remaining SMs "
+              "(CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), so neither waits for the other's SMs; 0 = NCCL's and "
+              "cuBLASLt's defaults. At most half the GPU's SMs."),
       int_key("parallel.fsdp_prefetch", LMSCALE_FIELD(parallel.fsdp_prefetch), 0,
               "fsdp: units (embedding, blocks, head) whose all-gather runs ahead of the unit computing; 1 = unit "
               "i's gather starts once unit i-2's forward is done."),

@@ -480,6 +480,10 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.sequence_parallel = true needs model.context_length = {} divisible by parallel.tp = {} (each rank "
          "holds an equal sequence shard); change context_length or tp",
          m.context_length, p.tp);
+  if (p.comm_sms > 0 && (p.device == "cpu" || p.backend == "mpi"))
+    fail("parallel.comm_sms = {} shares a GPU's SMs between NCCL and the GEMMs, but this run uses parallel.device = "
+         "{} and parallel.backend = {}; set parallel.comm_sms = 0, or run on cuda with the nccl backend",
+         p.comm_sms, p.device, p.backend);
   if (p.grad_reduce_dtype == "bf16" && runs_model(c)) {
     if (p.zero == "zero1" || p.zero == "zero1-broadcast" || p.zero == "fsdp")
       fail("parallel.grad_reduce_dtype = bf16 is built for ddp (flat, overlap, bucketed) and zero2, not parallel.zero = "

@@ -250,7 +250,8 @@ int run_bench_collectives(JobEnv& env) {
   for (const auto& op : b.ops) busbw_factor(op, 2);   // validates the names
   if (b.steps < 1) throw UsageError("bench.steps must be >= 1");
 
-  auto comm = comm::make_world_communicator(backend, env.mpi, env.local_rank);
+  auto comm = comm::make_world_communicator(backend, env.mpi, env.local_rank, false,
+                                           static_cast<int>(cfg.parallel.comm_sms));   // NCCL CTAs
   comm->set_algo(comm::parse_algo(b.algo));
   if (on_device) comm->set_compute_stream(env.rt.ctx().stream);
   const int p = comm->size(), r = comm->rank();

@@ -1,5 +1,7 @@
 #include "lmscale/ops/runtime.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 
 #include "lmscale/core/error.h"
@@ -110,5 +112,58 @@ std::string Runtime::device_name() const {
 #endif
   return "cpu";
 }
+
+void Runtime::set_comm_sms(int sms) {
+  if (sms < 0) throw UsageError(fmt::format("parallel.comm_sms = {} must be >= 0", sms));
+  if (sms == 0) {
+    comm_sms_ = 0;
+    return;
+  }
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) {
+    const int total = static_cast<cuda::Resources*>(ctx_.cuda)->num_sms;
+    if (sms > total / 2)
+      throw UsageError(fmt::format("parallel.comm_sms = {} is more than half of the {} SMs of {}; NCCL needs a few "
+                                   "(4 to 16); lower parallel.comm_sms",
+                                   sms, total, cuda_->name));
+    comm_sms_ = sms;
+    return;
+  }
+#endif
+  throw UsageError(fmt::format("parallel.comm_sms = {} needs a CUDA device; set it to 0 on the CPU", sms));
+}
+
+int Runtime::set_gemm_sm_target(int sms) {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) {
+    auto& r = *static_cast<cuda::Resources*>(ctx_.cuda);
+    const int previous = r.gemm_sm_target;
+    r.gemm_sm_target = sms;
+    return previous;
+  }
+#endif
+  (void)sms;
+  return 0;
+}
+
+int Runtime::gemm_sm_target() const {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) return static_cast<const cuda::Resources*>(ctx_.cuda)->gemm_sm_target;
+#endif
+  return 0;
+}
+
+Runtime::GemmCarveout::GemmCarveout(Runtime& rt, bool on) : rt_(rt) {
+  int target = 0;
+#ifdef LMSCALE_WITH_CUDA
+  if (on && rt.comm_sms_ > 0 && rt.cuda_)
+    target = static_cast<cuda::Resources*>(rt.ctx_.cuda)->num_sms - rt.comm_sms_;
+#endif
+  (void)on;
+  previous_ = rt_.set_gemm_sm_target(0);
+  rt_.set_gemm_sm_target(target > 0 ? target : previous_);   // an inner scope that is off keeps the outer one
+}
+
+Runtime::GemmCarveout::~GemmCarveout() { rt_.set_gemm_sm_target(previous_); }
 
 }  // namespace lmscale::ops

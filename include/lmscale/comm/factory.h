@@ -11,8 +11,9 @@ namespace lmscale::comm {
 // backend: "mpi" or "nccl" ("auto" must be resolved by the caller: nccl for cuda devices, mpi
 // for cpu). cuda_device: the GPU of this rank (usually env.local_rank()); ignored for mpi.
 // Sets NCCL_NVLS_ENABLE=0 in the environment when it is unset, before any NCCL initialisation.
+// nccl_max_ctas: parallel.comm_sms (NcclOptions::max_ctas); ignored for mpi.
 std::unique_ptr<Communicator> make_world_communicator(std::string_view backend, MpiEnvironment& env,
-                                                      int cuda_device, bool check = false);
+                                                      int cuda_device, bool check = false, int nccl_max_ctas = 0);
 
 // "auto" -> "nccl" when device is cuda, "mpi" otherwise; other names are checked and returned.
 Backend resolve_backend(std::string_view backend, Device device);

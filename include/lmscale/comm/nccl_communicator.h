@@ -31,6 +31,9 @@ namespace lmscale::comm {
 
 struct NcclOptions {
   bool check = false;
+  // parallel.comm_sms: at most this many CTAs (SMs) for NCCL's kernels (ncclConfig_t maxCTAs, also
+  // for the communicators split from this one); 0 = NCCL's choice.
+  int max_ctas = 0;
 };
 
 // Collective over `comm`; each rank passes its CUDA device index (its local rank). Throws

@@ -161,6 +161,12 @@ class Trainer {
   };
   static constexpr int kAllUnits = 1 << 30;
   bool overlap_optimizer_ = false;
+  // parallel.comm_sms: the phases whose GEMMs run beside NCCL collectives and so are planned for
+  // the SMs NCCL leaves (ops::Runtime::GemmCarveout): the backward with data or pipeline
+  // parallelism (gradient reductions, activation transfers), the forward with fsdp (all-gathers)
+  // or pipeline parallelism. Tensor parallelism's collectives are waited on in order, not
+  // overlapped, so tp alone gets no carve-out.
+  bool carve_forward_ = false, carve_backward_ = false;
   struct UpdateSegment {
     model::GradBucket range;   // the lazy bucket (one process) or a range of the flat buffer (DDP)
     int first_unit = 0;

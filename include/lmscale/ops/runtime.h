@@ -46,7 +46,30 @@ class Runtime {
   // Device name ("cpu" or e.g. "NVIDIA H100 80GB HBM3").
   std::string device_name() const;
 
+  // parallel.comm_sms: SMs left to NCCL's kernels while GEMMs run beside them. Throws UsageError
+  // (naming the key) when it is more than half the GPU's SMs, or not 0 on CPU.
+  void set_comm_sms(int sms);
+  int comm_sms() const { return comm_sms_; }
+  // The SMs the GEMM plans made now target (0 = all of them).
+  int gemm_sm_target() const;
+  // While one is alive (and comm_sms() > 0, and `on`), the GEMM plans made target the GPU's SMs
+  // minus comm_sms() (cuBLASLt's SM_COUNT_TARGET; plans are cached per target). Scopes nest.
+  class GemmCarveout {
+   public:
+    GemmCarveout(Runtime& rt, bool on);
+    ~GemmCarveout();
+    GemmCarveout(const GemmCarveout&) = delete;
+    GemmCarveout& operator=(const GemmCarveout&) = delete;
+
+   private:
+    Runtime& rt_;
+    int previous_ = 0;
+  };
+
  private:
+  // The SM target new GEMM plans get (0 = all SMs); returns the one it replaces.
+  int set_gemm_sm_target(int sms);
+  int comm_sms_ = 0;
   HostAllocator host_;
   std::unique_ptr<Allocator> device_alloc_;
   Context ctx_;

@@ -207,7 +207,7 @@ class NcclWork final : public WorkState {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm mpi, ncclComm_t comm, int device, NcclOptions options) : mpi_(mpi) {
+  NcclCommunicator(MPI_Comm mpi, ncclComm_t comm, int device, NcclOptions options) : mpi_(mpi), max_ctas_(options.max_ctas) {
     MPI_Comm_rank(mpi_, &rank_);
     MPI_Comm_size(mpi_, &size_);
     shared_ = std::make_shared<NcclShared>(comm, rank_, size_, device);
@@ -263,6 +263,7 @@ class NcclCommunicator final : public Communicator {
     // is always polled first, then the child until it is ready.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    if (max_ctas_ > 0) config.maxCTAs = max_ctas_;
     ncclComm_t child = nullptr;
     LMSCALE_CUDA_CHECK(cudaSetDevice(shared_->device));
     ncclResult_t r = ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
@@ -273,6 +274,7 @@ class NcclCommunicator final : public Communicator {
     if (!child) shared_->raise("ncclCommSplit (no communicator returned)", ncclInternalError);
     NcclOptions o;
     o.check = check();
+    o.max_ctas = max_ctas_;
     auto c = std::make_unique<NcclCommunicator>(part, child, shared_->device, o);
     shared_->add_child(c->shared_);
     c->set_algo(algo_);
@@ -423,6 +425,7 @@ class NcclCommunicator final : public Communicator {
 
   MPI_Comm mpi_;
   int rank_ = 0, size_ = 1;
+  int max_ctas_ = 0;   // NcclOptions::max_ctas, passed on to split() children
   Algo algo_ = Algo::automatic;
   cudaStream_t compute_ = cudaStreamLegacy;
   std::shared_ptr<NcclShared> shared_;
@@ -460,6 +463,12 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int cuda_dev
   // Non-blocking (see wait_ready): the init returns at once; its state is polled until ready.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  // parallel.comm_sms: NCCL's kernels use at most this many SMs (one CTA per channel), so the
+  // GEMMs planned for the rest never wait for an SM (ops::Runtime::set_comm_sms).
+  if (options.max_ctas > 0) {
+    config.maxCTAs = options.max_ctas;
+    config.minCTAs = 1;
+  }
   ncclComm_t nc = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&nc, size, id, rank, &config);
   if (r == ncclInProgress && nc) r = wait_ready(nc, r);

@@ -73,7 +73,7 @@ GemmPlanCache::~GemmPlanCache() = default;
 std::size_t GemmPlanCache::KeyHash::operator()(const Key& k) const {
   std::size_t h = 1469598103934665603ull;
   for (std::int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc, static_cast<std::int64_t>(k.flags), k.batch, k.stride_a,
-                         k.stride_b, k.stride_c})
+                         k.stride_b, k.stride_c, static_cast<std::int64_t>(k.sm_target)})
     h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
   return h;
 }
@@ -147,7 +147,8 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
                          (g.trans_a ? 1u : 0u) | (g.trans_b ? 2u : 0u) | (tf32 ? 4u : 0u) | (g.beta != 0.f ? 8u : 0u) |
                              (static_cast<std::uint32_t>(g.ab_type) << 4) | (static_cast<std::uint32_t>(g.c_type) << 8) |
                              (log2u(al_a) << 12) | (log2u(al_b) << 16) | (log2u(al_c) << 20),
-                         g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0, batched ? g.stride_c : 0};
+                         g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0, batched ? g.stride_c : 0,
+                         r.gemm_sm_target};
   auto it = r.gemm_plans.plans.find(key);
   if (it == r.gemm_plans.plans.end()) {
     auto plan = std::make_unique<GemmPlanCache::Plan>();
@@ -156,6 +157,11 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
     const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    // parallel.comm_sms: NCCL holds some SMs while this product may run; a plan for all of them
+    // would leave its last wave (or a persistent kernel's CTAs) waiting for the collective.
+    if (r.gemm_sm_target > 0)
+      LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                          &r.gemm_sm_target, sizeof(r.gemm_sm_target)));
     const cudaDataType_t ab = cuda_type(g.ab_type), ct = cuda_type(g.c_type);
     // Stored shapes (column-major): A is m x k (k x m when transposed), B is k x n (n x k).
     LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));

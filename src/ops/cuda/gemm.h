@@ -1,7 +1,8 @@
 #pragma once
 // One cuBLASLt matrix product in column-major terms, C[m,n] = alpha * op(A)[m,k] * op(B)[k,n]
 // + beta * C, with a plan cache: descriptors, layouts and the heuristic's algorithm are made once
-// per (shape, leading dimensions, dtypes, compute mode, beta != 0, pointer alignment) and reused,
+// per (shape, leading dimensions, dtypes, compute mode, beta != 0, pointer alignment, SM target)
+// and reused,
 // so a training step calls cuBLASLt with no heuristic search after the first step.
 //
 // Precision (DESIGN §2): fp32 inputs use CUBLAS_COMPUTE_32F (no TF32) unless allow_tf32, then
@@ -52,9 +53,11 @@ class GemmPlanCache {
     std::int64_t m, n, k, lda, ldb, ldc;
     std::uint32_t flags;   // trans_a, trans_b, dtypes, compute mode, beta != 0, alignments
     std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+    std::int32_t sm_target = 0;   // Resources::gemm_sm_target when the plan was made
     bool operator==(const Key& o) const {
       return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc && flags == o.flags &&
-             batch == o.batch && stride_a == o.stride_a && stride_b == o.stride_b && stride_c == o.stride_c;
+             batch == o.batch && stride_a == o.stride_a && stride_b == o.stride_b && stride_c == o.stride_c &&
+             sm_target == o.sm_target;
     }
   };
   struct KeyHash {

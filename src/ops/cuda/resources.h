@@ -45,6 +45,9 @@ struct Resources {
   // heuristic's first. On when LMSCALE_GEMM_AUTOTUNE=1. Costs a few ms per shape on the first step;
   // the algorithm (and so the rounding) may then differ between runs.
   bool gemm_autotune = false;
+  // SMs the cuBLASLt plans made now target (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET); 0 = all of
+  // them. Set by ops::Runtime's GEMM carve-out (parallel.comm_sms) while collectives may run.
+  std::int32_t gemm_sm_target = 0;
   std::vector<RopeTable> rope_tables;
 };
 
