@@ -79,6 +79,74 @@ TEST(DataParallel, OptimizersMatchOneProcess) {
   }
 }
 
+// A bf16 working copy (the forward's weights): zero1 and zero2 write their range of it inside
+// the optimizer step and all-gather the copy, not the fp32 master, whose other ranges stay as they
+// were until complete_master() gathers them; zero1-broadcast exchanges the master and casts it.
+// The toy gradients are computed from the working copy, as a forward would: the master must track
+// a single-process AdamW fed the same way (1e-6), and the copy must be the rounding of the
+// completed master on every rank.
+TEST(ZeroOptimizer, WorkingCopyIsGatheredAndMasterCompletedOnDemand) {
+  auto& mpi = test::mpi_env();
+  auto grads = comm::make_world_communicator("mpi", mpi, 0);
+  auto host = comm::make_world_communicator("mpi", mpi, 0);
+  HostAllocator alloc;
+  Context ctx;
+  ctx.allocator = &alloc;
+  ctx.host = &alloc;
+  OptimConfig oc;
+  oc.lr = 0.05;
+  oc.weight_decay = 0.1;
+  const int R = mpi.size(), r = mpi.rank();
+  constexpr int n = 11;
+  auto target = [](int rank, int i) { return std::sin(0.5 + rank * 0.9 + i * 0.37); };
+  auto grad_of = [&](const std::vector<bf16_t>& low, int rank, int i) {
+    return static_cast<float>(bf16_to_float(low[static_cast<std::size_t>(i)]) - target(rank, i));
+  };
+  for (const char* mode : {"zero1-broadcast", "zero1", "zero2"}) {
+    std::vector<float> p(n), g(n), rp(n), rg(n);
+    std::vector<bf16_t> low(n), rlow(n);
+    for (int i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = static_cast<float>(0.3 - 0.05 * i);
+    rp = p;
+    for (int i = 0; i < n; ++i) low[static_cast<std::size_t>(i)] = rlow[static_cast<std::size_t>(i)] = float_to_bf16(p[static_cast<std::size_t>(i)]);
+    Tensor tp = Tensor::view(p.data(), {n}, DType::f32, Device::cpu), tg = Tensor::view(g.data(), {n}, DType::f32, Device::cpu);
+    Tensor tlow = Tensor::view(low.data(), {n}, DType::bf16, Device::cpu);
+    Tensor trp = Tensor::view(rp.data(), {n}, DType::f32, Device::cpu), trg = Tensor::view(rg.data(), {n}, DType::f32, Device::cpu);
+    Tensor trlow = Tensor::view(rlow.data(), {n}, DType::bf16, Device::cpu);
+    parallel::ZeroOptimizer z(parallel::parse_zero_mode(mode), *grads, *host, oc);
+    z.add_group({tp, tg, &tlow, {}, 0}, ctx);
+    model::ModelDims d;
+    d.vocab = 3; d.d_model = 2; d.d_ff = 2; d.layers = 1; d.heads = 1;
+    model::ParameterStore dummy(d, DType::f32, DType::f32, alloc);
+    z.make_sync(parallel::DdpMode::flat, dummy, 1.0, ctx);
+    optim::AdamW ref(oc, n, DType::f32, ctx);
+    const std::int64_t lo = z.shard_begin(0), hi = lo + z.shard_size(0);
+    const std::vector<float> initial = p;
+    for (int step = 0; step < 3; ++step) {
+      for (int i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] = grad_of(low, r, i);
+      if (std::string(mode) == "zero1-broadcast") grads->all_reduce(tg, comm::ReduceOp::sum).wait();
+      else z.sync().finish(ctx);
+      z.step(ctx, oc.lr, 1.0);
+      for (int i = 0; i < n; ++i) {
+        double sum = 0;
+        for (int q = 0; q < R; ++q) sum += grad_of(rlow, q, i);
+        rg[static_cast<std::size_t>(i)] = static_cast<float>(sum);
+      }
+      ref.step(ctx, trp, trg, &trlow, oc.lr, 1.0);
+    }
+    const bool partial = std::string(mode) != "zero1-broadcast" && R > 1;
+    for (int i = 0; i < n; ++i) {
+      const bool mine = i >= lo && i < hi;
+      if (mine || !partial) EXPECT_NEAR(p[static_cast<std::size_t>(i)], rp[static_cast<std::size_t>(i)], 1e-6) << mode << " " << i;
+      else EXPECT_EQ(p[static_cast<std::size_t>(i)], initial[static_cast<std::size_t>(i)]) << mode << " " << i << ": the master was exchanged";
+    }
+    z.complete_master(ctx);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_NEAR(p[static_cast<std::size_t>(i)], rp[static_cast<std::size_t>(i)], 1e-6) << mode << " " << i;
+      EXPECT_EQ(low[static_cast<std::size_t>(i)].bits, float_to_bf16(p[static_cast<std::size_t>(i)]).bits) << mode << " " << i;
+    }
+  }
+}
+
 TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
   auto& mpi = test::mpi_env();
   auto grads = comm::make_world_communicator("mpi", mpi, 0);

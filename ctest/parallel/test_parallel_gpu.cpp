@@ -49,11 +49,13 @@ Config tiny_config() {
 std::vector<float> train(const Config& cfg, bool distributed, int steps, std::vector<double>* losses = nullptr) {
   auto& mpi = test::mpi_env();
   ops::Runtime rt(Device::cuda, mpi.local_rank(), false);
+  rt.set_comm_sms(static_cast<int>(cfg.parallel.comm_sms));
   io::ResultsFile out("/nonexistent/never-written.h5", false);
   jobs::JobEnv env{cfg, mpi, rt, out, distributed ? mpi.rank() : 0, distributed ? mpi.size() : 1, mpi.local_rank(),
                    nullptr, nullptr};
   if (distributed) {
-    env.comm = comm::make_world_communicator("nccl", mpi, mpi.local_rank());
+    env.comm = comm::make_world_communicator("nccl", mpi, mpi.local_rank(), false,
+                                             static_cast<int>(cfg.parallel.comm_sms));
     env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
   }
   const std::int64_t B = 8, T = cfg.model.context_length;
@@ -66,6 +68,20 @@ std::vector<float> train(const Config& cfg, bool distributed, int steps, std::ve
     if (losses) losses->push_back(r.loss);
   }
   std::vector<float> p = trainer.full_parameters();   // collective under fsdp and tp
+  // The forward's bf16 working copy is the rounding of the (completed) master on every rank,
+  // whichever way the mode refreshed it (a cast, the optimizer's fused write, zero1/zero2's
+  // gather of the copy). Flat layouts without tp or pp only (their full layout is the store's).
+  model::ParameterStore& store = trainer.params();
+  if (store.has_lowp() && store.has_flat_params() && cfg.parallel.tp == 1 && cfg.parallel.pp == 1 &&
+      store.flat_lowp().dtype() == DType::bf16) {
+    std::vector<bf16_t> low(static_cast<std::size_t>(store.numel()));
+    Tensor host = Tensor::view(low.data(), {store.numel()}, DType::bf16, Device::cpu);
+    ops::copy(rt.ctx(), store.flat_lowp(), host);
+    rt.synchronize();
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < low.size() && i < p.size(); ++i) wrong += low[i].bits != float_to_bf16(p[i]).bits;
+    EXPECT_EQ(wrong, 0u) << cfg.parallel.ddp << "/" << cfg.parallel.zero << ": working copy elements not bf16(master)";
+  }
   rt.synchronize();
   return p;
 }
@@ -81,20 +97,23 @@ TEST(DataParallelGpu, EveryVariantMatchesOneGpuInBf16) {
   const auto reference = train(base, false, steps);
   double scale = 0;
   for (float x : reference) scale = std::max(scale, static_cast<double>(std::fabs(x)));
-  struct Case { const char* ddp; const char* zero; const char* recompute; };
+  // comm_sms: NCCL on 8 CTAs and the overlapped GEMMs planned for the other SMs (same results).
+  struct Case { const char* ddp; const char* zero; const char* recompute; int comm_sms = 0; };
   for (Case c : {Case{"naive", "none", "none"}, Case{"flat", "none", "none"}, Case{"overlap", "none", "none"},
                  Case{"bucketed", "none", "none"}, Case{"bucketed", "zero1-broadcast", "none"},
                  Case{"none", "zero1", "none"}, Case{"none", "zero2", "none"}, Case{"none", "fsdp", "none"},
                  Case{"none", "fsdp", "every-k"}, Case{"none", "fsdp", "selective"},
-                 Case{"bucketed", "none", "every-k"}}) {
+                 Case{"bucketed", "none", "every-k"}, Case{"bucketed", "none", "none", 8},
+                 Case{"none", "zero2", "none", 8}, Case{"none", "fsdp", "none", 8}}) {
     Config cfg = base;
     cfg.parallel.ddp = c.ddp;
     cfg.parallel.zero = c.zero;
+    cfg.parallel.comm_sms = c.comm_sms;
     cfg.train.activation_checkpointing = c.recompute;
     const auto got = train(cfg, true, steps);
     double diff = 0;
     for (std::size_t i = 0; i < got.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(got[i] - reference[i])));
-    EXPECT_LT(diff / scale, 2e-3) << c.ddp << "/" << c.zero << "/" << c.recompute;
+    EXPECT_LT(diff / scale, 2e-3) << c.ddp << "/" << c.zero << "/" << c.recompute << " comm_sms " << c.comm_sms;
     // the ranks hold the same parameters
     std::vector<float> other(got.size());
     MPI_Allreduce(got.data(), other.data(), static_cast<int>(got.size()), MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
@@ -199,9 +218,11 @@ TEST(PipelineGpu, TwoStagesMatchOneGpuInBf16) {
   const auto plain = train(base, false, steps);
   double scale = 0;
   for (float x : plain) scale = std::max(scale, static_cast<double>(std::fabs(x)));
-  struct Case { const char* schedule; int micro; const char* recompute; };
+  // comm_sms 8: NCCL's transfers on 8 CTAs, both stages' GEMMs planned for the other SMs; the
+  // plans may take other algorithms than the one-GPU run's, so bf16 rounding bounds it (2e-3).
+  struct Case { const char* schedule; int micro; const char* recompute; int comm_sms = 0; };
   for (Case c : {Case{"1f1b", 4, "none"}, Case{"gpipe", 2, "none"}, Case{"1f1b", 8, "every-k"},
-                 Case{"1f1b", 2, "selective"}}) {
+                 Case{"1f1b", 2, "selective"}, Case{"1f1b", 4, "none", 8}}) {
     Config ref_cfg = base;
     ref_cfg.train.grad_accum = c.micro;
     ref_cfg.train.activation_checkpointing = c.recompute;
@@ -210,6 +231,7 @@ TEST(PipelineGpu, TwoStagesMatchOneGpuInBf16) {
     cfg.parallel.pp = 2;
     cfg.parallel.microbatches = c.micro;
     cfg.parallel.schedule = c.schedule;
+    cfg.parallel.comm_sms = c.comm_sms;
     cfg.train.activation_checkpointing = c.recompute;
     const auto got = train(cfg, true, steps);
     ASSERT_EQ(got.size(), plain.size());
@@ -218,7 +240,8 @@ TEST(PipelineGpu, TwoStagesMatchOneGpuInBf16) {
       d_acc = std::max(d_acc, static_cast<double>(std::fabs(got[i] - accumulated[i])));
       d_plain = std::max(d_plain, static_cast<double>(std::fabs(got[i] - plain[i])));
     }
-    EXPECT_LT(d_acc / scale, 1e-4) << c.schedule << " M " << c.micro << " " << c.recompute;
+    EXPECT_LT(d_acc / scale, c.comm_sms > 0 ? 2e-3 : 1e-4)
+        << c.schedule << " M " << c.micro << " " << c.recompute << " comm_sms " << c.comm_sms;
     EXPECT_LT(d_plain / scale, 2e-3) << c.schedule << " M " << c.micro << " " << c.recompute;
     std::vector<float> other(got.size());
     MPI_Allreduce(got.data(), other.data(), static_cast<int>(got.size()), MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);

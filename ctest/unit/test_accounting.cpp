@@ -48,7 +48,9 @@ TEST(Accounting, XlBf16OneGpuMatchesTheMeasuredPeak) {
                                     12.0 * 48 * 512 * 1600 * 2048, 1.0);
 }
 
-TEST(Accounting, Zero1ShardsOptimizerStateAndKeepsCommunicationVolume) {
+// zero1 reduce-scatters the fp32 gradients (half the all-reduce) and all-gathers the bf16 working
+// copy (2 bytes per parameter): 3/4 of DDP's volume in bf16, the same in fp32.
+TEST(Accounting, Zero1ShardsOptimizerStateAndGathersTheWorkingCopy) {
   Config c = xl_bf16();
   c.bench.batch_size = 8;
   c.parallel.ddp = "bucketed";
@@ -57,8 +59,13 @@ TEST(Accounting, Zero1ShardsOptimizerStateAndKeepsCommunicationVolume) {
   const auto z = jobs::account(c, 2, "");
   EXPECT_DOUBLE_EQ(item(z, "optimizer_state"), item(ddp, "optimizer_state") / 2);
   EXPECT_DOUBLE_EQ(ddp.comm_bytes_per_step, 2 * 0.5 * 4 * 1998235200.0);
-  EXPECT_DOUBLE_EQ(z.comm_bytes_per_step, ddp.comm_bytes_per_step);
+  EXPECT_DOUBLE_EQ(z.comm_bytes_per_step, 0.5 * 4 * 1998235200.0 + 0.5 * 2 * 1998235200.0);
   EXPECT_EQ(ddp.local_batch, 4);
+  c.precision.mode = "fp32";
+  c.parallel.zero = "none";
+  const auto ddp32 = jobs::account(c, 2, "");
+  c.parallel.zero = "zero2";
+  EXPECT_DOUBLE_EQ(jobs::account(c, 2, "").comm_bytes_per_step, ddp32.comm_bytes_per_step);
 }
 
 // Pipeline (pp = 2, 8 microbatches of one sequence, global batch 8): stage 0 holds the embedding

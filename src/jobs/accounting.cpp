@@ -161,8 +161,10 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     a.comm_bytes_per_step = 2 * f * G + G / dp;
     a.comm_formula = "all-reduce 2 (N-1)/N x 4P + broadcast of the own range 4P/N";
   } else {
-    a.comm_bytes_per_step = 2 * f * G;
-    a.comm_formula = "reduce-scatter (N-1)/N x 4P + all-gather (N-1)/N x 4P";
+    // zero1/zero2 gather the working copy (e = 2 in bf16/fp16, the master itself in fp32).
+    a.comm_bytes_per_step = f * G + f * e * Pr;
+    a.comm_formula = mixed ? "reduce-scatter (N-1)/N x 4P + all-gather of the working copy (N-1)/N x 2P"
+                           : "reduce-scatter (N-1)/N x 4P + all-gather (N-1)/N x 4P";
   }
   a.flops_per_step = m.train_flops_per_token(m.context) * static_cast<double>(B * m.context);
   a.flops_per_step_causal = m.train_flops_per_token_causal(m.context) * static_cast<double>(B * m.context);

@@ -161,6 +161,8 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     });
   }
   overlap_optimizer_ = pc.overlap_optimizer && ctx.device == Device::cuda && optimizer_ && !tp_ && !pipeline_;
+  carve_forward_ = fsdp_ != nullptr || pipeline_ != nullptr;
+  carve_backward_ = dp > 1 || pipeline_ != nullptr;
   // The update's segments: the lazy gradient buckets (one process), or the same 256 MiB split of
   // the flat buffer (DDP). Units: 0 the embedding, l+1 block l, L+1 the final norm and the head.
   const auto segments = lazy_ ? lazy_->buckets() : model::gradient_buckets(params_->infos(), kLazyBucketBytes, 4);
@@ -260,6 +262,7 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
     }
     std::vector<Tensor> sums;
     pipe_begin_ = rt.mark();
+    ops::Runtime::GemmCarveout carve(rt, carve_forward_);
     pipeline_->run(ins, tgs, T, grad_scale, false, *sync_, 0, static_cast<int>(M), sums);
     pipe_end_ = rt.mark();   // the times are read after the step (no host sync here)
     // The last stage holds the loss sums; the others report 0 (summed over stages later).
@@ -286,10 +289,17 @@ void Trainer::accumulate_micro_batches(const std::vector<std::int32_t>& tokens, 
     pc.before_backward = bpc.before_backward;
     pc.after_backward = bpc.after_backward;
     auto t0 = rt.mark();
-    auto act = model_->forward(ctx, in, tg, true, grad_scale, with_update_waits(pc), accumulate);
+    std::unique_ptr<model::Activations> act;
+    {
+      ops::Runtime::GemmCarveout carve(rt, carve_forward_);
+      act = model_->forward(ctx, in, tg, true, grad_scale, with_update_waits(pc), accumulate);
+    }
     settle_optimizer();   // (the forward waited per unit; this only drops an empty queue)
     auto t1 = rt.mark();
-    model_->backward(ctx, *act, pc, accumulate);
+    {
+      ops::Runtime::GemmCarveout carve(rt, carve_backward_);
+      model_->backward(ctx, *act, pc, accumulate);
+    }
     auto t2 = rt.mark();
     loss_sums.push_back(act->loss_sum);
     r.times.forward_ms += rt.elapsed_ms(t0, t1);
@@ -444,6 +454,7 @@ double Trainer::forward_loss(const std::vector<std::int32_t>& tokens, std::int64
   auto [in, tg] = upload(tokens, T, 0, rows);
   auto t0 = rt.mark();
   Tensor loss_sum;
+  ops::Runtime::GemmCarveout carve(rt, carve_forward_);
   if (pipeline_) {
     loss_sum = pipeline_->forward_only(in, tg, T);
     if (!loss_sum.defined()) {   // not the last stage: it contributes 0 to the sum over stages
@@ -463,6 +474,7 @@ std::vector<float> Trainer::full_parameters() {
   settle_optimizer();
   Context& ctx = env_.rt.ctx();
   if (fsdp_) return to_full_layout(fsdp_->full_parameters(ctx));   // gathered over dp, then over tp
+  if (sharded_) sharded_->complete_master(ctx);   // ZeRO gathered only the working copy after its steps
   LMSCALE_CHECK(params_->master_dtype() == DType::f32, "full_parameters: fp32 master weights only");
   std::vector<float> h(static_cast<std::size_t>(params_->numel()));
   Tensor dst = Tensor::view(h.data(), {params_->numel()}, DType::f32, Device::cpu);

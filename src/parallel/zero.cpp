@@ -248,6 +248,12 @@ double ZeroOptimizer::grad_sum_squares_in(Context& ctx,
   return sync_->sum_scalar(local);
 }
 
+// zero1 and zero2 with a working copy: the optimizer wrote this rank's range of the copy; the copy
+// is all-gathered and the master stays partial. Otherwise the master is exchanged and cast.
+bool ZeroOptimizer::gathers_working_copy(const Shard& s) const {
+  return s.g.lowp != nullptr && mode_ != ZeroMode::zero1_broadcast;
+}
+
 void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
   NvtxRange r("zero_distribute_parameters");
   if (mode_ == ZeroMode::zero1_broadcast) {
@@ -258,12 +264,26 @@ void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
       if (n > 0) grads_.broadcast(part, owner).wait();
       at += n;
     }
-  } else {
+    if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
+    return;
+  }
+  Tensor& whole = gathers_working_copy(s) ? *s.g.lowp : s.g.params;
+  const std::size_t esz = dtype_size(whole.dtype());
+  const char* mine = static_cast<const char*>(whole.data()) + static_cast<std::size_t>(s.begin) * esz;
+  grads_.all_gather_v(mine, whole.data(), s.counts, whole.dtype()).wait();
+  s.master_partial = gathers_working_copy(s);
+}
+
+void ZeroOptimizer::complete_master(Context& ctx) {
+  (void)ctx;
+  for (auto& s : shards_) {
+    if (!s.master_partial) continue;
+    NvtxRange r("zero_complete_master");
     const std::size_t esz = dtype_size(s.g.params.dtype());
     const char* mine = static_cast<const char*>(s.g.params.data()) + static_cast<std::size_t>(s.begin) * esz;
     grads_.all_gather_v(mine, s.g.params.data(), s.counts, s.g.params.dtype()).wait();
+    s.master_partial = false;
   }
-  if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
 }
 
 void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
@@ -271,6 +291,8 @@ void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
   for (std::size_t gi = 0; gi < shards_.size(); ++gi) {
     Shard& s = shards_[gi];
     Tensor p = s.g.params.flat_range(s.begin, s.size);
+    // This rank's range of the working copy, written by the update itself (gathered below).
+    Tensor lowp = gathers_working_copy(s) ? s.g.lowp->flat_range(s.begin, s.size) : Tensor();
     optim::Optimizer& opt = *s.opt;
     opt.begin_step();
     if (opt.layerwise()) {
@@ -282,7 +304,7 @@ void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
       if (gi == 0 && norm_reducer_) norm_reducer_(total);
       opt.set_norms(total);
     }
-    if (s.size > 0) opt.step_range(ctx, p, shard_grads(s), nullptr, 0, lr, grad_scale);
+    if (s.size > 0) opt.step_range(ctx, p, shard_grads(s), lowp.defined() ? &lowp : nullptr, 0, lr, grad_scale);
     distribute_parameters(s, ctx);
   }
 }

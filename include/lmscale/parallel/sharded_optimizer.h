@@ -36,6 +36,11 @@ class ShardedOptimizer {
   // One optimizer step of what this rank owns, grad_scale times the gradients (1/loss scale and the
   // clipping factor), leaving every rank with the parameters its next forward needs.
   virtual void step(Context& ctx, double lr, double grad_scale) = 0;
+  // Makes the master (fp32) parameters whole on every rank where step() left only this rank's
+  // range current (ZeRO with a low-precision working copy gathers the copy, not the master).
+  // Collective; a no-op when they are whole already. Called before the master is read whole
+  // (full_parameters: checkpoints, pruning, tests).
+  virtual void complete_master(Context& ctx) { (void)ctx; }
   virtual std::size_t state_bytes() const = 0;   // this rank's optimizer state
   virtual std::int64_t steps() const = 0;
 

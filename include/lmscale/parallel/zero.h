@@ -12,8 +12,12 @@
 //                     gradients live in per-bucket buffers allocated during the backward and freed
 //                     after their reduce-scatter, so no rank holds the full-size gradients.
 // Groups may be added at any time (add_group): each is sharded on its own, so existing shards and
-// their state are untouched. Parameters are exchanged in the master dtype (fp32); the working
-// copy (bf16/fp16) is refreshed from the gathered master weights.
+// their state are untouched. Parameters are exchanged in the working dtype: with a bf16/fp16
+// working copy, the optimizer writes the copy of its range (fused, the rounding of ops::cast) and
+// zero1/zero2 all-gather the copy (2 bytes per parameter instead of 4); the master's other ranges
+// are then stale on this rank until complete_master() gathers them (full_parameters does; the
+// forward, the optimizer and the sharded checkpoints read only the copy or this rank's range).
+// Without a working copy (fp32) and for zero1-broadcast the master itself is exchanged.
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,6 +72,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
   double grad_sum_squares_in(Context& ctx, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) override;
   // One step of every group's range, then the parameters are made whole again on every rank.
   void step(Context& ctx, double lr, double grad_scale) override;
+  void complete_master(Context& ctx) override;
 
   std::size_t state_bytes() const override;  // this rank's AdamW state
   std::int64_t shard_begin(int group) const;  // first element this rank owns in a group
@@ -84,8 +89,10 @@ class ZeroOptimizer final : public ShardedOptimizer {
     std::int64_t begin = 0, size = 0;   // this rank's range
     Tensor grad_shard;                   // zero1/zero2: reduced gradients of the range
     std::unique_ptr<optim::Optimizer> opt;   // optim.name over this rank's range
+    bool master_partial = false;   // only [begin, begin + size) of g.params is current here
   };
   void distribute_parameters(Shard& s, Context& ctx);
+  bool gathers_working_copy(const Shard& s) const;
   const Tensor& shard_grads(Shard& s);
 
   ZeroMode mode_;
