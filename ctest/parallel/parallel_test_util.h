@@ -3,6 +3,7 @@
 // one process or on every rank of the MPI world, returning the final full parameters.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,19 @@
 #include "mpi_test_support.h"
 
 namespace lmscale::test {
+
+// What the tests that drive a strategy directly (ZeroOptimizer, DataParallel) need on every rank:
+// the gradient and host-scalar communicators over MPI and a host context.
+struct HostRankEnv {
+  std::unique_ptr<comm::Communicator> grads = comm::make_world_communicator("mpi", mpi_env(), 0);
+  std::unique_ptr<comm::Communicator> host = comm::make_world_communicator("mpi", mpi_env(), 0);
+  HostAllocator alloc;
+  Context ctx;
+  HostRankEnv() {
+    ctx.allocator = &alloc;
+    ctx.host = &alloc;
+  }
+};
 
 inline Config tiny_config() {
   Config c;

@@ -44,12 +44,11 @@ model::ModelDims tiny_dims() {
 
 TEST(GradReduceDtype, DdpBf16MatchesTheRoundingFormula) {
   auto& mpi = test::mpi_env();
-  auto grads = comm::make_world_communicator("mpi", mpi, 0);
-  auto host = comm::make_world_communicator("mpi", mpi, 0);
-  HostAllocator alloc;
-  Context ctx;
-  ctx.allocator = &alloc;
-  ctx.host = &alloc;
+  test::HostRankEnv env;
+  auto& grads = env.grads;
+  auto& host = env.host;
+  HostAllocator& alloc = env.alloc;
+  Context& ctx = env.ctx;
   for (auto mode : {parallel::DdpMode::flat, parallel::DdpMode::overlap, parallel::DdpMode::bucketed}) {
     model::ParameterStore store(tiny_dims(), DType::f32, DType::f32, alloc);
     float* g = store.flat_grads().data_as<float>();
@@ -69,12 +68,11 @@ TEST(GradReduceDtype, DdpBf16MatchesTheRoundingFormula) {
 
 TEST(GradReduceDtype, Zero2Bf16ShardsMatchTheRoundingFormula) {
   auto& mpi = test::mpi_env();
-  auto grads = comm::make_world_communicator("mpi", mpi, 0);
-  auto host = comm::make_world_communicator("mpi", mpi, 0);
-  HostAllocator alloc;
-  Context ctx;
-  ctx.allocator = &alloc;
-  ctx.host = &alloc;
+  test::HostRankEnv env;
+  auto& grads = env.grads;
+  auto& host = env.host;
+  HostAllocator& alloc = env.alloc;
+  Context& ctx = env.ctx;
   Config cfg = test::tiny_config();
   model::ParameterStore store(tiny_dims(), DType::f32, DType::f32, alloc,
                               model::ParameterStore::Buffers::params_only);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
 #include <memory>
 #include <vector>
 
@@ -25,6 +26,14 @@
 using namespace lmscale;
 
 namespace {
+
+// The toy problems' optimizer: AdamW with a step and a decay large enough to see in a few steps.
+OptimConfig toy_adamw() {
+  OptimConfig oc;
+  oc.lr = 0.05;
+  oc.weight_decay = 0.1;
+  return oc;
+}
 
 }  // namespace
 
@@ -86,17 +95,12 @@ TEST(DataParallel, OptimizersMatchOneProcess) {
 // a single-process AdamW fed the same way (1e-6), and the copy must be the rounding of the
 // completed master on every rank.
 TEST(ZeroOptimizer, WorkingCopyIsGatheredAndMasterCompletedOnDemand) {
-  auto& mpi = test::mpi_env();
-  auto grads = comm::make_world_communicator("mpi", mpi, 0);
-  auto host = comm::make_world_communicator("mpi", mpi, 0);
-  HostAllocator alloc;
-  Context ctx;
-  ctx.allocator = &alloc;
-  ctx.host = &alloc;
-  OptimConfig oc;
-  oc.lr = 0.05;
-  oc.weight_decay = 0.1;
-  const int R = mpi.size(), r = mpi.rank();
+  test::HostRankEnv env;
+  auto [grads, host] = std::tie(env.grads, env.host);   // references to the unique_ptrs
+  HostAllocator& alloc = env.alloc;
+  Context& ctx = env.ctx;
+  const OptimConfig oc = toy_adamw();
+  const int R = grads->size(), r = grads->rank();
   constexpr int n = 11;
   auto target = [](int rank, int i) { return std::sin(0.5 + rank * 0.9 + i * 0.37); };
   auto grad_of = [&](const std::vector<bf16_t>& low, int rank, int i) {
@@ -148,17 +152,12 @@ TEST(ZeroOptimizer, WorkingCopyIsGatheredAndMasterCompletedOnDemand) {
 }
 
 TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
-  auto& mpi = test::mpi_env();
-  auto grads = comm::make_world_communicator("mpi", mpi, 0);
-  auto host = comm::make_world_communicator("mpi", mpi, 0);
-  HostAllocator alloc;
-  Context ctx;
-  ctx.allocator = &alloc;
-  ctx.host = &alloc;
-  OptimConfig oc;
-  oc.lr = 0.05;
-  oc.weight_decay = 0.1;
-  const int R = mpi.size(), r = mpi.rank();
+  test::HostRankEnv env;
+  auto [grads, host] = std::tie(env.grads, env.host);   // references to the unique_ptrs
+  HostAllocator& alloc = env.alloc;
+  Context& ctx = env.ctx;
+  const OptimConfig oc = toy_adamw();
+  const int R = grads->size(), r = grads->rank();
   // Toy model: loss_r = 0.5 * sum_i (p_i - target_r,i)^2 over groups A (7 elements: uneven over 2,
   // 3, 4 ranks) and B (5 elements, added after step 2); the global gradient is the sum over ranks.
   auto target = [](int rank, int i) { return std::sin(1.0 + rank * 0.7 + i * 0.3); };

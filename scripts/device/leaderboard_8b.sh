@@ -13,7 +13,8 @@
 #             block checkpointed keeping its attention output), nokeep (the deck before 2026-11-25:
 #             the recompute runs the attention too), ck27 (only the first 27 of 34 blocks
 #             checkpointed: predicted 107.9 GiB per rank), zero2, selective_mlp, chunk1g (1 GiB
-#             logits chunks)
+#             logits chunks), cs16 and ck27cs16 (NCCL on 16 CTAs, the overlapped GEMMs planned
+#             for the other SMs: parallel.comm_sms)
 #   proxy     one GPU, the deck's widths at 32k tokens with 8 layers and one sequence (no sharding):
 #             full checkpointing against checkpoint_keep_attention, the per-layer difference and
 #             both peaks against the prediction (fits an H100; for when 2 H200s are not lent)
@@ -79,7 +80,8 @@ fi
 declare -A VARIANT=([deck]="" [nokeep]="--train.checkpoint_keep_attention=false" [ck27]="--train.checkpoint_layers=27"
                     [zero2]="--parallel.zero=zero2"
                     [selective_mlp]="--train.activation_checkpointing=selective-mlp --train.checkpoint_keep_attention=false"
-                    [chunk1g]="--model.ce_chunk_rows=3534")
+                    [chunk1g]="--model.ce_chunk_rows=3534"
+                    [cs16]="--parallel.comm_sms=16" [ck27cs16]="--train.checkpoint_layers=27 --parallel.comm_sms=16")
 if has run; then
   for name in ${RUNS:-deck nokeep ck27}; do
     args=${VARIANT[$name]}

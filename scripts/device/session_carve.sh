@@ -18,11 +18,7 @@ stages=${*:-build tests dp peers}
 OUT=${OUT:-/tmp/session_carve_out}
 source scripts/device/session_lib.sh
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
-if has build; then
-  scripts/device/build.sh lmscale test_ops_cuda_math mpi_test_parallel_gpu > "$OUT/build.log" 2>&1 \
-    || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-  note "build done at $(( $(date +%s) - T0 )) s"
-fi
+build_stage lmscale test_ops_cuda_math mpi_test_parallel_gpu
 if has tests; then
   CUDA_VISIBLE_DEVICES=0 timeout 120 $BUILD/ctest/test_ops_cuda_math --gtest_filter='LinearTest.*' > "$OUT/math.log" 2>&1
   note "LinearTest (rc $?): $(grep -aE '^\[  (PASSED|FAILED)' "$OUT/math.log" | tr '\n' ' ') $(grep -a 'FAILED  \]' "$OUT/math.log" | head -4 | tr '\n' ' ')"

@@ -20,11 +20,7 @@ source scripts/device/session_lib.sh
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
 builds=(new); [ -n "${BASE_EXE:-}" ] && builds+=(base)
 exe_of() { [ "$1" = base ] && echo "$BASE_EXE" || echo "$LM"; }
-if has build; then
-  scripts/device/build.sh lmscale test_ops_cuda_math test_model_cuda mpi_test_parallel_gpu > "$OUT/build.log" 2>&1 \
-    || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-  note "build done at $(( $(date +%s) - T0 )) s"
-fi
+build_stage lmscale test_ops_cuda_math test_model_cuda mpi_test_parallel_gpu
 XL=(inputs/bench_model_xl_bf16.ini --model.attention=flash)
 if has gputests; then
   for t in test_ops_cuda_math test_model_cuda; do

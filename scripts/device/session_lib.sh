@@ -5,6 +5,7 @@
 #   note TEXT    print and append to $OUT/summary.txt
 #   brief LOG    one line for a bench-model log: step, phases, peak and predicted memory, fsdp waits
 #   memrows H5   every rank's predicted and measured memory per phase of a bench-model output
+#   build_stage TARGETS...   the `build` stage (when asked for): ninja targets, errors and exit on failure
 source scripts/device/env.sh
 OUT=${OUT:-/tmp/session_out}
 mkdir -p "$OUT"
@@ -32,4 +33,9 @@ for r in t[:]:
     ph = d["phase"].decode().rstrip("\0") if isinstance(d["phase"], bytes) else d["phase"]
     print(f"  rank {d.get('rank', 0)} {ph:<17} predicted {d['predicted_bytes']/2**30:8.3f} GiB measured {d['measured_bytes']/2**30:8.3f} GiB error {100*d['error']:+6.2f}%")
 PY
+}
+build_stage() {   # TARGETS...
+  has build || return 0
+  scripts/device/build.sh "$@" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+  note "build done at $(( $(date +%s) - T0 )) s"
 }

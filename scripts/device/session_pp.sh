@@ -12,11 +12,7 @@ OUT=${OUT:-/tmp/session_pp_out}
 source scripts/device/session_lib.sh
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
-if has build; then
-  scripts/device/build.sh lmscale mpi_test_parallel_gpu > "$OUT/build.log" 2>&1 \
-    || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-  note "build done at $(( $(date +%s) - T0 )) s"
-fi
+build_stage lmscale mpi_test_parallel_gpu
 if has tests; then
   timeout 240 "${MPIRUN[@]}" -np 2 "$BUILD/ctest/parallel/mpi_test_parallel_gpu" > "$OUT/test_parallel_gpu.log" 2>&1
   note "2-GPU tests: rc=$? $(grep -aE '^\[  (PASSED|FAILED)|^\[       OK|FAILED  \]' "$OUT/test_parallel_gpu.log" | tr '\n' ' ')"

@@ -14,10 +14,7 @@ stages=${*:-build mb trace ncu}
 OUT=${OUT:-/tmp/session_prof_out}
 source scripts/device/session_lib.sh
 nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$summary"
-if has build; then
-  scripts/device/build.sh lmscale > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-  note "build done at $(( $(date +%s) - T0 )) s"
-fi
+build_stage lmscale
 XL=(inputs/bench_model_xl_bf16.ini --model.attention=flash)
 if has mb; then
   for b in 8 4 2 1; do

@@ -15,11 +15,7 @@ OUT=${OUT:-/tmp/session_recipes_out}
 source scripts/device/session_lib.sh
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
-if has build; then
-  scripts/device/build.sh lmscale > "$OUT/build.log" 2>&1 \
-    || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-  note "build done at $(( $(date +%s) - T0 )) s"
-fi
+build_stage lmscale
 if has text; then
   for p in fp32 bf16; do
     timeout 120 $LM inputs/text_quickstart.ini --parallel.device=cuda --precision.mode=$p \

@@ -17,11 +17,7 @@ OUT=${OUT:-/tmp/x2_out}
 source scripts/device/session_lib.sh
 DECK=inputs/leaderboard_8b.ini
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
-if has build; then
-  scripts/device/build.sh lmscale check_table mpi_test_nccl_comm > "$OUT/build.log" 2>&1 \
-    || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-  note "build done at $(( $(date +%s) - T0 )) s"
-fi
+build_stage lmscale check_table mpi_test_nccl_comm
 if has 8b; then
   t=$(date +%s)
   timeout 240 "${MPIRUN[@]}" -np 2 $LM $DECK --bench.steps=3 --run.output="$OUT/8b.h5" > "$OUT/8b.log" 2>&1

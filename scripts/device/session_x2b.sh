@@ -21,11 +21,7 @@ stages=${*:-build tests recipes pp27 dp xlpp}
 OUT=${OUT:-/tmp/session_x2b_out}
 source scripts/device/session_lib.sh
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
-if has build; then
-  scripts/device/build.sh lmscale mpi_test_parallel_gpu mpi_test_nccl_comm > "$OUT/build.log" 2>&1 \
-    || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-  note "build done at $(( $(date +%s) - T0 )) s"
-fi
+build_stage lmscale mpi_test_parallel_gpu mpi_test_nccl_comm
 if has recipes; then
   (CUDA_VISIBLE_DEVICES=0 OUT=$OUT/recipes scripts/device/session_recipes.sh text prune > "$OUT/recipes.log" 2>&1) &
   recipes_pid=$!
