@@ -134,7 +134,8 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
                                                             env.cfg.optim);
       zero->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
                        params_->has_lowp() ? &params_->flat_lowp() : nullptr,
-                       parallel::param_segments(params_->infos(), 0, params_->numel()), params_->size()},
+                       parallel::param_segments(params_->infos(), 0, params_->numel()), params_->size(),
+                       params_->master_read_ranges()},
                       ctx);
       zero->make_sync(ddp, *params_, pc.bucket_mb, ctx, grad_reduce);
       sharded_ = std::move(zero);

@@ -145,6 +145,15 @@ Tensor ParameterStore::compute_weight(int i) const {
   return view(params_, i);
 }
 
+std::vector<std::pair<std::int64_t, std::int64_t>> ParameterStore::master_read_ranges() const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  if (!has_lowp_) return out;
+  for (const auto& p : infos_)
+    if (p.kind == ParamInfo::Kind::norm) out.emplace_back(p.offset, p.numel);   // as compute_weight
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 void fill_initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, std::int64_t end, Tensor dst,
                          Context& ctx) {
   LMSCALE_CHECK(dst.numel() == end - begin, "fill_initial_values: {} elements for [{}, {})", dst.numel(), begin, end);

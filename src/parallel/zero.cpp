@@ -197,6 +197,16 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
   }
   if (g.segments.empty() && s.size > 0) mine.push_back({0, s.size, 0, true});
   s.opt = optim::make_optimizer(cfg_, s.size, g.params.dtype(), ctx, std::max(g.num_params, 1), std::move(mine));
+  // Each rank's share of the master ranges the forward reads (gathered after each step with the copy).
+  s.read_counts.assign(static_cast<std::size_t>(grads_.size()), 0);
+  std::int64_t lo = 0;
+  for (int q = 0; q < grads_.size(); ++q) {
+    const std::int64_t hi = lo + static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(q)]);
+    for (const auto& [offset, numel] : g.master_reads)
+      s.read_counts[static_cast<std::size_t>(q)] +=
+          static_cast<std::size_t>(std::max<std::int64_t>(0, std::min(hi, offset + numel) - std::max(lo, offset)));
+    lo = hi;
+  }
   // A group added mid-training starts from rank 0's values everywhere.
   grads_.broadcast(s.g.params, 0);
   if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
@@ -271,7 +281,53 @@ void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
   const std::size_t esz = dtype_size(whole.dtype());
   const char* mine = static_cast<const char*>(whole.data()) + static_cast<std::size_t>(s.begin) * esz;
   grads_.all_gather_v(mine, whole.data(), s.counts, whole.dtype()).wait();
-  s.master_partial = gathers_working_copy(s);
+  if (gathers_working_copy(s)) {
+    gather_master_reads(s, ctx);
+    s.master_partial = true;
+  }
+}
+
+// The master ranges the forward reads (norm weights): packed in offset order into a staging
+// buffer (the front of the gradient shard, dead after the step, when it is large enough), where
+// each rank's elements form one contiguous slice; all-gathered; the other ranks' parts unpacked.
+void ZeroOptimizer::gather_master_reads(Shard& s, Context& ctx) {
+  std::size_t total = 0;
+  for (std::size_t c : s.read_counts) total += c;
+  if (total == 0) return;
+  const auto n = static_cast<std::int64_t>(total);
+  Tensor staging = s.grad_shard.defined() && s.grad_shard.numel() >= n && s.grad_shard.dtype() == s.g.params.dtype()
+                       ? s.grad_shard.flat_range(0, n)
+                       : Tensor::empty({n}, s.g.params.dtype(), *ctx.allocator, "zero_master_reads");
+  const std::int64_t b = s.begin, e = s.begin + s.size;
+  std::size_t own_at = 0;
+  for (int q = 0; q < grads_.rank(); ++q) own_at += s.read_counts[static_cast<std::size_t>(q)];
+  // Pieces (master offset, staging offset, numel) of the ranges inside and outside [b, e).
+  auto for_pieces = [&](bool own, auto&& f) {
+    std::int64_t at = 0;   // staging offset of the range's first element
+    for (const auto& [offset, numel] : s.g.master_reads) {
+      const std::int64_t in_lo = std::max(b, offset), in_hi = std::min(e, offset + numel);
+      if (own) {
+        if (in_hi > in_lo) f(in_lo, at + in_lo - offset, in_hi - in_lo);
+      } else if (in_hi <= in_lo) {
+        f(offset, at, numel);
+      } else {
+        if (in_lo > offset) f(offset, at, in_lo - offset);
+        if (offset + numel > in_hi) f(in_hi, at + in_hi - offset, offset + numel - in_hi);
+      }
+      at += numel;
+    }
+  };
+  for_pieces(true, [&](std::int64_t m, std::int64_t st, std::int64_t k) {
+    Tensor dst = staging.flat_range(st, k);
+    ops::copy(ctx, s.g.params.flat_range(m, k), dst);
+  });
+  const std::size_t esz = dtype_size(staging.dtype());
+  grads_.all_gather_v(static_cast<const char*>(staging.data()) + own_at * esz, staging.data(), s.read_counts,
+                      staging.dtype()).wait();
+  for_pieces(false, [&](std::int64_t m, std::int64_t st, std::int64_t k) {
+    Tensor dst = s.g.params.flat_range(m, k);
+    ops::copy(ctx, staging.flat_range(st, k), dst);
+  });
 }
 
 void ZeroOptimizer::complete_master(Context& ctx) {

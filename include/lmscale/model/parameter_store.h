@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lmscale/core/context.h"
@@ -108,6 +109,10 @@ class ParameterStore {
   // What the forward reads for parameter i: the working copy for matmuls and embeddings in mixed
   // precision, the master weights otherwise (norm weights are always read in full precision).
   Tensor compute_weight(int i) const;
+  // The flat ranges (offset, numel) the forward reads from the master although a working copy
+  // exists (the norm weights, in offset order); empty without a working copy. Whoever refreshes
+  // the working copy alone (ZeRO's gather) must refresh these master ranges too.
+  std::vector<std::pair<std::int64_t, std::int64_t>> master_read_ranges() const;
 
  private:
   Tensor view(const Tensor& flat, int i) const;

@@ -16,7 +16,8 @@
 // working copy, the optimizer writes the copy of its range (fused, the rounding of ops::cast) and
 // zero1/zero2 all-gather the copy (2 bytes per parameter instead of 4); the master's other ranges
 // are then stale on this rank until complete_master() gathers them (full_parameters does; the
-// forward, the optimizer and the sharded checkpoints read only the copy or this rank's range).
+// optimizer and the sharded checkpoints read only this rank's range, the forward the copy and the
+// group's master_reads, the norm weights, which are gathered in fp32 after every step).
 // Without a working copy (fp32) and for zero1-broadcast the master itself is exchanged.
 #include <memory>
 #include <optional>
@@ -49,6 +50,10 @@ class ZeroOptimizer final : public ShardedOptimizer {
     // need them; empty = the whole group is one parameter.
     std::vector<optim::ParamSegment> segments;
     int num_params = 0;
+    // Ranges (offset, numel; ascending, disjoint) that the forward reads from the master although
+    // there is a working copy (ParameterStore::master_read_ranges: the norm weights). When the
+    // copy is gathered instead of the master, these ranges are gathered in fp32 beside it.
+    std::vector<std::pair<std::int64_t, std::int64_t>> master_reads;
   };
 
   ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host, const OptimConfig& cfg);
@@ -89,10 +94,12 @@ class ZeroOptimizer final : public ShardedOptimizer {
     std::int64_t begin = 0, size = 0;   // this rank's range
     Tensor grad_shard;                   // zero1/zero2: reduced gradients of the range
     std::unique_ptr<optim::Optimizer> opt;   // optim.name over this rank's range
-    bool master_partial = false;   // only [begin, begin + size) of g.params is current here
+    bool master_partial = false;   // only [begin, begin + size) of g.params (and master_reads) is current here
+    std::vector<std::size_t> read_counts;   // per rank: elements of g.master_reads inside its range
   };
   void distribute_parameters(Shard& s, Context& ctx);
   bool gathers_working_copy(const Shard& s) const;
+  void gather_master_reads(Shard& s, Context& ctx);
   const Tensor& shard_grads(Shard& s);
 
   ZeroMode mode_;
