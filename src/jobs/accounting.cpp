@@ -161,9 +161,11 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     a.comm_bytes_per_step = 2 * f * G + G / dp;
     a.comm_formula = "all-reduce 2 (N-1)/N x 4P + broadcast of the own range 4P/N";
   } else {
-    // zero1/zero2 gather the working copy (e = 2 in bf16/fp16, the master itself in fp32).
-    a.comm_bytes_per_step = f * G + f * e * Pr;
-    a.comm_formula = mixed ? "reduce-scatter (N-1)/N x 4P + all-gather of the working copy (N-1)/N x 2P"
+    // zero1/zero2 gather the working copy (e = 2 in bf16/fp16, the master itself in fp32) and, in
+    // mixed precision, the fp32 norm weights the forward reads from the master.
+    a.comm_bytes_per_step = f * G + f * e * Pr + (mixed ? f * 4 * norm_params : 0.0);
+    a.comm_formula = mixed ? "reduce-scatter (N-1)/N x 4P + all-gather of the working copy (N-1)/N x 2P and of the "
+                             "fp32 norm weights (N-1)/N x 4 (2L+1) d"
                            : "reduce-scatter (N-1)/N x 4P + all-gather (N-1)/N x 4P";
   }
   a.flops_per_step = m.train_flops_per_token(m.context) * static_cast<double>(B * m.context);
