@@ -78,7 +78,7 @@ TEST(GradReduceDtype, Zero2Bf16ShardsMatchTheRoundingFormula) {
                               model::ParameterStore::Buffers::params_only);
   store.init(cfg.run.seed, ctx);
   parallel::ZeroOptimizer zero(parallel::ZeroMode::zero2, *grads, *host, cfg.optim);
-  zero.add_group({store.flat_params(), Tensor(), nullptr}, ctx);
+  zero.add_group({store.flat_params(), Tensor(), nullptr, {}, 0, {}}, ctx);
   zero.make_sync(parallel::DdpMode::bucketed, store, 0.004, ctx, DType::bf16);
   auto pc = zero.sync().hooks(0, 1);
   ASSERT_TRUE(pc.on_grad_ready);

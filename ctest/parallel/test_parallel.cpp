@@ -180,7 +180,7 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
     Tensor ta = Tensor::view(pa.data(), {7}, DType::f32, Device::cpu), tga = Tensor::view(ga.data(), {7}, DType::f32, Device::cpu);
     Tensor tb = Tensor::view(pb.data(), {5}, DType::f32, Device::cpu), tgb = Tensor::view(gb.data(), {5}, DType::f32, Device::cpu);
     parallel::ZeroOptimizer z(parallel::parse_zero_mode(mode), *grads, *host, oc);
-    z.add_group({ta, tga, nullptr, {}, 0}, ctx);
+    z.add_group({ta, tga, nullptr, {}, 0, {}}, ctx);
     // no backward runs here, so zero2's bucket hooks never fire: finish() then reduce-scatters
     // each group whole, like zero1
     model::ModelDims d;
@@ -192,7 +192,7 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
     ref_a = optim::AdamW(oc, 7, DType::f32, ctx);
     ref_b = optim::AdamW(oc, 5, DType::f32, ctx);
     for (int step = 0; step < 5; ++step) {
-      if (step == 2) z.add_group({tb, tgb, nullptr, {}, 0}, ctx);
+      if (step == 2) z.add_group({tb, tgb, nullptr, {}, 0, {}}, ctx);
       for (int i = 0; i < 7; ++i) ga[static_cast<std::size_t>(i)] = static_cast<float>(pa[static_cast<std::size_t>(i)] - target(r, i));
       for (int i = 0; i < 5; ++i) gb[static_cast<std::size_t>(i)] = static_cast<float>(pb[static_cast<std::size_t>(i)] - target(r, 10 + i));
       if (std::string(mode) != "zero1-broadcast") {

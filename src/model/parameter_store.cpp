@@ -141,15 +141,18 @@ Tensor ParameterStore::compute_weight(int i) const {
                   infos_[static_cast<std::size_t>(i)].name);
     return weights_(i);
   }
-  if (has_lowp_ && infos_[static_cast<std::size_t>(i)].kind != ParamInfo::Kind::norm) return view(lowp_, i);
-  return view(params_, i);
+  return view(reads_master(infos_[static_cast<std::size_t>(i)]) ? params_ : lowp_, i);
+}
+
+bool ParameterStore::reads_master(const ParamInfo& p) const {
+  return !has_lowp_ || p.kind == ParamInfo::Kind::norm;   // norm weights stay in full precision
 }
 
 std::vector<std::pair<std::int64_t, std::int64_t>> ParameterStore::master_read_ranges() const {
   std::vector<std::pair<std::int64_t, std::int64_t>> out;
   if (!has_lowp_) return out;
   for (const auto& p : infos_)
-    if (p.kind == ParamInfo::Kind::norm) out.emplace_back(p.offset, p.numel);   // as compute_weight
+    if (reads_master(p)) out.emplace_back(p.offset, p.numel);
   std::sort(out.begin(), out.end());
   return out;
 }

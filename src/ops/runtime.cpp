@@ -133,17 +133,11 @@ void Runtime::set_comm_sms(int sms) {
   throw UsageError(fmt::format("parallel.comm_sms = {} needs a CUDA device; set it to 0 on the CPU", sms));
 }
 
-int Runtime::set_gemm_sm_target(int sms) {
+void Runtime::set_gemm_sm_target(int sms) {
 #ifdef LMSCALE_WITH_CUDA
-  if (cuda_) {
-    auto& r = *static_cast<cuda::Resources*>(ctx_.cuda);
-    const int previous = r.gemm_sm_target;
-    r.gemm_sm_target = sms;
-    return previous;
-  }
+  if (cuda_) static_cast<cuda::Resources*>(ctx_.cuda)->gemm_sm_target = sms;
 #endif
   (void)sms;
-  return 0;
 }
 
 int Runtime::gemm_sm_target() const {
@@ -160,8 +154,8 @@ Runtime::GemmCarveout::GemmCarveout(Runtime& rt, bool on) : rt_(rt) {
     target = static_cast<cuda::Resources*>(rt.ctx_.cuda)->num_sms - rt.comm_sms_;
 #endif
   (void)on;
-  previous_ = rt_.set_gemm_sm_target(0);
-  rt_.set_gemm_sm_target(target > 0 ? target : previous_);   // an inner scope that is off keeps the outer one
+  previous_ = rt_.gemm_sm_target();
+  if (target > 0) rt_.set_gemm_sm_target(target);   // an inner scope that is off keeps the outer one
 }
 
 Runtime::GemmCarveout::~GemmCarveout() { rt_.set_gemm_sm_target(previous_); }

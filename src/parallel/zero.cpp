@@ -10,6 +10,19 @@
 
 namespace lmscale::parallel {
 
+namespace {
+
+// All-gathers `buf` in place over `c`: rank q's counts[q] elements, in rank order, with this
+// rank's part already at its offset (a shard of the flat buffer, or a packed staging slice).
+void gather_in_place(comm::Communicator& c, const Tensor& buf, const std::vector<std::size_t>& counts) {
+  std::size_t at = 0;
+  for (int q = 0; q < c.rank(); ++q) at += counts[static_cast<std::size_t>(q)];
+  const char* mine = static_cast<const char*>(buf.data()) + at * dtype_size(buf.dtype());
+  c.all_gather_v(mine, buf.data(), counts, buf.dtype()).wait();
+}
+
+}  // namespace
+
 ZeroMode parse_zero_mode(const std::string& n) {
   if (n == "zero1-broadcast") return ZeroMode::zero1_broadcast;
   if (n == "zero1") return ZeroMode::zero1;
@@ -277,10 +290,7 @@ void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
     if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
     return;
   }
-  Tensor& whole = gathers_working_copy(s) ? *s.g.lowp : s.g.params;
-  const std::size_t esz = dtype_size(whole.dtype());
-  const char* mine = static_cast<const char*>(whole.data()) + static_cast<std::size_t>(s.begin) * esz;
-  grads_.all_gather_v(mine, whole.data(), s.counts, whole.dtype()).wait();
+  gather_in_place(grads_, gathers_working_copy(s) ? *s.g.lowp : s.g.params, s.counts);
   if (gathers_working_copy(s)) {
     gather_master_reads(s, ctx);
     s.master_partial = true;
@@ -291,16 +301,13 @@ void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
 // buffer (the front of the gradient shard, dead after the step, when it is large enough), where
 // each rank's elements form one contiguous slice; all-gathered; the other ranks' parts unpacked.
 void ZeroOptimizer::gather_master_reads(Shard& s, Context& ctx) {
-  std::size_t total = 0;
-  for (std::size_t c : s.read_counts) total += c;
-  if (total == 0) return;
-  const auto n = static_cast<std::int64_t>(total);
+  std::int64_t n = 0;
+  for (const auto& range : s.g.master_reads) n += range.second;
+  if (n == 0) return;
   Tensor staging = s.grad_shard.defined() && s.grad_shard.numel() >= n && s.grad_shard.dtype() == s.g.params.dtype()
                        ? s.grad_shard.flat_range(0, n)
                        : Tensor::empty({n}, s.g.params.dtype(), *ctx.allocator, "zero_master_reads");
   const std::int64_t b = s.begin, e = s.begin + s.size;
-  std::size_t own_at = 0;
-  for (int q = 0; q < grads_.rank(); ++q) own_at += s.read_counts[static_cast<std::size_t>(q)];
   // Pieces (master offset, staging offset, numel) of the ranges inside and outside [b, e).
   auto for_pieces = [&](bool own, auto&& f) {
     std::int64_t at = 0;   // staging offset of the range's first element
@@ -321,9 +328,7 @@ void ZeroOptimizer::gather_master_reads(Shard& s, Context& ctx) {
     Tensor dst = staging.flat_range(st, k);
     ops::copy(ctx, s.g.params.flat_range(m, k), dst);
   });
-  const std::size_t esz = dtype_size(staging.dtype());
-  grads_.all_gather_v(static_cast<const char*>(staging.data()) + own_at * esz, staging.data(), s.read_counts,
-                      staging.dtype()).wait();
+  gather_in_place(grads_, staging, s.read_counts);
   for_pieces(false, [&](std::int64_t m, std::int64_t st, std::int64_t k) {
     Tensor dst = s.g.params.flat_range(m, k);
     ops::copy(ctx, staging.flat_range(st, k), dst);
@@ -335,9 +340,7 @@ void ZeroOptimizer::complete_master(Context& ctx) {
   for (auto& s : shards_) {
     if (!s.master_partial) continue;
     NvtxRange r("zero_complete_master");
-    const std::size_t esz = dtype_size(s.g.params.dtype());
-    const char* mine = static_cast<const char*>(s.g.params.data()) + static_cast<std::size_t>(s.begin) * esz;
-    grads_.all_gather_v(mine, s.g.params.data(), s.counts, s.g.params.dtype()).wait();
+    gather_in_place(grads_, s.g.params, s.counts);
     s.master_partial = false;
   }
 }

@@ -116,6 +116,8 @@ class ParameterStore {
 
  private:
   Tensor view(const Tensor& flat, int i) const;
+  // Whether compute_weight reads parameter p from the master (no working copy, or a norm weight).
+  bool reads_master(const ParamInfo& p) const;
   std::vector<ParamInfo> infos_;
   std::vector<StageUnits> chunks_;
   std::vector<int> local_of_;    // full-model index -> local index, -1 when not held

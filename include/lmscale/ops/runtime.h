@@ -67,8 +67,8 @@ class Runtime {
   };
 
  private:
-  // The SM target new GEMM plans get (0 = all SMs); returns the one it replaces.
-  int set_gemm_sm_target(int sms);
+  // The SM target new GEMM plans get (0 = all SMs).
+  void set_gemm_sm_target(int sms);
   int comm_sms_ = 0;
   HostAllocator host_;
   std::unique_ptr<Allocator> device_alloc_;

@@ -205,6 +205,19 @@ class NcclWork final : public WorkState {
   const char* what_;
 };
 
+// The configuration of every communicator made here (init and split): non-blocking (see
+// wait_ready) and, with parallel.comm_sms, at most max_ctas CTAs (SMs; one per channel) for NCCL's
+// kernels, so the GEMMs planned for the other SMs never wait for one (ops::Runtime::set_comm_sms).
+ncclConfig_t nonblocking_config(int max_ctas) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  if (max_ctas > 0) {
+    config.maxCTAs = max_ctas;
+    config.minCTAs = 1;
+  }
+  return config;
+}
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(MPI_Comm mpi, ncclComm_t comm, int device, NcclOptions options) : mpi_(mpi), max_ctas_(options.max_ctas) {
@@ -261,9 +274,7 @@ class NcclCommunicator final : public Communicator {
     // parent: the child's handle is filled in only when the parent leaves ncclInProgress (NCCL
     // issue 1472; the call may even return ncclSuccess with the handle still unset), so the parent
     // is always polled first, then the child until it is ready.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    if (max_ctas_ > 0) config.maxCTAs = max_ctas_;
+    ncclConfig_t config = nonblocking_config(max_ctas_);
     ncclComm_t child = nullptr;
     LMSCALE_CUDA_CHECK(cudaSetDevice(shared_->device));
     ncclResult_t r = ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
@@ -461,14 +472,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int cuda_dev
   }
   LMSCALE_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi), rank);
   // Non-blocking (see wait_ready): the init returns at once; its state is polled until ready.
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  // parallel.comm_sms: NCCL's kernels use at most this many SMs (one CTA per channel), so the
-  // GEMMs planned for the rest never wait for an SM (ops::Runtime::set_comm_sms).
-  if (options.max_ctas > 0) {
-    config.maxCTAs = options.max_ctas;
-    config.minCTAs = 1;
-  }
+  ncclConfig_t config = nonblocking_config(options.max_ctas);
   ncclComm_t nc = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&nc, size, id, rank, &config);
   if (r == ncclInProgress && nc) r = wait_ready(nc, r);
