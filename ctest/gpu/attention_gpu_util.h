@@ -62,6 +62,7 @@ inline void upload(const std::vector<double>& x, lmscale::Tensor& t) {
   const auto bytes = encode(x, t.dtype());
   ASSERT_EQ(bytes.size(), t.nbytes());
   cuda_ok(cudaMemcpy(t.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  cuda_ok(cudaDeviceSynchronize());   // see poison
 }
 
 inline std::vector<double> download(const lmscale::Tensor& t) {
@@ -72,7 +73,13 @@ inline std::vector<double> download(const lmscale::Tensor& t) {
 }
 
 // All bits set: NaN in fp32, bf16 and fp16, so an element the kernel never writes fails the check.
-inline void poison(lmscale::Tensor& t) { cuda_ok(cudaMemset(t.data(), 0xFF, t.nbytes())); }
+// The memset runs on the legacy default stream, which does not order against the runtime's
+// non-blocking stream: without the synchronisation it could land after the kernel under test had
+// written its output (seen with another process on the GPU: naive O "inf" in 8 cases, ctest -j2).
+inline void poison(lmscale::Tensor& t) {
+  cuda_ok(cudaMemset(t.data(), 0xFF, t.nbytes()));
+  cuda_ok(cudaDeviceSynchronize());
+}
 
 // ||a - b|| / max(||b||, 0.01 * sqrt(n)); infinity when a holds a NaN or inf. The floor is 1% of
 // the norm of unit-scale data: for T = 1, dQ and dK vanish exactly and the kernels return

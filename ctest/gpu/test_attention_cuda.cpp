@@ -487,6 +487,7 @@ TEST(AttentionCudaTools, DISABLED_FileIO) {
     std::vector<char> buf(t.nbytes());
     std::ifstream(std::string(dir) + "/" + name, std::ios::binary).read(buf.data(), static_cast<std::streamsize>(buf.size()));
     cuda_ok(cudaMemcpy(t.data(), buf.data(), buf.size(), cudaMemcpyHostToDevice));
+    cuda_ok(cudaDeviceSynchronize());   // the kernels run on a non-blocking stream
     return t;
   };
   auto write = [&](const char* name, const Tensor& t) {
