@@ -18,6 +18,13 @@
 //     the consumers never wait on atomics (FlashAttention-3's dQ path).
 //   The register-A products need no shuffle: wgmma's fp32 accumulator layout is its A-fragment
 //   layout. dK is scaled by the softmax scale at the end; dQ by the convert kernel.
+// - Shared-memory addressing (kAddr32, D = 64): the dS^T tile stores, the lse2 / D loads and the
+//   dQ staging use 32-bit shared-window addresses recomputed per access instead of generic pointers,
+//   which ptxas hoists out of the loop as invariants (two registers each) and spills. At D = 64 this
+//   took the leaderboard backward from 4.22 to 3.81 ms (H200, 2026-11-25); at D = 128 the same change
+//   cut the spills from 160 to 44 bytes but ran 2% slower (47.2 -> 48.2 ms), so D = 128 keeps the
+//   generic pointers. P^T through shared memory (FlashAttention-3's d128 choice, dV then overlapped
+//   with dS^T) was slower at both (4.03 and 50.3 ms) and is not kept (docs/attention.md).
 // - Causal: query tiles wholly before the CTA's first key are never loaded; tiles that reach past
 //   a warpgroup's first key are masked (and only those).
 // The accumulator is blocked: [B*H, query tiles, 2 halves, 64 x D/2 in fragment order] (see
@@ -70,6 +77,33 @@ constexpr std::size_t smem_bytes() {
 // 16-byte chunk index (col / 8) is XORed with row % 8 (the tile starts on a 1024-byte boundary).
 __device__ __forceinline__ std::uint32_t swizzled_offset(int row, int col) {
   return static_cast<std::uint32_t>(row * 128 + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2);
+}
+
+// Stores a consumer thread's 64 x 64 tile of accumulator-layout values v (rows r and r + 8 of a
+// [rows][64] tile with the 128-byte swizzle, r % 8 = g; columns 16kk + 2t (+1) and +8: v[8kk + 4h
+// + {0,1}] at row r, column chunk 2kk + h, v[8kk + 4h + {2,3}] at row r + 8), rounded to E, through
+// 32-bit shared addresses (one XOR with g per store): the same bytes as swizzled_offset's stores.
+template <class E>
+__device__ __forceinline__ void store_fragment_tile(std::uint32_t tile, int r, int g, int t, const float (&v)[kBM / 2]) {
+  const std::uint32_t base = tile + static_cast<std::uint32_t>(r * 128 + 4 * t);
+#pragma unroll
+  for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const std::uint32_t a = base + (static_cast<std::uint32_t>((2 * kk + h) ^ g) << 4);
+      const std::uint32_t lo = pack2<E>(v[8 * kk + 4 * h], v[8 * kk + 4 * h + 1]);
+      const std::uint32_t hi = pack2<E>(v[8 * kk + 4 * h + 2], v[8 * kk + 4 * h + 3]);
+      asm volatile("st.shared.b32 [%0], %1;\n"
+                   "st.shared.b32 [%0+1024], %2;\n" ::"r"(a),
+                   "r"(lo), "r"(hi)
+                   : "memory");
+    }
+}
+
+__device__ __forceinline__ float ld_shared_f32(std::uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
 }
 
 // 1-D bulk copy global -> shared (16-byte aligned, size a multiple of 16) completing `bar`.
@@ -130,6 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                           const Params p) {
 #ifdef LMSCALE_SM90_DEVICE
   constexpr bool kF16 = std::is_same_v<E, __half>;
+  constexpr bool kAddr32 = D == 64;   // 32-bit shared addressing (see the header)
   constexpr int kCB = D / 64;
   constexpr int kQBytes = kBM * D * static_cast<int>(sizeof(E));
   extern __shared__ unsigned char smem_raw[];
@@ -250,13 +285,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Queries past the end need no mask: their Q and dO rows are zeros (TMA fill) and their lse2
     // and D are zeros, so P = 1 there but dP = 0, dS = 0 and P^T dO = 0.
     const bool masked = kCausal && n0 + kw + 63 > m0;
+    // kAddr32: this thread's query columns 2t (+1) of lse2 and D as 32-bit shared addresses.
+    const std::uint32_t lse2_t = smem_u32(&s.lse2[st][0]) + 8 * t, dsum_t = smem_u32(&s.dsum[st][0]) + 8 * t;
 #pragma unroll
     for (int j = 0; j < kBM / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = e & 1, q = m0 + 8 * j + 2 * t + c, key = key0 + (e >= 2 ? 8 : 0);
         // lse2 and D of this thread's query columns come from shared memory.
-        float x = fast_exp2(fmaf(sacc[4 * j + e], sl2, -s.lse2[st][8 * j + 2 * t + c]));
+        const float lse2 = kAddr32 ? ld_shared_f32(lse2_t + 4 * (8 * j + c)) : s.lse2[st][8 * j + 2 * t + c];
+        float x = fast_exp2(fmaf(sacc[4 * j + e], sl2, -lse2));
         if (masked && key > q) x = 0.f;
         sacc[4 * j + e] = x;
       }
@@ -285,19 +323,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(dpacc);
     // dS^T = P^T (dP^T - D), rounded to E into shared memory (both halves of the CTA's keys), where
     // dK and dQ read it: rows key (kw + 16 warp + g, +8), columns query 16kk + 2t (+8).
-    unsigned char* ds_tile = reinterpret_cast<unsigned char*>(&s.ds[buf][0][0]);
     const int r = kw + 16 * warp + g;
+    if constexpr (kAddr32) {
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      float d[8];
+      for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
-      for (int x = 0; x < 8; ++x)
-        d[x] = sacc[8 * kk + x] * (dpacc[8 * kk + x] - s.dsum[st][16 * kk + 8 * (x >> 2) + 2 * t + (x & 1)]);
-      const int c = 16 * kk + 2 * t;
-      *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r, c)) = pack2<E>(d[0], d[1]);
-      *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r + 8, c)) = pack2<E>(d[2], d[3]);
-      *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r, c + 8)) = pack2<E>(d[4], d[5]);
-      *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r + 8, c + 8)) = pack2<E>(d[6], d[7]);
+        for (int x = 0; x < 8; ++x)   // in place: P^T is in pf by now
+          sacc[8 * kk + x] *= dpacc[8 * kk + x] - ld_shared_f32(dsum_t + 4 * (16 * kk + 8 * (x >> 2) + (x & 1)));
+      store_fragment_tile<E>(smem_u32(&s.ds[buf][0][0]), r, g, t, sacc);
+    } else {
+      unsigned char* ds_tile = reinterpret_cast<unsigned char*>(&s.ds[buf][0][0]);
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        float d[8];
+#pragma unroll
+        for (int x = 0; x < 8; ++x)
+          d[x] = sacc[8 * kk + x] * (dpacc[8 * kk + x] - s.dsum[st][16 * kk + 8 * (x >> 2) + 2 * t + (x & 1)]);
+        const int c = 16 * kk + 2 * t;
+        *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r, c)) = pack2<E>(d[0], d[1]);
+        *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r + 8, c)) = pack2<E>(d[2], d[3]);
+        *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r, c + 8)) = pack2<E>(d[4], d[5]);
+        *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r + 8, c + 8)) = pack2<E>(d[6], d[7]);
+      }
     }
     fence_proxy_async_smem();
     named_sync(kDsBarrier, kConsumerThreads);
@@ -330,10 +377,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_arrive(&s.do_empty[st]);
     // Stage this warpgroup's dQ half for the writer (float4 j of thread tid at (j * 128 + tid) * 4).
     mbar_wait(&s.dq_empty[wg - 1], (i & 1) ^ 1);
-    float4* stage = reinterpret_cast<float4*>(s.dq[wg - 1]);
+    if constexpr (kAddr32) {
+      const std::uint32_t stage = smem_u32(s.dq[wg - 1]) + 16 * tid;
 #pragma unroll
-    for (int j = 0; j < kHalf / 8; ++j)
-      stage[j * 128 + tid] = make_float4(dqacc[4 * j], dqacc[4 * j + 1], dqacc[4 * j + 2], dqacc[4 * j + 3]);
+      for (int j = 0; j < kHalf / 8; ++j)
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + j * 128 * 16), "f"(dqacc[4 * j]),
+                     "f"(dqacc[4 * j + 1]), "f"(dqacc[4 * j + 2]), "f"(dqacc[4 * j + 3])
+                     : "memory");
+    } else {
+      float4* stage = reinterpret_cast<float4*>(s.dq[wg - 1]);
+#pragma unroll
+      for (int j = 0; j < kHalf / 8; ++j)
+        stage[j * 128 + tid] = make_float4(dqacc[4 * j], dqacc[4 * j + 1], dqacc[4 * j + 2], dqacc[4 * j + 3]);
+    }
     fence_proxy_async_smem();
     mbar_arrive(&s.dq_full[wg - 1]);
   }
