@@ -107,7 +107,7 @@ TEST(FusedHead, ScaledDown8bDeckOnTwoRanksMatchesOneProcess) {
   cfg.model.attention = "flash";
   cfg.optim.lr = 3e-3;
   cfg.optim.grad_clip = 1.0;
-  cfg.train.activation_checkpointing = "every-k";   // the deck's policy: every block, attention kept
+  cfg.train.activation_checkpointing = "every-k";   // the deck's policy (its first 27 of 34 blocks: here both), attention kept
   cfg.train.checkpoint_keep_attention = true;
   cfg.parallel.zero = "fsdp";
   cfg.parallel.bucket_mb = 25;

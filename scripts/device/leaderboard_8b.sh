@@ -9,12 +9,15 @@
 #             on 2 GPUs with fsdp, the same global batch; losses compared (bf16: within 2e-2
 #             relative) and the first loss against ln(151936) = 11.93 (within 0.1)
 #   account   the accounting job's prediction of the deck (per-rank peak, step FLOPs)
-#   run       the deck itself and its variants (RUNS, default "deck nokeep ck27"): deck (fsdp, every
-#             block checkpointed keeping its attention output), nokeep (the deck before 2026-11-25:
-#             the recompute runs the attention too), ck27 (only the first 27 of 34 blocks
-#             checkpointed: predicted 107.9 GiB per rank), zero2, selective_mlp, chunk1g (1 GiB
+#   run       the deck itself and its variants (RUNS, default "deck ck0 nokeep"): deck (fsdp, the
+#             first 27 of 34 blocks checkpointed keeping their attention output, the last 7 keep
+#             everything), ck0 (every block checkpointed), nokeep (the deck before 2026-11-25: every
+#             block, the recompute runs the attention too), ck27 (= the deck since 2026-11-25),
+#             zero2, selective_mlp, chunk1g (1 GiB
 #             logits chunks), cs16 and ck27cs16 (NCCL on 16 CTAs, the overlapped GEMMs planned
-#             for the other SMs: parallel.comm_sms)
+#             for the other SMs: parallel.comm_sms), tune and ck27tune (cuBLASLt autotuning of every
+#             GEMM shape on first use). LB_ARGS: more deck overrides for every run (e.g.
+#             --bench.steps=3)
 #   proxy     one GPU, the deck's widths at 32k tokens with 8 layers and one sequence (no sharding):
 #             full checkpointing against checkpoint_keep_attention, the per-layer difference and
 #             both peaks against the prediction (fits an H100; for when 2 H200s are not lent)
@@ -41,7 +44,7 @@ if has tests; then
 fi
 if has small; then
   SMALL=(--run.job=train --model.num_layers=2 --model.context_length=2048 --train.batch_size=2 --train.steps=3
-         --train.log_every=1 --train.eval_every=0 --data.source=synthetic --train.activation_checkpointing=every-k
+         --train.log_every=1 --train.eval_every=0 --data.source=synthetic --train.activation_checkpointing=every-k --train.checkpoint_layers=0
          --parallel.dp=0)
   CUDA_VISIBLE_DEVICES=0 timeout 300 $LM $DECK "${SMALL[@]}" --parallel.zero=none --run.output="$OUT/small_1gpu.h5" \
     > "$OUT/small_1gpu.log" 2>&1
@@ -77,16 +80,19 @@ a, b = (h5py.File(f, "r")["/bench_model/steps"]["loss"][:] for f in sys.argv[1:]
 print("proxy losses full", list(map(float, a)), "keepattn", list(map(float, b)), "first equal:", a[0] == b[0])
 PY
 fi
-declare -A VARIANT=([deck]="" [nokeep]="--train.checkpoint_keep_attention=false" [ck27]="--train.checkpoint_layers=27"
+declare -A VARIANT=([deck]="" [nokeep]="--train.checkpoint_layers=0 --train.checkpoint_keep_attention=false"
+                    [ck0]="--train.checkpoint_layers=0" [ck27]="--train.checkpoint_layers=27"
                     [zero2]="--parallel.zero=zero2"
                     [selective_mlp]="--train.activation_checkpointing=selective-mlp --train.checkpoint_keep_attention=false"
                     [chunk1g]="--model.ce_chunk_rows=3534"
-                    [cs16]="--parallel.comm_sms=16" [ck27cs16]="--train.checkpoint_layers=27 --parallel.comm_sms=16")
+                    [cs16]="--parallel.comm_sms=16" [ck27cs16]="--train.checkpoint_layers=27 --parallel.comm_sms=16"
+                    [tune]="--precision.gemm_autotune=true"
+                    [ck27tune]="--train.checkpoint_layers=27 --precision.gemm_autotune=true")
 if has run; then
-  for name in ${RUNS:-deck nokeep ck27}; do
+  for name in ${RUNS:-deck ck0 nokeep}; do
     args=${VARIANT[$name]}
     # shellcheck disable=SC2086
-    timeout 590 "${MPIRUN[@]}" -np 2 $LM $DECK $args --run.output="$OUT/8b_$name.h5" > "$OUT/8b_$name.log" 2>&1
+    timeout 590 "${MPIRUN[@]}" -np 2 $LM $DECK $args ${LB_ARGS:-} --run.output="$OUT/8b_$name.h5" > "$OUT/8b_$name.log" 2>&1
     note "8b $name: rc=$? $(brief "$OUT/8b_$name.log")"
   done
 fi
