@@ -10,6 +10,7 @@
 #include "lmscale/jobs/device_peak.h"
 #include "lmscale/jobs/memory_model.h"
 #include "lmscale/model/model_dims.h"
+#include "lmscale/model/recompute.h"
 #include "memory_replay.h"
 
 namespace lmscale::jobs {
@@ -109,8 +110,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   if (ac == "every-k") {
     // c checkpointed blocks (train.checkpoint_layers) keep their groups' inputs, and under
     // keep_attention each its attention output and aux; the other L - c keep everything.
-    const double c =
-        cfg.train.checkpoint_layers > 0 ? std::min<double>(static_cast<double>(cfg.train.checkpoint_layers), L) : L;
+    const double c = model::RecomputePolicy::from(cfg.train).checkpointed_end(0, static_cast<int>(m.layers));
     const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), c);
     const bool keep_attn = cfg.train.checkpoint_keep_attention;
     const double kept = keep_attn ? N * d * e / tp + attn : 0.0;

@@ -20,6 +20,7 @@
 #include "lmscale/jobs/device_peak.h"
 #include "lmscale/jobs/parallel_bounds.h"
 #include "lmscale/model/parameter_store.h"
+#include "lmscale/model/recompute.h"
 #include "lmscale/model/stage.h"
 #include "lmscale/parallel/pipeline.h"
 #include "memory_replay.h"
@@ -87,16 +88,15 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
         sharded ? fmt::format("{} B x P_stage / dp", state_b) : fmt::format("{} B x P_stage (optimizer state)", state_b));
     const std::string& ac = cfg.train.activation_checkpointing;
     double per_micro = Ls * block;
+    const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls);   // every-k: blocks per group
     std::string f = tp > 1 ? "L_stage x ((4d r + (4d + 3F)/tp) n e + 8n r + attention aux/tp), n = b_micro T, r = "
                              "1 (1/tp with sequence parallelism)"
                            : "L_stage x ((8d + 3F) n e + 8n + attention aux), n = b_micro T";
     if (ac == "every-k") {
-      // train.checkpoint_layers: n blocks of each of the stage's chunks are checkpointed.
-      const double nchunks = static_cast<double>(chunks.size()), per_chunk = Ls / nchunks;
-      const double c = nchunks * (cfg.train.checkpoint_layers > 0
-                                      ? std::min<double>(static_cast<double>(cfg.train.checkpoint_layers), per_chunk)
-                                      : per_chunk);
-      const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls);
+      // c: the checkpointed blocks of the stage's chunks (train.checkpoint_layers, as the model cuts them).
+      const model::RecomputePolicy policy = model::RecomputePolicy::from(cfg.train);
+      double c = 0;
+      for (const auto& u : chunks) c += policy.checkpointed_end(u.first_layer(), u.end_layer(m)) - u.first_layer();
       per_micro = std::ceil(c / k) * N * d * e * r + (Ls - c) * block;
       f = "ceil(c/k) n d e (group inputs of the c checkpointed blocks) + (L_stage - c) x block, + one group recomputed";
       if (cfg.train.checkpoint_keep_attention) {   // each checkpointed block's attention output and aux stay too
@@ -117,7 +117,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
         static_cast<double>(m.head_chunk_rows(static_cast<std::int64_t>(N), m.vocab / tp, mixed ? 2 : 4));
     add("activations", inflight * (per_micro + (head ? N * d * e * r : 0.0)) +
                            (head ? chunk * Vocab / tp * e + N * d * e * r + N * d * e : 0.0) +
-                           (ac == "every-k" ? std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls) * block : 0.0),
+                           (ac == "every-k" ? k * block : 0.0),
         fmt::format("{:.3g} microbatches in flight x ({}{}){}", inflight, f, head ? " + n d e (head input gradient)" : "",
                     head ? " + chunk V e + 2 n d e (one chunk of logits, final norm output and gradient)" : ""));
     for (const auto& it : a.memory) a.peak_bytes += it.bytes;
