@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Issue 13/14: the sm90 attention backward with fewer live registers (32-bit shared addresses for
-# the dS^T tile stores, lse2 / D loads and dQ staging at D = 64), A/B against an older kernel in
-# one call. Carry [".deps", ".device"] (.device/flash_attention_sm90_bwd_old.cu: the kernel before,
-# built beside the new one). The first call (2026-11-25) also timed P^T through shared memory,
-# since removed (slower).
+# Issue 13/14: the sm90 attention backward, A/B against older kernels in one call. Carry
+# [".deps", ".device"]: .device/flash_attention_sm90_bwd_NAME.cu for each NAME in BWD_OLD (default
+# "old": the kernel before), each built beside the working tree's kernel ("new").
 #   scripts/device/session_bwd.sh [stages...]
-#   build   the attention test executable, new and old (/tmp/attn_new, /tmp/attn_old), and lmscale
+#   build   the attention test executable, new and each baseline (/tmp/attn_NAME), and lmscale
+#           (when 8b is asked for too)
 #   tests   AttentionSm90.* (every dtype, head dim, causal, length case against float64 and FA2)
 #           and the deterministic backward
-#   time    old, new, old, new and torch SDPA at BWD_SHAPES (default d64 16k and d128 32k)
+#   time    baselines, new, baselines, new and torch SDPA at BWD_SHAPES (default d64 16k, d128 32k)
+#   ncu     Nsight Compute (--set full, clocks left alone) of one sm90 backward launch, each kernel,
+#           at NCU_SHAPE (default B1 H32 T8192 d128): ncu_NAME.txt (details) and
+#           ncu_NAME_src.csv (SASS lines with their warp-stall samples)
 #   8b      the leaderboard deck (RUNS8B, default ck27) with the new kernel
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,16 +18,22 @@ stages=${*:-build tests time 8b}
 OUT=${OUT:-/tmp/session_bwd_out}
 source scripts/device/session_lib.sh
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader | tee -a "$summary"
+# Kernels built beside the working tree's (new): .device/flash_attention_sm90_bwd_NAME.cu, NAME in
+# ${BWD_OLD:-old} (the first is the baseline).
+OLDS=${BWD_OLD:-old}
 if has build; then
-  rm -rf /tmp/oldsrc && mkdir -p /tmp/oldsrc && cp -r include src ctest scripts /tmp/oldsrc/
-  cp .device/flash_attention_sm90_bwd_old.cu /tmp/oldsrc/src/ops/cuda/flash_attention_sm90_bwd.cu
+  pids=()
+  for name in $OLDS; do
+    rm -rf /tmp/src_$name && mkdir -p /tmp/src_$name && cp -r include src ctest scripts /tmp/src_$name/
+    cp .device/flash_attention_sm90_bwd_$name.cu /tmp/src_$name/src/ops/cuda/flash_attention_sm90_bwd.cu
+    (cd /tmp/src_$name && scripts/device/attention_build.sh /tmp/attn_$name) > "$OUT/attn_$name.log" 2>&1 &
+    pids+=($!)
+  done
   scripts/device/attention_build.sh /tmp/attn_new > "$OUT/attn_new.log" 2>&1 &
   a=$!
-  (cd /tmp/oldsrc && scripts/device/attention_build.sh /tmp/attn_old) > "$OUT/attn_old.log" 2>&1 &
-  o=$!
-  scripts/device/build.sh lmscale > "$OUT/build.log" 2>&1 || note "lmscale build FAILED: $(grep -m3 error "$OUT/build.log")"
+  if has 8b; then scripts/device/build.sh lmscale > "$OUT/build.log" 2>&1 || note "lmscale build FAILED: $(grep -m3 error "$OUT/build.log")"; fi
   wait $a || { tail -20 "$OUT/attn_new.log"; exit 1; }
-  wait $o || note "old attention build FAILED"
+  for p in "${pids[@]}"; do wait "$p" || note "a baseline attention build FAILED"; done
   grep -A2 "bwd_sm90_kernelI13__nv_bfloat16" /tmp/attn_new/ptxas.log | grep -E "spill" | sort | uniq -c >> "$summary"
   note "builds done at $(( $(date +%s) - T0 )) s"
 fi
@@ -41,8 +49,8 @@ if has time; then
   for sh in "${shapes[@]}"; do
     read -r b h t d <<< "$sh"
     note "== B$b H$h T$t D$d causal bf16"
-    for run in old:/tmp/attn_old new:/tmp/attn_new old2:/tmp/attn_old new2:/tmp/attn_new; do
-      IFS=: read -r name dir <<< "$run"
+    for name in $OLDS new $OLDS new; do
+      dir=/tmp/attn_$name
       env ATTN_B=$b ATTN_H=$h ATTN_SEQ=$t ATTN_D=$d ATTN_REPS=20 ATTN_FWD_VARIANTS=0 \
         ATTN_BWD_VARIANTS=0 ATTN_SKIP_NAIVE=1 timeout 120 "$dir/test_attention_cuda" --gtest_also_run_disabled_tests \
         --gtest_filter='*DISABLED_Timing' > "$OUT/time_${name}_$d.log" 2>&1
@@ -53,6 +61,25 @@ if has time; then
     note "sdpa: $(tail -2 "$OUT/sdpa_$d.log" | tr '\n' ' ')"
   done
   note "time done at $(( $(date +%s) - T0 )) s"
+fi
+if has ncu; then
+  read -r b h t d <<< "${NCU_SHAPE:-1 32 8192 128}"
+  for name in ${NCU_KERNELS:-$OLDS new}; do
+    dir=/tmp/attn_$name
+    (( $(date +%s) - T0 < ${NCU_BEFORE_S:-450} )) || { note "ncu $name skipped: past ${NCU_BEFORE_S:-450} s"; continue; }
+    env ATTN_B=$b ATTN_H=$h ATTN_SEQ=$t ATTN_D=$d ATTN_REPS=1 ATTN_FWD_VARIANTS=0 ATTN_BWD_VARIANTS=0 ATTN_SKIP_NAIVE=1 \
+      timeout 240 ncu --clock-control none --set full --import-source no -k regex:flash_bwd_sm90_kernel -c 1 \
+      -f -o "/tmp/ncu_$name" "$dir/test_attention_cuda" --gtest_also_run_disabled_tests --gtest_filter='*DISABLED_Timing' \
+      > "$OUT/ncu_run_$name.log" 2>&1
+    note "ncu $name rc=$?"
+    ncu --import "/tmp/ncu_$name.ncu-rep" --page details > "$OUT/ncu_$name.txt" 2>&1
+    ncu --import "/tmp/ncu_$name.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_${name}_src.csv" 2>&1 \
+      || note "ncu source page failed: $(head -c 300 "$OUT/ncu_${name}_src.csv")"
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Shared Memory Throughput|L1/TEX Hit|Local" \
+      "$OUT/ncu_$name.txt" | head -14 | sed "s/^/  $name /" >> "$summary"
+  done
+  (cd "$OUT" && tar czf ncu.tgz ncu_*.txt ncu_*_src.csv 2>/dev/null; rm -f ncu_*.txt ncu_*_src.csv)
+  note "ncu done at $(( $(date +%s) - T0 )) s"
 fi
 if has 8b; then
   declare -A VARIANT=([deck]="" [ck27]="--train.checkpoint_layers=27")

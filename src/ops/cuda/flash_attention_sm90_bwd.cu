@@ -10,7 +10,7 @@
 //     P^T  = exp2(S^T * scale * log2e - lse * log2e)   (mask on tiles crossing the diagonal)
 //     dV  += P^T dO             [64 x D]    A = P^T (registers),  B = dO (smem, N-major)
 //     dS^T = P^T * (dP^T - D)
-//     dK  += dS^T Q             [64 x D]    A = dS^T (smem, K-major), B = Q (smem, N-major)
+//     dK  += dS^T Q             [64 x D]    A = dS^T (registers), B = Q (smem, N-major)
 //     dS^T of both warpgroups -> shared memory [128 keys x 64 queries] (double-buffered), then
 //     dQ_w = dS K[:, half w]    [64 x D/2]  A = dS (smem, M-major), B = K (smem, N-major),
 //     staged in shared memory in fragment order and added to the fp32 accumulator by one bulk
@@ -18,13 +18,14 @@
 //     the consumers never wait on atomics (FlashAttention-3's dQ path).
 //   The register-A products need no shuffle: wgmma's fp32 accumulator layout is its A-fragment
 //   layout. dK is scaled by the softmax scale at the end; dQ by the convert kernel.
-// - Shared-memory addressing (kAddr32, D = 64): the dS^T tile stores, the lse2 / D loads and the
-//   dQ staging use 32-bit shared-window addresses recomputed per access instead of generic pointers,
-//   which ptxas hoists out of the loop as invariants (two registers each) and spills. At D = 64 this
-//   took the leaderboard backward from 4.22 to 3.81 ms (H200, 2026-11-25); at D = 128 the same change
-//   cut the spills from 160 to 44 bytes but ran 2% slower (47.2 -> 48.2 ms), so D = 128 keeps the
-//   generic pointers. P^T through shared memory (FlashAttention-3's d128 choice, dV then overlapped
-//   with dS^T) was slower at both (4.03 and 50.3 ms) and is not kept (docs/attention.md).
+// - Order within a query tile: S^T and dP^T issued together; P^T while dP^T runs; dV issued;
+//   dS^T while dV runs; dK issued from registers (before the barrier, it needs no other keys);
+//   dS^T stored; barrier; dQ. ptxas keeps each chain of wgmmas in flight (3 waits per tile):
+//   see the __syncwarp after the dQ-stage wait, without which it serialised every wgmma (C7520)
+//   and the backward took 48.5 ms instead of 42.0 at the 8B layer (H100, 2026-11-26).
+// - Shared-memory addressing: the dS^T tile stores, the lse2 / D loads and the dQ staging use
+//   32-bit shared-window addresses recomputed per access instead of generic pointers, which ptxas
+//   hoists out of the loop as invariants (two registers each) and spills.
 // - Causal: query tiles wholly before the CTA's first key are never loaded; tiles that reach past
 //   a warpgroup's first key are masked (and only those).
 // The accumulator is blocked: [B*H, query tiles, 2 halves, 64 x D/2 in fragment order] (see
@@ -73,31 +74,33 @@ constexpr std::size_t smem_bytes() {
   return sizeof(Smem<E, D>) + 1024;
 }
 
-// Byte offset of element (row, col) in a [rows][64] 16-bit tile with the 128-byte swizzle: the
-// 16-byte chunk index (col / 8) is XORed with row % 8 (the tile starts on a 1024-byte boundary).
-__device__ __forceinline__ std::uint32_t swizzled_offset(int row, int col) {
-  return static_cast<std::uint32_t>(row * 128 + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2);
-}
-
-// Stores a consumer thread's 64 x 64 tile of accumulator-layout values v (rows r and r + 8 of a
-// [rows][64] tile with the 128-byte swizzle, r % 8 = g; columns 16kk + 2t (+1) and +8: v[8kk + 4h
-// + {0,1}] at row r, column chunk 2kk + h, v[8kk + 4h + {2,3}] at row r + 8), rounded to E, through
-// 32-bit shared addresses (one XOR with g per store): the same bytes as swizzled_offset's stores.
-template <class E>
-__device__ __forceinline__ void store_fragment_tile(std::uint32_t tile, int r, int g, int t, const float (&v)[kBM / 2]) {
+// Stores a consumer thread's 64 x 64 tile of packed A fragments f into rows r and r + 8 of a
+// [rows][64] 16-bit tile with the 128-byte swizzle (the tile starts on a 1024-byte boundary; the
+// 16-byte chunk index col / 8 is XORed with row % 8 = g). f[kk][0..3] = columns 16kk + 2t (+1) at
+// rows r, r + 8, then columns + 8 at rows r, r + 8. 32-bit shared addresses, one XOR per store.
+__device__ __forceinline__ void store_fragment_tile(std::uint32_t tile, int r, int g, int t,
+                                                    const std::uint32_t (&f)[kBM / 16][4]) {
   const std::uint32_t base = tile + static_cast<std::uint32_t>(r * 128 + 4 * t);
 #pragma unroll
   for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const std::uint32_t a = base + (static_cast<std::uint32_t>((2 * kk + h) ^ g) << 4);
-      const std::uint32_t lo = pack2<E>(v[8 * kk + 4 * h], v[8 * kk + 4 * h + 1]);
-      const std::uint32_t hi = pack2<E>(v[8 * kk + 4 * h + 2], v[8 * kk + 4 * h + 3]);
       asm volatile("st.shared.b32 [%0], %1;\n"
                    "st.shared.b32 [%0+1024], %2;\n" ::"r"(a),
-                   "r"(lo), "r"(hi)
+                   "r"(f[kk][2 * h]), "r"(f[kk][2 * h + 1])
                    : "memory");
     }
+}
+
+// Rounds a 64 x 64 accumulator tile (wgmma's fp32 layout) to E pairs in A-fragment order:
+// f[kk] = columns 16kk + 2t (+1) at rows r, r + 8, then columns + 8 at rows r, r + 8.
+template <class E>
+__device__ __forceinline__ void pack_fragments(const float (&v)[kBM / 2], std::uint32_t (&f)[kBM / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) f[kk][x] = pack2<E>(v[8 * kk + 2 * x], v[8 * kk + 2 * x + 1]);
 }
 
 __device__ __forceinline__ float ld_shared_f32(std::uint32_t addr) {
@@ -164,7 +167,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                           const Params p) {
 #ifdef LMSCALE_SM90_DEVICE
   constexpr bool kF16 = std::is_same_v<E, __half>;
-  constexpr bool kAddr32 = D == 64;   // 32-bit shared addressing (see the header)
   constexpr int kCB = D / 64;
   constexpr int kQBytes = kBM * D * static_cast<int>(sizeof(E));
   extern __shared__ unsigned char smem_raw[];
@@ -285,78 +287,50 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Queries past the end need no mask: their Q and dO rows are zeros (TMA fill) and their lse2
     // and D are zeros, so P = 1 there but dP = 0, dS = 0 and P^T dO = 0.
     const bool masked = kCausal && n0 + kw + 63 > m0;
-    // kAddr32: this thread's query columns 2t (+1) of lse2 and D as 32-bit shared addresses.
+    // This thread's query columns 2t (+1) of lse2 and D, as 32-bit shared addresses.
     const std::uint32_t lse2_t = smem_u32(&s.lse2[st][0]) + 8 * t, dsum_t = smem_u32(&s.dsum[st][0]) + 8 * t;
 #pragma unroll
     for (int j = 0; j < kBM / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = e & 1, q = m0 + 8 * j + 2 * t + c, key = key0 + (e >= 2 ? 8 : 0);
-        // lse2 and D of this thread's query columns come from shared memory.
-        const float lse2 = kAddr32 ? ld_shared_f32(lse2_t + 4 * (8 * j + c)) : s.lse2[st][8 * j + 2 * t + c];
-        float x = fast_exp2(fmaf(sacc[4 * j + e], sl2, -lse2));
+        float x = fast_exp2(fmaf(sacc[4 * j + e], sl2, -ld_shared_f32(lse2_t + 4 * (8 * j + c))));
         if (masked && key > q) x = 0.f;
         sacc[4 * j + e] = x;
       }
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      pf[kk][0] = pack2<E>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
-      pf[kk][1] = pack2<E>(sacc[8 * kk + 2], sacc[8 * kk + 3]);
-      pf[kk][2] = pack2<E>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
-      pf[kk][3] = pack2<E>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
-    }
-    // dV += P^T dO (dO N-major: 16 query rows of the tile per k-step).
+    // dV += P^T dO (dO N-major: 16 query rows of the tile per k-step); it runs beside dS.
+    pack_fragments<E>(sacc, pf);
     wgmma_fence();
     fence_regs(dv);
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk)
       wgmma_rs<D, kF16, 1>(dv, pf[kk], desc_mn_major(smem_u32(&s.dout[st][0][0][0]) + kk * 2048, kBM * 128), 1);
     wgmma_commit();
-    // dP^T done; at D = 64 dV may still run. At D = 128 dV must finish first: its P fragments
-    // beside dK, dV (128 registers), S^T, dP^T and D exceed the 240 registers (ptxas spills).
-    if constexpr (D == 128) {
-      wgmma_wait<0>();
-      fence_regs(dv);
-    } else {
-      wgmma_wait<1>();
-    }
+    wgmma_wait<1>();   // dP^T
     fence_regs(dpacc);
-    // dS^T = P^T (dP^T - D), rounded to E into shared memory (both halves of the CTA's keys), where
-    // dK and dQ read it: rows key (kw + 16 warp + g, +8), columns query 16kk + 2t (+8).
-    const int r = kw + 16 * warp + g;
-    if constexpr (kAddr32) {
+    // dS^T = P^T (dP^T - D), rounded to E: the A fragments of dK (registers: wgmma's accumulator
+    // layout is its A-fragment layout) and, through shared memory, dQ's A operand for both halves
+    // of the CTA's keys: rows key (kw + 16 warp + g, +8), columns query 16kk + 2t (+8).
+    std::uint32_t dsf[kBM / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk)
+    for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
-        for (int x = 0; x < 8; ++x)   // in place: P^T is in pf by now
-          sacc[8 * kk + x] *= dpacc[8 * kk + x] - ld_shared_f32(dsum_t + 4 * (16 * kk + 8 * (x >> 2) + (x & 1)));
-      store_fragment_tile<E>(smem_u32(&s.ds[buf][0][0]), r, g, t, sacc);
-    } else {
-      unsigned char* ds_tile = reinterpret_cast<unsigned char*>(&s.ds[buf][0][0]);
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        float d[8];
-#pragma unroll
-        for (int x = 0; x < 8; ++x)
-          d[x] = sacc[8 * kk + x] * (dpacc[8 * kk + x] - s.dsum[st][16 * kk + 8 * (x >> 2) + 2 * t + (x & 1)]);
-        const int c = 16 * kk + 2 * t;
-        *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r, c)) = pack2<E>(d[0], d[1]);
-        *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r + 8, c)) = pack2<E>(d[2], d[3]);
-        *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r, c + 8)) = pack2<E>(d[4], d[5]);
-        *reinterpret_cast<std::uint32_t*>(ds_tile + swizzled_offset(r + 8, c + 8)) = pack2<E>(d[6], d[7]);
+      for (int x = 0; x < 8; ++x) {
+        const int col = 16 * kk + 8 * (x >> 2) + (x & 1);   // this thread's query column, less 2t
+        dpacc[8 * kk + x] = sacc[8 * kk + x] * (dpacc[8 * kk + x] - ld_shared_f32(dsum_t + 4 * col));
       }
-    }
-    fence_proxy_async_smem();
-    named_sync(kDsBarrier, kConsumerThreads);
-    // dK += dS^T Q: A = this warpgroup's rows of the dS^T tile (K-major: queries contiguous),
-    // B = Q (N-major).
+    pack_fragments<E>(dpacc, dsf);
+    // dK += dS^T Q: A = dS^T from registers, B = Q (N-major). It needs no other warpgroup's keys,
+    // so it is issued before the barrier.
     wgmma_fence();
     fence_regs(dk);
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_ss<D, kF16, 0, 1>(dk, desc_k_major(smem_u32(&s.ds[buf][kw][0]) + kk * 32),
-                              desc_mn_major(smem_u32(&s.q[st][0][0][0]) + kk * 2048, kBM * 128), 1);
+      wgmma_rs<D, kF16, 1>(dk, dsf[kk], desc_mn_major(smem_u32(&s.q[st][0][0][0]) + kk * 2048, kBM * 128), 1);
     wgmma_commit();
+    store_fragment_tile(smem_u32(&s.ds[buf][0][0]), kw + 16 * warp + g, g, t, dsf);
+    fence_proxy_async_smem();
+    named_sync(kDsBarrier, kConsumerThreads);
     // dQ_w = dS K[:, dq_col0 .. + D/2): A = the whole dS^T tile read M-major (queries contiguous),
     // B = K read N-major (the column half of the K tile: a column block at D = 128, 64 bytes into
     // the swizzle atom at D = 64), K dimension = the CTA's 128 keys.
@@ -375,20 +349,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(dqacc);
     mbar_arrive(&s.q_empty[st]);
     mbar_arrive(&s.do_empty[st]);
-    // Stage this warpgroup's dQ half for the writer (float4 j of thread tid at (j * 128 + tid) * 4).
+    // The writer has read this warpgroup's previous dQ stage. The __syncwarp after the spin wait
+    // tells ptxas the warp has converged again: without it ptxas took the code after the wait for
+    // a divergent path, inserted a warpgroup arrive there and serialised every wgmma of the kernel
+    // (C7520: one wait after each of the 32 wgmmas). Waiting at the top of the iteration instead
+    // also avoids that, but stalls the next tile's S^T on the writer's read.
     mbar_wait(&s.dq_empty[wg - 1], (i & 1) ^ 1);
-    if constexpr (kAddr32) {
+    __syncwarp();
+    // Stage this warpgroup's dQ half for the writer (float4 j of thread tid at (j * 128 + tid) * 4).
+    {
       const std::uint32_t stage = smem_u32(s.dq[wg - 1]) + 16 * tid;
 #pragma unroll
       for (int j = 0; j < kHalf / 8; ++j)
         asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + j * 128 * 16), "f"(dqacc[4 * j]),
                      "f"(dqacc[4 * j + 1]), "f"(dqacc[4 * j + 2]), "f"(dqacc[4 * j + 3])
                      : "memory");
-    } else {
-      float4* stage = reinterpret_cast<float4*>(s.dq[wg - 1]);
-#pragma unroll
-      for (int j = 0; j < kHalf / 8; ++j)
-        stage[j * 128 + tid] = make_float4(dqacc[4 * j], dqacc[4 * j + 1], dqacc[4 * j + 2], dqacc[4 * j + 3]);
     }
     fence_proxy_async_smem();
     mbar_arrive(&s.dq_full[wg - 1]);
