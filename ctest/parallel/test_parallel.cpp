@@ -42,19 +42,23 @@ TEST(DataParallel, EveryVariantMatchesOneProcess) {
   Config base = test::tiny_config();
   const auto reference = test::train(base, false, steps);
   std::vector<float> first;
-  struct Case { const char* ddp; const char* zero; int accum; };
+  // gather: parallel.overlap_param_gather (zero1/zero2: the parameters' all-gather left in flight
+  // for the next forward, which waits per unit).
+  struct Case { const char* ddp; const char* zero; int accum; bool gather = false; };
   for (Case c : {Case{"naive", "none", 1}, Case{"flat", "none", 1}, Case{"overlap", "none", 1},
                  Case{"bucketed", "none", 1}, Case{"bucketed", "none", 2}, Case{"flat", "zero1-broadcast", 1},
-                 Case{"bucketed", "zero1-broadcast", 1}, Case{"none", "zero1", 1}, Case{"none", "zero2", 1},
-                 Case{"none", "zero2", 2}}) {
+                 Case{"bucketed", "zero1-broadcast", 1}, Case{"none", "zero1", 1}, Case{"none", "zero1", 1, true},
+                 Case{"none", "zero2", 1}, Case{"none", "zero2", 1, true}, Case{"none", "zero2", 2},
+                 Case{"none", "zero2", 2, true}}) {
     if (8 / test::mpi_env().size() % c.accum) continue;
     Config cfg = base;
     cfg.parallel.ddp = c.ddp;
     cfg.parallel.zero = c.zero;
+    cfg.parallel.overlap_param_gather = c.gather;
     cfg.train.grad_accum = c.accum;
     const auto got = test::train(cfg, true, steps);
     ASSERT_EQ(got.size(), reference.size());
-    EXPECT_LT(test::max_rel_diff(got, reference), 2e-6) << c.ddp << "/" << c.zero << " accum " << c.accum;
+    EXPECT_LT(test::max_rel_diff(got, reference), 2e-6) << c.ddp << "/" << c.zero << " accum " << c.accum << " gather " << c.gather;
     // Bitwise only with 2 ranks (a sum of two values has one order) and without accumulation.
     if (c.accum != 1 || test::mpi_env().size() != 2) continue;
     if (first.empty()) first = got;
@@ -223,6 +227,78 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
     for (int i = 0; i < 7; ++i) EXPECT_NEAR(pa[static_cast<std::size_t>(i)], ra[static_cast<std::size_t>(i)], 1e-6) << mode << " a" << i;
     for (int i = 0; i < 5; ++i) EXPECT_NEAR(pb[static_cast<std::size_t>(i)], rb[static_cast<std::size_t>(i)], 1e-6) << mode << " b" << i;
     EXPECT_EQ(z.state_bytes(), static_cast<std::size_t>(2 * 4 * (z.shard_size(0) + z.shard_size(1))));
+  }
+}
+
+// parallel.overlap_param_gather at the strategy: step() leaves the all-gather in flight in the
+// ranges given (uneven, across rank boundaries, not in offset order); after their Works are
+// waited the parameters are bitwise those of the gather inside step(). Ranges that do not cover
+// the group, and zero1-broadcast, are refused.
+TEST(ZeroOptimizer, DeferredGathersEqualTheGatherInsideStep) {
+  test::HostRankEnv env;
+  const OptimConfig oc = toy_adamw();
+  const int n = 11, r = env.grads->rank();
+  auto target = [](int rank, int i) { return std::cos(0.5 + rank * 0.9 + i * 0.4); };
+  const std::vector<std::pair<std::int64_t, std::int64_t>> ranges{{6, 5}, {0, 2}, {2, 4}};
+  model::ModelDims d;
+  d.vocab = 3; d.d_model = 2; d.d_ff = 2; d.layers = 1; d.heads = 1;
+  model::ParameterStore dummy(d, DType::f32, DType::f32, env.alloc);
+  for (const char* mode : {"zero1", "zero2"}) {
+    std::vector<float> plain(n), deferred(n), g1(n), g2(n);
+    for (int i = 0; i < n; ++i) plain[static_cast<std::size_t>(i)] = deferred[static_cast<std::size_t>(i)] = static_cast<float>(0.05 * i);
+    auto view = [](std::vector<float>& v) { return Tensor::view(v.data(), {static_cast<std::int64_t>(v.size())}, DType::f32, Device::cpu); };
+    parallel::ZeroOptimizer zp(parallel::parse_zero_mode(mode), *env.grads, *env.host, oc);
+    parallel::ZeroOptimizer zd(parallel::parse_zero_mode(mode), *env.grads, *env.host, oc);
+    zp.add_group({view(plain), view(g1), nullptr, {}, 0, {}}, env.ctx);
+    zd.add_group({view(deferred), view(g2), nullptr, {}, 0, {}}, env.ctx);
+    zp.make_sync(parallel::DdpMode::flat, dummy, 1.0, env.ctx);
+    zd.make_sync(parallel::DdpMode::flat, dummy, 1.0, env.ctx);
+    EXPECT_THROW(zd.defer_gathers({{0, 5}, {6, 5}}), Error) << mode;   // element 5 left out
+    zd.defer_gathers(ranges);
+    for (int step = 0; step < 3; ++step) {
+      for (int i = 0; i < n; ++i) {
+        g1[static_cast<std::size_t>(i)] = static_cast<float>(plain[static_cast<std::size_t>(i)] - target(r, i));
+        g2[static_cast<std::size_t>(i)] = static_cast<float>(deferred[static_cast<std::size_t>(i)] - target(r, i));
+      }
+      zp.sync().finish(env.ctx);
+      zd.sync().finish(env.ctx);
+      zp.step(env.ctx, oc.lr, 1.0);
+      zd.step(env.ctx, oc.lr, 1.0);
+      std::vector<comm::Work> w = zd.take_gathers();
+      ASSERT_EQ(w.size(), ranges.size()) << mode;
+      EXPECT_TRUE(zd.take_gathers().empty());   // handed out once
+      for (auto& x : w) x.wait();
+      EXPECT_EQ(deferred, plain) << mode << " step " << step;
+    }
+  }
+  parallel::ZeroOptimizer zb(parallel::ZeroMode::zero1_broadcast, *env.grads, *env.host, oc);
+  std::vector<float> p(n), g(n);
+  zb.add_group({Tensor::view(p.data(), {n}, DType::f32, Device::cpu), Tensor::view(g.data(), {n}, DType::f32, Device::cpu),
+                nullptr, {}, 0, {}}, env.ctx);
+  EXPECT_THROW(zb.defer_gathers(ranges), Error);
+}
+
+// The trainer defers the gather in segments of parallel.bucket_mb for zero1/zero2 with the key
+// on (several segments for the tiny model), not with it off nor for zero1-broadcast.
+TEST(ZeroOptimizer, TrainerDefersTheGatherOnlyWhereAsked) {
+  auto& mpi = test::mpi_env();
+  struct Case { const char* zero; bool gather; bool expect; };
+  for (Case c : {Case{"zero1", true, true}, Case{"zero2", true, true}, Case{"zero2", false, false},
+                 Case{"zero1-broadcast", true, false}}) {
+    Config cfg = test::tiny_config();
+    cfg.parallel.zero = c.zero;
+    cfg.parallel.ddp = std::string(c.zero) == "zero1-broadcast" ? "flat" : "none";
+    cfg.parallel.overlap_param_gather = c.gather;
+    ops::Runtime rt(Device::cpu, 0, false);
+    io::ResultsFile out("/nonexistent/never-written.h5", false);
+    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), 0, nullptr, nullptr};
+    env.comm = comm::make_world_communicator("mpi", mpi, 0);
+    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+    jobs::Trainer trainer(env, 8, 1, 2);
+    if (c.expect)
+      EXPECT_GT(trainer.param_gather_segments(), 2u) << c.zero;
+    else
+      EXPECT_EQ(trainer.param_gather_segments(), 0u) << c.zero << " gather " << c.gather;
   }
 }
 

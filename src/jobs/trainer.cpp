@@ -1,5 +1,6 @@
 #include "lmscale/jobs/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lmscale/core/error.h"
@@ -166,16 +167,34 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   carve_backward_ = dp > 1 || pipeline_ != nullptr;
   // The update's segments: the lazy gradient buckets (one process), or the same 256 MiB split of
   // the flat buffer (DDP). Units: 0 the embedding, l+1 block l, L+1 the final norm and the head.
-  const auto segments = lazy_ ? lazy_->buckets() : model::gradient_buckets(params_->infos(), kLazyBucketBytes, 4);
   const int L = static_cast<int>(dims_.layers);
-  for (const auto& k : segments) {
-    int first = L + 1;
-    for (int i = k.first; i <= k.last; ++i) {
-      const auto& p = params_->infos()[static_cast<std::size_t>(i)];
-      const int u = p.layer >= 0 ? p.layer + 1 : (p.kind == model::ParamInfo::Kind::embedding ? 0 : L + 1);
-      first = std::min(first, u);
+  auto with_units = [&](const std::vector<model::GradBucket>& buckets) {
+    std::vector<UpdateSegment> out;
+    for (const auto& k : buckets) {
+      int first = L + 1;
+      for (int i = k.first; i <= k.last; ++i) {
+        const auto& p = params_->infos()[static_cast<std::size_t>(i)];
+        const int u = p.layer >= 0 ? p.layer + 1 : (p.kind == model::ParamInfo::Kind::embedding ? 0 : L + 1);
+        first = std::min(first, u);
+      }
+      out.push_back({k, first});
     }
-    update_segments_.push_back({k, first});
+    return out;
+  };
+  update_segments_ = with_units(lazy_ ? lazy_->buckets() : model::gradient_buckets(params_->infos(), kLazyBucketBytes, 4));
+  // parallel.overlap_param_gather: the zero1/zero2 parameter all-gather in segments of
+  // parallel.bucket_mb (of fp32 master bytes), in forward order (ascending first unit; the flat
+  // buffer holds the units in backward order).
+  if (auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(sharded_.get());
+      zero && pc.overlap_param_gather && pc.zero != "zero1-broadcast" && !tp_ && !pipeline_) {
+    gather_segments_ = with_units(model::gradient_buckets(params_->infos(), pc.bucket_mb * 1024.0 * 1024.0, 4));
+    std::reverse(gather_segments_.begin(), gather_segments_.end());
+    std::stable_sort(gather_segments_.begin(), gather_segments_.end(),
+                     [](const UpdateSegment& a, const UpdateSegment& b) { return a.first_unit < b.first_unit; });
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    for (const auto& g : gather_segments_) ranges.emplace_back(g.range.offset, g.range.numel);
+    zero->defer_gathers(std::move(ranges));
+    zero_ = zero;
   }
   memory_points_["after_init"] = env.rt.allocator().tracker().by_tag();
 }
@@ -189,11 +208,14 @@ Trainer::~Trainer() {
 void Trainer::wait_for_update(int unit) {
   ops::Runtime& rt = env_.rt;
   while (next_pending_ < pending_updates_.size() && pending_updates_[next_pending_].first_unit <= unit) {
-    const PendingUpdate& p = pending_updates_[next_pending_++];
-    rt.wait(rt.ctx(), p.done);
+    PendingUpdate& p = pending_updates_[next_pending_++];
+    if (p.gathered.valid())
+      p.gathered.wait();
+    else
+      rt.wait(rt.ctx(), p.done);
     // Ordered after the wait on the compute stream, so the allocator may hand the bytes to the
     // forward's next allocation.
-    if (lazy_) lazy_->release(p.bucket);
+    if (lazy_ && p.bucket >= 0) lazy_->release(p.bucket);
   }
   if (next_pending_ == pending_updates_.size()) {
     pending_updates_.clear();
@@ -379,6 +401,13 @@ StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int
     const double clip = optim::clip_factor(norm, env_.cfg.optim.grad_clip);
     if (sharded_) {
       sharded_->step(ctx, r.lr, inv_scale * clip);
+      if (zero_) {   // the next forward waits for each segment's gather before its first unit
+        std::vector<comm::Work> w = zero_->take_gathers();
+        LMSCALE_CHECK(w.size() == gather_segments_.size(), "{} deferred gathers for {} segments", w.size(),
+                      gather_segments_.size());
+        for (std::size_t j = 0; j < w.size(); ++j)
+          pending_updates_.push_back({-1, gather_segments_[j].first_unit, {}, std::move(w[j])});
+      }
     } else {
       step_unsharded(ctx, r.lr, inv_scale * clip);
     }
@@ -443,7 +472,7 @@ void Trainer::step_unsharded(Context& ctx, double lr, double grad_scale) {
     opt.step_range(octx, g.params, g.grads, g.lowp.defined() ? &g.lowp : nullptr, g.offset, lr, grad_scale);
     if (overlap_optimizer_)
       pending_updates_.push_back({g.segment, update_segments_[static_cast<std::size_t>(g.segment)].first_unit,
-                                  rt.mark(octx)});
+                                  rt.mark(octx), {}});
   }
 }
 

@@ -13,12 +13,29 @@ namespace lmscale::parallel {
 namespace {
 
 // All-gathers `buf` in place over `c`: rank q's counts[q] elements, in rank order, with this
-// rank's part already at its offset (a shard of the flat buffer, or a packed staging slice).
-void gather_in_place(comm::Communicator& c, const Tensor& buf, const std::vector<std::size_t>& counts) {
+// rank's part already at its offset (a shard of the flat buffer, a slice of one, or a packed
+// staging slice). Waited unless `async`.
+comm::Work gather_in_place(comm::Communicator& c, const Tensor& buf, const std::vector<std::size_t>& counts,
+                           bool async = false) {
   std::size_t at = 0;
   for (int q = 0; q < c.rank(); ++q) at += counts[static_cast<std::size_t>(q)];
   const char* mine = static_cast<const char*>(buf.data()) + at * dtype_size(buf.dtype());
-  c.all_gather_v(mine, buf.data(), counts, buf.dtype()).wait();
+  comm::CallOptions o;
+  o.async = async;
+  return c.all_gather_v(mine, buf.data(), counts, buf.dtype(), o);
+}
+
+// Per rank: how many of the elements [offset, offset + n) lie in its range (ranks hold
+// consecutive ranges of counts[q] elements from 0).
+std::vector<std::size_t> counts_in(const std::vector<std::size_t>& counts, std::int64_t offset, std::int64_t n) {
+  std::vector<std::size_t> in(counts.size());
+  std::int64_t lo = 0;
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    const std::int64_t hi = lo + static_cast<std::int64_t>(counts[q]);
+    in[q] = static_cast<std::size_t>(std::max<std::int64_t>(0, std::min(hi, offset + n) - std::max(lo, offset)));
+    lo = hi;
+  }
+  return in;
 }
 
 }  // namespace
@@ -290,11 +307,37 @@ void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
     if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
     return;
   }
-  gather_in_place(grads_, gathers_working_copy(s) ? *s.g.lowp : s.g.params, s.counts);
+  const Tensor& buf = gathers_working_copy(s) ? *s.g.lowp : s.g.params;
+  if (!deferred_ranges_.empty() && &s == &shards_.front()) {
+    // The norm weights first (the compute stream waits for them: the collectives of one
+    // communicator run in order), then the segments, left in flight: each range's ranks hold
+    // consecutive pieces of it, so it is gathered in place like the whole buffer.
+    if (gathers_working_copy(s)) {
+      gather_master_reads(s, ctx);
+      s.master_partial = true;
+    }
+    for (const auto& [offset, n] : deferred_ranges_)
+      in_flight_gathers_.push_back(gather_in_place(grads_, buf.flat_range(offset, n), counts_in(s.counts, offset, n), true));
+    return;
+  }
+  gather_in_place(grads_, buf, s.counts);
   if (gathers_working_copy(s)) {
     gather_master_reads(s, ctx);
     s.master_partial = true;
   }
+}
+
+void ZeroOptimizer::defer_gathers(std::vector<std::pair<std::int64_t, std::int64_t>> ranges) {
+  LMSCALE_CHECK(mode_ != ZeroMode::zero1_broadcast, "deferred gathers: zero1 and zero2 only");
+  LMSCALE_CHECK(shards_.size() == 1, "deferred gathers: one parameter group ({} here)", shards_.size());
+  std::int64_t covered = 0;
+  for (const auto& [offset, n] : ranges) {
+    LMSCALE_CHECK(offset >= 0 && n >= 0 && offset + n <= shards_[0].g.params.numel(), "deferred gather range {}+{}", offset, n);
+    covered += n;
+  }
+  LMSCALE_CHECK(ranges.empty() || covered == shards_[0].g.params.numel(),
+                "deferred gathers cover {} of {} elements", covered, shards_[0].g.params.numel());
+  deferred_ranges_ = std::move(ranges);
 }
 
 // The master ranges the forward reads (norm weights): packed in offset order into a staging

@@ -65,6 +65,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;       // tp: norms and residuals on sequence shards
   std::int64_t timeout_s = 0;           // train, bench-model: a step (or checkpoint) taking longer aborts the job; 0 = off
   bool overlap_optimizer = false;       // CUDA, unsharded: optimizer on a side stream, overlapping the next forward (measured: no gain)
+  bool overlap_param_gather = false;    // zero1/zero2: the parameters' all-gather after the step overlaps the next forward (measured: slower on 2 H200)
   std::int64_t comm_sms = 0;            // CUDA + NCCL: SMs left to NCCL (its maxCTAs), withheld from GEMMs that overlap it; 0 = off
 
   bool operator==(const ParallelConfig&) const = default;

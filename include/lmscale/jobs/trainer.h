@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "lmscale/comm/work.h"
 #include "lmscale/jobs/fault_injection.h"
 #include "lmscale/jobs/job_env.h"
 #include "lmscale/model/gradient_buckets.h"
@@ -28,6 +29,7 @@ class PipelineParallel;
 class TensorParallel;
 class GradientSync;
 class ShardedOptimizer;
+class ZeroOptimizer;
 class FullyShardedDataParallel;
 }
 
@@ -87,6 +89,9 @@ class Trainer {
   // state outside train_step's forward calls it first; a no-op when nothing is pending.
   void settle_optimizer() { wait_for_update(kAllUnits); }
   parallel::ShardedOptimizer* sharded() { return sharded_.get(); }
+  // parallel.overlap_param_gather in effect: the segments of the parameter all-gather that each
+  // step leaves in flight for the next forward (0: gathered inside the step).
+  std::size_t param_gather_segments() const { return gather_segments_.size(); }
   // parallel.zero = fsdp on several ranks (the store then holds no flat parameters), else null.
   parallel::FullyShardedDataParallel* fsdp() { return fsdp_; }
   // The full fp32 parameters in the full model's flat layout (model::parameter_layout(dims)) on
@@ -154,11 +159,15 @@ class Trainer {
   // on the runtime's side stream after the step's backward and gradient norm; the next forward's
   // before_forward(u) makes the compute stream wait for the buckets holding parameters of units
   // <= u and frees their gradients. Results are unchanged (same kernels on the same inputs).
+  // parallel.overlap_param_gather (zero1/zero2, no tp/pp): the same waits, on the segments'
+  // all-gathers that ZeroOptimizer::step left in flight (`gathered`).
   struct PendingUpdate {
-    int bucket = 0;
+    int bucket = -1;              // a lazy gradient bucket to free after the wait, or -1
     int first_unit = 0;           // the lowest unit with a parameter in the bucket
     ops::Runtime::Mark done;      // on the side stream, after the bucket's update
+    comm::Work gathered;          // or: the segment's parameter all-gather
   };
+  parallel::ZeroOptimizer* zero_ = nullptr;   // sharded_ when it is zero1/zero2 with deferred gathers
   static constexpr int kAllUnits = 1 << 30;
   bool overlap_optimizer_ = false;
   // parallel.comm_sms: the phases whose GEMMs run beside NCCL collectives and so are planned for
@@ -172,6 +181,7 @@ class Trainer {
     int first_unit = 0;
   };
   std::vector<UpdateSegment> update_segments_;
+  std::vector<UpdateSegment> gather_segments_;   // overlap_param_gather: in forward order
   std::vector<PendingUpdate> pending_updates_;  // ascending first_unit (forward order)
   std::size_t next_pending_ = 0;
   void wait_for_update(int unit);

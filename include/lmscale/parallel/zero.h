@@ -19,9 +19,12 @@
 // optimizer and the sharded checkpoints read only this rank's range, the forward the copy and the
 // group's master_reads, the norm weights, which are gathered in fp32 after every step).
 // Without a working copy (fp32) and for zero1-broadcast the master itself is exchanged.
+// With defer_gathers (parallel.overlap_param_gather) zero1/zero2 leave that all-gather in flight
+// after step(), in segments the next forward waits for one by one (the trainer does).
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lmscale/comm/communicator.h"
@@ -77,6 +80,13 @@ class ZeroOptimizer final : public ShardedOptimizer {
   double grad_sum_squares_in(Context& ctx, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) override;
   // One step of every group's range, then the parameters are made whole again on every rank.
   void step(Context& ctx, double lr, double grad_scale) override;
+  // parallel.overlap_param_gather (zero1/zero2, one group): step() leaves the all-gather of what
+  // the forward reads (the working copy, else the fp32 master) in flight, one asynchronous
+  // collective per range (offset, numel) of group 0, in the order given (the next forward's).
+  // take_gathers() hands out their Works, in that order: the caller waits on each before the
+  // forward reads the range. The norm weights' master ranges are still gathered inside step().
+  void defer_gathers(std::vector<std::pair<std::int64_t, std::int64_t>> ranges);
+  std::vector<comm::Work> take_gathers() { return std::exchange(in_flight_gathers_, {}); }
   void complete_master(Context& ctx) override;
 
   std::size_t state_bytes() const override;  // this rank's AdamW state
@@ -108,6 +118,8 @@ class ZeroOptimizer final : public ShardedOptimizer {
   OptimConfig cfg_;
   std::vector<Shard> shards_;
   std::unique_ptr<GradientSync> sync_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> deferred_ranges_;   // empty: gather inside step()
+  std::vector<comm::Work> in_flight_gathers_;
   friend class ReduceScatterSync;
 };
 
