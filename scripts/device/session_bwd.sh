@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 13/14: the sm90 attention backward, A/B against older kernels in one call. Carry
-# [".deps", ".device"]: .device/flash_attention_sm90_bwd_NAME.cu for each NAME in BWD_OLD (default
-# "old": the kernel before), each built beside the working tree's kernel ("new").
+# Issue 13/14: the sm90 attention kernels, A/B against other versions in one call. Carry
+# [".deps", ".device"]: for each NAME in BWD_OLD (default "old": the kernel before),
+# .device/flash_attention_sm90_{bwd,fwd}_NAME.cu (either or both) replace the working tree's files
+# in a copy built beside the working tree's kernels ("new").
 #   scripts/device/session_bwd.sh [stages...]
 #   build   the attention test executable, new and each baseline (/tmp/attn_NAME), and lmscale
 #           (when 8b is asked for too)
@@ -25,7 +26,10 @@ if has build; then
   pids=()
   for name in $OLDS; do
     rm -rf /tmp/src_$name && mkdir -p /tmp/src_$name && cp -r include src ctest scripts /tmp/src_$name/
-    cp .device/flash_attention_sm90_bwd_$name.cu /tmp/src_$name/src/ops/cuda/flash_attention_sm90_bwd.cu
+    for k in fwd bwd; do
+      f=.device/flash_attention_sm90_${k}_$name.cu
+      [ -f "$f" ] && cp "$f" /tmp/src_$name/src/ops/cuda/flash_attention_sm90_$k.cu
+    done
     (cd /tmp/src_$name && scripts/device/attention_build.sh /tmp/attn_$name) > "$OUT/attn_$name.log" 2>&1 &
     pids+=($!)
   done
