@@ -27,6 +27,22 @@ struct HostRankEnv {
   }
 };
 
+// A CPU job environment for a Trainer: the runtime, an output that is never written and, when
+// distributed, the MPI world's communicators (every rank of the world runs the job); otherwise
+// this process alone. `cfg` must outlive it (JobEnv keeps a reference).
+struct CpuJobEnv {
+  ops::Runtime rt{Device::cpu, 0, false};
+  io::ResultsFile out{"/nonexistent/never-written.h5", false};
+  jobs::JobEnv env;
+  explicit CpuJobEnv(const Config& cfg, bool distributed = true)
+      : env{cfg, mpi_env(), rt, out, distributed ? mpi_env().rank() : 0, distributed ? mpi_env().size() : 1, 0,
+            nullptr, nullptr} {
+    if (!distributed) return;
+    env.comm = comm::make_world_communicator("mpi", mpi_env(), 0);
+    env.host_comm = comm::make_world_communicator("mpi", mpi_env(), 0);
+  }
+};
+
 inline Config tiny_config() {
   Config c;
   c.model.vocab_size = 37;
@@ -56,16 +72,9 @@ struct TrainRun {
 // Trains `steps` steps of a global batch of B sequences under `cfg` on every rank (distributed)
 // or on this process alone.
 inline TrainRun train_run(const Config& cfg, bool distributed, int steps, std::int64_t B = 8) {
-  auto& mpi = test::mpi_env();
-  ops::Runtime rt(Device::cpu, 0, false);
-  io::ResultsFile out("/nonexistent/never-written.h5", false);
-  jobs::JobEnv env{cfg, mpi, rt, out, distributed ? mpi.rank() : 0, distributed ? mpi.size() : 1, 0, nullptr, nullptr};
-  if (distributed) {
-    env.comm = comm::make_world_communicator("mpi", mpi, 0);
-    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
-  }
+  CpuJobEnv job(cfg, distributed);
   const std::int64_t T = cfg.model.context_length;
-  jobs::Trainer trainer(env, B, cfg.train.grad_accum, steps);
+  jobs::Trainer trainer(job.env, B, cfg.train.grad_accum, steps);
   io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
   TrainRun r;
   for (int s = 0; s < steps; ++s) {

@@ -281,7 +281,6 @@ TEST(ZeroOptimizer, DeferredGathersEqualTheGatherInsideStep) {
 // The trainer defers the gather in segments of parallel.bucket_mb for zero1/zero2 with the key
 // on (several segments for the tiny model), not with it off nor for zero1-broadcast.
 TEST(ZeroOptimizer, TrainerDefersTheGatherOnlyWhereAsked) {
-  auto& mpi = test::mpi_env();
   struct Case { const char* zero; bool gather; bool expect; };
   for (Case c : {Case{"zero1", true, true}, Case{"zero2", true, true}, Case{"zero2", false, false},
                  Case{"zero1-broadcast", true, false}}) {
@@ -289,11 +288,8 @@ TEST(ZeroOptimizer, TrainerDefersTheGatherOnlyWhereAsked) {
     cfg.parallel.zero = c.zero;
     cfg.parallel.ddp = std::string(c.zero) == "zero1-broadcast" ? "flat" : "none";
     cfg.parallel.overlap_param_gather = c.gather;
-    ops::Runtime rt(Device::cpu, 0, false);
-    io::ResultsFile out("/nonexistent/never-written.h5", false);
-    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), 0, nullptr, nullptr};
-    env.comm = comm::make_world_communicator("mpi", mpi, 0);
-    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+    test::CpuJobEnv job(cfg);
+    jobs::JobEnv& env = job.env;
     jobs::Trainer trainer(env, 8, 1, 2);
     if (c.expect)
       EXPECT_GT(trainer.param_gather_segments(), 2u) << c.zero;
@@ -305,16 +301,12 @@ TEST(ZeroOptimizer, TrainerDefersTheGatherOnlyWhereAsked) {
 TEST(ZeroOptimizer, Zero2HoldsNoFullSizeGradients) {
   // zero1 keeps the flat fp32 gradient buffer (4 B x P) for the whole step; zero2 allocates
   // per-bucket gradient buffers during the backward and frees them once reduce-scattered.
-  auto& mpi = test::mpi_env();
   std::map<std::string, std::size_t> peak;
   for (const char* mode : {"zero1", "zero2"}) {
     Config cfg = test::tiny_config();
     cfg.parallel.zero = mode;
-    ops::Runtime rt(Device::cpu, 0, false);
-    io::ResultsFile out("/nonexistent/never-written.h5", false);
-    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), 0, nullptr, nullptr};
-    env.comm = comm::make_world_communicator("mpi", mpi, 0);
-    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+    test::CpuJobEnv job(cfg);
+    jobs::JobEnv& env = job.env;
     jobs::Trainer trainer(env, 8, 1, 2);
     io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
     const std::int64_t T = cfg.model.context_length;
@@ -336,7 +328,7 @@ TEST(ZeroOptimizer, Zero2HoldsNoFullSizeGradients) {
       EXPECT_EQ(bytes("before_optimizer"), 0u);   // freed right after their reduce-scatter
       EXPECT_FALSE(trainer.params().has_flat_grads());
     }
-    peak[mode] = rt.allocator().tracker().peak();
+    peak[mode] = job.rt.allocator().tracker().peak();
   }
   // The whole-step peak drops: zero2 never holds the flat buffer next to all activations.
   EXPECT_LT(peak["zero2"], peak["zero1"]);
@@ -344,9 +336,8 @@ TEST(ZeroOptimizer, Zero2HoldsNoFullSizeGradients) {
   // One process keeps its gradients per bucket too: none exist before the backward or after the
   // optimizer step.
   Config cfg = test::tiny_config();
-  ops::Runtime rt(Device::cpu, 0, false);
-  io::ResultsFile out("/nonexistent/never-written.h5", false);
-  jobs::JobEnv env{cfg, mpi, rt, out, 0, 1, 0, nullptr, nullptr};
+  test::CpuJobEnv job(cfg, false);
+  jobs::JobEnv& env = job.env;
   jobs::Trainer trainer(env, 8, 2, 2);
   io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
   const std::int64_t T = cfg.model.context_length;

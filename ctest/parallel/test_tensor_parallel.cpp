@@ -130,12 +130,8 @@ TEST(TensorParallel, StartsFromTheSlicedWeightsOfOneProcessAndRoundTripsFullPara
   const test::TrainRun ref = test::train_run(tp_config(), false, 0);
   Config cfg = tp_config();
   cfg.parallel.tp = R;
-  auto& mpi = test::mpi_env();
-  ops::Runtime rt(Device::cpu, 0, false);
-  io::ResultsFile out("/nonexistent/never-written.h5", false);
-  jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), 0, nullptr, nullptr};
-  env.comm = comm::make_world_communicator("mpi", mpi, 0);
-  env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+  test::CpuJobEnv job(cfg);
+  jobs::JobEnv& env = job.env;
   jobs::Trainer trainer(env, kBatch, 1, 1);
   // Initialised by (seed, name, full element index), then sliced: exactly one process's values.
   EXPECT_EQ(trainer.full_parameters(), ref.params);

@@ -153,11 +153,8 @@ TEST(TensorPipeline, StartsFromOneProcessWeightsAndRoundTripsFullParameters) {
     cfg.parallel.schedule = schedule;
     cfg.parallel.virtual_stages = std::string(schedule) == "interleaved" ? 2 : 1;
     auto& mpi = test::mpi_env();
-    ops::Runtime rt(Device::cpu, 0, false);
-    io::ResultsFile out("/nonexistent/never-written.h5", false);
-    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), 0, nullptr, nullptr};
-    env.comm = comm::make_world_communicator("mpi", mpi, 0);
-    env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+    test::CpuJobEnv job(cfg);
+    jobs::JobEnv& env = job.env;
     jobs::Trainer trainer(env, 8, 1, 1);
     ASSERT_NE(trainer.pipeline(), nullptr);
     ASSERT_NE(trainer.tensor_parallel(), nullptr);

@@ -138,14 +138,10 @@ TEST(TensorParallelFsdp, OptimizersMatchOneProcess) {
 
 TEST(TensorParallelFsdp, StartsFromOneProcessWeightsHoldsOneShardOfItsSlicesAndRoundTrips) {
   if (!four_ranks()) GTEST_SKIP() << "dp 2 x tp 2 needs 4 ranks";
-  auto& mpi = test::mpi_env();
   const std::vector<float> initial = test::train(tp_fsdp_config(false), false, 0, kBatch);
   Config cfg = tp_fsdp_config(true);
-  ops::Runtime rt(Device::cpu, 0, false);
-  io::ResultsFile out("/nonexistent/never-written.h5", false);
-  jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), 0, nullptr, nullptr};
-  env.comm = comm::make_world_communicator("mpi", mpi, 0);
-  env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+  test::CpuJobEnv job(cfg);
+  jobs::JobEnv& env = job.env;
   jobs::Trainer trainer(env, kBatch, 1, 2);
   ASSERT_NE(trainer.fsdp(), nullptr);
   ASSERT_NE(trainer.tensor_parallel(), nullptr);
