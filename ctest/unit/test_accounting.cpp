@@ -91,6 +91,25 @@ TEST(Accounting, PipelineStagesAndMicrobatchesInFlight) {
   EXPECT_GT(item(g, "activations"), 3 * item(a, "activations"));   // all 8 in flight
 }
 
+// Pipeline with every-k checkpointing (k = 2) that keeps each block's attention output and its
+// log-sum-exp: stage 0's 2 microbatches in flight keep them for all 24 of its blocks, and the one
+// group being recomputed (k blocks) does not materialise them again.
+TEST(Accounting, PipelineKeptAttentionIsNotRecomputed) {
+  Config c = xl_bf16();
+  c.bench.batch_size = 8;
+  c.model.attention = "flash";
+  c.parallel.pp = 2;
+  c.parallel.microbatches = 8;
+  c.parallel.schedule = "1f1b";
+  c.train.activation_checkpointing = "every-k";
+  c.train.checkpoint_k = 2;
+  const auto off = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
+  c.train.checkpoint_keep_attention = true;
+  const auto on = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
+  const double kept = 512.0 * 1600 * 2 + 25 * 512 * 4;   // o [n, d] bf16 + lse [heads, n] fp32
+  EXPECT_DOUBLE_EQ(item(on, "activations") - item(off, "activations"), 2 * 24 * kept - 2 * kept);
+}
+
 // Tensor parallelism: the collectives the model makes per step, counted by hand for L = 48 layers
 // (every sublayer's g forward and f backward, the embedding's g, the head's f), and each rank's
 // share of parameters and activations.

@@ -87,8 +87,12 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     add("optimizer_state", state_b * P / (sharded ? dp : 1),
         sharded ? fmt::format("{} B x P_stage / dp", state_b) : fmt::format("{} B x P_stage (optimizer state)", state_b));
     const std::string& ac = cfg.train.activation_checkpointing;
+    const bool ac_keeps_attention = ac == "every-k" && cfg.train.checkpoint_keep_attention;
     double per_micro = Ls * block;
     const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls);   // every-k: blocks per group
+    // every-k with checkpoint_keep_attention: what each checkpointed block keeps besides its group
+    // input (its attention output and aux), which the recomputed group does not materialise again.
+    const double kept_attn = ac_keeps_attention ? N * d * e / tp + attn : 0.0;
     std::string f = tp > 1 ? "L_stage x ((4d r + (4d + 3F)/tp) n e + 8n r + attention aux/tp), n = b_micro T, r = "
                              "1 (1/tp with sequence parallelism)"
                            : "L_stage x ((8d + 3F) n e + 8n + attention aux), n = b_micro T";
@@ -100,7 +104,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
       per_micro = std::ceil(c / k) * N * d * e * r + (Ls - c) * block;
       f = "ceil(c/k) n d e (group inputs of the c checkpointed blocks) + (L_stage - c) x block, + one group recomputed";
       if (cfg.train.checkpoint_keep_attention) {   // each checkpointed block's attention output and aux stay too
-        per_micro += c * (N * d * e / tp + attn);
+        per_micro += c * kept_attn;
         f = "ceil(c/k) n d e (group inputs of the c checkpointed blocks) + c x (n d e/tp + attention aux) (kept "
             "attention) + (L_stage - c) x block, + one group recomputed";
       }
@@ -117,9 +121,10 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
         static_cast<double>(m.head_chunk_rows(static_cast<std::int64_t>(N), m.vocab / tp, mixed ? 2 : 4));
     add("activations", inflight * (per_micro + (head ? N * d * e * r : 0.0)) +
                            (head ? chunk * Vocab / tp * e + N * d * e * r + N * d * e : 0.0) +
-                           (ac == "every-k" ? k * block : 0.0),
-        fmt::format("{:.3g} microbatches in flight x ({}{}){}", inflight, f, head ? " + n d e (head input gradient)" : "",
-                    head ? " + chunk V e + 2 n d e (one chunk of logits, final norm output and gradient)" : ""));
+                           (ac == "every-k" ? k * (block - kept_attn) : 0.0),
+        fmt::format("{:.3g} microbatches in flight x ({}{}){}{}", inflight, f, head ? " + n d e (head input gradient)" : "",
+                    head ? " + chunk V e + 2 n d e (one chunk of logits, final norm output and gradient)" : "",
+                    ac_keeps_attention ? "; the recomputed group: k x (block - kept attention)" : ""));
     for (const auto& it : a.memory) a.peak_bytes += it.bytes;
     // p2p: every microbatch sends each chunk's output [n, d] forward (not from the last virtual
     // stage) and each chunk's input gradient [n, d] backward (not from virtual stage 0).
