@@ -69,16 +69,24 @@ TEST(Accounting, Zero1ShardsOptimizerStateAndGathersTheWorkingCopy) {
   EXPECT_DOUBLE_EQ(jobs::account(c, 2, "").comm_bytes_per_step, ddp32.comm_bytes_per_step);
 }
 
-// Pipeline (pp = 2, 8 microbatches of one sequence, global batch 8): stage 0 holds the embedding
-// and 24 blocks, stage 1 24 blocks, the final norm and the head; 1F1B keeps at most p - s microbatches in flight, GPipe all M; between stages each
-// microbatch moves [512, 1600] bf16 once each way.
-TEST(Accounting, PipelineStagesAndMicrobatchesInFlight) {
+namespace {
+// xl bf16 flash over pp = 2 stages, global batch 8 in 8 microbatches of one sequence, 1F1B.
+Config xl_pipeline() {
   Config c = xl_bf16();
   c.bench.batch_size = 8;
   c.model.attention = "flash";
   c.parallel.pp = 2;
   c.parallel.microbatches = 8;
   c.parallel.schedule = "1f1b";
+  return c;
+}
+}  // namespace
+
+// Pipeline (pp = 2, 8 microbatches of one sequence, global batch 8): stage 0 holds the embedding
+// and 24 blocks, stage 1 24 blocks, the final norm and the head; 1F1B keeps at most p - s microbatches in flight, GPipe all M; between stages each
+// microbatch moves [512, 1600] bf16 once each way.
+TEST(Accounting, PipelineStagesAndMicrobatchesInFlight) {
+  Config c = xl_pipeline();
   const auto a = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
   const double block_params = 4.0 * 1600 * 1600 + 3.0 * 1600 * 6400 + 2 * 1600;
   const double stage0 = 10000.0 * 1600 + 24 * block_params;   // the larger stage in activations
@@ -95,12 +103,7 @@ TEST(Accounting, PipelineStagesAndMicrobatchesInFlight) {
 // log-sum-exp: stage 0's 2 microbatches in flight keep them for all 24 of its blocks, and the one
 // group being recomputed (k blocks) does not materialise them again.
 TEST(Accounting, PipelineKeptAttentionIsNotRecomputed) {
-  Config c = xl_bf16();
-  c.bench.batch_size = 8;
-  c.model.attention = "flash";
-  c.parallel.pp = 2;
-  c.parallel.microbatches = 8;
-  c.parallel.schedule = "1f1b";
+  Config c = xl_pipeline();
   c.train.activation_checkpointing = "every-k";
   c.train.checkpoint_k = 2;
   const auto off = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
