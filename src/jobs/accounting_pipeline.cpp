@@ -89,7 +89,13 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     const std::string& ac = cfg.train.activation_checkpointing;
     const bool ac_keeps_attention = ac == "every-k" && cfg.train.checkpoint_keep_attention;
     double per_micro = Ls * block;
-    const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), Ls);   // every-k: blocks per group
+    double c = 0;   // every-k: the stage's checkpointed blocks (train.checkpoint_layers, as the model cuts them)
+    if (ac == "every-k") {
+      const model::RecomputePolicy policy = model::RecomputePolicy::from(cfg.train);
+      for (const auto& u : chunks) c += policy.checkpointed_end(u.first_layer(), u.end_layer(m)) - u.first_layer();
+    }
+    // every-k: blocks per group, at most the checkpointed ones (as in the one-process formula).
+    const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), c);
     // every-k with checkpoint_keep_attention: what each checkpointed block keeps besides its group
     // input (its attention output and aux), which the recomputed group does not materialise again.
     const double kept_attn = ac_keeps_attention ? N * d * e / tp + attn : 0.0;
@@ -97,13 +103,9 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
                              "1 (1/tp with sequence parallelism)"
                            : "L_stage x ((8d + 3F) n e + 8n + attention aux), n = b_micro T";
     if (ac == "every-k") {
-      // c: the checkpointed blocks of the stage's chunks (train.checkpoint_layers, as the model cuts them).
-      const model::RecomputePolicy policy = model::RecomputePolicy::from(cfg.train);
-      double c = 0;
-      for (const auto& u : chunks) c += policy.checkpointed_end(u.first_layer(), u.end_layer(m)) - u.first_layer();
-      per_micro = std::ceil(c / k) * N * d * e * r + (Ls - c) * block;
+      per_micro = (k > 0 ? std::ceil(c / k) : 0.0) * N * d * e * r + (Ls - c) * block;
       f = "ceil(c/k) n d e (group inputs of the c checkpointed blocks) + (L_stage - c) x block, + one group recomputed";
-      if (cfg.train.checkpoint_keep_attention) {   // each checkpointed block's attention output and aux stay too
+      if (ac_keeps_attention) {   // each checkpointed block's attention output and aux stay too
         per_micro += c * kept_attn;
         f = "ceil(c/k) n d e (group inputs of the c checkpointed blocks) + c x (n d e/tp + attention aux) (kept "
             "attention) + (L_stage - c) x block, + one group recomputed";

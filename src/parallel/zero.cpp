@@ -308,23 +308,18 @@ void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
     return;
   }
   const Tensor& buf = gathers_working_copy(s) ? *s.g.lowp : s.g.params;
-  if (!deferred_ranges_.empty() && &s == &shards_.front()) {
-    // The norm weights first (the compute stream waits for them: the collectives of one
-    // communicator run in order), then the segments, left in flight: each range's ranks hold
-    // consecutive pieces of it, so it is gathered in place like the whole buffer.
-    if (gathers_working_copy(s)) {
-      gather_master_reads(s, ctx);
-      s.master_partial = true;
-    }
-    for (const auto& [offset, n] : deferred_ranges_)
-      in_flight_gathers_.push_back(gather_in_place(grads_, buf.flat_range(offset, n), counts_in(s.counts, offset, n), true));
-    return;
-  }
-  gather_in_place(grads_, buf, s.counts);
+  // Deferred: the norm weights first (the compute stream waits for them; the collectives of one
+  // communicator run in order), then the segments, left in flight: each range's ranks hold
+  // consecutive pieces of it, so it is gathered in place like the whole buffer.
+  const bool defer = !deferred_ranges_.empty() && &s == &shards_.front();
+  if (!defer) gather_in_place(grads_, buf, s.counts);
   if (gathers_working_copy(s)) {
     gather_master_reads(s, ctx);
     s.master_partial = true;
   }
+  if (defer)
+    for (const auto& [offset, n] : deferred_ranges_)
+      in_flight_gathers_.push_back(gather_in_place(grads_, buf.flat_range(offset, n), counts_in(s.counts, offset, n), true));
 }
 
 void ZeroOptimizer::defer_gathers(std::vector<std::pair<std::int64_t, std::int64_t>> ranges) {
