@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "lmscale/jobs/accounting.h"
+#include "lmscale/jobs/memory_model.h"
 
 using namespace lmscale;
 
@@ -67,6 +68,32 @@ TEST(Accounting, Zero1ShardsOptimizerStateAndGathersTheWorkingCopy) {
   const auto ddp32 = jobs::account(c, 2, "");
   c.parallel.zero = "zero2";
   EXPECT_DOUBLE_EQ(jobs::account(c, 2, "").comm_bytes_per_step, ddp32.comm_bytes_per_step);
+}
+
+// parallel.grad_exchange = copy-engine (zero2): the receive window holds one slot of the largest
+// shard per other rank, from initialisation on; the accounting lists it and the replayed peaks of
+// every phase grow by exactly its bytes.
+TEST(Accounting, CopyEngineWindowIsOneShardPerOtherRank) {
+  Config c = xl_bf16();
+  c.bench.batch_size = 8;
+  c.parallel.device = "cuda";
+  c.parallel.zero = "zero2";
+  const auto nccl = jobs::account(c, 2, "");
+  const auto nccl_mem = jobs::predict_memory_phases(c, 2, true, 0);
+  c.parallel.grad_exchange = "copy-engine";
+  const auto ce = jobs::account(c, 2, "");
+  const auto ce_mem = jobs::predict_memory_phases(c, 2, true, 0);
+  const double P = 1998235200.0;
+  EXPECT_DOUBLE_EQ(item(ce, "gradient_exchange_window"), 4 * P / 2);
+  EXPECT_DOUBLE_EQ(item(ce, "gradient_shard"), item(nccl, "gradient_shard"));
+  ASSERT_EQ(ce_mem.phases.size(), nccl_mem.phases.size());
+  for (std::size_t i = 0; i < ce_mem.phases.size(); ++i)
+    EXPECT_DOUBLE_EQ(ce_mem.phases[i].bytes - nccl_mem.phases[i].bytes, 4 * P / 2) << ce_mem.phases[i].phase;
+  // 3 ranks: 2 slots of the first (largest) shard.
+  const auto three = jobs::predict_memory_phases(c, 3, true, 2);
+  c.parallel.grad_exchange = "nccl";
+  const auto three_nccl = jobs::predict_memory_phases(c, 3, true, 2);
+  EXPECT_DOUBLE_EQ(three.peak - three_nccl.peak, 2 * 4 * std::ceil(P / 3));
 }
 
 namespace {

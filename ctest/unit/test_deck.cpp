@@ -212,7 +212,7 @@ Config everything_changed() {
   c.run = {"bench-model", "out dir/x.h5", 42, false, "out dir/x.trace.json"};
   c.model = {"custom", 321, 77, 96, 200, 3, 6, 5000.5, 1e-6, "flash"};
   c.precision = {"bf16", true, true, 1024.0, 17};
-  c.parallel = {"cuda", "nccl", 2, 1, 1, "bucketed", 12.5, "bf16", "zero2", 2, false, 3, "gpipe", 1, "3", true, 45, true};
+  c.parallel = {"cuda", "nccl", 2, 1, 1, "bucketed", 12.5, "bf16", "nccl", "zero2", 2, false, 3, "gpipe", 1, "3", true, 45, true};
   c.bench.mode = "forward";
   c.bench.warmup = 0;
   c.bench.steps = 3;
@@ -252,6 +252,14 @@ TEST(Deck, ToIniRoundTripsEveryKey) {
   const Config back = parse_deck_text(ini, {}, 2);
   expect_same_settings(back, c);
   EXPECT_EQ(to_ini(back), ini);
+  // parallel.grad_exchange's other value cannot join the config above (copy-engine sums fp32
+  // gradients; the one above reduces in bf16): its own round trip.
+  Config ce;
+  ce.parallel.dp = 1;
+  ce.parallel.device = "cuda";
+  ce.parallel.zero = "zero2";
+  ce.parallel.grad_exchange = "copy-engine";
+  expect_same_settings(parse_deck_text(to_ini(ce), {}, 1), ce);
   // The default config too.
   Config defaults;
   defaults.parallel.dp = 1;

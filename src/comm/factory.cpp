@@ -4,6 +4,7 @@
 
 #include "lmscale/comm/mpi_communicator.h"
 #include "lmscale/comm/nccl_communicator.h"
+#include "lmscale/comm/peer_copy.h"
 #include "lmscale/core/error.h"
 
 namespace lmscale::comm {
@@ -39,6 +40,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, int, NcclOptions)
   throw UsageError("parallel.backend=nccl: this lmscale was built without CUDA/NCCL; use parallel.backend=mpi");
 }
 std::string nccl_version() { return ""; }
+std::unique_ptr<PeerCopyExchange> make_peer_copy_exchange(Communicator&, std::size_t, MemoryTracker*) {
+  throw UsageError("parallel.grad_exchange = copy-engine: this lmscale was built without CUDA; use "
+                   "parallel.grad_exchange = nccl");
+}
 #endif
 
 }  // namespace lmscale::comm

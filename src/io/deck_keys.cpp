@@ -222,6 +222,12 @@ std::vector<DeckKey> build_table() {
                "Element type of the data-parallel gradient collectives (ddp and zero2): bf16 halves the bytes; "
                "each rank's fp32 gradients are rounded to bf16, summed with fp32 accumulation (exact for 2 ranks; "
                "NCCL rounds to bf16 at each ring hop beyond that) and widened back to fp32."),
+      enum_key("parallel.grad_exchange", LMSCALE_FIELD(parallel.grad_exchange), {"nccl", "copy-engine"},
+               "zero2 on CUDA: how each gradient bucket's ranges reach the ranks that own them. nccl: a reduce-scatter "
+               "per bucket during the backward (NCCL's kernels hold SMs beside the GEMMs). copy-engine: peer-to-peer "
+               "copies into a receive window of each owner (CUDA IPC, one node, no SM used during the backward), "
+               "summed by one add per bucket after it: the same bits as nccl with 2 ranks; costs (dp - 1) x the "
+               "shard's fp32 gradient bytes of GPU memory (docs/design-notes.md)."),
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,

@@ -484,6 +484,25 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.comm_sms = {} shares a GPU's SMs between NCCL and the GEMMs, but this run uses parallel.device = "
          "{} and parallel.backend = {}; set parallel.comm_sms = 0, or run on cuda with the nccl backend",
          p.comm_sms, p.device, p.backend);
+  if (p.grad_exchange == "copy-engine" && runs_model(c)) {
+    if (p.zero != "zero2")
+      fail("parallel.grad_exchange = copy-engine is built for parallel.zero = zero2, not parallel.zero = {}; set "
+           "parallel.zero = zero2 or parallel.grad_exchange = nccl",
+           p.zero);
+    if (p.device == "cpu" || p.backend == "mpi")
+      fail("parallel.grad_exchange = copy-engine moves gradients between GPUs with their copy engines, but this run "
+           "uses parallel.device = {} and parallel.backend = {}; set parallel.grad_exchange = nccl, or run on cuda with "
+           "the nccl backend",
+           p.device, p.backend);
+    if (p.grad_reduce_dtype != "fp32")
+      fail("parallel.grad_exchange = copy-engine sums the fp32 gradients itself; parallel.grad_reduce_dtype = {} is "
+           "not built with it; set parallel.grad_reduce_dtype = fp32",
+           p.grad_reduce_dtype);
+    if (p.tp > 1 || p.pp > 1)
+      fail("parallel.grad_exchange = copy-engine is built for data parallelism alone (parallel.tp = {}, parallel.pp = "
+           "{}); set parallel.grad_exchange = nccl or parallel.tp = parallel.pp = 1",
+           p.tp, p.pp);
+  }
   if (p.grad_reduce_dtype == "bf16" && runs_model(c)) {
     if (p.zero == "zero1" || p.zero == "zero1-broadcast" || p.zero == "fsdp")
       fail("parallel.grad_reduce_dtype = bf16 is built for ddp (flat, overlap, bucketed) and zero2, not parallel.zero = "

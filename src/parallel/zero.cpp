@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "lmscale/comm/peer_copy.h"
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
@@ -82,11 +83,15 @@ class ReduceScatterSync final : public GradientSync {
     staged_.clear();
     keep_.clear();
     armed_ = true;
+    own_.clear();
+    if (exchange_) exchange_->begin();
     pc.on_grad_ready = [this](int i) {
       const int b = bucket_of_[static_cast<std::size_t>(i)];
       if (--pending_[static_cast<std::size_t>(b)] == 0) {
         const Bucket& k = buckets_[static_cast<std::size_t>(b)];
-        if (!reduce_dtype_)
+        if (exchange_)
+          put_bucket(b);
+        else if (!reduce_dtype_)
           inflight_.push_back(scatter_range(z_.shards_[0], bucket_source(b), k.offset, k.numel, true));
         else
           inflight_.push_back(scatter_range_staged(z_.shards_[0], b));
@@ -106,6 +111,7 @@ class ReduceScatterSync final : public GradientSync {
       }
     } else {
       armed_ = false;
+      if (exchange_) sum_received();
       for (auto& w : inflight_) w.wait();
       inflight_.clear();
       for (auto& st : staged_) ops::cast(*ctx_, st.stage, st.dst);
@@ -180,8 +186,67 @@ class ReduceScatterSync final : public GradientSync {
     return w;
   }
 
+  // parallel.grad_exchange = copy-engine: bucket b's ranges owned by other ranks go to their
+  // windows by peer copies (comm/peer_copy.h); this rank's range stays in the bucket until
+  // sum_received() adds the others' copies to it.
+  void put_bucket(int b) {
+    ZeroOptimizer::Shard& s = z_.shards_[0];
+    const Bucket& k = buckets_[static_cast<std::size_t>(b)];
+    const std::size_t esz = dtype_size(s.grad_shard.dtype());
+    const char* src = static_cast<const char*>(bucket_source(b));
+    std::int64_t lo = 0;
+    for (int q = 0; q < z_.grads_.size(); ++q) {
+      const std::int64_t hi = lo + static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(q)]);
+      const std::int64_t a = std::max(lo, k.offset), e = std::min(hi, k.offset + k.numel);
+      if (e > a) {
+        if (q == z_.grads_.rank())
+          own_.push_back({b, a, e});
+        else
+          exchange_->put(q, static_cast<std::size_t>(a - lo) * esz, src + static_cast<std::size_t>(a - k.offset) * esz,
+                         static_cast<std::size_t>(e - a) * esz, ctx_->stream);
+      }
+      lo = hi;
+    }
+  }
+  // After the backward: every rank's copies have landed (complete() waits on the host), then
+  // grad_shard = this rank's part of each bucket + the other ranks' copies, in rank order. With
+  // 2 ranks that is one fp32 addition per element, as NCCL's reduce-scatter makes it: the same
+  // bits. With more, NCCL's ring adds in another order (within rounding).
+  void sum_received() {
+    NvtxRange r("grad_exchange_sum");
+    ZeroOptimizer::Shard& s = z_.shards_[0];
+    exchange_->complete(ctx_->stream);
+    const std::int64_t lo = s.begin;
+    for (const OwnPart& o : own_) {
+      const Bucket& k = buckets_[static_cast<std::size_t>(o.bucket)];
+      const std::int64_t n = o.end - o.begin;
+      Tensor mine = (lazy_ ? lazy_->bucket(o.bucket) : s.g.grads.flat_range(k.offset, k.numel)).flat_range(o.begin - k.offset, n);
+      Tensor out = s.grad_shard.flat_range(o.begin - lo, n);
+      bool first = true;
+      for (int q = 0; q < z_.grads_.size(); ++q) {
+        if (q == z_.grads_.rank()) continue;
+        Tensor theirs = Tensor::view(static_cast<char*>(exchange_->slot(q)) + static_cast<std::size_t>(o.begin - lo) *
+                                                                                dtype_size(out.dtype()),
+                                     {n}, out.dtype(), Device::cuda);
+        ops::add(*ctx_, first ? mine : out, theirs, out);
+        first = false;
+      }
+    }
+    exchange_->consumed(ctx_->stream);
+    own_.clear();
+  }
+
  public:
   void set_reduce_dtype(std::optional<DType> t) { reduce_dtype_ = t; }
+  // zero2 over CUDA: the exchange's window holds one shard-sized slot per other rank (the largest
+  // shard: even_split puts the extra elements first).
+  void use_copy_engine() {
+    LMSCALE_CHECK(store_ && !reduce_dtype_ && z_.shards_.size() == 1 && ctx_->device == Device::cuda,
+                  "parallel.grad_exchange = copy-engine needs zero2 over CUDA with fp32 gradients and one group");
+    const ZeroOptimizer::Shard& s = z_.shards_[0];
+    exchange_ = comm::make_peer_copy_exchange(z_.host_, s.counts[0] * dtype_size(s.grad_shard.dtype()),
+                                              &ctx_->allocator->tracker());
+  }
 
  private:
   struct Staged {
@@ -197,6 +262,12 @@ class ReduceScatterSync final : public GradientSync {
   std::vector<int> bucket_of_, pending_;
   std::unique_ptr<model::LazyGradients> lazy_;   // when the store has no flat gradients
   std::vector<comm::Work> inflight_;
+  std::unique_ptr<comm::PeerCopyExchange> exchange_;   // parallel.grad_exchange = copy-engine
+  struct OwnPart {
+    int bucket;
+    std::int64_t begin, end;   // group elements of this rank's range inside the bucket
+  };
+  std::vector<OwnPart> own_;
   bool armed_ = false;   // bucket hooks handed to a last micro-batch's backward this step
 };
 
@@ -245,7 +316,8 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
 }
 
 void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx,
-                              std::optional<DType> reduce_dtype) {
+                              std::optional<DType> reduce_dtype, bool copy_engine) {
+  LMSCALE_CHECK(!copy_engine || mode_ == ZeroMode::zero2, "the copy-engine gradient exchange is built for zero2 only");
   LMSCALE_CHECK(!reduce_dtype || mode_ == ZeroMode::zero2,
                 "a gradient reduce dtype other than fp32 is built for zero2 only");
   if (mode_ == ZeroMode::zero1_broadcast) {
@@ -255,6 +327,7 @@ void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double 
   } else {
     auto rs = std::make_unique<ReduceScatterSync>(*this, bucket_mb * 1024.0 * 1024.0, &store, &ctx);
     rs->set_reduce_dtype(reduce_dtype);
+    if (copy_engine) rs->use_copy_engine();
     sync_ = std::move(rs);
   }
 }

@@ -70,9 +70,12 @@ class ZeroOptimizer final : public ShardedOptimizer {
   // zero2 with a store that has no flat gradient buffer: the sync becomes the store's gradient
   // provider (per-bucket buffers allocated during the backward, freed after their reduce-scatter).
   // reduce_dtype (parallel.grad_reduce_dtype): bf16 reduce-scatters each zero2 bucket as a bf16
-  // copy, widened into the fp32 gradient shard after the wait.
+  // copy, widened into the fp32 gradient shard after the wait. copy_engine
+  // (parallel.grad_exchange, zero2 over CUDA on one node): each bucket's ranges go to their owners
+  // by peer copies during the backward and are summed after it (comm/peer_copy.h) instead of
+  // NCCL's reduce-scatter kernels; collective (the ranks exchange IPC handles).
   void make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx,
-                 std::optional<DType> reduce_dtype = std::nullopt);
+                 std::optional<DType> reduce_dtype = std::nullopt, bool copy_engine = false);
 
   // Sum of squares of the summed gradient over all groups (after sync().finish()), reduced over
   // ranks where each holds only its range.
