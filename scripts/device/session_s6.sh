@@ -8,7 +8,11 @@
 #          copy-engine run
 #   loss   (2 GPUs) 200 steps of a 8-layer d 512 model on inputs/text (text_quickstart.ini, bf16,
 #          zero2): gradients reduced in fp32 over NCCL, in bf16 over NCCL, and by the copy engines
+#   trace  (2 GPUs) zero2 copy-engine xl with run.trace: the peer copies on the p2p track
 #   peers  torch.compile + SDPA on one GPU and torch DDP on 2 (issue 17's peers)
+#   sdpa   (1 GPU) issue 13's two shapes under torch SDPA's default choice (and the kernels it
+#          launches) and pinned to FlashAttention-2 and to cuDNN; run after
+#          `BWD_OLD=" " scripts/device/session_bwd.sh build time` (our kernels in the same call)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 stages=${*:-build tests dp}
@@ -37,6 +41,23 @@ if has dp; then
   timeout 150 "${MPIRUN[@]}" -np 2 $LM "${Z2[@]}" --parallel.zero=none --run.output=/tmp/ddp.h5 > "$OUT/ddp.log" 2>&1
   note "bucketed DDP: $(brief "$OUT/ddp.log")"
 fi
+if has trace; then
+  timeout 150 "${MPIRUN[@]}" -np 2 $LM inputs/ddp_xl_zero2_copy_engine.ini --bench.steps=3 --run.output=/tmp/ce.h5 \
+    --run.trace=/tmp/ce.trace.json > "$OUT/ce_trace.log" 2>&1
+  note "zero2 copy-engine deck with run.trace: rc=$? $(brief "$OUT/ce_trace.log")"
+  python3 - <<'PY' | tee -a "$summary"
+import json
+ev = json.load(open("/tmp/ce.trace.json"))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+cp = [e for e in ev if str(e.get("name", "")).startswith("peer copy")]
+by = {}
+for e in cp: by.setdefault(e.get("pid"), []).append(e)
+for pid, es in sorted(by.items()):
+    mb = sum(json.loads("{" + json.dumps(e.get("args", {}))[1:-1] + "}").get("bytes", 0) for e in es) / 2**20
+    print(f"trace rank {pid}: {len(es)} peer copies, {mb:.0f} MiB, {sum(e.get('dur', 0) for e in es)/1e3:.1f} ms busy, tracks {sorted({e.get('tid') for e in es})}")
+print("no peer copy events" if not cp else f"{len(cp)} peer copy events")
+PY
+fi
 if has loss; then
   TQ=(inputs/text_quickstart.ini --parallel.device=cuda --parallel.backend=nccl --precision.mode=bf16 --parallel.zero=zero2
       --model.d_model=512 --model.d_ff=1376 --model.num_layers=8 --model.num_heads=8 --model.context_length=256
@@ -60,6 +81,17 @@ if has peers; then
   note "torch.compile xl: rc=$? $(grep '^{' "$OUT/peer.log" || tail -3 "$OUT/peer.log")"
   timeout 200 torchrun --nproc-per-node 2 $PEER ddp --size xl --precision bf16 --batch 4 --attention sdpa > "$OUT/ddp_peer.log" 2>&1
   note "torch DDP xl: rc=$? $(grep '^{' "$OUT/ddp_peer.log" || tail -3 "$OUT/ddp_peer.log")"
+fi
+if has sdpa; then
+  for sh in "1 16 16384 64" "1 32 32768 128"; do
+    read -r b h t d <<< "$sh"
+    for be in default flash cudnn; do
+      k=; [ $be = default ] && k=--kernels
+      timeout 120 python3 scripts/device/attention_sdpa_time.py --batch "$b" --heads "$h" --seq "$t" --head-dim "$d" \
+        --causal --iters 20 --backend $be $k > "$OUT/sdpa_${be}_$d.log" 2>&1
+      note "sdpa $be d$d: rc=$? $(grep -E '^(kernels|\{)' "$OUT/sdpa_${be}_$d.log" | tr '\n' ' ' || tail -2 "$OUT/sdpa_${be}_$d.log")"
+    done
+  done
 fi
 note "total $(( $(date +%s) - T0 )) s"
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz $(find . -maxdepth 1 -name '*.log') 2>/dev/null; rm -f ./*.log)

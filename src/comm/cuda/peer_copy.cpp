@@ -14,6 +14,7 @@
 
 #include "lmscale/core/cuda/cuda_check.h"
 #include "lmscale/core/error.h"
+#include "lmscale/core/trace.h"
 
 namespace lmscale::comm {
 
@@ -100,7 +101,14 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     LMSCALE_CUDA_CHECK(cudaEventRecord(ready_, static_cast<cudaStream_t>(after)));
     LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready_, 0));
     char* dst = static_cast<char*>(peers_[static_cast<std::size_t>(to)]) + slot_index(rank_, to) * slot_bytes_ + offset;
+    // run.trace: the copy as the copy stream runs it, on the point-to-point track (core/trace.h).
+    trace::Recorder* rec = trace::active();
+    const int token = rec ? rec->device_begin(copy_) : -1;
+    const double issued = rec ? rec->now_us() : 0;
     LMSCALE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_));
+    if (rec)
+      rec->device_end(token, fmt::format("peer copy to {}", to), trace::kCommP2P,
+                      fmt::format("\"bytes\":{},\"issued_us\":{:.3f}", bytes, issued), copy_);
     bytes_put_ += bytes;
   }
 
