@@ -53,7 +53,7 @@ cp = [e for e in ev if str(e.get("name", "")).startswith("peer copy")]
 by = {}
 for e in cp: by.setdefault(e.get("pid"), []).append(e)
 for pid, es in sorted(by.items()):
-    mb = sum(json.loads("{" + json.dumps(e.get("args", {}))[1:-1] + "}").get("bytes", 0) for e in es) / 2**20
+    mb = sum(e.get("args", {}).get("bytes", 0) for e in es) / 2**20
     print(f"trace rank {pid}: {len(es)} peer copies, {mb:.0f} MiB, {sum(e.get('dur', 0) for e in es)/1e3:.1f} ms busy, tracks {sorted({e.get('tid') for e in es})}")
 print("no peer copy events" if not cp else f"{len(cp)} peer copy events")
 PY
