@@ -161,8 +161,12 @@ TEST(DataParallelGpu, Zero2CopyEngineEqualsNcclBitwise) {
     std::vector<double> nccl_losses, ce_losses;
     std::size_t nccl_window = 1, ce_window = 0;
     const auto nccl = train(cfg, true, steps, &nccl_losses, &nccl_window);
+    std::printf("zero2 over NCCL, accum %d: %zu parameters, last loss %.6f\n", accum, nccl.size(), nccl_losses.back());
+    std::fflush(stdout);
     cfg.parallel.grad_exchange = "copy-engine";
     const auto ce = train(cfg, true, steps, &ce_losses, &ce_window);
+    std::printf("zero2 over the copy engines, accum %d: window %zu bytes, last loss %.6f\n", accum, ce_window,
+                ce_losses.back());
     EXPECT_EQ(nccl_window, 0u);
     // One slot of the largest shard: ceil(P / 2) fp32 elements.
     EXPECT_EQ(ce_window, (nccl.size() + 1) / 2 * sizeof(float)) << "accum " << accum;

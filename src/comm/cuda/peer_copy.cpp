@@ -3,6 +3,8 @@
 #include "lmscale/comm/peer_copy.h"
 
 #include <mpi.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <array>
@@ -21,7 +23,29 @@ namespace lmscale::comm {
 namespace {
 
 constexpr const char* kTag = "grad_exchange_window";
-constexpr std::size_t kHandleInts = (sizeof(cudaIpcMemHandle_t) + 3) / 4;
+// The handle, then the window's byte offset in the allocation the handle names (two ints).
+constexpr std::size_t kHandleInts = (sizeof(cudaIpcMemHandle_t) + 3) / 4 + 2;
+// cudaMalloc serves small requests from shared 2 MiB chunks; a window of whole 2 MiB units is
+// an allocation of its own, so the handle maps exactly it.
+constexpr std::size_t kWindowUnit = std::size_t{2} << 20;
+
+// The start of the cudaMalloc allocation holding `p` (cuMemGetAddressRange through the runtime's
+// driver entry point: the library does not link libcuda itself).
+char* allocation_base(void* p) {
+  static const PFN_cuMemGetAddressRange_v3020 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    LMSCALE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &ptr, 3020, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || ptr == nullptr)
+      throw Error("peer copy: the driver has no cuMemGetAddressRange");
+    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(ptr);
+  }();
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  if (fn(&base, &size, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS)
+    throw Error("peer copy: cuMemGetAddressRange failed on the receive window");
+  return reinterpret_cast<char*>(base);
+}
 
 class CudaPeerCopyExchange final : public PeerCopyExchange {
  public:
@@ -31,21 +55,31 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     check_one_node();
     window_bytes_ = static_cast<std::size_t>(size_ - 1) * slot_bytes_;
     // cudaMalloc'd on its own (not from the caching allocator): an IPC handle names a whole
-    // allocation. At least one byte, so that every rank has a handle to share.
-    LMSCALE_CUDA_CHECK(cudaMalloc(&window_, std::max<std::size_t>(window_bytes_, 256)));
+    // allocation. Whole 2 MiB units (at least one, so every rank has a handle to share); the
+    // tracker counts the bytes the slots need, as the memory model does.
+    const std::size_t reserve = (std::max<std::size_t>(window_bytes_, 1) + kWindowUnit - 1) / kWindowUnit * kWindowUnit;
+    LMSCALE_CUDA_CHECK(cudaMalloc(&window_, reserve));
     if (tracker_) tracker_->on_alloc(window_bytes_, kTag);
+    // The handle names the allocation that holds the window; peers add the window's offset in it.
+    char* base = allocation_base(window_);
+    const std::uint64_t offset = static_cast<std::uint64_t>(static_cast<char*>(window_) - base);
     cudaIpcMemHandle_t mine{};
-    LMSCALE_CUDA_CHECK(cudaIpcGetMemHandle(&mine, window_));
+    LMSCALE_CUDA_CHECK(cudaIpcGetMemHandle(&mine, base));
     std::array<std::int32_t, kHandleInts> packed{};
     std::memcpy(packed.data(), &mine, sizeof(mine));
+    std::memcpy(packed.data() + kHandleInts - 2, &offset, sizeof(offset));
     std::vector<std::int32_t> all(kHandleInts * static_cast<std::size_t>(size_));
     host_.all_gather(packed.data(), all.data(), kHandleInts, DType::i32).wait();
     peers_.assign(static_cast<std::size_t>(size_), nullptr);
+    mapped_.assign(static_cast<std::size_t>(size_), nullptr);
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
       cudaIpcMemHandle_t h{};
+      std::uint64_t at = 0;
       std::memcpy(&h, all.data() + kHandleInts * static_cast<std::size_t>(q), sizeof(h));
-      const cudaError_t e = cudaIpcOpenMemHandle(&peers_[static_cast<std::size_t>(q)], h, cudaIpcMemLazyEnablePeerAccess);
+      std::memcpy(&at, all.data() + kHandleInts * static_cast<std::size_t>(q + 1) - 2, sizeof(at));
+      const cudaError_t e = cudaIpcOpenMemHandle(&mapped_[static_cast<std::size_t>(q)], h, cudaIpcMemLazyEnablePeerAccess);
+      if (e == cudaSuccess) peers_[static_cast<std::size_t>(q)] = static_cast<char*>(mapped_[static_cast<std::size_t>(q)]) + at;
       if (e != cudaSuccess) {
         cudaGetLastError();
         release();
@@ -149,11 +183,12 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
   }
 
   void release() {
-    for (void*& p : peers_)
+    for (void*& p : mapped_)
       if (p) {
         cudaIpcCloseMemHandle(p);
         p = nullptr;
       }
+    peers_.assign(peers_.size(), nullptr);
     if (window_) {
       cudaFree(window_);
       if (tracker_) tracker_->on_free(window_bytes_, kTag);
@@ -166,7 +201,8 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
   std::size_t slot_bytes_, window_bytes_ = 0, bytes_put_ = 0;
   MemoryTracker* tracker_;
   void* window_ = nullptr;
-  std::vector<void*> peers_;   // rank q's window, mapped here (null for this rank)
+  std::vector<void*> mapped_;   // rank q's allocation as cudaIpcOpenMemHandle mapped it (null for this rank)
+  std::vector<void*> peers_;    // rank q's window in that mapping
   cudaStream_t copy_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr, consumed_ = nullptr;
   bool open_ = false, consumed_recorded_ = false;
