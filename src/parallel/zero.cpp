@@ -26,16 +26,28 @@ comm::Work gather_in_place(comm::Communicator& c, const Tensor& buf, const std::
   return c.all_gather_v(mine, buf.data(), counts, buf.dtype(), o);
 }
 
-// Per rank: how many of the elements [offset, offset + n) lie in its range (ranks hold
-// consecutive ranges of counts[q] elements from 0).
-std::vector<std::size_t> counts_in(const std::vector<std::size_t>& counts, std::int64_t offset, std::int64_t n) {
-  std::vector<std::size_t> in(counts.size());
+// Rank q's part of the elements [offset, offset + n): [begin, begin + count) of the group, and
+// where q's range starts (ranks hold consecutive ranges of counts[q] elements from 0).
+struct RankPart {
+  std::int64_t begin = 0, count = 0, range_begin = 0;
+  std::int64_t at() const { return begin - range_begin; }   // in q's range (its grad_shard)
+};
+std::vector<RankPart> rank_parts(const std::vector<std::size_t>& counts, std::int64_t offset, std::int64_t n) {
+  std::vector<RankPart> parts(counts.size());
   std::int64_t lo = 0;
   for (std::size_t q = 0; q < counts.size(); ++q) {
     const std::int64_t hi = lo + static_cast<std::int64_t>(counts[q]);
-    in[q] = static_cast<std::size_t>(std::max<std::int64_t>(0, std::min(hi, offset + n) - std::max(lo, offset)));
+    const std::int64_t a = std::max(lo, offset), e = std::min(hi, offset + n);
+    parts[q] = e > a ? RankPart{a, e - a, lo} : RankPart{lo, 0, lo};
     lo = hi;
   }
+  return parts;
+}
+
+// Per rank: how many of the elements [offset, offset + n) lie in its range.
+std::vector<std::size_t> counts_in(const std::vector<std::size_t>& counts, std::int64_t offset, std::int64_t n) {
+  std::vector<std::size_t> in;
+  for (const RankPart& p : rank_parts(counts, offset, n)) in.push_back(static_cast<std::size_t>(p.count));
   return in;
 }
 
@@ -135,13 +147,14 @@ class ReduceScatterSync final : public GradientSync {
   std::string name() const override { return buckets_.empty() ? "zero1" : "zero2"; }
 
  private:
-  // Element `offset` of the group's gradients (the bucket's first) is at the returned pointer.
-  const void* bucket_source(int b) {
-    if (lazy_) return lazy_->bucket(b).data();
+  // Bucket b's gradients [numel]: its own buffer (lazy), else its range of the flat buffer.
+  Tensor bucket_grads(int b) {
+    if (lazy_) return lazy_->bucket(b);
     const Bucket& k = buckets_[static_cast<std::size_t>(b)];
-    return static_cast<const char*>(z_.shards_[0].g.grads.data()) +
-           static_cast<std::size_t>(k.offset) * dtype_size(z_.shards_[0].g.grads.dtype());
+    return z_.shards_[0].g.grads.flat_range(k.offset, k.numel);
   }
+  // Element `offset` of the group's gradients (the bucket's first) is at the returned pointer.
+  const void* bucket_source(int b) { return bucket_grads(b).data(); }
   // Reduce-scatters elements [offset, offset+n) of a group's gradients, read from `send` (the
   // address of element `offset`): rank r receives the part in its range into its grad_shard.
   comm::Work scatter_range(ZeroOptimizer::Shard& s, const void* send, std::int64_t offset, std::int64_t n, bool async) {
@@ -150,16 +163,8 @@ class ReduceScatterSync final : public GradientSync {
   // recv: where this rank's part goes (null: its place in grad_shard); dtype: of send and recv.
   comm::Work scatter_into(ZeroOptimizer::Shard& s, const void* send, void* recv_at, DType dtype, std::int64_t offset,
                           std::int64_t n, bool async) {
-    const int size = z_.grads_.size();
-    std::vector<std::size_t> counts(static_cast<std::size_t>(size));
-    std::int64_t start = 0, mine_at = 0;
-    for (int r = 0; r < size; ++r) {
-      const std::int64_t lo = start, hi = start + static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(r)]);
-      const std::int64_t a = std::max(lo, offset), b = std::min(hi, offset + n);
-      counts[static_cast<std::size_t>(r)] = b > a ? static_cast<std::size_t>(b - a) : 0;
-      if (r == z_.grads_.rank()) mine_at = b > a ? a - lo : 0;
-      start = hi;
-    }
+    const std::vector<std::size_t> counts = counts_in(s.counts, offset, n);
+    const std::int64_t mine_at = rank_parts(s.counts, offset, n)[static_cast<std::size_t>(z_.grads_.rank())].at();
     const std::size_t esz = dtype_size(s.grad_shard.dtype());
     void* recv = recv_at ? recv_at
                          : static_cast<void*>(static_cast<char*>(s.grad_shard.data()) + static_cast<std::size_t>(mine_at) * esz);
@@ -172,16 +177,12 @@ class ReduceScatterSync final : public GradientSync {
   // scattered into a staging part [this rank's count], widened into grad_shard in finish().
   comm::Work scatter_range_staged(ZeroOptimizer::Shard& s, int b) {
     const Bucket& k = buckets_[static_cast<std::size_t>(b)];
-    Tensor src = lazy_ ? lazy_->bucket(b) : s.g.grads.flat_range(k.offset, k.numel);
     Tensor send = Tensor::empty({k.numel}, *reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
-    ops::cast(*ctx_, src, send);
-    // This rank's part of the bucket: [max(lo, offset), min(hi, offset+numel)) of its range.
-    const std::int64_t lo = s.begin, hi = s.begin + s.size;
-    const std::int64_t a = std::max(lo, k.offset), e = std::min(hi, k.offset + k.numel);
-    const std::int64_t mine = e > a ? e - a : 0;
-    Tensor recv = Tensor::empty({std::max<std::int64_t>(mine, 1)}, *reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
+    ops::cast(*ctx_, bucket_grads(b), send);
+    const RankPart mine = rank_parts(s.counts, k.offset, k.numel)[static_cast<std::size_t>(z_.grads_.rank())];
+    Tensor recv = Tensor::empty({std::max<std::int64_t>(mine.count, 1)}, *reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
     comm::Work w = scatter_into(s, send.data(), recv.data(), *reduce_dtype_, k.offset, k.numel, true);
-    if (mine > 0) staged_.push_back({recv.flat_range(0, mine), s.grad_shard.flat_range(a - lo, mine)});
+    if (mine.count > 0) staged_.push_back({recv.flat_range(0, mine.count), s.grad_shard.flat_range(mine.at(), mine.count)});
     keep_.push_back(send);   // alive until the collective is waited (stream-ordered free after it)
     return w;
   }
@@ -190,22 +191,19 @@ class ReduceScatterSync final : public GradientSync {
   // windows by peer copies (comm/peer_copy.h); this rank's range stays in the bucket until
   // sum_received() adds the others' copies to it.
   void put_bucket(int b) {
-    ZeroOptimizer::Shard& s = z_.shards_[0];
+    const ZeroOptimizer::Shard& s = z_.shards_[0];
     const Bucket& k = buckets_[static_cast<std::size_t>(b)];
-    const std::size_t esz = dtype_size(s.grad_shard.dtype());
+    const auto esz = static_cast<std::int64_t>(dtype_size(s.grad_shard.dtype()));
     const char* src = static_cast<const char*>(bucket_source(b));
-    std::int64_t lo = 0;
+    const std::vector<RankPart> parts = rank_parts(s.counts, k.offset, k.numel);
     for (int q = 0; q < z_.grads_.size(); ++q) {
-      const std::int64_t hi = lo + static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(q)]);
-      const std::int64_t a = std::max(lo, k.offset), e = std::min(hi, k.offset + k.numel);
-      if (e > a) {
-        if (q == z_.grads_.rank())
-          own_.push_back({b, a, e});
-        else
-          exchange_->put(q, static_cast<std::size_t>(a - lo) * esz, src + static_cast<std::size_t>(a - k.offset) * esz,
-                         static_cast<std::size_t>(e - a) * esz, ctx_->stream);
-      }
-      lo = hi;
+      const RankPart& p = parts[static_cast<std::size_t>(q)];
+      if (p.count == 0) continue;
+      if (q == z_.grads_.rank())
+        own_.push_back({b, p});
+      else
+        exchange_->put(q, static_cast<std::size_t>(p.at() * esz), src + (p.begin - k.offset) * esz,
+                       static_cast<std::size_t>(p.count * esz), ctx_->stream);
     }
   }
   // After the backward: every rank's copies have landed (complete() waits on the host), then
@@ -216,16 +214,15 @@ class ReduceScatterSync final : public GradientSync {
     NvtxRange r("grad_exchange_sum");
     ZeroOptimizer::Shard& s = z_.shards_[0];
     exchange_->complete(ctx_->stream);
-    const std::int64_t lo = s.begin;
     for (const OwnPart& o : own_) {
       const Bucket& k = buckets_[static_cast<std::size_t>(o.bucket)];
-      const std::int64_t n = o.end - o.begin;
-      Tensor mine = (lazy_ ? lazy_->bucket(o.bucket) : s.g.grads.flat_range(k.offset, k.numel)).flat_range(o.begin - k.offset, n);
-      Tensor out = s.grad_shard.flat_range(o.begin - lo, n);
+      const std::int64_t n = o.part.count;
+      Tensor mine = bucket_grads(o.bucket).flat_range(o.part.begin - k.offset, n);
+      Tensor out = s.grad_shard.flat_range(o.part.at(), n);
       bool first = true;
       for (int q = 0; q < z_.grads_.size(); ++q) {
         if (q == z_.grads_.rank()) continue;
-        Tensor theirs = Tensor::view(static_cast<char*>(exchange_->slot(q)) + static_cast<std::size_t>(o.begin - lo) *
+        Tensor theirs = Tensor::view(static_cast<char*>(exchange_->slot(q)) + static_cast<std::size_t>(o.part.at()) *
                                                                                 dtype_size(out.dtype()),
                                      {n}, out.dtype(), Device::cuda);
         ops::add(*ctx_, first ? mine : out, theirs, out);
@@ -265,7 +262,7 @@ class ReduceScatterSync final : public GradientSync {
   std::unique_ptr<comm::PeerCopyExchange> exchange_;   // parallel.grad_exchange = copy-engine
   struct OwnPart {
     int bucket;
-    std::int64_t begin, end;   // group elements of this rank's range inside the bucket
+    RankPart part;   // this rank's part of the bucket
   };
   std::vector<OwnPart> own_;
   bool armed_ = false;   // bucket hooks handed to a last micro-batch's backward this step

@@ -19,7 +19,7 @@
 //   consumed(s)    the caller's reads of the window are queued on `s`: the next begin() waits for
 //                  them before it lets any rank write again.
 // The barriers are on the host: a round costs two MPI barriers and one host wait for the copy
-// stream. The group must be on one node (checked: every rank's MPI processor name) with peer
+// stream. The group must be on one node (checked: MpiCommunicator::node_local) with peer
 // access between its GPUs (cudaIpcOpenMemHandle fails otherwise; the error names the key).
 #include <cstddef>
 #include <memory>
@@ -43,11 +43,9 @@ class PeerCopyExchange {
   virtual void put(int to, std::size_t offset, const void* src, std::size_t bytes, void* after) = 0;
   virtual void complete(void* stream) = 0;
   virtual void consumed(void* stream) = 0;
-  // Bytes put by this rank since construction (for tests and the results file).
-  virtual std::size_t bytes_put() const = 0;
 };
 
-// host: a communicator of the group's ranks for host data (handles, barriers). The window is
+// host: an MpiCommunicator of the group's ranks for host data (handles, barriers). The window is
 // allocated on the current CUDA device, (size - 1) x slot_bytes, counted in `tracker` under the
 // tag "grad_exchange_window". Collective over `host`. Throws UsageError naming
 // parallel.grad_exchange when the ranks are on different nodes or their GPUs cannot map each
