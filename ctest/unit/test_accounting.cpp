@@ -8,6 +8,9 @@
 
 #include "lmscale/jobs/accounting.h"
 #include "lmscale/jobs/memory_model.h"
+#include "lmscale/model/gradient_buckets.h"
+#include "lmscale/model/model_dims.h"
+#include "lmscale/parallel/copy_engine_all_reduce.h"
 
 using namespace lmscale;
 
@@ -94,6 +97,35 @@ TEST(Accounting, CopyEngineWindowIsOneShardPerOtherRank) {
   c.parallel.grad_exchange = "nccl";
   const auto three_nccl = jobs::predict_memory_phases(c, 3, true, 2);
   EXPECT_DOUBLE_EQ(three.peak - three_nccl.peak, 2 * 4 * std::ceil(P / 3));
+}
+
+// parallel.grad_exchange = copy-engine with bucketed DDP: the window holds, per other rank, this
+// rank's part (ceil(numel / N) on rank 0) of every bucket of the real layout, plus 2 flags per
+// bucket and rank; every replayed phase grows by exactly that (the replay's buckets must be the
+// store's), and the accounting lists about (N - 1) / N of the gradients.
+TEST(Accounting, CopyEngineWindowForBucketedDdpIsEachBucketsPart) {
+  Config c = xl_bf16();
+  c.bench.batch_size = 8;
+  c.parallel.device = "cuda";
+  c.parallel.ddp = "bucketed";
+  c.parallel.bucket_mb = 25;
+  const auto nccl_mem = jobs::predict_memory_phases(c, 2, true, 0);
+  c.parallel.grad_exchange = "copy-engine";
+  const auto ce_mem = jobs::predict_memory_phases(c, 2, true, 0);
+  const auto ce = jobs::account(c, 2, "");
+  const auto buckets = model::gradient_buckets(model::parameter_layout(model::ModelDims::from(c.model)),
+                                               25.0 * 1024 * 1024, 4);
+  double slot = 0;
+  for (const auto& k : buckets) slot += std::ceil(static_cast<double>(k.numel) / 2);
+  const double window = 4 * slot + 2 * 2 * static_cast<double>(buckets.size()) * 8;
+  EXPECT_DOUBLE_EQ(static_cast<double>(parallel::CopyEngineAllReduce::window_bytes(buckets, 2)), window);
+  const double P = 1998235200.0;
+  EXPECT_GT(window, 4 * P / 2);
+  EXPECT_LT(window, 4 * P / 2 + 1e5);
+  EXPECT_DOUBLE_EQ(item(ce, "gradient_exchange_window"), 4 * P / 2);
+  ASSERT_EQ(ce_mem.phases.size(), nccl_mem.phases.size());
+  for (std::size_t i = 0; i < ce_mem.phases.size(); ++i)
+    EXPECT_DOUBLE_EQ(ce_mem.phases[i].bytes - nccl_mem.phases[i].bytes, window) << ce_mem.phases[i].phase;
 }
 
 namespace {

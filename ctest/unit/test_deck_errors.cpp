@@ -77,6 +77,8 @@ const std::vector<BadDeck> kBadDecks{
     {"nccl_on_cpu", "[parallel]\ndevice = cpu\nbackend = nccl\n", {}, "parallel.backend"},
     {"copy_engine_without_zero2", "[parallel]\ngrad_exchange = copy-engine\nzero = zero1\n", {},
      "parallel.grad_exchange", "parallel.zero = zero2"},
+    {"copy_engine_with_flat_ddp", "[parallel]\ngrad_exchange = copy-engine\nzero = none\nddp = flat\n", {},
+     "parallel.grad_exchange", "parallel.ddp = flat"},
     {"copy_engine_on_cpu", "[parallel]\ngrad_exchange = copy-engine\nzero = zero2\ndevice = cpu\n", {},
      "parallel.grad_exchange", "parallel.device = cpu"},
     {"copy_engine_bf16_reduce",

@@ -40,7 +40,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, int, NcclOptions)
   throw UsageError("parallel.backend=nccl: this lmscale was built without CUDA/NCCL; use parallel.backend=mpi");
 }
 std::string nccl_version() { return ""; }
-std::unique_ptr<PeerCopyExchange> make_peer_copy_exchange(Communicator&, std::size_t, MemoryTracker*) {
+std::unique_ptr<PeerCopyExchange> make_peer_copy_exchange(Communicator&, std::size_t, MemoryTracker*, int) {
   throw UsageError("parallel.grad_exchange = copy-engine: this lmscale was built without CUDA; use "
                    "parallel.grad_exchange = nccl");
 }

@@ -223,11 +223,14 @@ std::vector<DeckKey> build_table() {
                "each rank's fp32 gradients are rounded to bf16, summed with fp32 accumulation (exact for 2 ranks; "
                "NCCL rounds to bf16 at each ring hop beyond that) and widened back to fp32."),
       enum_key("parallel.grad_exchange", LMSCALE_FIELD(parallel.grad_exchange), {"nccl", "copy-engine"},
-               "zero2 on CUDA: how each gradient bucket's ranges reach the ranks that own them. nccl: a reduce-scatter "
-               "per bucket during the backward (NCCL's kernels hold SMs beside the GEMMs). copy-engine: peer-to-peer "
-               "copies into a receive window of each owner (CUDA IPC, one node, no SM used during the backward), "
-               "summed by one add per bucket after it: the same bits as nccl with 2 ranks; costs (dp - 1) x the "
-               "shard's fp32 gradient bytes of GPU memory (docs/design-notes.md)."),
+               "zero2 and bucketed DDP on CUDA: how the gradient buckets are reduced. nccl: a reduce-scatter (zero2) "
+               "or all-reduce (ddp) per bucket during the backward (NCCL's kernels hold SMs beside the GEMMs). "
+               "copy-engine: peer-to-peer copies into a receive window of each rank (CUDA IPC, one node, no SM moves "
+               "a byte). zero2 sums each owned range by one add per bucket after the backward; bucketed DDP sums "
+               "each rank's part of a bucket on a low-priority stream as soon as it has arrived and copies the sum "
+               "back to every rank, all during the backward (device-side signals, no host wait). The same bits as "
+               "nccl with 2 ranks; costs about (dp - 1) / dp x the fp32 gradient bytes of GPU memory "
+               "(docs/design-notes.md)."),
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,

@@ -485,10 +485,11 @@ void check_layout(const Config& c, int world_size) {
          "{} and parallel.backend = {}; set parallel.comm_sms = 0, or run on cuda with the nccl backend",
          p.comm_sms, p.device, p.backend);
   if (p.grad_exchange == "copy-engine" && runs_model(c)) {
-    if (p.zero != "zero2")
-      fail("parallel.grad_exchange = copy-engine is built for parallel.zero = zero2, not parallel.zero = {}; set "
-           "parallel.zero = zero2 or parallel.grad_exchange = nccl",
-           p.zero);
+    if (p.zero != "zero2" && !(p.zero == "none" && p.ddp == "bucketed"))
+      fail("parallel.grad_exchange = copy-engine is built for parallel.zero = zero2 and for bucketed DDP (parallel.zero "
+           "= none with parallel.ddp = bucketed), not parallel.zero = {} with parallel.ddp = {}; set one of those or "
+           "parallel.grad_exchange = nccl",
+           p.zero, p.ddp);
     if (p.device == "cpu" || p.backend == "mpi")
       fail("parallel.grad_exchange = copy-engine moves gradients between GPUs with their copy engines, but this run "
            "uses parallel.device = {} and parallel.backend = {}; set parallel.grad_exchange = nccl, or run on cuda with "

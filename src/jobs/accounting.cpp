@@ -89,6 +89,11 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   if (sharded && cfg.parallel.zero == "zero2" && cfg.parallel.grad_exchange == "copy-engine")
     add("gradient_exchange_window", 4 * Pr * (dp - 1) / dp,
         "4 B x " + p + " x (N - 1) / N (copy-engine receive window: one shard-sized slot per other rank)");
+  if (dp > 1 && cfg.parallel.zero == "none" && cfg.parallel.ddp == "bucketed" &&
+      cfg.parallel.grad_exchange == "copy-engine")
+    add("gradient_exchange_window", 4 * Pr * (dp - 1) / dp,
+        "4 B x " + p + " x (N - 1) / N (copy-engine receive window: each bucket's part of this rank from every "
+        "other rank; its signal flags are not counted here)");
   // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
   const bool one_state = cfg.optim.name == "sgd" || cfg.optim.name == "lars";
   const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : cfg.optim.name + " m, v";

@@ -10,6 +10,7 @@
 #include "lmscale/comm/communicator.h"
 #include "lmscale/core/error.h"
 #include "lmscale/model/model_dims.h"
+#include "lmscale/parallel/copy_engine_all_reduce.h"
 #include "memory_replay.h"
 
 namespace lmscale::jobs {
@@ -88,6 +89,13 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
     gr.lazy = lazy;
     gr.init(sizes, dp == 1 ? 256.0 * 1024 * 1024 : cfg.parallel.bucket_mb * 1024.0 * 1024.0);
+    // Bucketed DDP over the copy engines: the receive window (and its flags), from initialisation
+    // on, sized by the buckets (parallel/copy_engine_all_reduce.h).
+    if (dp > 1 && zero == "none" && cfg.parallel.ddp == "bucketed" && cfg.parallel.grad_exchange == "copy-engine") {
+      std::vector<model::GradBucket> buckets;
+      for (double bytes : gr.bucket_bytes) buckets.push_back({0, 0, 0, static_cast<std::int64_t>(bytes / 4)});
+      init += static_cast<double>(parallel::CopyEngineAllReduce::window_bytes(buckets, dp));
+    }
     replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
     out.layout = dp == 1 ? (tp > 1 ? "tensor parallel (local shapes), gradients in 256 MiB buckets"
                                    : "one process, gradients in 256 MiB buckets")

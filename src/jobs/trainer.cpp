@@ -144,6 +144,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     } else {
       auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *dp_comm, *dp_host, *params_, pc.bucket_mb);
       if (grad_reduce) ddp_sync->set_reduce_dtype(*grad_reduce, ctx);
+      if (pc.grad_exchange == "copy-engine") ddp_sync->use_copy_engine(env.rt);
       ddp_sync->broadcast_parameters(ctx);
       owned_sync_ = std::move(ddp_sync);
     }

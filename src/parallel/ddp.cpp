@@ -3,6 +3,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
+#include "lmscale/parallel/copy_engine_all_reduce.h"
 
 namespace lmscale::parallel {
 
@@ -33,6 +34,15 @@ DataParallel::DataParallel(DdpMode mode, comm::Communicator& grads, comm::Commun
     bucket_of_ = model::bucket_index(buckets_, params.size());
     pending_.assign(buckets_.size(), 0);
   }
+}
+
+DataParallel::~DataParallel() = default;
+
+void DataParallel::use_copy_engine(ops::Runtime& rt) {
+  LMSCALE_CHECK(mode_ == DdpMode::bucketed && reduce_dtype_ == DType::f32 && rt.device() == Device::cuda &&
+                    params_.flat_grads().dtype() == DType::f32,
+                "parallel.grad_exchange = copy-engine needs bucketed DDP over CUDA with fp32 gradients");
+  copy_engine_ = std::make_unique<CopyEngineAllReduce>(host_, params_.flat_grads(), buckets_, rt);
 }
 
 void DataParallel::broadcast_parameters(Context& ctx) {
@@ -71,7 +81,11 @@ void DataParallel::on_ready(int i) {
     launch(p.offset, p.numel);
   } else if (mode_ == DdpMode::bucketed) {
     const int b = bucket_of_[static_cast<std::size_t>(i)];
-    if (--pending_[static_cast<std::size_t>(b)] == 0) launch(buckets_[static_cast<std::size_t>(b)].offset, buckets_[static_cast<std::size_t>(b)].numel);
+    if (--pending_[static_cast<std::size_t>(b)] != 0) return;
+    if (copy_engine_)
+      copy_engine_->bucket_ready(b);
+    else
+      launch(buckets_[static_cast<std::size_t>(b)].offset, buckets_[static_cast<std::size_t>(b)].numel);
   }
 }
 
@@ -81,6 +95,7 @@ model::ParallelContext DataParallel::hooks(int micro, int micro_count) {
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last - buckets_[b].first + 1;
   inflight_.clear();
   staged_.clear();
+  if (copy_engine_) copy_engine_->begin();
   pc.on_grad_ready = [this](int i) { on_ready(i); };
   return pc;
 }
@@ -107,6 +122,7 @@ void DataParallel::finish(Context& ctx) {
       break;
     case DdpMode::overlap:
     case DdpMode::bucketed:
+      if (copy_engine_) copy_engine_->finish();
       for (auto& w : inflight_) w.wait();
       widen_staged();
       if (mode_ == DdpMode::bucketed)

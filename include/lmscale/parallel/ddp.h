@@ -19,10 +19,13 @@
 
 #include "lmscale/comm/communicator.h"
 #include "lmscale/model/gradient_buckets.h"
+#include "lmscale/ops/runtime.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/parallel/gradient_sync.h"
 
 namespace lmscale::parallel {
+
+class CopyEngineAllReduce;
 
 enum class DdpMode { naive, flat, overlap, bucketed };
 DdpMode parse_ddp_mode(const std::string& name);
@@ -43,6 +46,7 @@ class DataParallel final : public GradientSync {
   // host: a communicator of the same ranks for host scalars.
   DataParallel(DdpMode mode, comm::Communicator& grads, comm::Communicator& host, model::ParameterStore& params,
                double bucket_mb);
+  ~DataParallel() override;
 
   // Rank 0's parameters to every rank (DESIGN §4), then the working copy is refreshed.
   void broadcast_parameters(Context& ctx);
@@ -50,6 +54,10 @@ class DataParallel final : public GradientSync {
   // copy of each range (rounded on ctx's stream), widened back into the fp32 gradients after the
   // wait. f32 (the default) reduces the gradients in place.
   void set_reduce_dtype(DType dtype, Context& ctx);
+  // parallel.grad_exchange = copy-engine (bucketed, fp32, CUDA, one node): each bucket is
+  // all-reduced over the copy engines instead of NCCL (parallel/copy_engine_all_reduce.h).
+  // Collective over host.
+  void use_copy_engine(ops::Runtime& rt);
   model::ParallelContext hooks(int micro, int micro_count) override;
   void finish(Context& ctx) override;
   double sum_scalar(double x) override;
@@ -77,6 +85,7 @@ class DataParallel final : public GradientSync {
   std::vector<Staged> staged_;
   DType reduce_dtype_ = DType::f32;
   Context* ctx_ = nullptr;
+  std::unique_ptr<CopyEngineAllReduce> copy_engine_;
 };
 
 }  // namespace lmscale::parallel

@@ -1,0 +1,74 @@
+#pragma once
+// Bucketed DDP's all-reduce over the GPUs' copy engines (parallel.grad_exchange = copy-engine with
+// parallel.zero = none, parallel.ddp = bucketed), on one node. Issue 17: NCCL's all-reduce kernels
+// hold SMs for the whole backward and slow its GEMMs; here no SM moves a byte and every transfer
+// and sum runs while the backward goes on.
+//
+// Every bucket [offset, offset + numel) of the flat fp32 gradients is split into N consecutive
+// parts (even_split: rank q owns part q). When the backward has finished bucket b, on rank r:
+//   1. scatter (copy lane 0): part q goes into rank q's receive window (slot r), for every q != r,
+//      then rank q's flag "b scattered" from r is set to the round number;
+//   2. sum (the runtime's low-priority side stream): once every rank's part r has arrived (flag
+//      waits, no host involvement), part r = the N ranks' parts added in rank order, written in
+//      place into this rank's gradients;
+//   3. gather (copy lane 1): the summed part r goes into every other rank's flat gradients at its
+//      place (their buffers are shared through CUDA IPC), then the flag "b gathered" is set.
+// finish() makes the compute stream wait for the last bucket's gathers from every rank (each lane
+// runs its buckets in order, and its flag writes are fenced), for this rank's sums, and for this
+// rank's copies to have read its gradients. Every rank then holds the same sums bit for bit; with
+// 2 ranks each element is one fp32 addition of the same two values, as NCCL's all-reduce makes it.
+//
+// No window is rewritten too early without a host barrier: rank q writes slot r of bucket b in
+// round t + 1 only after its backward of t + 1, after its finish() of round t, which waited for
+// rank r's gather of b in round t, which rank r queued after its sum of b had read the slot.
+//
+// Memory: the window holds (N - 1) slots of sum_b ceil(numel_b / N) fp32 elements, plus 2 x
+// buckets flags per rank (window_bytes()).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "lmscale/comm/communicator.h"
+#include "lmscale/comm/peer_copy.h"
+#include "lmscale/core/tensor.h"
+#include "lmscale/model/gradient_buckets.h"
+#include "lmscale/ops/runtime.h"
+
+namespace lmscale::parallel {
+
+class CopyEngineAllReduce {
+ public:
+  // host: an MPI communicator of the data-parallel ranks (IPC handles); grads: the flat fp32
+  // gradients [P], the start of their allocation; buckets: over grads, as the backward completes
+  // them. Collective over host.
+  CopyEngineAllReduce(comm::Communicator& host, Tensor grads, std::vector<model::GradBucket> buckets,
+                      ops::Runtime& rt);
+  // A new round: the last micro-batch's backward is about to run.
+  void begin();
+  // The backward has queued the last gradient of bucket b on the compute stream.
+  void bucket_ready(int b);
+  // The compute stream waits until this round's sums are in this rank's gradients.
+  void finish();
+
+  // The window's bytes on every rank (what the tracker holds under "grad_exchange_window").
+  static std::size_t window_bytes(const std::vector<model::GradBucket>& buckets, int ranks);
+
+ private:
+  struct Part {
+    std::int64_t begin = 0, count = 0;   // elements of the flat gradients
+  };
+  Part part(int b, int q) const;
+
+  comm::Communicator& host_;
+  Tensor grads_;
+  std::vector<model::GradBucket> buckets_;
+  ops::Runtime& rt_;
+  int rank_, size_;
+  std::vector<std::int64_t> slot_at_;   // bucket -> element offset of this rank's part in a slot
+  std::unique_ptr<comm::PeerCopyExchange> exchange_;
+  int grads_id_ = 0;                    // the shared gradients' buffer id in exchange_
+  std::uint64_t round_ = 0;
+  int last_ = -1;                        // the last bucket made ready this round
+};
+
+}  // namespace lmscale::parallel

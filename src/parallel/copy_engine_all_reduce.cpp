@@ -1,0 +1,121 @@
+#include "lmscale/parallel/copy_engine_all_reduce.h"
+
+#include "lmscale/core/error.h"
+#include "lmscale/core/nvtx.h"
+#include "lmscale/ops/ops.h"
+#include "lmscale/parallel/zero.h"
+
+namespace lmscale::parallel {
+
+namespace {
+
+// Elements of each rank's slot: its parts of every bucket, back to back (rank 0's are the largest).
+std::int64_t slot_elements(const std::vector<model::GradBucket>& buckets, int ranks, int rank) {
+  std::int64_t n = 0;
+  for (const auto& k : buckets) n += static_cast<std::int64_t>(even_split(k.numel, ranks)[static_cast<std::size_t>(rank)]);
+  return n;
+}
+
+// Flags per sender: "scattered" for bucket b at b, "gathered" at buckets + b.
+int flag_count(const std::vector<model::GradBucket>& buckets) { return 2 * static_cast<int>(buckets.size()); }
+
+}  // namespace
+
+std::size_t CopyEngineAllReduce::window_bytes(const std::vector<model::GradBucket>& buckets, int ranks) {
+  return comm::peer_copy_window_bytes(ranks, static_cast<std::size_t>(slot_elements(buckets, ranks, 0)) * 4,
+                                      flag_count(buckets));
+}
+
+CopyEngineAllReduce::CopyEngineAllReduce(comm::Communicator& host, Tensor grads,
+                                         std::vector<model::GradBucket> buckets, ops::Runtime& rt)
+    : host_(host), grads_(std::move(grads)), buckets_(std::move(buckets)), rt_(rt), rank_(host.rank()),
+      size_(host.size()) {
+  LMSCALE_CHECK(grads_.dtype() == DType::f32 && grads_.device() == Device::cuda,
+                "the copy-engine all-reduce sums fp32 gradients on CUDA");
+  std::int64_t at = 0;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    slot_at_.push_back(at);
+    at += part(b, rank_).count;
+  }
+  exchange_ = comm::make_peer_copy_exchange(host_, static_cast<std::size_t>(slot_elements(buckets_, size_, 0)) * 4,
+                                            &rt_.allocator().tracker(), flag_count(buckets_));
+  grads_id_ = exchange_->share(grads_.data(), static_cast<std::size_t>(grads_.numel()) * 4);
+}
+
+CopyEngineAllReduce::Part CopyEngineAllReduce::part(int b, int q) const {
+  const auto& k = buckets_[static_cast<std::size_t>(b)];
+  const auto counts = even_split(k.numel, size_);
+  Part p{k.offset, static_cast<std::int64_t>(counts[static_cast<std::size_t>(q)])};
+  for (int i = 0; i < q; ++i) p.begin += static_cast<std::int64_t>(counts[static_cast<std::size_t>(i)]);
+  return p;
+}
+
+void CopyEngineAllReduce::begin() {
+  ++round_;
+  last_ = -1;
+}
+
+void CopyEngineAllReduce::bucket_ready(int b) {
+  NvtxRange r("copy_engine_all_reduce");
+  Context& ctx = rt_.ctx();
+  Context& side = rt_.side_ctx();
+  const auto nb = static_cast<int>(buckets_.size());
+  char* g = static_cast<char*>(grads_.data());
+  // 1. scatter: part q to rank q, after the backward's writes of the bucket.
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    const Part p = part(b, q);
+    // In rank q's slot for this rank, q's parts lie in bucket order: bucket b's at
+    // sum_{b' < b} |part(b', q)|, computed here from q's counts.
+    std::int64_t at = 0;
+    for (int i = 0; i < b; ++i) at += part(i, q).count;
+    exchange_->put(q, comm::PeerCopyExchange::kWindow, static_cast<std::size_t>(at) * 4, g + p.begin * 4,
+                   static_cast<std::size_t>(p.count) * 4, ctx.stream, 0);
+    exchange_->signal(q, b, round_, 0);
+  }
+  // 2. sum this rank's part on the side stream, once every other rank's copy of it has landed.
+  rt_.wait(side, rt_.mark());
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) exchange_->wait(q, b, round_, side.stream);
+  const Part mine = part(b, rank_);
+  if (mine.count > 0) {
+    Tensor own = grads_.flat_range(mine.begin, mine.count);
+    auto term = [&](int q) {
+      if (q == rank_) return own;
+      return Tensor::view(static_cast<char*>(exchange_->slot(q)) + static_cast<std::size_t>(slot_at_[static_cast<std::size_t>(b)]) * 4,
+                          {mine.count}, DType::f32, Device::cuda);
+    };
+    // ((t0 + t1) + t2) + ...: partial sums in the first other rank's slot (already read), the
+    // last into this rank's gradients.
+    Tensor scratch = term(rank_ == 0 ? 1 : 0);
+    Tensor acc = term(0);
+    for (int q = 1; q < size_; ++q) {
+      Tensor out = q + 1 == size_ ? own : scratch;
+      ops::add(side, acc, term(q), out);
+      acc = out;
+    }
+  }
+  // 3. gather: the sum to every other rank's gradients, after the sum.
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    exchange_->put(q, grads_id_, static_cast<std::size_t>(mine.begin) * 4, g + mine.begin * 4,
+                   static_cast<std::size_t>(mine.count) * 4, side.stream, 1);
+    exchange_->signal(q, nb + b, round_, 1);
+  }
+  last_ = b;
+}
+
+void CopyEngineAllReduce::finish() {
+  NvtxRange r("copy_engine_all_reduce_finish");
+  Context& ctx = rt_.ctx();
+  LMSCALE_CHECK(last_ >= 0, "copy-engine all-reduce: finish() without a bucket this round");
+  const auto nb = static_cast<int>(buckets_.size());
+  // Each rank's gather lane runs the buckets in the same order (the backward's): its flag for the
+  // last one implies the others.
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) exchange_->wait(q, nb + last_, round_, ctx.stream);
+  rt_.wait(ctx, rt_.mark(rt_.side_ctx()));
+  exchange_->drain(ctx.stream);
+}
+
+}  // namespace lmscale::parallel
