@@ -34,8 +34,11 @@ class Runtime {
   double elapsed_ms(const Mark& begin, const Mark& end);
 
   // A second context on a side stream of the same device (CUDA: created on first use, low
-  // priority, same allocator and library resources; ops that take it must launch on
-  // ctx.stream). On CPU it is ctx() itself: work on it is synchronous.
+  // priority, same allocator and library resources). Only ops that launch on ctx.stream may take
+  // it: adamw and the elementwise ops (fill, add, scale, cast, copy); the others launch on the
+  // compute stream and would silently lose the side stream's ordering. The allocator is ordered
+  // on the compute stream, so ops that take a scratch buffer must not run on it either. On CPU it
+  // is ctx() itself: work on it is synchronous.
   Context& side_ctx();
   // A mark on `on`'s stream (mark() is the compute stream's).
   Mark mark(Context& on);

@@ -134,13 +134,13 @@ void fill(Context& ctx, Tensor& x, double value) {
   if (n == 0) return;
   Resources& r = resources(ctx);
   if (value == 0.0 && !std::signbit(value)) {   // +0 is all-zero bits in every dtype
-    LMSCALE_CUDA_CHECK(cudaMemsetAsync(x.data(), 0, x.nbytes(), r.stream));
+    LMSCALE_CUDA_CHECK(cudaMemsetAsync(x.data(), 0, x.nbytes(), stream(ctx)));
     return;
   }
   const Split s = split(n, is_aligned16(x.data()));
   const unsigned grid = grid_for(std::max<std::int64_t>(s.chunks, n - s.vec_end), kThreads, r.num_sms);
   DISPATCH_ANY(x.dtype(), "fill", T, {
-    fill_kernel<T><<<grid, kThreads, 0, r.stream>>>(x.data_as<T>(), n, s, host_value<T>(value));
+    fill_kernel<T><<<grid, kThreads, 0, stream(ctx)>>>(x.data_as<T>(), n, s, host_value<T>(value));
   });
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
@@ -154,7 +154,7 @@ void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
   const Split s = split(n, is_aligned16(a.data()) && is_aligned16(b.data()) && is_aligned16(out.data()));
   const unsigned grid = grid_for(std::max<std::int64_t>(s.chunks, n - s.vec_end), kThreads, r.num_sms);
   LMSCALE_CUDA_DISPATCH_FLOAT(out.dtype(), "add", T,
-                              add_kernel<T><<<grid, kThreads, 0, r.stream>>>(a.data_as<const T>(), b.data_as<const T>(),
+                              add_kernel<T><<<grid, kThreads, 0, stream(ctx)>>>(a.data_as<const T>(), b.data_as<const T>(),
                                                                              out.data_as<T>(), n, s));
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
@@ -166,7 +166,7 @@ void scale(Context& ctx, Tensor& x, double factor) {
   const Split s = split(n, is_aligned16(x.data()));
   const unsigned grid = grid_for(std::max<std::int64_t>(s.chunks, n - s.vec_end), kThreads, r.num_sms);
   LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "scale", T,
-                              scale_kernel<T><<<grid, kThreads, 0, r.stream>>>(x.data_as<T>(), n, s,
+                              scale_kernel<T><<<grid, kThreads, 0, stream(ctx)>>>(x.data_as<T>(), n, s,
                                                                                static_cast<float>(factor)));
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
@@ -186,7 +186,7 @@ void cast(Context& ctx, const Tensor& src, Tensor& dst) {
   const unsigned grid = grid_for(std::max<std::int64_t>(s.chunks, n - s.vec_end), kThreads, r.num_sms);
   DISPATCH_FLOATING(src.dtype(), "cast", S, {
     DISPATCH_FLOATING(dst.dtype(), "cast", D, {
-      cast_kernel<D, S><<<grid, kThreads, 0, r.stream>>>(src.data_as<const S>(), dst.data_as<D>(), n, s);
+      cast_kernel<D, S><<<grid, kThreads, 0, stream(ctx)>>>(src.data_as<const S>(), dst.data_as<D>(), n, s);
     });
   });
   LMSCALE_CUDA_CHECK_LAUNCH();
@@ -199,15 +199,15 @@ void copy(Context& ctx, const Tensor& src, Tensor& dst) {
   Resources& r = resources(ctx);
   if (src.device() == Device::cpu && dst.device() == Device::cpu) {
     // Host to host: ordered after queued device work that may still write src.
-    LMSCALE_CUDA_CHECK(cudaStreamSynchronize(r.stream));
+    LMSCALE_CUDA_CHECK(cudaStreamSynchronize(stream(ctx)));
     std::memcpy(dst.data(), src.data(), src.nbytes());
     return;
   }
   // cudaMemcpyDefault: the unified address space tells host from device pointers.
-  LMSCALE_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault, r.stream));
+  LMSCALE_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault, stream(ctx)));
   // The caller reads host memory right after a copy into it (pinned memory would otherwise be
   // written later, asynchronously).
-  if (dst.device() == Device::cpu) LMSCALE_CUDA_CHECK(cudaStreamSynchronize(r.stream));
+  if (dst.device() == Device::cpu) LMSCALE_CUDA_CHECK(cudaStreamSynchronize(stream(ctx)));
 }
 
 }  // namespace lmscale::ops::cuda
