@@ -98,9 +98,11 @@ TEST(PruneUnstructured, PrunesOnlyMatricesOfBlocksAndReachesExactSparsity) {
     EXPECT_EQ(prunable_zeros(d, pruned), n - keep) << s;
     // Nothing outside the prunable set changed.
     const auto layout = model::parameter_layout(d);
-    for (const auto& p : layout)
-      if (p.layer < 0 || p.name.find("ln") != std::string::npos)
+    for (const auto& p : layout) {
+      if (p.layer < 0 || p.name.find("ln") != std::string::npos) {
         for (std::int64_t i = p.offset; i < p.offset + p.numel; ++i) ASSERT_EQ(pruned[i], w[i]) << p.name;
+      }
+    }
     // Global threshold: every pruned |w| <= every kept |w| in the set.
     float max_pruned = 0, min_kept = 1e30f;
     for (const auto& p : prunable_parameters(d))

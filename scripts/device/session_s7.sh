@@ -2,10 +2,11 @@
 # The 2026-11-26 (third) session's device runs (docs/performance.md). Carry [".deps", ".device"].
 #   scripts/device/session_s7.sh [stages...]
 #   build  build lmscale and the 2-GPU suite
-#   tests  (2 GPUs) $SUITE (default: the copy-engine tests, bucketed DDP and zero2, against NCCL bitwise)
-#   dp     (2 GPUs) twice in turn: xl bf16 flash on GPU 0 alone, bucketed DDP over NCCL, bucketed
-#          DDP with parallel.grad_exchange = copy-engine, zero2 with it; memory per phase of the
-#          bucketed copy-engine run
+#   tests  (2 GPUs) $SUITE (default DataParallelGpu.*: among them the copy-engine tests, bucketed DDP
+#          and zero2, against NCCL bitwise)
+#   dp     (2 GPUs) twice in turn: xl bf16 flash on GPU 0 alone, bucketed DDP and zero2 with
+#          parallel.grad_exchange = copy-engine (and over NCCL in the first round); memory per
+#          phase of both copy-engine runs
 #   trace  (2 GPUs) bucketed DDP copy-engine xl with run.trace: the copies on the p2p track
 #   peers  torch.compile + SDPA on one GPU and torch DDP on 2 (issue 17's peers)
 set -uo pipefail
@@ -20,23 +21,25 @@ DDP=(inputs/ddp_xl_zero2.ini --model.attention=flash --parallel.zero=none --para
 build_stage lmscale mpi_test_parallel_gpu
 if has tests; then
   timeout 300 "${MPIRUN[@]}" -np 2 $BUILD/ctest/parallel/mpi_test_parallel_gpu \
-    --gtest_filter="${SUITE:-DataParallelGpu.*CopyEngine*}" --gtest_color=no > "$OUT/par.log" 2>&1
-  note "${SUITE:-DataParallelGpu.*CopyEngine*} rc=$? $(grep -aE '^\[  (PASSED|FAILED)|^\[       OK|Failure|^bucketed|^zero2' "$OUT/par.log" | sort -u | tr '\n' ' ')"
+    --gtest_filter="${SUITE:-DataParallelGpu.*}" --gtest_color=no > "$OUT/par.log" 2>&1
+  note "${SUITE:-DataParallelGpu.*} rc=$? $(grep -aE '^\[  (PASSED|FAILED)|^\[       OK|Failure|^bucketed|^zero2' "$OUT/par.log" | sort -u | tr '\n' ' ')"
 fi
 if has dp; then
   for rep in 1 2; do
     CUDA_VISIBLE_DEVICES=0 timeout 120 $LM "${XL[@]}" --run.output=/tmp/xl1.h5 > "$OUT/xl1_$rep.log" 2>&1
     note "1 GPU ($rep): $(brief "$OUT/xl1_$rep.log")"
-    for x in nccl copy-engine; do
+    xs="copy-engine"; [ $rep = 1 ] && xs="nccl copy-engine"
+    for x in $xs; do
       timeout 150 "${MPIRUN[@]}" -np 2 $LM "${DDP[@]}" --parallel.grad_exchange=$x --run.output=/tmp/ddp_$x.h5 \
         > "$OUT/ddp_${x}_$rep.log" 2>&1
-      note "bucketed DDP grad_exchange=$x ($rep): rc=$? $(brief "$OUT/ddp_${x}_$rep.log")"
+      note "bucketed DDP grad_exchange=$x ($rep): rc=$? $(brief "$OUT/ddp_${x}_$rep.log") comm $(grep -E '^comm ' "$OUT/ddp_${x}_$rep.log" | awk '{print $2}')"
+      timeout 150 "${MPIRUN[@]}" -np 2 $LM "${Z2[@]}" --parallel.grad_exchange=$x --run.output=/tmp/z2_$x.h5 \
+        > "$OUT/z2_${x}_$rep.log" 2>&1
+      note "zero2 grad_exchange=$x ($rep): rc=$? $(brief "$OUT/z2_${x}_$rep.log") comm $(grep -E '^comm ' "$OUT/z2_${x}_$rep.log" | awk '{print $2}')"
     done
-    timeout 150 "${MPIRUN[@]}" -np 2 $LM "${Z2[@]}" --parallel.grad_exchange=copy-engine --run.output=/tmp/z2_ce.h5 \
-      > "$OUT/z2_ce_$rep.log" 2>&1
-    note "zero2 grad_exchange=copy-engine ($rep): rc=$? $(brief "$OUT/z2_ce_$rep.log")"
   done
   memrows /tmp/ddp_copy-engine.h5
+  memrows /tmp/z2_copy-engine.h5
 fi
 if has trace; then
   timeout 150 "${MPIRUN[@]}" -np 2 $LM "${DDP[@]}" --parallel.grad_exchange=copy-engine --bench.steps=3 \

@@ -21,11 +21,13 @@
 //   consumed(s)    the caller's reads of the window are queued on `s`: the next begin() waits for
 //                  them before it lets any rank write again.
 //   A round costs two MPI barriers and one host wait for the copy lanes.
-// 2. Device signals (bucketed DDP), no host wait: signal(to, i, v, lane) writes v into flag i
-//   that rank `to` keeps for this rank, on the lane after the puts queued on it (the write is
-//   fenced: the bytes land first); wait(from, i, v, stream) holds `stream` until this rank's flag
-//   i from `from` is >= v (CUDA stream memory operations). Values only grow (a round number), so
-//   the flags never need resetting; the caller's protocol decides when a slot may be rewritten.
+// 2. Device signals, no host wait: signal(to, i, v, lane) writes v into flag i that rank `to`
+//   keeps for this rank, on the lane after the puts queued on it (the write is fenced: the bytes
+//   land first); wait(from, i, v, stream) holds `stream` until this rank's flag i from `from` is
+//   >= v (CUDA stream memory operations). Values only grow (a round number), so the flags never
+//   need resetting. When a slot may be rewritten is the caller's protocol: zero2 keeps begin()'s
+//   host barrier and ends a round with drain() instead of complete(); bucketed DDP orders its
+//   rounds by the signals alone (parallel/copy_engine_all_reduce.h).
 // The group must be on one node (checked: MpiCommunicator::node_local) with peer access between
 // its GPUs (cudaIpcOpenMemHandle fails otherwise; the error names the key).
 #include <cstddef>
@@ -63,7 +65,8 @@ class PeerCopyExchange {
   // Device signals (see above); index < flags_per_sender.
   virtual void signal(int to, int index, std::uint64_t value, int lane) = 0;
   virtual void wait(int from, int index, std::uint64_t value, void* stream) = 0;
-  // `stream` waits for everything queued on the copy lanes so far (no host wait).
+  // `stream` waits for everything queued on the copy lanes so far (no host wait); ends the round
+  // begin() opened, if any.
   virtual void drain(void* stream) = 0;
 };
 

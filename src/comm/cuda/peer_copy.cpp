@@ -184,6 +184,7 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
   }
 
   void drain(void* stream) override {
+    open_ = false;
     for (int l = 0; l < kLanes; ++l) {
       LMSCALE_CUDA_CHECK(cudaEventRecord(done_[l], copy_[l]));
       LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_[l], 0));
