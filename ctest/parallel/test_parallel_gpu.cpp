@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "lmscale/comm/factory.h"
+#include "lmscale/comm/peer_copy.h"
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/trainer.h"
 #include "lmscale/model/gradient_buckets.h"
@@ -172,8 +173,12 @@ TEST(DataParallelGpu, Zero2CopyEngineEqualsNcclBitwise) {
     std::printf("zero2 over the copy engines, accum %d: window %zu bytes, last loss %.6f\n", accum, ce_window,
                 ce_losses.back());
     EXPECT_EQ(nccl_window, 0u);
-    // One slot of the largest shard: ceil(P / 2) fp32 elements.
-    EXPECT_EQ(ce_window, (nccl.size() + 1) / 2 * sizeof(float)) << "accum " << accum;
+    // One slot of the largest shard (ceil(P / 2) fp32 elements) and a signal flag per bucket and rank.
+    const auto buckets = model::gradient_buckets(model::parameter_layout(model::ModelDims::from(cfg.model)),
+                                                 cfg.parallel.bucket_mb * 1024.0 * 1024.0, 4);
+    EXPECT_EQ(ce_window, comm::peer_copy_window_bytes(2, (nccl.size() + 1) / 2 * sizeof(float),
+                                                      static_cast<int>(buckets.size())))
+        << "accum " << accum;
     EXPECT_EQ(ce_losses, nccl_losses) << "accum " << accum;
     ASSERT_EQ(ce.size(), nccl.size());
     std::size_t differ = 0;

@@ -226,10 +226,10 @@ std::vector<DeckKey> build_table() {
                "zero2 and bucketed DDP on CUDA: how the gradient buckets are reduced. nccl: a reduce-scatter (zero2) "
                "or all-reduce (ddp) per bucket during the backward (NCCL's kernels hold SMs beside the GEMMs). "
                "copy-engine: peer-to-peer copies into a receive window of each rank (CUDA IPC, one node, no SM moves "
-               "a byte). zero2 sums each owned range by one add per bucket after the backward; bucketed DDP sums "
-               "each rank's part of a bucket on a low-priority stream as soon as it has arrived and copies the sum "
-               "back to every rank, all during the backward (device-side signals, no host wait). The same bits as "
-               "nccl with 2 ranks; costs about (dp - 1) / dp x the fp32 gradient bytes of GPU memory "
+               "a byte; device-side signals, no host wait). zero2 sums each owned range by one add per bucket after "
+               "the backward; bucketed DDP sums each rank's part of a bucket between the backward's kernels two "
+               "buckets later and copies the sum back to every rank, during the backward. The same bits as nccl "
+               "with 2 ranks; costs about (dp - 1) / dp x the fp32 gradient bytes of GPU memory "
                "(docs/design-notes.md)."),
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),

@@ -9,8 +9,10 @@
 
 #include "lmscale/comm/communicator.h"
 #include "lmscale/core/error.h"
+#include "lmscale/comm/peer_copy.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
+#include "lmscale/parallel/zero.h"
 #include "memory_replay.h"
 
 namespace lmscale::jobs {
@@ -89,12 +91,19 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
     gr.lazy = lazy;
     gr.init(sizes, dp == 1 ? 256.0 * 1024 * 1024 : cfg.parallel.bucket_mb * 1024.0 * 1024.0);
-    // Bucketed DDP over the copy engines: the receive window (and its flags), from initialisation
-    // on, sized by the buckets (parallel/copy_engine_all_reduce.h).
-    if (dp > 1 && zero == "none" && cfg.parallel.ddp == "bucketed" && cfg.parallel.grad_exchange == "copy-engine") {
-      std::vector<model::GradBucket> buckets;
-      for (double bytes : gr.bucket_bytes) buckets.push_back({0, 0, 0, static_cast<std::int64_t>(bytes / 4)});
-      init += static_cast<double>(parallel::CopyEngineAllReduce::window_bytes(buckets, dp));
+    // parallel.grad_exchange = copy-engine: the receive window and its signal flags (one per
+    // bucket and rank; two for bucketed DDP), from initialisation on (comm/peer_copy.h). zero2:
+    // one slot of the largest shard per other rank; bucketed DDP: per other rank, this rank's
+    // part of every bucket (parallel/copy_engine_all_reduce.h).
+    if (dp > 1 && cfg.parallel.grad_exchange == "copy-engine") {
+      if (zero == "zero2") {
+        const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
+        init += static_cast<double>(comm::peer_copy_window_bytes(dp, 4 * counts[0], static_cast<int>(gr.bucket_bytes.size())));
+      } else if (zero == "none" && cfg.parallel.ddp == "bucketed") {
+        std::vector<model::GradBucket> buckets;
+        for (double bytes : gr.bucket_bytes) buckets.push_back({0, 0, 0, static_cast<std::int64_t>(bytes / 4)});
+        init += static_cast<double>(parallel::CopyEngineAllReduce::window_bytes(buckets, dp));
+      }
     }
     replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
     out.layout = dp == 1 ? (tp > 1 ? "tensor parallel (local shapes), gradients in 256 MiB buckets"

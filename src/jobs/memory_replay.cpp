@@ -505,10 +505,7 @@ double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy) 
     const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
     const double shard = static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
     bytes += states * 4 * shard + (cfg.parallel.zero == "zero1-broadcast" ? 0.0 : 4 * shard);
-    // parallel.grad_exchange = copy-engine: the receive window, one slot of the largest shard per
-    // other rank (comm/peer_copy.h).
-    if (cfg.parallel.zero == "zero2" && cfg.parallel.grad_exchange == "copy-engine")
-      bytes += static_cast<double>(dp - 1) * 4 * static_cast<double>(counts[0]);
+    // (zero2's copy-engine window: memory_model.cpp, which knows the buckets its flags count.)
   } else {
     bytes += states * 4 * P;
   }

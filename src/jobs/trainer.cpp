@@ -138,8 +138,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
                        parallel::param_segments(params_->infos(), 0, params_->numel()), params_->size(),
                        params_->master_read_ranges()},
                       ctx);
-      zero->make_sync(ddp, *params_, pc.bucket_mb, ctx, grad_reduce,
-                      pc.grad_exchange == "copy-engine" ? &env.rt : nullptr);
+      zero->make_sync(ddp, *params_, pc.bucket_mb, ctx, grad_reduce, pc.grad_exchange == "copy-engine");
       sharded_ = std::move(zero);
       sync_ = &sharded_->sync();
     } else {

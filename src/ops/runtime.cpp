@@ -64,7 +64,6 @@ Context& Runtime::side_ctx() {
     if (!side_ctx_.stream) {
       side_ctx_ = ctx_;
       side_ctx_.stream = cuda_->side_stream();
-      side_ctx_.yields_sms = true;
     }
     return side_ctx_;
   }

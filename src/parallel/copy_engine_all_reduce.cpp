@@ -53,13 +53,12 @@ CopyEngineAllReduce::Part CopyEngineAllReduce::part(int b, int q) const {
 void CopyEngineAllReduce::begin() {
   ++round_;
   last_ = -1;
+  waiting_.clear();
 }
 
 void CopyEngineAllReduce::bucket_ready(int b) {
   NvtxRange r("copy_engine_all_reduce");
   Context& ctx = rt_.ctx();
-  Context& side = rt_.side_ctx();
-  const auto nb = static_cast<int>(buckets_.size());
   char* g = static_cast<char*>(grads_.data());
   // 1. scatter: part q to rank q, after the backward's writes of the bucket.
   for (int q = 0; q < size_; ++q) {
@@ -73,10 +72,22 @@ void CopyEngineAllReduce::bucket_ready(int b) {
                    static_cast<std::size_t>(p.count) * 4, ctx.stream, 0);
     exchange_->signal(q, b, round_, 0);
   }
-  // 2. sum this rank's part on the side stream, once every other rank's copy of it has landed.
-  rt_.wait(side, rt_.mark());
+  // 2.-3. for the bucket made ready kLag buckets ago, whose parts have long landed.
+  waiting_.push_back(b);
+  if (static_cast<int>(waiting_.size()) > kLag) {
+    sum_and_gather(waiting_.front());
+    waiting_.erase(waiting_.begin());
+  }
+  last_ = b;
+}
+
+void CopyEngineAllReduce::sum_and_gather(int b) {
+  Context& ctx = rt_.ctx();
+  const auto nb = static_cast<int>(buckets_.size());
+  char* g = static_cast<char*>(grads_.data());
+  // 2. sum this rank's part on the compute stream, once every other rank's copy of it has landed.
   for (int q = 0; q < size_; ++q)
-    if (q != rank_) exchange_->wait(q, b, round_, side.stream);
+    if (q != rank_) exchange_->wait(q, b, round_, ctx.stream);
   const Part mine = part(b, rank_);
   if (mine.count > 0) {
     Tensor own = grads_.flat_range(mine.begin, mine.count);
@@ -91,7 +102,7 @@ void CopyEngineAllReduce::bucket_ready(int b) {
     Tensor acc = term(0);
     for (int q = 1; q < size_; ++q) {
       Tensor out = q + 1 == size_ ? own : scratch;
-      ops::add(side, acc, term(q), out);
+      ops::add(ctx, acc, term(q), out);
       acc = out;
     }
   }
@@ -99,22 +110,22 @@ void CopyEngineAllReduce::bucket_ready(int b) {
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     exchange_->put(q, grads_id_, static_cast<std::size_t>(mine.begin) * 4, g + mine.begin * 4,
-                   static_cast<std::size_t>(mine.count) * 4, side.stream, 1);
+                   static_cast<std::size_t>(mine.count) * 4, ctx.stream, 1);
     exchange_->signal(q, nb + b, round_, 1);
   }
-  last_ = b;
 }
 
 void CopyEngineAllReduce::finish() {
   NvtxRange r("copy_engine_all_reduce_finish");
   Context& ctx = rt_.ctx();
   LMSCALE_CHECK(last_ >= 0, "copy-engine all-reduce: finish() without a bucket this round");
+  for (int b : waiting_) sum_and_gather(b);
+  waiting_.clear();
   const auto nb = static_cast<int>(buckets_.size());
   // Each rank's gather lane runs the buckets in the same order (the backward's): its flag for the
   // last one implies the others.
   for (int q = 0; q < size_; ++q)
     if (q != rank_) exchange_->wait(q, nb + last_, round_, ctx.stream);
-  rt_.wait(ctx, rt_.mark(rt_.side_ctx()));
   exchange_->drain(ctx.stream);
 }
 

@@ -95,6 +95,7 @@ class ReduceScatterSync final : public GradientSync {
     staged_.clear();
     keep_.clear();
     armed_ = true;
+    own_.clear();
     if (exchange_) {
       exchange_->begin();
       ++round_;
@@ -191,51 +192,56 @@ class ReduceScatterSync final : public GradientSync {
 
   // parallel.grad_exchange = copy-engine: bucket b's ranges owned by other ranks go to their
   // windows by peer copies on copy lane 0 (comm/peer_copy.h), each followed by a signal (flag b
-  // = this round). This rank's range is summed at once on the side stream, which waits on the
-  // device for the other ranks' signals: grad_shard = this rank's part + the other ranks' copies,
-  // in rank order of the others. With 2 ranks that is one fp32 addition per element, as NCCL's
-  // reduce-scatter makes it: the same bits. With more, NCCL's ring adds in another order (within
-  // rounding).
+  // = this round); this rank's range stays in the bucket until end_exchange().
   void put_bucket(int b) {
-    ZeroOptimizer::Shard& s = z_.shards_[0];
+    const ZeroOptimizer::Shard& s = z_.shards_[0];
     const Bucket& k = buckets_[static_cast<std::size_t>(b)];
     const auto esz = static_cast<std::int64_t>(dtype_size(s.grad_shard.dtype()));
-    Tensor grads = bucket_grads(b);
-    const char* src = static_cast<const char*>(grads.data());
+    const char* src = static_cast<const char*>(bucket_source(b));
     const std::vector<RankPart> parts = rank_parts(s.counts, k.offset, k.numel);
-    const int me = z_.grads_.rank();
     for (int q = 0; q < z_.grads_.size(); ++q) {
-      if (q == me) continue;
       const RankPart& p = parts[static_cast<std::size_t>(q)];
+      if (q == z_.grads_.rank()) {
+        if (p.count > 0) own_.push_back({b, p});
+        continue;
+      }
       exchange_->put(q, static_cast<std::size_t>(p.at() * esz), src + (p.begin - k.offset) * esz,
                      static_cast<std::size_t>(p.count * esz), ctx_->stream);
       exchange_->signal(q, b, round_, 0);
     }
-    const RankPart& mine = parts[static_cast<std::size_t>(me)];
-    if (mine.count == 0) return;
-    NvtxRange r("grad_exchange_sum");
-    Context& side = rt_->side_ctx();
-    rt_->wait(side, rt_->mark());   // this rank's part of the bucket is final
-    for (int q = 0; q < z_.grads_.size(); ++q)
-      if (q != me) exchange_->wait(q, b, round_, side.stream);
-    const std::int64_t n = mine.count;
-    Tensor own = grads.flat_range(mine.begin - k.offset, n);
-    Tensor out = s.grad_shard.flat_range(mine.at(), n);
-    bool first = true;
-    for (int q = 0; q < z_.grads_.size(); ++q) {
-      if (q == me) continue;
-      Tensor theirs = Tensor::view(static_cast<char*>(exchange_->slot(q)) + static_cast<std::size_t>(mine.at() * esz),
-                                   {n}, out.dtype(), Device::cuda);
-      ops::add(side, first ? own : out, theirs, out);
-      first = false;
-    }
   }
-  // After the backward: the compute stream waits for the side stream's sums and for this rank's
-  // copies (they read the bucket buffers, released next), and the next round's begin() waits for
-  // the sums before any rank writes a window again.
+  // After the backward, on the compute stream: for each bucket, a device wait for the other
+  // ranks' signals (no host wait or barrier), then grad_shard = this rank's part + the other
+  // ranks' copies, in rank order of the others. With 2 ranks that is one fp32 addition per
+  // element, as NCCL's reduce-scatter makes it: the same bits. With more, NCCL's ring adds in
+  // another order (within rounding). The sums run after the backward at full speed: summed during
+  // it on a low-priority side stream they slowed the backward by as much as they took and were
+  // not faster overall (docs/performance.md).
   void end_exchange() {
+    NvtxRange r("grad_exchange_sum");
+    ZeroOptimizer::Shard& s = z_.shards_[0];
     Context& ctx = *ctx_;
-    rt_->wait(ctx, rt_->mark(rt_->side_ctx()));
+    const int me = z_.grads_.rank();
+    for (const OwnPart& o : own_) {
+      for (int q = 0; q < z_.grads_.size(); ++q)
+        if (q != me) exchange_->wait(q, o.bucket, round_, ctx.stream);
+      const Bucket& k = buckets_[static_cast<std::size_t>(o.bucket)];
+      const std::int64_t n = o.part.count;
+      Tensor mine = bucket_grads(o.bucket).flat_range(o.part.begin - k.offset, n);
+      Tensor out = s.grad_shard.flat_range(o.part.at(), n);
+      bool first = true;
+      for (int q = 0; q < z_.grads_.size(); ++q) {
+        if (q == me) continue;
+        Tensor theirs = Tensor::view(static_cast<char*>(exchange_->slot(q)) + static_cast<std::size_t>(o.part.at()) *
+                                                                                dtype_size(out.dtype()),
+                                     {n}, out.dtype(), Device::cuda);
+        ops::add(ctx, first ? mine : out, theirs, out);
+        first = false;
+      }
+    }
+    own_.clear();
+    // This rank's copies read the bucket buffers, released next; the next begin() waits for the
+    // sums before any rank writes a window again.
     exchange_->drain(ctx.stream);
     exchange_->consumed(ctx.stream);
   }
@@ -244,11 +250,10 @@ class ReduceScatterSync final : public GradientSync {
   void set_reduce_dtype(std::optional<DType> t) { reduce_dtype_ = t; }
   // zero2 over CUDA: the exchange's window holds one shard-sized slot per other rank (the largest
   // shard: even_split puts the extra elements first) and a flag per bucket and other rank.
-  void use_copy_engine(ops::Runtime& rt) {
+  void use_copy_engine() {
     LMSCALE_CHECK(store_ && !reduce_dtype_ && z_.shards_.size() == 1 && ctx_->device == Device::cuda,
                   "parallel.grad_exchange = copy-engine needs zero2 over CUDA with fp32 gradients and one group");
     const ZeroOptimizer::Shard& s = z_.shards_[0];
-    rt_ = &rt;
     exchange_ = comm::make_peer_copy_exchange(z_.host_, s.counts[0] * dtype_size(s.grad_shard.dtype()),
                                               &ctx_->allocator->tracker(), static_cast<int>(buckets_.size()));
   }
@@ -268,8 +273,12 @@ class ReduceScatterSync final : public GradientSync {
   std::unique_ptr<model::LazyGradients> lazy_;   // when the store has no flat gradients
   std::vector<comm::Work> inflight_;
   std::unique_ptr<comm::PeerCopyExchange> exchange_;   // parallel.grad_exchange = copy-engine
-  ops::Runtime* rt_ = nullptr;                         // its side stream sums
   std::uint64_t round_ = 0;                            // the exchange's signal value this step
+  struct OwnPart {
+    int bucket;
+    RankPart part;   // this rank's part of the bucket
+  };
+  std::vector<OwnPart> own_;
   bool armed_ = false;   // bucket hooks handed to a last micro-batch's backward this step
 };
 
@@ -318,7 +327,7 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
 }
 
 void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx,
-                              std::optional<DType> reduce_dtype, ops::Runtime* copy_engine) {
+                              std::optional<DType> reduce_dtype, bool copy_engine) {
   LMSCALE_CHECK(!copy_engine || mode_ == ZeroMode::zero2, "the copy-engine gradient exchange is built for zero2 only");
   LMSCALE_CHECK(!reduce_dtype || mode_ == ZeroMode::zero2,
                 "a gradient reduce dtype other than fp32 is built for zero2 only");
@@ -329,7 +338,7 @@ void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double 
   } else {
     auto rs = std::make_unique<ReduceScatterSync>(*this, bucket_mb * 1024.0 * 1024.0, &store, &ctx);
     rs->set_reduce_dtype(reduce_dtype);
-    if (copy_engine) rs->use_copy_engine(*copy_engine);
+    if (copy_engine) rs->use_copy_engine();
     sync_ = std::move(rs);
   }
 }

@@ -13,11 +13,6 @@ struct Context {
   void* stream = nullptr;           // cudaStream_t of the compute stream (CUDA only)
   void* cuda = nullptr;             // ops::cuda::Resources* (cuBLASLt handle, workspace)
   bool allow_tf32 = false;          // fp32 GEMMs may use TF32 (precision.tf32)
-  // Work on this context runs beside the compute stream's (a low-priority side stream): the
-  // elementwise kernels launch one short block per 256 x 8 elements instead of a grid that stays
-  // resident until the kernel ends, so the compute stream's blocks take SMs as soon as one
-  // finishes (CUDA schedules pending blocks by stream priority, but never preempts running ones).
-  bool yields_sms = false;
 };
 
 }  // namespace lmscale

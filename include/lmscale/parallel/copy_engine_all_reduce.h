@@ -8,15 +8,19 @@
 // parts (even_split: rank q owns part q). When the backward has finished bucket b, on rank r:
 //   1. scatter (copy lane 0): part q goes into rank q's receive window (slot r), for every q != r,
 //      then rank q's flag "b scattered" from r is set to the round number;
-//   2. sum (the runtime's low-priority side stream): once every rank's part r has arrived (flag
-//      waits, no host involvement), part r = the N ranks' parts added in rank order, written in
-//      place into this rank's gradients;
+// and for the bucket finished kLag buckets earlier (its parts have long landed by then):
+//   2. sum (compute stream): once every rank's part r has arrived (flag waits on the device, no
+//      host involvement), part r = the N ranks' parts added in rank order, written in place into
+//      this rank's gradients;
 //   3. gather (copy lane 1): the summed part r goes into every other rank's flat gradients at its
 //      place (their buffers are shared through CUDA IPC), then the flag "b gathered" is set.
-// finish() makes the compute stream wait for the last bucket's gathers from every rank (each lane
-// runs its buckets in order, and its flag writes are fenced), for this rank's sums, and for this
-// rank's copies to have read its gradients. Every rank then holds the same sums bit for bit; with
-// 2 ranks each element is one fp32 addition of the same two values, as NCCL's all-reduce makes it.
+// The sums run on the compute stream between the backward's kernels, at full speed: on a
+// low-priority side stream they lagged behind the backward, slowed it as much, and left most of
+// their work after it (measured, docs/performance.md). finish() does steps 2-3 for the last kLag
+// buckets, then makes the compute stream wait for the last bucket's gathers from every rank (each
+// lane runs its buckets in order, and its flag writes are fenced) and for this rank's copies to
+// have read its gradients. Every rank then holds the same sums bit for bit; with 2 ranks each
+// element is one fp32 addition of the same two values, as NCCL's all-reduce makes it.
 //
 // No window is rewritten too early without a host barrier: rank q writes slot r of bucket b in
 // round t + 1 only after its backward of t + 1, after its finish() of round t, which waited for
@@ -58,6 +62,8 @@ class CopyEngineAllReduce {
     std::int64_t begin = 0, count = 0;   // elements of the flat gradients
   };
   Part part(int b, int q) const;
+  void sum_and_gather(int b);
+  static constexpr int kLag = 2;   // buckets between a bucket's scatter and its sum
 
   comm::Communicator& host_;
   Tensor grads_;
@@ -69,6 +75,7 @@ class CopyEngineAllReduce {
   int grads_id_ = 0;                    // the shared gradients' buffer id in exchange_
   std::uint64_t round_ = 0;
   int last_ = -1;                        // the last bucket made ready this round
+  std::vector<int> waiting_;             // scattered buckets not yet summed, in order
 };
 
 }  // namespace lmscale::parallel

@@ -30,7 +30,6 @@
 #include "lmscale/comm/communicator.h"
 #include "lmscale/io/config.h"
 #include "lmscale/model/parameter_store.h"
-#include "lmscale/ops/runtime.h"
 #include "lmscale/optim/optimizer.h"
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/gradient_sync.h"
@@ -71,14 +70,13 @@ class ZeroOptimizer final : public ShardedOptimizer {
   // zero2 with a store that has no flat gradient buffer: the sync becomes the store's gradient
   // provider (per-bucket buffers allocated during the backward, freed after their reduce-scatter).
   // reduce_dtype (parallel.grad_reduce_dtype): bf16 reduce-scatters each zero2 bucket as a bf16
-  // copy, widened into the fp32 gradient shard after the wait. copy_engine (not null:
-  // parallel.grad_exchange = copy-engine, zero2 over CUDA on one node; the runtime whose side
-  // stream sums): each bucket's ranges go to their owners by peer copies during the backward, and
-  // each owner sums its range on the side stream as soon as device signals say the copies landed
-  // (comm/peer_copy.h), instead of NCCL's reduce-scatter kernels; collective (the ranks exchange
-  // IPC handles).
+  // copy, widened into the fp32 gradient shard after the wait. copy_engine
+  // (parallel.grad_exchange, zero2 over CUDA on one node): each bucket's ranges go to their owners
+  // by peer copies during the backward and are summed after it, once device signals say they
+  // landed (comm/peer_copy.h), instead of NCCL's reduce-scatter kernels; collective (the ranks
+  // exchange IPC handles).
   void make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx,
-                 std::optional<DType> reduce_dtype = std::nullopt, ops::Runtime* copy_engine = nullptr);
+                 std::optional<DType> reduce_dtype = std::nullopt, bool copy_engine = false);
 
   // Sum of squares of the summed gradient over all groups (after sync().finish()), reduced over
   // ranks where each holds only its range.

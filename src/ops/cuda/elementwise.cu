@@ -17,12 +17,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// A grid-stride launch: at most 8 resident blocks per SM, or (ctx.yields_sms) one work item per
-// thread, so that each block is short and higher-priority streams take SMs between blocks.
-unsigned elementwise_grid(const Context& ctx, std::int64_t work, int sms) {
-  return grid_for(work, kThreads, sms, ctx.yields_sms ? 1 << 22 : 8);
-}
-
 // Elements [0, vec_end) go in chunks of 8 through the vector path, the rest one by one.
 struct Split {
   std::int64_t chunks, vec_end;
@@ -144,7 +138,7 @@ void fill(Context& ctx, Tensor& x, double value) {
     return;
   }
   const Split s = split(n, is_aligned16(x.data()));
-  const unsigned grid = elementwise_grid(ctx, std::max<std::int64_t>(s.chunks, n - s.vec_end), r.num_sms);
+  const unsigned grid = grid_for(std::max<std::int64_t>(s.chunks, n - s.vec_end), kThreads, r.num_sms);
   DISPATCH_ANY(x.dtype(), "fill", T, {
     fill_kernel<T><<<grid, kThreads, 0, stream(ctx)>>>(x.data_as<T>(), n, s, host_value<T>(value));
   });
@@ -158,7 +152,7 @@ void add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
   if (n == 0) return;
   Resources& r = resources(ctx);
   const Split s = split(n, is_aligned16(a.data()) && is_aligned16(b.data()) && is_aligned16(out.data()));
-  const unsigned grid = elementwise_grid(ctx, std::max<std::int64_t>(s.chunks, n - s.vec_end), r.num_sms);
+  const unsigned grid = grid_for(std::max<std::int64_t>(s.chunks, n - s.vec_end), kThreads, r.num_sms);
   LMSCALE_CUDA_DISPATCH_FLOAT(out.dtype(), "add", T,
                               add_kernel<T><<<grid, kThreads, 0, stream(ctx)>>>(a.data_as<const T>(), b.data_as<const T>(),
                                                                              out.data_as<T>(), n, s));
@@ -170,7 +164,7 @@ void scale(Context& ctx, Tensor& x, double factor) {
   if (n == 0) return;
   Resources& r = resources(ctx);
   const Split s = split(n, is_aligned16(x.data()));
-  const unsigned grid = elementwise_grid(ctx, std::max<std::int64_t>(s.chunks, n - s.vec_end), r.num_sms);
+  const unsigned grid = grid_for(std::max<std::int64_t>(s.chunks, n - s.vec_end), kThreads, r.num_sms);
   LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "scale", T,
                               scale_kernel<T><<<grid, kThreads, 0, stream(ctx)>>>(x.data_as<T>(), n, s,
                                                                                static_cast<float>(factor)));
@@ -189,7 +183,7 @@ void cast(Context& ctx, const Tensor& src, Tensor& dst) {
   if (n == 0) return;
   Resources& r = resources(ctx);
   const Split s = split(n, is_aligned16(src.data()) && is_aligned16(dst.data()));
-  const unsigned grid = elementwise_grid(ctx, std::max<std::int64_t>(s.chunks, n - s.vec_end), r.num_sms);
+  const unsigned grid = grid_for(std::max<std::int64_t>(s.chunks, n - s.vec_end), kThreads, r.num_sms);
   DISPATCH_FLOATING(src.dtype(), "cast", S, {
     DISPATCH_FLOATING(dst.dtype(), "cast", D, {
       cast_kernel<D, S><<<grid, kThreads, 0, stream(ctx)>>>(src.data_as<const S>(), dst.data_as<D>(), n, s);
