@@ -5,6 +5,7 @@
 #   note TEXT    print and append to $OUT/summary.txt
 #   brief LOG    one line for a bench-model log: step, phases, peak and predicted memory, fsdp waits
 #   memrows H5   every rank's predicted and measured memory per phase of a bench-model output
+#   p2p_summary TRACE   the peer copies of a run.trace, per rank
 #   build_stage TARGETS...   the `build` stage (when asked for): ninja targets, errors and exit on failure
 source scripts/device/env.sh
 OUT=${OUT:-/tmp/session_out}
@@ -32,6 +33,20 @@ for r in t[:]:
     d = {k: r[k] for k in r.dtype.names}
     ph = d["phase"].decode().rstrip("\0") if isinstance(d["phase"], bytes) else d["phase"]
     print(f"  rank {d.get('rank', 0)} {ph:<17} predicted {d['predicted_bytes']/2**30:8.3f} GiB measured {d['measured_bytes']/2**30:8.3f} GiB error {100*d['error']:+6.2f}%")
+PY
+}
+p2p_summary() {   # TRACE.json: per rank, the peer copies of a run.trace (count, bytes, busy time, tracks)
+  python3 - "$1" <<'PY' | tee -a "$summary"
+import json, sys
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+cp = [e for e in ev if str(e.get("name", "")).startswith("peer copy")]
+by = {}
+for e in cp: by.setdefault(e.get("pid"), []).append(e)
+for pid, es in sorted(by.items()):
+    mb = sum(e.get("args", {}).get("bytes", 0) for e in es) / 2**20
+    print(f"trace rank {pid}: {len(es)} peer copies, {mb:.0f} MiB, {sum(e.get('dur', 0) for e in es)/1e3:.1f} ms busy, tracks {sorted({e.get('tid') for e in es})}")
+print("no peer copy events" if not cp else f"{len(cp)} peer copy events")
 PY
 }
 build_stage() {   # TARGETS...

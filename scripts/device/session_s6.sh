@@ -45,18 +45,7 @@ if has trace; then
   timeout 150 "${MPIRUN[@]}" -np 2 $LM inputs/ddp_xl_zero2_copy_engine.ini --bench.steps=3 --run.output=/tmp/ce.h5 \
     --run.trace=/tmp/ce.trace.json > "$OUT/ce_trace.log" 2>&1
   note "zero2 copy-engine deck with run.trace: rc=$? $(brief "$OUT/ce_trace.log")"
-  python3 - <<'PY' | tee -a "$summary"
-import json
-ev = json.load(open("/tmp/ce.trace.json"))
-ev = ev["traceEvents"] if isinstance(ev, dict) else ev
-cp = [e for e in ev if str(e.get("name", "")).startswith("peer copy")]
-by = {}
-for e in cp: by.setdefault(e.get("pid"), []).append(e)
-for pid, es in sorted(by.items()):
-    mb = sum(e.get("args", {}).get("bytes", 0) for e in es) / 2**20
-    print(f"trace rank {pid}: {len(es)} peer copies, {mb:.0f} MiB, {sum(e.get('dur', 0) for e in es)/1e3:.1f} ms busy, tracks {sorted({e.get('tid') for e in es})}")
-print("no peer copy events" if not cp else f"{len(cp)} peer copy events")
-PY
+  p2p_summary /tmp/ce.trace.json
 fi
 if has loss; then
   TQ=(inputs/text_quickstart.ini --parallel.device=cuda --parallel.backend=nccl --precision.mode=bf16 --parallel.zero=zero2

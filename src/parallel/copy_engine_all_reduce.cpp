@@ -3,7 +3,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
-#include "lmscale/parallel/zero.h"
+#include "lmscale/parallel/state_layout.h"
 
 namespace lmscale::parallel {
 
@@ -12,7 +12,10 @@ namespace {
 // Elements of each rank's slot: its parts of every bucket, back to back (rank 0's are the largest).
 std::int64_t slot_elements(const std::vector<model::GradBucket>& buckets, int ranks, int rank) {
   std::int64_t n = 0;
-  for (const auto& k : buckets) n += static_cast<std::int64_t>(even_split(k.numel, ranks)[static_cast<std::size_t>(rank)]);
+  for (const auto& k : buckets) {
+    const auto [lo, hi] = slice_of(k.numel, rank, ranks);
+    n += hi - lo;
+  }
   return n;
 }
 
@@ -44,10 +47,8 @@ CopyEngineAllReduce::CopyEngineAllReduce(comm::Communicator& host, Tensor grads,
 
 CopyEngineAllReduce::Part CopyEngineAllReduce::part(int b, int q) const {
   const auto& k = buckets_[static_cast<std::size_t>(b)];
-  const auto counts = even_split(k.numel, size_);
-  Part p{k.offset, static_cast<std::int64_t>(counts[static_cast<std::size_t>(q)])};
-  for (int i = 0; i < q; ++i) p.begin += static_cast<std::int64_t>(counts[static_cast<std::size_t>(i)]);
-  return p;
+  const auto [lo, hi] = slice_of(k.numel, q, size_);   // even_split's q-th range (zero.h)
+  return {k.offset + lo, hi - lo};
 }
 
 void CopyEngineAllReduce::begin() {

@@ -5,7 +5,7 @@
 // and sum runs while the backward goes on.
 //
 // Every bucket [offset, offset + numel) of the flat fp32 gradients is split into N consecutive
-// parts (even_split: rank q owns part q). When the backward has finished bucket b, on rank r:
+// parts (slice_of, as zero's even_split: rank q owns part q). When the backward has finished bucket b, on rank r:
 //   1. scatter (copy lane 0): part q goes into rank q's receive window (slot r), for every q != r,
 //      then rank q's flag "b scattered" from r is set to the round number;
 // and for the bucket finished kLag buckets earlier (its parts have long landed by then):
