@@ -72,7 +72,11 @@ class PeerCopyExchange {
 
 // The bytes a rank's window takes: (size - 1) slots, then size x flags_per_sender 8-byte flags
 // (at a multiple of 8). What the tracker counts and the memory model predicts.
-std::size_t peer_copy_window_bytes(int size, std::size_t slot_bytes, int flags_per_sender);
+inline std::size_t peer_copy_window_bytes(int size, std::size_t slot_bytes, int flags_per_sender) {
+  const std::size_t slots = static_cast<std::size_t>(size - 1) * slot_bytes;
+  if (flags_per_sender <= 0) return slots;
+  return (slots + 7) / 8 * 8 + static_cast<std::size_t>(size) * static_cast<std::size_t>(flags_per_sender) * 8;
+}
 
 // host: an MpiCommunicator of the group's ranks for host data (handles, barriers). The window is
 // allocated on the current CUDA device, peer_copy_window_bytes(...), counted in `tracker` under the
