@@ -122,12 +122,14 @@ void DataParallel::finish(Context& ctx) {
       break;
     case DdpMode::overlap:
     case DdpMode::bucketed:
-      if (copy_engine_) copy_engine_->finish();
-      for (auto& w : inflight_) w.wait();
-      widen_staged();
+      // Checked first: a bucket missing here would leave the copy-engine waits below (and the
+      // other ranks') blocked on signals that never come.
       if (mode_ == DdpMode::bucketed)
         for (std::size_t b = 0; b < buckets_.size(); ++b)
           LMSCALE_CHECK(pending_[b] == 0, "bucket {} still waits for {} gradients after the backward", b, pending_[b]);
+      if (copy_engine_) copy_engine_->finish();
+      for (auto& w : inflight_) w.wait();
+      widen_staged();
       inflight_.clear();
       break;
   }

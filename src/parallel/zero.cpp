@@ -205,6 +205,7 @@ class ReduceScatterSync final : public GradientSync {
         if (p.count > 0) own_.push_back({b, p});
         continue;
       }
+      if (p.count == 0) continue;   // rank q owns none of the bucket and waits for no signal of it
       exchange_->put(q, static_cast<std::size_t>(p.at() * esz), src + (p.begin - k.offset) * esz,
                      static_cast<std::size_t>(p.count * esz), ctx_->stream);
       exchange_->signal(q, b, round_, 0);

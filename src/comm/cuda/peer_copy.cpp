@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "lmscale/comm/mpi_communicator.h"
@@ -178,8 +179,12 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     LMSCALE_CHECK(index >= 0 && index < flags_ && from != rank_ && from >= 0 && from < size_,
                   "peer copy: no flag {} from rank {} at rank {}", index, from, rank_);
     auto* mine = static_cast<char*>(window_) + flag_offset(from, index);
+    // Where the platform can, also flush the remote writes that arrived before the flag: the
+    // device may otherwise reorder a peer's writes (cuda.h, CU_STREAM_WAIT_VALUE_FLUSH). Over
+    // NVLink peer copies the copy's fence before the flag has been enough in every test so far.
     check_driver(drv_.wait64(static_cast<cudaStream_t>(stream), reinterpret_cast<CUdeviceptr>(mine), value,
-                             CU_STREAM_WAIT_VALUE_GEQ),
+                             static_cast<unsigned>(CU_STREAM_WAIT_VALUE_GEQ) |
+                                 (flush_ ? static_cast<unsigned>(CU_STREAM_WAIT_VALUE_FLUSH) : 0u)),
                  "cuStreamWaitValue64");
   }
 
@@ -221,19 +226,28 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     host_.all_gather(packed.data(), all.data(), kHandleInts, DType::i32).wait();
     Shared s;
     s.peers.assign(static_cast<std::size_t>(size_), nullptr);
-    for (int q = 0; q < size_; ++q) {
+    std::string failed;   // this rank's first failure
+    for (int q = 0; q < size_ && failed.empty(); ++q) {
       if (q == rank_) continue;
       cudaIpcMemHandle_t h{};
       std::memcpy(&h, all.data() + kHandleInts * static_cast<std::size_t>(q), sizeof(h));
       const cudaError_t e = cudaIpcOpenMemHandle(&s.peers[static_cast<std::size_t>(q)], h, cudaIpcMemLazyEnablePeerAccess);
       if (e != cudaSuccess) {
         cudaGetLastError();
-        close(s);
-        throw UsageError(fmt::format(
-            "parallel.grad_exchange = copy-engine: rank {} (cuda device {}) cannot map rank {}'s GPU memory ({}); the "
-            "data-parallel GPUs need peer access (NVLink or PCIe P2P); use parallel.grad_exchange = nccl",
-            rank_, device_, q, cudaGetErrorString(e)));
+        s.peers[static_cast<std::size_t>(q)] = nullptr;
+        failed = fmt::format("rank {} (cuda device {}) cannot map rank {}'s GPU memory ({})", rank_, device_, q,
+                             cudaGetErrorString(e));
       }
+    }
+    // Every rank learns of a failure anywhere, so that none goes on to the next collective alone.
+    std::int32_t local_failure = failed.empty() ? 0 : 1, any = 0;
+    host_.all_reduce(&local_failure, &any, 1, DType::i32, ReduceOp::max).wait();
+    if (any) {
+      close(s);
+      throw UsageError(fmt::format(
+          "parallel.grad_exchange = copy-engine: {}; the data-parallel GPUs need peer access (NVLink or PCIe P2P); "
+          "use parallel.grad_exchange = nccl",
+          failed.empty() ? "another rank cannot map a peer's GPU memory" : failed));
     }
     return s;
   }
@@ -249,8 +263,11 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     entry_point("cuStreamWriteValue64", drv_.write64);
     entry_point("cuStreamWaitValue64", drv_.wait64);
     entry_point("cuDeviceGetAttribute", drv_.attribute);
-    int ok = 0;
+    int ok = 0, flush = 0;
+    // (A CUdevice is the device's ordinal, as the runtime numbers it.)
     check_driver(drv_.attribute(&ok, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, device_), "cuDeviceGetAttribute");
+    check_driver(drv_.attribute(&flush, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES, device_), "cuDeviceGetAttribute");
+    flush_ = flush != 0;
     if (!ok)
       throw UsageError(fmt::format(
           "parallel.grad_exchange = copy-engine: cuda device {} cannot run 64-bit stream memory operations, which "
@@ -283,6 +300,7 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
   int rank_, size_, device_ = 0;
   std::size_t slot_bytes_, window_bytes_ = 0, flags_at_ = 0;
   int flags_;   // per sender
+  bool flush_ = false;   // waits also flush remote writes (CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES)
   MemoryTracker* tracker_;
   void* window_ = nullptr;
   std::vector<Shared> buffers_;   // [kWindow]: the windows; then share()'s buffers
