@@ -86,14 +86,14 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     add("gradients", 4 * Pr, "4 B x " + p + " (one flat fp32 buffer)");
   if (sharded && !fsdp && cfg.parallel.zero != "zero1-broadcast")
     add("gradient_shard", 4 * Pr / dp, "4 B x " + p + " / N (reduced range)");
-  if (sharded && cfg.parallel.zero == "zero2" && cfg.parallel.grad_exchange == "copy-engine")
+  // parallel.grad_exchange = copy-engine (zero2 or bucketed DDP): the receive window's slots (its
+  // few KiB of signal flags are left to the memory model).
+  const bool zero2 = sharded && cfg.parallel.zero == "zero2";
+  if (cfg.parallel.grad_exchange == "copy-engine" && (zero2 || (dp > 1 && cfg.parallel.zero == "none" &&
+                                                                cfg.parallel.ddp == "bucketed")))
     add("gradient_exchange_window", 4 * Pr * (dp - 1) / dp,
-        "4 B x " + p + " x (N - 1) / N (copy-engine receive window: one shard-sized slot per other rank)");
-  if (dp > 1 && cfg.parallel.zero == "none" && cfg.parallel.ddp == "bucketed" &&
-      cfg.parallel.grad_exchange == "copy-engine")
-    add("gradient_exchange_window", 4 * Pr * (dp - 1) / dp,
-        "4 B x " + p + " x (N - 1) / N (copy-engine receive window: each bucket's part of this rank from every "
-        "other rank; its signal flags are not counted here)");
+        "4 B x " + p + " x (N - 1) / N (copy-engine receive window: " +
+            (zero2 ? "one shard-sized slot per other rank)" : "each bucket's part of this rank from every other rank)"));
   // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
   const bool one_state = cfg.optim.name == "sgd" || cfg.optim.name == "lars";
   const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : cfg.optim.name + " m, v";

@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "lmscale/comm/communicator.h"
-#include "lmscale/core/error.h"
 #include "lmscale/comm/peer_copy.h"
+#include "lmscale/core/error.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
 #include "lmscale/parallel/zero.h"

@@ -3,6 +3,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
+#include "lmscale/parallel/rank_order_sum.h"
 #include "lmscale/parallel/state_layout.h"
 
 namespace lmscale::parallel {
@@ -35,10 +36,14 @@ CopyEngineAllReduce::CopyEngineAllReduce(comm::Communicator& host, Tensor grads,
       size_(host.size()) {
   LMSCALE_CHECK(grads_.dtype() == DType::f32 && grads_.device() == Device::cuda,
                 "the copy-engine all-reduce sums fp32 gradients on CUDA");
-  std::int64_t at = 0;
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-    slot_at_.push_back(at);
-    at += part(b, rank_).count;
+  // Every rank's slot layout: its parts of the buckets, back to back in bucket order.
+  slot_at_.assign(static_cast<std::size_t>(size_), {});
+  for (int q = 0; q < size_; ++q) {
+    std::int64_t at = 0;
+    for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+      slot_at_[static_cast<std::size_t>(q)].push_back(at);
+      at += part(b, q).count;
+    }
   }
   exchange_ = comm::make_peer_copy_exchange(host_, static_cast<std::size_t>(slot_elements(buckets_, size_, 0)) * 4,
                                             &rt_.allocator().tracker(), flag_count(buckets_));
@@ -65,11 +70,7 @@ void CopyEngineAllReduce::bucket_ready(int b) {
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     const Part p = part(b, q);
-    // In rank q's slot for this rank, q's parts lie in bucket order: bucket b's at
-    // sum_{b' < b} |part(b', q)|, computed here from q's counts.
-    std::int64_t at = 0;
-    for (int i = 0; i < b; ++i) at += part(i, q).count;
-    exchange_->put(q, comm::PeerCopyExchange::kWindow, static_cast<std::size_t>(at) * 4, g + p.begin * 4,
+    exchange_->put(q, comm::PeerCopyExchange::kWindow, static_cast<std::size_t>(slot_at(q, b)) * 4, g + p.begin * 4,
                    static_cast<std::size_t>(p.count) * 4, ctx.stream, 0);
     exchange_->signal(q, b, round_, 0);
   }
@@ -92,20 +93,15 @@ void CopyEngineAllReduce::sum_and_gather(int b) {
   const Part mine = part(b, rank_);
   if (mine.count > 0) {
     Tensor own = grads_.flat_range(mine.begin, mine.count);
-    auto term = [&](int q) {
-      if (q == rank_) return own;
-      return Tensor::view(static_cast<char*>(exchange_->slot(q)) + static_cast<std::size_t>(slot_at_[static_cast<std::size_t>(b)]) * 4,
-                          {mine.count}, DType::f32, Device::cuda);
-    };
-    // ((t0 + t1) + t2) + ...: partial sums in the first other rank's slot (already read), the
-    // last into this rank's gradients.
-    Tensor scratch = term(rank_ == 0 ? 1 : 0);
-    Tensor acc = term(0);
-    for (int q = 1; q < size_; ++q) {
-      Tensor out = q + 1 == size_ ? own : scratch;
-      ops::add(ctx, acc, term(q), out);
-      acc = out;
-    }
+    std::vector<Tensor> terms;
+    for (int q = 0; q < size_; ++q)
+      terms.push_back(q == rank_ ? own
+                                 : Tensor::view(static_cast<char*>(exchange_->slot(q)) +
+                                                    static_cast<std::size_t>(slot_at(rank_, b)) * 4,
+                                                {mine.count}, DType::f32, Device::cuda));
+    // Partial sums (3 ranks or more) in the first other rank's slot, which they have just read.
+    Tensor scratch = terms[rank_ == 0 ? 1 : 0];
+    sum_in_rank_order(ctx, terms, own, scratch);
   }
   // 3. gather: the sum to every other rank's gradients, after the sum.
   for (int q = 0; q < size_; ++q) {

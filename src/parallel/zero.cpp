@@ -8,6 +8,7 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/grad_clip.h"
+#include "lmscale/parallel/rank_order_sum.h"
 
 namespace lmscale::parallel {
 
@@ -212,10 +213,9 @@ class ReduceScatterSync final : public GradientSync {
     }
   }
   // After the backward, on the compute stream: for each bucket, a device wait for the other
-  // ranks' signals (no host wait or barrier), then grad_shard = this rank's part + the other
-  // ranks' copies, in rank order of the others. With 2 ranks that is one fp32 addition per
-  // element, as NCCL's reduce-scatter makes it: the same bits. With more, NCCL's ring adds in
-  // another order (within rounding). The sums run after the backward at full speed: summed during
+  // ranks' signals (no host wait or barrier), then grad_shard = every rank's copy of this rank's
+  // part, added in rank order (parallel/rank_order_sum.h: NCCL's bits with 2 ranks; with more,
+  // NCCL's ring adds in another order, within rounding). The sums run after the backward at full speed: summed during
   // it on a low-priority side stream they slowed the backward by as much as they took and were
   // not faster overall (docs/performance.md).
   void end_exchange() {
@@ -228,17 +228,14 @@ class ReduceScatterSync final : public GradientSync {
         if (q != me) exchange_->wait(q, o.bucket, round_, ctx.stream);
       const Bucket& k = buckets_[static_cast<std::size_t>(o.bucket)];
       const std::int64_t n = o.part.count;
-      Tensor mine = bucket_grads(o.bucket).flat_range(o.part.begin - k.offset, n);
+      std::vector<Tensor> terms;
+      for (int q = 0; q < z_.grads_.size(); ++q)
+        terms.push_back(q == me ? bucket_grads(o.bucket).flat_range(o.part.begin - k.offset, n)
+                                : Tensor::view(static_cast<char*>(exchange_->slot(q)) +
+                                                   static_cast<std::size_t>(o.part.at()) * dtype_size(s.grad_shard.dtype()),
+                                               {n}, s.grad_shard.dtype(), Device::cuda));
       Tensor out = s.grad_shard.flat_range(o.part.at(), n);
-      bool first = true;
-      for (int q = 0; q < z_.grads_.size(); ++q) {
-        if (q == me) continue;
-        Tensor theirs = Tensor::view(static_cast<char*>(exchange_->slot(q)) + static_cast<std::size_t>(o.part.at()) *
-                                                                                dtype_size(out.dtype()),
-                                     {n}, out.dtype(), Device::cuda);
-        ops::add(ctx, first ? mine : out, theirs, out);
-        first = false;
-      }
+      sum_in_rank_order(ctx, terms, out, out);
     }
     own_.clear();
     // This rank's copies read the bucket buffers, released next; the next begin() waits for the

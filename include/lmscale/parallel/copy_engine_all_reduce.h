@@ -70,7 +70,11 @@ class CopyEngineAllReduce {
   std::vector<model::GradBucket> buckets_;
   ops::Runtime& rt_;
   int rank_, size_;
-  std::vector<std::int64_t> slot_at_;   // bucket -> element offset of this rank's part in a slot
+  // [rank q][bucket b]: where q's part of bucket b lies in the slots q keeps (elements).
+  std::vector<std::vector<std::int64_t>> slot_at_;
+  std::int64_t slot_at(int q, int b) const {
+    return slot_at_[static_cast<std::size_t>(q)][static_cast<std::size_t>(b)];
+  }
   std::unique_ptr<comm::PeerCopyExchange> exchange_;
   int grads_id_ = 0;                    // the shared gradients' buffer id in exchange_
   std::uint64_t round_ = 0;

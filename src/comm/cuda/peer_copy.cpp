@@ -56,19 +56,18 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
       : host_(host), rank_(host.rank()), size_(host.size()), slot_bytes_(slot_bytes), flags_(flags_per_sender),
         tracker_(tracker) {
     LMSCALE_CUDA_CHECK(cudaGetDevice(&device_));
+    LMSCALE_CHECK(flags_ >= 1, "peer copy: a window needs at least one signal flag per sender");
     check_one_node();
-    if (flags_ > 0) load_driver_calls();
+    load_driver_calls();
     window_bytes_ = peer_copy_window_bytes(size_, slot_bytes_, flags_);
     flags_at_ = (static_cast<std::size_t>(size_ - 1) * slot_bytes_ + 7) / 8 * 8;
     // cudaMalloc'd on its own (not from the caching allocator): an IPC handle names a whole
     // allocation. At least one byte, so that every rank has a handle to share.
     LMSCALE_CUDA_CHECK(cudaMalloc(&window_, std::max<std::size_t>(window_bytes_, 256)));
     if (tracker_) tracker_->on_alloc(window_bytes_, kTag);
-    if (flags_ > 0) {
-      // Zero before any rank can signal: the handles' all-gather below orders it for the others.
-      LMSCALE_CUDA_CHECK(cudaMemset(static_cast<char*>(window_) + flags_at_, 0, window_bytes_ - flags_at_));
-      LMSCALE_CUDA_CHECK(cudaDeviceSynchronize());
-    }
+    // Zero the flags before any rank can signal: the handles' all-gather below orders it for the others.
+    LMSCALE_CUDA_CHECK(cudaMemset(static_cast<char*>(window_) + flags_at_, 0, window_bytes_ - flags_at_));
+    LMSCALE_CUDA_CHECK(cudaDeviceSynchronize());
     try {
       buffers_.push_back(open_peers(window_));
     } catch (...) {
@@ -95,10 +94,6 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
       if (c) cudaStreamDestroy(c);
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::size_t slot_bytes() const override { return slot_bytes_; }
-
   void* slot(int sender) override {
     LMSCALE_CHECK(sender != rank_ && sender >= 0 && sender < size_, "peer copy: no slot for sender {} on rank {}",
                   sender, rank_);
@@ -106,7 +101,7 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
   }
 
   void begin() override {
-    LMSCALE_CHECK(!open_, "peer copy: begin() twice without complete()");
+    LMSCALE_CHECK(!open_, "peer copy: begin() twice without drain()");
     // This rank's reads of its window in the previous round are done before anyone writes again.
     if (consumed_recorded_) LMSCALE_CUDA_CHECK(cudaEventSynchronize(consumed_));
     host_.barrier();
@@ -115,7 +110,6 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
 
   void put(int to, int buffer, std::size_t offset, const void* src, std::size_t bytes, void* after,
            int lane) override {
-    LMSCALE_CHECK(open_ || buffer != kWindow || flags_ > 0, "peer copy: put() outside begin() ... complete()");
     LMSCALE_CHECK(to != rank_ && to >= 0 && to < size_, "peer copy: cannot put to rank {} from rank {}", to, rank_);
     LMSCALE_CHECK(buffer >= 0 && buffer < static_cast<int>(buffers_.size()), "peer copy: no shared buffer {}", buffer);
     LMSCALE_CHECK(lane >= 0 && lane < kLanes, "peer copy: no lane {}", lane);
@@ -136,18 +130,6 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     if (rec)
       rec->device_end(token, fmt::format("peer copy to {}", to), trace::kCommP2P,
                       fmt::format("\"bytes\":{},\"issued_us\":{:.3f}", bytes, issued), copy);
-  }
-
-  void complete(void* stream) override {
-    LMSCALE_CHECK(open_, "peer copy: complete() without begin()");
-    open_ = false;
-    // The host waits for this rank's copies; after the barrier every rank's have landed.
-    for (int l = 0; l < kLanes; ++l) {
-      LMSCALE_CUDA_CHECK(cudaEventRecord(done_[l], copy_[l]));
-      LMSCALE_CUDA_CHECK(cudaEventSynchronize(done_[l]));
-    }
-    host_.barrier();
-    for (cudaEvent_t e : done_) LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), e, 0));
   }
 
   int share(void* base, std::size_t bytes) override {
