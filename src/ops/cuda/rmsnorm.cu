@@ -3,6 +3,8 @@
 // T (fp32 master weights with bf16 activations). One block per row in the forward; the backward
 // runs a fixed grid of blocks over rows, each keeping its dw partial sums in shared memory, and a
 // second launch adds the per-block partials in a fixed order: deterministic, no float atomics.
+#include <algorithm>
+
 #include "cuda_ops.h"
 #include "kernel_utils.cuh"
 #include "resources.h"
@@ -169,57 +171,96 @@ __global__ void rmsnorm_backward_kernel(const T* __restrict__ x, const W* __rest
   for (int c = threadIdx.x; c < d; c += blockDim.x) out[c] = dw_acc[c];
 }
 
-// The same for rows of at most kRegChunks * blockDim.x * 8 elements (d <= 4096 at 256 threads:
-// every preset): each thread keeps its chunks of the row in registers between the two passes and
-// its dw partial sums in registers, so a row is read from memory once.
-constexpr int kRegChunks = 2;
-template <class T, class W>
+// block_sum of two values at once (one pair of __syncthreads for both); each is added in the
+// order block_sum adds it. scratch: 32 float2.
+__device__ __forceinline__ float2 block_sum2(float2 x, float2* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  x.x = warp_sum(x.x);
+  x.y = warp_sum(x.y);
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  x = lane < warps ? scratch[lane] : make_float2(0.f, 0.f);
+  x.x = warp_sum(x.x);
+  x.y = warp_sum(x.y);
+  __syncthreads();
+  return x;
+}
+
+// The same for rows of at most kRC * blockDim.x * 8 elements (kRC = 1 up to d = 2048, 2 up to
+// 4096 at 256 threads: every preset): each thread keeps its chunks of the row in registers between
+// the two passes and its dw partial sums in registers, so a row is read from memory once. Two rows
+// (row and row + gridDim.x) per iteration share one reduction: twice the loads in flight per block
+// (xl, d 1600, 2048 rows: 17.5 us per call with one row, 1.7 TB/s). Each row's dot product, dx and
+// dw partial add up in the same order as one row at a time.
+template <int kRC, class T, class W>
 __global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* __restrict__ w,
                                              const float* __restrict__ rstd, const T* __restrict__ dy,
                                              T* __restrict__ dx, float* __restrict__ dw_partial, std::int64_t rows,
                                              int d, bool accumulate) {
-  __shared__ float scratch[32];
+  __shared__ float2 scratch[32];
   const float inv_d = 1.f / static_cast<float>(d);
-  float wv[kRegChunks][kChunk], acc[kRegChunks][kChunk];
+  float wv[kRC][kChunk], acc[kRC][kChunk];
 #pragma unroll
-  for (int j = 0; j < kRegChunks; ++j) {
+  for (int j = 0; j < kRC; ++j) {
     const int c = (threadIdx.x + j * blockDim.x) * kChunk;
     if (c < d) load_chunk(w + c, wv[j]);
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) acc[j][e] = 0.f;
   }
-  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float r = rstd[row];
-    float xv[kRegChunks][kChunk], gv[kRegChunks][kChunk];
-    float dot = 0.f;
+  const std::int64_t step = gridDim.x;
+  for (std::int64_t row0 = blockIdx.x; row0 < rows; row0 += 2 * step) {
+    const std::int64_t row_of[2] = {row0, row0 + step};
+    const bool has1 = row0 + step < rows;
+    float xv[2][kRC][kChunk], gv[2][kRC][kChunk];
+    float dot[2] = {0.f, 0.f};
 #pragma unroll
-    for (int j = 0; j < kRegChunks; ++j) {
-      const int c = (threadIdx.x + j * blockDim.x) * kChunk;
-      if (c < d) {
-        load_chunk(x + row * d + c, xv[j]);
-        load_chunk(dy + row * d + c, gv[j]);
+    for (int q = 0; q < 2; ++q) {
+      if (q == 1 && !has1) break;
 #pragma unroll
-        for (int e = 0; e < kChunk; ++e) dot = fmaf(gv[j][e] * wv[j][e], xv[j][e], dot);
+      for (int j = 0; j < kRC; ++j) {
+        const int c = (threadIdx.x + j * blockDim.x) * kChunk;
+        if (c < d) {
+          load_chunk(x + row_of[q] * d + c, xv[q][j]);
+          load_chunk(dy + row_of[q] * d + c, gv[q][j]);
+        }
       }
     }
-    const float k = block_sum(dot, scratch) * inv_d * r * r * r;
 #pragma unroll
-    for (int j = 0; j < kRegChunks; ++j) {
-      const int c = (threadIdx.x + j * blockDim.x) * kChunk;
-      if (c < d) {
-        float out[kChunk];
+    for (int q = 0; q < 2; ++q) {
+      if (q == 1 && !has1) break;
 #pragma unroll
-        for (int e = 0; e < kChunk; ++e) {
-          out[e] = r * gv[j][e] * wv[j][e] - xv[j][e] * k;
-          acc[j][e] = fmaf(gv[j][e] * xv[j][e], r, acc[j][e]);
+      for (int j = 0; j < kRC; ++j) {
+        const int c = (threadIdx.x + j * blockDim.x) * kChunk;
+        if (c < d)
+#pragma unroll
+          for (int e = 0; e < kChunk; ++e) dot[q] = fmaf(gv[q][j][e] * wv[j][e], xv[q][j][e], dot[q]);
+      }
+    }
+    const float2 sums = block_sum2(make_float2(dot[0], dot[1]), scratch);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      if (q == 1 && !has1) break;
+      const std::int64_t row = row_of[q];
+      const float r = rstd[row];
+      const float k = (q == 0 ? sums.x : sums.y) * inv_d * r * r * r;
+#pragma unroll
+      for (int j = 0; j < kRC; ++j) {
+        const int c = (threadIdx.x + j * blockDim.x) * kChunk;
+        if (c < d) {
+          float out[kChunk];
+#pragma unroll
+          for (int e = 0; e < kChunk; ++e) {
+            out[e] = r * gv[q][j][e] * wv[j][e] - xv[q][j][e] * k;
+            acc[j][e] = fmaf(gv[q][j][e] * xv[q][j][e], r, acc[j][e]);
+          }
+          if (accumulate) add_existing(dx + row * d + c, out);
+          store_chunk(dx + row * d + c, out);
         }
-        if (accumulate) add_existing(dx + row * d + c, out);
-        store_chunk(dx + row * d + c, out);
       }
     }
   }
 #pragma unroll
-  for (int j = 0; j < kRegChunks; ++j) {
+  for (int j = 0; j < kRC; ++j) {
     const int c = (threadIdx.x + j * blockDim.x) * kChunk;
     if (c < d)
 #pragma unroll
@@ -227,9 +268,10 @@ __global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* _
   }
 }
 
-// dw[c] += sum over blocks b of dw_partial[b, c], in a fixed order: a block of 32 x 8 threads
-// covers 32 columns; thread row y adds partial rows y, y+8, ...; then row 0 adds the 8 sums.
-constexpr int kDwCols = 32, kDwRows = 8;
+// dw[c] += sum over blocks b of dw_partial[b, c], in a fixed order: a block of 32 x 32 threads
+// covers 32 columns; thread row y adds partial rows y, y+32, ...; then row 0 adds the 32 sums in
+// order. (32 x 8 threads, 50 blocks for xl's d = 1600, took 6.5 us per call: too few loads in flight.)
+constexpr int kDwCols = 32, kDwRows = 32;
 template <class W>
 __global__ void rmsnorm_dw_kernel(const float* __restrict__ dw_partial, int blocks, int d, W* __restrict__ dw) {
   __shared__ float part[kDwRows][kDwCols + 1];
@@ -316,18 +358,33 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
   const bool vec = d % kChunk == 0 && is_aligned16(x.data()) && is_aligned16(dy.data()) &&
                    is_aligned16(dx.data()) && is_aligned16(w.data());
   const int threads = row_threads(d);
-  // Four blocks per multiprocessor, each adding up its rows' dw in shared memory: enough warps in
-  // flight to hide the row loads, and partials few enough ([blocks, d] fp32) for one cheap pass.
-  const int blocks = static_cast<int>(std::min<std::int64_t>(rows, 4 * r.num_sms));
+  // At most four blocks per multiprocessor (as many as fit at once for the register kernel: one
+  // wave), each adding up its rows' dw: enough warps in flight to hide the row loads, and partials
+  // few enough ([blocks, d] fp32) for one cheap pass.
+  const std::int64_t per_pass = static_cast<std::int64_t>(threads) * kChunk;   // elements per chunk column
+  const bool regs = vec && d <= 2 * per_pass;
+  int per_sm = 4;
+  if (regs) {
+    LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T, {
+      with_weight_type<T>(w.dtype(), x.dtype(), "rmsnorm_backward", [&](auto wtag) {
+        using W = decltype(wtag);
+        auto kernel = d <= per_pass ? rmsnorm_backward_regs_kernel<1, T, W> : rmsnorm_backward_regs_kernel<2, T, W>;
+        LMSCALE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+      });
+    });
+    per_sm = std::clamp(per_sm, 1, 4);
+  }
+  const int blocks = static_cast<int>(std::min<std::int64_t>(rows, per_sm * r.num_sms));
   const std::size_t smem = static_cast<std::size_t>(d) * sizeof(float);
   Scratch partial(ctx, static_cast<std::size_t>(blocks) * smem, "rmsnorm_dw_partials");
   LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T, {
     with_weight_type<T>(w.dtype(), x.dtype(), "rmsnorm_backward", [&](auto wtag) {
       using W = decltype(wtag);
-      if (vec && d <= static_cast<std::int64_t>(kRegChunks) * threads * kChunk) {
-        rmsnorm_backward_regs_kernel<T, W><<<blocks, threads, 0, r.stream>>>(
-            x.data_as<const T>(), w.data_as<const W>(), rstd.data_as<const float>(), dy.data_as<const T>(),
-            dx.data_as<T>(), partial.as<float>(), rows, static_cast<int>(d), accumulate_dx);
+      if (regs) {
+        auto kernel = d <= per_pass ? rmsnorm_backward_regs_kernel<1, T, W> : rmsnorm_backward_regs_kernel<2, T, W>;
+        kernel<<<blocks, threads, 0, r.stream>>>(x.data_as<const T>(), w.data_as<const W>(),
+                                                 rstd.data_as<const float>(), dy.data_as<const T>(), dx.data_as<T>(),
+                                                 partial.as<float>(), rows, static_cast<int>(d), accumulate_dx);
       } else {
         auto kernel = vec ? rmsnorm_backward_kernel<true, T, W> : rmsnorm_backward_kernel<false, T, W>;
         if (smem > 48 * 1024)
