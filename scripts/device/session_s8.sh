@@ -10,7 +10,7 @@
 #   probe   (1 GPU) scripts/device/overlap_probe.cu: AdamW beside GEMMs, SMs split or not
 #   tests   (2 GPUs) $SUITE (default DataParallelGpu.*)
 #   dp      (2 GPUs) bucketed DDP and zero2 over the copy engines, xl bf16 flash, against 1 GPU
-#   peers   torch.compile + SDPA on one GPU (and torch DDP on 2 when 2 GPUs are present)
+#   peers   torch.compile + SDPA on one GPU (peer1) and torch DDP on 2 GPUs (peer2, when present)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 stages=${*:-build gtest ncu xl}
@@ -67,13 +67,14 @@ if has dp && (( ngpu >= 2 )); then
     note "zero2 copy-engine ($rep): rc=$? $(brief "$OUT/z2_$rep.log")"
   done
 fi
-if has peers; then
+has peers && stages="$stages peer1 peer2"
+if has peer1; then
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 $PEER model --size xl --precision bf16 --compile --attention sdpa > "$OUT/peer.log" 2>&1
   note "torch.compile xl: rc=$? $(grep '^{' "$OUT/peer.log" || tail -3 "$OUT/peer.log")"
-  if (( ngpu >= 2 )); then
+fi
+if has peer2 && (( ngpu >= 2 )); then
     timeout 200 torchrun --nproc-per-node 2 $PEER ddp --size xl --precision bf16 --batch 4 --attention sdpa > "$OUT/ddp_peer.log" 2>&1
     note "torch DDP xl: rc=$? $(grep '^{' "$OUT/ddp_peer.log" || tail -3 "$OUT/ddp_peer.log")"
-  fi
 fi
 note "total $(( $(date +%s) - T0 )) s"
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz $(find . -maxdepth 1 -name '*.log') 2>/dev/null; rm -f ./*.log)
