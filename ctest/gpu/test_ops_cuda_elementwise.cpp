@@ -145,6 +145,60 @@ TEST_F(CudaOpsTest, AdamWWithLowPrecisionCopy) {
     }
 }
 
+// ops::adamw_pieces (the lazy gradient buckets of one process) must give bit for bit what
+// ops::adamw gives piece by piece: pieces on the 8-element grid (one launch), more than the 64
+// pieces one launch takes, an empty piece, and pieces off the grid (the per-piece fallback).
+TEST_F(CudaOpsTest, AdamWPiecesEqualsAdamWPerPieceBitwise) {
+  // Piece sizes: multiples of 8 from 8 to 24000 elements, scattered by a fixed hash.
+  auto chunks = [](int i) { return static_cast<std::int64_t>((static_cast<std::uint64_t>(i) * 2654435761u) % 3000); };
+  struct Layout {
+    const char* name;
+    std::vector<std::int64_t> sizes;
+  };
+  std::vector<Layout> layouts;
+  layouts.push_back({"33 pieces of 8k elements", {}});
+  for (int i = 0; i < 33; ++i) layouts.back().sizes.push_back(8 * (chunks(i) + 1));
+  layouts.back().sizes[5] = 0;
+  layouts.push_back({"70 pieces (two launches)", {}});
+  for (int i = 0; i < 70; ++i) layouts.back().sizes.push_back(8 * (chunks(i) + 1));
+  layouts.push_back({"off the 8-element grid", {4000, 4003, 17, 8000}});
+  for (const Layout& l : layouts)
+    for (DType lowp : {DType::bf16, DType::f64 /* none */}) {
+      SCOPED_TRACE(::testing::Message() << l.name << " lowp " << (lowp == DType::f64 ? "none" : dtype_name(lowp)));
+      std::int64_t n = 0;
+      for (auto k : l.sizes) n += k;
+      const auto p = randn(n, DType::f32), gr = randn(n, DType::f32, 3.0), m = randn(n, DType::f32, 0.1);
+      auto v = randn(n, DType::f32, 0.1);
+      for (auto& x : v) x = round_to(x * x, DType::f32);
+      ops::AdamWStep s;
+      s.lr = 3e-3, s.beta1 = 0.9, s.beta2 = 0.95, s.eps = 1e-8, s.weight_decay = 0.1, s.step = 7, s.grad_scale = 0.25;
+      // Pieces: separate gradient tensors; the reference: the same pieces through ops::adamw.
+      std::vector<ops::GradPiece> pieces;
+      std::int64_t at = 0;
+      for (auto k : l.sizes) {
+        std::vector<double> part(gr.begin() + at, gr.begin() + at + k);
+        pieces.push_back({at, dev(part, {k}, DType::f32)});
+        at += k;
+      }
+      Tensor pa = dev(p, {n}, DType::f32), ma = dev(m, {n}, DType::f32), va = dev(v, {n}, DType::f32);
+      Tensor pb = dev(p, {n}, DType::f32), mb = dev(m, {n}, DType::f32), vb = dev(v, {n}, DType::f32);
+      Tensor la = lowp == DType::f64 ? Tensor() : poisoned({n}, lowp);
+      Tensor lb = lowp == DType::f64 ? Tensor() : poisoned({n}, lowp);
+      ops::adamw_pieces(g(), pa, pieces, ma, va, s, lowp == DType::f64 ? nullptr : &la);
+      for (const auto& piece : pieces) {
+        const std::int64_t k = piece.grad.numel();
+        Tensor pp = pb.flat_range(piece.offset, k), mp = mb.flat_range(piece.offset, k), vp = vb.flat_range(piece.offset, k);
+        Tensor lp;
+        if (lowp != DType::f64) lp = lb.flat_range(piece.offset, k);
+        ops::adamw(g(), pp, piece.grad, mp, vp, s, lowp == DType::f64 ? nullptr : &lp);
+      }
+      EXPECT_EQ(values(pa), values(pb));
+      EXPECT_EQ(values(ma), values(mb));
+      EXPECT_EQ(values(va), values(vb));
+      if (lowp != DType::f64) EXPECT_EQ(values(la), values(lb));
+    }
+}
+
 // ---- bandwidth (not a correctness test; run explicitly) ----------------------------------------
 class Bandwidth : public CudaOpsTest {
  protected:

@@ -116,5 +116,37 @@ TEST_F(AdamWTest, BadArgumentsThrow) {
   EXPECT_THROW(ops::adamw(ctx, pb, gb, mb, vb, hyper(1), nullptr), Error);   // bf16 master state: no
 }
 
+// adamw_pieces (gradients in separate tensors) is adamw over each piece; pieces must be sorted,
+// without gaps, and cover the parameters.
+TEST_F(AdamWTest, PiecesEqualAdamWPerPieceAndMustCoverTheRange) {
+  const std::int64_t n = 37;
+  Tensor p = randn({n}, 5), g = randn({n}, 6, 0.1), m = zeros({n}), v = zeros({n});
+  Tensor p2 = randn({n}, 5), m2 = zeros({n}), v2 = zeros({n});
+  const std::vector<std::int64_t> cut = {0, 8, 8, 21, 37};   // an empty piece at 8
+  std::vector<ops::GradPiece> pieces;
+  for (std::size_t i = 0; i + 1 < cut.size(); ++i) {
+    const std::int64_t k = cut[i + 1] - cut[i];
+    Tensor gi = zeros({k});
+    std::copy(g.data_as<double>() + cut[i], g.data_as<double>() + cut[i + 1], gi.data_as<double>());
+    pieces.push_back({cut[i], gi});
+  }
+  for (std::int64_t t : {1, 2}) {
+    ops::adamw_pieces(ctx, p, pieces, m, v, hyper(t), nullptr);
+    ops::adamw(ctx, p2, g, m2, v2, hyper(t), nullptr);
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(p.data_as<double>()[i], p2.data_as<double>()[i]) << i;
+    EXPECT_EQ(m.data_as<double>()[i], m2.data_as<double>()[i]) << i;
+    EXPECT_EQ(v.data_as<double>()[i], v2.data_as<double>()[i]) << i;
+  }
+  std::vector<ops::GradPiece> gap = {pieces[0], pieces[3]};
+  EXPECT_THROW(ops::adamw_pieces(ctx, p, gap, m, v, hyper(3), nullptr), Error);
+  std::vector<ops::GradPiece> unsorted = {pieces[3], pieces[0], pieces[1], pieces[2]};
+  EXPECT_THROW(ops::adamw_pieces(ctx, p, unsorted, m, v, hyper(3), nullptr), Error);
+  std::vector<ops::GradPiece> short_of = {pieces[0], pieces[1], pieces[2]};
+  EXPECT_THROW(ops::adamw_pieces(ctx, p, short_of, m, v, hyper(3), nullptr), Error);
+  EXPECT_THROW(ops::adamw_pieces(ctx, p, pieces, m, v, hyper(0), nullptr), Error);
+}
+
 }  // namespace
 }  // namespace lmscale::test

@@ -468,6 +468,17 @@ void Trainer::step_unsharded(Context& ctx, double lr, double grad_scale) {
   // embedding), each marked so the next forward waits only for the units it reads.
   Context& octx = overlap_optimizer_ ? rt.side_ctx() : ctx;
   if (overlap_optimizer_) rt.wait(octx, rt.mark());
+  if (lazy_ && !overlap_optimizer_) {
+    // One process, not overlapped: the buckets' gradients as pieces of the one flat range, so
+    // AdamW updates them in one pass (33 launches of xl cost 0.6 ms more than one).
+    std::vector<ops::GradPiece> pieces;
+    for (const auto& g : ranges) pieces.push_back({g.offset, g.grads});
+    std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    Tensor params = params_->flat_params();
+    Tensor lowp = params_->has_lowp() ? params_->flat_lowp() : Tensor();
+    opt.step_pieces(octx, params, pieces, lowp.defined() ? &lowp : nullptr, 0, lr, grad_scale);
+    return;
+  }
   for (int i = static_cast<int>(ranges.size()) - 1; i >= 0; --i) {
     auto& g = ranges[static_cast<std::size_t>(i)];
     opt.step_range(octx, g.params, g.grads, g.lowp.defined() ? &g.lowp : nullptr, g.offset, lr, grad_scale);

@@ -8,6 +8,17 @@
 
 namespace lmscale::ops {
 
+namespace {
+void check_step(const char* op, const AdamWStep& a) {
+  LMSCALE_CHECK(a.step >= 1, "{}: step t is 1-based, got {}", op, a.step);
+  LMSCALE_CHECK(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1,
+                "{}: betas must lie in [0, 1), got beta1={} beta2={}", op, a.beta1, a.beta2);
+  LMSCALE_CHECK(a.eps > 0 && std::isfinite(a.lr) && std::isfinite(a.weight_decay) && std::isfinite(a.grad_scale),
+                "{}: need eps > 0 and finite lr, weight_decay, grad_scale (got eps={} lr={} wd={} grad_scale={})", op,
+                a.eps, a.lr, a.weight_decay, a.grad_scale);
+}
+}  // namespace
+
 void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
            Tensor* param_lowp) {
   constexpr const char* op = "ops::adamw";
@@ -22,18 +33,42 @@ void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v
     detail::check_floating(op, "param_lowp", *param_lowp);
     detail::check_numel(op, "param_lowp", *param_lowp, param.numel());
   }
-  LMSCALE_CHECK(a.step >= 1, "{}: step t is 1-based, got {}", op, a.step);
-  LMSCALE_CHECK(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1,
-                "{}: betas must lie in [0, 1), got beta1={} beta2={}", op, a.beta1, a.beta2);
-  LMSCALE_CHECK(a.eps > 0 && std::isfinite(a.lr) && std::isfinite(a.weight_decay) && std::isfinite(a.grad_scale),
-                "{}: need eps > 0 and finite lr, weight_decay, grad_scale (got eps={} lr={} wd={} grad_scale={})", op,
-                a.eps, a.lr, a.weight_decay, a.grad_scale);
+  check_step(op, a);
   if (dev == Device::cpu) return cpu::adamw(ctx, param, grad, m, v, a, param_lowp);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::adamw(ctx, param, grad, m, v, a, param_lowp);
 #else
   detail::no_cuda_build(op);
 #endif
+}
+
+void adamw_pieces(Context& ctx, Tensor& param, const std::vector<GradPiece>& pieces, Tensor& m, Tensor& v,
+                  const AdamWStep& a, Tensor* param_lowp) {
+  constexpr const char* op = "ops::adamw_pieces";
+  std::int64_t next = 0;
+  for (const GradPiece& piece : pieces) {
+    LMSCALE_CHECK(piece.offset == next, "{}: a piece starts at {} where {} was expected (sorted, no gaps)", op,
+                  piece.offset, next);
+    next += piece.grad.numel();
+  }
+  LMSCALE_CHECK(next == param.numel(), "{}: the pieces cover {} of {} elements", op, next, param.numel());
+  const std::int64_t n = param.numel();
+  LMSCALE_CHECK(m.numel() == n && v.numel() == n && (!param_lowp || param_lowp->numel() == n),
+                "{}: m, v (and param_lowp) must have param's {} elements", op, n);
+  check_step(op, a);
+#ifdef LMSCALE_WITH_CUDA
+  // One launch when the layout allows (the CUDA side checks dtypes, devices and alignment and
+  // declines otherwise); else adamw() per piece, with its checks.
+  if (param.device() == Device::cuda && cuda::adamw_pieces(ctx, param, pieces, m, v, a, param_lowp)) return;
+#endif
+  for (const GradPiece& piece : pieces) {
+    const std::int64_t k = piece.grad.numel();
+    Tensor p = param.flat_range(piece.offset, k), mp = m.flat_range(piece.offset, k), vp = v.flat_range(piece.offset, k);
+    Tensor low;
+    if (param_lowp) low = param_lowp->flat_range(piece.offset, k);
+    Tensor g = piece.grad.reshape({k});
+    adamw(ctx, p, g, mp, vp, a, param_lowp ? &low : nullptr);
+  }
 }
 
 }  // namespace lmscale::ops

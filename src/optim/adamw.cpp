@@ -11,10 +11,7 @@ AdamW::AdamW(const OptimConfig& cfg, std::int64_t numel, DType dtype, Context& c
   add_state("v", dtype, ctx);
 }
 
-void AdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset,
-                       double lr, double grad_scale) {
-  const std::int64_t n = params.numel();
-  check_range("AdamW", offset, n, grads.numel());
+ops::AdamWStep AdamW::hyper(double lr, double grad_scale) const {
   ops::AdamWStep a;
   a.lr = lr;
   a.beta1 = cfg_.beta1;
@@ -23,10 +20,27 @@ void AdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor
   a.weight_decay = cfg_.weight_decay;
   a.step = t_;
   a.grad_scale = grad_scale;
+  return a;
+}
+
+void AdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset,
+                       double lr, double grad_scale) {
+  const std::int64_t n = params.numel();
+  check_range("AdamW", offset, n, grads.numel());
+  const ops::AdamWStep a = hyper(lr, grad_scale);
   Tensor m = this->m().flat_range(offset, n), v = this->v().flat_range(offset, n);
   Tensor g = grads.reshape({n});
   Tensor p = params.reshape({n});
   ops::adamw(ctx, p, g, m, v, a, lowp);
+}
+
+void AdamW::step_pieces(Context& ctx, Tensor& params, const std::vector<ops::GradPiece>& pieces, Tensor* lowp,
+                        std::int64_t offset, double lr, double grad_scale) {
+  const std::int64_t n = params.numel();
+  check_range("AdamW", offset, n, n);
+  Tensor m = this->m().flat_range(offset, n), v = this->v().flat_range(offset, n);
+  Tensor p = params.reshape({n});
+  ops::adamw_pieces(ctx, p, pieces, m, v, hyper(lr, grad_scale), lowp);
 }
 
 }  // namespace lmscale::optim

@@ -69,6 +69,17 @@ void Optimizer::step(Context& ctx, Tensor& params, const Tensor& grads, Tensor* 
   step_range(ctx, params, grads, lowp, 0, lr, grad_scale);
 }
 
+void Optimizer::step_pieces(Context& ctx, Tensor& params, const std::vector<ops::GradPiece>& pieces, Tensor* lowp,
+                            std::int64_t offset, double lr, double grad_scale) {
+  for (const ops::GradPiece& piece : pieces) {
+    const std::int64_t k = piece.grad.numel();
+    Tensor p = params.flat_range(piece.offset, k);
+    Tensor low;
+    if (lowp) low = lowp->flat_range(piece.offset, k);
+    step_range(ctx, p, piece.grad, lowp ? &low : nullptr, offset + piece.offset, lr, grad_scale);
+  }
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, std::int64_t numel, DType dtype, Context& ctx,
                                           int num_params, std::vector<ParamSegment> segments) {
   if (cfg.name == "adamw") return std::make_unique<AdamW>(cfg, numel, dtype, ctx);

@@ -19,11 +19,14 @@ class AdamW final : public Optimizer {
   // elements [offset, offset + params.numel()) of the state, every element exactly once.
   void step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset, double lr,
                   double grad_scale) override;
+  void step_pieces(Context& ctx, Tensor& params, const std::vector<ops::GradPiece>& pieces, Tensor* lowp,
+                   std::int64_t offset, double lr, double grad_scale) override;
 
   Tensor& m() { return state(0); }
   Tensor& v() { return state(1); }
 
  private:
+  ops::AdamWStep hyper(double lr, double grad_scale) const;   // this step's scalars
   OptimConfig cfg_;
 };
 

@@ -29,6 +29,7 @@
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
 #include "lmscale/io/config.h"
+#include "lmscale/ops/ops.h"
 
 namespace lmscale::optim {
 
@@ -73,6 +74,11 @@ class Optimizer {
   // first (1/loss scale and the clipping factor).
   virtual void step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset,
                           double lr, double grad_scale) = 0;
+  // step_range over [offset, offset + params.numel()) whose gradients lie in pieces (offsets
+  // relative to `offset`, sorted, covering the range: one process's lazy gradient buckets). By
+  // default one step_range per piece; AdamW runs them in one pass (ops::adamw_pieces).
+  virtual void step_pieces(Context& ctx, Tensor& params, const std::vector<ops::GradPiece>& pieces, Tensor* lowp,
+                           std::int64_t offset, double lr, double grad_scale);
 
   // The whole step over the whole range on one rank that holds whole parameters (no reduction).
   void step(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, double lr, double grad_scale);

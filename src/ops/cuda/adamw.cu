@@ -7,6 +7,7 @@
 // parameters on an H200 one chunk at a time took 16.40 ms (3.66 TB/s), two 15.14 ms (3.96 TB/s),
 // where a device-to-device memcpy moves 4.28 TB/s (docs/performance.md).
 // Bytes per parameter: 16 read (p, g, m, v) + 12 written (p, m, v) + 2 (16-bit copy).
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <type_traits>
@@ -39,9 +40,30 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
   p -= s.step_size * m / (sqrtf(v) + s.eps);
 }
 
-// Low = void: no working copy.
-template <class Low>
-__global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ m,
+// Where chunk c's gradients are: one tensor, or the pieces of one buffer (ops::adamw_pieces).
+struct OneGrad {
+  const float* grad;
+  __device__ const float* chunk(std::int64_t c) const { return grad + c * kChunk; }
+};
+constexpr int kMaxPieces = 64;   // per launch: the table travels in the kernel's parameters (1 KB)
+struct GradPieces {
+  int count;
+  std::int64_t first_chunk[kMaxPieces];   // ascending; piece i covers [first_chunk[i], first_chunk[i + 1])
+  const float* grad[kMaxPieces];
+  __device__ const float* chunk(std::int64_t c) const {
+    int lo = 0, hi = count - 1;   // the last piece starting at or before c
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (first_chunk[mid] <= c) lo = mid;
+      else hi = mid - 1;
+    }
+    return grad[lo] + (c - first_chunk[lo]) * kChunk;
+  }
+};
+
+// Low = void: no working copy. Elements past chunks * kChunk (OneGrad only) one per thread.
+template <class Low, class Grads>
+__global__ void adamw_kernel(float* __restrict__ param, const Grads grads, float* __restrict__ m,
                              float* __restrict__ v, Low* __restrict__ low, std::int64_t n, std::int64_t chunks,
                              AdamWScalars s) {
   const std::int64_t i0 = thread_index(), step = thread_stride();
@@ -52,10 +74,11 @@ __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict_
     float p[kUnroll][kChunk], g[kUnroll][kChunk], mm[kUnroll][kChunk], vv[kUnroll][kChunk];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const std::int64_t o = (c + static_cast<std::int64_t>(u) * blockDim.x) * kChunk;
-      if (o >= chunks * kChunk) continue;
+      const std::int64_t cu = c + static_cast<std::int64_t>(u) * blockDim.x;
+      if (cu >= chunks) continue;
+      const std::int64_t o = cu * kChunk;
       load_chunk(param + o, p[u]);
-      load_chunk(grad + o, g[u]);
+      load_chunk(grads.chunk(cu), g[u]);
       load_chunk(m + o, mm[u]);
       load_chunk(v + o, vv[u]);
     }
@@ -71,14 +94,50 @@ __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict_
       if constexpr (!std::is_void_v<Low>) store_chunk(low + o, p[u]);
     }
   }
-  for (std::int64_t i = chunks * kChunk + i0; i < n; i += step) {
-    float p = param[i], mm = m[i], vv = v[i];
-    adamw_update(p, grad[i], mm, vv, s);
-    param[i] = p;
-    m[i] = mm;
-    v[i] = vv;
-    if constexpr (!std::is_void_v<Low>) low[i] = from_f32<Low>(p);
+  if constexpr (std::is_same_v<Grads, OneGrad>) {
+    for (std::int64_t i = chunks * kChunk + i0; i < n; i += step) {
+      float p = param[i], mm = m[i], vv = v[i];
+      adamw_update(p, grads.grad[i], mm, vv, s);
+      param[i] = p;
+      m[i] = mm;
+      v[i] = vv;
+      if constexpr (!std::is_void_v<Low>) low[i] = from_f32<Low>(p);
+    }
   }
+}
+
+AdamWScalars scalars(const AdamWStep& a) {
+  const double t = static_cast<double>(a.step);
+  AdamWScalars s;
+  s.decay = static_cast<float>(1.0 - a.lr * a.weight_decay);
+  s.beta1 = static_cast<float>(a.beta1);
+  s.beta2 = static_cast<float>(a.beta2);
+  s.one_minus_beta1 = static_cast<float>(1.0 - a.beta1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - a.beta2);
+  s.step_size = static_cast<float>(a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t)));
+  s.eps = static_cast<float>(a.eps);
+  s.grad_scale = static_cast<float>(a.grad_scale);
+  return s;
+}
+
+// One launch over n elements of p, m, v (and low) with the gradients from `grads`.
+template <class Grads>
+void launch(Context& ctx, float* p, const Grads& grads, float* mp, float* vp, Tensor* param_lowp, std::int64_t low_offset,
+            std::int64_t n, std::int64_t chunks, const AdamWScalars& s) {
+  const unsigned grid = grid_for(std::max<std::int64_t>((chunks + kUnroll - 1) / kUnroll, n - chunks * kChunk), kThreads,
+                                 resources(ctx).num_sms, 4);
+  if (!param_lowp) {
+    adamw_kernel<void><<<grid, kThreads, 0, stream(ctx)>>>(p, grads, mp, vp, nullptr, n, chunks, s);
+  } else if (param_lowp->dtype() == DType::bf16) {
+    adamw_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream(ctx)>>>(
+        p, grads, mp, vp, param_lowp->data_as<__nv_bfloat16>() + low_offset, n, chunks, s);
+  } else if (param_lowp->dtype() == DType::f16) {
+    adamw_kernel<__half><<<grid, kThreads, 0, stream(ctx)>>>(p, grads, mp, vp, param_lowp->data_as<__half>() + low_offset,
+                                                             n, chunks, s);
+  } else {
+    throw Error(fmt::format("adamw: param_lowp is {}, expected bf16 or fp16", dtype_name(param_lowp->dtype())));
+  }
+  LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -92,37 +151,45 @@ void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v
   LMSCALE_CHECK(a.step >= 1, "adamw: step {} (1-based)", a.step);
   const std::int64_t n = param.numel();
   if (n == 0) return;
-  Resources& r = resources(ctx);
-  const double t = static_cast<double>(a.step);
-  AdamWScalars s;
-  s.decay = static_cast<float>(1.0 - a.lr * a.weight_decay);
-  s.beta1 = static_cast<float>(a.beta1);
-  s.beta2 = static_cast<float>(a.beta2);
-  s.one_minus_beta1 = static_cast<float>(1.0 - a.beta1);
-  s.one_minus_beta2 = static_cast<float>(1.0 - a.beta2);
-  s.step_size = static_cast<float>(a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t)));
-  s.eps = static_cast<float>(a.eps);
-  s.grad_scale = static_cast<float>(a.grad_scale);
   const bool aligned = is_aligned16(param.data()) && is_aligned16(grad.data()) && is_aligned16(m.data()) &&
                        is_aligned16(v.data()) && (!param_lowp || is_aligned16(param_lowp->data()));
-  const std::int64_t chunks = aligned ? n / kChunk : 0;
-  const unsigned grid = grid_for(std::max<std::int64_t>((chunks + kUnroll - 1) / kUnroll, n - chunks * kChunk), kThreads,
-                                 r.num_sms, 4);
+  launch(ctx, param.data_as<float>(), OneGrad{grad.data_as<const float>()}, m.data_as<float>(), v.data_as<float>(),
+         param_lowp, 0, n, aligned ? n / kChunk : 0, scalars(a));
+}
+
+bool adamw_pieces(Context& ctx, Tensor& param, const std::vector<GradPiece>& pieces, Tensor& m, Tensor& v,
+                  const AdamWStep& a, Tensor* param_lowp) {
+  const std::int64_t n = param.numel();
+  bool ok = n > 0 && n % kChunk == 0 && param.dtype() == DType::f32 && m.dtype() == DType::f32 &&
+            v.dtype() == DType::f32 && m.device() == Device::cuda && v.device() == Device::cuda &&
+            is_aligned16(param.data()) && is_aligned16(m.data()) && is_aligned16(v.data()) &&
+            (!param_lowp || (param_lowp->device() == Device::cuda && is_aligned16(param_lowp->data()) &&
+                             (param_lowp->dtype() == DType::bf16 || param_lowp->dtype() == DType::f16)));
+  for (const GradPiece& piece : pieces)
+    ok = ok && piece.grad.device() == Device::cuda && piece.grad.dtype() == DType::f32 && piece.offset % kChunk == 0 &&
+         piece.grad.numel() % kChunk == 0 && is_aligned16(piece.grad.data());
+  if (!ok) return false;
+  LMSCALE_CHECK(a.step >= 1, "adamw: step {} (1-based)", a.step);
+  const AdamWScalars s = scalars(a);
   float* p = param.data_as<float>();
-  const float* g = grad.data_as<const float>();
   float* mp = m.data_as<float>();
   float* vp = v.data_as<float>();
-  if (!param_lowp) {
-    adamw_kernel<void><<<grid, kThreads, 0, stream(ctx)>>>(p, g, mp, vp, nullptr, n, chunks, s);
-  } else if (param_lowp->dtype() == DType::bf16) {
-    adamw_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream(ctx)>>>(p, g, mp, vp, param_lowp->data_as<__nv_bfloat16>(), n,
-                                                                 chunks, s);
-  } else if (param_lowp->dtype() == DType::f16) {
-    adamw_kernel<__half><<<grid, kThreads, 0, stream(ctx)>>>(p, g, mp, vp, param_lowp->data_as<__half>(), n, chunks, s);
-  } else {
-    throw Error(fmt::format("adamw: param_lowp is {}, expected bf16 or fp16", dtype_name(param_lowp->dtype())));
+  for (std::size_t first = 0; first < pieces.size(); first += kMaxPieces) {
+    const std::size_t count = std::min<std::size_t>(kMaxPieces, pieces.size() - first);
+    const std::int64_t begin = pieces[first].offset;   // elements
+    GradPieces table{};
+    table.count = static_cast<int>(count);
+    std::int64_t end = begin;
+    for (std::size_t i = 0; i < count; ++i) {
+      const GradPiece& piece = pieces[first + i];
+      table.first_chunk[i] = (piece.offset - begin) / kChunk;
+      table.grad[i] = piece.grad.data_as<const float>();
+      end = piece.offset + piece.grad.numel();
+    }
+    const std::int64_t len = end - begin;
+    launch(ctx, p + begin, table, mp + begin, vp + begin, param_lowp, begin, len, len / kChunk, s);
   }
-  LMSCALE_CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 }  // namespace lmscale::ops::cuda

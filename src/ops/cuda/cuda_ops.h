@@ -50,6 +50,11 @@ void check_finite(Context& ctx, const Tensor& x, Tensor& flag);
 
 void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
            Tensor* param_lowp);
+// ops::adamw_pieces in as few launches as the layout allows; false (nothing done) when it does
+// not (a piece off the 8-element grid, a misaligned tensor, or not fp32): the caller runs adamw()
+// per piece.
+bool adamw_pieces(Context& ctx, Tensor& param, const std::vector<GradPiece>& pieces, Tensor& m, Tensor& v,
+                  const AdamWStep& a, Tensor* param_lowp);
 
 // Momentum SGD, LAMB and the trust-ratio norms (lmscale/ops/optimizer_steps.h).
 void momentum_update(Context& ctx, Tensor& param, const Tensor& grad, Tensor& buf, const MomentumStep& s,
