@@ -21,7 +21,7 @@ has() { [[ " $stages " == *" $1 "* ]]; }
 note() { echo "$*" | tee -a "$summary"; }
 brief() {
   local log=$1
-  echo "$(grep -E '^step ' "$log" | awk '{print "step", $2, "+-", $3}')  fwd $(grep -E '^forward ' "$log" | awk '{print $2}') bwd $(grep -E '^backward ' "$log" | awk '{print $2}') opt $(grep -E '^optimizer ' "$log" | awk '{print $2}') $(grep -oE 'peak memory [0-9.]+ GiB' "$log") $(grep -oE 'predicted peak \(accounting\) [0-9.]+ GiB' "$log" | sed 's/(accounting) //') $(grep -oE 'MFU [0-9.]+%' "$log") $(grep -oE 'waited [0-9.]+ ms per step for all-gathers in the forward, [0-9.]+ ms in the backward' "$log")"
+  echo "$(grep -E '^step ' "$log" | awk '{print "step", $2, "+-", $3, "median", $6}')  fwd $(grep -E '^forward ' "$log" | awk '{print $2}') bwd $(grep -E '^backward ' "$log" | awk '{print $2}') opt $(grep -E '^optimizer ' "$log" | awk '{print $2}') $(grep -oE 'peak memory [0-9.]+ GiB' "$log") $(grep -oE 'predicted peak \(accounting\) [0-9.]+ GiB' "$log" | sed 's/(accounting) //') $(grep -oE 'MFU [0-9.]+%' "$log") $(grep -oE 'waited [0-9.]+ ms per step for all-gathers in the forward, [0-9.]+ ms in the backward' "$log")"
   grep -aiE "error|out of memory" "$log" | head -3
 }
 memrows() {   # FILE: every rank's predicted vs measured phases (rank 0 only without the ranks table)

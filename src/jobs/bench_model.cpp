@@ -195,9 +195,10 @@ int run_bench_model(JobEnv& env) {
   write_memory_report(env);
 
   if (env.is_root()) {
-    fmt::print("{:<12} {:>10} {:>10} {:>10} {:>10}\n", "phase(ms)", "mean", "std", "min", "max");
+    // median last: scripts read mean and std as columns 2 and 3.
+    fmt::print("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "phase(ms)", "mean", "std", "min", "max", "median");
     auto row = [](const char* n, const Stats& s) {
-      fmt::print("{:<12} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", n, s.mean, s.std, s.min, s.max);
+      fmt::print("{:<12} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", n, s.mean, s.std, s.min, s.max, s.median);
     };
     row("forward", sf);
     if (mode != "forward") row("backward", sb);
