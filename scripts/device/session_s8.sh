@@ -7,6 +7,8 @@
 #   ncu     (1 GPU) every kernel's duration in one timed xl bf16 flash step at batch 4 (Nsight
 #           Compute, gpu__time_duration only), summed per kernel name; the ordered list comes back
 #   xl      (1 GPU) xl bf16 flash, batch 4, three runs
+#   steps   (1 GPU) xl bf16 flash, 30 timed steps: every step's phases (the outliers), then 12 with
+#           run.trace (allocator events included), the trace returned
 #   probe   (1 GPU) scripts/device/overlap_probe.cu: AdamW beside GEMMs, SMs split or not
 #   tests   (2 GPUs) $SUITE (default DataParallelGpu.*)
 #   dp      (2 GPUs) bucketed DDP and zero2 over the copy engines, xl bf16 flash, against 1 GPU
@@ -41,6 +43,22 @@ if has ncu; then
   note "ncu b4 (rc $?) at $(( $(date +%s) - T0 )) s: $(wc -l < "$OUT/ncu_b4.csv") lines"
   python3 scripts/device/ncu_kernel_summary.py "$OUT/ncu_b4.csv" | tee -a "$summary"
   gzip -f "$OUT/ncu_b4.csv"
+fi
+if has steps; then
+  CUDA_VISIBLE_DEVICES=0 timeout 150 $LM "${XL[@]}" --bench.steps=30 --run.output=/tmp/steps.h5 > "$OUT/steps.log" 2>&1
+  note "xl 30 steps: $(brief "$OUT/steps.log")"
+  python3 - /tmp/steps.h5 <<'PY' | tee -a "$summary"
+import sys, h5py
+t = h5py.File(sys.argv[1], "r")["/bench_model/steps"][:]
+names = t.dtype.names
+print("steps columns:", names)
+for r in t:
+    print(" ".join(f"{r[n]:.2f}" if isinstance(r[n], float) else str(r[n]) for n in names))
+PY
+  CUDA_VISIBLE_DEVICES=0 timeout 150 $LM "${XL[@]}" --bench.steps=12 --run.trace="$OUT/xl1.trace.json" \
+    --bench.memory_timeline=true --run.output=/tmp/trace.h5 > "$OUT/trace.log" 2>&1
+  note "xl 12 steps with run.trace: $(brief "$OUT/trace.log")"
+  gzip -f "$OUT/xl1.trace.json"
 fi
 if has probe; then
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/device/overlap_probe.cu -lcublas -o /tmp/overlap_probe &&
