@@ -3,7 +3,7 @@
 #   scripts/device/session_s8.sh [stages...]
 #   build   build lmscale and the GPU tests named below
 #   gtest   (1 GPU) test_model_cuda, test_ops_cuda_elementwise, test_ops_cuda_math,
-#           test_optimizer_steps_cuda, test_attention_cuda
+#           test_optimizer_steps_cuda, test_attention_cuda (or the list in $GTESTS)
 #   ncu     (1 GPU) every kernel's duration in one timed xl bf16 flash step at batch 4 (Nsight
 #           Compute, gpu__time_duration only), summed per kernel name; the ordered list comes back
 #   xl      (1 GPU) xl bf16 flash, batch 4, three runs
@@ -25,7 +25,7 @@ Z2=(inputs/ddp_xl_zero2.ini --model.attention=flash --parallel.grad_exchange=cop
 DDP=(inputs/ddp_xl_zero2.ini --model.attention=flash --parallel.zero=none --parallel.ddp=bucketed
      --parallel.grad_exchange=copy-engine)
 targets=(lmscale)
-GTESTS=(test_model_cuda test_ops_cuda_elementwise test_ops_cuda_math test_optimizer_steps_cuda test_attention_cuda)
+read -ra GTESTS <<< "${GTESTS:-test_model_cuda test_ops_cuda_elementwise test_ops_cuda_math test_optimizer_steps_cuda test_attention_cuda}"
 has gtest && targets+=("${GTESTS[@]}")
 has tests && targets+=(mpi_test_parallel_gpu)
 build_stage "${targets[@]}"
