@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "lmscale/comm/communicator.h"
+#include "lmscale/comm/peer_copy.h"
 #include "lmscale/core/error.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
@@ -96,8 +97,8 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     // part of every bucket (parallel/copy_engine_all_reduce.h).
     if (dp > 1 && cfg.parallel.grad_exchange == "copy-engine") {
       if (zero == "zero2") {
-        init += static_cast<double>(parallel::ZeroOptimizer::exchange_window_bytes(
-            static_cast<std::int64_t>(P), dp, static_cast<int>(gr.bucket_bytes.size())));
+        const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
+        init += static_cast<double>(comm::peer_copy_window_bytes(dp, 4 * counts[0], static_cast<int>(gr.bucket_bytes.size())));
       } else if (zero == "none" && cfg.parallel.ddp == "bucketed") {
         std::vector<model::GradBucket> buckets;
         for (double bytes : gr.bucket_bytes) buckets.push_back({0, 0, 0, static_cast<std::int64_t>(bytes / 4)});

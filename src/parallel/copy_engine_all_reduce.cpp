@@ -93,7 +93,12 @@ void CopyEngineAllReduce::sum_and_gather(int b) {
   const Part mine = part(b, rank_);
   if (mine.count > 0) {
     Tensor own = grads_.flat_range(mine.begin, mine.count);
-    std::vector<Tensor> terms = window_terms(*exchange_, rank_, size_, own, slot_at(rank_, b));
+    std::vector<Tensor> terms;
+    for (int q = 0; q < size_; ++q)
+      terms.push_back(q == rank_ ? own
+                                 : Tensor::view(static_cast<char*>(exchange_->slot(q)) +
+                                                    static_cast<std::size_t>(slot_at(rank_, b)) * 4,
+                                                {mine.count}, DType::f32, Device::cuda));
     // Partial sums (3 ranks or more) in the first other rank's slot, which they have just read.
     Tensor scratch = terms[rank_ == 0 ? 1 : 0];
     sum_in_rank_order(ctx, terms, own, scratch);

@@ -45,9 +45,6 @@ std::vector<RankPart> rank_parts(const std::vector<std::size_t>& counts, std::in
   return parts;
 }
 
-// zero2's copy-engine slot: the largest shard (even_split puts the extra elements first), fp32.
-std::size_t exchange_slot_bytes(const std::vector<std::size_t>& counts) { return counts[0] * 4; }
-
 // Per rank: how many of the elements [offset, offset + n) lie in its range.
 std::vector<std::size_t> counts_in(const std::vector<std::size_t>& counts, std::int64_t offset, std::int64_t n) {
   std::vector<std::size_t> in;
@@ -231,9 +228,14 @@ class ReduceScatterSync final : public GradientSync {
         if (q != me) exchange_->wait(q, o.bucket, round_, ctx.stream);
       const Bucket& k = buckets_[static_cast<std::size_t>(o.bucket)];
       const std::int64_t n = o.part.count;
-      const Tensor own = bucket_grads(o.bucket).flat_range(o.part.begin - k.offset, n);
+      std::vector<Tensor> terms;
+      for (int q = 0; q < z_.grads_.size(); ++q)
+        terms.push_back(q == me ? bucket_grads(o.bucket).flat_range(o.part.begin - k.offset, n)
+                                : Tensor::view(static_cast<char*>(exchange_->slot(q)) +
+                                                   static_cast<std::size_t>(o.part.at()) * dtype_size(s.grad_shard.dtype()),
+                                               {n}, s.grad_shard.dtype(), Device::cuda));
       Tensor out = s.grad_shard.flat_range(o.part.at(), n);
-      sum_in_rank_order(ctx, window_terms(*exchange_, me, z_.grads_.size(), own, o.part.at()), out, out);
+      sum_in_rank_order(ctx, terms, out, out);
     }
     own_.clear();
     // This rank's copies read the bucket buffers, released next; the next begin() waits for the
@@ -244,14 +246,14 @@ class ReduceScatterSync final : public GradientSync {
 
  public:
   void set_reduce_dtype(std::optional<DType> t) { reduce_dtype_ = t; }
-  // zero2 over CUDA: the window of exchange_window_bytes() (zero.h).
+  // zero2 over CUDA: the exchange's window holds one shard-sized slot per other rank (the largest
+  // shard: even_split puts the extra elements first) and a flag per bucket and other rank.
   void use_copy_engine() {
-    LMSCALE_CHECK(store_ && !reduce_dtype_ && z_.shards_.size() == 1 && ctx_->device == Device::cuda &&
-                      z_.shards_[0].grad_shard.dtype() == DType::f32,
+    LMSCALE_CHECK(store_ && !reduce_dtype_ && z_.shards_.size() == 1 && ctx_->device == Device::cuda,
                   "parallel.grad_exchange = copy-engine needs zero2 over CUDA with fp32 gradients and one group");
     const ZeroOptimizer::Shard& s = z_.shards_[0];
-    exchange_ = comm::make_peer_copy_exchange(z_.host_, exchange_slot_bytes(s.counts), &ctx_->allocator->tracker(),
-                                              static_cast<int>(buckets_.size()));
+    exchange_ = comm::make_peer_copy_exchange(z_.host_, s.counts[0] * dtype_size(s.grad_shard.dtype()),
+                                              &ctx_->allocator->tracker(), static_cast<int>(buckets_.size()));
   }
 
  private:
@@ -320,10 +322,6 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
   if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
   shards_.push_back(std::move(s));
   return static_cast<int>(shards_.size()) - 1;
-}
-
-std::size_t ZeroOptimizer::exchange_window_bytes(std::int64_t numel, int ranks, int buckets) {
-  return comm::peer_copy_window_bytes(ranks, exchange_slot_bytes(even_split(numel, ranks)), buckets);
 }
 
 void ZeroOptimizer::make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx,

@@ -4,10 +4,8 @@
 // out = ((t0 + t1) + t2) + ... + t(n-1), one fp32 addition at a time. With 2 ranks that is the one
 // addition NCCL's reduce-scatter and all-reduce make (a + b = b + a), so the results are NCCL's bits;
 // with more, every rank that sums a range gets the same bits.
-#include <cstdint>
 #include <vector>
 
-#include "lmscale/comm/peer_copy.h"
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
 #include "lmscale/ops/ops.h"
@@ -24,18 +22,6 @@ inline void sum_in_rank_order(Context& ctx, const std::vector<Tensor>& terms, Te
     ops::add(ctx, acc, terms[q], dst);
     acc = dst;
   }
-}
-
-// The terms of such a sum in rank order: `own`, this rank's part [n], and every other rank's copy
-// of it, which lies in this rank's receive window at element `at` of that sender's slot.
-inline std::vector<Tensor> window_terms(comm::PeerCopyExchange& x, int me, int ranks, const Tensor& own,
-                                        std::int64_t at) {
-  std::vector<Tensor> terms;
-  for (int q = 0; q < ranks; ++q)
-    terms.push_back(q == me ? own
-                            : Tensor::view(static_cast<char*>(x.slot(q)) + static_cast<std::size_t>(at) * dtype_size(own.dtype()),
-                                           {own.numel()}, own.dtype(), Device::cuda));
-  return terms;
 }
 
 }  // namespace lmscale::parallel

@@ -77,10 +77,6 @@ class ZeroOptimizer final : public ShardedOptimizer {
   // exchange IPC handles).
   void make_sync(DdpMode ddp, model::ParameterStore& store, double bucket_mb, Context& ctx,
                  std::optional<DType> reduce_dtype = std::nullopt, bool copy_engine = false);
-  // zero2's copy-engine window on every rank, for `numel` fp32 gradients in `buckets` buckets over
-  // `ranks` ranks: one slot of the largest shard per other rank and a flag per bucket and rank
-  // (what the tracker holds under "grad_exchange_window").
-  static std::size_t exchange_window_bytes(std::int64_t numel, int ranks, int buckets);
 
   // Sum of squares of the summed gradient over all groups (after sync().finish()), reduced over
   // ranks where each holds only its range.

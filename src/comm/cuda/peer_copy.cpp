@@ -136,6 +136,7 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     // An IPC handle maps the whole allocation: `base` must be where it starts.
     CUdeviceptr start = 0;
     std::size_t size = 0;
+    if (!drv_.address_range) entry_point("cuMemGetAddressRange", drv_.address_range);
     check_driver(drv_.address_range(&start, &size, reinterpret_cast<CUdeviceptr>(base)), "cuMemGetAddressRange");
     LMSCALE_CHECK(start == reinterpret_cast<CUdeviceptr>(base) && size >= bytes,
                   "peer copy: a shared buffer must start its allocation ({} bytes at {} lie in {} bytes at {:#x})",
@@ -244,7 +245,6 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     entry_point("cuStreamWriteValue64", drv_.write64);
     entry_point("cuStreamWaitValue64", drv_.wait64);
     entry_point("cuDeviceGetAttribute", drv_.attribute);
-    entry_point("cuMemGetAddressRange", drv_.address_range);
     int ok = 0, flush = 0;
     // (A CUdevice is the device's ordinal, as the runtime numbers it.)
     check_driver(drv_.attribute(&ok, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, device_), "cuDeviceGetAttribute");

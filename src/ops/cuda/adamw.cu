@@ -168,7 +168,8 @@ bool adamw_pieces(Context& ctx, Tensor& param, const std::vector<GradPiece>& pie
   for (const GradPiece& piece : pieces)
     ok = ok && piece.grad.device() == Device::cuda && piece.grad.dtype() == DType::f32 && piece.offset % kChunk == 0 &&
          piece.grad.numel() % kChunk == 0 && is_aligned16(piece.grad.data());
-  if (!ok) return false;   // (ops::adamw_pieces has checked the pieces and the hyper-parameters)
+  if (!ok) return false;
+  LMSCALE_CHECK(a.step >= 1, "adamw: step {} (1-based)", a.step);
   const AdamWScalars s = scalars(a);
   float* p = param.data_as<float>();
   float* mp = m.data_as<float>();

@@ -4,9 +4,6 @@
 // runs a fixed grid of blocks over rows, each keeping its dw partial sums in shared memory, and a
 // second launch adds the per-block partials in a fixed order: deterministic, no float atomics.
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "cuda_ops.h"
 #include "kernel_utils.cuh"
@@ -216,7 +213,6 @@ __global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* _
     const bool has1 = row0 + step < rows;
     float xv[2][kRC][kChunk], gv[2][kRC][kChunk];
     float dot[2] = {0.f, 0.f};
-    // Both rows' loads first, then the dot products: no row's loads wait behind the other's FMAs.
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       if (q == 1 && !has1) break;
@@ -293,21 +289,6 @@ __global__ void rmsnorm_dw_kernel(const float* __restrict__ dw_partial, int bloc
   }
 }
 
-// Blocks of `kernel` at `threads` (no dynamic shared memory) that fit on one multiprocessor at
-// once; asked of the runtime once per kernel and block size (the backward runs twice per block;
-// a process drives one kind of GPU).
-template <class Kernel>
-int resident_blocks(Kernel kernel, int threads) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> known;
-  const std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), threads);
-  if (auto it = known.find(key); it != known.end()) return it->second;
-  int n = 0;
-  LMSCALE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
-  return known[key] = n;
-}
-
 // Runs `body` with W bound to the weight's element type: fp32 or the activations' T.
 template <class T, class F>
 void with_weight_type(DType wt, DType xt, const char* op, F&& body) {
@@ -377,24 +358,33 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
   const bool vec = d % kChunk == 0 && is_aligned16(x.data()) && is_aligned16(dy.data()) &&
                    is_aligned16(dx.data()) && is_aligned16(w.data());
   const int threads = row_threads(d);
+  // At most four blocks per multiprocessor (as many as fit at once for the register kernel: one
+  // wave), each adding up its rows' dw: enough warps in flight to hide the row loads, and partials
+  // few enough ([blocks, d] fp32) for one cheap pass.
   const std::int64_t per_pass = static_cast<std::int64_t>(threads) * kChunk;   // elements per chunk column
   const bool regs = vec && d <= 2 * per_pass;
+  int per_sm = 4;
+  if (regs) {
+    LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T, {
+      with_weight_type<T>(w.dtype(), x.dtype(), "rmsnorm_backward", [&](auto wtag) {
+        using W = decltype(wtag);
+        auto kernel = d <= per_pass ? rmsnorm_backward_regs_kernel<1, T, W> : rmsnorm_backward_regs_kernel<2, T, W>;
+        LMSCALE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+      });
+    });
+    per_sm = std::clamp(per_sm, 1, 4);
+  }
+  const int blocks = static_cast<int>(std::min<std::int64_t>(rows, per_sm * r.num_sms));
   const std::size_t smem = static_cast<std::size_t>(d) * sizeof(float);
+  Scratch partial(ctx, static_cast<std::size_t>(blocks) * smem, "rmsnorm_dw_partials");
   LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T, {
     with_weight_type<T>(w.dtype(), x.dtype(), "rmsnorm_backward", [&](auto wtag) {
       using W = decltype(wtag);
-      auto regs_kernel = d <= per_pass ? rmsnorm_backward_regs_kernel<1, T, W> : rmsnorm_backward_regs_kernel<2, T, W>;
-      // At most four blocks per multiprocessor (for the register kernel, as many as fit at once:
-      // one wave), each adding up its rows' dw: enough warps in flight to hide the row loads, and
-      // partials few enough ([blocks, d] fp32) for one cheap pass.
-      const int per_sm = regs ? std::clamp(resident_blocks(regs_kernel, threads), 1, 4) : 4;
-      const int blocks = static_cast<int>(std::min<std::int64_t>(rows, per_sm * r.num_sms));
-      Scratch partial(ctx, static_cast<std::size_t>(blocks) * smem, "rmsnorm_dw_partials");
       if (regs) {
-        regs_kernel<<<blocks, threads, 0, r.stream>>>(x.data_as<const T>(), w.data_as<const W>(),
-                                                      rstd.data_as<const float>(), dy.data_as<const T>(),
-                                                      dx.data_as<T>(), partial.as<float>(), rows, static_cast<int>(d),
-                                                      accumulate_dx);
+        auto kernel = d <= per_pass ? rmsnorm_backward_regs_kernel<1, T, W> : rmsnorm_backward_regs_kernel<2, T, W>;
+        kernel<<<blocks, threads, 0, r.stream>>>(x.data_as<const T>(), w.data_as<const W>(),
+                                                 rstd.data_as<const float>(), dy.data_as<const T>(), dx.data_as<T>(),
+                                                 partial.as<float>(), rows, static_cast<int>(d), accumulate_dx);
       } else {
         auto kernel = vec ? rmsnorm_backward_kernel<true, T, W> : rmsnorm_backward_kernel<false, T, W>;
         if (smem > 48 * 1024)
