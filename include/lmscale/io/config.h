@@ -55,7 +55,7 @@ struct ParallelConfig {
   std::string ddp = "none";             // none | naive | flat | overlap | bucketed
   double bucket_mb = 25.0;
   std::string grad_reduce_dtype = "fp32";  // fp32 | bf16: element type of the gradient collectives
-  std::string grad_exchange = "nccl";   // nccl | copy-engine: how zero2's gradient buckets reach their owners
+  std::string grad_exchange = "nccl";   // nccl | copy-engine: how zero2's and bucketed DDP's gradient buckets are reduced
   std::string zero = "none";            // none | zero1-broadcast | zero1 | zero2 | fsdp
   std::int64_t fsdp_prefetch = 1;       // fsdp: units gathered ahead of the one computing
   bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
