@@ -213,6 +213,7 @@ __global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* _
     const bool has1 = row0 + step < rows;
     float xv[2][kRC][kChunk], gv[2][kRC][kChunk];
     float dot[2] = {0.f, 0.f};
+    // Both rows' loads first, then the dot products: no row's loads wait behind the other's FMAs.
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       if (q == 1 && !has1) break;
