@@ -1,6 +1,8 @@
 # CUDA is enabled automatically when nvcc is found (LMSCALE_CUDA=AUTO), forced with ON, or
-# switched off with OFF. Architectures default to 90a (Hopper: wgmma, TMA) and can be overridden
-# with -DCMAKE_CUDA_ARCHITECTURES=... .
+# switched off with OFF. Architectures default to 80;90a: Ampere (A100) and Hopper (H100, H200:
+# wgmma, TMA). The sm90 attention kernels compile to empty bodies for 80 and are not used there (a
+# run-time probe, flash_attention_sm90_fwd.cu); every other kernel is compiled for both. Override with
+# -DCMAKE_CUDA_ARCHITECTURES=... (90a alone: Hopper only, the shortest CUDA compile).
 set(LMSCALE_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO, ON or OFF")
 set(LMSCALE_WITH_CUDA OFF)
 if(NOT LMSCALE_CUDA STREQUAL "OFF")
@@ -17,6 +19,6 @@ if(NOT LMSCALE_CUDA STREQUAL "OFF")
   endif()
 endif()
 if(LMSCALE_WITH_CUDA AND NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-  set(CMAKE_CUDA_ARCHITECTURES 90a CACHE STRING "CUDA architectures")
+  set(CMAKE_CUDA_ARCHITECTURES "80;90a" CACHE STRING "CUDA architectures")
 endif()
 message(STATUS "lmscale: CUDA backend ${LMSCALE_WITH_CUDA}")
