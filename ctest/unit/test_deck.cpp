@@ -321,6 +321,41 @@ TEST(Deck, Actions) {
   EXPECT_NE(lmscale::io::version_text().find("lmscale "), std::string::npos);
 }
 
+// --world-size=N lets one process (a Slurm job script before srun) check a deck for N ranks: a tp=2
+// deck is refused on 1 rank and accepted for 2, with dp resolved for N. Bad uses are errors.
+TEST(Deck, PrintConfigWorldSize) {
+  const std::vector<std::string> tp2{"--print-config", "--run.job=train", "--parallel.tp=2"};
+  EXPECT_THROW(invoke(tp2), UsageError);
+  auto with = [&](const std::string& extra, int world = 1) {
+    auto args = tp2;
+    args.push_back(extra);
+    return invoke(args, world);
+  };
+  const Invocation four = with("--world-size=4");
+  EXPECT_EQ(four.action, Invocation::Action::print_config);
+  EXPECT_EQ(four.world_size, 4);
+  EXPECT_EQ(four.config.parallel.dp, 2);
+  EXPECT_EQ(with("--world-size=2", 2).world_size, 2);   // launched on 2 ranks: the same N is fine
+  EXPECT_EQ(invoke({"--print-config", "--run.job=train"}, 2).world_size, 2);   // without it: the MPI world
+  EXPECT_THROW(with("--world-size=3"), UsageError);     // tp=2 does not divide 3
+  for (const std::string bad : {"--world-size=0", "--world-size=two", "--world-size=-2", "--world-size="}) {
+    try {
+      with(bad);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--world-size"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(with("--world-size=4", 2), UsageError);  // 2 ranks launched, 4 asked
+  try {
+    invoke({"--run.job=train", "--world-size=2"});
+    ADD_FAILURE() << "--world-size without --print-config accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--print-config"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_deck_text("", {"--world-size=2"}, 1), UsageError);
+}
+
 // The executable runs only what a deck asks for: an empty or job-less deck (or no deck and no
 // --run.job) is an error naming run.job, for running and for --print-config alike. Tests and
 // tools that build configs with parse_deck_text keep the default job.

@@ -68,7 +68,7 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
       if (root) fmt::print("lmscale {} (git {}, CUDA {})\n", kVersion, kGitCommit, kWithCuda ? "on" : "off");
       return 0;
     case io::Invocation::Action::print_config:
-      if (root) fmt::print("{}", jobs::describe_run(inv.config, mpi.size()));
+      if (root) fmt::print("{}", jobs::describe_run(inv.config, inv.world_size));
       return 0;
     case io::Invocation::Action::run:
       break;

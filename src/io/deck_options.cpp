@@ -37,7 +37,10 @@ po::options_description action_options(unsigned line_length) {
       ("help,h", po::bool_switch(), "Print this help and exit.")           //
       ("help-markdown", po::bool_switch(), "Print the deck reference (docs/deck.md) and exit.")  //
       ("version", po::bool_switch(), "Print the version and exit.")       //
-      ("print-config", po::bool_switch(), "Print the resolved configuration (every key) and exit.");
+      ("print-config", po::bool_switch(), "Print the resolved configuration (every key) and exit.")  //
+      ("world-size", po::value<std::string>()->value_name("N"),
+       "With --print-config: check the deck for a run on N ranks (default: the MPI world size), e.g. in a job "
+       "script before srun.");
   return actions;
 }
 

@@ -187,6 +187,26 @@ Config resolve(po::variables_map& vm, const po::parsed_options& command_line, co
   return c;
 }
 
+// --world-size=N: --print-config checks the deck for N ranks while running as one process (a job
+// script validates before srun). A launched run takes its size from MPI only.
+int requested_world_size(const po::variables_map& vm, int mpi_world_size) {
+  const std::string text = vm["world-size"].as<std::string>();
+  if (!vm["print-config"].as<bool>())
+    throw UsageError(fmt::format("--world-size={} goes only with --print-config (to check a deck for N ranks "
+                                 "without launching them); a run's world size is the number of ranks launched: "
+                                 "mpirun -np N or srun --ntasks=N",
+                                 text));
+  const bool digits = !text.empty() && text.size() <= 9 &&
+                      std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  const int n = digits ? std::stoi(text) : 0;
+  if (n < 1) throw UsageError(fmt::format("--world-size='{}' is not a rank count; give a whole number >= 1, e.g. --world-size=4", text));
+  if (mpi_world_size > 1 && n != mpi_world_size)
+    throw UsageError(fmt::format("--world-size={} but {} MPI ranks were launched; drop --world-size, or run "
+                                 "lmscale --print-config as one process",
+                                 n, mpi_world_size));
+  return n;
+}
+
 }  // namespace
 
 Invocation parse_invocation(int argc, const char* const* argv, int world_size) {
@@ -206,6 +226,8 @@ Invocation parse_invocation(int argc, const char* const* argv, int world_size) {
   } else {
     inv.action = vm["print-config"].as<bool>() ? Invocation::Action::print_config : Invocation::Action::run;
     reject_unregistered(command_line, "on the command line", true);
+    if (vm.count("world-size") != 0) world_size = requested_world_size(vm, world_size);
+    inv.world_size = world_size;
     std::string deck_path, deck_text;
     if (vm.count("deck") != 0) {
       deck_path = vm["deck"].as<std::string>();
@@ -230,6 +252,7 @@ Config parse_deck_text(const std::string& deck_text, const std::vector<std::stri
   store_values(command_line, vm, "on the command line");
   for (const char* action : {"help", "help-markdown", "version", "print-config"})
     if (vm[action].as<bool>()) throw UsageError(fmt::format("--{} is an action, not a setting", action));
+  if (vm.count("world-size") != 0) throw UsageError("--world-size goes with --print-config, not in a setting list");
   return resolve(vm, command_line, options, deck_text, "the deck", world_size, /*require_job=*/false);
 }
 

@@ -92,7 +92,9 @@ std::string deck_markdown() {
         "| `--help`, `-h` | print every key with its type, default and meaning |\n"
         "| `--help-markdown` | print this reference |\n"
         "| `--version` | print the version, git commit and whether CUDA is built in |\n"
-        "| `--print-config` | resolve and check the deck, print every key's value (a valid deck), run nothing |\n\n";
+        "| `--print-config` | resolve and check the deck, print every key's value (a valid deck), run nothing |\n"
+        "| `--world-size=N` | with `--print-config`: check for a run on N ranks from one process (a job script "
+        "before `srun`) |\n\n";
   md += "## How a deck is resolved\n\n"
         "1. Defaults (the `default` column below).\n"
         "2. The deck's keys, then the command line's, which win.\n"

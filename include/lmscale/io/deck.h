@@ -17,10 +17,13 @@ struct Invocation {
   // Resolved and validated when action is run or print_config (parallel.dp resolved against the
   // world size; provenance fields deck_path, deck_text, command_line, resolved filled).
   Config config;
+  // The world size the deck was checked for: the MPI world's, or --world-size=N with --print-config.
+  int world_size = 1;
 };
 
 // argv: `lmscale [DECK] [--section.key=value ...] [--help] [--help-markdown] [--version]
-// [--print-config]`. world_size is the MPI world size, for checks such as dp*tp*pp.
+// [--print-config [--world-size=N]]`. world_size is the MPI world size, for checks such as dp*tp*pp;
+// --world-size replaces it for --print-config run as one process.
 Invocation parse_invocation(int argc, const char* const* argv, int world_size);
 
 // The same, from a deck text and override list ("section.key=value" or "--section.key=value"),
