@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/comm/mpi_environment.h"
 #include "lmscale/io/results.h"
 #include "lmscale/jobs/trainer.h"
@@ -147,10 +148,10 @@ TEST(LossScaling, OverflowSkipsTheStepAndHalvesTheScale) {
   cfg.model.d_ff = 176;
   cfg.model.num_layers = 1;
   cfg.model.num_heads = 4;
-  cfg.precision.mode = "fp16";
+  cfg.precision.mode = PrecisionMode::fp16;
   cfg.precision.loss_scale_init = 1e30;   // gradients of loss * 1e30 overflow fp16 (and fp32)
   cfg.precision.loss_scale_window = 2;
-  cfg.parallel.device = "cuda";
+  cfg.parallel.device = DeviceChoice::cuda;
   ops::Runtime rt(Device::cuda, 0, false);
   io::ResultsFile out("/nonexistent/never.h5", false);
   jobs::JobEnv env{cfg, mpi, rt, out, 0, 1, 0, nullptr, nullptr};
@@ -184,7 +185,7 @@ TEST(OverlappedOptimizer, SameBitsAsTheSerialStep) {
   comm::MpiEnvironment& mpi = mpi_once();
   auto run = [&](bool overlap, std::int64_t accum, const std::string& optimizer) {
     Config cfg;
-    cfg.optim.name = optimizer;   // lamb: layer-wise norms computed before the overlapped update
+    io::set_key(cfg, "optim.name", optimizer);   // lamb: layer-wise norms computed before the overlapped update
     // Large enough for three 256 MiB gradient buckets (about 190M fp32 parameters).
     cfg.model.vocab_size = 32000;
     cfg.model.context_length = 64;
@@ -192,9 +193,9 @@ TEST(OverlappedOptimizer, SameBitsAsTheSerialStep) {
     cfg.model.d_ff = 2816;
     cfg.model.num_layers = 8;
     cfg.model.num_heads = 8;
-    cfg.precision.mode = "bf16";
+    cfg.precision.mode = PrecisionMode::bf16;
     cfg.optim.grad_clip = 0.05;   // active: the update waits for the global norm
-    cfg.parallel.device = "cuda";
+    cfg.parallel.device = DeviceChoice::cuda;
     cfg.parallel.overlap_optimizer = overlap;
     ops::Runtime rt(Device::cuda, 0, false);
     io::ResultsFile out("/nonexistent/never.h5", false);

@@ -108,12 +108,12 @@ TEST_F(CudaOpsTest, TrustNormsDeterministic) {
 TEST_F(CudaOpsTest, OptimizerStepsMatchCpu) {
   const std::int64_t n = 4099;
   const std::vector<optim::ParamSegment> segs{{0, 3000, 0, true}, {3000, 1000, 1, true}, {4000, 99, 2, false}};
-  for (const char* name : {"sgd", "lars", "lamb"}) {
-    SCOPED_TRACE(name);
+  for (OptimizerName name : {OptimizerName::sgd, OptimizerName::lars, OptimizerName::lamb}) {
+    SCOPED_TRACE(to_string(name));
     OptimConfig cfg;
     cfg.name = name;
     cfg.weight_decay = 0.01;
-    cfg.nesterov = std::string(name) == "sgd";
+    cfg.nesterov = name == OptimizerName::sgd;
     auto od = optim::make_optimizer(cfg, n, DType::f32, g(), 3, segs);
     auto oc = optim::make_optimizer(cfg, n, DType::f64, c(), 3, segs);
     const auto p = randn(static_cast<std::size_t>(n), DType::f32);

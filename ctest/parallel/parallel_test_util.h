@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/comm/factory.h"
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/trainer.h"
@@ -17,8 +18,8 @@ namespace lmscale::test {
 // What the tests that drive a strategy directly (ZeroOptimizer, DataParallel) need on every rank:
 // the gradient and host-scalar communicators over MPI and a host context.
 struct HostRankEnv {
-  std::unique_ptr<comm::Communicator> grads = comm::make_world_communicator("mpi", mpi_env(), 0);
-  std::unique_ptr<comm::Communicator> host = comm::make_world_communicator("mpi", mpi_env(), 0);
+  std::unique_ptr<comm::Communicator> grads = comm::make_world_communicator(comm::Backend::mpi, mpi_env(), 0);
+  std::unique_ptr<comm::Communicator> host = comm::make_world_communicator(comm::Backend::mpi, mpi_env(), 0);
   HostAllocator alloc;
   Context ctx;
   HostRankEnv() {
@@ -38,8 +39,8 @@ struct CpuJobEnv {
       : env{cfg, mpi_env(), rt, out, distributed ? mpi_env().rank() : 0, distributed ? mpi_env().size() : 1, 0,
             nullptr, nullptr} {
     if (!distributed) return;
-    env.comm = comm::make_world_communicator("mpi", mpi_env(), 0);
-    env.host_comm = comm::make_world_communicator("mpi", mpi_env(), 0);
+    env.comm = comm::make_world_communicator(comm::Backend::mpi, mpi_env(), 0);
+    env.host_comm = comm::make_world_communicator(comm::Backend::mpi, mpi_env(), 0);
   }
 };
 
@@ -55,8 +56,8 @@ inline Config tiny_config() {
   c.optim.min_lr = 1e-3;
   c.optim.warmup_steps = 1;
   c.optim.grad_clip = 0.5;   // exercised: the global norm must be the same under every layout
-  c.parallel.device = "cpu";
-  c.parallel.backend = "mpi";
+  c.parallel.device = DeviceChoice::cpu;
+  c.parallel.backend = BackendChoice::mpi;
   c.parallel.bucket_mb = 0.004;   // several buckets even for this tiny model
   c.run.seed = 9;
   return c;
@@ -96,7 +97,7 @@ inline std::vector<float> train(const Config& cfg, bool distributed, int steps, 
 // `base` set up for optimizer `name` with hyper-parameters that move this tiny model visibly in a
 // few steps (LARS's trust ratio makes its step about eta * lr of the weights' scale).
 inline Config with_optimizer(Config c, const std::string& name) {
-  c.optim.name = name;
+  io::set_key(c, "optim.name", name);
   c.optim.weight_decay = 0.01;
   if (name == "sgd") {
     c.optim.lr = 0.2, c.optim.min_lr = 0.02, c.optim.momentum = 0.9, c.optim.nesterov = true;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/sharded_optimizer.h"
 #include "parallel_test_util.h"
@@ -21,7 +22,7 @@ constexpr std::int64_t kBatch = 12;   // divisible by 2, 3 and 4 ranks
 Config fsdp_config() {
   Config c = test::tiny_config();
   c.model.num_layers = 3;
-  c.parallel.zero = "fsdp";
+  c.parallel.zero = ZeroLevel::fsdp;
   return c;
 }
 }  // namespace
@@ -29,7 +30,7 @@ Config fsdp_config() {
 TEST(Fsdp, TrainsToTheWeightsOfOneProcess) {
   const int steps = 4;
   Config one = fsdp_config();
-  one.parallel.zero = "none";
+  one.parallel.zero = ZeroLevel::none;
   const auto reference = test::train(one, false, steps, kBatch);
   struct Case {
     int accum, prefetch;
@@ -46,7 +47,7 @@ TEST(Fsdp, TrainsToTheWeightsOfOneProcess) {
     cfg.train.grad_accum = c.accum;
     cfg.parallel.fsdp_prefetch = c.prefetch;
     cfg.parallel.reshard_after_forward = c.reshard;
-    cfg.train.activation_checkpointing = c.recompute;
+    io::set_key(cfg, "train.activation_checkpointing", c.recompute);
     cfg.train.checkpoint_k = c.k;
     const auto got = test::train(cfg, true, steps, kBatch);
     ASSERT_EQ(got.size(), reference.size());
@@ -64,7 +65,7 @@ TEST(Fsdp, OptimizersMatchOneProcess) {
   const int R = test::mpi_env().size();
   for (const char* name : {"sgd", "lars", "lamb"}) {
     Config one = test::with_optimizer(fsdp_config(), name);
-    one.parallel.zero = "none";
+    one.parallel.zero = ZeroLevel::none;
     const auto reference = test::train(one, false, steps, kBatch);
     EXPECT_GT(test::max_rel_diff(reference, test::train(one, false, 0, kBatch)), 1e-3) << name;
     for (int accum : {1, 2}) {
@@ -85,8 +86,8 @@ TEST(Fsdp, EachRankHoldsOnlyItsShards) {
   ops::Runtime rt(Device::cpu, 0, false);
   io::ResultsFile out("/nonexistent/never-written.h5", false);
   jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), R, 0, nullptr, nullptr};
-  env.comm = comm::make_world_communicator("mpi", mpi, 0);
-  env.host_comm = comm::make_world_communicator("mpi", mpi, 0);
+  env.comm = comm::make_world_communicator(comm::Backend::mpi, mpi, 0);
+  env.host_comm = comm::make_world_communicator(comm::Backend::mpi, mpi, 0);
   jobs::Trainer trainer(env, kBatch, 1, 2);
   ASSERT_NE(trainer.fsdp(), nullptr);
   EXPECT_FALSE(trainer.params().has_flat_params());

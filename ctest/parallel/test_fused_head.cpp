@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/core/rng.h"
 #include "parallel_test_util.h"
 
@@ -69,14 +70,14 @@ TEST(FusedHead, ChunkedHeadInEveryModeMatchesOneProcessUnchunked) {
   for (const Case& c : cases) {
     Config cfg = base;
     cfg.model.ce_chunk_rows = 5;   // 16 rows per rank (8 under tp: 16 rows of Vl; 4-row microbatches)
-    cfg.parallel.ddp = c.ddp;
-    cfg.parallel.zero = c.zero;
+    io::set_key(cfg, "parallel.ddp", c.ddp);
+    io::set_key(cfg, "parallel.zero", c.zero);
     cfg.parallel.tp = c.tp;
     cfg.parallel.sequence_parallel = c.sp;
     cfg.parallel.pp = c.pp;
-    cfg.parallel.schedule = c.schedule;
+    io::set_key(cfg, "parallel.schedule", c.schedule);
     cfg.train.grad_accum = c.accum;
-    cfg.train.activation_checkpointing = c.ckpt;
+    io::set_key(cfg, "train.activation_checkpointing", c.ckpt);
     Config ref_cfg = one;
     if (c.pp > 1) {
       cfg.parallel.microbatches = 2;
@@ -104,17 +105,17 @@ TEST(FusedHead, ScaledDown8bDeckOnTwoRanksMatchesOneProcess) {
   cfg.model.d_ff = 172;
   cfg.model.num_layers = 2;
   cfg.model.num_heads = 32;
-  cfg.model.attention = "flash";
+  cfg.model.attention = AttentionImpl::flash;
   cfg.optim.lr = 3e-3;
   cfg.optim.grad_clip = 1.0;
-  cfg.train.activation_checkpointing = "every-k";   // the deck's policy (its first 27 of 34 blocks: here both), attention kept
+  cfg.train.activation_checkpointing = Checkpointing::every_k;   // the deck's policy (its first 27 of 34 blocks: here both), attention kept
   cfg.train.checkpoint_keep_attention = true;
-  cfg.parallel.zero = "fsdp";
+  cfg.parallel.zero = ZeroLevel::fsdp;
   cfg.parallel.bucket_mb = 25;
   const int steps = 2;
   const std::int64_t B = 2;   // one sequence per rank
   Config one = cfg;
-  one.parallel.zero = "none";
+  one.parallel.zero = ZeroLevel::none;
   // The synthetic token source of the train job; at initialisation the model's predictions are
   // near uniform whatever the tokens, so the first loss is ~ln V (uniform tokens: test_model.cpp).
   auto run = [&](const Config& c, bool distributed) { return test::train_run(c, distributed, steps, B); };

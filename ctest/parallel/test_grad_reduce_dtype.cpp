@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/comm/factory.h"
 #include "lmscale/core/dtype.h"
 #include "lmscale/parallel/ddp.h"
@@ -101,15 +102,15 @@ TEST(GradReduceDtype, Zero2Bf16ShardsMatchTheRoundingFormula) {
 TEST(GradReduceDtype, Bf16VariantsAgreeAndStayCloseToFp32) {
   const int steps = 3;
   Config base = test::tiny_config();
-  base.parallel.ddp = "bucketed";
+  base.parallel.ddp = DdpKind::bucketed;
   const auto fp32 = test::train(base, true, steps);
   std::vector<float> first;
   struct Case { const char* ddp; const char* zero; };
   for (Case c : {Case{"flat", "none"}, Case{"overlap", "none"}, Case{"bucketed", "none"}, Case{"none", "zero2"}}) {
     Config cfg = base;
-    cfg.parallel.ddp = c.ddp;
-    cfg.parallel.zero = c.zero;
-    cfg.parallel.grad_reduce_dtype = "bf16";
+    io::set_key(cfg, "parallel.ddp", c.ddp);
+    io::set_key(cfg, "parallel.zero", c.zero);
+    cfg.parallel.grad_reduce_dtype = GradReduceDtype::bf16;
     const auto got = test::train(cfg, true, steps);
     // bf16 keeps 8 bits of mantissa: the updates differ, the trajectory stays close.
     const double d = test::max_rel_diff(got, fp32);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/comm/factory.h"
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/trainer.h"
@@ -52,8 +53,8 @@ TEST(DataParallel, EveryVariantMatchesOneProcess) {
                  Case{"none", "zero2", 2, true}}) {
     if (8 / test::mpi_env().size() % c.accum) continue;
     Config cfg = base;
-    cfg.parallel.ddp = c.ddp;
-    cfg.parallel.zero = c.zero;
+    io::set_key(cfg, "parallel.ddp", c.ddp);
+    io::set_key(cfg, "parallel.zero", c.zero);
     cfg.parallel.overlap_param_gather = c.gather;
     cfg.train.grad_accum = c.accum;
     const auto got = test::train(cfg, true, steps);
@@ -82,8 +83,8 @@ TEST(DataParallel, OptimizersMatchOneProcess) {
                    Case{"none", "zero2", 1}, Case{"none", "zero2", 2}}) {
       if (8 / test::mpi_env().size() % c.accum) continue;
       Config cfg = base;
-      cfg.parallel.ddp = c.ddp;
-      cfg.parallel.zero = c.zero;
+      io::set_key(cfg, "parallel.ddp", c.ddp);
+      io::set_key(cfg, "parallel.zero", c.zero);
       cfg.train.grad_accum = c.accum;
       const auto got = test::train(cfg, true, steps);
       ASSERT_EQ(got.size(), reference.size());
@@ -115,7 +116,7 @@ TEST(ZeroOptimizer, WorkingCopyIsGatheredAndMasterCompletedOnDemand) {
     const double w = read_from_master(i) ? master[static_cast<std::size_t>(i)] : bf16_to_float(low[static_cast<std::size_t>(i)]);
     return static_cast<float>(w - target(rank, i));
   };
-  for (const char* mode : {"zero1-broadcast", "zero1", "zero2"}) {
+  for (ZeroLevel mode : {ZeroLevel::zero1_broadcast, ZeroLevel::zero1, ZeroLevel::zero2}) {
     std::vector<float> p(n), g(n), rp(n), rg(n);
     std::vector<bf16_t> low(n), rlow(n);
     for (int i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = static_cast<float>(0.3 - 0.05 * i);
@@ -125,7 +126,7 @@ TEST(ZeroOptimizer, WorkingCopyIsGatheredAndMasterCompletedOnDemand) {
     Tensor tlow = Tensor::view(low.data(), {n}, DType::bf16, Device::cpu);
     Tensor trp = Tensor::view(rp.data(), {n}, DType::f32, Device::cpu), trg = Tensor::view(rg.data(), {n}, DType::f32, Device::cpu);
     Tensor trlow = Tensor::view(rlow.data(), {n}, DType::bf16, Device::cpu);
-    parallel::ZeroOptimizer z(parallel::parse_zero_mode(mode), *grads, *host, oc);
+    parallel::ZeroOptimizer z(parallel::zero_mode_of(mode), *grads, *host, oc);
     z.add_group({tp, tg, &tlow, {}, 0, reads}, ctx);
     model::ModelDims d;
     d.vocab = 3; d.d_model = 2; d.d_ff = 2; d.layers = 1; d.heads = 1;
@@ -136,7 +137,7 @@ TEST(ZeroOptimizer, WorkingCopyIsGatheredAndMasterCompletedOnDemand) {
     const std::vector<float> initial = p;
     for (int step = 0; step < 3; ++step) {
       for (int i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] = grad_of(p, low, r, i);
-      if (std::string(mode) == "zero1-broadcast") grads->all_reduce(tg, comm::ReduceOp::sum).wait();
+      if (mode == ZeroLevel::zero1_broadcast) grads->all_reduce(tg, comm::ReduceOp::sum).wait();
       else z.sync().finish(ctx);
       z.step(ctx, oc.lr, 1.0);
       for (int i = 0; i < n; ++i) {
@@ -146,7 +147,7 @@ TEST(ZeroOptimizer, WorkingCopyIsGatheredAndMasterCompletedOnDemand) {
       }
       ref.step(ctx, trp, trg, &trlow, oc.lr, 1.0);
     }
-    const bool partial = std::string(mode) != "zero1-broadcast" && R > 1;
+    const bool partial = mode != ZeroLevel::zero1_broadcast && R > 1;
     for (int i = 0; i < n; ++i) {
       const bool mine = i >= lo && i < hi;
       if (mine || !partial || read_from_master(i)) EXPECT_NEAR(p[static_cast<std::size_t>(i)], rp[static_cast<std::size_t>(i)], 1e-6) << mode << " " << i;
@@ -179,11 +180,11 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
   Tensor trb = Tensor::view(rb.data(), {5}, DType::f32, Device::cpu), trgb = Tensor::view(rgb.data(), {5}, DType::f32, Device::cpu);
   optim::AdamW ref_a(oc, 7, DType::f32, ctx), ref_b(oc, 5, DType::f32, ctx);
 
-  for (const char* mode : {"zero1-broadcast", "zero1", "zero2"}) {
+  for (ZeroLevel mode : {ZeroLevel::zero1_broadcast, ZeroLevel::zero1, ZeroLevel::zero2}) {
     std::vector<float> pa = a, pb = b;
     Tensor ta = Tensor::view(pa.data(), {7}, DType::f32, Device::cpu), tga = Tensor::view(ga.data(), {7}, DType::f32, Device::cpu);
     Tensor tb = Tensor::view(pb.data(), {5}, DType::f32, Device::cpu), tgb = Tensor::view(gb.data(), {5}, DType::f32, Device::cpu);
-    parallel::ZeroOptimizer z(parallel::parse_zero_mode(mode), *grads, *host, oc);
+    parallel::ZeroOptimizer z(parallel::zero_mode_of(mode), *grads, *host, oc);
     z.add_group({ta, tga, nullptr, {}, 0, {}}, ctx);
     // no backward runs here, so zero2's bucket hooks never fire: finish() then reduce-scatters
     // each group whole, like zero1
@@ -199,14 +200,14 @@ TEST(ZeroOptimizer, UnevenShardsAndLateGroupMatchOneProcess) {
       if (step == 2) z.add_group({tb, tgb, nullptr, {}, 0, {}}, ctx);
       for (int i = 0; i < 7; ++i) ga[static_cast<std::size_t>(i)] = static_cast<float>(pa[static_cast<std::size_t>(i)] - target(r, i));
       for (int i = 0; i < 5; ++i) gb[static_cast<std::size_t>(i)] = static_cast<float>(pb[static_cast<std::size_t>(i)] - target(r, 10 + i));
-      if (std::string(mode) != "zero1-broadcast") {
+      if (mode != ZeroLevel::zero1_broadcast) {
         // zero1/zero2 reduce-scatter inside finish(); zero1-broadcast's DataParallel works on the
         // model store, so all-reduce the toy gradients here as the DDP strategy would.
       } else {
         grads->all_reduce(tga, comm::ReduceOp::sum).wait();
         grads->all_reduce(tgb, comm::ReduceOp::sum).wait();
       }
-      if (std::string(mode) != "zero1-broadcast") z.sync().finish(ctx);
+      if (mode != ZeroLevel::zero1_broadcast) z.sync().finish(ctx);
       z.step(ctx, oc.lr, 1.0);
       // reference: the summed gradient computed in double then rounded like the ranks' sum
       for (int i = 0; i < 7; ++i) {
@@ -243,12 +244,12 @@ TEST(ZeroOptimizer, DeferredGathersEqualTheGatherInsideStep) {
   model::ModelDims d;
   d.vocab = 3; d.d_model = 2; d.d_ff = 2; d.layers = 1; d.heads = 1;
   model::ParameterStore dummy(d, DType::f32, DType::f32, env.alloc);
-  for (const char* mode : {"zero1", "zero2"}) {
+  for (ZeroLevel mode : {ZeroLevel::zero1, ZeroLevel::zero2}) {
     std::vector<float> plain(n), deferred(n), g1(n), g2(n);
     for (int i = 0; i < n; ++i) plain[static_cast<std::size_t>(i)] = deferred[static_cast<std::size_t>(i)] = static_cast<float>(0.05 * i);
     auto view = [](std::vector<float>& v) { return Tensor::view(v.data(), {static_cast<std::int64_t>(v.size())}, DType::f32, Device::cpu); };
-    parallel::ZeroOptimizer zp(parallel::parse_zero_mode(mode), *env.grads, *env.host, oc);
-    parallel::ZeroOptimizer zd(parallel::parse_zero_mode(mode), *env.grads, *env.host, oc);
+    parallel::ZeroOptimizer zp(parallel::zero_mode_of(mode), *env.grads, *env.host, oc);
+    parallel::ZeroOptimizer zd(parallel::zero_mode_of(mode), *env.grads, *env.host, oc);
     zp.add_group({view(plain), view(g1), nullptr, {}, 0, {}}, env.ctx);
     zd.add_group({view(deferred), view(g2), nullptr, {}, 0, {}}, env.ctx);
     zp.make_sync(parallel::DdpMode::flat, dummy, 1.0, env.ctx);
@@ -285,8 +286,8 @@ TEST(ZeroOptimizer, TrainerDefersTheGatherOnlyWhereAsked) {
   for (Case c : {Case{"zero1", true, true}, Case{"zero2", true, true}, Case{"zero2", false, false},
                  Case{"zero1-broadcast", true, false}}) {
     Config cfg = test::tiny_config();
-    cfg.parallel.zero = c.zero;
-    cfg.parallel.ddp = std::string(c.zero) == "zero1-broadcast" ? "flat" : "none";
+    io::set_key(cfg, "parallel.zero", c.zero);
+    io::set_key(cfg, "parallel.ddp", std::string(c.zero) == "zero1-broadcast" ? "flat" : "none");
     cfg.parallel.overlap_param_gather = c.gather;
     test::CpuJobEnv job(cfg);
     jobs::JobEnv& env = job.env;
@@ -304,7 +305,7 @@ TEST(ZeroOptimizer, Zero2HoldsNoFullSizeGradients) {
   std::map<std::string, std::size_t> peak;
   for (const char* mode : {"zero1", "zero2"}) {
     Config cfg = test::tiny_config();
-    cfg.parallel.zero = mode;
+    io::set_key(cfg, "parallel.zero", mode);
     test::CpuJobEnv job(cfg);
     jobs::JobEnv& env = job.env;
     jobs::Trainer trainer(env, 8, 1, 2);

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/comm/factory.h"
 #include "lmscale/comm/peer_copy.h"
 #include "lmscale/io/dataset.h"
@@ -40,12 +41,12 @@ Config tiny_config() {
   c.model.d_ff = 176;
   c.model.num_layers = 2;
   c.model.num_heads = 4;
-  c.model.attention = "flash";
-  c.precision.mode = "bf16";
+  c.model.attention = AttentionImpl::flash;
+  c.precision.mode = PrecisionMode::bf16;
   c.optim.lr = 3e-3;
   c.optim.warmup_steps = 1;
-  c.parallel.device = "cuda";
-  c.parallel.backend = "nccl";
+  c.parallel.device = DeviceChoice::cuda;
+  c.parallel.backend = BackendChoice::nccl;
   c.parallel.bucket_mb = 0.05;
   c.run.seed = 4;
   return c;
@@ -62,9 +63,9 @@ std::vector<float> train(const Config& cfg, bool distributed, int steps, std::ve
   jobs::JobEnv env{cfg, mpi, rt, out, distributed ? mpi.rank() : 0, distributed ? mpi.size() : 1, mpi.local_rank(),
                    nullptr, nullptr};
   if (distributed) {
-    env.comm = comm::make_world_communicator("nccl", mpi, mpi.local_rank(), false,
+    env.comm = comm::make_world_communicator(comm::Backend::nccl, mpi, mpi.local_rank(), false,
                                              static_cast<int>(cfg.parallel.comm_sms));
-    env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
+    env.host_comm = comm::make_world_communicator(comm::Backend::mpi, mpi, mpi.local_rank());
   }
   const std::int64_t B = 8, T = cfg.model.context_length;
   jobs::Trainer trainer(env, B, cfg.train.grad_accum, steps);
@@ -116,7 +117,7 @@ TEST(DataParallelGpu, EveryVariantMatchesOneGpuInBf16) {
   std::vector<double> ddp_losses;
   {
     Config ddp = base;
-    ddp.parallel.ddp = "flat";
+    ddp.parallel.ddp = DdpKind::flat;
     train(ddp, true, steps, &ddp_losses);
   }
   // comm_sms: NCCL on 8 CTAs and the overlapped GEMMs planned for the other SMs (same results).
@@ -128,10 +129,10 @@ TEST(DataParallelGpu, EveryVariantMatchesOneGpuInBf16) {
                  Case{"bucketed", "none", "every-k"}, Case{"bucketed", "none", "none", 8},
                  Case{"none", "zero2", "none", 8}, Case{"none", "fsdp", "none", 8}}) {
     Config cfg = base;
-    cfg.parallel.ddp = c.ddp;
-    cfg.parallel.zero = c.zero;
+    io::set_key(cfg, "parallel.ddp", c.ddp);
+    io::set_key(cfg, "parallel.zero", c.zero);
     cfg.parallel.comm_sms = c.comm_sms;
-    cfg.train.activation_checkpointing = c.recompute;
+    io::set_key(cfg, "train.activation_checkpointing", c.recompute);
     std::vector<double> losses;
     const auto got = train(cfg, true, steps, &losses);
     double diff = 0;
@@ -161,14 +162,14 @@ TEST(DataParallelGpu, Zero2CopyEngineEqualsNcclBitwise) {
   const int steps = 4;
   for (int accum : {1, 2}) {
     Config cfg = tiny_config();
-    cfg.parallel.zero = "zero2";
+    cfg.parallel.zero = ZeroLevel::zero2;
     cfg.train.grad_accum = accum;
     std::vector<double> nccl_losses, ce_losses;
     std::size_t nccl_window = 1, ce_window = 0;
     const auto nccl = train(cfg, true, steps, &nccl_losses, &nccl_window);
     std::printf("zero2 over NCCL, accum %d: %zu parameters, last loss %.6f\n", accum, nccl.size(), nccl_losses.back());
     std::fflush(stdout);
-    cfg.parallel.grad_exchange = "copy-engine";
+    cfg.parallel.grad_exchange = GradExchange::copy_engine;
     const auto ce = train(cfg, true, steps, &ce_losses, &ce_window);
     std::printf("zero2 over the copy engines, accum %d: window %zu bytes, last loss %.6f\n", accum, ce_window,
                 ce_losses.back());
@@ -202,12 +203,12 @@ TEST(DataParallelGpu, BucketedCopyEngineEqualsNcclBitwise) {
   const int steps = 5;
   for (int accum : {1, 2}) {
     Config cfg = tiny_config();
-    cfg.parallel.ddp = "bucketed";
+    cfg.parallel.ddp = DdpKind::bucketed;
     cfg.train.grad_accum = accum;
     std::vector<double> nccl_losses, ce_losses;
     std::size_t nccl_window = 1, ce_window = 0;
     const auto nccl = train(cfg, true, steps, &nccl_losses, &nccl_window);
-    cfg.parallel.grad_exchange = "copy-engine";
+    cfg.parallel.grad_exchange = GradExchange::copy_engine;
     const auto ce = train(cfg, true, steps, &ce_losses, &ce_window);
     const auto buckets = model::gradient_buckets(model::parameter_layout(model::ModelDims::from(cfg.model)),
                                                  cfg.parallel.bucket_mb * 1024.0 * 1024.0, 4);
@@ -244,8 +245,8 @@ TEST(DataParallelGpu, OptimizersMatchOneGpuInFp32AndBf16) {
   for (const char* precision : {"fp32", "bf16"})
     for (const std::string name : {"sgd", "lars", "lamb"}) {
       Config base = tiny_config();
-      base.precision.mode = precision;
-      base.optim.name = name;
+      io::set_key(base, "precision.mode", precision);
+      io::set_key(base, "optim.name", name);
       base.optim.lr = name == "lars" ? 5.0 : name == "sgd" ? 0.2 : 1e-2;
       base.optim.trust_coefficient = 0.02;
       base.model.vocab_size = 100;   // divisible by tp = 2
@@ -255,7 +256,7 @@ TEST(DataParallelGpu, OptimizersMatchOneGpuInFp32AndBf16) {
       struct Case { const char* zero; int tp; };
       for (Case c : {Case{"zero1", 1}, Case{"zero2", 1}, Case{"fsdp", 1}, Case{"none", 2}}) {
         Config cfg = base;
-        cfg.parallel.zero = c.zero;
+        io::set_key(cfg, "parallel.zero", c.zero);
         cfg.parallel.tp = c.tp;
         const auto got = train(cfg, true, steps);
         double diff = 0;
@@ -293,11 +294,11 @@ TEST(TensorParallelGpu, Tp2MatchesOneGpuInBf16) {
     Config cfg = base;
     cfg.parallel.tp = 2;
     cfg.parallel.sequence_parallel = c.sp;
-    cfg.train.activation_checkpointing = c.recompute;
-    cfg.model.attention = c.attention;
+    io::set_key(cfg, "train.activation_checkpointing", c.recompute);
+    io::set_key(cfg, "model.attention", c.attention);
     std::vector<double> losses;
     Config ref_cfg = base;
-    ref_cfg.model.attention = c.attention;
+    io::set_key(ref_cfg, "model.attention", c.attention);
     std::vector<double> case_ref_losses;
     const auto case_ref = std::string(c.attention) == "flash" ? reference : train(ref_cfg, false, steps, &case_ref_losses);
     if (std::string(c.attention) == "flash") case_ref_losses = ref_losses;
@@ -332,14 +333,14 @@ TEST(PipelineGpu, TwoStagesMatchOneGpuInBf16) {
                  Case{"1f1b", 2, "selective"}, Case{"1f1b", 4, "none", 8}}) {
     Config ref_cfg = base;
     ref_cfg.train.grad_accum = c.micro;
-    ref_cfg.train.activation_checkpointing = c.recompute;
+    io::set_key(ref_cfg, "train.activation_checkpointing", c.recompute);
     const auto accumulated = train(ref_cfg, false, steps);
     Config cfg = base;
     cfg.parallel.pp = 2;
     cfg.parallel.microbatches = c.micro;
-    cfg.parallel.schedule = c.schedule;
+    io::set_key(cfg, "parallel.schedule", c.schedule);
     cfg.parallel.comm_sms = c.comm_sms;
-    cfg.train.activation_checkpointing = c.recompute;
+    io::set_key(cfg, "train.activation_checkpointing", c.recompute);
     const auto got = train(cfg, true, steps);
     ASSERT_EQ(got.size(), plain.size());
     double d_acc = 0, d_plain = 0;
@@ -379,7 +380,7 @@ TEST(PipelineGpu, InterleavedTwoStagesMatchOneGpuInBf16) {
     Config cfg = base;
     cfg.parallel.pp = 2;
     cfg.parallel.microbatches = micro;
-    cfg.parallel.schedule = "interleaved";
+    cfg.parallel.schedule = PipelineSchedule::interleaved;
     cfg.parallel.virtual_stages = 2;
     const auto got = train(cfg, true, steps);
     ASSERT_EQ(got.size(), plain.size());

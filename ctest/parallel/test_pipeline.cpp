@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/comm/factory.h"
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/trainer.h"
@@ -58,7 +59,7 @@ void check_against_one_process(const Case& c, int steps = 3) {
   const int dp = world / c.pp;
   Config cfg = pipe_config();
   cfg.model.num_layers = c.layers;
-  cfg.train.activation_checkpointing = c.ckpt;
+  io::set_key(cfg, "train.activation_checkpointing", c.ckpt);
   cfg.train.checkpoint_k = 3;   // groups cut by the stage boundaries
   Config ref_cfg = cfg;
   ref_cfg.train.grad_accum = dp * c.microbatches;   // the same microbatch rows as the pipeline
@@ -71,9 +72,9 @@ void check_against_one_process(const Case& c, int steps = 3) {
     p.parallel.virtual_stages = c.virtual_stages;
     p.parallel.pp = c.pp;
     p.parallel.microbatches = c.microbatches;
-    p.parallel.schedule = schedule;
-    p.parallel.zero = c.zero;
-    p.parallel.ddp = c.ddp;
+    io::set_key(p, "parallel.schedule", schedule);
+    io::set_key(p, "parallel.zero", c.zero);
+    io::set_key(p, "parallel.ddp", c.ddp);
     p.parallel.stage_layers = c.stage_layers;
     const test::TrainRun got = test::train_run(p, true, steps);
     const std::string what = std::string(schedule) + " pp " + std::to_string(c.pp) + " dp " + std::to_string(dp) +

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/parallel/tensor_parallel.h"
 #include "parallel_test_util.h"
 
@@ -70,10 +71,10 @@ TEST(TensorParallel, TrainsToTheLossesAndWeightsOfOneProcess) {
     Config cfg = tp_config();
     cfg.parallel.tp = c.tp;
     cfg.parallel.sequence_parallel = c.sp;
-    cfg.parallel.ddp = c.ddp;
-    cfg.parallel.zero = c.zero;
+    io::set_key(cfg, "parallel.ddp", c.ddp);
+    io::set_key(cfg, "parallel.zero", c.zero);
     cfg.train.grad_accum = c.accum;
-    cfg.train.activation_checkpointing = c.recompute;
+    io::set_key(cfg, "train.activation_checkpointing", c.recompute);
     const std::string what = "tp " + std::to_string(c.tp) + (c.sp ? " +sp " : " ") + c.ddp + "/" + c.zero +
                              " accum " + std::to_string(c.accum) + " " + c.recompute;
     const test::TrainRun got = test::train_run(cfg, true, steps);
@@ -114,7 +115,7 @@ TEST(TensorParallel, OptimizersMatchOneProcess) {
       Config cfg = base;
       cfg.parallel.tp = c.tp;
       cfg.parallel.sequence_parallel = c.sp;
-      cfg.parallel.zero = c.zero;
+      io::set_key(cfg, "parallel.zero", c.zero);
       const test::TrainRun got = test::train_run(cfg, true, steps);
       ASSERT_EQ(got.params.size(), ref.params.size());
       EXPECT_LT(test::max_rel_diff(got.params, ref.params), kTol)

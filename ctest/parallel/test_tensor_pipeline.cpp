@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/jobs/trainer.h"
 #include "lmscale/parallel/pipeline.h"
 #include "lmscale/parallel/tensor_parallel.h"
@@ -79,7 +80,7 @@ void check_cases(const std::vector<Case>& cases, int steps = 3) {
   const int dp = world / 4;
   for (const Case& c : cases) {
     Config cfg = tpp_config();
-    cfg.train.activation_checkpointing = c.recompute;
+    io::set_key(cfg, "train.activation_checkpointing", c.recompute);
     cfg.train.checkpoint_k = 3;   // every-k groups cut by the stage boundaries
     Config ref_cfg = cfg;
     ref_cfg.train.grad_accum = dp * c.microbatches;   // the pipeline's microbatch rows, in order
@@ -89,11 +90,11 @@ void check_cases(const std::vector<Case>& cases, int steps = 3) {
     p.parallel.tp = 2;
     p.parallel.pp = 2;
     p.parallel.sequence_parallel = c.sp;
-    p.parallel.schedule = c.schedule;
+    io::set_key(p, "parallel.schedule", c.schedule);
     p.parallel.virtual_stages = std::string(c.schedule) == "interleaved" ? 2 : 1;
     p.parallel.microbatches = c.microbatches;
-    p.parallel.zero = c.zero;
-    p.parallel.ddp = c.ddp;
+    io::set_key(p, "parallel.zero", c.zero);
+    io::set_key(p, "parallel.ddp", c.ddp);
     const std::string what = std::string("dp ") + std::to_string(dp) + " x tp 2 x pp 2 " + c.schedule +
                              (c.sp ? " +sp" : "") + " M " + std::to_string(c.microbatches) + " " + c.recompute +
                              " " + c.zero + "/" + c.ddp;
@@ -131,9 +132,9 @@ TEST(TensorPipeline, GpipeAndOneFOneBAreBitwiseEqual) {
     p.parallel.pp = 2;
     p.parallel.sequence_parallel = sp;
     p.parallel.microbatches = 4;
-    p.parallel.schedule = "gpipe";
+    p.parallel.schedule = PipelineSchedule::gpipe;
     const test::TrainRun a = test::train_run(p, true, 2);
-    p.parallel.schedule = "1f1b";
+    p.parallel.schedule = PipelineSchedule::one_f_one_b;
     const test::TrainRun b = test::train_run(p, true, 2);
     EXPECT_EQ(a.params, b.params) << (sp ? "sp" : "no sp");
     EXPECT_EQ(a.losses, b.losses) << (sp ? "sp" : "no sp");
@@ -150,7 +151,7 @@ TEST(TensorPipeline, StartsFromOneProcessWeightsAndRoundTripsFullParameters) {
     cfg.parallel.tp = 2;
     cfg.parallel.pp = 2;
     cfg.parallel.microbatches = 2;
-    cfg.parallel.schedule = schedule;
+    io::set_key(cfg, "parallel.schedule", schedule);
     cfg.parallel.virtual_stages = std::string(schedule) == "interleaved" ? 2 : 1;
     auto& mpi = test::mpi_env();
     test::CpuJobEnv job(cfg);

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/sharded_optimizer.h"
 #include "parallel_test_util.h"
@@ -43,7 +44,7 @@ Config tp_fsdp_config(bool distributed) {
   c.model.context_length = 8;
   if (distributed) {
     c.parallel.tp = 2;
-    c.parallel.zero = "fsdp";
+    c.parallel.zero = ZeroLevel::fsdp;
   }
   return c;
 }
@@ -96,7 +97,7 @@ TEST(TensorParallelFsdp, TrainsToTheLossesAndWeightsOfOneProcess) {
     cfg.train.grad_accum = c.accum;
     cfg.parallel.fsdp_prefetch = c.prefetch;
     cfg.parallel.reshard_after_forward = c.reshard;
-    cfg.train.activation_checkpointing = c.recompute;
+    io::set_key(cfg, "train.activation_checkpointing", c.recompute);
     cfg.train.checkpoint_k = c.k;
     const std::string what = std::string("dp 2 x tp 2 fsdp") + (c.sp ? " +sp" : "") + " accum " +
                              std::to_string(c.accum) + " prefetch " + std::to_string(c.prefetch) +

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/comm/factory.h"
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/trainer.h"
@@ -34,13 +35,13 @@ Config tiny_config() {
   c.model.d_ff = 176;
   c.model.num_layers = 3;
   c.model.num_heads = 4;
-  c.model.attention = "flash";
-  c.precision.mode = "bf16";
+  c.model.attention = AttentionImpl::flash;
+  c.precision.mode = PrecisionMode::bf16;
   c.optim.lr = 3e-3;
   c.optim.warmup_steps = 1;
   c.optim.grad_clip = 0.5;
-  c.parallel.device = "cuda";
-  c.parallel.backend = "nccl";
+  c.parallel.device = DeviceChoice::cuda;
+  c.parallel.backend = BackendChoice::nccl;
   c.run.seed = 4;
   return c;
 }
@@ -52,8 +53,8 @@ std::vector<float> train(const Config& cfg, bool distributed, int steps, std::ve
   jobs::JobEnv env{cfg, mpi, rt, out, distributed ? mpi.rank() : 0, distributed ? mpi.size() : 1, mpi.local_rank(),
                    nullptr, nullptr};
   if (distributed) {
-    env.comm = comm::make_world_communicator("nccl", mpi, mpi.local_rank());
-    env.host_comm = comm::make_world_communicator("mpi", mpi, mpi.local_rank());
+    env.comm = comm::make_world_communicator(comm::Backend::nccl, mpi, mpi.local_rank());
+    env.host_comm = comm::make_world_communicator(comm::Backend::mpi, mpi, mpi.local_rank());
   }
   const std::int64_t B = 8, T = cfg.model.context_length;
   jobs::Trainer trainer(env, B, cfg.train.grad_accum, steps);
@@ -89,7 +90,7 @@ TEST(TensorParallelFsdpGpu, Dp2Tp2MatchesOneGpuAndZero2InBf16) {
   for (Case c : {Case{false, 1, "none"}, Case{true, 1, "none"}, Case{true, 2, "every-k"}, Case{false, 2, "selective"}}) {
     Config one = tiny_config();
     one.train.grad_accum = c.accum;
-    one.train.activation_checkpointing = c.recompute;
+    io::set_key(one, "train.activation_checkpointing", c.recompute);
     std::vector<double> ref_losses, losses, zero_losses;
     const auto reference = train(one, false, steps, ref_losses);
     double scale = 0;
@@ -97,9 +98,9 @@ TEST(TensorParallelFsdpGpu, Dp2Tp2MatchesOneGpuAndZero2InBf16) {
     Config cfg = one;
     cfg.parallel.tp = 2;
     cfg.parallel.sequence_parallel = c.sp;
-    cfg.parallel.zero = "fsdp";
+    cfg.parallel.zero = ZeroLevel::fsdp;
     const auto got = train(cfg, true, steps, losses);
-    cfg.parallel.zero = "zero2";
+    cfg.parallel.zero = ZeroLevel::zero2;
     const auto zero2 = train(cfg, true, steps, zero_losses);
     ASSERT_EQ(got.size(), reference.size());
     const std::string what = std::string("dp 2 x tp 2 fsdp") + (c.sp ? " +sp" : "") + " accum " +

@@ -17,7 +17,7 @@ using namespace lmscale;
 namespace {
 Config xl_bf16() {
   Config c;
-  c.run.job = "bench-model";
+  c.run.job = JobKind::bench_model;
   c.model.size = "xl";
   c.model.vocab_size = 10000;
   c.model.d_model = 1600;
@@ -25,7 +25,7 @@ Config xl_bf16() {
   c.model.num_layers = 48;
   c.model.num_heads = 25;
   c.model.context_length = 512;
-  c.precision.mode = "bf16";
+  c.precision.mode = PrecisionMode::bf16;
   c.bench.batch_size = 4;
   return c;
 }
@@ -58,18 +58,18 @@ TEST(Accounting, XlBf16OneGpuMatchesTheMeasuredPeak) {
 TEST(Accounting, Zero1ShardsOptimizerStateAndGathersTheWorkingCopy) {
   Config c = xl_bf16();
   c.bench.batch_size = 8;
-  c.parallel.ddp = "bucketed";
+  c.parallel.ddp = DdpKind::bucketed;
   const auto ddp = jobs::account(c, 2, "");
-  c.parallel.zero = "zero1";
+  c.parallel.zero = ZeroLevel::zero1;
   const auto z = jobs::account(c, 2, "");
   EXPECT_DOUBLE_EQ(item(z, "optimizer_state"), item(ddp, "optimizer_state") / 2);
   EXPECT_DOUBLE_EQ(ddp.comm_bytes_per_step, 2 * 0.5 * 4 * 1998235200.0);
   EXPECT_DOUBLE_EQ(z.comm_bytes_per_step, 0.5 * 4 * 1998235200.0 + 0.5 * 2 * 1998235200.0 + 0.5 * 4 * 97 * 1600);
   EXPECT_EQ(ddp.local_batch, 4);
-  c.precision.mode = "fp32";
-  c.parallel.zero = "none";
+  c.precision.mode = PrecisionMode::fp32;
+  c.parallel.zero = ZeroLevel::none;
   const auto ddp32 = jobs::account(c, 2, "");
-  c.parallel.zero = "zero2";
+  c.parallel.zero = ZeroLevel::zero2;
   EXPECT_DOUBLE_EQ(jobs::account(c, 2, "").comm_bytes_per_step, ddp32.comm_bytes_per_step);
 }
 
@@ -79,11 +79,11 @@ TEST(Accounting, Zero1ShardsOptimizerStateAndGathersTheWorkingCopy) {
 TEST(Accounting, CopyEngineWindowIsOneShardPerOtherRank) {
   Config c = xl_bf16();
   c.bench.batch_size = 8;
-  c.parallel.device = "cuda";
-  c.parallel.zero = "zero2";
+  c.parallel.device = DeviceChoice::cuda;
+  c.parallel.zero = ZeroLevel::zero2;
   const auto nccl = jobs::account(c, 2, "");
   const auto nccl_mem = jobs::predict_memory_phases(c, 2, true, 0);
-  c.parallel.grad_exchange = "copy-engine";
+  c.parallel.grad_exchange = GradExchange::copy_engine;
   const auto ce = jobs::account(c, 2, "");
   const auto ce_mem = jobs::predict_memory_phases(c, 2, true, 0);
   const double P = 1998235200.0;
@@ -98,7 +98,7 @@ TEST(Accounting, CopyEngineWindowIsOneShardPerOtherRank) {
     EXPECT_DOUBLE_EQ(ce_mem.phases[i].bytes - nccl_mem.phases[i].bytes, 4 * P / 2 + 2 * nb * 8) << ce_mem.phases[i].phase;
   // 3 ranks: 2 slots of the first (largest) shard.
   const auto three = jobs::predict_memory_phases(c, 3, true, 2);
-  c.parallel.grad_exchange = "nccl";
+  c.parallel.grad_exchange = GradExchange::nccl;
   const auto three_nccl = jobs::predict_memory_phases(c, 3, true, 2);
   EXPECT_DOUBLE_EQ(three.peak - three_nccl.peak, 2 * 4 * std::ceil(P / 3) + 3 * nb * 8);
 }
@@ -110,11 +110,11 @@ TEST(Accounting, CopyEngineWindowIsOneShardPerOtherRank) {
 TEST(Accounting, CopyEngineWindowForBucketedDdpIsEachBucketsPart) {
   Config c = xl_bf16();
   c.bench.batch_size = 8;
-  c.parallel.device = "cuda";
-  c.parallel.ddp = "bucketed";
+  c.parallel.device = DeviceChoice::cuda;
+  c.parallel.ddp = DdpKind::bucketed;
   c.parallel.bucket_mb = 25;
   const auto nccl_mem = jobs::predict_memory_phases(c, 2, true, 0);
-  c.parallel.grad_exchange = "copy-engine";
+  c.parallel.grad_exchange = GradExchange::copy_engine;
   const auto ce_mem = jobs::predict_memory_phases(c, 2, true, 0);
   const auto ce = jobs::account(c, 2, "");
   const auto buckets = model::gradient_buckets(model::parameter_layout(model::ModelDims::from(c.model)),
@@ -137,10 +137,10 @@ namespace {
 Config xl_pipeline() {
   Config c = xl_bf16();
   c.bench.batch_size = 8;
-  c.model.attention = "flash";
+  c.model.attention = AttentionImpl::flash;
   c.parallel.pp = 2;
   c.parallel.microbatches = 8;
-  c.parallel.schedule = "1f1b";
+  c.parallel.schedule = PipelineSchedule::one_f_one_b;
   return c;
 }
 }  // namespace
@@ -157,7 +157,7 @@ TEST(Accounting, PipelineStagesAndMicrobatchesInFlight) {
   const double n = 512, per_block = (8 * 1600 + 3 * 6400) * n * 2 + 2 * n * 4 + 25 * 512 * 4;
   EXPECT_DOUBLE_EQ(item(a, "activations"), 2 * 24 * per_block);   // stage 0: 2 microbatches in flight
   EXPECT_DOUBLE_EQ(a.comm_bytes_per_step, 8 * n * 1600 * 2);   // stage 0 sends activations only
-  c.parallel.schedule = "gpipe";
+  c.parallel.schedule = PipelineSchedule::gpipe;
   const auto g = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
   EXPECT_GT(item(g, "activations"), 3 * item(a, "activations"));   // all 8 in flight
 }
@@ -167,7 +167,7 @@ TEST(Accounting, PipelineStagesAndMicrobatchesInFlight) {
 // group being recomputed (k blocks) does not materialise them again.
 TEST(Accounting, PipelineKeptAttentionIsNotRecomputed) {
   Config c = xl_pipeline();
-  c.train.activation_checkpointing = "every-k";
+  c.train.activation_checkpointing = Checkpointing::every_k;
   c.train.checkpoint_k = 2;
   const auto off = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");
   c.train.checkpoint_keep_attention = true;
@@ -209,7 +209,7 @@ TEST(Accounting, TensorParallelCommunicationAndMemory) {
 TEST(Accounting, TensorParallelFsdpShardsTheSlices) {
   Config c = xl_bf16();
   c.bench.batch_size = 8;
-  c.parallel.zero = "fsdp";
+  c.parallel.zero = ZeroLevel::fsdp;
   const double norms = (2 * 48 + 1) * 1600.0, P = 1998235200, Ps = (P - norms) / 2;
   const auto f = jobs::account(c, 2, "NVIDIA H100 80GB HBM3");   // fsdp on 2 ranks, no tp
   c.parallel.tp = 2;

@@ -22,6 +22,7 @@ using lmscale::UsageError;
 using lmscale::io::Invocation;
 using lmscale::io::parse_deck_text;
 using lmscale::io::to_ini;
+using namespace lmscale;   // the deck enums (io/config.h)
 
 const std::filesystem::path kRepo = LMSCALE_SOURCE_DIR;   // (not __FILE__: ccache base_dir makes it relative)
 
@@ -90,7 +91,7 @@ num_heads = 8
 lr = 3e-4
 )",
                                    {}, 1);
-  EXPECT_EQ(c.run.job, "bench-model");
+  EXPECT_EQ(c.run.job, JobKind::bench_model);
   EXPECT_EQ(c.run.output, "outputs/with space.h5");
   EXPECT_EQ(c.run.seed, 18446744073709551615ULL);
   EXPECT_EQ(c.model.d_model, 256);
@@ -181,11 +182,11 @@ ops = all-gather,broadcast
   EXPECT_EQ(c.bench.seq_lens, (std::vector<std::int64_t>{128, 256, 512}));
   EXPECT_EQ(c.bench.head_dims, (std::vector<std::int64_t>{16, 128}));
   EXPECT_EQ(c.bench.attn_batch, (std::vector<std::int64_t>{4}));
-  EXPECT_EQ(c.bench.impls, (std::vector<std::string>{"flash"}));
-  EXPECT_EQ(c.bench.passes, (std::vector<std::string>{"forward", "forward-backward"}));
-  EXPECT_EQ(c.bench.dtypes, (std::vector<std::string>{"fp32", "bf16", "fp16"}));
+  EXPECT_EQ(c.bench.impls, (std::vector<AttentionImpl>{AttentionImpl::flash}));
+  EXPECT_EQ(c.bench.passes, (std::vector<AttentionPass>{AttentionPass::forward, AttentionPass::forward_backward}));
+  EXPECT_EQ(c.bench.dtypes, (std::vector<FloatType>{FloatType::fp32, FloatType::bf16, FloatType::fp16}));
   EXPECT_EQ(c.bench.causal, (std::vector<bool>{true, false, true}));
-  EXPECT_EQ(c.bench.ops, (std::vector<std::string>{"all-gather", "broadcast"}));
+  EXPECT_EQ(c.bench.ops, (std::vector<CollectiveOp>{CollectiveOp::all_gather, CollectiveOp::broadcast}));
 }
 
 TEST(Deck, Booleans) {
@@ -209,35 +210,36 @@ TEST(Deck, ByteCounts) {
 // A config with every field different from its default.
 Config everything_changed() {
   Config c;
-  c.run = {"bench-model", "out dir/x.h5", 42, false, "out dir/x.trace.json"};
-  c.model = {"custom", 321, 77, 96, 200, 3, 6, 5000.5, 1e-6, "flash"};
-  c.precision = {"bf16", true, true, 1024.0, 17};
-  c.parallel = {"cuda", "nccl", 2, 1, 1, "bucketed", 12.5, "bf16", "nccl", "zero2", 2, false, 3, "gpipe", 1, "3", true, 45, true};
-  c.bench.mode = "forward";
+  c.run = {JobKind::bench_model, "out dir/x.h5", 42, false, "out dir/x.trace.json"};
+  c.model = {"custom", 321, 77, 96, 200, 3, 6, 5000.5, 1e-6, AttentionImpl::flash};
+  c.precision = {PrecisionMode::bf16, true, true, 1024.0, 17};
+  c.parallel = {DeviceChoice::cuda, BackendChoice::nccl, 2, 1, 1, DdpKind::bucketed, 12.5, GradReduceDtype::bf16,
+                GradExchange::nccl, ZeroLevel::zero2, 2, false, 3, PipelineSchedule::gpipe, 1, "3", true, 45, true};
+  c.bench.mode = BenchMode::forward;
   c.bench.warmup = 0;
   c.bench.steps = 3;
   c.bench.batch_size = 6;
   c.bench.memory_timeline = true;
-  c.bench.impls = {"flash"};
-  c.bench.passes = {"backward", "forward"};
+  c.bench.impls = {AttentionImpl::flash};
+  c.bench.passes = {AttentionPass::backward, AttentionPass::forward};
   c.bench.attn_batch = {2, 8};
   c.bench.attn_heads = {4, 32};
   c.bench.seq_lens = {256, 4096};
   c.bench.head_dims = {32, 128};
-  c.bench.dtypes = {"fp16", "fp32"};
+  c.bench.dtypes = {FloatType::fp16, FloatType::fp32};
   c.bench.causal = {false, true};
-  c.bench.ops = {"reduce-scatter", "broadcast"};
-  c.bench.algo = "ring";
+  c.bench.ops = {CollectiveOp::reduce_scatter, CollectiveOp::broadcast};
+  c.bench.algo = CollectiveAlgo::ring;
   c.bench.min_bytes = 8;
   c.bench.max_bytes = 3 << 20;
   c.bench.step_factor = 2;
   c.bench.inplace = true;
   c.bench.check = false;
-  c.train = {11, 24, 2, 5, 3, 2, "w.h5", "r.h5", 4, "ck.h5", "every-k", 2, "ckdir", 5, true, 1};
-  c.optim = {"lamb", 0.0123, 1e-7, 3, 9, 0.1, 0.85, 0.98, 1e-10, 0.5, 0.8};
-  c.data = {"tokens", "train.bin", "val.bin", "uint32", 0.25};
+  c.train = {11, 24, 2, 5, 3, 2, "w.h5", "r.h5", 4, "ck.h5", Checkpointing::every_k, 2, "ckdir", 5, true, 1};
+  c.optim = {OptimizerName::lamb, 0.0123, 1e-7, 3, 9, 0.1, 0.85, 0.98, 1e-10, 0.5, 0.8};
+  c.data = {DataSource::tokens, "train.bin", "val.bin", TokenDtype::uint32, 0.25};
   c.cost = {1e12, 64, 2.5, 0.6, 0.45, "bench.h5", 4.0, 0.5, 0.002, 7};
-  c.prune = {"w.h5", "structured", "loss-guided", 0.75, 5, 7, 3.5, 0.1, "pruned.h5"};
+  c.prune = {"w.h5", PruneMethod::structured, PruneSchedule::loss_guided, 0.75, 5, 7, 3.5, 0.1, "pruned.h5"};
   return c;
 }
 
@@ -256,9 +258,9 @@ TEST(Deck, ToIniRoundTripsEveryKey) {
   // gradients; the one above reduces in bf16): its own round trip.
   Config ce;
   ce.parallel.dp = 1;
-  ce.parallel.device = "cuda";
-  ce.parallel.zero = "zero2";
-  ce.parallel.grad_exchange = "copy-engine";
+  ce.parallel.device = DeviceChoice::cuda;
+  ce.parallel.zero = ZeroLevel::zero2;
+  ce.parallel.grad_exchange = GradExchange::copy_engine;
   expect_same_settings(parse_deck_text(to_ini(ce), {}, 1), ce);
   // The default config too.
   Config defaults;
@@ -381,9 +383,9 @@ TEST(Deck, InvocationNeedsRunJob) {
     EXPECT_NE(std::string(e.what()).find("sets no key at all"), std::string::npos) << e.what();
   }
   // The job given on the command line or in the deck is enough.
-  EXPECT_EQ(invoke({jobless, "--run.job=accounting"}).config.run.job, "accounting");
-  EXPECT_EQ(invoke({dir.write("job.ini", "[run]\njob = bench-model\n")}).config.run.job, "bench-model");
-  EXPECT_EQ(parse_deck_text("", {}, 1).run.job, "train");
+  EXPECT_EQ(invoke({jobless, "--run.job=accounting"}).config.run.job, JobKind::accounting);
+  EXPECT_EQ(invoke({dir.write("job.ini", "[run]\njob = bench-model\n")}).config.run.job, JobKind::bench_model);
+  EXPECT_EQ(parse_deck_text("", {}, 1).run.job, JobKind::train);
 }
 
 TEST(Deck, MissingDeckFileNamesThePath) {
@@ -440,29 +442,28 @@ TEST(Deck, ValidateChecksConfigsBuiltInCode) {
   EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
   c.bench.head_dims = {48, 80, 256};   // any head dim on CPU and up to 256 with flash on CUDA
   EXPECT_NO_THROW(lmscale::io::validate(c, 1));
-  c.parallel.device = "cuda";
-  c.run.job = "bench-attention";
+  c.parallel.device = DeviceChoice::cuda;
+  c.run.job = JobKind::bench_attention;
   c.bench.head_dims = {64, 264};
   EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
-  c.parallel.device = "cpu";   // CPU flash takes any head dim
+  c.parallel.device = DeviceChoice::cpu;   // CPU flash takes any head dim
   EXPECT_NO_THROW(lmscale::io::validate(c, 1));
   c = Config{};
-  c.run.job = "bench-model";
-  c.model.attention = "flash";
+  c.run.job = JobKind::bench_model;
+  c.model.attention = AttentionImpl::flash;
   c.model.d_model = 2560;   // the 2.7B preset: 32 heads of 80, runs on CUDA
   c.model.num_heads = 32;
-  c.parallel.device = "cuda";
+  c.parallel.device = DeviceChoice::cuda;
   EXPECT_NO_THROW(lmscale::io::validate(c, 1));
   c.model.num_heads = 8;    // 320 > 256
   EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
-  c.model.attention = "naive";
+  c.model.attention = AttentionImpl::naive;
   EXPECT_NO_THROW(lmscale::io::validate(c, 1));
   c = Config{};
   c.model.num_heads = 7;
   EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
   c = Config{};
-  c.run.job = "pretrain";
-  EXPECT_THROW(lmscale::io::validate(c, 1), UsageError);
+  EXPECT_THROW(io::set_key(c, "run.job", "pretrain"), UsageError);   // not a job: refused as it is parsed
 }
 
 TEST(Deck, HelpListsEveryKeyWithDefault) {

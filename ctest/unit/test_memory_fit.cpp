@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/core/error.h"
 #include "lmscale/jobs/accounting.h"
 #include "lmscale/jobs/memory_fit.h"
@@ -16,14 +17,14 @@ namespace {
 
 Config xl_bench(const std::string& mode) {
   Config c;
-  c.run.job = "bench-model";
-  c.bench.mode = mode;
+  c.run.job = JobKind::bench_model;
+  io::set_key(c, "bench.mode", mode);
   c.model.d_model = 1600;
   c.model.d_ff = 6400;
   c.model.num_layers = 48;
   c.model.num_heads = 25;
   c.model.context_length = 512;
-  c.precision.mode = "bf16";
+  c.precision.mode = PrecisionMode::bf16;
   c.bench.batch_size = 4;
   return c;
 }
@@ -61,7 +62,7 @@ TEST(MemoryFit, NeedIsThePeakOfThePhasesTheModeRuns) {
   EXPECT_DOUBLE_EQ(fb->bytes, phases.phases[1].bytes);
 
   Config accounting = step;
-  accounting.run.job = "accounting";   // computes, allocates nothing
+  accounting.run.job = JobKind::accounting;   // computes, allocates nothing
   EXPECT_FALSE(jobs::predicted_need(accounting, 1, ""));
 }
 
@@ -95,8 +96,8 @@ TEST(MemoryFit, ThisMachineRefusesAnImpossibleContextButRunsATinyModel) {
   const jobs::MemoryBudget b = jobs::memory_budget(rt);
   EXPECT_GT(b.bytes, 0.0);
   Config c;
-  c.run.job = "train";
-  c.parallel.device = "cpu";
+  c.run.job = JobKind::train;
+  c.parallel.device = DeviceChoice::cpu;
   c.model.vocab_size = 512;
   c.model.d_model = 128;
   c.model.d_ff = 344;

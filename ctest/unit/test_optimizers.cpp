@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "lmscale/io/deck.h"
 #include "lmscale/ops/optimizer_steps.h"
 #include "lmscale/optim/adamw.h"
 #include "lmscale/optim/lamb.h"
@@ -54,7 +55,7 @@ TEST_F(OptimizerTest, SgdHandWorkedFirstStep) {
   // p -= 0.1 buf. p = 1, grad = 0.5: g' = 1.01, p = 1 - 0.101 = 0.899. Nesterov: d = g' + 0.9 buf = 1.919.
   for (bool nesterov : {false, true}) {
     OptimConfig c;
-    c.name = "sgd";
+    c.name = OptimizerName::sgd;
     c.momentum = 0.9;
     c.weight_decay = 0.01;
     c.nesterov = nesterov;
@@ -75,7 +76,7 @@ TEST_F(OptimizerTest, SgdSeveralStepsMatchTorchFormula) {
     for (double mu : {0.0, 0.8}) {
       if (nesterov && mu == 0) continue;
       OptimConfig c;
-      c.name = "sgd";
+      c.name = OptimizerName::sgd;
       c.momentum = mu;
       c.nesterov = nesterov;
       c.weight_decay = 0.05;
@@ -110,7 +111,7 @@ TEST_F(OptimizerTest, LarsHandWorkedFirstStep) {
   // wd 0.1, eta 0.01: local_lr = 0.01 * 5 / (2 + 0.5) = 0.02. lr 1, zero buffer:
   // buf = 0.02 (g + 0.1 w) = 0.02 (0.3, 2.4) = (0.006, 0.048); w = (2.994, 3.952).
   OptimConfig c;
-  c.name = "lars";
+  c.name = OptimizerName::lars;
   c.momentum = 0.9;
   c.weight_decay = 0.1;
   c.trust_coefficient = 0.01;
@@ -125,7 +126,7 @@ TEST_F(OptimizerTest, LarsHandWorkedFirstStep) {
 TEST_F(OptimizerTest, LarsSeveralStepsWithExclusionAndZeroNorms) {
   const std::size_t n = 8;
   OptimConfig c;
-  c.name = "lars";
+  c.name = OptimizerName::lars;
   c.momentum = 0.9;
   c.weight_decay = 0.01;
   c.trust_coefficient = 0.02;
@@ -173,7 +174,7 @@ TEST_F(OptimizerTest, LambHandWorkedFirstStep) {
   // tiny). w = (3, 4), g = (1, -2): r = (1, -1) (to 1e-12); wd 0.1: u = r + 0.1 w = (1.3, -0.6),
   // ||u|| = sqrt(2.05), ||w|| = 5, ratio = 5 / sqrt(2.05). lr 0.01: w -= 0.01 ratio u.
   OptimConfig c;
-  c.name = "lamb";
+  c.name = OptimizerName::lamb;
   c.beta1 = 0.9;
   c.beta2 = 0.999;
   c.eps = 1e-12;
@@ -209,7 +210,7 @@ struct LambRef {
 TEST_F(OptimizerTest, LambSeveralStepsWithExclusion) {
   const std::size_t n = 8;
   OptimConfig c;
-  c.name = "lamb";
+  c.name = OptimizerName::lamb;
   c.beta1 = 0.9;
   c.beta2 = 0.95;
   c.eps = 1e-6;
@@ -230,7 +231,7 @@ TEST_F(OptimizerTest, LambSeveralStepsWithExclusion) {
 
 TEST_F(OptimizerTest, LambZeroNormsGiveRatioOne) {
   OptimConfig c;
-  c.name = "lamb";
+  c.name = OptimizerName::lamb;
   c.weight_decay = 0.0;
   // Zero weights: ||w|| = 0 -> ratio 1 (plain Adam direction).
   optim::Lamb zw(c, 2, DType::f64, ctx, 1, {{0, 2, 0, true}});
@@ -252,8 +253,8 @@ TEST_F(OptimizerTest, LambZeroNormsGiveRatioOne) {
 // their norm sums added (what the all-reduce does), against one optimizer over everything.
 TEST_F(OptimizerTest, ShardedNormsEqualWhole) {
   const std::int64_t n = 8;
-  for (const char* name : {"lars", "lamb", "sgd", "adamw"}) {
-    SCOPED_TRACE(name);
+  for (OptimizerName name : {OptimizerName::lars, OptimizerName::lamb, OptimizerName::sgd, OptimizerName::adamw}) {
+    SCOPED_TRACE(to_string(name));
     OptimConfig c;
     c.name = name;
     c.weight_decay = 0.03;
@@ -313,24 +314,25 @@ TEST_F(OptimizerTest, AdamWThroughTheInterfaceIsOpsAdamW) {
 }
 
 TEST_F(OptimizerTest, FactoryNamesAndStates) {
-  for (auto [name, states] : {std::pair{"adamw", 2}, {"sgd", 1}, {"lars", 1}, {"lamb", 2}}) {
+  for (auto [name, states] : {std::pair{OptimizerName::adamw, 2}, {OptimizerName::sgd, 1}, {OptimizerName::lars, 1},
+                               {OptimizerName::lamb, 2}}) {
     OptimConfig c;
     c.name = name;
     auto opt = optim::make_optimizer(c, 4, DType::f64, ctx, 1, {});
-    EXPECT_EQ(opt->name(), name);
+    EXPECT_EQ(opt->name(), name_of(name));
     EXPECT_EQ(opt->num_states(), states);
     EXPECT_EQ(opt->state_bytes(), static_cast<std::size_t>(states) * 4 * 8);
   }
   OptimConfig bad;
-  bad.name = "adagrad";
+  bad.name = static_cast<OptimizerName>(99);   // no deck value parses to it
   EXPECT_THROW(optim::make_optimizer(bad, 4, DType::f64, ctx, 1, {}), UsageError);
 }
 
 // fp32 against the fp64 reference (the CPU path the trainer uses).
 TEST_F(OptimizerTest, Fp32MatchesFp64) {
   const std::int64_t n = 8;
-  for (const char* name : {"sgd", "lars", "lamb"}) {
-    SCOPED_TRACE(name);
+  for (OptimizerName name : {OptimizerName::sgd, OptimizerName::lars, OptimizerName::lamb}) {
+    SCOPED_TRACE(to_string(name));
     OptimConfig c;
     c.name = name;
     c.weight_decay = 0.01;

@@ -69,7 +69,7 @@ Pass run(bool flash, model::RecomputePolicy policy) {
 }
 
 model::RecomputePolicy every(int k, bool keep_attention = false, int layers = 0) {
-  return model::RecomputePolicy::from("every-k", k, keep_attention, layers);
+  return model::RecomputePolicy::from(Checkpointing::every_k, k, keep_attention, layers);
 }
 
 }  // namespace
@@ -85,8 +85,8 @@ TEST_P(Recompute, EveryPolicyGivesBitwiseTheGradientsOfNone) {
                               std::pair{"every-2 keep attention", every(2, true)},
                               std::pair{"every-2 first 3 blocks", every(2, false, 3)},
                               std::pair{"every-1 first 2 blocks, keep attention", every(1, true, 2)},
-                              std::pair{"selective", model::RecomputePolicy::from("selective", 1)},
-                              std::pair{"selective-mlp", model::RecomputePolicy::from("selective-mlp", 1)}}) {
+                              std::pair{"selective", model::RecomputePolicy::from(Checkpointing::selective, 1)},
+                              std::pair{"selective-mlp", model::RecomputePolicy::from(Checkpointing::selective_mlp, 1)}}) {
     const Pass got = run(flash, policy);
     EXPECT_EQ(got.loss, ref.loss) << name;
     ASSERT_EQ(got.grads.size(), ref.grads.size());
@@ -100,8 +100,8 @@ TEST_P(Recompute, EveryPolicyGivesBitwiseTheGradientsOfNone) {
 TEST_P(Recompute, FullCheckpointingKeepsLeastThenSelectiveMlpThenSelective) {
   const bool flash = GetParam();
   const std::size_t none = run(flash, {}).kept_bytes;
-  const std::size_t sel = run(flash, model::RecomputePolicy::from("selective", 1)).kept_bytes;
-  const std::size_t mlp = run(flash, model::RecomputePolicy::from("selective-mlp", 1)).kept_bytes;
+  const std::size_t sel = run(flash, model::RecomputePolicy::from(Checkpointing::selective, 1)).kept_bytes;
+  const std::size_t mlp = run(flash, model::RecomputePolicy::from(Checkpointing::selective_mlp, 1)).kept_bytes;
   const std::size_t every1 = run(flash, every(1)).kept_bytes;
   const std::size_t every5 = run(flash, every(5)).kept_bytes;
   EXPECT_LT(every1, mlp);
@@ -121,7 +121,7 @@ TEST_P(Recompute, KeepAttentionKeepsEachBlocksAttentionOutputAndAuxBesideTheGrou
     const std::size_t plain = run(flash, every(k)).kept_bytes, kept = run(flash, every(k, true)).kept_bytes;
     EXPECT_EQ(kept, plain + static_cast<std::size_t>(d.layers) * per_block) << "k = " << k;
   }
-  EXPECT_THROW(model::RecomputePolicy::from("selective", 1, true), Error);
+  EXPECT_THROW(model::RecomputePolicy::from(Checkpointing::selective, 1, true), Error);
 }
 
 TEST_P(Recompute, CheckpointLayersKeepsEverythingPastTheFirstN) {
@@ -140,7 +140,7 @@ TEST_P(Recompute, CheckpointLayersKeepsEverythingPastTheFirstN) {
                                            "F6", "B6", "b6", "f6", "B5", "b5", "B4", "b4", "B3", "b3", "B2", "B1",
                                            "b2", "b1", "B0", "b0"};
   EXPECT_EQ(run(flash, every(2, false, 3)).hooks, expect);
-  EXPECT_THROW(model::RecomputePolicy::from("selective", 1, false, 2), Error);
+  EXPECT_THROW(model::RecomputePolicy::from(Checkpointing::selective, 1, false, 2), Error);
 }
 
 TEST_P(Recompute, HooksCallEachUnitInOrderAndGroupsBeforeTheirRecompute) {

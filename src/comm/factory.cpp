@@ -9,23 +9,16 @@
 
 namespace lmscale::comm {
 
-Backend resolve_backend(std::string_view backend, Device device) {
-  if (backend == "auto") return device == Device::cuda ? Backend::nccl : Backend::mpi;
-  return parse_backend(backend);
-}
-
-std::unique_ptr<Communicator> make_world_communicator(std::string_view backend, MpiEnvironment& env, int cuda_device,
+std::unique_ptr<Communicator> make_world_communicator(Backend backend, MpiEnvironment& env, int cuda_device,
                                                       bool check, int nccl_max_ctas) {
-  if (backend == "auto")
-    throw UsageError("make_world_communicator: resolve parallel.backend=auto first (resolve_backend)");
-  switch (parse_backend(backend)) {
+  switch (backend) {
     case Backend::mpi: {
       MpiOptions o;
       o.check = check;
       return std::make_unique<MpiCommunicator>(env.world(), o);
     }
     case Backend::nccl: {
-      ::setenv("NCCL_NVLS_ENABLE", "0", 0);   // NVLink multicast stays off (../shared/GPU.md)
+      ::setenv("NCCL_NVLS_ENABLE", "0", 0);   // NVLink multicast stays off (docs/architecture.md, "GPUs")
       NcclOptions o;
       o.check = check;
       o.max_ctas = nccl_max_ctas;

@@ -33,22 +33,7 @@ const char* algo_name(Algo a) {
   return "?";
 }
 
-Algo parse_algo(std::string_view name) {
-  if (name == "auto") return Algo::automatic;
-  if (name == "library") return Algo::library;
-  if (name == "ring") return Algo::ring;
-  if (name == "shm") return Algo::shm;
-  if (name == "hier") return Algo::hier;
-  throw UsageError(fmt::format("unknown collective algorithm '{}' (use auto, library, ring, shm or hier)", name));
-}
-
 const char* backend_name(Backend b) { return b == Backend::mpi ? "mpi" : "nccl"; }
-
-Backend parse_backend(std::string_view name) {
-  if (name == "mpi") return Backend::mpi;
-  if (name == "nccl") return Backend::nccl;
-  throw UsageError(fmt::format("unknown communication backend '{}' (use mpi or nccl)", name));
-}
 
 bool is_comm_dtype(DType t) {
   switch (t) {

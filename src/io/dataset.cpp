@@ -67,9 +67,9 @@ TokenFile::Map TokenFile::map_file(const std::string& path) {
   return m;
 }
 
-TokenFile::TokenFile(const std::string& path, const std::string& val_path, const std::string& dtype,
+TokenFile::TokenFile(const std::string& path, const std::string& val_path, TokenDtype dtype,
                      std::int64_t vocab, std::uint64_t seed)
-    : width_(dtype == "uint32" ? 4 : 2), vocab_(vocab), seed_(seed) {
+    : width_(token_bytes(dtype)), vocab_(vocab), seed_(seed) {
   train_ = map_file(path);
   val_ = val_path.empty() || val_path == path ? Map{} : map_file(val_path);
 }
@@ -129,9 +129,9 @@ std::pair<std::uint64_t, std::size_t> scan_ids(const unsigned char* bytes, std::
 
 }  // namespace
 
-void check_token_file(const std::string& key, const std::string& path, const std::string& dtype, std::int64_t vocab,
+void check_token_file(const std::string& key, const std::string& path, TokenDtype dtype, std::int64_t vocab,
                       std::int64_t min_tokens) {
-  const std::size_t width = dtype == "uint32" ? 4 : 2;
+  const std::size_t width = token_bytes(dtype);
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw UsageError(fmt::format("{} = '{}' cannot be opened: {}; fix the path", key, path, std::strerror(errno)));
   struct stat st {};
@@ -181,8 +181,8 @@ void check_token_file(const std::string& key, const std::string& path, const std
 }
 
 std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, std::int64_t vocab, std::uint64_t seed) {
-  if (cfg.source == "tokens") return std::make_unique<TokenFile>(cfg.path, cfg.val_path, cfg.dtype, vocab, seed);
-  if (cfg.source == "text") return std::make_unique<TextBytes>(cfg.path, cfg.val_path, cfg.val_fraction, seed);
+  if (cfg.source == DataSource::tokens) return std::make_unique<TokenFile>(cfg.path, cfg.val_path, cfg.dtype, vocab, seed);
+  if (cfg.source == DataSource::text) return std::make_unique<TextBytes>(cfg.path, cfg.val_path, cfg.val_fraction, seed);
   return std::make_unique<SyntheticTokens>(vocab, seed);
 }
 

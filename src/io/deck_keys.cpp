@@ -64,11 +64,40 @@ DeckKey string_key(std::string name, std::string type, F field, std::string mean
   return k;
 }
 
+// A string key restricted to a list of names that is data, not a mode (model.size's presets).
 template <class F>
-DeckKey enum_key(std::string name, F field, std::vector<std::string> allowed, std::string meaning) {
+DeckKey choice_key(std::string name, F field, std::vector<std::string> allowed, std::string meaning) {
   DeckKey k{name, "enum", std::move(meaning), allowed, "", {}, {}};
   k.set = [name, field, allowed](Config& c, const std::string& t) { field(c) = parse_enum(name, t, allowed); };
   k.get = [field](const Config& c) { return field(c); };
+  return k;
+}
+
+// The deck spellings of enum E (config.h's DeckSpelling), as the key table lists them.
+template <class E>
+std::vector<std::string> spellings() {
+  std::vector<std::string> out;
+  for (std::string_view n : DeckSpelling<E>::names) out.emplace_back(n);
+  return out;
+}
+
+// The value of E spelt `text` (one of spellings<E>(), any case); throws UsageError naming `key`.
+template <class E>
+E parse_deck_enum(const std::string& key, const std::string& text) {
+  const std::vector<std::string> allowed = spellings<E>();
+  const std::string spelt = parse_enum(key, text, allowed);
+  for (std::size_t i = 0; i < allowed.size(); ++i)
+    if (allowed[i] == spelt) return static_cast<E>(i);
+  throw UsageError(fmt::format("bad value for {}: '{}'", key, text));   // unreachable: parse_enum threw
+}
+
+// An enumerated key: the field's enum type gives the allowed spellings.
+template <class F>
+DeckKey enum_key(std::string name, F field, std::string meaning) {
+  using E = std::remove_cv_t<std::remove_reference_t<decltype(field(std::declval<Config&>()))>>;
+  DeckKey k{name, "enum", std::move(meaning), spellings<E>(), "", {}, {}};
+  k.set = [name, field](Config& c, const std::string& t) { field(c) = parse_deck_enum<E>(name, t); };
+  k.get = [field](const Config& c) { return std::string(name_of(field(c))); };
   return k;
 }
 
@@ -91,14 +120,20 @@ DeckKey int_list_key(std::string name, F field, std::int64_t min, std::vector<st
 }
 
 template <class F>
-DeckKey enum_list_key(std::string name, F field, std::vector<std::string> allowed, std::string meaning) {
-  DeckKey k{name, "enum-list", std::move(meaning), allowed, "", {}, {}};
-  k.set = [name, field, allowed](Config& c, const std::string& t) {
-    std::vector<std::string> values;
-    for (const auto& item : split_list(name, t)) values.push_back(parse_enum(name, item, allowed));
+DeckKey enum_list_key(std::string name, F field, std::string meaning) {
+  using List = std::remove_cv_t<std::remove_reference_t<decltype(field(std::declval<Config&>()))>>;
+  using E = typename List::value_type;
+  DeckKey k{name, "enum-list", std::move(meaning), spellings<E>(), "", {}, {}};
+  k.set = [name, field](Config& c, const std::string& t) {
+    List values;
+    for (const auto& item : split_list(name, t)) values.push_back(parse_deck_enum<E>(name, item));
     field(c) = std::move(values);
   };
-  k.get = [field](const Config& c) { return fmt::format("{}", fmt::join(field(c), ",")); };
+  k.get = [field](const Config& c) {
+    std::vector<std::string_view> items;
+    for (E e : field(c)) items.push_back(name_of(e));
+    return fmt::format("{}", fmt::join(items, ","));
+  };
   return k;
 }
 
@@ -154,11 +189,9 @@ std::vector<std::string> preset_names() {
 
 std::vector<DeckKey> build_table() {
   using R = FloatRange;
-  const std::vector<std::string> dtypes{"fp32", "bf16", "fp16"};
   return {
       // [run]
-      enum_key("run.job", LMSCALE_FIELD(run.job),
-               {"bench-model", "bench-attention", "bench-collectives", "train", "accounting", "prune"}, "Job to run."),
+      enum_key("run.job", LMSCALE_FIELD(run.job), "Job to run."),
       string_key("run.output", "path", LMSCALE_FIELD(run.output),
                  "HDF5 results file; written as PATH.tmp and renamed to PATH when the job ends."),
       string_key("run.trace", "path", LMSCALE_FIELD(run.trace),
@@ -168,7 +201,7 @@ std::vector<DeckKey> build_table() {
       uint_key("run.seed", LMSCALE_FIELD(run.seed), "Seed of every random stream (weight init, synthetic data, data order)."),
       bool_key("run.progress", LMSCALE_FIELD(run.progress), "Print progress lines on stdout (rank 0)."),
       // [model]
-      enum_key("model.size", LMSCALE_FIELD(model.size), preset_names(),
+      choice_key("model.size", LMSCALE_FIELD(model.size), preset_names(),
                "Model size preset: fills d_model, d_ff, num_layers, num_heads, vocab_size and optim.beta2 "
                "unless those keys are given explicitly."),
       int_key("model.vocab_size", LMSCALE_FIELD(model.vocab_size), 1, "Vocabulary size."),
@@ -180,7 +213,7 @@ std::vector<DeckKey> build_table() {
               "Attention heads; must divide d_model with an even head dimension (RoPE)."),
       float_key("model.rope_theta", LMSCALE_FIELD(model.rope_theta), R::positive(), "RoPE base theta."),
       float_key("model.norm_eps", LMSCALE_FIELD(model.norm_eps), R::positive(), "RMSNorm epsilon."),
-      enum_key("model.attention", LMSCALE_FIELD(model.attention), {"naive", "flash"},
+      enum_key("model.attention", LMSCALE_FIELD(model.attention),
                "Attention implementation: naive (materialises the score matrix) or flash (FlashAttention-2; "
                "on Hopper GPUs the FlashAttention-3 design at head dims 64 and 128)."),
       bool_key("model.attention_deterministic", LMSCALE_FIELD(model.attention_deterministic),
@@ -189,7 +222,7 @@ std::vector<DeckKey> build_table() {
                "deterministic."),
       ce_chunk_rows_key(),
       // [precision]
-      enum_key("precision.mode", LMSCALE_FIELD(precision.mode), dtypes,
+      enum_key("precision.mode", LMSCALE_FIELD(precision.mode),
                "fp32, or bf16/fp16 mixed precision (fp32 master weights); bf16 and fp16 need a CUDA device."),
       bool_key("precision.tf32", LMSCALE_FIELD(precision.tf32), "Allow TF32 tensor cores for fp32 matrix products."),
       bool_key("precision.gemm_autotune", LMSCALE_FIELD(precision.gemm_autotune),
@@ -201,9 +234,9 @@ std::vector<DeckKey> build_table() {
       int_key("precision.loss_scale_window", LMSCALE_FIELD(precision.loss_scale_window), 1,
               "Steps without overflow before the fp16 loss scale doubles."),
       // [parallel]
-      enum_key("parallel.device", LMSCALE_FIELD(parallel.device), {"auto", "cpu", "cuda"},
+      enum_key("parallel.device", LMSCALE_FIELD(parallel.device),
                "Where to compute: auto picks cuda when a GPU is visible, else cpu."),
-      enum_key("parallel.backend", LMSCALE_FIELD(parallel.backend), {"auto", "mpi", "nccl"},
+      enum_key("parallel.backend", LMSCALE_FIELD(parallel.backend),
                "Collective backend: auto picks nccl on cuda, mpi on cpu."),
       int_key("parallel.dp", LMSCALE_FIELD(parallel.dp), 0,
               "Data-parallel degree; 0 = world size / (tp * pp). dp * tp * pp must equal the world size."),
@@ -214,15 +247,14 @@ std::vector<DeckKey> build_table() {
                "tp > 1: run the norms and residual adds on sequence shards (all-gather before the column-parallel "
                "matmuls, reduce-scatter after the row-parallel ones); context_length must be divisible by tp."),
       int_key("parallel.pp", LMSCALE_FIELD(parallel.pp), 1, "Pipeline-parallel degree (stages); at most num_layers."),
-      enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), {"none", "naive", "flat", "overlap", "bucketed"},
-               "Gradient all-reduce strategy of data parallelism."),
+      enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), "Gradient all-reduce strategy of data parallelism."),
       float_key("parallel.bucket_mb", LMSCALE_FIELD(parallel.bucket_mb), R::positive(),
                 "Bucket size of ddp = bucketed (MB)."),
-      enum_key("parallel.grad_reduce_dtype", LMSCALE_FIELD(parallel.grad_reduce_dtype), {"fp32", "bf16"},
+      enum_key("parallel.grad_reduce_dtype", LMSCALE_FIELD(parallel.grad_reduce_dtype),
                "Element type of the data-parallel gradient collectives (ddp and zero2): bf16 halves the bytes; "
                "each rank's fp32 gradients are rounded to bf16, summed with fp32 accumulation (exact for 2 ranks; "
                "NCCL rounds to bf16 at each ring hop beyond that) and widened back to fp32."),
-      enum_key("parallel.grad_exchange", LMSCALE_FIELD(parallel.grad_exchange), {"nccl", "copy-engine"},
+      enum_key("parallel.grad_exchange", LMSCALE_FIELD(parallel.grad_exchange),
                "zero2 and bucketed DDP on CUDA: how the gradient buckets are reduced. nccl: a reduce-scatter (zero2) "
                "or all-reduce (ddp) per bucket during the backward (NCCL's kernels hold SMs beside the GEMMs). "
                "copy-engine: peer-to-peer copies into a receive window of each rank (CUDA IPC, one node, no SM moves "
@@ -231,7 +263,7 @@ std::vector<DeckKey> build_table() {
                "buckets later and copies the sum back to every rank, during the backward. The same bits as nccl "
                "with 2 ranks; costs about (dp - 1) / dp x the fp32 gradient bytes of GPU memory "
                "(docs/design-notes.md)."),
-      enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero), {"none", "zero1-broadcast", "zero1", "zero2", "fsdp"},
+      enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero),
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,
               "train and bench-model: when a step, evaluation or checkpoint has not finished after this many "
@@ -263,7 +295,7 @@ std::vector<DeckKey> build_table() {
                "(false: keep them from the forward to the backward; more memory, fewer gathers)."),
       int_key("parallel.microbatches", LMSCALE_FIELD(parallel.microbatches), 1,
               "Pipeline microbatches per step; must divide the per-rank batch when pp > 1."),
-      enum_key("parallel.schedule", LMSCALE_FIELD(parallel.schedule), {"gpipe", "1f1b", "interleaved"},
+      enum_key("parallel.schedule", LMSCALE_FIELD(parallel.schedule),
                "Pipeline schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward "
                "in the steady state), interleaved (1F1B over parallel.virtual_stages chunks per rank; microbatches a "
                "multiple of pp). Each composes with parallel.tp (tensor-parallel stages) and dp."),
@@ -273,7 +305,7 @@ std::vector<DeckKey> build_table() {
                  "Blocks per pipeline stage, comma-separated (e.g. 10,14); empty = balanced by layers (the "
                  "first stage also holds the embedding, the last the final norm, LM head and loss)."),
       // [bench]
-      enum_key("bench.mode", LMSCALE_FIELD(bench.mode), {"forward", "forward-backward", "train-step"},
+      enum_key("bench.mode", LMSCALE_FIELD(bench.mode),
                "bench-model: what one timed step does (forward-backward includes waiting for the "
                "data-parallel gradient reduction; train-step adds clipping and the optimizer)."),
       int_key("bench.warmup", LMSCALE_FIELD(bench.warmup), 0,
@@ -283,21 +315,19 @@ std::vector<DeckKey> build_table() {
       int_key("bench.batch_size", LMSCALE_FIELD(bench.batch_size), 1, "bench-model: global batch size (sequences)."),
       bool_key("bench.memory_timeline", LMSCALE_FIELD(bench.memory_timeline),
                "bench-model: record every allocation and free into /memory/timeline."),
-      enum_list_key("bench.impls", LMSCALE_FIELD(bench.impls), {"naive", "flash"},
+      enum_list_key("bench.impls", LMSCALE_FIELD(bench.impls),
                     "bench-attention: attention implementations to compare."),
-      enum_list_key("bench.passes", LMSCALE_FIELD(bench.passes), {"forward", "backward", "forward-backward"},
-                    "bench-attention: passes to time."),
+      enum_list_key("bench.passes", LMSCALE_FIELD(bench.passes), "bench-attention: passes to time."),
       int_list_key("bench.attn_batch", LMSCALE_FIELD(bench.attn_batch), 1, {}, "bench-attention: batch sizes."),
       int_list_key("bench.attn_heads", LMSCALE_FIELD(bench.attn_heads), 1, {}, "bench-attention: numbers of heads."),
       int_list_key("bench.seq_lens", LMSCALE_FIELD(bench.seq_lens), 1, {}, "bench-attention: sequence lengths."),
       int_list_key("bench.head_dims", LMSCALE_FIELD(bench.head_dims), 1, {},
                    "bench-attention: head dimensions (flash on CUDA: at most 256)."),
-      enum_list_key("bench.dtypes", LMSCALE_FIELD(bench.dtypes), dtypes,
+      enum_list_key("bench.dtypes", LMSCALE_FIELD(bench.dtypes),
                     "bench-attention and bench-collectives: element types."),
       bool_list_key("bench.causal", LMSCALE_FIELD(bench.causal), "bench-attention: causal masking settings to sweep."),
-      enum_list_key("bench.ops", LMSCALE_FIELD(bench.ops), {"all-reduce", "reduce-scatter", "all-gather", "broadcast"},
-                    "bench-collectives: collectives to time."),
-      enum_key("bench.algo", LMSCALE_FIELD(bench.algo), {"library", "ring", "shm", "hier", "auto"},
+      enum_list_key("bench.ops", LMSCALE_FIELD(bench.ops), "bench-collectives: collectives to time."),
+      enum_key("bench.algo", LMSCALE_FIELD(bench.algo),
                "bench-collectives: the backend's own algorithm (library), lmscale's ring over send/recv, "
                "node-local shared memory with threads (shm, mpi backend), shm inside each node plus library between "
                "node leaders (hier, all-reduce across nodes, mpi backend), or auto (shm on one node, hier across "
@@ -336,7 +366,6 @@ std::vector<DeckKey> build_table() {
               "Newest complete sharded checkpoints kept in train.checkpoint_dir (older ones are removed after a "
               "new one is complete); 0 = keep all."),
       enum_key("train.activation_checkpointing", LMSCALE_FIELD(train.activation_checkpointing),
-               {"none", "every-k", "selective", "selective-mlp"},
                "Activation checkpointing (train and bench-model): none; every-k (keep the input of each group of "
                "train.checkpoint_k blocks, recompute the group in the backward); selective (recompute the norms' "
                "outputs, the SwiGLU product and naive attention's probabilities; keep the matmul and flash outputs); "
@@ -354,7 +383,7 @@ std::vector<DeckKey> build_table() {
               "not recomputed (Megatron's block method: spare memory buys less recompute). 0 = every block; at "
               "most model.num_layers. Results are unchanged."),
       // [optim]
-      enum_key("optim.name", LMSCALE_FIELD(optim.name), {"adamw", "sgd", "lars", "lamb"},
+      enum_key("optim.name", LMSCALE_FIELD(optim.name),
                "Optimizer: adamw (decoupled decay); sgd (torch.optim.SGD: momentum, L2-coupled weight decay, "
                "optim.nesterov); lars (You et al. 2017: momentum SGD with the layer-wise trust ratio "
                "optim.trust_coefficient ||w|| / (||g|| + wd ||w||)); lamb (You et al. 2019: Adam moments with the "
@@ -386,7 +415,7 @@ std::vector<DeckKey> build_table() {
               "Linear LR scaling: the schedule's lr and min_lr are multiplied by (global batch in sequences) / "
               "reference_batch, the global batch being train.batch_size (bench: bench.batch_size); 0 = off."),
       // [data]
-      enum_key("data.source", LMSCALE_FIELD(data.source), {"synthetic", "tokens", "text"},
+      enum_key("data.source", LMSCALE_FIELD(data.source),
                "Training data: synthetic random tokens, a token file (data.path), or a UTF-8 text file (data.path) "
                "read as bytes, one token per byte (needs model.vocab_size >= 256; docs/recipes.md)."),
       string_key("data.path", "path", LMSCALE_FIELD(data.path),
@@ -397,7 +426,7 @@ std::vector<DeckKey> build_table() {
       float_key("data.val_fraction", LMSCALE_FIELD(data.val_fraction), R::unit_open_right(),
                 "data.source = text without data.val_path: share of the file's bytes, taken from its end, held out "
                 "for evaluation; 0 = evaluate on the training text."),
-      enum_key("data.dtype", LMSCALE_FIELD(data.dtype), {"uint16", "uint32"}, "Element type of the token files."),
+      enum_key("data.dtype", LMSCALE_FIELD(data.dtype), "Element type of the token files."),
       // [accounting]
       float_key("accounting.device_tflops", LMSCALE_FIELD(accounting.device_tflops), R::non_negative(),
                 "Communication analysis: dense FLOP/s per device in TFLOP/s; 0 = the datasheet peak of the device "
@@ -435,12 +464,12 @@ std::vector<DeckKey> build_table() {
       // [prune] (docs/recipes.md "Pruning")
       string_key("prune.weights", "path", LMSCALE_FIELD(prune.weights),
                  "prune: the weights file to prune (written by train.save); the [model] keys must describe it."),
-      enum_key("prune.method", LMSCALE_FIELD(prune.method), {"unstructured", "structured"},
+      enum_key("prune.method", LMSCALE_FIELD(prune.method),
                "prune: unstructured (smallest |w| over all attention and FFN matrices of all layers, one global "
                "threshold; embedding, LM head and norms kept) or structured (whole FFN hidden units: rows of w1, w3 "
                "and columns of w2 with the smallest L2 norm, the same number in every layer; the export has a "
                "smaller model.d_ff)."),
-      enum_key("prune.schedule", LMSCALE_FIELD(prune.schedule), {"fixed", "loss-guided"},
+      enum_key("prune.schedule", LMSCALE_FIELD(prune.schedule),
                "prune: fixed (rounds of gamma until prune.target_sparsity) or loss-guided (rounds while the "
                "validation loss stays under the bound; the last round within it is kept)."),
       float_key("prune.target_sparsity", LMSCALE_FIELD(prune.target_sparsity), FloatRange{0.0, 1.0, false, false},

@@ -8,6 +8,7 @@
 
 #include "deck_keys.h"
 #include "deck_options.h"
+#include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
 #include "lmscale/io/presets.h"
 #include "lmscale/version.h"
@@ -45,6 +46,12 @@ std::string help_text() {
       << detail::key_options() << "\n"
       << "The same reference, as Markdown: docs/deck.md (lmscale --help-markdown).\n";
   return out.str();
+}
+
+void set_key(Config& c, const std::string& name, const std::string& value) {
+  const detail::DeckKey* key = detail::find_deck_key(name);
+  if (!key) throw UsageError(fmt::format("set_key: '{}' is not a deck key", name));
+  key->set(c, value);
 }
 
 std::string to_ini(const Config& c) {

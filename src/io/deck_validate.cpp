@@ -37,10 +37,10 @@ template <class... Args>
 }
 
 bool runs_model(const Config& c) {
-  return c.run.job == "train" || c.run.job == "bench-model" || c.run.job == "prune";
+  return c.run.job == JobKind::train || c.run.job == JobKind::bench_model || c.run.job == JobKind::prune;
 }
 // Jobs that read training data: train, and prune's fine-tuning and evaluation.
-bool trains(const Config& c) { return c.run.job == "train" || c.run.job == "prune"; }
+bool trains(const Config& c) { return c.run.job == JobKind::train || c.run.job == JobKind::prune; }
 
 // Head counts near `heads` that divide d_model with an even head dimension, for the fix hint.
 std::string head_suggestions(std::int64_t d_model, std::int64_t heads, std::int64_t tp) {
@@ -76,11 +76,11 @@ void check_model(const Config& c) {
 void check_devices(const Config& c) {
   const auto& p = c.parallel;
   // The accounting job computes instead of running, so it may describe a GPU run from a CPU.
-  if (p.device == "cpu" && c.precision.mode != "fp32" && c.run.job != "accounting")
+  if (p.device == DeviceChoice::cpu && c.precision.mode != PrecisionMode::fp32 && c.run.job != JobKind::accounting)
     fail("precision.mode = {} needs a CUDA device but parallel.device = cpu; set precision.mode = fp32 or "
          "parallel.device = cuda (or auto)",
          c.precision.mode);
-  if (p.device == "cpu" && p.backend == "nccl")
+  if (p.device == DeviceChoice::cpu && p.backend == BackendChoice::nccl)
     fail("parallel.backend = nccl needs CUDA devices but parallel.device = cpu; set parallel.backend = mpi (or auto)");
 }
 
@@ -97,10 +97,10 @@ constexpr bool kCudaBuilt = false;
 // or auto in a CUDA build (auto picks the GPU wherever one is visible).
 void check_flash_head_dim(const Config& c) {
   const auto& p = c.parallel;
-  if (p.device != "cuda" && !(p.device == "auto" && kCudaBuilt)) return;
+  if (p.device != DeviceChoice::cuda && !(p.device == DeviceChoice::automatic && kCudaBuilt)) return;
   const auto& m = c.model;
   const std::int64_t head_dim = m.d_model / m.num_heads;
-  if (runs_model(c) && m.attention == "flash" && head_dim > kMaxCudaFlashHeadDim) {
+  if (runs_model(c) && m.attention == AttentionImpl::flash && head_dim > kMaxCudaFlashHeadDim) {
     std::int64_t heads = m.num_heads;   // the fewest heads at least as many that fit, for the hint
     while (heads <= m.d_model &&
            (m.d_model % heads || (m.d_model / heads) % 2 || m.d_model / heads > kMaxCudaFlashHeadDim || heads % p.tp))
@@ -110,7 +110,7 @@ void check_flash_head_dim(const Config& c) {
          kMaxCudaFlashHeadDim, m.d_model, m.num_heads, head_dim, heads);
   }
   const auto& b = c.bench;
-  if (c.run.job == "bench-attention" && std::find(b.impls.begin(), b.impls.end(), "flash") != b.impls.end())
+  if (c.run.job == JobKind::bench_attention && std::find(b.impls.begin(), b.impls.end(), AttentionImpl::flash) != b.impls.end())
     for (const std::int64_t d : b.head_dims)
       if (d > kMaxCudaFlashHeadDim)
         fail("bench.head_dims item {} exceeds {}, the largest head dim of flash attention on CUDA; drop it, remove "
@@ -120,7 +120,7 @@ void check_flash_head_dim(const Config& c) {
 
 void check_outputs(const Config& c) {
   if (c.run.output.empty()) fail("run.output is empty; set run.output = PATH.h5");
-  if (c.run.job == "train") {
+  if (c.run.job == JobKind::train) {
     if (!c.train.save.empty() && c.train.save == c.run.output)
       fail("train.save = '{}' is also run.output; give the weights file a different path", c.train.save);
     if (c.train.checkpoint_every > 0 && c.train.checkpoint_path.empty())
@@ -149,15 +149,15 @@ void check_resume_optimizer(const Config& c, const std::map<std::string, AttrVal
   std::string written_by = "adamw";
   if (auto it = attrs.find("optimizer"); it != attrs.end() && std::holds_alternative<std::string>(it->second))
     written_by = std::get<std::string>(it->second);
-  if (written_by != c.optim.name)
+  if (written_by != name_of(c.optim.name))
     fail("optim.name = {}: train.resume = '{}' holds the optimizer state of optim.name = {}; set optim.name = {} to "
          "resume it",
          c.optim.name, where, written_by, written_by);
 }
 
 void check_checkpoints(const Config& c, int world_size) {
-  if (c.run.job != "train") return;
-  const bool sharded = c.parallel.zero != "none" && detail::resolved_dp(c, world_size) > 1;
+  if (c.run.job != JobKind::train) return;
+  const bool sharded = c.parallel.zero != ZeroLevel::none && detail::resolved_dp(c, world_size) > 1;
   if (sharded && c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty())
     fail("train.checkpoint_every = {}: a sharded optimizer (parallel.zero = {}) writes sharded checkpoints only; set "
          "train.checkpoint_dir = DIR (train.checkpoint_path is the single-file format of one process and DDP)",
@@ -227,8 +227,8 @@ void check_checkpoints(const Config& c, int world_size) {
 // Every file the run will write, under the overwrite rule (output_target.h, docs/hdf5.md).
 void check_output_paths(const Config& c) {
   std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
-  if (c.run.job == "prune" && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
-  if (c.run.job == "train") {
+  if (c.run.job == JobKind::prune && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
+  if (c.run.job == JobKind::train) {
     if (!c.train.save.empty()) outputs.emplace_back("train.save", c.train.save);
     if (c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty())
       outputs.emplace_back("train.checkpoint_path", c.train.checkpoint_path);
@@ -270,8 +270,8 @@ void check_text_data(const Config& c) {
 }
 
 void check_data(const Config& c) {
-  if (c.data.source == "text") return check_text_data(c);
-  if (c.data.source != "tokens") return;
+  if (c.data.source == DataSource::text) return check_text_data(c);
+  if (c.data.source != DataSource::tokens) return;
   if (c.data.path.empty())
     fail("data.source = tokens needs data.path; set data.path = FILE (raw {} token ids) or data.source = synthetic",
          c.data.dtype);
@@ -284,14 +284,14 @@ void check_data(const Config& c) {
 // The token files' length, element size and every id (one fast pass over each file): after the
 // cheap checks, before any work.
 void check_token_files(const Config& c) {
-  if (c.data.source == "text" && trains(c)) {
+  if (c.data.source == DataSource::text && trains(c)) {
     const std::int64_t min_bytes = c.model.context_length + 2;
     const bool val_file = !c.data.val_path.empty() && c.data.val_path != c.data.path;
     check_text_file("data.path", c.data.path, val_file ? 0.0 : c.data.val_fraction, min_bytes);
     if (val_file) check_text_file("data.val_path", c.data.val_path, 0.0, min_bytes);
     return;
   }
-  if (c.data.source != "tokens" || !trains(c)) return;
+  if (c.data.source != DataSource::tokens || !trains(c)) return;
   const std::int64_t min_tokens = c.model.context_length + 2;
   check_token_file("data.path", c.data.path, c.data.dtype, c.model.vocab_size, min_tokens);
   if (!c.data.val_path.empty() && c.data.val_path != c.data.path)
@@ -301,7 +301,7 @@ void check_token_files(const Config& c) {
 // run.job = prune: the weights file exists and fits the [model] keys (the shapes the model
 // expects), the sparsity leaves something, the output is a path of its own.
 void check_prune(const Config& c) {
-  if (c.run.job != "prune") return;
+  if (c.run.job != JobKind::prune) return;
   const auto& p = c.prune;
   const auto& m = c.model;
   if (p.weights.empty())
@@ -309,7 +309,7 @@ void check_prune(const Config& c) {
          "outputs/quickstart_weights.h5)");
   // Each round's smaller model must split its d_ff over tp ranks; not arranged (rounds would have
   // to keep multiples of tp units).
-  if (p.method == "structured" && c.parallel.tp > 1)
+  if (p.method == PruneMethod::structured && c.parallel.tp > 1)
     fail("prune.method = structured with parallel.tp = {} is not built (the pruned d_ff would have to stay a multiple "
          "of tp); use parallel.tp = 1 or prune.method = unstructured",
          c.parallel.tp);
@@ -317,7 +317,7 @@ void check_prune(const Config& c) {
   if (!p.output.empty() && (p.output == c.run.output || p.output == p.weights))
     fail("prune.output = '{}' is also {}; give the pruned weights a path of their own", p.output,
          p.output == c.run.output ? "run.output" : "prune.weights");
-  if (p.method == "structured" && m.d_ff - std::llround(p.target_sparsity * static_cast<double>(m.d_ff)) < 1)
+  if (p.method == PruneMethod::structured && m.d_ff - std::llround(p.target_sparsity * static_cast<double>(m.d_ff)) < 1)
     fail("prune.target_sparsity = {} removes every one of the {} FFN units (model.d_ff); choose a smaller sparsity",
          p.target_sparsity, m.d_ff);
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> expected{
@@ -352,7 +352,7 @@ void check_prune(const Config& c) {
 // [cost]: the accounting job's estimate needs an MFU; a bench file is read now (exit 2 if unusable).
 void check_cost(const Config& c) {
   const auto& k = c.cost;
-  if (c.run.job != "accounting" || k.tokens <= 0) return;
+  if (c.run.job != JobKind::accounting || k.tokens <= 0) return;
   if (k.mfu <= 0 && k.mfu_from.empty())
     fail("cost.tokens = {} needs a model FLOPs utilisation: set cost.mfu (e.g. 0.4) or cost.mfu_from = BENCH.h5 (a "
          "bench-model results file)",
@@ -366,18 +366,18 @@ void check_cost(const Config& c) {
 void check_optim(const Config& c) {
   const auto& o = c.optim;
   if (o.min_lr > o.lr) fail("optim.min_lr = {} exceeds optim.lr = {}; set optim.min_lr <= optim.lr", o.min_lr, o.lr);
-  if (c.run.job == "train" && o.warmup_steps > c.train.steps)
+  if (c.run.job == JobKind::train && o.warmup_steps > c.train.steps)
     fail("optim.warmup_steps = {} exceeds train.steps = {}; set optim.warmup_steps <= train.steps", o.warmup_steps,
          c.train.steps);
   // Optimizer-specific keys (issue 16): a key that does nothing for the chosen optimizer, or an
   // impossible combination, is an error rather than silently ignored.
-  if (o.nesterov && o.name != "sgd")
+  if (o.nesterov && o.name != OptimizerName::sgd)
     fail("optim.nesterov = true with optim.name = {}: Nesterov momentum is built for sgd only; set optim.nesterov = "
          "false or optim.name = sgd",
          o.name);
   if (o.nesterov && o.momentum == 0)
     fail("optim.nesterov = true needs optim.momentum > 0 (it is 0); set optim.momentum, e.g. 0.9");
-  if (o.name == "lars" && !(o.trust_coefficient > 0 && o.trust_coefficient <= 1))
+  if (o.name == OptimizerName::lars && !(o.trust_coefficient > 0 && o.trust_coefficient <= 1))
     fail("optim.trust_coefficient = {} for lars must lie in (0, 1] (the paper uses 0.001)", o.trust_coefficient);
   if (o.cosine_steps > 0 && o.cosine_steps < o.warmup_steps)
     fail("optim.cosine_steps = {} is less than optim.warmup_steps = {}; set optim.cosine_steps = 0 (= train.steps) "
@@ -388,22 +388,22 @@ void check_optim(const Config& c) {
 // Sharding and checkpointing choices that contradict each other or the model.
 void check_modes(const Config& c) {
   const auto& p = c.parallel;
-  if (p.zero == "fsdp" && p.ddp != "none")
+  if (p.zero == ZeroLevel::fsdp && p.ddp != DdpKind::none)
     fail("parallel.ddp = {} with parallel.zero = fsdp: fsdp reduce-scatters its gradients itself; set parallel.ddp = "
          "none",
          p.ddp);
   const auto& t = c.train;
-  if (t.activation_checkpointing == "every-k" && t.checkpoint_k > c.model.num_layers)
+  if (t.activation_checkpointing == Checkpointing::every_k && t.checkpoint_k > c.model.num_layers)
     fail("train.checkpoint_k = {} exceeds model.num_layers = {}; choose a group size between 1 and {}", t.checkpoint_k,
          c.model.num_layers, c.model.num_layers);
-  if (t.checkpoint_layers > 0 && t.activation_checkpointing != "every-k")
+  if (t.checkpoint_layers > 0 && t.activation_checkpointing != Checkpointing::every_k)
     fail("train.checkpoint_layers = {} with train.activation_checkpointing = {}: it limits the blocks every-k "
          "checkpoints; set train.activation_checkpointing = every-k or train.checkpoint_layers = 0",
          t.checkpoint_layers, t.activation_checkpointing);
   if (t.checkpoint_layers > c.model.num_layers)
     fail("train.checkpoint_layers = {} exceeds model.num_layers = {}; choose 0 (every block) to {}",
          t.checkpoint_layers, c.model.num_layers, c.model.num_layers);
-  if (t.checkpoint_keep_attention && t.activation_checkpointing != "every-k")
+  if (t.checkpoint_keep_attention && t.activation_checkpointing != Checkpointing::every_k)
     fail("train.checkpoint_keep_attention = true with train.activation_checkpointing = {}: it keeps the attention "
          "output of blocks whose forward every-k recomputes; set train.activation_checkpointing = every-k or "
          "train.checkpoint_keep_attention = false",
@@ -421,7 +421,7 @@ void check_pipeline(const Config& c) {
   const auto& p = c.parallel;
   const auto& m = c.model;
   if (p.virtual_stages < 1) fail("parallel.virtual_stages = {} must be at least 1", p.virtual_stages);
-  if (p.schedule == "interleaved") {
+  if (p.schedule == PipelineSchedule::interleaved) {
     if (m.num_layers % (p.pp * p.virtual_stages) != 0)
       fail("parallel.virtual_stages = {}: the interleaved schedule needs model.num_layers = {} divisible by "
            "parallel.pp * parallel.virtual_stages = {} * {}",
@@ -450,13 +450,13 @@ void check_pipeline(const Config& c) {
     if (static_cast<std::int64_t>(n.size()) != p.pp || sum != m.num_layers)
       fail("parallel.stage_layers = '{}' gives {} stages and {} layers; it needs parallel.pp = {} entries summing to "
            "model.num_layers = {}", p.stage_layers, n.size(), sum, p.pp, m.num_layers);
-    if (p.schedule == "interleaved")
+    if (p.schedule == PipelineSchedule::interleaved)
       fail("parallel.stage_layers is not used by the interleaved schedule (its chunks are equal); leave it empty");
   }
-  if (p.pp > 1 && p.zero == "fsdp")
+  if (p.pp > 1 && p.zero == ZeroLevel::fsdp)
     fail("parallel.zero = fsdp with parallel.pp = {} is not built; use parallel.zero = none, zero1 or zero2 with "
          "pipeline parallelism", p.pp);
-  if (p.pp > 1 && c.run.job == "train" && c.train.grad_accum != 1)
+  if (p.pp > 1 && c.run.job == JobKind::train && c.train.grad_accum != 1)
     fail("train.grad_accum = {} with parallel.pp = {}: a pipeline accumulates over parallel.microbatches; set "
          "train.grad_accum = 1 and raise parallel.microbatches", c.train.grad_accum, p.pp);
 }
@@ -480,22 +480,22 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.sequence_parallel = true needs model.context_length = {} divisible by parallel.tp = {} (each rank "
          "holds an equal sequence shard); change context_length or tp",
          m.context_length, p.tp);
-  if (p.comm_sms > 0 && (p.device == "cpu" || p.backend == "mpi"))
+  if (p.comm_sms > 0 && (p.device == DeviceChoice::cpu || p.backend == BackendChoice::mpi))
     fail("parallel.comm_sms = {} shares a GPU's SMs between NCCL and the GEMMs, but this run uses parallel.device = "
          "{} and parallel.backend = {}; set parallel.comm_sms = 0, or run on cuda with the nccl backend",
          p.comm_sms, p.device, p.backend);
-  if (p.grad_exchange == "copy-engine" && runs_model(c)) {
-    if (p.zero != "zero2" && !(p.zero == "none" && p.ddp == "bucketed"))
+  if (p.grad_exchange == GradExchange::copy_engine && runs_model(c)) {
+    if (p.zero != ZeroLevel::zero2 && !(p.zero == ZeroLevel::none && p.ddp == DdpKind::bucketed))
       fail("parallel.grad_exchange = copy-engine is built for parallel.zero = zero2 and for bucketed DDP (parallel.zero "
            "= none with parallel.ddp = bucketed), not parallel.zero = {} with parallel.ddp = {}; set one of those or "
            "parallel.grad_exchange = nccl",
            p.zero, p.ddp);
-    if (p.device == "cpu" || p.backend == "mpi")
+    if (p.device == DeviceChoice::cpu || p.backend == BackendChoice::mpi)
       fail("parallel.grad_exchange = copy-engine moves gradients between GPUs with their copy engines, but this run "
            "uses parallel.device = {} and parallel.backend = {}; set parallel.grad_exchange = nccl, or run on cuda with "
            "the nccl backend",
            p.device, p.backend);
-    if (p.grad_reduce_dtype != "fp32")
+    if (p.grad_reduce_dtype != GradReduceDtype::fp32)
       fail("parallel.grad_exchange = copy-engine sums the fp32 gradients itself; parallel.grad_reduce_dtype = {} is "
            "not built with it; set parallel.grad_reduce_dtype = fp32",
            p.grad_reduce_dtype);
@@ -504,12 +504,12 @@ void check_layout(const Config& c, int world_size) {
            "{}); set parallel.grad_exchange = nccl or parallel.tp = parallel.pp = 1",
            p.tp, p.pp);
   }
-  if (p.grad_reduce_dtype == "bf16" && runs_model(c)) {
-    if (p.zero == "zero1" || p.zero == "zero1-broadcast" || p.zero == "fsdp")
+  if (p.grad_reduce_dtype == GradReduceDtype::bf16 && runs_model(c)) {
+    if (p.zero == ZeroLevel::zero1 || p.zero == ZeroLevel::zero1_broadcast || p.zero == ZeroLevel::fsdp)
       fail("parallel.grad_reduce_dtype = bf16 is built for ddp (flat, overlap, bucketed) and zero2, not parallel.zero = "
            "{}; use parallel.zero = zero2 or parallel.grad_reduce_dtype = fp32",
            p.zero);
-    if (p.zero == "none" && p.ddp == "naive")
+    if (p.zero == ZeroLevel::none && p.ddp == DdpKind::naive)
       fail("parallel.grad_reduce_dtype = bf16 is not built for parallel.ddp = naive (one collective per parameter); "
            "use parallel.ddp = flat, overlap or bucketed");
   }
@@ -520,7 +520,7 @@ void check_layout(const Config& c, int world_size) {
   if (!runs_model(c)) return;
 
   const std::int64_t dp = detail::resolved_dp(c, world_size);
-  const bool train = c.run.job == "train" || c.run.job == "prune";
+  const bool train = c.run.job == JobKind::train || c.run.job == JobKind::prune;
   const std::string batch_key = train ? "train.batch_size" : "bench.batch_size";
   const std::int64_t batch = train ? c.train.batch_size : c.bench.batch_size;
   if (batch % dp != 0)

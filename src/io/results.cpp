@@ -216,7 +216,7 @@ void ResultsFile::write_provenance(const Config& cfg, int world_size) {
   h5::write_attr(root.get(), "deck_path", cfg.deck_path);
   h5::write_attr(root.get(), "deck", cfg.deck_text);
   h5::write_attr(root.get(), "config", cfg.resolved.empty() ? to_ini(cfg) : cfg.resolved);
-  h5::write_attr(root.get(), "job", cfg.run.job);
+  h5::write_attr(root.get(), "job", to_string(cfg.run.job));
   h5::write_attr(root.get(), "world_size", static_cast<std::int64_t>(world_size));
 }
 

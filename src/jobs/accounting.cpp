@@ -34,7 +34,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   const auto m = model::ModelDims::from(cfg.model);
   const double P = static_cast<double>(m.parameter_count());
   a.parameters = m.parameter_count();
-  const bool bench = cfg.run.job == "bench-model";
+  const bool bench = cfg.run.job == JobKind::bench_model;
   const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   // The deck's layout (the accounting job may describe a layout other than the one it runs on).
   const comm::MeshShape mesh = replay::mesh_of(cfg, world);
@@ -42,10 +42,10 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   const bool sp = tp > 1 && cfg.parallel.sequence_parallel;
   a.local_batch = B / dp / (bench ? 1 : cfg.train.grad_accum);
   a.seq = m.context;
-  const bool mixed = cfg.precision.mode != "fp32";
+  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   const double e = mixed ? 2.0 : 4.0;   // activation bytes per element
-  const bool sharded = cfg.parallel.zero != "none" && dp > 1;
-  const bool fsdp = sharded && cfg.parallel.zero == "fsdp";
+  const bool sharded = cfg.parallel.zero != ZeroLevel::none && dp > 1;
+  const bool fsdp = sharded && cfg.parallel.zero == ZeroLevel::fsdp;
   const double N = static_cast<double>(a.local_batch * a.seq), d = static_cast<double>(m.d_model),
                F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads), T = static_cast<double>(a.seq),
                L = static_cast<double>(m.layers), V = static_cast<double>(m.vocab), b = static_cast<double>(a.local_batch);
@@ -79,24 +79,24 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     if (mixed) add("parameters_lowp", 2 * Pr, "2 B x " + p + " (bf16/fp16 working copy)");
   }
   if (fsdp) {
-  } else if (dp <= 1 || (sharded && cfg.parallel.zero == "zero2"))
+  } else if (dp <= 1 || (sharded && cfg.parallel.zero == ZeroLevel::zero2))
     add("gradients", 0, "0 at the start of the backward: per-bucket buffers are allocated as the backward frees "
                         "activations (one process, zero2) and freed after the step (zero2: after their reduce-scatter)");
   else
     add("gradients", 4 * Pr, "4 B x " + p + " (one flat fp32 buffer)");
-  if (sharded && !fsdp && cfg.parallel.zero != "zero1-broadcast")
+  if (sharded && !fsdp && cfg.parallel.zero != ZeroLevel::zero1_broadcast)
     add("gradient_shard", 4 * Pr / dp, "4 B x " + p + " / N (reduced range)");
   // parallel.grad_exchange = copy-engine (zero2 or bucketed DDP): the receive window's slots (its
   // few KiB of signal flags are left to the memory model).
-  const bool zero2 = sharded && cfg.parallel.zero == "zero2";
-  if (cfg.parallel.grad_exchange == "copy-engine" && (zero2 || (dp > 1 && cfg.parallel.zero == "none" &&
-                                                                cfg.parallel.ddp == "bucketed")))
+  const bool zero2 = sharded && cfg.parallel.zero == ZeroLevel::zero2;
+  if (cfg.parallel.grad_exchange == GradExchange::copy_engine && (zero2 || (dp > 1 && cfg.parallel.zero == ZeroLevel::none &&
+                                                                cfg.parallel.ddp == DdpKind::bucketed)))
     add("gradient_exchange_window", 4 * Pr * (dp - 1) / dp,
         "4 B x " + p + " x (N - 1) / N (copy-engine receive window: " +
             (zero2 ? "one shard-sized slot per other rank)" : "each bucket's part of this rank from every other rank)"));
   // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
-  const bool one_state = cfg.optim.name == "sgd" || cfg.optim.name == "lars";
-  const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : cfg.optim.name + " m, v";
+  const bool one_state = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars;
+  const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : to_string(cfg.optim.name) + " m, v";
   if (fsdp)   // the shard's state and the replicated norms'
     add("optimizer_state", (one_state ? 4 : 8) * (Ps / dp + norm_params),
         sb + "(" + ps + " / N + norms) (" + what + " of this rank's shard and of the norms)");
@@ -114,8 +114,8 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
       tp > 1 ? fmt::format("(4d{} + (4d + 3F)/tp) N e + 8N{} + {}/tp", sp ? "/tp" : "", sp ? "/tp" : "",
                            m.flash ? "4 B H T" : "B H T^2 e")
              : fmt::format("(8d + 3F) N e + 8N + {}", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)");
-  const std::string& ac = cfg.train.activation_checkpointing;
-  if (ac == "every-k") {
+  const Checkpointing ac = cfg.train.activation_checkpointing;
+  if (ac == Checkpointing::every_k) {
     // c checkpointed blocks (train.checkpoint_layers) keep their groups' inputs, and under
     // keep_attention each its attention output and aux; the other L - c keep everything.
     const double c = model::RecomputePolicy::from(cfg.train).checkpointed_end(0, static_cast<int>(m.layers));
@@ -129,8 +129,8 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                                             m.flash ? "4 B H T" : "B H T^2 e", m.flash ? "lse" : "probabilities")
                               : "",
                     block_f, keep_attn ? "the rest of " : "", block_f, c, k));
-  } else if (ac == "selective" || ac == "selective-mlp") {
-    const double f = ac == "selective" ? 2 : 0;   // [N,F] tensors kept per block (a, b)
+  } else if (ac == Checkpointing::selective || ac == Checkpointing::selective_mlp) {
+    const double f = ac == Checkpointing::selective ? 2 : 0;   // [N,F] tensors kept per block (a, b)
     const double kept = (6 * d + f * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0);
     add("activations", L * kept + (block - kept),
         fmt::format("L x ((6d{}) N e + 8N{}) + one block's recomputed part", f > 0 ? " + 2F" : "",
@@ -165,7 +165,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                          ? "all-gather (N-1)/N x e " + gathered + " twice (forward, backward) + reduce-scatter (N-1)/N x 4" +
                                (tp > 1 ? "Ps" : "P")
                          : "all-gather (N-1)/N x e " + gathered + " once + reduce-scatter (N-1)/N x 4" + (tp > 1 ? "Ps" : "P");
-  } else if (cfg.parallel.zero == "zero1-broadcast") {
+  } else if (cfg.parallel.zero == ZeroLevel::zero1_broadcast) {
     a.comm_bytes_per_step = 2 * f * G + G / dp;
     a.comm_formula = "all-reduce 2 (N-1)/N x 4P + broadcast of the own range 4P/N";
   } else {
@@ -182,7 +182,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                                    cfg.precision.tf32);
   a.ideal_step_s = a.peak_flops > 0 ? a.flops_per_step / (dp * tp * a.peak_flops) : 0;
   const auto tpc = tensor_parallel_comm(m, static_cast<double>(B / dp * m.context), tp, sp, e,
-                                        cfg.train.activation_checkpointing == "every-k");
+                                        cfg.train.activation_checkpointing == Checkpointing::every_k);
   a.tp_comm_bytes_per_step = tpc.bytes;
   a.tp_comm_formula = tpc.formula;
   analysis(a);
@@ -197,12 +197,12 @@ namespace {
 // jobs that run the model, so without this it would predict decks the run refuses.
 std::string run_refusal(const Config& cfg, int world) {
   Config run = cfg;
-  run.run.job = "bench-model";
-  run.bench.mode = "train-step";
+  run.run.job = JobKind::bench_model;
+  run.bench.mode = BenchMode::train_step;
   run.bench.batch_size = cfg.train.batch_size;
   // The devices are the run's, not this process's (accounting runs on a CPU for a GPU deck).
-  run.parallel.device = "auto";
-  run.parallel.backend = "auto";
+  run.parallel.device = DeviceChoice::automatic;
+  run.parallel.backend = BackendChoice::automatic;
   const comm::MeshShape mesh = replay::mesh_of(cfg, world);
   try {
     io::validate(run, mesh.dp * mesh.tp * mesh.pp);
@@ -325,7 +325,7 @@ int run_accounting(JobEnv& env) {
         t.append({static_cast<std::int64_t>(st), c.phases[i].phase, c.phases[i].bytes, u.phases[i].bytes});
     }
   }
-  env.out.set_attr(g, "mode", job_mode(cfg));
+  env.out.set_attr(g, "mode", to_string(job_mode(cfg)));
   const std::string refused = run_refusal(cfg, env.world);
   env.out.set_attr(g, "run_refused", refused);
   env.out.set_attr(g, "predicted_peak_bytes_cpu", on_cpu.peak);

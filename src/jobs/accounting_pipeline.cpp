@@ -30,7 +30,7 @@ namespace lmscale::jobs {
 Accounting account_pipeline(const Config& cfg, int world, const std::string& device_name) {
   Accounting best;
   const auto m = model::ModelDims::from(cfg.model);
-  const bool bench = cfg.run.job == "bench-model";
+  const bool bench = cfg.run.job == JobKind::bench_model;
   const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const int pp = static_cast<int>(cfg.parallel.pp), M = static_cast<int>(cfg.parallel.microbatches);
   const comm::MeshShape mesh = replay::mesh_of(cfg, world);   // the deck's layout, as the replay reads it
@@ -41,12 +41,12 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   split.degree = tp;
   split.sequence_parallel = sp;
   const auto layout = model::tensor_parallel_layout(m, split);
-  const bool interleaved = cfg.parallel.schedule == "interleaved";
+  const bool interleaved = cfg.parallel.schedule == PipelineSchedule::interleaved;
   const int V = interleaved ? static_cast<int>(cfg.parallel.virtual_stages) : 1;
   const auto overrides = model::parse_stage_layers(cfg.parallel.stage_layers);
-  const bool mixed = cfg.precision.mode != "fp32";
+  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   const double e = mixed ? 2.0 : 4.0;
-  const bool sharded = cfg.parallel.zero != "none" && dp > 1;
+  const bool sharded = cfg.parallel.zero != ZeroLevel::none && dp > 1;
   const std::int64_t local = B / dp, micro_rows = std::max<std::int64_t>(1, local / M);
   const double b = static_cast<double>(micro_rows), T = static_cast<double>(m.context), N = b * T,
                d = static_cast<double>(m.d_model), F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads),
@@ -68,7 +68,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
       head = head || u.owns_head(m);
     }
     const double inflight =
-        cfg.parallel.schedule == "gpipe" ? M
+        cfg.parallel.schedule == PipelineSchedule::gpipe ? M
         : interleaved ? std::min(M * V, (pp - s - 1) * 2 + (V - 1) * pp + 1) / static_cast<double>(V)
                       : std::min(pp - s, M);
     a.parameters = static_cast<std::int64_t>(P);
@@ -78,19 +78,19 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     add("parameters", 4 * P, tp > 1 ? "4 B x P_stage (fp32 master of this tp rank's slices of the stage's units)"
                                      : "4 B x P_stage (fp32 master of this stage's units)");
     if (mixed) add("parameters_lowp", 2 * P, "2 B x P_stage (bf16/fp16 working copy)");
-    if (dp <= 1 || (sharded && cfg.parallel.zero == "zero2"))
+    if (dp <= 1 || (sharded && cfg.parallel.zero == ZeroLevel::zero2))
       add("gradients", 0, "0 at the start of the backward (per-bucket buffers, allocated as the backward goes)");
     else
       add("gradients", 4 * P, "4 B x P_stage (one flat fp32 buffer)");
-    if (sharded && cfg.parallel.zero != "zero1-broadcast") add("gradient_shard", 4 * P / dp, "4 B x P_stage / dp");
-    const double state_b = cfg.optim.name == "sgd" || cfg.optim.name == "lars" ? 4 : 8;   // one or two fp32 states
+    if (sharded && cfg.parallel.zero != ZeroLevel::zero1_broadcast) add("gradient_shard", 4 * P / dp, "4 B x P_stage / dp");
+    const double state_b = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 4 : 8;   // one or two fp32 states
     add("optimizer_state", state_b * P / (sharded ? dp : 1),
         sharded ? fmt::format("{} B x P_stage / dp", state_b) : fmt::format("{} B x P_stage (optimizer state)", state_b));
-    const std::string& ac = cfg.train.activation_checkpointing;
-    const bool ac_keeps_attention = ac == "every-k" && cfg.train.checkpoint_keep_attention;
+    const Checkpointing ac = cfg.train.activation_checkpointing;
+    const bool ac_keeps_attention = ac == Checkpointing::every_k && cfg.train.checkpoint_keep_attention;
     double per_micro = Ls * block;
     double c = 0;   // every-k: the stage's checkpointed blocks (train.checkpoint_layers, as the model cuts them)
-    if (ac == "every-k") {
+    if (ac == Checkpointing::every_k) {
       const model::RecomputePolicy policy = model::RecomputePolicy::from(cfg.train);
       for (const auto& u : chunks) c += policy.checkpointed_end(u.first_layer(), u.end_layer(m)) - u.first_layer();
     }
@@ -102,7 +102,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     std::string f = tp > 1 ? "L_stage x ((4d r + (4d + 3F)/tp) n e + 8n r + attention aux/tp), n = b_micro T, r = "
                              "1 (1/tp with sequence parallelism)"
                            : "L_stage x ((8d + 3F) n e + 8n + attention aux), n = b_micro T";
-    if (ac == "every-k") {
+    if (ac == Checkpointing::every_k) {
       per_micro = (k > 0 ? std::ceil(c / k) : 0.0) * N * d * e * r + (Ls - c) * block;
       f = "ceil(c/k) n d e (group inputs of the c checkpointed blocks) + (L_stage - c) x block, + one group recomputed";
       if (ac_keeps_attention) {   // each checkpointed block's attention output and aux stay too
@@ -110,8 +110,8 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
         f = "ceil(c/k) n d e (group inputs of the c checkpointed blocks) + c x (n d e/tp + attention aux) (kept "
             "attention) + (L_stage - c) x block, + one group recomputed";
       }
-    } else if (ac == "selective" || ac == "selective-mlp") {
-      const double kf = ac == "selective" ? 2 : 0;   // [n,F] tensors kept per block (a, b)
+    } else if (ac == Checkpointing::selective || ac == Checkpointing::selective_mlp) {
+      const double kf = ac == Checkpointing::selective ? 2 : 0;   // [n,F] tensors kept per block (a, b)
       // kept: x, h (residual stream), q, k, v, o (split), a, b (split).
       per_micro = Ls * ((2 * d * r + (4 * d + kf * F) / tp) * N * e + 2 * N * 4 * r + (m.flash ? attn : 0.0));
       f = kf > 0 ? "L_stage x ((6d + 2F) n e + 8n [+ lse])" : "L_stage x (6d n e + 8n [+ lse])";
@@ -123,7 +123,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
         static_cast<double>(m.head_chunk_rows(static_cast<std::int64_t>(N), m.vocab / tp, mixed ? 2 : 4));
     add("activations", inflight * (per_micro + (head ? N * d * e * r : 0.0)) +
                            (head ? chunk * Vocab / tp * e + N * d * e * r + N * d * e : 0.0) +
-                           (ac == "every-k" ? k * (block - kept_attn) : 0.0),
+                           (ac == Checkpointing::every_k ? k * (block - kept_attn) : 0.0),
         fmt::format("{:.3g} microbatches in flight x ({}{}){}{}", inflight, f, head ? " + n d e (head input gradient)" : "",
                     head ? " + chunk V e + 2 n d e (one chunk of logits, final norm output and gradient)" : "",
                     ac_keeps_attention ? "; the recomputed group: k x (block - kept attention)" : ""));
@@ -133,7 +133,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     // (tp x pp: each tp rank sends its copy, or under sequence parallelism its row shard.)
     const double p2p = M * N * d * e * r * ((V - (s + 1 == pp ? 1.0 : 0.0)) + (V - (s == 0 ? 1.0 : 0.0)));
     const double G = 4 * P, fr = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
-    a.comm_bytes_per_step = p2p + 2 * fr * G + (cfg.parallel.zero == "zero1-broadcast" && dp > 1 ? G / dp : 0.0);
+    a.comm_bytes_per_step = p2p + 2 * fr * G + (cfg.parallel.zero == ZeroLevel::zero1_broadcast && dp > 1 ? G / dp : 0.0);
     a.comm_formula = fmt::format("M x n d e{} per direction between stages (activations forward, gradients "
                                  "backward){}", sp ? "/tp" : "",
                                  dp > 1 ? " + data-parallel gradients of the stage: 2 (dp-1)/dp x 4 P_stage" : "");
@@ -141,7 +141,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     // embedding's and the head's, which only the first and the last stage run: coarse by two).
     model::ModelDims stage_dims = m;
     stage_dims.layers = static_cast<std::int64_t>(Ls);
-    const auto tpc = tensor_parallel_comm(stage_dims, static_cast<double>(local) * T, tp, sp, e, ac == "every-k");
+    const auto tpc = tensor_parallel_comm(stage_dims, static_cast<double>(local) * T, tp, sp, e, ac == Checkpointing::every_k);
     a.tp_comm_bytes_per_step = tpc.bytes;
     a.tp_comm_formula = tpc.formula;
     if (a.peak_bytes > best.peak_bytes) best = a;

@@ -25,10 +25,13 @@
 
 namespace lmscale::jobs {
 
-double busbw_factor(const std::string& op, int n) {
-  if (op == "all-reduce") return 2.0 * (n - 1) / n;
-  if (op == "reduce-scatter" || op == "all-gather") return static_cast<double>(n - 1) / n;
-  if (op == "broadcast") return 1.0;
+double busbw_factor(CollectiveOp op, int n) {
+  switch (op) {
+    case CollectiveOp::all_reduce: return 2.0 * (n - 1) / n;
+    case CollectiveOp::reduce_scatter:
+    case CollectiveOp::all_gather: return static_cast<double>(n - 1) / n;
+    case CollectiveOp::broadcast: return 1.0;
+  }
   throw UsageError(fmt::format("bench.ops: unknown collective '{}' (all-reduce, reduce-scatter, all-gather, broadcast)", op));
 }
 
@@ -130,7 +133,7 @@ std::int64_t count_wrong(const unsigned char* got, DType t, std::size_t n, Expec
 }
 
 struct Call {
-  std::string op;
+  CollectiveOp op = CollectiveOp::all_reduce;
   DType dtype;
   std::size_t count = 0;   // elements of the whole buffer (bytes / element size)
   std::size_t block = 0;   // reduce-scatter / all-gather: elements per rank
@@ -140,9 +143,9 @@ struct Call {
 };
 
 comm::Work launch(comm::Communicator& c, const Call& k, comm::CallOptions o) {
-  if (k.op == "all-reduce") return c.all_reduce(k.send, k.recv, k.count, k.dtype, comm::ReduceOp::sum, o);
-  if (k.op == "reduce-scatter") return c.reduce_scatter(k.send, k.recv, k.block, k.dtype, comm::ReduceOp::sum, o);
-  if (k.op == "all-gather") return c.all_gather(k.send, k.recv, k.block, k.dtype, o);
+  if (k.op == CollectiveOp::all_reduce) return c.all_reduce(k.send, k.recv, k.count, k.dtype, comm::ReduceOp::sum, o);
+  if (k.op == CollectiveOp::reduce_scatter) return c.reduce_scatter(k.send, k.recv, k.block, k.dtype, comm::ReduceOp::sum, o);
+  if (k.op == CollectiveOp::all_gather) return c.all_gather(k.send, k.recv, k.block, k.dtype, o);
   return c.broadcast(k.recv, k.count, k.dtype, 0, o);
 }
 
@@ -150,13 +153,13 @@ comm::Work launch(comm::Communicator& c, const Call& k, comm::CallOptions o) {
 std::int64_t check_call(comm::Communicator& c, Space& space, const Call& k) {
   const int r = c.rank(), p = c.size();
   const std::size_t es = dtype_size(k.dtype);
-  if (k.op == "all-reduce") {
+  if (k.op == CollectiveOp::all_reduce) {
     if (!k.in_place) space.poison(k.recv, k.count * es);
     fill_pattern(space, const_cast<void*>(k.send), k.dtype, k.count, r);
-  } else if (k.op == "reduce-scatter") {
+  } else if (k.op == CollectiveOp::reduce_scatter) {
     if (!k.in_place) space.poison(k.recv, k.block * es);
     fill_pattern(space, const_cast<void*>(k.send), k.dtype, k.count, r);
-  } else if (k.op == "all-gather") {
+  } else if (k.op == CollectiveOp::all_gather) {
     space.poison(k.recv, k.count * es);
     fill_pattern(space, const_cast<void*>(k.send), k.dtype, k.block, r);
   } else if (r == 0) {
@@ -174,9 +177,9 @@ std::int64_t check_call(comm::Communicator& c, Space& space, const Call& k) {
     for (int q = 0; q < p; ++q) s += pattern_value(q, m);
     sums[m] = encode(k.dtype, s);
   }
-  if (k.op == "all-reduce")
+  if (k.op == CollectiveOp::all_reduce)
     return count_wrong(space.fetch(k.recv, k.count * es), k.dtype, k.count, [&](std::size_t i) { return sums[i % 9]; });
-  if (k.op == "reduce-scatter") {
+  if (k.op == CollectiveOp::reduce_scatter) {
     const std::size_t first = static_cast<std::size_t>(r) * k.block;
     return count_wrong(space.fetch(k.recv, k.block * es), k.dtype, k.block,
                        [&](std::size_t i) { return sums[(first + i) % 9]; });
@@ -184,7 +187,7 @@ std::int64_t check_call(comm::Communicator& c, Space& space, const Call& k) {
   std::vector<std::array<Encoded, 9>> values(static_cast<std::size_t>(p));
   for (int q = 0; q < p; ++q)
     for (std::size_t m = 0; m < 9; ++m) values[static_cast<std::size_t>(q)][m] = encode(k.dtype, pattern_value(q, m));
-  if (k.op == "all-gather")
+  if (k.op == CollectiveOp::all_gather)
     return count_wrong(space.fetch(k.recv, k.count * es), k.dtype, k.count,
                        [&](std::size_t i) { return values[i / k.block][(i % k.block) % 9]; });
   return count_wrong(space.fetch(k.recv, k.count * es), k.dtype, k.count, [&](std::size_t i) { return values[0][i % 9]; });
@@ -237,22 +240,34 @@ std::string dominant_path(const std::vector<comm::PathUse>& before, const std::v
   return best;
 }
 
+comm::Algo collective_algo(CollectiveAlgo a) {
+  switch (a) {
+    case CollectiveAlgo::library: return comm::Algo::library;
+    case CollectiveAlgo::ring: return comm::Algo::ring;
+    case CollectiveAlgo::shm: return comm::Algo::shm;
+    case CollectiveAlgo::hier: return comm::Algo::hier;
+    case CollectiveAlgo::automatic: break;
+  }
+  return comm::Algo::automatic;
+}
+
 }  // namespace
 
 int run_bench_collectives(JobEnv& env) {
   const Config& cfg = env.cfg;
   const BenchConfig& b = cfg.bench;
-  const std::string backend = cfg.parallel.backend == "auto" ? "mpi" : cfg.parallel.backend;
-  const bool on_device = backend == "nccl";
+  // bench-collectives runs before resolve_runtime's backend choice matters: auto is mpi here.
+  const comm::Backend kind = cfg.parallel.backend == BackendChoice::nccl ? comm::Backend::nccl : comm::Backend::mpi;
+  const std::string backend = comm::backend_name(kind);
+  const bool on_device = kind == comm::Backend::nccl;
   const auto sizes = sweep_sizes(b.min_bytes, b.max_bytes, b.step_factor);
   std::vector<DType> dtypes;
-  for (const auto& name : b.dtypes) dtypes.push_back(parse_dtype(name));
-  for (const auto& op : b.ops) busbw_factor(op, 2);   // validates the names
+  for (FloatType t : b.dtypes) dtypes.push_back(dtype_of(t));
   if (b.steps < 1) throw UsageError("bench.steps must be >= 1");
 
-  auto comm = comm::make_world_communicator(backend, env.mpi, env.local_rank, false,
+  auto comm = comm::make_world_communicator(kind, env.mpi, env.local_rank, false,
                                            static_cast<int>(cfg.parallel.comm_sms));   // NCCL CTAs
-  comm->set_algo(comm::parse_algo(b.algo));
+  comm->set_algo(collective_algo(b.algo));
   if (on_device) comm->set_compute_stream(env.rt.ctx().stream);
   const int p = comm->size(), r = comm->rank();
   const MPI_Comm world = env.mpi.world();
@@ -278,7 +293,7 @@ int run_bench_collectives(JobEnv& env) {
       {"busbw_gbs", io::Column::Type::f64, "GB/s"}, {"errors", io::Column::Type::i64, "elements"}};
   io::Table table = env.out.create_table("/bench_collectives/results", cols);
   env.out.set_attr("/bench_collectives", "backend", backend);
-  env.out.set_attr("/bench_collectives", "algo", b.algo);
+  env.out.set_attr("/bench_collectives", "algo", to_string(b.algo));
   env.out.set_attr("/bench_collectives", "ranks", static_cast<std::int64_t>(p));
   // Nodes = ranks with node-local rank 0; with the path column it tells a one-node curve from a
   // cross-node one in the analysis tables.
@@ -312,17 +327,17 @@ int run_bench_collectives(JobEnv& env) {
         k.op = op;
         k.dtype = t;
         k.count = static_cast<std::size_t>(size) / es;
-        const bool blocked = op == "reduce-scatter" || op == "all-gather";
+        const bool blocked = op == CollectiveOp::reduce_scatter || op == CollectiveOp::all_gather;
         if (blocked) k.count -= k.count % static_cast<std::size_t>(p);
         if (k.count == 0) continue;
         k.block = blocked ? k.count / static_cast<std::size_t>(p) : k.count;
-        k.in_place = b.inplace || op == "broadcast";
+        k.in_place = b.inplace || op == CollectiveOp::broadcast;
         const std::size_t mine = static_cast<std::size_t>(r) * k.block * es;
-        if (op == "all-reduce") {
+        if (op == CollectiveOp::all_reduce) {
           k.send = S, k.recv = k.in_place ? S : R;
-        } else if (op == "reduce-scatter") {
+        } else if (op == CollectiveOp::reduce_scatter) {
           k.send = S, k.recv = k.in_place ? S + mine : R;
-        } else if (op == "all-gather") {
+        } else if (op == CollectiveOp::all_gather) {
           k.recv = R, k.send = k.in_place ? R + mine : S;
         } else {
           k.send = S, k.recv = S;
@@ -357,7 +372,7 @@ int run_bench_collectives(JobEnv& env) {
                      hi * 1e6, algbw, busbw, wrong, wrong < 0 ? "unchecked" : (bad ? "FAIL" : "ok"), path);
           std::fflush(stdout);
         }
-        table.append({op, backend, b.algo, path, std::string(dtype_name(t)), static_cast<std::int64_t>(p), nodes, bytes,
+        table.append({to_string(op), backend, to_string(b.algo), path, std::string(dtype_name(t)), static_cast<std::int64_t>(p), nodes, bytes,
                       static_cast<std::int64_t>(k.count), static_cast<std::int64_t>(k.in_place), avg * 1e6, lo * 1e6,
                       hi * 1e6, algbw, busbw, wrong});
         table.flush();

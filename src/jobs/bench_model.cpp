@@ -48,7 +48,7 @@ void put_stats(io::ResultsFile& out, const std::string& group, const std::string
 
 int run_bench_model(JobEnv& env) {
   const Config& cfg = env.cfg;
-  const std::string& mode = cfg.bench.mode;
+  const BenchMode mode = cfg.bench.mode;
   const std::int64_t T = cfg.model.context_length;
   const std::int64_t B = cfg.bench.batch_size;
   ops::Runtime& rt = env.rt;
@@ -83,9 +83,9 @@ int run_bench_model(JobEnv& env) {
     StepResult r;
     WallTimer wall;
     auto m0 = rt.mark();
-    if (mode == "forward") {
+    if (mode == BenchMode::forward) {
       r.loss = trainer.forward_loss(tokens, T, &r.times);
-    } else if (mode == "forward-backward") {
+    } else if (mode == BenchMode::forward_backward) {
       r = trainer.forward_backward(tokens, T);
     } else {
       r = trainer.train_step(tokens, T);
@@ -94,7 +94,7 @@ int run_bench_model(JobEnv& env) {
     rt.synchronize();
     r.times.total_ms = rt.elapsed_ms(m0, m1);
     if (!timed) continue;
-    if (mode != "forward") pipe.add_step(s - cfg.bench.warmup);
+    if (mode != BenchMode::forward) pipe.add_step(s - cfg.bench.warmup);
     fwd.push_back(r.times.forward_ms);
     bwd.push_back(r.times.backward_ms);
     comm.push_back(r.times.comm_ms);
@@ -107,13 +107,13 @@ int run_bench_model(JobEnv& env) {
 
   const Stats st = summarize(total), sf = summarize(fwd), sb = summarize(bwd), sc = summarize(comm), so = summarize(opt);
   const double tokens = static_cast<double>(B * T);   // global tokens per step
-  const double flops = (mode == "forward" ? dims.forward_flops_per_token(T) : dims.train_flops_per_token(T)) * tokens;
+  const double flops = (mode == BenchMode::forward ? dims.forward_flops_per_token(T) : dims.train_flops_per_token(T)) * tokens;
   const double peak = device_peak_flops(rt.device_name(), cfg.precision.mode, cfg.precision.tf32) * env.world;
   const double achieved = flops / (st.mean * 1e-3);
   const double mfu = peak > 0 ? achieved / peak : std::numeric_limits<double>::quiet_NaN();
   // The same with causal attention counted as half the score matrix (the leaderboard's MFU).
   const double flops_causal =
-      (mode == "forward" ? dims.train_flops_per_token_causal(T) / 3.0 : dims.train_flops_per_token_causal(T)) * tokens;
+      (mode == BenchMode::forward ? dims.train_flops_per_token_causal(T) / 3.0 : dims.train_flops_per_token_causal(T)) * tokens;
   const double mfu_causal = peak > 0 ? flops_causal / (st.mean * 1e-3) / peak : std::numeric_limits<double>::quiet_NaN();
   const MemoryTracker& mem = rt.allocator().tracker();
 
@@ -123,8 +123,8 @@ int run_bench_model(JobEnv& env) {
   put_stats(env.out, g, "backward", sb);
   put_stats(env.out, g, "comm", sc);
   put_stats(env.out, g, "optimizer", so);
-  env.out.set_attr(g, "mode", mode);
-  env.out.set_attr(g, "precision", cfg.precision.mode);
+  env.out.set_attr(g, "mode", to_string(mode));
+  env.out.set_attr(g, "precision", to_string(cfg.precision.mode));
   env.out.set_attr(g, "batch_size", B);
   env.out.set_attr(g, "context_length", T);
   env.out.set_attr(g, "parameters", dims.parameter_count());
@@ -140,10 +140,10 @@ int run_bench_model(JobEnv& env) {
   // Data-parallel accounting (DESIGN §5): exposed communication = time from the end of the
   // backward until the gradients are ready; its share of the step.
   env.out.set_attr(g, "ranks", static_cast<std::int64_t>(env.world));
-  env.out.set_attr(g, "ddp", cfg.parallel.ddp);
-  env.out.set_attr(g, "zero", cfg.parallel.zero);
+  env.out.set_attr(g, "ddp", to_string(cfg.parallel.ddp));
+  env.out.set_attr(g, "zero", to_string(cfg.parallel.zero));
   env.out.set_attr(g, "bucket_mb", cfg.parallel.bucket_mb);
-  env.out.set_attr(g, "activation_checkpointing", cfg.train.activation_checkpointing);
+  env.out.set_attr(g, "activation_checkpointing", to_string(cfg.train.activation_checkpointing));
   env.out.set_attr(g, "checkpoint_k", cfg.train.checkpoint_k);
   // FSDP: how long the compute waited for each unit's all-gather, per timed step (forward and
   // backward): 0 means the prefetch hid the gather behind the previous units' compute.
@@ -201,8 +201,8 @@ int run_bench_model(JobEnv& env) {
       fmt::print("{:<12} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", n, s.mean, s.std, s.min, s.max, s.median);
     };
     row("forward", sf);
-    if (mode != "forward") row("backward", sb);
-    if (mode == "train-step") {
+    if (mode != BenchMode::forward) row("backward", sb);
+    if (mode == BenchMode::train_step) {
       row("comm", sc);
       row("optimizer", so);
     }

@@ -54,7 +54,7 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
   std::map<std::string, io::AttrValue> attrs{
       {"step", trainer.step()},
       {"optimizer_steps", trainer.optimizer() ? trainer.optimizer()->steps() : trainer.step()},
-      {"optimizer", env.cfg.optim.name},
+      {"optimizer", to_string(env.cfg.optim.name)},
       {"seed", static_cast<std::int64_t>(env.cfg.run.seed)},
       {"loss_scale", trainer.loss_scaler().scale()},
       {"config", env.cfg.resolved},

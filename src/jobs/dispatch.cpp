@@ -33,10 +33,10 @@ int cuda_device_count() {
 }  // namespace
 
 namespace {
-// Deck values that belong to the public schema (DESIGN §6) but whose modes this version does not
+// Deck values that belong to the public schema (docs/deck.md) but whose modes this version does not
 // build yet: refused up front rather than silently ignored.
 void reject_unbuilt_modes(const Config& c) {
-  if (c.run.job == "accounting") return;   // accounting computes, it does not run the mode
+  if (c.run.job == JobKind::accounting) return;   // accounting computes, it does not run the mode
   // (Nothing at present: the single-file checkpoint gathers parameters and moments over tp and pp,
   // Trainer::to_full_layout, so it works with pipeline stages too.)
   (void)c;
@@ -47,16 +47,18 @@ Config resolve_runtime(const Config& in, int world) {
   Config c = in;
   reject_unbuilt_modes(c);
   const int gpus = cuda_device_count();
-  if (c.parallel.device == "auto") c.parallel.device = gpus > 0 ? "cuda" : "cpu";
-  if (c.parallel.device == "cuda" && gpus == 0)
+  if (c.parallel.device == DeviceChoice::automatic) c.parallel.device = gpus > 0 ? DeviceChoice::cuda : DeviceChoice::cpu;
+  if (c.parallel.device == DeviceChoice::cuda && gpus == 0)
     throw UsageError("parallel.device=cuda but no CUDA device is visible (or lmscale was built without CUDA); use parallel.device=cpu");
-  if (c.parallel.backend == "auto") c.parallel.backend = c.parallel.device == "cuda" ? "nccl" : "mpi";
-  if (c.parallel.backend == "nccl" && c.parallel.device != "cuda")
+  if (c.parallel.backend == BackendChoice::automatic)
+    c.parallel.backend = c.parallel.device == DeviceChoice::cuda ? BackendChoice::nccl : BackendChoice::mpi;
+  if (c.parallel.backend == BackendChoice::nccl && c.parallel.device != DeviceChoice::cuda)
     throw UsageError("parallel.backend=nccl needs parallel.device=cuda; use parallel.backend=mpi on CPUs");
   // (The interleaved schedule runs on nccl too: each communication point is one grouped exchange
   // issued in an order both neighbours agree on; parallel/interleaved_schedule.h.)
   if (c.parallel.dp == 0) c.parallel.dp = world / (c.parallel.tp * c.parallel.pp);
-  if (c.parallel.device == "cpu" && c.run.job != "accounting" && (c.precision.mode == "bf16" || c.precision.mode == "fp16"))
+  if (c.parallel.device == DeviceChoice::cpu && c.run.job != JobKind::accounting &&
+      c.precision.mode != PrecisionMode::fp32)
     throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));
   c.resolved = io::to_ini(c);
   return c;
@@ -66,15 +68,25 @@ std::string describe_run(const Config& cfg, int world) {
   return fmt::format("# lmscale resolved configuration ({} ranks)\n{}", world, io::to_ini(cfg));
 }
 
+comm::Backend world_backend(const Config& cfg) {
+  switch (cfg.parallel.backend) {
+    case BackendChoice::mpi: return comm::Backend::mpi;
+    case BackendChoice::nccl: return comm::Backend::nccl;
+    case BackendChoice::automatic: break;
+  }
+  throw Error("world_backend: parallel.backend = auto was not resolved (resolve_runtime)");
+}
+
 int run_job(JobEnv& env) {
-  const std::string& job = env.cfg.run.job;
-  if (job == "bench-model") return with_oom_report(env, [&] { return run_bench_model(env); });
-  if (job == "train") return with_oom_report(env, [&] { return run_train(env); });
-  if (job == "bench-attention") return run_bench_attention(env.cfg, env.rt, env.out);
-  if (job == "bench-collectives") return run_bench_collectives(env);
-  if (job == "accounting") return run_accounting(env);
-  if (job == "prune") return with_oom_report(env, [&] { return run_prune(env); });
-  throw UsageError(fmt::format("run.job={} is not a job", job));
+  switch (env.cfg.run.job) {
+    case JobKind::bench_model: return with_oom_report(env, [&] { return run_bench_model(env); });
+    case JobKind::train: return with_oom_report(env, [&] { return run_train(env); });
+    case JobKind::bench_attention: return run_bench_attention(env.cfg, env.rt, env.out);
+    case JobKind::bench_collectives: return run_bench_collectives(env);
+    case JobKind::accounting: return run_accounting(env);
+    case JobKind::prune: return with_oom_report(env, [&] { return run_prune(env); });
+  }
+  throw UsageError(fmt::format("run.job={} is not a job", env.cfg.run.job));
 }
 
 }  // namespace lmscale::jobs

@@ -80,8 +80,8 @@ std::string format_bytes(double bytes) {
 }
 
 std::optional<MemoryNeed> predicted_need(const Config& cfg, int world, const std::string& device_name) {
-  const bool bench = cfg.run.job == "bench-model";
-  if (!bench && cfg.run.job != "train") return std::nullopt;
+  const bool bench = cfg.run.job == JobKind::bench_model;
+  if (!bench && cfg.run.job != JobKind::train) return std::nullopt;
   // The peak of the phases the job runs (memory_model.h): a forward-only bench never holds
   // gradients, a train step's optimizer phase holds them beside the AdamW state.
   const MemoryPhases phases = predict_memory_phases(cfg, world, !device_name.empty());
@@ -96,14 +96,14 @@ std::optional<std::string> memory_fit_problem(const MemoryNeed& need, int ranks_
                                               const Config& cfg) {
   const double total = need.bytes * std::max(1, ranks_sharing);
   if (!(total > budget.bytes)) return std::nullopt;
-  const std::string batch = cfg.run.job == "train" ? "train.batch_size" : "bench.batch_size";
+  const std::string batch = cfg.run.job == JobKind::train ? "train.batch_size" : "bench.batch_size";
   return fmt::format(
       "the run does not fit in memory: for run.job = {} the accounting job predicts {} per rank ({}){}, but only {} "
       "{}; reduce {} or model.context_length, or choose a smaller model (model.size, model.d_model, "
       "model.num_layers){} (`lmscale DECK --run.job=accounting` prints the prediction)",
       cfg.run.job, format_bytes(need.bytes), need.detail,
       ranks_sharing > 1 ? fmt::format(", {} for the {} ranks sharing it", format_bytes(total), ranks_sharing) : "",
-      format_bytes(budget.bytes), budget.source.empty() ? std::string("are available") : budget.source, batch, cfg.run.job == "train" ? ", or raise train.grad_accum" : "");
+      format_bytes(budget.bytes), budget.source.empty() ? std::string("are available") : budget.source, batch, cfg.run.job == JobKind::train ? ", or raise train.grad_accum" : "");
 }
 
 MemoryBudget memory_budget(ops::Runtime& rt) {

@@ -21,7 +21,7 @@ using replay::Grads;
 using replay::Shapes;
 using replay::Sim;
 
-std::string job_mode(const Config& cfg) { return cfg.run.job == "bench-model" ? cfg.bench.mode : "train-step"; }
+BenchMode job_mode(const Config& cfg) { return cfg.run.job == JobKind::bench_model ? cfg.bench.mode : BenchMode::train_step; }
 
 std::vector<MemoryPhases> predict_stage_phases(const Config& cfg, int world, bool cuda) {
   const comm::MeshShape mesh = replay::mesh_of(cfg, world);
@@ -42,10 +42,10 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
   const int tp = mesh.tp, dp = mesh.dp;
   const int dp_rank = comm::mesh_coords(mesh, rank).dp;
   MemoryPhases out;
-  const bool bench = cfg.run.job == "bench-model";
-  const std::string mode = job_mode(cfg);
-  const std::string& zero = cfg.parallel.zero;
-  const bool fsdp = dp > 1 && zero == "fsdp", sharded = dp > 1 && zero != "none";
+  const bool bench = cfg.run.job == JobKind::bench_model;
+  const BenchMode mode = job_mode(cfg);
+  const ZeroLevel zero = cfg.parallel.zero;
+  const bool fsdp = dp > 1 && zero == ZeroLevel::fsdp, sharded = dp > 1 && zero != ZeroLevel::none;
   const std::int64_t accum = bench ? 1 : std::max<std::int64_t>(1, cfg.train.grad_accum);
   const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const double workspace = cuda ? 32.0 * 1024 * 1024 : 0.0;   // cuBLASLt's, allocated with the runtime
@@ -56,7 +56,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
   for (double n : sizes) P += n;
   const double norms = (2.0 * s.L + 1) * s.d;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
-  const double states = cfg.optim.name == "sgd" || cfg.optim.name == "lars" ? 1.0 : 2.0;
+  const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
 
   // Long-lived state after init, per layout.
   double init = 0, grads_after = 0;   // grads_after: gradient bytes alive when the backward ends
@@ -87,7 +87,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     out.layout = std::string("fsdp (master, gradient shard and optimizer state of 1/dp") +
                  (tp > 1 ? " of this tp rank's slices" : "") + "; gathered units beside the replayed activations)";
   } else {
-    const bool lazy = dp == 1 || zero == "zero2";
+    const bool lazy = dp == 1 || zero == ZeroLevel::zero2;
     init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
     gr.lazy = lazy;
     gr.init(sizes, dp == 1 ? 256.0 * 1024 * 1024 : cfg.parallel.bucket_mb * 1024.0 * 1024.0);
@@ -95,11 +95,11 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     // bucket and rank; two for bucketed DDP), from initialisation on (comm/peer_copy.h). zero2:
     // one slot of the largest shard per other rank; bucketed DDP: per other rank, this rank's
     // part of every bucket (parallel/copy_engine_all_reduce.h).
-    if (dp > 1 && cfg.parallel.grad_exchange == "copy-engine") {
-      if (zero == "zero2") {
+    if (dp > 1 && cfg.parallel.grad_exchange == GradExchange::copy_engine) {
+      if (zero == ZeroLevel::zero2) {
         const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
         init += static_cast<double>(comm::peer_copy_window_bytes(dp, 4 * counts[0], static_cast<int>(gr.bucket_bytes.size())));
-      } else if (zero == "none" && cfg.parallel.ddp == "bucketed") {
+      } else if (zero == ZeroLevel::none && cfg.parallel.ddp == DdpKind::bucketed) {
         std::vector<model::GradBucket> buckets;
         for (double bytes : gr.bucket_bytes) buckets.push_back({0, 0, 0, static_cast<std::int64_t>(bytes / 4)});
         init += static_cast<double>(parallel::CopyEngineAllReduce::window_bytes(buckets, dp));
@@ -108,8 +108,8 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
     out.layout = dp == 1 ? (tp > 1 ? "tensor parallel (local shapes), gradients in 256 MiB buckets"
                                    : "one process, gradients in 256 MiB buckets")
-                 : zero == "zero2" ? "zero2 (gradient buckets of bucket_mb, shard of the optimizer state)"
-                 : sharded        ? zero + " (flat gradients, gradient shard and 1/dp of the optimizer state)"
+                   : zero == ZeroLevel::zero2 ? "zero2 (gradient buckets of bucket_mb, shard of the optimizer state)"
+                   : sharded        ? to_string(zero) + " (flat gradients, gradient shard and 1/dp of the optimizer state)"
                                   : "ddp (flat gradient buffer)";
   }
   auto run = [&](bool keep, bool backward, bool grads_held) {
@@ -130,7 +130,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
   grads_after = gr.lazy ? gr.total() : fsdp ? 4 * gr.unit_padded[0] : 0.0;
   const double base = init + workspace;
   out.phases = {{"init", init + workspace}};
-  if (mode == "forward") {
+  if (mode == BenchMode::forward) {
     out.phases.push_back({"forward", base + run(false, false, false)});
   } else {
     // What is alive at the forward_backward phase mark (the end of the first micro-batch's
@@ -145,10 +145,10 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     // The copies made during the first (only) micro-batch's backward end it beside its state.
     // In forward-backward mode finish() runs after the mark, so flat's copy (made there) shows
     // in the next step's phase, over the same state.
-    if (accum == 1 && (!gr.group_stage.empty() || (gr.finish_stage > 0 && mode == "forward-backward")))
+    if (accum == 1 && (!gr.group_stage.empty() || (gr.finish_stage > 0 && mode == BenchMode::forward_backward)))
       fb = std::max(fb, at_mark + staging);
     out.phases.push_back({"forward_backward", fb});
-    if (mode == "train-step")
+    if (mode == BenchMode::train_step)
       out.phases.push_back({"optimizer", std::max(at_mark + staging, accum > 1 ? base + run(true, true, true) : 0.0)});
   }
   for (const auto& p : out.phases) out.peak = std::max(out.peak, p.bytes);

@@ -215,18 +215,18 @@ class StageReplay {
 }  // namespace
 
 MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, int rank) {
-  LMSCALE_CHECK(cfg.parallel.zero != "fsdp", "memory model: fsdp with pipeline stages is not built (the deck refuses it)");
+  LMSCALE_CHECK(cfg.parallel.zero != ZeroLevel::fsdp, "memory model: fsdp with pipeline stages is not built (the deck refuses it)");
   MemoryPhases out;
   const auto dims = model::ModelDims::from(cfg.model);
-  const bool bench = cfg.run.job == "bench-model";
-  const std::string mode = job_mode(cfg);
+  const bool bench = cfg.run.job == JobKind::bench_model;
+  const BenchMode mode = job_mode(cfg);
   const auto& pc = cfg.parallel;
   const comm::MeshShape mesh = replay::mesh_of(cfg, world);
   const int tp = mesh.tp, pp = mesh.pp, dp = mesh.dp;
   const comm::MeshCoords at = comm::mesh_coords(mesh, rank);
   const int stage = at.pp, dp_rank = at.dp;
   const int M = static_cast<int>(std::max<std::int64_t>(1, pc.microbatches));
-  const bool interleaved = pc.schedule == "interleaved";
+  const bool interleaved = pc.schedule == PipelineSchedule::interleaved;
   const int V = interleaved ? static_cast<int>(pc.virtual_stages) : 1;
   const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const double local = static_cast<double>(global / dp);   // rows of this dp rank (grad_accum is 1 with pp)
@@ -251,7 +251,7 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   const bool last_stage = stage + 1 == pp;
   // Gradients: lazy buckets with one data-parallel rank (256 MiB) and under zero2 (bucket_mb),
   // else DDP's / zero1's flat buffer (in the init bytes).
-  const bool lazy = dp == 1 || pc.zero == "zero2";
+  const bool lazy = dp == 1 || pc.zero == ZeroLevel::zero2;
   const double init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
   Grads gr;
   gr.lazy = lazy;
@@ -268,10 +268,10 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
                            dp > 1 ? fmt::format(", dp {}", dp) : std::string(),
                            dp == 1    ? "gradients in 256 MiB buckets"
                            : lazy     ? "zero2 gradient buckets of bucket_mb"
-                           : pc.zero == "none" ? "ddp flat gradients"
-                                             : pc.zero + " flat gradients");
+                           : pc.zero == ZeroLevel::none ? "ddp flat gradients"
+                                             : to_string(pc.zero) + " flat gradients");
   out.phases = {{"init", base}};
-  if (mode == "forward") {
+  if (mode == BenchMode::forward) {
     // Trainer::forward_loss: the whole local batch through the chunks in order.
     const Shapes whole = replay::shapes_for(cfg, local, cuda);
     Sim m;
@@ -293,14 +293,14 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
     m.alloc(M * 2 * 4 * micro.B * micro.T);
     StageReplay r(m, micro, g, chunks, pp, stage, M);
     if (interleaved) r.run_interleaved();
-    else r.run_1f1b(pc.schedule == "gpipe");
+    else r.run_1f1b(pc.schedule == PipelineSchedule::gpipe);
     if (!last_stage) m.alloc(4.0 * M);   // the 0 loss sums the other stages report
     // forward-backward mode: finish() runs after the phase mark, so ddp flat's copy shows in
     // the next step's phase, over what is alive at the mark.
-    out.phases.push_back({"forward_backward", mode == "forward-backward" ? std::max(m.peak, m.cur + flat_staging) : m.peak});
+    out.phases.push_back({"forward_backward", mode == BenchMode::forward_backward ? std::max(m.peak, m.cur + flat_staging) : m.peak});
     // The optimizer phase's peak is at its start: the gradients, the microbatches' inputs,
     // targets and loss sums are alive at the phase mark (the step allocates nothing larger).
-    if (mode == "train-step") out.phases.push_back({"optimizer", m.cur + flat_staging});
+    if (mode == BenchMode::train_step) out.phases.push_back({"optimizer", m.cur + flat_staging});
   }
   for (const auto& p : out.phases) out.peak = std::max(out.peak, p.bytes);
   return out;

@@ -12,7 +12,7 @@ namespace lmscale::jobs::replay {
 Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   const auto dims = model::ModelDims::from(cfg.model);
   const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
-  const bool mixed = cfg.precision.mode != "fp32";
+  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   Shapes s;
   s.B = rows;
   s.T = static_cast<double>(dims.context);
@@ -325,7 +325,7 @@ double embed_forward(Sim& m, const Shapes& s, Grads& gr) {
 }
 
 double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1, bool keep) {
-  const bool every_k = keep && s.ac == "every-k", selective = keep && (s.ac == "selective" || s.ac == "selective-mlp");
+  const bool every_k = keep && s.ac == Checkpointing::every_k, selective = keep && (s.ac == Checkpointing::selective || s.ac == Checkpointing::selective_mlp);
   const int lc = every_k ? s.recompute.checkpointed_end(l0, l1) : l0;   // [l0, lc) checkpointed
   double x = 0;   // the current block's input; block l0's is the caller's
   for (int l = l0; l < l1; ++l) {
@@ -342,7 +342,7 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
         m.free(b.y2);
         m.free(b.g);
         if (!s.flash) m.free(b.aux);
-        if (s.ac == "selective-mlp") {
+        if (s.ac == Checkpointing::selective_mlp) {
           m.free(b.a);
           m.free(b.b);
         }
@@ -367,7 +367,7 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
 
 void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1) {
   if (l1 <= l0) return;
-  const bool every_k = s.ac == "every-k";
+  const bool every_k = s.ac == Checkpointing::every_k;
   const int lc = every_k ? s.recompute.checkpointed_end(l0, l1) : l1;
   for (int l = l1 - 1; l >= lc; --l) {   // blocks past the checkpointed ones: as without checkpointing
     gr.before_backward(l + 1);
@@ -496,15 +496,15 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
 }
 
 double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy) {
-  const bool mixed = cfg.precision.mode != "fp32";
+  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
-  const double states = cfg.optim.name == "sgd" || cfg.optim.name == "lars" ? 1.0 : 2.0;
+  const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
   double bytes = 4 * P + (mixed ? 2 * P : 0.0);
   if (!lazy) bytes += 4 * P;   // one flat fp32 gradient buffer
-  if (dp > 1 && cfg.parallel.zero != "none") {
+  if (dp > 1 && cfg.parallel.zero != ZeroLevel::none) {
     const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
     const double shard = static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
-    bytes += states * 4 * shard + (cfg.parallel.zero == "zero1-broadcast" ? 0.0 : 4 * shard);
+    bytes += states * 4 * shard + (cfg.parallel.zero == ZeroLevel::zero1_broadcast ? 0.0 : 4 * shard);
     // (zero2's copy-engine window: memory_model.cpp, which knows the buckets its flags count.)
   } else {
     bytes += states * 4 * P;
@@ -518,11 +518,11 @@ enum class ReduceStaging { none, flat, per_param, buckets };
 // How the trainer's sync makes the bf16 copies (jobs/trainer.cpp builds it).
 ReduceStaging reduce_staging_kind(const Config& cfg, int dp) {
   const auto& pc = cfg.parallel;
-  if (dp <= 1 || pc.grad_reduce_dtype != "bf16") return ReduceStaging::none;
-  if (pc.zero == "zero2") return ReduceStaging::buckets;
-  if (pc.zero != "none") return ReduceStaging::none;
-  if (pc.ddp == "overlap") return ReduceStaging::per_param;
-  if (pc.ddp == "bucketed") return ReduceStaging::buckets;
+  if (dp <= 1 || pc.grad_reduce_dtype != GradReduceDtype::bf16) return ReduceStaging::none;
+  if (pc.zero == ZeroLevel::zero2) return ReduceStaging::buckets;
+  if (pc.zero != ZeroLevel::none) return ReduceStaging::none;
+  if (pc.ddp == DdpKind::overlap) return ReduceStaging::per_param;
+  if (pc.ddp == DdpKind::bucketed) return ReduceStaging::buckets;
   return ReduceStaging::flat;   // ddp none (the trainer runs it as flat) or flat
 }
 }  // namespace
@@ -558,7 +558,7 @@ void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>&
   for (double bytes : gr.bucket_bytes) {
     const double numel = bytes / 4, offset = end - numel;
     const double mine = std::max(0.0, std::min(static_cast<double>(hi), end) - std::max(static_cast<double>(lo), offset));
-    gr.group_stage.push_back(2 * numel + (cfg.parallel.zero == "zero2" ? 2 * std::max(mine, 1.0) : 0.0));
+    gr.group_stage.push_back(2 * numel + (cfg.parallel.zero == ZeroLevel::zero2 ? 2 * std::max(mine, 1.0) : 0.0));
     end = offset;
   }
 }

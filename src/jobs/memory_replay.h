@@ -60,7 +60,7 @@ struct Shapes {
   bool flash = false, sp = false, cuda = false, deterministic = false;
   int L = 0, tp = 1;
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
-  std::string ac = "none";
+  Checkpointing ac = Checkpointing::none;
   int k = 1;
   model::RecomputePolicy recompute;   // the model's: keep_attention, checkpointed_end
 };

@@ -23,12 +23,12 @@ std::string report(JobEnv& env, const std::string& what) {
     prediction = fmt::format("no prediction ({})", e.what());
   }
   const MemoryBudget budget = memory_budget(env.rt);
-  const std::string key = cfg.run.job == "train" ? "train.batch_size" : "bench.batch_size";
+  const std::string key = cfg.run.job == JobKind::train ? "train.batch_size" : "bench.batch_size";
   return fmt::format(
       "{}; {} {}; {}. To fit: train.activation_checkpointing = every-k or selective (activations), "
       "parallel.zero = fsdp or zero2 on more ranks (parameters, gradients, optimizer state), or a smaller {}{}",
       what, format_bytes(budget.bytes), budget.source, prediction, key,
-      cfg.run.job == "train" ? " with train.grad_accum to keep the global batch" : "");
+      cfg.run.job == JobKind::train ? " with train.grad_accum to keep the global batch" : "");
 }
 
 }  // namespace

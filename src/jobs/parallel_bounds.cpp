@@ -49,13 +49,13 @@ std::int64_t first_bound(std::int64_t limit, const std::function<std::int64_t(st
 
 std::vector<ParallelBound> parallel_bounds(const Config& cfg, double C, double W) {
   const auto m = model::ModelDims::from(cfg.model);
-  const bool bench = cfg.run.job == "bench-model";
+  const bool bench = cfg.run.job == JobKind::bench_model;
   const double tokens = static_cast<double>((bench ? cfg.bench.batch_size : cfg.train.batch_size) * m.context);
   const double flops = m.train_flops_per_token(m.context) * tokens;   // per step, all devices
   const double P = static_cast<double>(m.parameter_count());
   const double norms = (2.0 * static_cast<double>(m.layers) + 1) * static_cast<double>(m.d_model);
-  const double e = cfg.precision.mode == "fp32" ? 4.0 : 2.0;
-  const bool recompute = cfg.train.activation_checkpointing == "every-k";
+  const double e = cfg.precision.mode == PrecisionMode::fp32 ? 4.0 : 2.0;
+  const bool recompute = cfg.train.activation_checkpointing == Checkpointing::every_k;
   auto compute_s = [&](double n) { return flops / (n * C); };
   auto plus1 = [](std::int64_t n) { return n + 1; };
   auto times2 = [](std::int64_t n) { return 2 * n; };

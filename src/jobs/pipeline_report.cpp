@@ -101,12 +101,12 @@ double PipelineRecorder::write() {
   }
   ev.append_rows(rows);
   const std::string g = "/pipeline";
-  env_.out.set_attr(g, "schedule", p.schedule);
+  env_.out.set_attr(g, "schedule", to_string(p.schedule));
   env_.out.set_attr(g, "pp", p.pp);
   env_.out.set_attr(g, "microbatches", p.microbatches);
   env_.out.set_attr(g, "virtual_stages", p.virtual_stages);
   // Blocks per rank (interleaved: summed over its chunks).
-  const int V = p.schedule == "interleaved" ? static_cast<int>(p.virtual_stages) : 1;
+  const int V = p.schedule == PipelineSchedule::interleaved ? static_cast<int>(p.virtual_stages) : 1;
   std::vector<int> counts_per_stage;
   for (int s = 0; s < stages; ++s) {
     int blocks = 0;

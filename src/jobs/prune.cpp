@@ -80,8 +80,8 @@ std::unique_ptr<CompactModel> compact_model(JobEnv& env, std::int64_t d_ff, cons
 int run_prune(JobEnv& env) {
   const Config& cfg = env.cfg;
   const auto& pc = cfg.prune;
-  const bool structured = pc.method == "structured";
-  const bool guided = pc.schedule == "loss-guided";
+  const bool structured = pc.method == PruneMethod::structured;
+  const bool guided = pc.schedule == PruneSchedule::loss_guided;
   const std::int64_t T = cfg.model.context_length;
   const auto dims = model::ModelDims::from(cfg.model);
   const std::int64_t max_rounds = fixed_rounds(pc.theta, pc.target_sparsity);
@@ -192,8 +192,8 @@ int run_prune(JobEnv& env) {
   const std::int64_t final_kept = structured ? kept_units(accepted_units) : n_set - prunable_zeros(dims, accepted_w);
   const std::string g = "/prune";
   env.out.set_attr(g, "weights", pc.weights);
-  env.out.set_attr(g, "method", pc.method);
-  env.out.set_attr(g, "schedule", pc.schedule);
+  env.out.set_attr(g, "method", to_string(pc.method));
+  env.out.set_attr(g, "schedule", to_string(pc.schedule));
   env.out.set_attr(g, "target_sparsity", pc.target_sparsity);
   env.out.set_attr(g, "gamma", 1.0 - std::pow(0.1, 1.0 / static_cast<double>(pc.theta)));
   env.out.set_attr(g, "theta", pc.theta);
@@ -219,7 +219,7 @@ int run_prune(JobEnv& env) {
                        {"num_heads", cfg.model.num_heads},
                        {"rope_theta", cfg.model.rope_theta},
                        {"pruned_from", pc.weights},
-                       {"prune_method", pc.method},
+                       {"prune_method", to_string(pc.method)},
                        {"sparsity", 1.0 - static_cast<double>(final_kept) / static_cast<double>(n_set)},
                        {"config", cfg.resolved}});
     fmt::print("pruned weights (round {}, {}) written to {}{}\n", accepted_round,

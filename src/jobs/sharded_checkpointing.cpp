@@ -138,7 +138,7 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
         {"step", trainer.step()},
         {"data_step", trainer.step()},   // samples are a pure function of (seed, step, index)
         {"optimizer_steps", optimizer_steps(trainer)},
-        {"optimizer", cfg.optim.name},
+        {"optimizer", to_string(cfg.optim.name)},
         {"loss_scale", trainer.loss_scaler().scale()},
         {"loss_scale_clean_steps", trainer.loss_scaler().clean_steps()},
         {"seed", static_cast<std::int64_t>(cfg.run.seed)},
@@ -193,7 +193,7 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
   std::string written_by = "adamw";
   if (auto it = ix.attrs.find("optimizer"); it != ix.attrs.end() && std::holds_alternative<std::string>(it->second))
     written_by = std::get<std::string>(it->second);
-  if (written_by != cfg.optim.name)
+  if (written_by != name_of(cfg.optim.name))
     throw UsageError(fmt::format("train.resume: checkpoint '{}' holds the state of optim.name = {} but the deck asks "
                                  "for {}; set optim.name = {} (optimizer state belongs to the optimizer that wrote it)",
                                  index_path, written_by, cfg.optim.name, written_by));

@@ -57,7 +57,7 @@ void print_optimizer_line(const Config& cfg, const Trainer& trainer) {
 }
 
 void store_optimizer_attrs(JobEnv& env, const Config& cfg, const Trainer& trainer) {
-  env.out.set_attr("/train", "optimizer", cfg.optim.name);
+  env.out.set_attr("/train", "optimizer", to_string(cfg.optim.name));
   env.out.set_attr("/train", "lr_effective", cfg.optim.lr * trainer.lr_scale());
   env.out.set_attr("/train", "min_lr_effective", cfg.optim.min_lr * trainer.lr_scale());
   env.out.set_attr("/train", "lr_scale", trainer.lr_scale());

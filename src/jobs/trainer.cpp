@@ -31,8 +31,11 @@ double linear_lr_scale(const OptimConfig& o, std::int64_t global_batch) {
   return o.reference_batch > 0 ? static_cast<double>(global_batch) / static_cast<double>(o.reference_batch) : 1.0;
 }
 DType lowp_dtype(const Config& c) {
-  if (c.precision.mode == "bf16") return DType::bf16;
-  if (c.precision.mode == "fp16") return DType::f16;
+  switch (c.precision.mode) {
+    case PrecisionMode::bf16: return DType::bf16;
+    case PrecisionMode::fp16: return DType::f16;
+    case PrecisionMode::fp32: break;
+  }
   return DType::f32;
 }
 }  // namespace
@@ -40,7 +43,7 @@ DType lowp_dtype(const Config& c) {
 Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum, std::int64_t total_steps)
     : env_(env),
       dims_(model::ModelDims::from(env.cfg.model)),
-      scaler_(env.cfg.precision.loss_scale_init, env.cfg.precision.loss_scale_window, env.cfg.precision.mode == "fp16"),
+      scaler_(env.cfg.precision.loss_scale_init, env.cfg.precision.loss_scale_window, env.cfg.precision.mode == PrecisionMode::fp16),
       schedule_{env.cfg.optim.lr * linear_lr_scale(env.cfg.optim, global_batch),
                 env.cfg.optim.min_lr * linear_lr_scale(env.cfg.optim, global_batch), env.cfg.optim.warmup_steps,
                 env.cfg.optim.cosine_steps > 0 ? env.cfg.optim.cosine_steps : total_steps},
@@ -80,7 +83,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     dp_host = &host_mesh_->dp();
     if (pp > 1) {
       // This rank's stage, or its virtual_stages chunks under the interleaved schedule.
-      const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
+      const int V = pc.schedule == PipelineSchedule::interleaved ? static_cast<int>(pc.virtual_stages) : 1;
       chunks = model::pipeline_chunks(dims_, pp, V, mesh_->coords().pp, model::parse_stage_layers(pc.stage_layers));
     }
   }
@@ -94,9 +97,9 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   // the other ZeRO levels reduce one flat buffer.
   // FSDP keeps only shards (the store holds no flat buffers). With one data-parallel rank every
   // sharding mode is the plain single-process path.
-  const bool fsdp = dp > 1 && pc.zero == "fsdp";
+  const bool fsdp = dp > 1 && pc.zero == ZeroLevel::fsdp;
   LMSCALE_CHECK(!(fsdp && pp > 1), "parallel.zero = fsdp with parallel.pp > 1 is not built");
-  const bool bucket_grads = dp == 1 || pc.zero == "zero2";
+  const bool bucket_grads = dp == 1 || pc.zero == ZeroLevel::zero2;
   using Buffers = model::ParameterStore::Buffers;
   params_ = std::make_unique<model::ParameterStore>(
       dims_, master_, lowp_, *ctx.allocator,
@@ -113,16 +116,16 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     std::vector<model::TransformerLM*> models;
     for (auto& m : chunk_models_) models.push_back(m.get());
     pipeline_ = std::make_unique<parallel::PipelineParallel>(models, mesh_->pp(), env.rt,
-                                                             parallel::parse_pipe_schedule(pc.schedule),
+                                                             pc.schedule,
                                                              tp_ ? tp_->callbacks() : model::TensorParallelComm{});
   }
   if (dp > 1) {
     LMSCALE_CHECK(dp_comm && dp_host, "data parallelism needs the world communicators");
     if (dp_comm->device() == Device::cuda) dp_comm->set_compute_stream(ctx.stream);
-    const parallel::DdpMode ddp = parallel::parse_ddp_mode(pc.ddp == "none" ? "flat" : pc.ddp);
+    const parallel::DdpMode ddp = parallel::ddp_mode_of(pc.ddp);
     // parallel.grad_reduce_dtype (fp64 test runs keep their own dtype).
     const std::optional<DType> grad_reduce =
-        pc.grad_reduce_dtype == "bf16" ? std::optional<DType>(DType::bf16) : std::nullopt;
+        pc.grad_reduce_dtype == GradReduceDtype::bf16 ? std::optional<DType>(DType::bf16) : std::nullopt;
     if (fsdp) {
       auto f = std::make_unique<parallel::FullyShardedDataParallel>(*params_, *dp_comm, *dp_host, env.cfg.optim,
                                                                     parallel::FsdpOptions::from(pc),
@@ -130,21 +133,21 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
       fsdp_ = f.get();
       sharded_ = std::move(f);
       sync_ = &sharded_->sync();
-    } else if (pc.zero != "none") {
-      auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::parse_zero_mode(pc.zero), *dp_comm, *dp_host,
+    } else if (pc.zero != ZeroLevel::none) {
+      auto zero = std::make_unique<parallel::ZeroOptimizer>(parallel::zero_mode_of(pc.zero), *dp_comm, *dp_host,
                                                             env.cfg.optim);
       zero->add_group({params_->flat_params(), params_->has_flat_grads() ? params_->flat_grads() : Tensor(),
                        params_->has_lowp() ? &params_->flat_lowp() : nullptr,
                        parallel::param_segments(params_->infos(), 0, params_->numel()), params_->size(),
                        params_->master_read_ranges()},
                       ctx);
-      zero->make_sync(ddp, *params_, pc.bucket_mb, ctx, grad_reduce, pc.grad_exchange == "copy-engine");
+      zero->make_sync(ddp, *params_, pc.bucket_mb, ctx, grad_reduce, pc.grad_exchange == GradExchange::copy_engine);
       sharded_ = std::move(zero);
       sync_ = &sharded_->sync();
     } else {
       auto ddp_sync = std::make_unique<parallel::DataParallel>(ddp, *dp_comm, *dp_host, *params_, pc.bucket_mb);
       if (grad_reduce) ddp_sync->set_reduce_dtype(*grad_reduce, ctx);
-      if (pc.grad_exchange == "copy-engine") ddp_sync->use_copy_engine(env.rt);
+      if (pc.grad_exchange == GradExchange::copy_engine) ddp_sync->use_copy_engine(env.rt);
       ddp_sync->broadcast_parameters(ctx);
       owned_sync_ = std::move(ddp_sync);
     }
@@ -187,7 +190,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   // parallel.bucket_mb (of fp32 master bytes), in forward order (ascending first unit; the flat
   // buffer holds the units in backward order).
   if (auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(sharded_.get());
-      zero && pc.overlap_param_gather && pc.zero != "zero1-broadcast" && !tp_ && !pipeline_) {
+      zero && pc.overlap_param_gather && pc.zero != ZeroLevel::zero1_broadcast && !tp_ && !pipeline_) {
     gather_segments_ = with_units(model::gradient_buckets(params_->infos(), pc.bucket_mb * 1024.0 * 1024.0, 4));
     std::reverse(gather_segments_.begin(), gather_segments_.end());
     std::stable_sort(gather_segments_.begin(), gather_segments_.end(),
@@ -552,7 +555,7 @@ std::vector<float> Trainer::to_full_layout(const std::vector<float>& local) {
   std::vector<float> gathered(total);
   pp.all_gather_v(whole.data(), gathered.data(), counts, DType::f32).wait();
   const auto& pc = env_.cfg.parallel;
-  const int V = pc.schedule == "interleaved" ? static_cast<int>(pc.virtual_stages) : 1;
+  const int V = pc.schedule == PipelineSchedule::interleaved ? static_cast<int>(pc.virtual_stages) : 1;
   const auto layout = model::parameter_layout(dims_);
   std::vector<float> full(static_cast<std::size_t>(dims_.parameter_count()));
   std::size_t at = 0;

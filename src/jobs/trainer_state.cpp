@@ -133,7 +133,8 @@ std::string layout_name(const Trainer& t, const Config& cfg, int world) {
   (void)t;
   if (world == 1) return "one process";
   const auto& p = cfg.parallel;
-  std::string mode = p.zero != "none" ? p.zero : "ddp " + (p.ddp == "none" ? "flat" : p.ddp);
+  std::string mode = p.zero != ZeroLevel::none ? to_string(p.zero)
+                                                : "ddp " + (p.ddp == DdpKind::none ? std::string("flat") : to_string(p.ddp));
   if (p.tp > 1) mode += fmt::format(" x tp {}{}", p.tp, p.sequence_parallel ? " (sequence parallel)" : "");
   if (p.pp > 1) mode += fmt::format(" x pp {} ({})", p.pp, p.schedule);
   return fmt::format("{} ({} ranks)", mode, world);

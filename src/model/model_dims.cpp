@@ -14,7 +14,7 @@ ModelDims ModelDims::from(const ModelConfig& m) {
   d.heads = m.num_heads;
   d.rope_theta = m.rope_theta;
   d.norm_eps = m.norm_eps;
-  d.flash = m.attention == "flash";
+  d.flash = m.attention == AttentionImpl::flash;
   d.deterministic_attention = m.attention_deterministic;
   d.ce_chunk_rows = m.ce_chunk_rows;
   return d;

@@ -4,19 +4,21 @@
 
 namespace lmscale::model {
 
-RecomputePolicy RecomputePolicy::from(const std::string& name, long long k, bool keep_attention, long long layers) {
+RecomputePolicy RecomputePolicy::from(Checkpointing kind, long long k, bool keep_attention, long long layers) {
   RecomputePolicy p;
-  LMSCALE_CHECK(!keep_attention || name == "every-k", "keep_attention with activation checkpointing '{}' (every-k only)",
-                name);
-  LMSCALE_CHECK(layers >= 0 && (layers == 0 || name == "every-k"),
-                "checkpointed layers {} with activation checkpointing '{}' (every-k only, >= 0)", layers, name);
-  if (name == "none") return p;
-  if (name == "selective" || name == "selective-mlp") {
-    p.mode = Mode::selective;
-    p.mlp = name == "selective-mlp";
-    return p;
+  LMSCALE_CHECK(!keep_attention || kind == Checkpointing::every_k,
+                "keep_attention with activation checkpointing '{}' (every-k only)", kind);
+  LMSCALE_CHECK(layers >= 0 && (layers == 0 || kind == Checkpointing::every_k),
+                "checkpointed layers {} with activation checkpointing '{}' (every-k only, >= 0)", layers, kind);
+  switch (kind) {
+    case Checkpointing::none: return p;
+    case Checkpointing::selective:
+    case Checkpointing::selective_mlp:
+      p.mode = Mode::selective;
+      p.mlp = kind == Checkpointing::selective_mlp;
+      return p;
+    case Checkpointing::every_k: break;
   }
-  LMSCALE_CHECK(name == "every-k", "activation checkpointing '{}' (none, every-k, selective, selective-mlp)", name);
   LMSCALE_CHECK(k >= 1, "checkpoint_k {} < 1", k);
   p.mode = Mode::every_k;
   p.k = static_cast<int>(k);

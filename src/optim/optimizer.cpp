@@ -82,11 +82,13 @@ void Optimizer::step_pieces(Context& ctx, Tensor& params, const std::vector<ops:
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, std::int64_t numel, DType dtype, Context& ctx,
                                           int num_params, std::vector<ParamSegment> segments) {
-  if (cfg.name == "adamw") return std::make_unique<AdamW>(cfg, numel, dtype, ctx);
-  if (cfg.name == "sgd") return std::make_unique<Sgd>(cfg, numel, dtype, ctx);
-  if (cfg.name == "lars") return std::make_unique<Lars>(cfg, numel, dtype, ctx, num_params, std::move(segments));
-  if (cfg.name == "lamb") return std::make_unique<Lamb>(cfg, numel, dtype, ctx, num_params, std::move(segments));
-  throw UsageError("optim.name = '" + cfg.name + "' is not an optimizer (adamw, sgd, lars, lamb)");
+  switch (cfg.name) {
+    case OptimizerName::adamw: return std::make_unique<AdamW>(cfg, numel, dtype, ctx);
+    case OptimizerName::sgd: return std::make_unique<Sgd>(cfg, numel, dtype, ctx);
+    case OptimizerName::lars: return std::make_unique<Lars>(cfg, numel, dtype, ctx, num_params, std::move(segments));
+    case OptimizerName::lamb: return std::make_unique<Lamb>(cfg, numel, dtype, ctx, num_params, std::move(segments));
+  }
+  throw UsageError(fmt::format("optim.name = '{}' is not an optimizer (adamw, sgd, lars, lamb)", cfg.name));
 }
 
 double lars_trust_ratio(double w_norm, double g_norm, double eta, double weight_decay) {

@@ -7,12 +7,15 @@
 
 namespace lmscale::parallel {
 
-DdpMode parse_ddp_mode(const std::string& n) {
-  if (n == "naive") return DdpMode::naive;
-  if (n == "flat") return DdpMode::flat;
-  if (n == "overlap") return DdpMode::overlap;
-  if (n == "bucketed") return DdpMode::bucketed;
-  throw UsageError("parallel.ddp: unknown mode '" + n + "' (use naive, flat, overlap or bucketed)");
+DdpMode ddp_mode_of(DdpKind kind) {
+  switch (kind) {
+    case DdpKind::naive: return DdpMode::naive;
+    case DdpKind::none:
+    case DdpKind::flat: return DdpMode::flat;
+    case DdpKind::overlap: return DdpMode::overlap;
+    case DdpKind::bucketed: return DdpMode::bucketed;
+  }
+  throw UsageError(fmt::format("parallel.ddp = {}: not a data-parallel mode (naive, flat, overlap, bucketed)", kind));
 }
 
 const char* ddp_mode_name(DdpMode m) {

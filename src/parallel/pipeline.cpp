@@ -10,17 +10,6 @@
 
 namespace lmscale::parallel {
 
-PipeSchedule parse_pipe_schedule(const std::string& name) {
-  if (name == "gpipe") return PipeSchedule::gpipe;
-  if (name == "1f1b") return PipeSchedule::one_f_one_b;
-  if (name == "interleaved") return PipeSchedule::interleaved;
-  throw UsageError("parallel.schedule = " + name + ": expected gpipe, 1f1b or interleaved");
-}
-
-const char* pipe_schedule_name(PipeSchedule s) {
-  return s == PipeSchedule::gpipe ? "gpipe" : s == PipeSchedule::one_f_one_b ? "1f1b" : "interleaved";
-}
-
 double theory_bubble_fraction(int stages, int microbatches, int virtual_stages) {
   return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1) /
          static_cast<double>(virtual_stages);
@@ -52,7 +41,7 @@ PipelineParallel::PipelineParallel(std::vector<model::TransformerLM*> chunks, co
       d_(chunks_.front()->dims().d_model), act_dtype_(chunks_.front()->params().lowp_dtype()),
       split_(chunks_.front()->params().tensor_split()), tp_(std::move(tp)) {
   LMSCALE_CHECK(schedule == PipeSchedule::interleaved || chunks_.size() == 1, "{} chunks for the {} schedule",
-                chunks_.size(), pipe_schedule_name(schedule));
+                chunks_.size(), schedule);
   LMSCALE_CHECK(!split_.active() || static_cast<bool>(tp_.sum),
                 "pipeline stages with tensor parallelism (tp = {}) need the tp callbacks", split_.degree);
 }

@@ -54,11 +54,15 @@ std::vector<std::size_t> counts_in(const std::vector<std::size_t>& counts, std::
 
 }  // namespace
 
-ZeroMode parse_zero_mode(const std::string& n) {
-  if (n == "zero1-broadcast") return ZeroMode::zero1_broadcast;
-  if (n == "zero1") return ZeroMode::zero1;
-  if (n == "zero2") return ZeroMode::zero2;
-  throw UsageError("parallel.zero: '" + n + "' is not a sharded-optimizer mode (zero1-broadcast, zero1, zero2)");
+ZeroMode zero_mode_of(ZeroLevel level) {
+  switch (level) {
+    case ZeroLevel::zero1_broadcast: return ZeroMode::zero1_broadcast;
+    case ZeroLevel::zero1: return ZeroMode::zero1;
+    case ZeroLevel::zero2: return ZeroMode::zero2;
+    case ZeroLevel::none:
+    case ZeroLevel::fsdp: break;
+  }
+  throw UsageError(fmt::format("parallel.zero = {} is not a sharded-optimizer mode (zero1-broadcast, zero1, zero2)", level));
 }
 
 std::vector<std::size_t> even_split(std::int64_t n, int size) {

@@ -29,11 +29,9 @@ ReduceOp parse_reduce_op(std::string_view name);
 //           shm_min_bytes; otherwise library
 enum class Algo : std::uint8_t { automatic, library, ring, shm, hier };
 const char* algo_name(Algo a);   // "auto", "library", "ring", "shm", "hier"
-Algo parse_algo(std::string_view name);
 
 enum class Backend : std::uint8_t { mpi, nccl };
 const char* backend_name(Backend b);   // "mpi", "nccl"
-Backend parse_backend(std::string_view name);
 
 // Element types a communicator moves and reduces: fp32, fp64, bf16, fp16, int32, int64.
 bool is_comm_dtype(DType t);

@@ -1,15 +1,133 @@
 #pragma once
-// The resolved configuration of a run: every deck key (DESIGN.md §6) as a typed field, after the
-// deck file, command-line overrides and presets are applied and the whole is validated
-// (io/deck.h). Field names are the deck's key names. docs/deck.md lists each key's meaning.
+// The resolved configuration of a run: every deck key as a typed field, after the deck file,
+// command-line overrides and presets are applied and the whole is validated (io/deck.h). Field
+// names are the deck's key names; docs/deck.md lists each key's meaning.
+//
+// Every enumerated key is an enum class below, parsed once from its deck spelling in io/ (the key
+// table, src/io/deck_keys.cpp). Code outside src/io switches on the enum and never compares a mode
+// as a string (docs/architecture.md, "Deck values"). `name_of(value)` gives the deck spelling back
+// for messages and output files, and fmt prints the enums by that spelling.
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <ostream>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
+
+#include <fmt/format.h>
+
+#include "lmscale/core/dtype.h"
 
 namespace lmscale {
 
+// The deck spelling of each value of an enumerated key, in the enum's declaration order.
+// Specialised once per enum below; io/ parses with it, everything prints with it.
+template <class E>
+struct DeckSpelling;
+
+#define LMSCALE_DECK_ENUM(E, ...)                                                  \
+  template <>                                                                      \
+  struct DeckSpelling<E> {                                                         \
+    static constexpr std::string_view names[] = {__VA_ARGS__};                     \
+    static constexpr std::size_t count = sizeof(names) / sizeof(names[0]);         \
+  }
+
+template <class E, class = void>
+struct is_deck_enum : std::false_type {};
+template <class E>
+struct is_deck_enum<E, std::void_t<decltype(DeckSpelling<E>::names)>> : std::true_type {};
+
+template <class E, std::enable_if_t<is_deck_enum<E>::value, int> = 0>
+constexpr std::string_view name_of(E e) {
+  const auto i = static_cast<std::size_t>(e);
+  return i < DeckSpelling<E>::count ? DeckSpelling<E>::names[i] : std::string_view("?");
+}
+
+// The deck spelling as a std::string, for HDF5 attributes and table cells.
+template <class E, std::enable_if_t<is_deck_enum<E>::value, int> = 0>
+std::string to_string(E e) {
+  return std::string(name_of(e));
+}
+
+template <class E, std::enable_if_t<is_deck_enum<E>::value, int> = 0>
+std::ostream& operator<<(std::ostream& os, E e) {
+  return os << name_of(e);
+}
+
+// run.job
+enum class JobKind { bench_model, bench_attention, bench_collectives, train, accounting, prune };
+LMSCALE_DECK_ENUM(JobKind, "bench-model", "bench-attention", "bench-collectives", "train", "accounting", "prune");
+// model.attention, bench.impls
+enum class AttentionImpl { naive, flash };
+LMSCALE_DECK_ENUM(AttentionImpl, "naive", "flash");
+// precision.mode: fp32, or mixed precision with fp32 master weights and 16-bit compute.
+enum class PrecisionMode { fp32, bf16, fp16 };
+LMSCALE_DECK_ENUM(PrecisionMode, "fp32", "bf16", "fp16");
+// bench.dtypes: element types of the attention and collective sweeps.
+enum class FloatType { fp32, bf16, fp16 };
+LMSCALE_DECK_ENUM(FloatType, "fp32", "bf16", "fp16");
+inline DType dtype_of(FloatType t) {
+  return t == FloatType::bf16 ? DType::bf16 : t == FloatType::fp16 ? DType::f16 : DType::f32;
+}
+// parallel.device
+enum class DeviceChoice { automatic, cpu, cuda };
+LMSCALE_DECK_ENUM(DeviceChoice, "auto", "cpu", "cuda");
+// parallel.backend
+enum class BackendChoice { automatic, mpi, nccl };
+LMSCALE_DECK_ENUM(BackendChoice, "auto", "mpi", "nccl");
+// parallel.ddp: how data-parallel gradients are all-reduced (none: flat when dp > 1).
+enum class DdpKind { none, naive, flat, overlap, bucketed };
+LMSCALE_DECK_ENUM(DdpKind, "none", "naive", "flat", "overlap", "bucketed");
+// parallel.grad_reduce_dtype
+enum class GradReduceDtype { fp32, bf16 };
+LMSCALE_DECK_ENUM(GradReduceDtype, "fp32", "bf16");
+// parallel.grad_exchange: the backend of zero2's and bucketed DDP's bucket sums.
+enum class GradExchange { nccl, copy_engine };
+LMSCALE_DECK_ENUM(GradExchange, "nccl", "copy-engine");
+// parallel.zero: what is sharded over the data-parallel ranks.
+enum class ZeroLevel { none, zero1_broadcast, zero1, zero2, fsdp };
+LMSCALE_DECK_ENUM(ZeroLevel, "none", "zero1-broadcast", "zero1", "zero2", "fsdp");
+// parallel.schedule: the pipeline schedule.
+enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
+LMSCALE_DECK_ENUM(PipelineSchedule, "gpipe", "1f1b", "interleaved");
+// bench.mode: what one timed bench-model step does.
+enum class BenchMode { forward, forward_backward, train_step };
+LMSCALE_DECK_ENUM(BenchMode, "forward", "forward-backward", "train-step");
+// bench.passes: what bench-attention times.
+enum class AttentionPass { forward, backward, forward_backward };
+LMSCALE_DECK_ENUM(AttentionPass, "forward", "backward", "forward-backward");
+// bench.ops
+enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, broadcast };
+LMSCALE_DECK_ENUM(CollectiveOp, "all-reduce", "reduce-scatter", "all-gather", "broadcast");
+// bench.algo
+enum class CollectiveAlgo { library, ring, shm, hier, automatic };
+LMSCALE_DECK_ENUM(CollectiveAlgo, "library", "ring", "shm", "hier", "auto");
+// train.activation_checkpointing
+enum class Checkpointing { none, every_k, selective, selective_mlp };
+LMSCALE_DECK_ENUM(Checkpointing, "none", "every-k", "selective", "selective-mlp");
+// optim.name
+enum class OptimizerName { adamw, sgd, lars, lamb };
+LMSCALE_DECK_ENUM(OptimizerName, "adamw", "sgd", "lars", "lamb");
+// data.source
+enum class DataSource { synthetic, tokens, text };
+LMSCALE_DECK_ENUM(DataSource, "synthetic", "tokens", "text");
+// data.dtype: element type of token files.
+enum class TokenDtype { uint16, uint32 };
+LMSCALE_DECK_ENUM(TokenDtype, "uint16", "uint32");
+inline std::size_t token_bytes(TokenDtype t) { return t == TokenDtype::uint32 ? 4 : 2; }
+// prune.method
+enum class PruneMethod { unstructured, structured };
+LMSCALE_DECK_ENUM(PruneMethod, "unstructured", "structured");
+// prune.schedule
+enum class PruneSchedule { fixed, loss_guided };
+LMSCALE_DECK_ENUM(PruneSchedule, "fixed", "loss-guided");
+
+#undef LMSCALE_DECK_ENUM
+
 struct RunConfig {
-  std::string job = "train";             // bench-model | bench-attention | bench-collectives | train | accounting | prune
+  JobKind job = JobKind::train;
   std::string output = "outputs/run.h5"; // HDF5 results path
   std::uint64_t seed = 0;
   bool progress = true;                  // progress lines on stdout (rank 0)
@@ -28,7 +146,7 @@ struct ModelConfig {
   std::int64_t num_heads = 16;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
-  std::string attention = "naive";      // naive | flash
+  AttentionImpl attention = AttentionImpl::naive;
   bool attention_deterministic = false; // flash backward without atomics (bit-reproducible dQ)
   // Rows per chunk of the fused LM head + cross-entropy: -1 = auto (chunk logits <= 256 MiB),
   // 0 = all rows in one chunk, n >= 1 = n rows (model/model_dims.h head_chunk_rows).
@@ -38,7 +156,7 @@ struct ModelConfig {
 };
 
 struct PrecisionConfig {
-  std::string mode = "fp32";            // fp32 | bf16 | fp16
+  PrecisionMode mode = PrecisionMode::fp32;
   bool tf32 = false;
   bool gemm_autotune = false;           // CUDA: time cuBLASLt candidates per shape, keep the fastest
   double loss_scale_init = 65536.0;     // fp16 dynamic loss scaling
@@ -48,19 +166,19 @@ struct PrecisionConfig {
 };
 
 struct ParallelConfig {
-  std::string device = "auto";          // auto | cpu | cuda
-  std::string backend = "auto";         // auto | mpi | nccl
+  DeviceChoice device = DeviceChoice::automatic;
+  BackendChoice backend = BackendChoice::automatic;
   std::int64_t dp = 0;                  // 0 = world size / (tp*pp)
   std::int64_t tp = 1, pp = 1;
-  std::string ddp = "none";             // none | naive | flat | overlap | bucketed
+  DdpKind ddp = DdpKind::none;
   double bucket_mb = 25.0;
-  std::string grad_reduce_dtype = "fp32";  // fp32 | bf16: element type of the gradient collectives
-  std::string grad_exchange = "nccl";   // nccl | copy-engine: how zero2's and bucketed DDP's gradient buckets are reduced
-  std::string zero = "none";            // none | zero1-broadcast | zero1 | zero2 | fsdp
+  GradReduceDtype grad_reduce_dtype = GradReduceDtype::fp32;  // element type of the gradient collectives
+  GradExchange grad_exchange = GradExchange::nccl;  // how zero2's and bucketed DDP's gradient buckets are reduced
+  ZeroLevel zero = ZeroLevel::none;
   std::int64_t fsdp_prefetch = 1;       // fsdp: units gathered ahead of the one computing
   bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
   std::int64_t microbatches = 1;
-  std::string schedule = "1f1b";        // gpipe | 1f1b | interleaved
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   std::int64_t virtual_stages = 1;      // interleaved: model chunks per pipeline rank
   std::string stage_layers;             // blocks per stage, e.g. "12,12,12,12"; empty = balanced
   bool sequence_parallel = false;       // tp: norms and residuals on sequence shards
@@ -74,23 +192,23 @@ struct ParallelConfig {
 
 struct BenchConfig {
   // bench-model
-  std::string mode = "train-step";      // forward | forward-backward | train-step
+  BenchMode mode = BenchMode::train_step;
   std::int64_t warmup = 5;
   std::int64_t steps = 10;
   std::int64_t batch_size = 4;          // global
   bool memory_timeline = false;
   // bench-attention sweep (lists)
-  std::vector<std::string> impls{"naive", "flash"};
-  std::vector<std::string> passes{"forward", "backward", "forward-backward"};
+  std::vector<AttentionImpl> impls{AttentionImpl::naive, AttentionImpl::flash};
+  std::vector<AttentionPass> passes{AttentionPass::forward, AttentionPass::backward, AttentionPass::forward_backward};
   std::vector<std::int64_t> attn_batch{1};
   std::vector<std::int64_t> attn_heads{16};
   std::vector<std::int64_t> seq_lens{1024};
   std::vector<std::int64_t> head_dims{64};
-  std::vector<std::string> dtypes{"bf16"};  // attention and collectives element types
+  std::vector<FloatType> dtypes{FloatType::bf16};  // attention and collectives element types
   std::vector<bool> causal{true};
   // bench-collectives sweep
-  std::vector<std::string> ops{"all-reduce"};   // all-reduce | reduce-scatter | all-gather | broadcast
-  std::string algo = "library";                 // library | ring
+  std::vector<CollectiveOp> ops{CollectiveOp::all_reduce};
+  CollectiveAlgo algo = CollectiveAlgo::library;
   std::int64_t min_bytes = 1 << 20;
   std::int64_t max_bytes = 1 << 30;
   std::int64_t step_factor = 10;
@@ -111,7 +229,7 @@ struct TrainConfig {
   std::string resume;                   // checkpoint to resume from, empty = fresh start
   std::int64_t checkpoint_every = 0;    // 0 = none
   std::string checkpoint_path = "outputs/checkpoint.h5";
-  std::string activation_checkpointing = "none";  // none | every-k | selective
+  Checkpointing activation_checkpointing = Checkpointing::none;
   std::int64_t checkpoint_k = 1;
   std::string checkpoint_dir;           // sharded checkpoints (step_NNNNNNNN/), empty = single-file checkpoint_path
   std::int64_t keep_checkpoints = 2;    // newest complete sharded checkpoints kept; 0 = all
@@ -122,7 +240,7 @@ struct TrainConfig {
 };
 
 struct OptimConfig {
-  std::string name = "adamw";           // adamw | sgd | lars | lamb
+  OptimizerName name = OptimizerName::adamw;
   double lr = 1e-3, min_lr = 1e-4;
   std::int64_t warmup_steps = 0;
   std::int64_t cosine_steps = 0;        // 0 = train.steps
@@ -137,10 +255,10 @@ struct OptimConfig {
 };
 
 struct DataConfig {
-  std::string source = "synthetic";     // synthetic | tokens | text
+  DataSource source = DataSource::synthetic;
   std::string path;                     // token file (raw little-endian uint16/uint32) or UTF-8 text file
   std::string val_path;                 // evaluation token file (default: path)
-  std::string dtype = "uint16";         // uint16 | uint32
+  TokenDtype dtype = TokenDtype::uint16;
   double val_fraction = 0.1;            // text: share of the file's tail held out for evaluation
 
   bool operator==(const DataConfig&) const = default;
@@ -174,8 +292,8 @@ struct CostConfig {
 // run.job = prune: iterative global magnitude pruning of a weights file (docs/recipes.md "Pruning").
 struct PruneConfig {
   std::string weights;                  // weights file to prune (train.save)
-  std::string method = "unstructured";  // unstructured (L1, global) | structured (L2 of FFN units)
-  std::string schedule = "fixed";       // fixed | loss-guided
+  PruneMethod method = PruneMethod::unstructured;  // L1 over all matrices, or L2 of FFN units
+  PruneSchedule schedule = PruneSchedule::fixed;
   double target_sparsity = 0.9;         // fraction of the pruned parameters (units) removed at the end
   std::int64_t theta = 10;              // rounds that keep 1/10: gamma = 1 - (1/10)^(1/theta) per round
   std::int64_t finetune_steps = 20;     // training steps after each pruning round
@@ -209,3 +327,12 @@ struct Config {
 };
 
 }  // namespace lmscale
+
+// fmt prints every enumerated deck value by its deck spelling.
+template <class E>
+struct fmt::formatter<E, char, std::enable_if_t<lmscale::is_deck_enum<E>::value>> : fmt::formatter<std::string_view> {
+  template <class FormatContext>
+  auto format(E e, FormatContext& ctx) const {
+    return fmt::formatter<std::string_view>::format(lmscale::name_of(e), ctx);
+  }
+};

@@ -46,7 +46,7 @@ class SyntheticTokens final : public TokenSource {
 // memory-mapped; each sample starts at a random offset drawn from (seed, step, index).
 class TokenFile final : public TokenSource {
  public:
-  TokenFile(const std::string& path, const std::string& val_path, const std::string& dtype, std::int64_t vocab,
+  TokenFile(const std::string& path, const std::string& val_path, TokenDtype dtype, std::int64_t vocab,
             std::uint64_t seed);
   ~TokenFile() override;
   void sample(std::uint64_t step, std::int64_t first, std::int64_t rows, std::int64_t T, std::int32_t* out,
@@ -70,7 +70,7 @@ class TokenFile final : public TokenSource {
 // a whole number of `dtype` elements, at least `min_tokens` of them, and every id < `vocab` (one
 // pass over the memory-mapped file, a few GB/s). Throws UsageError naming `key` (data.path or
 // data.val_path), the file and the fix.
-void check_token_file(const std::string& key, const std::string& path, const std::string& dtype, std::int64_t vocab,
+void check_token_file(const std::string& key, const std::string& path, TokenDtype dtype, std::int64_t vocab,
                       std::int64_t min_tokens);
 
 std::unique_ptr<TokenSource> make_token_source(const DataConfig& cfg, std::int64_t vocab, std::uint64_t seed);

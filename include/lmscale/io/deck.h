@@ -30,6 +30,10 @@ Invocation parse_invocation(int argc, const char* const* argv, int world_size);
 // for tests. command_line and deck_path stay empty.
 Config parse_deck_text(const std::string& deck_text, const std::vector<std::string>& overrides, int world_size);
 
+// Sets one key from its deck text exactly as a deck line would (parsed and range-checked, no
+// cross-key checks): set_key(c, "parallel.zero", "zero2"). Throws UsageError naming the key.
+void set_key(Config& c, const std::string& name, const std::string& value);
+
 // Cross-key checks that need the world size; called by parse_*; exposed for tests.
 void validate(const Config& c, int world_size);
 

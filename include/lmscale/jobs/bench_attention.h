@@ -18,7 +18,7 @@ int run_bench_attention(const Config& cfg, ops::Runtime& rt, io::ResultsFile& ou
 
 // The FLOP count the job reports TFLOP/s with, for one pass ("forward", "backward",
 // "forward-backward") of one attention call.
-double attention_flops(const std::string& pass, std::int64_t batch, std::int64_t heads, std::int64_t seq,
+double attention_flops(AttentionPass pass, std::int64_t batch, std::int64_t heads, std::int64_t seq,
                        std::int64_t head_dim, bool causal);
 
 }  // namespace lmscale::jobs

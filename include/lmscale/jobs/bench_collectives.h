@@ -25,7 +25,7 @@ namespace lmscale::jobs {
 int run_bench_collectives(JobEnv& env);
 
 // nccl-tests' bus-bandwidth factor of `op` ("all-reduce", ...) on `ranks` ranks.
-double busbw_factor(const std::string& op, int ranks);
+double busbw_factor(CollectiveOp op, int ranks);
 // min, min*factor, min*factor^2, ... while <= max (UsageError for min < 1, max < min, factor < 2).
 std::vector<std::int64_t> sweep_sizes(std::int64_t min_bytes, std::int64_t max_bytes, std::int64_t factor);
 

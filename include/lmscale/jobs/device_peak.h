@@ -4,6 +4,8 @@
 // and CPUs give 0 (MFU reported as n/a).
 #include <string>
 
+#include "lmscale/io/config.h"
+
 namespace lmscale::jobs {
-double device_peak_flops(const std::string& device_name, const std::string& precision, bool tf32);
+double device_peak_flops(const std::string& device_name, PrecisionMode precision, bool tf32);
 }

@@ -3,6 +3,7 @@
 // backend=auto, dp=0) once MPI and CUDA are up.
 #include <string>
 
+#include "lmscale/comm/types.h"
 #include "lmscale/io/config.h"
 #include "lmscale/jobs/job_env.h"
 
@@ -14,6 +15,8 @@ namespace lmscale::jobs {
 Config resolve_runtime(const Config& cfg, int world_size);
 // --print-config: the resolved deck and the process layout.
 std::string describe_run(const Config& cfg, int world_size);
+// The world communicator's backend of a resolved deck (parallel.backend, auto resolved).
+comm::Backend world_backend(const Config& cfg);
 int run_job(JobEnv& env);
 
 }  // namespace lmscale::jobs

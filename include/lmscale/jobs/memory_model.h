@@ -45,7 +45,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
 // the largest ZeRO shard (even_split gives the remainder to the first ranks).
 std::vector<MemoryPhases> predict_stage_phases(const Config& cfg, int world, bool cuda);
 // The mode a job runs: bench.mode for bench-model, train-step otherwise.
-std::string job_mode(const Config& cfg);
+BenchMode job_mode(const Config& cfg);
 // bench-model: /bench_model/memory_prediction (phase, predicted_bytes, measured_bytes, error), one
 // row per phase of the mode, rank 0's prediction against its allocator's phase peaks, and
 // /bench_model/memory_prediction_ranks, the same for every rank (a rank column; gathered to rank 0

@@ -44,7 +44,7 @@ struct RecomputePolicy {
 
   // From the deck's train.activation_checkpointing / train.checkpoint_k /
   // train.checkpoint_keep_attention / train.checkpoint_layers.
-  static RecomputePolicy from(const std::string& name, long long k, bool keep_attention = false,
+  static RecomputePolicy from(Checkpointing kind, long long k, bool keep_attention = false,
                               long long layers = 0);
   // The same from the deck's [train] section (the trainer's and the memory replay's policy).
   static RecomputePolicy from(const TrainConfig& t);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lmscale/comm/communicator.h"
+#include "lmscale/io/config.h"
 #include "lmscale/model/gradient_buckets.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/model/parameter_store.h"
@@ -28,7 +29,8 @@ namespace lmscale::parallel {
 class CopyEngineAllReduce;
 
 enum class DdpMode { naive, flat, overlap, bucketed };
-DdpMode parse_ddp_mode(const std::string& name);
+// The deck's parallel.ddp when dp > 1 (none: flat, one all-reduce of the flat gradients).
+DdpMode ddp_mode_of(DdpKind kind);
 const char* ddp_mode_name(DdpMode m);
 
 // A contiguous range of parameters [first, last] (indices into the store) and of the flat

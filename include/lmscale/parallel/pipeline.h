@@ -34,15 +34,15 @@
 #include <vector>
 
 #include "lmscale/comm/communicator.h"
+#include "lmscale/io/config.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/parallel/gradient_sync.h"
 
 namespace lmscale::parallel {
 
-enum class PipeSchedule { gpipe, one_f_one_b, interleaved };
-PipeSchedule parse_pipe_schedule(const std::string& name);   // "gpipe" | "1f1b" | "interleaved"
-const char* pipe_schedule_name(PipeSchedule s);
+// The deck's parallel.schedule (gpipe | 1f1b | interleaved).
+using PipeSchedule = PipelineSchedule;
 
 // Theory: idle fraction of a stage's step, (p-1)/(M+p-1) (divided by v for v virtual stages).
 double theory_bubble_fraction(int stages, int microbatches, int virtual_stages = 1);

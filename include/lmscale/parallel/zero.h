@@ -38,7 +38,8 @@
 namespace lmscale::parallel {
 
 enum class ZeroMode { zero1_broadcast, zero1, zero2 };
-ZeroMode parse_zero_mode(const std::string& name);
+// The deck's parallel.zero for ZeroOptimizer; throws for none and fsdp, which are not its modes.
+ZeroMode zero_mode_of(ZeroLevel level);
 
 // Element counts of `size` near-equal contiguous ranges of n elements (the first n % size ranges
 // get one more).
