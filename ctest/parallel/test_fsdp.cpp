@@ -1,5 +1,5 @@
-// FSDP (ZeRO-3) must train to the weights of one process on the same global batch (DESIGN.md
-// §4): tiny Transformer, fp32 on CPU with 2, 3 and 4 ranks, a vocabulary (37) and unit sizes that
+// FSDP (ZeRO-3) must train to the weights of one process on the same global batch
+// (docs/architecture.md §4): tiny Transformer, fp32 on CPU with 2, 3 and 4 ranks, a vocabulary (37) and unit sizes that
 // no rank count divides (padded shards), with gradient accumulation, every prefetch window, both
 // resharding choices and activation checkpointing. Within 2e-6 relative, like DDP: each rank's
 // weight gradients come from GEMMs over its slice of the batch instead of the whole (another

@@ -1,5 +1,5 @@
 // Data-parallel training must reach the same parameters as one process on the same global batch
-// (DESIGN.md §4). Tiny Transformer, fp32 on CPU, several steps with every DDP variant and every
+// (docs/architecture.md §4). Tiny Transformer, fp32 on CPU, several steps with every DDP variant and every
 // ZeRO level: with 2 ranks all variants are bitwise identical to each other (each element is the
 // same sum of the same two per-rank values), and equal to one process within 2e-6 relative (the single process
 // computes each weight gradient in one GEMM over the whole batch, the ranks over their slices:

@@ -1,4 +1,4 @@
-// Pipeline parallelism against one process (DESIGN.md §4): a 4-layer (6, 8 for interleaved)
+// Pipeline parallelism against one process (docs/architecture.md §4): a 4-layer (6, 8 for interleaved)
 // tiny Transformer, fp32 on CPU, several AdamW steps (with clipping), on 2 ranks (pp = 2) and 4
 // ranks (pp = 4, dp 2 x pp 2), each schedule (gpipe, 1f1b, interleaved with 2 or 3 chunks), with
 // and without activation checkpointing, DDP or ZeRO-1/2 over dp, and a stage-split override. The reference is one process accumulating over the same microbatches

@@ -1,5 +1,5 @@
 // Tensor parallelism (Megatron, parallel/tensor_parallel.h) must train to the losses and weights
-// of one process on the same global batch (DESIGN.md §4): a tiny Transformer, fp32 on CPU, with
+// of one process on the same global batch (docs/architecture.md §4): a tiny Transformer, fp32 on CPU, with
 // tp = 2 (2 ranks), tp = 4 and dp 2 x tp 2 (4 ranks), each with and without sequence parallelism,
 // composed with DDP, zero1 and zero2 over the dp axis, gradient accumulation and activation
 // checkpointing. Gradient clipping is active (max norm 0.5), so the global gradient norm -- the

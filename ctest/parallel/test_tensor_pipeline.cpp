@@ -1,5 +1,5 @@
 // Tensor x pipeline parallelism (tp x pp, and dp x tp x pp with 8 ranks) against one process
-// (DESIGN.md §4): pipeline stages whose blocks are Megatron tensor-parallel, the vocabulary-
+// (docs/architecture.md §4): pipeline stages whose blocks are Megatron tensor-parallel, the vocabulary-
 // parallel embedding on the first stage and LM head + loss on the last, on the 3D mesh
 // rank = (pp_idx*dp + dp_idx)*tp + tp_idx. A tiny Transformer (4 layers, every size divisible by
 // 2), fp32 on CPU, 3 AdamW steps with clipping active, tp 2 x pp 2 on 4 ranks for gpipe, 1f1b

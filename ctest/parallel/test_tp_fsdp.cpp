@@ -1,7 +1,7 @@
 // 2D parallelism, FSDP over the dp axis of a dp 2 x tp 2 mesh (4 ranks; parallel/fsdp.h): each tp
 // rank's slices are sharded over its dp group, gathered ahead of use and reduce-scattered, while
 // the model's Megatron collectives run over tp. It must train to the losses, gradient norms and
-// weights of one process on the same global batch (DESIGN.md §4), with and without sequence
+// weights of one process on the same global batch (docs/architecture.md §4), with and without sequence
 // parallelism, with gradient accumulation, activation checkpointing (every-k, selective), every
 // prefetch window and both resharding choices, and with the layer-wise optimizers (their
 // per-parameter norms summed over dp shards and tp slices). Gradient clipping is active (max norm

@@ -1,8 +1,8 @@
 // eval_weights WEIGHTS.h5 TOKENS.i32 ROWS COLS HEADS: loads a weights file written by
 // `train.save` into a float64 copy of the model and prints the mean cross-entropy of predicting
 // tokens[:, 1:] from tokens[:, :-1] (TOKENS.i32: ROWS x COLS little-endian int32), in float64
-// and in float32. ../shared/peers/torch_peer.py check computes the same loss with PyTorch in
-// float64 from the same file: the two must agree (issue 2).
+// and in float32. A PyTorch model loaded from the same file (h5py -> state_dict, no renaming;
+// docs/architecture.md §2) computes the same loss in float64: the two must agree.
 #include <cmath>
 #include <cstdio>
 #include <fstream>

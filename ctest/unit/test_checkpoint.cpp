@@ -44,7 +44,7 @@ std::vector<float> ramp(std::size_t n, float start) {
   return v;
 }
 
-// A tiny model's parameters in model order (DESIGN.md §2 names), d = 4, vocab = 6, d_ff = 8.
+// A tiny model's parameters in model order (docs/architecture.md §2 names), d = 4, vocab = 6, d_ff = 8.
 struct TinyModel {
   std::vector<float> embedding = ramp(6 * 4, -1.f), q = ramp(4 * 4, 0.5f), ln1 = ramp(4, 1.f), w1 = ramp(8 * 4, 2.f);
   std::vector<NamedArray> params() const {

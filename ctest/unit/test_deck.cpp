@@ -113,7 +113,7 @@ TEST(Deck, EveryPresetFillsModelKeys) {
 }
 
 TEST(Deck, PresetValuesMatchDesign) {
-  // DESIGN.md §2, spelled out so that a change to the preset table is noticed.
+  // docs/architecture.md §2, spelled out so that a change to the preset table is noticed.
   const Config small = parse_deck_text("[model]\nsize = small\n", {}, 1);
   EXPECT_EQ(small.model.d_model, 768);
   EXPECT_EQ(small.model.d_ff, 3072);

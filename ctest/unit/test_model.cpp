@@ -72,7 +72,7 @@ TEST(ModelLayout, NamesShapesAndCount) {
     total += p.numel;
   }
   EXPECT_EQ(total, d.parameter_count());
-  // xl from DESIGN §2: 1600/6400/48/25, vocab 10000
+  // xl from docs/architecture.md §2: 1600/6400/48/25, vocab 10000
   model::ModelDims xl;
   xl.vocab = 10000;
   xl.d_model = 1600;

@@ -1,4 +1,4 @@
-// ops::adamw on the CPU against hand-worked steps t = 1 and t = 2 (DESIGN §2 order: decoupled
+// ops::adamw on the CPU against hand-worked steps t = 1 and t = 2 (docs/architecture.md §2 order: decoupled
 // decay first), fp32 vs fp64, the low-precision copy, and bad arguments.
 #include <gtest/gtest.h>
 

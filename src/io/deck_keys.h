@@ -1,5 +1,5 @@
 #pragma once
-// The one table of deck keys (DESIGN.md §6). Each entry knows its name, type, meaning, allowed
+// The one table of deck keys (docs/architecture.md §6). Each entry knows its name, type, meaning, allowed
 // values, how to parse a value into a Config and how to print it back; the default shown is the
 // value in a default-constructed Config (config.h), so defaults live in one place. The table
 // drives the Boost.Program_options description, --help, docs/deck.md, to_ini and validation.
@@ -28,7 +28,7 @@ struct DeckKey {
   bool is_bool() const { return type == "bool"; }
 };
 
-// Every key, grouped by section in the order of DESIGN.md §6.
+// Every key, grouped by section in the order of docs/architecture.md §6.
 const std::vector<DeckKey>& deck_keys();
 const DeckKey* find_deck_key(const std::string& name);   // nullptr when unknown
 std::vector<std::string> deck_key_names();

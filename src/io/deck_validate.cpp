@@ -1,4 +1,4 @@
-// validate(): cross-key checks of a deck (DESIGN.md §6). Each failure is one UsageError that names
+// validate(): cross-key checks of a deck (docs/architecture.md §6). Each failure is one UsageError that names
 // the key(s) and says how to fix them, thrown before any work or output.
 #include "deck_validate.h"
 

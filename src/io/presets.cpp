@@ -9,7 +9,7 @@
 
 namespace lmscale::io {
 
-// DESIGN.md §2: d_model / d_ff / num_layers / num_heads, vocab 10000 unless stated.
+// docs/architecture.md §2: d_model / d_ff / num_layers / num_heads, vocab 10000 unless stated.
 const std::vector<ModelPreset>& model_presets() {
   static const std::vector<ModelPreset> presets{
       {"small", 768, 3072, 12, 12, 10000, 0.999},

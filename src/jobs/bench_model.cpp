@@ -137,7 +137,7 @@ int run_bench_model(JobEnv& env) {
   env.out.set_attr(g, "mfu_causal", mfu_causal);
   env.out.set_attr(g, "peak_bytes", static_cast<std::int64_t>(mem.peak()));
   env.out.set_attr(g, "device_name", rt.device_name());
-  // Data-parallel accounting (DESIGN §5): exposed communication = time from the end of the
+  // Data-parallel accounting (docs/architecture.md §5): exposed communication = time from the end of the
   // backward until the gradients are ready; its share of the step.
   env.out.set_attr(g, "ranks", static_cast<std::int64_t>(env.world));
   env.out.set_attr(g, "ddp", to_string(cfg.parallel.ddp));
@@ -170,7 +170,7 @@ int run_bench_model(JobEnv& env) {
   const std::int64_t opt_bytes = static_cast<std::int64_t>(
       trainer.optimizer() ? trainer.optimizer()->state_bytes() : trainer.sharded()->state_bytes());
   env.out.set_attr(g, "optimizer_state_bytes", opt_bytes);
-  // The accounting prediction beside the measurement (DESIGN §5).
+  // The accounting prediction beside the measurement (docs/architecture.md §5).
   const Accounting pred = account(cfg, env.world, rt.device() == Device::cuda ? rt.device_name() : "");
   // The peak of the phases this mode runs, each phase beside its measured peak (memory_model.h).
   const double predicted_peak = write_memory_prediction(env);

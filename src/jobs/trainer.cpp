@@ -21,7 +21,7 @@
 namespace lmscale::jobs {
 
 namespace {
-// Master weights, gradients and optimizer state are fp32 in every precision mode (DESIGN §2).
+// Master weights, gradients and optimizer state are fp32 in every precision mode (docs/architecture.md §2).
 constexpr DType kMaster = DType::f32;
 // Gradient buckets of one process: large, so the optimizer makes few launches (xl: ~32).
 constexpr double kLazyBucketBytes = 256.0 * 1024 * 1024;

@@ -1,5 +1,5 @@
 #pragma once
-// Communicator (DESIGN.md §3): a group of ranks and the collectives among them. Backends:
+// Communicator (docs/architecture.md §3): a group of ranks and the collectives among them. Backends:
 // MpiCommunicator (host buffers, comm/mpi_communicator.h) and the NCCL communicator (device
 // buffers, comm/nccl_communicator.h). docs/collectives.md has the full semantics.
 //

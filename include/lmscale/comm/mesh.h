@@ -1,5 +1,5 @@
 #pragma once
-// Process groups of a dp x tp x pp mesh (DESIGN.md §3), plus the FSDP shard axis.
+// Process groups of a dp x tp x pp mesh (docs/architecture.md §3), plus the FSDP shard axis.
 //
 // Rank layout (tp fastest, then dp, then pp):
 //     rank = (pp_idx * dp + dp_idx) * tp + tp_idx

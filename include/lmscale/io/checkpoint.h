@@ -1,5 +1,5 @@
 #pragma once
-// Weights files and training checkpoints (HDF5, DESIGN.md §2, docs/hdf5.md). One float32 dataset
+// Weights files and training checkpoints (HDF5, docs/architecture.md §2, docs/hdf5.md). One float32 dataset
 // per parameter at the root, named exactly like the parameter ("layers.0.attn.q_proj.weight",
 // shape as given), so that in Python
 //   {k: torch.from_numpy(f[k][()]) for k in f if isinstance(f[k], h5py.Dataset)}

@@ -1,7 +1,7 @@
 #pragma once
 // Token sources for training and evaluation. A batch is addressed by (step, global sample
 // index), never by rank, so every data-parallel layout sees the same global batch: rank r of N
-// asks for samples [r*B/N, (r+1)*B/N) of each global batch (DESIGN.md §6).
+// asks for samples [r*B/N, (r+1)*B/N) of each global batch (docs/architecture.md §6).
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -1,5 +1,5 @@
 #pragma once
-// Input decks (DESIGN.md §6): INI files read with Boost.Program_options, every key also settable
+// Input decks (docs/architecture.md §6): INI files read with Boost.Program_options, every key also settable
 // as --section.key=value on the command line (the command line wins). One table of keys
 // (src/io/deck_keys.cpp) gives each key's type, default and meaning; it drives parsing, --help and
 // docs/deck.md. Any problem -- unknown key (nearest valid key suggested), bad value, inconsistent

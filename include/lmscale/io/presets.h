@@ -1,5 +1,5 @@
 #pragma once
-// Model size presets (DESIGN.md §2). They live with the deck because resolving `model.size` is
+// Model size presets (docs/architecture.md §2). They live with the deck because resolving `model.size` is
 // part of reading a deck (io may not depend on model/); keys given explicitly win over a preset.
 #include <cstdint>
 #include <optional>

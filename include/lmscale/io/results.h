@@ -1,5 +1,5 @@
 #pragma once
-// HDF5 results files (schema lmscale-results/1, DESIGN.md §7, docs/hdf5.md). Only rank 0 writes:
+// HDF5 results files (schema lmscale-results/1, docs/architecture.md §7, docs/hdf5.md). Only rank 0 writes:
 // on other ranks a ResultsFile is inactive and every call is a no-op, so jobs gather data over MPI
 // first and then call the same code on every rank. The file is written as NAME.tmp and renamed to
 // NAME by finish(); a run that stops after measuring something leaves NAME.tmp with every row

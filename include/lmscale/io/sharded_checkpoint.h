@@ -1,5 +1,5 @@
 #pragma once
-// Sharded training checkpoints (DESIGN.md §7, docs/checkpoints.md). A checkpoint is a directory
+// Sharded training checkpoints (docs/architecture.md §7, docs/checkpoints.md). A checkpoint is a directory
 // DIR/step_NNNNNNNN/ holding
 //   rank_RRRRR.h5  one per writing rank: float32 datasets `master`, `m`, `v` (the concatenated
 //                  pieces this rank wrote: parameter values and AdamW moments) and a piece table

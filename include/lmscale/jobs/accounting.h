@@ -1,5 +1,5 @@
 #pragma once
-// Memory, communication and FLOP accounting of a deck (DESIGN.md §5): what one rank holds at the
+// Memory, communication and FLOP accounting of a deck (docs/architecture.md §5): what one rank holds at the
 // peak of a train step (the start of the backward) in lmscale's own layout, the bytes each rank
 // moves per step for the data-parallel mode, and the FLOPs per step. The `accounting` job prints
 // and stores it; bench-model stores the predicted peak beside the measured one.

@@ -1,5 +1,5 @@
 #pragma once
-// Job `bench-attention` (DESIGN.md §5): naive vs flash attention, forward / backward /
+// Job `bench-attention` (docs/architecture.md §5): naive vs flash attention, forward / backward /
 // forward-backward, swept over the cartesian product of bench.impls, bench.passes, bench.dtypes,
 // bench.causal, bench.attn_batch, bench.attn_heads, bench.seq_lens and bench.head_dims.
 // Each case: bench.warmup untimed runs, then the median (and min, max) of bench.steps runs timed

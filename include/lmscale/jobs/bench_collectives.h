@@ -1,5 +1,5 @@
 #pragma once
-// Job `bench-collectives` (DESIGN.md §5, docs/collectives.md): the bandwidth of all-reduce,
+// Job `bench-collectives` (docs/architecture.md §5, docs/collectives.md): the bandwidth of all-reduce,
 // reduce-scatter, all-gather and broadcast on the deck's backend (parallel.backend: mpi on host
 // memory, nccl on GPUs) and algorithm (bench.algo), swept over sizes as nccl-tests does
 // (bench.min_bytes, bench.min_bytes*bench.step_factor, ... <= bench.max_bytes) and bench.dtypes.

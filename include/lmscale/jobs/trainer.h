@@ -112,7 +112,7 @@ class Trainer {
   int dp_size() const { return dp_size_; }
   int dp_rank() const { return dp_rank_; }
   // Bytes per allocation tag at points of the last step: "after_init", "before_optimizer",
-  // "after_optimizer" (DESIGN §5 memory accounting).
+  // "after_optimizer" (docs/architecture.md §5 memory accounting).
   const std::map<std::string, std::map<std::string, std::size_t>>& memory_points() const { return memory_points_; }
   optim::LossScaler& loss_scaler() { return scaler_; }
   std::int64_t step() const { return step_; }

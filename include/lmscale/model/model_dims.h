@@ -1,5 +1,5 @@
 #pragma once
-// The shape of the Transformer LM (DESIGN.md §2), resolved from the deck's [model] section.
+// The shape of the Transformer LM (docs/architecture.md §2), resolved from the deck's [model] section.
 #include <cstdint>
 #include <string>
 

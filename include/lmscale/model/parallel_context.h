@@ -1,6 +1,6 @@
 #pragma once
 // How parallel strategies reach into the model without the model knowing about communication
-// (DESIGN.md §1). With every degree 1 it is a no-op: the default-constructed context.
+// (docs/architecture.md §1). With every degree 1 it is a no-op: the default-constructed context.
 //
 // The model is a sequence of *units*, in forward order:
 //   unit 0         the token embedding

@@ -1,6 +1,6 @@
 #pragma once
 // All parameters of the model in one flat buffer, with named views (names and shapes of
-// DESIGN.md §2, in the reference model's named_parameters() order). Gradients live in a second
+// docs/architecture.md §2, in the reference model's named_parameters() order). Gradients live in a second
 // flat buffer of the same layout, so data-parallel strategies can reduce them in one piece or in
 // contiguous buckets. In mixed precision a third flat buffer holds the bf16/fp16 working copy
 // that the matmuls read; the optimizer refreshes it in the same pass that updates the master.
@@ -37,7 +37,7 @@ struct ParamInfo {
 // The layout of every parameter, in order; depends only on the dims.
 std::vector<ParamInfo> parameter_layout(const ModelDims& dims);
 
-// Deterministic initial values of elements [begin, end) of parameter `p` (DESIGN §2): linear
+// Deterministic initial values of elements [begin, end) of parameter `p` (docs/architecture.md §2): linear
 // weights truncated normal std sqrt(2/(d_in+d_out)) within +-3 std, embeddings std 1 within
 // +-3, norms 1. A pure function of (seed, name, element index): any shard, any rank, same values.
 void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, std::int64_t end, double* out);

@@ -1,5 +1,5 @@
 #pragma once
-// Activation checkpointing (DESIGN.md §4): which activations the forward keeps for the backward
+// Activation checkpointing (docs/architecture.md §4): which activations the forward keeps for the backward
 // and which the backward recomputes. Results are bitwise those of `none` (the recompute runs the
 // same ops on the same inputs); only memory and time change.
 //   none       keep everything a block's backward reads.

@@ -1,5 +1,5 @@
 #pragma once
-// The CS336 "basics" Transformer LM (DESIGN.md §2): forward, loss and backward over the flat
+// The CS336 "basics" Transformer LM (docs/architecture.md §2): forward, loss and backward over the flat
 // parameter store. Activations needed by the backward are kept in an Activations object between
 // forward() and backward(); a forward without gradients frees them layer by layer.
 //

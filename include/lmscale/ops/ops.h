@@ -141,7 +141,7 @@ void sum_squares(Context& ctx, const Tensor& x, Tensor& out);
 void check_finite(Context& ctx, const Tensor& x, Tensor& flag);
 
 // ---- AdamW -----------------------------------------------------------------------------------
-// DESIGN §2: p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// docs/architecture.md §2: p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p -= lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps), with g = grad * grad_scale
 // (grad_scale folds in 1/loss_scale and the clipping factor). param, grad, m, v share a dtype
 // (fp32, or fp64 on CPU) and size. When param_lowp is non-null it receives the updated parameter

@@ -1,5 +1,5 @@
 #pragma once
-// Ops of the vocabulary-parallel embedding and LM head (tensor parallelism, DESIGN.md §4): each of
+// Ops of the vocabulary-parallel embedding and LM head (tensor parallelism, docs/architecture.md §4): each of
 // tp ranks holds rows [vocab_begin, vocab_begin + Vl) of the [V, d] embedding table and of the
 // [V, d] LM head, so its logits are the columns [vocab_begin, vocab_begin + Vl) of the full
 // [N, V] logits. The full logits are never gathered: the cross-entropy needs only two per-row

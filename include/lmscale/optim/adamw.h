@@ -1,5 +1,5 @@
 #pragma once
-// AdamW (DESIGN.md §2) over a contiguous range of the flat parameter buffer: the whole model for
+// AdamW (docs/architecture.md §2) over a contiguous range of the flat parameter buffer: the whole model for
 // plain and DDP training, this rank's shard for ZeRO. State m, v has the master dtype and the
 // range's size, so its bytes are exactly what the optimizer state costs this rank. Element-wise:
 // it needs no parameter segments and no norms.

@@ -1,5 +1,5 @@
 #pragma once
-// Distributed data parallel (DESIGN.md §4): every rank holds all parameters and computes the
+// Distributed data parallel (docs/architecture.md §4): every rank holds all parameters and computes the
 // gradient of its slice of the global batch; the gradients are summed over the data-parallel
 // group (the model already scales them by 1/global tokens). Four ways, as in the seed:
 //   naive    - after the backward, one blocking all-reduce per parameter;
@@ -12,7 +12,7 @@
 //              its last gradient is ready. Buckets are contiguous ranges of the flat gradient
 //              buffer, reduced in place.
 // Gradients are communicated in the master dtype (fp32) in every precision mode: with bf16
-// mixed precision the bf16 copies are only for the matmuls (DESIGN §2 "fp32 gradients").
+// mixed precision the bf16 copies are only for the matmuls (docs/architecture.md §2 "fp32 gradients").
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,7 +50,7 @@ class DataParallel final : public GradientSync {
                double bucket_mb);
   ~DataParallel() override;
 
-  // Rank 0's parameters to every rank (DESIGN §4), then the working copy is refreshed.
+  // Rank 0's parameters to every rank (docs/architecture.md §4), then the working copy is refreshed.
   void broadcast_parameters(Context& ctx);
   // parallel.grad_reduce_dtype: with bf16 the flat/overlap/bucketed collectives run on a bf16
   // copy of each range (rounded on ctx's stream), widened back into the fp32 gradients after the

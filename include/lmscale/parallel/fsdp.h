@@ -1,5 +1,5 @@
 #pragma once
-// Fully sharded data parallelism (ZeRO-3, DESIGN.md §4) over the data-parallel group.
+// Fully sharded data parallelism (ZeRO-3, docs/architecture.md §4) over the data-parallel group.
 //
 // The model's units (model/parallel_context.h: embedding, blocks, final norm + head) are FSDP's
 // units. Each unit's embedding and linear weights, concatenated in parameter order, form one

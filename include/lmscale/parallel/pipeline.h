@@ -1,5 +1,5 @@
 #pragma once
-// Pipeline parallelism (DESIGN.md §4): the model's units split into pp stages (model/stage.h),
+// Pipeline parallelism (docs/architecture.md §4): the model's units split into pp stages (model/stage.h),
 // one per rank of the pp group; each optimizer step runs M microbatches through the stages under
 // a schedule, activations [b*T, d] travelling forward and their gradients backward by
 // point-to-point transfers on the pp communicator (NCCL on GPUs, MPI on CPUs).

@@ -5,7 +5,7 @@
 // checkpoints (jobs/sharded_checkpointing.h) are written and read through it alone, so any
 // layout resumes any other's checkpoint by name.
 //
-// Coordinates are the FULL model's: `param` indexes model::parameter_layout(dims) (DESIGN §2
+// Coordinates are the FULL model's: `param` indexes model::parameter_layout(dims) (docs/architecture.md §2
 // order), [begin, end) is a range of the full parameter's row-major flat index, whatever slice or
 // stage of the model this rank's store holds.
 //

@@ -1,5 +1,5 @@
 #pragma once
-// Tensor parallelism (Megatron-LM, DESIGN.md §4) over the tp group of the dp x tp x pp mesh: the
+// Tensor parallelism (Megatron-LM, docs/architecture.md §4) over the tp group of the dp x tp x pp mesh: the
 // collectives the model's f/g points call (model/tensor_parallel.h), and the bookkeeping of a
 // layout in which each rank holds slices of the parameters:
 //   - the global gradient norm counts the replicated norm weights once (they are identical on the

@@ -1,5 +1,5 @@
 #pragma once
-// Optimizer-state sharding (ZeRO stage 1/2, DESIGN.md §4). Each parameter group (a flat buffer of
+// Optimizer-state sharding (ZeRO stage 1/2, docs/architecture.md §4). Each parameter group (a flat buffer of
 // parameters with its flat gradient buffer; the model is one group) is split into `size`
 // contiguous element ranges, as even as element counts allow (sizes differ by at most one
 // element); rank r keeps AdamW state only for its range and updates only those parameters.

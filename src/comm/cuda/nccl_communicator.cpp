@@ -445,7 +445,7 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int cuda_device, NcclOptions options) {
-  ::setenv("NCCL_NVLS_ENABLE", "0", 0);   // NVLink multicast stays off (../shared/GPU.md)
+  ::setenv("NCCL_NVLS_ENABLE", "0", 0);   // NVLink multicast stays off (docs/architecture.md §3)
   MPI_Comm mpi = MPI_COMM_NULL;
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);

@@ -1,4 +1,4 @@
-// AdamW on the CPU, one fused pass over the elements in the order of DESIGN §2:
+// AdamW on the CPU, one fused pass over the elements in the order of docs/architecture.md §2:
 //   p -= lr * wd * p                                  (decoupled weight decay, first)
 //   g  = grad * grad_scale
 //   m  = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2

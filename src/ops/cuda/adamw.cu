@@ -1,4 +1,4 @@
-// AdamW over one flat fp32 buffer on CUDA, in one launch (DESIGN §2):
+// AdamW over one flat fp32 buffer on CUDA, in one launch (docs/architecture.md §2):
 //   g = grad * grad_scale;  p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= step_size * m / (sqrt(v) + eps),  step_size = lr * sqrt(1-b2^t) / (1-b1^t)
 // with the bias corrections computed once in double on the host, and the bf16/fp16 working copy

@@ -5,7 +5,7 @@
 // and reused,
 // so a training step calls cuBLASLt with no heuristic search after the first step.
 //
-// Precision (DESIGN §2): fp32 inputs use CUBLAS_COMPUTE_32F (no TF32) unless allow_tf32, then
+// Precision (docs/architecture.md §2): fp32 inputs use CUBLAS_COMPUTE_32F (no TF32) unless allow_tf32, then
 // CUBLAS_COMPUTE_32F_FAST_TF32; bf16/fp16 inputs always accumulate in fp32 (CUBLAS_COMPUTE_32F)
 // and may write C in their own dtype or in fp32 (mixed-precision master gradients).
 #include <cublasLt.h>

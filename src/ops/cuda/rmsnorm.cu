@@ -1,4 +1,4 @@
-// RMSNorm on CUDA, fp32 inside (DESIGN §2): y = x * rstd * w, rstd = rsqrt(mean(x^2) + eps).
+// RMSNorm on CUDA, fp32 inside (docs/architecture.md §2): y = x * rstd * w, rstd = rsqrt(mean(x^2) + eps).
 // x, y, dy, dx share a dtype T (fp32, bf16, fp16); the weight w and its gradient dw may be fp32 or
 // T (fp32 master weights with bf16 activations). One block per row in the forward; the backward
 // runs a fixed grid of blocks over rows, each keeping its dw partial sums in shared memory, and a
