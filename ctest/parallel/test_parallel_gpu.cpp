@@ -23,7 +23,7 @@
 #include "lmscale/comm/peer_copy.h"
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/trainer.h"
-#include "lmscale/model/gradient_buckets.h"
+#include "lmscale/parallel/grad_buckets.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
@@ -175,7 +175,7 @@ TEST(DataParallelGpu, Zero2CopyEngineEqualsNcclBitwise) {
                 ce_losses.back());
     EXPECT_EQ(nccl_window, 0u);
     // One slot of the largest shard (ceil(P / 2) fp32 elements) and a signal flag per bucket and rank.
-    const auto buckets = model::gradient_buckets(model::parameter_layout(model::ModelDims::from(cfg.model)),
+    const auto buckets = parallel::gradient_buckets(model::parameter_layout(model::ModelDims::from(cfg.model)),
                                                  cfg.parallel.bucket_mb * 1024.0 * 1024.0, 4);
     EXPECT_EQ(ce_window, comm::peer_copy_window_bytes(2, (nccl.size() + 1) / 2 * sizeof(float),
                                                       static_cast<int>(buckets.size())))
@@ -210,7 +210,7 @@ TEST(DataParallelGpu, BucketedCopyEngineEqualsNcclBitwise) {
     const auto nccl = train(cfg, true, steps, &nccl_losses, &nccl_window);
     cfg.parallel.grad_exchange = GradExchange::copy_engine;
     const auto ce = train(cfg, true, steps, &ce_losses, &ce_window);
-    const auto buckets = model::gradient_buckets(model::parameter_layout(model::ModelDims::from(cfg.model)),
+    const auto buckets = parallel::gradient_buckets(model::parameter_layout(model::ModelDims::from(cfg.model)),
                                                  cfg.parallel.bucket_mb * 1024.0 * 1024.0, 4);
     std::printf("bucketed DDP, accum %d: %zu buckets, window %zu bytes, last loss nccl %.6f copy engines %.6f\n", accum,
                 buckets.size(), ce_window, nccl_losses.back(), ce_losses.back());

@@ -8,7 +8,7 @@
 
 #include "lmscale/jobs/accounting.h"
 #include "lmscale/jobs/memory_model.h"
-#include "lmscale/model/gradient_buckets.h"
+#include "lmscale/parallel/grad_buckets.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
 
@@ -90,7 +90,7 @@ TEST(Accounting, CopyEngineWindowIsOneShardPerOtherRank) {
   EXPECT_DOUBLE_EQ(item(ce, "gradient_exchange_window"), 4 * P / 2);
   EXPECT_DOUBLE_EQ(item(ce, "gradient_shard"), item(nccl, "gradient_shard"));
   // A signal flag (8 bytes) per bucket of the store's layout and rank.
-  const auto nb = static_cast<double>(model::gradient_buckets(model::parameter_layout(model::ModelDims::from(c.model)),
+  const auto nb = static_cast<double>(parallel::gradient_buckets(model::parameter_layout(model::ModelDims::from(c.model)),
                                                               c.parallel.bucket_mb * 1024 * 1024, 4)
                                           .size());
   ASSERT_EQ(ce_mem.phases.size(), nccl_mem.phases.size());
@@ -117,7 +117,7 @@ TEST(Accounting, CopyEngineWindowForBucketedDdpIsEachBucketsPart) {
   c.parallel.grad_exchange = GradExchange::copy_engine;
   const auto ce_mem = jobs::predict_memory_phases(c, 2, true, 0);
   const auto ce = jobs::account(c, 2, "");
-  const auto buckets = model::gradient_buckets(model::parameter_layout(model::ModelDims::from(c.model)),
+  const auto buckets = parallel::gradient_buckets(model::parameter_layout(model::ModelDims::from(c.model)),
                                                25.0 * 1024 * 1024, 4);
   double slot = 0;
   for (const auto& k : buckets) slot += std::ceil(static_cast<double>(k.numel) / 2);

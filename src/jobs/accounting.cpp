@@ -11,6 +11,7 @@
 #include "lmscale/jobs/memory_model.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/recompute.h"
+#include "lmscale/parallel/spec.h"
 #include "memory_replay.h"
 
 namespace lmscale::jobs {
@@ -37,15 +38,16 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   const bool bench = cfg.run.job == JobKind::bench_model;
   const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   // The deck's layout (the accounting job may describe a layout other than the one it runs on).
-  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  const parallel::Spec spec = parallel::Spec::resolve(cfg.parallel, world);
+  const comm::MeshShape mesh = spec.mesh_shape();
   const int tp = mesh.tp, dp = mesh.dp;
   const bool sp = tp > 1 && cfg.parallel.sequence_parallel;
   a.local_batch = B / dp / (bench ? 1 : cfg.train.grad_accum);
   a.seq = m.context;
   const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   const double e = mixed ? 2.0 : 4.0;   // activation bytes per element
-  const bool sharded = cfg.parallel.zero != ZeroLevel::none && dp > 1;
-  const bool fsdp = sharded && cfg.parallel.zero == ZeroLevel::fsdp;
+  const bool sharded = spec.sharded_optimizer();
+  const bool fsdp = spec.fsdp();
   const double N = static_cast<double>(a.local_batch * a.seq), d = static_cast<double>(m.d_model),
                F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads), T = static_cast<double>(a.seq),
                L = static_cast<double>(m.layers), V = static_cast<double>(m.vocab), b = static_cast<double>(a.local_batch);
@@ -79,7 +81,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     if (mixed) add("parameters_lowp", 2 * Pr, "2 B x " + p + " (bf16/fp16 working copy)");
   }
   if (fsdp) {
-  } else if (dp <= 1 || (sharded && cfg.parallel.zero == ZeroLevel::zero2))
+  } else if (spec.grad_storage() == parallel::GradStorage::lazy_buckets)
     add("gradients", 0, "0 at the start of the backward: per-bucket buffers are allocated as the backward frees "
                         "activations (one process, zero2) and freed after the step (zero2: after their reduce-scatter)");
   else

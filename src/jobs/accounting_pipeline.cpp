@@ -18,6 +18,7 @@
 
 #include "lmscale/jobs/accounting.h"
 #include "lmscale/jobs/device_peak.h"
+#include "lmscale/parallel/spec.h"
 #include "lmscale/jobs/parallel_bounds.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/recompute.h"
@@ -33,7 +34,8 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   const bool bench = cfg.run.job == JobKind::bench_model;
   const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const int pp = static_cast<int>(cfg.parallel.pp), M = static_cast<int>(cfg.parallel.microbatches);
-  const comm::MeshShape mesh = replay::mesh_of(cfg, world);   // the deck's layout, as the replay reads it
+  const parallel::Spec spec = parallel::Spec::resolve(cfg.parallel, world);   // the deck's layout
+  const comm::MeshShape mesh = spec.mesh_shape();
   const int tp = mesh.tp, dp = mesh.dp;
   const bool sp = tp > 1 && cfg.parallel.sequence_parallel;
   // One tp rank's parameter sizes (the full ones with tp = 1), in parameter_layout order.
@@ -46,7 +48,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   const auto overrides = model::parse_stage_layers(cfg.parallel.stage_layers);
   const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   const double e = mixed ? 2.0 : 4.0;
-  const bool sharded = cfg.parallel.zero != ZeroLevel::none && dp > 1;
+  const bool sharded = spec.sharded_optimizer();
   const std::int64_t local = B / dp, micro_rows = std::max<std::int64_t>(1, local / M);
   const double b = static_cast<double>(micro_rows), T = static_cast<double>(m.context), N = b * T,
                d = static_cast<double>(m.d_model), F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads),
@@ -78,7 +80,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     add("parameters", 4 * P, tp > 1 ? "4 B x P_stage (fp32 master of this tp rank's slices of the stage's units)"
                                      : "4 B x P_stage (fp32 master of this stage's units)");
     if (mixed) add("parameters_lowp", 2 * P, "2 B x P_stage (bf16/fp16 working copy)");
-    if (dp <= 1 || (sharded && cfg.parallel.zero == ZeroLevel::zero2))
+    if (spec.grad_storage() == parallel::GradStorage::lazy_buckets)
       add("gradients", 0, "0 at the start of the backward (per-bucket buffers, allocated as the backward goes)");
     else
       add("gradients", 4 * P, "4 B x P_stage (one flat fp32 buffer)");

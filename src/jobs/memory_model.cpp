@@ -12,6 +12,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
+#include "lmscale/parallel/spec.h"
 #include "lmscale/parallel/zero.h"
 #include "memory_replay.h"
 
@@ -37,7 +38,8 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     return *std::max_element(stages.begin(), stages.end(),
                              [](const MemoryPhases& a, const MemoryPhases& b) { return a.peak < b.peak; });
   }
-  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  const parallel::Spec spec = parallel::Spec::resolve(cfg.parallel, world);
+  const comm::MeshShape mesh = spec.mesh_shape();
   if (mesh.pp > 1) return predict_pipeline_phases(cfg, world, cuda, rank);
   const int tp = mesh.tp, dp = mesh.dp;
   const int dp_rank = comm::mesh_coords(mesh, rank).dp;
@@ -45,7 +47,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
   const bool bench = cfg.run.job == JobKind::bench_model;
   const BenchMode mode = job_mode(cfg);
   const ZeroLevel zero = cfg.parallel.zero;
-  const bool fsdp = dp > 1 && zero == ZeroLevel::fsdp, sharded = dp > 1 && zero != ZeroLevel::none;
+  const bool fsdp = spec.fsdp(), sharded = spec.sharded_optimizer();
   const std::int64_t accum = bench ? 1 : std::max<std::int64_t>(1, cfg.train.grad_accum);
   const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const double workspace = cuda ? 32.0 * 1024 * 1024 : 0.0;   // cuBLASLt's, allocated with the runtime
@@ -87,10 +89,10 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     out.layout = std::string("fsdp (master, gradient shard and optimizer state of 1/dp") +
                  (tp > 1 ? " of this tp rank's slices" : "") + "; gathered units beside the replayed activations)";
   } else {
-    const bool lazy = dp == 1 || zero == ZeroLevel::zero2;
+    const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
     init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
     gr.lazy = lazy;
-    gr.init(sizes, dp == 1 ? 256.0 * 1024 * 1024 : cfg.parallel.bucket_mb * 1024.0 * 1024.0);
+    gr.init(sizes, spec.lazy_bucket_bytes());
     // parallel.grad_exchange = copy-engine: the receive window and its signal flags (one per
     // bucket and rank; two for bucketed DDP), from initialisation on (comm/peer_copy.h). zero2:
     // one slot of the largest shard per other rank; bucketed DDP: per other rank, this rank's
@@ -100,7 +102,7 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
         const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
         init += static_cast<double>(comm::peer_copy_window_bytes(dp, 4 * counts[0], static_cast<int>(gr.bucket_bytes.size())));
       } else if (zero == ZeroLevel::none && cfg.parallel.ddp == DdpKind::bucketed) {
-        std::vector<model::GradBucket> buckets;
+        std::vector<parallel::GradBucket> buckets;
         for (double bytes : gr.bucket_bytes) buckets.push_back({0, 0, 0, static_cast<std::int64_t>(bytes / 4)});
         init += static_cast<double>(parallel::CopyEngineAllReduce::window_bytes(buckets, dp));
       }

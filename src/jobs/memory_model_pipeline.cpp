@@ -17,6 +17,7 @@
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/stage.h"
 #include "lmscale/parallel/interleaved_schedule.h"
+#include "lmscale/parallel/spec.h"
 #include "memory_replay.h"
 
 namespace lmscale::jobs {
@@ -221,7 +222,8 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   const bool bench = cfg.run.job == JobKind::bench_model;
   const BenchMode mode = job_mode(cfg);
   const auto& pc = cfg.parallel;
-  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  const parallel::Spec spec = parallel::Spec::resolve(pc, world);
+  const comm::MeshShape mesh = spec.mesh_shape();
   const int tp = mesh.tp, pp = mesh.pp, dp = mesh.dp;
   const comm::MeshCoords at = comm::mesh_coords(mesh, rank);
   const int stage = at.pp, dp_rank = at.dp;
@@ -251,12 +253,12 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   const bool last_stage = stage + 1 == pp;
   // Gradients: lazy buckets with one data-parallel rank (256 MiB) and under zero2 (bucket_mb),
   // else DDP's / zero1's flat buffer (in the init bytes).
-  const bool lazy = dp == 1 || pc.zero == ZeroLevel::zero2;
+  const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
   const double init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
   Grads gr;
   gr.lazy = lazy;
   gr.local = local_index;
-  gr.init(sizes, dp == 1 ? 256.0 * 1024 * 1024 : pc.bucket_mb * 1024.0 * 1024.0);
+  gr.init(sizes, spec.lazy_bucket_bytes());
   // bf16 gradient reduction: the copies of the stage's buckets (made during the last
   // microbatch's backward), or ddp flat's one copy, made in finish() inside the optimizer phase.
   replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);

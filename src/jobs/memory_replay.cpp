@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lmscale/model/model_dims.h"
+#include "lmscale/parallel/spec.h"
 #include "lmscale/parallel/state_layout.h"
 #include "lmscale/parallel/zero.h"
 
@@ -563,13 +564,6 @@ void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>&
   }
 }
 
-comm::MeshShape mesh_of(const Config& cfg, int world) {
-  comm::MeshShape m;
-  m.tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
-  m.pp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.pp));
-  m.dp = cfg.parallel.dp > 0 ? static_cast<int>(cfg.parallel.dp) : std::max(1, world / (m.tp * m.pp));
-  m.shard = m.dp;
-  return m;
-}
+comm::MeshShape mesh_of(const Config& cfg, int world) { return parallel::Spec::resolve(cfg.parallel, world).mesh_shape(); }
 
 }  // namespace lmscale::jobs::replay

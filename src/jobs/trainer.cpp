@@ -11,6 +11,7 @@
 #include "lmscale/parallel/fsdp.h"
 #include "lmscale/parallel/gradient_sync.h"
 #include "lmscale/parallel/optimizer_segments.h"
+#include "lmscale/parallel/spec.h"
 #include "lmscale/parallel/tensor_parallel.h"
 #include "lmscale/parallel/zero.h"
 #include "lmscale/comm/communicator.h"
@@ -23,8 +24,6 @@ namespace lmscale::jobs {
 namespace {
 // Master weights, gradients and optimizer state are fp32 in every precision mode (docs/architecture.md §2).
 constexpr DType kMaster = DType::f32;
-// Gradient buckets of one process: large, so the optimizer makes few launches (xl: ~32).
-constexpr double kLazyBucketBytes = 256.0 * 1024 * 1024;
 // Linear LR scaling (Goyal et al. 2017): lr x global batch / reference batch, global batch = the
 // sequences of one optimizer step over all data-parallel ranks and micro-batches.
 double linear_lr_scale(const OptimConfig& o, std::int64_t global_batch) {
@@ -92,18 +91,19 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   local_rows_ = global_batch / dp;
   first_row_ = dp_rank_ * local_rows_;
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
-  // One process and ZeRO-2 keep gradients in per-bucket buffers that exist only from the backward
-  // to the optimizer step (so they never coexist with the whole forward's activations); DDP and
-  // the other ZeRO levels reduce one flat buffer.
-  // FSDP keeps only shards (the store holds no flat buffers). With one data-parallel rank every
-  // sharding mode is the plain single-process path.
-  const bool fsdp = dp > 1 && pc.zero == ZeroLevel::fsdp;
+  // Where gradients live (parallel::Spec::grad_storage): the data-parallel group this trainer
+  // built decides the degree (a one-process reference run inside a larger world has dp 1).
+  parallel::Spec spec = parallel::Spec::resolve(pc, env.world);
+  spec.dp = static_cast<int>(dp);
+  const bool fsdp = spec.fsdp();
   LMSCALE_CHECK(!(fsdp && pp > 1), "parallel.zero = fsdp with parallel.pp > 1 is not built");
-  const bool bucket_grads = dp == 1 || pc.zero == ZeroLevel::zero2;
   using Buffers = model::ParameterStore::Buffers;
+  const parallel::GradStorage storage = spec.grad_storage();
   params_ = std::make_unique<model::ParameterStore>(
       dims_, master_, lowp_, *ctx.allocator,
-      fsdp ? Buffers::none : (bucket_grads ? Buffers::params_only : Buffers::params_and_grads),
+      storage == parallel::GradStorage::shards         ? Buffers::none
+      : storage == parallel::GradStorage::lazy_buckets ? Buffers::params_only
+                                                       : Buffers::params_and_grads,
       tp_ ? tp_->split() : model::TensorSplit{}, chunks);
   params_->init(env.cfg.run.seed, ctx);
   // One model per chunk over the one store (a single one without the interleaved schedule).
@@ -153,7 +153,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     }
   } else {
     owned_sync_ = std::make_unique<parallel::GradientSync>();
-    lazy_ = std::make_unique<model::LazyGradients>(*params_, kLazyBucketBytes, *ctx.allocator);
+    lazy_ = std::make_unique<parallel::LazyGradients>(*params_, parallel::kOneProcessBucketBytes, *ctx.allocator);
   }
   if (!sync_) sync_ = owned_sync_.get();
   if (!sharded_) {
@@ -172,7 +172,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   // The update's segments: the lazy gradient buckets (one process), or the same 256 MiB split of
   // the flat buffer (DDP). Units: 0 the embedding, l+1 block l, L+1 the final norm and the head.
   const int L = static_cast<int>(dims_.layers);
-  auto with_units = [&](const std::vector<model::GradBucket>& buckets) {
+  auto with_units = [&](const std::vector<parallel::GradBucket>& buckets) {
     std::vector<UpdateSegment> out;
     for (const auto& k : buckets) {
       int first = L + 1;
@@ -185,13 +185,13 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     }
     return out;
   };
-  update_segments_ = with_units(lazy_ ? lazy_->buckets() : model::gradient_buckets(params_->infos(), kLazyBucketBytes, 4));
+  update_segments_ = with_units(lazy_ ? lazy_->buckets() : parallel::gradient_buckets(params_->infos(), parallel::kOneProcessBucketBytes, 4));
   // parallel.overlap_param_gather: the zero1/zero2 parameter all-gather in segments of
   // parallel.bucket_mb (of fp32 master bytes), in forward order (ascending first unit; the flat
   // buffer holds the units in backward order).
   if (auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(sharded_.get());
       zero && pc.overlap_param_gather && pc.zero != ZeroLevel::zero1_broadcast && !tp_ && !pipeline_) {
-    gather_segments_ = with_units(model::gradient_buckets(params_->infos(), pc.bucket_mb * 1024.0 * 1024.0, 4));
+    gather_segments_ = with_units(parallel::gradient_buckets(params_->infos(), pc.bucket_mb * 1024.0 * 1024.0, 4));
     std::reverse(gather_segments_.begin(), gather_segments_.end());
     std::stable_sort(gather_segments_.begin(), gather_segments_.end(),
                      [](const UpdateSegment& a, const UpdateSegment& b) { return a.first_unit < b.first_unit; });

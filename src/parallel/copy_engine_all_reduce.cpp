@@ -11,7 +11,7 @@ namespace lmscale::parallel {
 namespace {
 
 // Elements of each rank's slot: its parts of every bucket, back to back (rank 0's are the largest).
-std::int64_t slot_elements(const std::vector<model::GradBucket>& buckets, int ranks, int rank) {
+std::int64_t slot_elements(const std::vector<parallel::GradBucket>& buckets, int ranks, int rank) {
   std::int64_t n = 0;
   for (const auto& k : buckets) {
     const auto [lo, hi] = slice_of(k.numel, rank, ranks);
@@ -21,17 +21,17 @@ std::int64_t slot_elements(const std::vector<model::GradBucket>& buckets, int ra
 }
 
 // Flags per sender: "scattered" for bucket b at b, "gathered" at buckets + b.
-int flag_count(const std::vector<model::GradBucket>& buckets) { return 2 * static_cast<int>(buckets.size()); }
+int flag_count(const std::vector<parallel::GradBucket>& buckets) { return 2 * static_cast<int>(buckets.size()); }
 
 }  // namespace
 
-std::size_t CopyEngineAllReduce::window_bytes(const std::vector<model::GradBucket>& buckets, int ranks) {
+std::size_t CopyEngineAllReduce::window_bytes(const std::vector<parallel::GradBucket>& buckets, int ranks) {
   return comm::peer_copy_window_bytes(ranks, static_cast<std::size_t>(slot_elements(buckets, ranks, 0)) * 4,
                                       flag_count(buckets));
 }
 
 CopyEngineAllReduce::CopyEngineAllReduce(comm::Communicator& host, Tensor grads,
-                                         std::vector<model::GradBucket> buckets, ops::Runtime& rt)
+                                         std::vector<parallel::GradBucket> buckets, ops::Runtime& rt)
     : host_(host), grads_(std::move(grads)), buckets_(std::move(buckets)), rt_(rt), rank_(host.rank()),
       size_(host.size()) {
   LMSCALE_CHECK(grads_.dtype() == DType::f32 && grads_.device() == Device::cuda,

@@ -34,7 +34,7 @@ DataParallel::DataParallel(DdpMode mode, comm::Communicator& grads, comm::Commun
   LMSCALE_CHECK(grads.size() == host.size(), "gradient and host communicators differ in size");
   if (mode == DdpMode::bucketed) {
     buckets_ = make_buckets(params.infos(), bucket_mb * 1024.0 * 1024.0, dtype_size(params.master_dtype()));
-    bucket_of_ = model::bucket_index(buckets_, params.size());
+    bucket_of_ = parallel::bucket_index(buckets_, params.size());
     pending_.assign(buckets_.size(), 0);
   }
 }

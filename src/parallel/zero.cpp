@@ -85,10 +85,10 @@ class ReduceScatterSync final : public GradientSync {
       : z_(z), store_(store), ctx_(ctx) {
     if (store_) buckets_ = make_buckets(store_->infos(), bucket_bytes, dtype_size(store_->master_dtype()));
     if (store_) {
-      bucket_of_ = model::bucket_index(buckets_, store_->size());
+      bucket_of_ = parallel::bucket_index(buckets_, store_->size());
       pending_.assign(buckets_.size(), 0);
       if (!store_->has_flat_grads())
-        lazy_ = std::make_unique<model::LazyGradients>(*store_, bucket_bytes, *ctx_->allocator);
+        lazy_ = std::make_unique<parallel::LazyGradients>(*store_, bucket_bytes, *ctx_->allocator);
     }
   }
 
@@ -272,7 +272,7 @@ class ReduceScatterSync final : public GradientSync {
   model::ParameterStore* store_;
   Context* ctx_;
   std::vector<int> bucket_of_, pending_;
-  std::unique_ptr<model::LazyGradients> lazy_;   // when the store has no flat gradients
+  std::unique_ptr<parallel::LazyGradients> lazy_;   // when the store has no flat gradients
   std::vector<comm::Work> inflight_;
   std::unique_ptr<comm::PeerCopyExchange> exchange_;   // parallel.grad_exchange = copy-engine
   std::uint64_t round_ = 0;                            // the exchange's signal value this step

@@ -13,7 +13,7 @@
 #include "lmscale/comm/work.h"
 #include "lmscale/jobs/fault_injection.h"
 #include "lmscale/jobs/job_env.h"
-#include "lmscale/model/gradient_buckets.h"
+#include "lmscale/parallel/grad_buckets.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/optim/optimizer.h"
@@ -150,7 +150,7 @@ class Trainer {
   std::unique_ptr<parallel::ShardedOptimizer> sharded_;
   parallel::FullyShardedDataParallel* fsdp_ = nullptr;   // sharded_ when it is fsdp
   // One process: gradients per bucket, allocated during the backward, freed after the step.
-  std::unique_ptr<model::LazyGradients> lazy_;
+  std::unique_ptr<parallel::LazyGradients> lazy_;
   void release_gradients();
   // Waits for the data-parallel gradient reduction (the sync's finish(); NVTX gradient_sync) and
   // records the wait as r.times.comm_ms. Both step kinds end their backward with it.
@@ -177,7 +177,7 @@ class Trainer {
   // overlapped, so tp alone gets no carve-out.
   bool carve_forward_ = false, carve_backward_ = false;
   struct UpdateSegment {
-    model::GradBucket range;   // the lazy bucket (one process) or a range of the flat buffer (DDP)
+    parallel::GradBucket range;   // the lazy bucket (one process) or a range of the flat buffer (DDP)
     int first_unit = 0;
   };
   std::vector<UpdateSegment> update_segments_;

@@ -35,7 +35,7 @@
 #include "lmscale/comm/communicator.h"
 #include "lmscale/comm/peer_copy.h"
 #include "lmscale/core/tensor.h"
-#include "lmscale/model/gradient_buckets.h"
+#include "lmscale/parallel/grad_buckets.h"
 #include "lmscale/ops/runtime.h"
 
 namespace lmscale::parallel {
@@ -45,7 +45,7 @@ class CopyEngineAllReduce {
   // host: an MPI communicator of the data-parallel ranks (IPC handles); grads: the flat fp32
   // gradients [P], the start of their allocation; buckets: over grads, as the backward completes
   // them. Collective over host.
-  CopyEngineAllReduce(comm::Communicator& host, Tensor grads, std::vector<model::GradBucket> buckets,
+  CopyEngineAllReduce(comm::Communicator& host, Tensor grads, std::vector<parallel::GradBucket> buckets,
                       ops::Runtime& rt);
   // A new round: the last micro-batch's backward is about to run.
   void begin();
@@ -55,7 +55,7 @@ class CopyEngineAllReduce {
   void finish();
 
   // The window's bytes on every rank (what the tracker holds under "grad_exchange_window").
-  static std::size_t window_bytes(const std::vector<model::GradBucket>& buckets, int ranks);
+  static std::size_t window_bytes(const std::vector<parallel::GradBucket>& buckets, int ranks);
 
  private:
   struct Part {
@@ -67,7 +67,7 @@ class CopyEngineAllReduce {
 
   comm::Communicator& host_;
   Tensor grads_;
-  std::vector<model::GradBucket> buckets_;
+  std::vector<parallel::GradBucket> buckets_;
   ops::Runtime& rt_;
   int rank_, size_;
   // [rank q][bucket b]: where q's part of bucket b lies in the slots q keeps (elements).

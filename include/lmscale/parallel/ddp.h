@@ -19,7 +19,7 @@
 
 #include "lmscale/comm/communicator.h"
 #include "lmscale/io/config.h"
-#include "lmscale/model/gradient_buckets.h"
+#include "lmscale/parallel/grad_buckets.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/parallel/gradient_sync.h"
@@ -35,11 +35,11 @@ const char* ddp_mode_name(DdpMode m);
 
 // A contiguous range of parameters [first, last] (indices into the store) and of the flat
 // gradient buffer [offset, offset+numel); buckets of at most max_bytes over the parameters in
-// reverse order (model/gradient_buckets.h).
-using Bucket = model::GradBucket;
+// reverse order (parallel/grad_buckets.h).
+using Bucket = parallel::GradBucket;
 inline std::vector<Bucket> make_buckets(const std::vector<model::ParamInfo>& params, double max_bytes,
                                         std::size_t elem_bytes) {
-  return model::gradient_buckets(params, max_bytes, elem_bytes);
+  return parallel::gradient_buckets(params, max_bytes, elem_bytes);
 }
 
 class DataParallel final : public GradientSync {

@@ -1,5 +1,6 @@
 #pragma once
-// Gradients kept per bucket instead of in one flat buffer. A bucket is a contiguous range of
+// Gradients kept per bucket instead of in one flat buffer (docs/architecture.md §4: a strategy's
+// concern, so it lives in parallel/; the model only sees the store's gradient provider). A bucket is a contiguous range of
 // parameters taken in reverse order (the order the backward finishes them), at most max_bytes
 // unless one parameter is larger. With a LazyGradients installed as the parameter store's
 // gradient provider, a bucket's buffer is allocated when the backward first writes one of its
@@ -12,20 +13,21 @@
 #include "lmscale/core/tensor.h"
 #include "lmscale/model/parameter_store.h"
 
-namespace lmscale::model {
+namespace lmscale::parallel {
+
 
 struct GradBucket {
   int first = 0, last = 0;               // parameter indices [first, last]
   std::int64_t offset = 0, numel = 0;    // elements [offset, offset+numel) of the flat layout
 };
-std::vector<GradBucket> gradient_buckets(const std::vector<ParamInfo>& params, double max_bytes, std::size_t elem_bytes);
+std::vector<GradBucket> gradient_buckets(const std::vector<model::ParamInfo>& params, double max_bytes, std::size_t elem_bytes);
 // For each of `num_params` parameters, the index of the bucket that holds it.
 std::vector<int> bucket_index(const std::vector<GradBucket>& buckets, int num_params);
 
 class LazyGradients {
  public:
   // Installs itself as store's gradient provider (store must have no flat gradient buffer).
-  LazyGradients(ParameterStore& store, double bucket_bytes, Allocator& alloc);
+  LazyGradients(model::ParameterStore& store, double bucket_bytes, Allocator& alloc);
   ~LazyGradients();   // uninstalls the provider
   LazyGradients(const LazyGradients&) = delete;
   LazyGradients& operator=(const LazyGradients&) = delete;
@@ -43,11 +45,11 @@ class LazyGradients {
 
  private:
   Tensor grad(int param);
-  ParameterStore& store_;
+  model::ParameterStore& store_;
   Allocator& alloc_;
   std::vector<GradBucket> buckets_;
   std::vector<int> bucket_of_;
   std::vector<Tensor> buffers_;
 };
 
-}  // namespace lmscale::model
+}  // namespace lmscale::parallel

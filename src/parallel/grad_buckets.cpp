@@ -1,10 +1,10 @@
-#include "lmscale/model/gradient_buckets.h"
+#include "lmscale/parallel/grad_buckets.h"
 
 #include "lmscale/core/error.h"
 
-namespace lmscale::model {
+namespace lmscale::parallel {
 
-std::vector<GradBucket> gradient_buckets(const std::vector<ParamInfo>& params, double max_bytes, std::size_t elem_bytes) {
+std::vector<GradBucket> gradient_buckets(const std::vector<model::ParamInfo>& params, double max_bytes, std::size_t elem_bytes) {
   std::vector<GradBucket> out;
   const auto cap = static_cast<std::int64_t>(max_bytes / static_cast<double>(elem_bytes));
   for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
@@ -29,7 +29,7 @@ std::vector<int> bucket_index(const std::vector<GradBucket>& buckets, int num_pa
   return of;
 }
 
-LazyGradients::LazyGradients(ParameterStore& store, double bucket_bytes, Allocator& alloc)
+LazyGradients::LazyGradients(model::ParameterStore& store, double bucket_bytes, Allocator& alloc)
     : store_(store), alloc_(alloc),
       buckets_(gradient_buckets(store.infos(), bucket_bytes, dtype_size(store.master_dtype()))) {
   LMSCALE_CHECK(!store.has_flat_grads(), "LazyGradients needs a parameter store without a flat gradient buffer");
@@ -64,4 +64,4 @@ void LazyGradients::release() {
 
 void LazyGradients::release(int b) { buffers_[static_cast<std::size_t>(b)] = Tensor(); }
 
-}  // namespace lmscale::model
+}  // namespace lmscale::parallel
