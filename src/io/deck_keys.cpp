@@ -59,7 +59,7 @@ DeckKey bool_key(std::string name, F field, std::string meaning) {
 template <class F>
 DeckKey string_key(std::string name, std::string type, F field, std::string meaning) {
   DeckKey k{name, std::move(type), std::move(meaning), {}, "", {}, {}};
-  k.set = [field](Config& c, const std::string& t) { field(c) = parse_string(t); };
+  k.set = [name, field](Config& c, const std::string& t) { field(c) = parse_string(t, name); };
   k.get = [field](const Config& c) { return field(c); };
   return k;
 }

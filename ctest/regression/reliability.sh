@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Reliability cases of issue 36 through the real executable (docs/reliability.md has the table).
+# Each case makes its own files in a fresh temporary folder, runs lmscale on a tiny CPU train deck
+# (every run bounded by `timeout`), and checks the exit code, the message and what is on disk.
+# Usage: reliability.sh LMSCALE CASE
+set -u
+lmscale=$1
+case_name=$2
+tmp=$(mktemp -d)
+bg=""
+cleanup() {
+  [ -n "$bg" ] && kill -KILL "$bg" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+cd "$tmp" || exit 1
+fail=0
+check() {   # check DESCRIPTION COMMAND...
+  local what=$1
+  shift
+  if ! "$@"; then
+    echo "FAIL: $what"
+    fail=1
+  fi
+}
+cat >deck.ini <<'INI'
+[run]
+job = train
+progress = true
+[model]
+vocab_size = 64
+context_length = 8
+d_model = 16
+d_ff = 32
+num_layers = 1
+num_heads = 2
+[parallel]
+device = cpu
+[train]
+steps = 2
+batch_size = 2
+log_every = 1
+[data]
+source = synthetic
+INI
+# run [ARGS...]: lmscale on deck.ini (or $DECK) with run.output = out.h5; rc in $rc.
+run() {
+  timeout 60 "$lmscale" "${DECK:-deck.ini}" --run.output=out.h5 "$@" >stdout 2>stderr
+  rc=$?
+}
+error_names() {   # error_names TEXT...: one 'lmscale: error:' line holds every TEXT
+  local line
+  line=$(grep -F 'lmscale: error:' stderr) || return 1
+  for t in "$@"; do grep -qF -- "$t" <<<"$line" || return 1; done
+}
+expect_usage_error() {   # expect_usage_error KEY...: exit 2, one error line naming the keys, no results
+  check "exit code $rc, expected 2" test "$rc" -eq 2
+  check "an 'lmscale: error:' line names: $*" error_names "$@"
+  check "out.h5 was not created" test ! -e out.h5
+  check "out.h5.tmp was not created" test ! -e out.h5.tmp
+}
+is_hdf5() { head -c 4 "$1" 2>/dev/null | grep -q HDF; }
+h5attr() {   # h5attr FILE GROUP ATTR
+  python3 -c "import h5py, sys; print(h5py.File(sys.argv[1])[sys.argv[2]].attrs[sys.argv[3]])" "$@" 2>/dev/null
+}
+
+case "$case_name" in
+  deck_bom)   # a deck saved with a UTF-8 byte-order mark
+    { printf '\xEF\xBB\xBF'; cat deck.ini; } >bom.ini
+    DECK=bom.ini run
+    check "exit code $rc, expected 0" test "$rc" -eq 0
+    check "out.h5 written" is_hdf5 out.h5 ;;
+  deck_binary)   # a binary file given as the deck: line number, no raw bytes echoed
+    printf '[run]\njob = train\n\xff\xfe\x80\x01 binary\x00\n' >bin.ini
+    DECK=bin.ini run
+    expect_usage_error "line 3" "not text"
+    check "stderr holds only printable ASCII" bash -c '! LC_ALL=C grep -q "[^[:print:][:space:]]" stderr' ;;
+  deck_unbalanced_quote)
+    sed 's/^log_every = 1$/log_every = 1\nsave = "w.h5/' deck.ini >quote.ini
+    DECK=quote.ini run
+    expect_usage_error train.save quote
+    check "no weights file with a quote in its name" bash -c '! ls | grep -q "w.h5"' ;;
+  empty_key_clears)   # --train.save= clears the deck's train.save
+    sed 's/^log_every = 1$/log_every = 1\nsave = w.h5/' deck.ini >save.ini
+    DECK=save.ini run --train.save=
+    check "exit code $rc, expected 0" test "$rc" -eq 0
+    check "no weights file written" test ! -e w.h5
+    check "out.h5 written" is_hdf5 out.h5 ;;
+  *) echo "unknown case $case_name"; exit 1 ;;
+esac
+echo "--- stderr:"; cat stderr 2>/dev/null | LC_ALL=C tr -c '[:print:]\n' '?'
+echo "--- stdout (tail):"; tail -5 stdout 2>/dev/null
+[ "$fail" -eq 0 ] && echo "PASS: $case_name"
+exit "$fail"
