@@ -65,6 +65,13 @@ h5attr() {   # h5attr FILE GROUP ATTR
 }
 
 case "$case_name" in
+  # ---- B: crash and parse paths -----------------------------------------------------------------
+  checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
+    mkdir -p ck/step_99999999999999999999999
+    run --train.checkpoint_dir=ck --train.resume=auto
+    check "exit code $rc, expected 0 (a fresh start)" test "$rc" -eq 0
+    check "a warning names the folder" grep -qF "step_99999999999999999999999" stderr
+    check "no 'stoll' in the output" bash -c '! grep -q stoll stderr' ;;
   deck_bom)   # a deck saved with a UTF-8 byte-order mark
     { printf '\xEF\xBB\xBF'; cat deck.ini; } >bom.ini
     DECK=bom.ini run
