@@ -65,6 +65,33 @@ h5attr() {   # h5attr FILE GROUP ATTR
 }
 
 case "$case_name" in
+  # ---- A: outputs identified by file identity -------------------------------------------------
+  alias_save_output)   # the results file and the weights file, spelt differently
+    run --train.save=./out.h5
+    expect_usage_error run.output train.save ;;
+  alias_checkpoint_absolute)   # an absolute spelling of run.output as the single-file checkpoint
+    run --train.checkpoint_every=1 --train.checkpoint_path="$tmp/out.h5"
+    expect_usage_error run.output train.checkpoint_path ;;
+  alias_save_checkpoint_path)   # weights file = checkpoint file: the resume would restart at 0
+    run --train.save=w.h5 --train.checkpoint_every=1 --train.checkpoint_path=sub/../w.h5
+    expect_usage_error train.save train.checkpoint_path
+    check "w.h5 was not created" test ! -e w.h5 ;;
+  alias_trace_output)
+    run --run.trace=./out.h5
+    expect_usage_error run.trace run.output ;;
+  alias_save_in_checkpoint_dir)   # train.save would replace the final checkpoint's index
+    run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.save=ck/step_00000002/index.h5
+    expect_usage_error train.save train.checkpoint_dir
+    check "no checkpoint was written" test ! -e ck/step_00000001 ;;
+  alias_prune_inplace)   # prune.output = the weights it reads
+    run --train.save=w.h5 --train.steps=3
+    check "the weights run exited $rc" test "$rc" -eq 0
+    sum=$(md5sum <w.h5)
+    rm -f out.h5
+    run --run.job=prune --prune.weights=w.h5 --prune.output=./w.h5 --prune.target_sparsity=0.5 \
+      --prune.finetune_steps=1
+    expect_usage_error prune.weights prune.output
+    check "w.h5 is unchanged" test "$(md5sum <w.h5)" = "$sum" ;;
   # ---- B: crash and parse paths -----------------------------------------------------------------
   checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
     mkdir -p ck/step_99999999999999999999999

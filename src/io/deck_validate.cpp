@@ -224,8 +224,68 @@ void check_checkpoints(const Config& c, int world_size) {
          c.train.resume, c.parallel.zero);
 }
 
+// Every file the job reads or writes, compared by identity (device and inode, or the canonical
+// directory plus the name for files not yet created; issue 36): two keys naming the same file in
+// any spelling (./x.h5, an absolute path, a link, a hard link) are an error before any work.
+// Allowed: train.resume = train.checkpoint_path (a single-file checkpoint continues its own
+// lineage) and a train.resume below train.checkpoint_dir.
+void check_aliases(const Config& c) {
+  struct Entry {
+    std::string key, path;
+    bool output;
+  };
+  std::vector<Entry> files{{"run.output", c.run.output, true}};
+  if (!c.run.trace.empty()) files.push_back({"run.trace", c.run.trace, true});
+  std::string checkpoint_dir;
+  if (c.run.job == "train") {
+    if (!c.train.save.empty()) files.push_back({"train.save", c.train.save, true});
+    if (c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty() && !c.train.checkpoint_path.empty())
+      files.push_back({"train.checkpoint_path", c.train.checkpoint_path, true});
+    if (!c.train.resume.empty() && c.train.resume != "auto") files.push_back({"train.resume", c.train.resume, false});
+    checkpoint_dir = c.train.checkpoint_dir;
+  }
+  if (c.run.job == "prune") {
+    if (!c.prune.output.empty()) files.push_back({"prune.output", c.prune.output, true});
+    if (!c.prune.weights.empty()) files.push_back({"prune.weights", c.prune.weights, false});
+  }
+  if (trains(c) && (c.data.source == "tokens" || c.data.source == "text")) {
+    if (!c.data.path.empty()) files.push_back({"data.path", c.data.path, false});
+    if (!c.data.val_path.empty()) files.push_back({"data.val_path", c.data.val_path, false});
+  }
+  std::vector<detail::FileIdentity> ids;
+  for (const auto& f : files) ids.push_back(detail::file_identity(f.path));
+  const auto allowed = [](const std::string& a, const std::string& b) {
+    return (a == "train.resume" && b == "train.checkpoint_path") || (a == "train.checkpoint_path" && b == "train.resume");
+  };
+  for (std::size_t i = 0; i < files.size(); ++i)
+    for (std::size_t j = i + 1; j < files.size(); ++j) {
+      if (!files[i].output && !files[j].output) continue;   // two inputs may be one file
+      if (allowed(files[i].key, files[j].key) || !detail::same_file(ids[i], ids[j])) continue;
+      fail("{} = '{}' and {} = '{}' are the same file ('{}'); give each its own path (lmscale compares files by "
+           "identity: relative and absolute paths, links and hard links to one file are the same file)",
+           files[i].key, files[i].path, files[j].key, files[j].path, ids[j].canonical);
+    }
+  if (checkpoint_dir.empty()) return;
+  // The checkpoint directory's step_* folders are written and rotated by lmscale: no other file
+  // of the run may lie in them (train.save = ck/step_N/index.h5 would replace an index).
+  const auto dir = detail::file_identity(checkpoint_dir);
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (!files[i].output) continue;
+    if (detail::same_file(ids[i], dir))
+      fail("{} = '{}' and train.checkpoint_dir = '{}' are the same path; give each its own path", files[i].key,
+           files[i].path, checkpoint_dir);
+    if (!detail::lies_below(ids[i], dir)) continue;
+    const std::string below = ids[i].canonical.substr(dir.canonical.size() + (dir.canonical == "/" ? 0 : 1));
+    if (below.rfind("step_", 0) == 0)
+      fail("{} = '{}' lies in '{}', a step folder of train.checkpoint_dir = '{}' that lmscale writes and rotates; "
+           "give it a path outside the checkpoint folders",
+           files[i].key, files[i].path, below.substr(0, below.find('/')), checkpoint_dir);
+  }
+}
+
 // Every file the run will write, under the overwrite rule (output_target.h, docs/hdf5.md).
 void check_output_paths(const Config& c) {
+  check_aliases(c);
   std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
   if (c.run.job == "prune" && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
   if (c.run.job == "train") {
