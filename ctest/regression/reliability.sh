@@ -92,6 +92,36 @@ case "$case_name" in
       --prune.finetune_steps=1
     expect_usage_error prune.weights prune.output
     check "w.h5 is unchanged" test "$(md5sum <w.h5)" = "$sum" ;;
+  concurrent_output)   # a second run writing the same run.output while the first runs
+    "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 >first.out 2>first.err &
+    bg=$!
+    for _ in $(seq 300); do
+      grep -q '^step' first.out && break
+      sleep 0.1
+    done
+    check "the first run is writing out.h5.tmp" test -s out.h5.tmp
+    run --train.steps=2
+    check "exit code $rc, expected 2" test "$rc" -eq 2
+    check "an 'lmscale: error:' line names run.output and the first run's pid $bg" error_names run.output "pid=$bg"
+    check "out.h5 was not created" test ! -e out.h5
+    check "the first run is still running" kill -0 "$bg"
+    check "the first run's out.h5.tmp is still there" test -s out.h5.tmp
+    kill -TERM "$bg"; wait "$bg"; bg_rc=$?; bg=""
+    check "the first run ended with exit $bg_rc, expected 75 (interrupted)" test "$bg_rc" -eq 75
+    check "the first run finished its out.h5" is_hdf5 out.h5
+    check "the lock file is gone" test ! -e out.h5.lock ;;
+  lock_symlink)   # a symbolic link planted at NAME.lock is refused, never followed
+    echo "precious" >victim; ln -s victim out.h5.lock
+    run
+    expect_usage_error run.output "symbolic link"
+    check "victim is unchanged" test "$(cat victim)" = precious ;;
+  tmp_symlink)   # a symbolic link planted at NAME.tmp is replaced, never written through
+    : >victim; ln -s victim out.h5.tmp
+    run
+    check "exit code $rc, expected 0" test "$rc" -eq 0
+    check "victim is still empty" test ! -s victim
+    check "out.h5 is an HDF5 file" is_hdf5 out.h5
+    check "out.h5.tmp is gone" test ! -e out.h5.tmp ;;
   # ---- B: crash and parse paths -----------------------------------------------------------------
   checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
     mkdir -p ck/step_99999999999999999999999
