@@ -150,6 +150,20 @@ case "$case_name" in
     check "exit code $rc, expected 0" test "$rc" -eq 0
     check "no weights file written" test ! -e w.h5
     check "out.h5 written" is_hdf5 out.h5 ;;
+  # ---- C: divergence ---------------------------------------------------------------------------
+  diverge_stops)   # the loss turns non-finite: stop after train.max_skipped_steps (default 20)
+    run --train.steps=200 --optim.lr=1e30 --optim.warmup_steps=0 --train.save=w.h5
+    check "exit code $rc, expected 1" test "$rc" -eq 1
+    check "an error names train.max_skipped_steps" error_names train.max_skipped_steps
+    check "out.h5 (the results up to the stop) is written" is_hdf5 out.h5
+    check "/train diverged = 1" test "$(h5attr out.h5 /train diverged)" = 1
+    rows=$(python3 -c "import h5py; print(len(h5py.File('out.h5')['/train/steps']))" 2>/dev/null)
+    check "fewer rows (${rows:-?}) than train.steps = 200" test "${rows:-200}" -lt 200
+    check "no weights saved" test ! -e w.h5 ;;
+  diverge_off)   # train.max_skipped_steps = 0: the run goes on to the end as before
+    run --train.steps=30 --optim.lr=1e30 --optim.warmup_steps=0 --train.max_skipped_steps=0
+    check "exit code $rc, expected 0" test "$rc" -eq 0
+    check "/train diverged = 0" test "$(h5attr out.h5 /train diverged)" = 0 ;;
   *) echo "unknown case $case_name"; exit 1 ;;
 esac
 echo "--- stderr:"; cat stderr 2>/dev/null | LC_ALL=C tr -c '[:print:]\n' '?'

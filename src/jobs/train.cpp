@@ -137,6 +137,10 @@ int run_train(JobEnv& env) {
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
   bool interrupted = false;
+  // train.max_skipped_steps: consecutive skipped or non-finite steps (loss and norm are global
+  // values, so every rank counts the same and stops at the same step).
+  std::int64_t skipped_in_a_row = 0;
+  bool diverged = false;
   for (std::int64_t s = start; s < cfg.train.steps; ++s) {
     auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
                                             "the training token batch");
@@ -169,6 +173,12 @@ int run_train(JobEnv& env) {
       evals.flush();
       if (env.is_root()) fmt::print("eval  step {:>6}  loss {:.4f}\n", s + 1, el);
     }
+    skipped_in_a_row = r.skipped || !std::isfinite(r.loss) || !std::isfinite(r.grad_norm) ? skipped_in_a_row + 1 : 0;
+    if (cfg.train.max_skipped_steps > 0 && skipped_in_a_row >= cfg.train.max_skipped_steps) {
+      diverged = true;   // no checkpoint of this state, no final weights
+      steps.flush();
+      break;
+    }
     if (cfg.train.checkpoint_every > 0 && (s + 1) % cfg.train.checkpoint_every == 0 && !last) write_checkpoint();
     if (!last && preemption.agreed_stop(trainer.sync())) {
       interrupted = true;
@@ -185,7 +195,24 @@ int run_train(JobEnv& env) {
   if (price > 0) env.out.set_attr("/train", "cost", money(wall_s));
   env.out.set_attr("/train", "interrupted", static_cast<std::int64_t>(interrupted));
   env.out.set_attr("/train", "resumed_at_step", resumed_from.empty() ? std::int64_t{-1} : start);
-  if ((cfg.train.checkpoint_every > 0 || sharded_checkpoints) && checkpointed_at != trainer.step()) write_checkpoint();
+  env.out.set_attr("/train", "diverged", static_cast<std::int64_t>(diverged));
+  if (diverged) {
+    env.out.set_attr("/train", "stopped_at_step", trainer.step());
+    if (env.is_root())
+      fmt::print(stderr,
+                 "lmscale: error: training diverged: {} consecutive steps were skipped or had a non-finite loss or "
+                 "gradient norm (train.max_skipped_steps = {}); stopped at step {} of {}. The results up to there are "
+                 "written to '{}'; {}no checkpoint of this state is written. Lower optim.lr, raise "
+                 "optim.warmup_steps or set optim.grad_clip, and resume from an earlier checkpoint.\n",
+                 skipped_in_a_row, cfg.train.max_skipped_steps, trainer.step(), cfg.train.steps, cfg.run.output,
+                 cfg.train.save.empty() ? "" : fmt::format("the final weights (train.save = '{}') are not saved; ",
+                                                           cfg.train.save));
+    std::fflush(stderr);
+    write_memory_report(env);
+    return 1;
+  }
+  if (!diverged && (cfg.train.checkpoint_every > 0 || sharded_checkpoints) && checkpointed_at != trainer.step())
+    write_checkpoint();
   if (interrupted) {
     env.out.set_attr("/train", "stopped_at_step", trainer.step());
     if (env.is_root())
