@@ -150,6 +150,62 @@ case "$case_name" in
     check "exit code $rc, expected 0" test "$rc" -eq 0
     check "no weights file written" test ! -e w.h5
     check "out.h5 written" is_hdf5 out.h5 ;;
+  resume_step_at_end)   # a checkpoint at train.steps: nothing left to train
+    run --train.checkpoint_dir=ck --train.checkpoint_every=1
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.checkpoint_dir=ck --train.resume=auto
+    expect_usage_error train.resume train.steps ;;
+  resume_step_negative)   # an index whose step is negative
+    run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.steps=3 --train.keep_checkpoints=0
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    python3 -c "import h5py; h5py.File('ck/step_00000001/index.h5', 'r+').attrs['step'] = -5" ||
+      check "h5py could set the step" false
+    run --train.checkpoint_dir=ck --train.resume=ck/step_00000001 --train.steps=3
+    expect_usage_error train.resume negative ;;
+  # ---- D: semantic checkpoint validation ---------------------------------------------------------
+  resume_weights_rope_theta)   # a weights file of another rope_theta
+    run --train.save=w.h5
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.resume=w.h5 --model.rope_theta=500000
+    expect_usage_error train.resume rope_theta ;;
+  resume_weights_more_layers)   # a weights file with more blocks than the deck: not silently cut
+    run --train.save=w.h5 --model.num_layers=2
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.resume=w.h5
+    expect_usage_error train.resume model.num_layers ;;
+  resume_sharded_rope_theta)
+    run --train.checkpoint_dir=ck
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=4 --model.rope_theta=500000
+    expect_usage_error train.resume rope_theta ;;
+  shard_from_other_step)   # a shard copied from another step's checkpoint
+    run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.steps=3 --train.keep_checkpoints=0
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    cp ck/step_00000001/rank_00000.h5 ck/step_00000002/rank_00000.h5
+    run --train.checkpoint_dir=ck --train.resume=ck/step_00000002 --train.steps=3
+    expect_usage_error train.resume rank_00000.h5 step ;;
+  resume_nonfinite_sharded)   # a NaN in a checkpoint's optimizer state (h5py rewrites the chunk checksum)
+    run --train.checkpoint_dir=ck --train.steps=2
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    python3 -c "import h5py; h5py.File('ck/step_00000002/rank_00000.h5', 'r+')['v'][7] = float('nan')" ||
+      check "h5py could write the NaN" false
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=4
+    expect_usage_error train.resume rank_00000.h5 non-finite ;;
+  resume_nonfinite_weights)   # the same in a weights file's master weights
+    run --train.save=w.h5
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    python3 -c "import h5py; h5py.File('w.h5', 'r+')['lm_head.weight'][1, 2] = float('nan')" ||
+      check "h5py could write the NaN" false
+    run --train.resume=w.h5
+    expect_usage_error train.resume lm_head.weight non-finite ;;
   # ---- C: divergence ---------------------------------------------------------------------------
   diverge_stops)   # the loss turns non-finite: stop after train.max_skipped_steps (default 20)
     run --train.steps=200 --optim.lr=1e30 --optim.warmup_steps=0 --train.save=w.h5

@@ -155,6 +155,69 @@ void check_resume_optimizer(const Config& c, const std::map<std::string, AttrVal
          c.optim.name, where, written_by, written_by);
 }
 
+// The step a checkpoint continues from lies in [0, train.steps): a negative step would train with a
+// negative learning rate, and a step at or past the end would run zero steps without a word.
+void check_resume_step(const Config& c, std::int64_t step, const std::string& where) {
+  if (step < 0)
+    fail("train.resume = '{}': the checkpoint's step is {}, which is negative; the checkpoint is damaged: give another "
+         "one",
+         where, step);
+  if (step >= c.train.steps)
+    fail("train.resume = '{}': the checkpoint is at step {} but train.steps = {}, so nothing is left to train; raise "
+         "train.steps above {} to continue, or resume an earlier checkpoint",
+         where, step, c.train.steps, step);
+}
+
+// model.rope_theta as the resolved deck text (attribute `config` of checkpoints) gives it, if it does.
+std::optional<double> rope_theta_in(const std::map<std::string, AttrValue>& attrs) {
+  const auto it = attrs.find("config");
+  if (it == attrs.end() || !std::holds_alternative<std::string>(it->second)) return std::nullopt;
+  std::istringstream in(std::get<std::string>(it->second));
+  std::string line, section;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.front() == '[') section = line;
+    const auto eq = line.find('=');
+    if (section != "[model]" || eq == std::string::npos) continue;
+    std::string key = line.substr(0, eq);
+    while (!key.empty() && key.back() == ' ') key.pop_back();
+    if (key != "rope_theta") continue;
+    try {
+      return std::stod(line.substr(eq + 1));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+// A single-file checkpoint or weights file against the model keys that change the function
+// (issue 36): layers, heads, vocabulary, width and rope_theta must match, not only the shapes
+// that happen to be read (more layers in the file were ignored, another num_heads or rope_theta
+// accepted).
+std::optional<std::string> weights_mismatch(const Config& c, const CheckpointReader& r) {
+  const auto& m = c.model;
+  if (r.has("token_embeddings.weight")) {
+    const auto shape = r.shape("token_embeddings.weight");
+    if (shape != std::vector<std::int64_t>{m.vocab_size, m.d_model})
+      return fmt::format("its token embedding is [{}] but model.vocab_size x model.d_model = [{}, {}]",
+                         fmt::join(shape, ", "), m.vocab_size, m.d_model);
+  }
+  if (m.num_layers >= 1 && !r.has(fmt::format("layers.{}.ln1.weight", m.num_layers - 1)))
+    return fmt::format("it has fewer blocks than model.num_layers = {}", m.num_layers);
+  if (r.has(fmt::format("layers.{}.ln1.weight", m.num_layers)))
+    return fmt::format("it has more blocks than model.num_layers = {}", m.num_layers);
+  if (const auto heads = r.attr("num_heads"); heads && std::holds_alternative<std::int64_t>(*heads) &&
+                                              std::get<std::int64_t>(*heads) != m.num_heads)
+    return fmt::format("it was written with model.num_heads = {} but the deck has {}", std::get<std::int64_t>(*heads),
+                       m.num_heads);
+  std::optional<double> theta;
+  if (const auto a = r.attr("rope_theta"); a && std::holds_alternative<double>(*a)) theta = std::get<double>(*a);
+  if (!theta) theta = rope_theta_in(r.attrs());
+  if (theta && *theta != m.rope_theta)
+    return fmt::format("it was written with model.rope_theta = {} but the deck has {}", *theta, m.rope_theta);
+  return std::nullopt;
+}
+
 void check_checkpoints(const Config& c, int world_size) {
   if (c.run.job != "train") return;
   const bool sharded = c.parallel.zero != "none" && detail::resolved_dp(c, world_size) > 1;
@@ -196,18 +259,31 @@ void check_checkpoints(const Config& c, int world_size) {
     } catch (const Error& e) {
       problem = e.what();
     }
+    if (!problem)
+      if (const auto theta = rope_theta_in(index.attrs); theta && *theta != c.model.rope_theta)
+        problem = fmt::format("the checkpoint has model.rope_theta = {} but the deck has {}", *theta,
+                              c.model.rope_theta);
     if (problem)
       fail("train.resume = '{}': checkpoint '{}/{}' does not fit the deck: {}", c.train.resume, step_dir, kIndexFile,
            *problem);
     check_resume_optimizer(c, index.attrs, step_dir);
+    std::int64_t step = 0;
+    try {
+      step = index.int_attr("step");
+    } catch (const Error& e) {
+      fail("train.resume = '{}': {}; give a complete checkpoint written by lmscale", c.train.resume, e.what());
+    }
+    check_resume_step(c, step, step_dir);
     return;
   }
   bool optimizer_state = false;
   std::int64_t file_d_ff = c.model.d_ff;
+  std::optional<std::string> model_problem;
   try {
     const CheckpointReader r(c.train.resume);
     optimizer_state = r.has_optimizer_state();
     if (r.has("layers.0.ffn.w1.weight")) file_d_ff = r.shape("layers.0.ffn.w1.weight")[0];
+    model_problem = weights_mismatch(c, r);
   } catch (const Error& e) {
     fail("train.resume = '{}' is not a readable lmscale checkpoint ({}); give a file written by train.save or "
          "train.checkpoint_every",
@@ -217,7 +293,19 @@ void check_checkpoints(const Config& c, int world_size) {
   if (file_d_ff != c.model.d_ff)
     fail("train.resume = '{}' holds FFN weights of d_ff = {} but model.d_ff = {}; set model.d_ff = {}", c.train.resume,
          file_d_ff, c.model.d_ff, file_d_ff);
-  if (optimizer_state) check_resume_optimizer(c, CheckpointReader(c.train.resume).attrs(), c.train.resume);
+  if (model_problem)
+    fail("train.resume = '{}' does not fit the deck: {}; set the [model] keys of the run that wrote it", c.train.resume,
+         *model_problem);
+  if (optimizer_state) {
+    const auto attrs = CheckpointReader(c.train.resume).attrs();
+    check_resume_optimizer(c, attrs, c.train.resume);
+    const auto it = attrs.find("step");
+    if (it == attrs.end() || !std::holds_alternative<std::int64_t>(it->second))
+      fail("train.resume = '{}' holds optimizer state but no integer attribute 'step'; give a checkpoint written by "
+           "train.checkpoint_every",
+           c.train.resume);
+    check_resume_step(c, std::get<std::int64_t>(it->second), c.train.resume);
+  }
   if (sharded && optimizer_state)
     fail("train.resume = '{}' holds optimizer state, which cannot be resumed with parallel.zero = {} yet; resume with "
          "parallel.zero = none, or from a weights file (train.save)",

@@ -206,13 +206,17 @@ void ShardWriter::commit(const std::vector<ShardPiece>& pieces, const std::map<s
 
 struct ShardReader::Impl {
   h5::File file;
+  std::map<std::string, AttrValue> attrs;
 };
 
 ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>()), path_(path) {
   const h5::QuietErrors quiet;
   impl_->file = open_read(path);
-  check_schema(read_root_attrs(impl_->file.get()), kShardSchema, path);
+  impl_->attrs = read_root_attrs(impl_->file.get());
+  check_schema(impl_->attrs, kShardSchema, path);
 }
+
+const std::map<std::string, AttrValue>& ShardReader::attrs() const { return impl_->attrs; }
 
 ShardReader::~ShardReader() = default;
 ShardReader::ShardReader(ShardReader&&) noexcept = default;
