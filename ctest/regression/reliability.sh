@@ -206,6 +206,22 @@ case "$case_name" in
       check "h5py could write the NaN" false
     run --train.resume=w.h5
     expect_usage_error train.resume lm_head.weight non-finite ;;
+  # ---- E: one rank failing before step 1 --------------------------------------------------------
+  rank1_tokens_missing | rank1_tokens_bad_id)   # per-node token files: only rank 1's is bad
+    mkdir A B
+    head -c 4000 /dev/zero >A/tok.bin
+    if [ "$case_name" = rank1_tokens_bad_id ]; then
+      head -c 4000 /dev/zero >B/tok.bin
+      printf '\xff\x00' | dd of=B/tok.bin bs=1 seek=1000 conv=notrunc status=none
+    fi
+    args=("$tmp/deck.ini" --data.source=tokens --data.path=tok.bin --run.output="$tmp/out.h5" --parallel.timeout_s=0)
+    t0=$SECONDS
+    timeout 60 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" "${args[@]}" : \
+      -np 1 -wdir "$tmp/B" "$lmscale" "${args[@]}" >stdout 2>stderr
+    rc=$?
+    dt=$((SECONDS - t0))
+    check "the job ended within 30 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 30
+    expect_usage_error "rank 1" data.path ;;
   # ---- C: divergence ---------------------------------------------------------------------------
   diverge_stops)   # the loss turns non-finite: stop after train.max_skipped_steps (default 20)
     run --train.steps=200 --optim.lr=1e30 --optim.warmup_steps=0 --train.save=w.h5

@@ -59,7 +59,11 @@ void agree_on_usage(lmscale::comm::MpiEnvironment& mpi, const std::function<void
 int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& partial) {
   using namespace lmscale;
   const bool root = mpi.rank() == 0;
-  io::Invocation inv = io::parse_invocation(argc, argv, mpi.size());
+  // The deck's checks read files that can differ between nodes (token files, output and checkpoint
+  // directories): a failure on one rank only must end every rank with exit 2 and its message,
+  // rather than leave the others waiting in the first collective (issue 36).
+  io::Invocation inv;
+  agree_on_usage(mpi, [&] { inv = io::parse_invocation(argc, argv, mpi.size()); });
   switch (inv.action) {
     case io::Invocation::Action::help:
       if (root) std::fputs(io::help_text().c_str(), stdout);
