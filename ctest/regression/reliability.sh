@@ -150,11 +150,19 @@ case "$case_name" in
     check "exit code $rc, expected 0" test "$rc" -eq 0
     check "no weights file written" test ! -e w.h5
     check "out.h5 written" is_hdf5 out.h5 ;;
-  resume_step_at_end)   # a checkpoint at train.steps: nothing left to train
-    run --train.checkpoint_dir=ck --train.checkpoint_every=1
+  resume_step_at_end)   # a checkpoint at (or past) train.steps: nothing left to train
+    run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.steps=3 --train.keep_checkpoints=0
     check "the first run exited $rc" test "$rc" -eq 0
+    # resume = auto at exactly train.steps: a completed run requeued; exit 0, and it says so
     rm -f out.h5
-    run --train.checkpoint_dir=ck --train.resume=auto
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=3
+    check "resume = auto of a completed run: exit $rc, expected 0" test "$rc" -eq 0
+    check "it says the run is complete" grep -q "the run is complete, nothing to train" stdout
+    # the same checkpoint named explicitly, or with train.steps lowered below it: exit 2
+    rm -f out.h5
+    run --train.checkpoint_dir=ck --train.resume=ck/step_00000003 --train.steps=3
+    expect_usage_error "train.resume = 'ck/step_00000003'" train.steps
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=2
     expect_usage_error train.resume train.steps ;;
   resume_step_negative)   # an index whose step is negative
     run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.steps=3 --train.keep_checkpoints=0

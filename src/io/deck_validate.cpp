@@ -157,7 +157,10 @@ void check_resume_optimizer(const Config& c, const std::map<std::string, AttrVal
 
 // The step a checkpoint continues from lies in [0, train.steps): a negative step would train with a
 // negative learning rate, and a step at or past the end would run zero steps without a word.
+// Exception: train.resume = auto finding the checkpoint at exactly train.steps is a completed run
+// requeued again; it has nothing to do and says so (train.cpp), exit 0.
 void check_resume_step(const Config& c, std::int64_t step, const std::string& where) {
+  if (c.train.resume == "auto" && step == c.train.steps) return;
   if (step < 0)
     fail("train.resume = '{}': the checkpoint's step is {}, which is negative; the checkpoint is damaged: give another "
          "one",
@@ -165,7 +168,7 @@ void check_resume_step(const Config& c, std::int64_t step, const std::string& wh
   if (step >= c.train.steps)
     fail("train.resume = '{}': the checkpoint is at step {} but train.steps = {}, so nothing is left to train; raise "
          "train.steps above {} to continue, or resume an earlier checkpoint",
-         where, step, c.train.steps, step);
+         c.train.resume == "auto" ? where : c.train.resume, step, c.train.steps, step);
 }
 
 // model.rope_theta as the resolved deck text (attribute `config` of checkpoints) gives it, if it does.

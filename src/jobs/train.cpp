@@ -105,6 +105,10 @@ int run_train(JobEnv& env) {
                dims.parameter_count(), dims.layers, dims.d_model, cfg.train.steps, cfg.train.batch_size, T,
                cfg.precision.mode, rt.device_name(), data->describe());
     if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
+    if (!resumed_from.empty() && trainer.step() >= cfg.train.steps)
+      fmt::print("train: the checkpoint is at the end (train.steps = {}): the run is complete, nothing to train "
+                 "(raise train.steps to continue it)\n",
+                 cfg.train.steps);
     print_optimizer_line(cfg, trainer);
   }
   using C = io::Column;
