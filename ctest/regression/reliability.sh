@@ -122,6 +122,22 @@ case "$case_name" in
     check "victim is still empty" test ! -s victim
     check "out.h5 is an HDF5 file" is_hdf5 out.h5
     check "out.h5.tmp is gone" test ! -e out.h5.tmp ;;
+  kill9_partial_readable)   # kill -9 with progress = false and a large log_every: NAME.tmp readable
+    "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 --run.progress=false \
+      --train.log_every=1000000 >first.out 2>first.err &
+    bg=$!
+    for _ in $(seq 300); do
+      [ -s out.h5.tmp ] && break
+      sleep 0.1
+    done
+    sleep 2
+    kill -KILL "$bg"; wait "$bg" 2>/dev/null; bg=""
+    rows=$(python3 -c "import h5py; print(len(h5py.File('out.h5.tmp')['/train/steps']))" 2>&1 | tail -1)
+    check "out.h5.tmp opens with h5py and holds rows (got: $rows)" test "${rows:-0}" -ge 1 2>/dev/null
+    # the lock the killed run left behind is taken over by the next run
+    run
+    check "the next run (lock left by kill -9) exited $rc, expected 0" test "$rc" -eq 0
+    check "the next run wrote out.h5" is_hdf5 out.h5 ;;
   # ---- B: crash and parse paths -----------------------------------------------------------------
   checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
     mkdir -p ck/step_99999999999999999999999

@@ -145,6 +145,8 @@ int run_train(JobEnv& env) {
   // values, so every rank counts the same and stops at the same step).
   std::int64_t skipped_in_a_row = 0;
   bool diverged = false;
+  constexpr double kFlushSeconds = 10.0;
+  WallTimer flush_timer;
   for (std::int64_t s = start; s < cfg.train.steps; ++s) {
     auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
                                             "the training token batch");
@@ -159,7 +161,14 @@ int run_train(JobEnv& env) {
                   r.times.comm_ms, r.times.optimizer_ms, tokens_per_step / (r.times.total_ms * 1e-3), r.loss_scale,
                   static_cast<std::int64_t>(r.skipped), static_cast<std::int64_t>(rt.allocator().tracker().current())});
     const bool last = s + 1 == cfg.train.steps;
-    if (cfg.run.progress && env.is_root() && (last || s == start || (cfg.train.log_every > 0 && (s + 1) % cfg.train.log_every == 0))) {
+    const bool log_step = last || s == start || (cfg.train.log_every > 0 && (s + 1) % cfg.train.log_every == 0);
+    // The rows reach the disk at every log step and at least every kFlushSeconds, whatever
+    // run.progress says, so that NAME.tmp stays readable after kill -9 (issue 36 item 4).
+    if (env.is_root() && (log_step || flush_timer.seconds() >= kFlushSeconds)) {
+      steps.flush();
+      flush_timer.reset();
+    }
+    if (cfg.run.progress && env.is_root() && log_step) {
       const double elapsed = wall.seconds();
       const double per_step = elapsed / static_cast<double>(s + 1 - start);
       const double remaining_s = per_step * static_cast<double>(cfg.train.steps - s - 1);
@@ -168,7 +177,6 @@ int run_train(JobEnv& env) {
                  eta(remaining_s), price > 0 ? cost_to_finish(remaining_s, elapsed + remaining_s) : "",
                  r.skipped ? "  (skipped: overflow)" : "");
       std::fflush(stdout);
-      steps.flush();
     }
     if (cfg.train.eval_every > 0 && ((s + 1) % cfg.train.eval_every == 0 || last)) {
       watchdog.mark(s + 1, "evaluation");
