@@ -188,6 +188,18 @@ case "$case_name" in
       check "h5py could set the step" false
     run --train.checkpoint_dir=ck --train.resume=ck/step_00000001 --train.steps=3
     expect_usage_error train.resume negative ;;
+  rotation_older_resume)   # resuming step 10 into a folder that holds steps 20 and 30
+    run --train.checkpoint_dir=ck --train.checkpoint_every=10 --train.steps=30 --train.keep_checkpoints=0 \
+      --optim.warmup_steps=1
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.checkpoint_dir=ck --train.resume=ck/step_00000010 --train.steps=30 --train.checkpoint_every=5 \
+      --train.keep_checkpoints=2 --optim.warmup_steps=1
+    expect_usage_error train.resume train.checkpoint_dir step_00000020
+    for st in 10 20 30; do
+      check "ck/step_000000$st is still complete" test -f ck/step_000000$st/index.h5
+    done
+    check "no new checkpoint was written" test ! -e ck/step_00000015 ;;
   # ---- D: semantic checkpoint validation ---------------------------------------------------------
   resume_weights_rope_theta)   # a weights file of another rope_theta
     run --train.save=w.h5

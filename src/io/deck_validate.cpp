@@ -159,7 +159,24 @@ void check_resume_optimizer(const Config& c, const std::map<std::string, AttrVal
 // negative learning rate, and a step at or past the end would run zero steps without a word.
 // Exception: train.resume = auto finding the checkpoint at exactly train.steps is a completed run
 // requeued again; it has nothing to do and says so (train.cpp), exit 0.
+// Resuming an older step into a train.checkpoint_dir that holds newer checkpoints: the rotation
+// (train.keep_checkpoints) would delete the new lineage and the source and keep the stale newer
+// ones, and a later train.resume = auto would continue the wrong history (issue 36 item 3).
+void check_no_newer_checkpoints(const Config& c, std::int64_t step) {
+  if (c.train.checkpoint_dir.empty() || c.train.resume == "auto") return;
+  std::vector<std::string> newer;
+  for (const auto& [s, path] : complete_checkpoints(c.train.checkpoint_dir))
+    if (s > step) newer.push_back(std::filesystem::path(path).filename().string());
+  if (newer.empty()) return;
+  if (newer.size() > 4) newer.erase(newer.begin() + 3, newer.end() - 1), newer.insert(newer.end() - 1, "...");
+  fail("train.resume = '{}' continues from step {}, but train.checkpoint_dir = '{}' holds newer checkpoints ({}): "
+       "rotation would delete the new ones and keep those, and train.resume = auto would later continue their "
+       "history; move them out of '{}', give another train.checkpoint_dir, or resume with train.resume = auto",
+       c.train.resume, step, c.train.checkpoint_dir, fmt::join(newer, ", "), c.train.checkpoint_dir);
+}
+
 void check_resume_step(const Config& c, std::int64_t step, const std::string& where) {
+  check_no_newer_checkpoints(c, step);
   if (c.train.resume == "auto" && step == c.train.steps) return;
   if (step < 0)
     fail("train.resume = '{}': the checkpoint's step is {}, which is negative; the checkpoint is damaged: give another "
@@ -299,6 +316,7 @@ void check_checkpoints(const Config& c, int world_size) {
   if (model_problem)
     fail("train.resume = '{}' does not fit the deck: {}; set the [model] keys of the run that wrote it", c.train.resume,
          *model_problem);
+  if (!optimizer_state) check_no_newer_checkpoints(c, 0);   // a weights file starts at step 0
   if (optimizer_state) {
     const auto attrs = CheckpointReader(c.train.resume).attrs();
     check_resume_optimizer(c, attrs, c.train.resume);
