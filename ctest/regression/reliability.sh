@@ -223,8 +223,8 @@ case "$case_name" in
     run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.steps=3 --train.keep_checkpoints=0
     check "the first run exited $rc" test "$rc" -eq 0
     rm -f out.h5
-    cp ck/step_00000001/rank_00000.h5 ck/step_00000002/rank_00000.h5
-    run --train.checkpoint_dir=ck --train.resume=ck/step_00000002 --train.steps=3
+    cp ck/step_00000001/rank_00000.h5 ck/step_00000003/rank_00000.h5
+    run --train.checkpoint_dir=ck --train.resume=ck/step_00000003 --train.steps=4
     expect_usage_error train.resume rank_00000.h5 step ;;
   resume_nonfinite_sharded)   # a NaN in a checkpoint's optimizer state (h5py rewrites the chunk checksum)
     run --train.checkpoint_dir=ck --train.steps=2
@@ -252,7 +252,7 @@ case "$case_name" in
     fi
     args=("$tmp/deck.ini" --data.source=tokens --data.path=tok.bin --run.output="$tmp/out.h5" --parallel.timeout_s=0)
     t0=$SECONDS
-    timeout 60 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" "${args[@]}" : \
+    timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" "${args[@]}" : \
       -np 1 -wdir "$tmp/B" "$lmscale" "${args[@]}" >stdout 2>stderr
     rc=$?
     dt=$((SECONDS - t0))

@@ -176,7 +176,6 @@ void check_no_newer_checkpoints(const Config& c, std::int64_t step) {
 }
 
 void check_resume_step(const Config& c, std::int64_t step, const std::string& where) {
-  check_no_newer_checkpoints(c, step);
   if (c.train.resume == "auto" && step == c.train.steps) return;
   if (step < 0)
     fail("train.resume = '{}': the checkpoint's step is {}, which is negative; the checkpoint is damaged: give another "
@@ -186,6 +185,7 @@ void check_resume_step(const Config& c, std::int64_t step, const std::string& wh
     fail("train.resume = '{}': the checkpoint is at step {} but train.steps = {}, so nothing is left to train; raise "
          "train.steps above {} to continue, or resume an earlier checkpoint",
          c.train.resume == "auto" ? where : c.train.resume, step, c.train.steps, step);
+  check_no_newer_checkpoints(c, step);
 }
 
 // model.rope_theta as the resolved deck text (attribute `config` of checkpoints) gives it, if it does.
