@@ -258,6 +258,27 @@ case "$case_name" in
     dt=$((SECONDS - t0))
     check "the job ended within 30 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 30
     expect_usage_error "rank 1" data.path ;;
+  # ---- F: messages ---------------------------------------------------------------------------------
+  bench_attention_cpu_dtypes)   # bench-attention's defaults (bf16) on a CPU
+    run --run.job=bench-attention
+    expect_usage_error bench.dtypes fp32 ;;
+  preempt_single_file_message)   # SIGTERM with a single-file checkpoint: the resume hint must work
+    "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 --optim.cosine_steps=100 \
+      --train.checkpoint_every=1000000 --train.checkpoint_path=ck.h5 >first.out 2>first.err &
+    bg=$!
+    for _ in $(seq 300); do
+      grep -q '^step' first.out && break
+      sleep 0.1
+    done
+    kill -TERM "$bg"; wait "$bg"; rc=$?; bg=""
+    check "SIGTERM: exit $rc, expected 75" test "$rc" -eq 75
+    check "the hint names the single-file checkpoint" grep -qF "resume with train.resume = ck.h5" first.out
+    stop=$(python3 -c "import h5py; print(int(h5py.File('out.h5')['/train'].attrs['stopped_at_step']))" 2>/dev/null)
+    rm -f out.h5
+    run --train.resume=ck.h5 --train.steps=$((${stop:-0} + 2)) --optim.cosine_steps=100 \
+      --train.checkpoint_every=1000000 --train.checkpoint_path=ck.h5
+    check "the hinted resume exited $rc, expected 0" test "$rc" -eq 0
+    check "it resumed at step ${stop:-?}" grep -q "resumed from ck.h5 at step ${stop:-x}" stdout ;;
   # ---- C: divergence ---------------------------------------------------------------------------
   diverge_stops)   # the loss turns non-finite: stop after train.max_skipped_steps (default 20)
     run --train.steps=200 --optim.lr=1e30 --optim.warmup_steps=0 --train.save=w.h5

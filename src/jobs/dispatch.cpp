@@ -58,6 +58,13 @@ Config resolve_runtime(const Config& in, int world) {
   if (c.parallel.dp == 0) c.parallel.dp = world / (c.parallel.tp * c.parallel.pp);
   if (c.parallel.device == "cpu" && c.run.job != "accounting" && (c.precision.mode == "bf16" || c.precision.mode == "fp16"))
     throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));
+  // CPU attention takes fp32 (and fp64) only: refused here, not by an internal check mid-run.
+  if (c.parallel.device == "cpu" && c.run.job == "bench-attention")
+    for (const auto& d : c.bench.dtypes)
+      if (d != "fp32")
+        throw UsageError(fmt::format("bench.dtypes item {} needs a CUDA device (attention on CPUs runs in fp32); set "
+                                     "bench.dtypes = fp32 on CPUs, or parallel.device = cuda",
+                                     d));
   c.resolved = io::to_ini(c);
   return c;
 }

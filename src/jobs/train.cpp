@@ -230,8 +230,14 @@ int run_train(JobEnv& env) {
     if (env.is_root())
       fmt::print("interrupted (signal {} on rank 0; 0 = another rank's) at step {}: {}; exit {}\n",
                  preemption.signal(), trainer.step(),
-                 checkpointed_at == trainer.step() ? "checkpoint written, resume with train.resume = auto"
-                                                   : "no checkpoint (train.checkpoint_dir is empty)",
+                 checkpointed_at != trainer.step()
+                     ? std::string("no checkpoint (set train.checkpoint_dir to have one written when a run is stopped)")
+                 : sharded_checkpoints
+                     ? fmt::format("checkpoint written, resume with train.resume = auto (train.checkpoint_dir = {})",
+                                   cfg.train.checkpoint_dir)
+                     : fmt::format("checkpoint written, resume with train.resume = {} (the single-file checkpoint "
+                                   "train.checkpoint_path)",
+                                   cfg.train.checkpoint_path),
                  kExitInterrupted);
     write_memory_report(env);
     return kExitInterrupted;
