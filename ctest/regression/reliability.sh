@@ -258,6 +258,18 @@ case "$case_name" in
     dt=$((SECONDS - t0))
     check "the job ended within 30 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 30
     expect_usage_error "rank 1" data.path ;;
+  rank1_checkpoint_dir_blocked)   # per-node checkpoint folders: only rank 1's cannot be a folder
+    mkdir A B
+    echo "a file" >B/ck
+    args=("$tmp/deck.ini" --train.checkpoint_dir=ck --run.output="$tmp/out.h5")
+    t0=$SECONDS
+    timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" "${args[@]}" : \
+      -np 1 -wdir "$tmp/B" "$lmscale" "${args[@]}" >stdout 2>stderr
+    rc=$?
+    dt=$((SECONDS - t0))
+    check "the job ended within 30 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 30
+    expect_usage_error "rank 1" train.checkpoint_dir
+    check "rank 0 wrote no checkpoint" test ! -e A/ck/step_00000002 ;;
   # ---- F: messages ---------------------------------------------------------------------------------
   bench_attention_cpu_dtypes)   # bench-attention's defaults (bf16) on a CPU
     run --run.job=bench-attention
