@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -17,6 +19,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/trace.h"
 #include "lmscale/io/deck.h"
+#include "lmscale/io/output_lock.h"
 #include "lmscale/io/results.h"
 #include "lmscale/jobs/trace_output.h"
 #include "lmscale/jobs/dispatch.h"
@@ -56,7 +59,11 @@ void agree_on_usage(lmscale::comm::MpiEnvironment& mpi, const std::function<void
 int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& partial) {
   using namespace lmscale;
   const bool root = mpi.rank() == 0;
-  io::Invocation inv = io::parse_invocation(argc, argv, mpi.size());
+  // The deck's checks read files that can differ between nodes (token files, output and checkpoint
+  // directories): a failure on one rank only must end every rank with exit 2 and its message,
+  // rather than leave the others waiting in the first collective (issue 36).
+  io::Invocation inv;
+  agree_on_usage(mpi, [&] { inv = io::parse_invocation(argc, argv, mpi.size()); });
   switch (inv.action) {
     case io::Invocation::Action::help:
       if (root) std::fputs(io::help_text().c_str(), stdout);
@@ -84,6 +91,12 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
   agree_on_usage(mpi, [&] {
     rt.set_comm_sms(static_cast<int>(cfg.parallel.comm_sms));
     jobs::check_memory_fits(cfg, mpi.size(), mpi.local_size(), rt);
+  });
+  // One writer per output file (io/output_lock.h): rank 0 writes them and holds their locks until
+  // they are renamed into place; a second run writing one of them stops here with exit 2.
+  std::vector<std::unique_ptr<io::OutputLock>> locks;
+  agree_on_usage(mpi, [&] {
+    if (root) locks = io::lock_outputs(cfg);
   });
   io::ResultsFile out(cfg.run.output, root);
   try {

@@ -59,7 +59,7 @@ DeckKey bool_key(std::string name, F field, std::string meaning) {
 template <class F>
 DeckKey string_key(std::string name, std::string type, F field, std::string meaning) {
   DeckKey k{name, std::move(type), std::move(meaning), {}, "", {}, {}};
-  k.set = [field](Config& c, const std::string& t) { field(c) = parse_string(t); };
+  k.set = [name, field](Config& c, const std::string& t) { field(c) = parse_string(t, name); };
   k.get = [field](const Config& c) { return field(c); };
   return k;
 }
@@ -362,6 +362,9 @@ std::vector<DeckKey> build_table() {
                  "Directory of sharded checkpoints (step_NNNNNNNN/, one file per rank and an index; any layout "
                  "resumes any other's); empty = none. Written every train.checkpoint_every steps, at the end, and "
                  "when the run is preempted (docs/checkpoints.md)."),
+      int_key("train.max_skipped_steps", LMSCALE_FIELD(train.max_skipped_steps), 0,
+              "Stop a diverging run (exit 1, results kept, no weights saved) after this many consecutive steps "
+              "that were skipped or had a non-finite loss or gradient norm; 0 = never (docs/reliability.md)."),
       int_key("train.keep_checkpoints", LMSCALE_FIELD(train.keep_checkpoints), 0,
               "Newest complete sharded checkpoints kept in train.checkpoint_dir (older ones are removed after a "
               "new one is complete); 0 = keep all."),

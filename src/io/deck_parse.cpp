@@ -3,6 +3,7 @@
 // resolved parallel.dp.
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -100,6 +101,27 @@ po::parsed_options parse_command_line(const std::vector<std::string>& args, cons
   }
 }
 
+// `--section.key=` (an empty value) clears a key: Boost refuses an empty adjacent value, so these
+// arguments are taken out before it parses and set to "" afterwards (the command line still wins
+// over the deck). Only names of deck keys: anything else is left for Boost to report.
+std::vector<std::string> take_empty_assignments(std::vector<std::string>& args) {
+  const auto names = detail::deck_key_names();
+  std::vector<std::string> empties, rest;
+  for (const auto& arg : args) {
+    const std::string name = arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.back() == '=' ? arg.substr(2, arg.size() - 3)
+                                                                                            : std::string();
+    if (!name.empty() && std::find(names.begin(), names.end(), name) != names.end()) {
+      if (std::find(empties.begin(), empties.end(), name) != empties.end())
+        throw UsageError(fmt::format("key '{}' is given more than once (on the command line); keep one", name));
+      empties.push_back(name);
+    } else {
+      rest.push_back(arg);
+    }
+  }
+  args = std::move(rest);
+  return empties;
+}
+
 // Named apart from po::store, which argument-dependent lookup would prefer for a const char* `where`.
 void store_values(const po::parsed_options& parsed, po::variables_map& vm, const std::string& where) {
   try {
@@ -125,6 +147,51 @@ std::string read_deck(const std::string& path) {
   return text.str();
 }
 
+// Length of the valid UTF-8 sequence at text[i], or 0 when it is not one.
+std::size_t utf8_length(const std::string& text, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char b = byte(i);
+  if (b < 0x80) return 1;
+  std::size_t n = 0;
+  std::uint32_t cp = 0;
+  if ((b & 0xE0) == 0xC0) n = 2, cp = b & 0x1Fu;
+  else if ((b & 0xF0) == 0xE0) n = 3, cp = b & 0x0Fu;
+  else if ((b & 0xF8) == 0xF0) n = 4, cp = b & 0x07u;
+  else return 0;
+  if (i + n > text.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (byte(i + k) & 0x3Fu);
+  }
+  static constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;   // overlong, surrogate
+  return n;
+}
+
+// A deck is UTF-8 text: a leading byte-order mark is dropped (editors on Windows write one), and a
+// file with NUL or other control bytes, or bytes that are not UTF-8, is refused with its line number
+// (never echoed: issue 36).
+std::string checked_deck_text(std::string text, const std::string& deck_name) {
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  std::size_t line = 1, column = 1;
+  for (std::size_t i = 0; i < text.size(); ++column) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b == '\n') {
+      ++line;
+      column = 0;
+      ++i;
+      continue;
+    }
+    const std::size_t n = (b < 0x20 && b != '\t' && b != '\r') || b == 0x7F ? 0 : utf8_length(text, i);
+    if (n == 0)
+      throw UsageError(fmt::format("deck {}: line {} is not text (byte 0x{:02X} at column {}); a deck is a UTF-8 INI "
+                                   "text file: give the deck's path, not a binary or results file",
+                                   deck_name, line, b, column));
+    i += n;
+  }
+  return text;
+}
+
 // Shell-quoted, so that the recorded command line can be pasted back into a shell.
 std::string quote_argument(const std::string& arg) {
   const bool plain = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](char ch) {
@@ -138,8 +205,10 @@ std::string quote_argument(const std::string& arg) {
 
 // The command-line values are in `vm` already; the deck's values are stored after them.
 Config resolve(po::variables_map& vm, const po::parsed_options& command_line, const OptionSet& options,
-               const std::string& deck_text, const std::string& deck_name, int world_size, bool require_job) {
+               const std::string& raw_deck_text, const std::string& deck_name, int world_size, bool require_job,
+               const std::vector<std::string>& empties) {
   const std::string in_deck = "in " + deck_name;
+  const std::string deck_text = checked_deck_text(raw_deck_text, deck_name);
   reject_unregistered(command_line, "on the command line", true);
   po::parsed_options deck(&options.keys);
   try {
@@ -154,14 +223,19 @@ Config resolve(po::variables_map& vm, const po::parsed_options& command_line, co
   std::set<std::string> from_command_line;
   for (const auto& option : command_line.options)
     if (!option.unregistered) from_command_line.insert(option.string_key);
+  for (const auto& name : empties)
+    if (from_command_line.contains(name))
+      throw UsageError(fmt::format("key '{}' is given more than once (on the command line); keep one", name));
+  from_command_line.insert(empties.begin(), empties.end());
 
   Config c;
   std::set<std::string> explicit_keys;
   for (const auto& key : detail::deck_keys()) {
-    if (vm.count(key.name) == 0) continue;
+    const bool cleared = std::find(empties.begin(), empties.end(), key.name) != empties.end();
+    if (vm.count(key.name) == 0 && !cleared) continue;
     explicit_keys.insert(key.name);
     try {
-      key.set(c, vm[key.name].as<std::string>());
+      key.set(c, cleared ? std::string() : vm[key.name].as<std::string>());
     } catch (const UsageError& e) {
       throw UsageError(fmt::format("{} ({})", e.what(), from_command_line.contains(key.name) ? "on the command line" : in_deck));
     }
@@ -210,7 +284,8 @@ int requested_world_size(const po::variables_map& vm, int mpi_world_size) {
 }  // namespace
 
 Invocation parse_invocation(int argc, const char* const* argv, int world_size) {
-  const std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
+  std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
+  const std::vector<std::string> empties = take_empty_assignments(args);
   const OptionSet options;
   const po::parsed_options command_line = parse_command_line(args, options, /*allow_deck=*/true);
   po::variables_map vm;
@@ -234,7 +309,7 @@ Invocation parse_invocation(int argc, const char* const* argv, int world_size) {
       deck_text = read_deck(deck_path);
     }
     inv.config = resolve(vm, command_line, options, deck_text, deck_path.empty() ? "the deck" : deck_path, world_size,
-                         /*require_job=*/true);
+                         /*require_job=*/true, empties);
     inv.config.deck_path = deck_path;
   }
   std::vector<std::string> quoted;
@@ -246,6 +321,7 @@ Invocation parse_invocation(int argc, const char* const* argv, int world_size) {
 Config parse_deck_text(const std::string& deck_text, const std::vector<std::string>& overrides, int world_size) {
   std::vector<std::string> args;
   for (const auto& o : overrides) args.push_back(o.rfind("--", 0) == 0 ? o : "--" + o);
+  const std::vector<std::string> empties = take_empty_assignments(args);
   const OptionSet options;
   const po::parsed_options command_line = parse_command_line(args, options, /*allow_deck=*/false);
   po::variables_map vm;
@@ -253,7 +329,7 @@ Config parse_deck_text(const std::string& deck_text, const std::vector<std::stri
   for (const char* action : {"help", "help-markdown", "version", "print-config"})
     if (vm[action].as<bool>()) throw UsageError(fmt::format("--{} is an action, not a setting", action));
   if (vm.count("world-size") != 0) throw UsageError("--world-size goes with --print-config, not in a setting list");
-  return resolve(vm, command_line, options, deck_text, "the deck", world_size, /*require_job=*/false);
+  return resolve(vm, command_line, options, deck_text, "the deck", world_size, /*require_job=*/false, empties);
 }
 
 }  // namespace lmscale::io

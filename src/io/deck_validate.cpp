@@ -155,6 +155,89 @@ void check_resume_optimizer(const Config& c, const std::map<std::string, AttrVal
          c.optim.name, where, written_by, written_by);
 }
 
+// The step a checkpoint continues from lies in [0, train.steps): a negative step would train with a
+// negative learning rate, and a step at or past the end would run zero steps without a word.
+// Exception: train.resume = auto finding the checkpoint at exactly train.steps is a completed run
+// requeued again; it has nothing to do and says so (train.cpp), exit 0.
+// Resuming an older step into a train.checkpoint_dir that holds newer checkpoints: the rotation
+// (train.keep_checkpoints) would delete the new lineage and the source and keep the stale newer
+// ones, and a later train.resume = auto would continue the wrong history (issue 36 item 3).
+void check_no_newer_checkpoints(const Config& c, std::int64_t step) {
+  if (c.train.checkpoint_dir.empty() || c.train.resume == "auto") return;
+  std::vector<std::string> newer;
+  for (const auto& [s, path] : complete_checkpoints(c.train.checkpoint_dir))
+    if (s > step) newer.push_back(std::filesystem::path(path).filename().string());
+  if (newer.empty()) return;
+  if (newer.size() > 4) newer.erase(newer.begin() + 3, newer.end() - 1), newer.insert(newer.end() - 1, "...");
+  fail("train.resume = '{}' continues from step {}, but train.checkpoint_dir = '{}' holds newer checkpoints ({}): "
+       "rotation would delete the new ones and keep those, and train.resume = auto would later continue their "
+       "history; move them out of '{}', give another train.checkpoint_dir, or resume with train.resume = auto",
+       c.train.resume, step, c.train.checkpoint_dir, fmt::join(newer, ", "), c.train.checkpoint_dir);
+}
+
+void check_resume_step(const Config& c, std::int64_t step, const std::string& where) {
+  if (c.train.resume == "auto" && step == c.train.steps) return;
+  if (step < 0)
+    fail("train.resume = '{}': the checkpoint's step is {}, which is negative; the checkpoint is damaged: give another "
+         "one",
+         where, step);
+  if (step >= c.train.steps)
+    fail("train.resume = '{}': the checkpoint is at step {} but train.steps = {}, so nothing is left to train; raise "
+         "train.steps above {} to continue, or resume an earlier checkpoint",
+         c.train.resume == "auto" ? where : c.train.resume, step, c.train.steps, step);
+  check_no_newer_checkpoints(c, step);
+}
+
+// model.rope_theta as the resolved deck text (attribute `config` of checkpoints) gives it, if it does.
+std::optional<double> rope_theta_in(const std::map<std::string, AttrValue>& attrs) {
+  const auto it = attrs.find("config");
+  if (it == attrs.end() || !std::holds_alternative<std::string>(it->second)) return std::nullopt;
+  std::istringstream in(std::get<std::string>(it->second));
+  std::string line, section;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.front() == '[') section = line;
+    const auto eq = line.find('=');
+    if (section != "[model]" || eq == std::string::npos) continue;
+    std::string key = line.substr(0, eq);
+    while (!key.empty() && key.back() == ' ') key.pop_back();
+    if (key != "rope_theta") continue;
+    try {
+      return std::stod(line.substr(eq + 1));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+// A single-file checkpoint or weights file against the model keys that change the function
+// (issue 36): layers, heads, vocabulary, width and rope_theta must match, not only the shapes
+// that happen to be read (more layers in the file were ignored, another num_heads or rope_theta
+// accepted).
+std::optional<std::string> weights_mismatch(const Config& c, const CheckpointReader& r) {
+  const auto& m = c.model;
+  if (r.has("token_embeddings.weight")) {
+    const auto shape = r.shape("token_embeddings.weight");
+    if (shape != std::vector<std::int64_t>{m.vocab_size, m.d_model})
+      return fmt::format("its token embedding is [{}] but model.vocab_size x model.d_model = [{}, {}]",
+                         fmt::join(shape, ", "), m.vocab_size, m.d_model);
+  }
+  if (m.num_layers >= 1 && !r.has(fmt::format("layers.{}.ln1.weight", m.num_layers - 1)))
+    return fmt::format("it has fewer blocks than model.num_layers = {}", m.num_layers);
+  if (r.has(fmt::format("layers.{}.ln1.weight", m.num_layers)))
+    return fmt::format("it has more blocks than model.num_layers = {}", m.num_layers);
+  if (const auto heads = r.attr("num_heads"); heads && std::holds_alternative<std::int64_t>(*heads) &&
+                                              std::get<std::int64_t>(*heads) != m.num_heads)
+    return fmt::format("it was written with model.num_heads = {} but the deck has {}", std::get<std::int64_t>(*heads),
+                       m.num_heads);
+  std::optional<double> theta;
+  if (const auto a = r.attr("rope_theta"); a && std::holds_alternative<double>(*a)) theta = std::get<double>(*a);
+  if (!theta) theta = rope_theta_in(r.attrs());
+  if (theta && *theta != m.rope_theta)
+    return fmt::format("it was written with model.rope_theta = {} but the deck has {}", *theta, m.rope_theta);
+  return std::nullopt;
+}
+
 void check_checkpoints(const Config& c, int world_size) {
   if (c.run.job != JobKind::train) return;
   const bool sharded = c.parallel.zero != ZeroLevel::none && detail::resolved_dp(c, world_size) > 1;
@@ -196,18 +279,31 @@ void check_checkpoints(const Config& c, int world_size) {
     } catch (const Error& e) {
       problem = e.what();
     }
+    if (!problem)
+      if (const auto theta = rope_theta_in(index.attrs); theta && *theta != c.model.rope_theta)
+        problem = fmt::format("the checkpoint has model.rope_theta = {} but the deck has {}", *theta,
+                              c.model.rope_theta);
     if (problem)
       fail("train.resume = '{}': checkpoint '{}/{}' does not fit the deck: {}", c.train.resume, step_dir, kIndexFile,
            *problem);
     check_resume_optimizer(c, index.attrs, step_dir);
+    std::int64_t step = 0;
+    try {
+      step = index.int_attr("step");
+    } catch (const Error& e) {
+      fail("train.resume = '{}': {}; give a complete checkpoint written by lmscale", c.train.resume, e.what());
+    }
+    check_resume_step(c, step, step_dir);
     return;
   }
   bool optimizer_state = false;
   std::int64_t file_d_ff = c.model.d_ff;
+  std::optional<std::string> model_problem;
   try {
     const CheckpointReader r(c.train.resume);
     optimizer_state = r.has_optimizer_state();
     if (r.has("layers.0.ffn.w1.weight")) file_d_ff = r.shape("layers.0.ffn.w1.weight")[0];
+    model_problem = weights_mismatch(c, r);
   } catch (const Error& e) {
     fail("train.resume = '{}' is not a readable lmscale checkpoint ({}); give a file written by train.save or "
          "train.checkpoint_every",
@@ -217,15 +313,88 @@ void check_checkpoints(const Config& c, int world_size) {
   if (file_d_ff != c.model.d_ff)
     fail("train.resume = '{}' holds FFN weights of d_ff = {} but model.d_ff = {}; set model.d_ff = {}", c.train.resume,
          file_d_ff, c.model.d_ff, file_d_ff);
-  if (optimizer_state) check_resume_optimizer(c, CheckpointReader(c.train.resume).attrs(), c.train.resume);
+  if (model_problem)
+    fail("train.resume = '{}' does not fit the deck: {}; set the [model] keys of the run that wrote it", c.train.resume,
+         *model_problem);
+  if (!optimizer_state) check_no_newer_checkpoints(c, 0);   // a weights file starts at step 0
+  if (optimizer_state) {
+    const auto attrs = CheckpointReader(c.train.resume).attrs();
+    check_resume_optimizer(c, attrs, c.train.resume);
+    const auto it = attrs.find("step");
+    if (it == attrs.end() || !std::holds_alternative<std::int64_t>(it->second))
+      fail("train.resume = '{}' holds optimizer state but no integer attribute 'step'; give a checkpoint written by "
+           "train.checkpoint_every",
+           c.train.resume);
+    check_resume_step(c, std::get<std::int64_t>(it->second), c.train.resume);
+  }
   if (sharded && optimizer_state)
     fail("train.resume = '{}' holds optimizer state, which cannot be resumed with parallel.zero = {} yet; resume with "
          "parallel.zero = none, or from a weights file (train.save)",
          c.train.resume, c.parallel.zero);
 }
 
+// Every file the job reads or writes, compared by identity (device and inode, or the canonical
+// directory plus the name for files not yet created; issue 36): two keys naming the same file in
+// any spelling (./x.h5, an absolute path, a link, a hard link) are an error before any work.
+// Allowed: train.resume = train.checkpoint_path (a single-file checkpoint continues its own
+// lineage) and a train.resume below train.checkpoint_dir.
+void check_aliases(const Config& c) {
+  struct Entry {
+    std::string key, path;
+    bool output;
+  };
+  std::vector<Entry> files{{"run.output", c.run.output, true}};
+  if (!c.run.trace.empty()) files.push_back({"run.trace", c.run.trace, true});
+  std::string checkpoint_dir;
+  if (c.run.job == JobKind::train) {
+    if (!c.train.save.empty()) files.push_back({"train.save", c.train.save, true});
+    if (c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty() && !c.train.checkpoint_path.empty())
+      files.push_back({"train.checkpoint_path", c.train.checkpoint_path, true});
+    if (!c.train.resume.empty() && c.train.resume != "auto") files.push_back({"train.resume", c.train.resume, false});
+    checkpoint_dir = c.train.checkpoint_dir;
+  }
+  if (c.run.job == JobKind::prune) {
+    if (!c.prune.output.empty()) files.push_back({"prune.output", c.prune.output, true});
+    if (!c.prune.weights.empty()) files.push_back({"prune.weights", c.prune.weights, false});
+  }
+  if (trains(c) && (c.data.source == DataSource::tokens || c.data.source == DataSource::text)) {
+    if (!c.data.path.empty()) files.push_back({"data.path", c.data.path, false});
+    if (!c.data.val_path.empty()) files.push_back({"data.val_path", c.data.val_path, false});
+  }
+  std::vector<detail::FileIdentity> ids;
+  for (const auto& f : files) ids.push_back(detail::file_identity(f.path));
+  const auto allowed = [](const std::string& a, const std::string& b) {
+    return (a == "train.resume" && b == "train.checkpoint_path") || (a == "train.checkpoint_path" && b == "train.resume");
+  };
+  for (std::size_t i = 0; i < files.size(); ++i)
+    for (std::size_t j = i + 1; j < files.size(); ++j) {
+      if (!files[i].output && !files[j].output) continue;   // two inputs may be one file
+      if (allowed(files[i].key, files[j].key) || !detail::same_file(ids[i], ids[j])) continue;
+      fail("{} = '{}' and {} = '{}' are the same file ('{}'); give each its own path (lmscale compares files by "
+           "identity: relative and absolute paths, links and hard links to one file are the same file)",
+           files[i].key, files[i].path, files[j].key, files[j].path, ids[j].canonical);
+    }
+  if (checkpoint_dir.empty()) return;
+  // The checkpoint directory's step_* folders are written and rotated by lmscale: no other file
+  // of the run may lie in them (train.save = ck/step_N/index.h5 would replace an index).
+  const auto dir = detail::file_identity(checkpoint_dir);
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (!files[i].output) continue;
+    if (detail::same_file(ids[i], dir))
+      fail("{} = '{}' and train.checkpoint_dir = '{}' are the same path; give each its own path", files[i].key,
+           files[i].path, checkpoint_dir);
+    if (!detail::lies_below(ids[i], dir)) continue;
+    const std::string below = ids[i].canonical.substr(dir.canonical.size() + (dir.canonical == "/" ? 0 : 1));
+    if (below.rfind("step_", 0) == 0)
+      fail("{} = '{}' lies in '{}', a step folder of train.checkpoint_dir = '{}' that lmscale writes and rotates; "
+           "give it a path outside the checkpoint folders",
+           files[i].key, files[i].path, below.substr(0, below.find('/')), checkpoint_dir);
+  }
+}
+
 // Every file the run will write, under the overwrite rule (output_target.h, docs/hdf5.md).
 void check_output_paths(const Config& c) {
+  check_aliases(c);
   std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
   if (c.run.job == JobKind::prune && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
   if (c.run.job == JobKind::train) {

@@ -60,9 +60,12 @@ std::string trim(const std::string& s) {
   return b < e ? std::string(b, e) : std::string();
 }
 
-std::string parse_string(const std::string& text) {
+std::string parse_string(const std::string& text, const std::string& key) {
   std::string t = trim(text);
-  if (t.size() >= 2 && t.front() == '"' && t.back() == '"') t = t.substr(1, t.size() - 2);
+  if (t.size() >= 2 && t.front() == '"' && t.back() == '"') return t.substr(1, t.size() - 2);
+  if (!t.empty() && (t.front() == '"' || t.back() == '"'))
+    bad_value(key.empty() ? std::string("a key") : key, text,
+              "has an unbalanced double quote; close the quote (\"...\") or remove it");
   return t;
 }
 
@@ -127,14 +130,14 @@ bool parse_bool(const std::string& key, const std::string& text) {
 }
 
 std::string parse_enum(const std::string& key, const std::string& text, const std::vector<std::string>& allowed) {
-  const std::string t = lower(parse_string(text));
+  const std::string t = lower(parse_string(text, key));
   for (const auto& a : allowed)
     if (lower(a) == t) return a;
   bad_value(key, text, fmt::format("is not allowed (expected one of: {})", fmt::join(allowed, ", ")));
 }
 
 std::vector<std::string> split_list(const std::string& key, const std::string& text) {
-  const std::string t = parse_string(text);
+  const std::string t = parse_string(text, key);
   if (t.empty()) bad_value(key, text, "is an empty list (expected comma-separated values, e.g. 128,256)");
   std::vector<std::string> items;
   std::size_t start = 0;

@@ -34,7 +34,9 @@ std::string parse_enum(const std::string& key, const std::string& text, const st
 // "a,b,c" -> {"a","b","c"}, items trimmed; an empty list or an empty item is an error.
 std::vector<std::string> split_list(const std::string& key, const std::string& text);
 
-// Plain strings and paths: surrounding double quotes are removed ("a b" -> a b).
-std::string parse_string(const std::string& text);
+// Plain strings and paths: surrounding double quotes are removed ("a b" -> a b). A quote that opens
+// without closing (or closes without opening) is an error naming `key` (issue 36: it used to become
+// part of a file name).
+std::string parse_string(const std::string& text, const std::string& key = "");
 
 }  // namespace lmscale::io::detail

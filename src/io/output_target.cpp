@@ -2,6 +2,7 @@
 // work and again just before the final rename.
 #include "output_target.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -89,6 +90,33 @@ bool is_empty_or_trace(const std::string& path) {
   char head[sizeof kHead - 1] = {};
   if (!in || !in.read(head, sizeof head)) return false;
   return std::memcmp(head, kHead, sizeof head) == 0;
+}
+
+FileIdentity file_identity(const std::string& path) {
+  FileIdentity id;
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(path), ec);
+  if (ec) p = fs::path(path);
+  const fs::path canonical = fs::weakly_canonical(p, ec);
+  id.canonical = (ec ? p.lexically_normal() : canonical).string();
+  while (id.canonical.size() > 1 && id.canonical.back() == '/') id.canonical.pop_back();
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0) {
+    id.exists = true;
+    id.device = static_cast<unsigned long long>(st.st_dev);
+    id.inode = static_cast<unsigned long long>(st.st_ino);
+  }
+  return id;
+}
+
+bool same_file(const FileIdentity& a, const FileIdentity& b) {
+  if (a.exists && b.exists) return a.device == b.device && a.inode == b.inode;
+  return a.canonical == b.canonical;
+}
+
+bool lies_below(const FileIdentity& file, const FileIdentity& dir) {
+  const std::string prefix = dir.canonical == "/" ? dir.canonical : dir.canonical + "/";
+  return file.canonical.size() > prefix.size() && file.canonical.compare(0, prefix.size(), prefix) == 0;
 }
 
 std::optional<std::string> replace_problem(const std::string& path, bool trace) { return replaceable(path, trace); }

@@ -22,6 +22,20 @@ std::optional<std::string> output_problem(const std::string& path, bool trace = 
 // The target alone (not NAME.tmp, not the directory): checked again just before the rename.
 std::optional<std::string> replace_problem(const std::string& path, bool trace = false);
 
+// Which file a path names (issue 36: outputs are identified by file identity, not by their text).
+// An existing file: its device and inode (hard links, symbolic links, `./x` and absolute spellings
+// all give the same); a name not yet created: the canonical path of its directory (links
+// resolved) plus its name.
+struct FileIdentity {
+  bool exists = false;
+  unsigned long long device = 0, inode = 0;
+  std::string canonical;   // absolute, links resolved as far as the path exists
+};
+FileIdentity file_identity(const std::string& path);
+bool same_file(const FileIdentity& a, const FileIdentity& b);
+// True when `file` lies below the directory `dir` (at any depth), by canonical paths.
+bool lies_below(const FileIdentity& file, const FileIdentity& dir);
+
 // True for a regular file that is empty or starts with '{"traceEvents"' (what run.trace writes).
 bool is_empty_or_trace(const std::string& path);
 

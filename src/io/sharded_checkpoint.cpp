@@ -2,6 +2,9 @@
 #include "lmscale/io/sharded_checkpoint.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <set>
 #include <filesystem>
 #include <regex>
 
@@ -203,13 +206,17 @@ void ShardWriter::commit(const std::vector<ShardPiece>& pieces, const std::map<s
 
 struct ShardReader::Impl {
   h5::File file;
+  std::map<std::string, AttrValue> attrs;
 };
 
 ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>()), path_(path) {
   const h5::QuietErrors quiet;
   impl_->file = open_read(path);
-  check_schema(read_root_attrs(impl_->file.get()), kShardSchema, path);
+  impl_->attrs = read_root_attrs(impl_->file.get());
+  check_schema(impl_->attrs, kShardSchema, path);
 }
+
+const std::map<std::string, AttrValue>& ShardReader::attrs() const { return impl_->attrs; }
 
 ShardReader::~ShardReader() = default;
 ShardReader::ShardReader(ShardReader&&) noexcept = default;
@@ -386,8 +393,20 @@ std::vector<std::pair<std::int64_t, std::string>> step_dirs(const std::string& d
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory(ec) && std::regex_match(name, m, pattern))
-      out.emplace_back(std::stoll(m[1].str()), entry.path().string());
+    if (!entry.is_directory(ec) || !std::regex_match(name, m, pattern)) continue;
+    // A name whose number does not fit a step (step_99999999999999999999999) is not one of ours:
+    // ignored with a warning (once per name), never "error: stoll" (issue 36).
+    const std::string digits = m[1].str();
+    std::int64_t step = 0;
+    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (err != std::errc() || end != digits.data() + digits.size()) {
+      static std::set<std::string> warned;
+      if (warned.insert(entry.path().string()).second)
+        fmt::print(stderr, "lmscale: warning: ignoring '{}' in the checkpoint directory: its step number does not fit "
+                           "a 64-bit step\n", entry.path().string());
+      continue;
+    }
+    out.emplace_back(step, entry.path().string());
   }
   std::sort(out.begin(), out.end());
   return out;

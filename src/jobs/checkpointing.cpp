@@ -1,5 +1,7 @@
 #include "lmscale/jobs/checkpointing.h"
 
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -66,6 +68,19 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
   io::write_weights(path, named(full_layout, params), attrs, with_optimizer_state ? &opt : nullptr);
 }
 
+// Weights and optimizer state read from a file must be finite: a NaN would make every step skip
+// ("skipped: overflow") for ever (issue 36). Exit 2 naming the file and the parameter.
+template <class Layout>
+void require_finite(const std::string& path, const std::string& what, const Layout& layout,
+                    const std::vector<float>& flat) {
+  for (const auto& p : layout)
+    for (std::int64_t i = 0; i < p.numel; ++i)
+      if (!std::isfinite(flat[static_cast<std::size_t>(p.offset + i)]))
+        throw UsageError(fmt::format("train.resume = '{}': {} of '{}' hold a non-finite value ({}) at element {}; the "
+                                     "file is damaged or was saved by a diverged run: resume an earlier one",
+                                     path, what, p.name, flat[static_cast<std::size_t>(p.offset + i)], i));
+}
+
 void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   Context& ctx = env.rt.ctx();
   // Full parameters by name, sliced by the trainer for this rank's layout.
@@ -73,6 +88,7 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   io::CheckpointReader r(path);
   std::vector<float> flat(static_cast<std::size_t>(full_layout.back().offset + full_layout.back().numel));
   for (const auto& p : full_layout) r.read(p.name, p.shape, flat.data() + p.offset);
+  require_finite(path, "the weights", full_layout, flat);
   trainer.set_parameters(flat);
   if (!r.has_optimizer_state()) return;   // a weights file: fresh optimizer, step 0
   if (!trainer.optimizer()) throw UsageError("train.resume: resuming optimizer state with parallel.zero is not supported yet");
@@ -87,6 +103,7 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   for (int k = 0; k < o.num_states(); ++k) {
     const char* moment = k == 0 ? "m" : "v";
     for (const auto& p : full_layout) r.read_optimizer(moment, p.name, p.shape, flat.data() + p.offset);
+    require_finite(path, fmt::format("the optimizer state {}", moment), full_layout, flat);
     std::vector<float> local = trainer.to_local_layout(flat);
     Tensor src = Tensor::view(local.data(), {static_cast<std::int64_t>(local.size())}, DType::f32, Device::cpu);
     ops::copy(ctx, src, o.state(k));

@@ -60,6 +60,13 @@ Config resolve_runtime(const Config& in, int world) {
   if (c.parallel.device == DeviceChoice::cpu && c.run.job != JobKind::accounting &&
       c.precision.mode != PrecisionMode::fp32)
     throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));
+  // CPU attention takes fp32 (and fp64) only: refused here, not by an internal check mid-run.
+  if (c.parallel.device == DeviceChoice::cpu && c.run.job == JobKind::bench_attention)
+    for (FloatType d : c.bench.dtypes)
+      if (d != FloatType::fp32)
+        throw UsageError(fmt::format("bench.dtypes item {} needs a CUDA device (attention on CPUs runs in fp32); set "
+                                     "bench.dtypes = fp32 on CPUs, or parallel.device = cuda",
+                                     d));
   c.resolved = io::to_ini(c);
   return c;
 }

@@ -2,6 +2,10 @@
 #include "lmscale/jobs/sharded_checkpointing.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <utility>
 #include <filesystem>
 #include <map>
 
@@ -177,6 +181,27 @@ std::optional<std::string> resume_directory(JobEnv& env) {
 
 namespace {
 
+// A shard file must be the one its index names: written by rank `file` of the index's writer world
+// at the index's step (swapped or copied shards were accepted before issue 36).
+void check_shard(const io::CheckpointIndex& ix, int file, const io::ShardReader& shard) {
+  const auto get = [&](const char* name) -> std::optional<std::int64_t> {
+    const auto it = shard.attrs().find(name);
+    if (it == shard.attrs().end() || !std::holds_alternative<std::int64_t>(it->second)) return std::nullopt;
+    return std::get<std::int64_t>(it->second);
+  };
+  const std::pair<const char*, std::int64_t> expected[] = {
+      {"rank", file}, {"world_size", ix.int_attr("writer_world_size")}, {"step", ix.int_attr("step")}};
+  for (const auto& [name, want] : expected) {
+    const auto got = get(name);
+    if (!got || *got != want)
+      throw UsageError(fmt::format("train.resume: checkpoint file '{}' has {} = {} but its index '{}/{}' expects {}: "
+                                   "the shard was swapped or copied from another checkpoint; resume a complete, "
+                                   "unaltered checkpoint",
+                                   shard.path(), name, got ? std::to_string(*got) : std::string("(missing)"), ix.dir,
+                                   io::kIndexFile, want));
+  }
+}
+
 // Reads the checkpoint into the trainer (every rank its own pieces); throws on any problem.
 void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
   const Config& cfg = env.cfg;
@@ -209,9 +234,11 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
   std::map<int, io::ShardReader> readers;
   auto reader = [&](int file) -> const io::ShardReader& {
     auto it = readers.find(file);
-    if (it == readers.end())
+    if (it == readers.end()) {
       it = readers.emplace(file, io::ShardReader((fs::path(step_dir) / ix.files[static_cast<std::size_t>(file)]).string()))
                .first;
+      check_shard(ix, file, it->second);
+    }
     return it->second;
   };
   // Every (file range -> view range) copy this rank needs, in order, merged into runs. The index's
@@ -240,6 +267,14 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
       const std::int64_t n = std::min(kStage, r.count - at);
       stage.resize(static_cast<std::size_t>(n));
       reader(r.file).read(r.kind, r.file_offset + at, stage.data(), n);
+      // Master weights and optimizer state must be finite: a NaN would skip every step ("skipped:
+      // overflow") for ever (issue 36).
+      for (std::int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(stage[static_cast<std::size_t>(i)]))
+          throw UsageError(fmt::format("train.resume: checkpoint file '{}' holds a non-finite value ({}) in '{}' at "
+                                       "element {}; the state is damaged: resume an earlier checkpoint",
+                                       reader(r.file).path(), stage[static_cast<std::size_t>(i)],
+                                       io::state_kind_name(r.kind), r.file_offset + at + i));
       Tensor src = Tensor::view(stage.data(), {n}, DType::f32, Device::cpu);
       Tensor out = Tensor::view(r.device + at, {n}, DType::f32, r.where);
       ops::copy(ctx, src, out);

@@ -105,6 +105,10 @@ int run_train(JobEnv& env) {
                dims.parameter_count(), dims.layers, dims.d_model, cfg.train.steps, cfg.train.batch_size, T,
                cfg.precision.mode, rt.device_name(), data->describe());
     if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
+    if (!resumed_from.empty() && trainer.step() >= cfg.train.steps)
+      fmt::print("train: the checkpoint is at the end (train.steps = {}): the run is complete, nothing to train "
+                 "(raise train.steps to continue it)\n",
+                 cfg.train.steps);
     print_optimizer_line(cfg, trainer);
   }
   using C = io::Column;
@@ -137,6 +141,12 @@ int run_train(JobEnv& env) {
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
   bool interrupted = false;
+  // train.max_skipped_steps: consecutive skipped or non-finite steps (loss and norm are global
+  // values, so every rank counts the same and stops at the same step).
+  std::int64_t skipped_in_a_row = 0;
+  bool diverged = false;
+  constexpr double kFlushSeconds = 10.0;
+  WallTimer flush_timer;
   for (std::int64_t s = start; s < cfg.train.steps; ++s) {
     auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
                                             "the training token batch");
@@ -151,7 +161,14 @@ int run_train(JobEnv& env) {
                   r.times.comm_ms, r.times.optimizer_ms, tokens_per_step / (r.times.total_ms * 1e-3), r.loss_scale,
                   static_cast<std::int64_t>(r.skipped), static_cast<std::int64_t>(rt.allocator().tracker().current())});
     const bool last = s + 1 == cfg.train.steps;
-    if (cfg.run.progress && env.is_root() && (last || s == start || (cfg.train.log_every > 0 && (s + 1) % cfg.train.log_every == 0))) {
+    const bool log_step = last || s == start || (cfg.train.log_every > 0 && (s + 1) % cfg.train.log_every == 0);
+    // The rows reach the disk at every log step and at least every kFlushSeconds, whatever
+    // run.progress says, so that NAME.tmp stays readable after kill -9 (issue 36 item 4).
+    if (env.is_root() && (log_step || flush_timer.seconds() >= kFlushSeconds)) {
+      steps.flush();
+      flush_timer.reset();
+    }
+    if (cfg.run.progress && env.is_root() && log_step) {
       const double elapsed = wall.seconds();
       const double per_step = elapsed / static_cast<double>(s + 1 - start);
       const double remaining_s = per_step * static_cast<double>(cfg.train.steps - s - 1);
@@ -160,7 +177,6 @@ int run_train(JobEnv& env) {
                  eta(remaining_s), price > 0 ? cost_to_finish(remaining_s, elapsed + remaining_s) : "",
                  r.skipped ? "  (skipped: overflow)" : "");
       std::fflush(stdout);
-      steps.flush();
     }
     if (cfg.train.eval_every > 0 && ((s + 1) % cfg.train.eval_every == 0 || last)) {
       watchdog.mark(s + 1, "evaluation");
@@ -168,6 +184,12 @@ int run_train(JobEnv& env) {
       evals.append({s + 1, el});
       evals.flush();
       if (env.is_root()) fmt::print("eval  step {:>6}  loss {:.4f}\n", s + 1, el);
+    }
+    skipped_in_a_row = r.skipped || !std::isfinite(r.loss) || !std::isfinite(r.grad_norm) ? skipped_in_a_row + 1 : 0;
+    if (cfg.train.max_skipped_steps > 0 && skipped_in_a_row >= cfg.train.max_skipped_steps) {
+      diverged = true;   // no checkpoint of this state, no final weights
+      steps.flush();
+      break;
     }
     if (cfg.train.checkpoint_every > 0 && (s + 1) % cfg.train.checkpoint_every == 0 && !last) write_checkpoint();
     if (!last && preemption.agreed_stop(trainer.sync())) {
@@ -185,14 +207,37 @@ int run_train(JobEnv& env) {
   if (price > 0) env.out.set_attr("/train", "cost", money(wall_s));
   env.out.set_attr("/train", "interrupted", static_cast<std::int64_t>(interrupted));
   env.out.set_attr("/train", "resumed_at_step", resumed_from.empty() ? std::int64_t{-1} : start);
-  if ((cfg.train.checkpoint_every > 0 || sharded_checkpoints) && checkpointed_at != trainer.step()) write_checkpoint();
+  env.out.set_attr("/train", "diverged", static_cast<std::int64_t>(diverged));
+  if (diverged) {
+    env.out.set_attr("/train", "stopped_at_step", trainer.step());
+    if (env.is_root())
+      fmt::print(stderr,
+                 "lmscale: error: training diverged: {} consecutive steps were skipped or had a non-finite loss or "
+                 "gradient norm (train.max_skipped_steps = {}); stopped at step {} of {}. The results up to there are "
+                 "written to '{}'; {}no checkpoint of this state is written. Lower optim.lr, raise "
+                 "optim.warmup_steps or set optim.grad_clip, and resume from an earlier checkpoint.\n",
+                 skipped_in_a_row, cfg.train.max_skipped_steps, trainer.step(), cfg.train.steps, cfg.run.output,
+                 cfg.train.save.empty() ? "" : fmt::format("the final weights (train.save = '{}') are not saved; ",
+                                                           cfg.train.save));
+    std::fflush(stderr);
+    write_memory_report(env);
+    return 1;
+  }
+  if (!diverged && (cfg.train.checkpoint_every > 0 || sharded_checkpoints) && checkpointed_at != trainer.step())
+    write_checkpoint();
   if (interrupted) {
     env.out.set_attr("/train", "stopped_at_step", trainer.step());
     if (env.is_root())
       fmt::print("interrupted (signal {} on rank 0; 0 = another rank's) at step {}: {}; exit {}\n",
                  preemption.signal(), trainer.step(),
-                 checkpointed_at == trainer.step() ? "checkpoint written, resume with train.resume = auto"
-                                                   : "no checkpoint (train.checkpoint_dir is empty)",
+                 checkpointed_at != trainer.step()
+                     ? std::string("no checkpoint (set train.checkpoint_dir to have one written when a run is stopped)")
+                 : sharded_checkpoints
+                     ? fmt::format("checkpoint written, resume with train.resume = auto (train.checkpoint_dir = {})",
+                                   cfg.train.checkpoint_dir)
+                     : fmt::format("checkpoint written, resume with train.resume = {} (the single-file checkpoint "
+                                   "train.checkpoint_path)",
+                                   cfg.train.checkpoint_path),
                  kExitInterrupted);
     write_memory_report(env);
     return kExitInterrupted;

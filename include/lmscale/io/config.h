@@ -235,6 +235,7 @@ struct TrainConfig {
   std::int64_t keep_checkpoints = 2;    // newest complete sharded checkpoints kept; 0 = all
   bool checkpoint_keep_attention = false;   // every-k: keep each block's attention output and LSE
   std::int64_t checkpoint_layers = 0;       // every-k: checkpoint only the first n blocks of a range (0: all)
+  std::int64_t max_skipped_steps = 20;      // consecutive skipped/non-finite steps that stop the run; 0 = off
 
   bool operator==(const TrainConfig&) const = default;
 };

@@ -65,6 +65,8 @@ class ShardReader {
   ~ShardReader();
   ShardReader(ShardReader&&) noexcept;
   std::vector<ShardPiece> pieces() const;
+  // The file's root attributes (rank, world_size, step of the writer, schema).
+  const std::map<std::string, AttrValue>& attrs() const;
   // Error naming the file when the range is outside the array or a checksum fails.
   void read(StateKind kind, std::int64_t offset, float* out, std::int64_t count) const;
   const std::string& path() const { return path_; }

@@ -1,0 +1,313 @@
+#!/usr/bin/env bash
+# Reliability cases of issue 36 through the real executable (docs/reliability.md has the table).
+# Each case makes its own files in a fresh temporary folder, runs lmscale on a tiny CPU train deck
+# (every run bounded by `timeout`), and checks the exit code, the message and what is on disk.
+# Usage: reliability.sh LMSCALE CASE
+set -u
+lmscale=$1
+case_name=$2
+tmp=$(mktemp -d)
+bg=""
+cleanup() {
+  [ -n "$bg" ] && kill -KILL "$bg" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+cd "$tmp" || exit 1
+fail=0
+check() {   # check DESCRIPTION COMMAND...
+  local what=$1
+  shift
+  if ! "$@"; then
+    echo "FAIL: $what"
+    fail=1
+  fi
+}
+cat >deck.ini <<'INI'
+[run]
+job = train
+progress = true
+[model]
+vocab_size = 64
+context_length = 8
+d_model = 16
+d_ff = 32
+num_layers = 1
+num_heads = 2
+[parallel]
+device = cpu
+[train]
+steps = 2
+batch_size = 2
+log_every = 1
+[data]
+source = synthetic
+INI
+# run [ARGS...]: lmscale on deck.ini (or $DECK) with run.output = out.h5; rc in $rc.
+run() {
+  timeout 60 "$lmscale" "${DECK:-deck.ini}" --run.output=out.h5 "$@" >stdout 2>stderr
+  rc=$?
+}
+error_names() {   # error_names TEXT...: one 'lmscale: error:' line holds every TEXT
+  local line
+  line=$(grep -F 'lmscale: error:' stderr) || return 1
+  for t in "$@"; do grep -qF -- "$t" <<<"$line" || return 1; done
+}
+expect_usage_error() {   # expect_usage_error KEY...: exit 2, one error line naming the keys, no results
+  check "exit code $rc, expected 2" test "$rc" -eq 2
+  check "an 'lmscale: error:' line names: $*" error_names "$@"
+  check "out.h5 was not created" test ! -e out.h5
+  check "out.h5.tmp was not created" test ! -e out.h5.tmp
+}
+is_hdf5() { head -c 4 "$1" 2>/dev/null | grep -q HDF; }
+h5attr() {   # h5attr FILE GROUP ATTR
+  python3 -c "import h5py, sys; print(h5py.File(sys.argv[1])[sys.argv[2]].attrs[sys.argv[3]])" "$@" 2>/dev/null
+}
+
+case "$case_name" in
+  # ---- A: outputs identified by file identity -------------------------------------------------
+  alias_save_output)   # the results file and the weights file, spelt differently
+    run --train.save=./out.h5
+    expect_usage_error run.output train.save ;;
+  alias_checkpoint_absolute)   # an absolute spelling of run.output as the single-file checkpoint
+    run --train.checkpoint_every=1 --train.checkpoint_path="$tmp/out.h5"
+    expect_usage_error run.output train.checkpoint_path ;;
+  alias_save_checkpoint_path)   # weights file = checkpoint file: the resume would restart at 0
+    run --train.save=w.h5 --train.checkpoint_every=1 --train.checkpoint_path=sub/../w.h5
+    expect_usage_error train.save train.checkpoint_path
+    check "w.h5 was not created" test ! -e w.h5 ;;
+  alias_trace_output)
+    run --run.trace=./out.h5
+    expect_usage_error run.trace run.output ;;
+  alias_save_in_checkpoint_dir)   # train.save would replace the final checkpoint's index
+    run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.save=ck/step_00000002/index.h5
+    expect_usage_error train.save train.checkpoint_dir
+    check "no checkpoint was written" test ! -e ck/step_00000001 ;;
+  alias_prune_inplace)   # prune.output = the weights it reads
+    run --train.save=w.h5 --train.steps=3
+    check "the weights run exited $rc" test "$rc" -eq 0
+    sum=$(md5sum <w.h5)
+    rm -f out.h5
+    run --run.job=prune --prune.weights=w.h5 --prune.output=./w.h5 --prune.target_sparsity=0.5 \
+      --prune.finetune_steps=1
+    expect_usage_error prune.weights prune.output
+    check "w.h5 is unchanged" test "$(md5sum <w.h5)" = "$sum" ;;
+  concurrent_output)   # a second run writing the same run.output while the first runs
+    "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 >first.out 2>first.err &
+    bg=$!
+    for _ in $(seq 300); do
+      grep -q '^step' first.out && break
+      sleep 0.1
+    done
+    check "the first run is writing out.h5.tmp" test -s out.h5.tmp
+    run --train.steps=2
+    check "exit code $rc, expected 2" test "$rc" -eq 2
+    check "an 'lmscale: error:' line names run.output and the first run's pid $bg" error_names run.output "pid=$bg"
+    check "out.h5 was not created" test ! -e out.h5
+    check "the first run is still running" kill -0 "$bg"
+    check "the first run's out.h5.tmp is still there" test -s out.h5.tmp
+    kill -TERM "$bg"; wait "$bg"; bg_rc=$?; bg=""
+    check "the first run ended with exit $bg_rc, expected 75 (interrupted)" test "$bg_rc" -eq 75
+    check "the first run finished its out.h5" is_hdf5 out.h5
+    check "the lock file is gone" test ! -e out.h5.lock ;;
+  lock_symlink)   # a symbolic link planted at NAME.lock is refused, never followed
+    echo "precious" >victim; ln -s victim out.h5.lock
+    run
+    expect_usage_error run.output "symbolic link"
+    check "victim is unchanged" test "$(cat victim)" = precious ;;
+  tmp_symlink)   # a symbolic link planted at NAME.tmp is replaced, never written through
+    : >victim; ln -s victim out.h5.tmp
+    run
+    check "exit code $rc, expected 0" test "$rc" -eq 0
+    check "victim is still empty" test ! -s victim
+    check "out.h5 is an HDF5 file" is_hdf5 out.h5
+    check "out.h5.tmp is gone" test ! -e out.h5.tmp ;;
+  kill9_partial_readable)   # kill -9 with progress = false and a large log_every: NAME.tmp readable
+    "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 --run.progress=false \
+      --train.log_every=1000000 >first.out 2>first.err &
+    bg=$!
+    for _ in $(seq 300); do
+      [ -s out.h5.tmp ] && break
+      sleep 0.1
+    done
+    sleep 2
+    kill -KILL "$bg"; wait "$bg" 2>/dev/null; bg=""
+    rows=$(python3 -c "import h5py; print(len(h5py.File('out.h5.tmp')['/train/steps']))" 2>&1 | tail -1)
+    check "out.h5.tmp opens with h5py and holds rows (got: $rows)" test "${rows:-0}" -ge 1 2>/dev/null
+    # the lock the killed run left behind is taken over by the next run
+    run
+    check "the next run (lock left by kill -9) exited $rc, expected 0" test "$rc" -eq 0
+    check "the next run wrote out.h5" is_hdf5 out.h5 ;;
+  # ---- B: crash and parse paths -----------------------------------------------------------------
+  checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
+    mkdir -p ck/step_99999999999999999999999
+    run --train.checkpoint_dir=ck --train.resume=auto
+    check "exit code $rc, expected 0 (a fresh start)" test "$rc" -eq 0
+    check "a warning names the folder" grep -qF "step_99999999999999999999999" stderr
+    check "no 'stoll' in the output" bash -c '! grep -q stoll stderr' ;;
+  deck_bom)   # a deck saved with a UTF-8 byte-order mark
+    { printf '\xEF\xBB\xBF'; cat deck.ini; } >bom.ini
+    DECK=bom.ini run
+    check "exit code $rc, expected 0" test "$rc" -eq 0
+    check "out.h5 written" is_hdf5 out.h5 ;;
+  deck_binary)   # a binary file given as the deck: line number, no raw bytes echoed
+    printf '[run]\njob = train\n\xff\xfe\x80\x01 binary\x00\n' >bin.ini
+    DECK=bin.ini run
+    expect_usage_error "line 3" "not text"
+    check "stderr holds only printable ASCII" bash -c '! LC_ALL=C grep -q "[^[:print:][:space:]]" stderr' ;;
+  deck_unbalanced_quote)
+    sed 's/^log_every = 1$/log_every = 1\nsave = "w.h5/' deck.ini >quote.ini
+    DECK=quote.ini run
+    expect_usage_error train.save quote
+    check "no weights file with a quote in its name" bash -c '! ls | grep -q "w.h5"' ;;
+  empty_key_clears)   # --train.save= clears the deck's train.save
+    sed 's/^log_every = 1$/log_every = 1\nsave = w.h5/' deck.ini >save.ini
+    DECK=save.ini run --train.save=
+    check "exit code $rc, expected 0" test "$rc" -eq 0
+    check "no weights file written" test ! -e w.h5
+    check "out.h5 written" is_hdf5 out.h5 ;;
+  resume_step_at_end)   # a checkpoint at (or past) train.steps: nothing left to train
+    run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.steps=3 --train.keep_checkpoints=0
+    check "the first run exited $rc" test "$rc" -eq 0
+    # resume = auto at exactly train.steps: a completed run requeued; exit 0, and it says so
+    rm -f out.h5
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=3
+    check "resume = auto of a completed run: exit $rc, expected 0" test "$rc" -eq 0
+    check "it says the run is complete" grep -q "the run is complete, nothing to train" stdout
+    # the same checkpoint named explicitly, or with train.steps lowered below it: exit 2
+    rm -f out.h5
+    run --train.checkpoint_dir=ck --train.resume=ck/step_00000003 --train.steps=3
+    expect_usage_error "train.resume = 'ck/step_00000003'" train.steps
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=2
+    expect_usage_error train.resume train.steps ;;
+  resume_step_negative)   # an index whose step is negative
+    run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.steps=3 --train.keep_checkpoints=0
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    python3 -c "import h5py; h5py.File('ck/step_00000001/index.h5', 'r+').attrs['step'] = -5" ||
+      check "h5py could set the step" false
+    run --train.checkpoint_dir=ck --train.resume=ck/step_00000001 --train.steps=3
+    expect_usage_error train.resume negative ;;
+  rotation_older_resume)   # resuming step 10 into a folder that holds steps 20 and 30
+    run --train.checkpoint_dir=ck --train.checkpoint_every=10 --train.steps=30 --train.keep_checkpoints=0 \
+      --optim.warmup_steps=1
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.checkpoint_dir=ck --train.resume=ck/step_00000010 --train.steps=30 --train.checkpoint_every=5 \
+      --train.keep_checkpoints=2 --optim.warmup_steps=1
+    expect_usage_error train.resume train.checkpoint_dir step_00000020
+    for st in 10 20 30; do
+      check "ck/step_000000$st is still complete" test -f ck/step_000000$st/index.h5
+    done
+    check "no new checkpoint was written" test ! -e ck/step_00000015 ;;
+  # ---- D: semantic checkpoint validation ---------------------------------------------------------
+  resume_weights_rope_theta)   # a weights file of another rope_theta
+    run --train.save=w.h5
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.resume=w.h5 --model.rope_theta=500000
+    expect_usage_error train.resume rope_theta ;;
+  resume_weights_more_layers)   # a weights file with more blocks than the deck: not silently cut
+    run --train.save=w.h5 --model.num_layers=2
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.resume=w.h5
+    expect_usage_error train.resume model.num_layers ;;
+  resume_sharded_rope_theta)
+    run --train.checkpoint_dir=ck
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=4 --model.rope_theta=500000
+    expect_usage_error train.resume rope_theta ;;
+  shard_from_other_step)   # a shard copied from another step's checkpoint
+    run --train.checkpoint_dir=ck --train.checkpoint_every=1 --train.steps=3 --train.keep_checkpoints=0
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    cp ck/step_00000001/rank_00000.h5 ck/step_00000003/rank_00000.h5
+    run --train.checkpoint_dir=ck --train.resume=ck/step_00000003 --train.steps=4
+    expect_usage_error train.resume rank_00000.h5 step ;;
+  resume_nonfinite_sharded)   # a NaN in a checkpoint's optimizer state (h5py rewrites the chunk checksum)
+    run --train.checkpoint_dir=ck --train.steps=2
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    python3 -c "import h5py; h5py.File('ck/step_00000002/rank_00000.h5', 'r+')['v'][7] = float('nan')" ||
+      check "h5py could write the NaN" false
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=4
+    expect_usage_error train.resume rank_00000.h5 non-finite ;;
+  resume_nonfinite_weights)   # the same in a weights file's master weights
+    run --train.save=w.h5
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    python3 -c "import h5py; h5py.File('w.h5', 'r+')['lm_head.weight'][1, 2] = float('nan')" ||
+      check "h5py could write the NaN" false
+    run --train.resume=w.h5
+    expect_usage_error train.resume lm_head.weight non-finite ;;
+  # ---- E: one rank failing before step 1 --------------------------------------------------------
+  rank1_tokens_missing | rank1_tokens_bad_id)   # per-node token files: only rank 1's is bad
+    mkdir A B
+    head -c 4000 /dev/zero >A/tok.bin
+    if [ "$case_name" = rank1_tokens_bad_id ]; then
+      head -c 4000 /dev/zero >B/tok.bin
+      printf '\xff\x00' | dd of=B/tok.bin bs=1 seek=1000 conv=notrunc status=none
+    fi
+    args=("$tmp/deck.ini" --data.source=tokens --data.path=tok.bin --run.output="$tmp/out.h5" --parallel.timeout_s=0)
+    t0=$SECONDS
+    timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" "${args[@]}" : \
+      -np 1 -wdir "$tmp/B" "$lmscale" "${args[@]}" >stdout 2>stderr
+    rc=$?
+    dt=$((SECONDS - t0))
+    check "the job ended within 30 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 30
+    expect_usage_error "rank 1" data.path ;;
+  rank1_checkpoint_dir_blocked)   # per-node checkpoint folders: only rank 1's cannot be a folder
+    mkdir A B
+    echo "a file" >B/ck
+    args=("$tmp/deck.ini" --train.checkpoint_dir=ck --run.output="$tmp/out.h5")
+    t0=$SECONDS
+    timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" "${args[@]}" : \
+      -np 1 -wdir "$tmp/B" "$lmscale" "${args[@]}" >stdout 2>stderr
+    rc=$?
+    dt=$((SECONDS - t0))
+    check "the job ended within 30 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 30
+    expect_usage_error "rank 1" train.checkpoint_dir
+    check "rank 0 wrote no checkpoint" test ! -e A/ck/step_00000002 ;;
+  # ---- F: messages ---------------------------------------------------------------------------------
+  bench_attention_cpu_dtypes)   # bench-attention's defaults (bf16) on a CPU
+    run --run.job=bench-attention
+    expect_usage_error bench.dtypes fp32 ;;
+  preempt_single_file_message)   # SIGTERM with a single-file checkpoint: the resume hint must work
+    "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 --optim.cosine_steps=100 \
+      --train.checkpoint_every=1000000 --train.checkpoint_path=ck.h5 >first.out 2>first.err &
+    bg=$!
+    for _ in $(seq 300); do
+      grep -q '^step' first.out && break
+      sleep 0.1
+    done
+    kill -TERM "$bg"; wait "$bg"; rc=$?; bg=""
+    check "SIGTERM: exit $rc, expected 75" test "$rc" -eq 75
+    check "the hint names the single-file checkpoint" grep -qF "resume with train.resume = ck.h5" first.out
+    stop=$(python3 -c "import h5py; print(int(h5py.File('out.h5')['/train'].attrs['stopped_at_step']))" 2>/dev/null)
+    rm -f out.h5
+    run --train.resume=ck.h5 --train.steps=$((${stop:-0} + 2)) --optim.cosine_steps=100 \
+      --train.checkpoint_every=1000000 --train.checkpoint_path=ck.h5
+    check "the hinted resume exited $rc, expected 0" test "$rc" -eq 0
+    check "it resumed at step ${stop:-?}" grep -q "resumed from ck.h5 at step ${stop:-x}" stdout ;;
+  # ---- C: divergence ---------------------------------------------------------------------------
+  diverge_stops)   # the loss turns non-finite: stop after train.max_skipped_steps (default 20)
+    run --train.steps=200 --optim.lr=1e30 --optim.warmup_steps=0 --train.save=w.h5
+    check "exit code $rc, expected 1" test "$rc" -eq 1
+    check "an error names train.max_skipped_steps" error_names train.max_skipped_steps
+    check "out.h5 (the results up to the stop) is written" is_hdf5 out.h5
+    check "/train diverged = 1" test "$(h5attr out.h5 /train diverged)" = 1
+    rows=$(python3 -c "import h5py; print(len(h5py.File('out.h5')['/train/steps']))" 2>/dev/null)
+    check "fewer rows (${rows:-?}) than train.steps = 200" test "${rows:-200}" -lt 200
+    check "no weights saved" test ! -e w.h5 ;;
+  diverge_off)   # train.max_skipped_steps = 0: the run goes on to the end as before
+    run --train.steps=30 --optim.lr=1e30 --optim.warmup_steps=0 --train.max_skipped_steps=0
+    check "exit code $rc, expected 0" test "$rc" -eq 0
+    check "/train diverged = 0" test "$(h5attr out.h5 /train diverged)" = 0 ;;
+  *) echo "unknown case $case_name"; exit 1 ;;
+esac
+echo "--- stderr:"; cat stderr 2>/dev/null | LC_ALL=C tr -c '[:print:]\n' '?'
+echo "--- stdout (tail):"; tail -5 stdout 2>/dev/null
+[ "$fail" -eq 0 ] && echo "PASS: $case_name"
+exit "$fail"

@@ -1,0 +1,41 @@
+#pragma once
+// One writer per output file (issue 36). Before any work, the process that writes a file (rank 0)
+// takes an exclusive flock(2) on NAME.lock beside it and holds it until the file is renamed into
+// place (or abandoned); the lock file holds "lmscale-lock pid=PID host=HOST". A second run that
+// writes the same file finds the lock held and stops with exit 2 (UsageError) naming that process,
+// before it creates or removes anything, so it can no longer delete the first run's live NAME.tmp.
+// The lock dies with its process (kill -9 included): a NAME.lock left behind is taken over by the
+// next run. The lock file is opened with O_NOFOLLOW and must be a regular file that is empty or an
+// lmscale lock: a symbolic link or another file at NAME.lock is refused, never followed or
+// overwritten. On file systems without flock (some NFS and Lustre mounts) the run goes on without
+// the lock, with a warning. docs/reliability.md.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lmscale/io/config.h"
+
+namespace lmscale::io {
+
+class OutputLock {
+ public:
+  // `key` names the deck key in messages ("run.output"); `path` is the output file (not NAME.lock).
+  OutputLock(const std::string& key, const std::string& path);
+  ~OutputLock();   // removes NAME.lock, then the directories it created while they are empty
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+  const std::string& lock_path() const { return lock_path_; }
+
+ private:
+  int fd_ = -1;
+  std::string lock_path_;
+  std::vector<std::string> created_dirs_;   // innermost first
+};
+
+std::string lock_path_for(const std::string& path);   // PATH.lock
+
+// Locks every file this process writes for `c` (run.output, run.trace; train.save and
+// train.checkpoint_path for train; prune.output for prune), held as long as the result lives.
+std::vector<std::unique_ptr<OutputLock>> lock_outputs(const Config& c);
+
+}  // namespace lmscale::io

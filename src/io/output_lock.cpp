@@ -1,0 +1,155 @@
+// One writer per output file: NAME.lock under flock(2), held by the writing process for the run
+// (include/lmscale/io/output_lock.h, docs/reliability.md).
+#include "lmscale/io/output_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "lmscale/core/error.h"
+
+namespace lmscale::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMagic = "lmscale-lock ";
+
+std::string read_all(int fd) {
+  std::string text;
+  char buffer[256];
+  off_t at = 0;
+  while (text.size() < 4096) {
+    const ssize_t n = ::pread(fd, buffer, sizeof buffer, at);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+    at += n;
+  }
+  return text;
+}
+
+// "pid=123 host=node1" from the lock's text, for the message.
+std::string holder(const std::string& text) {
+  if (text.rfind(kMagic, 0) != 0) return "another process";
+  std::string rest = text.substr(std::strlen(kMagic));
+  while (!rest.empty() && (rest.back() == '\n' || rest.back() == '\r')) rest.pop_back();
+  return fmt::format("another lmscale process ({})", rest);
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+}  // namespace
+
+std::string lock_path_for(const std::string& path) { return path + ".lock"; }
+
+OutputLock::OutputLock(const std::string& key, const std::string& path) : lock_path_(lock_path_for(path)) {
+  std::error_code ec;
+  // Missing directories are created here (the results file would create them a moment later) and
+  // taken away again on release while empty.
+  for (fs::path dir = fs::path(path).parent_path(); !dir.empty() && dir.has_relative_path(); dir = dir.parent_path()) {
+    if (fs::symlink_status(dir, ec).type() != fs::file_type::not_found) break;
+    created_dirs_.push_back(dir.string());
+  }
+  if (!created_dirs_.empty()) {
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    if (ec) {
+      created_dirs_.clear();
+      throw UsageError(fmt::format("{} = '{}': cannot create its directory ({}); choose another path", key, path,
+                                   ec.message()));
+    }
+  }
+  auto refuse = [&](const std::string& why) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    for (const auto& dir : created_dirs_) {
+      if (!fs::is_empty(dir, ec) || ec) break;
+      fs::remove(dir, ec);
+    }
+    created_dirs_.clear();
+    throw UsageError(fmt::format("{} = '{}': {}", key, path, why));
+  };
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    fd_ = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd_ < 0) {
+      const int err = errno;
+      if (err == ELOOP)
+        refuse(fmt::format("its lock file '{}' is a symbolic link, which lmscale never follows; remove it", lock_path_));
+      refuse(fmt::format("cannot open its lock file '{}' ({}); choose a writable place", lock_path_,
+                         std::strerror(err)));
+    }
+    struct stat mine{};
+    if (::fstat(fd_, &mine) != 0 || !S_ISREG(mine.st_mode))
+      refuse(fmt::format("'{}' exists and is not a regular file; lmscale keeps its lock there: remove it or choose "
+                         "another path",
+                         lock_path_));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EWOULDBLOCK)
+        refuse(fmt::format("{} is writing this file now (it holds '{}'); wait for it to end, or choose another path",
+                           holder(read_all(fd_)), lock_path_));
+      // No flock on this file system: go on unguarded rather than refuse every run there.
+      std::fprintf(stderr, "lmscale: warning: %s = '%s': cannot lock '%s' (%s); another run writing the same file "
+                           "would not be detected\n",
+                   key.c_str(), path.c_str(), lock_path_.c_str(), std::strerror(err));
+      break;
+    }
+    // The lock is on the file this name still refers to (a finishing run unlinks it while holding it).
+    struct stat named{};
+    if (::lstat(lock_path_.c_str(), &named) != 0 || named.st_dev != mine.st_dev || named.st_ino != mine.st_ino) {
+      ::close(fd_);
+      fd_ = -1;
+      continue;
+    }
+    const std::string text = read_all(fd_);
+    if (!text.empty() && text.rfind(kMagic, 0) != 0)
+      refuse(fmt::format("'{}' exists and is not an lmscale lock file; lmscale keeps its lock there: remove or rename "
+                         "it, or choose another path",
+                         lock_path_));
+    const std::string line = fmt::format("{}pid={} host={}\n", kMagic, ::getpid(), host_name());
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
+      refuse(fmt::format("cannot write its lock file '{}' ({})", lock_path_, std::strerror(errno)));
+    return;
+  }
+  if (fd_ < 0) refuse(fmt::format("its lock file '{}' keeps being replaced; try again", lock_path_));
+}
+
+OutputLock::~OutputLock() {
+  if (fd_ < 0) return;
+  ::unlink(lock_path_.c_str());   // while still holding it: a waiting opener sees the name change
+  ::close(fd_);
+  std::error_code ec;
+  for (const auto& dir : created_dirs_) {
+    if (!fs::is_empty(dir, ec) || ec) break;
+    fs::remove(dir, ec);
+  }
+}
+
+std::vector<std::unique_ptr<OutputLock>> lock_outputs(const Config& c) {
+  std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
+  if (!c.run.trace.empty()) outputs.emplace_back("run.trace", c.run.trace);
+  if (c.run.job == JobKind::train) {
+    if (!c.train.save.empty()) outputs.emplace_back("train.save", c.train.save);
+    if (c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty() && !c.train.checkpoint_path.empty())
+      outputs.emplace_back("train.checkpoint_path", c.train.checkpoint_path);
+  }
+  if (c.run.job == JobKind::prune && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
+  std::vector<std::unique_ptr<OutputLock>> locks;
+  for (const auto& [key, path] : outputs) locks.push_back(std::make_unique<OutputLock>(key, path));
+  return locks;
+}
+
+}  // namespace lmscale::io
