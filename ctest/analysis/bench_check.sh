@@ -22,6 +22,7 @@ tiny=(--model.size=custom --model.vocab_size=97 --model.context_length=16 --mode
       --model.num_layers=2 --model.num_heads=4)
 rm -rf "$outdir"
 mkdir -p "$outdir"
+outdir=$(cd "$outdir" && pwd)
 cd "$repo"
 
 if [ "$part" = table ]; then
