@@ -1,0 +1,39 @@
+"""mode `model`: the LM on one device, like `lmscale` bench-model (inputs/bench_model_xl_*.ini).
+
+Times the forward alone (no grad) and the full train step (forward, loss, backward, AdamW); eager
+or torch.compile, naive or SDPA attention, fp32 or bf16 autocast. --device cpu runs a smoke test.
+"""
+import torch
+
+from .. import runtime as rt
+from ..model import TransformerLM, lm_loss
+
+
+def run(a, shape):
+    dev = rt.pick_device(a.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # lmscale's precision.tf32 = false
+    torch.manual_seed(0)
+    model = TransformerLM(shape, a.attention, a.ac).to(dev)
+    opt = rt.make_adamw(model.parameters())
+    fn = torch.compile(model) if a.compile else model
+    x, y = rt.random_tokens(a.batch, shape.context, shape.vocab, dev)
+
+    def forward():
+        with torch.no_grad(), rt.autocast(dev, a.precision):
+            fn(x)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with rt.autocast(dev, a.precision):
+            loss = lm_loss(fn(x), y)
+        loss.backward()
+        opt.step()
+
+    fwd_ms, _ = rt.time_runs(forward, a.warmup, a.iters, dev)
+    rt.reset_peak(dev)
+    step_ms, step_min = rt.time_runs(step, a.warmup, a.iters, dev)
+    rt.emit("model", size=a.size, d_model=shape.d_model, layers=shape.layers, parameters=shape.parameters(),
+            precision=a.precision, compile=a.compile, attention=a.attention, ac=a.ac, batch=a.batch,
+            seq=shape.context, device=str(dev), forward_ms=fwd_ms, step_ms=step_ms, step_ms_min=step_min,
+            tokens_per_s=a.batch * shape.context / step_ms * 1e3, peak_gib=rt.peak_gib(dev))
