@@ -148,7 +148,7 @@ TEST(Pipeline, StagesBalanceLayers) {
   EXPECT_EQ(s1.end, 8);
   EXPECT_FALSE(s1.owns_embedding());
   EXPECT_FALSE(s1.owns_head(d));
-  EXPECT_EQ(s1.first_param(), 1 + 9 * 2);
+  EXPECT_EQ(s1.first_param(d), 1 + 9 * 2);
   EXPECT_EQ(s1.end_param(d), 1 + 9 * 7);
   EXPECT_TRUE(model::stage_units(d, counts, 2).owns_head(d));
   EXPECT_NEAR(parallel::theory_bubble_fraction(2, 8), 1.0 / 9.0, 1e-15);

@@ -65,7 +65,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     double P = 0, Ls = 0;
     bool head = false;
     for (const auto& u : chunks) {
-      for (int i = u.first_param(); i < u.end_param(m); ++i) P += static_cast<double>(layout[static_cast<std::size_t>(i)].numel);
+      for (int i = u.first_param(m); i < u.end_param(m); ++i) P += static_cast<double>(layout[static_cast<std::size_t>(i)].numel);
       Ls += u.end_layer(m) - u.first_layer();
       head = head || u.owns_head(m);
     }

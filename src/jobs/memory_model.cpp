@@ -11,6 +11,7 @@
 #include "lmscale/comm/peer_copy.h"
 #include "lmscale/core/error.h"
 #include "lmscale/model/model_dims.h"
+#include "lmscale/model/param_layout.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
 #include "lmscale/parallel/spec.h"
 #include "lmscale/parallel/zero.h"
@@ -74,11 +75,9 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
     gr.unit_padded.push_back(padded(s.V * s.d));
     for (int l = 0; l < s.L; ++l) gr.unit_padded.push_back(padded(4 * s.d * s.dl + 3 * s.d * s.F));
     gr.unit_padded.push_back(padded(s.V * s.d));
-    gr.unit_of_param.push_back(0);
-    for (int l = 0; l < s.L; ++l)
-      for (int slot = 0; slot < 9; ++slot) gr.unit_of_param.push_back(slot == 4 || slot == 8 ? -1 : l + 1);
-    gr.unit_of_param.push_back(-1);
-    gr.unit_of_param.push_back(s.L + 1);
+    // FSDP's unit of each parameter; -1 for the replicated norm weights.
+    const model::ParamIndex index(s.L);
+    for (int i = 0; i < index.count(); ++i) gr.unit_of_param.push_back(index.is_norm(i) ? -1 : index.unit_of(i));
     gr.gathered.assign(gr.unit_padded.size(), 0);
     gr.full.assign(gr.unit_padded.size(), 0);
     gr.send.assign(gr.unit_padded.size(), 0);

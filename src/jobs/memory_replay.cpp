@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lmscale/model/model_dims.h"
+#include "lmscale/model/param_layout.h"
 #include "lmscale/parallel/spec.h"
 #include "lmscale/parallel/state_layout.h"
 #include "lmscale/parallel/zero.h"
@@ -218,19 +219,19 @@ void recompute_norm(Sim& m, const Shapes& s, double& y) {
 
 void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
-  const int p0 = 1 + l * 9;   // slots q,k,v,o,ln1,w1,w2,w3,ln2
+  const model::BlockParams p = model::ParamIndex(s.L).block(l);
   if (b.a <= 0) {             // selective-mlp: y2, a, b again
     recompute_norm(m, s, b.y2);
     ffn_inputs(m, s, b);
   }
   if (b.g <= 0) b.g = m.alloc(NFe);
   double dg = m.alloc(NFe);
-  gr.touch(p0 + 6, false);
+  gr.touch(p.w2, false);
   if (s.sp) {   // tp_g_backward gathers dx into a [N,d] temporary for the w2 GEMMs
     double dout = m.alloc(Nde);
     m.free(dout);
   }
-  gr.ready(p0 + 6);
+  gr.ready(p.w2);
   m.free(b.g);
   double da = m.alloc(2 * NFe), db = 0;   // one [2,N,F] tensor
   m.free(dg);
@@ -238,36 +239,36 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   m.free(b.b);
   recompute_norm(m, s, b.y2);
   double dy2 = m.alloc(Nde);   // dy2 = da w1 + db w3, accumulated in the GEMM epilogue
-  gr.touch(p0 + 5, false);
-  gr.touch(p0 + 7, false);
+  gr.touch(p.w1, false);
+  gr.touch(p.w3, false);
   if (s.tp > 1) {
     // Tensor parallel (transformer.cpp): the input gradients first, then f's backward started
     // (sequence parallel: a new [Nl,d] result; the gathered y2 and the old [N,d] dy2 live until
     // the weight gradients are done), w1 and w3 notified after their GEMMs.
     double y2full = s.sp ? m.alloc(Nde) : 0.0;
     const double res = s.sp ? m.alloc(Nlde) : 0.0;
-    gr.ready(p0 + 5);
-    gr.ready(p0 + 7);
+    gr.ready(p.w1);
+    gr.ready(p.w3);
     if (s.sp) {
       m.free(dy2);
       m.free(y2full);
       dy2 = res;
     }
   } else {
-    gr.ready(p0 + 5);
-    gr.ready(p0 + 7);
+    gr.ready(p.w1);
+    gr.ready(p.w3);
   }
-  gr.touch(p0 + 8);   // the norm's input gradient is added to dx: no [Nl,d] temporary
+  gr.touch(p.ln2);   // the norm's input gradient is added to dx: no [Nl,d] temporary
   m.free(b.y2);
   m.free(b.h);
   for (double* t : {&dy2, &da, &db}) m.free(*t);
   double dO = m.alloc(Ndle);
-  gr.touch(p0 + 3, false);
+  gr.touch(p.o, false);
   if (s.sp) {   // tp_g_backward: dx gathered for the output projection's GEMMs
     double dproj = m.alloc(Nde);
     m.free(dproj);
   }
-  gr.ready(p0 + 3);
+  gr.ready(p.o);
   double dq = m.alloc(3 * Ndle), dk = 0, dv = 0;   // one [3,N,dl] tensor
   if (s.flash && s.cuda && s.deterministic) {   // the atomic-free backward: D = rowsum(dO*O) only
     double D = m.alloc(s.st * s.B * s.H * s.T);
@@ -295,20 +296,20 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   m.free(dO);
   recompute_norm(m, s, b.y1);
   double dy1 = m.alloc(Nde);   // dq wq + dk wk + dv wv, accumulated in the GEMM epilogues
-  for (int j = 0; j < 3; ++j) gr.touch(p0 + j, false);
+  for (int i : {p.q, p.k, p.v}) gr.touch(i, false);
   if (s.tp > 1) {   // as in the FFN: y1 gathered, f's backward started, then the weight gradients
     double y1full = s.sp ? m.alloc(Nde) : 0.0;
     const double res = s.sp ? m.alloc(Nlde) : 0.0;
-    for (int j = 0; j < 3; ++j) gr.ready(p0 + j);
+    for (int i : {p.q, p.k, p.v}) gr.ready(i);
     if (s.sp) {
       m.free(dy1);
       m.free(y1full);
       dy1 = res;
     }
   } else {
-    for (int j = 0; j < 3; ++j) gr.ready(p0 + j);
+    for (int i : {p.q, p.k, p.v}) gr.ready(i);
   }
-  gr.touch(p0 + 4);   // as in the FFN: added to dx
+  gr.touch(p.ln1);   // as in the FFN: added to dx
   for (double* t : {&dq, &dk, &dv, &dy1}) m.free(*t);
   free_block(m, b);
 }
@@ -410,7 +411,7 @@ double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss)
   if (keep) {
     gr.before_backward(s.L + 1);
     dy = m.alloc(Nde);
-    gr.touch(2 + 9 * s.L, false);   // lm_head: written by the chunks below
+    gr.touch(model::ParamIndex(s.L).lm_head(), false);   // lm_head: written by the chunks below
   }
   // The chunks: the logits buffer, a loss scalar per chunk after the first, per chunk the CUDA
   // cross-entropy's row losses (fp32) or, vocabulary-parallel, the row max and (sum, target) pair.
@@ -441,7 +442,7 @@ double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss)
   }
   m.free(logits);
   m.free(part);
-  if (keep) gr.ready(2 + 9 * s.L);   // the model's notify: after the chunks, before y is dropped
+  if (keep) gr.ready(model::ParamIndex(s.L).lm_head());   // the model's notify: after the chunks, before y is dropped
   if (!keep) {
     for (double* t : {&rstd, &y, &yfull}) m.free(*t);
     gr.after_forward(s.L + 1);
@@ -450,7 +451,7 @@ double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss)
   m.free(yfull);
   m.free(y);
   double dx = m.alloc(Nlde);   // d(loss)/d(last block output): where the blocks' backward starts
-  gr.touch(1 + 9 * s.L);       // ln_final
+  gr.touch(model::ParamIndex(s.L).ln_final());       // ln_final
   gr.after_backward(s.L + 1);
   m.free(rstd);
   m.free(dy);

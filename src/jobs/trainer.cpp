@@ -561,7 +561,7 @@ std::vector<float> Trainer::to_full_layout(const std::vector<float>& local) {
   std::size_t at = 0;
   for (int r = 0; r < pp.size(); ++r) {
     for (const auto& u : model::pipeline_chunks(dims_, pp.size(), V, r, model::parse_stage_layers(pc.stage_layers))) {
-      for (int g = u.first_param(); g < u.end_param(dims_); ++g) {
+      for (int g = u.first_param(dims_); g < u.end_param(dims_); ++g) {
         const auto& p = layout[static_cast<std::size_t>(g)];
         std::copy(gathered.begin() + static_cast<std::ptrdiff_t>(at),
                   gathered.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(p.numel)),

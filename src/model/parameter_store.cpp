@@ -79,7 +79,7 @@ ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, 
     std::vector<ParamInfo> mine;
     std::int64_t off = 0;
     for (const StageUnits& u : chunks_) {
-      const int lo = u.first_param(), hi = u.end_param(dims);
+      const int lo = u.first_param(dims), hi = u.end_param(dims);
       LMSCALE_CHECK(lo < hi && hi <= all, "stage units [{}, {}) hold no parameters", u.first, u.end_unit(dims));
       for (int i = lo; i < hi; ++i) {
         LMSCALE_CHECK(local_of_[static_cast<std::size_t>(i)] < 0, "pipeline chunks overlap at {}", infos_[static_cast<std::size_t>(i)].name);

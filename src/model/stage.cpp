@@ -4,15 +4,13 @@
 #include <sstream>
 
 #include "lmscale/core/error.h"
+#include "lmscale/model/param_layout.h"
 
 namespace lmscale::model {
 
-int StageUnits::end_param(const ModelDims& d) const {
-  const int L = static_cast<int>(d.layers);
-  const int e = end_unit(d);
-  if (e == L + 2) return 1 + 9 * L + 2;
-  return 1 + 9 * (e - 1);   // units 1..e-1 are blocks 0..e-2
-}
+int StageUnits::first_param(const ModelDims& d) const { return ParamIndex(static_cast<int>(d.layers)).first_of_unit(first); }
+
+int StageUnits::end_param(const ModelDims& d) const { return ParamIndex(static_cast<int>(d.layers)).first_of_unit(end_unit(d)); }
 
 std::vector<int> stage_layer_counts(const ModelDims& d, int stages, const std::vector<int>& override_layers) {
   const int L = static_cast<int>(d.layers);

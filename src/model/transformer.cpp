@@ -10,9 +10,6 @@
 namespace lmscale::model {
 
 namespace {
-// Parameter slots inside a block, in parameter_layout order.
-enum Slot { kQ = 0, kK, kV, kO, kLn1, kW1, kW2, kW3, kLn2 };
-
 void notify(const ParallelContext& pc, int i) {
   if (pc.on_grad_ready) pc.on_grad_ready(i);
 }
@@ -142,7 +139,8 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   // norms' outputs are [Nl,d] row shards under sequence parallelism.
   const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model, F = Fl_, H = Hl_, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
-  auto W = [&](int slot) { return params_.compute_weight(pidx(l, slot)); };
+  const BlockParams p = block_params(l);
+  auto W = [&](int i) { return params_.compute_weight(i); };
   auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activations"); };
   auto act_local = [&](std::int64_t cols) { return Tensor::empty({Nl, cols}, compute_, A, "activations"); };
   s.x = x;
@@ -151,7 +149,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     NvtxRange r("attention_block");
     s.rstd1 = Tensor::empty({Nl}, stats_, A, "activations");
     s.y1 = act_local(d);
-    ops::rmsnorm(ctx, x, W(kLn1), dims_.norm_eps, s.y1, s.rstd1);
+    ops::rmsnorm(ctx, x, W(p.ln1), dims_.norm_eps, s.y1, s.rstd1);
     // q, k, v are views of one [3,N,dl] tensor: the three projections are one batched GEMM (the
     // weights lie back to back in the store) and RoPE runs once over q and k as [2B,T,H,Dh].
     const Tensor qkv = Tensor::empty({3, N, dl_}, compute_, A, "activations");
@@ -160,7 +158,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     s.v = part(qkv, 2);
     {
       const Tensor y1 = tp_f(pc, ctx, s.y1);   // [N,d]; gathered rows are dropped after the matmuls
-      ops::linear_group(ctx, y1, {W(kQ), W(kK), W(kV)}, {s.q, s.k, s.v});
+      ops::linear_group(ctx, y1, {W(p.q), W(p.k), W(p.v)}, {s.q, s.k, s.v});
     }
     Tensor qk = qkv.slice(0, 2).reshape({2 * N, dl_});
     ops::rope(ctx, qk, 2 * B, T, H, Dh, dims_.rope_theta, false);
@@ -179,24 +177,30 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
       }
     }
     proj = act(d);
-    ops::linear(ctx, s.o, W(kO), proj);   // row-parallel: this rank's heads' share of the sum
+    ops::linear(ctx, s.o, W(p.o), proj);   // row-parallel: this rank's heads' share of the sum
     proj = tp_g(pc, ctx, proj);           // [Nl,d]
     s.h = act_local(d);
   }
   NvtxRange r("ffn_block");
   s.rstd2 = Tensor::empty({Nl}, stats_, A, "activations");
   s.y2 = act_local(d);
-  ops::add_rmsnorm(ctx, x, proj, W(kLn2), dims_.norm_eps, s.h, s.y2, s.rstd2);   // h = x + proj, y2 = rmsnorm2(h)
+  ops::add_rmsnorm(ctx, x, proj, W(p.ln2), dims_.norm_eps, s.h, s.y2, s.rstd2);   // h = x + proj, y2 = rmsnorm2(h)
   proj = Tensor();
   ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l);
   s.g = act(F);
   ops::swiglu(ctx, s.a, s.b, s.g);
   if (!need_output) return Tensor();   // a recompute's last block: its output is not needed again
   Tensor out = act(d);
-  ops::linear(ctx, s.g, W(kW2), out);   // row-parallel partial sum
+  ops::linear(ctx, s.g, W(p.w2), out);   // row-parallel partial sum
   out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);
   return out;
+}
+
+BlockParams TransformerLM::block_params(int l) const {
+  const BlockParams f = ParamIndex(static_cast<int>(dims_.layers)).block(l);
+  auto at = [&](int i) { return params_.local_index(i); };
+  return {at(f.q), at(f.k), at(f.v), at(f.o), at(f.ln1), at(f.w1), at(f.w2), at(f.w3), at(f.ln2)};
 }
 
 void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l) {
@@ -204,7 +208,8 @@ void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& 
   const Tensor ab = Tensor::empty({2, y2.dim(0), Fl_}, compute_, *ctx.allocator, "activations");
   s.a = part(ab, 0);
   s.b = part(ab, 1);
-  ops::linear_group(ctx, y2, {params_.compute_weight(pidx(l, kW1)), params_.compute_weight(pidx(l, kW3))}, {s.a, s.b});
+  const BlockParams p = block_params(l);
+  ops::linear_group(ctx, y2, {params_.compute_weight(p.w1), params_.compute_weight(p.w3)}, {s.a, s.b});
 }
 
 void TransformerLM::recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N,
@@ -226,14 +231,15 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   // Local shapes as in block_forward; dx is [Nl,d].
   const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model, F = Fl_, H = Hl_, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
-  auto W = [&](int slot) { return params_.compute_weight(pidx(l, slot)); };
-  auto G = [&](int slot) { return params_.grad(pidx(l, slot)); };
+  const BlockParams p = block_params(l);
+  auto W = [&](int i) { return params_.compute_weight(i); };
+  auto G = [&](int i) { return params_.grad(i); };
   auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activation_grads"); };
   {
     // FFN: out = h + g(w2(silu(w1 f(y2)) * w3 f(y2))), y2 = rmsnorm2(h); dx holds d(out).
     NvtxRange r("ffn_block_backward");
     if (!present(s.a)) {   // selective-mlp: y2, then a = w1 y2 and b = w3 y2 again
-      recompute_norm(ctx, s.h, W(kLn2), s.y2, Nl, d);   // [Nl,d]; tensor parallel: the local a, b [N,Fl]
+      recompute_norm(ctx, s.h, W(p.ln2), s.y2, Nl, d);   // [Nl,d]; tensor parallel: the local a, b [N,Fl]
       ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l);
     }
     if (!present(s.g)) {   // selective checkpointing: g = silu(a) * b again
@@ -241,12 +247,12 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
       ops::swiglu(ctx, s.a, s.b, s.g);
     }
     Tensor dg = act(F);
-    Tensor gW2 = G(kW2);
+    Tensor gW2 = G(p.w2);
     {
       const Tensor dout = tp_g_backward(pc, ctx, dx);   // [N,d]
-      ops::linear_backward(ctx, s.g, W(kW2), dout, &dg, &gW2, accumulate);
+      ops::linear_backward(ctx, s.g, W(p.w2), dout, &dg, &gW2, accumulate);
     }
-    notify(pc, pidx(l, kW2));
+    notify(pc, p.w2);
     s.g = Tensor();
     const Tensor dab = Tensor::empty({2, N, F}, compute_, A, "activation_grads");   // da, db side by side
     Tensor da = part(dab, 0), db = part(dab, 1);
@@ -254,14 +260,14 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     dg = Tensor();
     s.a = Tensor();
     s.b = Tensor();
-    recompute_norm(ctx, s.h, W(kLn2), s.y2, Nl, d);   // selective: y2 = rmsnorm2(h) again
+    recompute_norm(ctx, s.h, W(p.ln2), s.y2, Nl, d);   // selective: y2 = rmsnorm2(h) again
     // dy2 = da w1 + db w3 (the second product added in the GEMM epilogue), dW1, dW3 batched.
     Tensor dy2 = act(d);
-    const std::vector<Tensor> w13 = {W(kW1), W(kW3)}, d13 = {da, db}, g13 = {G(kW1), G(kW3)};
+    const std::vector<Tensor> w13 = {W(p.w1), W(p.w3)}, d13 = {da, db}, g13 = {G(p.w1), G(p.w3)};
     if (!tp_.active()) {
       ops::linear_group_backward(ctx, s.y2, w13, d13, &dy2, &g13, accumulate);
-      notify(pc, pidx(l, kW1));
-      notify(pc, pidx(l, kW3));
+      notify(pc, p.w1);
+      notify(pc, p.w3);
     } else {
       // Tensor parallel: the input gradient first, so that its f-backward collective runs while
       // the weight-gradient GEMMs (which do not read it) compute.
@@ -269,24 +275,24 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
       ops::linear_group_backward(ctx, y2, w13, d13, &dy2, nullptr, accumulate);
       PendingGrad pending = tp_f_backward_start(pc, ctx, dy2);
       ops::linear_group_backward(ctx, y2, w13, d13, nullptr, &g13, accumulate);
-      notify(pc, pidx(l, kW1));
-      notify(pc, pidx(l, kW3));
+      notify(pc, p.w1);
+      notify(pc, p.w3);
       dy2 = pending.finish();   // [Nl,d]
     }
-    Tensor gLn2 = grad_for_adding(ctx, pidx(l, kLn2), accumulate);
-    norm_backward(pc, ctx, s.h, W(kLn2), s.rstd2, dy2, dx, gLn2, true);   // dx += the norm's input gradient: d(h)
-    notify(pc, pidx(l, kLn2));
+    Tensor gLn2 = grad_for_adding(ctx, p.ln2, accumulate);
+    norm_backward(pc, ctx, s.h, W(p.ln2), s.rstd2, dy2, dx, gLn2, true);   // dx += the norm's input gradient: d(h)
+    notify(pc, p.ln2);
     s.y2 = Tensor();
     s.h = Tensor();
   }
   NvtxRange r("attention_block_backward");
   // Attention: h = x + g(output_proj(attn(rope(q), rope(k), v))), q,k,v = proj(f(rmsnorm1(x))).
-  Tensor dO = act(dl_), gWo = G(kO);
+  Tensor dO = act(dl_), gWo = G(p.o);
   {
     const Tensor dproj = tp_g_backward(pc, ctx, dx);   // [N,d]
-    ops::linear_backward(ctx, s.o, W(kO), dproj, &dO, &gWo, accumulate);
+    ops::linear_backward(ctx, s.o, W(p.o), dproj, &dO, &gWo, accumulate);
   }
-  notify(pc, pidx(l, kO));
+  notify(pc, p.o);
   const Tensor dqkv = Tensor::empty({3, N, dl_}, compute_, A, "activation_grads");   // dq, dk, dv side by side
   Tensor dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
   auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
@@ -307,12 +313,12 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   dO = Tensor();
   Tensor dqk = dqkv.slice(0, 2).reshape({2 * N, dl_});
   ops::rope(ctx, dqk, 2 * B, T, H, Dh, dims_.rope_theta, true);
-  recompute_norm(ctx, s.x, W(kLn1), s.y1, Nl, d);   // selective: y1 = rmsnorm1(x) again
+  recompute_norm(ctx, s.x, W(p.ln1), s.y1, Nl, d);   // selective: y1 = rmsnorm1(x) again
   // dy1 = dq wq + dk wk + dv wv (added in the GEMM epilogues), dWq, dWk, dWv batched.
   Tensor dy1 = act(d);
-  const std::vector<Tensor> wqkv = {W(kQ), W(kK), W(kV)}, dqkv3 = {dq, dk, dv}, gqkv = {G(kQ), G(kK), G(kV)};
+  const std::vector<Tensor> wqkv = {W(p.q), W(p.k), W(p.v)}, dqkv3 = {dq, dk, dv}, gqkv = {G(p.q), G(p.k), G(p.v)};
   auto notify_qkv = [&] {
-    for (int slot : {kQ, kK, kV}) notify(pc, pidx(l, slot));
+    for (int i : {p.q, p.k, p.v}) notify(pc, i);
   };
   if (!tp_.active()) {
     ops::linear_group_backward(ctx, s.y1, wqkv, dqkv3, &dy1, &gqkv, accumulate);
@@ -326,9 +332,9 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     notify_qkv();
     dy1 = pending.finish();   // [Nl,d]
   }
-  Tensor gLn1 = grad_for_adding(ctx, pidx(l, kLn1), accumulate);
-  norm_backward(pc, ctx, s.x, W(kLn1), s.rstd1, dy1, dx, gLn1, true);   // dx += the norm's input gradient: d(x)
-  notify(pc, pidx(l, kLn1));
+  Tensor gLn1 = grad_for_adding(ctx, p.ln1, accumulate);
+  norm_backward(pc, ctx, s.x, W(p.ln1), s.rstd1, dy1, dx, gLn1, true);   // dx += the norm's input gradient: d(x)
+  notify(pc, p.ln1);
   s = BlockActivations{};
 }
 

@@ -25,8 +25,8 @@ struct StageUnits {
   // Blocks [first_layer, end_layer) held (may be empty).
   int first_layer() const { return first == 0 ? 0 : first - 1; }
   int end_layer(const ModelDims& d) const { return std::min(end_unit(d), static_cast<int>(d.layers) + 1) - 1; }
-  // Parameters of the flat layout held: [first_param, end_param) (9 per block, 1 embedding, 2 head).
-  int first_param() const { return first == 0 ? 0 : 1 + 9 * (first - 1); }
+  // Parameters of the flat layout held: [first_param, end_param) (model/param_layout.h).
+  int first_param(const ModelDims& d) const;
   int end_param(const ModelDims& d) const;
 };
 

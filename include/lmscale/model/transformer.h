@@ -19,6 +19,7 @@
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
 #include "lmscale/model/model_dims.h"
+#include "lmscale/model/param_layout.h"
 #include "lmscale/model/parallel_context.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/recompute.h"
@@ -151,9 +152,9 @@ class TransformerLM {
   void ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l);
   // Gradient of parameter i, zeroed first unless accumulating (for the ops that always add).
   Tensor grad_for_adding(Context& ctx, int i, bool accumulate);
-  // Store index of a block's parameter (slot order of parameter_layout); a pipeline stage's
-  // store holds only its units' parameters, indexed locally.
-  int pidx(int layer, int slot) const { return params_.local_index(1 + layer * 9 + slot); }
+  // Store indices of block `layer`'s parameters (a pipeline stage's store holds only its units'
+  // parameters, indexed locally).
+  BlockParams block_params(int layer) const;
 
   // ---- tensor parallelism (transformer_tp.cpp) ------------------------------------------------
   // Megatron's conjugate operators at the two points of each sublayer; identities with tp = 1.
