@@ -12,7 +12,7 @@
 #include "lmscale/io/deck.h"
 #include "lmscale/comm/mpi_environment.h"
 #include "lmscale/io/results.h"
-#include "lmscale/jobs/trainer.h"
+#include "lmscale/jobs/engine/trainer.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/ops.h"

@@ -17,7 +17,7 @@
 #include "lmscale/io/deck.h"
 #include "lmscale/comm/factory.h"
 #include "lmscale/io/dataset.h"
-#include "lmscale/jobs/trainer.h"
+#include "lmscale/jobs/engine/trainer.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/adamw.h"
 #include "lmscale/parallel/zero.h"

@@ -22,7 +22,7 @@
 #include "lmscale/comm/factory.h"
 #include "lmscale/comm/peer_copy.h"
 #include "lmscale/io/dataset.h"
-#include "lmscale/jobs/trainer.h"
+#include "lmscale/jobs/engine/trainer.h"
 #include "lmscale/parallel/grad_buckets.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/ops/ops.h"

@@ -19,7 +19,7 @@
 #include "lmscale/io/deck.h"
 #include "lmscale/comm/factory.h"
 #include "lmscale/io/dataset.h"
-#include "lmscale/jobs/trainer.h"
+#include "lmscale/jobs/engine/trainer.h"
 #include "lmscale/parallel/pipeline.h"
 #include "mpi_test_support.h"
 #include "parallel_test_util.h"

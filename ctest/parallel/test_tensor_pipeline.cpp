@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "lmscale/io/deck.h"
-#include "lmscale/jobs/trainer.h"
+#include "lmscale/jobs/engine/trainer.h"
 #include "lmscale/parallel/pipeline.h"
 #include "lmscale/parallel/tensor_parallel.h"
 #include "parallel_test_util.h"

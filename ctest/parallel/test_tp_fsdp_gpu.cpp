@@ -20,7 +20,7 @@
 #include "lmscale/io/deck.h"
 #include "lmscale/comm/factory.h"
 #include "lmscale/io/dataset.h"
-#include "lmscale/jobs/trainer.h"
+#include "lmscale/jobs/engine/trainer.h"
 #include "mpi_test_support.h"
 
 using namespace lmscale;

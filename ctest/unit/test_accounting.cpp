@@ -1,4 +1,4 @@
-// Accounting (jobs/accounting.h) against hand-counted numbers: parameter bytes, sharded optimizer
+// Accounting (jobs/predict/accounting.h) against hand-counted numbers: parameter bytes, sharded optimizer
 // state, activations of the xl model at batch 4 x 512 in bf16 (the device measured a 34.624 GiB
 // peak for this deck on an H100, gradients per bucket; the prediction must be within 2%), and
 // communication volumes.
@@ -6,8 +6,8 @@
 
 #include <cmath>
 
-#include "lmscale/jobs/accounting.h"
-#include "lmscale/jobs/memory_model.h"
+#include "lmscale/jobs/predict/accounting.h"
+#include "lmscale/jobs/predict/memory_model.h"
 #include "lmscale/parallel/grad_buckets.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"

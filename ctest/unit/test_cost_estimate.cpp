@@ -1,11 +1,11 @@
-// Cost estimates (jobs/cost_estimate.h) against numbers worked by hand.
+// Cost estimates (jobs/predict/cost_estimate.h) against numbers worked by hand.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "lmscale/core/error.h"
 #include "lmscale/io/results_attr.h"
-#include "lmscale/jobs/cost_estimate.h"
+#include "lmscale/jobs/predict/cost_estimate.h"
 #include "lmscale/model/model_dims.h"
 
 using namespace lmscale;

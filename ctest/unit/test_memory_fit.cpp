@@ -1,4 +1,4 @@
-// The memory check before a run (jobs/memory_fit.h): the peak of the predicted phases per mode, and the
+// The memory check before a run (jobs/predict/memory_fit.h): the peak of the predicted phases per mode, and the
 // refusal (exit 2) when it exceeds the memory available, with both numbers and the keys to change.
 #include <gtest/gtest.h>
 
@@ -6,9 +6,9 @@
 
 #include "lmscale/io/deck.h"
 #include "lmscale/core/error.h"
-#include "lmscale/jobs/accounting.h"
-#include "lmscale/jobs/memory_fit.h"
-#include "lmscale/jobs/memory_model.h"
+#include "lmscale/jobs/predict/accounting.h"
+#include "lmscale/jobs/predict/memory_fit.h"
+#include "lmscale/jobs/predict/memory_model.h"
 #include "lmscale/ops/runtime.h"
 
 using namespace lmscale;

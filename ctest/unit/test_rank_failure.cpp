@@ -1,4 +1,4 @@
-// jobs/rank_failure.h: the one line that ends a failed job names the rank to blame from the
+// jobs/resilience/rank_failure.h: the one line that ends a failed job names the rank to blame from the
 // watchdogs' reports: a silent rank first, else the rank not in communication while others wait,
 // else the ranks reporting a communication error; and the test-only fault injection's parsing.
 #include <gtest/gtest.h>
@@ -6,8 +6,8 @@
 #include <cstdlib>
 
 #include "lmscale/core/error.h"
-#include "lmscale/jobs/fault_injection.h"
-#include "lmscale/jobs/rank_failure.h"
+#include "lmscale/jobs/resilience/fault_injection.h"
+#include "lmscale/jobs/resilience/rank_failure.h"
 
 namespace lmscale::jobs {
 namespace {

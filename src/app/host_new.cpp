@@ -1,6 +1,6 @@
 // The executable's global operator new: std::malloc, as the library's, but a failure throws a
 // std::bad_alloc whose message says how many bytes were asked for, so that an allocation that
-// fails despite the memory check before the run (jobs/memory_fit.h) ends with
+// fails despite the memory check before the run (jobs/predict/memory_fit.h) ends with
 // "out of host memory: a request for 6400000000064 bytes (5.82 TiB) failed" instead of a bare
 // "std::bad_alloc". Sized and aligned variants of new keep the library's definitions (they call
 // this one or use aligned allocation); delete stays std::free-compatible.

@@ -1,6 +1,6 @@
 // lmscale: reads a deck, sets up MPI, the device and the results file, runs one job.
 // Exit codes: 0 ok, 1 runtime failure, 2 bad usage or deck (nothing run, nothing written), 75 train
-// stopped by SIGTERM/SIGUSR1 after writing a checkpoint (jobs/preemption.h, docs/checkpoints.md).
+// stopped by SIGTERM/SIGUSR1 after writing a checkpoint (jobs/resilience/preemption.h, docs/checkpoints.md).
 // A failure before the first result row leaves no file; after it, NAME.tmp keeps the rows and the
 // error names it (io/results.h).
 #include <cstdio>
@@ -24,7 +24,7 @@
 #include "lmscale/jobs/trace_output.h"
 #include "lmscale/jobs/dispatch.h"
 #include "lmscale/jobs/job_env.h"
-#include "lmscale/jobs/memory_fit.h"
+#include "lmscale/jobs/predict/memory_fit.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/version.h"
 #include "system_info.h"

@@ -4,11 +4,11 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
-#include "lmscale/jobs/accounting.h"
+#include "lmscale/jobs/predict/accounting.h"
 #include "lmscale/jobs/bench_attention.h"
 #include "lmscale/jobs/bench_collectives.h"
 #include "lmscale/jobs/bench_model.h"
-#include "lmscale/jobs/oom_report.h"
+#include "lmscale/jobs/resilience/oom_report.h"
 #include "lmscale/jobs/prune.h"
 #include "lmscale/jobs/train.h"
 #ifdef LMSCALE_WITH_CUDA

@@ -11,7 +11,7 @@
 #include "lmscale/io/checkpoint.h"
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/magnitude_pruning.h"
-#include "lmscale/jobs/trainer.h"
+#include "lmscale/jobs/engine/trainer.h"
 
 namespace lmscale::jobs {
 

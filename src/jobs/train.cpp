@@ -8,13 +8,13 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/timer.h"
 #include "lmscale/io/dataset.h"
-#include "lmscale/jobs/checkpointing.h"
+#include "lmscale/jobs/engine/checkpointing.h"
 #include "lmscale/jobs/memory_report.h"
-#include "lmscale/jobs/pipeline_report.h"
-#include "lmscale/jobs/preemption.h"
-#include "lmscale/jobs/sharded_checkpointing.h"
-#include "lmscale/jobs/step_watchdog.h"
-#include "lmscale/jobs/trainer.h"
+#include "lmscale/jobs/engine/pipeline_report.h"
+#include "lmscale/jobs/resilience/preemption.h"
+#include "lmscale/jobs/engine/sharded_checkpointing.h"
+#include "lmscale/jobs/resilience/step_watchdog.h"
+#include "lmscale/jobs/engine/trainer.h"
 
 namespace lmscale::jobs {
 

@@ -136,7 +136,7 @@ class Communicator {
   // communicator or of one split from it (nccl: ncclCommGetAsyncError; empty when none), and
   // whether any of them has communication in flight on this rank (nccl: its streams are not
   // idle; mpi: a call has not completed). A rank that hangs outside communication is not busy
-  // while the ranks waiting for it are (jobs/rank_failure.h names the culprit from this).
+  // while the ranks waiting for it are (jobs/resilience/rank_failure.h names the culprit from this).
   virtual CommHealth health() const { return {}; }
 
   // ---- raw buffers -------------------------------------------------------------------------

@@ -265,7 +265,7 @@ struct DataConfig {
   bool operator==(const DataConfig&) const = default;
 };
 
-// The machine the accounting job's communication analysis assumes (jobs/parallel_bounds.h).
+// The machine the accounting job's communication analysis assumes (jobs/predict/parallel_bounds.h).
 struct AccountingConfig {
   double device_tflops = 0;   // dense FLOP/s per device, TFLOP/s; 0 = datasheet peak (H100/H200)
   double link_gbps = 450;     // per-GPU link bandwidth, GB/s one way (NVLink 4: 900 both ways)

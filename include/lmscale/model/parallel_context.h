@@ -16,7 +16,7 @@
 //   before_forward(L+1), before_backward(L+1), on_grad_ready(lm_head), on_grad_ready(ln_final),
 //   after_backward(L+1), after_forward(L+1)
 // and backward() starts at unit L. A strategy therefore hands the model one context holding the
-// micro-batch's forward and backward hooks for both calls (jobs/trainer.cpp; the pipeline keeps
+// micro-batch's forward and backward hooks for both calls (jobs/engine/trainer.cpp; the pipeline keeps
 // the head stage's backward hooks in its slot), and a strategy's backward state (FSDP's
 // micro-batch index, DDP's bucket counters) must be set before that forward.
 // With activation checkpointing every k blocks the backward calls before_backward for all the

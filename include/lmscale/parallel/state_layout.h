@@ -2,7 +2,7 @@
 // What of the training state this rank holds, in one form every layout can give (docs/checkpoints.md
 // "Ownership"): a list of pieces, each a range of elements of one named parameter with views of
 // where those elements live on this rank (fp32 master weights and AdamW m, v). Sharded
-// checkpoints (jobs/sharded_checkpointing.h) are written and read through it alone, so any
+// checkpoints (jobs/engine/sharded_checkpointing.h) are written and read through it alone, so any
 // layout resumes any other's checkpoint by name.
 //
 // Coordinates are the FULL model's: `param` indexes model::parameter_layout(dims) (docs/architecture.md §2
@@ -16,7 +16,7 @@
 //         empty (Tensor(), not defined()) where the rank holds that part of the state for no element of the range (e.g.
 //         zero1/zero2 hold the whole master but m, v only for their shard: two kinds of pieces).
 //
-// Layouts (jobs/trainer_state.cpp, parallel/fsdp.cpp): one process / DDP own everything (save: a
+// Layouts (jobs/engine/trainer_state.cpp, parallel/fsdp.cpp): one process / DDP own everything (save: a
 // 1/N slice of each parameter per rank); zero1/zero2 own near-equal ranges of the flat buffer
 // (save = load = that range cut at parameter boundaries, plus the replicated master); fsdp owns
 // per-unit padded shards (padding is not state) and replicated norms. Tensor parallelism: each

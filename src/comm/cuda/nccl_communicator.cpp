@@ -83,7 +83,7 @@ class EventPool {
 // ncclInProgress before the next call on that communicator. A call that returns ncclSuccess (the
 // steady state of collectives) costs nothing more. The point: no NCCL call can block the host
 // forever, so a watchdog thread can read the asynchronous error and ncclCommAbort a communicator
-// whose peer died or hangs (jobs/step_watchdog.h).
+// whose peer died or hangs (jobs/resilience/step_watchdog.h).
 ncclResult_t wait_ready(ncclComm_t comm, ncclResult_t r) {
   for (int spins = 0; r == ncclInProgress; ++spins) {
     if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -244,7 +244,7 @@ class NcclCommunicator final : public Communicator {
   }
   Algo algo() const override { return algo_; }
   void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
-  // From the watchdog thread (jobs/step_watchdog.h): this communicator and those split from it.
+  // From the watchdog thread (jobs/resilience/step_watchdog.h): this communicator and those split from it.
   // Run on 2 GPUs by scripts/device/rank_failure.sh (no device in CI).
   void abort() override {
     for (auto& c : shared_->live_children()) c->abort();

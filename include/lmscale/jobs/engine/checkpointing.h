@@ -1,0 +1,16 @@
+#pragma once
+// Saving and loading the trainer's state through io/checkpoint.h: final weights (one dataset per
+// parameter name, fp32, loadable by h5py into a PyTorch state_dict), and training checkpoints
+// (weights + AdamW m, v + step, loss scale) that `train.resume` continues from exactly.
+#include <string>
+
+#include "lmscale/jobs/engine/trainer.h"
+
+namespace lmscale::jobs {
+
+// Rank 0 writes; every rank must call (the weights are gathered from the device first).
+void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool with_optimizer_state);
+// Every rank reads the file and restores weights (and optimizer state and step when present).
+void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path);
+
+}  // namespace lmscale::jobs

@@ -1,0 +1,29 @@
+#pragma once
+// Sharded training checkpoints of the trainer (io/sharded_checkpoint.h for the files,
+// docs/checkpoints.md for the guarantees): every rank writes the pieces of state it owns
+// (jobs/engine/trainer_state.h) in parallel; rank 0 writes the index last. Loading reads, by name, the
+// ranges this rank owns in its own layout from whichever files hold them.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "lmscale/jobs/engine/trainer.h"
+
+namespace lmscale::jobs {
+
+// Collective. Writes CHECKPOINT_DIR/step_NNNNNNNN/ for the trainer's current step (replacing an
+// earlier attempt at the same step), then keeps the newest train.keep_checkpoints. Error (exit 1)
+// on every rank when any rank failed to write; the index is then not written.
+void save_sharded_checkpoint(JobEnv& env, Trainer& trainer);
+
+// The step directory train.resume names for this deck: "" -> none; "auto" -> the newest complete
+// checkpoint under train.checkpoint_dir, or none; a directory -> it. (A regular file is an old
+// single-file checkpoint: io/checkpoint.h.) Same answer on every rank (rank 0 decides).
+std::optional<std::string> resume_directory(JobEnv& env);
+
+// Collective. Restores parameters, AdamW state, step, loss scale from STEP_DIR. A checkpoint of
+// another model, a damaged or incomplete one: UsageError (exit 2) on every rank, naming the file
+// and the problem.
+void load_sharded_checkpoint(JobEnv& env, Trainer& trainer, const std::string& step_dir);
+
+}  // namespace lmscale::jobs

@@ -1,0 +1,47 @@
+#pragma once
+// Does a run fit in memory? Before any output is created, the accounting job's prediction of the
+// bytes one rank holds at its peak (jobs/predict/accounting.h) is compared with the memory this rank can
+// have: free device memory on CUDA, or on CPU the host's available memory (MemAvailable, and the
+// cgroup limit where one is set) shared by the ranks of the node. A run that cannot fit is refused
+// with exit 2 (UsageError) instead of dying in an allocation minutes later.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "lmscale/io/config.h"
+#include "lmscale/ops/runtime.h"
+
+namespace lmscale::jobs {
+
+// The memory one rank can use: bytes, and where they come from, as the end of a sentence ("are
+// free on GPU 0 (...)", "are available in host memory (MemAvailable in /proc/meminfo)").
+struct MemoryBudget {
+  double bytes = 0;
+  std::string source;
+};
+
+// Predicted peak bytes per rank for the jobs that run the model (train, bench-model; by
+// bench.mode: forward holds no gradients or optimizer state, forward-backward no optimizer
+// state), the largest components first in `detail`; nullopt for other jobs.
+struct MemoryNeed {
+  double bytes = 0;
+  std::string detail;   // "activations 5.8 TiB, logits 12 GiB, ..."
+};
+std::optional<MemoryNeed> predicted_need(const Config& cfg, int world, const std::string& device_name);
+
+// The problem (one line naming the keys and the fix) when `need_per_rank` x `ranks_sharing`
+// exceeds `budget`, else nullopt. Pure: unit-tested without a machine of that size.
+std::optional<std::string> memory_fit_problem(const MemoryNeed& need_per_rank, int ranks_sharing,
+                                              const MemoryBudget& budget, const Config& cfg);
+
+// This process's budget: free memory of its GPU (cuda), or the host's available memory (cpu),
+// which `ranks_on_node` ranks share. The bytes are infinite when they cannot be read.
+MemoryBudget memory_budget(ops::Runtime& rt);
+
+// All of the above for this process; throws UsageError when the run cannot fit.
+void check_memory_fits(const Config& cfg, int world, int ranks_on_node, ops::Runtime& rt);
+
+// "1.50 GiB", "5.82 TiB", "512 B".
+std::string format_bytes(double bytes);
+
+}  // namespace lmscale::jobs

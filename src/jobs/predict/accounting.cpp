@@ -1,0 +1,376 @@
+#include "lmscale/jobs/predict/accounting.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "lmscale/io/deck.h"
+#include "lmscale/jobs/predict/cost_estimate.h"
+#include "lmscale/jobs/predict/device_peak.h"
+#include "lmscale/jobs/predict/memory_model.h"
+#include "lmscale/model/model_dims.h"
+#include "lmscale/model/recompute.h"
+#include "lmscale/parallel/spec.h"
+#include "memory_replay.h"
+
+namespace lmscale::jobs {
+
+Accounting account(const Config& cfg, int world, const std::string& device_name) {
+  // CS336 §8: where each strategy becomes communication bound on the [accounting] machine.
+  auto analysis = [&](Accounting& a) {
+    a.analysis_flops = cfg.accounting.device_tflops > 0
+                           ? cfg.accounting.device_tflops * 1e12
+                           : device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name,
+                                               cfg.precision.mode, cfg.precision.tf32);
+    a.analysis_link_bytes = cfg.accounting.link_gbps * 1e9;
+    if (a.analysis_flops > 0) a.bounds = parallel_bounds(cfg, a.analysis_flops, a.analysis_link_bytes);
+  };
+  if (cfg.parallel.pp > 1) {
+    Accounting a = account_pipeline(cfg, world, device_name);
+    analysis(a);
+    return a;
+  }
+  Accounting a;
+  const auto m = model::ModelDims::from(cfg.model);
+  const double P = static_cast<double>(m.parameter_count());
+  a.parameters = m.parameter_count();
+  const bool bench = cfg.run.job == JobKind::bench_model;
+  const std::int64_t B = bench ? cfg.bench.batch_size : cfg.train.batch_size;
+  // The deck's layout (the accounting job may describe a layout other than the one it runs on).
+  const parallel::Spec spec = parallel::Spec::resolve(cfg.parallel, world);
+  const comm::MeshShape mesh = spec.mesh_shape();
+  const int tp = mesh.tp, dp = mesh.dp;
+  const bool sp = tp > 1 && cfg.parallel.sequence_parallel;
+  a.local_batch = B / dp / (bench ? 1 : cfg.train.grad_accum);
+  a.seq = m.context;
+  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  const double e = mixed ? 2.0 : 4.0;   // activation bytes per element
+  const bool sharded = spec.sharded_optimizer();
+  const bool fsdp = spec.fsdp();
+  const double N = static_cast<double>(a.local_batch * a.seq), d = static_cast<double>(m.d_model),
+               F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads), T = static_cast<double>(a.seq),
+               L = static_cast<double>(m.layers), V = static_cast<double>(m.vocab), b = static_cast<double>(a.local_batch);
+  auto add = [&](std::string name, double bytes, std::string f) { a.memory.push_back({std::move(name), bytes, std::move(f)}); };
+  // FSDP units: embedding, blocks, head; the norms (2d per block, d final) stay replicated.
+  const double unit_block = 4 * d * d + 3 * d * F, unit_head = V * d, norm_params = (2 * L + 1) * d;
+  // Tensor parallel: a rank holds 1/tp of every parameter but the replicated norm weights, so the
+  // non-FSDP items below count Pr = (P - norms)/tp + norms (= P with tp = 1).
+  const double Pr = (P - norm_params) / tp + norm_params;
+  // FSDP shards what the rank would hold without it: under tensor parallelism (2D) its slices,
+  // Ps = (P - norms)/tp elements, over the dp ranks; gathered units are slices too (1/tp).
+  const double Ps = (P - norm_params) / tp;
+  const std::string ps = tp > 1 ? "(P - norms)/tp" : "(P - norms)";
+  if (fsdp) {
+    add("parameters", 4 * Ps / dp + 4 * norm_params, "4 B x " + ps + " / N (fp32 master shard) + replicated norms");
+    add("gradients", 4 * norm_params, "replicated norm gradients (each unit's full-size gradients live only from its "
+                                      "backward to its reduce-scatter)");
+    add("gradient_shard", 4 * Ps / dp, "4 B x " + ps + " / N (fp32)");
+    add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + 1.0 / dp)) / tp +
+                             (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d) / tp),
+        std::string(cfg.parallel.reshard_after_forward
+                        ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF, and "
+                          "its cast shard)"
+                        : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block)") +
+            (tp > 1 ? " / tp" : ""));
+  }
+  // The parameters a rank holds: P, or Pr under tensor parallelism.
+  const std::string p = tp > 1 && !fsdp ? "Pr" : "P";
+  if (!fsdp) {
+    add("parameters", 4 * Pr, "4 B x " + p + " (fp32 master)");
+    if (mixed) add("parameters_lowp", 2 * Pr, "2 B x " + p + " (bf16/fp16 working copy)");
+  }
+  if (fsdp) {
+  } else if (spec.grad_storage() == parallel::GradStorage::lazy_buckets)
+    add("gradients", 0, "0 at the start of the backward: per-bucket buffers are allocated as the backward frees "
+                        "activations (one process, zero2) and freed after the step (zero2: after their reduce-scatter)");
+  else
+    add("gradients", 4 * Pr, "4 B x " + p + " (one flat fp32 buffer)");
+  if (sharded && !fsdp && cfg.parallel.zero != ZeroLevel::zero1_broadcast)
+    add("gradient_shard", 4 * Pr / dp, "4 B x " + p + " / N (reduced range)");
+  // parallel.grad_exchange = copy-engine (zero2 or bucketed DDP): the receive window's slots (its
+  // few KiB of signal flags are left to the memory model).
+  const bool zero2 = sharded && cfg.parallel.zero == ZeroLevel::zero2;
+  if (cfg.parallel.grad_exchange == GradExchange::copy_engine && (zero2 || (dp > 1 && cfg.parallel.zero == ZeroLevel::none &&
+                                                                cfg.parallel.ddp == DdpKind::bucketed)))
+    add("gradient_exchange_window", 4 * Pr * (dp - 1) / dp,
+        "4 B x " + p + " x (N - 1) / N (copy-engine receive window: " +
+            (zero2 ? "one shard-sized slot per other rank)" : "each bucket's part of this rank from every other rank)"));
+  // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
+  const bool one_state = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars;
+  const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : to_string(cfg.optim.name) + " m, v";
+  if (fsdp)   // the shard's state and the replicated norms'
+    add("optimizer_state", (one_state ? 4 : 8) * (Ps / dp + norm_params),
+        sb + "(" + ps + " / N + norms) (" + what + " of this rank's shard and of the norms)");
+  else
+    add("optimizer_state", (one_state ? 4 : 8) * Pr / (sharded ? dp : 1),
+        sharded ? sb + p + " / N (" + what + " of this rank's range)" : sb + p + " (" + what + ")");
+  // Activations kept from the forward to the backward, as the checkpointing policy says
+  // (model/recompute.h); every-k adds one recomputed group at the start of the backward.
+  // Tensor parallel: q, k, v, o and a, b, g are split (1/tp), x, y1, h, y2 and the norms' rstd
+  // replicated, or split too under sequence parallelism (r = 1/tp).
+  const double r = sp ? 1.0 / tp : 1.0;
+  const double attn = (m.flash ? b * H * T * 4 : b * H * T * T * e) / tp;
+  const double block = (4 * d * r + (4 * d + 3 * F) / tp) * N * e + 2 * N * 4 * r + attn;
+  const std::string block_f =
+      tp > 1 ? fmt::format("(4d{} + (4d + 3F)/tp) N e + 8N{} + {}/tp", sp ? "/tp" : "", sp ? "/tp" : "",
+                           m.flash ? "4 B H T" : "B H T^2 e")
+             : fmt::format("(8d + 3F) N e + 8N + {}", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)");
+  const Checkpointing ac = cfg.train.activation_checkpointing;
+  if (ac == Checkpointing::every_k) {
+    // c checkpointed blocks (train.checkpoint_layers) keep their groups' inputs, and under
+    // keep_attention each its attention output and aux; the other L - c keep everything.
+    const double c = model::RecomputePolicy::from(cfg.train).checkpointed_end(0, static_cast<int>(m.layers));
+    const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), c);
+    const bool keep_attn = cfg.train.checkpoint_keep_attention;
+    const double kept = keep_attn ? N * d * e / tp + attn : 0.0;
+    add("activations", std::ceil(c / k) * N * d * e + c * kept + (L - c) * block + k * (block - kept),
+        fmt::format("ceil(c/k) N d e (group inputs){} + (L - c) x ({}) (blocks not checkpointed) + k x ({}{}) (one "
+                    "group recomputed), c = {}, k = {}",
+                    keep_attn ? fmt::format(" + c x (N d e{} + {}) (attention outputs and {} kept)", tp > 1 ? "/tp" : "",
+                                            m.flash ? "4 B H T" : "B H T^2 e", m.flash ? "lse" : "probabilities")
+                              : "",
+                    block_f, keep_attn ? "the rest of " : "", block_f, c, k));
+  } else if (ac == Checkpointing::selective || ac == Checkpointing::selective_mlp) {
+    const double f = ac == Checkpointing::selective ? 2 : 0;   // [N,F] tensors kept per block (a, b)
+    const double kept = (6 * d + f * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0);
+    add("activations", L * kept + (block - kept),
+        fmt::format("L x ((6d{}) N e + 8N{}) + one block's recomputed part", f > 0 ? " + 2F" : "",
+                    m.flash ? " + 4 B H T" : ""));
+  } else {
+    add("activations", L * block, "L x (" + block_f + ")");
+  }
+  // The fused LM head + cross-entropy (model/transformer_head.cpp): one row chunk of logits
+  // (model.ce_chunk_rows), then its gradient in place; the final norm's output [Nl,d] and the
+  // head's input gradient [N,d] while the head unit runs (its backward is in the forward).
+  const double chunk = static_cast<double>(
+      m.head_chunk_rows(static_cast<std::int64_t>(N), m.vocab / tp, static_cast<std::int64_t>(e)));
+  add("logits", chunk * V / tp * e + N * d * e * r + N * d * e,
+      fmt::format("rows x V{} e (one chunk of {} rows of logits, then their gradient in place) + final norm output "
+                  "and its gradient",
+                  tp > 1 ? "/tp" : "", chunk));
+  for (const auto& it : a.memory) a.peak_bytes += it.bytes;
+  // Bytes each rank sends per step (ring algorithms): all-reduce 2(N-1)/N x G, reduce-scatter
+  // and all-gather (N-1)/N x G each; zero1-broadcast: all-reduce + the owner's broadcasts.
+  const double G = 4 * Pr, f = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
+  if (dp <= 1) {
+    a.comm_formula = "none (one data-parallel rank)";
+  } else if (!sharded) {
+    a.comm_bytes_per_step = 2 * f * G;
+    a.comm_formula = "all-reduce of fp32 gradients: 2 (N-1)/N x 4P";
+  } else if (fsdp) {
+    const double reshard = cfg.parallel.reshard_after_forward ? 2.0 : 1.0;
+    // Over the dp group of each tp rank: its slices (Ps); the norms' all-reduce in full.
+    a.comm_bytes_per_step = f * (reshard * e * Ps + 4 * Ps) + 2 * f * 4 * norm_params;
+    const std::string gathered = tp > 1 ? "Ps (Ps = (P - norms)/tp, this tp rank's slices)" : "P";
+    a.comm_formula = cfg.parallel.reshard_after_forward
+                         ? "all-gather (N-1)/N x e " + gathered + " twice (forward, backward) + reduce-scatter (N-1)/N x 4" +
+                               (tp > 1 ? "Ps" : "P")
+                         : "all-gather (N-1)/N x e " + gathered + " once + reduce-scatter (N-1)/N x 4" + (tp > 1 ? "Ps" : "P");
+  } else if (cfg.parallel.zero == ZeroLevel::zero1_broadcast) {
+    a.comm_bytes_per_step = 2 * f * G + G / dp;
+    a.comm_formula = "all-reduce 2 (N-1)/N x 4P + broadcast of the own range 4P/N";
+  } else {
+    // zero1/zero2 gather the working copy (e = 2 in bf16/fp16, the master itself in fp32) and, in
+    // mixed precision, the fp32 norm weights the forward reads from the master.
+    a.comm_bytes_per_step = f * G + f * e * Pr + (mixed ? f * 4 * norm_params : 0.0);
+    a.comm_formula = mixed ? "reduce-scatter (N-1)/N x 4P + all-gather of the working copy (N-1)/N x 2P and of the "
+                             "fp32 norm weights (N-1)/N x 4 (2L+1) d"
+                           : "reduce-scatter (N-1)/N x 4P + all-gather (N-1)/N x 4P";
+  }
+  a.flops_per_step = m.train_flops_per_token(m.context) * static_cast<double>(B * m.context);
+  a.flops_per_step_causal = m.train_flops_per_token_causal(m.context) * static_cast<double>(B * m.context);
+  a.peak_flops = device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name, cfg.precision.mode,
+                                   cfg.precision.tf32);
+  a.ideal_step_s = a.peak_flops > 0 ? a.flops_per_step / (dp * tp * a.peak_flops) : 0;
+  const auto tpc = tensor_parallel_comm(m, static_cast<double>(B / dp * m.context), tp, sp, e,
+                                        cfg.train.activation_checkpointing == Checkpointing::every_k);
+  a.tp_comm_bytes_per_step = tpc.bytes;
+  a.tp_comm_formula = tpc.formula;
+  analysis(a);
+  return a;
+}
+
+namespace {
+
+// The deck as the run the accounting describes (a train step of train.batch_size on dp x tp x pp
+// ranks, checked as bench-model so that no training data need exist): the first check that run
+// would fail (exit 2), or empty when it would start. The accounting job itself skips the checks of
+// jobs that run the model, so without this it would predict decks the run refuses.
+std::string run_refusal(const Config& cfg, int world) {
+  Config run = cfg;
+  run.run.job = JobKind::bench_model;
+  run.bench.mode = BenchMode::train_step;
+  run.bench.batch_size = cfg.train.batch_size;
+  // The devices are the run's, not this process's (accounting runs on a CPU for a GPU deck).
+  run.parallel.device = DeviceChoice::automatic;
+  run.parallel.backend = BackendChoice::automatic;
+  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  try {
+    io::validate(run, mesh.dp * mesh.tp * mesh.pp);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// cost.tokens > 0: GPU-hours and money of training on that many tokens (cost_estimate.h), as a
+// table /accounting/cost (one row per part of the wall time) and attributes.
+void write_cost(JobEnv& env, const Accounting& a) {
+  const Config& cfg = env.cfg;
+  const CostInputs in = cost_inputs(cfg, env.world, a.analysis_flops);
+  const CostEstimate e = estimate_cost(in);
+  auto table = env.out.create_table("/accounting/cost", {{"item", io::Column::Type::str, ""},
+                                                         {"hours", io::Column::Type::f64, "h"},
+                                                         {"gpu_hours", io::Column::Type::f64, "h"},
+                                                         {"cost", io::Column::Type::f64, "currency"},
+                                                         {"formula", io::Column::Type::str, ""}});
+  struct Row {
+    const char* item;
+    double hours;
+    std::string formula;
+  };
+  const std::vector<Row> rows{
+      {"compute", e.compute_h, "D x FLOPs/token / (gpus x peak x MFU)"},
+      {"checkpoints", e.checkpoint_h, "ceil(compute / interval) x 12 B P / bandwidth"},
+      {"rework", e.rework_h, "rate x gpus x (compute + checkpoints) x (interval/2 + restart)"},
+      {"total", e.wall_h, "compute + checkpoints + rework"},
+  };
+  for (const auto& r : rows)
+    table.append({std::string(r.item), r.hours, r.hours * in.gpus, r.hours * in.gpus * e.price_per_gpu_hour, r.formula});
+  const std::string g = "/accounting/cost";
+  env.out.set_attr(g, "tokens", in.tokens);
+  env.out.set_attr(g, "flops_per_token", in.flops_per_token);
+  env.out.set_attr(g, "flops", e.flops);
+  env.out.set_attr(g, "gpus", in.gpus);
+  env.out.set_attr(g, "peak_flops_per_gpu", in.peak_flops);
+  env.out.set_attr(g, "mfu", in.mfu);
+  env.out.set_attr(g, "mfu_source", cfg.cost.mfu > 0 ? std::string("cost.mfu") : cfg.cost.mfu_from);
+  env.out.set_attr(g, "checkpoint_bytes", in.state_bytes);
+  env.out.set_attr(g, "checkpoints", e.checkpoints);
+  env.out.set_attr(g, "checkpoint_write_s", e.checkpoint_write_s);
+  env.out.set_attr(g, "preemptions", e.preemptions);
+  env.out.set_attr(g, "lost_per_preemption_h", e.lost_per_preemption_h);
+  env.out.set_attr(g, "wall_h", e.wall_h);
+  env.out.set_attr(g, "gpu_hours", e.gpu_hours);
+  env.out.set_attr(g, "price_per_gpu_hour", e.price_per_gpu_hour);
+  env.out.set_attr(g, "cost", e.cost);
+  if (!env.is_root()) return;
+  fmt::print("cost of {:.4g} tokens: {:.4g} FLOPs ({:.4g} per token) on {} GPUs at {:.1f} TFLOP/s x MFU {:.3f}\n",
+             in.tokens, e.flops, in.flops_per_token, in.gpus, in.peak_flops / 1e12, in.mfu);
+  fmt::print("{:<12} {:>12} {:>12} {:>12}  {}\n", "part", "hours", "GPU-hours", "cost", "counted as");
+  for (const auto& r : rows)
+    fmt::print("{:<12} {:>12.3f} {:>12.1f} {:>12.2f}  {}\n", r.item, r.hours, r.hours * in.gpus,
+               r.hours * in.gpus * e.price_per_gpu_hour, r.formula);
+  fmt::print("({} checkpoints of {:.3g} GB, {:.1f} s each; {:.3f} preemptions expected, {:.2f} h lost each; price "
+             "{:.4g} per GPU-hour after a {:.0f}% spot discount)\n",
+             e.checkpoints, in.state_bytes / 1e9, e.checkpoint_write_s, e.preemptions, e.lost_per_preemption_h,
+             e.price_per_gpu_hour, 100 * in.spot_discount);
+}
+
+}  // namespace
+
+int run_accounting(JobEnv& env) {
+  const Config& cfg = env.cfg;
+  const std::string dev = env.rt.device() == Device::cuda ? env.rt.device_name() : "";
+  const Accounting a = account(cfg, env.world, dev);
+  auto table = env.out.create_table("/accounting/memory", {{"component", io::Column::Type::str, ""},
+                                                           {"bytes", io::Column::Type::f64, "bytes"},
+                                                           {"formula", io::Column::Type::str, ""}});
+  for (const auto& it : a.memory) table.append({it.name, it.bytes, it.formula});
+  const std::string g = "/accounting";
+  env.out.set_attr(g, "parameters", a.parameters);
+  env.out.set_attr(g, "local_batch", a.local_batch);
+  env.out.set_attr(g, "peak_bytes_per_rank", a.peak_bytes);
+  env.out.set_attr(g, "comm_bytes_per_step_per_rank", a.comm_bytes_per_step);
+  env.out.set_attr(g, "comm_formula", a.comm_formula);
+  env.out.set_attr(g, "flops_per_step", a.flops_per_step);
+  env.out.set_attr(g, "flops_per_step_causal", a.flops_per_step_causal);
+  env.out.set_attr(g, "peak_flops_per_device", a.peak_flops);
+  env.out.set_attr(g, "ideal_step_s", a.ideal_step_s);
+  env.out.set_attr(g, "tp_comm_bytes_per_step_per_rank", a.tp_comm_bytes_per_step);
+  env.out.set_attr(g, "tp_comm_formula", a.tp_comm_formula);
+  env.out.set_attr(g, "analysis_flops_per_device", a.analysis_flops);
+  env.out.set_attr(g, "analysis_link_bytes_per_s", a.analysis_link_bytes);
+  auto bounds = env.out.create_table("/accounting/comm_bound_degree", {{"strategy", io::Column::Type::str, ""},
+                                                                       {"degree", io::Column::Type::i64, ""},
+                                                                       {"limit", io::Column::Type::i64, ""},
+                                                                       {"split", io::Column::Type::str, ""},
+                                                                       {"formula", io::Column::Type::str, ""}});
+  for (const auto& b : a.bounds) bounds.append({b.strategy, b.degree, b.limit, b.split, b.formula});
+  // Per-phase peaks of the mode the deck runs (memory_model.h), as the CPU allocator counts them
+  // and as a CUDA run's tracker would (plus cuBLASLt's workspace and flash attention's). Under
+  // pipelines each stage's (its dp 0, tp 0 rank; memory_model_pipeline.cpp), and the first table
+  // holds the stage whose CUDA peak is the largest, both columns of that one stage.
+  const std::vector<MemoryPhases> cpu_stages = predict_stage_phases(cfg, env.world, false);
+  const std::vector<MemoryPhases> cuda_stages = predict_stage_phases(cfg, env.world, true);
+  const bool pipelined = cuda_stages.size() > 1;
+  std::size_t largest = 0;
+  for (std::size_t st = 1; st < cuda_stages.size(); ++st)
+    if (cuda_stages[st].peak > cuda_stages[largest].peak) largest = st;
+  const MemoryPhases& on_cpu = cpu_stages[largest];
+  const MemoryPhases& on_cuda = cuda_stages[largest];
+  auto phases = env.out.create_table("/accounting/memory_phases", {{"phase", io::Column::Type::str, ""},
+                                                                   {"cpu_bytes", io::Column::Type::f64, "bytes"},
+                                                                   {"cuda_bytes", io::Column::Type::f64, "bytes"}});
+  for (std::size_t i = 0; i < on_cpu.phases.size(); ++i)
+    phases.append({on_cpu.phases[i].phase, on_cpu.phases[i].bytes, on_cuda.phases[i].bytes});
+  if (pipelined) {
+    env.out.set_attr(g, "memory_phases_stage", static_cast<std::int64_t>(largest));
+    auto t = env.out.create_table("/accounting/memory_phases_stages", {{"stage", io::Column::Type::i64, ""},
+                                                                       {"phase", io::Column::Type::str, ""},
+                                                                       {"cpu_bytes", io::Column::Type::f64, "bytes"},
+                                                                       {"cuda_bytes", io::Column::Type::f64, "bytes"}});
+    for (std::size_t st = 0; st < cuda_stages.size(); ++st) {
+      const auto &c = cpu_stages[st], &u = cuda_stages[st];
+      for (std::size_t i = 0; i < c.phases.size(); ++i)
+        t.append({static_cast<std::int64_t>(st), c.phases[i].phase, c.phases[i].bytes, u.phases[i].bytes});
+    }
+  }
+  env.out.set_attr(g, "mode", to_string(job_mode(cfg)));
+  const std::string refused = run_refusal(cfg, env.world);
+  env.out.set_attr(g, "run_refused", refused);
+  env.out.set_attr(g, "predicted_peak_bytes_cpu", on_cpu.peak);
+  env.out.set_attr(g, "predicted_peak_bytes_cuda", on_cuda.peak);
+  env.out.set_attr(g, "memory_model_layout", on_cpu.layout);
+  if (env.is_root()) {
+    fmt::print("accounting: {} parameters ({:.2f} B), {} ranks, local batch {} x {} tokens, {}\n", a.parameters,
+               static_cast<double>(a.parameters) / 1e9, env.world, a.local_batch, a.seq, cfg.precision.mode);
+    fmt::print("{:<18} {:>12}  {}\n", "memory per rank", "GiB", "counted as");
+    for (const auto& it : a.memory) fmt::print("{:<18} {:>12.3f}  {}\n", it.name, it.bytes / (1u << 30), it.formula);
+    fmt::print("{:<18} {:>12.3f}\n", "total", a.peak_bytes / (1u << 30));
+    fmt::print("memory per phase of {} ({}):\n{:<18} {:>12} {:>12}\n", job_mode(cfg), on_cpu.layout, "phase", "CPU GiB",
+               "CUDA GiB");
+    for (std::size_t i = 0; i < on_cpu.phases.size(); ++i)
+      fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", on_cpu.phases[i].phase, on_cpu.phases[i].bytes / (1u << 30),
+                 on_cuda.phases[i].bytes / (1u << 30));
+    fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", "peak", on_cpu.peak / (1u << 30), on_cuda.peak / (1u << 30));
+    if (pipelined) {
+      fmt::print("peak per pipeline stage (replayed under {}):\n{:<18} {:>12} {:>12}\n", cfg.parallel.schedule, "stage",
+                 "CPU GiB", "CUDA GiB");
+      for (std::size_t st = 0; st < cuda_stages.size(); ++st)
+        fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", st, cpu_stages[st].peak / (1u << 30), cuda_stages[st].peak / (1u << 30));
+    }
+    fmt::print("communication per step per rank: {:.3f} GiB ({})\n", a.comm_bytes_per_step / (1u << 30), a.comm_formula);
+    fmt::print("FLOPs per step: {:.4g}; at the device peak ({:.0f} TFLOP/s) a step takes at least {:.1f} ms "
+               "({:.1f} ms at 50% MFU)\n",
+               a.flops_per_step, a.peak_flops / 1e12, a.ideal_step_s * 1e3, 2 * a.ideal_step_s * 1e3);
+    fmt::print("FLOPs per step with causal attention halved: {:.4g}\n", a.flops_per_step_causal);
+    if (cfg.parallel.tp > 1)
+      fmt::print("tensor parallel (tp {}{}): {:.3f} GiB per step per rank ({})\n", cfg.parallel.tp,
+                 cfg.parallel.sequence_parallel ? ", sequence parallel" : "", a.tp_comm_bytes_per_step / (1u << 30),
+                 a.tp_comm_formula);
+    fmt::print("communication bound from degree (C = {:.1f} TFLOP/s, W = {:.0f} GB/s per GPU; CS336 §8):\n",
+               a.analysis_flops / 1e12, a.analysis_link_bytes / 1e9);
+    for (const auto& b : a.bounds)
+      fmt::print("  {:<20} {:>8}  {}{}\n", b.strategy,
+                 b.degree > 0 ? std::to_string(b.degree) : fmt::format("> {}", b.limit), b.formula,
+                 b.split.empty() ? "" : " (at that degree: " + b.split + ")");
+    if (!refused.empty())
+      fmt::print("note: these are predictions for a run lmscale refuses to start (exit 2): {}\n", refused);
+  }
+  if (cfg.cost.tokens > 0) write_cost(env, a);
+  return 0;
+}
+
+}  // namespace lmscale::jobs

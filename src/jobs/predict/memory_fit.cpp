@@ -1,0 +1,145 @@
+// Memory fit before any output (include/lmscale/jobs/predict/memory_fit.h): the accounting prediction
+// against the memory this rank can have.
+#include "lmscale/jobs/predict/memory_fit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lmscale/core/error.h"
+#include "lmscale/jobs/predict/accounting.h"
+#include "lmscale/jobs/predict/memory_model.h"
+#ifdef LMSCALE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace lmscale::jobs {
+
+namespace {
+
+constexpr double kUnknown = std::numeric_limits<double>::infinity();
+
+// The first number in a one-line file ("max" or a missing file: nullopt).
+std::optional<double> read_number(const char* path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word)) return std::nullopt;
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(word, &used);
+    if (used != word.size()) return std::nullopt;
+    return v;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// MemAvailable from /proc/meminfo, in bytes.
+std::optional<double> mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream fields(line.substr(13));
+    double kib = 0;
+    if (fields >> kib) return kib * 1024.0;
+  }
+  return std::nullopt;
+}
+
+// Room left under the cgroup's memory limit (v2, else v1), when one is set.
+std::optional<double> cgroup_room() {
+  if (auto limit = read_number("/sys/fs/cgroup/memory.max")) {
+    const double used = read_number("/sys/fs/cgroup/memory.current").value_or(0);
+    return std::max(0.0, *limit - used);
+  }
+  if (auto limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"); limit && *limit < 1e18) {
+    const double used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes").value_or(0);
+    return std::max(0.0, *limit - used);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  if (!std::isfinite(bytes)) return "unknown";
+  if (bytes >= 1024.0 * 1024 * 1024 * 1024 * 1024) return fmt::format("{:.3g} bytes", bytes);   // past PiB
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 5) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+std::optional<MemoryNeed> predicted_need(const Config& cfg, int world, const std::string& device_name) {
+  const bool bench = cfg.run.job == JobKind::bench_model;
+  if (!bench && cfg.run.job != JobKind::train) return std::nullopt;
+  // The peak of the phases the job runs (memory_model.h): a forward-only bench never holds
+  // gradients, a train step's optimizer phase holds them beside the AdamW state.
+  const MemoryPhases phases = predict_memory_phases(cfg, world, !device_name.empty());
+  MemoryNeed need;
+  need.bytes = phases.peak;
+  for (const auto& p : phases.phases)
+    need.detail += fmt::format("{}{} {}", need.detail.empty() ? "peak of phases: " : ", ", p.phase, format_bytes(p.bytes));
+  return need;
+}
+
+std::optional<std::string> memory_fit_problem(const MemoryNeed& need, int ranks_sharing, const MemoryBudget& budget,
+                                              const Config& cfg) {
+  const double total = need.bytes * std::max(1, ranks_sharing);
+  if (!(total > budget.bytes)) return std::nullopt;
+  const std::string batch = cfg.run.job == JobKind::train ? "train.batch_size" : "bench.batch_size";
+  return fmt::format(
+      "the run does not fit in memory: for run.job = {} the accounting job predicts {} per rank ({}){}, but only {} "
+      "{}; reduce {} or model.context_length, or choose a smaller model (model.size, model.d_model, "
+      "model.num_layers){} (`lmscale DECK --run.job=accounting` prints the prediction)",
+      cfg.run.job, format_bytes(need.bytes), need.detail,
+      ranks_sharing > 1 ? fmt::format(", {} for the {} ranks sharing it", format_bytes(total), ranks_sharing) : "",
+      format_bytes(budget.bytes), budget.source.empty() ? std::string("are available") : budget.source, batch, cfg.run.job == JobKind::train ? ", or raise train.grad_accum" : "");
+}
+
+MemoryBudget memory_budget(ops::Runtime& rt) {
+  MemoryBudget b{kUnknown, ""};
+  if (rt.device() == Device::cuda) {
+#ifdef LMSCALE_WITH_CUDA
+    std::size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+      int device = 0;
+      cudaGetDevice(&device);
+      b.bytes = static_cast<double>(free);
+      b.source = fmt::format("are free on GPU {} ({}, {} in all)", device, rt.device_name(), format_bytes(static_cast<double>(total)));
+    } else {
+      cudaGetLastError();
+    }
+#endif
+    return b;
+  }
+  const auto available = mem_available();
+  const auto room = cgroup_room();
+  if (available && (!room || *available <= *room)) {
+    b.bytes = *available;
+    b.source = "are available in host memory (MemAvailable in /proc/meminfo)";
+  } else if (room) {
+    b.bytes = *room;
+    b.source = "are left under this container's memory limit (cgroup)";
+  }
+  return b;
+}
+
+void check_memory_fits(const Config& cfg, int world, int ranks_on_node, ops::Runtime& rt) {
+  const auto need = predicted_need(cfg, world, rt.device() == Device::cuda ? rt.device_name() : "");
+  if (!need) return;
+  // A GPU belongs to one rank; host memory is shared by the node's ranks.
+  const int sharing = rt.device() == Device::cuda ? 1 : ranks_on_node;
+  if (auto problem = memory_fit_problem(*need, sharing, memory_budget(rt), cfg)) throw UsageError(*problem);
+}
+
+}  // namespace lmscale::jobs

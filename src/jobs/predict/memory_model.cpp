@@ -1,0 +1,208 @@
+// Per-phase memory prediction (include/lmscale/jobs/predict/memory_model.h) of one rank: the long-lived
+// state of its layout, plus the replay (memory_replay.h) of one step's allocations. Pipeline
+// stages: memory_model_pipeline.cpp.
+#include "lmscale/jobs/predict/memory_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "lmscale/comm/communicator.h"
+#include "lmscale/comm/peer_copy.h"
+#include "lmscale/core/error.h"
+#include "lmscale/model/model_dims.h"
+#include "lmscale/model/param_layout.h"
+#include "lmscale/parallel/copy_engine_all_reduce.h"
+#include "lmscale/parallel/spec.h"
+#include "lmscale/parallel/zero.h"
+#include "memory_replay.h"
+
+namespace lmscale::jobs {
+
+using replay::Grads;
+using replay::Shapes;
+using replay::Sim;
+
+BenchMode job_mode(const Config& cfg) { return cfg.run.job == JobKind::bench_model ? cfg.bench.mode : BenchMode::train_step; }
+
+std::vector<MemoryPhases> predict_stage_phases(const Config& cfg, int world, bool cuda) {
+  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  std::vector<MemoryPhases> stages;
+  for (int stage = 0; stage < mesh.pp; ++stage)
+    stages.push_back(predict_memory_phases(cfg, world, cuda, comm::mesh_rank(mesh, stage, 0, 0)));
+  return stages;
+}
+
+MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int rank) {
+  if (rank < 0) {   // the rank that needs the most: the stage with the largest peak
+    auto stages = predict_stage_phases(cfg, world, cuda);
+    return *std::max_element(stages.begin(), stages.end(),
+                             [](const MemoryPhases& a, const MemoryPhases& b) { return a.peak < b.peak; });
+  }
+  const parallel::Spec spec = parallel::Spec::resolve(cfg.parallel, world);
+  const comm::MeshShape mesh = spec.mesh_shape();
+  if (mesh.pp > 1) return predict_pipeline_phases(cfg, world, cuda, rank);
+  const int tp = mesh.tp, dp = mesh.dp;
+  const int dp_rank = comm::mesh_coords(mesh, rank).dp;
+  MemoryPhases out;
+  const bool bench = cfg.run.job == JobKind::bench_model;
+  const BenchMode mode = job_mode(cfg);
+  const ZeroLevel zero = cfg.parallel.zero;
+  const bool fsdp = spec.fsdp(), sharded = spec.sharded_optimizer();
+  const std::int64_t accum = bench ? 1 : std::max<std::int64_t>(1, cfg.train.grad_accum);
+  const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
+  const double workspace = cuda ? 32.0 * 1024 * 1024 : 0.0;   // cuBLASLt's, allocated with the runtime
+
+  const Shapes s = replay::shapes_for(cfg, static_cast<double>(global / dp / accum), cuda);
+  const auto sizes = replay::param_sizes(s);
+  double P = 0;
+  for (double n : sizes) P += n;
+  const double norms = (2.0 * s.L + 1) * s.d;
+  // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
+  const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
+
+  // Long-lived state after init, per layout.
+  double init = 0, grads_after = 0;   // grads_after: gradient bytes alive when the backward ends
+  Grads gr;
+  if (fsdp) {
+    gr.fsdp = true;
+    gr.e = s.e;
+    gr.dp = dp;
+    gr.prefetch = static_cast<int>(cfg.parallel.fsdp_prefetch);
+    gr.reshard = cfg.parallel.reshard_after_forward;
+    gr.last = s.L + 1;
+    auto padded = [&](double n) { return std::ceil(n / dp) * dp; };
+    gr.unit_padded.push_back(padded(s.V * s.d));
+    for (int l = 0; l < s.L; ++l) gr.unit_padded.push_back(padded(4 * s.d * s.dl + 3 * s.d * s.F));
+    gr.unit_padded.push_back(padded(s.V * s.d));
+    // FSDP's unit of each parameter; -1 for the replicated norm weights.
+    const model::ParamIndex index(s.L);
+    for (int i = 0; i < index.count(); ++i) gr.unit_of_param.push_back(index.is_norm(i) ? -1 : index.unit_of(i));
+    gr.gathered.assign(gr.unit_padded.size(), 0);
+    gr.full.assign(gr.unit_padded.size(), 0);
+    gr.send.assign(gr.unit_padded.size(), 0);
+    const double Ps = P - norms, S = std::ceil(Ps / dp);
+    init = 4 * S * 2 + 4 * norms * 2 + 4 * S * states + 4 * norms * states;
+    // Under tensor parallelism (2D) the sizes above are this tp rank's slices (local shapes), so
+    // the units, shards and gathers are those of the slices.
+    out.layout = std::string("fsdp (master, gradient shard and optimizer state of 1/dp") +
+                 (tp > 1 ? " of this tp rank's slices" : "") + "; gathered units beside the replayed activations)";
+  } else {
+    const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
+    init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
+    gr.lazy = lazy;
+    gr.init(sizes, spec.lazy_bucket_bytes());
+    // parallel.grad_exchange = copy-engine: the receive window and its signal flags (one per
+    // bucket and rank; two for bucketed DDP), from initialisation on (comm/peer_copy.h). zero2:
+    // one slot of the largest shard per other rank; bucketed DDP: per other rank, this rank's
+    // part of every bucket (parallel/copy_engine_all_reduce.h).
+    if (dp > 1 && cfg.parallel.grad_exchange == GradExchange::copy_engine) {
+      if (zero == ZeroLevel::zero2) {
+        const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
+        init += static_cast<double>(comm::peer_copy_window_bytes(dp, 4 * counts[0], static_cast<int>(gr.bucket_bytes.size())));
+      } else if (zero == ZeroLevel::none && cfg.parallel.ddp == DdpKind::bucketed) {
+        std::vector<parallel::GradBucket> buckets;
+        for (double bytes : gr.bucket_bytes) buckets.push_back({0, 0, 0, static_cast<std::int64_t>(bytes / 4)});
+        init += static_cast<double>(parallel::CopyEngineAllReduce::window_bytes(buckets, dp));
+      }
+    }
+    replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
+    out.layout = dp == 1 ? (tp > 1 ? "tensor parallel (local shapes), gradients in 256 MiB buckets"
+                                   : "one process, gradients in 256 MiB buckets")
+                   : zero == ZeroLevel::zero2 ? "zero2 (gradient buckets of bucket_mb, shard of the optimizer state)"
+                   : sharded        ? to_string(zero) + " (flat gradients, gradient shard and 1/dp of the optimizer state)"
+                                  : "ddp (flat gradient buffer)";
+  }
+  auto run = [&](bool keep, bool backward, bool grads_held) {
+    Sim m;
+    m.cuda = cuda;
+    Grads g = gr;
+    g.sim = &m;
+    // The gradient reduction (and its bf16 copies) is armed by the last micro-batch's hooks:
+    // the replay of the first one under grad_accum > 1 makes none.
+    g.staging_armed = accum == 1 || grads_held;
+    if (grads_held) g.hold_all();
+    replay::replay(s, m, g, keep, backward);
+    return m.peak;
+  };
+  // Gradients alive when the backward ends: every bucket (one process, zero2: released after
+  // the step / the reduce-scatters), or under FSDP the embedding's full-size gradients, whose
+  // reduce-scatter is the one left in flight.
+  grads_after = gr.lazy ? gr.total() : fsdp ? 4 * gr.unit_padded[0] : 0.0;
+  const double base = init + workspace;
+  out.phases = {{"init", init + workspace}};
+  if (mode == BenchMode::forward) {
+    out.phases.push_back({"forward", base + run(false, false, false)});
+  } else {
+    // What is alive at the forward_backward phase mark (the end of the first micro-batch's
+    // backward): the state, the gradients, that micro-batch's inputs, targets and loss sums.
+    // The optimizer phase starts there (its peak is at its start; with grad_accum > 1 it also
+    // holds micro-batches 2.., run with the buckets already allocated).
+    const double at_mark = init + workspace + grads_after + 2 * 4 * s.B * s.T + s.st * static_cast<double>(accum);
+    // bf16 gradient reduction: the copies are alive from the backward (or, ddp flat, from the
+    // sync's finish()) to the end of finish(); made by the micro-batch that arms the reduction.
+    const double staging = gr.staging_total();
+    double fb = base + run(true, true, false);
+    // The copies made during the first (only) micro-batch's backward end it beside its state.
+    // In forward-backward mode finish() runs after the mark, so flat's copy (made there) shows
+    // in the next step's phase, over the same state.
+    if (accum == 1 && (!gr.group_stage.empty() || (gr.finish_stage > 0 && mode == BenchMode::forward_backward)))
+      fb = std::max(fb, at_mark + staging);
+    out.phases.push_back({"forward_backward", fb});
+    if (mode == BenchMode::train_step)
+      out.phases.push_back({"optimizer", std::max(at_mark + staging, accum > 1 ? base + run(true, true, true) : 0.0)});
+  }
+  for (const auto& p : out.phases) out.peak = std::max(out.peak, p.bytes);
+  return out;
+}
+
+double write_memory_prediction(JobEnv& env) {
+  // This rank's prediction (a pipeline rank predicts its own stage) beside its measured peaks.
+  const MemoryPhases pred = predict_memory_phases(env.cfg, env.world, env.rt.device() == Device::cuda, env.rank);
+  const auto& measured = env.rt.allocator().tracker().phase_peaks();
+  std::vector<double> mine;   // per phase: predicted, measured
+  for (const auto& p : pred.phases) {
+    const auto it = measured.find(p.phase);
+    mine.push_back(p.bytes);
+    mine.push_back(it == measured.end() ? 0.0 : static_cast<double>(it->second));
+  }
+  // error = predicted / measured - 1 (negative: the prediction is short); NaN when the phase was
+  // not measured (a 0 would read as a perfect prediction).
+  auto error = [](double predicted, double got) {
+    return got > 0 ? predicted / got - 1 : std::numeric_limits<double>::quiet_NaN();
+  };
+  using C = io::Column;
+  const std::vector<C> columns{{"phase", C::Type::str, ""},
+                               {"predicted_bytes", C::Type::f64, "bytes"},
+                               {"measured_bytes", C::Type::f64, "bytes"},
+                               {"error", C::Type::f64, ""}};
+  auto table = env.out.create_table("/bench_model/memory_prediction", columns);
+  for (std::size_t i = 0; i < pred.phases.size(); ++i)
+    table.append({pred.phases[i].phase, mine[2 * i], mine[2 * i + 1], error(mine[2 * i], mine[2 * i + 1])});
+  // Every rank's rows, gathered to rank 0 (the phases are the mode's, the same on every rank).
+  std::vector<double> all = mine;
+  const bool gathered = env.host_comm && env.world > 1;
+  if (gathered) {
+    // The phases follow the mode, so every rank has as many; the gather below relies on it.
+    const double n_mine = static_cast<double>(mine.size());
+    std::vector<double> counts(static_cast<std::size_t>(env.world));
+    env.host_comm->all_gather(&n_mine, counts.data(), 1, DType::f64).wait();
+    for (double c : counts) LMSCALE_CHECK(c == n_mine, "memory prediction: ranks predict different phases ({} and {})", c, n_mine);
+    all.resize(mine.size() * static_cast<std::size_t>(env.world));
+    env.host_comm->all_gather(mine.data(), all.data(), mine.size(), DType::f64).wait();
+  }
+  std::vector<C> rank_columns{{"rank", C::Type::i64, ""}};
+  rank_columns.insert(rank_columns.end(), columns.begin(), columns.end());
+  auto ranks = env.out.create_table("/bench_model/memory_prediction_ranks", rank_columns);
+  const std::size_t n = pred.phases.size();
+  for (std::size_t r = 0; r < all.size() / std::max<std::size_t>(1, 2 * n); ++r)
+    for (std::size_t i = 0; i < n; ++i) {
+      const double p = all[2 * (r * n + i)], got = all[2 * (r * n + i) + 1];
+      ranks.append({static_cast<std::int64_t>(gathered ? static_cast<int>(r) : env.rank), pred.phases[i].phase, p,
+                    got, error(p, got)});
+    }
+  env.out.set_attr("/bench_model", "memory_model_layout", pred.layout);
+  return pred.peak;
+}
+
+}  // namespace lmscale::jobs

@@ -1,0 +1,570 @@
+// The allocation replay (memory_replay.h): transformer.cpp's tensors in order, with their sizes.
+#include "memory_replay.h"
+
+#include <cmath>
+
+#include "lmscale/model/model_dims.h"
+#include "lmscale/model/param_layout.h"
+#include "lmscale/parallel/spec.h"
+#include "lmscale/parallel/state_layout.h"
+#include "lmscale/parallel/zero.h"
+
+namespace lmscale::jobs::replay {
+
+Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
+  const auto dims = model::ModelDims::from(cfg.model);
+  const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
+  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  Shapes s;
+  s.B = rows;
+  s.T = static_cast<double>(dims.context);
+  s.N = s.B * s.T;
+  s.sp = tp > 1 && cfg.parallel.sequence_parallel;
+  s.Nl = s.sp ? s.N / tp : s.N;
+  s.d = static_cast<double>(dims.d_model);
+  s.dl = s.d / tp;
+  s.F = static_cast<double>(dims.d_ff) / tp;
+  s.H = static_cast<double>(dims.heads) / tp;
+  s.V = static_cast<double>(dims.vocab) / tp;
+  s.e = mixed ? 2 : 4;
+  s.tp = tp;
+  s.chunk = static_cast<double>(dims.head_chunk_rows(static_cast<std::int64_t>(s.N), dims.vocab / tp, mixed ? 2 : 4));
+  s.flash = dims.flash;
+  s.deterministic = dims.deterministic_attention;
+  s.cuda = cuda;
+  s.L = static_cast<int>(dims.layers);
+  s.ac = cfg.train.activation_checkpointing;
+  s.k = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.train.checkpoint_k, dims.layers)));
+  s.recompute = model::RecomputePolicy::from(cfg.train);
+  return s;
+}
+
+std::vector<double> param_sizes(const Shapes& s) {
+  std::vector<double> p{s.V * s.d};
+  for (int l = 0; l < s.L; ++l)
+    for (double n : {s.dl * s.d, s.dl * s.d, s.dl * s.d, s.d * s.dl, s.d, s.F * s.d, s.d * s.F, s.F * s.d, s.d}) p.push_back(n);
+  p.push_back(s.d);
+  p.push_back(s.V * s.d);
+  return p;
+}
+
+void Grads::init(const std::vector<double>& sizes, double max_bytes) {
+  const double cap = std::floor(max_bytes / 4);
+  double fill = 0;
+  bucket_of.assign(sizes.size(), -1);
+  bucket_bytes.clear();
+  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
+    const double n = sizes[static_cast<std::size_t>(i)];
+    if (bucket_bytes.empty() || fill + n > cap) {
+      bucket_bytes.push_back(0);
+      fill = 0;
+    }
+    fill += n;
+    bucket_bytes.back() += 4 * n;
+    bucket_of[static_cast<std::size_t>(i)] = static_cast<int>(bucket_bytes.size()) - 1;
+  }
+  held.assign(bucket_bytes.size(), false);
+}
+
+void Grads::gather(int u) {
+  const auto i = static_cast<std::size_t>(u);
+  if (i >= gathered.size() || gathered[i] > 0) return;
+  if (e < 4) send[i] = sim->alloc(e * unit_padded[i] / dp);
+  gathered[i] = sim->alloc(e * unit_padded[i]);
+}
+
+void Grads::wait(int u) { sim->free(send[static_cast<std::size_t>(u)]); }
+
+void Grads::release(int u) {
+  sim->free(gathered[static_cast<std::size_t>(u)]);
+  sim->free(send[static_cast<std::size_t>(u)]);
+}
+
+void Grads::before_forward(int u) {
+  if (!fsdp) return;
+  for (int j = u; j <= std::min(u + prefetch, last); ++j) gather(j);
+  wait(u);
+}
+
+void Grads::after_forward(int u) {
+  if (fsdp && !(training && (!reshard || u == last))) release(u);
+}
+
+void Grads::before_backward(int u) {
+  if (!fsdp) return;
+  if (u > 0) gather(u);
+  for (int j = u - 1; j >= std::max(1, u - prefetch); --j) gather(j);
+  if (u > 0) wait(u);
+}
+
+void Grads::after_backward(int u) {
+  if (!fsdp) return;
+  release(u);
+  if (full[static_cast<std::size_t>(u)] > 0) {
+    pending.push_back(full[static_cast<std::size_t>(u)]);
+    full[static_cast<std::size_t>(u)] = 0;
+  }
+  while (pending.size() > 1) {
+    sim->free(pending.front());
+    pending.erase(pending.begin());
+  }
+}
+
+void Grads::ready(int i) {
+  const int j = local.empty() ? i : local[static_cast<std::size_t>(i)];
+  if (j < 0 || group_of.empty() || !staging_armed || counted[static_cast<std::size_t>(j)]) return;
+  counted[static_cast<std::size_t>(j)] = true;
+  const auto g = static_cast<std::size_t>(group_of[static_cast<std::size_t>(j)]);
+  if (--group_pending[g] == 0) sim->alloc(group_stage[g]);
+}
+
+void Grads::touch(int i, bool ready_now) {
+  if (fsdp) {
+    const int u = unit_of_param[static_cast<std::size_t>(i)];
+    if (u >= 0 && full[static_cast<std::size_t>(u)] <= 0)
+      full[static_cast<std::size_t>(u)] = sim->alloc(4 * unit_padded[static_cast<std::size_t>(u)]);
+    return;
+  }
+  const int j = local.empty() ? i : local[static_cast<std::size_t>(i)];
+  if (j < 0) return;   // not on this stage (cannot happen: a stage's backward touches its own)
+  if (ready_now) ready(i);
+  if (!lazy) return;
+  const auto b = static_cast<std::size_t>(bucket_of[static_cast<std::size_t>(j)]);
+  if (held[b]) return;
+  held[b] = true;
+  sim->alloc(bucket_bytes[b]);
+}
+
+void Grads::hold_all() {
+  if (!lazy) return;
+  for (std::size_t b = 0; b < held.size(); ++b) {
+    held[b] = true;
+    sim->alloc(bucket_bytes[b]);
+  }
+}
+
+double Grads::total() const {
+  double t = 0;
+  for (double b : bucket_bytes) t += b;
+  return t;
+}
+
+double Grads::staging_total() const {
+  double t = finish_stage;
+  for (double b : group_stage) t += b;
+  return t;
+}
+
+namespace {
+// a and b: views of one [2,N,F] tensor (b.b stays 0), made after sequence parallelism's gather
+// of y2 into a [N,d] temporary that lives until their GEMM is done (TransformerLM::ffn_inputs).
+void ffn_inputs(Sim& m, const Shapes& s, Block& b) {
+  double g = s.sp ? m.alloc(s.N * s.d * s.e) : 0.0;
+  b.a = m.alloc(2 * s.N * s.F * s.e);
+  m.free(g);
+}
+}  // namespace
+
+double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output) {
+  const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
+  b.rstd1 = m.alloc(s.st * s.Nl);
+  b.y1 = m.alloc(Nlde);
+  b.q = m.alloc(3 * Ndle);   // q, k, v: views of one [3,N,dl] tensor (b.k, b.v stay 0)
+  if (s.sp) {   // tp_f all-gathers y1 into a [N,d] temporary for the three matmuls
+    double g = m.alloc(Nde);
+    m.free(g);
+  }
+  if (b.o <= 0) {   // a recompute under keep_attention finds o and the aux kept from the forward
+    b.o = m.alloc(Ndle);
+    b.aux = m.alloc(s.flash ? s.st * s.B * s.H * s.T : s.B * s.H * s.T * s.T * s.e);
+  }
+  double proj = m.alloc(Nde);
+  if (s.sp) {   // tp_g reduce-scatters into a new [Nl,d] tensor
+    double shard = m.alloc(Nlde);
+    m.free(proj);
+    proj = shard;
+  }
+  b.h = m.alloc(Nlde);
+  b.rstd2 = m.alloc(s.st * s.Nl);
+  b.y2 = m.alloc(Nlde);
+  m.free(proj);   // after the fused h = x + proj, y2 = rmsnorm2(h)
+  ffn_inputs(m, s, b);
+  b.g = m.alloc(NFe);
+  if (!need_output) return 0;
+  double out = m.alloc(Nde);
+  if (s.sp) {
+    double shard = m.alloc(Nlde);
+    m.free(out);
+    out = shard;
+  }
+  return out;
+}
+
+void free_block(Sim& m, Block& b) {
+  for (double* t : {&b.x, &b.rstd1, &b.y1, &b.q, &b.k, &b.v, &b.o, &b.aux, &b.h, &b.rstd2, &b.y2, &b.a, &b.b, &b.g})
+    m.free(*t);
+}
+
+namespace {
+
+// A recomputed rmsnorm output (recompute_norm): y kept, the rstd twin dropped at once.
+void recompute_norm(Sim& m, const Shapes& s, double& y) {
+  if (y > 0) return;
+  y = m.alloc(s.Nl * s.d * s.e);
+  double r = m.alloc(s.st * s.Nl);
+  m.free(r);
+}
+
+}  // namespace
+
+void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
+  const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
+  const model::BlockParams p = model::ParamIndex(s.L).block(l);
+  if (b.a <= 0) {             // selective-mlp: y2, a, b again
+    recompute_norm(m, s, b.y2);
+    ffn_inputs(m, s, b);
+  }
+  if (b.g <= 0) b.g = m.alloc(NFe);
+  double dg = m.alloc(NFe);
+  gr.touch(p.w2, false);
+  if (s.sp) {   // tp_g_backward gathers dx into a [N,d] temporary for the w2 GEMMs
+    double dout = m.alloc(Nde);
+    m.free(dout);
+  }
+  gr.ready(p.w2);
+  m.free(b.g);
+  double da = m.alloc(2 * NFe), db = 0;   // one [2,N,F] tensor
+  m.free(dg);
+  m.free(b.a);
+  m.free(b.b);
+  recompute_norm(m, s, b.y2);
+  double dy2 = m.alloc(Nde);   // dy2 = da w1 + db w3, accumulated in the GEMM epilogue
+  gr.touch(p.w1, false);
+  gr.touch(p.w3, false);
+  if (s.tp > 1) {
+    // Tensor parallel (transformer.cpp): the input gradients first, then f's backward started
+    // (sequence parallel: a new [Nl,d] result; the gathered y2 and the old [N,d] dy2 live until
+    // the weight gradients are done), w1 and w3 notified after their GEMMs.
+    double y2full = s.sp ? m.alloc(Nde) : 0.0;
+    const double res = s.sp ? m.alloc(Nlde) : 0.0;
+    gr.ready(p.w1);
+    gr.ready(p.w3);
+    if (s.sp) {
+      m.free(dy2);
+      m.free(y2full);
+      dy2 = res;
+    }
+  } else {
+    gr.ready(p.w1);
+    gr.ready(p.w3);
+  }
+  gr.touch(p.ln2);   // the norm's input gradient is added to dx: no [Nl,d] temporary
+  m.free(b.y2);
+  m.free(b.h);
+  for (double* t : {&dy2, &da, &db}) m.free(*t);
+  double dO = m.alloc(Ndle);
+  gr.touch(p.o, false);
+  if (s.sp) {   // tp_g_backward: dx gathered for the output projection's GEMMs
+    double dproj = m.alloc(Nde);
+    m.free(dproj);
+  }
+  gr.ready(p.o);
+  double dq = m.alloc(3 * Ndle), dk = 0, dv = 0;   // one [3,N,dl] tensor
+  if (s.flash && s.cuda && s.deterministic) {   // the atomic-free backward: D = rowsum(dO*O) only
+    double D = m.alloc(s.st * s.B * s.H * s.T);
+    m.free(D);
+  } else if (s.flash && s.cuda && s.e == 2 && (s.dl / s.H == 64 || s.dl / s.H == 128)) {
+    // The Hopper kernels (ops/cuda/flash_attention.cpp), every GPU lent here: D and lse * log2(e)
+    // over rows padded to whole 64-query tiles, and the blocked fp32 dQ accumulator over them.
+    // (Other GPUs take the FA2 path below: a little less.)
+    const double Tp = std::ceil(s.T / 64) * 64;
+    double D = m.alloc(4 * s.B * s.H * Tp), L2 = m.alloc(4 * s.B * s.H * Tp), acc = m.alloc(4 * s.B * Tp * s.dl);
+    m.free(D);
+    m.free(L2);
+    m.free(acc);
+  } else if (s.flash && s.cuda) {   // FA2 backward workspaces: D = rowsum(dO*O) and the fp32 dQ accumulator
+    double D = m.alloc(s.st * s.B * s.H * s.T), acc = m.alloc(4 * s.N * s.dl);
+    m.free(D);
+    m.free(acc);
+  } else if (!s.flash && b.aux <= 0) {   // selective: the probabilities again (and a discarded output)
+    b.aux = m.alloc(s.B * s.H * s.T * s.T * s.e);
+    double o = m.alloc(Ndle);
+    m.free(o);
+  }
+  m.free(b.aux);
+  m.free(b.o);
+  m.free(dO);
+  recompute_norm(m, s, b.y1);
+  double dy1 = m.alloc(Nde);   // dq wq + dk wk + dv wv, accumulated in the GEMM epilogues
+  for (int i : {p.q, p.k, p.v}) gr.touch(i, false);
+  if (s.tp > 1) {   // as in the FFN: y1 gathered, f's backward started, then the weight gradients
+    double y1full = s.sp ? m.alloc(Nde) : 0.0;
+    const double res = s.sp ? m.alloc(Nlde) : 0.0;
+    for (int i : {p.q, p.k, p.v}) gr.ready(i);
+    if (s.sp) {
+      m.free(dy1);
+      m.free(y1full);
+      dy1 = res;
+    }
+  } else {
+    for (int i : {p.q, p.k, p.v}) gr.ready(i);
+  }
+  gr.touch(p.ln1);   // as in the FFN: added to dx
+  for (double* t : {&dq, &dk, &dv, &dy1}) m.free(*t);
+  free_block(m, b);
+}
+
+double embed_forward(Sim& m, const Shapes& s, Grads& gr) {
+  gr.before_forward(0);
+  double x = m.alloc(s.N * s.d * s.e);
+  if (s.sp) {   // vocabulary-parallel: each rank's part [N,d], reduce-scattered into its rows
+    double shard = m.alloc(s.Nl * s.d * s.e);
+    m.free(x);
+    x = shard;
+  }
+  gr.after_forward(0);
+  return x;
+}
+
+double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1, bool keep) {
+  const bool every_k = keep && s.ac == Checkpointing::every_k, selective = keep && (s.ac == Checkpointing::selective || s.ac == Checkpointing::selective_mlp);
+  const int lc = every_k ? s.recompute.checkpointed_end(l0, l1) : l0;   // [l0, lc) checkpointed
+  double x = 0;   // the current block's input; block l0's is the caller's
+  for (int l = l0; l < l1; ++l) {
+    const bool checkpointed = l < lc;
+    // Groups are [g k, (g+1) k) in global layers, cut at the first layer (run_blocks_forward).
+    const bool group_start = checkpointed && (l % s.k == 0 || l == l0);
+    Block b;
+    gr.before_forward(l + 1);
+    double out = block_forward(m, s, b, true);
+    if (keep && !checkpointed) {
+      b.x = x;   // the block's input stays with its activations
+      if (selective) {
+        m.free(b.y1);
+        m.free(b.y2);
+        m.free(b.g);
+        if (!s.flash) m.free(b.aux);
+        if (s.ac == Checkpointing::selective_mlp) {
+          m.free(b.a);
+          m.free(b.b);
+        }
+      }
+      blocks[static_cast<std::size_t>(l)] = b;
+    } else {
+      if (checkpointed && s.recompute.keep_attention) {   // o and the aux stay for the backward (recompute.h)
+        blocks[static_cast<std::size_t>(l)].o = b.o;
+        blocks[static_cast<std::size_t>(l)].aux = b.aux;
+        b.o = b.aux = 0;
+      }
+      free_block(m, b);
+      // The input dies with the block unless the caller or a group input holds it.
+      if (l > l0 && !group_start) m.free(x);
+      else if (l > l0) blocks[static_cast<std::size_t>(l)].x = x;   // freed by that group's backward
+    }
+    gr.after_forward(l + 1);
+    x = out;
+  }
+  return x;
+}
+
+void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1) {
+  if (l1 <= l0) return;
+  const bool every_k = s.ac == Checkpointing::every_k;
+  const int lc = every_k ? s.recompute.checkpointed_end(l0, l1) : l1;
+  for (int l = l1 - 1; l >= lc; --l) {   // blocks past the checkpointed ones: as without checkpointing
+    gr.before_backward(l + 1);
+    block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l);
+    gr.after_backward(l + 1);
+  }
+  if (lc <= l0) return;
+  const int k = every_k ? s.k : 1;
+  for (int g = (lc - 1) / k; g >= l0 / k; --g) {   // groups [g k, (g+1) k) within [l0, lc), last first
+    const int lo = std::max(l0, g * k), hi = std::min(lc, g * k + k);
+    for (int l = hi - 1; l >= lo; --l) gr.before_backward(l + 1);
+    if (every_k) {   // recompute the group, keeping its activations; its last block's output is not needed
+      const double in = blocks[static_cast<std::size_t>(lo)].x;
+      for (int l = lo; l < hi; ++l) {
+        Block b;
+        b.o = blocks[static_cast<std::size_t>(l)].o;   // kept under keep_attention, else 0
+        b.aux = blocks[static_cast<std::size_t>(l)].aux;
+        const double out = block_forward(m, s, b, l + 1 < hi);
+        b.x = l == lo ? in : blocks[static_cast<std::size_t>(l)].x;
+        blocks[static_cast<std::size_t>(l)] = b;
+        if (l + 1 < hi) blocks[static_cast<std::size_t>(l + 1)].x = out;
+      }
+    }
+    for (int l = hi - 1; l >= lo; --l) {
+      block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l);
+      gr.after_backward(l + 1);
+    }
+  }
+}
+
+double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss) {
+  // transformer_head.cpp: final norm, then the LM head + cross-entropy in row chunks of one
+  // reused logits buffer; a training forward runs the unit's backward here too.
+  const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e;
+  gr.before_forward(s.L + 1);
+  *loss += m.alloc(s.st);   // kept until the step's losses are reduced
+  double rstd = m.alloc(s.st * s.Nl), y = m.alloc(Nlde), yfull = s.sp ? m.alloc(Nde) : 0.0;
+  double dy = 0;
+  if (keep) {
+    gr.before_backward(s.L + 1);
+    dy = m.alloc(Nde);
+    gr.touch(model::ParamIndex(s.L).lm_head(), false);   // lm_head: written by the chunks below
+  }
+  // The chunks: the logits buffer, a loss scalar per chunk after the first, per chunk the CUDA
+  // cross-entropy's row losses (fp32) or, vocabulary-parallel, the row max and (sum, target) pair.
+  const double rows = s.chunk, chunks = std::ceil(s.N / s.chunk);
+  double logits = m.alloc(rows * s.V * s.e);
+  double part = chunks > 1 ? m.alloc(s.st) : 0.0;
+  for (double c = 0; c < std::min(chunks, 2.0); ++c) {   // every chunk allocates the same (the last no more)
+    const double n = std::min(rows, s.N - c * rows);
+    if (s.tp > 1) {
+      double row_max = m.alloc(s.st * n), sums = m.alloc(2 * s.st * n);
+      if (s.cuda) {
+        double r = m.alloc(4 * n);
+        m.free(r);
+      }
+      m.free(row_max);
+      m.free(sums);
+    } else if (s.cuda) {
+      double r = m.alloc(4 * n);
+      m.free(r);
+    }
+  }
+  if (keep && s.sp) {   // the f backward reduce-scatters dy into a new [Nl,d] (dy kept until it is done)
+    double shard = m.alloc(Nlde);
+    m.free(logits);
+    m.free(part);
+    m.free(dy);
+    dy = shard;
+  }
+  m.free(logits);
+  m.free(part);
+  if (keep) gr.ready(model::ParamIndex(s.L).lm_head());   // the model's notify: after the chunks, before y is dropped
+  if (!keep) {
+    for (double* t : {&rstd, &y, &yfull}) m.free(*t);
+    gr.after_forward(s.L + 1);
+    return 0;
+  }
+  m.free(yfull);
+  m.free(y);
+  double dx = m.alloc(Nlde);   // d(loss)/d(last block output): where the blocks' backward starts
+  gr.touch(model::ParamIndex(s.L).ln_final());       // ln_final
+  gr.after_backward(s.L + 1);
+  m.free(rstd);
+  m.free(dy);
+  gr.after_forward(s.L + 1);
+  return dx;
+}
+
+void embed_backward(Sim& m, const Shapes& s, Grads& gr) {
+  gr.before_backward(0);
+  gr.touch(0);   // embedding
+  if (s.sp) {    // tp_g backward: dx gathered to [N,d] for the vocabulary-parallel table gradient
+    double full = m.alloc(s.N * s.d * s.e);
+    m.free(full);
+  }
+  gr.after_backward(0);
+}
+
+double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
+  const double base = m.cur;
+  double batch = m.alloc(4 * s.B * s.T);   // inputs and targets, int32 (the host copy or the device one)
+  double targets = m.alloc(4 * s.B * s.T);
+  std::vector<Block> blocks(static_cast<std::size_t>(s.L));
+  gr.training = keep;
+  // The embedding output, held by forward() until the blocks return (and by block 0 or group 0
+  // for the backward).
+  double x0 = embed_forward(m, s, gr);
+  double x = blocks_forward(m, s, gr, blocks, 0, s.L, keep);
+  if (!keep) m.free(x0);
+  double loss = 0;
+  double dx = head_forward(m, s, gr, keep, &loss);
+  m.free(x);   // the last block's output
+  if (!keep) {
+    m.free(batch);
+    m.free(targets);
+    return m.peak - base;
+  }
+  if (backward) {
+    blocks_backward(m, s, gr, blocks, 0, s.L);
+    m.free(x0);   // with block 0's activations
+    embed_backward(m, s, gr);
+  }
+  m.free(dx);
+  return m.peak - base;
+}
+
+double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy) {
+  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
+  const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
+  double bytes = 4 * P + (mixed ? 2 * P : 0.0);
+  if (!lazy) bytes += 4 * P;   // one flat fp32 gradient buffer
+  if (dp > 1 && cfg.parallel.zero != ZeroLevel::none) {
+    const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
+    const double shard = static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
+    bytes += states * 4 * shard + (cfg.parallel.zero == ZeroLevel::zero1_broadcast ? 0.0 : 4 * shard);
+    // (zero2's copy-engine window: memory_model.cpp, which knows the buckets its flags count.)
+  } else {
+    bytes += states * 4 * P;
+  }
+  return bytes;
+}
+
+namespace {
+enum class ReduceStaging { none, flat, per_param, buckets };
+
+// How the trainer's sync makes the bf16 copies (jobs/engine/trainer.cpp builds it).
+ReduceStaging reduce_staging_kind(const Config& cfg, int dp) {
+  const auto& pc = cfg.parallel;
+  if (dp <= 1 || pc.grad_reduce_dtype != GradReduceDtype::bf16) return ReduceStaging::none;
+  if (pc.zero == ZeroLevel::zero2) return ReduceStaging::buckets;
+  if (pc.zero != ZeroLevel::none) return ReduceStaging::none;
+  if (pc.ddp == DdpKind::overlap) return ReduceStaging::per_param;
+  if (pc.ddp == DdpKind::bucketed) return ReduceStaging::buckets;
+  return ReduceStaging::flat;   // ddp none (the trainer runs it as flat) or flat
+}
+}  // namespace
+
+void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank) {
+  gr.group_of.clear();
+  gr.group_pending.clear();
+  gr.group_stage.clear();
+  gr.counted.clear();
+  gr.finish_stage = 0;
+  const ReduceStaging kind = reduce_staging_kind(cfg, dp);
+  if (kind == ReduceStaging::none) return;
+  if (kind == ReduceStaging::flat) {
+    gr.finish_stage = 2 * P;
+    return;
+  }
+  const std::size_t n = sizes.size();
+  gr.counted.assign(n, false);
+  if (kind == ReduceStaging::per_param) {
+    gr.group_of.resize(n);
+    for (std::size_t i = 0; i < n; ++i) gr.group_of[i] = static_cast<int>(i);
+    gr.group_pending.assign(n, 1);
+    for (double numel : sizes) gr.group_stage.push_back(2 * numel);
+    return;
+  }
+  gr.group_of = gr.bucket_of;
+  gr.group_pending.assign(gr.bucket_bytes.size(), 0);
+  for (int b : gr.bucket_of) ++gr.group_pending[static_cast<std::size_t>(b)];
+  // ZeRO-2's buckets cover elements [offset, offset + numel) of the flat order, taken from the
+  // end; this rank receives their overlap with its shard (zero.cpp: even_split, i.e. slice_of).
+  const auto [lo, hi] = parallel::slice_of(static_cast<std::int64_t>(P), dp_rank, dp);
+  double end = P;
+  for (double bytes : gr.bucket_bytes) {
+    const double numel = bytes / 4, offset = end - numel;
+    const double mine = std::max(0.0, std::min(static_cast<double>(hi), end) - std::max(static_cast<double>(lo), offset));
+    gr.group_stage.push_back(2 * numel + (cfg.parallel.zero == ZeroLevel::zero2 ? 2 * std::max(mine, 1.0) : 0.0));
+    end = offset;
+  }
+}
+
+comm::MeshShape mesh_of(const Config& cfg, int world) { return parallel::Spec::resolve(cfg.parallel, world).mesh_shape(); }
+
+}  // namespace lmscale::jobs::replay

@@ -1,0 +1,174 @@
+#pragma once
+// The allocation replay behind the per-phase memory prediction (include/lmscale/jobs/
+// memory_model.h). The activations and gradient buckets are not summed from formulas but
+// replayed: a small simulator allocates and frees the bytes of every tensor in the order
+// src/model/transformer.cpp (and transformer_head.cpp, transformer_stage.cpp,
+// transformer_tp.cpp) does, so the peak lands where the real one does. Keep it in step with the
+// model: the CPU test (ctest/regression/memory_prediction.sh) fails when they drift apart by
+// over 5%. Private to src/jobs (memory_model.cpp: one process, DDP, ZeRO, FSDP, tp;
+// memory_model_pipeline.cpp: one pipeline rank's stage under its schedule).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "lmscale/comm/mesh.h"
+#include "lmscale/io/config.h"
+#include "lmscale/jobs/predict/memory_model.h"
+#include "lmscale/model/recompute.h"
+
+namespace lmscale::jobs::replay {
+
+// Current and peak bytes of one rank's allocator, as its MemoryTracker counts them: the bytes
+// asked for. (The CUDA caching allocator rounds blocks to 512 B / 2 MiB and may hand out a cached
+// block up to 1.25x larger, but its tracker records the requested size, and /memory/peaks is what
+// the prediction is compared with; `round` stays the identity.)
+struct Sim {
+  bool cuda = false;
+  double cur = 0, peak = 0;
+  double round(double b) const { return b; }
+  double alloc(double b) {
+    b = round(b);
+    cur += b;
+    peak = std::max(peak, cur);
+    return b;
+  }
+  void free(double& b) {
+    cur -= b;
+    b = 0;
+  }
+};
+
+// A buffer with several holders (a pipeline stage's input: the schedule's variable and the
+// activations that keep it); freed when the last one lets go.
+struct Shared {
+  double bytes = 0;
+  int refs = 0;
+  void drop(Sim& m) {
+    if (--refs == 0) m.free(bytes);
+  }
+};
+
+// What block_forward keeps (bytes, already rounded; 0 = not held).
+struct Block {
+  double x = 0, rstd1 = 0, y1 = 0, q = 0, k = 0, v = 0, o = 0, aux = 0, h = 0, rstd2 = 0, y2 = 0, a = 0, b = 0, g = 0;
+};
+
+// One micro-batch's shapes as one rank holds them (tensor parallel: local heads, d_ff, vocab;
+// Nl rows of the residual stream under sequence parallelism).
+struct Shapes {
+  double N = 0, Nl = 0, d = 0, dl = 0, F = 0, H = 0, T = 0, B = 0, V = 0, e = 4, st = 4;
+  bool flash = false, sp = false, cuda = false, deterministic = false;
+  int L = 0, tp = 1;
+  double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
+  Checkpointing ac = Checkpointing::none;
+  int k = 1;
+  model::RecomputePolicy recompute;   // the model's: keep_attention, checkpointed_end
+};
+
+// The shapes of a micro-batch of `rows` sequences under the deck's model, precision, tp and
+// checkpointing.
+Shapes shapes_for(const Config& cfg, double rows, bool cuda);
+
+// Parameter sizes (elements) in the store's order: embedding, per layer q,k,v,o,ln1,w1,w2,w3,ln2
+// (transformer.cpp's Slot order), ln_final, lm_head; local shapes under tensor parallelism.
+std::vector<double> param_sizes(const Shapes& s);
+
+// The gradient provider: LazyGradients allocates a parameter's bucket (model/gradient_buckets.cpp:
+// reverse parameter order, at most bucket_bytes each) the first time the backward asks for one
+// of its gradients; with a flat buffer (or FSDP) nothing is allocated here. Parameters are named
+// by their index in the whole model; `local` maps them to the store's (a pipeline stage holds a
+// subset; empty: the whole model).
+struct Grads {
+  Sim* sim = nullptr;
+  bool lazy = false;
+  std::vector<int> local;
+  std::vector<int> bucket_of;
+  std::vector<double> bucket_bytes;
+  std::vector<bool> held;
+  void init(const std::vector<double>& sizes, double max_bytes);   // sizes in the store's order
+  // FSDP (parallel/fsdp.cpp): units 0 = embedding, 1..L = blocks, L+1 = head; each unit's
+  // weights gathered (compute dtype, padded to dp shards) ahead of use and released after it, its
+  // full-size fp32 gradients allocated at the first gradient and freed once reduce-scattered
+  // (kReductionsInFlight = 1 reduction left in flight).
+  bool fsdp = false, training = false, reshard = true;
+  int prefetch = 1, last = 0, dp = 1;
+  double e = 4;
+  std::vector<double> unit_padded;           // elements of each unit, padded to dp shards
+  std::vector<int> unit_of_param;            // -1 for the replicated norms
+  std::vector<double> gathered, full, send;  // bytes alive per unit (send: the cast shard, mixed precision)
+  std::vector<double> pending;               // reductions in flight (full-size gradients)
+  void gather(int u);
+  void wait(int u);
+  void release(int u);
+  void before_forward(int u);
+  void after_forward(int u);
+  void before_backward(int u);
+  void after_backward(int u);
+  // bf16 gradient reduction (set_reduce_staging): per reduction group (bucket, or parameter
+  // under ddp overlap) its staging bytes, allocated when the group's last gradient is written
+  // and alive to the end of the step; group_of maps a store index to its group. finish_stage:
+  // ddp flat's one copy, made in the sync's finish() instead.
+  std::vector<int> group_of, group_pending;
+  std::vector<double> group_stage;
+  std::vector<bool> counted;
+  double finish_stage = 0;
+  bool staging_armed = true;   // the reduction is armed for this micro-batch (the last one's hooks)
+  // The backward asks for parameter i's gradient (whole-model index); with ready_now its write is
+  // done at once (the model's notify), else ready(i) says when.
+  void touch(int i, bool ready_now = true);
+  void ready(int i);
+  void hold_all();     // every bucket allocated (gradients kept from an earlier micro-batch)
+  double total() const;
+  // Every bf16 copy of one step (the groups' and finish()'s): what is alive when finish() ends.
+  double staging_total() const;
+};
+
+// block_forward: allocations in transformer.cpp's order; returns the output's bytes (0 when a
+// recompute's last block does not produce one).
+double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output);
+void free_block(Sim& m, Block& b);
+void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l);
+
+// The units of a model or of a pipeline chunk, as TransformerLM runs them.
+// The embedding's output [Nl,d] (the caller holds it).
+double embed_forward(Sim& m, const Shapes& s, Grads& gr);
+// Blocks [l0, l1) from an input the caller holds (blocks[l0].x stays 0: the caller frees the input
+// once both it and, with `keep`, the activations are done with it, i.e. after blocks_backward);
+// returns the last block's output (the caller's). blocks is indexed by global layer.
+double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1, bool keep);
+// Their backward (recomputing every-k groups); the input gradient dx is updated in place.
+void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1);
+// The head unit on the last block's output (which the caller frees afterwards): allocates the
+// loss sum (its bytes added to *loss; kept by the caller), runs the fused LM head in row chunks
+// and, with `keep`, its backward; returns the gradient of its input [Nl,d] (0 without `keep`).
+double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss);
+// The embedding's backward (its gradient; under sequence parallelism the gathered dx).
+void embed_backward(Sim& m, const Shapes& s, Grads& gr);
+
+// One process's micro-batch: its forward (keep = for a backward) and, if `backward`, its
+// backward; returns the peak above what was held before.
+double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward);
+
+// The initial (long-lived) bytes of a store of P parameters on one rank: fp32 master, bf16/fp16
+// copy, the flat gradient buffer unless gradients are lazy (one process, zero2), and optimizer
+// state (whole, or this dp rank's shard with its gradient shard; zero's even_split of P).
+double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy);
+// parallel.grad_reduce_dtype = bf16 (parallel/ddp.cpp launch, parallel/zero.cpp
+// scatter_range_staged): the bf16 copies of the gradients made for the reduction, as the trainer
+// builds the sync, alive to the end of its finish(): zero2 per bucket whatever parallel.ddp says
+// (the send copy and this rank's received part, [max(mine, 1)]); without ZeRO, overlap one per
+// parameter, bucketed one per bucket, ddp none (run as flat) and flat one copy of all made in
+// finish() (finish_stage). Set as groups of gr (after gr.init); nothing unless dp > 1 and bf16
+// (zero1 and fsdp refuse the key).
+void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank);
+
+// The mesh a deck describes (comm/mesh.h; dp from the deck, else world / (tp pp)). Not checked
+// against the world: the accounting job predicts layouts larger than its own run.
+comm::MeshShape mesh_of(const Config& cfg, int world);
+
+}  // namespace lmscale::jobs::replay
+
+namespace lmscale::jobs {
+// Pipeline parallelism (memory_model_pipeline.cpp): the phases of mesh rank `rank`'s stage.
+MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, int rank);
+}  // namespace lmscale::jobs
