@@ -5,9 +5,9 @@
 // 1000); every other multiple of 8 from 8 to 256 at T = 77 (causal) and 130 (full); head dims
 // that are not multiples of 8 (CUDA-core path for every dtype) at T = 77.
 //
-// Two DISABLED_ tests are tools for scripts/device/attention.sh, run by name only:
+// Two DISABLED_ tests are tools for scripts/gpu/attention.sh, run by name only:
 // DISABLED_Timing (CUDA-event medians at one shape, default the leaderboard's; tile variants) and
-// DISABLED_FileIO (runs flash on inputs written by scripts/device/attention_errors.py).
+// DISABLED_FileIO (runs flash on inputs written by scripts/gpu/attention_errors.py).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -332,7 +332,7 @@ std::vector<Sm90Case> sm90_cases() {
 INSTANTIATE_TEST_SUITE_P(All, AttentionSm90, ::testing::ValuesIn(sm90_cases()),
                          [](const ::testing::TestParamInfo<Sm90Case>& i) { return sm90_name(i.param); });
 
-// ---- tools (run by name from scripts/device/attention.sh) -------------------------------------
+// ---- tools (run by name from scripts/gpu/attention.sh) -------------------------------------
 
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());

@@ -1,7 +1,7 @@
 // Elementwise ops, reductions and AdamW on CUDA against the float64 CPU reference, with sizes that
 // are and are not multiples of the vector width and views that are not 16-byte aligned (the scalar
 // path). DISABLED_Bandwidth times the memory-bound kernels at model scale (run it with
-// --gtest_also_run_disabled_tests --gtest_filter='*Bandwidth*'; scripts/device/op_bandwidth.sh).
+// --gtest_also_run_disabled_tests --gtest_filter='*Bandwidth*'; scripts/gpu/op_bandwidth.sh).
 #include <cuda_runtime.h>
 
 #include <algorithm>

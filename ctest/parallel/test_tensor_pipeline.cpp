@@ -8,7 +8,7 @@
 // accumulating over the same microbatches (train.grad_accum = dp x microbatches).
 // Tolerance 1e-6 relative for losses, gradient norms and final weights (tp's partial sums add
 // in another order than one GEMM; the norm's squares are summed per stage, then over tp and pp;
-// measured maxima are printed and quoted in docs/design-notes.md). gpipe and 1f1b run every
+// measured maxima are printed and quoted in docs/internals.md). gpipe and 1f1b run every
 // microbatch's ops in the same order: bitwise equal to each other.
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // cross-entropy, fused over row chunks so that the [N,V] logits never exist (at 8B and 32k tokens
 // they would be 10 GB in bf16). In a training forward the unit's backward runs here as well: each
 // chunk's logits are turned into their gradient in place and used at once for dx and dW_head, so
-// nothing is kept for the backward and nothing recomputed (docs/design-notes.md, "Fused LM head").
+// nothing is kept for the backward and nothing recomputed (docs/internals.md, "Fused LM head").
 // Shapes: x, y, rstd on Nl rows (N/tp under sequence parallelism), y_full [N,d], logits chunk
 // [rows, Vl], dy [N,d], dx [Nl,d].
 #include <functional>

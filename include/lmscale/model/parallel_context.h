@@ -24,7 +24,7 @@
 // group's backwards, each followed by its after_backward. The recompute itself calls no forward
 // hooks: the weights it reads are the ones before_backward made available.
 //
-// The design covers the three model-parallel modes (docs/design-notes.md, "ParallelContext"):
+// The design covers the three model-parallel modes (docs/internals.md, "ParallelContext"):
 //   - FSDP (parallel/fsdp.cpp): before_* gathers a unit's weights (and prefetches the next),
 //     after_forward frees them, after_backward reduce-scatters the unit's gradients. The weights
 //     and gradients themselves are reached through the ParameterStore's providers.

@@ -245,7 +245,7 @@ class NcclCommunicator final : public Communicator {
   Algo algo() const override { return algo_; }
   void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
   // From the watchdog thread (jobs/resilience/step_watchdog.h): this communicator and those split from it.
-  // Run on 2 GPUs by scripts/device/rank_failure.sh (no device in CI).
+  // Run on 2 GPUs by scripts/gpu/rank_failure.sh (no device in CI).
   void abort() override {
     for (auto& c : shared_->live_children()) c->abort();
     shared_->abort();

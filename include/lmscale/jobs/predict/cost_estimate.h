@@ -1,6 +1,6 @@
 #pragma once
 // What a training run of D tokens costs (docs/recipes.md "Cost"): GPU-hours and money from the
-// FLOPs (docs/design-notes.md "FLOPs per trained token": 6 x matmul parameters + 12 L T d per
+// FLOPs (docs/internals.md "FLOPs per trained token": 6 x matmul parameters + 12 L T d per
 // token), the GPUs' peak and an MFU, plus the time spent writing checkpoints and the work
 // expected to be redone after preemptions (spot instances).
 #include <string>

@@ -1,5 +1,5 @@
 #pragma once
-// TEST-ONLY fault injection for the rank-failure tests (scripts/device/rank_failure.sh,
+// TEST-ONLY fault injection for the rank-failure tests (scripts/gpu/rank_failure.sh,
 // docs/checkpoints.md "Rank failure"): makes one rank hang inside a training step, so that the
 // watchdog (jobs/resilience/step_watchdog.h) can be shown to end the job naming it. Read once from the
 // environment when a Trainer is made and kept in it (no global state); unset = nothing happens.

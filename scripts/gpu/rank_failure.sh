@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Rank failure on 2 GPUs (issue 15 item 4; docs/checkpoints.md "Rank failure"). One device call on
-# kind nvidia-h200-x2 (carry [".deps"]); about 90 s after the build:
-#   scripts/device/rank_failure.sh [stages...]      default: build nccl healthy kill hang
-#   build    scripts/device/build.sh for lmscale, check_table, mpi_test_nccl_comm
+# Rank failure on 2 GPUs of one node over NCCL (docs/checkpoints.md "Rank failure"), with Open
+# MPI's mpirun (it finds rank 1's process by OMPI_COMM_WORLD_RANK); about 90 s after the build:
+#   scripts/gpu/rank_failure.sh [stages...]      default: build nccl healthy kill hang
+#   build    scripts/gpu/build.sh for lmscale, check_table, mpi_test_nccl_comm
 #   nccl     the 2-rank NCCL communicator test (non-blocking communicators: collectives, groups,
 #            split, health, abort)
 #   healthy  2 ranks, DDP bucketed, 150 steps, parallel.timeout_s = 0 and = 10: both exit 0 with
@@ -20,7 +20,14 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 stages=${*:-build nccl healthy kill hang}
 OUT=${OUT:-/tmp/rank_failure_out}
-source scripts/device/session_lib.sh
+source scripts/gpu/env.sh
+mkdir -p "$OUT"
+LM=$BUILD/lmscale
+T0=$(date +%s)
+summary=$OUT/summary.txt
+: > "$summary"
+has() { [[ " $stages " == *" $1 "* ]]; }
+note() { echo "$*" | tee -a "$summary"; }
 passed=0 failed=0
 check() {   # check NAME CONDITION-EXIT-CODE DETAIL
   if [[ $2 -eq 0 ]]; then note "PASS $1: $3"; passed=$((passed + 1)); else note "FAIL $1: $3"; failed=$((failed + 1)); fi
@@ -53,7 +60,7 @@ rank_pid() {   # the pid of world rank $1 among mpirun's children
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$summary"
 if has build; then
-  scripts/device/build.sh lmscale check_table mpi_test_nccl_comm > "$OUT/build.log" 2>&1 \
+  scripts/gpu/build.sh lmscale check_table mpi_test_nccl_comm > "$OUT/build.log" 2>&1 \
     || { grep -E "error|FAILED" "$OUT/build.log" | head -30; note "FAIL build"; exit 1; }
   note "build done at $(( $(date +%s) - T0 )) s"
 fi

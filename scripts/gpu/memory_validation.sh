@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Issue 21: the memory-prediction validation table on one GPU. For each row, bench-model runs the
+# The memory-prediction validation table on one GPU (docs/performance.md, "Memory predictions"). For each row, bench-model runs the
 # deck (batch 4, 1 warm-up + 2 steps) and prints its measured peak (the caching allocator's
 # high-water mark) and the accounting's prediction for the phases that mode runs; the table
 # (measured, predicted, error) goes to $OUT/memory_validation.md and the summary.
-#   scripts/device/memory_validation.sh [rows]   rows: "preset ctx precision mode attention;..."
-# Needs a built $BUILD/lmscale (scripts/device/build.sh lmscale). Carry [".deps", ".device"].
+#   scripts/gpu/memory_validation.sh [rows]   rows: "preset ctx precision mode attention;..."
+# Needs a built $BUILD/lmscale (scripts/gpu/build.sh lmscale); the default rows need an 80 GB GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-stages=validation
 OUT=${OUT:-/tmp/memory_validation_out}
-source scripts/device/session_lib.sh
+source scripts/gpu/env.sh
+mkdir -p "$OUT"
+LM=$BUILD/lmscale
+T0=$(date +%s)
+summary=$OUT/summary.txt
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
 default_rows=""
 for ctx in 128 512 2048; do for p in fp32 bf16; do for m in forward forward-backward train-step; do
   default_rows+="small $ctx $p $m naive;"; done; done; done

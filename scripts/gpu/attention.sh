@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# One GPU-machine call for attention (issues 5, 20): build the attention test executable from its
+# Attention on one GPU (docs/attention.md): build the attention test executable from its
 # sources, run the gpu tests (every dtype / head dim / seq / causal case vs the float64 CPU
 # reference), report registers/spills (-Xptxas -v), time the shapes below (public ops and raw
 # tile variants, CUDA-event medians), compare accuracy with torch SDPA vs float64, and run the
-# torch peer (SDPA) at the same shapes in the same call. Logs under $OUT; a short table last.
+# torch peer (SDPA) at the same shapes one after the other. Logs under $OUT (default /tmp/attn_out); a short table last.
 # Shapes: "B H T D" (bf16, causal); default the 2.7B preset's attention (32 heads of 80) at
 # batch 4 x 512 and 1 x 8192, and the leaderboard shape. ATTN_SHAPES overrides.
-# Needs .device/torch_peer.py (a copy of ../shared/peers/torch_peer.py, carried in the tree).
+# Needs torch (pip install -r bench/requirements.txt) for the accuracy and SDPA columns.
+#   scripts/gpu/attention.sh            ATTN_SHAPES="1 16 16384 64" scripts/gpu/attention.sh
 set -uo pipefail
-source scripts/device/env.sh 2>/dev/null || true
+cd "$(dirname "$0")/../.."
+source scripts/gpu/env.sh
 OUT=${OUT:-/tmp/attn_out}
 mkdir -p "$OUT"
 B=/tmp/attn_build
 SHAPES=${ATTN_SHAPES:-"4 32 512 80;1 32 8192 80;1 16 16384 64"}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
 start=$(date +%s)
-scripts/device/attention_build.sh "$B" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+scripts/gpu/attention_build.sh "$B" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s" >> "$OUT/gpu.txt"
 cp "$B/ptxas.log" "$OUT/ptxas.log"
 EXE="$B/test_attention_cuda"
@@ -36,12 +38,12 @@ for sh in "${shapes[@]}"; do
     --gtest_filter='*DISABLED_Timing' >> "$OUT/timing.log" 2>&1
   if [ "$t" -le 8192 ]; then   # the float64 reference of longer shapes takes too long for one call
     echo "== B$b H$h T$t D$d" >> "$OUT/errors.log"
-    timeout 75 python3 scripts/device/attention_errors.py "$EXE" --batch "$b" --heads "$h" --seq "$t" --head-dim "$d" \
+    timeout 75 python3 scripts/gpu/attention_errors.py "$EXE" --batch "$b" --heads "$h" --seq "$t" --head-dim "$d" \
       --causal >> "$OUT/errors.log" 2>&1
   fi
-  timeout 60 python3 .device/torch_peer.py attention --batch "$b" --heads "$h" --seq "$t" --head-dim "$d" \
+  timeout 60 python3 bench/torch_peer.py attention --batch "$b" --heads "$h" --seq "$t" --head-dim "$d" \
     --dtype bf16 --causal --impl sdpa --iters ${PEER_ITERS:-30} >> "$OUT/torch_peer.log" 2>&1
-  timeout 60 python3 scripts/device/attention_sdpa_time.py --batch "$b" --heads "$h" --seq "$t" --head-dim "$d" \
+  timeout 60 python3 scripts/gpu/attention_sdpa_time.py --batch "$b" --heads "$h" --seq "$t" --head-dim "$d" \
     --causal --iters ${PEER_ITERS:-30} >> "$OUT/torch_peer.log" 2>&1
 done
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA attention test executable straight from its sources (no CMake, no Boost, none
-# of the other layers), so attention can be checked on the GPU machine while the rest of the tree
-# is in flux. Usage: scripts/device/attention_build.sh OUTDIR  -> OUTDIR/test_attention_cuda and
-# OUTDIR/ptxas.log (registers, shared memory, spills of every kernel). Runs here or on the device.
+# of the other layers): a quick loop for work on the attention kernels (sm_90a only; NVCC and the
+# include paths below may need your system's). Usage: scripts/gpu/attention_build.sh OUTDIR  -> OUTDIR/test_attention_cuda and
+# OUTDIR/ptxas.log (registers, shared memory, spills of every kernel).
 set -euo pipefail
 OUT=${1:?output directory}
 mkdir -p "$OUT/obj"

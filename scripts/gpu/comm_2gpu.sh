@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU-machine call for the communication layer (issue 3), on 2 GPUs (kind nvidia-h200-x2):
+# The communication layer on 2 GPUs of one node (docs/collectives.md), in one run:
 #   1. the 2-rank NCCL tests (mpirun -np 2 mpi_test_nccl_comm, label gpu) and the CPU mpi tests
 #      with 2 ranks;
 #   2. bench-collectives with the nccl backend (inputs/collectives_nccl.ini) and the torch peer
@@ -7,24 +7,22 @@
 #   3. bench-collectives with the mpi backend, 2 ranks, 1 MB .. 1 GB (inputs/collectives_mpi.ini):
 #      library (Open MPI without and with CMA single copy), ring, shm with 4/8/16 threads, and
 #      the torch peer with gloo; then the same with 4 ranks (shm, library, gloo) if time allows;
-#   4. a summary of both comparisons against the issue's targets.
-# Assumes scripts/device/build.sh has built the tree in $BUILD (it is called again for this
-# script's targets; a no-op when they are up to date). The torch peer must be in the tree:
-#   PEER=.device/torch_peer.py scripts/device/comm_2gpu.sh
-# Logs and HDF5 files go to $OUT (set by the device tool), so they come back even on a timeout.
+#   4. a summary of both comparisons (the ratios docs/collectives.md quotes).
+# Builds its targets with scripts/gpu/build.sh in $BUILD (a no-op when they are up to date). The
+# torch peer is bench/torch_peer.py (pip install -r bench/requirements.txt); Open MPI's mpirun.
+#   scripts/gpu/comm_2gpu.sh
+# Logs and HDF5 files go to $OUT (default /tmp/comm_out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/device/env.sh
+source scripts/gpu/env.sh
 OUT=${OUT:-/tmp/comm_out}
 mkdir -p "$OUT"
-BUILD=${BUILD:-build-device}
-export BUILD
-PEER=${PEER:-.device/torch_peer.py}
+PEER=${PEER:-bench/torch_peer.py}
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 # --bind-to none: Open MPI binds each of <= 2 ranks to one core by default, which would leave the
 # communication thread and the shm threads a single core.
-MPIRUN=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE=0)
+# (MPIRUN and its flags come from scripts/gpu/env.sh.)
 
 {
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
@@ -34,7 +32,7 @@ MPIRUN=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE=0)
 } > "$OUT/machine.txt" 2>&1
 
 # 0. build this script's targets (no-op when up to date)
-if ! timeout 420 scripts/device/build.sh lmscale mpi_test_nccl_comm mpi_test_comm_collectives mpi_test_comm_async \
+if ! timeout 420 scripts/gpu/build.sh lmscale mpi_test_nccl_comm mpi_test_comm_collectives mpi_test_comm_async \
     mpi_test_comm_groups mpi_test_comm_check > "$OUT/build.log" 2>&1; then
   echo "build failed:"; grep -E "error|FAILED" "$OUT/build.log" | head -30; tail -15 "$OUT/build.log"; exit 1
 fi
@@ -110,7 +108,7 @@ def torch(path):
             rows[d["size_mb"] << 20] = dict(us=d["time_ms"] * 1e3, busbw=d["busbw_gbs"])
     return rows
 
-print("==== targets: NCCL all-reduce fp32 (busbw >= 99% of torch at >= 100 MB; 1 MB latency <= 0.7x torch)")
+print("==== NCCL all-reduce fp32: lmscale against torch")
 a, t = ours(f"{out}/bench_nccl.log"), torch(f"{out}/torch_nccl.log")
 print(f"{'bytes':>12} {'lmscale us':>11} {'torch us':>10} {'time ratio':>10} {'lmscale busbw':>14} {'torch busbw':>12} {'busbw ratio':>11}")
 for b in sorted(set(a) & set(t)):
@@ -120,7 +118,7 @@ for np_ in (2, 4):
     g = torch(f"{out}/torch_gloo_np{np_}.log")
     runs = {os.path.basename(p)[6:-4]: ours(p) for p in sorted(glob.glob(f"{out}/bench_mpi_*_np{np_}.log"))}
     if not g or not runs: continue
-    print(f"==== targets: mpi backend all-reduce fp32, {np_} ranks: busbw >= 4x torch gloo at >= 10 MB")
+    print(f"==== mpi backend all-reduce fp32, {np_} ranks, against torch gloo")
     names = list(runs)
     print(f"{'bytes':>12} {'gloo':>7} " + " ".join(f"{n[:22]:>22}" for n in names))
     for b in sorted(g):
