@@ -75,7 +75,7 @@ void check_against_one_process(const Case& c, int steps = 3) {
     io::set_key(p, "parallel.schedule", schedule);
     io::set_key(p, "parallel.zero", c.zero);
     io::set_key(p, "parallel.ddp", c.ddp);
-    p.parallel.stage_layers = c.stage_layers;
+    io::set_key(p, "parallel.stage_layers", c.stage_layers);
     const test::TrainRun got = test::train_run(p, true, steps);
     const std::string what = std::string(schedule) + " pp " + std::to_string(c.pp) + " dp " + std::to_string(dp) +
                              " V " + std::to_string(c.virtual_stages) + " M " + std::to_string(c.microbatches) +

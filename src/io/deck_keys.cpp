@@ -137,6 +137,20 @@ DeckKey enum_list_key(std::string name, F field, std::string meaning) {
   return k;
 }
 
+// A list of positive counts that may be empty (the empty text clears it).
+template <class F>
+DeckKey layer_counts_key(std::string name, F field, std::string meaning) {
+  DeckKey k{name, "int-list", std::move(meaning), {}, "each >= 1; empty = none", {}, {}};
+  k.set = [name, field](Config& c, const std::string& t) {
+    std::vector<std::int64_t> values;
+    if (!parse_string(t).empty())
+      for (const auto& item : split_list(name, t)) values.push_back(parse_int(name, item, 1));
+    field(c) = std::move(values);
+  };
+  k.get = [field](const Config& c) { return fmt::format("{}", fmt::join(field(c), ",")); };
+  return k;
+}
+
 template <class F>
 DeckKey bool_list_key(std::string name, F field, std::string meaning) {
   DeckKey k{name, "bool-list", std::move(meaning), {}, "", {}, {}};
@@ -301,9 +315,9 @@ std::vector<DeckKey> build_table() {
                "multiple of pp). Each composes with parallel.tp (tensor-parallel stages) and dp."),
       int_key("parallel.virtual_stages", LMSCALE_FIELD(parallel.virtual_stages), 1,
               "interleaved: model chunks per pipeline rank; num_layers must be divisible by pp * virtual_stages."),
-      string_key("parallel.stage_layers", "list", LMSCALE_FIELD(parallel.stage_layers),
-                 "Blocks per pipeline stage, comma-separated (e.g. 10,14); empty = balanced by layers (the "
-                 "first stage also holds the embedding, the last the final norm, LM head and loss)."),
+      layer_counts_key("parallel.stage_layers", LMSCALE_FIELD(parallel.stage_layers),
+                       "Blocks per pipeline stage, comma-separated (e.g. 10,14); empty = balanced by layers (the "
+                       "first stage also holds the embedding, the last the final norm, LM head and loss)."),
       // [bench]
       enum_key("bench.mode", LMSCALE_FIELD(bench.mode),
                "bench-model: what one timed step does (forward-backward includes waiting for the "

@@ -603,22 +603,11 @@ void check_pipeline(const Config& c) {
          p.schedule);
   }
   if (!p.stage_layers.empty()) {
-    std::vector<std::int64_t> n;
-    std::stringstream in(p.stage_layers);
-    std::string item;
     std::int64_t sum = 0;
-    while (std::getline(in, item, ',')) {
-      char* end = nullptr;
-      const long long v = std::strtoll(item.c_str(), &end, 10);
-      if (item.empty() || *end != '\0' || v < 1)
-        fail("parallel.stage_layers = '{}': expected comma-separated positive layer counts, one per stage (e.g. "
-             "12,12)", p.stage_layers);
-      n.push_back(v);
-      sum += v;
-    }
-    if (static_cast<std::int64_t>(n.size()) != p.pp || sum != m.num_layers)
-      fail("parallel.stage_layers = '{}' gives {} stages and {} layers; it needs parallel.pp = {} entries summing to "
-           "model.num_layers = {}", p.stage_layers, n.size(), sum, p.pp, m.num_layers);
+    for (std::int64_t n : p.stage_layers) sum += n;
+    if (static_cast<std::int64_t>(p.stage_layers.size()) != p.pp || sum != m.num_layers)
+      fail("parallel.stage_layers = {} gives {} stages and {} layers; it needs parallel.pp = {} entries summing to "
+           "model.num_layers = {}", fmt::join(p.stage_layers, ","), p.stage_layers.size(), sum, p.pp, m.num_layers);
     if (p.schedule == PipelineSchedule::interleaved)
       fail("parallel.stage_layers is not used by the interleaved schedule (its chunks are equal); leave it empty");
   }

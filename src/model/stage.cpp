@@ -12,19 +12,19 @@ int StageUnits::first_param(const ModelDims& d) const { return ParamIndex(static
 
 int StageUnits::end_param(const ModelDims& d) const { return ParamIndex(static_cast<int>(d.layers)).first_of_unit(end_unit(d)); }
 
-std::vector<int> stage_layer_counts(const ModelDims& d, int stages, const std::vector<int>& override_layers) {
+std::vector<int> stage_layer_counts(const ModelDims& d, int stages, const std::vector<std::int64_t>& override_layers) {
   const int L = static_cast<int>(d.layers);
   LMSCALE_CHECK(stages >= 1 && stages <= L, "{} pipeline stages for {} layers", stages, L);
   if (!override_layers.empty()) {
     LMSCALE_CHECK(static_cast<int>(override_layers.size()) == stages, "stage_layers has {} entries for {} stages",
                   override_layers.size(), stages);
-    int sum = 0;
-    for (int n : override_layers) {
+    std::int64_t sum = 0;
+    for (std::int64_t n : override_layers) {
       LMSCALE_CHECK(n >= 1, "stage_layers: every stage needs at least one layer");
       sum += n;
     }
     LMSCALE_CHECK(sum == L, "stage_layers sum to {} but the model has {} layers", sum, L);
-    return override_layers;
+    return std::vector<int>(override_layers.begin(), override_layers.end());
   }
   std::vector<int> c(static_cast<std::size_t>(stages), L / stages);
   for (int r = 0; r < L % stages; ++r) c[static_cast<std::size_t>(stages - 1 - r)] += 1;
@@ -42,32 +42,12 @@ StageUnits stage_units(const ModelDims& d, const std::vector<int>& counts, int s
 }
 
 std::vector<StageUnits> pipeline_chunks(const ModelDims& d, int stages, int virtual_stages, int stage,
-                                        const std::vector<int>& override_layers) {
+                                        const std::vector<std::int64_t>& override_layers) {
   const auto counts = stage_layer_counts(d, stages * virtual_stages, override_layers);
   std::vector<StageUnits> chunks;
   for (int c = 0; c < virtual_stages; ++c) chunks.push_back(stage_units(d, counts, c * stages + stage));
   return chunks;
 }
 
-std::vector<int> parse_stage_layers(const std::string& s) {
-  std::vector<int> v;
-  if (s.empty()) return v;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    std::size_t used = 0;
-    int n = 0;
-    try {
-      n = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    while (used < item.size() && item[used] == ' ') ++used;
-    if (used != item.size() || item.empty())
-      throw UsageError("parallel.stage_layers = '" + s + "': expected comma-separated layer counts, e.g. 12,12,12,12");
-    v.push_back(n);
-  }
-  return v;
-}
 
 }  // namespace lmscale::model

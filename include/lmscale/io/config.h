@@ -180,7 +180,7 @@ struct ParallelConfig {
   std::int64_t microbatches = 1;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   std::int64_t virtual_stages = 1;      // interleaved: model chunks per pipeline rank
-  std::string stage_layers;             // blocks per stage, e.g. "12,12,12,12"; empty = balanced
+  std::vector<std::int64_t> stage_layers;   // blocks per stage (deck: 12,12,12,12); empty = balanced
   bool sequence_parallel = false;       // tp: norms and residuals on sequence shards
   std::int64_t timeout_s = 0;           // train, bench-model: a step (or checkpoint) taking longer aborts the job; 0 = off
   bool overlap_optimizer = false;       // CUDA, unsharded: optimizer on a side stream, overlapping the next forward (measured: no gain)

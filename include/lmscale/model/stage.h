@@ -34,15 +34,13 @@ struct StageUnits {
 // the remainder going to the later stages' (the first stage also holds the embedding, the last
 // the head, which for small vocabularies are cheaper than a block). `override_layers`, when not
 // empty, gives the blocks of each stage explicitly (parallel.stage_layers).
-std::vector<int> stage_layer_counts(const ModelDims& d, int stages, const std::vector<int>& override_layers = {});
+std::vector<int> stage_layer_counts(const ModelDims& d, int stages, const std::vector<std::int64_t>& override_layers = {});
 // The units of stage s of `counts` (stage 0 adds the embedding, the last stage the head).
 StageUnits stage_units(const ModelDims& d, const std::vector<int>& counts, int s);
 // The model chunks of pipeline rank `stage` of `stages` with `virtual_stages` chunks each (the
 // interleaved schedule; 1 otherwise): chunk c is virtual stage c * stages + stage of the
 // stages * virtual_stages equal splits (or of override_layers when given, one chunk per rank).
 std::vector<StageUnits> pipeline_chunks(const ModelDims& d, int stages, int virtual_stages, int stage,
-                                        const std::vector<int>& override_layers = {});
-// Parses "12,12,12,12" (parallel.stage_layers); empty string: empty vector.
-std::vector<int> parse_stage_layers(const std::string& s);
+                                        const std::vector<std::int64_t>& override_layers = {});
 
 }  // namespace lmscale::model

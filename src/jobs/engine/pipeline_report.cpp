@@ -110,7 +110,7 @@ double PipelineRecorder::write() {
   std::vector<int> counts_per_stage;
   for (int s = 0; s < stages; ++s) {
     int blocks = 0;
-    for (const auto& u : model::pipeline_chunks(trainer_.dims(), stages, V, s, model::parse_stage_layers(p.stage_layers)))
+    for (const auto& u : model::pipeline_chunks(trainer_.dims(), stages, V, s, p.stage_layers))
       blocks += u.end_layer(trainer_.dims()) - u.first_layer();
     counts_per_stage.push_back(blocks);
   }

@@ -83,7 +83,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     if (pp > 1) {
       // This rank's stage, or its virtual_stages chunks under the interleaved schedule.
       const int V = pc.schedule == PipelineSchedule::interleaved ? static_cast<int>(pc.virtual_stages) : 1;
-      chunks = model::pipeline_chunks(dims_, pp, V, mesh_->coords().pp, model::parse_stage_layers(pc.stage_layers));
+      chunks = model::pipeline_chunks(dims_, pp, V, mesh_->coords().pp, pc.stage_layers);
     }
   }
   const std::int64_t dp = dp_size_;
@@ -560,7 +560,7 @@ std::vector<float> Trainer::to_full_layout(const std::vector<float>& local) {
   std::vector<float> full(static_cast<std::size_t>(dims_.parameter_count()));
   std::size_t at = 0;
   for (int r = 0; r < pp.size(); ++r) {
-    for (const auto& u : model::pipeline_chunks(dims_, pp.size(), V, r, model::parse_stage_layers(pc.stage_layers))) {
+    for (const auto& u : model::pipeline_chunks(dims_, pp.size(), V, r, pc.stage_layers)) {
       for (int g = u.first_param(dims_); g < u.end_param(dims_); ++g) {
         const auto& p = layout[static_cast<std::size_t>(g)];
         std::copy(gathered.begin() + static_cast<std::ptrdiff_t>(at),

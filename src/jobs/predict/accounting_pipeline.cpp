@@ -45,7 +45,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   const auto layout = model::tensor_parallel_layout(m, split);
   const bool interleaved = cfg.parallel.schedule == PipelineSchedule::interleaved;
   const int V = interleaved ? static_cast<int>(cfg.parallel.virtual_stages) : 1;
-  const auto overrides = model::parse_stage_layers(cfg.parallel.stage_layers);
+  const auto overrides = cfg.parallel.stage_layers;
   const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   const double e = mixed ? 2.0 : 4.0;
   const bool sharded = spec.sharded_optimizer();

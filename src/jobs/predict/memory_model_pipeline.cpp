@@ -241,7 +241,7 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   std::vector<Chunk> chunks;
   std::vector<double> sizes;
   std::vector<int> local_index(all_sizes.size(), -1);
-  for (const auto& u : model::pipeline_chunks(dims, pp, V, stage, model::parse_stage_layers(pc.stage_layers))) {
+  for (const auto& u : model::pipeline_chunks(dims, pp, V, stage, pc.stage_layers)) {
     chunks.push_back({u.first_layer(), u.end_layer(dims), u.owns_embedding(), u.owns_head(dims)});
     for (int i = u.first_param(dims); i < u.end_param(dims); ++i) {
       local_index[static_cast<std::size_t>(i)] = static_cast<int>(sizes.size());
