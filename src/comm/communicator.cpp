@@ -284,4 +284,10 @@ Work Communicator::recv(Tensor& buf, int peer, int tag, CallOptions o) {
   return recv(buf.data(), static_cast<std::size_t>(buf.numel()), buf.dtype(), peer, tag, o);
 }
 
+double sum_over(Communicator& c, double x) {
+  double y = 0;
+  c.all_reduce(&x, &y, 1, DType::f64, ReduceOp::sum).wait();
+  return y;
+}
+
 }  // namespace lmscale::comm

@@ -138,10 +138,6 @@ void DataParallel::finish(Context& ctx) {
   }
 }
 
-double DataParallel::sum_scalar(double x) {
-  double y = 0;
-  host_.all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
-  return y;
-}
+double DataParallel::sum_scalar(double x) { return comm::sum_over(host_, x); }
 
 }  // namespace lmscale::parallel

@@ -60,11 +60,7 @@ class FullyShardedDataParallel::Sync final : public GradientSync {
     f_.step_open_ = false;
   }
 
-  double sum_scalar(double x) override {
-    double y = 0;
-    f_.host_.all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
-    return y;
-  }
+  double sum_scalar(double x) override { return comm::sum_over(f_.host_, x); }
   std::string name() const override { return "fsdp"; }
 
  private:

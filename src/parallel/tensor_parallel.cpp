@@ -47,9 +47,7 @@ TensorParallel::TensorParallel(comm::Communicator& device, comm::Communicator& h
 }
 
 double TensorParallel::sum_scalar(double x) {
-  double y = 0;
-  host_.all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
-  return y;
+  return comm::sum_over(host_, x);
 }
 
 double TensorParallel::global_sum_squares(double local_all, double local_replicated) {

@@ -147,11 +147,7 @@ class ReduceScatterSync final : public GradientSync {
     }
   }
 
-  double sum_scalar(double x) override {
-    double y = 0;
-    z_.host_.all_reduce(&x, &y, 1, DType::f64, comm::ReduceOp::sum).wait();
-    return y;
-  }
+  double sum_scalar(double x) override { return comm::sum_over(z_.host_, x); }
   std::string name() const override { return buckets_.empty() ? "zero1" : "zero2"; }
 
  private:

@@ -203,4 +203,8 @@ class Communicator {
   bool check_ = false;
 };
 
+// The sum of one host double over c's ranks (loss sums, squared norms, flags): a blocking
+// all-reduce. c must move host buffers (the mpi backend).
+double sum_over(Communicator& c, double x);
+
 }  // namespace lmscale::comm
