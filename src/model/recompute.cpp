@@ -27,6 +27,24 @@ RecomputePolicy RecomputePolicy::from(Checkpointing kind, long long k, bool keep
   return p;
 }
 
+BlockKeep RecomputePolicy::block(int l, int l0, int l1, bool flash) const {
+  BlockKeep b;
+  switch (mode) {
+    case Mode::none: break;
+    case Mode::every_k:
+      b.recomputed = l < checkpointed_end(l0, l1);
+      b.group_input = b.recomputed && (l % k == 0 || l == l0);
+      b.attention = b.recomputed && keep_attention;
+      break;
+    case Mode::selective:
+      b.drop_norms = true;
+      b.drop_probabilities = !flash;
+      b.drop_ffn_inputs = mlp;
+      break;
+  }
+  return b;
+}
+
 RecomputePolicy RecomputePolicy::from(const TrainConfig& t) {
   return from(t.activation_checkpointing, t.checkpoint_k, t.checkpoint_keep_attention, t.checkpoint_layers);
 }

@@ -96,37 +96,32 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
   // The blocks this store holds: all of them, or a pipeline stage's range [l0, l1). Saved
   // activations stay indexed by global layer (entries outside the range stay empty).
   const int l0 = units_.first_layer(), l1 = units_.end_layer(dims_);
-  using Mode = RecomputePolicy::Mode;
-  const bool every_k = keep && recompute_.mode == Mode::every_k;
-  const bool selective = keep && recompute_.mode == Mode::selective;
   act.blocks.assign(keep ? static_cast<std::size_t>(L) : 0, BlockActivations{});
-  if (every_k) act.group_inputs.assign(static_cast<std::size_t>((L + recompute_.k - 1) / recompute_.k), Tensor());
-  // Blocks [l0, lc) are checkpointed under every-k; those after keep everything (recompute.h).
-  const int lc = every_k ? recompute_.checkpointed_end(l0, l1) : l0;
+  if (keep && recompute_.mode == RecomputePolicy::Mode::every_k)
+    act.group_inputs.assign(static_cast<std::size_t>(recompute_.group_of(L - 1) + 1), Tensor());
   for (int l = l0; l < l1; ++l) {
     NvtxRange r("layer");
     call(pc.before_forward, l + 1);
-    const bool checkpointed = l < lc;
-    // Groups are [g k, (g+1) k) in global layers, cut at the stage's first layer.
-    if (checkpointed && (l % recompute_.k == 0 || l == l0))
-      act.group_inputs[static_cast<std::size_t>(l / recompute_.k)] = x;
-    BlockActivations scratch;   // without `keep` (or checkpointed) the block's saved tensors die with it
-    BlockActivations& s = keep && !checkpointed ? act.blocks[static_cast<std::size_t>(l)] : scratch;
+    // What this block keeps for its backward: the policy answers per block (recompute.h); an
+    // evaluation forward (keep = false) keeps nothing.
+    const BlockKeep k = keep ? recompute_.block(l, l0, l1, dims_.flash) : BlockKeep{};
+    if (k.group_input) act.group_inputs[static_cast<std::size_t>(recompute_.group_of(l))] = x;
+    BlockActivations scratch;   // without `keep` (or recomputed) the block's saved tensors die with it
+    BlockActivations& s = keep && !k.recomputed ? act.blocks[static_cast<std::size_t>(l)] : scratch;
     x = block_forward(ctx, l, act.B, act.T, x, s, pc);
-    if (checkpointed && recompute_.keep_attention) {   // the recompute skips the attention (recompute.h)
+    if (k.attention) {   // the recompute skips the attention (recompute.h)
       act.blocks[static_cast<std::size_t>(l)].o = s.o;
       act.blocks[static_cast<std::size_t>(l)].attn_aux = s.attn_aux;
     }
-    if (selective) {
-      // Recomputed in the backward from what stays (see recompute.h).
+    if (k.drop_norms) {   // rebuilt in the backward from what stays
       s.y1 = Tensor();
       s.y2 = Tensor();
       s.g = Tensor();
-      if (!dims_.flash) s.attn_aux = Tensor();
-      if (recompute_.mlp) {
-        s.a = Tensor();
-        s.b = Tensor();
-      }
+    }
+    if (k.drop_probabilities) s.attn_aux = Tensor();
+    if (k.drop_ffn_inputs) {
+      s.a = Tensor();
+      s.b = Tensor();
     }
     call(pc.after_forward, l + 1);
   }

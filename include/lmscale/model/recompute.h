@@ -34,6 +34,23 @@
 
 namespace lmscale::model {
 
+// What the forward keeps of one block for its backward (RecomputePolicy::block).
+struct BlockKeep {
+  // every_k: the block's activations are rebuilt by a recompute of its group before its backward;
+  // the forward keeps none of them (but see attention).
+  bool recomputed = false;
+  // every_k: the block starts its group (or the held range): its input x is kept.
+  bool group_input = false;
+  // every_k with keep_attention: the attention output o and aux are kept; the recompute skips it.
+  bool attention = false;
+  // selective: the norms' outputs y1, y2 and the SwiGLU product g are rebuilt in the backward.
+  bool drop_norms = false;
+  // selective with naive attention: the probabilities [B,H,T,T] are rebuilt too.
+  bool drop_probabilities = false;
+  // selective-mlp: the FFN inputs a = w1 y2, b = w3 y2 are rebuilt too.
+  bool drop_ffn_inputs = false;
+};
+
 struct RecomputePolicy {
   enum class Mode { none, every_k, selective };
   Mode mode = Mode::none;
@@ -50,6 +67,11 @@ struct RecomputePolicy {
   static RecomputePolicy from(const TrainConfig& t);
   // The end of the checkpointed blocks of the range [l0, l1): l0 + layers, or l1.
   int checkpointed_end(int l0, int l1) const { return layers > 0 && l0 + layers < l1 ? l0 + layers : l1; }
+  // What block l of the held range [l0, l1) keeps from a training forward; `flash`: the model's
+  // attention saves only its log-sum-exp (nothing to drop).
+  BlockKeep block(int l, int l0, int l1, bool flash) const;
+  // every_k: the group of block l (groups are [g k, (g+1) k) in global layers, cut at l0).
+  int group_of(int l) const { return mode == Mode::every_k ? l / k : l; }
 };
 
 }  // namespace lmscale::model
