@@ -327,31 +327,29 @@ double embed_forward(Sim& m, const Shapes& s, Grads& gr) {
 }
 
 double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1, bool keep) {
-  const bool every_k = keep && s.ac == Checkpointing::every_k, selective = keep && (s.ac == Checkpointing::selective || s.ac == Checkpointing::selective_mlp);
-  const int lc = every_k ? s.recompute.checkpointed_end(l0, l1) : l0;   // [l0, lc) checkpointed
   double x = 0;   // the current block's input; block l0's is the caller's
   for (int l = l0; l < l1; ++l) {
-    const bool checkpointed = l < lc;
-    // Groups are [g k, (g+1) k) in global layers, cut at the first layer (run_blocks_forward).
-    const bool group_start = checkpointed && (l % s.k == 0 || l == l0);
+    // What the block keeps: the same per-block answer the model applies (run_blocks_forward).
+    const model::BlockKeep k = keep ? s.recompute.block(l, l0, l1, s.flash) : model::BlockKeep{};
+    const bool checkpointed = k.recomputed, group_start = k.group_input;
     Block b;
     gr.before_forward(l + 1);
     double out = block_forward(m, s, b, true);
     if (keep && !checkpointed) {
       b.x = x;   // the block's input stays with its activations
-      if (selective) {
+      if (k.drop_norms) {
         m.free(b.y1);
         m.free(b.y2);
         m.free(b.g);
-        if (!s.flash) m.free(b.aux);
-        if (s.ac == Checkpointing::selective_mlp) {
-          m.free(b.a);
-          m.free(b.b);
-        }
+      }
+      if (k.drop_probabilities) m.free(b.aux);
+      if (k.drop_ffn_inputs) {
+        m.free(b.a);
+        m.free(b.b);
       }
       blocks[static_cast<std::size_t>(l)] = b;
     } else {
-      if (checkpointed && s.recompute.keep_attention) {   // o and the aux stay for the backward (recompute.h)
+      if (k.attention) {   // o and the aux stay for the backward (recompute.h)
         blocks[static_cast<std::size_t>(l)].o = b.o;
         blocks[static_cast<std::size_t>(l)].aux = b.aux;
         b.o = b.aux = 0;
