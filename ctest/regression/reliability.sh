@@ -200,6 +200,22 @@ case "$case_name" in
     check "exit code $rc, expected 1" test "$rc" -eq 1
     check "rank 0's error line names the file and the errno" \
       bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F \"out.h5.tmp\" | grep -qF 'errno 27, EFBIG'" ;;
+  tokens_truncated_midrun)   # the token file is truncated while the run reads it: an error, not SIGBUS
+    head -c 40000 /dev/zero >tok.bin
+    # test-only fault injection (jobs/fault_injection.h): rank 0 sleeps 3 s at the start of step 3
+    LMSCALE_FAULT_SLEEP_RANK=0 LMSCALE_FAULT_SLEEP_STEP=3 LMSCALE_FAULT_SLEEP_S=3 \
+      "$lmscale" deck.ini --run.output=out.h5 --train.steps=6 --data.source=tokens --data.path=tok.bin \
+      >stdout 2>stderr &
+    bg=$!
+    for _ in $(seq 300); do
+      grep -q 'fault injection' stderr && break
+      sleep 0.1
+    done
+    : >tok.bin   # the same file, now empty
+    wait_for_exit "$bg" 60; bg=""
+    check "exit code $rc, expected 1 (135 = SIGBUS)" test "$rc" -eq 1
+    check "an error line names data.path, the file and what happened" \
+      bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F data.path | grep -F tok.bin | grep -qF 'changed under the run'" ;;
   checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
     mkdir -p ck/step_99999999999999999999999
     run --train.checkpoint_dir=ck --train.resume=auto
