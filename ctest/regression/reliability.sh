@@ -216,6 +216,15 @@ case "$case_name" in
     check "exit code $rc, expected 1 (135 = SIGBUS)" test "$rc" -eq 1
     check "an error line names data.path, the file and what happened" \
       bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F data.path | grep -F tok.bin | grep -qF 'changed under the run'" ;;
+  host_memory_refused)   # a model whose parameters alone cannot fit in host memory: refused before allocating
+    # (the address-space limit keeps the code before the fix, which allocated first, from taking the machine)
+    t0=$SECONDS
+    (ulimit -v 8000000; exec timeout 60 "$lmscale" deck.ini --run.output=out.h5 --model.num_layers=100000000 \
+      >stdout 2>stderr)
+    rc=$?
+    dt=$((SECONDS - t0))
+    expect_usage_error model.num_layers "per rank" "available"
+    check "refused within 10 s (took ${dt}s)" test "$dt" -le 10 ;;
   checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
     mkdir -p ck/step_99999999999999999999999
     run --train.checkpoint_dir=ck --train.resume=auto
