@@ -6,6 +6,7 @@
 set -u
 lmscale=$1
 case_name=$2
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 bg=""
 cleanup() {
@@ -377,6 +378,21 @@ case "$case_name" in
       --train.checkpoint_every=1000000 --train.checkpoint_path=ck.h5
     check "the hinted resume exited $rc, expected 0" test "$rc" -eq 0
     check "it resumed at step ${stop:-?}" grep -q "resumed from ck.h5 at step ${stop:-x}" stdout ;;
+  preempt_mpirun_exit75)   # SIGTERM to the launcher of 2 ranks: exit 75 must reach it
+    # (plain mpirun returns 1 here although both ranks exit 75: scripts/mpirun_stoppable.sh)
+    "$repo/scripts/mpirun_stoppable.sh" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$lmscale" deck.ini \
+      --run.output=out.h5 --train.steps=1000000 --optim.cosine_steps=100 --train.checkpoint_dir=ck \
+      --train.checkpoint_every=1000000 >stdout 2>stderr &
+    bg=$!
+    for _ in $(seq 300); do
+      grep -q '^step' stdout && break
+      sleep 0.1
+    done
+    kill -TERM "$bg"
+    wait_for_exit "$bg" 60; bg=""
+    check "SIGTERM to the launcher: exit $rc, expected 75" test "$rc" -eq 75
+    check "a checkpoint was written" bash -c 'ls -d ck/step_* >/dev/null 2>&1'
+    check "the results say interrupted" test "$(h5attr out.h5 /train interrupted)" = 1 ;;
   # ---- C: divergence ---------------------------------------------------------------------------
   diverge_stops)   # the loss turns non-finite: stop after train.max_skipped_steps (default 20)
     run --train.steps=200 --optim.lr=1e30 --optim.warmup_steps=0 --train.save=w.h5
