@@ -45,21 +45,6 @@ std::vector<std::string> split_path(const std::string& path) {
 
 std::atomic<bool> g_close_failed{false};
 
-const char* errno_name(int e) {
-  switch (e) {
-    case ENOSPC: return "ENOSPC";
-    case EFBIG: return "EFBIG";
-    case EDQUOT: return "EDQUOT";
-    case EIO: return "EIO";
-    case EROFS: return "EROFS";
-    case EACCES: return "EACCES";
-    case EPERM: return "EPERM";
-    case EBADF: return "EBADF";
-    case EINTR: return "EINTR";
-    default: return "";
-  }
-}
-
 // The value after `key` in HDF5's file-driver message ("..., errno = 28, error message = 'No
 // space left on device', ..."); "" when absent.
 std::string driver_field(const std::string& message, const std::string& key) {
@@ -87,11 +72,8 @@ std::string tidy(const std::string& message) {
     return message;
   }
   const std::string file = driver_field(message, "filename = ");
-  const std::string text = driver_field(message, "error message = ");
   const bool write = message.find("write failed") != std::string::npos;
-  const char* name = errno_name(e);
-  return fmt::format("{} '{}' failed: {} (errno {}{}{})", write ? "writing" : "reading", file,
-                     text.empty() ? std::strerror(e) : text, e, *name ? ", " : "", name);
+  return fmt::format("{} '{}' failed: {}", write ? "writing" : "reading", file, detail::errno_text(e));
 }
 
 }  // namespace
