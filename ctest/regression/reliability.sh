@@ -6,6 +6,7 @@
 set -u
 lmscale=$1
 case_name=$2
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 bg=""
 cleanup() {
@@ -47,6 +48,32 @@ INI
 run() {
   timeout 60 "$lmscale" "${DECK:-deck.ini}" --run.output=out.h5 "$@" >stdout 2>stderr
   rc=$?
+}
+# wait_for_exit PID SECONDS: rc of the background PID in $rc, or 124 after killing it (hung).
+wait_for_exit() {
+  local pid=$1 limit=$2 t
+  for ((t = 0; t < limit * 10; t++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$pid" 2>/dev/null && { kill -KILL "$pid"; wait "$pid" 2>/dev/null; rc=124; return; }
+  wait "$pid"; rc=$?
+}
+# fill_disk PID: from now on, writes by PID past out.h5.tmp's present size fail (RLIMIT_FSIZE, the
+# file-size limit, set on the running process: writes fail with EFBIG as on a full disk with
+# ENOSPC; lmscale ignores SIGXFSZ, and so do the runs below, so that the code before that did is
+# tested too). Set after start-up, since MPI's own shared-memory files exceed it.
+# The limit holds for every regular file the process writes: the runs print no progress to stdout.
+fill_disk() {
+  prlimit --pid "$1" --fsize="$(stat -c %s out.h5.tmp)"
+}
+# wait_for_rows: until out.h5.tmp holds rows (flushed after the first step), and a second more.
+wait_for_rows() {
+  for _ in $(seq 300); do
+    [ -s out.h5.tmp ] && break
+    sleep 0.1
+  done
+  sleep 1
 }
 error_names() {   # error_names TEXT...: one 'lmscale: error:' line holds every TEXT
   local line
@@ -139,6 +166,84 @@ case "$case_name" in
     check "the next run (lock left by kill -9) exited $rc, expected 0" test "$rc" -eq 0
     check "the next run wrote out.h5" is_hdf5 out.h5 ;;
   # ---- B: crash and parse paths -----------------------------------------------------------------
+  full_disk_results)   # the results file's disk fills mid-run: exit 1 naming the errno, no SIGSEGV at exit
+    (trap '' XFSZ; exec "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 --train.log_every=1 \
+      --run.progress=false >stdout 2>stderr) &
+    bg=$!
+    wait_for_rows
+    fill_disk "$bg"
+    wait_for_exit "$bg" 60; bg=""
+    check "exit code $rc, expected 1 (139 = SIGSEGV, 124 = hung)" test "$rc" -eq 1
+    check "an 'lmscale: rank 0: error:' line names the file and the errno" \
+      bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F \"out.h5.tmp\" | grep -qF 'errno 27, EFBIG'"
+    check "no HDF5 error stack is printed" bash -c '! grep -q HDF5-DIAG stderr'
+    check "the kept out.h5.tmp is named" grep -qF "are kept in 'out.h5.tmp'" stderr ;;
+  full_disk_results_2ranks)   # the same on rank 0 of 2 (log_every = 1): the job ends, no rank hangs
+    # d_model 64: the gradients (> 64 KiB) go through the shared-memory all-reduce, whose window
+    # free (MPI_Win_free) is collective
+    # (mpirun resets the ranks' signals: each rank ignores SIGXFSZ in the shell that becomes it)
+    timeout -k 5 90 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+      bash -c 'trap "" XFSZ; exec "$0" "$@"' "$lmscale" deck.ini \
+      --run.output=out.h5 --train.steps=1000000 --train.log_every=1 --model.d_model=64 --model.d_ff=128 \
+      --run.progress=false >stdout 2>stderr &
+    bg=$!
+    wait_for_rows
+    rank0=""
+    for p in $(pgrep -d ' ' -P "$(pgrep -P "$bg" mpirun)"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && rank0=$p
+    done
+    check "found rank 0's process" test -n "$rank0"
+    fill_disk "$rank0"
+    t0=$SECONDS
+    wait_for_exit "$bg" 80; bg=""
+    dt=$((SECONDS - t0))
+    check "the job ended within 30 s of the failure (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 30
+    check "exit code $rc, expected 1" test "$rc" -eq 1
+    check "rank 0's error line names the file and the errno" \
+      bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F \"out.h5.tmp\" | grep -qF 'errno 27, EFBIG'" ;;
+  tokens_truncated_midrun)   # the token file is truncated while the run reads it: an error, not SIGBUS
+    head -c 40000 /dev/zero >tok.bin
+    # test-only fault injection (jobs/fault_injection.h): rank 0 sleeps 3 s at the start of step 3
+    LMSCALE_FAULT_SLEEP_RANK=0 LMSCALE_FAULT_SLEEP_STEP=3 LMSCALE_FAULT_SLEEP_S=3 \
+      "$lmscale" deck.ini --run.output=out.h5 --train.steps=6 --data.source=tokens --data.path=tok.bin \
+      >stdout 2>stderr &
+    bg=$!
+    for _ in $(seq 300); do
+      grep -q 'fault injection' stderr && break
+      sleep 0.1
+    done
+    : >tok.bin   # the same file, now empty
+    wait_for_exit "$bg" 60; bg=""
+    check "exit code $rc, expected 1 (135 = SIGBUS)" test "$rc" -eq 1
+    check "an error line names data.path, the file and what happened" \
+      bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F data.path | grep -F tok.bin | grep -qF 'changed under the run'" ;;
+  host_memory_refused)   # a model whose parameters alone cannot fit in host memory: refused before allocating
+    # (the address-space limit keeps the code before the fix, which allocated first, from taking the machine)
+    t0=$SECONDS
+    (ulimit -v 8000000; exec timeout 60 "$lmscale" deck.ini --run.output=out.h5 --model.num_layers=100000000 \
+      >stdout 2>stderr)
+    rc=$?
+    dt=$((SECONDS - t0))
+    expect_usage_error model.num_layers "per rank" "available"
+    check "refused within 10 s (took ${dt}s)" test "$dt" -le 10 ;;
+  full_disk_trace)   # the trace (written at the end, 1.4 MB) meets a full disk: errno named, no t.json.tmp
+    # rank 0 sleeps 2 s at step 3 (test-only fault injection); then writes past 600 kB fail (fill_disk).
+    # The results file (one chunk of 256 rows, 200 kB) stays below that; the trace does not.
+    (trap '' XFSZ; LMSCALE_FAULT_SLEEP_RANK=0 LMSCALE_FAULT_SLEEP_STEP=3 LMSCALE_FAULT_SLEEP_S=2 \
+      exec "$lmscale" deck.ini --run.output=out.h5 --train.steps=200 --run.trace=t.json --run.progress=false \
+      >stdout 2>stderr) &
+    bg=$!
+    for _ in $(seq 300); do
+      grep -q 'fault injection' stderr && break
+      sleep 0.1
+    done
+    prlimit --pid "$bg" --fsize=600000
+    wait_for_exit "$bg" 60; bg=""
+    check "exit code $rc, expected 1" test "$rc" -eq 1
+    check "an error line names run.trace, t.json.tmp and the errno" \
+      bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F run.trace | grep -F t.json.tmp | grep -qF 'errno 27, EFBIG'"
+    check "t.json.tmp was removed" test ! -e t.json.tmp
+    check "no t.json" test ! -e t.json ;;
   checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
     mkdir -p ck/step_99999999999999999999999
     run --train.checkpoint_dir=ck --train.resume=auto
@@ -291,6 +396,21 @@ case "$case_name" in
       --train.checkpoint_every=1000000 --train.checkpoint_path=ck.h5
     check "the hinted resume exited $rc, expected 0" test "$rc" -eq 0
     check "it resumed at step ${stop:-?}" grep -q "resumed from ck.h5 at step ${stop:-x}" stdout ;;
+  preempt_mpirun_exit75)   # SIGTERM to the launcher of 2 ranks: exit 75 must reach it
+    # (plain mpirun returns 1 here although both ranks exit 75: scripts/mpirun_stoppable.sh)
+    "$repo/scripts/mpirun_stoppable.sh" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$lmscale" deck.ini \
+      --run.output=out.h5 --train.steps=1000000 --optim.cosine_steps=100 --train.checkpoint_dir=ck \
+      --train.checkpoint_every=1000000 >stdout 2>stderr &
+    bg=$!
+    for _ in $(seq 300); do
+      grep -q '^step' stdout && break
+      sleep 0.1
+    done
+    kill -TERM "$bg"
+    wait_for_exit "$bg" 60; bg=""
+    check "SIGTERM to the launcher: exit $rc, expected 75" test "$rc" -eq 75
+    check "a checkpoint was written" bash -c 'ls -d ck/step_* >/dev/null 2>&1'
+    check "the results say interrupted" test "$(h5attr out.h5 /train interrupted)" = 1 ;;
   # ---- C: divergence ---------------------------------------------------------------------------
   diverge_stops)   # the loss turns non-finite: stop after train.max_skipped_steps (default 20)
     run --train.steps=200 --optim.lr=1e30 --optim.warmup_steps=0 --train.save=w.h5

@@ -138,3 +138,35 @@ TEST(RuntimeCommSms, CpuTakesOnlyZero) {
   EXPECT_THROW(rt.set_comm_sms(-1), UsageError);
   EXPECT_EQ(rt.comm_sms(), 0);
 }
+
+// The arithmetic floor (issue 36: model.num_layers = 100000000 allocated 24 GB in the detailed
+// prediction before it was refused): parameters x fp32 bytes over all ranks, never above the
+// detailed prediction, and refused with the shape keys named.
+TEST(MemoryFit, ParameterFloorIsArithmeticAndBelowThePrediction) {
+  Config step = xl_bench("train-step");
+  const auto floor = jobs::parameter_floor(step, 1);
+  ASSERT_TRUE(floor);
+  EXPECT_DOUBLE_EQ(floor->bytes, 4.0 * 1998235200);   // bench: fp32 weights
+  EXPECT_LE(floor->bytes, jobs::predicted_need(step, 1, "")->bytes);
+  EXPECT_DOUBLE_EQ(jobs::parameter_floor(step, 4)->bytes, floor->bytes / 4);
+
+  Config train;
+  train.run.job = JobKind::train;
+  train.model.num_layers = 100000000;
+  train.model.d_model = 16;
+  train.model.d_ff = 32;
+  train.model.vocab_size = 64;
+  const auto huge = jobs::parameter_floor(train, 1);   // returns at once: nothing per layer
+  ASSERT_TRUE(huge);
+  EXPECT_DOUBLE_EQ(huge->bytes, 8.0 * (2 * 64 * 16 + 1e8 * (4 * 256 + 3 * 16 * 32 + 32) + 16));
+  const auto problem = jobs::parameter_floor_problem(*huge, 2, {64 * GiB, "are available"}, train, 1);
+  ASSERT_TRUE(problem);
+  EXPECT_NE(problem->find("model.num_layers = 100000000"), std::string::npos) << *problem;
+  EXPECT_NE(problem->find("for the 2 ranks sharing it"), std::string::npos) << *problem;
+  EXPECT_NE(problem->find("64.00 GiB are available"), std::string::npos) << *problem;
+  EXPECT_FALSE(jobs::parameter_floor_problem(*floor, 1, {64 * GiB, ""}, step, 1));
+
+  Config accounting = train;
+  accounting.run.job = JobKind::accounting;
+  EXPECT_FALSE(jobs::parameter_floor(accounting, 1));
+}

@@ -3,6 +3,7 @@
 // stopped by SIGTERM/SIGUSR1 after writing a checkpoint (jobs/resilience/preemption.h, docs/checkpoints.md).
 // A failure before the first result row leaves no file; after it, NAME.tmp keeps the rows and the
 // error names it (io/results.h).
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/trace.h"
 #include "lmscale/io/deck.h"
+#include "lmscale/io/hdf5_library.h"
 #include "lmscale/io/output_lock.h"
 #include "lmscale/io/results.h"
 #include "lmscale/jobs/trace_output.h"
@@ -146,7 +148,12 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
     // No result yet: the file goes. Results: NAME.tmp stays, and the error says so.
     const std::int64_t rows = out.result_rows();
     const std::string kept = out.abandon();
-    if (!kept.empty())
+    if (!kept.empty() && out.damaged())
+      partial = fmt::format("the results written before the failure ({} table rows) are kept in '{}', but its last "
+                            "write failed: if it does not open, `h5clear --increment {}` makes it readable (the rows "
+                            "since its last flush may be lost); '{}' was not written",
+                            rows, kept, kept, cfg.run.output);
+    else if (!kept.empty())
       partial = fmt::format("the results written before the failure ({} table rows) are kept in '{}'; '{}' was not "
                             "written",
                             rows, kept, cfg.run.output);
@@ -157,7 +164,12 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (RLIMIT_FSIZE, a quota) must fail with EFBIG and be reported
+  // like a full disk, not kill the process with SIGXFSZ before it can say which file failed.
+  std::signal(SIGXFSZ, SIG_IGN);
   lmscale::comm::MpiEnvironment mpi(&argc, &argv);
+  // Terminates HDF5 before MPI, and not at all after a failed close (io/hdf5_library.h).
+  lmscale::io::Hdf5Library hdf5;
   std::string partial;
   auto fail = [&](const std::string& message) {
     fmt::print(stderr, "lmscale: rank {}: error: {}\n", mpi.rank(), message);

@@ -54,6 +54,12 @@ CommThread::~CommThread() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
+    // While an exception unwinds (core/error.h), the peers may never complete what is queued or
+    // posted: drop it rather than wait; the failing rank is about to abort the job.
+    if (unwinding()) {
+      abandon_ = true;
+      queue_.clear();
+    }
   }
   cv_.notify_all();
   thread_.join();
@@ -163,7 +169,7 @@ void CommThread::loop() {
         item = std::move(queue_.front());
         queue_.pop_front();
         have = true;
-      } else if (stop_ && in_flight_.empty()) {
+      } else if (stop_ && (in_flight_.empty() || abandon_)) {
         return;
       }
     }

@@ -90,6 +90,7 @@ class CommThread {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool stop_ = false;
+  bool abandon_ = false;   // destroyed while an exception unwinds: leave in-flight work behind
   std::vector<InFlight> in_flight_;   // thread-owned
   std::string broken_;                // thread-owned: set after an error that may leave ranks out of step
   std::thread thread_;

@@ -35,6 +35,8 @@ void MpiContext::release() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  // Freeing communicators and windows is collective: not while an exception unwinds (core/error.h).
+  if (unwinding()) return;
   // Children first: their shm windows live on their own communicators.
   node.reset();
   leaders.reset();

@@ -1,5 +1,6 @@
 #include "shm_segment.h"
 
+#include "lmscale/core/error.h"
 #include "mpi_check.h"
 
 namespace lmscale::comm::detail {
@@ -32,6 +33,9 @@ ShmSegment::~ShmSegment() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || win_ == MPI_WIN_NULL) return;
+  // MPI_Win_free synchronises the window's ranks: never while an exception unwinds (the peer may
+  // be waiting in another collective, issue 36); the failing rank aborts the job instead.
+  if (unwinding()) return;
   MPI_Win_unlock_all(win_);
   MPI_Win_free(&win_);
 }

@@ -17,7 +17,7 @@ class ShmSegment {
  public:
   // Collective over `comm` (all ranks on one node).
   ShmSegment(MPI_Comm comm, std::size_t buffer_bytes);
-  ~ShmSegment();   // collective (MPI_Win_free)
+  ~ShmSegment();   // collective (MPI_Win_free); skipped while an exception unwinds (core/error.h)
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 

@@ -2,6 +2,9 @@
 // RAII wrappers of HDF5 identifiers: one class per kind of hid_t, each closing itself with the
 // matching H5?close. Move-only. A handle whose object was already closed by the library (files
 // are opened with H5F_CLOSE_STRONG, which closes every object of the file) is skipped on close.
+// A close that fails (a write error while flushing: full disk, quota, file-size limit) is noted
+// (note_close_failure), because HDF5 1.10 then frees the object but keeps its identifier, and
+// closing it again when the library terminates crashes (io/hdf5_library.h).
 #include <hdf5.h>
 
 #include <string>
@@ -13,6 +16,12 @@ namespace lmscale::io::h5 {
 hid_t check(hid_t id, const std::string& what);
 // Throws likewise when `status` < 0.
 void check_status(herr_t status, const std::string& what);
+// Records that an H5?close failed in this process (io/hdf5_library.h reads it).
+void note_close_failure() noexcept;
+// Runs close(id) with HDF5's automatic error printing off; a failure is noted and its error
+// stack cleared (a destructor has nothing to report it to: the error that started the unwinding
+// was reported already).
+herr_t close_quietly(herr_t (*close)(hid_t), hid_t id) noexcept;
 
 template <herr_t (*Close)(hid_t)>
 class Handle {
@@ -37,10 +46,14 @@ class Handle {
   // Closes now and reports failure (destructors cannot); used where a failed close loses data.
   void close(const std::string& what) {
     const hid_t id = std::exchange(id_, H5I_INVALID_HID);
-    if (id >= 0 && H5Iis_valid(id) > 0) check_status(Close(id), what);
+    if (id >= 0 && H5Iis_valid(id) > 0) {
+      const herr_t status = Close(id);
+      if (status < 0) note_close_failure();
+      check_status(status, what);
+    }
   }
   void reset() noexcept {
-    if (id_ >= 0 && H5Iis_valid(id_) > 0) Close(id_);
+    if (id_ >= 0 && H5Iis_valid(id_) > 0) close_quietly(Close, id_);
     id_ = H5I_INVALID_HID;
   }
 

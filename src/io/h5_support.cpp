@@ -1,6 +1,8 @@
 #include "h5_support.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -41,6 +43,39 @@ std::vector<std::string> split_path(const std::string& path) {
   return parts;
 }
 
+std::atomic<bool> g_close_failed{false};
+
+// The value after `key` in HDF5's file-driver message ("..., errno = 28, error message = 'No
+// space left on device', ..."); "" when absent.
+std::string driver_field(const std::string& message, const std::string& key) {
+  const auto at = message.find(key);
+  if (at == std::string::npos) return "";
+  auto begin = at + key.size();
+  if (begin < message.size() && message[begin] == '\'') {
+    const auto end = message.find('\'', begin + 1);
+    return end == std::string::npos ? "" : message.substr(begin + 1, end - begin - 1);
+  }
+  const auto end = message.find_first_of(", ", begin);
+  return message.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+// The sec2 driver's read or write failures carry the system's errno inside a long multi-line
+// message; say it in one line: "writing 'out.h5.tmp' failed: No space left on device (errno 28,
+// ENOSPC)". Other messages are kept as they are.
+std::string tidy(const std::string& message) {
+  const std::string number = driver_field(message, "errno = ");
+  if (number.empty()) return message;
+  int e = 0;
+  try {
+    e = std::stoi(number);
+  } catch (const std::exception&) {
+    return message;
+  }
+  const std::string file = driver_field(message, "filename = ");
+  const bool write = message.find("write failed") != std::string::npos;
+  return fmt::format("{} '{}' failed: {}", write ? "writing" : "reading", file, detail::errno_text(e));
+}
+
 }  // namespace
 
 hid_t check(hid_t id, const std::string& what) {
@@ -48,7 +83,29 @@ hid_t check(hid_t id, const std::string& what) {
   std::vector<std::string> messages;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_error, &messages);
   H5Eclear2(H5E_DEFAULT);
+  // The innermost message says where it failed; a system error (errno) anywhere in the stack is
+  // the cause worth naming.
+  for (const auto& m : messages)
+    if (m.find("errno = ") != std::string::npos) throw Error(fmt::format("HDF5: {}: {}", what, tidy(m)));
   throw Error(fmt::format("HDF5: {}: {}", what, messages.empty() ? std::string("failed") : messages.front()));
+}
+
+void note_close_failure() noexcept { g_close_failed.store(true); }
+
+bool close_failed() noexcept { return g_close_failed.load(); }
+
+herr_t close_quietly(herr_t (*close)(hid_t), hid_t id) noexcept {
+  H5E_auto2_t func = nullptr;
+  void* data = nullptr;
+  H5Eget_auto2(H5E_DEFAULT, &func, &data);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const herr_t status = close(id);
+  if (status < 0) {
+    note_close_failure();
+    H5Eclear2(H5E_DEFAULT);
+  }
+  H5Eset_auto2(H5E_DEFAULT, func, data);
+  return status;
 }
 
 void check_status(herr_t status, const std::string& what) { check(status < 0 ? H5I_INVALID_HID : 0, what); }

@@ -54,5 +54,7 @@ std::string temporary_path(const std::string& path);   // PATH.tmp
 void commit_file(const std::string& tmp, const std::string& path);
 std::string utc_now_iso8601();                          // "2025-01-31T12:34:56Z"
 std::string library_version();                          // "1.10.8"
+// Whether an HDF5 close failed in this process (note_close_failure, h5_handles.h).
+bool close_failed() noexcept;
 
 }  // namespace lmscale::io::h5

@@ -148,4 +148,22 @@ std::optional<std::string> output_problem(const std::string& path, bool trace) {
   }
 }
 
+std::string errno_text(int e) {
+  const char* name = "";
+  switch (e) {
+    case ENOSPC: name = "ENOSPC"; break;
+    case EFBIG: name = "EFBIG"; break;
+    case EDQUOT: name = "EDQUOT"; break;
+    case EIO: name = "EIO"; break;
+    case EROFS: name = "EROFS"; break;
+    case EACCES: name = "EACCES"; break;
+    case EPERM: name = "EPERM"; break;
+    case EEXIST: name = "EEXIST"; break;
+    case ELOOP: name = "ELOOP"; break;
+    case ENOENT: name = "ENOENT"; break;
+    default: break;
+  }
+  return fmt::format("{} (errno {}{}{})", std::strerror(e), e, *name ? ", " : "", name);
+}
+
 }  // namespace lmscale::io::detail

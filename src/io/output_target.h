@@ -36,6 +36,10 @@ bool same_file(const FileIdentity& a, const FileIdentity& b);
 // True when `file` lies below the directory `dir` (at any depth), by canonical paths.
 bool lies_below(const FileIdentity& file, const FileIdentity& dir);
 
+// A system error in words, with its number and symbolic name where known: "No space left on
+// device (errno 28, ENOSPC)".
+std::string errno_text(int e);
+
 // True for a regular file that is empty or starts with '{"traceEvents"' (what run.trace writes).
 bool is_empty_or_trace(const std::string& path);
 

@@ -156,6 +156,7 @@ struct ResultsFile::Impl {
   // what a stopped run has to keep.
   std::shared_ptr<std::int64_t> result_rows = std::make_shared<std::int64_t>(0);
   std::int64_t result_arrays = 0;
+  bool damaged = false;   // abandon() could not flush or close it
 
   hid_t open_file(const std::string& path, const char* operation) const {
     if (finished) throw Error(fmt::format("results file '{}': {} after finish()", path, operation));
@@ -184,9 +185,13 @@ std::string ResultsFile::abandon() {
   const h5::QuietErrors quiet;
   impl_->finished = true;
   if (has_results()) {
-    // Rows were measured: flush them and keep NAME.tmp, which the caller names.
-    H5Fflush(impl_->file.get(), H5F_SCOPE_LOCAL);
+    // Rows were measured: flush them and keep NAME.tmp, which the caller names. A flush or close
+    // that fails (a full disk) may leave the file's end-of-file mark past what reached the disk.
+    const bool flushed = H5Fflush(impl_->file.get(), H5F_SCOPE_LOCAL) >= 0;
+    H5Eclear2(H5E_DEFAULT);
+    const bool was_failed = h5::close_failed();
     impl_->file.reset();
+    impl_->damaged = !flushed || (!was_failed && h5::close_failed());
     return impl_->tmp_path;
   }
   // Nothing measured yet: leave nothing behind (the file and the directories made for it).
@@ -194,6 +199,8 @@ std::string ResultsFile::abandon() {
   h5::remove_abandoned(impl_->tmp_path, impl_->created_dirs);
   return "";
 }
+
+bool ResultsFile::damaged() const { return impl_ && impl_->damaged; }
 
 bool ResultsFile::has_results() const {
   return impl_ && (*impl_->result_rows > 0 || impl_->result_arrays > 0);

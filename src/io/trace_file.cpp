@@ -1,7 +1,10 @@
 #include "lmscale/io/trace_file.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 
@@ -18,11 +21,31 @@ void write_trace_file(const std::string& path, const std::string& json) {
   if (!dir.empty()) fs::create_directories(dir, ec);
   if (const auto problem = detail::replace_problem(tmp, true))
     throw Error(fmt::format("run.trace: '{}' {}", tmp, *problem));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(json.data(), static_cast<std::streamsize>(json.size()));
-    out.close();
-    if (!out) throw Error(fmt::format("run.trace: cannot write '{}'", tmp));
+  // Written with write(2), each error named with its errno; on failure NAME.tmp is removed (the
+  // lock of run.trace, io/output_lock.h, makes it ours). A stale NAME.tmp or a link there is
+  // removed first and the file created exclusively, so nothing is written through a link.
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+    throw Error(fmt::format("run.trace: cannot remove the stale '{}': {}", tmp, detail::errno_text(errno)));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(fmt::format("run.trace: cannot create '{}': {}", tmp, detail::errno_text(errno)));
+  auto fail = [&](const char* what, int e) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("run.trace: {} '{}' failed: {}; no trace was kept", what, tmp, detail::errno_text(e)));
+  };
+  const char* p = json.data();
+  std::size_t left = json.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("writing", n < 0 ? errno : EIO);
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("run.trace: closing '{}' failed: {}; no trace was kept", tmp, detail::errno_text(e)));
   }
   // Checked again just before the rename: something else may have appeared under the name.
   if (const auto problem = detail::replace_problem(path, true))

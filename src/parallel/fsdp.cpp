@@ -182,6 +182,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   store_.set_weight_provider(nullptr);
   store_.set_grad_provider(nullptr);
+  if (unwinding()) return;   // no waiting for peers while an exception unwinds (core/error.h)
   try {
     complete_reductions(0);
   } catch (...) {   // a failed collective already ends the job; never throw from a destructor

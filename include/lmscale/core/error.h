@@ -1,6 +1,7 @@
 #pragma once
 // Error types. Exit codes (app/main.cpp): UsageError -> 2, everything else -> 1.
 #include <cstddef>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -28,6 +29,13 @@ class OutOfMemory : public Error {
   std::size_t requested;
   std::size_t in_use;
 };
+
+// True while an exception unwinds the stack (in a destructor that the unwinding runs). No
+// collective runs then (docs/reliability.md): the peers may never join it, and the failing rank
+// ends the job (MPI_Abort) as soon as the exception reaches main. Destructors of objects that
+// communicate or wait for communication skip their collectives, frees and waits while it is true
+// and leave what they hold to the operating system.
+inline bool unwinding() noexcept { return std::uncaught_exceptions() > 0; }
 
 }  // namespace lmscale
 

@@ -42,8 +42,10 @@ class SyntheticTokens final : public TokenSource {
   std::uint64_t seed_;
 };
 
-// A flat file of little-endian uint16 or uint32 token ids (as numpy's tofile writes them),
-// memory-mapped; each sample starts at a random offset drawn from (seed, step, index).
+// A flat file of little-endian uint16 or uint32 token ids (as numpy's tofile writes them), read
+// with pread (no memory map: a file truncated under the run is an Error naming it, not a SIGBUS);
+// each sample starts at a random offset drawn from (seed, step, index) within the size the file
+// had when it was opened.
 class TokenFile final : public TokenSource {
  public:
   TokenFile(const std::string& path, const std::string& val_path, TokenDtype dtype, std::int64_t vocab,
@@ -54,13 +56,14 @@ class TokenFile final : public TokenSource {
   std::string describe() const override;
 
  private:
-  struct Map {
-    const unsigned char* data = nullptr;
-    std::size_t bytes = 0;
+  struct File {
+    int fd = -1;
+    std::size_t bytes = 0;   // when opened
+    std::string key;         // data.path or data.val_path
     std::string path;
   };
-  static Map map_file(const std::string& path);
-  Map train_, val_;
+  static File open_file(const std::string& key, const std::string& path);
+  File train_, val_;
   int width_;   // bytes per token
   std::int64_t vocab_;
   std::uint64_t seed_;
@@ -68,7 +71,7 @@ class TokenFile final : public TokenSource {
 
 // Validates a token file before any work (deck validation, exit 2 on failure): a regular file,
 // a whole number of `dtype` elements, at least `min_tokens` of them, and every id < `vocab` (one
-// pass over the memory-mapped file, a few GB/s). Throws UsageError naming `key` (data.path or
+// pass over the file in blocks, a few GB/s). Throws UsageError naming `key` (data.path or
 // data.val_path), the file and the fix.
 void check_token_file(const std::string& key, const std::string& path, TokenDtype dtype, std::int64_t vocab,
                       std::int64_t min_tokens);

@@ -88,6 +88,10 @@ class ResultsFile {
   // otherwise NAME.tmp and the directories made for it are removed and "" is returned. Later
   // calls do nothing and return "".
   std::string abandon();
+  // After abandon(): NAME.tmp was kept but could not be flushed or closed (a write failed: full
+  // disk, quota). HDF5 may then refuse to open it ("truncated file"); `h5clear --increment NAME.tmp`
+  // makes it readable again, with the rows of the last successful flush.
+  bool damaged() const;
   // Whether a result was written: a row of a table outside /system, or an array. Provenance
   // (root attributes, /system/ranks) is not a result.
   bool has_results() const;

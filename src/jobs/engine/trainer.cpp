@@ -204,6 +204,10 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
 }
 
 Trainer::~Trainer() {
+  // No waiting for a pending update's collectives while an exception unwinds (core/error.h): the
+  // peers may never complete them; the failing rank aborts the job. One rank has no peers to wait
+  // for, and a sweep that catches an OutOfMemory goes on: it settles as usual.
+  if (unwinding() && env_.world > 1) return;
   // The side stream may still read the parameters, state and gradients freed below.
   settle_optimizer();
   if (overlap_optimizer_) env_.rt.synchronize();

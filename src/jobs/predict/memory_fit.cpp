@@ -14,6 +14,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/jobs/predict/accounting.h"
 #include "lmscale/jobs/predict/memory_model.h"
+#include "lmscale/model/model_dims.h"
 #ifdef LMSCALE_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -134,12 +135,49 @@ MemoryBudget memory_budget(ops::Runtime& rt) {
   return b;
 }
 
+std::optional<MemoryNeed> parameter_floor(const Config& cfg, int world) {
+  const bool train = cfg.run.job == JobKind::train;
+  if (!train && cfg.run.job != JobKind::bench_model) return std::nullopt;
+  // In double: the product of absurd keys must not overflow.
+  const model::ModelDims dims = model::ModelDims::from(cfg.model);
+  const double V = static_cast<double>(dims.vocab), d = static_cast<double>(dims.d_model),
+               F = static_cast<double>(dims.d_ff), L = static_cast<double>(dims.layers);
+  const double params = 2 * V * d + L * (4 * d * d + 3 * d * F + 2 * d) + d;
+  const double bytes_per_param = train ? 8.0 : 4.0;   // fp32 master weights (+ fp32 gradients)
+  MemoryNeed floor;
+  floor.bytes = bytes_per_param * params / std::max(1, world);
+  floor.detail = fmt::format("{:.3g} parameters", params);
+  return floor;
+}
+
+std::optional<std::string> parameter_floor_problem(const MemoryNeed& floor, int ranks_sharing,
+                                                   const MemoryBudget& budget, const Config& cfg, int world) {
+  const double total = floor.bytes * std::max(1, ranks_sharing);
+  if (!(total > budget.bytes)) return std::nullopt;
+  const bool train = cfg.run.job == JobKind::train;
+  return fmt::format(
+      "the model does not fit in memory: model.num_layers = {} with model.d_model = {}, model.d_ff = {} and "
+      "model.vocab_size = {} makes {}, whose fp32 weights{} alone need at least {} per rank{}{}, but only {} {}; "
+      "reduce model.num_layers (or model.d_model, model.d_ff, model.vocab_size, model.size) "
+      "(`lmscale DECK --run.job=accounting` prints the prediction of a model that fits)",
+      cfg.model.num_layers, cfg.model.d_model, cfg.model.d_ff, cfg.model.vocab_size, floor.detail,
+      train ? " and gradients" : "", format_bytes(floor.bytes),
+      world > 1 ? fmt::format(" (sharded over all {} ranks)", world) : "",
+      ranks_sharing > 1 ? fmt::format(", {} for the {} ranks sharing it", format_bytes(total), ranks_sharing) : "",
+      format_bytes(budget.bytes), budget.source.empty() ? std::string("are available") : budget.source);
+}
+
 void check_memory_fits(const Config& cfg, int world, int ranks_on_node, ops::Runtime& rt) {
-  const auto need = predicted_need(cfg, world, rt.device() == Device::cuda ? rt.device_name() : "");
-  if (!need) return;
   // A GPU belongs to one rank; host memory is shared by the node's ranks.
   const int sharing = rt.device() == Device::cuda ? 1 : ranks_on_node;
-  if (auto problem = memory_fit_problem(*need, sharing, memory_budget(rt), cfg)) throw UsageError(*problem);
+  const MemoryBudget budget = memory_budget(rt);
+  // First the arithmetic floor: the detailed prediction replays the step layer by layer, and its
+  // own memory grows with model.num_layers (issue 36: 24 GB for num_layers = 100000000).
+  if (const auto floor = parameter_floor(cfg, world))
+    if (auto problem = parameter_floor_problem(*floor, sharing, budget, cfg, world)) throw UsageError(*problem);
+  const auto need = predicted_need(cfg, world, rt.device() == Device::cuda ? rt.device_name() : "");
+  if (!need) return;
+  if (auto problem = memory_fit_problem(*need, sharing, budget, cfg)) throw UsageError(*problem);
 }
 
 }  // namespace lmscale::jobs

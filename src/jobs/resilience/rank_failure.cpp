@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lmscale/core/error.h"
+
 namespace lmscale::jobs {
 
 namespace {
@@ -100,7 +102,7 @@ FailureExchange::~FailureExchange() {
   // Only reached on the healthy path (a failure ends the process): no report was sent.
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (!finalized && comm_ != MPI_COMM_NULL && !unwinding()) MPI_Comm_free(&comm_);
 }
 
 bool FailureExchange::peer_reported() {

@@ -34,6 +34,17 @@ std::optional<MemoryNeed> predicted_need(const Config& cfg, int world, const std
 std::optional<std::string> memory_fit_problem(const MemoryNeed& need_per_rank, int ranks_sharing,
                                               const MemoryBudget& budget, const Config& cfg);
 
+// A floor of the bytes per rank, computed arithmetically (nothing allocated in proportion to the
+// model): the parameter count from the [model] keys times 4 bytes of fp32 master weights, plus 4
+// of fp32 gradients when training, divided over all `world` ranks (the most any layout shards
+// them). Checked before the detailed prediction, whose replay grows with model.num_layers.
+// nullopt for jobs that do not build the model.
+std::optional<MemoryNeed> parameter_floor(const Config& cfg, int world);
+// The problem (one line naming model.num_layers and the other shape keys, the bytes and the
+// budget) when the floor x `ranks_sharing` exceeds `budget`, else nullopt. Pure.
+std::optional<std::string> parameter_floor_problem(const MemoryNeed& floor, int ranks_sharing,
+                                                   const MemoryBudget& budget, const Config& cfg, int world);
+
 // This process's budget: free memory of its GPU (cuda), or the host's available memory (cpu),
 // which `ranks_on_node` ranks share. The bytes are infinite when they cannot be read.
 MemoryBudget memory_budget(ops::Runtime& rt);
