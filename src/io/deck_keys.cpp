@@ -276,7 +276,7 @@ std::vector<DeckKey> build_table() {
                "the backward; bucketed DDP sums each rank's part of a bucket between the backward's kernels two "
                "buckets later and copies the sum back to every rank, during the backward. The same bits as nccl "
                "with 2 ranks; costs about (dp - 1) / dp x the fp32 gradient bytes of GPU memory "
-               "(docs/design-notes.md)."),
+               "(docs/parallel.md)."),
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero),
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,
