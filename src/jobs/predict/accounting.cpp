@@ -205,7 +205,7 @@ std::string run_refusal(const Config& cfg, int world) {
   // The devices are the run's, not this process's (accounting runs on a CPU for a GPU deck).
   run.parallel.device = DeviceChoice::automatic;
   run.parallel.backend = BackendChoice::automatic;
-  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  const comm::MeshShape mesh = parallel::Spec::resolve(cfg.parallel, world).mesh_shape();
   try {
     io::validate(run, mesh.dp * mesh.tp * mesh.pp);
   } catch (const UsageError& e) {

@@ -26,7 +26,7 @@ using replay::Sim;
 BenchMode job_mode(const Config& cfg) { return cfg.run.job == JobKind::bench_model ? cfg.bench.mode : BenchMode::train_step; }
 
 std::vector<MemoryPhases> predict_stage_phases(const Config& cfg, int world, bool cuda) {
-  const comm::MeshShape mesh = replay::mesh_of(cfg, world);
+  const comm::MeshShape mesh = parallel::Spec::resolve(cfg.parallel, world).mesh_shape();
   std::vector<MemoryPhases> stages;
   for (int stage = 0; stage < mesh.pp; ++stage)
     stages.push_back(predict_memory_phases(cfg, world, cuda, comm::mesh_rank(mesh, stage, 0, 0)));

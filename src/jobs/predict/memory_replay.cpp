@@ -5,7 +5,6 @@
 
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/param_layout.h"
-#include "lmscale/parallel/spec.h"
 #include "lmscale/parallel/state_layout.h"
 #include "lmscale/parallel/zero.h"
 
@@ -33,7 +32,6 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.deterministic = dims.deterministic_attention;
   s.cuda = cuda;
   s.L = static_cast<int>(dims.layers);
-  s.ac = cfg.train.activation_checkpointing;
   s.k = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.train.checkpoint_k, dims.layers)));
   s.recompute = model::RecomputePolicy::from(cfg.train);
   return s;
@@ -367,7 +365,7 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
 
 void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1) {
   if (l1 <= l0) return;
-  const bool every_k = s.ac == Checkpointing::every_k;
+  const bool every_k = s.recompute.mode == model::RecomputePolicy::Mode::every_k;
   const int lc = every_k ? s.recompute.checkpointed_end(l0, l1) : l1;
   for (int l = l1 - 1; l >= lc; --l) {   // blocks past the checkpointed ones: as without checkpointing
     gr.before_backward(l + 1);
@@ -563,6 +561,5 @@ void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>&
   }
 }
 
-comm::MeshShape mesh_of(const Config& cfg, int world) { return parallel::Spec::resolve(cfg.parallel, world).mesh_shape(); }
 
 }  // namespace lmscale::jobs::replay

@@ -60,7 +60,6 @@ struct Shapes {
   bool flash = false, sp = false, cuda = false, deterministic = false;
   int L = 0, tp = 1;
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
-  Checkpointing ac = Checkpointing::none;
   int k = 1;
   model::RecomputePolicy recompute;   // the model's: keep_attention, checkpointed_end
 };
@@ -162,9 +161,6 @@ double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy);
 // (zero1 and fsdp refuse the key).
 void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank);
 
-// The mesh a deck describes (comm/mesh.h; dp from the deck, else world / (tp pp)). Not checked
-// against the world: the accounting job predicts layouts larger than its own run.
-comm::MeshShape mesh_of(const Config& cfg, int world);
 
 }  // namespace lmscale::jobs::replay
 
