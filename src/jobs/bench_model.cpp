@@ -17,7 +17,6 @@
 #include "lmscale/jobs/resilience/step_watchdog.h"
 #include "lmscale/jobs/engine/trainer.h"
 #include "lmscale/parallel/fsdp.h"
-#include "lmscale/parallel/sharded_optimizer.h"
 
 namespace lmscale::jobs {
 
@@ -167,8 +166,7 @@ int run_bench_model(JobEnv& env) {
   }
   env.out.set_attr(g, "exposed_comm_share", st.mean > 0 ? sc.mean / st.mean : 0.0);
   env.out.set_attr(g, "compute_ms_mean", sf.mean + sb.mean + so.mean);
-  const std::int64_t opt_bytes = static_cast<std::int64_t>(
-      trainer.optimizer() ? trainer.optimizer()->state_bytes() : trainer.sharded()->state_bytes());
+  const std::int64_t opt_bytes = static_cast<std::int64_t>(trainer.strategy().state_bytes());
   env.out.set_attr(g, "optimizer_state_bytes", opt_bytes);
   // The accounting prediction beside the measurement (docs/architecture.md §5).
   const Accounting pred = account(cfg, env.world, rt.device() == Device::cuda ? rt.device_name() : "");

@@ -16,7 +16,7 @@
 //         empty (Tensor(), not defined()) where the rank holds that part of the state for no element of the range (e.g.
 //         zero1/zero2 hold the whole master but m, v only for their shard: two kinds of pieces).
 //
-// Layouts (jobs/engine/trainer_state.cpp, parallel/fsdp.cpp): one process / DDP own everything (save: a
+// Layouts (parallel/replicated_strategy.cpp, zero_strategy.cpp, fsdp.cpp): one process / DDP own everything (save: a
 // 1/N slice of each parameter per rank); zero1/zero2 own near-equal ranges of the flat buffer
 // (save = load = that range cut at parameter boundaries, plus the replicated master); fsdp owns
 // per-unit padded shards (padding is not state) and replicated norms. Tensor parallelism: each

@@ -18,7 +18,8 @@
 #include "lmscale/core/host_vector.h"
 #include "lmscale/io/sharded_checkpoint.h"
 #include "lmscale/jobs/resilience/rank_agreement.h"
-#include "lmscale/jobs/engine/trainer_state.h"
+#include "lmscale/jobs/engine/trainer.h"
+#include "lmscale/parallel/strategy.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/ops/ops.h"
 
@@ -27,6 +28,25 @@ namespace lmscale::jobs {
 namespace fs = std::filesystem;
 
 namespace {
+
+// What this rank holds and writes, in the full model's coordinates (parallel/state_layout.h),
+// after any update left in flight has finished.
+parallel::StateLayout state_of(Trainer& trainer) {
+  trainer.settle_optimizer();
+  return trainer.strategy().state_layout();
+}
+
+// "one process", "ddp bucketed (4 ranks)", "zero2 x tp 2 (4 ranks)", "ddp flat x pp 2 (1f1b) (2
+// ranks)": stored in the index.
+std::string layout_name(const Config& cfg, int world) {
+  if (world == 1) return "one process";
+  const auto& p = cfg.parallel;
+  std::string mode = p.zero != ZeroLevel::none ? to_string(p.zero)
+                                                : "ddp " + (p.ddp == DdpKind::none ? std::string("flat") : to_string(p.ddp));
+  if (p.tp > 1) mode += fmt::format(" x tp {}{}", p.tp, p.sequence_parallel ? " (sequence parallel)" : "");
+  if (p.pp > 1) mode += fmt::format(" x pp {} ({})", p.pp, p.schedule);
+  return fmt::format("{} ({} ranks)", mode, world);
+}
 
 // Host staging in pieces of at most 16 Mi floats (64 MiB): a rank's shard of a large model never
 // needs a host copy of its whole size.
@@ -90,7 +110,7 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
   env.rt.synchronize();
   const auto full_layout = model::parameter_layout(trainer.dims());
   agree_on_failure(env, [&] {
-    const parallel::StateLayout layout = describe_state(trainer);
+    const parallel::StateLayout layout = state_of(trainer);
     std::int64_t total = 0;
     std::vector<io::ShardPiece> table;
     std::vector<CopyRun> runs;
@@ -141,14 +161,14 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
     std::map<std::string, io::AttrValue> attrs{
         {"step", trainer.step()},
         {"data_step", trainer.step()},   // samples are a pure function of (seed, step, index)
-        {"optimizer_steps", optimizer_steps(trainer)},
+        {"optimizer_steps", trainer.strategy().optimizer_steps()},
         {"optimizer", to_string(cfg.optim.name)},
         {"loss_scale", trainer.loss_scaler().scale()},
         {"loss_scale_clean_steps", trainer.loss_scaler().clean_steps()},
         {"seed", static_cast<std::int64_t>(cfg.run.seed)},
         {"rng", std::string("counter-based (splitmix64 of seed, key, index): state = seed and data_step")},
         {"writer_world_size", static_cast<std::int64_t>(env.world)},
-        {"writer_layout", layout_name(trainer, cfg, env.world)},
+        {"writer_layout", layout_name(cfg, env.world)},
         {"context_length", cfg.model.context_length},
         {"config", cfg.resolved},
     };
@@ -244,7 +264,7 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
   // Every (file range -> view range) copy this rank needs, in order, merged into runs. The index's
   // entries are sorted by (param, begin) and disjoint: the first overlapping one is found by
   // bisection.
-  const parallel::StateLayout layout = describe_state(trainer);
+  const parallel::StateLayout layout = state_of(trainer);
   std::vector<CopyRun> runs;
   for (io::StateKind k : kKinds) {
     for (const auto& p : layout.load) {
@@ -282,7 +302,7 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
     }
   }
   trainer.set_step(ix.int_attr("step"));
-  set_optimizer_steps(trainer, ix.int_attr("optimizer_steps"));
+  trainer.strategy().set_optimizer_steps(ix.int_attr("optimizer_steps"));
   trainer.loss_scaler().set_scale(ix.double_attr("loss_scale"));
   trainer.loss_scaler().set_clean_steps(ix.int_attr("loss_scale_clean_steps"));
   if (trainer.params().has_flat_params() && trainer.params().has_lowp()) trainer.params().refresh_lowp(ctx);

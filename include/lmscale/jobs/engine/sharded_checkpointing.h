@@ -1,7 +1,7 @@
 #pragma once
 // Sharded training checkpoints of the trainer (io/sharded_checkpoint.h for the files,
 // docs/checkpoints.md for the guarantees): every rank writes the pieces of state it owns
-// (jobs/engine/trainer_state.h) in parallel; rank 0 writes the index last. Loading reads, by name, the
+// (parallel/strategy.h: Strategy::state_layout) in parallel; rank 0 writes the index last. Loading reads, by name, the
 // ranges this rank owns in its own layout from whichever files hold them.
 #include <cstdint>
 #include <optional>

@@ -10,10 +10,10 @@
 #include <optional>
 #include <vector>
 
-#include "lmscale/comm/work.h"
 #include "lmscale/jobs/resilience/fault_injection.h"
 #include "lmscale/jobs/job_env.h"
-#include "lmscale/parallel/grad_buckets.h"
+#include "lmscale/parallel/schedule.h"
+#include "lmscale/parallel/strategy.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/optim/optimizer.h"
@@ -29,8 +29,8 @@ class PipelineParallel;
 class TensorParallel;
 class GradientSync;
 class ShardedOptimizer;
-class ZeroOptimizer;
 class FullyShardedDataParallel;
+class FullLayout;
 }
 
 namespace lmscale::jobs {
@@ -75,39 +75,37 @@ class Trainer {
     settle_optimizer();
     return *params_;
   }
-  model::TransformerLM& model() {
-    settle_optimizer();
-    return *model_;
-  }
-  // Null with a sharded optimizer (parallel.zero): then sharded() holds the state.
-  optim::Optimizer* optimizer() {
-    settle_optimizer();
-    return optimizer_.get();
-  }
-  // parallel.overlap_optimizer: makes the compute stream wait for the whole pending update and
-  // frees the gradients it read (no host wait). Anything that reads parameters or optimizer
-  // state outside train_step's forward calls it first; a no-op when nothing is pending.
-  void settle_optimizer() { wait_for_update(kAllUnits); }
-  parallel::ShardedOptimizer* sharded() { return sharded_.get(); }
+  model::TransformerLM& model();   // the first chunk's
+  // The optimizer over the whole store, or null with a sharded optimizer (parallel.zero): then
+  // sharded() holds the state.
+  optim::Optimizer* optimizer();
+  // parallel.overlap_optimizer / overlap_param_gather: makes the compute stream wait for the
+  // whole pending update (no host wait). Anything that reads parameters or optimizer state
+  // outside train_step's forward calls it first; a no-op when nothing is pending.
+  void settle_optimizer();
+  parallel::ShardedOptimizer* sharded();
   // parallel.overlap_param_gather in effect: the segments of the parameter all-gather that each
   // step leaves in flight for the next forward (0: gathered inside the step).
-  std::size_t param_gather_segments() const { return gather_segments_.size(); }
+  std::size_t param_gather_segments() const;
   // parallel.zero = fsdp on several ranks (the store then holds no flat parameters), else null.
-  parallel::FullyShardedDataParallel* fsdp() { return fsdp_; }
+  parallel::FullyShardedDataParallel* fsdp();
+  // The data-parallel strategy (parallel/strategy.h): checkpoint layouts and optimizer state.
+  parallel::Strategy& strategy() { return *strategy_; }
   // The full fp32 parameters in the full model's flat layout (model::parameter_layout(dims)) on
-  // the host (collective under fsdp and tensor parallelism).
+  // the host (collective under fsdp, ZeRO, tensor and pipeline parallelism).
   std::vector<float> full_parameters();
   // Sets them from that layout on every rank (after loading a weights file).
   void set_parameters(const std::vector<float>& flat);
   // A buffer in this rank's store layout (e.g. optimizer moments) -> the full layout (collective
-  // under tensor and pipeline parallelism: gathered over tp, then over pp), and back.
+  // under tensor and pipeline parallelism: gathered over tp, then over pp), and back
+  // (parallel/full_layout.h).
   std::vector<float> to_full_layout(const std::vector<float>& local);
   std::vector<float> to_local_layout(const std::vector<float>& full) const;
   // Null without tensor parallelism.
   parallel::TensorParallel* tensor_parallel() { return tp_.get(); }
-  parallel::GradientSync& sync() { return *sync_; }
+  parallel::GradientSync& sync();
   // parallel.pp > 1: this rank's pipeline stage (its schedule, events and bubble), else null.
-  parallel::PipelineParallel* pipeline() { return pipeline_.get(); }
+  parallel::PipelineParallel* pipeline();
   // Data-parallel degree and index of this rank (world / (tp*pp) ranks hold each stage).
   int dp_size() const { return dp_size_; }
   int dp_rank() const { return dp_rank_; }
@@ -123,90 +121,40 @@ class Trainer {
 
  private:
   // Uploads rows [r0, r1) of `tokens` as inputs and targets (int32 [rows, T]) on the device.
-  std::pair<Tensor, Tensor> upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
-                                   std::int64_t r1);
-  double reduce_loss(Tensor& loss_sum_device, double tokens_global);
-  // Sum of a host scalar over the pipeline stages (identity without pp): stages hold disjoint
-  // parameters (squared gradient norms add) and only the last one holds the loss.
-  double sum_over_stages(double x);
-  // A strategy's hooks plus the tensor-parallel collectives.
-  model::ParallelContext with_tp(model::ParallelContext pc) const;
-  // Sum of squares of the global gradient after the sync (tensor parallel: norms counted once).
-  double global_grad_sum_squares(Context& ctx);
-  void accumulate_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
-                                std::vector<Tensor>& loss_sums);
+  parallel::MicroBatch upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
+                              std::int64_t r1);
+  // The step's micro-batches through the schedule, then the wait for the gradient
+  // synchronisation (NVTX gradient_sync, r.times.comm_ms).
+  void run_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
+                         std::vector<Tensor>& loss_sums);
+  // Device scalars (one per micro-batch) -> host values summed over the dp replicas and the
+  // stages: one device-to-host copy and one host all-reduce per axis, whatever their number.
+  std::vector<double> read_over_replicas(const std::vector<Tensor>& sums);
+  double mean_loss(const std::vector<Tensor>& loss_sums, double tokens_global);
+  // The schedule's times that only the finished step knows (pipeline events).
+  void finish_pass_times(StepResult& r);
 
   JobEnv& env_;
   model::ModelDims dims_;
-  // The dp x tp x pp mesh of the device and host communicators (null without tp and pp), and
-  // the tensor-parallel strategy.
+  // The dp x tp x pp mesh of the device and host communicators (null for one process without
+  // communicators), and the tensor-parallel collectives (null without tp).
   std::unique_ptr<comm::Mesh> mesh_, host_mesh_;
   std::unique_ptr<parallel::TensorParallel> tp_;
   std::unique_ptr<model::ParameterStore> params_;
-  // The model (with the interleaved schedule: one per chunk of this rank, model_ the first).
+  // The model (with the interleaved schedule: one per chunk of this rank).
   std::vector<std::unique_ptr<model::TransformerLM>> chunk_models_;
-  model::TransformerLM* model_ = nullptr;
-  std::unique_ptr<optim::Optimizer> optimizer_;   // optim.name over the whole store (unsharded layouts)
-  std::unique_ptr<parallel::ShardedOptimizer> sharded_;
-  parallel::FullyShardedDataParallel* fsdp_ = nullptr;   // sharded_ when it is fsdp
-  // One process: gradients per bucket, allocated during the backward, freed after the step.
-  std::unique_ptr<parallel::LazyGradients> lazy_;
-  void release_gradients();
-  // Waits for the data-parallel gradient reduction (the sync's finish(); NVTX gradient_sync) and
-  // records the wait as r.times.comm_ms. Both step kinds end their backward with it.
-  void finish_gradient_sync(StepResult& r);
-  // parallel.overlap_optimizer (one process or DDP on CUDA, no tp/pp): segment b's update runs
-  // on the runtime's side stream after the step's backward and gradient norm; the next forward's
-  // before_forward(u) makes the compute stream wait for the buckets holding parameters of units
-  // <= u and frees their gradients. Results are unchanged (same kernels on the same inputs).
-  // parallel.overlap_param_gather (zero1/zero2, no tp/pp): the same waits, on the segments'
-  // all-gathers that ZeroOptimizer::step left in flight (`gathered`).
-  struct PendingUpdate {
-    int bucket = -1;              // a lazy gradient bucket to free after the wait, or -1
-    int first_unit = 0;           // the lowest unit with a parameter in the bucket
-    ops::Runtime::Mark done;      // on the side stream, after the bucket's update
-    comm::Work gathered;          // or: the segment's parameter all-gather
-  };
-  parallel::ZeroOptimizer* zero_ = nullptr;   // sharded_ when it is zero1/zero2 with deferred gathers
-  static constexpr int kAllUnits = 1 << 30;
-  bool overlap_optimizer_ = false;
-  // parallel.comm_sms: the phases whose GEMMs run beside NCCL collectives and so are planned for
-  // the SMs NCCL leaves (ops::Runtime::GemmCarveout): the backward with data or pipeline
-  // parallelism (gradient reductions, activation transfers), the forward with fsdp (all-gathers)
-  // or pipeline parallelism. Tensor parallelism's collectives are waited on in order, not
-  // overlapped, so tp alone gets no carve-out.
-  bool carve_forward_ = false, carve_backward_ = false;
-  struct UpdateSegment {
-    parallel::GradBucket range;   // the lazy bucket (one process) or a range of the flat buffer (DDP)
-    int first_unit = 0;
-  };
-  std::vector<UpdateSegment> update_segments_;
-  std::vector<UpdateSegment> gather_segments_;   // overlap_param_gather: in forward order
-  std::vector<PendingUpdate> pending_updates_;  // ascending first_unit (forward order)
-  std::size_t next_pending_ = 0;
-  void wait_for_update(int unit);
-  // A strategy's forward hooks with the overlapped update's waits in front of before_forward.
-  model::ParallelContext with_update_waits(model::ParallelContext pc);
-  std::unique_ptr<parallel::GradientSync> owned_sync_;
-  // Pipeline parallelism: this rank's stage (its mesh is mesh_ / host_mesh_).
-  std::unique_ptr<parallel::PipelineParallel> pipeline_;
+  std::unique_ptr<parallel::Schedule> run_;          // how micro-batches run (pipeline or not)
+  std::unique_ptr<parallel::Strategy> strategy_;     // what parallel.zero / ddp do
+  std::unique_ptr<parallel::FullLayout> layout_;     // store layout <-> the full model's
   int dp_size_ = 1, dp_rank_ = 0;
-  ops::Runtime::Mark pipe_begin_, pipe_end_;
-  // Fills r's forward/backward times from the pipeline's events (after the step: waits for it).
-  void pipeline_times(StepResult& r);
-  parallel::GradientSync* sync_ = nullptr;
   std::map<std::string, std::map<std::string, std::size_t>> memory_points_;
   optim::LossScaler scaler_;
   optim::CosineSchedule schedule_;
-  std::int64_t global_batch_, grad_accum_, local_rows_, first_row_;
+  std::int64_t global_batch_, local_rows_ = 0, first_row_ = 0;
   std::int64_t step_ = 0;
   double lr_scale_ = 1.0;
-  DType master_, lowp_;
   // Test-only (LMSCALE_FAULT_SLEEP_*): read once here, applied at the start of train_step.
   const FaultInjection faults_ = FaultInjection::from_environment();
-  // The unsharded optimizer's step (one process, DDP, tp, pp): over the flat gradient buffer or
-  // the lazy buckets, with the tp reduction of the layer-wise norms.
-  void step_unsharded(Context& ctx, double lr, double grad_scale);
 };
 
 }  // namespace lmscale::jobs

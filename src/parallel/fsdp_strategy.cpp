@@ -1,0 +1,37 @@
+#include "lmscale/parallel/fsdp_strategy.h"
+
+#include "lmscale/core/error.h"
+#include "lmscale/parallel/tensor_parallel.h"
+
+namespace lmscale::parallel {
+
+FsdpStrategy::FsdpStrategy(const StrategyParts& parts) : Strategy(parts) {
+  Context& ctx = parts.rt.ctx();
+  LMSCALE_CHECK(parts.dp && parts.dp_host, "data parallelism needs the world communicators");
+  if (parts.dp->device() == Device::cuda) parts.dp->set_compute_stream(ctx.stream);
+  fsdp_ = std::make_unique<FullyShardedDataParallel>(store_, *parts.dp, *parts.dp_host, parts.cfg.optim,
+                                                     FsdpOptions::from(parts.cfg.parallel), parts.cfg.run.seed,
+                                                     parts.rt);
+  if (tp_) {
+    // FSDP over the dp axis of a dp x tp mesh: the shards' norm sums are summed over dp by FSDP,
+    // then over the tp slices here.
+    fsdp_->set_norm_reducer([this](std::vector<double>& sums) {
+      tp_->sum_param_norms(store_.infos(), optim::Optimizer::kNormSlots, sums);
+    });
+  }
+}
+
+FsdpStrategy::~FsdpStrategy() = default;
+
+double FsdpStrategy::grad_sum_squares(Context& ctx) {
+  const double sq = fsdp_->grad_sum_squares(ctx);
+  if (!tp_) return sq;
+  // Tensor parallel: the sliced parameters' squares add over the tp ranks; the replicated norm
+  // weights (identical on every tp rank) count once.
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  for (const auto& p : store_.infos())
+    if (p.split_dim < 0) ranges.emplace_back(p.offset, p.numel);
+  return tp_->global_sum_squares(sq, fsdp_->grad_sum_squares_in(ctx, ranges));
+}
+
+}  // namespace lmscale::parallel

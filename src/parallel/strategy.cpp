@@ -1,0 +1,46 @@
+#include "lmscale/parallel/strategy.h"
+
+#include "lmscale/core/error.h"
+#include "lmscale/ops/ops.h"
+#include "lmscale/parallel/fsdp_strategy.h"
+#include "lmscale/parallel/replicated_strategy.h"
+#include "lmscale/parallel/tensor_parallel.h"
+#include "lmscale/parallel/zero_strategy.h"
+
+namespace lmscale::parallel {
+
+std::unique_ptr<Strategy> make_strategy(const StrategyParts& parts) {
+  // The one mapping from the deck's parallel.zero to an implementation (ZeRO and FSDP act only
+  // with more than one data-parallel rank: Spec::sharded_optimizer).
+  if (parts.spec.fsdp()) return std::make_unique<FsdpStrategy>(parts);
+  if (parts.spec.sharded_optimizer()) return std::make_unique<ZeroStrategy>(parts);
+  return std::make_unique<ReplicatedStrategy>(parts);
+}
+
+std::vector<float> Strategy::master_parameters(Context& ctx) {
+  settle();
+  LMSCALE_CHECK(store_.master_dtype() == DType::f32, "master_parameters: fp32 master weights only");
+  std::vector<float> h(static_cast<std::size_t>(store_.numel()));
+  Tensor dst = Tensor::view(h.data(), {store_.numel()}, DType::f32, Device::cpu);
+  ops::copy(ctx, store_.flat_params(), dst);
+  return h;
+}
+
+void Strategy::set_master_parameters(Context& ctx, const std::vector<float>& values) {
+  settle();
+  LMSCALE_CHECK(static_cast<std::int64_t>(values.size()) == store_.numel(), "set_master_parameters: {} values for {}",
+                values.size(), store_.numel());
+  Tensor src = Tensor::view(const_cast<float*>(values.data()), {store_.numel()}, DType::f32, Device::cpu);
+  ops::copy(ctx, src, store_.flat_params());
+  store_.refresh_lowp(ctx);
+}
+
+bool Strategy::tp_replicated(const model::ParamInfo& p) const { return tp_ && tp_->degree() > 1 && p.split_dim < 0; }
+
+std::pair<std::int64_t, std::int64_t> Strategy::writer_slice(const model::ParamInfo& p) const {
+  const int tp = tp_ ? tp_->degree() : 1, tp_rank = tp_ ? tp_->split().rank : 0;
+  const bool rep = tp_replicated(p);
+  return slice_of(p.numel, rep ? dp_rank_ * tp + tp_rank : dp_rank_, rep ? spec_.dp * tp : spec_.dp);
+}
+
+}  // namespace lmscale::parallel

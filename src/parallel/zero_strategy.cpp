@@ -1,0 +1,117 @@
+#include "lmscale/parallel/zero_strategy.h"
+
+#include <algorithm>
+#include <array>
+
+#include "lmscale/core/error.h"
+#include "lmscale/parallel/optimizer_segments.h"
+#include "lmscale/parallel/tensor_parallel.h"
+
+namespace lmscale::parallel {
+
+ZeroStrategy::ZeroStrategy(const StrategyParts& parts) : Strategy(parts), waits_(parts.rt, {}) {
+  Context& ctx = parts.rt.ctx();
+  const ParallelConfig& pc = parts.cfg.parallel;
+  LMSCALE_CHECK(parts.dp && parts.dp_host, "data parallelism needs the world communicators");
+  if (parts.dp->device() == Device::cuda) parts.dp->set_compute_stream(ctx.stream);
+  zero_ = std::make_unique<ZeroOptimizer>(zero_mode_of(pc.zero), *parts.dp, *parts.dp_host, parts.cfg.optim);
+  zero_->add_group({store_.flat_params(), store_.has_flat_grads() ? store_.flat_grads() : Tensor(),
+                    store_.has_lowp() ? &store_.flat_lowp() : nullptr, param_segments(store_.infos(), 0, store_.numel()),
+                    store_.size(), store_.master_read_ranges()},
+                   ctx);
+  // parallel.grad_reduce_dtype (fp64 test runs keep their own dtype).
+  const std::optional<DType> grad_reduce =
+      pc.grad_reduce_dtype == GradReduceDtype::bf16 ? std::optional<DType>(DType::bf16) : std::nullopt;
+  zero_->make_sync(ddp_mode_of(pc.ddp), store_, pc.bucket_mb, ctx, grad_reduce,
+                   pc.grad_exchange == GradExchange::copy_engine);
+  if (tp_) {
+    // ZeRO over the dp axis of a dp x tp mesh: the shards' norm sums are summed over dp by the
+    // optimizer, then over the tp slices here.
+    zero_->set_norm_reducer([this](std::vector<double>& sums) {
+      tp_->sum_param_norms(store_.infos(), optim::Optimizer::kNormSlots, sums);
+    });
+  }
+  // parallel.overlap_param_gather: the zero1/zero2 parameter all-gather in segments of
+  // parallel.bucket_mb (of fp32 master bytes), in forward order (ascending first unit; the flat
+  // buffer holds the units in backward order).
+  if (pc.overlap_param_gather && pc.zero != ZeroLevel::zero1_broadcast && !tp_ && !parts.pipeline) {
+    gather_segments_ =
+        unit_segments(store_.infos(), parts.layers, gradient_buckets(store_.infos(), pc.bucket_mb * 1024.0 * 1024.0, 4));
+    std::reverse(gather_segments_.begin(), gather_segments_.end());
+    std::stable_sort(gather_segments_.begin(), gather_segments_.end(),
+                     [](const UnitSegment& a, const UnitSegment& b) { return a.first_unit < b.first_unit; });
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    for (const auto& g : gather_segments_) ranges.emplace_back(g.range.offset, g.range.numel);
+    zero_->defer_gathers(std::move(ranges));
+  }
+}
+
+ZeroStrategy::~ZeroStrategy() = default;
+
+model::ParallelContext ZeroStrategy::forward_hooks(bool training) {
+  return waits_.in_front_of(zero_->sync().forward_hooks(training));
+}
+
+double ZeroStrategy::grad_sum_squares(Context& ctx) {
+  const double sq = zero_->grad_sum_squares(ctx);
+  if (!tp_) return sq;
+  // Tensor parallel: the sliced parameters' squares add over the tp ranks; the replicated norm
+  // weights (identical on every tp rank) count once.
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  for (const auto& p : store_.infos())
+    if (p.split_dim < 0) ranges.emplace_back(p.offset, p.numel);
+  return tp_->global_sum_squares(sq, zero_->grad_sum_squares_in(ctx, ranges));
+}
+
+void ZeroStrategy::step(Context& ctx, double lr, double grad_scale) {
+  zero_->step(ctx, lr, grad_scale);
+  if (gather_segments_.empty()) return;
+  // The next forward waits for each segment's gather before its first unit.
+  std::vector<comm::Work> w = zero_->take_gathers();
+  LMSCALE_CHECK(w.size() == gather_segments_.size(), "{} deferred gathers for {} segments", w.size(),
+                gather_segments_.size());
+  for (std::size_t j = 0; j < w.size(); ++j) waits_.push({-1, gather_segments_[j].first_unit, {}, std::move(w[j])});
+}
+
+std::vector<float> ZeroStrategy::master_parameters(Context& ctx) {
+  settle();
+  zero_->complete_master(ctx);   // the steps gathered only the working copy
+  return Strategy::master_parameters(ctx);
+}
+
+StateLayout ZeroStrategy::state_layout() {
+  // The master is replicated (every rank loads all of its store), m and v exist for this rank's
+  // range of the flat buffer only; the range, cut at parameter boundaries, is what it writes
+  // (tp-replicated norms: split once more among the tp ranks, which hold identical copies).
+  StateLayout out;
+  const std::int64_t lo = zero_->shard_begin(0), hi = lo + zero_->shard_size(0);
+  optim::Optimizer& opt = zero_->group_optimizer(0);
+  for (int i = 0; i < store_.size(); ++i) {
+    const auto& p = store_.infos()[static_cast<std::size_t>(i)];
+    const int g = store_.global_index(i);
+    append_full_pieces(out.load, p, g, 0, p.numel, store_.flat_params().flat_range(p.offset, p.numel), Tensor(),
+                       Tensor());
+    const std::int64_t a = std::max(lo, p.offset) - p.offset, b = std::min(hi, p.offset + p.numel) - p.offset;
+    if (a >= b) continue;
+    auto views = [&](std::int64_t x, std::int64_t y) {
+      return std::array<Tensor, 3>{store_.flat_params().flat_range(p.offset + x, y - x),
+                                   state_view(opt, 0, p.offset + x - lo, y - x),
+                                   state_view(opt, 1, p.offset + x - lo, y - x)};
+    };
+    auto held = views(a, b);
+    append_full_pieces(out.load, p, g, a, b, Tensor(), held[1], held[2]);
+    std::int64_t sa = a, sb = b;
+    if (tp_replicated(p)) {
+      const auto [ta, tb] = slice_of(p.numel, tp_->split().rank, tp_->degree());
+      sa = std::max(a, ta);
+      sb = std::min(b, tb);
+    }
+    if (sa < sb) {
+      auto mine = views(sa, sb);
+      append_full_pieces(out.save, p, g, sa, sb, mine[0], mine[1], mine[2]);
+    }
+  }
+  return out;
+}
+
+}  // namespace lmscale::parallel
