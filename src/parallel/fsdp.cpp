@@ -46,8 +46,16 @@ class FullyShardedDataParallel::Sync final : public GradientSync {
     f_.micro_ = micro;
     f_.step_open_ = micro + 1 == micro_count;
     model::ParallelContext pc;
-    pc.before_backward = [this](int u) { before_backward(u); };
-    pc.after_backward = [this](int u) { after_backward(u); };
+    // Each backward hook says which micro-batch it reduces: under a pipeline schedule the hooks
+    // of several micro-batches are handed out before their backwards run (parallel/pipeline.h).
+    pc.before_backward = [this, micro](int u) {
+      f_.micro_ = micro;
+      before_backward(u);
+    };
+    pc.after_backward = [this, micro](int u) {
+      f_.micro_ = micro;
+      after_backward(u);
+    };
     return pc;
   }
 
@@ -193,6 +201,9 @@ GradientSync& FullyShardedDataParallel::sync() { return *sync_; }
 
 void FullyShardedDataParallel::issue_gather(int u) {
   const Unit& unit = units_[static_cast<std::size_t>(u)];
+  // A pipeline stage's store numbers units as the whole model does and holds only its own: the
+  // others are empty and never gathered (a prefetch may name one across the stage boundary).
+  if (unit.numel == 0) return;
   Gathered& g = gathered_[static_cast<std::size_t>(u)];
   Allocator& A = *rt_.ctx().allocator;
   Tensor shard = master_.flat_range(unit.shard_offset, unit.shard);

@@ -75,9 +75,17 @@ void PipelineParallel::forward(int m, Slot& slot, const Tensor& input, const Ten
   RawEvent e{m, false, chunk, rt_.mark(), {}};
   // Microbatches run forward in order 0..M-1 too, so the head's gradients accumulate in the
   // order of a single process's micro-batches.
-  slot.act = model.forward_stage(rt_.ctx(), input, targets, B, T, true, grad_scale,
-                                 head ? hooks_for(sync, micro_offset + m, micro_count) : with_tp({}),
-                                 accumulate || m > 0);
+  // The strategy's forward hooks (fsdp gathers each unit ahead of use), taken before the
+  // microbatch's backward hooks (fsdp: forward hooks close a step left open, backward hooks open
+  // this one); the head chunk's forward runs its head unit's backward, so it gets both.
+  model::ParallelContext pc = with_tp(sync.forward_hooks(true));
+  if (head) {
+    const model::ParallelContext& b = hooks_for(sync, micro_offset + m, micro_count);
+    pc.on_grad_ready = b.on_grad_ready;
+    pc.before_backward = b.before_backward;
+    pc.after_backward = b.after_backward;
+  }
+  slot.act = model.forward_stage(rt_.ctx(), input, targets, B, T, true, grad_scale, pc, accumulate || m > 0);
   e.end = rt_.mark();
   raw_.push_back(std::move(e));
   if (model.units().owns_head(model.dims())) loss_sums.push_back(slot.act->loss_sum);
@@ -191,7 +199,8 @@ void PipelineParallel::run(const std::vector<Tensor>& tokens, const std::vector<
   sends_.clear();
 }
 
-Tensor PipelineParallel::forward_only(const Tensor& tokens, const Tensor& targets, std::int64_t T) {
+Tensor PipelineParallel::forward_only(const Tensor& tokens, const Tensor& targets, std::int64_t T,
+                                     const model::ParallelContext& hooks) {
   // Virtual stage k = c * p + s (chunk c of rank s) feeds k + 1: around the ring for each chunk.
   const std::int64_t rows = transfer_rows(targets.dim(0) * T);
   const int p = stages_, next = (stage_ + 1) % p, prev = (stage_ + p - 1) % p;
@@ -203,7 +212,7 @@ Tensor PipelineParallel::forward_only(const Tensor& tokens, const Tensor& target
       in = recv_activation(rows);
       pp_.recv(in, prev, kForwardTag).wait();
     }
-    auto act = model.forward_stage(rt_.ctx(), in, targets, targets.dim(0), T, false, 1.0, with_tp({}));
+    auto act = model.forward_stage(rt_.ctx(), in, targets, targets.dim(0), T, false, 1.0, with_tp(hooks));
     if (model.units().owns_head(model.dims())) loss = act->loss_sum;
     else pp_.send(act->output, next, kForwardTag).wait();
   }

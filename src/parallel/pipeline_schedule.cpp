@@ -37,9 +37,8 @@ void PipelineSchedule::forward_backward(const MicroBatchSource& batches, std::in
 }
 
 Tensor PipelineSchedule::forward_only(const MicroBatch& batch, std::int64_t T, Strategy& strategy) {
-  (void)strategy;
   ops::Runtime::GemmCarveout carve(rt_, true);
-  Tensor loss_sum = pipeline_->forward_only(batch.inputs, batch.targets, T);
+  Tensor loss_sum = pipeline_->forward_only(batch.inputs, batch.targets, T, strategy.forward_hooks(false));
   return loss_sum.defined() ? loss_sum : zero_loss(rt_.ctx());   // not the last stage: contributes 0
 }
 

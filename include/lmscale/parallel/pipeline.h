@@ -90,8 +90,10 @@ class PipelineParallel {
            bool accumulate, GradientSync& sync, int micro_offset, int micro_count, std::vector<Tensor>& loss_sums);
 
   // Forward only (evaluation) of tokens/targets [b, T]: the loss sum on the last stage (device
-  // scalar), an undefined tensor on the others.
-  Tensor forward_only(const Tensor& tokens, const Tensor& targets, std::int64_t T);
+  // scalar), an undefined tensor on the others. hooks: the strategy's evaluation forward hooks
+  // (GradientSync::forward_hooks(false): fsdp's gathers).
+  Tensor forward_only(const Tensor& tokens, const Tensor& targets, std::int64_t T,
+                      const model::ParallelContext& hooks = {});
 
   // Computes the step's events and stats from the recorded marks (waits for the device).
   void finish_timing();

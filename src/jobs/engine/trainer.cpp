@@ -84,7 +84,6 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   local_rows_ = global_batch / dp_size_;
   first_row_ = dp_rank_ * local_rows_;
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
-  LMSCALE_CHECK(!(spec.fsdp() && spec.pp > 1), "parallel.zero = fsdp with parallel.pp > 1 is not built");
   params_ = std::make_unique<model::ParameterStore>(dims_, kMaster, lowp_dtype(env.cfg), *ctx.allocator,
                                                     store_buffers(spec.grad_storage()),
                                                     tp_ ? tp_->split() : model::TensorSplit{}, chunks);
