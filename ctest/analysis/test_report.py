@@ -245,6 +245,17 @@ def main():
                                           find_row(rows, backend="nccl", ranks="4", **{"size (B)": "1048576"})["busbw (GB/s)"],
                                           "123.456"))
 
+    # Schema 1 read like schema 2: steps from 1 (the file's from 0), tokens/s, str cells.
+    sys.path.insert(0, REPO)
+    from analysis import h5load
+    old = h5load.load(h5["train_a"])
+    c.eq("schema 1 file", old.attrs["schema"], "lmscale-results/1")
+    c.eq("schema 1 steps counted from 1", list(old.tables["/train/steps"]["step"])[:3], [1, 2, 3])
+    c.eq("schema 1 eval steps kept", list(old.tables["/train/eval"]["step"]), [4, 9])
+    c.eq("schema 1 tokens_per_s unit", old.unit("/train/steps", "tokens_per_s"), "tokens/s")
+    c.eq("schema 1 string cells are str", {type(v) for v in old.tables["/system/ranks"]["host"]}, {str})
+    c.eq("schema 1 has no attribute units", old.attr_unit("/train", "wall_s"), "")
+
     # system, unknown job, index
     _, rows = md("train_a.system")
     c.eq("ranks", [r["host"] for r in rows], ["node0", "node1"])
