@@ -26,11 +26,23 @@ SCHEMAS = ("lmscale-results/1", SCHEMA)   # what load() reads
 ZERO_BASED_STEPS = ("/train/steps", "/bench_model/steps", "/pipeline/events")
 
 
-def schema_of(path):
-    """The root attribute `schema` of the HDF5 file at `path`, "" when it has none; raises OSError
-    when `path` is not an HDF5 file."""
+def file_kind(path):
+    """"results" for a results file this module reads (root attribute `schema` in SCHEMAS), else what
+    the file is, in words: "weights or checkpoint, schema lmscale-checkpoint/1", "schema X",
+    "no lmscale schema", "a trace", "safetensors weights", "not HDF5"."""
+    if path.endswith(".safetensors"):
+        return "safetensors weights"
+    if not h5py.is_hdf5(path):
+        with open(path, "rb") as f:
+            head = f.read(16)
+        return "a trace" if head.startswith(b'{"traceEvents"') or head[:2] == b"\x1f\x8b" else "not HDF5"
     with h5py.File(path, "r") as f:
-        return decode(f.attrs.get("schema", ""))
+        schema = decode(f.attrs.get("schema", ""))
+    if schema in SCHEMAS:
+        return "results"
+    if schema.startswith("lmscale-checkpoint"):
+        return f"weights or checkpoint, schema {schema}"
+    return f"schema {schema}" if schema else "no lmscale schema"
 
 
 def decode(value):
@@ -80,7 +92,7 @@ class Results:
     config: dict = field(default_factory=dict)       # "section.key" -> value (strings)
     tables: dict = field(default_factory=dict)       # "/train/steps" -> DataFrame
     units: dict = field(default_factory=dict)        # "/train/steps" -> {column: unit}
-    groups: dict = field(default_factory=dict)       # "/train" -> {attribute: value}
+    groups: dict = field(default_factory=dict)       # "/train" (or a table) -> {attribute: value}
     attr_units: dict = field(default_factory=dict)   # "/train" -> {numeric attribute: unit}
 
     @property
@@ -115,8 +127,9 @@ class Results:
 
 
 def _attributes(obj):
-    """(attributes without `attribute_units`, {attribute: unit} parsed from it)."""
-    attrs = {k: decode(v) for k, v in obj.attrs.items() if k != "attribute_units"}
+    """(attributes without `attribute_units` and a table's `units`, {attribute: unit} parsed from it)."""
+    attrs = {k: decode(v) for k, v in obj.attrs.items()
+             if k != "attribute_units" and not (k == "units" and isinstance(obj, h5py.Dataset))}
     units = json.loads(decode(obj.attrs["attribute_units"])) if "attribute_units" in obj.attrs else {}
     return attrs, units
 
@@ -145,6 +158,7 @@ def load(path):
                 res.groups[full], res.attr_units[full] = _attributes(obj)
             elif isinstance(obj, h5py.Dataset) and obj.dtype.names and obj.ndim == 1:
                 res.tables[full] = frame(obj)
+                res.groups[full], res.attr_units[full] = _attributes(obj)   # a table's own attributes
                 units = decode(obj.attrs["units"]) if "units" in obj.attrs else []
                 if isinstance(units, str):
                     units = [units]
