@@ -466,9 +466,18 @@ TEST(Results, NumericAttributesNeedAUnit) {
     EXPECT_NE(std::string(e.what()).find("'frobnication'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("result_units.cpp"), std::string::npos) << e.what();
   }
-  EXPECT_NO_THROW(f.set_attr("/train", "frobnication", std::string("strings have no unit")));
+  EXPECT_NO_THROW(f.set_attr("/train", "note", std::string("strings have no unit")));
   EXPECT_THROW(f.set_attr("/train", "attribute_units", std::string("{}")), lmscale::Error);   // reserved
   EXPECT_THROW(f.set_attr("/train", "units", std::string("")), lmscale::Error);
+  f.finish();
+  // Refused before anything was written: no attribute without its unit.
+  const hid_t file = H5Fopen(dir.file("units.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t train = H5Gopen2(file, "/train", H5P_DEFAULT);
+  EXPECT_EQ(H5Aexists(train, "frobnication"), 0);
+  EXPECT_EQ(H5Aexists(train, "attribute_units"), 0);   // only a string attribute
+  H5Gclose(train);
+  H5Fclose(file);
 }
 
 TEST(Results, UnitsOfAttributeNames) {

@@ -165,16 +165,21 @@ struct ResultsFile::Impl {
   // Object path -> {numeric attribute -> unit}: written as the object's `attribute_units`.
   std::map<std::string, std::map<std::string, std::string>> attribute_units;
 
-  // Records the unit of the numeric attribute `name` of `object` and rewrites the object's
-  // `attribute_units` (a JSON object, docs/hdf5.md). A name without a known unit is a
-  // programming error (result_units.cpp lists them).
-  void note_unit(hid_t object, const std::string& object_path, const std::string& name) {
+  // The unit of the numeric attribute `name`; a name without a known unit is a programming error
+  // (result_units.cpp lists them), reported before anything is written.
+  static std::string unit_of(const std::string& object_path, const std::string& name) {
     const auto unit = attribute_unit(name);
     if (!unit)
       throw Error(fmt::format("results: attribute '{}' of '{}' has no unit; add it to src/io/result_units.cpp",
                               name, object_path));
+    return *unit;
+  }
+
+  // Records `unit` for the numeric attribute `name` of `object` and rewrites the object's
+  // `attribute_units` (a JSON object, docs/hdf5.md).
+  void note_unit(hid_t object, const std::string& object_path, const std::string& name, const std::string& unit) {
     auto& units = attribute_units[object_path];
-    units[name] = *unit;
+    units[name] = unit;
     std::string text = "{";
     for (const auto& [n, u] : units) text += (text.size() > 1 ? ", " : "") + json::quote(n) + ": " + json::quote(u);
     h5::write_attr(object, "attribute_units", text + "}");
@@ -247,7 +252,7 @@ void ResultsFile::write_provenance(const Config& cfg, int world_size) {
   h5::write_attr(root.get(), "config", cfg.resolved.empty() ? to_ini(cfg) : cfg.resolved);
   h5::write_attr(root.get(), "job", to_string(cfg.run.job));
   h5::write_attr(root.get(), "world_size", static_cast<std::int64_t>(world_size));
-  impl_->note_unit(root.get(), "/", "world_size");
+  impl_->note_unit(root.get(), "/", "world_size", Impl::unit_of("/", "world_size"));
 }
 
 void ResultsFile::set_attr(const std::string& object_path, const std::string& name, const AttrValue& value) {
@@ -256,10 +261,12 @@ void ResultsFile::set_attr(const std::string& object_path, const std::string& na
   const hid_t file = impl_->open_file(path_, "set_attr");
   if (name == "attribute_units" || name == "units")
     throw Error(fmt::format("results: attribute name '{}' of '{}' is reserved", name, object_path));
+  const std::string where = object_path.empty() || object_path[0] != '/' ? "/" + object_path : object_path;
+  const bool numeric = !std::holds_alternative<std::string>(value);
+  const std::string unit = numeric ? Impl::unit_of(where, name) : "";
   const h5::Object object = h5::open_or_create_group(file, object_path);
   h5::write_attr(object.get(), name, value);
-  if (!std::holds_alternative<std::string>(value))
-    impl_->note_unit(object.get(), object_path.empty() || object_path[0] != '/' ? "/" + object_path : object_path, name);
+  if (numeric) impl_->note_unit(object.get(), where, name, unit);
 }
 
 Table ResultsFile::create_table(const std::string& path, const std::vector<Column>& columns) {
