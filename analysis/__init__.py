@@ -1,4 +1,4 @@
-"""lmscale analysis: HDF5 results files (schema lmscale-results/1) -> Markdown/LaTeX tables and PNG plots.
+"""lmscale analysis: HDF5 results files (schemas lmscale-results/1 and /2) -> Markdown/LaTeX tables and PNG plots.
 
 Entry point: ``python3 -m analysis.report FILE.h5 [...] --out DIR`` (see docs/analysis.md).
 """

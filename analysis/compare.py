@@ -1,8 +1,10 @@
 """What distinguishes several results files of one job: the resolved-configuration keys
 (root attribute ``config``) whose values differ between them."""
 
-# Keys that differ between any two runs without describing the experiment.
-IGNORED = {"run.output"}
+# Keys that never change what a run measures: where its outputs go (results, trace, metrics
+# stream, weights, checkpoints). They differ between any two runs of a study without describing it.
+IGNORED = {"run.output", "run.trace", "run.metrics", "train.save", "train.checkpoint_path", "train.checkpoint_dir",
+           "prune.output"}
 
 
 def differing_keys(results):

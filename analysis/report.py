@@ -3,8 +3,9 @@
 
     python3 -m analysis.report FILE.h5 [FILE2.h5 ...] --out DIR [--format md,tex,png] [--vs KEY]
 
-For each file, per section found (train, bench-model, bench-attention, bench-collectives, memory,
-system ranks): Markdown (NAME.md) and LaTeX (NAME.tex, a booktabs tabular) tables and PNG plots,
+Files that are not results files (weights, checkpoints, traces: by the root attribute `schema`)
+are skipped with one note, so `outputs/*` may be given. For each results file, per section found
+(train, bench-model, bench-attention, bench-collectives, accounting, prune, memory, system ranks): Markdown (NAME.md) and LaTeX (NAME.tex, a booktabs tabular) tables and PNG plots,
 named FILESTEM.TABLE.*. When several files of one job are given, also one comparison per section
 (combined-JOB.TABLE.*) whose first columns are the configuration keys that differ between the
 files. With --vs KEY (e.g. bench.batch_size), the bench-model files also get a study against that
@@ -32,7 +33,9 @@ FORMATS = {"md", "tex", "png"}
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python3 -m analysis.report", description=__doc__.split("\n\n")[0])
-    p.add_argument("files", nargs="+", metavar="FILE.h5", help="lmscale results files (schema lmscale-results/1)")
+    p.add_argument("files", nargs="+", metavar="FILE.h5",
+                   help="lmscale results files (schemas lmscale-results/1 and /2); other files given (weights, "
+                        "checkpoints, traces) are skipped with one note")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
     p.add_argument("--format", default="md,tex,png", help="comma-separated subset of md,tex,png (default: all)")
     p.add_argument("--vs", metavar="KEY", help="bench-model: tokens/s and peak memory against this deck key")
@@ -61,13 +64,20 @@ def main(argv=None):
     args = parse_args(argv)
     out = Output(args.out, args.formats)
     status = 0
-    results = []
+    results, skipped = [], []
     for path in args.files:
+        kind = h5load.file_kind(path)
+        if kind != "results":
+            skipped.append(f"{path} ({kind})")
+            continue
         try:
             results.append(h5load.load(path))
         except (OSError, KeyError, ValueError) as e:
             print(f"analysis.report: cannot read {path}: {e}", file=sys.stderr)
             status = 1
+    if skipped:
+        note = f"skipped {len(skipped)} file(s) that are not results files: {', '.join(skipped)}"
+        print(f"analysis.report: {note}", file=sys.stderr)
 
     files = Table("files", ["file", "job", "schema", "git commit", "UTC time", "world size"],
                   numeric=[False] * 5 + [True])
@@ -75,11 +85,11 @@ def main(argv=None):
         files.add(r.path, r.job, r.attrs.get("schema", ""), r.attrs.get("git_commit", ""),
                   r.attrs.get("utc_time", ""), r.attrs.get("world_size", ""))
     out.sections.append(("files", files.to_markdown()))
+    if skipped:
+        out.note(f"*{note}.*")
 
     for r, prefix in zip(results, unique_prefixes(results)):
         out.sections.append((f"## {r.name} ({r.job})", ""))
-        if r.attrs.get("schema") != h5load.SCHEMA:
-            out.note(f"*{r.path}: schema is {r.attrs.get('schema')!r}, expected {h5load.SCHEMA!r}; read anyway.*")
         if r.job not in KNOWN_JOBS:
             out.note(f"*{r.path}: job {r.job!r} has no analysis; only its system and memory tables are shown.*")
         for module in MODULES:

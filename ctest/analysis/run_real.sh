@@ -3,7 +3,8 @@
 # Runs real lmscale jobs on CPU (INPUTS/tiny_train.ini as a train run, and as two bench-model runs
 # that differ in bench.batch_size, one with a memory timeline), makes the report of the three
 # files with analysis.report, and checks the tables against the HDF5 files read with h5py
-# (check_real.py). Exit 77 (skipped) without h5py/pandas/matplotlib unless LMSCALE_REQUIRE_ANALYSIS
+# (check_real.py); every table's strings are str and every number has a unit (check_strings.py,
+# also on an accounting run). Exit 77 (skipped) without h5py/pandas/matplotlib unless LMSCALE_REQUIRE_ANALYSIS
 # is set.
 set -euo pipefail
 lmscale=$1 inputs=$2 outdir=$3
@@ -28,5 +29,8 @@ set -x
 "$lmscale" "$deck" "${bench[@]}" --bench.batch_size=4 --bench.memory_timeline=true --run.output="$outdir/bench_b4.h5"
 PYTHONPATH="$repo" MPLBACKEND=Agg "$py" -m analysis.report "$outdir/train.h5" "$outdir/bench_b2.h5" \
   "$outdir/bench_b4.h5" --out "$outdir/report"
+"$lmscale" "$deck" --run.job=accounting --cost.tokens=1e9 --cost.mfu=0.4 --cost.price_per_gpu_hour=2 \
+  --run.output="$outdir/accounting.h5"
 set +x
 "$py" "$here/check_real.py" "$outdir"
+"$py" "$here/check_strings.py" "$outdir/train.h5" "$outdir/bench_b2.h5" "$outdir/bench_b4.h5" "$outdir/accounting.h5"

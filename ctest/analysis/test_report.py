@@ -66,7 +66,10 @@ STEP_MS = [500.0, 10, 11, 12, 13, 14, 15, 16, 17, 18]          # mean without st
 
 
 def make_train(path, lr, losses, with_summary):
-    with new_file(path, "train", {"optim.lr": lr}, world_size=2, job_attr=with_summary) as f:
+    # Output paths differ between the two runs too: they never count as differing keys.
+    outputs = {"run.trace": f"trace_{lr}.json", "train.save": f"w_{lr}.safetensors",
+               "train.checkpoint_path": f"ck_{lr}.h5", "train.checkpoint_dir": f"ck_{lr}"}
+    with new_file(path, "train", {"optim.lr": lr, **outputs}, world_size=2, job_attr=with_summary) as f:
         rows = [(s, losses[s], float(lr), 1.0, STEP_MS[s], 200.0 if s == 0 else 4.0, 5.0, 0.5, 0.25,
                  100.0 if s == 0 else 2000.0, 1.0, 0, 1 << 20) for s in range(len(losses))]
         write_table(f, "/train/steps", TRAIN_COLUMNS, rows)
@@ -157,11 +160,27 @@ def main():
     make_attention(h5["attention"])
     make_collectives(h5["collectives"])
     with new_file(h5["accounting"], "accounting", {}) as f:
-        f.create_group("/accounting").attrs["parameters"] = np.int64(7)
+        f.create_group("/accounting").attrs.update({"parameters": np.int64(7), "peak_bytes_per_rank": 3.0 * 2**20,
+                                                    "comm_formula": "2 (n-1)/n x 4P", "run_refused": ""})
+        write_table(f, "/accounting/memory", [("component", S, ""), ("bytes", F, "bytes"), ("formula", S, "")],
+                    [(b"parameters", 2.0 * 2**20, b"4 B x P"), (b"gradients", 2**20, b"4 B x P")])
+        write_table(f, "/accounting/cost", [("item", S, ""), ("hours", F, "h"), ("gpu_hours", F, "h"),
+                                            ("cost", F, "currency"), ("formula", S, "")],
+                    [(b"compute", 1.5, 12.0, 24.0, b"D x F / (g x peak x MFU)"), (b"total", 1.5, 12.0, 24.0, b"sum")])
+        f["/accounting/cost"].attrs["tokens"] = 1e9
+    # Not results files: a weights file, a safetensors file, a trace; skipped with one note.
+    others = [os.path.join(work, n) for n in ("weights.h5", "weights.safetensors", "trace.json")]
+    with h5py.File(others[0], "w") as f:
+        f.attrs["schema"] = "lmscale-checkpoint/1"
+        f["lm_head.weight"] = np.zeros((2, 2), dtype=np.float32)
+    with open(others[1], "wb") as f:
+        f.write((2).to_bytes(8, "little") + b"{}")
+    with open(others[2], "w", encoding="utf-8") as f:
+        f.write('{"traceEvents": []}')
 
     out = os.path.join(work, "report")
     env = dict(os.environ, PYTHONPATH=REPO, MPLBACKEND="Agg")
-    cmd = [sys.executable, "-m", "analysis.report", *h5.values(), "--out", out]
+    cmd = [sys.executable, "-m", "analysis.report", *h5.values(), *others, "--out", out]
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     print(proc.stdout, proc.stderr, sep="\n")
     c = Checker()
@@ -189,7 +208,8 @@ def main():
     c.eq("train_b eval loss", rows[0]["final eval loss"], "")
     head, rows = md("combined-train.train")
     c.eq("combined train: differing keys first", head[0], "optim.lr")
-    c.true("combined train: run.output is not a key", "run.output" not in head)
+    for key in ("run.output", "run.trace", "train.save", "train.checkpoint_path", "train.checkpoint_dir"):
+        c.true(f"combined train: {key} is not a key", key not in head)
     c.run("combined train lr=0.01", lambda: c.eq("final loss lr 0.01",
                                                  find_row(rows, **{"optim.lr": "0.01"})["final loss"], "2.3457"))
     c.run("combined train lr=0.02", lambda: c.eq("final loss lr 0.02",
@@ -245,12 +265,33 @@ def main():
                                           find_row(rows, backend="nccl", ranks="4", **{"size (B)": "1048576"})["busbw (GB/s)"],
                                           "123.456"))
 
+    # Schema 1 read like schema 2: steps from 1 (the file's from 0), tokens/s, str cells.
+    sys.path.insert(0, REPO)
+    from analysis import h5load
+    old = h5load.load(h5["train_a"])
+    c.eq("schema 1 file", old.attrs["schema"], "lmscale-results/1")
+    c.eq("schema 1 steps counted from 1", list(old.tables["/train/steps"]["step"])[:3], [1, 2, 3])
+    c.eq("schema 1 eval steps kept", list(old.tables["/train/eval"]["step"]), [4, 9])
+    c.eq("schema 1 tokens_per_s unit", old.unit("/train/steps", "tokens_per_s"), "tokens/s")
+    c.eq("schema 1 string cells are str", {type(v) for v in old.tables["/system/ranks"]["host"]}, {str})
+    c.eq("schema 1 has no attribute units", old.attr_unit("/train", "wall_s"), "")
+
     # system, unknown job, index
     _, rows = md("train_a.system")
     c.eq("ranks", [r["host"] for r in rows], ["node0", "node1"])
     with open(os.path.join(out, "index.md"), encoding="utf-8") as f:
         index = f.read()
-    c.true("index notes the job without analysis", "'accounting' has no analysis" in index)
+    c.true("index has one note for the skipped files",
+           index.count("not results files") == 1 and all(os.path.basename(o) in index for o in others))
+    c.true("skipped files are not in the files table", "weights.h5 |" not in index)
+    _, rows = md("accounting.accounting_summary")
+    c.eq("accounting parameters", find_row(rows, quantity="parameters")["value"], "7")
+    c.eq("accounting peak per rank", find_row(rows, quantity="peak per rank (MiB)")["value"], "3.0")
+    _, rows = md("accounting.accounting_memory")
+    c.eq("accounting memory components", [(r["component"], r["bytes (MiB)"]) for r in rows],
+         [("parameters", "2.0"), ("gradients", "1.0")])
+    head, rows = md("accounting.accounting_cost")
+    c.eq("accounting cost total", find_row(rows, item="total")["cost"], "24")
     c.true("index has the combined bench table", "bench-model runs compared" in index)
 
     # LaTeX and PNG

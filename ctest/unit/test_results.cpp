@@ -11,11 +11,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "lmscale/core/cpu_model.h"
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
+#include "lmscale/io/result_units.h"
 #include "lmscale/io/results.h"
 #include "lmscale/version.h"
 
@@ -75,19 +78,22 @@ std::int64_t read_int_attr(hid_t obj, const char* name) {
   return v;
 }
 
+// A 1-D attribute of variable-length UTF-8 strings (e.g. `units`).
 std::vector<std::string> read_units(hid_t dataset) {
   const hid_t attr = H5Aopen(dataset, "units", H5P_DEFAULT);
   const hid_t type = H5Aget_type(attr);
   const hid_t space = H5Aget_space(attr);
   EXPECT_EQ(H5Tget_class(type), H5T_STRING);
-  EXPECT_EQ(H5Tis_variable_str(type), 0);
-  const std::size_t size = H5Tget_size(type);
-  EXPECT_EQ(size, 64u);
+  EXPECT_GT(H5Tis_variable_str(type), 0);
+  EXPECT_EQ(H5Tget_cset(type), H5T_CSET_UTF8);
   const auto n = static_cast<std::size_t>(H5Sget_simple_extent_npoints(space));
-  std::vector<char> buffer(n * size);
+  std::vector<char*> buffer(n, nullptr);
   EXPECT_GE(H5Aread(attr, type, buffer.data()), 0);
   std::vector<std::string> units;
-  for (std::size_t i = 0; i < n; ++i) units.emplace_back(buffer.data() + i * size, strnlen(buffer.data() + i * size, size));
+  for (char* u : buffer) {
+    units.emplace_back(u ? u : "");
+    H5free_memory(u);
+  }
   H5Sclose(space);
   H5Tclose(type);
   H5Aclose(attr);
@@ -97,26 +103,45 @@ std::vector<std::string> read_units(hid_t dataset) {
 struct StepRow {
   std::int64_t step;
   double loss;
-  char phase[64];
+  std::string phase;
 };
 
-// Reads /train/steps-like tables {step i64, loss f64, phase str64} by field name.
+// Reads /train/steps-like tables {step i64, loss f64, phase vlen UTF-8 string} by field name;
+// the file's string field must be variable-length UTF-8.
 std::vector<StepRow> read_steps(hid_t file, const char* path) {
+  struct Packed {
+    std::int64_t step;
+    double loss;
+    char* phase;
+  };
   const hid_t dataset = H5Dopen2(file, path, H5P_DEFAULT);
   EXPECT_GE(dataset, 0) << path;
+  const hid_t file_type = H5Dget_type(dataset);
+  const hid_t phase_type = H5Tget_member_type(file_type, static_cast<unsigned>(H5Tget_member_index(file_type, "phase")));
+  EXPECT_GT(H5Tis_variable_str(phase_type), 0);
+  EXPECT_EQ(H5Tget_cset(phase_type), H5T_CSET_UTF8);
+  H5Tclose(phase_type);
+  H5Tclose(file_type);
   const hid_t space = H5Dget_space(dataset);
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space, &n, nullptr);
   const hid_t str = H5Tcopy(H5T_C_S1);
-  H5Tset_size(str, 64);
-  H5Tset_strpad(str, H5T_STR_NULLPAD);
-  const hid_t mem = H5Tcreate(H5T_COMPOUND, sizeof(StepRow));
-  H5Tinsert(mem, "step", HOFFSET(StepRow, step), H5T_NATIVE_INT64);
-  H5Tinsert(mem, "loss", HOFFSET(StepRow, loss), H5T_NATIVE_DOUBLE);
-  H5Tinsert(mem, "phase", HOFFSET(StepRow, phase), str);
-  std::vector<StepRow> rows(n);
+  H5Tset_size(str, H5T_VARIABLE);
+  H5Tset_cset(str, H5T_CSET_UTF8);
+  const hid_t mem = H5Tcreate(H5T_COMPOUND, sizeof(Packed));
+  H5Tinsert(mem, "step", HOFFSET(Packed, step), H5T_NATIVE_INT64);
+  H5Tinsert(mem, "loss", HOFFSET(Packed, loss), H5T_NATIVE_DOUBLE);
+  H5Tinsert(mem, "phase", HOFFSET(Packed, phase), str);
+  std::vector<Packed> packed(n);
+  std::vector<StepRow> rows;
   if (n > 0) {
-    EXPECT_GE(H5Dread(dataset, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()), 0);
+    EXPECT_GE(H5Dread(dataset, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, packed.data()), 0);
+    for (const auto& p : packed) rows.push_back({p.step, p.loss, p.phase ? p.phase : ""});
+#if H5_VERSION_GE(1, 12, 0)
+    H5Treclaim(mem, space, H5P_DEFAULT, packed.data());
+#else
+    H5Dvlen_reclaim(mem, space, H5P_DEFAULT, packed.data());
+#endif
   }
   H5Tclose(mem);
   H5Tclose(str);
@@ -125,9 +150,10 @@ std::vector<StepRow> read_steps(hid_t file, const char* path) {
   return rows;
 }
 
-std::string field(const char (&chars)[64]) { return std::string(chars, strnlen(chars, 64)); }
-
 const std::vector<Column> kStepColumns{{"step", T::i64, ""}, {"loss", T::f64, "nats"}, {"phase", T::str, ""}};
+// Longer than the 64 bytes of schema 1's fixed-length strings, with a multi-byte character at
+// byte 64.
+const std::string kLong = std::string(63, 'x') + "\xc3\xa9 = 2 * (n - 1) / n * bytes, formula of 100 bytes and more .....";
 
 TEST(Results, WriteFinishAndReadBack) {
   TempDir dir;
@@ -142,7 +168,7 @@ TEST(Results, WriteFinishAndReadBack) {
     Table steps = f.create_table("/train/steps", kStepColumns);
     EXPECT_TRUE(steps.active());
     steps.append({std::int64_t{1}, 2.5, std::string("train")});
-    steps.append({std::int64_t{2}, std::int64_t{2}, std::string(70, 'x')});   // int64 into f64; long string cut
+    steps.append({std::int64_t{2}, std::int64_t{2}, kLong});   // int64 into f64; a long string, whole
     std::vector<Row> many;
     for (std::int64_t i = 0; i < 300; ++i) many.push_back({i + 3, 1.0 / static_cast<double>(i + 1), std::string("eval")});
     steps.append_rows(many);   // crosses the 256-row chunk boundary
@@ -152,7 +178,9 @@ TEST(Results, WriteFinishAndReadBack) {
     f.set_attr("/bench_model/summary", "mean_ms", 1.5);
     f.set_attr("/bench_model/summary", "mean_ms", 2.5);   // replaced
     f.set_attr("/train/steps", "note", std::string("loss is the global mean"));
-    f.set_attr("/", "sizes", std::vector<std::int64_t>{1, 2, 3});
+    f.set_attr("/", "stage_bytes", std::vector<std::int64_t>{1, 2, 3});
+    f.set_attr("/bench_model/summary", "tokens_per_s", 1000.0);
+    f.set_attr("/bench_model/summary", "mode", std::string("train-step"));   // a string: no unit
     const std::vector<double> timeline{0, 1, 2, 3, 4, 5};
     f.write_array("/memory/timeline_bytes", {2, 3}, timeline.data());
     const std::vector<float> one{7.5f};
@@ -168,7 +196,7 @@ TEST(Results, WriteFinishAndReadBack) {
 
   const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(file, 0);
-  EXPECT_EQ(read_string_attr(file, "schema"), "lmscale-results/1");
+  EXPECT_EQ(read_string_attr(file, "schema"), "lmscale-results/2");
   EXPECT_EQ(read_string_attr(file, "version"), lmscale::kVersion);
   EXPECT_EQ(read_string_attr(file, "git_commit"), lmscale::kGitCommit);
   EXPECT_EQ(read_string_attr(file, "command_line"), cfg.command_line);
@@ -183,13 +211,13 @@ TEST(Results, WriteFinishAndReadBack) {
   ASSERT_EQ(rows.size(), 302u);
   EXPECT_EQ(rows[0].step, 1);
   EXPECT_EQ(rows[0].loss, 2.5);
-  EXPECT_EQ(field(rows[0].phase), "train");
+  EXPECT_EQ(rows[0].phase, "train");
   EXPECT_EQ(rows[1].loss, 2.0);
-  EXPECT_EQ(field(rows[1].phase), std::string(64, 'x'));
+  EXPECT_EQ(rows[1].phase, kLong);
   for (std::size_t i = 2; i < rows.size(); ++i) {
     EXPECT_EQ(rows[i].step, static_cast<std::int64_t>(i) + 1);
     EXPECT_EQ(rows[i].loss, 1.0 / static_cast<double>(i - 1));
-    EXPECT_EQ(field(rows[i].phase), "eval");
+    EXPECT_EQ(rows[i].phase, "eval");
   }
 
   const hid_t steps = H5Dopen2(file, "/train/steps", H5P_DEFAULT);
@@ -229,9 +257,12 @@ TEST(Results, WriteFinishAndReadBack) {
   H5Aread(mean, H5T_NATIVE_DOUBLE, &mean_ms);
   EXPECT_EQ(mean_ms, 2.5);
   H5Aclose(mean);
+  // Units of the numeric attributes, a JSON object; strings have none.
+  EXPECT_EQ(read_string_attr(summary, "attribute_units"), R"({"mean_ms": "ms", "tokens_per_s": "tokens/s"})");
   H5Gclose(summary);
+  EXPECT_EQ(read_string_attr(file, "attribute_units"), R"({"stage_bytes": "bytes", "world_size": ""})");
 
-  const hid_t sizes = H5Aopen(file, "sizes", H5P_DEFAULT);
+  const hid_t sizes = H5Aopen(file, "stage_bytes", H5P_DEFAULT);
   std::int64_t sizes_values[3] = {};
   H5Aread(sizes, H5T_NATIVE_INT64, sizes_values);
   EXPECT_EQ(sizes_values[2], 3);
@@ -275,12 +306,12 @@ TEST(Results, CrashLeavesFlushedRowsInTmp) {
   ASSERT_TRUE(fs::exists(path + ".tmp"));
   const hid_t file = H5Fopen((path + ".tmp").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(file, 0);
-  EXPECT_EQ(read_string_attr(file, "schema"), "lmscale-results/1");
+  EXPECT_EQ(read_string_attr(file, "schema"), "lmscale-results/2");
   const auto rows = read_steps(file, "/train/steps");
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[1].step, 2);
   EXPECT_EQ(rows[1].loss, 2.0);
-  EXPECT_EQ(field(rows[1].phase), "b");
+  EXPECT_EQ(rows[1].phase, "b");
   H5Fclose(file);
 }
 
@@ -376,13 +407,13 @@ TEST(Results, FinishReplacesHdf5ButNotOtherFiles) {
   const std::string previous = dir.file("previous.h5");
   for (int run = 0; run < 2; ++run) {   // the second run replaces the first one's file
     ResultsFile f(previous, true);
-    f.set_attr("/", "run", std::int64_t{run});
+    f.set_attr("/", "steps", std::int64_t{run});
     f.finish();
   }
   const hid_t file = H5Fopen(previous.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(file, 0);
   std::int64_t run = -1;
-  const hid_t attr = H5Aopen(file, "run", H5P_DEFAULT);
+  const hid_t attr = H5Aopen(file, "steps", H5P_DEFAULT);
   H5Aread(attr, H5T_NATIVE_INT64, &run);
   H5Aclose(attr);
   H5Fclose(file);
@@ -422,6 +453,60 @@ TEST(Results, BadRowsAndTablesThrow) {
   EXPECT_THROW(f.create_table("/train/steps", kStepColumns), lmscale::Error);   // exists
   EXPECT_THROW(f.create_table("/x", {{"a", T::i64, ""}, {"a", T::f64, ""}}), lmscale::Error);
   EXPECT_THROW(f.create_table("/y", {}), lmscale::Error);
+  EXPECT_THROW(t.append({std::int64_t{1}, 1.0, std::string("a\0b", 3)}), lmscale::Error);   // NUL in a string
+}
+
+TEST(Results, NumericAttributesNeedAUnit) {
+  TempDir dir;
+  ResultsFile f(dir.file("units.h5"), true);
+  try {
+    f.set_attr("/train", "frobnication", 1.0);
+    FAIL() << "no error";
+  } catch (const lmscale::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'frobnication'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("result_units.cpp"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(f.set_attr("/train", "note", std::string("strings have no unit")));
+  EXPECT_THROW(f.set_attr("/train", "attribute_units", std::string("{}")), lmscale::Error);   // reserved
+  EXPECT_THROW(f.set_attr("/train", "units", std::string("")), lmscale::Error);
+  f.finish();
+  // Refused before anything was written: no attribute without its unit.
+  const hid_t file = H5Fopen(dir.file("units.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t train = H5Gopen2(file, "/train", H5P_DEFAULT);
+  EXPECT_EQ(H5Aexists(train, "frobnication"), 0);
+  EXPECT_EQ(H5Aexists(train, "attribute_units"), 0);   // only a string attribute
+  H5Gclose(train);
+  H5Fclose(file);
+}
+
+TEST(Results, UnitsOfAttributeNames) {
+  using lmscale::io::attribute_unit;
+  EXPECT_EQ(attribute_unit("achieved_flops"), "FLOP/s");   // a rate, not a count
+  EXPECT_EQ(attribute_unit("flops_per_step"), "FLOP");
+  EXPECT_EQ(attribute_unit("tokens_per_s"), "tokens/s");
+  EXPECT_EQ(attribute_unit("mfu"), "");
+  EXPECT_EQ(attribute_unit("final_loss"), "nats");
+  EXPECT_EQ(attribute_unit("total_ms_median"), "ms");
+  EXPECT_EQ(attribute_unit("fsdp_forward_wait_ms"), "ms");
+  EXPECT_EQ(attribute_unit("predicted_peak_bytes_cuda"), "bytes");
+  EXPECT_EQ(attribute_unit("data_train_bytes"), "bytes");
+  EXPECT_EQ(attribute_unit("analysis_link_bytes_per_s"), "bytes/s");
+  EXPECT_EQ(attribute_unit("max_busbw_gbs"), "GB/s");
+  EXPECT_EQ(attribute_unit("price_per_gpu_hour"), "currency/h");
+  EXPECT_FALSE(attribute_unit("made_up_name").has_value());
+  EXPECT_FALSE(attribute_unit("ms").has_value());
+}
+
+TEST(Results, CpuModelFromCpuinfo) {
+  std::istringstream x86("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+  \n"
+                         "processor\t: 1\nmodel name\t: other\n");
+  EXPECT_EQ(lmscale::cpu_model_from_cpuinfo(x86), "Intel(R) Xeon(R) Platinum 8480+");
+  std::istringstream arm("processor : 0\nBogoMIPS : 50.00\nCPU implementer : 0x41\n");
+  EXPECT_EQ(lmscale::cpu_model_from_cpuinfo(arm), "");
+  std::istringstream arm_named("Model name : Neoverse-V2\n");
+  EXPECT_EQ(lmscale::cpu_model_from_cpuinfo(arm_named), "Neoverse-V2");
+  EXPECT_FALSE(lmscale::cpu_model_name().empty());
 }
 
 TEST(Results, SystemRanksColumns) {

@@ -23,7 +23,7 @@ if [ -x scripts/deps/slurm.sh ]; then scripts/deps/slurm.sh; fi
 
 # Python analysis scripts (ctest label analysis).
 if [ -f analysis/requirements.txt ]; then
-  if ! python3 -c "import h5py, pandas, matplotlib" >/dev/null 2>&1; then
+  if ! python3 -c "import h5py, pandas, matplotlib, safetensors" >/dev/null 2>&1; then
     echo "make deps: installing Python packages from analysis/requirements.txt"
     python3 -m pip install -q -r analysis/requirements.txt
   fi

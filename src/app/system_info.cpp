@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 #include <hdf5.h>
 #include "lmscale/comm/mesh.h"
+#include "lmscale/core/cpu_model.h"
 #include "lmscale/core/error.h"
 #ifdef LMSCALE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -22,7 +23,7 @@ namespace lmscale::app {
 
 namespace {
 constexpr int kFields = 10;
-constexpr int kWidth = 64;   // bytes per string field
+constexpr int kWidth = 256;   // bytes per gathered string field (BLAS configurations run long)
 
 std::string library_versions_mpi() {
   char v[MPI_MAX_LIBRARY_VERSION_STRING];
@@ -46,7 +47,8 @@ void write_system_info(io::ResultsFile& out, comm::MpiEnvironment& mpi, ops::Run
   const std::string device =
       rt.device() == Device::cuda ? fmt::format("cuda:{}", mpi.local_rank()) : std::string("cpu");
   const std::array<std::string, kFields> mine = {
-      std::to_string(mpi.rank()), mpi.host(), std::to_string(mpi.local_rank()), device, rt.device_name(),
+      std::to_string(mpi.rank()), mpi.host(), std::to_string(mpi.local_rank()), device,
+      rt.device() == Device::cuda ? rt.device_name() : cpu_model_name(),
       library_versions_mpi(), fmt::format("{}.{}.{}", maj, min, rel), nccl, cuda,
       std::string(openblas_get_config())};
   std::vector<char> send(kFields * kWidth, 0);

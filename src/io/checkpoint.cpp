@@ -1,7 +1,10 @@
-// Weights and training checkpoints in HDF5 (include/lmscale/io/checkpoint.h, docs/hdf5.md).
+// Weights and training checkpoints in HDF5 (include/lmscale/io/checkpoint.h, docs/hdf5.md); weights
+// files whose name ends in .safetensors go to safetensors_file.cpp.
 #include "lmscale/io/checkpoint.h"
 
 #include <set>
+#include <type_traits>
+#include <variant>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,6 +12,8 @@
 #include "edit_distance.h"
 #include "h5_support.h"
 #include "lmscale/core/error.h"
+#include "lmscale/io/safetensors_file.h"
+#include "lmscale/io/weights_format.h"
 #include "lmscale/version.h"
 
 namespace lmscale::io {
@@ -18,6 +23,19 @@ namespace {
 constexpr const char* kSchema = "lmscale-checkpoint/1";
 
 std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+// An attribute as safetensors metadata text: numbers in decimal (doubles in the shortest form that
+// reads back exactly), arrays as "[a, b]".
+std::string metadata_text(const AttrValue& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) return v;
+        else if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, double>) return fmt::format("{}", v);
+        else return fmt::format("[{}]", fmt::join(v, ", "));
+      },
+      value);
+}
 
 void check_name(const std::string& path, const std::string& name) {
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "optimizer")
@@ -49,6 +67,21 @@ void write_array(hid_t loc, const std::string& file, const std::string& dataset_
 
 void write_weights(const std::string& path, const std::vector<NamedArray>& params,
                    const std::map<std::string, AttrValue>& attrs, const OptimizerArrays* optimizer) {
+  if (weights_format(path) == WeightsFormat::safetensors) {
+    if (optimizer)
+      throw Error(fmt::format("checkpoint '{}': a safetensors file holds weights only, not optimizer state; name "
+                              "training checkpoints .h5",
+                              path));
+    for (const auto& p : params) check_name(path, p.name);
+    std::map<std::string, std::string> metadata{{"schema", kSchema},
+                                                {"format", "pt"},   // what transformers' loader asks of a file
+                                                {"version", kVersion},
+                                                {"git_commit", kGitCommit},
+                                                {"utc_time", h5::utc_now_iso8601()}};
+    for (const auto& [name, value] : attrs) metadata[name] = metadata_text(value);
+    write_safetensors(path, params, metadata);
+    return;
+  }
   const h5::QuietErrors quiet;
   std::map<std::string, std::vector<std::int64_t>> shapes;
   for (const auto& p : params) {
@@ -98,7 +131,8 @@ void write_weights(const std::string& path, const std::vector<NamedArray>& param
 }
 
 struct CheckpointReader::Impl {
-  h5::File file;
+  h5::File file;                                   // an HDF5 file, or
+  std::unique_ptr<SafetensorsReader> safetensors;  // a .safetensors one (weights only)
 };
 
 namespace {
@@ -115,6 +149,11 @@ bool is_dataset(hid_t loc, const std::string& path) {
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   const h5::QuietErrors quiet;
   auto impl = std::make_unique<Impl>();
+  if (weights_format(path) == WeightsFormat::safetensors) {
+    impl->safetensors = std::make_unique<SafetensorsReader>(path);
+    impl_ = std::move(impl);
+    return;
+  }
   const h5::PropertyList fapl = h5::file_access_properties();
   impl->file = h5::File(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), fmt::format("open checkpoint '{}'", path));
   impl_ = std::move(impl);
@@ -125,6 +164,7 @@ CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept = default;
 CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = default;
 
 std::vector<std::string> CheckpointReader::names() const {
+  if (impl_->safetensors) return impl_->safetensors->names();
   const h5::QuietErrors quiet;
   std::vector<std::string> names;
   auto collect = [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
@@ -149,6 +189,7 @@ std::vector<std::string> CheckpointReader::names() const {
 
 bool CheckpointReader::has(const std::string& name) const {
   if (name.empty() || name.find('/') != std::string::npos) return false;
+  if (impl_->safetensors) return impl_->safetensors->has(name);
   const h5::QuietErrors quiet;
   return is_dataset(impl_->file.get(), name);
 }
@@ -167,6 +208,7 @@ std::vector<std::int64_t> dataset_shape(hid_t dataset, const std::string& what) 
 }  // namespace
 
 std::vector<std::int64_t> CheckpointReader::shape(const std::string& name) const {
+  if (impl_->safetensors) return impl_->safetensors->shape(name);
   const h5::QuietErrors quiet;
   if (!has(name)) throw Error(fmt::format("checkpoint '{}': parameter '{}' not found", path_, name));
   const std::string what = fmt::format("checkpoint '{}': shape of '{}'", path_, name);
@@ -200,6 +242,7 @@ void read_dataset(hid_t file, const std::string& file_path, const std::string& d
 }  // namespace
 
 void CheckpointReader::read(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* out) const {
+  if (impl_->safetensors) return impl_->safetensors->read(name, expected_shape, out);
   const h5::QuietErrors quiet;
   if (name.empty() || name.find('/') != std::string::npos)
     throw Error(fmt::format("checkpoint '{}': invalid parameter name '{}'", path_, name));
@@ -207,6 +250,7 @@ void CheckpointReader::read(const std::string& name, const std::vector<std::int6
 }
 
 bool CheckpointReader::has_optimizer_state() const {
+  if (impl_->safetensors) return false;
   const h5::QuietErrors quiet;
   // v is absent for optimizers with one state (sgd, lars: the momentum buffer is in m).
   return h5::exists(impl_->file.get(), "optimizer/m");
@@ -214,6 +258,7 @@ bool CheckpointReader::has_optimizer_state() const {
 
 void CheckpointReader::read_optimizer(const std::string& moment, const std::string& name,
                                       const std::vector<std::int64_t>& expected_shape, float* out) const {
+  if (impl_->safetensors) throw Error(fmt::format("checkpoint '{}': a safetensors file holds no optimizer state", path_));
   const h5::QuietErrors quiet;
   if (moment != "m" && moment != "v")
     throw Error(fmt::format("checkpoint '{}': optimizer moment must be 'm' or 'v', not '{}'", path_, moment));
@@ -224,6 +269,7 @@ void CheckpointReader::read_optimizer(const std::string& moment, const std::stri
 }
 
 std::map<std::string, AttrValue> CheckpointReader::attrs() const {
+  if (impl_->safetensors) return {impl_->safetensors->metadata().begin(), impl_->safetensors->metadata().end()};
   const h5::QuietErrors quiet;
   const h5::Object root(H5Oopen(impl_->file.get(), "/", H5P_DEFAULT), "open '/'");
   std::map<std::string, AttrValue> result;
@@ -232,6 +278,12 @@ std::map<std::string, AttrValue> CheckpointReader::attrs() const {
 }
 
 std::optional<AttrValue> CheckpointReader::attr(const std::string& name) const {
+  if (impl_->safetensors) {
+    const auto& metadata = impl_->safetensors->metadata();
+    const auto it = metadata.find(name);
+    if (it == metadata.end()) return std::nullopt;
+    return AttrValue(it->second);
+  }
   const h5::QuietErrors quiet;
   const h5::Object root(H5Oopen(impl_->file.get(), "/", H5P_DEFAULT), "open '/'");
   const htri_t found = H5Aexists(root.get(), name.c_str());

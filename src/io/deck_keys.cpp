@@ -361,7 +361,8 @@ std::vector<DeckKey> build_table() {
       int_key("train.eval_every", LMSCALE_FIELD(train.eval_every), 0, "Evaluate every this many steps; 0 = never."),
       int_key("train.eval_batches", LMSCALE_FIELD(train.eval_batches), 1, "Batches per evaluation."),
       int_key("train.log_every", LMSCALE_FIELD(train.log_every), 1, "Print a progress line every this many steps."),
-      string_key("train.save", "path", LMSCALE_FIELD(train.save), "Final weights file (HDF5); empty = do not save."),
+      string_key("train.save", "path", LMSCALE_FIELD(train.save), "Final weights file: safetensors when the name ends in .safetensors, HDF5 otherwise "
+                 "(docs/hdf5.md); empty = do not save."),
       string_key("train.resume", "path", LMSCALE_FIELD(train.resume),
                  "Checkpoint to resume from: empty = fresh start; auto = the newest complete checkpoint in "
                  "train.checkpoint_dir (fresh start if none); a step directory (DIR/step_NNNNNNNN) of a sharded "
@@ -480,7 +481,8 @@ std::vector<DeckKey> build_table() {
                 "accounting: minutes to get machines back and load the checkpoint after a preemption."),
       // [prune] (docs/recipes.md "Pruning")
       string_key("prune.weights", "path", LMSCALE_FIELD(prune.weights),
-                 "prune: the weights file to prune (written by train.save); the [model] keys must describe it."),
+                 "prune: the weights file to prune (written by train.save; safetensors when the name ends in "
+                 ".safetensors, HDF5 otherwise); the [model] keys must describe it."),
       enum_key("prune.method", LMSCALE_FIELD(prune.method),
                "prune: unstructured (smallest |w| over all attention and FFN matrices of all layers, one global "
                "threshold; embedding, LM head and norms kept) or structured (whole FFN hidden units: rows of w1, w3 "
@@ -505,7 +507,7 @@ std::vector<DeckKey> build_table() {
                 "prune, loss-guided with prune.max_loss = 0: allowed relative rise of the validation loss."),
       string_key("prune.output", "path", LMSCALE_FIELD(prune.output),
                  "prune: the pruned weights file (structured: physically smaller, d_ff attribute and shapes of the "
-                 "smaller model); empty = none."),
+                 "smaller model; safetensors when the name ends in .safetensors, HDF5 otherwise); empty = none."),
   };
 }
 

@@ -23,6 +23,7 @@
 #include "lmscale/io/results_attr.h"
 #include "lmscale/io/sharded_checkpoint.h"
 #include "lmscale/io/text_data.h"
+#include "lmscale/io/weights_format.h"
 #include "output_target.h"
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
@@ -120,7 +121,14 @@ void check_flash_head_dim(const Config& c) {
 
 void check_outputs(const Config& c) {
   if (c.run.output.empty()) fail("run.output is empty; set run.output = PATH.h5");
+  if (weights_format(c.run.output) == WeightsFormat::safetensors)
+    fail("run.output = '{}' names a safetensors file, but results files are HDF5; set run.output = PATH.h5",
+         c.run.output);
   if (c.run.job == JobKind::train) {
+    if (c.train.checkpoint_every > 0 && weights_format(c.train.checkpoint_path) == WeightsFormat::safetensors)
+      fail("train.checkpoint_path = '{}' names a safetensors file, which holds weights only, not the optimizer state a "
+           "checkpoint needs; set train.checkpoint_path = PATH.h5 (train.save may be .safetensors)",
+           c.train.checkpoint_path);
     if (!c.train.save.empty() && c.train.save == c.run.output)
       fail("train.save = '{}' is also run.output; give the weights file a different path", c.train.save);
     if (c.train.checkpoint_every > 0 && c.train.checkpoint_path.empty())

@@ -194,19 +194,18 @@ void write_attr(hid_t obj, const std::string& name, const AttrValue& value) {
       value);
 }
 
-void write_string_array_attr(hid_t obj, const std::string& name, const std::vector<std::string>& values,
-                             std::size_t size) {
+void write_string_array_attr(hid_t obj, const std::string& name, const std::vector<std::string>& values) {
   const std::string what = fmt::format("write attribute '{}'", name);
   const htri_t found = H5Aexists(obj, name.c_str());
   check_status(found, what);
   if (found > 0) check_status(H5Adelete(obj, name.c_str()), what);
-  std::vector<char> buffer(values.size() * size, '\0');
-  for (std::size_t i = 0; i < values.size(); ++i) copy_fixed_string(values[i], buffer.data() + i * size, size);
-  const Datatype type = fixed_string_type(size);
+  std::vector<const char*> pointers;
+  for (const auto& v : values) pointers.push_back(v.c_str());
+  const Datatype type = variable_string_type();
   const hsize_t n = values.size();
   const Dataspace space(H5Screate_simple(1, &n, nullptr), what);
   const Attribute attr(H5Acreate2(obj, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), what);
-  if (n > 0) check_status(H5Awrite(attr.get(), type.get(), buffer.data()), what);
+  if (n > 0) check_status(H5Awrite(attr.get(), type.get(), pointers.data()), what);
 }
 
 AttrValue read_attr(hid_t obj, const std::string& name) {
@@ -311,15 +310,6 @@ void remove_abandoned(const std::string& path, const std::vector<std::string>& c
     if (!std::filesystem::is_empty(dir, ec) || ec) break;
     std::filesystem::remove(dir, ec);
   }
-}
-
-void copy_fixed_string(const std::string& s, char* field, std::size_t size) {
-  std::size_t n = std::min(s.size(), size);
-  // Do not cut a UTF-8 sequence: back up over continuation bytes (10xxxxxx) to a lead byte.
-  if (n < s.size())
-    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  std::memset(field, 0, size);
-  std::memcpy(field, s.data(), n);
 }
 
 std::string temporary_path(const std::string& path) { return path + ".tmp"; }

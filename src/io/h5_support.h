@@ -26,8 +26,8 @@ Object open_or_create_group(hid_t file, const std::string& path);
 // Writes attribute `name` on object `obj`, replacing an existing one. Strings: variable-length
 // UTF-8 scalars; vectors: 1-D arrays; int64: 64-bit little-endian; double: IEEE 64-bit.
 void write_attr(hid_t obj, const std::string& name, const AttrValue& value);
-// A 1-D array attribute of fixed-length, NUL-padded strings of `size` bytes (e.g. `units`).
-void write_string_array_attr(hid_t obj, const std::string& name, const std::vector<std::string>& values, std::size_t size);
+// A 1-D array attribute of variable-length UTF-8 strings (e.g. `units`; h5py reads str).
+void write_string_array_attr(hid_t obj, const std::string& name, const std::vector<std::string>& values);
 // Reads an attribute written as above (also fixed-length strings and 32-bit numbers). Throws
 // Error for kinds AttrValue cannot hold (compound, string arrays, >1-D).
 AttrValue read_attr(hid_t obj, const std::string& name);
@@ -44,8 +44,6 @@ PropertyList file_access_properties();
 File create_file(const std::string& path, bool track_creation_order, std::vector<std::string>* created_dirs = nullptr);
 // Removes an abandoned NAME.tmp and then those of `created_dirs` (innermost first) that are empty.
 void remove_abandoned(const std::string& path, const std::vector<std::string>& created_dirs);
-// Copies at most `size` bytes of `s` into a fixed-length field, cutting on a UTF-8 boundary.
-void copy_fixed_string(const std::string& s, char* field, std::size_t size);
 
 std::string temporary_path(const std::string& path);   // PATH.tmp
 // Renames PATH.tmp to PATH (replacing an existing PATH atomically on POSIX) when PATH may be

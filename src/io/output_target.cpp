@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "lmscale/io/weights_format.h"
+
 namespace lmscale::io::detail {
 
 namespace fs = std::filesystem;
@@ -54,6 +56,13 @@ std::optional<std::string> replaceable(const std::string& path, bool trace) {
                          prefix);
     return std::nullopt;
   }
+  if (weights_format(path) == WeightsFormat::safetensors) {
+    if (!is_empty_or_safetensors(path))
+      return fmt::format("{} a regular file that is not a safetensors file (a name ending in .safetensors replaces only "
+                         "safetensors files and empty files)",
+                         prefix);
+    return std::nullopt;
+  }
   if (!is_empty_or_hdf5(path))
     return fmt::format("{} a regular file that is not an HDF5 file (lmscale replaces only HDF5 files and empty files)",
                        prefix);
@@ -78,6 +87,19 @@ bool is_empty_or_hdf5(const std::string& path) {
     if (std::memcmp(head, kSignature, sizeof kSignature) == 0) return true;
   }
   return false;
+}
+
+bool is_empty_or_safetensors(const std::string& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) return false;
+  if (size == 0) return true;
+  std::ifstream in(path, std::ios::binary);
+  unsigned char head[9] = {};
+  if (size < sizeof head || !in || !in.read(reinterpret_cast<char*>(head), sizeof head)) return false;
+  std::uintmax_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | head[i];
+  return length >= 2 && length <= size - 8 && head[8] == '{';
 }
 
 bool is_empty_or_trace(const std::string& path) {

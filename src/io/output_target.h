@@ -7,7 +7,9 @@
 //   - NAME.tmp is absent, or a regular file that is empty or an HDF5 file (left by a stopped run);
 //   - the directory of NAME exists and is writable, or can be created (its nearest existing
 //     ancestor is a writable directory).
-// Devices, FIFOs, sockets, directories and files of other formats are never replaced.
+// Devices, FIFOs, sockets, directories and files of other formats are never replaced. A name ending
+// in .safetensors (a weights file, weights_format.h) replaces a safetensors file instead of an
+// HDF5 one.
 #include <optional>
 #include <string>
 
@@ -42,6 +44,11 @@ std::string errno_text(int e);
 
 // True for a regular file that is empty or starts with '{"traceEvents"' (what run.trace writes).
 bool is_empty_or_trace(const std::string& path);
+
+// True for a regular file that is empty or starts like a safetensors file: an 8-byte
+// little-endian header length that fits the file, then '{'. Names ending in .safetensors
+// (weights_format.h) may replace only such files, instead of HDF5 ones.
+bool is_empty_or_safetensors(const std::string& path);
 
 // True for a regular file that is empty or starts with the HDF5 signature (at offset 0 or at a
 // user-block offset 512, 1024, 2048, ...).

@@ -1,6 +1,6 @@
-// HDF5 results files (schema lmscale-results/1, docs/hdf5.md): root provenance attributes,
-// 1-D compound tables appended row by row, attributes and arrays, written to NAME.tmp and
-// renamed to NAME by finish().
+// HDF5 results files (schema lmscale-results/2, docs/hdf5.md): root provenance attributes,
+// 1-D compound tables appended row by row (strings variable-length UTF-8), attributes with the
+// units of the numeric ones, and arrays, written to NAME.tmp and renamed to NAME by finish().
 #include "lmscale/io/results.h"
 
 #include <algorithm>
@@ -11,23 +11,24 @@
 #include <fmt/format.h>
 
 #include "h5_support.h"
+#include "json_text.h"
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
+#include "lmscale/io/result_units.h"
 #include "lmscale/version.h"
 
 namespace lmscale::io {
 
 namespace {
 
-constexpr std::size_t kStringBytes = 64;   // fixed-length string cells and units
 constexpr hsize_t kChunkRows = 256;
-constexpr const char* kSchema = "lmscale-results/1";
+constexpr const char* kSchema = "lmscale-results/2";
 
 std::size_t cell_bytes(Column::Type type) {
   switch (type) {
     case Column::Type::i64: return sizeof(std::int64_t);
     case Column::Type::f64: return sizeof(double);
-    case Column::Type::str: return kStringBytes;
+    case Column::Type::str: return sizeof(const char*);   // variable-length: a pointer in memory
   }
   return 0;
 }
@@ -71,7 +72,8 @@ struct Table::Impl {
   // The file's count of result rows (rows of tables outside /system); null for /system tables.
   std::shared_ptr<std::int64_t> result_rows;
 
-  // Packs `row` into `out` (row_bytes bytes).
+  // Packs `row` into `out` (row_bytes bytes). String cells become pointers into `row`, which
+  // must outlive the write.
   void pack(const Row& row, std::int64_t index, char* out) const {
     if (row.size() != columns.size())
       throw Error(fmt::format("table '{}': row {} has {} cells but the table has {} columns", path, index, row.size(),
@@ -85,7 +87,10 @@ struct Table::Impl {
             using V = std::decay_t<decltype(v)>;
             if constexpr (std::is_same_v<V, std::string>) {
               if (col.type != Column::Type::str) return false;
-              h5::copy_fixed_string(v, field, kStringBytes);
+              if (v.find('\0') != std::string::npos)
+                throw Error(fmt::format("table '{}': column '{}' of row {} holds a NUL byte", path, col.name, index));
+              const char* text = v.c_str();
+              std::memcpy(field, &text, sizeof text);
             } else if constexpr (std::is_same_v<V, std::int64_t>) {
               if (col.type == Column::Type::i64) {
                 std::memcpy(field, &v, sizeof v);
@@ -157,6 +162,28 @@ struct ResultsFile::Impl {
   std::shared_ptr<std::int64_t> result_rows = std::make_shared<std::int64_t>(0);
   std::int64_t result_arrays = 0;
   bool damaged = false;   // abandon() could not flush or close it
+  // Object path -> {numeric attribute -> unit}: written as the object's `attribute_units`.
+  std::map<std::string, std::map<std::string, std::string>> attribute_units;
+
+  // The unit of the numeric attribute `name`; a name without a known unit is a programming error
+  // (result_units.cpp lists them), reported before anything is written.
+  static std::string unit_of(const std::string& object_path, const std::string& name) {
+    const auto unit = attribute_unit(name);
+    if (!unit)
+      throw Error(fmt::format("results: attribute '{}' of '{}' has no unit; add it to src/io/result_units.cpp",
+                              name, object_path));
+    return *unit;
+  }
+
+  // Records `unit` for the numeric attribute `name` of `object` and rewrites the object's
+  // `attribute_units` (a JSON object, docs/hdf5.md).
+  void note_unit(hid_t object, const std::string& object_path, const std::string& name, const std::string& unit) {
+    auto& units = attribute_units[object_path];
+    units[name] = unit;
+    std::string text = "{";
+    for (const auto& [n, u] : units) text += (text.size() > 1 ? ", " : "") + json::quote(n) + ": " + json::quote(u);
+    h5::write_attr(object, "attribute_units", text + "}");
+  }
 
   hid_t open_file(const std::string& path, const char* operation) const {
     if (finished) throw Error(fmt::format("results file '{}': {} after finish()", path, operation));
@@ -225,14 +252,21 @@ void ResultsFile::write_provenance(const Config& cfg, int world_size) {
   h5::write_attr(root.get(), "config", cfg.resolved.empty() ? to_ini(cfg) : cfg.resolved);
   h5::write_attr(root.get(), "job", to_string(cfg.run.job));
   h5::write_attr(root.get(), "world_size", static_cast<std::int64_t>(world_size));
+  impl_->note_unit(root.get(), "/", "world_size", Impl::unit_of("/", "world_size"));
 }
 
 void ResultsFile::set_attr(const std::string& object_path, const std::string& name, const AttrValue& value) {
   if (!impl_) return;
   const h5::QuietErrors quiet;
   const hid_t file = impl_->open_file(path_, "set_attr");
+  if (name == "attribute_units" || name == "units")
+    throw Error(fmt::format("results: attribute name '{}' of '{}' is reserved", name, object_path));
+  const std::string where = object_path.empty() || object_path[0] != '/' ? "/" + object_path : object_path;
+  const bool numeric = !std::holds_alternative<std::string>(value);
+  const std::string unit = numeric ? Impl::unit_of(where, name) : "";
   const h5::Object object = h5::open_or_create_group(file, object_path);
   h5::write_attr(object.get(), name, value);
+  if (numeric) impl_->note_unit(object.get(), where, name, unit);
 }
 
 Table ResultsFile::create_table(const std::string& path, const std::vector<Column>& columns) {
@@ -257,7 +291,7 @@ Table ResultsFile::create_table(const std::string& path, const std::vector<Colum
   }
   const std::string what = fmt::format("create table '{}'", path);
   t->type = h5::Datatype(H5Tcreate(H5T_COMPOUND, t->row_bytes), what);
-  const h5::Datatype string_type = h5::fixed_string_type(kStringBytes);
+  const h5::Datatype string_type = h5::variable_string_type();
   for (std::size_t i = 0; i < columns.size(); ++i) {
     const hid_t member = columns[i].type == Column::Type::i64   ? H5T_STD_I64LE
                          : columns[i].type == Column::Type::f64 ? H5T_IEEE_F64LE
@@ -273,7 +307,7 @@ Table ResultsFile::create_table(const std::string& path, const std::vector<Colum
       H5Dcreate2(file, path.c_str(), t->type.get(), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT), what);
   std::vector<std::string> units;
   for (const auto& c : columns) units.push_back(c.unit);
-  h5::write_string_array_attr(t->dataset.get(), "units", units, kStringBytes);
+  h5::write_string_array_attr(t->dataset.get(), "units", units);
   table.impl_ = std::move(t);
   return table;
 }

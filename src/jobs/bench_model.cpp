@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "lmscale/core/cpu_model.h"
 #include "lmscale/core/host_vector.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/rng.h"
@@ -99,7 +100,7 @@ int run_bench_model(JobEnv& env) {
     comm.push_back(r.times.comm_ms);
     opt.push_back(r.times.optimizer_ms);
     total.push_back(r.times.total_ms);
-    table.append({s - cfg.bench.warmup, r.times.forward_ms, r.times.backward_ms, r.times.comm_ms,
+    table.append({s - cfg.bench.warmup + 1, r.times.forward_ms, r.times.backward_ms, r.times.comm_ms,
                   r.times.optimizer_ms, r.times.total_ms, r.loss});
     table.flush();
   }
@@ -135,7 +136,7 @@ int run_bench_model(JobEnv& env) {
   env.out.set_attr(g, "flops_per_step_causal", flops_causal);
   env.out.set_attr(g, "mfu_causal", mfu_causal);
   env.out.set_attr(g, "peak_bytes", static_cast<std::int64_t>(mem.peak()));
-  env.out.set_attr(g, "device_name", rt.device_name());
+  env.out.set_attr(g, "device_name", rt.device() == Device::cuda ? rt.device_name() : cpu_model_name());
   // Data-parallel accounting (docs/architecture.md §5): exposed communication = time from the end of the
   // backward until the gradients are ready; its share of the step.
   env.out.set_attr(g, "ranks", static_cast<std::int64_t>(env.world));

@@ -121,7 +121,7 @@ int run_train(JobEnv& env) {
                                                      {"backward_ms", C::Type::f64, "ms"},
                                                      {"comm_ms", C::Type::f64, "ms"},
                                                      {"optimizer_ms", C::Type::f64, "ms"},
-                                                     {"tokens_per_s", C::Type::f64, "1/s"},
+                                                     {"tokens_per_s", C::Type::f64, "tokens/s"},
                                                      {"loss_scale", C::Type::f64, ""},
                                                      {"skipped", C::Type::i64, ""},
                                                      {"memory_bytes", C::Type::i64, "bytes"}});
@@ -157,7 +157,7 @@ int run_train(JobEnv& env) {
     pipe.add_step(s);
     if (std::isnan(first_loss)) first_loss = r.loss;
     last_loss = r.loss;
-    steps.append({s, r.loss, r.lr, r.grad_norm, r.times.total_ms, r.times.forward_ms, r.times.backward_ms,
+    steps.append({s + 1, r.loss, r.lr, r.grad_norm, r.times.total_ms, r.times.forward_ms, r.times.backward_ms,
                   r.times.comm_ms, r.times.optimizer_ms, tokens_per_step / (r.times.total_ms * 1e-3), r.loss_scale,
                   static_cast<std::int64_t>(r.skipped), static_cast<std::int64_t>(rt.allocator().tracker().current())});
     const bool last = s + 1 == cfg.train.steps;

@@ -8,6 +8,9 @@
 // and LAMB's moments; SGD's and LARS's momentum buffer in m, no v) and root attributes (step,
 // seed, data position, loss scale, optimizer name, config, ...). Files are written as
 // NAME.tmp and renamed to NAME, so a crash never leaves a half-written checkpoint under NAME.
+// A name ending in .safetensors (weights_format.h) is a safetensors weights file instead
+// (safetensors_file.h): the same parameter names and shapes, the attributes as text metadata, no
+// optimizer state.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -37,12 +40,16 @@ struct OptimizerArrays {
 // ("lmscale-checkpoint/1"), `version`, `git_commit`, `utc_time` and then `attrs` (which may add
 // or override keys), and renames to PATH. Parent directories are created. Duplicate or invalid
 // names, null data and moments without a matching parameter throw Error naming the array.
+// PATH ending in .safetensors: the weights and, as text metadata, `schema`, `format` ("pt"),
+// `version`, `git_commit`, `utc_time` and `attrs`; `optimizer` given throws Error.
 void write_weights(const std::string& path, const std::vector<NamedArray>& params,
                    const std::map<std::string, AttrValue>& attrs = {}, const OptimizerArrays* optimizer = nullptr);
 
 class CheckpointReader {
  public:
-  explicit CheckpointReader(const std::string& path);   // Error if missing or not HDF5
+  // Error if missing or not HDF5 (or, for a name ending in .safetensors, not a well-formed
+  // safetensors file; then attrs() are its metadata, as strings, and there is no optimizer state).
+  explicit CheckpointReader(const std::string& path);
   ~CheckpointReader();
   CheckpointReader(CheckpointReader&&) noexcept;
   CheckpointReader& operator=(CheckpointReader&&) noexcept;

@@ -1,5 +1,5 @@
 #pragma once
-// HDF5 results files (schema lmscale-results/1, docs/architecture.md §7, docs/hdf5.md). Only rank 0 writes:
+// HDF5 results files (schema lmscale-results/2, docs/architecture.md §7, docs/hdf5.md). Only rank 0 writes:
 // on other ranks a ResultsFile is inactive and every call is a no-op, so jobs gather data over MPI
 // first and then call the same code on every rank. The file is written as NAME.tmp and renamed to
 // NAME by finish(); a run that stops after measuring something leaves NAME.tmp with every row
@@ -20,7 +20,7 @@ namespace lmscale::io {
 
 // One column of a table: a field of the compound type, with its unit ("" for none).
 struct Column {
-  enum class Type { i64, f64, str };   // str: fixed-length, 64 bytes, NUL-padded
+  enum class Type { i64, f64, str };   // str: variable-length UTF-8
   std::string name;
   Type type;
   std::string unit;
@@ -31,7 +31,7 @@ using Row = std::vector<Cell>;
 class ResultsFile;
 
 // A 1-D extendible, chunked compound dataset; each row appended is written (and flushed on
-// flush()). Attribute `units`: fixed-length string array, one unit per column in field order.
+// flush()). Attribute `units`: variable-length string array, one unit per column in field order.
 class Table {
  public:
   Table() = default;
@@ -39,7 +39,7 @@ class Table {
   Table(Table&&) noexcept;
   Table& operator=(Table&&) noexcept;
   // Cells must match the columns in order and type (an int64 is accepted for an f64 column);
-  // strings longer than 64 bytes are cut at 64 bytes. Throws Error naming the table and column.
+  // strings are stored whole (UTF-8, no NUL byte). Throws Error naming the table and column.
   void append(const Row& row);
   void append_rows(const std::vector<Row>& rows);   // one extend + one write for all of them
   void flush();
@@ -71,7 +71,10 @@ class ResultsFile {
   // Root attributes (docs/hdf5.md): schema, version, git_commit, utc_time, command_line,
   // deck_path, deck, config (cfg.resolved, or to_ini(cfg) when empty), job, world_size.
   void write_provenance(const Config& cfg, int world_size);
-  // Attribute on a group or dataset path ("/" for the root), creating groups as needed.
+  // Attribute on a group or dataset path ("/" for the root), creating groups as needed. A numeric
+  // value's unit (io::attribute_unit) is recorded in the object's `attribute_units` (JSON text,
+  // docs/hdf5.md); a numeric name without a known unit, and the names `units` and
+  // `attribute_units`, throw Error.
   void set_attr(const std::string& object_path, const std::string& name, const AttrValue& value);
   // New table at `path` (e.g. "/train/steps"); parent groups created as needed.
   Table create_table(const std::string& path, const std::vector<Column>& columns);

@@ -26,7 +26,7 @@ void PipelineRecorder::add_step(std::int64_t step) {
   span_ms_ += st.span_ms;
   if (steps_ < kEventSteps)
     for (const auto& e : trainer_.pipeline()->events())
-      events_.insert(events_.end(), {static_cast<double>(step), static_cast<double>(e.micro),
+      events_.insert(events_.end(), {static_cast<double>(step + 1), static_cast<double>(e.micro),
                                      e.backward ? 1.0 : 0.0, e.start_ms, e.end_ms, static_cast<double>(e.chunk)});
   ++steps_;
 }

@@ -17,7 +17,8 @@ class PipelineRecorder {
   PipelineRecorder(JobEnv& env, Trainer& trainer);
   bool active() const { return active_; }
   // After a step whose times count (bench: timed steps; train: every step): adds its stage stats;
-  // keeps its events for the first kEventSteps such steps.
+  // keeps its events for the first kEventSteps such steps. `step` counts from 0 (the caller's
+  // loop index); tables number steps from 1, so its events are written as step + 1.
   void add_step(std::int64_t step);
   // Collective over the world: gathers every rank's stats and events to rank 0, which writes
   // /pipeline/stages and /pipeline/events and prints the bubble summary. Returns the mean
