@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 namespace lmscale::parallel {
 
 Spec Spec::resolve(const ParallelConfig& pc, int world) {
@@ -12,6 +14,10 @@ Spec Spec::resolve(const ParallelConfig& pc, int world) {
   s.zero = pc.zero;
   s.ddp = pc.ddp;
   s.bucket_mb = pc.bucket_mb;
+  s.grad_exchange = pc.grad_exchange;
+  s.grad_reduce_dtype = pc.grad_reduce_dtype;
+  s.sequence_parallel = pc.sequence_parallel;
+  s.schedule = pc.schedule;
   return s;
 }
 
@@ -28,6 +34,39 @@ GradStorage Spec::grad_storage() const {
   if (fsdp()) return GradStorage::shards;
   if (dp == 1 || zero == ZeroLevel::zero2) return GradStorage::lazy_buckets;
   return GradStorage::flat;
+}
+
+bool Spec::gradient_shard() const {
+  return sharded_optimizer() && zero != ZeroLevel::zero1_broadcast && zero != ZeroLevel::fsdp;
+}
+
+ReduceStaging Spec::reduce_staging() const {
+  if (dp <= 1 || grad_reduce_dtype != GradReduceDtype::bf16) return ReduceStaging::none;
+  if (zero == ZeroLevel::zero2) return ReduceStaging::buckets;
+  if (zero != ZeroLevel::none) return ReduceStaging::none;
+  if (ddp == DdpKind::overlap) return ReduceStaging::per_param;
+  if (ddp == DdpKind::bucketed) return ReduceStaging::buckets;
+  return ReduceStaging::flat;   // ddp none (run as flat) or flat
+}
+
+CopyEngineWindow Spec::copy_engine_window() const {
+  if (dp <= 1 || grad_exchange != GradExchange::copy_engine) return CopyEngineWindow::none;
+  if (zero == ZeroLevel::zero2) return CopyEngineWindow::shard_slots;
+  if (zero == ZeroLevel::none && ddp == DdpKind::bucketed) return CopyEngineWindow::bucket_parts;
+  return CopyEngineWindow::none;
+}
+
+std::string Spec::data_parallel_name() const {
+  if (zero != ZeroLevel::none) return to_string(zero);
+  return "ddp " + (ddp == DdpKind::none ? std::string("flat") : to_string(ddp));
+}
+
+std::string Spec::describe(int world) const {
+  if (world == 1) return "one process";
+  std::string mode = data_parallel_name();
+  if (tp > 1) mode += fmt::format(" x tp {}{}", tp, sequence_parallel ? " (sequence parallel)" : "");
+  if (pp > 1) mode += fmt::format(" x pp {} ({})", pp, schedule);
+  return fmt::format("{} ({} ranks)", mode, world);
 }
 
 double Spec::lazy_bucket_bytes() const { return dp == 1 ? kOneProcessBucketBytes : bucket_mb * 1024.0 * 1024.0; }

@@ -4,6 +4,8 @@
 // accounting, the memory model and its replay) must agree on. Rules such as "one process and
 // ZeRO-2 keep their gradients in lazy buckets" live here and nowhere else
 // (docs/architecture.md §4).
+#include <string>
+
 #include "lmscale/comm/mesh.h"
 #include "lmscale/io/config.h"
 
@@ -22,11 +24,25 @@ enum class GradStorage {
   shards,
 };
 
+// How a strategy makes the bf16 copies of parallel.grad_reduce_dtype = bf16 (none: fp32, or a
+// strategy that does not stage): ddp flat one copy of the flat buffer, ddp overlap one per
+// parameter, bucketed DDP and zero2 one per bucket.
+enum class ReduceStaging { none, flat, per_param, buckets };
+
+// parallel.grad_exchange = copy-engine: the receive window a strategy allocates at init
+// (comm/peer_copy.h). zero2: one shard-sized slot per other rank; bucketed DDP: per other rank,
+// this rank's part of every bucket (parallel/copy_engine_all_reduce.h).
+enum class CopyEngineWindow { none, shard_slots, bucket_parts };
+
 struct Spec {
   int dp = 1, tp = 1, pp = 1;
   ZeroLevel zero = ZeroLevel::none;
   DdpKind ddp = DdpKind::none;
   double bucket_mb = 25;   // parallel.bucket_mb
+  GradExchange grad_exchange = GradExchange::nccl;
+  GradReduceDtype grad_reduce_dtype = GradReduceDtype::fp32;
+  bool sequence_parallel = false;
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
 
   // From the deck's [parallel] section; dp = 0 resolves to world / (tp * pp).
   static Spec resolve(const ParallelConfig& pc, int world);
@@ -40,6 +56,20 @@ struct Spec {
   // Bytes of one lazy gradient bucket: large for one data-parallel rank (the optimizer makes few
   // launches: ~32 for xl), parallel.bucket_mb under zero2 (the reduce-scatter's granularity).
   double lazy_bucket_bytes() const;
+  // zero1 and zero2 receive their range's summed gradients into a shard (4 B per owned element);
+  // zero1-broadcast all-reduces the whole buffer instead, fsdp keeps per-unit shards.
+  bool gradient_shard() const;
+  // zero1-broadcast: after its step each rank broadcasts its range (the seed's ZeRO-1).
+  bool broadcast_update() const { return dp > 1 && zero == ZeroLevel::zero1_broadcast; }
+  // zero2: each gradient bucket is reduce-scattered as soon as the backward fills it.
+  bool bucket_reduce_scatter() const { return dp > 1 && zero == ZeroLevel::zero2; }
+  ReduceStaging reduce_staging() const;
+  CopyEngineWindow copy_engine_window() const;
+  // The data-parallel choice as printed: "zero2", "fsdp", "ddp bucketed", "ddp flat".
+  std::string data_parallel_name() const;
+  // The whole layout for a world of that many ranks: "one process", "ddp bucketed (4 ranks)",
+  // "zero2 x tp 2 (4 ranks)", "ddp flat x pp 2 (1f1b) (2 ranks)".
+  std::string describe(int world) const;
 };
 
 // The lazy bucket size of one process (Spec::lazy_bucket_bytes with dp = 1).

@@ -19,6 +19,7 @@
 #include "lmscale/io/sharded_checkpoint.h"
 #include "lmscale/jobs/resilience/rank_agreement.h"
 #include "lmscale/jobs/engine/trainer.h"
+#include "lmscale/parallel/spec.h"
 #include "lmscale/parallel/strategy.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/ops/ops.h"
@@ -36,17 +37,6 @@ parallel::StateLayout state_of(Trainer& trainer) {
   return trainer.strategy().state_layout();
 }
 
-// "one process", "ddp bucketed (4 ranks)", "zero2 x tp 2 (4 ranks)", "ddp flat x pp 2 (1f1b) (2
-// ranks)": stored in the index.
-std::string layout_name(const Config& cfg, int world) {
-  if (world == 1) return "one process";
-  const auto& p = cfg.parallel;
-  std::string mode = p.zero != ZeroLevel::none ? to_string(p.zero)
-                                                : "ddp " + (p.ddp == DdpKind::none ? std::string("flat") : to_string(p.ddp));
-  if (p.tp > 1) mode += fmt::format(" x tp {}{}", p.tp, p.sequence_parallel ? " (sequence parallel)" : "");
-  if (p.pp > 1) mode += fmt::format(" x pp {} ({})", p.pp, p.schedule);
-  return fmt::format("{} ({} ranks)", mode, world);
-}
 
 // Host staging in pieces of at most 16 Mi floats (64 MiB): a rank's shard of a large model never
 // needs a host copy of its whole size.
@@ -168,7 +158,7 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
         {"seed", static_cast<std::int64_t>(cfg.run.seed)},
         {"rng", std::string("counter-based (splitmix64 of seed, key, index): state = seed and data_step")},
         {"writer_world_size", static_cast<std::int64_t>(env.world)},
-        {"writer_layout", layout_name(cfg, env.world)},
+        {"writer_layout", parallel::Spec::resolve(cfg.parallel, env.world).describe(env.world)},
         {"context_length", cfg.model.context_length},
         {"config", cfg.resolved},
     };

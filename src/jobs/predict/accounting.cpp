@@ -86,16 +86,16 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                         "activations (one process, zero2) and freed after the step (zero2: after their reduce-scatter)");
   else
     add("gradients", 4 * Pr, "4 B x " + p + " (one flat fp32 buffer)");
-  if (sharded && !fsdp && cfg.parallel.zero != ZeroLevel::zero1_broadcast)
+  if (spec.gradient_shard())
     add("gradient_shard", 4 * Pr / dp, "4 B x " + p + " / N (reduced range)");
   // parallel.grad_exchange = copy-engine (zero2 or bucketed DDP): the receive window's slots (its
   // few KiB of signal flags are left to the memory model).
-  const bool zero2 = sharded && cfg.parallel.zero == ZeroLevel::zero2;
-  if (cfg.parallel.grad_exchange == GradExchange::copy_engine && (zero2 || (dp > 1 && cfg.parallel.zero == ZeroLevel::none &&
-                                                                cfg.parallel.ddp == DdpKind::bucketed)))
+  const parallel::CopyEngineWindow window = spec.copy_engine_window();
+  if (window != parallel::CopyEngineWindow::none)
     add("gradient_exchange_window", 4 * Pr * (dp - 1) / dp,
         "4 B x " + p + " x (N - 1) / N (copy-engine receive window: " +
-            (zero2 ? "one shard-sized slot per other rank)" : "each bucket's part of this rank from every other rank)"));
+            (window == parallel::CopyEngineWindow::shard_slots ? "one shard-sized slot per other rank)"
+                                                               : "each bucket's part of this rank from every other rank)"));
   // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
   const bool one_state = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars;
   const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : to_string(cfg.optim.name) + " m, v";
@@ -167,7 +167,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                          ? "all-gather (N-1)/N x e " + gathered + " twice (forward, backward) + reduce-scatter (N-1)/N x 4" +
                                (tp > 1 ? "Ps" : "P")
                          : "all-gather (N-1)/N x e " + gathered + " once + reduce-scatter (N-1)/N x 4" + (tp > 1 ? "Ps" : "P");
-  } else if (cfg.parallel.zero == ZeroLevel::zero1_broadcast) {
+  } else if (spec.broadcast_update()) {
     a.comm_bytes_per_step = 2 * f * G + G / dp;
     a.comm_formula = "all-reduce 2 (N-1)/N x 4P + broadcast of the own range 4P/N";
   } else {

@@ -84,7 +84,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
       add("gradients", 0, "0 at the start of the backward (per-bucket buffers, allocated as the backward goes)");
     else
       add("gradients", 4 * P, "4 B x P_stage (one flat fp32 buffer)");
-    if (sharded && cfg.parallel.zero != ZeroLevel::zero1_broadcast) add("gradient_shard", 4 * P / dp, "4 B x P_stage / dp");
+    if (spec.gradient_shard()) add("gradient_shard", 4 * P / dp, "4 B x P_stage / dp");
     const double state_b = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 4 : 8;   // one or two fp32 states
     add("optimizer_state", state_b * P / (sharded ? dp : 1),
         sharded ? fmt::format("{} B x P_stage / dp", state_b) : fmt::format("{} B x P_stage (optimizer state)", state_b));
@@ -135,7 +135,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     // (tp x pp: each tp rank sends its copy, or under sequence parallelism its row shard.)
     const double p2p = M * N * d * e * r * ((V - (s + 1 == pp ? 1.0 : 0.0)) + (V - (s == 0 ? 1.0 : 0.0)));
     const double G = 4 * P, fr = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
-    a.comm_bytes_per_step = p2p + 2 * fr * G + (cfg.parallel.zero == ZeroLevel::zero1_broadcast && dp > 1 ? G / dp : 0.0);
+    a.comm_bytes_per_step = p2p + 2 * fr * G + (spec.broadcast_update() ? G / dp : 0.0);
     a.comm_formula = fmt::format("M x n d e{} per direction between stages (activations forward, gradients "
                                  "backward){}", sp ? "/tp" : "",
                                  dp > 1 ? " + data-parallel gradients of the stage: 2 (dp-1)/dp x 4 P_stage" : "");

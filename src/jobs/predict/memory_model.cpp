@@ -47,7 +47,6 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
   MemoryPhases out;
   const bool bench = cfg.run.job == JobKind::bench_model;
   const BenchMode mode = job_mode(cfg);
-  const ZeroLevel zero = cfg.parallel.zero;
   const bool fsdp = spec.fsdp(), sharded = spec.sharded_optimizer();
   const std::int64_t accum = bench ? 1 : std::max<std::int64_t>(1, cfg.train.grad_accum);
   const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
@@ -89,28 +88,32 @@ MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int 
                  (tp > 1 ? " of this tp rank's slices" : "") + "; gathered units beside the replayed activations)";
   } else {
     const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
-    init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
+    init = replay::store_bytes(cfg, spec, P, dp_rank);
     gr.lazy = lazy;
     gr.init(sizes, spec.lazy_bucket_bytes());
     // parallel.grad_exchange = copy-engine: the receive window and its signal flags (one per
     // bucket and rank; two for bucketed DDP), from initialisation on (comm/peer_copy.h). zero2:
     // one slot of the largest shard per other rank; bucketed DDP: per other rank, this rank's
     // part of every bucket (parallel/copy_engine_all_reduce.h).
-    if (dp > 1 && cfg.parallel.grad_exchange == GradExchange::copy_engine) {
-      if (zero == ZeroLevel::zero2) {
+    switch (spec.copy_engine_window()) {
+      case parallel::CopyEngineWindow::shard_slots: {
         const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
         init += static_cast<double>(comm::peer_copy_window_bytes(dp, 4 * counts[0], static_cast<int>(gr.bucket_bytes.size())));
-      } else if (zero == ZeroLevel::none && cfg.parallel.ddp == DdpKind::bucketed) {
+        break;
+      }
+      case parallel::CopyEngineWindow::bucket_parts: {
         std::vector<parallel::GradBucket> buckets;
         for (double bytes : gr.bucket_bytes) buckets.push_back({0, 0, 0, static_cast<std::int64_t>(bytes / 4)});
         init += static_cast<double>(parallel::CopyEngineAllReduce::window_bytes(buckets, dp));
+        break;
       }
+      case parallel::CopyEngineWindow::none: break;
     }
-    replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
+    replay::set_reduce_staging(gr, spec, sizes, P, dp_rank);
     out.layout = dp == 1 ? (tp > 1 ? "tensor parallel (local shapes), gradients in 256 MiB buckets"
                                    : "one process, gradients in 256 MiB buckets")
-                   : zero == ZeroLevel::zero2 ? "zero2 (gradient buckets of bucket_mb, shard of the optimizer state)"
-                   : sharded        ? to_string(zero) + " (flat gradients, gradient shard and 1/dp of the optimizer state)"
+                   : spec.bucket_reduce_scatter() ? "zero2 (gradient buckets of bucket_mb, shard of the optimizer state)"
+                   : sharded ? spec.data_parallel_name() + " (flat gradients, gradient shard and 1/dp of the optimizer state)"
                                   : "ddp (flat gradient buffer)";
   }
   auto run = [&](bool keep, bool backward, bool grads_held) {

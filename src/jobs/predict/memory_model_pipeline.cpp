@@ -216,13 +216,13 @@ class StageReplay {
 }  // namespace
 
 MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, int rank) {
-  LMSCALE_CHECK(cfg.parallel.zero != ZeroLevel::fsdp, "memory model: fsdp with pipeline stages is not built (the deck refuses it)");
   MemoryPhases out;
   const auto dims = model::ModelDims::from(cfg.model);
   const bool bench = cfg.run.job == JobKind::bench_model;
   const BenchMode mode = job_mode(cfg);
   const auto& pc = cfg.parallel;
   const parallel::Spec spec = parallel::Spec::resolve(pc, world);
+  LMSCALE_CHECK(!spec.fsdp(), "memory model: fsdp with pipeline stages is not predicted yet (the deck refuses it)");
   const comm::MeshShape mesh = spec.mesh_shape();
   const int tp = mesh.tp, pp = mesh.pp, dp = mesh.dp;
   const comm::MeshCoords at = comm::mesh_coords(mesh, rank);
@@ -254,14 +254,14 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   // Gradients: lazy buckets with one data-parallel rank (256 MiB) and under zero2 (bucket_mb),
   // else DDP's / zero1's flat buffer (in the init bytes).
   const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
-  const double init = replay::store_bytes(cfg, P, dp, dp_rank, lazy);
+  const double init = replay::store_bytes(cfg, spec, P, dp_rank);
   Grads gr;
   gr.lazy = lazy;
   gr.local = local_index;
   gr.init(sizes, spec.lazy_bucket_bytes());
   // bf16 gradient reduction: the copies of the stage's buckets (made during the last
   // microbatch's backward), or ddp flat's one copy, made in finish() inside the optimizer phase.
-  replay::set_reduce_staging(gr, cfg, sizes, P, dp, dp_rank);
+  replay::set_reduce_staging(gr, spec, sizes, P, dp_rank);
   const double flat_staging = gr.finish_stage;
   const double base = init + workspace;
   out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp, pc.schedule,
@@ -270,8 +270,8 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
                            dp > 1 ? fmt::format(", dp {}", dp) : std::string(),
                            dp == 1    ? "gradients in 256 MiB buckets"
                            : lazy     ? "zero2 gradient buckets of bucket_mb"
-                           : pc.zero == ZeroLevel::none ? "ddp flat gradients"
-                                             : to_string(pc.zero) + " flat gradients");
+                           : spec.sharded_optimizer() ? spec.data_parallel_name() + " flat gradients"
+                                                      : "ddp flat gradients");
   out.phases = {{"init", base}};
   if (mode == BenchMode::forward) {
     // Trainer::forward_loss: the whole local batch through the chunks in order.

@@ -493,16 +493,18 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
   return m.peak - base;
 }
 
-double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy) {
+double store_bytes(const Config& cfg, const parallel::Spec& spec, double P, int dp_rank) {
+  const int dp = spec.dp;
+  const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
   const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
   const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
   double bytes = 4 * P + (mixed ? 2 * P : 0.0);
   if (!lazy) bytes += 4 * P;   // one flat fp32 gradient buffer
-  if (dp > 1 && cfg.parallel.zero != ZeroLevel::none) {
+  if (spec.sharded_optimizer()) {
     const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);
     const double shard = static_cast<double>(counts[static_cast<std::size_t>(dp_rank)]);
-    bytes += states * 4 * shard + (cfg.parallel.zero == ZeroLevel::zero1_broadcast ? 0.0 : 4 * shard);
+    bytes += states * 4 * shard + (spec.gradient_shard() ? 4 * shard : 0.0);
     // (zero2's copy-engine window: memory_model.cpp, which knows the buckets its flags count.)
   } else {
     bytes += states * 4 * P;
@@ -510,28 +512,15 @@ double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy) 
   return bytes;
 }
 
-namespace {
-enum class ReduceStaging { none, flat, per_param, buckets };
-
-// How the trainer's sync makes the bf16 copies (jobs/engine/trainer.cpp builds it).
-ReduceStaging reduce_staging_kind(const Config& cfg, int dp) {
-  const auto& pc = cfg.parallel;
-  if (dp <= 1 || pc.grad_reduce_dtype != GradReduceDtype::bf16) return ReduceStaging::none;
-  if (pc.zero == ZeroLevel::zero2) return ReduceStaging::buckets;
-  if (pc.zero != ZeroLevel::none) return ReduceStaging::none;
-  if (pc.ddp == DdpKind::overlap) return ReduceStaging::per_param;
-  if (pc.ddp == DdpKind::bucketed) return ReduceStaging::buckets;
-  return ReduceStaging::flat;   // ddp none (the trainer runs it as flat) or flat
-}
-}  // namespace
-
-void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank) {
+void set_reduce_staging(Grads& gr, const parallel::Spec& spec, const std::vector<double>& sizes, double P, int dp_rank) {
+  using parallel::ReduceStaging;
+  const int dp = spec.dp;
   gr.group_of.clear();
   gr.group_pending.clear();
   gr.group_stage.clear();
   gr.counted.clear();
   gr.finish_stage = 0;
-  const ReduceStaging kind = reduce_staging_kind(cfg, dp);
+  const ReduceStaging kind = spec.reduce_staging();
   if (kind == ReduceStaging::none) return;
   if (kind == ReduceStaging::flat) {
     gr.finish_stage = 2 * P;
@@ -556,7 +545,7 @@ void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>&
   for (double bytes : gr.bucket_bytes) {
     const double numel = bytes / 4, offset = end - numel;
     const double mine = std::max(0.0, std::min(static_cast<double>(hi), end) - std::max(static_cast<double>(lo), offset));
-    gr.group_stage.push_back(2 * numel + (cfg.parallel.zero == ZeroLevel::zero2 ? 2 * std::max(mine, 1.0) : 0.0));
+    gr.group_stage.push_back(2 * numel + (spec.bucket_reduce_scatter() ? 2 * std::max(mine, 1.0) : 0.0));
     end = offset;
   }
 }

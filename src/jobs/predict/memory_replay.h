@@ -15,6 +15,7 @@
 #include "lmscale/io/config.h"
 #include "lmscale/jobs/predict/memory_model.h"
 #include "lmscale/model/recompute.h"
+#include "lmscale/parallel/spec.h"
 
 namespace lmscale::jobs::replay {
 
@@ -151,7 +152,7 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward);
 // The initial (long-lived) bytes of a store of P parameters on one rank: fp32 master, bf16/fp16
 // copy, the flat gradient buffer unless gradients are lazy (one process, zero2), and optimizer
 // state (whole, or this dp rank's shard with its gradient shard; zero's even_split of P).
-double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy);
+double store_bytes(const Config& cfg, const parallel::Spec& spec, double P, int dp_rank);
 // parallel.grad_reduce_dtype = bf16 (parallel/ddp.cpp launch, parallel/zero.cpp
 // scatter_range_staged): the bf16 copies of the gradients made for the reduction, as the trainer
 // builds the sync, alive to the end of its finish(): zero2 per bucket whatever parallel.ddp says
@@ -159,7 +160,7 @@ double store_bytes(const Config& cfg, double P, int dp, int dp_rank, bool lazy);
 // parameter, bucketed one per bucket, ddp none (run as flat) and flat one copy of all made in
 // finish() (finish_stage). Set as groups of gr (after gr.init); nothing unless dp > 1 and bf16
 // (zero1 and fsdp refuse the key).
-void set_reduce_staging(Grads& gr, const Config& cfg, const std::vector<double>& sizes, double P, int dp, int dp_rank);
+void set_reduce_staging(Grads& gr, const parallel::Spec& spec, const std::vector<double>& sizes, double P, int dp_rank);
 
 
 }  // namespace lmscale::jobs::replay
