@@ -7,89 +7,7 @@ set -u
 lmscale=$1
 case_name=$2
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-tmp=$(mktemp -d)
-bg=""
-cleanup() {
-  [ -n "$bg" ] && kill -KILL "$bg" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp" || exit 1
-fail=0
-check() {   # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  if ! "$@"; then
-    echo "FAIL: $what"
-    fail=1
-  fi
-}
-cat >deck.ini <<'INI'
-[run]
-job = train
-progress = true
-[model]
-vocab_size = 64
-context_length = 8
-d_model = 16
-d_ff = 32
-num_layers = 1
-num_heads = 2
-[parallel]
-device = cpu
-[train]
-steps = 2
-batch_size = 2
-log_every = 1
-[data]
-source = synthetic
-INI
-# run [ARGS...]: lmscale on deck.ini (or $DECK) with run.output = out.h5; rc in $rc.
-run() {
-  timeout 60 "$lmscale" "${DECK:-deck.ini}" --run.output=out.h5 "$@" >stdout 2>stderr
-  rc=$?
-}
-# wait_for_exit PID SECONDS: rc of the background PID in $rc, or 124 after killing it (hung).
-wait_for_exit() {
-  local pid=$1 limit=$2 t
-  for ((t = 0; t < limit * 10; t++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 "$pid" 2>/dev/null && { kill -KILL "$pid"; wait "$pid" 2>/dev/null; rc=124; return; }
-  wait "$pid"; rc=$?
-}
-# fill_disk PID: from now on, writes by PID past out.h5.tmp's present size fail (RLIMIT_FSIZE, the
-# file-size limit, set on the running process: writes fail with EFBIG as on a full disk with
-# ENOSPC; lmscale ignores SIGXFSZ, and so do the runs below, so that the code before that did is
-# tested too). Set after start-up, since MPI's own shared-memory files exceed it.
-# The limit holds for every regular file the process writes: the runs print no progress to stdout.
-fill_disk() {
-  prlimit --pid "$1" --fsize="$(stat -c %s out.h5.tmp)"
-}
-# wait_for_rows: until out.h5.tmp holds rows (flushed after the first step), and a second more.
-wait_for_rows() {
-  for _ in $(seq 300); do
-    [ -s out.h5.tmp ] && break
-    sleep 0.1
-  done
-  sleep 1
-}
-error_names() {   # error_names TEXT...: one 'lmscale: error:' line holds every TEXT
-  local line
-  line=$(grep -F 'lmscale: error:' stderr) || return 1
-  for t in "$@"; do grep -qF -- "$t" <<<"$line" || return 1; done
-}
-expect_usage_error() {   # expect_usage_error KEY...: exit 2, one error line naming the keys, no results
-  check "exit code $rc, expected 2" test "$rc" -eq 2
-  check "an 'lmscale: error:' line names: $*" error_names "$@"
-  check "out.h5 was not created" test ! -e out.h5
-  check "out.h5.tmp was not created" test ! -e out.h5.tmp
-}
-is_hdf5() { head -c 4 "$1" 2>/dev/null | grep -q HDF; }
-h5attr() {   # h5attr FILE GROUP ATTR
-  python3 -c "import h5py, sys; print(h5py.File(sys.argv[1])[sys.argv[2]].attrs[sys.argv[3]])" "$@" 2>/dev/null
-}
+source "$repo/ctest/regression/reliability_common.sh"
 
 case "$case_name" in
   # ---- A: outputs identified by file identity -------------------------------------------------
@@ -119,6 +37,14 @@ case "$case_name" in
       --prune.finetune_steps=1
     expect_usage_error prune.weights prune.output
     check "w.h5 is unchanged" test "$(md5sum <w.h5)" = "$sum" ;;
+  alias_companion_names)   # an output named like another output's temporary file or lock
+    run --train.save=out.h5.tmp
+    expect_usage_error train.save run.output out.h5.tmp
+    run --train.save=./out.h5.lock
+    expect_usage_error train.save run.output out.h5.lock
+    run --train.checkpoint_dir=ck --train.save=ck/lmscale.lock
+    expect_usage_error train.save train.checkpoint_dir lmscale.lock
+    check "no weights file was written" test ! -e out.h5.tmp -a ! -e out.h5.lock -a ! -e ck/lmscale.lock ;;
   concurrent_output)   # a second run writing the same run.output while the first runs
     "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 >first.out 2>first.err &
     bg=$!
@@ -165,6 +91,21 @@ case "$case_name" in
     run
     check "the next run (lock left by kill -9) exited $rc, expected 0" test "$rc" -eq 0
     check "the next run wrote out.h5" is_hdf5 out.h5 ;;
+  kill9_flush_time_bound)   # the step table reaches the disk on the time bound alone
+    # (test-only: LMSCALE_TEST_FLUSH_S = 0.3 s instead of 10 s; no log step after the first, so
+    # without the time bound the killed run's table holds the first step's row only)
+    LMSCALE_TEST_FLUSH_S=0.3 "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 --run.progress=false \
+      --train.log_every=1000000 >first.out 2>first.err &
+    bg=$!
+    for _ in $(seq 300); do
+      [ -s out.h5.tmp ] && break
+      sleep 0.1
+    done
+    sleep 3
+    kill -KILL "$bg"; wait "$bg" 2>/dev/null; bg=""
+    rows=$(python3 -c "import h5py; print(len(h5py.File('out.h5.tmp')['/train/steps']))" 2>&1 | tail -1)
+    check "out.h5.tmp opens with h5py and holds more than the first step's row (got: $rows)" \
+      test "${rows:-0}" -ge 10 2>/dev/null ;;
   # ---- B: crash and parse paths -----------------------------------------------------------------
   full_disk_results)   # the results file's disk fills mid-run: exit 1 naming the errno, no SIGSEGV at exit
     (trap '' XFSZ; exec "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 --train.log_every=1 \
@@ -375,6 +316,27 @@ case "$case_name" in
     check "the job ended within 30 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 30
     expect_usage_error "rank 1" train.checkpoint_dir
     check "rank 0 wrote no checkpoint" test ! -e A/ck/step_00000002 ;;
+  rank1_tokens_bad_midjob)   # a usage error on one rank only, mid-job: its token file turns bad
+    # Per-node token files; rank 1 sleeps 3 s at the start of step 3 (test-only fault injection,
+    # after every deck check) while the test fills its file with ids >= vocab_size in place.
+    mkdir A B
+    head -c 4000 /dev/zero >A/tok.bin
+    head -c 4000 /dev/zero >B/tok.bin
+    args=("$tmp/deck.ini" --data.source=tokens --data.path=tok.bin --run.output="$tmp/out.h5" --parallel.timeout_s=0
+      --train.steps=1000000 --run.progress=false)
+    timeout -k 5 90 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" \
+      "${args[@]}" : -np 1 -wdir "$tmp/B" -x LMSCALE_FAULT_SLEEP_RANK=1 -x LMSCALE_FAULT_SLEEP_STEP=3 \
+      -x LMSCALE_FAULT_SLEEP_S=3 "$lmscale" "${args[@]}" >stdout 2>stderr &
+    bg=$!
+    check "rank 1 reached the fault injection" wait_for_line stderr "fault injection"
+    head -c 4000 /dev/zero | tr '\0' '\377' | dd of=B/tok.bin conv=notrunc status=none
+    t0=$SECONDS
+    wait_for_exit "$bg" 80; bg=""
+    dt=$((SECONDS - t0))
+    check "the job ended within 15 s of the fault (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 15
+    check "exit code $rc, expected 2" test "$rc" -eq 2
+    check "one 'lmscale: error:' line (got $(grep -c 'lmscale: error:' stderr))" test "$(grep -c 'lmscale: error:' stderr)" -eq 1
+    check "it names rank 1, data.path and model.vocab_size" error_names "rank 1: " data.path model.vocab_size ;;
   # ---- F: messages ---------------------------------------------------------------------------------
   bench_attention_cpu_dtypes)   # bench-attention's defaults (bf16) on a CPU
     run --run.job=bench-attention
@@ -427,7 +389,4 @@ case "$case_name" in
     check "/train diverged = 0" test "$(h5attr out.h5 /train diverged)" = 0 ;;
   *) echo "unknown case $case_name"; exit 1 ;;
 esac
-echo "--- stderr:"; cat stderr 2>/dev/null | LC_ALL=C tr -c '[:print:]\n' '?'
-echo "--- stdout (tail):"; tail -5 stdout 2>/dev/null
-[ "$fail" -eq 0 ] && echo "PASS: $case_name"
-exit "$fail"
+finish_case

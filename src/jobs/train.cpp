@@ -85,6 +85,7 @@ int run_train(JobEnv& env) {
     load_checkpoint(env, trainer, cfg.train.resume);
     resumed_from = cfg.train.resume;
   }
+  move_aside_newer_checkpoints(env, trainer.step());   // train.on_newer_checkpoints = move-aside
   // Sharded checkpoints (train.checkpoint_dir) or the single file train.checkpoint_path.
   const bool sharded_checkpoints = !cfg.train.checkpoint_dir.empty();
   std::int64_t checkpointed_at = trainer.step();   // a resumed run's step is already saved
