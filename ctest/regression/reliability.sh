@@ -167,6 +167,25 @@ case "$case_name" in
     dt=$((SECONDS - t0))
     expect_usage_error model.num_layers "per rank" "available"
     check "refused within 10 s (took ${dt}s)" test "$dt" -le 10 ;;
+  accounting_huge_depth)   # run.job = accounting of 1e8 blocks: an answer in seconds, memory bounded
+    # (the address-space limit keeps the code before the fix, which replayed every block, from
+    # taking the machine; the peak must scale with the depth: 2e8 blocks predict twice 1e8's)
+    for depth in 100000000 200000000; do
+      t0=$SECONDS
+      (ulimit -v 4000000; exec timeout 60 "$lmscale" deck.ini --run.job=accounting --run.output=acc_$depth.h5 \
+        --model.num_layers=$depth >stdout 2>stderr)
+      rc=$?
+      dt=$((SECONDS - t0))
+      check "$depth blocks: exit code $rc, expected 0" test "$rc" -eq 0
+      check "$depth blocks: answered within 10 s (took ${dt}s)" test "$dt" -le 10
+      check "$depth blocks: the prediction says it was extrapolated" grep -qF "$depth blocks extrapolated" stdout
+    done
+    ratio=$(python3 -c "
+import h5py
+peak = lambda n: max(h5py.File(n)['accounting/memory_phases']['cpu_bytes'])
+print(peak('acc_200000000.h5') / peak('acc_100000000.h5'))" 2>&1 | tail -1)
+    check "twice the blocks, twice the peak (ratio $ratio)" \
+      python3 -c "import sys; sys.exit(0 if abs(float('$ratio') - 2) < 0.01 else 1)" ;;
   full_disk_trace)   # the trace (written at the end, 1.4 MB) meets a full disk: errno named, no t.json.tmp
     # rank 0 sleeps 2 s at step 3 (test-only fault injection); then writes past 600 kB fail (fill_disk).
     # The results file (one chunk of 256 rows, 200 kB) stays below that; the trace does not.
@@ -337,6 +356,25 @@ case "$case_name" in
     check "exit code $rc, expected 2" test "$rc" -eq 2
     check "one 'lmscale: error:' line (got $(grep -c 'lmscale: error:' stderr))" test "$(grep -c 'lmscale: error:' stderr)" -eq 1
     check "it names rank 1, data.path and model.vocab_size" error_names "rank 1: " data.path model.vocab_size ;;
+  rank1_resume_weights_nonfinite)   # per-node copies of train.resume: only rank 1's holds a NaN
+    # (found when the weights are read, after the deck checks: before the fix rank 1 returned 2
+    # into MPI_Finalize while rank 0 went on into the first step's collectives, and both hung)
+    mkdir A B
+    run --train.save=A/w.h5
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    cp A/w.h5 B/w.h5
+    python3 -c "import h5py; h5py.File('B/w.h5', 'r+')['lm_head.weight'][1, 2] = float('nan')" ||
+      check "h5py could write the NaN" false
+    args=("$tmp/deck.ini" --train.resume=w.h5 --run.output="$tmp/out.h5" --parallel.timeout_s=0)
+    t0=$SECONDS
+    timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" "${args[@]}" : \
+      -np 1 -wdir "$tmp/B" "$lmscale" "${args[@]}" >stdout 2>stderr
+    rc=$?
+    dt=$((SECONDS - t0))
+    check "the job ended within 15 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 15
+    expect_usage_error "rank 1: " train.resume non-finite
+    check "one 'lmscale: error:' line (got $(grep -c 'lmscale: error:' stderr))" test "$(grep -c 'lmscale: error:' stderr)" -eq 1 ;;
   # ---- F: messages ---------------------------------------------------------------------------------
   bench_attention_cpu_dtypes)   # bench-attention's defaults (bf16) on a CPU
     run --run.job=bench-attention
