@@ -129,13 +129,9 @@ void TokenFile::sample(std::uint64_t step, std::int64_t first, std::int64_t rows
       } else {
         std::memcpy(&v, bytes.data() + t * 4, 4);
       }
-      // Bad input (exit 2) like the deck check's, though found mid-run (the file changed after the
-      // check): on one rank only, main ends the whole job (docs/reliability.md).
       if (static_cast<std::int64_t>(v) >= vocab_)
-        throw UsageError(fmt::format("{} = '{}': token {} at position {} is >= model.vocab_size = {} (found while "
-                                     "training: the file changed after it was checked?); restore the file or set "
-                                     "model.vocab_size > {}, then resume from the last checkpoint",
-                                     f.key, f.path, v, start + t, vocab_, v));
+        throw Error(fmt::format("token file '{}': token {} at position {} is >= model.vocab_size {}", f.path, v,
+                                start + t, vocab_));
       out[r * (T + 1) + t] = static_cast<std::int32_t>(v);
     }
   }
