@@ -7,89 +7,7 @@ set -u
 lmscale=$1
 case_name=$2
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-tmp=$(mktemp -d)
-bg=""
-cleanup() {
-  [ -n "$bg" ] && kill -KILL "$bg" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-cd "$tmp" || exit 1
-fail=0
-check() {   # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  if ! "$@"; then
-    echo "FAIL: $what"
-    fail=1
-  fi
-}
-cat >deck.ini <<'INI'
-[run]
-job = train
-progress = true
-[model]
-vocab_size = 64
-context_length = 8
-d_model = 16
-d_ff = 32
-num_layers = 1
-num_heads = 2
-[parallel]
-device = cpu
-[train]
-steps = 2
-batch_size = 2
-log_every = 1
-[data]
-source = synthetic
-INI
-# run [ARGS...]: lmscale on deck.ini (or $DECK) with run.output = out.h5; rc in $rc.
-run() {
-  timeout 60 "$lmscale" "${DECK:-deck.ini}" --run.output=out.h5 "$@" >stdout 2>stderr
-  rc=$?
-}
-# wait_for_exit PID SECONDS: rc of the background PID in $rc, or 124 after killing it (hung).
-wait_for_exit() {
-  local pid=$1 limit=$2 t
-  for ((t = 0; t < limit * 10; t++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 "$pid" 2>/dev/null && { kill -KILL "$pid"; wait "$pid" 2>/dev/null; rc=124; return; }
-  wait "$pid"; rc=$?
-}
-# fill_disk PID: from now on, writes by PID past out.h5.tmp's present size fail (RLIMIT_FSIZE, the
-# file-size limit, set on the running process: writes fail with EFBIG as on a full disk with
-# ENOSPC; lmscale ignores SIGXFSZ, and so do the runs below, so that the code before that did is
-# tested too). Set after start-up, since MPI's own shared-memory files exceed it.
-# The limit holds for every regular file the process writes: the runs print no progress to stdout.
-fill_disk() {
-  prlimit --pid "$1" --fsize="$(stat -c %s out.h5.tmp)"
-}
-# wait_for_rows: until out.h5.tmp holds rows (flushed after the first step), and a second more.
-wait_for_rows() {
-  for _ in $(seq 300); do
-    [ -s out.h5.tmp ] && break
-    sleep 0.1
-  done
-  sleep 1
-}
-error_names() {   # error_names TEXT...: one 'lmscale: error:' line holds every TEXT
-  local line
-  line=$(grep -F 'lmscale: error:' stderr) || return 1
-  for t in "$@"; do grep -qF -- "$t" <<<"$line" || return 1; done
-}
-expect_usage_error() {   # expect_usage_error KEY...: exit 2, one error line naming the keys, no results
-  check "exit code $rc, expected 2" test "$rc" -eq 2
-  check "an 'lmscale: error:' line names: $*" error_names "$@"
-  check "out.h5 was not created" test ! -e out.h5
-  check "out.h5.tmp was not created" test ! -e out.h5.tmp
-}
-is_hdf5() { head -c 4 "$1" 2>/dev/null | grep -q HDF; }
-h5attr() {   # h5attr FILE GROUP ATTR
-  python3 -c "import h5py, sys; print(h5py.File(sys.argv[1])[sys.argv[2]].attrs[sys.argv[3]])" "$@" 2>/dev/null
-}
+source "$repo/ctest/regression/reliability_common.sh"
 
 case "$case_name" in
   # ---- A: outputs identified by file identity -------------------------------------------------
@@ -119,6 +37,14 @@ case "$case_name" in
       --prune.finetune_steps=1
     expect_usage_error prune.weights prune.output
     check "w.h5 is unchanged" test "$(md5sum <w.h5)" = "$sum" ;;
+  alias_companion_names)   # an output named like another output's temporary file or lock
+    run --train.save=out.h5.tmp
+    expect_usage_error train.save run.output out.h5.tmp
+    run --train.save=./out.h5.lock
+    expect_usage_error train.save run.output out.h5.lock
+    run --train.checkpoint_dir=ck --train.save=ck/lmscale.lock
+    expect_usage_error train.save train.checkpoint_dir lmscale.lock
+    check "no weights file was written" test ! -e out.h5.tmp -a ! -e out.h5.lock -a ! -e ck/lmscale.lock ;;
   concurrent_output)   # a second run writing the same run.output while the first runs
     "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 >first.out 2>first.err &
     bg=$!
@@ -165,6 +91,21 @@ case "$case_name" in
     run
     check "the next run (lock left by kill -9) exited $rc, expected 0" test "$rc" -eq 0
     check "the next run wrote out.h5" is_hdf5 out.h5 ;;
+  kill9_flush_time_bound)   # the step table reaches the disk on the time bound alone
+    # (test-only: LMSCALE_TEST_FLUSH_S = 0.3 s instead of 10 s; no log step after the first, so
+    # without the time bound the killed run's table holds the first step's row only)
+    LMSCALE_TEST_FLUSH_S=0.3 "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 --run.progress=false \
+      --train.log_every=1000000 >first.out 2>first.err &
+    bg=$!
+    for _ in $(seq 300); do
+      [ -s out.h5.tmp ] && break
+      sleep 0.1
+    done
+    sleep 3
+    kill -KILL "$bg"; wait "$bg" 2>/dev/null; bg=""
+    rows=$(python3 -c "import h5py; print(len(h5py.File('out.h5.tmp')['/train/steps']))" 2>&1 | tail -1)
+    check "out.h5.tmp opens with h5py and holds more than the first step's row (got: $rows)" \
+      test "${rows:-0}" -ge 10 2>/dev/null ;;
   # ---- B: crash and parse paths -----------------------------------------------------------------
   full_disk_results)   # the results file's disk fills mid-run: exit 1 naming the errno, no SIGSEGV at exit
     (trap '' XFSZ; exec "$lmscale" deck.ini --run.output=out.h5 --train.steps=1000000 --train.log_every=1 \
@@ -226,6 +167,25 @@ case "$case_name" in
     dt=$((SECONDS - t0))
     expect_usage_error model.num_layers "per rank" "available"
     check "refused within 10 s (took ${dt}s)" test "$dt" -le 10 ;;
+  accounting_huge_depth)   # run.job = accounting of 1e8 blocks: an answer in seconds, memory bounded
+    # (the address-space limit keeps the code before the fix, which replayed every block, from
+    # taking the machine; the peak must scale with the depth: 2e8 blocks predict twice 1e8's)
+    for depth in 100000000 200000000; do
+      t0=$SECONDS
+      (ulimit -v 4000000; exec timeout 60 "$lmscale" deck.ini --run.job=accounting --run.output=acc_$depth.h5 \
+        --model.num_layers=$depth >stdout 2>stderr)
+      rc=$?
+      dt=$((SECONDS - t0))
+      check "$depth blocks: exit code $rc, expected 0" test "$rc" -eq 0
+      check "$depth blocks: answered within 10 s (took ${dt}s)" test "$dt" -le 10
+      check "$depth blocks: the prediction says it was extrapolated" grep -qF "$depth blocks extrapolated" stdout
+    done
+    ratio=$(python3 -c "
+import h5py
+peak = lambda n: max(h5py.File(n)['accounting/memory_phases']['cpu_bytes'])
+print(peak('acc_200000000.h5') / peak('acc_100000000.h5'))" 2>&1 | tail -1)
+    check "twice the blocks, twice the peak (ratio $ratio)" \
+      python3 -c "import sys; sys.exit(0 if abs(float('$ratio') - 2) < 0.01 else 1)" ;;
   full_disk_trace)   # the trace (written at the end, 1.4 MB) meets a full disk: errno named, no t.json.tmp
     # rank 0 sleeps 2 s at step 3 (test-only fault injection); then writes past 600 kB fail (fill_disk).
     # The results file (one chunk of 256 rows, 200 kB) stays below that; the trace does not.
@@ -375,6 +335,40 @@ case "$case_name" in
     check "the job ended within 30 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 30
     expect_usage_error "rank 1" train.checkpoint_dir
     check "rank 0 wrote no checkpoint" test ! -e A/ck/step_00000002 ;;
+  rank1_usage_error_midjob)   # a usage error that rank 1 alone finds after the deck checks
+    # Rank 1 alone is given a bad test-only variable, which it reads when it builds its trainer,
+    # after every agreed check, while rank 0 goes on into the first step's collectives (before
+    # the fix rank 1 returned 2 into MPI_Finalize and both hung until killed).
+    mkdir A B
+    args=("$tmp/deck.ini" --run.output="$tmp/out.h5" --parallel.timeout_s=0 --train.steps=1000000 --run.progress=false)
+    t0=$SECONDS
+    timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" \
+      "${args[@]}" : -np 1 -wdir "$tmp/B" -x LMSCALE_FAULT_SLEEP_RANK=one "$lmscale" "${args[@]}" >stdout 2>stderr
+    rc=$?
+    dt=$((SECONDS - t0))
+    check "the job ended within 15 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 15
+    check "exit code $rc, expected 2" test "$rc" -eq 2
+    check "one 'lmscale: error:' line (got $(grep -c 'lmscale: error:' stderr))" test "$(grep -c 'lmscale: error:' stderr)" -eq 1
+    check "it names rank 1 and the variable" error_names "rank 1: " LMSCALE_FAULT_SLEEP_RANK ;;
+  rank1_resume_weights_nonfinite)   # per-node copies of train.resume: only rank 1's holds a NaN
+    # (found when the weights are read, after the deck checks: before the fix rank 1 returned 2
+    # into MPI_Finalize while rank 0 went on into the first step's collectives, and both hung)
+    mkdir A B
+    run --train.save=A/w.h5
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    cp A/w.h5 B/w.h5
+    python3 -c "import h5py; h5py.File('B/w.h5', 'r+')['lm_head.weight'][1, 2] = float('nan')" ||
+      check "h5py could write the NaN" false
+    args=("$tmp/deck.ini" --train.resume=w.h5 --run.output="$tmp/out.h5" --parallel.timeout_s=0)
+    t0=$SECONDS
+    timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -wdir "$tmp/A" "$lmscale" "${args[@]}" : \
+      -np 1 -wdir "$tmp/B" "$lmscale" "${args[@]}" >stdout 2>stderr
+    rc=$?
+    dt=$((SECONDS - t0))
+    check "the job ended within 15 s (took ${dt}s; rc $rc, 124 = hung until timeout)" test "$dt" -le 15
+    expect_usage_error "rank 1: " train.resume non-finite
+    check "one 'lmscale: error:' line (got $(grep -c 'lmscale: error:' stderr))" test "$(grep -c 'lmscale: error:' stderr)" -eq 1 ;;
   # ---- F: messages ---------------------------------------------------------------------------------
   bench_attention_cpu_dtypes)   # bench-attention's defaults (bf16) on a CPU
     run --run.job=bench-attention
@@ -427,7 +421,4 @@ case "$case_name" in
     check "/train diverged = 0" test "$(h5attr out.h5 /train diverged)" = 0 ;;
   *) echo "unknown case $case_name"; exit 1 ;;
 esac
-echo "--- stderr:"; cat stderr 2>/dev/null | LC_ALL=C tr -c '[:print:]\n' '?'
-echo "--- stdout (tail):"; tail -5 stdout 2>/dev/null
-[ "$fail" -eq 0 ] && echo "PASS: $case_name"
-exit "$fail"
+finish_case

@@ -235,7 +235,7 @@ Config everything_changed() {
   c.bench.step_factor = 2;
   c.bench.inplace = true;
   c.bench.check = false;
-  c.train = {11, 24, 2, 5, 3, 2, "w.h5", "r.h5", 4, "ck.h5", Checkpointing::every_k, 2, "ckdir", 5, true, 1};
+  c.train = {11, 24, 2, 5, 3, 2, "w.h5", "r.h5", 4, "ck.h5", Checkpointing::every_k, 2, "ckdir", 5, NewerCheckpoints::move_aside, true, 1};
   c.optim = {OptimizerName::lamb, 0.0123, 1e-7, 3, 9, 0.1, 0.85, 0.98, 1e-10, 0.5, 0.8};
   c.data = {DataSource::tokens, "train.bin", "val.bin", TokenDtype::uint32, 0.25};
   c.cost = {1e12, 64, 2.5, 0.6, 0.45, "bench.h5", 4.0, 0.5, 0.002, 7};

@@ -4,6 +4,7 @@
 // A failure before the first result row leaves no file; after it, NAME.tmp keeps the rows and the
 // error names it (io/results.h).
 #include <csignal>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -11,6 +12,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -34,7 +36,8 @@
 namespace {
 
 // Runs `check` on every rank. When it throws UsageError on any rank, every rank throws the message
-// of the lowest such rank, so that all exit 2 together (none is left waiting in a collective).
+// of the lowest such rank as AgreedUsageError, so that all exit 2 together (none is left waiting
+// in a collective).
 void agree_on_usage(lmscale::comm::MpiEnvironment& mpi, const std::function<void()>& check) {
   std::string message;
   try {
@@ -53,7 +56,7 @@ void agree_on_usage(lmscale::comm::MpiEnvironment& mpi, const std::function<void
   MPI_Bcast(&length, 1, MPI_INT, first, mpi.world());
   message.resize(static_cast<std::size_t>(length));
   MPI_Bcast(message.data(), length, MPI_CHAR, first, mpi.world());
-  throw lmscale::UsageError(first == 0 ? message : fmt::format("rank {}: {}", first, message));
+  throw lmscale::AgreedUsageError(first == 0 ? message : fmt::format("rank {}: {}", first, message));
 }
 
 // `partial`: set when the run fails after results were written, to the sentence naming the kept
@@ -180,12 +183,30 @@ int main(int argc, char** argv) {
   };
   try {
     return run(mpi, argc, argv, partial);
-  } catch (const lmscale::UsageError& e) {
-    // Every rank parsed the same deck and failed the same way: rank 0 speaks, all exit 2.
+  } catch (const lmscale::AgreedUsageError& e) {
+    // Every rank failed the same way (they agreed on it): rank 0 speaks, all exit 2.
     if (mpi.rank() == 0) {
       fmt::print(stderr, "lmscale: error: {}\n", e.what());
       if (!partial.empty()) fmt::print(stderr, "lmscale: {}\n", partial);
     }
+    return 2;
+  } catch (const lmscale::UsageError& e) {
+    if (mpi.size() == 1) {
+      fmt::print(stderr, "lmscale: error: {}\n", e.what());
+      if (!partial.empty()) fmt::print(stderr, "lmscale: {}\n", partial);
+      return 2;
+    }
+    // Perhaps this rank's alone (found mid-job, after the agreed checks): the others may wait in a
+    // collective and would never reach MPI_Finalize with it, so the job ends here with exit 2.
+    // Rank 0 speaks at once. Another rank gives rank 0 kUsageGrace to end the job first, so that
+    // an error every rank meets (a bench key every rank reads) is printed once; if it is still
+    // running then, the error is its own: it names itself and ends the job.
+    constexpr auto kUsageGrace = std::chrono::seconds(2);
+    if (mpi.rank() != 0) std::this_thread::sleep_for(kUsageGrace);
+    fmt::print(stderr, "lmscale: error: {}{}\n", mpi.rank() == 0 ? "" : fmt::format("rank {}: ", mpi.rank()),
+               e.what());
+    if (!partial.empty()) fmt::print(stderr, "lmscale: rank {}: {}\n", mpi.rank(), partial);
+    mpi.abort(2);
     return 2;
   } catch (const std::bad_alloc& e) {
     return fail(fmt::format("out of host memory: {}", e.what()));

@@ -383,6 +383,11 @@ std::vector<DeckKey> build_table() {
       int_key("train.keep_checkpoints", LMSCALE_FIELD(train.keep_checkpoints), 0,
               "Newest complete sharded checkpoints kept in train.checkpoint_dir (older ones are removed after a "
               "new one is complete); 0 = keep all."),
+      enum_key("train.on_newer_checkpoints", LMSCALE_FIELD(train.on_newer_checkpoints),
+               "What train.resume from an older checkpoint does when train.checkpoint_dir holds newer ones (another "
+               "history, which rotation and a later train.resume = auto would mix with the new one): refuse (exit 2 "
+               "before any work); move-aside (the newer step folders are moved into "
+               "train.checkpoint_dir/superseded-<UTC time>/, kept but no longer resumed) (docs/checkpoints.md)."),
       enum_key("train.activation_checkpointing", LMSCALE_FIELD(train.activation_checkpointing),
                "Activation checkpointing (train and bench-model): none; every-k (keep the input of each group of "
                "train.checkpoint_k blocks, recompute the group in the backward); selective (recompute the norms' "

@@ -1,7 +1,10 @@
 #pragma once
-// Internal: the data-parallel degree a deck resolves to (parallel.dp = 0 means "the rest").
+// Internal parts of deck validation (io/deck.h validate()).
 #include <cstdint>
+#include <optional>
+#include <string>
 
+#include "lmscale/io/checkpoint.h"
 #include "lmscale/io/config.h"
 
 namespace lmscale::io::detail {
@@ -9,5 +12,17 @@ namespace lmscale::io::detail {
 // dp when given; else world_size / (tp * pp). For jobs that run the model (train, bench-model)
 // tp * pp must divide the world size (UsageError otherwise); other jobs fall back to 1.
 std::int64_t resolved_dp(const Config& c, int world_size);
+
+// Every file the run reads or writes: aliases by file identity and the overwrite rule (UsageError
+// naming the keys; deck_output_paths.cpp).
+void check_output_paths(const Config& c);
+
+// train: the resume source against the deck (model, optimizer, step, newer checkpoints) and the
+// checkpoint layout against the optimizer (deck_checkpoints.cpp).
+void check_checkpoints(const Config& c, int world_size);
+
+// What in a weights file or single-file checkpoint contradicts the deck's model keys (blocks,
+// heads, vocabulary, width, rope_theta) as one sentence; nullopt when they agree.
+std::optional<std::string> weights_mismatch(const Config& c, const CheckpointReader& r);
 
 }  // namespace lmscale::io::detail

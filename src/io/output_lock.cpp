@@ -3,6 +3,7 @@
 #include "lmscale/io/output_lock.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,7 +11,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -52,20 +55,61 @@ std::string host_name() {
   return name;
 }
 
+// The process a lock file names ("lmscale-lock pid=123 host=node1").
+struct Holder {
+  long pid = 0;
+  std::string host;
+};
+
+std::optional<Holder> parse_holder(const std::string& text) {
+  if (text.rfind(kMagic, 0) != 0) return std::nullopt;
+  const auto pid_at = text.find("pid="), host_at = text.find(" host=");
+  if (pid_at == std::string::npos || host_at == std::string::npos || host_at < pid_at) return std::nullopt;
+  Holder h;
+  try {
+    h.pid = std::stol(text.substr(pid_at + 4, host_at - pid_at - 4));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  h.host = text.substr(host_at + 6);
+  while (!h.host.empty() && (h.host.back() == '\n' || h.host.back() == '\r')) h.host.pop_back();
+  return h;
+}
+
+// kill(pid, 0): the process exists (EPERM: it exists, owned by another user).
+bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+// TEST-ONLY: LMSCALE_TEST_NO_FLOCK=1 behaves as a file system without flock(2) (ENOLCK), so that
+// the lock file's content as the lock is tested on any machine (ctest/regression/reliability.sh).
+bool flock_unavailable_for_test() {
+  const char* v = std::getenv("LMSCALE_TEST_NO_FLOCK");
+  return v && std::string(v) == "1";
+}
+
 }  // namespace
 
 std::string lock_path_for(const std::string& path) { return path + ".lock"; }
+std::string directory_lock_path(const std::string& dir) { return (fs::path(dir) / "lmscale.lock").string(); }
 
-OutputLock::OutputLock(const std::string& key, const std::string& path) : lock_path_(lock_path_for(path)) {
+OutputLock::OutputLock(const std::string& key, const std::string& path)
+    : OutputLock(key, path, lock_path_for(path), "writing this file") {}
+
+std::unique_ptr<OutputLock> OutputLock::for_directory(const std::string& key, const std::string& dir) {
+  return std::unique_ptr<OutputLock>(new OutputLock(key, dir, directory_lock_path(dir), "writing checkpoints there"));
+}
+
+OutputLock::OutputLock(const std::string& key, const std::string& path, const std::string& lock_path, const char* what)
+    : lock_path_(lock_path) {
   std::error_code ec;
   // Missing directories are created here (the results file would create them a moment later) and
   // taken away again on release while empty.
-  for (fs::path dir = fs::path(path).parent_path(); !dir.empty() && dir.has_relative_path(); dir = dir.parent_path()) {
+  const fs::path parent = fs::path(lock_path_).parent_path();
+  for (fs::path dir = parent; !dir.empty() && dir.has_relative_path(); dir = dir.parent_path()) {
     if (fs::symlink_status(dir, ec).type() != fs::file_type::not_found) break;
     created_dirs_.push_back(dir.string());
   }
   if (!created_dirs_.empty()) {
-    fs::create_directories(fs::path(path).parent_path(), ec);
+    fs::create_directories(parent, ec);
     if (ec) {
       created_dirs_.clear();
       throw UsageError(fmt::format("{} = '{}': cannot create its directory ({}); choose another path", key, path,
@@ -96,20 +140,18 @@ OutputLock::OutputLock(const std::string& key, const std::string& path) : lock_p
       refuse(fmt::format("'{}' exists and is not a regular file; lmscale keeps its lock there: remove it or choose "
                          "another path",
                          lock_path_));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    int unlockable = flock_unavailable_for_test() ? ENOLCK : 0;
+    if (unlockable == 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       if (err == EWOULDBLOCK)
-        refuse(fmt::format("{} is writing this file now (it holds '{}'); wait for it to end, or choose another path",
-                           holder(read_all(fd_)), lock_path_));
-      // No flock on this file system: go on unguarded rather than refuse every run there.
-      std::fprintf(stderr, "lmscale: warning: %s = '%s': cannot lock '%s' (%s); another run writing the same file "
-                           "would not be detected\n",
-                   key.c_str(), path.c_str(), lock_path_.c_str(), std::strerror(err));
-      break;
+        refuse(fmt::format("{} is {} now (it holds '{}'); wait for it to end, or choose another path",
+                           holder(read_all(fd_)), what, lock_path_));
+      unlockable = err;
     }
     // The lock is on the file this name still refers to (a finishing run unlinks it while holding it).
     struct stat named{};
-    if (::lstat(lock_path_.c_str(), &named) != 0 || named.st_dev != mine.st_dev || named.st_ino != mine.st_ino) {
+    if (unlockable == 0 &&
+        (::lstat(lock_path_.c_str(), &named) != 0 || named.st_dev != mine.st_dev || named.st_ino != mine.st_ino)) {
       ::close(fd_);
       fd_ = -1;
       continue;
@@ -119,6 +161,25 @@ OutputLock::OutputLock(const std::string& key, const std::string& path) : lock_p
       refuse(fmt::format("'{}' exists and is not an lmscale lock file; lmscale keeps its lock there: remove or rename "
                          "it, or choose another path",
                          lock_path_));
+    if (const auto h = parse_holder(text); h && !(h->pid == ::getpid() && h->host == host_name())) {
+      // Without flock the content is the lock: a holder still running on this host refuses the run;
+      // one on another host cannot be checked from here.
+      if (unlockable != 0 && h->host == host_name() && process_alive(h->pid))
+        refuse(fmt::format("{} is {} now (it holds '{}'); wait for it to end, or choose another path", holder(text),
+                           what, lock_path_));
+      if (unlockable != 0 && h->host != host_name())
+        refuse(fmt::format("{} on another host holds '{}' and may still be {} (this file system has no flock, so "
+                           "lmscale cannot tell whether it is gone); wait for it to end, or remove '{}' if it no "
+                           "longer runs",
+                           holder(text), lock_path_, what, lock_path_));
+      std::fprintf(stderr, "lmscale: note: %s = '%s': taking over the lock '%s' left by pid %ld on %s, which no longer "
+                           "runs\n",
+                   key.c_str(), path.c_str(), lock_path_.c_str(), h->pid, h->host.c_str());
+    }
+    if (unlockable != 0)   // no flock on this file system: the content guards it, with a race
+      std::fprintf(stderr, "lmscale: warning: %s = '%s': cannot lock '%s' (%s); its content names this process, but "
+                           "two runs starting at the same moment would not be detected\n",
+                   key.c_str(), path.c_str(), lock_path_.c_str(), std::strerror(unlockable));
     const std::string line = fmt::format("{}pid={} host={}\n", kMagic, ::getpid(), host_name());
     if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
       refuse(fmt::format("cannot write its lock file '{}' ({})", lock_path_, std::strerror(errno)));
@@ -149,6 +210,9 @@ std::vector<std::unique_ptr<OutputLock>> lock_outputs(const Config& c) {
   if (c.run.job == JobKind::prune && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
   std::vector<std::unique_ptr<OutputLock>> locks;
   for (const auto& [key, path] : outputs) locks.push_back(std::make_unique<OutputLock>(key, path));
+  // Two runs writing and rotating one checkpoint directory would delete each other's lineage.
+  if (c.run.job == JobKind::train && !c.train.checkpoint_dir.empty())
+    locks.push_back(OutputLock::for_directory("train.checkpoint_dir", c.train.checkpoint_dir));
   return locks;
 }
 

@@ -69,6 +69,26 @@ std::optional<std::string> replaceable(const std::string& path, bool trace) {
   return std::nullopt;
 }
 
+// Why files cannot be created in the directory `dir` (absolute): it, or its nearest existing
+// ancestor when it is missing (what is missing below is created with the file), must be a
+// writable directory.
+std::optional<std::string> creatable(fs::path dir) {
+  std::error_code ec;
+  while (true) {
+    const fs::file_status st = fs::status(dir, ec);
+    if (st.type() == fs::file_type::not_found) {
+      if (!dir.has_relative_path()) return fmt::format("cannot be created: '{}' does not exist", dir.string());
+      dir = dir.parent_path();
+      continue;
+    }
+    if (st.type() != fs::file_type::directory)
+      return fmt::format("cannot be created: '{}' is {}, not a directory", dir.string(), kind_name(st.type()));
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      return fmt::format("cannot be created: directory '{}' is not writable ({})", dir.string(), std::strerror(errno));
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 bool is_empty_or_hdf5(const std::string& path) {
@@ -150,24 +170,23 @@ std::optional<std::string> output_problem(const std::string& path, bool trace) {
   const std::string tmp = path + ".tmp";
   if (auto problem = replaceable(tmp, trace)) return fmt::format("cannot be written because '{}' {}", tmp, *problem);
 
-  // The directory: the nearest existing ancestor must be a writable directory (what is missing
-  // below it is created when the file is).
   std::error_code ec;
-  fs::path dir = fs::absolute(fs::path(path), ec).parent_path();
+  const fs::path dir = fs::absolute(fs::path(path), ec).parent_path();
   if (ec) return fmt::format("cannot be resolved ({})", ec.message());
-  while (true) {
-    const fs::file_status st = fs::status(dir, ec);
-    if (st.type() == fs::file_type::not_found) {
-      if (!dir.has_relative_path()) return fmt::format("cannot be created: '{}' does not exist", dir.string());
-      dir = dir.parent_path();
-      continue;
-    }
-    if (st.type() != fs::file_type::directory)
-      return fmt::format("cannot be created: '{}' is {}, not a directory", dir.string(), kind_name(st.type()));
-    if (::access(dir.c_str(), W_OK | X_OK) != 0)
-      return fmt::format("cannot be created: directory '{}' is not writable ({})", dir.string(), std::strerror(errno));
+  return creatable(dir);
+}
+
+std::optional<std::string> directory_problem(const std::string& dir) {
+  if (dir.empty()) return std::string("is empty");
+  std::error_code ec;
+  const fs::path abs = fs::absolute(fs::path(dir), ec);
+  if (ec) return fmt::format("cannot be resolved ({})", ec.message());
+  if (fs::is_directory(abs, ec)) {
+    if (::access(abs.c_str(), W_OK | X_OK) != 0)
+      return fmt::format("is a directory this process cannot write to ({})", errno_text(errno));
     return std::nullopt;
   }
+  return creatable(abs);
 }
 
 std::string errno_text(int e) {

@@ -21,6 +21,10 @@ namespace lmscale::io::detail {
 // replaced instead of an HDF5 file.
 std::optional<std::string> output_problem(const std::string& path, bool trace = false);
 
+// Why files cannot be created in the directory `dir` (train.checkpoint_dir): it, or its nearest
+// existing ancestor when it is missing, must be a writable directory; nullopt when they can.
+std::optional<std::string> directory_problem(const std::string& dir);
+
 // The target alone (not NAME.tmp, not the directory): checked again just before the rename.
 std::optional<std::string> replace_problem(const std::string& path, bool trace = false);
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <ctime>
 #include <set>
 #include <filesystem>
 #include <regex>
@@ -420,6 +421,40 @@ std::vector<std::pair<std::int64_t, std::string>> complete_checkpoints(const std
   for (auto& [step, path] : step_dirs(dir))
     if (fs::is_regular_file(fs::path(path) / kIndexFile, ec)) out.emplace_back(step, path);
   return out;
+}
+
+MovedAside move_aside_newer_checkpoints(const std::string& dir, std::int64_t step) {
+  MovedAside moved;
+  std::vector<std::string> newer;
+  for (const auto& [s, path] : step_dirs(dir))
+    if (s > step) newer.push_back(path);
+  if (newer.empty()) return moved;
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32] = {};
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  // A folder of its own, even when two runs move checkpoints aside within one second.
+  std::error_code ec;
+  for (int n = 1;; ++n) {
+    const fs::path folder = fs::path(dir) / (n == 1 ? fmt::format("superseded-{}", stamp)
+                                                    : fmt::format("superseded-{}-{}", stamp, n));
+    if (fs::create_directory(folder, ec)) {
+      moved.folder = folder.string();
+      break;
+    }
+    if (ec || n > 100)
+      throw Error(fmt::format("cannot create '{}' to move the newer checkpoints aside: {}", folder.string(),
+                              ec ? ec.message() : std::string("it exists")));
+  }
+  for (const auto& path : newer) {
+    const fs::path name = fs::path(path).filename();
+    fs::rename(path, fs::path(moved.folder) / name, ec);
+    if (ec)
+      throw Error(fmt::format("cannot move checkpoint '{}' aside into '{}': {}", path, moved.folder, ec.message()));
+    moved.names.push_back(name.string());
+  }
+  return moved;
 }
 
 void prune_checkpoints(const std::string& dir, std::int64_t keep) {

@@ -11,6 +11,7 @@
 #include "lmscale/jobs/engine/checkpointing.h"
 #include "lmscale/jobs/memory_report.h"
 #include "lmscale/jobs/engine/pipeline_report.h"
+#include "lmscale/jobs/resilience/fault_injection.h"
 #include "lmscale/jobs/resilience/preemption.h"
 #include "lmscale/jobs/engine/sharded_checkpointing.h"
 #include "lmscale/jobs/resilience/step_watchdog.h"
@@ -85,6 +86,7 @@ int run_train(JobEnv& env) {
     load_checkpoint(env, trainer, cfg.train.resume);
     resumed_from = cfg.train.resume;
   }
+  move_aside_newer_checkpoints(env, trainer.step());   // train.on_newer_checkpoints = move-aside
   // Sharded checkpoints (train.checkpoint_dir) or the single file train.checkpoint_path.
   const bool sharded_checkpoints = !cfg.train.checkpoint_dir.empty();
   std::int64_t checkpointed_at = trainer.step();   // a resumed run's step is already saved
@@ -145,7 +147,7 @@ int run_train(JobEnv& env) {
   // values, so every rank counts the same and stops at the same step).
   std::int64_t skipped_in_a_row = 0;
   bool diverged = false;
-  constexpr double kFlushSeconds = 10.0;
+  const double flush_seconds = FaultInjection::from_environment().flush_s;   // 10 s unless a test sets it
   WallTimer flush_timer;
   for (std::int64_t s = start; s < cfg.train.steps; ++s) {
     auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
@@ -162,9 +164,9 @@ int run_train(JobEnv& env) {
                   static_cast<std::int64_t>(r.skipped), static_cast<std::int64_t>(rt.allocator().tracker().current())});
     const bool last = s + 1 == cfg.train.steps;
     const bool log_step = last || s == start || (cfg.train.log_every > 0 && (s + 1) % cfg.train.log_every == 0);
-    // The rows reach the disk at every log step and at least every kFlushSeconds, whatever
+    // The rows reach the disk at every log step and at least every flush_seconds, whatever
     // run.progress says, so that NAME.tmp stays readable after kill -9 (issue 36 item 4).
-    if (env.is_root() && (log_step || flush_timer.seconds() >= kFlushSeconds)) {
+    if (env.is_root() && (log_step || flush_timer.seconds() >= flush_seconds)) {
       steps.flush();
       flush_timer.reset();
     }

@@ -21,6 +21,16 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A UsageError that every rank throws together, after the ranks agreed on it (app/main.cpp's
+// deck checks, jobs/resilience/rank_agreement.h): rank 0 prints it once and every rank exits 2.
+// Any other UsageError in a job of several ranks may be one rank's alone (a file only that rank
+// reads, found mid-job) while the others wait in a collective: main then ends the whole job with
+// exit 2 through MPI_Abort (docs/reliability.md).
+class AgreedUsageError : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
+
 // An allocation that did not fit. Jobs that sweep sizes catch it and record "OOM".
 class OutOfMemory : public Error {
  public:

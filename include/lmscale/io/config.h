@@ -107,6 +107,10 @@ LMSCALE_DECK_ENUM(CollectiveAlgo, "library", "ring", "shm", "hier", "auto");
 // train.activation_checkpointing
 enum class Checkpointing { none, every_k, selective, selective_mlp };
 LMSCALE_DECK_ENUM(Checkpointing, "none", "every-k", "selective", "selective-mlp");
+// train.on_newer_checkpoints: what a resume from an older step does with the newer checkpoints in
+// train.checkpoint_dir (refuse: exit 2; move_aside: into checkpoint_dir/superseded-<time>/)
+enum class NewerCheckpoints { refuse, move_aside };
+LMSCALE_DECK_ENUM(NewerCheckpoints, "refuse", "move-aside");
 // optim.name
 enum class OptimizerName { adamw, sgd, lars, lamb };
 LMSCALE_DECK_ENUM(OptimizerName, "adamw", "sgd", "lars", "lamb");
@@ -233,6 +237,7 @@ struct TrainConfig {
   std::int64_t checkpoint_k = 1;
   std::string checkpoint_dir;           // sharded checkpoints (step_NNNNNNNN/), empty = single-file checkpoint_path
   std::int64_t keep_checkpoints = 2;    // newest complete sharded checkpoints kept; 0 = all
+  NewerCheckpoints on_newer_checkpoints = NewerCheckpoints::refuse;
   bool checkpoint_keep_attention = false;   // every-k: keep each block's attention output and LSE
   std::int64_t checkpoint_layers = 0;       // every-k: checkpoint only the first n blocks of a range (0: all)
   std::int64_t max_skipped_steps = 20;      // consecutive skipped/non-finite steps that stop the run; 0 = off

@@ -106,6 +106,16 @@ std::vector<std::pair<std::int64_t, std::string>> complete_checkpoints(const std
 // ones included: they are left by runs that stopped while writing). keep <= 0 keeps all.
 void prune_checkpoints(const std::string& dir, std::int64_t keep);
 
+// Moves every step directory under DIR whose step exceeds `step` (complete or not) into a new
+// DIR/superseded-<UTC time, YYYYmmddTHHMMSSZ>/ (train.on_newer_checkpoints = move-aside); returns
+// that folder and the names moved, or an empty folder when nothing is newer. Error naming the
+// folder when a rename fails (what was moved stays moved).
+struct MovedAside {
+  std::string folder;
+  std::vector<std::string> names;
+};
+MovedAside move_aside_newer_checkpoints(const std::string& dir, std::int64_t step);
+
 // What in the index contradicts a model of these dimensions (vocab_size, d_model, d_ff,
 // num_layers, num_heads), as one sentence; nullopt when they agree.
 std::optional<std::string> model_mismatch(const CheckpointIndex& index, const std::map<std::string, std::int64_t>& dims);

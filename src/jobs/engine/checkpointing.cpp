@@ -1,6 +1,7 @@
 #include "lmscale/jobs/engine/checkpointing.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/host_vector.h"
 #include "lmscale/io/checkpoint.h"
+#include "lmscale/jobs/resilience/rank_agreement.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::jobs {
@@ -85,37 +87,61 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   Context& ctx = env.rt.ctx();
   // Full parameters by name, sliced by the trainer for this rank's layout.
   const auto full_layout = model::parameter_layout(trainer.dims());
-  io::CheckpointReader r(path);
-  std::vector<float> flat(static_cast<std::size_t>(full_layout.back().offset + full_layout.back().numel));
-  for (const auto& p : full_layout) r.read(p.name, p.shape, flat.data() + p.offset);
-  require_finite(path, "the weights", full_layout, flat);
+  const auto numel = static_cast<std::size_t>(full_layout.back().offset + full_layout.back().numel);
+  // Read and checked on every rank before any is applied, and agreed on: per-node copies of the
+  // file can differ, and a rank that alone found its copy bad would otherwise leave the others
+  // waiting in the first step (exit 2 on every rank, issue 36 item 1).
+  std::vector<float> flat(numel);
+  std::vector<std::vector<float>> states;   // the optimizer's m (and v), full layout
+  std::int64_t step = 0, optimizer_steps = 0;
+  std::optional<double> loss_scale;
+  agree_on_failure(env, [&] {
+    try {
+      io::CheckpointReader r(path);
+      for (const auto& p : full_layout) r.read(p.name, p.shape, flat.data() + p.offset);
+      require_finite(path, "the weights", full_layout, flat);
+      if (!r.has_optimizer_state()) return;   // a weights file: fresh optimizer, step 0
+      if (!trainer.optimizer())
+        throw UsageError("train.resume: resuming optimizer state with parallel.zero is not supported yet");
+      // Checkpoints from before issue 16 carry no optimizer name: they are AdamW's.
+      std::string written_by = "adamw";
+      if (auto a = r.attr("optimizer"); a && std::holds_alternative<std::string>(*a))
+        written_by = std::get<std::string>(*a);
+      const optim::Optimizer& o = *trainer.optimizer();
+      if (written_by != o.name())
+        throw UsageError("train.resume: checkpoint " + path + " holds the state of optim.name = " + written_by +
+                         " but the deck asks for " + o.name() + "; set optim.name = " + written_by +
+                         " (optimizer state belongs to the optimizer that wrote it)");
+      for (int k = 0; k < o.num_states(); ++k) {
+        const char* moment = k == 0 ? "m" : "v";
+        states.emplace_back(numel);
+        for (const auto& p : full_layout) r.read_optimizer(moment, p.name, p.shape, states.back().data() + p.offset);
+        require_finite(path, fmt::format("the optimizer state {}", moment), full_layout, states.back());
+      }
+      auto get = [&](const char* name) -> std::int64_t {
+        auto a = r.attr(name);
+        if (!a || !std::holds_alternative<std::int64_t>(*a))
+          throw Error(std::string("checkpoint ") + path + " lacks attribute " + name);
+        return std::get<std::int64_t>(*a);
+      };
+      step = get("step");
+      optimizer_steps = get("optimizer_steps");
+      if (auto ls = r.attr("loss_scale"); ls && std::holds_alternative<double>(*ls)) loss_scale = std::get<double>(*ls);
+    } catch (const Error& e) {   // io: a damaged, truncated or unreadable file (named in the message)
+      throw UsageError(fmt::format("train.resume = '{}' cannot be read: {}", path, e.what()));
+    }
+  }, true);
   trainer.set_parameters(flat);
-  if (!r.has_optimizer_state()) return;   // a weights file: fresh optimizer, step 0
-  if (!trainer.optimizer()) throw UsageError("train.resume: resuming optimizer state with parallel.zero is not supported yet");
-  // Checkpoints from before issue 16 carry no optimizer name: they are AdamW's.
-  std::string written_by = "adamw";
-  if (auto a = r.attr("optimizer"); a && std::holds_alternative<std::string>(*a)) written_by = std::get<std::string>(*a);
+  if (states.empty()) return;
   optim::Optimizer& o = *trainer.optimizer();
-  if (written_by != o.name())
-    throw UsageError("train.resume: checkpoint " + path + " holds the state of optim.name = " + written_by +
-                     " but the deck asks for " + o.name() + "; set optim.name = " + written_by +
-                     " (optimizer state belongs to the optimizer that wrote it)");
   for (int k = 0; k < o.num_states(); ++k) {
-    const char* moment = k == 0 ? "m" : "v";
-    for (const auto& p : full_layout) r.read_optimizer(moment, p.name, p.shape, flat.data() + p.offset);
-    require_finite(path, fmt::format("the optimizer state {}", moment), full_layout, flat);
-    std::vector<float> local = trainer.to_local_layout(flat);
+    std::vector<float> local = trainer.to_local_layout(states[static_cast<std::size_t>(k)]);
     Tensor src = Tensor::view(local.data(), {static_cast<std::int64_t>(local.size())}, DType::f32, Device::cpu);
     ops::copy(ctx, src, o.state(k));
   }
-  auto get = [&](const char* name) -> std::int64_t {
-    auto a = r.attr(name);
-    if (!a || !std::holds_alternative<std::int64_t>(*a)) throw Error(std::string("checkpoint ") + path + " lacks attribute " + name);
-    return std::get<std::int64_t>(*a);
-  };
-  trainer.set_step(get("step"));
-  trainer.optimizer()->set_steps(get("optimizer_steps"));
-  if (auto ls = r.attr("loss_scale"); ls && std::holds_alternative<double>(*ls)) trainer.loss_scaler().set_scale(std::get<double>(*ls));
+  trainer.set_step(step);
+  trainer.optimizer()->set_steps(optimizer_steps);
+  if (loss_scale) trainer.loss_scaler().set_scale(*loss_scale);
 }
 
 }  // namespace lmscale::jobs

@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <filesystem>
 #include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mpi.h>
 
 #include "lmscale/comm/communicator.h"
@@ -168,6 +170,22 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
   }, false);
 }
 
+void move_aside_newer_checkpoints(JobEnv& env, std::int64_t step) {
+  const auto& t = env.cfg.train;
+  if (t.on_newer_checkpoints != NewerCheckpoints::move_aside || t.checkpoint_dir.empty() || t.resume.empty() ||
+      t.resume == "auto")
+    return;
+  agree_on_failure(env, [&] {
+    if (!env.is_root()) return;
+    const io::MovedAside moved = io::move_aside_newer_checkpoints(t.checkpoint_dir, step);
+    if (moved.names.empty()) return;
+    fmt::print("train.on_newer_checkpoints = move-aside: moved {} checkpoint folder{} newer than step {} ({}) into "
+               "'{}'\n",
+               moved.names.size(), moved.names.size() == 1 ? "" : "s", step, fmt::join(moved.names, ", "),
+               moved.folder);
+  }, false);
+}
+
 std::optional<std::string> resume_directory(JobEnv& env) {
   const Config& cfg = env.cfg;
   std::string found;
@@ -209,6 +227,31 @@ void check_shard(const io::CheckpointIndex& ix, int file, const io::ShardReader&
                                    "unaltered checkpoint",
                                    shard.path(), name, got ? std::to_string(*got) : std::string("(missing)"), ix.dir,
                                    io::kIndexFile, want));
+  }
+  // Its layout: the file's own piece table must be the index's pieces of this file, piece for
+  // piece (a shard of another layout, or an edited table, would put elements in wrong places).
+  std::vector<io::ShardPiece> indexed;
+  for (const auto& e : ix.entries)
+    if (e.file == file) indexed.push_back({ix.params[static_cast<std::size_t>(e.param)], e.begin, e.end, e.offset});
+  std::vector<io::ShardPiece> own = shard.pieces();
+  const auto order = [](const io::ShardPiece& a, const io::ShardPiece& b) {
+    return std::tie(a.name, a.begin, a.end, a.offset) < std::tie(b.name, b.begin, b.end, b.offset);
+  };
+  std::sort(indexed.begin(), indexed.end(), order);
+  std::sort(own.begin(), own.end(), order);
+  const auto same = [](const io::ShardPiece& a, const io::ShardPiece& b) {
+    return a.name == b.name && a.begin == b.begin && a.end == b.end && a.offset == b.offset;
+  };
+  const auto [mine, theirs] = std::mismatch(own.begin(), own.end(), indexed.begin(), indexed.end(), same);
+  if (mine != own.end() || theirs != indexed.end()) {
+    const auto show = [](const io::ShardPiece& p) {
+      return fmt::format("'{}' [{}, {}) at {}", p.name, p.begin, p.end, p.offset);
+    };
+    throw UsageError(fmt::format("train.resume: checkpoint file '{}' holds pieces other than its index '{}/{}' lists "
+                                 "for it (the file has {}, the index {}): the shard belongs to another layout or was "
+                                 "altered; resume a complete, unaltered checkpoint",
+                                 shard.path(), ix.dir, io::kIndexFile, mine != own.end() ? show(*mine) : "nothing more",
+                                 theirs != indexed.end() ? show(*theirs) : "nothing more"));
   }
 }
 

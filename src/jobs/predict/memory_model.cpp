@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+
+#include <fmt/format.h>
 
 #include "lmscale/comm/communicator.h"
 #include "lmscale/comm/peer_copy.h"
@@ -33,12 +36,84 @@ std::vector<MemoryPhases> predict_stage_phases(const Config& cfg, int world, boo
   return stages;
 }
 
+namespace {
+
+// Each phase is affine in the depth L once the blocks' pattern repeats and the fixed-size parts
+// (the first gradient bucket, capped at its size; the LM head's chunks) no longer grow: each
+// block then adds the same kept activations, gradients and state, up to where fixed-size
+// gradient buckets fall. Replays at depths D < 2D < 4D with L's residue modulo the pattern's
+// period (pipeline chunks pp x virtual_stages, every-k groups of checkpoint_k) give two slopes
+// per phase; when they agree within kSlopeAgreement the line through 2D and 4D is evaluated at L,
+// else D doubles (a regime still changing: buckets not yet full). nullopt where the pattern is
+// not periodic (explicit parallel.stage_layers), where the depths would not reach past
+// train.checkpoint_layers, or where no slope settles before 4D reaches L (then L is replayed).
+constexpr double kSlopeAgreement = 5e-3;
+
+std::optional<MemoryPhases> extrapolated_memory_phases(const Config& cfg, int world, bool cuda, int rank) {
+  const std::int64_t L = cfg.model.num_layers;
+  if (L <= kMaxReplayedLayers || !cfg.parallel.stage_layers.empty()) return std::nullopt;
+  const auto& t = cfg.train;
+  const std::int64_t chunks = cfg.parallel.pp * std::max<std::int64_t>(1, cfg.parallel.virtual_stages);
+  const std::int64_t k = t.activation_checkpointing == Checkpointing::every_k ? std::max<std::int64_t>(1, t.checkpoint_k) : 1;
+  const std::int64_t period = chunks * k;
+  const std::int64_t residue = L % period;
+  auto replay_at = [&](std::int64_t m) {
+    Config c = cfg;
+    c.model.num_layers = residue + m * period;
+    return replay_memory_phases(c, world, cuda, rank);
+  };
+  // The shallowest replay's chunks must hold more than the checkpointed blocks and a group, and
+  // gradients of at least the largest bucket (at 2 bytes an element), so that the first bucket
+  // is full: below that it grows with the depth (a slope that changes later, which two nearby
+  // slopes would not show).
+  const auto& d = cfg.model;
+  const double block_elems = (4.0 * static_cast<double>(d.d_model * d.d_model) + 3.0 * static_cast<double>(d.d_model * d.d_ff)) /
+                             static_cast<double>(cfg.parallel.tp);
+  const double bucket = std::max(static_cast<double>(parallel::Spec::resolve(cfg.parallel, world).lazy_bucket_bytes()),
+                                 cfg.parallel.bucket_mb * 1024 * 1024);
+  const auto min_chunk = static_cast<std::int64_t>(std::ceil(bucket / (2.0 * std::max(1.0, block_elems)))) +
+                         t.checkpoint_layers + k;
+  std::int64_t m = std::max<std::int64_t>(1, (kMaxReplayedLayers / 2) / period);
+  while ((residue + m * period) / chunks < min_chunk) m *= 2;
+  MemoryPhases a = replay_at(m), b = replay_at(2 * m);
+  for (; residue + 4 * m * period < L; m *= 2) {
+    const MemoryPhases c = replay_at(4 * m);
+    bool settled = c.phases.size() == b.phases.size() && b.phases.size() == a.phases.size();
+    for (std::size_t i = 0; settled && i < c.phases.size(); ++i) {
+      const double first = b.phases[i].bytes - a.phases[i].bytes, second = (c.phases[i].bytes - b.phases[i].bytes) / 2;
+      settled = std::abs(second - first) <= kSlopeAgreement * std::max(std::abs(first), std::abs(second));
+    }
+    if (settled) {
+      const std::int64_t L1 = residue + 2 * m * period, L2 = residue + 4 * m * period;
+      const double x = static_cast<double>(L - L2) / static_cast<double>(L2 - L1);
+      MemoryPhases out;
+      for (std::size_t i = 0; i < c.phases.size(); ++i) {
+        const double bytes = c.phases[i].bytes + (c.phases[i].bytes - b.phases[i].bytes) * x;
+        out.phases.push_back({c.phases[i].phase, bytes});
+        out.peak = std::max(out.peak, bytes);
+      }
+      out.layout = fmt::format("{}; {} blocks extrapolated from replays of {} and {}", c.layout, L, L1, L2);
+      return out;
+    }
+    a = std::move(b);
+    b = c;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int rank) {
   if (rank < 0) {   // the rank that needs the most: the stage with the largest peak
     auto stages = predict_stage_phases(cfg, world, cuda);
     return *std::max_element(stages.begin(), stages.end(),
                              [](const MemoryPhases& a, const MemoryPhases& b) { return a.peak < b.peak; });
   }
+  if (auto extrapolated = extrapolated_memory_phases(cfg, world, cuda, rank)) return *extrapolated;
+  return replay_memory_phases(cfg, world, cuda, rank);
+}
+
+MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int rank) {
   const parallel::Spec spec = parallel::Spec::resolve(cfg.parallel, world);
   const comm::MeshShape mesh = spec.mesh_shape();
   if (mesh.pp > 1) return predict_pipeline_phases(cfg, world, cuda, rank);

@@ -32,6 +32,7 @@ void read_env(const char* name, T& value) {
 
 FaultInjection FaultInjection::from_environment() {
   FaultInjection f;
+  read_env("LMSCALE_TEST_FLUSH_S", f.flush_s);
   if (!std::getenv("LMSCALE_FAULT_SLEEP_RANK")) return f;
   read_env("LMSCALE_FAULT_SLEEP_RANK", f.sleep_rank);
   read_env("LMSCALE_FAULT_SLEEP_STEP", f.sleep_step);

@@ -37,7 +37,7 @@ void agree_on_failure(JobEnv& env, const std::function<void()>& work, bool as_us
   message.resize(static_cast<std::size_t>(header[0]));
   MPI_Bcast(message.data(), header[0], MPI_CHAR, first, env.mpi.world());
   const std::string text = first == 0 ? message : fmt::format("rank {}: {}", first, message);
-  if (header[1]) throw UsageError(text);
+  if (header[1]) throw AgreedUsageError(text);
   throw Error(text);
 }
 

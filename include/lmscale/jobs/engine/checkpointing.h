@@ -10,7 +10,9 @@ namespace lmscale::jobs {
 
 // Rank 0 writes; every rank must call (the weights are gathered from the device first).
 void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool with_optimizer_state);
-// Every rank reads the file and restores weights (and optimizer state and step when present).
+// Collective. Every rank reads the file and restores weights (and optimizer state and step when
+// present); a file that cannot continue the deck (unreadable, non-finite, another optimizer) on
+// any rank is UsageError (exit 2) on every rank, agreed before anything is applied.
 void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path);
 
 }  // namespace lmscale::jobs

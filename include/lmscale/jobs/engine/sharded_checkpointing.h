@@ -26,4 +26,11 @@ std::optional<std::string> resume_directory(JobEnv& env);
 // and the problem.
 void load_sharded_checkpoint(JobEnv& env, Trainer& trainer, const std::string& step_dir);
 
+// Collective. After an explicit train.resume (not auto) has been loaded at step `step`, with
+// train.on_newer_checkpoints = move-aside: rank 0 moves the step folders of train.checkpoint_dir
+// newer than `step` into train.checkpoint_dir/superseded-<UTC time>/ and says so, before the run
+// writes or rotates any checkpoint (the deck check refused them otherwise: issue 36 item 3).
+// Nothing to do for other decks. Error (exit 1) on every rank when a move fails.
+void move_aside_newer_checkpoints(JobEnv& env, std::int64_t step);
+
 }  // namespace lmscale::jobs

@@ -14,6 +14,7 @@
 // that replay; a pipeline rank replays its own stage's chunks under its schedule
 // (src/jobs/predict/memory_model_pipeline.cpp: microbatch activations in flight, the p2p receive buffers,
 // the sends kept until the next backward, the inputs and loss sums of all microbatches).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,15 @@ struct MemoryPhases {
 // rank: the world rank whose memory is predicted (mesh rank = (pp_idx dp + dp_idx) tp + tp_idx:
 // its pipeline stage, its ZeRO shard); -1: the rank with the largest peak (the stage that needs
 // the most; memory fit checks and the accounting job).
+// Beyond kMaxReplayedLayers blocks the phases are extrapolated from two replays of fewer blocks
+// (each phase is affine in the depth once the blocks' pattern repeats; exact up to where
+// fixed-size gradient buckets fall), so that any depth is predicted in milliseconds and a few MB
+// (issue 36 item 5); except with parallel.stage_layers, which fixes every stage's depth.
 MemoryPhases predict_memory_phases(const Config& cfg, int world, bool cuda, int rank = -1);
+inline constexpr std::int64_t kMaxReplayedLayers = 2048;
+// The block-by-block replay for mesh rank `rank` (>= 0) whatever the depth (what
+// predict_memory_phases extrapolates from; memory and time grow with model.num_layers).
+MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int rank);
 // The phases of every pipeline stage's first rank (dp 0, tp 0), stage by stage; one entry (rank
 // 0) without pipeline parallelism. The tp ranks of a stage predict alike, and dp rank 0 holds
 // the largest ZeRO shard (even_split gives the remainder to the first ranks).

@@ -7,7 +7,7 @@
 
 namespace lmscale::jobs {
 
-// Runs `work` on every rank. If it throws on any rank, every rank throws: UsageError when the
+// Runs `work` on every rank. If it throws on any rank, every rank throws: AgreedUsageError when the
 // lowest failing rank's exception was one (or `as_usage`), else Error, with that rank's message
 // (prefixed "rank R: " when R > 0). Collective over the world.
 void agree_on_failure(JobEnv& env, const std::function<void()>& work, bool as_usage);
