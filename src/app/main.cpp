@@ -87,8 +87,7 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
   const std::string tp_warning = app::tp_placement_warning(mpi, inv.config);
   if (root && !tp_warning.empty()) fmt::print(stderr, "lmscale: warning: {}\n", tp_warning);
   Config cfg = jobs::resolve_runtime(inv.config, mpi.size());
-  ops::Runtime rt(cfg.parallel.device == DeviceChoice::cuda ? Device::cuda : Device::cpu, mpi.local_rank(), cfg.precision.tf32,
-                  cfg.precision.gemm_autotune);
+  ops::Runtime rt(jobs::process_device(cfg), mpi.local_rank(), cfg.precision.tf32, cfg.precision.gemm_autotune);
   // Before any output: a run whose predicted memory cannot fit is a configuration error.
   agree_on_usage(mpi, [&] {
     rt.set_comm_sms(static_cast<int>(cfg.parallel.comm_sms));
@@ -106,7 +105,9 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
     app::write_system_info(out, mpi, rt);
     if (!tp_warning.empty()) out.set_attr("/system", "tp_placement_warning", tp_warning);
     jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr};
-    if (mpi.size() > 1 && cfg.run.job != JobKind::bench_collectives) {
+    // bench-collectives makes its own; the accounting job computes on its own and plans a run whose
+    // backend this machine need not have.
+    if (mpi.size() > 1 && cfg.run.job != JobKind::bench_collectives && cfg.run.job != JobKind::accounting) {
       // Gradients travel over the deck's backend; host scalars (losses, norms) over MPI.
       env.comm = comm::make_world_communicator(jobs::world_backend(cfg), mpi, mpi.local_rank(), false,
                                                static_cast<int>(cfg.parallel.comm_sms));

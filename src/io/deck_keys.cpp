@@ -450,6 +450,15 @@ std::vector<DeckKey> build_table() {
                 "(H100/H200 SXM: 989.4 bf16/fp16, 66.9 fp32) for precision.mode."),
       float_key("accounting.link_gbps", LMSCALE_FIELD(accounting.link_gbps), R::positive(),
                 "Communication analysis: per-GPU link bandwidth in GB/s, one direction (H100/H200 NVLink 4: 450)."),
+      int_key("accounting.world", LMSCALE_FIELD(accounting.world), 0,
+              "run.job = accounting: ranks of the planned run, so that one process plans any layout; parallel.dp = 0 "
+              "resolves against it. 0 = parallel.dp x tp x pp when parallel.dp is set, else the ranks launched."),
+      enum_key("accounting.device", LMSCALE_FIELD(accounting.device),
+               "run.job = accounting: the device of the planned run, whose memory and peak FLOP/s the accounting "
+               "uses instead of this machine's (docs/jobs.md, accounting): h100-80gb (H100 SXM 80 GB, 81559 MiB as CUDA "
+               "reports it), h200 (141 GB, 143771 MiB), cpu (no device peak, host memory not known). "
+               "auto = the GPU this process sees; without one, h100-80gb for parallel.device = cuda and cpu "
+               "otherwise."),
       // [cost] (docs/recipes.md "Cost")
       float_key("cost.tokens", LMSCALE_FIELD(cost.tokens), R::non_negative(),
                 "accounting: estimate GPU-hours and money for training on this many tokens (FLOPs = 6 x matmul "

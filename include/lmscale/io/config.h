@@ -124,6 +124,11 @@ LMSCALE_DECK_ENUM(PruneMethod, "unstructured", "structured");
 enum class PruneSchedule { fixed, loss_guided };
 LMSCALE_DECK_ENUM(PruneSchedule, "fixed", "loss-guided");
 
+// accounting.device: the device the planned run uses, whose memory and peak rates the accounting
+// reads (jobs/predict/target_device.h); auto = the GPU this process sees, else the deck's device.
+enum class TargetDevice { automatic, h100_80gb, h200, cpu };
+LMSCALE_DECK_ENUM(TargetDevice, "auto", "h100-80gb", "h200", "cpu");
+
 #undef LMSCALE_DECK_ENUM
 
 struct RunConfig {
@@ -269,6 +274,8 @@ struct DataConfig {
 struct AccountingConfig {
   double device_tflops = 0;   // dense FLOP/s per device, TFLOP/s; 0 = datasheet peak (H100/H200)
   double link_gbps = 450;     // per-GPU link bandwidth, GB/s one way (NVLink 4: 900 both ways)
+  std::int64_t world = 0;     // ranks of the planned run; 0 = dp x tp x pp if dp is set, else the launched ranks
+  TargetDevice device = TargetDevice::automatic;   // the planned run's device
 
   bool operator==(const AccountingConfig&) const = default;
 };
