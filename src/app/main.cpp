@@ -26,6 +26,7 @@
 #include "lmscale/jobs/trace_output.h"
 #include "lmscale/jobs/dispatch.h"
 #include "lmscale/jobs/job_env.h"
+#include "lmscale/jobs/metrics_stream.h"
 #include "lmscale/jobs/predict/memory_fit.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/version.h"
@@ -104,7 +105,10 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
     out.write_provenance(cfg, mpi.size());
     app::write_system_info(out, mpi, rt);
     if (!tp_warning.empty()) out.set_attr("/system", "tp_placement_warning", tp_warning);
-    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr};
+    // run.metrics: rank 0's JSON Lines stream, its deck line first (jobs/metrics_stream.h).
+    jobs::MetricsStream metrics(cfg.run.metrics, cfg, io::planned_world(cfg, mpi.size()), root);
+    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr,
+                     metrics.active() ? &metrics : nullptr};
     // bench-collectives makes its own; the accounting job computes on its own and plans a run whose
     // backend this machine need not have.
     if (mpi.size() > 1 && cfg.run.job != JobKind::bench_collectives && cfg.run.job != JobKind::accounting) {

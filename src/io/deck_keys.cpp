@@ -212,6 +212,12 @@ std::vector<DeckKey> build_table() {
                  "Chrome-trace JSON of the run (all ranks in one file: steps, phases, layers, collectives, waits, "
                  "memory); open it in ui.perfetto.dev or chrome://tracing (docs/profiling.md). Written as PATH.tmp "
                  "and renamed to PATH when the job ends; empty: no trace."),
+      string_key("run.metrics", "path", LMSCALE_FIELD(run.metrics),
+                 "JSON Lines metrics stream, written by rank 0 and flushed line by line so that it can be tailed or "
+                 "imported into TensorBoard or W&B (docs/metrics.md): the resolved deck first, then one object per "
+                 "logged train step (loss, lr, grad norm, tokens/s and TFLOP/s per GPU, MFU, memory, skipped), per "
+                 "evaluation and per timed bench-model step. Replaces only a metrics file lmscale wrote (or an empty "
+                 "file); empty: none."),
       uint_key("run.seed", LMSCALE_FIELD(run.seed), "Seed of every random stream (weight init, synthetic data, data order)."),
       bool_key("run.progress", LMSCALE_FIELD(run.progress), "Print progress lines on stdout (rank 0)."),
       // [model]

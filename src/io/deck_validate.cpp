@@ -345,6 +345,7 @@ void check_aliases(const Config& c) {
   };
   std::vector<Entry> files{{"run.output", c.run.output, true}};
   if (!c.run.trace.empty()) files.push_back({"run.trace", c.run.trace, true});
+  if (!c.run.metrics.empty()) files.push_back({"run.metrics", c.run.metrics, true});
   std::string checkpoint_dir;
   if (c.run.job == JobKind::train) {
     if (!c.train.save.empty()) files.push_back({"train.save", c.train.save, true});
@@ -421,10 +422,18 @@ void check_output_paths(const Config& c) {
   }
   // The trace is JSON: it may replace an earlier trace, not an HDF5 file.
   if (!c.run.trace.empty()) {
-    if (const auto problem = detail::output_problem(c.run.trace, true))
+    if (const auto problem = detail::output_problem(c.run.trace, detail::OutputFormat::trace))
       fail("run.trace = '{}' {}; choose another path (lmscale writes a new file or replaces a trace it wrote, never "
            "anything else: docs/profiling.md)",
            c.run.trace, *problem);
+  }
+  // The metrics stream is JSON Lines, written in place (it is meant to be tailed): it may replace
+  // an earlier stream, not a result.
+  if (!c.run.metrics.empty()) {
+    if (const auto problem = detail::output_problem(c.run.metrics, detail::OutputFormat::metrics))
+      fail("run.metrics = '{}' {}; choose another path (lmscale writes a new file or replaces a metrics stream it "
+           "wrote, never anything else: docs/metrics.md)",
+           c.run.metrics, *problem);
   }
 }
 

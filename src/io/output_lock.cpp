@@ -141,6 +141,7 @@ OutputLock::~OutputLock() {
 std::vector<std::unique_ptr<OutputLock>> lock_outputs(const Config& c) {
   std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
   if (!c.run.trace.empty()) outputs.emplace_back("run.trace", c.run.trace);
+  if (!c.run.metrics.empty()) outputs.emplace_back("run.metrics", c.run.metrics);
   if (c.run.job == JobKind::train) {
     if (!c.train.save.empty()) outputs.emplace_back("train.save", c.train.save);
     if (c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty() && !c.train.checkpoint_path.empty())

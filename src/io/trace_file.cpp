@@ -19,7 +19,7 @@ void write_trace_file(const std::string& path, const std::string& json) {
   std::error_code ec;
   const fs::path dir = fs::path(path).parent_path();
   if (!dir.empty()) fs::create_directories(dir, ec);
-  if (const auto problem = detail::replace_problem(tmp, true))
+  if (const auto problem = detail::replace_problem(tmp, detail::OutputFormat::trace))
     throw Error(fmt::format("run.trace: '{}' {}", tmp, *problem));
   // Written with write(2), each error named with its errno; on failure NAME.tmp is removed (the
   // lock of run.trace, io/output_lock.h, makes it ours). A stale NAME.tmp or a link there is
@@ -48,7 +48,7 @@ void write_trace_file(const std::string& path, const std::string& json) {
     throw Error(fmt::format("run.trace: closing '{}' failed: {}; no trace was kept", tmp, detail::errno_text(e)));
   }
   // Checked again just before the rename: something else may have appeared under the name.
-  if (const auto problem = detail::replace_problem(path, true))
+  if (const auto problem = detail::replace_problem(path, detail::OutputFormat::trace))
     throw Error(fmt::format("run.trace = '{}' {}; the trace is kept in '{}'", path, *problem, tmp));
   fs::rename(tmp, path, ec);
   if (ec) throw Error(fmt::format("run.trace: cannot rename '{}' to '{}': {}", tmp, path, ec.message()));

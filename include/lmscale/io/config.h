@@ -137,6 +137,7 @@ struct RunConfig {
   std::uint64_t seed = 0;
   bool progress = true;                  // progress lines on stdout (rank 0)
   std::string trace;                     // Chrome-trace JSON path; empty: no trace (docs/profiling.md)
+  std::string metrics;                   // JSON Lines metrics stream (rank 0); empty: none (docs/metrics.md)
 
   bool operator==(const RunConfig&) const = default;
 };

@@ -5,6 +5,7 @@
 // docs/deck.md. Any problem -- unknown key (nearest valid key suggested), bad value, inconsistent
 // combination -- throws UsageError naming the key and the fix, before any work or output.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lmscale/io/config.h"
@@ -48,6 +49,9 @@ std::string deck_markdown();   // docs/deck.md
 // Resolved config as INI text (every key, resolved value); parse_deck_text(to_ini(c)) gives c
 // back (provenance fields aside). This is what --print-config prints.
 std::string to_ini(const Config& c);
+// Every key of the resolved config and its value as a deck spells it ("section.key", "value"), in
+// the key table's order: what to_ini prints, as pairs (the metrics stream's first line).
+std::vector<std::pair<std::string, std::string>> deck_values(const Config& c);
 // "lmscale 0.1.0 (git abc123, CUDA on)" for --version.
 std::string version_text();
 
