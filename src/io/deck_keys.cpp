@@ -358,6 +358,11 @@ std::vector<DeckKey> build_table() {
               "bench-collectives: each size is the previous one times this factor."),
       bool_key("bench.inplace", LMSCALE_FIELD(bench.inplace), "bench-collectives: send and receive in the same buffer."),
       bool_key("bench.check", LMSCALE_FIELD(bench.check), "bench-collectives: verify the result of every size."),
+      enum_key("bench.format", LMSCALE_FIELD(bench.format),
+               "bench-collectives: the stdout table. table: lmscale's (one row per op, size and algorithm); "
+               "nccl-tests: the layout of NVIDIA's nccl-tests (size, count, type, redop, root, then out-of-place and "
+               "in-place time, algbw, busbw and #wrong, and the \"# Avg bus bandwidth\" line), so that the parsers "
+               "written for nccl-tests read it (docs/jobs.md). The HDF5 tables are the same either way."),
       // [train]
       int_key("train.steps", LMSCALE_FIELD(train.steps), 1, "Optimizer steps."),
       int_key("train.batch_size", LMSCALE_FIELD(train.batch_size), 1,

@@ -104,6 +104,9 @@ LMSCALE_DECK_ENUM(CollectiveOp, "all-reduce", "reduce-scatter", "all-gather", "b
 // bench.algo
 enum class CollectiveAlgo { library, ring, shm, hier, automatic };
 LMSCALE_DECK_ENUM(CollectiveAlgo, "library", "ring", "shm", "hier", "auto");
+// bench.format: bench-collectives' stdout table (lmscale's, or nccl-tests' exact layout).
+enum class BenchFormat { table, nccl_tests };
+LMSCALE_DECK_ENUM(BenchFormat, "table", "nccl-tests");
 // train.activation_checkpointing
 enum class Checkpointing { none, every_k, selective, selective_mlp };
 LMSCALE_DECK_ENUM(Checkpointing, "none", "every-k", "selective", "selective-mlp");
@@ -220,6 +223,7 @@ struct BenchConfig {
   std::int64_t step_factor = 10;
   bool inplace = false;
   bool check = true;
+  BenchFormat format = BenchFormat::table;   // bench-collectives' stdout layout
 
   bool operator==(const BenchConfig&) const = default;
 };
