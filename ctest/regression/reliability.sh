@@ -226,11 +226,11 @@ case "$case_name" in
     dt=$((SECONDS - t0))
     expect_usage_error model.num_layers "per rank" "available"
     check "refused within 10 s (took ${dt}s)" test "$dt" -le 10 ;;
-  full_disk_trace)   # the trace (written at the end, 1.4 MB) meets a full disk: errno named, no t.json.tmp
+  full_disk_trace)   # the trace (written at the end) meets a full disk: errno named, no t.rank0.json.tmp
     # rank 0 sleeps 2 s at step 3 (test-only fault injection); then writes past 600 kB fail (fill_disk).
     # The results file (one chunk of 256 rows, 200 kB) stays below that; the trace does not.
     (trap '' XFSZ; LMSCALE_FAULT_SLEEP_RANK=0 LMSCALE_FAULT_SLEEP_STEP=3 LMSCALE_FAULT_SLEEP_S=2 \
-      exec "$lmscale" deck.ini --run.output=out.h5 --train.steps=200 --run.trace=t.json --run.progress=false \
+      exec "$lmscale" deck.ini --run.output=out.h5 --train.steps=400 --run.trace=t.json --run.progress=false \
       >stdout 2>stderr) &
     bg=$!
     for _ in $(seq 300); do
@@ -240,10 +240,10 @@ case "$case_name" in
     prlimit --pid "$bg" --fsize=600000
     wait_for_exit "$bg" 60; bg=""
     check "exit code $rc, expected 1" test "$rc" -eq 1
-    check "an error line names run.trace, t.json.tmp and the errno" \
-      bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F run.trace | grep -F t.json.tmp | grep -qF 'errno 27, EFBIG'"
-    check "t.json.tmp was removed" test ! -e t.json.tmp
-    check "no t.json" test ! -e t.json ;;
+    check "an error line names run.trace, t.rank0.json.tmp and the errno" \
+      bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F run.trace | grep -F t.rank0.json.tmp | grep -qF 'errno 27, EFBIG'"
+    check "t.rank0.json.tmp was removed" test ! -e t.rank0.json.tmp
+    check "no t.rank0.json" test ! -e t.rank0.json ;;
   checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
     mkdir -p ck/step_99999999999999999999999
     run --train.checkpoint_dir=ck --train.resume=auto

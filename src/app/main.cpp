@@ -23,6 +23,7 @@
 #include "lmscale/io/hdf5_library.h"
 #include "lmscale/io/output_lock.h"
 #include "lmscale/io/results.h"
+#include "lmscale/io/trace_file.h"
 #include "lmscale/jobs/trace_output.h"
 #include "lmscale/jobs/dispatch.h"
 #include "lmscale/jobs/job_env.h"
@@ -94,12 +95,11 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
     rt.set_comm_sms(static_cast<int>(cfg.parallel.comm_sms));
     jobs::check_memory_fits(cfg, mpi.size(), mpi.local_size(), rt);
   });
-  // One writer per output file (io/output_lock.h): rank 0 writes them and holds their locks until
-  // they are renamed into place; a second run writing one of them stops here with exit 2.
+  // One writer per output file (io/output_lock.h): rank 0 writes them (every rank its own trace)
+  // and holds their locks until they are renamed into place; a second run writing one of them
+  // stops here with exit 2.
   std::vector<std::unique_ptr<io::OutputLock>> locks;
-  agree_on_usage(mpi, [&] {
-    if (root) locks = io::lock_outputs(cfg);
-  });
+  agree_on_usage(mpi, [&] { locks = io::lock_outputs(cfg, mpi.rank()); });
   io::ResultsFile out(cfg.run.output, root);
   try {
     out.write_provenance(cfg, mpi.size());
@@ -137,8 +137,11 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
     }
     if (recorder) {
       recorder->finish_device();
-      jobs::write_merged_trace(mpi.world(), *recorder, cfg.run.trace);
-      if (root && cfg.run.progress) fmt::print("trace written to {}\n", cfg.run.trace);
+      jobs::write_rank_trace(*recorder, cfg.run.trace, mpi.rank(), mpi.size(), comm::backend_name(jobs::world_backend(cfg)));
+      MPI_Barrier(mpi.world());   // every rank's file is in place before rank 0 says so
+      if (root && cfg.run.progress)
+        fmt::print("trace written to {}{}\n", io::trace_rank_path(cfg.run.trace, 0),
+                   mpi.size() > 1 ? fmt::format(" ... {}", io::trace_rank_path(cfg.run.trace, mpi.size() - 1)) : "");
     }
     // Which path (shm inside a node, network across nodes) the job's collectives took.
     app::write_comm_paths(out, {{"world", env.comm.get()}, {"host", env.host_comm.get()}});

@@ -209,9 +209,11 @@ std::vector<DeckKey> build_table() {
       string_key("run.output", "path", LMSCALE_FIELD(run.output),
                  "HDF5 results file; written as PATH.tmp and renamed to PATH when the job ends."),
       string_key("run.trace", "path", LMSCALE_FIELD(run.trace),
-                 "Chrome-trace JSON of the run (all ranks in one file: steps, phases, layers, collectives, waits, "
-                 "memory); open it in ui.perfetto.dev or chrome://tracing (docs/profiling.md). Written as PATH.tmp "
-                 "and renamed to PATH when the job ends; empty: no trace."),
+                 "Chrome-trace JSON of the run, one file per rank (steps as ProfilerStep#N, phases, layers, "
+                 "collectives, waits, sampled memory; distributedInfo for HTA): NAME.json gives NAME.rank{r}.json, "
+                 "NAME.json.gz gives gzip-compressed NAME.rank{r}.json.gz. Open them in ui.perfetto.dev or Holistic "
+                 "Trace Analysis (docs/profiling.md). Each is written as FILE.tmp and renamed when the job ends; "
+                 "empty: no trace."),
       string_key("run.metrics", "path", LMSCALE_FIELD(run.metrics),
                  "JSON Lines metrics stream, written by rank 0 and flushed line by line so that it can be tailed or "
                  "imported into TensorBoard or W&B (docs/metrics.md): the resolved deck first, then one object per "

@@ -23,6 +23,7 @@
 #include "lmscale/io/results_attr.h"
 #include "lmscale/io/sharded_checkpoint.h"
 #include "lmscale/io/text_data.h"
+#include "lmscale/io/trace_file.h"
 #include "output_target.h"
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
@@ -338,13 +339,16 @@ void check_checkpoints(const Config& c, int world_size) {
 // any spelling (./x.h5, an absolute path, a link, a hard link) are an error before any work.
 // Allowed: train.resume = train.checkpoint_path (a single-file checkpoint continues its own
 // lineage) and a train.resume below train.checkpoint_dir.
-void check_aliases(const Config& c) {
+void check_aliases(const Config& c, int world_size) {
   struct Entry {
     std::string key, path;
     bool output;
   };
   std::vector<Entry> files{{"run.output", c.run.output, true}};
+  // run.trace itself, and the file each rank writes (NAME.rank{r}.json, io/trace_file.h).
   if (!c.run.trace.empty()) files.push_back({"run.trace", c.run.trace, true});
+  for (int r = 0; !c.run.trace.empty() && r < world_size; ++r)
+    files.push_back({fmt::format("run.trace (rank {}'s file)", r), trace_rank_path(c.run.trace, r), true});
   if (!c.run.metrics.empty()) files.push_back({"run.metrics", c.run.metrics, true});
   std::string checkpoint_dir;
   if (c.run.job == JobKind::train) {
@@ -371,6 +375,7 @@ void check_aliases(const Config& c) {
     for (std::size_t j = i + 1; j < files.size(); ++j) {
       if (!files[i].output && !files[j].output) continue;   // two inputs may be one file
       if (allowed(files[i].key, files[j].key) || !detail::same_file(ids[i], ids[j])) continue;
+      if (files[i].key.starts_with("run.trace") && files[j].key.starts_with("run.trace")) continue;
       fail("{} = '{}' and {} = '{}' are the same file ('{}'); give each its own path (lmscale compares files by "
            "identity: relative and absolute paths, links and hard links to one file are the same file)",
            files[i].key, files[i].path, files[j].key, files[j].path, ids[j].canonical);
@@ -394,8 +399,8 @@ void check_aliases(const Config& c) {
 }
 
 // Every file the run will write, under the overwrite rule (output_target.h, docs/hdf5.md).
-void check_output_paths(const Config& c) {
-  check_aliases(c);
+void check_output_paths(const Config& c, int world_size) {
+  check_aliases(c, world_size);
   std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
   if (c.run.job == JobKind::prune && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
   if (c.run.job == JobKind::train) {
@@ -420,12 +425,17 @@ void check_output_paths(const Config& c) {
            "else: docs/hdf5.md)",
            key, path, *problem);
   }
-  // The trace is JSON: it may replace an earlier trace, not an HDF5 file.
-  if (!c.run.trace.empty()) {
-    if (const auto problem = detail::output_problem(c.run.trace, detail::OutputFormat::trace))
-      fail("run.trace = '{}' {}; choose another path (lmscale writes a new file or replaces a trace it wrote, never "
-           "anything else: docs/profiling.md)",
-           c.run.trace, *problem);
+  // The trace is JSON, one file per rank: each may replace an earlier trace, not an HDF5 file.
+  if (!c.run.trace.empty() && c.run.trace.back() == '/')
+    fail("run.trace = '{}' names a directory (ends with '/'); give a file name such as DIR/trace.json (each rank "
+         "writes DIR/trace.rank{{r}}.json: docs/profiling.md)",
+         c.run.trace);
+  for (int r = 0; !c.run.trace.empty() && r < world_size; ++r) {
+    const std::string file = trace_rank_path(c.run.trace, r);
+    if (const auto problem = detail::output_problem(file, detail::OutputFormat::trace))
+      fail("run.trace = '{}': rank {}'s trace '{}' {}; choose another path (lmscale writes a new file or replaces a "
+           "trace it wrote, never anything else: docs/profiling.md)",
+           c.run.trace, r, file, *problem);
   }
   // The metrics stream is JSON Lines, written in place (it is meant to be tailed): it may replace
   // an earlier stream, not a result.
@@ -763,7 +773,7 @@ void validate(const Config& c, int world_size) {
   check_layout(c, world_size);
   // Last: a deck is judged on its own before the file system is.
   check_checkpoints(c, world_size);
-  check_output_paths(c);
+  check_output_paths(c, world_size);
   check_token_files(c);
 }
 

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include <fmt/format.h>
+#include <zlib.h>
 
 namespace lmscale::io::detail {
 
@@ -112,7 +113,16 @@ bool is_empty_or_trace(const std::string& path) {
   if (size == 0) return true;
   std::ifstream in(path, std::ios::binary);
   char head[sizeof kHead - 1] = {};
-  if (!in || !in.read(head, sizeof head)) return false;
+  if (!in || !in.read(head, 2)) return false;
+  if (static_cast<unsigned char>(head[0]) == 0x1f && static_cast<unsigned char>(head[1]) == 0x8b) {
+    // A gzip-compressed trace (NAME.json.gz): its text must begin the same way.
+    gzFile gz = gzopen(path.c_str(), "rb");
+    if (gz == nullptr) return false;
+    const int n = gzread(gz, head, sizeof head);
+    gzclose(gz);
+    return n == static_cast<int>(sizeof head) && std::memcmp(head, kHead, sizeof head) == 0;
+  }
+  if (!in.read(head + 2, sizeof head - 2)) return false;
   return std::memcmp(head, kHead, sizeof head) == 0;
 }
 

@@ -42,7 +42,8 @@ bool lies_below(const FileIdentity& file, const FileIdentity& dir);
 // device (errno 28, ENOSPC)".
 std::string errno_text(int e);
 
-// True for a regular file that is empty or starts with '{"traceEvents"' (what run.trace writes).
+// True for a regular file that is empty or starts with '{"traceEvents"' (what run.trace writes), plain or
+// gzip-compressed.
 bool is_empty_or_trace(const std::string& path);
 
 // True for a regular file that is empty or starts with '{"kind": "deck"' (what run.metrics writes).

@@ -9,6 +9,7 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/rng.h"
 #include "lmscale/core/timer.h"
+#include "lmscale/core/trace.h"
 #include "lmscale/jobs/predict/accounting.h"
 #include "lmscale/jobs/predict/device_peak.h"
 #include "lmscale/jobs/predict/memory_model.h"
@@ -87,6 +88,7 @@ int run_bench_model(JobEnv& env) {
   bool first_line = true;
   for (std::int64_t s = 0; s < n_steps; ++s) {
     const bool timed = s >= cfg.bench.warmup;
+    trace::ProfilerStep profiler_step(s + 1);   // run.trace: HTA's iteration (warm-up steps included)
     watchdog.mark(s, timed ? "timed step" : "warm-up step");
     if (s == cfg.bench.warmup && trainer.fsdp()) trainer.fsdp()->reset_waits();
     NvtxRange range(timed ? "timed_step" : "warmup_step");

@@ -7,6 +7,7 @@
 #include "lmscale/core/host_vector.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/timer.h"
+#include "lmscale/core/trace.h"
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/engine/checkpointing.h"
 #include "lmscale/jobs/memory_report.h"
@@ -158,6 +159,7 @@ int run_train(JobEnv& env) {
   constexpr double kFlushSeconds = 10.0;
   WallTimer flush_timer;
   for (std::int64_t s = start; s < cfg.train.steps; ++s) {
+    trace::ProfilerStep profiler_step(s + 1);   // run.trace: HTA's iteration (steps counted from 1)
     auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
                                             "the training token batch");
     data->sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tokens.data(), false);
