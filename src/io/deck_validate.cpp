@@ -374,8 +374,9 @@ void check_aliases(const Config& c, int world_size) {
   for (std::size_t i = 0; i < files.size(); ++i)
     for (std::size_t j = i + 1; j < files.size(); ++j) {
       if (!files[i].output && !files[j].output) continue;   // two inputs may be one file
-      if (allowed(files[i].key, files[j].key) || !detail::same_file(ids[i], ids[j])) continue;
+      // run.trace and its rank files never coincide (distinct names in one directory).
       if (files[i].key.starts_with("run.trace") && files[j].key.starts_with("run.trace")) continue;
+      if (allowed(files[i].key, files[j].key) || !detail::same_file(ids[i], ids[j])) continue;
       fail("{} = '{}' and {} = '{}' are the same file ('{}'); give each its own path (lmscale compares files by "
            "identity: relative and absolute paths, links and hard links to one file are the same file)",
            files[i].key, files[i].path, files[j].key, files[j].path, ids[j].canonical);
