@@ -735,26 +735,6 @@ std::int64_t resolved_dp(const Config& c, int world_size) {
 
 }  // namespace detail
 
-int planned_world(const Config& c, int world_size) {
-  if (c.run.job != JobKind::accounting) return world_size;
-  const auto& p = c.parallel;
-  const auto& a = c.accounting;
-  const std::int64_t tp_pp = p.tp * p.pp;
-  if (a.world == 0) return p.dp > 0 ? static_cast<int>(p.dp * tp_pp) : world_size;
-  if (a.world % tp_pp != 0)
-    fail("accounting.world = {} is not a multiple of parallel.tp * parallel.pp = {} * {} = {}; plan a multiple of {} "
-         "ranks",
-         a.world, p.tp, p.pp, tp_pp, tp_pp);
-  if (p.dp > 0 && p.dp * tp_pp != a.world)
-    fail("accounting.world = {} but parallel.dp * parallel.tp * parallel.pp = {} * {} * {} = {}; set parallel.dp = 0 "
-         "(auto) or accounting.world = {}",
-         a.world, p.dp, p.tp, p.pp, p.dp * tp_pp, p.dp * tp_pp);
-  if (a.world > (std::int64_t{1} << 24))
-    fail("accounting.world = {} is more ranks than lmscale plans for (at most {}); plan fewer ranks", a.world,
-         std::int64_t{1} << 24);
-  return static_cast<int>(a.world);
-}
-
 void validate(const Config& c, int world_size) {
   if (world_size < 1) throw Error(fmt::format("validate: world size {} < 1", world_size));
   // Each key's own type, range and allowed values, by re-reading its printed value: this covers
