@@ -5,6 +5,7 @@ find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(fmt REQUIRED)
 find_package(GTest REQUIRED)
 find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)   # run.trace = NAME.json.gz: gzip-compressed traces
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)
 find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-pthread openblas64-pthread)

@@ -186,11 +186,11 @@ peak = lambda n: max(h5py.File(n)['accounting/memory_phases']['cpu_bytes'])
 print(peak('acc_200000000.h5') / peak('acc_100000000.h5'))" 2>&1 | tail -1)
     check "twice the blocks, twice the peak (ratio $ratio)" \
       python3 -c "import sys; sys.exit(0 if abs(float('$ratio') - 2) < 0.01 else 1)" ;;
-  full_disk_trace)   # the trace (written at the end, 1.4 MB) meets a full disk: errno named, no t.json.tmp
+  full_disk_trace)   # the trace (written at the end) meets a full disk: errno named, no t.rank0.json.tmp
     # rank 0 sleeps 2 s at step 3 (test-only fault injection); then writes past 600 kB fail (fill_disk).
     # The results file (one chunk of 256 rows, 200 kB) stays below that; the trace does not.
     (trap '' XFSZ; LMSCALE_FAULT_SLEEP_RANK=0 LMSCALE_FAULT_SLEEP_STEP=3 LMSCALE_FAULT_SLEEP_S=2 \
-      exec "$lmscale" deck.ini --run.output=out.h5 --train.steps=200 --run.trace=t.json --run.progress=false \
+      exec "$lmscale" deck.ini --run.output=out.h5 --train.steps=400 --run.trace=t.json --run.progress=false \
       >stdout 2>stderr) &
     bg=$!
     for _ in $(seq 300); do
@@ -200,10 +200,10 @@ print(peak('acc_200000000.h5') / peak('acc_100000000.h5'))" 2>&1 | tail -1)
     prlimit --pid "$bg" --fsize=600000
     wait_for_exit "$bg" 60; bg=""
     check "exit code $rc, expected 1" test "$rc" -eq 1
-    check "an error line names run.trace, t.json.tmp and the errno" \
-      bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F run.trace | grep -F t.json.tmp | grep -qF 'errno 27, EFBIG'"
-    check "t.json.tmp was removed" test ! -e t.json.tmp
-    check "no t.json" test ! -e t.json ;;
+    check "an error line names run.trace, t.rank0.json.tmp and the errno" \
+      bash -c "grep 'lmscale: rank 0: error:' stderr | grep -F run.trace | grep -F t.rank0.json.tmp | grep -qF 'errno 27, EFBIG'"
+    check "t.rank0.json.tmp was removed" test ! -e t.rank0.json.tmp
+    check "no t.rank0.json" test ! -e t.rank0.json ;;
   checkpoint_dir_bad_name)   # a step folder whose number does not fit 64 bits
     mkdir -p ck/step_99999999999999999999999
     run --train.checkpoint_dir=ck --train.resume=auto

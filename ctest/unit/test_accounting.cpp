@@ -7,7 +7,10 @@
 #include <cmath>
 
 #include "lmscale/jobs/predict/accounting.h"
+#include "lmscale/core/error.h"
+#include "lmscale/jobs/dispatch.h"
 #include "lmscale/jobs/predict/memory_model.h"
+#include "lmscale/jobs/predict/planned_device.h"
 #include "lmscale/parallel/grad_buckets.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
@@ -256,4 +259,45 @@ TEST(Accounting, CommunicationBoundDegrees) {
   const auto a = jobs::account(c, 1, "");
   ASSERT_EQ(a.bounds.size(), 5u);
   EXPECT_EQ(a.bounds[2].degree, tp.degree);
+}
+
+// The planned device (issue 38): accounting.device names the planned run's device whatever this
+// machine has; the accounting process then computes on the CPU, and parallel.device becomes the
+// planned one (cuda for a GPU, so a bf16 deck is a GPU plan, not a refused CPU run). The table's
+// memory is what CUDA reports on those parts. auto on a cuda deck: the visible GPU if there is
+// one, else an H100 80GB.
+TEST(Accounting, PlannedDeviceIsTheDecksNotThisMachines) {
+  Config c = xl_bf16();
+  c.run.job = JobKind::accounting;
+  c.parallel.device = DeviceChoice::cpu;
+  c.accounting.device = TargetDevice::h200;
+  const Config h200 = jobs::resolve_runtime(c, 1);
+  EXPECT_EQ(h200.parallel.device, DeviceChoice::cuda);
+  EXPECT_EQ(h200.parallel.backend, BackendChoice::nccl);
+  EXPECT_EQ(h200.accounting.device, TargetDevice::h200);
+  EXPECT_EQ(jobs::process_device(h200), Device::cpu);
+  const jobs::PlannedDevice d = jobs::named_planned_device(TargetDevice::h200);
+  EXPECT_EQ(d.name, "NVIDIA H200");
+  EXPECT_TRUE(d.cuda);
+  EXPECT_DOUBLE_EQ(d.memory_bytes, 143771.0 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(jobs::named_planned_device(TargetDevice::h100_80gb).memory_bytes, 81559.0 * 1024 * 1024);
+  EXPECT_FALSE(jobs::named_planned_device(TargetDevice::cpu).cuda);
+
+  c.accounting.device = TargetDevice::automatic;   // a CPU deck plans a CPU run
+  const Config cpu = jobs::resolve_runtime(c, 1);
+  EXPECT_EQ(cpu.accounting.device, TargetDevice::cpu);
+  EXPECT_EQ(cpu.parallel.device, DeviceChoice::cpu);
+  EXPECT_EQ(jobs::process_device(cpu), Device::cpu);
+
+  c.parallel.device = DeviceChoice::cuda;   // a GPU deck: never refused for this machine's lack of one
+  const Config gpu = jobs::resolve_runtime(c, 1);
+  EXPECT_EQ(gpu.parallel.device, DeviceChoice::cuda);
+  if (gpu.accounting.device == TargetDevice::automatic) {
+    EXPECT_EQ(jobs::process_device(gpu), Device::cuda);   // a GPU is visible: its properties
+  } else {
+    EXPECT_EQ(gpu.accounting.device, TargetDevice::h100_80gb);
+    EXPECT_EQ(jobs::process_device(gpu), Device::cpu);
+    c.run.job = JobKind::train;   // a run, not a plan, still needs the GPU it asks for
+    EXPECT_THROW(jobs::resolve_runtime(c, 1), UsageError);
+  }
 }

@@ -358,6 +358,36 @@ TEST(Deck, PrintConfigWorldSize) {
   EXPECT_THROW(parse_deck_text("", {"--world-size=2"}, 1), UsageError);
 }
 
+// run.job = accounting plans a run of accounting.world ranks from one process (issue 38): dp
+// resolves against the planned world, parallel.dp alone plans dp x tp x pp, and a planned world
+// that contradicts the layout is an error naming accounting.world. Other jobs run on the launched
+// ranks whatever accounting.world says.
+TEST(Deck, AccountingPlansItsWorld) {
+  const Invocation two = invoke({"--run.job=accounting", "--accounting.world=2"});
+  EXPECT_EQ(two.world_size, 2);
+  EXPECT_EQ(two.config.parallel.dp, 2);
+  const Invocation tp = invoke({"--run.job=accounting", "--accounting.world=8", "--parallel.tp=2"});
+  EXPECT_EQ(tp.world_size, 8);
+  EXPECT_EQ(tp.config.parallel.dp, 4);
+  EXPECT_EQ(io::planned_world(tp.config, 1), 8);
+  const Invocation dp = invoke({"--run.job=accounting", "--parallel.dp=3"});
+  EXPECT_EQ(dp.world_size, 3);
+  EXPECT_EQ(io::planned_world(dp.config, 1), 3);
+  EXPECT_EQ(invoke({"--run.job=accounting"}, 4).world_size, 4);   // no key: the launched ranks
+  // A train deck is checked for the ranks launched: dp 0 resolves to 1 on one process.
+  EXPECT_EQ(invoke({"--run.job=train", "--accounting.world=2"}).config.parallel.dp, 1);
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--run.job=accounting", "--accounting.world=3", "--parallel.tp=2"},
+        std::vector<std::string>{"--run.job=accounting", "--accounting.world=4", "--parallel.dp=2"}}) {
+    try {
+      invoke(bad);
+      ADD_FAILURE() << "no error for " << bad[1] << " " << bad[2];
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("accounting.world"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The executable runs only what a deck asks for: an empty or job-less deck (or no deck and no
 // --run.job) is an error naming run.job, for running and for --print-config alike. Tests and
 // tools that build configs with parse_deck_text keep the default job.

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 
 debs=(build-essential cmake ninja-build pkg-config git
       libboost-program-options-dev libhdf5-dev hdf5-tools libopenblas-dev
-      libopenmpi-dev openmpi-bin libfmt-dev libgtest-dev)
+      libopenmpi-dev openmpi-bin libfmt-dev libgtest-dev zlib1g-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -25,9 +25,11 @@
 #include "lmscale/io/hdf5_library.h"
 #include "lmscale/io/output_lock.h"
 #include "lmscale/io/results.h"
+#include "lmscale/io/trace_file.h"
 #include "lmscale/jobs/trace_output.h"
 #include "lmscale/jobs/dispatch.h"
 #include "lmscale/jobs/job_env.h"
+#include "lmscale/jobs/metrics_stream.h"
 #include "lmscale/jobs/predict/memory_fit.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/version.h"
@@ -90,26 +92,29 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
   const std::string tp_warning = app::tp_placement_warning(mpi, inv.config);
   if (root && !tp_warning.empty()) fmt::print(stderr, "lmscale: warning: {}\n", tp_warning);
   Config cfg = jobs::resolve_runtime(inv.config, mpi.size());
-  ops::Runtime rt(cfg.parallel.device == DeviceChoice::cuda ? Device::cuda : Device::cpu, mpi.local_rank(), cfg.precision.tf32,
-                  cfg.precision.gemm_autotune);
+  ops::Runtime rt(jobs::process_device(cfg), mpi.local_rank(), cfg.precision.tf32, cfg.precision.gemm_autotune);
   // Before any output: a run whose predicted memory cannot fit is a configuration error.
   agree_on_usage(mpi, [&] {
     rt.set_comm_sms(static_cast<int>(cfg.parallel.comm_sms));
     jobs::check_memory_fits(cfg, mpi.size(), mpi.local_size(), rt);
   });
-  // One writer per output file (io/output_lock.h): rank 0 writes them and holds their locks until
-  // they are renamed into place; a second run writing one of them stops here with exit 2.
+  // One writer per output file (io/output_lock.h): rank 0 writes them (every rank its own trace)
+  // and holds their locks until they are renamed into place; a second run writing one of them
+  // stops here with exit 2.
   std::vector<std::unique_ptr<io::OutputLock>> locks;
-  agree_on_usage(mpi, [&] {
-    if (root) locks = io::lock_outputs(cfg);
-  });
+  agree_on_usage(mpi, [&] { locks = io::lock_outputs(cfg, mpi.rank()); });
   io::ResultsFile out(cfg.run.output, root);
   try {
     out.write_provenance(cfg, mpi.size());
     app::write_system_info(out, mpi, rt);
     if (!tp_warning.empty()) out.set_attr("/system", "tp_placement_warning", tp_warning);
-    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr};
-    if (mpi.size() > 1 && cfg.run.job != JobKind::bench_collectives) {
+    // run.metrics: rank 0's JSON Lines stream, its deck line first (jobs/metrics_stream.h).
+    jobs::MetricsStream metrics(cfg.run.metrics, cfg, io::planned_world(cfg, mpi.size()), root);
+    jobs::JobEnv env{cfg, mpi, rt, out, mpi.rank(), mpi.size(), mpi.local_rank(), nullptr, nullptr,
+                     metrics.active() ? &metrics : nullptr};
+    // bench-collectives makes its own; the accounting job computes on its own and plans a run whose
+    // backend this machine need not have.
+    if (mpi.size() > 1 && cfg.run.job != JobKind::bench_collectives && cfg.run.job != JobKind::accounting) {
       // Gradients travel over the deck's backend; host scalars (losses, norms) over MPI.
       env.comm = comm::make_world_communicator(jobs::world_backend(cfg), mpi, mpi.local_rank(), false,
                                                static_cast<int>(cfg.parallel.comm_sms));
@@ -135,8 +140,11 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
     }
     if (recorder) {
       recorder->finish_device();
-      jobs::write_merged_trace(mpi.world(), *recorder, cfg.run.trace);
-      if (root && cfg.run.progress) fmt::print("trace written to {}\n", cfg.run.trace);
+      jobs::write_rank_trace(*recorder, cfg.run.trace, mpi.rank(), mpi.size(), comm::backend_name(jobs::world_backend(cfg)));
+      MPI_Barrier(mpi.world());   // every rank's file is in place before rank 0 says so
+      if (root && cfg.run.progress)
+        fmt::print("trace written to {}{}\n", io::trace_rank_path(cfg.run.trace, 0),
+                   mpi.size() > 1 ? fmt::format(" ... {}", io::trace_rank_path(cfg.run.trace, mpi.size() - 1)) : "");
     }
     // Which path (shm inside a node, network across nodes) the job's collectives took.
     app::write_comm_paths(out, {{"world", env.comm.get()}, {"host", env.host_comm.get()}});

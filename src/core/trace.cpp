@@ -30,6 +30,7 @@ void Recorder::reset_origin() {
   std::lock_guard lk(mu_);
   origin_ = std::chrono::steady_clock::now();
   count_ = 0;
+  last_sample_us_ = -1;
 }
 
 double Recorder::now_us() const {
@@ -66,6 +67,13 @@ void Recorder::counter(std::string name, double ts_us, std::string args) {
   add(name, 'C', kMemory, ts_us, 0, 0, args);
 }
 
+bool Recorder::take_sample(double now_us, double interval_us) {
+  std::lock_guard lk(mu_);
+  if (last_sample_us_ >= 0 && now_us >= last_sample_us_ && now_us - last_sample_us_ < interval_us) return false;
+  last_sample_us_ = now_us;
+  return true;
+}
+
 void Recorder::async_span(std::string name, int tid, double begin_us, double end_us, std::string args) {
   std::lock_guard lk(mu_);
   const std::uint64_t id = next_id_++;
@@ -78,6 +86,25 @@ std::size_t Recorder::size() const {
   return count_;
 }
 
+std::vector<int> Recorder::tracks() const {
+  std::lock_guard lk(mu_);
+  std::vector<int> out;
+  for (std::size_t i = 0; i < count_; ++i) {
+    const int tid = chunks_[i / kChunk][i % kChunk].tid;
+    if (std::find(out.begin(), out.end(), tid) == out.end()) out.push_back(tid);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+ProfilerStep::ProfilerStep(std::int64_t step) : rec_(active()), step_(step) {
+  if (rec_) begin_us_ = rec_->now_us();
+}
+
+ProfilerStep::~ProfilerStep() {
+  if (rec_) rec_->complete(fmt::format("ProfilerStep#{}", step_), kHost, begin_us_, rec_->now_us() - begin_us_);
+}
+
 std::string Recorder::serialize(int pid) const {
   std::lock_guard lk(mu_);
   std::string out;
@@ -87,7 +114,11 @@ std::string Recorder::serialize(int pid) const {
     if (!out.empty()) out += ",\n";
     out += fmt::format(R"({{"name":{},"ph":"{}","pid":{},"tid":{},"ts":{:.3f})", json_string(e.name), e.ph, pid,
                        e.tid, e.ts_us);
-    if (e.ph == 'X') out += fmt::format(R"(,"dur":{:.3f})", e.dur_us);
+    if (e.ph == 'X')
+      out += fmt::format(R"(,"dur":{:.3f},"cat":"{}")", e.dur_us,
+                         std::strncmp(e.name, "ProfilerStep#", 13) == 0 ? "user_annotation"
+                         : e.tid == kCudaCompute                        ? "gpu_user_annotation"
+                                                                        : "cpu_op");
     // Async spans: "cat" and "id" pair a begin with its end; Perfetto draws them on their own row.
     if (e.ph == 'b' || e.ph == 'e') out += fmt::format(R"(,"cat":"collective","id":{})", e.id);
     if (e.args[0] != '\0') out += fmt::format(R"(,"args":{{{}}})", e.args);

@@ -209,9 +209,17 @@ std::vector<DeckKey> build_table() {
       string_key("run.output", "path", LMSCALE_FIELD(run.output),
                  "HDF5 results file; written as PATH.tmp and renamed to PATH when the job ends."),
       string_key("run.trace", "path", LMSCALE_FIELD(run.trace),
-                 "Chrome-trace JSON of the run (all ranks in one file: steps, phases, layers, collectives, waits, "
-                 "memory); open it in ui.perfetto.dev or chrome://tracing (docs/profiling.md). Written as PATH.tmp "
-                 "and renamed to PATH when the job ends; empty: no trace."),
+                 "Chrome-trace JSON of the run, one file per rank (steps as ProfilerStep#N, phases, layers, "
+                 "collectives, waits, sampled memory; distributedInfo for HTA): NAME.json gives NAME.rank{r}.json, "
+                 "NAME.json.gz gives gzip-compressed NAME.rank{r}.json.gz. Open them in ui.perfetto.dev or Holistic "
+                 "Trace Analysis (docs/profiling.md). Each is written as FILE.tmp and renamed when the job ends; "
+                 "empty: no trace."),
+      string_key("run.metrics", "path", LMSCALE_FIELD(run.metrics),
+                 "JSON Lines metrics stream, written by rank 0 and flushed line by line so that it can be tailed or "
+                 "imported into TensorBoard or W&B (docs/metrics.md): the resolved deck first, then one object per "
+                 "logged train step (loss, lr, grad norm, tokens/s and TFLOP/s per GPU, MFU, memory, skipped), per "
+                 "evaluation and per timed bench-model step. Replaces only a metrics file lmscale wrote (or an empty "
+                 "file); empty: none."),
       uint_key("run.seed", LMSCALE_FIELD(run.seed), "Seed of every random stream (weight init, synthetic data, data order)."),
       bool_key("run.progress", LMSCALE_FIELD(run.progress), "Print progress lines on stdout (rank 0)."),
       // [model]
@@ -352,6 +360,11 @@ std::vector<DeckKey> build_table() {
               "bench-collectives: each size is the previous one times this factor."),
       bool_key("bench.inplace", LMSCALE_FIELD(bench.inplace), "bench-collectives: send and receive in the same buffer."),
       bool_key("bench.check", LMSCALE_FIELD(bench.check), "bench-collectives: verify the result of every size."),
+      enum_key("bench.format", LMSCALE_FIELD(bench.format),
+               "bench-collectives: the stdout table. table: lmscale's (one row per op, size and algorithm); "
+               "nccl-tests: the layout of NVIDIA's nccl-tests (size, count, type, redop, root, then out-of-place and "
+               "in-place time, algbw, busbw and #wrong, and the \"# Avg bus bandwidth\" line), so that the parsers "
+               "written for nccl-tests read it (docs/jobs.md). The HDF5 tables are the same either way."),
       // [train]
       int_key("train.steps", LMSCALE_FIELD(train.steps), 1, "Optimizer steps."),
       int_key("train.batch_size", LMSCALE_FIELD(train.batch_size), 1,
@@ -456,6 +469,15 @@ std::vector<DeckKey> build_table() {
                 "(H100/H200 SXM: 989.4 bf16/fp16, 66.9 fp32) for precision.mode."),
       float_key("accounting.link_gbps", LMSCALE_FIELD(accounting.link_gbps), R::positive(),
                 "Communication analysis: per-GPU link bandwidth in GB/s, one direction (H100/H200 NVLink 4: 450)."),
+      int_key("accounting.world", LMSCALE_FIELD(accounting.world), 0,
+              "run.job = accounting: ranks of the planned run, so that one process plans any layout; parallel.dp = 0 "
+              "resolves against it. 0 = parallel.dp x tp x pp when parallel.dp is set, else the ranks launched."),
+      enum_key("accounting.device", LMSCALE_FIELD(accounting.device),
+               "run.job = accounting: the device of the planned run, whose memory and peak FLOP/s the accounting "
+               "uses instead of this machine's (docs/jobs.md, accounting): h100-80gb (H100 SXM 80 GB, 81559 MiB as CUDA "
+               "reports it), h200 (141 GB, 143771 MiB), cpu (no device peak, host memory not known). "
+               "auto = the GPU this process sees; without one, h100-80gb for parallel.device = cuda and cpu "
+               "otherwise."),
       // [cost] (docs/recipes.md "Cost")
       float_key("cost.tokens", LMSCALE_FIELD(cost.tokens), R::non_negative(),
                 "accounting: estimate GPU-hours and money for training on this many tokens (FLOPs = 6 x matmul "

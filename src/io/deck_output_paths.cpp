@@ -11,6 +11,7 @@
 #include "deck_validate.h"
 #include "lmscale/core/error.h"
 #include "lmscale/io/output_lock.h"
+#include "lmscale/io/trace_file.h"
 #include "output_target.h"
 
 namespace lmscale::io::detail {
@@ -30,13 +31,17 @@ bool trains(const Config& c) { return c.run.job == JobKind::train || c.run.job =
 // any spelling (./x.h5, an absolute path, a link, a hard link) are an error before any work.
 // Allowed: train.resume = train.checkpoint_path (a single-file checkpoint continues its own
 // lineage) and a train.resume below train.checkpoint_dir.
-void check_aliases(const Config& c) {
+void check_aliases(const Config& c, int world_size) {
   struct Entry {
     std::string key, path;
     bool output;
   };
   std::vector<Entry> files{{"run.output", c.run.output, true}};
+  // run.trace itself, and the file each rank writes (NAME.rank{r}.json, io/trace_file.h).
   if (!c.run.trace.empty()) files.push_back({"run.trace", c.run.trace, true});
+  for (int r = 0; !c.run.trace.empty() && r < world_size; ++r)
+    files.push_back({fmt::format("run.trace (rank {}'s file)", r), trace_rank_path(c.run.trace, r), true});
+  if (!c.run.metrics.empty()) files.push_back({"run.metrics", c.run.metrics, true});
   std::string checkpoint_dir;
   if (c.run.job == JobKind::train) {
     if (!c.train.save.empty()) files.push_back({"train.save", c.train.save, true});
@@ -61,6 +66,8 @@ void check_aliases(const Config& c) {
   for (std::size_t i = 0; i < files.size(); ++i)
     for (std::size_t j = i + 1; j < files.size(); ++j) {
       if (!files[i].output && !files[j].output) continue;   // two inputs may be one file
+      // run.trace and its rank files never coincide (distinct names in one directory).
+      if (files[i].key.starts_with("run.trace") && files[j].key.starts_with("run.trace")) continue;
       if (allowed(files[i].key, files[j].key) || !same_file(ids[i], ids[j])) continue;
       fail("{} = '{}' and {} = '{}' are the same file ('{}'); give each its own path (lmscale compares files by "
            "identity: relative and absolute paths, links and hard links to one file are the same file)",
@@ -110,8 +117,8 @@ void check_aliases(const Config& c) {
 // Every file the run will write, under the overwrite rule (output_target.h, docs/hdf5.md).
 }  // namespace
 
-void check_output_paths(const Config& c) {
-  check_aliases(c);
+void check_output_paths(const Config& c, int world_size) {
+  check_aliases(c, world_size);
   std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
   if (c.run.job == JobKind::prune && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
   if (c.run.job == JobKind::train) {
@@ -138,12 +145,25 @@ void check_output_paths(const Config& c) {
            "else: docs/hdf5.md)",
            key, path, *problem);
   }
-  // The trace is JSON: it may replace an earlier trace, not an HDF5 file.
-  if (!c.run.trace.empty()) {
-    if (const auto problem = output_problem(c.run.trace, true))
-      fail("run.trace = '{}' {}; choose another path (lmscale writes a new file or replaces a trace it wrote, never "
-           "anything else: docs/profiling.md)",
-           c.run.trace, *problem);
+  // The trace is JSON, one file per rank: each may replace an earlier trace, not an HDF5 file.
+  if (!c.run.trace.empty() && c.run.trace.back() == '/')
+    fail("run.trace = '{}' names a directory (ends with '/'); give a file name such as DIR/trace.json (each rank "
+         "writes DIR/trace.rank{{r}}.json: docs/profiling.md)",
+         c.run.trace);
+  for (int r = 0; !c.run.trace.empty() && r < world_size; ++r) {
+    const std::string file = trace_rank_path(c.run.trace, r);
+    if (const auto problem = output_problem(file, OutputFormat::trace))
+      fail("run.trace = '{}': rank {}'s trace '{}' {}; choose another path (lmscale writes a new file or replaces a "
+           "trace it wrote, never anything else: docs/profiling.md)",
+           c.run.trace, r, file, *problem);
+  }
+  // The metrics stream is JSON Lines, written in place (it is meant to be tailed): it may replace
+  // an earlier stream, not a result.
+  if (!c.run.metrics.empty()) {
+    if (const auto problem = output_problem(c.run.metrics, OutputFormat::metrics))
+      fail("run.metrics = '{}' {}; choose another path (lmscale writes a new file or replaces a metrics stream it "
+           "wrote, never anything else: docs/metrics.md)",
+           c.run.metrics, *problem);
   }
 }
 

@@ -254,6 +254,8 @@ Config resolve(po::variables_map& vm, const po::parsed_options& command_line, co
                                  jobs));
   }
   apply_preset(c, explicit_keys);
+  // accounting: the checks and parallel.dp are those of the planned run, not of this process.
+  world_size = planned_world(c, world_size);
   validate(c, world_size);
   c.parallel.dp = detail::resolved_dp(c, world_size);
   c.deck_text = deck_text;
@@ -311,6 +313,7 @@ Invocation parse_invocation(int argc, const char* const* argv, int world_size) {
     inv.config = resolve(vm, command_line, options, deck_text, deck_path.empty() ? "the deck" : deck_path, world_size,
                          /*require_job=*/true, empties);
     inv.config.deck_path = deck_path;
+    inv.world_size = planned_world(inv.config, world_size);
   }
   std::vector<std::string> quoted;
   for (int i = 0; i < argc; ++i) quoted.push_back(quote_argument(argv[i]));

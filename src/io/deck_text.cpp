@@ -69,6 +69,12 @@ std::string to_ini(const Config& c) {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> deck_values(const Config& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& key : detail::deck_keys()) out.emplace_back(key.name, key.get(c));
+  return out;
+}
+
 std::string deck_markdown() {
   std::string md;
   md += "# Deck reference\n\n";

@@ -459,7 +459,7 @@ void validate(const Config& c, int world_size) {
   check_layout(c, world_size);
   // Last: a deck is judged on its own before the file system is.
   detail::check_checkpoints(c, world_size);
-  detail::check_output_paths(c);
+  detail::check_output_paths(c, world_size);
   check_token_files(c);
 }
 

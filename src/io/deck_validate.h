@@ -15,7 +15,7 @@ std::int64_t resolved_dp(const Config& c, int world_size);
 
 // Every file the run reads or writes: aliases by file identity and the overwrite rule (UsageError
 // naming the keys; deck_output_paths.cpp).
-void check_output_paths(const Config& c);
+void check_output_paths(const Config& c, int world_size);
 
 // train: the resume source against the deck (model, optimizer, step, newer checkpoints) and the
 // checkpoint layout against the optimizer (deck_checkpoints.cpp).

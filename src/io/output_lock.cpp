@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "lmscale/core/error.h"
+#include "lmscale/io/trace_file.h"
 
 namespace lmscale::io {
 
@@ -199,16 +200,18 @@ OutputLock::~OutputLock() {
   }
 }
 
-std::vector<std::unique_ptr<OutputLock>> lock_outputs(const Config& c) {
+std::vector<std::unique_ptr<OutputLock>> lock_outputs(const Config& c, int rank) {
+  std::vector<std::unique_ptr<OutputLock>> locks;
+  if (!c.run.trace.empty()) locks.push_back(std::make_unique<OutputLock>("run.trace", trace_rank_path(c.run.trace, rank)));
+  if (rank != 0) return locks;
   std::vector<std::pair<std::string, std::string>> outputs{{"run.output", c.run.output}};
-  if (!c.run.trace.empty()) outputs.emplace_back("run.trace", c.run.trace);
+  if (!c.run.metrics.empty()) outputs.emplace_back("run.metrics", c.run.metrics);
   if (c.run.job == JobKind::train) {
     if (!c.train.save.empty()) outputs.emplace_back("train.save", c.train.save);
     if (c.train.checkpoint_every > 0 && c.train.checkpoint_dir.empty() && !c.train.checkpoint_path.empty())
       outputs.emplace_back("train.checkpoint_path", c.train.checkpoint_path);
   }
   if (c.run.job == JobKind::prune && !c.prune.output.empty()) outputs.emplace_back("prune.output", c.prune.output);
-  std::vector<std::unique_ptr<OutputLock>> locks;
   for (const auto& [key, path] : outputs) locks.push_back(std::make_unique<OutputLock>(key, path));
   // Two runs writing and rotating one checkpoint directory would delete each other's lineage.
   if (c.run.job == JobKind::train && !c.train.checkpoint_dir.empty())

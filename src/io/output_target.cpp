@@ -9,8 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
 #include <fmt/format.h>
+#include <zlib.h>
 
 #include "lmscale/io/weights_format.h"
 
@@ -34,7 +36,7 @@ const char* kind_name(fs::file_type type) {
 }
 
 // Why the entry at `path` (the target, or NAME.tmp) may not be replaced, or nullopt.
-std::optional<std::string> replaceable(const std::string& path, bool trace) {
+std::optional<std::string> replaceable(const std::string& path, OutputFormat format) {
   std::error_code ec;
   const fs::file_status link = fs::symlink_status(path, ec);
   if (ec && link.type() != fs::file_type::not_found)
@@ -49,7 +51,14 @@ std::optional<std::string> replaceable(const std::string& path, bool trace) {
     prefix = "is a symbolic link to";
   }
   if (type != fs::file_type::regular) return fmt::format("{} {}, not a regular file", prefix, kind_name(type));
-  if (trace) {
+  if (format == OutputFormat::metrics) {
+    if (!is_empty_or_metrics(path))
+      return fmt::format("{} a regular file that is not a metrics stream written by lmscale (run.metrics replaces "
+                         "only its own streams and empty files)",
+                         prefix);
+    return std::nullopt;
+  }
+  if (format == OutputFormat::trace) {
     if (!is_empty_or_trace(path))
       return fmt::format("{} a regular file that is not a trace written by lmscale (run.trace replaces only its own "
                          "traces and empty files)",
@@ -122,6 +131,22 @@ bool is_empty_or_safetensors(const std::string& path) {
   return length >= 2 && length <= size - 8 && head[8] == '{';
 }
 
+namespace {
+// A regular file that is empty or begins with `head`.
+bool is_empty_or_begins(const std::string& path, std::string_view head) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) return false;
+  if (size == 0) return true;
+  std::ifstream in(path, std::ios::binary);
+  std::string got(head.size(), '\0');
+  if (!in || !in.read(got.data(), static_cast<std::streamsize>(got.size()))) return false;
+  return got == head;
+}
+}  // namespace
+
+bool is_empty_or_metrics(const std::string& path) { return is_empty_or_begins(path, "{\"kind\": \"deck\""); }
+
 bool is_empty_or_trace(const std::string& path) {
   static constexpr char kHead[] = "{\"traceEvents\"";
   std::error_code ec;
@@ -130,7 +155,16 @@ bool is_empty_or_trace(const std::string& path) {
   if (size == 0) return true;
   std::ifstream in(path, std::ios::binary);
   char head[sizeof kHead - 1] = {};
-  if (!in || !in.read(head, sizeof head)) return false;
+  if (!in || !in.read(head, 2)) return false;
+  if (static_cast<unsigned char>(head[0]) == 0x1f && static_cast<unsigned char>(head[1]) == 0x8b) {
+    // A gzip-compressed trace (NAME.json.gz): its text must begin the same way.
+    gzFile gz = gzopen(path.c_str(), "rb");
+    if (gz == nullptr) return false;
+    const int n = gzread(gz, head, sizeof head);
+    gzclose(gz);
+    return n == static_cast<int>(sizeof head) && std::memcmp(head, kHead, sizeof head) == 0;
+  }
+  if (!in.read(head + 2, sizeof head - 2)) return false;
   return std::memcmp(head, kHead, sizeof head) == 0;
 }
 
@@ -161,14 +195,16 @@ bool lies_below(const FileIdentity& file, const FileIdentity& dir) {
   return file.canonical.size() > prefix.size() && file.canonical.compare(0, prefix.size(), prefix) == 0;
 }
 
-std::optional<std::string> replace_problem(const std::string& path, bool trace) { return replaceable(path, trace); }
+std::optional<std::string> replace_problem(const std::string& path, OutputFormat format) {
+  return replaceable(path, format);
+}
 
-std::optional<std::string> output_problem(const std::string& path, bool trace) {
+std::optional<std::string> output_problem(const std::string& path, OutputFormat format) {
   if (path.empty()) return std::string("is empty");
   if (path.back() == '/') return std::string("names a directory (ends with '/'); give a file name");
-  if (auto problem = replaceable(path, trace)) return problem;
+  if (auto problem = replaceable(path, format)) return problem;
   const std::string tmp = path + ".tmp";
-  if (auto problem = replaceable(tmp, trace)) return fmt::format("cannot be written because '{}' {}", tmp, *problem);
+  if (auto problem = replaceable(tmp, format)) return fmt::format("cannot be written because '{}' {}", tmp, *problem);
 
   std::error_code ec;
   const fs::path dir = fs::absolute(fs::path(path), ec).parent_path();

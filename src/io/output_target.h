@@ -17,16 +17,18 @@ namespace lmscale::io::detail {
 
 // Why `path` cannot be written under the rule above ("exists and is a FIFO", ...), or nullopt.
 // Touches nothing: used by deck validation (UsageError naming the key).
-// `trace`: the file is a Chrome-trace JSON (run.trace): a previous trace (is_empty_or_trace) may be
-// replaced instead of an HDF5 file.
-std::optional<std::string> output_problem(const std::string& path, bool trace = false);
+// `format`: what the file holds, and so what earlier file it may replace: an HDF5 file (results,
+// weights, checkpoints), a Chrome-trace JSON (run.trace: an earlier trace, is_empty_or_trace) or
+// a metrics stream (run.metrics: an earlier stream, is_empty_or_metrics).
+enum class OutputFormat { hdf5, trace, metrics };
+std::optional<std::string> output_problem(const std::string& path, OutputFormat format = OutputFormat::hdf5);
 
 // Why files cannot be created in the directory `dir` (train.checkpoint_dir): it, or its nearest
 // existing ancestor when it is missing, must be a writable directory; nullopt when they can.
 std::optional<std::string> directory_problem(const std::string& dir);
 
 // The target alone (not NAME.tmp, not the directory): checked again just before the rename.
-std::optional<std::string> replace_problem(const std::string& path, bool trace = false);
+std::optional<std::string> replace_problem(const std::string& path, OutputFormat format = OutputFormat::hdf5);
 
 // Which file a path names (issue 36: outputs are identified by file identity, not by their text).
 // An existing file: its device and inode (hard links, symbolic links, `./x` and absolute spellings
@@ -46,13 +48,16 @@ bool lies_below(const FileIdentity& file, const FileIdentity& dir);
 // device (errno 28, ENOSPC)".
 std::string errno_text(int e);
 
-// True for a regular file that is empty or starts with '{"traceEvents"' (what run.trace writes).
+// True for a regular file that is empty or starts with '{"traceEvents"' (what run.trace writes), plain or
+// gzip-compressed.
 bool is_empty_or_trace(const std::string& path);
 
 // True for a regular file that is empty or starts like a safetensors file: an 8-byte
 // little-endian header length that fits the file, then '{'. Names ending in .safetensors
 // (weights_format.h) may replace only such files, instead of HDF5 ones.
 bool is_empty_or_safetensors(const std::string& path);
+// True for a regular file that is empty or starts with '{"kind": "deck"' (what run.metrics writes).
+bool is_empty_or_metrics(const std::string& path);
 
 // True for a regular file that is empty or starts with the HDF5 signature (at offset 0 or at a
 // user-block offset 512, 1024, 2048, ...).

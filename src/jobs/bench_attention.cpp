@@ -12,6 +12,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/rng.h"
 #include "lmscale/core/tensor.h"
+#include "lmscale/jobs/step_rates.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::jobs {
@@ -130,8 +131,9 @@ void print_row(const io::Row& r) {
   auto str = [&](std::size_t i) { return std::get<std::string>(r[i]); };
   auto i64 = [&](std::size_t i) { return std::get<std::int64_t>(r[i]); };
   auto f64 = [&](std::size_t i) { return std::get<double>(r[i]); };
-  fmt::print("{:<6} {:<16} {:<5} {:>6} {:>5} {:>5} {:>6} {:>4} {:>10.3f} {:>9.1f} {:>12.1f} {}\n", str(0), str(1),
-             str(2), i64(3) ? "causal" : "full", i64(4), i64(5), i64(6), i64(7), f64(8), f64(11),
+  // TFLOP/s in three significant digits (step_rates.h): a CPU's 0.0123 does not print as 0.0.
+  fmt::print("{:<6} {:<16} {:<5} {:>6} {:>5} {:>5} {:>6} {:>4} {:>10.3f} {:>9} {:>12.1f} {}\n", str(0), str(1),
+             str(2), i64(3) ? "causal" : "full", i64(4), i64(5), i64(6), i64(7), f64(8), three_digits(f64(11)),
              static_cast<double>(i64(12)) / 1048576.0, str(13));
 }
 

@@ -4,10 +4,14 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -17,6 +21,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/tensor.h"
 #include "lmscale/core/timer.h"
+#include "lmscale/jobs/nccl_tests_report.h"
 #ifdef LMSCALE_WITH_CUDA
 #include <cuda_runtime.h>
 
@@ -251,6 +256,30 @@ comm::Algo collective_algo(CollectiveAlgo a) {
   return comm::Algo::automatic;
 }
 
+// nccl-tests' preamble and "# Using devices" lines, gathered to rank 0 in rank order.
+void print_nccl_tests_devices(JobEnv& env, const BenchConfig& b, const std::vector<std::int64_t>& sizes) {
+  constexpr int kLine = 512;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  int bus = 0;
+#ifdef LMSCALE_WITH_CUDA
+  if (env.rt.device() == Device::cuda) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&bus, cudaDevAttrPciBusId, device) != cudaSuccess)
+      cudaGetLastError();
+  }
+#endif
+  std::string mine = nccl_tests_rank_line(env.rank, static_cast<int>(::getpid()), host, env.local_rank, bus,
+                                          env.rt.device_name());
+  mine.resize(kLine, '\0');
+  std::vector<char> all(env.rank == 0 ? static_cast<std::size_t>(kLine) * static_cast<std::size_t>(env.world) : 0);
+  MPI_Gather(mine.data(), kLine, MPI_CHAR, all.data(), kLine, MPI_CHAR, 0, env.mpi.world());
+  if (env.rank != 0) return;
+  fmt::print("{}", nccl_tests_preamble(sizes.front(), sizes.back(), b.step_factor, b.warmup, b.steps, b.check));
+  for (int q = 0; q < env.world; ++q) fmt::print("{}", std::string(all.data() + static_cast<std::size_t>(q) * kLine));
+  fmt::print("#\n");
+}
+
 }  // namespace
 
 int run_bench_collectives(JobEnv& env) {
@@ -306,21 +335,31 @@ int run_bench_collectives(JobEnv& env) {
                    std::string("nccl-tests: all-reduce 2(n-1)/n, reduce-scatter (n-1)/n, all-gather (n-1)/n, broadcast 1; "
                                "algbw = bytes / avg time; errors = -1 when unchecked"));
 
+  const bool nccl_tests = b.format == BenchFormat::nccl_tests;
   if (r == 0) {
     fmt::print("# bench-collectives: {} ({}), {} ranks on {} node{}, {} warm-up + {} timed calls per size, check {}\n",
                backend, comm->describe(), p, nodes, nodes == 1 ? "" : "s", b.warmup, b.steps, b.check ? "on" : "off");
     fmt::print("# MPI: {}{}\n", env.mpi.library_version(), on_device ? fmt::format("; NCCL {}", comm::nccl_version()) : "");
-    fmt::print("# bytes = whole buffer; algbw = bytes/avg time; busbw = algbw * (all-reduce 2(n-1)/n, "
-               "reduce-scatter/all-gather (n-1)/n, broadcast 1)\n");
-    fmt::print("{:<14} {:>5} {:>13} {:>11} {:>7} {:>2} {:>11} {:>11} {:>11} {:>10} {:>10} {:>8} {:<9} {}\n", "op", "type",
-               "size(B)", "count", "size", "ip", "time(us)", "min(us)", "max(us)", "algbw", "busbw", "#wrong", "result", "path");
+    if (!nccl_tests) {
+      fmt::print("# bytes = whole buffer; algbw = bytes/avg time; busbw = algbw * (all-reduce 2(n-1)/n, "
+                 "reduce-scatter/all-gather (n-1)/n, broadcast 1)\n");
+      fmt::print("{:<14} {:>5} {:>13} {:>11} {:>7} {:>2} {:>11} {:>11} {:>11} {:>10} {:>10} {:>8} {:<9} {}\n", "op",
+                 "type", "size(B)", "count", "size", "ip", "time(us)", "min(us)", "max(us)", "algbw", "busbw", "#wrong",
+                 "result", "path");
+    }
     std::fflush(stdout);
   }
+  if (nccl_tests) print_nccl_tests_devices(env, b, sizes);
 
   bool failed = false;
   double best_busbw = 0;
   for (const auto& op : b.ops)
-    for (DType t : dtypes)
+    for (DType t : dtypes) {
+      // nccl-tests: one table per collective and type, each size measured out of place and in
+      // place, closed by its summary lines.
+      if (nccl_tests && r == 0) fmt::print("{}", nccl_tests_header());
+      double busbw_sum = 0;
+      int results = 0, results_with_errors = 0;
       for (std::int64_t size : sizes) {
         const std::size_t es = dtype_size(t);
         Call k;
@@ -331,52 +370,77 @@ int run_bench_collectives(JobEnv& env) {
         if (blocked) k.count -= k.count % static_cast<std::size_t>(p);
         if (k.count == 0) continue;
         k.block = blocked ? k.count / static_cast<std::size_t>(p) : k.count;
-        k.in_place = b.inplace || op == CollectiveOp::broadcast;
-        const std::size_t mine = static_cast<std::size_t>(r) * k.block * es;
-        if (op == CollectiveOp::all_reduce) {
-          k.send = S, k.recv = k.in_place ? S : R;
-        } else if (op == CollectiveOp::reduce_scatter) {
-          k.send = S, k.recv = k.in_place ? S + mine : R;
-        } else if (op == CollectiveOp::all_gather) {
-          k.recv = R, k.send = k.in_place ? R + mine : S;
-        } else {
-          k.send = S, k.recv = S;
-        }
+        // nccl-tests measures both placements; lmscale's broadcast is in place only (the root's
+        // buffer is every rank's result), so both its columns show the one in-place measurement.
+        std::vector<bool> placements{b.inplace || op == CollectiveOp::broadcast};
+        if (nccl_tests && op != CollectiveOp::broadcast) placements = {false, true};
+        NcclTestsResult measured[2];
+        for (std::size_t pl = 0; pl < placements.size(); ++pl) {
+          k.in_place = placements[pl];
+          const std::size_t mine = static_cast<std::size_t>(r) * k.block * es;
+          if (op == CollectiveOp::all_reduce) {
+            k.send = S, k.recv = k.in_place ? S : R;
+          } else if (op == CollectiveOp::reduce_scatter) {
+            k.send = S, k.recv = k.in_place ? S + mine : R;
+          } else if (op == CollectiveOp::all_gather) {
+            k.recv = R, k.send = k.in_place ? R + mine : S;
+          } else {
+            k.send = S, k.recv = S;
+          }
 
-        std::int64_t wrong = -1;
-        if (b.check) {
-          const std::int64_t local = check_call(*comm, space, k);
-          wrong = 0;
-          MPI_Allreduce(&local, &wrong, 1, MPI_INT64_T, MPI_SUM, world);
+          std::int64_t wrong = -1;
+          if (b.check) {
+            const std::int64_t local = check_call(*comm, space, k);
+            wrong = 0;
+            MPI_Allreduce(&local, &wrong, 1, MPI_INT64_T, MPI_SUM, world);
+          }
+          const auto before = comm->path_uses();
+          const double secs = time_call(*comm, env.rt, on_device, k, b.warmup, b.steps);
+          const std::string path = dominant_path(before, comm->path_uses(), backend);
+          std::vector<double> all(static_cast<std::size_t>(p));
+          MPI_Gather(&secs, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, world);
+          double avg = 0, lo = secs, hi = secs;
+          if (r == 0) {
+            for (double s : all) avg += s / p;
+            lo = *std::min_element(all.begin(), all.end());
+            hi = *std::max_element(all.begin(), all.end());
+          }
+          const std::int64_t bytes = static_cast<std::int64_t>(k.count * es);
+          const double algbw = avg > 0 ? static_cast<double>(bytes) / avg * 1e-9 : 0;
+          const double busbw = algbw * busbw_factor(op, p);
+          const bool bad = wrong > 0;
+          failed = failed || bad;
+          best_busbw = std::max(best_busbw, busbw);
+          measured[pl] = {avg * 1e6, algbw, busbw, wrong};
+          if (r == 0 && !nccl_tests) {
+            fmt::print("{:<14} {:>5} {:>13} {:>11} {:>7} {:>2} {:>11.2f} {:>11.2f} {:>11.2f} {:>10.3f} {:>10.3f} {:>8} {:<9} {}\n",
+                       op, dtype_name(t), bytes, k.count, human_bytes(bytes), k.in_place ? 1 : 0, avg * 1e6, lo * 1e6,
+                       hi * 1e6, algbw, busbw, wrong, wrong < 0 ? "unchecked" : (bad ? "FAIL" : "ok"), path);
+            std::fflush(stdout);
+          }
+          table.append({to_string(op), backend, to_string(b.algo), path, std::string(dtype_name(t)), static_cast<std::int64_t>(p), nodes, bytes,
+                        static_cast<std::int64_t>(k.count), static_cast<std::int64_t>(k.in_place), avg * 1e6, lo * 1e6,
+                        hi * 1e6, algbw, busbw, wrong});
+          table.flush();
         }
-        const auto before = comm->path_uses();
-        const double secs = time_call(*comm, env.rt, on_device, k, b.warmup, b.steps);
-        const std::string path = dominant_path(before, comm->path_uses(), backend);
-        std::vector<double> all(static_cast<std::size_t>(p));
-        MPI_Gather(&secs, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, world);
-        double avg = 0, lo = secs, hi = secs;
-        if (r == 0) {
-          for (double s : all) avg += s / p;
-          lo = *std::min_element(all.begin(), all.end());
-          hi = *std::max_element(all.begin(), all.end());
-        }
-        const std::int64_t bytes = static_cast<std::int64_t>(k.count * es);
-        const double algbw = avg > 0 ? static_cast<double>(bytes) / avg * 1e-9 : 0;
-        const double busbw = algbw * busbw_factor(op, p);
-        const bool bad = wrong > 0;
-        failed = failed || bad;
-        best_busbw = std::max(best_busbw, busbw);
-        if (r == 0) {
-          fmt::print("{:<14} {:>5} {:>13} {:>11} {:>7} {:>2} {:>11.2f} {:>11.2f} {:>11.2f} {:>10.3f} {:>10.3f} {:>8} {:<9} {}\n",
-                     op, dtype_name(t), bytes, k.count, human_bytes(bytes), k.in_place ? 1 : 0, avg * 1e6, lo * 1e6,
-                     hi * 1e6, algbw, busbw, wrong, wrong < 0 ? "unchecked" : (bad ? "FAIL" : "ok"), path);
+        if (r == 0 && nccl_tests) {
+          // The summary averages the busbw of every printed result, both columns (as nccl-tests).
+          for (const NcclTestsResult* m : {&measured[0], &measured[placements.size() - 1]}) {
+            busbw_sum += m->busbw;
+            ++results;
+            results_with_errors += m->wrong > 0 ? 1 : 0;
+          }
+          fmt::print("{}", nccl_tests_row(static_cast<std::int64_t>(k.count * es),
+                                          nccl_tests_count(op, static_cast<std::int64_t>(k.count), p), t, op,
+                                          measured[0], measured[placements.size() - 1]));
           std::fflush(stdout);
         }
-        table.append({to_string(op), backend, to_string(b.algo), path, std::string(dtype_name(t)), static_cast<std::int64_t>(p), nodes, bytes,
-                      static_cast<std::int64_t>(k.count), static_cast<std::int64_t>(k.in_place), avg * 1e6, lo * 1e6,
-                      hi * 1e6, algbw, busbw, wrong});
-        table.flush();
       }
+      if (nccl_tests && r == 0) {
+        fmt::print("{}", nccl_tests_summary(results_with_errors, results > 0 ? busbw_sum / results : 0.0));
+        std::fflush(stdout);
+      }
+    }
   env.out.set_attr("/bench_collectives", "max_busbw_gbs", best_busbw);
   if (failed && r == 0) fmt::print("# bench-collectives: FAILED: some results were wrong (#wrong > 0)\n");
   return failed ? 1 : 0;

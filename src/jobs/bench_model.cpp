@@ -10,10 +10,13 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/rng.h"
 #include "lmscale/core/timer.h"
+#include "lmscale/core/trace.h"
 #include "lmscale/jobs/predict/accounting.h"
 #include "lmscale/jobs/predict/device_peak.h"
 #include "lmscale/jobs/predict/memory_model.h"
 #include "lmscale/jobs/memory_report.h"
+#include "lmscale/jobs/metrics_stream.h"
+#include "lmscale/jobs/step_rates.h"
 #include "lmscale/jobs/engine/pipeline_report.h"
 #include "lmscale/jobs/resilience/step_watchdog.h"
 #include "lmscale/jobs/engine/trainer.h"
@@ -74,8 +77,18 @@ int run_bench_model(JobEnv& env) {
   std::vector<double> fwd, bwd, comm, opt, total;
   const std::int64_t n_steps = cfg.bench.warmup + cfg.bench.steps;
   StepWatchdog watchdog(env, cfg.parallel.timeout_s);   // a stuck rank ends the job (parallel.timeout_s)
+  // A line per step as it ends (docs/metrics.md), warm-up included (an 8b warm-up step takes
+  // seconds); at most one a second when steps are short, the last timed step always.
+  const double step_tokens = static_cast<double>(B * T);
+  const double step_flops =
+      (mode == BenchMode::forward ? dims.forward_flops_per_token(T) : dims.train_flops_per_token(T)) * step_tokens;
+  const double device_peak = device_peak_flops(rt.device_name(), cfg.precision.mode, cfg.precision.tf32);
+  const double device_bytes = device_memory_bytes(rt);
+  WallTimer since_line;
+  bool first_line = true;
   for (std::int64_t s = 0; s < n_steps; ++s) {
     const bool timed = s >= cfg.bench.warmup;
+    trace::ProfilerStep profiler_step(s + 1);   // run.trace: HTA's iteration (warm-up steps included)
     watchdog.mark(s, timed ? "timed step" : "warm-up step");
     if (s == cfg.bench.warmup && trainer.fsdp()) trainer.fsdp()->reset_waits();
     NvtxRange range(timed ? "timed_step" : "warmup_step");
@@ -93,7 +106,32 @@ int run_bench_model(JobEnv& env) {
     auto m1 = rt.mark();
     rt.synchronize();
     r.times.total_ms = rt.elapsed_ms(m0, m1);
+    const StepRates rates = step_rates(step_tokens, step_flops, r.times.total_ms * 1e-3, env.world, device_peak);
+    const double memory = static_cast<double>(rt.allocator().tracker().peak());
+    if (cfg.run.progress && env.is_root() && (first_line || s + 1 == n_steps || since_line.seconds() >= 1.0)) {
+      fmt::print("{} {:>4}/{}  {:.1f} ms  loss {:.4f}  memory {}  tok/s/gpu {:.0f}  TFLOP/s {}  MFU {}\n",
+                 timed ? "timed step  " : "warm-up step", timed ? s - cfg.bench.warmup + 1 : s + 1,
+                 timed ? cfg.bench.steps : cfg.bench.warmup, r.times.total_ms, r.loss,
+                 memory_of_device(memory, device_bytes), rates.tokens_per_s_per_gpu, three_digits(rates.tflops_per_gpu),
+                 percent_or_na(rates.mfu));
+      std::fflush(stdout);
+      since_line.reset();
+      first_line = false;
+    }
     if (!timed) continue;
+    if (env.metrics)
+      env.metrics->write("bench_step", {{"step", s - cfg.bench.warmup + 1},
+                                        {"step_ms", r.times.total_ms},
+                                        {"forward_ms", r.times.forward_ms},
+                                        {"backward_ms", r.times.backward_ms},
+                                        {"comm_ms", r.times.comm_ms},
+                                        {"optimizer_ms", r.times.optimizer_ms},
+                                        {"loss", r.loss},
+                                        {"tokens_per_s_per_gpu", rates.tokens_per_s_per_gpu},
+                                        {"tflops_per_gpu", rates.tflops_per_gpu},
+                                        {"mfu", rates.mfu},
+                                        {"memory_bytes", memory},
+                                        {"memory_fraction", device_bytes > 0 ? memory / device_bytes : NAN}});
     if (mode != BenchMode::forward) pipe.add_step(s - cfg.bench.warmup);
     fwd.push_back(r.times.forward_ms);
     bwd.push_back(r.times.backward_ms);
@@ -219,8 +257,8 @@ int run_bench_model(JobEnv& env) {
                  "(/bench_model/fsdp_waits has each unit)\n",
                  fsdp_wait_fwd, fsdp_wait_bwd);
     fmt::print("predicted peak (accounting) {:.3f} GiB\n", predicted_peak / (1u << 30));
-    fmt::print("tokens/s {:.1f}  achieved {:.2f} TFLOP/s  MFU {} (causal FLOPs: {})  peak memory {:.3f} GiB\n",
-               tokens / (st.mean * 1e-3), achieved / 1e12,
+    fmt::print("tokens/s {:.1f}  achieved {} TFLOP/s  MFU {} (causal FLOPs: {})  peak memory {:.3f} GiB\n",
+               tokens / (st.mean * 1e-3), three_digits(achieved / 1e12),
                std::isnan(mfu) ? std::string("n/a") : fmt::format("{:.1f}%", 100 * mfu),
                std::isnan(mfu_causal) ? std::string("n/a") : fmt::format("{:.1f}%", 100 * mfu_causal),
                static_cast<double>(mem.peak()) / (1 << 30));

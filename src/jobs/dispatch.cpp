@@ -43,12 +43,29 @@ void reject_unbuilt_modes(const Config& c) {
 }
 }  // namespace
 
+namespace {
+// run.job = accounting plans a run on accounting.device, not on this machine: parallel.device
+// becomes the planned run's device, and accounting.device stays auto only when it names the GPU
+// this process sees (planned_device.h). Without a GPU, a cuda deck plans for an H100 80GB.
+void resolve_planned_device(Config& c, int gpus) {
+  TargetDevice& target = c.accounting.device;
+  if (target == TargetDevice::automatic) {
+    if (c.parallel.device == DeviceChoice::cpu || (c.parallel.device == DeviceChoice::automatic && gpus == 0))
+      target = TargetDevice::cpu;
+    else if (gpus == 0)
+      target = TargetDevice::h100_80gb;
+  }
+  c.parallel.device = target == TargetDevice::cpu ? DeviceChoice::cpu : DeviceChoice::cuda;
+}
+}  // namespace
+
 Config resolve_runtime(const Config& in, int world) {
   Config c = in;
   reject_unbuilt_modes(c);
   const int gpus = cuda_device_count();
+  if (c.run.job == JobKind::accounting) resolve_planned_device(c, gpus);
   if (c.parallel.device == DeviceChoice::automatic) c.parallel.device = gpus > 0 ? DeviceChoice::cuda : DeviceChoice::cpu;
-  if (c.parallel.device == DeviceChoice::cuda && gpus == 0)
+  if (c.parallel.device == DeviceChoice::cuda && gpus == 0 && c.run.job != JobKind::accounting)
     throw UsageError("parallel.device=cuda but no CUDA device is visible (or lmscale was built without CUDA); use parallel.device=cpu");
   if (c.parallel.backend == BackendChoice::automatic)
     c.parallel.backend = c.parallel.device == DeviceChoice::cuda ? BackendChoice::nccl : BackendChoice::mpi;
@@ -69,6 +86,12 @@ Config resolve_runtime(const Config& in, int world) {
                                      d));
   c.resolved = io::to_ini(c);
   return c;
+}
+
+Device process_device(const Config& resolved) {
+  if (resolved.run.job == JobKind::accounting)
+    return resolved.accounting.device == TargetDevice::automatic ? Device::cuda : Device::cpu;
+  return resolved.parallel.device == DeviceChoice::cuda ? Device::cuda : Device::cpu;
 }
 
 std::string describe_run(const Config& cfg, int world) {

@@ -7,9 +7,13 @@
 #include "lmscale/core/host_vector.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/timer.h"
+#include "lmscale/core/trace.h"
 #include "lmscale/io/dataset.h"
 #include "lmscale/jobs/engine/checkpointing.h"
 #include "lmscale/jobs/memory_report.h"
+#include "lmscale/jobs/metrics_stream.h"
+#include "lmscale/jobs/predict/device_peak.h"
+#include "lmscale/jobs/step_rates.h"
 #include "lmscale/jobs/engine/pipeline_report.h"
 #include "lmscale/jobs/resilience/fault_injection.h"
 #include "lmscale/jobs/resilience/preemption.h"
@@ -131,6 +135,12 @@ int run_train(JobEnv& env) {
   store_optimizer_attrs(env, cfg, trainer);
 
   const double tokens_per_step = static_cast<double>(cfg.train.batch_size * T);
+  // Progress lines and the metrics stream (docs/metrics.md): rates per GPU over the steps since the
+  // previous logged step, model FLOPs as bench-model counts them, memory as the allocator's peak.
+  const double flops_per_step = dims.train_flops_per_token(T) * tokens_per_step;
+  const double peak_flops = device_peak_flops(rt.device_name(), cfg.precision.mode, cfg.precision.tf32);
+  const double device_bytes = device_memory_bytes(rt);
+  WallTimer since_log;
   // cost.price_per_gpu_hour > 0: money to finish (and in all, this run's steps only) at the
   // current pace, every rank counted as one GPU (docs/recipes.md "Cost").
   const double price = cfg.cost.price_per_gpu_hour * (1.0 - cfg.cost.spot_discount);
@@ -142,6 +152,7 @@ int run_train(JobEnv& env) {
   WallTimer wall;
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
+  std::int64_t logged_at = start;   // the step count at the previous progress line
   bool interrupted = false;
   // train.max_skipped_steps: consecutive skipped or non-finite steps (loss and norm are global
   // values, so every rank counts the same and stops at the same step).
@@ -150,6 +161,7 @@ int run_train(JobEnv& env) {
   const double flush_seconds = FaultInjection::from_environment().flush_s;   // 10 s unless a test sets it
   WallTimer flush_timer;
   for (std::int64_t s = start; s < cfg.train.steps; ++s) {
+    trace::ProfilerStep profiler_step(s + 1);   // run.trace: HTA's iteration (steps counted from 1)
     auto tokens = host_vector<std::int32_t>(static_cast<std::size_t>(trainer.local_rows() * (T + 1)),
                                             "the training token batch");
     data->sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tokens.data(), false);
@@ -170,15 +182,40 @@ int run_train(JobEnv& env) {
       steps.flush();
       flush_timer.reset();
     }
-    if (cfg.run.progress && env.is_root() && log_step) {
+    if (log_step) {
       const double elapsed = wall.seconds();
       const double per_step = elapsed / static_cast<double>(s + 1 - start);
       const double remaining_s = per_step * static_cast<double>(cfg.train.steps - s - 1);
-      fmt::print("step {:>6}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.1f} ms  {:.0f} tok/s  ETA {}{}{}\n", s + 1,
-                 cfg.train.steps, r.loss, r.lr, r.grad_norm, r.times.total_ms, tokens_per_step / per_step,
-                 eta(remaining_s), price > 0 ? cost_to_finish(remaining_s, elapsed + remaining_s) : "",
-                 r.skipped ? "  (skipped: overflow)" : "");
-      std::fflush(stdout);
+      const double interval_steps = static_cast<double>(s + 1 - logged_at);
+      const StepRates rates = step_rates(interval_steps * tokens_per_step, interval_steps * flops_per_step,
+                                         since_log.seconds(), env.world, peak_flops);
+      const double memory = static_cast<double>(rt.allocator().tracker().peak());
+      since_log.reset();
+      logged_at = s + 1;
+      if (cfg.run.progress && env.is_root()) {
+        fmt::print("step {:>6}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  memory {}  tok/s/gpu {:.0f}  TFLOP/s {}  "
+                   "MFU {}  {:.1f} ms  ETA {}{}{}\n",
+                   s + 1, cfg.train.steps, r.loss, r.lr, r.grad_norm, memory_of_device(memory, device_bytes),
+                   rates.tokens_per_s_per_gpu, three_digits(rates.tflops_per_gpu), percent_or_na(rates.mfu),
+                   r.times.total_ms, eta(remaining_s), price > 0 ? cost_to_finish(remaining_s, elapsed + remaining_s) : "",
+                   r.skipped ? "  (skipped: overflow)" : "");
+        std::fflush(stdout);
+      }
+      if (env.metrics)
+        env.metrics->write("train_step", {{"step", s + 1},
+                                          {"loss", r.loss},
+                                          {"lr", r.lr},
+                                          {"grad_norm", r.grad_norm},
+                                          {"step_ms", r.times.total_ms},
+                                          {"tokens_per_s_per_gpu", rates.tokens_per_s_per_gpu},
+                                          {"tflops_per_gpu", rates.tflops_per_gpu},
+                                          {"mfu", rates.mfu},
+                                          {"memory_bytes", memory},
+                                          {"memory_fraction", device_bytes > 0 ? memory / device_bytes : NAN},
+                                          {"loss_scale", r.loss_scale},
+                                          {"skipped", static_cast<bool>(r.skipped)},
+                                          {"elapsed_s", elapsed},
+                                          {"eta_s", remaining_s}});
     }
     if (cfg.train.eval_every > 0 && ((s + 1) % cfg.train.eval_every == 0 || last)) {
       watchdog.mark(s + 1, "evaluation");
@@ -186,6 +223,7 @@ int run_train(JobEnv& env) {
       evals.append({s + 1, el});
       evals.flush();
       if (env.is_root()) fmt::print("eval  step {:>6}  loss {:.4f}\n", s + 1, el);
+      if (env.metrics) env.metrics->write("eval", {{"step", s + 1}, {"loss", el}});
     }
     skipped_in_a_row = r.skipped || !std::isfinite(r.loss) || !std::isfinite(r.grad_norm) ? skipped_in_a_row + 1 : 0;
     if (cfg.train.max_skipped_steps > 0 && skipped_in_a_row >= cfg.train.max_skipped_steps) {

@@ -38,6 +38,12 @@ class MemoryTracker {
   const std::vector<MemoryEvent>& timeline() const { return timeline_; }
 
  private:
+  // run.trace: the bytes in use as a counter, sampled (at most one sample per kTraceSampleUs for
+  // the whole recorder, carrying the largest value since this tracker's last sample), not one
+  // event per allocation.
+  static constexpr double kTraceSampleUs = 1000;
+  void trace_in_use();
+  std::size_t interval_max_ = 0; // largest bytes in use since this tracker's last sample
   std::chrono::steady_clock::time_point t0_;
   std::size_t current_ = 0, peak_ = 0, phase_peak_ = 0;
   std::map<std::string, std::size_t> phase_peaks_;

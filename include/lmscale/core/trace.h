@@ -2,7 +2,7 @@
 // Chrome-trace recording (run.trace, docs/profiling.md): complete events ("X") for the NVTX ranges,
 // collectives and waits, async spans from a collective's issue to its completion, and counter
 // events ("C") for the allocator's bytes in use. One Recorder per rank, owned by the run (app/);
-// rank 0 merges every rank's events into one JSON file (jobs/trace_output).
+// every rank writes its own events to its own JSON file (jobs/trace_output.h).
 //
 // The NvtxRange call sites (model, parallel, jobs) and the allocator cannot be handed an object
 // without threading it through every signature, so the run installs its recorder as the
@@ -71,6 +71,9 @@ class Recorder {
   // Thread-safe: the communication thread records too.
   void complete(std::string name, int tid, double ts_us, double dur_us, std::string args = {});
   void counter(std::string name, double ts_us, std::string args);
+  // Counter sampling, shared by every writer of this recorder (allocators): true, and the sample
+  // time advanced to `now_us`, when at least `interval_us` passed since the last sample.
+  bool take_sample(double now_us, double interval_us);
   void async_span(std::string name, int tid, double begin_us, double end_us, std::string args = {});
 
   // CUDA: also time ranges on the GPU (kCudaCompute); the recorder owns the timeline.
@@ -86,7 +89,11 @@ class Recorder {
   }
 
   std::size_t size() const;
-  // Every event as Chrome-trace JSON objects separated by ",\n", with pid = `pid`.
+  // The tracks (tids) that hold at least one event, ascending.
+  std::vector<int> tracks() const;
+  // Every event as Chrome-trace JSON objects separated by ",\n", with pid = `pid`. Complete
+  // events carry the category HTA and the PyTorch profiler use: "user_annotation" for
+  // ProfilerStep#N, "gpu_user_annotation" on the cuda compute track, "cpu_op" elsewhere.
   std::string serialize(int pid) const;
 
  private:
@@ -100,11 +107,28 @@ class Recorder {
   std::vector<std::unique_ptr<Event[]>> chunks_;
   std::size_t count_ = 0;
   std::uint64_t next_id_ = 1;
+  double last_sample_us_ = -1;   // take_sample's last sample; -1: none yet
   std::unique_ptr<DeviceTimeline> device_;
 };
 
 // The active recorder of the calling thread, or nullptr.
 Recorder* active();
+
+// A "ProfilerStep#N" span on the host track around one training or bench step, as the PyTorch
+// profiler's step annotation: HTA splits a trace into iterations by these. Records nothing
+// without an active recorder.
+class ProfilerStep {
+ public:
+  explicit ProfilerStep(std::int64_t step);
+  ~ProfilerStep();
+  ProfilerStep(const ProfilerStep&) = delete;
+  ProfilerStep& operator=(const ProfilerStep&) = delete;
+
+ private:
+  Recorder* rec_;
+  std::int64_t step_;
+  double begin_us_ = 0;
+};
 
 // Installs `r` (may be null) as the calling thread's active recorder; restores the previous one.
 class ActiveTrace {

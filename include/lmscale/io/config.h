@@ -104,6 +104,9 @@ LMSCALE_DECK_ENUM(CollectiveOp, "all-reduce", "reduce-scatter", "all-gather", "b
 // bench.algo
 enum class CollectiveAlgo { library, ring, shm, hier, automatic };
 LMSCALE_DECK_ENUM(CollectiveAlgo, "library", "ring", "shm", "hier", "auto");
+// bench.format: bench-collectives' stdout table (lmscale's, or nccl-tests' exact layout).
+enum class BenchFormat { table, nccl_tests };
+LMSCALE_DECK_ENUM(BenchFormat, "table", "nccl-tests");
 // train.activation_checkpointing
 enum class Checkpointing { none, every_k, selective, selective_mlp };
 LMSCALE_DECK_ENUM(Checkpointing, "none", "every-k", "selective", "selective-mlp");
@@ -128,6 +131,11 @@ LMSCALE_DECK_ENUM(PruneMethod, "unstructured", "structured");
 enum class PruneSchedule { fixed, loss_guided };
 LMSCALE_DECK_ENUM(PruneSchedule, "fixed", "loss-guided");
 
+// accounting.device: the device the planned run uses, whose memory and peak rates the accounting
+// reads (jobs/predict/target_device.h); auto = the GPU this process sees, else the deck's device.
+enum class TargetDevice { automatic, h100_80gb, h200, cpu };
+LMSCALE_DECK_ENUM(TargetDevice, "auto", "h100-80gb", "h200", "cpu");
+
 #undef LMSCALE_DECK_ENUM
 
 struct RunConfig {
@@ -136,6 +144,7 @@ struct RunConfig {
   std::uint64_t seed = 0;
   bool progress = true;                  // progress lines on stdout (rank 0)
   std::string trace;                     // Chrome-trace JSON path; empty: no trace (docs/profiling.md)
+  std::string metrics;                   // JSON Lines metrics stream (rank 0); empty: none (docs/metrics.md)
 
   bool operator==(const RunConfig&) const = default;
 };
@@ -218,6 +227,7 @@ struct BenchConfig {
   std::int64_t step_factor = 10;
   bool inplace = false;
   bool check = true;
+  BenchFormat format = BenchFormat::table;   // bench-collectives' stdout layout
 
   bool operator==(const BenchConfig&) const = default;
 };
@@ -274,6 +284,8 @@ struct DataConfig {
 struct AccountingConfig {
   double device_tflops = 0;   // dense FLOP/s per device, TFLOP/s; 0 = datasheet peak (H100/H200)
   double link_gbps = 450;     // per-GPU link bandwidth, GB/s one way (NVLink 4: 900 both ways)
+  std::int64_t world = 0;     // ranks of the planned run; 0 = dp x tp x pp if dp is set, else the launched ranks
+  TargetDevice device = TargetDevice::automatic;   // the planned run's device
 
   bool operator==(const AccountingConfig&) const = default;
 };

@@ -45,9 +45,10 @@ class OutputLock {
 std::string lock_path_for(const std::string& path);   // PATH.lock
 std::string directory_lock_path(const std::string& dir);   // DIR/lmscale.lock
 
-// Locks every file this process writes for `c` (run.output, run.trace; train.save,
-// train.checkpoint_path and the directory train.checkpoint_dir for train; prune.output for
-// prune), held as long as the result lives.
-std::vector<std::unique_ptr<OutputLock>> lock_outputs(const Config& c);
+// Locks every file this process writes for `c`, held as long as the result lives: on rank 0
+// run.output, run.metrics, train.save, train.checkpoint_path and the directory
+// train.checkpoint_dir for train, prune.output for prune; on every rank its own trace file
+// (run.trace's NAME.rank{r}.json, io/trace_file.h).
+std::vector<std::unique_ptr<OutputLock>> lock_outputs(const Config& c, int rank);
 
 }  // namespace lmscale::io

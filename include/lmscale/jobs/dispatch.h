@@ -11,8 +11,13 @@ namespace lmscale::jobs {
 
 // device auto -> cuda when built with CUDA and a GPU is visible, else cpu; backend auto -> nccl
 // on cuda, mpi on cpu; dp 0 -> world / (tp*pp). Throws UsageError for impossible requests
-// (device=cuda without a GPU, nccl on cpu).
+// (device=cuda without a GPU, nccl on cpu). run.job = accounting: parallel.device becomes the
+// planned run's (accounting.device; a cuda deck needs no GPU here) and accounting.device stays
+// auto only when it means the GPU this process sees.
 Config resolve_runtime(const Config& cfg, int world_size);
+// Where this process computes: parallel.device, except that the accounting job runs on the CPU
+// unless it reads the visible GPU's properties (accounting.device = auto after resolve_runtime).
+Device process_device(const Config& resolved);
 // --print-config: the resolved deck and the process layout.
 std::string describe_run(const Config& cfg, int world_size);
 // The world communicator's backend of a resolved deck (parallel.backend, auto resolved).

@@ -15,6 +15,8 @@ class Communicator;
 
 namespace lmscale::jobs {
 
+class MetricsStream;
+
 struct JobEnv {
   const Config& cfg;
   comm::MpiEnvironment& mpi;
@@ -25,6 +27,8 @@ struct JobEnv {
   // host scalars; null for jobs that make their own (bench-collectives).
   std::shared_ptr<comm::Communicator> comm;
   std::shared_ptr<comm::Communicator> host_comm;
+  // run.metrics (jobs/metrics_stream.h): active on rank 0 when the deck names a file; may be null.
+  MetricsStream* metrics = nullptr;
   bool is_root() const { return rank == 0; }
 };
 

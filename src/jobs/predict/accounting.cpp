@@ -9,6 +9,7 @@
 #include "lmscale/jobs/predict/cost_estimate.h"
 #include "lmscale/jobs/predict/device_peak.h"
 #include "lmscale/jobs/predict/memory_model.h"
+#include "lmscale/jobs/predict/planned_device.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/recompute.h"
 #include "lmscale/parallel/spec.h"
@@ -216,9 +217,9 @@ std::string run_refusal(const Config& cfg, int world) {
 
 // cost.tokens > 0: GPU-hours and money of training on that many tokens (cost_estimate.h), as a
 // table /accounting/cost (one row per part of the wall time) and attributes.
-void write_cost(JobEnv& env, const Accounting& a) {
+void write_cost(JobEnv& env, const Accounting& a, int world) {
   const Config& cfg = env.cfg;
-  const CostInputs in = cost_inputs(cfg, env.world, a.analysis_flops);
+  const CostInputs in = cost_inputs(cfg, world, a.analysis_flops);
   const CostEstimate e = estimate_cost(in);
   auto table = env.out.create_table("/accounting/cost", {{"item", io::Column::Type::str, ""},
                                                          {"hours", io::Column::Type::f64, "h"},
@@ -272,8 +273,10 @@ void write_cost(JobEnv& env, const Accounting& a) {
 
 int run_accounting(JobEnv& env) {
   const Config& cfg = env.cfg;
-  const std::string dev = env.rt.device() == Device::cuda ? env.rt.device_name() : "";
-  const Accounting a = account(cfg, env.world, dev);
+  // The planned run's ranks and device, not this process's (accounting.world, accounting.device).
+  const int world = io::planned_world(cfg, env.world);
+  const PlannedDevice target = planned_device(cfg, env.rt);
+  const Accounting a = account(cfg, world, target.cuda ? target.name : "");
   auto table = env.out.create_table("/accounting/memory", {{"component", io::Column::Type::str, ""},
                                                            {"bytes", io::Column::Type::f64, "bytes"},
                                                            {"formula", io::Column::Type::str, ""}});
@@ -302,8 +305,8 @@ int run_accounting(JobEnv& env) {
   // and as a CUDA run's tracker would (plus cuBLASLt's workspace and flash attention's). Under
   // pipelines each stage's (its dp 0, tp 0 rank; memory_model_pipeline.cpp), and the first table
   // holds the stage whose CUDA peak is the largest, both columns of that one stage.
-  const std::vector<MemoryPhases> cpu_stages = predict_stage_phases(cfg, env.world, false);
-  const std::vector<MemoryPhases> cuda_stages = predict_stage_phases(cfg, env.world, true);
+  const std::vector<MemoryPhases> cpu_stages = predict_stage_phases(cfg, world, false);
+  const std::vector<MemoryPhases> cuda_stages = predict_stage_phases(cfg, world, true);
   const bool pipelined = cuda_stages.size() > 1;
   std::size_t largest = 0;
   for (std::size_t st = 1; st < cuda_stages.size(); ++st)
@@ -328,14 +331,21 @@ int run_accounting(JobEnv& env) {
     }
   }
   env.out.set_attr(g, "mode", to_string(job_mode(cfg)));
-  const std::string refused = run_refusal(cfg, env.world);
+  const std::string refused = run_refusal(cfg, world);
   env.out.set_attr(g, "run_refused", refused);
   env.out.set_attr(g, "predicted_peak_bytes_cpu", on_cpu.peak);
   env.out.set_attr(g, "predicted_peak_bytes_cuda", on_cuda.peak);
   env.out.set_attr(g, "memory_model_layout", on_cpu.layout);
+  env.out.set_attr(g, "world", static_cast<std::int64_t>(world));
+  env.out.set_attr(g, "device", target.name);
+  env.out.set_attr(g, "device_source", target.source);
+  env.out.set_attr(g, "device_memory_bytes", target.memory_bytes);
+  // The peak that applies on the planned device, and whether it fits there.
+  const double peak_on_target = target.cuda ? on_cuda.peak : on_cpu.peak;
   if (env.is_root()) {
-    fmt::print("accounting: {} parameters ({:.2f} B), {} ranks, local batch {} x {} tokens, {}\n", a.parameters,
-               static_cast<double>(a.parameters) / 1e9, env.world, a.local_batch, a.seq, cfg.precision.mode);
+    fmt::print("accounting: {} parameters ({:.2f} B), {} ranks planned on {}, local batch {} x {} tokens, {}\n",
+               a.parameters, static_cast<double>(a.parameters) / 1e9, world, target.name, a.local_batch, a.seq,
+               cfg.precision.mode);
     fmt::print("{:<18} {:>12}  {}\n", "memory per rank", "GiB", "counted as");
     for (const auto& it : a.memory) fmt::print("{:<18} {:>12.3f}  {}\n", it.name, it.bytes / (1u << 30), it.formula);
     fmt::print("{:<18} {:>12.3f}\n", "total", a.peak_bytes / (1u << 30));
@@ -345,6 +355,11 @@ int run_accounting(JobEnv& env) {
       fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", on_cpu.phases[i].phase, on_cpu.phases[i].bytes / (1u << 30),
                  on_cuda.phases[i].bytes / (1u << 30));
     fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", "peak", on_cpu.peak / (1u << 30), on_cuda.peak / (1u << 30));
+    if (target.memory_bytes > 0)
+      fmt::print("on {} ({:.2f} GiB; {}): the peak of {:.2f} GiB per rank {} ({:.0f}% of the device)\n", target.name,
+                 target.memory_bytes / (1u << 30), target.source, peak_on_target / (1u << 30),
+                 peak_on_target <= target.memory_bytes ? "fits" : "does NOT fit",
+                 100 * peak_on_target / target.memory_bytes);
     if (pipelined) {
       fmt::print("peak per pipeline stage (replayed under {}):\n{:<18} {:>12} {:>12}\n", cfg.parallel.schedule, "stage",
                  "CPU GiB", "CUDA GiB");
@@ -369,7 +384,7 @@ int run_accounting(JobEnv& env) {
     if (!refused.empty())
       fmt::print("note: these are predictions for a run lmscale refuses to start (exit 2): {}\n", refused);
   }
-  if (cfg.cost.tokens > 0) write_cost(env, a);
+  if (cfg.cost.tokens > 0) write_cost(env, a, world);
   return 0;
 }
 
