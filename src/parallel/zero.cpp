@@ -109,7 +109,7 @@ class ReduceScatterSync final : public GradientSync, private BucketBackend {
       }
     } else {
       reducer_->finish();
-      // Reduced: the bucket buffers are no longer needed (the waits above ordered the compute
+      // Reduced: the bucket buffers are no longer needed (complete()'s waits ordered the compute
       // stream after the reduce-scatters, so the memory can be reused by later compute work).
       if (lazy_) lazy_->release();
       for (std::size_t i = 1; i < z_.shards_.size(); ++i)
