@@ -56,13 +56,13 @@ CopyEngineAllReduce::Part CopyEngineAllReduce::part(int b, int q) const {
   return {k.offset + lo, hi - lo};
 }
 
-void CopyEngineAllReduce::begin() {
+void CopyEngineAllReduce::begin_step() {
   ++round_;
   last_ = -1;
   waiting_.clear();
 }
 
-void CopyEngineAllReduce::bucket_ready(int b) {
+void CopyEngineAllReduce::launch(int b) {
   NvtxRange r("copy_engine_all_reduce");
   Context& ctx = rt_.ctx();
   char* g = static_cast<char*>(grads_.data());
@@ -112,10 +112,10 @@ void CopyEngineAllReduce::sum_and_gather(int b) {
   }
 }
 
-void CopyEngineAllReduce::finish() {
+void CopyEngineAllReduce::complete() {
   NvtxRange r("copy_engine_all_reduce_finish");
   Context& ctx = rt_.ctx();
-  LMSCALE_CHECK(last_ >= 0, "copy-engine all-reduce: finish() without a bucket this round");
+  LMSCALE_CHECK(last_ >= 0, "copy-engine all-reduce: complete() without a bucket this round");
   for (int b : waiting_) sum_and_gather(b);
   waiting_.clear();
   const auto nb = static_cast<int>(buckets_.size());

@@ -32,11 +32,11 @@ DataParallel::DataParallel(DdpMode mode, comm::Communicator& grads, comm::Commun
                            model::ParameterStore& params, double bucket_mb)
     : mode_(mode), grads_(grads), host_(host), params_(params) {
   LMSCALE_CHECK(grads.size() == host.size(), "gradient and host communicators differ in size");
-  if (mode == DdpMode::bucketed) {
-    buckets_ = make_buckets(params.infos(), bucket_mb * 1024.0 * 1024.0, dtype_size(params.master_dtype()));
-    bucket_of_ = parallel::bucket_index(buckets_, params.size());
-    pending_.assign(buckets_.size(), 0);
-  }
+  if (mode == DdpMode::bucketed)
+    reducer_.emplace(gradient_buckets(params.infos(), bucket_mb * 1024.0 * 1024.0, dtype_size(params.master_dtype())),
+                     params.size(), static_cast<BucketBackend&>(*this));
+  else if (mode == DdpMode::overlap)
+    reducer_.emplace(one_bucket_per_parameter(params.infos()), params.size(), static_cast<BucketBackend&>(*this));
 }
 
 DataParallel::~DataParallel() = default;
@@ -45,7 +45,8 @@ void DataParallel::use_copy_engine(ops::Runtime& rt) {
   LMSCALE_CHECK(mode_ == DdpMode::bucketed && reduce_dtype_ == DType::f32 && rt.device() == Device::cuda &&
                     params_.flat_grads().dtype() == DType::f32,
                 "parallel.grad_exchange = copy-engine needs bucketed DDP over CUDA with fp32 gradients");
-  copy_engine_ = std::make_unique<CopyEngineAllReduce>(host_, params_.flat_grads(), buckets_, rt);
+  copy_engine_ = std::make_unique<CopyEngineAllReduce>(host_, params_.flat_grads(), reducer_->buckets(), rt);
+  reducer_->set_backend(*copy_engine_);
 }
 
 void DataParallel::broadcast_parameters(Context& ctx) {
@@ -59,48 +60,26 @@ void DataParallel::set_reduce_dtype(DType dtype, Context& ctx) {
   ctx_ = &ctx;
 }
 
-void DataParallel::launch(std::int64_t offset, std::int64_t numel) {
+void DataParallel::all_reduce_range(std::int64_t offset, std::int64_t numel) {
   Tensor g = params_.flat_grads().flat_range(offset, numel);
   if (reduce_dtype_ == g.dtype()) {
-    inflight_.push_back(grads_.all_reduce(g, comm::ReduceOp::sum, comm::async_call()));
+    inflight_.add(grads_.all_reduce(g, comm::ReduceOp::sum, comm::async_call()));
     return;
   }
   // [numel] in the reduce dtype, allocated and filled on the compute stream (the collective
-  // waits for it), widened back in finish().
+  // waits for it), widened back after the wait.
   Tensor stage = Tensor::empty({numel}, reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
   ops::cast(*ctx_, g, stage);
-  inflight_.push_back(grads_.all_reduce(stage, comm::ReduceOp::sum, comm::async_call()));
-  staged_.push_back({stage, g});
+  inflight_.add_staged(grads_.all_reduce(stage, comm::ReduceOp::sum, comm::async_call()), stage, g);
 }
 
-void DataParallel::widen_staged() {
-  for (auto& s : staged_) ops::cast(*ctx_, s.stage, s.dst);
-  staged_.clear();   // the stage buffers return to the stream-ordered allocator after the casts
-}
-
-void DataParallel::on_ready(int i) {
-  const auto& p = params_.infos()[static_cast<std::size_t>(i)];
-  if (mode_ == DdpMode::overlap) {
-    launch(p.offset, p.numel);
-  } else if (mode_ == DdpMode::bucketed) {
-    const int b = bucket_of_[static_cast<std::size_t>(i)];
-    if (--pending_[static_cast<std::size_t>(b)] != 0) return;
-    if (copy_engine_)
-      copy_engine_->bucket_ready(b);
-    else
-      launch(buckets_[static_cast<std::size_t>(b)].offset, buckets_[static_cast<std::size_t>(b)].numel);
-  }
+void DataParallel::launch(int bucket) {
+  const GradBucket& k = reducer_->buckets()[static_cast<std::size_t>(bucket)];
+  all_reduce_range(k.offset, k.numel);
 }
 
 model::ParallelContext DataParallel::hooks(int micro, int micro_count) {
-  model::ParallelContext pc;
-  if (micro + 1 != micro_count || (mode_ != DdpMode::overlap && mode_ != DdpMode::bucketed)) return pc;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last - buckets_[b].first + 1;
-  inflight_.clear();
-  staged_.clear();
-  if (copy_engine_) copy_engine_->begin();
-  pc.on_grad_ready = [this](int i) { on_ready(i); };
-  return pc;
+  return reducer_ ? reducer_->hooks(micro, micro_count) : model::ParallelContext{};
 }
 
 void DataParallel::finish(Context& ctx) {
@@ -117,23 +96,13 @@ void DataParallel::finish(Context& ctx) {
       if (reduce_dtype_ == params_.flat_grads().dtype()) {
         grads_.all_reduce(params_.flat_grads(), comm::ReduceOp::sum).wait();
       } else {
-        launch(0, params_.flat_grads().numel());
-        for (auto& w : inflight_) w.wait();
-        inflight_.clear();
-        widen_staged();
+        all_reduce_range(0, params_.flat_grads().numel());
+        inflight_.wait(ctx_);
       }
       break;
     case DdpMode::overlap:
     case DdpMode::bucketed:
-      // Checked first: a bucket missing here would leave the copy-engine waits below (and the
-      // other ranks') blocked on signals that never come.
-      if (mode_ == DdpMode::bucketed)
-        for (std::size_t b = 0; b < buckets_.size(); ++b)
-          LMSCALE_CHECK(pending_[b] == 0, "bucket {} still waits for {} gradients after the backward", b, pending_[b]);
-      if (copy_engine_) copy_engine_->finish();
-      for (auto& w : inflight_) w.wait();
-      widen_staged();
-      inflight_.clear();
+      reducer_->finish();
       break;
   }
 }

@@ -22,6 +22,13 @@ std::vector<GradBucket> gradient_buckets(const std::vector<model::ParamInfo>& pa
   return out;
 }
 
+std::vector<GradBucket> one_bucket_per_parameter(const std::vector<model::ParamInfo>& params) {
+  std::vector<GradBucket> out;
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i)
+    out.push_back({i, i, params[static_cast<std::size_t>(i)].offset, params[static_cast<std::size_t>(i)].numel});
+  return out;
+}
+
 std::vector<int> bucket_index(const std::vector<GradBucket>& buckets, int num_params) {
   std::vector<int> of(static_cast<std::size_t>(num_params), -1);
   for (std::size_t b = 0; b < buckets.size(); ++b)

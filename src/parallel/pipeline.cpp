@@ -28,8 +28,9 @@ const model::ParallelContext& PipelineParallel::hooks_for(GradientSync& sync, in
   // Taken from the strategy once per microbatch and step, then shared: by the head chunk's
   // forward (whose head unit runs its backward) and its backward, and under the interleaved
   // schedule by the backwards of all V chunks, which together are microbatch m's backward. A
-  // strategy arms its gradient reduction when it hands out the last microbatch's hooks (DDP's
-  // bucket counters, ZeRO-2's reduce-scatters); asking again per chunk would re-arm it halfway.
+  // strategy arms its gradient reduction when it hands out the last microbatch's hooks (the
+  // bucket reducer's counters of DDP and ZeRO-2, parallel/bucket_reducer.h); asking again per
+  // chunk would re-arm it halfway.
   auto it = hooks_.find(micro);
   if (it == hooks_.end()) it = hooks_.emplace(micro, with_tp(sync.hooks(micro, micro_count))).first;
   return it->second;

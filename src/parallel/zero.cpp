@@ -8,7 +8,9 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/grad_clip.h"
+#include "lmscale/parallel/bucket_reducer.h"
 #include "lmscale/parallel/rank_order_sum.h"
+#include "lmscale/parallel/reductions_in_flight.h"
 
 namespace lmscale::parallel {
 
@@ -78,68 +80,36 @@ std::vector<std::size_t> even_split(std::int64_t n, int size) {
 // the store's gradient provider: each bucket's gradients live in their own buffer, allocated when
 // the backward first writes into the bucket (after the activations of later layers are freed) and
 // released once the bucket is reduce-scattered, so the full-size gradients never exist at once.
-class ReduceScatterSync final : public GradientSync {
+class ReduceScatterSync final : public GradientSync, private BucketBackend {
  public:
-  // buckets: of at most bucket_bytes (zero2), none for zero1.
+  // zero2 (store given): the gradient bucket reducer over buckets of at most bucket_bytes
+  // launches each bucket's reduce-scatter (parallel/bucket_reducer.h); zero1: no buckets.
   ReduceScatterSync(ZeroOptimizer& z, double bucket_bytes, model::ParameterStore* store, Context* ctx)
       : z_(z), store_(store), ctx_(ctx) {
-    if (store_) buckets_ = make_buckets(store_->infos(), bucket_bytes, dtype_size(store_->master_dtype()));
-    if (store_) {
-      bucket_of_ = parallel::bucket_index(buckets_, store_->size());
-      pending_.assign(buckets_.size(), 0);
-      if (!store_->has_flat_grads())
-        lazy_ = std::make_unique<parallel::LazyGradients>(*store_, bucket_bytes, *ctx_->allocator);
-    }
+    if (!store_) return;
+    if (!store_->has_flat_grads())
+      lazy_ = std::make_unique<parallel::LazyGradients>(*store_, bucket_bytes, *ctx_->allocator);
+    reducer_.emplace(lazy_ ? lazy_->buckets()
+                           : gradient_buckets(store_->infos(), bucket_bytes, dtype_size(store_->master_dtype())),
+                     store_->size(), static_cast<BucketBackend&>(*this));
   }
 
   model::ParallelContext hooks(int micro, int micro_count) override {
-    model::ParallelContext pc;
-    if (micro + 1 != micro_count || buckets_.empty()) return pc;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last - buckets_[b].first + 1;
-    inflight_.clear();
-    staged_.clear();
-    keep_.clear();
-    armed_ = true;
-    own_.clear();
-    if (exchange_) {
-      exchange_->begin();
-      ++round_;
-    }
-    pc.on_grad_ready = [this](int i) {
-      const int b = bucket_of_[static_cast<std::size_t>(i)];
-      if (--pending_[static_cast<std::size_t>(b)] == 0) {
-        const Bucket& k = buckets_[static_cast<std::size_t>(b)];
-        if (exchange_)
-          put_bucket(b);
-        else if (!reduce_dtype_)
-          inflight_.push_back(scatter_range(z_.shards_[0], bucket_source(b), k.offset, k.numel, true));
-        else
-          inflight_.push_back(scatter_range_staged(z_.shards_[0], b));
-      }
-    };
-    return pc;
+    return reducer_ ? reducer_->hooks(micro, micro_count) : model::ParallelContext{};
   }
 
   void finish(Context& ctx) override {
     (void)ctx;
     NvtxRange r("zero_reduce_scatter");
-    if (!armed_) {   // zero1, or no backward hooks ran: each group in one reduce-scatter
+    if (!reducer_ || !reducer_->armed()) {   // zero1, or no backward hooks ran: each group in one reduce-scatter
       for (auto& s : z_.shards_) {
         LMSCALE_CHECK(s.g.grads.defined() && s.g.grads.data() != nullptr,
                       "zero2 without a backward: this group's gradients live only in bucket buffers");
         scatter_range(s, s.g.grads.data(), 0, s.g.grads.numel(), false).wait();
       }
     } else {
-      armed_ = false;
-      if (exchange_) end_exchange();
-      for (auto& w : inflight_) w.wait();
-      inflight_.clear();
-      for (auto& st : staged_) ops::cast(*ctx_, st.stage, st.dst);
-      staged_.clear();
-      keep_.clear();
-      for (std::size_t b = 0; b < buckets_.size(); ++b)
-        LMSCALE_CHECK(pending_[b] == 0, "zero2 bucket {} still waits for {} gradients", b, pending_[b]);
-      // Reduced: the bucket buffers are no longer needed (the waits above ordered the compute
+      reducer_->finish();
+      // Reduced: the bucket buffers are no longer needed (complete()'s waits ordered the compute
       // stream after the reduce-scatters, so the memory can be reused by later compute work).
       if (lazy_) lazy_->release();
       for (std::size_t i = 1; i < z_.shards_.size(); ++i)
@@ -148,13 +118,51 @@ class ReduceScatterSync final : public GradientSync {
   }
 
   double sum_scalar(double x) override { return comm::sum_over(z_.host_, x); }
-  std::string name() const override { return buckets_.empty() ? "zero1" : "zero2"; }
+  std::string name() const override { return reducer_ && !reducer_->buckets().empty() ? "zero2" : "zero1"; }
+
+  void set_reduce_dtype(std::optional<DType> t) { reduce_dtype_ = t; }
+  // zero2 over CUDA: the exchange's window holds one shard-sized slot per other rank (the largest
+  // shard: even_split puts the extra elements first) and a flag per bucket and other rank.
+  void use_copy_engine() {
+    LMSCALE_CHECK(store_ && !reduce_dtype_ && z_.shards_.size() == 1 && ctx_->device == Device::cuda,
+                  "parallel.grad_exchange = copy-engine needs zero2 over CUDA with fp32 gradients and one group");
+    const ZeroOptimizer::Shard& s = z_.shards_[0];
+    exchange_ = comm::make_peer_copy_exchange(z_.host_, s.counts[0] * dtype_size(s.grad_shard.dtype()),
+                                              &ctx_->allocator->tracker(), static_cast<int>(reducer_->buckets().size()));
+  }
 
  private:
+  // BucketBackend, armed on the last micro-batch's hooks: a new round of the copy-engine exchange.
+  void begin_step() override {
+    inflight_.clear();
+    own_.clear();
+    if (exchange_) {
+      exchange_->begin();
+      ++round_;
+    }
+  }
+  // Bucket b is complete: its reduce-scatter (in the gradients' dtype, or staged), or its peer
+  // copies to the ranks that own its parts.
+  void launch(int b) override {
+    const GradBucket& k = bucket(b);
+    if (exchange_)
+      put_bucket(b);
+    else if (!reduce_dtype_)
+      inflight_.add(scatter_range(z_.shards_[0], bucket_source(b), k.offset, k.numel, true));
+    else
+      scatter_range_staged(z_.shards_[0], b);
+  }
+  // After the backward: the exchange's sums, then the collectives' waits (and widening).
+  void complete() override {
+    if (exchange_) end_exchange();
+    inflight_.wait(ctx_);
+  }
+
+  const GradBucket& bucket(int b) const { return reducer_->buckets()[static_cast<std::size_t>(b)]; }
   // Bucket b's gradients [numel]: its own buffer (lazy), else its range of the flat buffer.
   Tensor bucket_grads(int b) {
     if (lazy_) return lazy_->bucket(b);
-    const Bucket& k = buckets_[static_cast<std::size_t>(b)];
+    const GradBucket& k = bucket(b);
     return z_.shards_[0].g.grads.flat_range(k.offset, k.numel);
   }
   // Element `offset` of the group's gradients (the bucket's first) is at the returned pointer.
@@ -178,17 +186,20 @@ class ReduceScatterSync final : public GradientSync {
   }
 
   // parallel.grad_reduce_dtype = bf16: bucket b rounded into a [numel] staging copy, reduce-
-  // scattered into a staging part [this rank's count], widened into grad_shard in finish().
-  comm::Work scatter_range_staged(ZeroOptimizer::Shard& s, int b) {
-    const Bucket& k = buckets_[static_cast<std::size_t>(b)];
+  // scattered into a staging part [this rank's count], widened into grad_shard in complete().
+  void scatter_range_staged(ZeroOptimizer::Shard& s, int b) {
+    const GradBucket& k = bucket(b);
     Tensor send = Tensor::empty({k.numel}, *reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
     ops::cast(*ctx_, bucket_grads(b), send);
     const RankPart mine = rank_parts(s.counts, k.offset, k.numel)[static_cast<std::size_t>(z_.grads_.rank())];
     Tensor recv = Tensor::empty({std::max<std::int64_t>(mine.count, 1)}, *reduce_dtype_, *ctx_->allocator, "grad_reduce_stage");
     comm::Work w = scatter_into(s, send.data(), recv.data(), *reduce_dtype_, k.offset, k.numel, true);
-    if (mine.count > 0) staged_.push_back({recv.flat_range(0, mine.count), s.grad_shard.flat_range(mine.at(), mine.count)});
-    keep_.push_back(send);   // alive until the collective is waited (stream-ordered free after it)
-    return w;
+    // send stays alive until the collective is waited (stream-ordered free after it).
+    if (mine.count > 0)
+      inflight_.add_staged(std::move(w), recv.flat_range(0, mine.count), s.grad_shard.flat_range(mine.at(), mine.count),
+                           send);
+    else
+      inflight_.add(std::move(w), send);
   }
 
   // parallel.grad_exchange = copy-engine: bucket b's ranges owned by other ranks go to their
@@ -196,7 +207,7 @@ class ReduceScatterSync final : public GradientSync {
   // = this round); this rank's range stays in the bucket until end_exchange().
   void put_bucket(int b) {
     const ZeroOptimizer::Shard& s = z_.shards_[0];
-    const Bucket& k = buckets_[static_cast<std::size_t>(b)];
+    const GradBucket& k = bucket(b);
     const auto esz = static_cast<std::int64_t>(dtype_size(s.grad_shard.dtype()));
     const char* src = static_cast<const char*>(bucket_source(b));
     const std::vector<RankPart> parts = rank_parts(s.counts, k.offset, k.numel);
@@ -226,7 +237,7 @@ class ReduceScatterSync final : public GradientSync {
     for (const OwnPart& o : own_) {
       for (int q = 0; q < z_.grads_.size(); ++q)
         if (q != me) exchange_->wait(q, o.bucket, round_, ctx.stream);
-      const Bucket& k = buckets_[static_cast<std::size_t>(o.bucket)];
+      const GradBucket& k = bucket(o.bucket);
       const std::int64_t n = o.part.count;
       std::vector<Tensor> terms;
       for (int q = 0; q < z_.grads_.size(); ++q)
@@ -244,32 +255,13 @@ class ReduceScatterSync final : public GradientSync {
     exchange_->consumed(ctx.stream);
   }
 
- public:
-  void set_reduce_dtype(std::optional<DType> t) { reduce_dtype_ = t; }
-  // zero2 over CUDA: the exchange's window holds one shard-sized slot per other rank (the largest
-  // shard: even_split puts the extra elements first) and a flag per bucket and other rank.
-  void use_copy_engine() {
-    LMSCALE_CHECK(store_ && !reduce_dtype_ && z_.shards_.size() == 1 && ctx_->device == Device::cuda,
-                  "parallel.grad_exchange = copy-engine needs zero2 over CUDA with fp32 gradients and one group");
-    const ZeroOptimizer::Shard& s = z_.shards_[0];
-    exchange_ = comm::make_peer_copy_exchange(z_.host_, s.counts[0] * dtype_size(s.grad_shard.dtype()),
-                                              &ctx_->allocator->tracker(), static_cast<int>(buckets_.size()));
-  }
-
- private:
-  struct Staged {
-    Tensor stage, dst;
-  };
-  std::vector<Staged> staged_;
-  std::vector<Tensor> keep_;
   std::optional<DType> reduce_dtype_;   // none: reduce-scatter the gradients in their own dtype
   ZeroOptimizer& z_;
-  std::vector<Bucket> buckets_;
   model::ParameterStore* store_;
   Context* ctx_;
-  std::vector<int> bucket_of_, pending_;
   std::unique_ptr<parallel::LazyGradients> lazy_;   // when the store has no flat gradients
-  std::vector<comm::Work> inflight_;
+  std::optional<BucketReducer> reducer_;             // zero2
+  ReductionsInFlight inflight_;
   std::unique_ptr<comm::PeerCopyExchange> exchange_;   // parallel.grad_exchange = copy-engine
   std::uint64_t round_ = 0;                            // the exchange's signal value this step
   struct OwnPart {
@@ -277,7 +269,6 @@ class ReduceScatterSync final : public GradientSync {
     RankPart part;   // this rank's part of the bucket
   };
   std::vector<OwnPart> own_;
-  bool armed_ = false;   // bucket hooks handed to a last micro-batch's backward this step
 };
 
 ZeroOptimizer::ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host,

@@ -18,7 +18,7 @@
 // and backward() starts at unit L. A strategy therefore hands the model one context holding the
 // micro-batch's forward and backward hooks for both calls (jobs/engine/trainer.cpp; the pipeline keeps
 // the head stage's backward hooks in its slot), and a strategy's backward state (FSDP's
-// micro-batch index, DDP's bucket counters) must be set before that forward.
+// micro-batch index, the gradient bucket counters) must be set before that forward.
 // With activation checkpointing every k blocks the backward calls before_backward for all the
 // units of a group (highest first) before it recomputes the group's forward, then runs the
 // group's backwards, each followed by its after_backward. The recompute itself calls no forward

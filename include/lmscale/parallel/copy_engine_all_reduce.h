@@ -16,18 +16,21 @@
 //      place (their buffers are shared through CUDA IPC), then the flag "b gathered" is set.
 // The sums run on the compute stream between the backward's kernels, at full speed: on a
 // low-priority side stream they lagged behind the backward, slowed it as much, and left most of
-// their work after it (measured, docs/performance.md). finish() does steps 2-3 for the last kLag
+// their work after it (measured, docs/performance.md). complete() does steps 2-3 for the last kLag
 // buckets, then makes the compute stream wait for the last bucket's gathers from every rank (each
 // lane runs its buckets in order, and its flag writes are fenced) and for this rank's copies to
 // have read its gradients. Every rank then holds the same sums bit for bit; with 2 ranks each
 // element is one fp32 addition of the same two values, as NCCL's all-reduce makes it.
 //
 // No window is rewritten too early without a host barrier: rank q writes slot r of bucket b in
-// round t + 1 only after its backward of t + 1, after its finish() of round t, which waited for
+// round t + 1 only after its backward of t + 1, after its complete() of round t, which waited for
 // rank r's gather of b in round t, which rank r queued after its sum of b had read the slot.
 //
 // Memory: the window holds (N - 1) slots of sum_b ceil(numel_b / N) fp32 elements, plus 2 x
 // buckets flags per rank (window_bytes()).
+//
+// It is a backend of the gradient bucket reducer (parallel/bucket_reducer.h), which counts the
+// ready gradients and calls launch(b) when bucket b is complete.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -35,12 +38,12 @@
 #include "lmscale/comm/communicator.h"
 #include "lmscale/comm/peer_copy.h"
 #include "lmscale/core/tensor.h"
-#include "lmscale/parallel/grad_buckets.h"
+#include "lmscale/parallel/bucket_reducer.h"
 #include "lmscale/ops/runtime.h"
 
 namespace lmscale::parallel {
 
-class CopyEngineAllReduce {
+class CopyEngineAllReduce final : public BucketBackend {
  public:
   // host: an MPI communicator of the data-parallel ranks (IPC handles); grads: the flat fp32
   // gradients [P], the start of their allocation; buckets: over grads, as the backward completes
@@ -48,11 +51,11 @@ class CopyEngineAllReduce {
   CopyEngineAllReduce(comm::Communicator& host, Tensor grads, std::vector<parallel::GradBucket> buckets,
                       ops::Runtime& rt);
   // A new round: the last micro-batch's backward is about to run.
-  void begin();
+  void begin_step() override;
   // The backward has queued the last gradient of bucket b on the compute stream.
-  void bucket_ready(int b);
+  void launch(int b) override;
   // The compute stream waits until this round's sums are in this rank's gradients.
-  void finish();
+  void complete() override;
 
   // The window's bytes on every rank (what the tracker holds under "grad_exchange_window").
   static std::size_t window_bytes(const std::vector<parallel::GradBucket>& buckets, int ranks);

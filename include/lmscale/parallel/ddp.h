@@ -11,18 +11,22 @@
 //              parameter is a bucket of its own); a bucket's asynchronous all-reduce starts when
 //              its last gradient is ready. Buckets are contiguous ranges of the flat gradient
 //              buffer, reduced in place.
+// overlap and bucketed are the gradient bucket reducer (parallel/bucket_reducer.h) with this
+// class's all-reduce, or the copy engines (bucketed), as its backend; overlap's buckets are one
+// parameter each.
 // Gradients are communicated in the master dtype (fp32) in every precision mode: with bf16
 // mixed precision the bf16 copies are only for the matmuls (docs/architecture.md §2 "fp32 gradients").
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 
 #include "lmscale/comm/communicator.h"
 #include "lmscale/io/config.h"
-#include "lmscale/parallel/grad_buckets.h"
-#include "lmscale/ops/runtime.h"
 #include "lmscale/model/parameter_store.h"
+#include "lmscale/ops/runtime.h"
+#include "lmscale/parallel/bucket_reducer.h"
 #include "lmscale/parallel/gradient_sync.h"
+#include "lmscale/parallel/reductions_in_flight.h"
 
 namespace lmscale::parallel {
 
@@ -33,16 +37,7 @@ enum class DdpMode { naive, flat, overlap, bucketed };
 DdpMode ddp_mode_of(DdpKind kind);
 const char* ddp_mode_name(DdpMode m);
 
-// A contiguous range of parameters [first, last] (indices into the store) and of the flat
-// gradient buffer [offset, offset+numel); buckets of at most max_bytes over the parameters in
-// reverse order (parallel/grad_buckets.h).
-using Bucket = parallel::GradBucket;
-inline std::vector<Bucket> make_buckets(const std::vector<model::ParamInfo>& params, double max_bytes,
-                                        std::size_t elem_bytes) {
-  return parallel::gradient_buckets(params, max_bytes, elem_bytes);
-}
-
-class DataParallel final : public GradientSync {
+class DataParallel final : public GradientSync, private BucketBackend {
  public:
   // grads: the group's communicator for gradient buffers (device of the parameters);
   // host: a communicator of the same ranks for host scalars.
@@ -64,29 +59,24 @@ class DataParallel final : public GradientSync {
   void finish(Context& ctx) override;
   double sum_scalar(double x) override;
   std::string name() const override { return ddp_mode_name(mode_); }
-  const std::vector<Bucket>& buckets() const { return buckets_; }
 
  private:
-  void on_ready(int param);
-  void launch(std::int64_t offset, std::int64_t numel);
-  void widen_staged();
+  // BucketBackend: the asynchronous all-reduce of a complete bucket (overlap: of a parameter).
+  void begin_step() override { inflight_.clear(); }
+  void launch(int bucket) override;
+  void complete() override { inflight_.wait(ctx_); }
+  // All-reduces elements [offset, offset + numel) of the flat gradients asynchronously (on a
+  // staging copy with a reduce dtype other than the gradients').
+  void all_reduce_range(std::int64_t offset, std::int64_t numel);
 
   DdpMode mode_;
   comm::Communicator& grads_;
   comm::Communicator& host_;
   model::ParameterStore& params_;
-  std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_;       // parameter -> bucket
-  std::vector<int> pending_;         // bucket -> gradients not yet ready this step
-  std::vector<comm::Work> inflight_;
-  // Reduced-precision collectives: the staging copy of each in-flight range and the fp32 range
-  // it is widened back into (parallel to inflight_).
-  struct Staged {
-    Tensor stage, dst;
-  };
-  std::vector<Staged> staged_;
+  std::optional<BucketReducer> reducer_;   // overlap and bucketed
+  ReductionsInFlight inflight_;
   DType reduce_dtype_ = DType::f32;
-  Context* ctx_ = nullptr;
+  Context* ctx_ = nullptr;   // where staged copies are cast (set_reduce_dtype)
   std::unique_ptr<CopyEngineAllReduce> copy_engine_;
 };
 

@@ -21,6 +21,8 @@ struct GradBucket {
   std::int64_t offset = 0, numel = 0;    // elements [offset, offset+numel) of the flat layout
 };
 std::vector<GradBucket> gradient_buckets(const std::vector<model::ParamInfo>& params, double max_bytes, std::size_t elem_bytes);
+// One bucket per parameter, in reverse order (DDP overlap: each gradient reduced as it is ready).
+std::vector<GradBucket> one_bucket_per_parameter(const std::vector<model::ParamInfo>& params);
 // For each of `num_params` parameters, the index of the bucket that holds it.
 std::vector<int> bucket_index(const std::vector<GradBucket>& buckets, int num_params);
 
