@@ -73,7 +73,7 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda);
 // (transformer.cpp's Slot order), ln_final, lm_head; local shapes under tensor parallelism.
 std::vector<double> param_sizes(const Shapes& s);
 
-// The gradient provider: LazyGradients allocates a parameter's bucket (model/gradient_buckets.cpp:
+// The gradient provider: LazyGradients allocates a parameter's bucket (parallel/grad_buckets.h:
 // reverse parameter order, at most bucket_bytes each) the first time the backward asks for one
 // of its gradients; with a flat buffer (or FSDP) nothing is allocated here. Parameters are named
 // by their index in the whole model; `local` maps them to the store's (a pipeline stage holds a
