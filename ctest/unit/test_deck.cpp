@@ -210,7 +210,7 @@ TEST(Deck, ByteCounts) {
 // A config with every field different from its default.
 Config everything_changed() {
   Config c;
-  c.run = {JobKind::bench_model, "out dir/x.h5", 42, false, "out dir/x.trace.json"};
+  c.run = {JobKind::bench_model, "out dir/x.h5", 42, false, "out dir/x.trace.json", "out dir/x.metrics.jsonl"};
   c.model = {"custom", 321, 77, 96, 200, 3, 6, 5000.5, 1e-6, AttentionImpl::flash};
   c.precision = {PrecisionMode::bf16, true, true, 1024.0, 17};
   c.parallel = {DeviceChoice::cuda, BackendChoice::nccl, 2, 1, 1, DdpKind::bucketed, 12.5, GradReduceDtype::bf16,
