@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lmscale/core/allocator.h"
+#include "lmscale/core/json_string.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/trace.h"
 #include "lmscale/io/trace_file.h"
@@ -137,7 +138,7 @@ TEST(Trace, RankFilesForHta) {
 }
 
 TEST(Trace, JsonStringEscapes) {
-  EXPECT_EQ(trace::json_string("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
+  EXPECT_EQ(json_string("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "lmscale/core/trace.h"
+#include "lmscale/core/json_string.h"
 
 #include <fmt/format.h>
 
@@ -132,19 +133,6 @@ Recorder* active() { return t_active; }
 ActiveTrace::ActiveTrace(Recorder* r) : previous_(t_active) { t_active = r; }
 ActiveTrace::~ActiveTrace() { t_active = previous_; }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<int>(c));
-        else out += c;
-    }
-  }
-  return out + '"';
-}
+
 
 }  // namespace lmscale::trace

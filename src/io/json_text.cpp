@@ -3,27 +3,11 @@
 #include <fmt/format.h>
 
 #include "lmscale/core/error.h"
+#include "lmscale/core/json_string.h"
 
 namespace lmscale::io::json {
 
-std::string quote(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20)
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        else
-          out += c;
-    }
-  }
-  return out + "\"";
-}
+std::string quote(std::string_view s) { return json_string(s); }
 
 const Value* Value::find(std::string_view key) const {
   for (const auto& [k, v] : object)

@@ -1,4 +1,5 @@
 #include "lmscale/jobs/metrics_stream.h"
+#include "lmscale/core/json_string.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -20,25 +21,7 @@ namespace {
 std::string errno_words(int e) { return fmt::format("{} (errno {})", std::strerror(e), e); }
 }  // namespace
 
-std::string MetricsStream::json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20)
-          out += fmt::format("\\u{:04x}", c);
-        else
-          out += ch;   // UTF-8 bytes pass through
-    }
-  }
-  return out + "\"";
-}
+
 
 std::string MetricsStream::json_number(double v) {
   // fmt's shortest round-trip form ("0.0003", "1e-05", "12"): valid JSON for finite values.

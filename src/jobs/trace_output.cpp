@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "lmscale/core/json_string.h"
 #include "lmscale/io/trace_file.h"
 
 namespace lmscale::jobs {
@@ -18,7 +19,7 @@ std::string metadata(const trace::Recorder& rec, int rank) {
       rank);
   for (int t : rec.tracks()) {
     out += fmt::format(",\n" R"({{"name":"thread_name","ph":"M","pid":{},"tid":{},"ts":0,"args":{{"name":{}}}}})",
-                       rank, t, trace::json_string(trace::track_name(t)));
+                       rank, t, json_string(trace::track_name(t)));
     out += fmt::format(",\n" R"({{"name":"thread_sort_index","ph":"M","pid":{},"tid":{},"ts":0,"args":{{"sort_index":{}}}}})",
                        rank, t, t);
   }
@@ -37,7 +38,7 @@ std::string rank_trace_json(const trace::Recorder& rec, int rank, int world, con
       "\n],\"schemaVersion\":1,\"distributedInfo\":{{\"backend\":{},\"rank\":{},\"world_size\":{}}},"
       "\"deviceProperties\":[],\"displayTimeUnit\":\"ms\","
       "\"otherData\":{{\"clock\":\"per-rank steady clock, 0 = barrier at job start\"}}}}\n",
-      trace::json_string(backend), rank, world);
+      json_string(backend), rank, world);
   return json;
 }
 

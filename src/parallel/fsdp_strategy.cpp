@@ -23,15 +23,6 @@ FsdpStrategy::FsdpStrategy(const StrategyParts& parts) : Strategy(parts) {
 
 FsdpStrategy::~FsdpStrategy() = default;
 
-double FsdpStrategy::grad_sum_squares(Context& ctx) {
-  const double sq = fsdp_->grad_sum_squares(ctx);
-  if (!tp_) return sq;
-  // Tensor parallel: the sliced parameters' squares add over the tp ranks; the replicated norm
-  // weights (identical on every tp rank) count once.
-  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-  for (const auto& p : store_.infos())
-    if (p.split_dim < 0) ranges.emplace_back(p.offset, p.numel);
-  return tp_->global_sum_squares(sq, fsdp_->grad_sum_squares_in(ctx, ranges));
-}
+double FsdpStrategy::grad_sum_squares(Context& ctx) { return sharded_sum_squares(ctx, *fsdp_); }
 
 }  // namespace lmscale::parallel

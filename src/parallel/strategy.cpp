@@ -4,6 +4,7 @@
 #include "lmscale/ops/ops.h"
 #include "lmscale/parallel/fsdp_strategy.h"
 #include "lmscale/parallel/replicated_strategy.h"
+#include "lmscale/parallel/sharded_optimizer.h"
 #include "lmscale/parallel/tensor_parallel.h"
 #include "lmscale/parallel/zero_strategy.h"
 
@@ -33,6 +34,15 @@ void Strategy::set_master_parameters(Context& ctx, const std::vector<float>& val
   Tensor src = Tensor::view(const_cast<float*>(values.data()), {store_.numel()}, DType::f32, Device::cpu);
   ops::copy(ctx, src, store_.flat_params());
   store_.refresh_lowp(ctx);
+}
+
+double Strategy::sharded_sum_squares(Context& ctx, ShardedOptimizer& sharded) const {
+  const double sq = sharded.grad_sum_squares(ctx);
+  if (!tp_) return sq;
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  for (const auto& p : store_.infos())
+    if (p.split_dim < 0) ranges.emplace_back(p.offset, p.numel);
+  return tp_->global_sum_squares(sq, sharded.grad_sum_squares_in(ctx, ranges));
 }
 
 bool Strategy::tp_replicated(const model::ParamInfo& p) const { return tp_ && tp_->degree() > 1 && p.split_dim < 0; }

@@ -52,16 +52,7 @@ model::ParallelContext ZeroStrategy::forward_hooks(bool training) {
   return waits_.in_front_of(zero_->sync().forward_hooks(training));
 }
 
-double ZeroStrategy::grad_sum_squares(Context& ctx) {
-  const double sq = zero_->grad_sum_squares(ctx);
-  if (!tp_) return sq;
-  // Tensor parallel: the sliced parameters' squares add over the tp ranks; the replicated norm
-  // weights (identical on every tp rank) count once.
-  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-  for (const auto& p : store_.infos())
-    if (p.split_dim < 0) ranges.emplace_back(p.offset, p.numel);
-  return tp_->global_sum_squares(sq, zero_->grad_sum_squares_in(ctx, ranges));
-}
+double ZeroStrategy::grad_sum_squares(Context& ctx) { return sharded_sum_squares(ctx, *zero_); }
 
 void ZeroStrategy::step(Context& ctx, double lr, double grad_scale) {
   zero_->step(ctx, lr, grad_scale);

@@ -142,7 +142,4 @@ class ActiveTrace {
   Recorder* previous_;
 };
 
-// JSON string literal (quotes included) for a name.
-std::string json_string(const std::string& s);
-
 }  // namespace lmscale::trace

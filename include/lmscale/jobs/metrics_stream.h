@@ -38,8 +38,7 @@ class MetricsStream {
   // One line: {"kind": kind, then the fields in order}.
   void write(std::string_view kind, const std::vector<MetricsField>& fields);
 
-  // JSON text of one string (quoted, escaped) and of one number (null when not finite).
-  static std::string json_string(std::string_view s);
+  // JSON text of one number (null when not finite); strings: lmscale::json_string.
   static std::string json_number(double v);
 
  private:

@@ -102,6 +102,10 @@ class Strategy {
   // replicated parameter it writes (tp-replicated norms: split over dp x tp).
   std::pair<std::int64_t, std::int64_t> writer_slice(const model::ParamInfo& p) const;
   bool tp_replicated(const model::ParamInfo& p) const;
+  // A sharded optimizer's global sum of squares (every element once over dp) made global over
+  // tp too: the sliced parameters' squares add over the tp ranks, the replicated norm weights
+  // (identical on every tp rank) count once.
+  double sharded_sum_squares(Context& ctx, ShardedOptimizer& sharded) const;
 
   Spec spec_;
   model::ParameterStore& store_;
