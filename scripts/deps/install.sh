@@ -25,6 +25,9 @@ if [ -x scripts/deps/slurm.sh ]; then scripts/deps/slurm.sh; fi
 if [ -f analysis/requirements.txt ]; then
   if ! python3 -c "import h5py, pandas, matplotlib, safetensors" >/dev/null 2>&1; then
     echo "make deps: installing Python packages from analysis/requirements.txt"
-    python3 -m pip install -q -r analysis/requirements.txt
+    # Without a package index the install fails: the tests that need a missing package then fail
+    # or report skipped (safetensors), instead of stopping every test here.
+    python3 -m pip install -q -r analysis/requirements.txt ||
+      echo "make deps: warning: pip could not install analysis/requirements.txt; the analysis tests that need it will say so"
   fi
 fi
