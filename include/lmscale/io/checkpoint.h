@@ -18,16 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/io/named_array.h"
 #include "lmscale/io/attr_value.h"
 
 namespace lmscale::io {
-
-// A host array of float32 values, row-major, with its parameter name and shape.
-struct NamedArray {
-  std::string name;                  // no '/' (it would create groups); not empty
-  std::vector<std::int64_t> shape;   // e.g. {d_out, d_in}; {} = scalar
-  const float* data = nullptr;
-};
 
 // The optimizer's state tensors 0 (m) and 1 (v, may be empty); each entry's name and shape must
 // be a parameter's.

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "lmscale/io/checkpoint.h"
+#include "lmscale/io/named_array.h"
 
 namespace lmscale::io {
 
