@@ -15,6 +15,10 @@
 #            non-zero within 60 s with ONE lmscale error line naming rank 1 as the rank that hangs,
 #            and the flushed rows readable in H.h5.tmp
 #   bench    the hang case in bench-model (train-step mode): ends within 60 s naming rank 1
+#   usage    rank 1 alone fails mid-job with a usage error (a bad test-only variable it reads when
+#            it builds its trainer, after every agreed check) while rank 0 enters the first step's
+#            NCCL collectives: the job must end with exit 2 within 15 s, with one lmscale error
+#            line naming rank 1 and the variable
 # Prints one PASS/FAIL line per check and a final "rank_failure: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -124,6 +128,19 @@ fi
 if has bench; then
   hang_case bench "$OUT/B.log" "$OUT/B.h5" --run.job=bench-model --bench.mode=train-step --bench.warmup=2 \
     --bench.steps=100000 --bench.batch_size=16
+fi
+if has usage; then
+  t0=$SECONDS
+  timeout -k 5 120 "${MPIRUN[@]}" -np 1 "$LM" "${ARGS[@]}" --train.steps=100000 --parallel.timeout_s=0 \
+    --run.output="$OUT/U.h5" : -np 1 -x LMSCALE_FAULT_SLEEP_RANK=one "$LM" "${ARGS[@]}" --train.steps=100000 \
+    --parallel.timeout_s=0 --run.output="$OUT/U.h5" > "$OUT/U.log" 2>&1
+  rc=$?
+  dt=$((SECONDS - t0))
+  lines=$(grep -acE "lmscale: (rank [0-9]+: )?error:" "$OUT/U.log")
+  line=$(grep -aE "lmscale: (rank [0-9]+: )?error:" "$OUT/U.log" | head -1)
+  check usage-exit $(( rc != 2 || dt > 15 )) "rank 1's usage error mid-job over NCCL: exit $rc after ${dt} s (expected 2 within 15 s)"
+  check usage-one-message $(( lines != 1 )) "$lines lmscale error line(s)"
+  check usage-names-rank $([[ $line == *"rank 1"* && $line == *LMSCALE_FAULT_SLEEP_RANK* ]]; echo $?) "${line:-no line}"
 fi
 note "rank_failure: $passed passed, $failed failed ($(( $(date +%s) - T0 )) s)"
 [[ $failed -eq 0 ]]
