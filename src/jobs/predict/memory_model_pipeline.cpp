@@ -291,7 +291,7 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
     m.alloc(base);
     Grads g = gr;
     g.sim = &m;
-    // Trainer::accumulate_micro_batches: every microbatch's inputs and targets uploaded first.
+    // PipelineSchedule::forward_backward: every microbatch's inputs and targets uploaded first.
     m.alloc(M * 2 * 4 * micro.B * micro.T);
     StageReplay r(m, micro, g, chunks, pp, stage, M);
     if (interleaved) r.run_interleaved();
