@@ -335,10 +335,14 @@ void check_pipeline(const Config& c) {
     if (p.schedule == PipelineSchedule::interleaved)
       fail("parallel.stage_layers is not used by the interleaved schedule (its chunks are equal); leave it empty");
   }
-  if (p.pp > 1 && p.zero == ZeroLevel::fsdp)
-    fail("parallel.zero = fsdp with parallel.pp = {} is not available from a deck yet: the trainer composes them, but "
-         "the memory model and the accounting do not predict it; use parallel.zero = none, zero1 or zero2 with "
-         "pipeline parallelism", p.pp);
+  if (p.pp > 1 && p.zero == ZeroLevel::fsdp && p.schedule == PipelineSchedule::interleaved)
+    fail("parallel.zero = fsdp with parallel.schedule = interleaved is not available: the memory model and the "
+         "accounting do not predict fsdp over interleaved chunks; use parallel.schedule = gpipe or 1f1b with fsdp, or "
+         "parallel.zero = none, zero1 or zero2 with the interleaved schedule");
+  if (p.pp > 1 && p.zero == ZeroLevel::fsdp && p.tp > 1)
+    fail("parallel.zero = fsdp with parallel.pp = {} and parallel.tp = {} is not available: fsdp pipeline stages are "
+         "tested and predicted over dp only; set parallel.tp = 1 (fsdp over dp x pp), or use parallel.zero = zero1 or "
+         "zero2 with tp x pp", p.pp, p.tp);
   if (p.pp > 1 && c.run.job == JobKind::train && c.train.grad_accum != 1)
     fail("train.grad_accum = {} with parallel.pp = {}: a pipeline accumulates over parallel.microbatches; set "
          "train.grad_accum = 1 and raise parallel.microbatches", c.train.grad_accum, p.pp);

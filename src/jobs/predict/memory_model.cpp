@@ -14,7 +14,6 @@
 #include "lmscale/comm/peer_copy.h"
 #include "lmscale/core/error.h"
 #include "lmscale/model/model_dims.h"
-#include "lmscale/model/param_layout.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
 #include "lmscale/parallel/spec.h"
 #include "lmscale/parallel/zero.h"
@@ -131,32 +130,12 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
   const auto sizes = replay::param_sizes(s);
   double P = 0;
   for (double n : sizes) P += n;
-  const double norms = (2.0 * s.L + 1) * s.d;
-  // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
-  const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
 
   // Long-lived state after init, per layout.
   double init = 0, grads_after = 0;   // grads_after: gradient bytes alive when the backward ends
   Grads gr;
   if (fsdp) {
-    gr.fsdp = true;
-    gr.e = s.e;
-    gr.dp = dp;
-    gr.prefetch = static_cast<int>(cfg.parallel.fsdp_prefetch);
-    gr.reshard = cfg.parallel.reshard_after_forward;
-    gr.last = s.L + 1;
-    auto padded = [&](double n) { return std::ceil(n / dp) * dp; };
-    gr.unit_padded.push_back(padded(s.V * s.d));
-    for (int l = 0; l < s.L; ++l) gr.unit_padded.push_back(padded(4 * s.d * s.dl + 3 * s.d * s.F));
-    gr.unit_padded.push_back(padded(s.V * s.d));
-    // FSDP's unit of each parameter; -1 for the replicated norm weights.
-    const model::ParamIndex index(s.L);
-    for (int i = 0; i < index.count(); ++i) gr.unit_of_param.push_back(index.is_norm(i) ? -1 : index.unit_of(i));
-    gr.gathered.assign(gr.unit_padded.size(), 0);
-    gr.full.assign(gr.unit_padded.size(), 0);
-    gr.send.assign(gr.unit_padded.size(), 0);
-    const double Ps = P - norms, S = std::ceil(Ps / dp);
-    init = 4 * S * 2 + 4 * norms * 2 + 4 * S * states + 4 * norms * states;
+    init = replay::setup_fsdp(gr, cfg, s, dp, {});
     // Under tensor parallelism (2D) the sizes above are this tp rank's slices (local shapes), so
     // the units, shards and gathers are those of the slices.
     out.layout = std::string("fsdp (master, gradient shard and optimizer state of 1/dp") +

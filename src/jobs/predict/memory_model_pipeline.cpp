@@ -165,6 +165,7 @@ class StageReplay {
   double forward(int c, int mb, std::shared_ptr<Shared> in) {
     const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
     gr_.staging_armed = mb + 1 == M_;   // the head's backward runs here with this microbatch's hooks
+    gr_.micro = mb;
     Slot& slot = slots_[static_cast<std::size_t>(c)][static_cast<std::size_t>(mb)];
     slot.blocks.assign(static_cast<std::size_t>(s_.L), Block{});
     gr_.training = true;
@@ -185,6 +186,7 @@ class StageReplay {
   double backward(int c, int mb, double dy) {
     release_sends();
     gr_.staging_armed = mb + 1 == M_;   // PipelineParallel::hooks_for: the last microbatch's arm the reduction
+    gr_.micro = mb;                     // fsdp: which micro-batch the backward hooks reduce
     const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
     Slot& slot = slots_[static_cast<std::size_t>(c)][static_cast<std::size_t>(mb)];
     double dx = ch.head ? slot.dx_final : dy;
@@ -222,7 +224,6 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   const BenchMode mode = job_mode(cfg);
   const auto& pc = cfg.parallel;
   const parallel::Spec spec = parallel::Spec::resolve(pc, world);
-  LMSCALE_CHECK(!spec.fsdp(), "memory model: fsdp with pipeline stages is not predicted yet (the deck refuses it)");
   const comm::MeshShape mesh = spec.mesh_shape();
   const int tp = mesh.tp, pp = mesh.pp, dp = mesh.dp;
   const comm::MeshCoords at = comm::mesh_coords(mesh, rank);
@@ -230,6 +231,8 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   const int M = static_cast<int>(std::max<std::int64_t>(1, pc.microbatches));
   const bool interleaved = pc.schedule == PipelineSchedule::interleaved;
   const int V = interleaved ? static_cast<int>(pc.virtual_stages) : 1;
+  LMSCALE_CHECK(!(spec.fsdp() && interleaved),
+                "memory model: fsdp with the interleaved schedule is not predicted (the deck refuses it)");
   const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const double local = static_cast<double>(global / dp);   // rows of this dp rank (grad_accum is 1 with pp)
   const double workspace = cuda ? 32.0 * 1024 * 1024 : 0.0;   // cuBLASLt's, allocated with the runtime
@@ -252,23 +255,31 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   for (double n : sizes) P += n;
   const bool last_stage = stage + 1 == pp;
   // Gradients: lazy buckets with one data-parallel rank (256 MiB) and under zero2 (bucket_mb),
-  // else DDP's / zero1's flat buffer (in the init bytes).
+  // else DDP's / zero1's flat buffer (in the init bytes); under fsdp the stage's units sharded
+  // over its dp group (memory_replay_fsdp.cpp: gathered weights and full-size unit gradients
+  // replayed, shards in the init bytes).
   const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
-  const double init = replay::store_bytes(cfg, spec, P, dp_rank);
   Grads gr;
-  gr.lazy = lazy;
-  gr.local = local_index;
-  gr.init(sizes, spec.lazy_bucket_bytes());
-  // bf16 gradient reduction: the copies of the stage's buckets (made during the last
-  // microbatch's backward), or ddp flat's one copy, made in finish() inside the optimizer phase.
-  replay::set_reduce_staging(gr, spec, sizes, P, dp_rank);
+  double init = 0;
+  if (spec.fsdp()) {
+    init = replay::setup_fsdp(gr, cfg, micro, dp, local_index);
+  } else {
+    init = replay::store_bytes(cfg, spec, P, dp_rank);
+    gr.lazy = lazy;
+    gr.local = local_index;
+    gr.init(sizes, spec.lazy_bucket_bytes());
+    // bf16 gradient reduction: the copies of the stage's buckets (made during the last
+    // microbatch's backward), or ddp flat's one copy, made in finish() inside the optimizer phase.
+    replay::set_reduce_staging(gr, spec, sizes, P, dp_rank);
+  }
   const double flat_staging = gr.finish_stage;
   const double base = init + workspace;
   out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp, pc.schedule,
                            interleaved ? fmt::format(" with {} chunks", V) : std::string(), M,
                            tp > 1 ? fmt::format(", tp {}{}", tp, micro.sp ? " sp" : "") : std::string(),
                            dp > 1 ? fmt::format(", dp {}", dp) : std::string(),
-                           dp == 1    ? "gradients in 256 MiB buckets"
+                           spec.fsdp() ? "fsdp over dp (shards of the stage's units; gathered units replayed)"
+                           : dp == 1    ? "gradients in 256 MiB buckets"
                            : lazy     ? "zero2 gradient buckets of bucket_mb"
                            : spec.sharded_optimizer() ? spec.data_parallel_name() + " flat gradients"
                                                       : "ddp flat gradients");

@@ -64,50 +64,6 @@ void Grads::init(const std::vector<double>& sizes, double max_bytes) {
   held.assign(bucket_bytes.size(), false);
 }
 
-void Grads::gather(int u) {
-  const auto i = static_cast<std::size_t>(u);
-  if (i >= gathered.size() || gathered[i] > 0) return;
-  if (e < 4) send[i] = sim->alloc(e * unit_padded[i] / dp);
-  gathered[i] = sim->alloc(e * unit_padded[i]);
-}
-
-void Grads::wait(int u) { sim->free(send[static_cast<std::size_t>(u)]); }
-
-void Grads::release(int u) {
-  sim->free(gathered[static_cast<std::size_t>(u)]);
-  sim->free(send[static_cast<std::size_t>(u)]);
-}
-
-void Grads::before_forward(int u) {
-  if (!fsdp) return;
-  for (int j = u; j <= std::min(u + prefetch, last); ++j) gather(j);
-  wait(u);
-}
-
-void Grads::after_forward(int u) {
-  if (fsdp && !(training && (!reshard || u == last))) release(u);
-}
-
-void Grads::before_backward(int u) {
-  if (!fsdp) return;
-  if (u > 0) gather(u);
-  for (int j = u - 1; j >= std::max(1, u - prefetch); --j) gather(j);
-  if (u > 0) wait(u);
-}
-
-void Grads::after_backward(int u) {
-  if (!fsdp) return;
-  release(u);
-  if (full[static_cast<std::size_t>(u)] > 0) {
-    pending.push_back(full[static_cast<std::size_t>(u)]);
-    full[static_cast<std::size_t>(u)] = 0;
-  }
-  while (pending.size() > 1) {
-    sim->free(pending.front());
-    pending.erase(pending.begin());
-  }
-}
-
 void Grads::ready(int i) {
   const int j = local.empty() ? i : local[static_cast<std::size_t>(i)];
   if (j < 0 || group_of.empty() || !staging_armed || counted[static_cast<std::size_t>(j)]) return;

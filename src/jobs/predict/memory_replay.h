@@ -92,6 +92,7 @@ struct Grads {
   // (kReductionsInFlight = 1 reduction left in flight).
   bool fsdp = false, training = false, reshard = true;
   int prefetch = 1, last = 0, dp = 1;
+  int micro = 0;   // the micro-batch whose backward runs (later ones reduce into a temporary shard)
   double e = 4;
   std::vector<double> unit_padded;           // elements of each unit, padded to dp shards
   std::vector<int> unit_of_param;            // -1 for the replicated norms
@@ -122,6 +123,13 @@ struct Grads {
   // Every bf16 copy of one step (the groups' and finish()'s): what is alive when finish() ends.
   double staging_total() const;
 };
+
+// FSDP over dp ranks (parallel/fsdp.cpp, memory_replay_fsdp.cpp): sets gr up for the units of
+// the parameters the store holds (`local`: whole-model index -> the store's, -1 where another
+// pipeline stage holds it; empty: the whole model) and returns the long-lived bytes: fp32 master
+// and gradient shards, optimizer state of the shard, and the replicated norms' master, gradients
+// and state.
+double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const std::vector<int>& local);
 
 // block_forward: allocations in transformer.cpp's order; returns the output's bytes (0 when a
 // recompute's last block does not produce one).

@@ -1,0 +1,97 @@
+// The FSDP part of the allocation replay (memory_replay.h): parallel/fsdp.cpp's units, their
+// gathered weights ahead of use and their full-size gradients until reduce-scattered, for one
+// process's model or one pipeline stage's units.
+#include <cmath>
+
+#include "lmscale/model/param_layout.h"
+#include "memory_replay.h"
+
+namespace lmscale::jobs::replay {
+
+double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const std::vector<int>& local) {
+  gr.fsdp = true;
+  gr.e = s.e;
+  gr.dp = dp;
+  gr.prefetch = static_cast<int>(cfg.parallel.fsdp_prefetch);
+  gr.reshard = cfg.parallel.reshard_after_forward;
+  gr.last = s.L + 1;
+  gr.local = local;
+  // Units numbered as in the whole model (FullyShardedDataParallel's constructor): 0 = embedding,
+  // l + 1 = block l, L + 1 = head; a unit sums its parameters that this rank's store holds (a
+  // stage's: the others are empty, size 0, never gathered), padded to dp shards.
+  const auto sizes = param_sizes(s);
+  const model::ParamIndex index(s.L);
+  gr.unit_padded.assign(static_cast<std::size_t>(s.L + 2), 0.0);
+  gr.unit_of_param.clear();
+  double norms = 0;   // the replicated norm weights the store holds
+  for (int i = 0; i < index.count(); ++i) {
+    const bool norm = index.is_norm(i);
+    gr.unit_of_param.push_back(norm ? -1 : index.unit_of(i));
+    if (!local.empty() && local[static_cast<std::size_t>(i)] < 0) continue;
+    if (norm) norms += sizes[static_cast<std::size_t>(i)];
+    else gr.unit_padded[static_cast<std::size_t>(index.unit_of(i))] += sizes[static_cast<std::size_t>(i)];
+  }
+  double S = 0;   // the shard: one 1/dp piece of every unit
+  for (double& n : gr.unit_padded) {
+    n = std::ceil(n / dp) * dp;
+    S += n / dp;
+  }
+  gr.gathered.assign(gr.unit_padded.size(), 0);
+  gr.full.assign(gr.unit_padded.size(), 0);
+  gr.send.assign(gr.unit_padded.size(), 0);
+  gr.pending.clear();
+  // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
+  const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
+  // master and gradient shard, the norms' master and gradients, both optimizers' state.
+  return 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * states;
+}
+
+void Grads::gather(int u) {
+  const auto i = static_cast<std::size_t>(u);
+  // An empty unit (another stage's) is never gathered (issue_gather).
+  if (i >= gathered.size() || gathered[i] > 0 || unit_padded[i] <= 0) return;
+  if (e < 4) send[i] = sim->alloc(e * unit_padded[i] / dp);
+  gathered[i] = sim->alloc(e * unit_padded[i]);
+}
+
+void Grads::wait(int u) { sim->free(send[static_cast<std::size_t>(u)]); }
+
+void Grads::release(int u) {
+  sim->free(gathered[static_cast<std::size_t>(u)]);
+  sim->free(send[static_cast<std::size_t>(u)]);
+}
+
+void Grads::before_forward(int u) {
+  if (!fsdp) return;
+  for (int j = u; j <= std::min(u + prefetch, last); ++j) gather(j);
+  wait(u);
+}
+
+void Grads::after_forward(int u) {
+  if (fsdp && !(training && (!reshard || u == last))) release(u);
+}
+
+void Grads::before_backward(int u) {
+  if (!fsdp) return;
+  if (u > 0) gather(u);
+  for (int j = u - 1; j >= std::max(1, u - prefetch); --j) gather(j);
+  if (u > 0) wait(u);
+}
+
+void Grads::after_backward(int u) {
+  if (!fsdp) return;
+  release(u);
+  auto& g = full[static_cast<std::size_t>(u)];
+  if (g > 0) {
+    // reduce_scatter: a later micro-batch's sum lands in a temporary shard, added once it arrives.
+    const double temp = micro > 0 ? sim->alloc(4 * unit_padded[static_cast<std::size_t>(u)] / dp) : 0.0;
+    pending.push_back(g + temp);
+    g = 0;
+  }
+  while (pending.size() > 1) {
+    sim->free(pending.front());
+    pending.erase(pending.begin());
+  }
+}
+
+}  // namespace lmscale::jobs::replay
