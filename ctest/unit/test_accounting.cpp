@@ -179,6 +179,30 @@ TEST(Accounting, PipelineKeptAttentionIsNotRecomputed) {
   EXPECT_DOUBLE_EQ(item(on, "activations") - item(off, "activations"), 2 * 24 * kept - 2 * kept);
 }
 
+// fsdp pipeline stages (dp 2 x pp 2, 4 ranks, 16 rows in 8 microbatches per dp rank): stage 0's
+// units (embedding and 24 blocks, norms replicated) sharded over its 2 dp ranks; per microbatch
+// every unit gathered for the forward and the blocks again for the backward (bf16), every unit's
+// gradients reduce-scattered (fp32); the norms all-reduced once.
+TEST(Accounting, PipelineFsdpShardsEachStage) {
+  Config c = xl_pipeline();
+  c.bench.batch_size = 16;
+  c.parallel.zero = ZeroLevel::fsdp;
+  const auto a = jobs::account(c, 4, "NVIDIA H100 80GB HBM3");
+  const double block = 4.0 * 1600 * 1600 + 3.0 * 1600 * 6400, norms = 24 * 2 * 1600.0;
+  const double Ps = 10000.0 * 1600 + 24 * block;   // stage 0 (stage 1's head unit is as large)
+  EXPECT_DOUBLE_EQ(item(a, "parameters"), 4 * (Ps / 2 + norms));
+  EXPECT_DOUBLE_EQ(item(a, "gradients"), 4 * norms);
+  EXPECT_DOUBLE_EQ(item(a, "gradient_shard"), 4 * Ps / 2);
+  EXPECT_DOUBLE_EQ(item(a, "optimizer_state"), 8 * (Ps / 2 + norms));
+  EXPECT_DOUBLE_EQ(item(a, "fsdp_gathered"), 2 * block * 1.5);   // prefetch 1 block and its cast shard
+  const double n = 512, p2p = 8 * n * 1600 * 2;   // stage 0 sends activations only
+  EXPECT_DOUBLE_EQ(a.comm_bytes_per_step, p2p + 8 * 0.5 * (2 * (Ps + 24 * block) + 4 * Ps) + 2 * 0.5 * 4 * norms);
+  c.parallel.reshard_after_forward = false;   // gathered once per microbatch, every unit kept
+  const auto k = jobs::account(c, 4, "NVIDIA H100 80GB HBM3");
+  EXPECT_DOUBLE_EQ(k.comm_bytes_per_step, p2p + 8 * 0.5 * (2 * Ps + 4 * Ps) + 2 * 0.5 * 4 * norms);
+  EXPECT_DOUBLE_EQ(item(k, "fsdp_gathered"), 2 * block * 1.5 + 2 * Ps);
+}
+
 // Tensor parallelism: the collectives the model makes per step, counted by hand for L = 48 layers
 // (every sublayer's g forward and f backward, the embedding's g, the head's f), and each rank's
 // share of parameters and activations.

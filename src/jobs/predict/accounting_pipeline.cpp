@@ -7,7 +7,9 @@
 // gpipe M on every stage, 1f1b min(p - s, M) on stage s. Tensor-parallel stages (tp x pp): the
 // stage's parameters as one tp rank holds them (sliced, norms whole), activations with q, k, v,
 // o, a, b, g split 1/tp and the residual stream replicated (or 1/tp under sequence
-// parallelism, as are the transfers between stages), plus the stage's tp collectives. These
+// parallelism, as are the transfers between stages), plus the stage's tp collectives. fsdp
+// stages (over dp): the stage's units sharded over its dp group (master, gradient and state
+// shards, gathered units), all-gathers and reduce-scatters per microbatch. These
 // components are a formula (what a stage holds at the start of its first backward); the exact
 // per-phase peaks of every stage come from replaying its schedule (memory_model_pipeline.cpp),
 // which the accounting job prints and stores per stage beside them.
@@ -48,7 +50,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   const auto overrides = cfg.parallel.stage_layers;
   const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   const double e = mixed ? 2.0 : 4.0;
-  const bool sharded = spec.sharded_optimizer();
+  const bool sharded = spec.sharded_optimizer(), fsdp = spec.fsdp();
   const std::int64_t local = B / dp, micro_rows = std::max<std::int64_t>(1, local / M);
   const double b = static_cast<double>(micro_rows), T = static_cast<double>(m.context), N = b * T,
                d = static_cast<double>(m.d_model), F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads),
@@ -63,11 +65,12 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     // activations are kept at the start of the first backward (Megatron's warm-up + 1).
     const auto chunks = model::pipeline_chunks(m, pp, V, s, overrides);
     double P = 0, Ls = 0;
-    bool head = false;
+    bool head = false, embed = false;
     for (const auto& u : chunks) {
       for (int i = u.first_param(m); i < u.end_param(m); ++i) P += static_cast<double>(layout[static_cast<std::size_t>(i)].numel);
       Ls += u.end_layer(m) - u.first_layer();
       head = head || u.owns_head(m);
+      embed = embed || u.owns_embedding();
     }
     const double inflight =
         cfg.parallel.schedule == PipelineSchedule::gpipe ? M
@@ -77,17 +80,39 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     a.local_batch = micro_rows;
     a.seq = m.context;
     auto add = [&](std::string name, double bytes, std::string f) { a.memory.push_back({std::move(name), bytes, std::move(f)}); };
-    add("parameters", 4 * P, tp > 1 ? "4 B x P_stage (fp32 master of this tp rank's slices of the stage's units)"
-                                     : "4 B x P_stage (fp32 master of this stage's units)");
-    if (mixed) add("parameters_lowp", 2 * P, "2 B x P_stage (bf16/fp16 working copy)");
-    if (spec.grad_storage() == parallel::GradStorage::lazy_buckets)
-      add("gradients", 0, "0 at the start of the backward (per-bucket buffers, allocated as the backward goes)");
-    else
-      add("gradients", 4 * P, "4 B x P_stage (one flat fp32 buffer)");
-    if (spec.gradient_shard()) add("gradient_shard", 4 * P / dp, "4 B x P_stage / dp");
     const double state_b = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 4 : 8;   // one or two fp32 states
-    add("optimizer_state", state_b * P / (sharded ? dp : 1),
-        sharded ? fmt::format("{} B x P_stage / dp", state_b) : fmt::format("{} B x P_stage (optimizer state)", state_b));
+    // fsdp stages (over dp, tp = 1): the stage's units (embedding, blocks, head) sharded over its
+    // dp group, the norms (2d per block, d final) replicated.
+    const double unit_block = 4 * d * d + 3 * d * F;
+    const double norms = 2 * d * Ls + (head ? d : 0.0), Ps = P - norms;
+    if (fsdp) {
+      add("parameters", 4 * Ps / dp + 4 * norms, "4 B x Ps_stage / dp (fp32 master shard of the stage's units, Ps_stage = "
+                                                 "P_stage - norms) + replicated norms");
+      add("gradients", 4 * norms, "replicated norm gradients (each unit's full-size gradients live only from its "
+                                  "backward to its reduce-scatter, per microbatch)");
+      add("gradient_shard", 4 * Ps / dp, "4 B x Ps_stage / dp (fp32)");
+      add("optimizer_state", state_b * (Ps / dp + norms),
+          fmt::format("{} B x (Ps_stage / dp + norms) (of this rank's shard and of the norms)", state_b));
+      // Gathered at once: the head unit (the last stage: kept from its forward through its
+      // backward) and the prefetched blocks with their cast shards; without reshard_after_forward
+      // every unit of the stage stays gathered from a forward to the backward.
+      add("fsdp_gathered", e * ((head ? Vocab * d : 0.0) + cfg.parallel.fsdp_prefetch * unit_block * (1 + 1.0 / dp)) +
+                               (cfg.parallel.reshard_after_forward ? 0.0 : e * (Ls * unit_block + (embed ? Vocab * d : 0.0))),
+          cfg.parallel.reshard_after_forward
+              ? "e x (head unit V d on the last stage + prefetch x block 4d^2 + 3dF, and its cast shard)"
+              : "e x (every unit of the stage: kept from the forward to the backward) + e x (head + prefetch x block)");
+    } else {
+      add("parameters", 4 * P, tp > 1 ? "4 B x P_stage (fp32 master of this tp rank's slices of the stage's units)"
+                                       : "4 B x P_stage (fp32 master of this stage's units)");
+      if (mixed) add("parameters_lowp", 2 * P, "2 B x P_stage (bf16/fp16 working copy)");
+      if (spec.grad_storage() == parallel::GradStorage::lazy_buckets)
+        add("gradients", 0, "0 at the start of the backward (per-bucket buffers, allocated as the backward goes)");
+      else
+        add("gradients", 4 * P, "4 B x P_stage (one flat fp32 buffer)");
+      if (spec.gradient_shard()) add("gradient_shard", 4 * P / dp, "4 B x P_stage / dp");
+      add("optimizer_state", state_b * P / (sharded ? dp : 1),
+          sharded ? fmt::format("{} B x P_stage / dp", state_b) : fmt::format("{} B x P_stage (optimizer state)", state_b));
+    }
     const Checkpointing ac = cfg.train.activation_checkpointing;
     const bool ac_keeps_attention = ac == Checkpointing::every_k && cfg.train.checkpoint_keep_attention;
     double per_micro = Ls * block;
@@ -135,10 +160,25 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     // (tp x pp: each tp rank sends its copy, or under sequence parallelism its row shard.)
     const double p2p = M * N * d * e * r * ((V - (s + 1 == pp ? 1.0 : 0.0)) + (V - (s == 0 ? 1.0 : 0.0)));
     const double G = 4 * P, fr = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
-    a.comm_bytes_per_step = p2p + 2 * fr * G + (spec.broadcast_update() ? G / dp : 0.0);
-    a.comm_formula = fmt::format("M x n d e{} per direction between stages (activations forward, gradients "
-                                 "backward){}", sp ? "/tp" : "",
-                                 dp > 1 ? " + data-parallel gradients of the stage: 2 (dp-1)/dp x 4 P_stage" : "");
+    if (fsdp) {
+      // Per microbatch over the stage's dp group: every unit gathered for its forward and, with
+      // reshard_after_forward, the blocks again for their backward (the head's backward runs in
+      // its forward, the embedding's reads no weights); every unit's gradients reduce-scattered.
+      // Once per step: the norms' all-reduce.
+      const bool reshard = cfg.parallel.reshard_after_forward;
+      a.comm_bytes_per_step = p2p + M * fr * (e * (Ps + (reshard ? Ls * unit_block : 0.0)) + 4 * Ps) + 2 * fr * 4 * norms;
+      a.comm_formula = fmt::format(
+          "M x n d e per direction between stages (activations forward, gradients backward) + per microbatch over dp: "
+          "all-gather (dp-1)/dp x e {} + reduce-scatter (dp-1)/dp x 4 Ps_stage; + all-reduce of the norms 2 (dp-1)/dp x "
+          "4 norms",
+          reshard ? "(Ps_stage + L_stage x block) (forward; the blocks again for the backward)"
+                  : "Ps_stage (units kept from the forward to the backward)");
+    } else {
+      a.comm_bytes_per_step = p2p + 2 * fr * G + (spec.broadcast_update() ? G / dp : 0.0);
+      a.comm_formula = fmt::format("M x n d e{} per direction between stages (activations forward, gradients "
+                                   "backward){}", sp ? "/tp" : "",
+                                   dp > 1 ? " + data-parallel gradients of the stage: 2 (dp-1)/dp x 4 P_stage" : "");
+    }
     // The stage's tp collectives over its M microbatches (counted for L_stage blocks plus the
     // embedding's and the head's, which only the first and the last stage run: coarse by two).
     model::ModelDims stage_dims = m;
