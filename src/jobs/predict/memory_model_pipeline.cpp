@@ -5,8 +5,9 @@
 // its forward to its backward, the receive buffers (an activation becomes the stage input that the
 // first block keeps; a gradient becomes the running dx of the backward, then the sent input
 // gradient), outputs and input gradients kept by the send list until the next backward starts (or
-// the end of the step), the lazily allocated gradient buckets, and what the trainer holds around
-// the pipeline: every microbatch's tokens and targets, the loss sums.
+// the end of the step), the lazily allocated gradient buckets (or, under fsdp, the stage's units
+// gathered and released per microbatch and their gradients reduce-scattered per microbatch), and
+// what the trainer holds around the pipeline: every microbatch's tokens and targets, the loss sums.
 #include <deque>
 #include <map>
 #include <memory>

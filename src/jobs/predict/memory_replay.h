@@ -6,7 +6,8 @@
 // transformer_tp.cpp) does, so the peak lands where the real one does. Keep it in step with the
 // model: the CPU test (ctest/regression/memory_prediction.sh) fails when they drift apart by
 // over 5%. Private to src/jobs (memory_model.cpp: one process, DDP, ZeRO, FSDP, tp;
-// memory_model_pipeline.cpp: one pipeline rank's stage under its schedule).
+// memory_model_pipeline.cpp: one pipeline rank's stage under its schedule, its units FSDP-sharded
+// over dp or not; memory_replay_fsdp.cpp: FSDP's units, gathers and unit gradients for both).
 #include <algorithm>
 #include <string>
 #include <vector>
