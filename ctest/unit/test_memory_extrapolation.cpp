@@ -1,7 +1,7 @@
 // Deep models' memory phases are extrapolated from two shallower replays (jobs/predict/
 // memory_model.h, issue 36 item 5): beyond kMaxReplayedLayers blocks, predict_memory_phases must
 // agree with the block-by-block replay of the same depth, phase by phase, under every layout whose
-// blocks repeat (one process, DDP buckets, zero2, FSDP, tp, every-k groups, 1F1B and interleaved
+// blocks repeat (one process, DDP buckets, zero2, FSDP, tp, every-k groups, 1F1B (also FSDP stages) and interleaved
 // pipelines) within one gradient bucket (exactly for one process, whose first bucket holds the
 // head's gradients), and stay the replay itself up to that depth.
 #include <gtest/gtest.h>
@@ -99,4 +99,13 @@ TEST(MemoryExtrapolation, PipelineStagesAgree) {
   interleaved.parallel.schedule = PipelineSchedule::interleaved;
   interleaved.parallel.virtual_stages = 2;
   expect_extrapolation_matches(interleaved, 2, 1, kBucket, "interleaved, stage 1");
+  // fsdp over dp 2 x pp 2 (ranks 0, 1: stage 0; 2, 3: stage 1): no buckets, every block adds the
+  // same shard, state and activations, so the line holds to rounding.
+  Config fsdp = small(100003);
+  fsdp.parallel.pp = 2;
+  fsdp.parallel.microbatches = 2;
+  fsdp.parallel.zero = ZeroLevel::fsdp;
+  fsdp.parallel.ddp = DdpKind::none;
+  expect_extrapolation_matches(fsdp, 4, 0, 1024, "fsdp 1F1B, stage 0");
+  expect_extrapolation_matches(fsdp, 4, 2, 1024, "fsdp 1F1B, stage 1");
 }
