@@ -1,9 +1,9 @@
 // Deep models' memory phases are extrapolated from two shallower replays (jobs/predict/
 // memory_model.h, issue 36 item 5): beyond kMaxReplayedLayers blocks, predict_memory_phases must
 // agree with the block-by-block replay of the same depth, phase by phase, under every layout whose
-// blocks repeat (one process, DDP buckets, zero2, FSDP, tp, every-k groups, 1F1B (also FSDP stages) and interleaved
-// pipelines) within one gradient bucket (exactly for one process, whose first bucket holds the
-// head's gradients), and stay the replay itself up to that depth.
+// blocks repeat (one process, DDP buckets, zero2, FSDP, tp, every-k groups, 1F1B (also with FSDP
+// stages) and interleaved pipelines) within one gradient bucket (exactly for one process, whose
+// first bucket holds the head's gradients), and stay the replay itself up to that depth.
 #include <gtest/gtest.h>
 
 #include <cmath>
