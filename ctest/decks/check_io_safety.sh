@@ -11,43 +11,9 @@
 set -u
 lmscale=$1
 case_name=$2
-tmp=$(mktemp -d)
-pid=""
-cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail=0
-check() {   # check CONDITION-DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  if ! "$@"; then
-    echo "FAIL: $what"
-    fail=1
-  fi
-}
-
-cat >"$tmp/deck.ini" <<'EOF'
-[run]
-job = train
-progress = true
-[model]
-vocab_size = 64
-context_length = 8
-d_model = 16
-d_ff = 32
-num_layers = 1
-num_heads = 2
-[parallel]
-device = cpu
-[train]
-steps = 2
-batch_size = 2
-log_every = 1
-[data]
-source = synthetic
-EOF
+# tmp (the working folder, removed at exit with the background run $bg), check and deck.ini: the
+# reliability cases' shared set-up.
+source "$(dirname "$0")/../regression/reliability_common.sh"
 
 # A token file of N uint16 ids, all below 64.
 tokens() { head -c $(($1 * 2)) /dev/zero >"$2"; }
@@ -113,15 +79,15 @@ elif [ "$case_name" = partial_after_rows ]; then
   tokens 4096 "$tmp/t.bin"
   args+=(--data.source=tokens --data.path="$tmp/t.bin" --train.steps=1000000)
   run &
-  pid=$!
+  bg=$!
   for _ in $(seq 600); do
     grep -q '^step' "$tmp/stdout" 2>/dev/null && break
-    kill -0 "$pid" 2>/dev/null || break
+    kill -0 "$bg" 2>/dev/null || break
     sleep 0.1
   done
   head -c 8192 /dev/zero | tr '\0' '\377' | dd of="$tmp/t.bin" conv=notrunc status=none
-  wait "$pid"; rc=$?
-  pid=""
+  wait "$bg"; rc=$?
+  bg=""
   check "the kept file is named: 'kept in '$out.tmp''" grep -qF "kept in '$out.tmp'" "$tmp/stderr"
   check "the runtime error names the token file" grep -qF "model.vocab_size" "$tmp/stderr"
   check "out.h5.tmp is kept" test -s "$out.tmp"
