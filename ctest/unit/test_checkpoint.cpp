@@ -3,6 +3,8 @@
 // h5py -> PyTorch state_dict contract); errors naming the parameter.
 #include <gtest/gtest.h>
 
+#include "temp_dir.h"
+
 #include <hdf5.h>
 #include <unistd.h>
 
@@ -23,20 +25,7 @@ using lmscale::io::NamedArray;
 using lmscale::io::OptimizerArrays;
 using lmscale::io::write_weights;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("lmscale_test_checkpoint_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using lmscale::test::TempDir;
 
 std::vector<float> ramp(std::size_t n, float start) {
   std::vector<float> v(n);

@@ -2,6 +2,8 @@
 // counts, to_ini round trip, actions, provenance, and docs/deck.md kept in step with the table.
 #include <gtest/gtest.h>
 
+#include "temp_dir.h"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -40,26 +42,7 @@ void expect_same_settings(const Config& a, const Config& b) {
   EXPECT_EQ(a.prune, b.prune);
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            ("lmscale_test_deck_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string write(const std::string& name, const std::string& text) const {
-    const auto p = path_ / name;
-    std::ofstream(p) << text;
-    return p.string();
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using lmscale::test::TempDir;
 
 Invocation invoke(std::vector<std::string> args, int world = 1) {
   args.insert(args.begin(), "lmscale");

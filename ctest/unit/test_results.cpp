@@ -3,6 +3,8 @@
 // back with the HDF5 C API, independently of the writer's code.
 #include <gtest/gtest.h>
 
+#include "temp_dir.h"
+
 #include <hdf5.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -31,20 +33,7 @@ using lmscale::io::Row;
 using lmscale::io::Table;
 using T = Column::Type;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("lmscale_test_results_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using lmscale::test::TempDir;
 
 // --- independent readers (C API only) ---
 

@@ -4,6 +4,8 @@
 // key, which deck validation turns into a usage error (exit 2) naming prune.weights.
 #include <gtest/gtest.h>
 
+#include "temp_dir.h"
+
 #include <unistd.h>
 
 #include <cstdint>
@@ -27,20 +29,7 @@ using lmscale::Error;
 using lmscale::io::NamedArray;
 using lmscale::io::SafetensorsReader;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("lmscale_test_safetensors_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using lmscale::test::TempDir;
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
