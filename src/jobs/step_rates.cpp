@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <fmt/format.h>
+
+#include "lmscale/core/host_memory.h"
 #ifdef LMSCALE_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -27,27 +27,6 @@ StepRates step_rates(double tokens, double flops, double seconds, int world, dou
   return r;
 }
 
-namespace {
-double meminfo_total() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("MemTotal:", 0) != 0) continue;
-    std::istringstream fields(line.substr(9));
-    double kib = 0;
-    if (fields >> kib) return kib * 1024.0;
-  }
-  return 0;
-}
-double cgroup_limit() {
-  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream in(path);
-    double v = 0;
-    if (in >> v && v > 0 && v < 1e18) return v;   // "max" (no limit) does not parse
-  }
-  return 0;
-}
-}  // namespace
 
 double device_memory_bytes(ops::Runtime& rt) {
   if (rt.device() == Device::cuda) {
@@ -58,8 +37,9 @@ double device_memory_bytes(ops::Runtime& rt) {
 #endif
     return 0;
   }
-  const double host = meminfo_total(), limit = cgroup_limit();
-  return limit > 0 && (host <= 0 || limit < host) ? limit : host;
+  const double host = meminfo_bytes("MemTotal").value_or(0);
+  const auto cgroup = cgroup_memory();
+  return cgroup && (host <= 0 || cgroup->limit < host) ? cgroup->limit : host;
 }
 
 std::string three_digits(double v) {

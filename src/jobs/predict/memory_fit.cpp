@@ -4,14 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "lmscale/core/error.h"
+#include "lmscale/core/host_memory.h"
 #include "lmscale/jobs/predict/accounting.h"
 #include "lmscale/jobs/predict/memory_model.h"
 #include "lmscale/model/model_dims.h"
@@ -25,44 +24,9 @@ namespace {
 
 constexpr double kUnknown = std::numeric_limits<double>::infinity();
 
-// The first number in a one-line file ("max" or a missing file: nullopt).
-std::optional<double> read_number(const char* path) {
-  std::ifstream in(path);
-  std::string word;
-  if (!(in >> word)) return std::nullopt;
-  try {
-    std::size_t used = 0;
-    const double v = std::stod(word, &used);
-    if (used != word.size()) return std::nullopt;
-    return v;
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
-// MemAvailable from /proc/meminfo, in bytes.
-std::optional<double> mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream fields(line.substr(13));
-    double kib = 0;
-    if (fields >> kib) return kib * 1024.0;
-  }
-  return std::nullopt;
-}
-
-// Room left under the cgroup's memory limit (v2, else v1), when one is set.
+// Room left under the cgroup's memory limit, when one is set.
 std::optional<double> cgroup_room() {
-  if (auto limit = read_number("/sys/fs/cgroup/memory.max")) {
-    const double used = read_number("/sys/fs/cgroup/memory.current").value_or(0);
-    return std::max(0.0, *limit - used);
-  }
-  if (auto limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"); limit && *limit < 1e18) {
-    const double used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes").value_or(0);
-    return std::max(0.0, *limit - used);
-  }
+  if (const auto c = cgroup_memory()) return std::max(0.0, c->limit - c->used);
   return std::nullopt;
 }
 
@@ -123,7 +87,7 @@ MemoryBudget memory_budget(ops::Runtime& rt) {
 #endif
     return b;
   }
-  const auto available = mem_available();
+  const auto available = meminfo_bytes("MemAvailable");
   const auto room = cgroup_room();
   if (available && (!room || *available <= *room)) {
     b.bytes = *available;
