@@ -65,7 +65,7 @@ void ZeroStrategy::step(Context& ctx, double lr, double grad_scale) {
 }
 
 std::vector<float> ZeroStrategy::master_parameters(Context& ctx) {
-  settle();
+  settle();   // the deferred gathers, before the master is completed
   zero_->complete_master(ctx);   // the steps gathered only the working copy
   return Strategy::master_parameters(ctx);
 }
