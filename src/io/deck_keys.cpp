@@ -287,6 +287,13 @@ std::vector<DeckKey> build_table() {
                "(docs/parallel.md)."),
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero),
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
+      enum_key("parallel.offload", LMSCALE_FIELD(parallel.offload),
+               "optimizer: the fp32 master weights and the AdamW moments of what the rank owns (everything for one "
+               "process, its shard for zero1/zero2) live in host memory (pinned on CUDA) and a multithreaded, "
+               "vectorised AdamW updates them on the host after each backward; the device keeps the parameters the "
+               "forward reads (the bf16/fp16 working copy, or the fp32 parameters in fp32) and the gradients. The "
+               "same results as none. optim.name = adamw; one process, zero1 or zero2; not yet with fsdp, tp or pp "
+               "(docs/parallel.md)."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,
               "train and bench-model: when a step, evaluation or checkpoint has not finished after this many "
               "seconds, or a communicator reports an asynchronous error (NCCL), the ranks' watchdogs compare notes "
