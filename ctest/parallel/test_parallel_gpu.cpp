@@ -413,6 +413,7 @@ TEST(OffloadGpu, MatchesNoOffloadBitwise) {
   one.optim.weight_decay = 0.1;
   check(one, false, "one GPU, bf16");
   one.precision.mode = PrecisionMode::fp32;
+  one.model.attention = AttentionImpl::naive;
   check(one, false, "one GPU, fp32");
   int gpus = 0;
   cudaGetDeviceCount(&gpus);

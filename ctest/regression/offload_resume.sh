@@ -64,5 +64,4 @@ expect2 2 "ddp" "not built yet for DDP" --parallel.ddp=bucketed
 expect2 2 "tp" "tensor or pipeline parallelism (parallel.tp = 2" --parallel.tp=2 --model.vocab_size=96
 expect2 2 "pp" "tensor or pipeline parallelism (parallel.tp = 1, parallel.pp = 2" --parallel.pp=2
 expect2 1 "accounting" "run.job = accounting" --run.job=accounting
-expect2 1 "bench-model" "run.job = bench-model" --run.job=bench-model
 echo "ok: offload_resume"
