@@ -288,11 +288,11 @@ std::vector<DeckKey> build_table() {
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero),
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
       enum_key("parallel.offload", LMSCALE_FIELD(parallel.offload),
-               "optimizer: the fp32 master weights and the AdamW moments of what the rank owns (everything for one "
-               "process, its shard for zero1/zero2) live in host memory (pinned on CUDA) and a multithreaded, "
-               "vectorised AdamW updates them on the host after each backward; the device keeps the parameters the "
-               "forward reads (the bf16/fp16 working copy, or the fp32 parameters in fp32) and the gradients. The "
-               "same results as none. optim.name = adamw; one process, zero1 or zero2; not yet with fsdp, tp or pp "
+               "optimizer: the AdamW moments m, v of what the rank owns (everything for one process, its shard for "
+               "zero1/zero2) live in host memory and a multithreaded, vectorised AdamW updates them on the host "
+               "after each backward (parameters and gradients copied to the host, the parameters and the working "
+               "copy back); the fp32 master stays on the device in this version. The same results as none, bit for "
+               "bit. optim.name = adamw; one process, zero1 or zero2; not yet with ddp, fsdp, tp or pp "
                "(docs/parallel.md)."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,
               "train and bench-model: when a step, evaluation or checkpoint has not finished after this many "
