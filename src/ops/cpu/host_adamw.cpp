@@ -57,8 +57,8 @@ template <AdamWArithmetic A, class L>
 inline void update_one(float& p, float grad, float& m, float& v, L* low, const Scalars& s) {
   if constexpr (A == AdamWArithmetic::cuda_kernel) {
     const float g = grad * s.grad_scale;
-    m = std::fma(s.beta1, m, s.one_minus_beta1 * g);
-    v = std::fma(s.beta2, v, (s.one_minus_beta2 * g) * g);
+    m = std::fma(s.one_minus_beta1, g, s.beta1 * m);
+    v = std::fma(s.one_minus_beta2 * g, g, s.beta2 * v);
     const float d = (s.step_size * m) / (std::sqrt(v) + s.eps);
     p = std::fma(s.decay, p, -d);
   } else {
@@ -113,8 +113,8 @@ __attribute__((target("avx2,fma"))) void update_avx2(std::int64_t begin, std::in
     __m256 pv = _mm256_loadu_ps(p + i), mv = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
     const __m256 gv = _mm256_mul_ps(_mm256_loadu_ps(g + i), gs);
     if constexpr (A == AdamWArithmetic::cuda_kernel) {
-      mv = _mm256_fmadd_ps(b1, mv, _mm256_mul_ps(c1, gv));
-      vv = _mm256_fmadd_ps(b2, vv, _mm256_mul_ps(_mm256_mul_ps(c2, gv), gv));
+      mv = _mm256_fmadd_ps(c1, gv, _mm256_mul_ps(b1, mv));
+      vv = _mm256_fmadd_ps(_mm256_mul_ps(c2, gv), gv, _mm256_mul_ps(b2, vv));
       const __m256 d = _mm256_div_ps(_mm256_mul_ps(step, mv), _mm256_add_ps(_mm256_sqrt_ps(vv), eps));
       pv = _mm256_fmsub_ps(decay, pv, d);   // fma(decay, p, -d): one rounding
     } else {
