@@ -1,6 +1,6 @@
 // parallel.offload = optimizer (AdamW's state and update on the host) against parallel.offload =
 // none: the same losses, gradient norms and final weights, bit for bit, on one process and under
-// zero1 and zero2 over the MPI ranks (CPU: the host AdamW takes the CPU reference's arithmetic,
+// zero1, zero2 and fsdp over the MPI ranks (CPU: the host AdamW takes the CPU reference's arithmetic,
 // ops/host_adamw.h).
 #include <gtest/gtest.h>
 
@@ -45,6 +45,20 @@ TEST(Offload, ZeroShardsMatchNone) {
     Config off = base;
     off.parallel.offload = OffloadMode::optimizer;
     expect_same_run(train_run(base, true, 3), train_run(off, true, 3), level == ZeroLevel::zero1 ? "zero1" : "zero2");
+  }
+}
+
+// FSDP: the shards' master and moments on the host, updated by the worker while the next forward
+// runs (parallel/offloaded_shards.h); with accumulation, and with a chunk boundary inside a unit.
+TEST(Offload, FsdpMatchesNone) {
+  for (const std::int64_t accum : {1, 2}) {
+    Config base = adamw_config();
+    base.parallel.zero = ZeroLevel::fsdp;
+    base.train.grad_accum = accum;
+    Config off = base;
+    off.parallel.offload = OffloadMode::optimizer;
+    const TrainRun a = train_run(base, true, 4), b = train_run(off, true, 4);
+    expect_same_run(a, b, accum == 1 ? "fsdp" : "fsdp, grad_accum 2");
   }
 }
 

@@ -6,6 +6,7 @@
 #   C  zero2 on 2 with offload from the start, checkpoint every 4 -> A's losses, bitwise
 #   D  zero2 on 2 without offload resumes C's step 4 -> A's losses, bitwise
 #   E  one process with offload resumes A's step 4 (resharded) -> within RESHARD_RTOL
+#   H, I, J  fsdp with offload: from the start, from A's step 4, and zero2 from H's step 4 -> bitwise
 #   F  each refusal: exit 2 naming the key, no results file
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
@@ -46,6 +47,16 @@ with h5py.File("A.h5") as a, h5py.File("E.h5") as e:
     sys.exit(0 if len(le) == 4 and worst <= float(__import__("os").environ.get("RESHARD_RTOL", "1e-5")) else f"FAIL: E {list(le)} vs {list(la)}")
 PY
 echo "ok: zero2 on 2 -> one process with offload"
+# FSDP with offload: from the start (bitwise to A: zero2 and fsdp run the same arithmetic on CPU
+# ranks), and resumed from A's step 4 (resharded by name).
+mpi 2 "${common[@]}" --parallel.zero=fsdp --parallel.offload=optimizer --run.output=H.h5 \
+  --train.checkpoint_dir=ckH --train.checkpoint_every=4
+same_tail H.h5 0
+mpi 2 "${common[@]}" --parallel.zero=fsdp --parallel.offload=optimizer --run.output=I.h5 --train.resume=ckA/step_00000004
+same_tail I.h5 4
+mpi 2 "${common[@]}" --parallel.zero=zero2 --run.output=J.h5 --train.resume=ckH/step_00000004
+same_tail J.h5 4
+echo "ok: fsdp with offload = zero2 without, from the start and across resumes, bitwise"
 
 expect2() {  # NP WHAT PATTERN ARGS...: exit 2, the message matches PATTERN, no results file
   local np=$1 what=$2 pattern=$3 rc=0; shift 3
@@ -58,7 +69,6 @@ expect2() {  # NP WHAT PATTERN ARGS...: exit 2, the message matches PATTERN, no 
 }
 expect2 1 "sgd" "optim.name = sgd" --optim.name=sgd
 expect2 1 "lamb" "optim.name = lamb" --optim.name=lamb
-expect2 2 "fsdp" "parallel.zero = fsdp" --parallel.zero=fsdp
 expect2 2 "zero1-broadcast" "parallel.zero = zero1-broadcast" --parallel.zero=zero1-broadcast
 expect2 2 "ddp" "not built yet for DDP" --parallel.ddp=bucketed
 expect2 2 "tp" "tensor or pipeline parallelism (parallel.tp = 2" --parallel.tp=2 --model.vocab_size=96

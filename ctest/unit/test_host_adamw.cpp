@@ -49,16 +49,16 @@ class HostAdamWTest : public OpsTest {
   Tensor p, g, m, v;
 };
 
-// The CUDA kernel's per-element arithmetic as its SASS for sm_90a shows it (host_adamw.h),
-// restated here in scalar code, independent of adamw_host's vector path.
+// The CUDA kernel's per-element arithmetic as src/ops/cuda/adamw.cu spells it with the _rn
+// intrinsics (host_adamw.h), restated here in scalar code, independent of adamw_host's vector path.
 void cuda_order(float& p, float grad, float& m, float& v, const ops::AdamWStep& a) {
   const double t = static_cast<double>(a.step);
   const float decay = static_cast<float>(1.0 - a.lr * a.weight_decay);
   const float c1 = static_cast<float>(1.0 - a.beta1), c2 = static_cast<float>(1.0 - a.beta2);
   const float step = static_cast<float>(a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t)));
   const float gg = grad * static_cast<float>(a.grad_scale);
-  m = std::fma(static_cast<float>(a.beta1), m, c1 * gg);
-  v = std::fma(static_cast<float>(a.beta2), v, (c2 * gg) * gg);
+  m = std::fma(c1, gg, static_cast<float>(a.beta1) * m);
+  v = std::fma(c2 * gg, gg, static_cast<float>(a.beta2) * v);
   const float d = (step * m) / (std::sqrt(v) + static_cast<float>(a.eps));
   p = std::fma(decay, p, -d);
 }

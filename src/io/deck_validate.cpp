@@ -356,7 +356,7 @@ void check_offload(const Config& c, std::int64_t dp) {
     fail("parallel.offload = {} runs AdamW on the host; optim.name = {} has no host version; set optim.name = adamw "
          "or parallel.offload = none",
          p.offload, c.optim.name);
-  if (p.zero == ZeroLevel::fsdp || p.zero == ZeroLevel::zero1_broadcast)
+  if (p.zero == ZeroLevel::zero1_broadcast)
     fail("parallel.offload = {} is not built yet with parallel.zero = {}; use parallel.zero = zero1 or zero2, or "
          "parallel.offload = none",
          p.offload, p.zero);

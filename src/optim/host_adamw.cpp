@@ -37,6 +37,29 @@ void HostAdamW::reserve(std::int64_t n, DType low_dtype, Context& ctx) {
     host_low_ = Tensor::empty({n}, low_dtype, host, "offload_staging");
 }
 
+namespace {
+ops::AdamWStep adamw_step(const OptimConfig& cfg, std::int64_t t, double lr, double grad_scale) {
+  ops::AdamWStep a;
+  a.lr = lr;
+  a.beta1 = cfg.beta1;
+  a.beta2 = cfg.beta2;
+  a.eps = cfg.eps;
+  a.weight_decay = cfg.weight_decay;
+  a.step = t;
+  a.grad_scale = grad_scale;
+  return a;
+}
+}  // namespace
+
+void HostAdamW::step_host(Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset, double lr,
+                          double grad_scale, ops::AdamWArithmetic arithmetic) {
+  const std::int64_t n = params.numel();
+  check_range("HostAdamW", offset, n, grads.numel());
+  Tensor m = state(0).flat_range(offset, n), v = state(1).flat_range(offset, n);
+  Tensor p = params.reshape({n});
+  ops::adamw_host(p, grads.reshape({n}), m, v, adamw_step(cfg_, t_, lr, grad_scale), lowp, arithmetic, threads_);
+}
+
 void HostAdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset,
                            double lr, double grad_scale) {
   const std::int64_t n = params.numel();
@@ -45,24 +68,14 @@ void HostAdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Te
     last_t_ = t_;
     transfer_bytes_ = 0;
   }
-  ops::AdamWStep a;
-  a.lr = lr;
-  a.beta1 = cfg_.beta1;
-  a.beta2 = cfg_.beta2;
-  a.eps = cfg_.eps;
-  a.weight_decay = cfg_.weight_decay;
-  a.step = t_;
-  a.grad_scale = grad_scale;
   LMSCALE_CHECK(params.dtype() == DType::f32 && grads.dtype() == DType::f32,
                 "HostAdamW: fp32 parameters and gradients expected, got {} and {}", dtype_name(params.dtype()),
                 dtype_name(grads.dtype()));
-  Tensor m = state(0).flat_range(offset, n), v = state(1).flat_range(offset, n);
   Tensor p = params.reshape({n});
   Tensor g = grads.reshape({n});
   if (params.device() == Device::cpu) {
     // The device is the host: update the store in place, in the CPU reference's arithmetic.
-    ops::adamw_host(p, g, m, v, a, lowp, ops::AdamWArithmetic::cpu_reference, threads_);
-    return;
+    return step_host(p, g, lowp, offset, lr, grad_scale, ops::AdamWArithmetic::cpu_reference);
   }
   const DType low_dtype = lowp ? lowp->dtype() : DType::f32;
   reserve(n, low_dtype, ctx);
@@ -70,7 +83,7 @@ void HostAdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Te
   Tensor hl = lowp ? host_low_.flat_range(0, n) : Tensor();
   ops::copy(ctx, p, hp);   // D2H, waits for the compute stream (the backward, the clip's norm)
   ops::copy(ctx, g, hg);
-  ops::adamw_host(hp, hg, m, v, a, lowp ? &hl : nullptr, ops::AdamWArithmetic::cuda_kernel, threads_);
+  step_host(hp, hg, lowp ? &hl : nullptr, offset, lr, grad_scale, ops::AdamWArithmetic::cuda_kernel);
   ops::copy(ctx, hp, p);   // H2D, ordered before the next forward on the compute stream
   if (lowp) {
     Tensor l = lowp->reshape({n});

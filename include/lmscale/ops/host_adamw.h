@@ -6,15 +6,15 @@
 //
 // The arithmetic reproduces, element for element, the AdamW of the device the run trains on, so
 // offloading the optimizer does not change a run's numbers:
-// - AdamWArithmetic::cuda_kernel is src/ops/cuda/adamw.cu as nvcc builds it (fmad on, IEEE sqrt
-//   and division, no flush to zero). Its SASS for sm_90a (nvdisasm) reads, per element,
+// - AdamWArithmetic::cuda_kernel is src/ops/cuda/adamw.cu, whose update spells every rounding
+//   with the _rn intrinsics (which neither nvcc nor ptxas contracts or re-associates):
 //     g  = grad * grad_scale
-//     m  = fma(beta1, m, (1-beta1) * g)
-//     v  = fma(beta2, v, ((1-beta2) * g) * g)
-//     d  = (step_size * m) / (sqrt(v) + eps)
-//     p  = fma(decay, p, -d)                  decay = 1 - lr*wd: `p *= decay; p -= d` contracted
-//   nvcc contracts a*b + c into fma wherever a product feeds an add; here the host calls std::fma
-//   (or _mm256_fmadd_ps) at exactly those places and rounds every other operation separately.
+//     m  = fma(1-beta1, g, beta1 * m)
+//     v  = fma((1-beta2) * g, g, beta2 * v)
+//     d  = (step_size * m) / (sqrt(v) + eps)   IEEE sqrt and division
+//     p  = fma(decay, p, -d)                   decay = 1 - lr*wd
+//   The host calls std::fma (or _mm256_fmadd_ps) at exactly those places and rounds every other
+//   operation separately, with no flush to zero on either side.
 // - AdamWArithmetic::cpu_reference is ops::adamw on the CPU (src/ops/cpu/adamw.cpp): every
 //   operation rounded separately, `p -= (lr*wd) * p` first. This file is compiled with
 //   -ffp-contract=off so the compiler adds no fma of its own.

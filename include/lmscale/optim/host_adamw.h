@@ -33,6 +33,12 @@ class HostAdamW final : public Optimizer {
   void step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset, double lr,
                   double grad_scale) override;
 
+  // The update of host memory only: params, grads (and lowp) are host tensors holding elements
+  // [offset, offset + params.numel()) of the state, updated in `arithmetic` (the device's AdamW
+  // for an offloaded GPU run, bitwise). One thread at a time; begin_step() comes before.
+  void step_host(Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset, double lr, double grad_scale,
+                 ops::AdamWArithmetic arithmetic);
+
   // Bytes moved between device and host by the last step (0 on a CPU run).
   std::int64_t last_step_transfer_bytes() const { return transfer_bytes_; }
 
