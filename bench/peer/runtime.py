@@ -5,6 +5,7 @@ device synchronisation; the report gives the median (and the minimum) in ms.
 """
 import json
 import os
+import resource
 import statistics
 import time
 
@@ -52,6 +53,8 @@ def emit(mode, **fields):
     """One JSON object per measured case on stdout: the format bench/ratio_table.py reads."""
     rec = {"peer": "torch", "torch": torch.__version__, "mode": mode}
     rec.update(fields)
+    # This process's peak resident set (Linux: ru_maxrss in KiB), as lmscale's host_peak_resident_bytes.
+    rec.setdefault("host_peak_gib", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3))
     print(json.dumps(rec), flush=True)
 
 

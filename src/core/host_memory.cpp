@@ -23,8 +23,10 @@ std::optional<double> read_number(const char* path) {
 }
 }  // namespace
 
-std::optional<double> meminfo_bytes(std::string_view field) {
-  std::ifstream in("/proc/meminfo");
+namespace {
+// A "Field:   N kB" line of a /proc file, in bytes.
+std::optional<double> proc_kib_field(const char* path, std::string_view field) {
+  std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
     if (line.size() <= field.size() || line.compare(0, field.size(), field) != 0 || line[field.size()] != ':') continue;
@@ -34,6 +36,11 @@ std::optional<double> meminfo_bytes(std::string_view field) {
   }
   return std::nullopt;
 }
+}  // namespace
+
+std::optional<double> meminfo_bytes(std::string_view field) { return proc_kib_field("/proc/meminfo", field); }
+
+std::optional<double> process_peak_resident_bytes() { return proc_kib_field("/proc/self/status", "VmHWM"); }
 
 std::optional<CgroupMemory> cgroup_memory() {
   if (auto limit = read_number("/sys/fs/cgroup/memory.max"))

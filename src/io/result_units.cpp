@@ -44,7 +44,8 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     {"loss_bound", "nats"},
     // accounting and its cost estimate
     {"world", ""}, {"local_batch", "sequences"}, {"comm_bytes_per_step_per_rank", "bytes"},
-    {"host_bytes_per_rank", "bytes"}, {"host_transfer_bytes_per_step_per_rank", "bytes"}, {"peak_flops_per_device", "FLOP/s"},
+    {"host_bytes_per_rank", "bytes"}, {"host_peak_resident_bytes", "bytes"}, {"predicted_offload_host_bytes", "bytes"},
+    {"predicted_offload_transfer_bytes_per_step", "bytes"}, {"host_transfer_bytes_per_step_per_rank", "bytes"}, {"peak_flops_per_device", "FLOP/s"},
     {"ideal_step_s", "s"}, {"tp_comm_bytes_per_step_per_rank", "bytes"}, {"analysis_flops_per_device", "FLOP/s"},
     {"analysis_link_bytes_per_s", "bytes/s"}, {"memory_phases_stage", ""}, {"tokens", "tokens"},
     {"flops_per_token", "FLOP"}, {"flops", "FLOP"}, {"gpus", ""}, {"peak_flops_per_gpu", "FLOP/s"},

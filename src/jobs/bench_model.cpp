@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "lmscale/core/cpu_model.h"
+#include "lmscale/core/host_memory.h"
 #include "lmscale/core/host_vector.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/core/rng.h"
@@ -174,6 +175,9 @@ int run_bench_model(JobEnv& env) {
   env.out.set_attr(g, "flops_per_step_causal", flops_causal);
   env.out.set_attr(g, "mfu_causal", mfu_causal);
   env.out.set_attr(g, "peak_bytes", static_cast<std::int64_t>(mem.peak()));
+  // The host side (parallel.offload keeps optimizer state there): this rank's peak resident set.
+  const double host_peak = process_peak_resident_bytes().value_or(std::numeric_limits<double>::quiet_NaN());
+  env.out.set_attr(g, "host_peak_resident_bytes", host_peak);
   env.out.set_attr(g, "device_name", rt.device() == Device::cuda ? rt.device_name() : cpu_model_name());
   // Data-parallel accounting (docs/architecture.md §5): exposed communication = time from the end of the
   // backward until the gradients are ready; its share of the step.
@@ -213,6 +217,8 @@ int run_bench_model(JobEnv& env) {
   const double predicted_peak = write_memory_prediction(env);
   env.out.set_attr(g, "predicted_peak_bytes", predicted_peak);
   env.out.set_attr(g, "predicted_comm_bytes_per_step", pred.comm_bytes_per_step);
+  env.out.set_attr(g, "predicted_offload_host_bytes", pred.host_bytes);
+  env.out.set_attr(g, "predicted_offload_transfer_bytes_per_step", pred.host_transfer_bytes_per_step);
   // The accounting's step FLOPs (train step; both conventions) beside the measured time.
   env.out.set_attr(g, "predicted_flops_per_step", pred.flops_per_step);
   env.out.set_attr(g, "predicted_flops_per_step_causal", pred.flops_per_step_causal);
@@ -257,6 +263,9 @@ int run_bench_model(JobEnv& env) {
                  "(/bench_model/fsdp_waits has each unit)\n",
                  fsdp_wait_fwd, fsdp_wait_bwd);
     fmt::print("predicted peak (accounting) {:.3f} GiB\n", predicted_peak / (1u << 30));
+    if (pred.host_bytes > 0)
+      fmt::print("offload: host peak resident {:.3f} GiB per rank (the offloaded state: {:.3f} GiB predicted)\n",
+                 host_peak / (1u << 30), pred.host_bytes / (1u << 30));
     fmt::print("tokens/s {:.1f}  achieved {} TFLOP/s  MFU {} (causal FLOPs: {})  peak memory {:.3f} GiB\n",
                tokens / (st.mean * 1e-3), three_digits(achieved / 1e12),
                std::isnan(mfu) ? std::string("n/a") : fmt::format("{:.1f}%", 100 * mfu),
