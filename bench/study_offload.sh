@@ -6,7 +6,7 @@
 #     (inputs/leaderboard_8b.ini, which needs ~108 GiB per GPU: its row shows "-" on 80 GB cards);
 #   - xl FSDP at global batch 8 x 512 (inputs/fsdp_xl.ini) with and without offload.
 # Needs ~100 GB of host memory for the 8b rows.
-#   bench/study_offload.sh        (SKIP_8B=1: only the xl rows; SKIP_XL=1: only the 8b rows)
+#   bench/study_offload.sh        (SKIP_8B=1: only the xl rows; SKIP_XL=1: only the 8b rows; SKIP_8B_PEER=1: no 8b peer)
 STUDY=offload
 source "$(dirname "$0")/common.sh"
 preflight 2
@@ -21,7 +21,7 @@ runs() {
   if [ -z "${SKIP_8B:-}" ]; then
     lm leaderboard_8b 2 inputs/leaderboard_8b.ini
     lm leaderboard_8b_offload 2 inputs/leaderboard_8b_offload.ini
-    peer fsdp_8b_peer_offload 2 fsdp --size 8b --precision bf16 --batch 2 --seq 32768 --attention sdpa --ac --offload \
+    [ -n "${SKIP_8B_PEER:-}" ] || peer fsdp_8b_peer_offload 2 fsdp --size 8b --precision bf16 --batch 2 --seq 32768 --attention sdpa --ac --offload \
       --warmup 1 --iters "$PEER_ITERS"
   fi
 }
