@@ -92,7 +92,8 @@ void HostAdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Te
   transfer_bytes_ += n * (8 + 4) + (lowp ? n * static_cast<std::int64_t>(dtype_size(low_dtype)) : 0);
 }
 
-int host_adamw_threads(int local_ranks) {
+int host_adamw_threads(int local_ranks, std::int64_t requested) {
+  if (requested > 0) return static_cast<int>(requested);
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, hw / std::max(1, local_ranks));
 }

@@ -13,7 +13,7 @@ FsdpStrategy::FsdpStrategy(const StrategyParts& parts) : Strategy(parts) {
   FsdpOptions opt = FsdpOptions::from(parts.cfg.parallel);
   // parallel.offload = optimizer: the host threads are split over the dp ranks, assumed to share
   // one host (docs/parallel.md, "CPU offload").
-  opt.offload_threads = optim::host_adamw_threads(spec_.dp);
+  opt.offload_threads = optim::host_adamw_threads(spec_.dp, parts.cfg.parallel.offload_threads);
   fsdp_ = std::make_unique<FullyShardedDataParallel>(store_, *parts.dp, *parts.dp_host, parts.cfg.optim, opt,
                                                      parts.cfg.run.seed, parts.rt);
   if (tp_) {

@@ -33,7 +33,7 @@ ReplicatedStrategy::ReplicatedStrategy(const StrategyParts& parts)
     // One process (the deck refuses DDP with offload): m, v and the update on the host.
     LMSCALE_CHECK(spec_.dp == 1 && parts.cfg.optim.name == OptimizerName::adamw,
                   "parallel.offload = optimizer: one process with adamw only (deck checks)");
-    optimizer_ = std::make_unique<optim::HostAdamW>(parts.cfg.optim, store_.numel(), ctx, optim::host_adamw_threads(1));
+    optimizer_ = std::make_unique<optim::HostAdamW>(parts.cfg.optim, store_.numel(), ctx, optim::host_adamw_threads(1, pc.offload_threads));
   } else {
     optimizer_ = optim::make_optimizer(parts.cfg.optim, store_.numel(), store_.master_dtype(), ctx, store_.size(),
                                        param_segments(store_.infos(), 0, store_.numel()));

@@ -54,6 +54,6 @@ class HostAdamW final : public Optimizer {
 
 // Threads for the host AdamW of one rank: the hardware threads over the ranks sharing the host
 // (local_ranks), at least 1.
-int host_adamw_threads(int local_ranks);
+int host_adamw_threads(int local_ranks, std::int64_t requested = 0);
 
 }  // namespace lmscale::optim
