@@ -77,7 +77,7 @@ void check_model(const Config& c) {
 void check_devices(const Config& c) {
   const auto& p = c.parallel;
   // The accounting job computes instead of running, so it may describe a GPU run from a CPU.
-  if (p.device == DeviceChoice::cpu && c.precision.mode != PrecisionMode::fp32 && c.run.job != JobKind::accounting)
+  if (p.device == DeviceChoice::cpu && c.precision.mode != PrecisionMode::fp32 && !predicts_only(c.run.job))
     fail("precision.mode = {} needs a CUDA device but parallel.device = cpu; set precision.mode = fp32 or "
          "parallel.device = cuda (or auto)",
          c.precision.mode);
@@ -430,7 +430,7 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
          m.num_layers);
   check_pipeline(c);
-  if (p.offload != OffloadMode::none && c.run.job == JobKind::accounting)
+  if (p.offload != OffloadMode::none && predicts_only(c.run.job))
     fail("parallel.offload = {} is not predicted yet: the accounting and the memory model count the optimizer state "
          "on the device, so run.job = accounting would report wrong memory; use parallel.offload = none",
          p.offload);
