@@ -106,7 +106,8 @@ std::vector<Candidate> search_layouts(const Config& deck, std::int64_t batch, in
               Config c = base;
               c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp;
               c.parallel.zero = z;
-              c.parallel.ddp = dp > 1 ? DdpKind::bucketed : DdpKind::none;
+              // fsdp reduce-scatters its gradients itself (no DDP kind); the others bucket them.
+              c.parallel.ddp = dp > 1 && z != ZeroLevel::fsdp ? DdpKind::bucketed : DdpKind::none;
               c.parallel.grad_exchange = GradExchange::nccl;
               c.parallel.sequence_parallel = sp;
               c.parallel.schedule = PipelineSchedule::one_f_one_b;

@@ -23,6 +23,7 @@ struct EfficiencyCurve {
   double rate(double work) const;
   // "1.05e10:358.5, 4.19e10:549" (FLOP/s printed as TFLOP/s).
   std::string text() const;
+  bool operator==(const EfficiencyCurve&) const = default;
 };
 
 struct Calibration {
