@@ -114,7 +114,8 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
                      metrics.active() ? &metrics : nullptr};
     // bench-collectives makes its own; the accounting job computes on its own and plans a run whose
     // backend this machine need not have.
-    if (mpi.size() > 1 && cfg.run.job != JobKind::bench_collectives && cfg.run.job != JobKind::accounting) {
+    if (mpi.size() > 1 && cfg.run.job != JobKind::bench_collectives && cfg.run.job != JobKind::calibrate &&
+        !predicts_only(cfg.run.job)) {
       // Gradients travel over the deck's backend; host scalars (losses, norms) over MPI.
       env.comm = comm::make_world_communicator(jobs::world_backend(cfg), mpi, mpi.local_rank(), false,
                                                static_cast<int>(cfg.parallel.comm_sms));

@@ -77,7 +77,7 @@ void check_model(const Config& c) {
 void check_devices(const Config& c) {
   const auto& p = c.parallel;
   // The accounting job computes instead of running, so it may describe a GPU run from a CPU.
-  if (p.device == DeviceChoice::cpu && c.precision.mode != PrecisionMode::fp32 && c.run.job != JobKind::accounting)
+  if (p.device == DeviceChoice::cpu && c.precision.mode != PrecisionMode::fp32 && !predicts_only(c.run.job))
     fail("precision.mode = {} needs a CUDA device but parallel.device = cpu; set precision.mode = fp32 or "
          "parallel.device = cuda (or auto)",
          c.precision.mode);
@@ -430,6 +430,10 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
          m.num_layers);
   check_pipeline(c);
+  if (p.offload != OffloadMode::none && c.run.job == JobKind::plan)
+    fail("parallel.offload = {}: run.job = plan does not model the offloaded optimizer yet (its host update and "
+         "copies); use run.job = accounting for its memory, or parallel.offload = none",
+         p.offload);
   if (!runs_model(c)) return;
 
   const std::int64_t dp = detail::resolved_dp(c, world_size);

@@ -51,6 +51,8 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     {"flops_per_token", "FLOP"}, {"flops", "FLOP"}, {"gpus", ""}, {"peak_flops_per_gpu", "FLOP/s"},
     {"checkpoints", ""}, {"checkpoint_write_s", "s"}, {"preemptions", ""}, {"lost_per_preemption_h", "h"},
     {"wall_h", "h"}, {"price_per_gpu_hour", "currency/h"},
+    // plan and calibrate
+    {"batch_sequences", "sequences"}, {"gpus_per_node", ""}, {"intra_alpha_us", "us"}, {"intra_busbw_gbs", "GB/s"},
 };
 
 }  // namespace

@@ -282,6 +282,19 @@ void print_nccl_tests_devices(JobEnv& env, const BenchConfig& b, const std::vect
 
 }  // namespace
 
+double time_collective(comm::Communicator& c, ops::Runtime& rt, bool on_device, CollectiveOp op, void* send, void* recv,
+                       std::size_t bytes, std::int64_t warmup, std::int64_t steps) {
+  Call k;
+  k.op = op;
+  k.dtype = DType::f32;
+  k.count = bytes / 4;
+  k.block = k.count / static_cast<std::size_t>(c.size());
+  if (op == CollectiveOp::reduce_scatter || op == CollectiveOp::all_gather) k.count = k.block * static_cast<std::size_t>(c.size());
+  k.send = send;
+  k.recv = recv;
+  return time_call(c, rt, on_device, k, warmup, steps);
+}
+
 int run_bench_collectives(JobEnv& env) {
   const Config& cfg = env.cfg;
   const BenchConfig& b = cfg.bench;

@@ -9,6 +9,8 @@
 #include "lmscale/jobs/bench_collectives.h"
 #include "lmscale/jobs/bench_model.h"
 #include "lmscale/jobs/resilience/oom_report.h"
+#include "lmscale/jobs/plan/calibrate_job.h"
+#include "lmscale/jobs/plan/plan_job.h"
 #include "lmscale/jobs/prune.h"
 #include "lmscale/jobs/train.h"
 #ifdef LMSCALE_WITH_CUDA
@@ -36,7 +38,7 @@ namespace {
 // Deck values that belong to the public schema (docs/deck.md) but whose modes this version does not
 // build yet: refused up front rather than silently ignored.
 void reject_unbuilt_modes(const Config& c) {
-  if (c.run.job == JobKind::accounting) return;   // accounting computes, it does not run the mode
+  if (predicts_only(c.run.job)) return;   // accounting and plan compute, they do not run the mode
   // (Nothing at present: the single-file checkpoint gathers parameters and moments over tp and pp,
   // Trainer::to_full_layout, so it works with pipeline stages too.)
   (void)c;
@@ -64,8 +66,10 @@ Config resolve_runtime(const Config& in, int world) {
   reject_unbuilt_modes(c);
   const int gpus = cuda_device_count();
   if (c.run.job == JobKind::accounting) resolve_planned_device(c, gpus);
+  // The planner plans a GPU run on the cluster of plan.cluster, whatever this machine has.
+  if (c.run.job == JobKind::plan) c.parallel.device = DeviceChoice::cuda;
   if (c.parallel.device == DeviceChoice::automatic) c.parallel.device = gpus > 0 ? DeviceChoice::cuda : DeviceChoice::cpu;
-  if (c.parallel.device == DeviceChoice::cuda && gpus == 0 && c.run.job != JobKind::accounting)
+  if (c.parallel.device == DeviceChoice::cuda && gpus == 0 && !predicts_only(c.run.job))
     throw UsageError("parallel.device=cuda but no CUDA device is visible (or lmscale was built without CUDA); use parallel.device=cpu");
   if (c.parallel.backend == BackendChoice::automatic)
     c.parallel.backend = c.parallel.device == DeviceChoice::cuda ? BackendChoice::nccl : BackendChoice::mpi;
@@ -74,7 +78,7 @@ Config resolve_runtime(const Config& in, int world) {
   // (The interleaved schedule runs on nccl too: each communication point is one grouped exchange
   // issued in an order both neighbours agree on; parallel/interleaved_schedule.h.)
   if (c.parallel.dp == 0) c.parallel.dp = world / (c.parallel.tp * c.parallel.pp);
-  if (c.parallel.device == DeviceChoice::cpu && c.run.job != JobKind::accounting &&
+  if (c.parallel.device == DeviceChoice::cpu && !predicts_only(c.run.job) &&
       c.precision.mode != PrecisionMode::fp32)
     throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));
   // CPU attention takes fp32 (and fp64) only: refused here, not by an internal check mid-run.
@@ -91,6 +95,7 @@ Config resolve_runtime(const Config& in, int world) {
 Device process_device(const Config& resolved) {
   if (resolved.run.job == JobKind::accounting)
     return resolved.accounting.device == TargetDevice::automatic ? Device::cuda : Device::cpu;
+  if (resolved.run.job == JobKind::plan) return Device::cpu;   // the planner computes on the host
   return resolved.parallel.device == DeviceChoice::cuda ? Device::cuda : Device::cpu;
 }
 
@@ -115,6 +120,8 @@ int run_job(JobEnv& env) {
     case JobKind::bench_collectives: return run_bench_collectives(env);
     case JobKind::accounting: return run_accounting(env);
     case JobKind::prune: return with_oom_report(env, [&] { return run_prune(env); });
+    case JobKind::plan: return run_plan(env);
+    case JobKind::calibrate: return run_calibrate(env);
   }
   throw UsageError(fmt::format("run.job={} is not a job", env.cfg.run.job));
 }

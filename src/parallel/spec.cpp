@@ -57,6 +57,25 @@ CopyEngineWindow Spec::copy_engine_window() const {
   return CopyEngineWindow::none;
 }
 
+GradientTiming Spec::gradient_timing() const {
+  if (dp <= 1) return GradientTiming::none;
+  if (fsdp()) return GradientTiming::per_unit;
+  if (zero == ZeroLevel::zero2) return GradientTiming::during_backward;
+  if (zero == ZeroLevel::none && (ddp == DdpKind::overlap || ddp == DdpKind::bucketed))
+    return GradientTiming::during_backward;
+  return GradientTiming::after_backward;   // ddp none (flat), naive, flat; zero1, zero1-broadcast
+}
+
+CollectiveOp Spec::gradient_collective() const {
+  return fsdp() || gradient_shard() ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
+}
+
+double Spec::bubble_microbatches(int virtual_stages) const {
+  if (pp <= 1) return 0;
+  const int v = schedule == PipelineSchedule::interleaved ? std::max(1, virtual_stages) : 1;
+  return static_cast<double>(pp - 1) / v;
+}
+
 std::string Spec::data_parallel_name() const {
   if (zero != ZeroLevel::none) return to_string(zero);
   return "ddp " + (ddp == DdpKind::none ? std::string("flat") : to_string(ddp));

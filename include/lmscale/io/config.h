@@ -57,8 +57,12 @@ std::ostream& operator<<(std::ostream& os, E e) {
 }
 
 // run.job
-enum class JobKind { bench_model, bench_attention, bench_collectives, train, accounting, prune };
-LMSCALE_DECK_ENUM(JobKind, "bench-model", "bench-attention", "bench-collectives", "train", "accounting", "prune");
+enum class JobKind { bench_model, bench_attention, bench_collectives, train, accounting, prune, plan, calibrate };
+LMSCALE_DECK_ENUM(JobKind, "bench-model", "bench-attention", "bench-collectives", "train", "accounting", "prune", "plan",
+                  "calibrate");
+// Jobs that predict a run instead of running it (accounting, plan): they may describe a GPU run
+// from a CPU and build no world communicator.
+inline bool predicts_only(JobKind j) { return j == JobKind::accounting || j == JobKind::plan; }
 // model.attention, bench.impls
 enum class AttentionImpl { naive, flash };
 LMSCALE_DECK_ENUM(AttentionImpl, "naive", "flash");
@@ -138,6 +142,11 @@ LMSCALE_DECK_ENUM(PruneSchedule, "fixed", "loss-guided");
 // reads (jobs/predict/target_device.h); auto = the GPU this process sees, else the deck's device.
 enum class TargetDevice { automatic, h100_80gb, h200, cpu };
 LMSCALE_DECK_ENUM(TargetDevice, "auto", "h100-80gb", "h200", "cpu");
+// plan.cluster: a cluster description shipped with lmscale (docs/planner.md names each figure's
+// source); the [cluster] keys override single figures.
+enum class ClusterPreset { h100_nvlink_ib400, h200_nvlink_ib400 };
+LMSCALE_DECK_ENUM(ClusterPreset, "h100-nvlink-ib400", "h200-nvlink-ib400");
+
 
 #undef LMSCALE_DECK_ENUM
 
@@ -312,6 +321,39 @@ struct CostConfig {
   bool operator==(const CostConfig&) const = default;
 };
 
+// run.job = plan: predicted step time, memory and throughput of layouts of a deck on a cluster
+// (docs/planner.md).
+struct PlanConfig {
+  std::int64_t gpus = 0;          // GPUs of the planned run; 0 = parallel.dp x tp x pp (dp 0 counts as 1)
+  std::int64_t batch_size = 0;    // global batch in sequences; 0 = train.batch_size
+  ClusterPreset cluster = ClusterPreset::h200_nvlink_ib400;
+  std::string calibration;        // calibration file; empty = inputs/calibration/<h100|h200>.ini by plan.cluster
+  bool search = true;             // rank every layout of plan.gpus, not only the deck's
+  std::int64_t top = 10;          // layouts printed
+  std::int64_t sweep_max_gpus = 4096;   // predicted tokens/s per layout family at 1, 2, 4, ... GPUs; 0 = none
+
+  bool operator==(const PlanConfig&) const = default;
+};
+
+// [cluster]: single figures of the plan.cluster preset; 0 = the preset's value.
+struct ClusterConfig {
+  std::int64_t gpus_per_node = 0;
+  double bf16_tflops = 0, fp8_tflops = 0;   // dense peak per GPU
+  double hbm_gbs = 0;                       // HBM bandwidth per GPU, GB/s
+  double memory_gib = 0;                    // device memory per GPU as CUDA reports it
+  double intra_gbs = 0, intra_us = 0;       // intra-node (NVLink) bus bandwidth per GPU and latency per step
+  double inter_gbs = 0, inter_us = 0;       // inter-node (network) bandwidth per GPU and latency per step
+
+  bool operator==(const ClusterConfig&) const = default;
+};
+
+// run.job = calibrate: measures this machine for the planner (docs/planner.md, "Calibration").
+struct CalibrateConfig {
+  std::string output = "outputs/calibration.ini";   // the calibration file written
+
+  bool operator==(const CalibrateConfig&) const = default;
+};
+
 // run.job = prune: iterative global magnitude pruning of a weights file (docs/recipes.md "Pruning").
 struct PruneConfig {
   std::string weights;                  // weights file to prune (train.save)
@@ -339,6 +381,9 @@ struct Config {
   AccountingConfig accounting;
   CostConfig cost;
   PruneConfig prune;
+  PlanConfig plan;
+  ClusterConfig cluster;
+  CalibrateConfig calibrate;
 
   // Provenance, written to the HDF5 root attributes.
   std::string deck_path;      // "" when no deck file was given

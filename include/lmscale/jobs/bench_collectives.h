@@ -24,6 +24,13 @@ namespace lmscale::jobs {
 
 int run_bench_collectives(JobEnv& env);
 
+// Seconds per call of `op` over `c` on this rank, timed as the sweep times each size (bench.warmup
+// calls, a barrier, `steps` calls back to back; CUDA events on the compute stream when
+// `on_device`); buffers of `bytes` (fp32 elements) at send and recv. The calibrate job's
+// collective measurements (jobs/plan/calibrate_job.h).
+double time_collective(comm::Communicator& c, ops::Runtime& rt, bool on_device, CollectiveOp op, void* send, void* recv,
+                       std::size_t bytes, std::int64_t warmup, std::int64_t steps);
+
 // nccl-tests' bus-bandwidth factor of `op` ("all-reduce", ...) on `ranks` ranks.
 double busbw_factor(CollectiveOp op, int ranks);
 // min, min*factor, min*factor^2, ... while <= max (UsageError for min < 1, max < min, factor < 2).

@@ -34,6 +34,14 @@ enum class ReduceStaging { none, flat, per_param, buckets };
 // this rank's part of every bucket (parallel/copy_engine_all_reduce.h).
 enum class CopyEngineWindow { none, shard_slots, bucket_parts };
 
+// When a strategy's gradient collectives run relative to the backward (the planner's overlap rule,
+// docs/planner.md): none (one data-parallel rank); after the backward, on the critical path (DDP
+// naive and flat, zero1, zero1-broadcast); during the backward of the last micro-batch, bucket by
+// bucket as gradients become final (DDP overlap and bucketed, zero2); per unit (fsdp: each unit's
+// reduce-scatter beside the next unit's backward, its all-gathers beside the previous unit's
+// compute, in every micro-batch).
+enum class GradientTiming { none, after_backward, during_backward, per_unit };
+
 struct Spec {
   int dp = 1, tp = 1, pp = 1;
   ZeroLevel zero = ZeroLevel::none;
@@ -65,6 +73,16 @@ struct Spec {
   // zero2: each gradient bucket is reduce-scattered as soon as the backward fills it.
   bool bucket_reduce_scatter() const { return dp > 1 && zero == ZeroLevel::zero2; }
   ReduceStaging reduce_staging() const;
+  // Predictor hooks of the step-time model (jobs/plan/step_model.h): when the gradient collectives
+  // run, which collective reduces the gradients (all-reduce, or reduce-scatter into the owners'
+  // shards), and whether the updated 16-bit working copy is all-gathered after the step (zero1,
+  // zero2; zero1-broadcast broadcasts each owner's range instead).
+  GradientTiming gradient_timing() const;
+  CollectiveOp gradient_collective() const;
+  bool gathers_parameters_after_step() const { return gradient_shard(); }
+  // Pipeline bubble in micro-batch times (fill and drain of GPipe and 1F1B: pp - 1; interleaved
+  // over v chunks per rank: (pp - 1) / v); 0 without stages.
+  double bubble_microbatches(int virtual_stages) const;
   CopyEngineWindow copy_engine_window() const;
   // The data-parallel choice as printed: "zero2", "fsdp", "ddp bucketed", "ddp flat".
   std::string data_parallel_name() const;

@@ -1,0 +1,129 @@
+// The planner (jobs/plan/): the alpha-beta collective model and its fit, the calibration file,
+// pinned step predictions of measured decks with the shipped H200 calibration (docs/planner.md,
+// "Validation"), and the layout search's ranking (a layout that does not fit comes last).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "lmscale/core/error.h"
+#include "lmscale/jobs/plan/calibration.h"
+#include "lmscale/jobs/plan/cluster.h"
+#include "lmscale/jobs/plan/collective_model.h"
+#include "lmscale/jobs/plan/layout_search.h"
+#include "lmscale/jobs/plan/step_model.h"
+
+using namespace lmscale;
+using namespace lmscale::jobs::plan;
+
+namespace {
+
+std::string repo_file(const std::string& rel) {
+  return (std::filesystem::path(LMSCALE_SOURCE_DIR) / rel).string();
+}
+
+Calibration h200() { return read_calibration(repo_file("inputs/calibration/h200.ini")); }
+
+Config xl(std::int64_t dp) {
+  Config c;
+  c.model.size = "xl";
+  c.model.vocab_size = 10000;
+  c.model.d_model = 1600;
+  c.model.d_ff = 6400;
+  c.model.num_layers = 48;
+  c.model.num_heads = 25;
+  c.model.context_length = 512;
+  c.model.attention = AttentionImpl::flash;
+  c.precision.mode = PrecisionMode::bf16;
+  c.parallel.dp = dp;
+  return c;
+}
+
+}  // namespace
+
+TEST(CollectiveModel, RingAndTreeFormulas) {
+  const Link l{10e-6, 100e9};
+  // Ring all-reduce over 4 ranks: 6 steps, 2 x 3/4 of the buffer.
+  EXPECT_NEAR(ring_time(CollectiveOp::all_reduce, 4, 1e9, l), 6 * 10e-6 + 1.5 * 1e9 / 100e9, 1e-12);
+  EXPECT_NEAR(ring_time(CollectiveOp::all_gather, 4, 1e9, l), 3 * 10e-6 + 0.75 * 1e9 / 100e9, 1e-12);
+  EXPECT_EQ(ring_time(CollectiveOp::all_reduce, 1, 1e9, l), 0);
+  EXPECT_NEAR(tree_all_reduce_time(1024, 1e3, l), 2 * 10 * 10e-6 + 2 * 1e3 / 100e9, 1e-12);
+  // Small messages over many ranks take the tree; large ones over few ranks the ring.
+  Cluster c = cluster_preset(ClusterPreset::h100_nvlink_ib400);
+  EXPECT_EQ(collective_time(CollectiveOp::all_reduce, 1e3, {1024, 8}, c).algorithm, "tree");
+  EXPECT_EQ(collective_time(CollectiveOp::all_reduce, 1e10, {16, 8}, c).algorithm, "ring");
+  EXPECT_TRUE(collective_time(CollectiveOp::all_reduce, 1e10, {16, 8}, c).inter_node);
+  EXPECT_FALSE(collective_time(CollectiveOp::all_reduce, 1e10, {8, 8}, c).inter_node);
+}
+
+TEST(CollectiveModel, FitRecoversAlphaBeta) {
+  const Link truth{7e-6, 250e9};
+  std::vector<std::pair<double, double>> pts;
+  for (double s = 1 << 10; s <= (1 << 30); s *= 8) pts.emplace_back(s, ring_time(CollectiveOp::all_reduce, 2, s, truth));
+  const Link fit = fit_ring_link(CollectiveOp::all_reduce, 2, pts);
+  EXPECT_NEAR(fit.alpha_s, truth.alpha_s, 1e-9);
+  EXPECT_NEAR(fit.bus_bytes_per_s / truth.bus_bytes_per_s, 1.0, 1e-6);
+  EXPECT_THROW(fit_ring_link(CollectiveOp::all_reduce, 2, {{1e6, 1e-3}}), UsageError);
+}
+
+TEST(Calibration, RoundTripAndErrors) {
+  const Calibration c = h200();
+  EXPECT_EQ(c.device, "NVIDIA H200");
+  EXPECT_EQ(parse_calibration(calibration_text(c), "text"), c);
+  // Interpolation in log(FLOPs), the last rate above, sqrt(work) below the first point.
+  EXPECT_NEAR(c.gemm.rate(1.0486e10), 484e12, 1e6);
+  EXPECT_NEAR(c.gemm.rate(1e13), 841e12, 1e6);
+  EXPECT_NEAR(c.gemm.rate(1.0486e10 / 4), 242e12, 1e6);
+  EXPECT_THROW(parse_calibration("[gemm]\npoints = 1e9:100\n", "x.ini"), UsageError);   // keys missing
+  try {
+    parse_calibration("[device]\npeak_tflops = fast\n", "x.ini");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.ini:2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_calibration("[gemm]\nunknown = 1\n", "x.ini"), UsageError);
+}
+
+// Pinned predictions (docs/planner.md, "Validation": measured 67.3, 70.5 and 79.2 ms on 2 H200).
+TEST(StepModel, PinnedPredictions) {
+  const Calibration cal = h200();
+  Config one = xl(1);
+  const Cluster c = resolve_cluster(one, cal);
+  const StepPrediction p1 = predict_step(one, 4, 1, c, cal);
+  EXPECT_NEAR(p1.step_s * 1e3, 70.54, 0.05);
+  EXPECT_NEAR(p1.optimizer_s * 1e3, 17.42, 0.05);
+  Config z2 = xl(2);
+  z2.parallel.zero = ZeroLevel::zero2;
+  z2.parallel.ddp = DdpKind::bucketed;
+  z2.parallel.grad_exchange = GradExchange::copy_engine;
+  EXPECT_NEAR(predict_step(z2, 8, 2, c, cal).step_s * 1e3, 72.70, 0.05);
+  Config fsdp = xl(2);
+  fsdp.parallel.zero = ZeroLevel::fsdp;
+  const StepPrediction pf = predict_step(fsdp, 8, 2, c, cal);
+  EXPECT_NEAR(pf.step_s * 1e3, 78.31, 0.05);
+  EXPECT_GT(pf.overlapped_comm_s, 0);
+  // Inter-node data parallelism costs more than intra-node at the same degree.
+  Config wide = xl(16);
+  wide.parallel.zero = ZeroLevel::fsdp;
+  EXPECT_GT(predict_step(wide, 64, 16, c, cal).exposed_comm_s + predict_step(wide, 64, 16, c, cal).contention_s,
+            pf.exposed_comm_s + pf.contention_s);
+}
+
+TEST(LayoutSearch, ANonFittingLayoutRanksLast) {
+  const Calibration cal = h200();
+  Config deck = xl(0);
+  Cluster c = resolve_cluster(deck, cal);
+  c.memory_bytes = 30.0 * (1u << 30);   // a 30 GiB card: xl without sharding does not fit
+  auto layouts = search_layouts(deck, 8, 2, c, cal, SearchSpace{false, false, false, 2});
+  ASSERT_GT(layouts.size(), 3u);
+  rank_layouts(layouts);
+  bool seen_unfit = false;
+  for (const auto& k : layouts) {
+    if (!k.fits) seen_unfit = true;
+    EXPECT_FALSE(seen_unfit && k.fits) << "a fitting layout after one that does not fit: " << k.layout;
+  }
+  EXPECT_TRUE(seen_unfit);
+  EXPECT_TRUE(layouts.front().fits);
+  for (std::size_t i = 1; i < layouts.size() && layouts[i].fits; ++i)
+    EXPECT_GE(layouts[i - 1].step.tokens_per_s_per_gpu, layouts[i].step.tokens_per_s_per_gpu);
+}
