@@ -325,3 +325,33 @@ TEST(Accounting, PlannedDeviceIsTheDecksNotThisMachines) {
     EXPECT_THROW(jobs::resolve_runtime(c, 1), UsageError);
   }
 }
+
+// The moe-1b preset (8 experts, top-2, d 1024, 12 layers, expert d_ff 2816, vocab 10000), batch
+// 8 x 1024 per rank on ep = dp = 2: parameters counted by hand.
+TEST(AccountingMoe, Moe1bPresetByHand) {
+  Config c;
+  c.run.job = JobKind::train;
+  c.model.vocab_size = 10000;
+  c.model.d_model = 1024;
+  c.model.d_ff = 2816;
+  c.model.num_layers = 12;
+  c.model.num_heads = 16;
+  c.model.context_length = 1024;
+  c.model.moe_experts = 8;
+  c.model.moe_top_k = 2;
+  c.model.moe_expert_dff = 2816;
+  c.parallel.ep = 2;
+  c.parallel.dp = 2;
+  c.train.batch_size = 16;
+  const jobs::MoeAccounting a = jobs::account_moe(c, 2);
+  const std::int64_t d = 1024, V = 10000, L = 12, E = 8, Fe = 2816;
+  const std::int64_t experts = L * E * 3 * d * Fe;
+  EXPECT_EQ(a.expert_parameters, experts);
+  EXPECT_EQ(a.total_parameters, 2 * V * d + L * (4 * d * d + 2 * d + E * d) + experts + d);
+  EXPECT_EQ(a.total_parameters - a.active_parameters, L * (E - 2) * 3 * d * Fe);
+  EXPECT_DOUBLE_EQ(a.expert_state_bytes_per_rank, 16.0 * static_cast<double>(experts) / 2);
+  // 4 all-to-alls x 12 blocks x (8 x 1024 tokens x 2) rows x 1/2 remote x 1024 x 4 bytes.
+  EXPECT_DOUBLE_EQ(a.all_to_all_bytes_per_step, 4.0 * 12 * 16384 * 0.5 * 1024 * 4);
+  c.train.activation_checkpointing = Checkpointing::every_k;   // the recompute's two more
+  EXPECT_DOUBLE_EQ(jobs::account_moe(c, 2).all_to_all_bytes_per_step, 6.0 * 12 * 16384 * 0.5 * 1024 * 4);
+}

@@ -81,6 +81,11 @@ void check_moe(const Config& c, int world_size) {
     fail("parallel.ep = {} does not divide parallel.dp = {}: expert parallelism runs inside the data-parallel group; "
          "choose parallel.ep dividing {} (or launch more ranks)",
          p.ep, dp, dp);
+  if (p.ep > 1 && c.run.job != JobKind::accounting)
+    fail("parallel.ep = {}: expert parallelism is not built in this version (the model's all-to-all interface is, the "
+         "trainer does not wire it yet); set parallel.ep = 1 (the experts are then data-parallel like every other "
+         "parameter), or use run.job = accounting to predict an expert-parallel run",
+         p.ep);
 }
 
 }  // namespace lmscale::io::detail
