@@ -310,6 +310,13 @@ std::vector<DeckKey> build_table() {
                "(docs/parallel.md)."),
       enum_key("parallel.zero", LMSCALE_FIELD(parallel.zero),
                "Sharding of optimizer state, gradients and parameters over the dp ranks."),
+      enum_key("parallel.offload", LMSCALE_FIELD(parallel.offload),
+               "optimizer: the AdamW moments m, v of what the rank owns (everything for one process, its shard for "
+               "zero1/zero2) live in host memory and a multithreaded, vectorised AdamW updates them on the host "
+               "after each backward (parameters and gradients copied to the host, the parameters and the working "
+               "copy back); the fp32 master stays on the device in this version. The same results as none, bit for "
+               "bit. optim.name = adamw; one process, zero1 or zero2; not yet with ddp, fsdp, tp or pp "
+               "(docs/parallel.md)."),
       int_key("parallel.timeout_s", LMSCALE_FIELD(parallel.timeout_s), 0,
               "train and bench-model: when a step, evaluation or checkpoint has not finished after this many "
               "seconds, or a communicator reports an asynchronous error (NCCL), the ranks' watchdogs compare notes "

@@ -348,6 +348,32 @@ void check_pipeline(const Config& c) {
          "train.grad_accum = 1 and raise parallel.microbatches", c.train.grad_accum, p.pp);
 }
 
+// parallel.offload = optimizer: what is built (docs/parallel.md, "CPU offload").
+void check_offload(const Config& c, std::int64_t dp) {
+  const auto& p = c.parallel;
+  if (p.offload == OffloadMode::none) return;
+  if (c.optim.name != OptimizerName::adamw)
+    fail("parallel.offload = {} runs AdamW on the host; optim.name = {} has no host version; set optim.name = adamw "
+         "or parallel.offload = none",
+         p.offload, c.optim.name);
+  if (p.zero == ZeroLevel::zero1_broadcast)
+    fail("parallel.offload = {} is not built yet with parallel.zero = {}; use parallel.zero = zero1 or zero2, or "
+         "parallel.offload = none",
+         p.offload, p.zero);
+  if (p.zero == ZeroLevel::none && dp > 1)
+    fail("parallel.offload = {} is not built yet for DDP (parallel.zero = none with parallel.dp = {}); use "
+         "parallel.zero = zero1 or zero2, or parallel.offload = none",
+         p.offload, dp);
+  if (p.tp > 1 || p.pp > 1)
+    fail("parallel.offload = {} is not built yet with tensor or pipeline parallelism (parallel.tp = {}, parallel.pp = "
+         "{}); set parallel.tp = parallel.pp = 1 or parallel.offload = none",
+         p.offload, p.tp, p.pp);
+  if (p.overlap_optimizer || p.overlap_param_gather)
+    fail("parallel.offload = {} steps on the host after the backward; parallel.overlap_optimizer and "
+         "parallel.overlap_param_gather are not built with it; set both to false or parallel.offload = none",
+         p.offload);
+}
+
 // Parallel layout against the model, the batch and the world size. Batch checks come before the
 // world-size check so that a deck is judged on its own first.
 void check_layout(const Config& c, int world_size) {
@@ -404,6 +430,10 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
          m.num_layers);
   check_pipeline(c);
+  if (p.offload != OffloadMode::none && c.run.job == JobKind::accounting)
+    fail("parallel.offload = {} is not predicted yet: the accounting and the memory model count the optimizer state "
+         "on the device, so run.job = accounting would report wrong memory; use parallel.offload = none",
+         p.offload);
   if (!runs_model(c)) return;
 
   const std::int64_t dp = detail::resolved_dp(c, world_size);
@@ -424,6 +454,7 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.dp * parallel.tp * parallel.pp = {} * {} * {} = {} but the MPI world size is {}; set parallel.dp = 0 "
          "(auto) or launch {} ranks",
          dp, p.tp, p.pp, dp * p.tp * p.pp, world_size, dp * p.tp * p.pp);
+  check_offload(c, dp);
 }
 
 }  // namespace

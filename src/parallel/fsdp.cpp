@@ -21,6 +21,7 @@ FsdpOptions FsdpOptions::from(const ParallelConfig& p) {
   FsdpOptions o;
   o.prefetch = static_cast<int>(p.fsdp_prefetch);
   o.reshard_after_forward = p.reshard_after_forward;
+  o.offload_optimizer = p.offload == OffloadMode::optimizer;
   return o;
 }
 
@@ -149,14 +150,22 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
     u.shard_offset = S;
     S += u.shard;
   }
-  master_ = Tensor::empty({S}, master, A, "parameters");
+  if (opt.offload_optimizer) {
+    LMSCALE_CHECK(master == DType::f32, "parallel.offload: fp32 master weights only");
+    std::vector<OffloadedShards::Range> ranges;
+    for (const auto& u : units_) ranges.push_back({u.shard_offset, u.shard});
+    offloaded_ = std::make_unique<OffloadedShards>(rt, S, std::move(ranges), compute_, cfg, opt.offload_threads);
+    master_ = offloaded_->master();   // host, zeros
+  } else {
+    master_ = Tensor::empty({S}, master, A, "parameters");
+    ops::fill(ctx, master_, 0.0);
+  }
   grad_shard_ = Tensor::empty({S}, master, A, "gradient_shard");
   norm_master_ = Tensor::empty({norms}, master, A, "parameters");
   norm_grads_ = Tensor::empty({norms}, master, A, "gradients");
 
   // Initial values: each rank computes its own pieces from (seed, name, full element index), also
-  // when a piece is a range of a tensor-parallel slice; padding is 0.
-  ops::fill(ctx, master_, 0.0);
+  // when a piece is a range of a tensor-parallel slice; padding is 0 (filled above).
   for (const auto& u : units_)
     for_each_piece(u, [&](int i, std::int64_t begin, std::int64_t n, std::int64_t at) {
       model::fill_slice_initial_values(infos[static_cast<std::size_t>(i)], seed, begin, begin + n,
@@ -175,7 +184,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
   for (std::size_t i = 0; i < infos.size(); ++i)
     if (unit_of_[i] < 0) norm_segments.push_back({local_[i], infos[i].numel, static_cast<int>(i), false});
   const int P = static_cast<int>(infos.size());
-  optimizer_ = optim::make_optimizer(cfg, S, master, ctx, P, std::move(shard_segments));
+  if (!offloaded_) optimizer_ = optim::make_optimizer(cfg, S, master, ctx, P, std::move(shard_segments));
   norm_optimizer_ = optim::make_optimizer(cfg, norms, master, ctx, P, std::move(norm_segments));
 
   gathered_.resize(units_.size());
@@ -206,8 +215,8 @@ void FullyShardedDataParallel::issue_gather(int u) {
   if (unit.numel == 0) return;
   Gathered& g = gathered_[static_cast<std::size_t>(u)];
   Allocator& A = *rt_.ctx().allocator;
-  Tensor shard = master_.flat_range(unit.shard_offset, unit.shard);
-  if (compute_ != master_.dtype()) {   // mixed precision: the low-precision copy travels (half the bytes)
+  Tensor shard = offloaded_ ? offloaded_->device_shard(rt_.ctx(), u) : master_.flat_range(unit.shard_offset, unit.shard);
+  if (!offloaded_ && compute_ != master_.dtype()) {   // mixed precision: the low-precision copy travels (half the bytes)
     g.send = Tensor::empty({unit.shard}, compute_, A, "fsdp_cast");
     ops::cast(rt_.ctx(), shard, g.send);
     shard = g.send;
@@ -357,6 +366,11 @@ double FullyShardedDataParallel::grad_sum_squares_in(Context& ctx,
 
 void FullyShardedDataParallel::step(Context& ctx, double lr, double grad_scale) {
   NvtxRange r("fsdp_step");
+  if (offloaded_) {   // AdamW only (no layer-wise norms): the host takes the shards from here
+    offloaded_->start_step(ctx, grad_shard_, lr, grad_scale);
+    norm_optimizer_->step(ctx, norm_master_, norm_grads_, nullptr, lr, grad_scale);
+    return;
+  }
   optimizer_->begin_step();
   if (optimizer_->layerwise()) {
     // Per-parameter partial sums over this rank's pieces, summed over the ranks: norms of the
@@ -373,18 +387,36 @@ void FullyShardedDataParallel::step(Context& ctx, double lr, double grad_scale) 
 }
 
 std::size_t FullyShardedDataParallel::state_bytes() const {
-  return optimizer_->state_bytes() + norm_optimizer_->state_bytes();
+  return shard_optimizer().state_bytes() + norm_optimizer_->state_bytes();
 }
 
-std::int64_t FullyShardedDataParallel::steps() const { return optimizer_->steps(); }
+std::int64_t FullyShardedDataParallel::steps() const { return shard_optimizer().steps(); }
+
+optim::Optimizer& FullyShardedDataParallel::shard_optimizer() {
+  return offloaded_ ? static_cast<optim::Optimizer&>(offloaded_->optimizer()) : *optimizer_;
+}
+const optim::Optimizer& FullyShardedDataParallel::shard_optimizer() const {
+  return offloaded_ ? static_cast<const optim::Optimizer&>(offloaded_->optimizer()) : *optimizer_;
+}
+
+void FullyShardedDataParallel::settle_offload() {
+  if (offloaded_) offloaded_->settle();
+}
 
 std::vector<float> FullyShardedDataParallel::full_parameters(Context& ctx) {
   LMSCALE_CHECK(store_.master_dtype() == DType::f32, "full_parameters: fp32 master weights only");
   const auto& infos = store_.infos();
+  settle_offload();
   std::vector<float> out(static_cast<std::size_t>(store_.numel()));
   for (const auto& unit : units_) {
     Tensor full = Tensor::empty({unit.shard * comm_.size()}, master_.dtype(), *ctx.allocator, "fsdp_gathered");
-    comm_.all_gather(master_.flat_range(unit.shard_offset, unit.shard), full).wait();
+    Tensor shard = master_.flat_range(unit.shard_offset, unit.shard);
+    if (shard.device() != ctx.device) {   // an offloaded master: the collective reads device memory
+      Tensor on_device = Tensor::empty({unit.shard}, master_.dtype(), *ctx.allocator, "fsdp_gathered");
+      ops::copy(ctx, shard, on_device);
+      shard = on_device;
+    }
+    comm_.all_gather(shard, full).wait();
     for (std::size_t k = 0; k < unit.params.size(); ++k) {
       const auto& p = infos[static_cast<std::size_t>(unit.params[k])];
       Tensor dst = Tensor::view(out.data() + p.offset, {p.numel}, DType::f32, Device::cpu);
@@ -402,6 +434,8 @@ std::vector<float> FullyShardedDataParallel::full_parameters(Context& ctx) {
 void FullyShardedDataParallel::set_parameters(Context& ctx, const std::vector<float>& full) {
   LMSCALE_CHECK(static_cast<std::int64_t>(full.size()) == store_.numel(), "set_parameters: {} values for {}",
                 full.size(), store_.numel());
+  settle_offload();
+  if (offloaded_) offloaded_->mark_master_changed();
   const auto& infos = store_.infos();
   auto host = [&](std::int64_t at, std::int64_t n) {
     return Tensor::view(const_cast<float*>(full.data()) + at, {n}, DType::f32, Device::cpu);
@@ -419,7 +453,11 @@ void FullyShardedDataParallel::set_parameters(Context& ctx, const std::vector<fl
 }
 
 StateLayout FullyShardedDataParallel::state_layout() {
+  // The views reach the offloaded master and moments: no step may be in flight. A load through
+  // them is followed by set_steps(), which rebuilds the device copy from the master.
+  settle_offload();
   StateLayout out;
+  optim::Optimizer& shard_opt = shard_optimizer();
   const auto& infos = store_.infos();
   const model::TensorSplit& tp = store_.tensor_split();
   // Sharded parameters: each rank's pieces are disjoint by construction (padding holds no
@@ -430,8 +468,8 @@ StateLayout FullyShardedDataParallel::state_layout() {
     for_each_piece(u, [&](int i, std::int64_t begin, std::int64_t n, std::int64_t at) {
       const std::int64_t o = u.shard_offset + at;
       const auto& p = infos[static_cast<std::size_t>(i)];
-      const Tensor master = master_.flat_range(o, n), m = state_view(*optimizer_, 0, o, n),
-                   v = state_view(*optimizer_, 1, o, n);
+      const Tensor master = master_.flat_range(o, n), m = state_view(shard_opt, 0, o, n),
+                   v = state_view(shard_opt, 1, o, n);
       append_full_pieces(out.save, p, store_.global_index(i), begin, begin + n, master, m, v);
       append_full_pieces(out.load, p, store_.global_index(i), begin, begin + n, master, m, v);
     });
@@ -453,7 +491,9 @@ StateLayout FullyShardedDataParallel::state_layout() {
 }
 
 void FullyShardedDataParallel::set_steps(std::int64_t t) {
-  optimizer_->set_steps(t);
+  settle_offload();
+  if (offloaded_) offloaded_->mark_master_changed();   // a checkpoint load wrote the master (state_layout)
+  shard_optimizer().set_steps(t);
   norm_optimizer_->set_steps(t);
 }
 

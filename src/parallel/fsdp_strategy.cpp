@@ -1,6 +1,7 @@
 #include "lmscale/parallel/fsdp_strategy.h"
 
 #include "lmscale/core/error.h"
+#include "lmscale/optim/host_adamw.h"
 #include "lmscale/parallel/tensor_parallel.h"
 
 namespace lmscale::parallel {
@@ -9,9 +10,12 @@ FsdpStrategy::FsdpStrategy(const StrategyParts& parts) : Strategy(parts) {
   Context& ctx = parts.rt.ctx();
   LMSCALE_CHECK(parts.dp && parts.dp_host, "data parallelism needs the world communicators");
   if (parts.dp->device() == Device::cuda) parts.dp->set_compute_stream(ctx.stream);
-  fsdp_ = std::make_unique<FullyShardedDataParallel>(store_, *parts.dp, *parts.dp_host, parts.cfg.optim,
-                                                     FsdpOptions::from(parts.cfg.parallel), parts.cfg.run.seed,
-                                                     parts.rt);
+  FsdpOptions opt = FsdpOptions::from(parts.cfg.parallel);
+  // parallel.offload = optimizer: the host threads are split over the dp ranks, assumed to share
+  // one host (docs/parallel.md, "CPU offload").
+  opt.offload_threads = optim::host_adamw_threads(spec_.dp);
+  fsdp_ = std::make_unique<FullyShardedDataParallel>(store_, *parts.dp, *parts.dp_host, parts.cfg.optim, opt,
+                                                     parts.cfg.run.seed, parts.rt);
   if (tp_) {
     // FSDP over the dp axis of a dp x tp mesh: the shards' norm sums are summed over dp by FSDP,
     // then over the tp slices here.

@@ -6,6 +6,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/grad_clip.h"
+#include "lmscale/optim/host_adamw.h"
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/optimizer_segments.h"
 #include "lmscale/parallel/tensor_parallel.h"
@@ -28,8 +29,15 @@ ReplicatedStrategy::ReplicatedStrategy(const StrategyParts& parts)
     sync_ = std::make_unique<GradientSync>();
     lazy_ = std::make_unique<LazyGradients>(store_, kOneProcessBucketBytes, *ctx.allocator);
   }
-  optimizer_ = optim::make_optimizer(parts.cfg.optim, store_.numel(), store_.master_dtype(), ctx, store_.size(),
-                                     param_segments(store_.infos(), 0, store_.numel()));
+  if (spec_.offload == OffloadMode::optimizer) {
+    // One process (the deck refuses DDP with offload): m, v and the update on the host.
+    LMSCALE_CHECK(spec_.dp == 1 && parts.cfg.optim.name == OptimizerName::adamw,
+                  "parallel.offload = optimizer: one process with adamw only (deck checks)");
+    optimizer_ = std::make_unique<optim::HostAdamW>(parts.cfg.optim, store_.numel(), ctx, optim::host_adamw_threads(1));
+  } else {
+    optimizer_ = optim::make_optimizer(parts.cfg.optim, store_.numel(), store_.master_dtype(), ctx, store_.size(),
+                                       param_segments(store_.infos(), 0, store_.numel()));
+  }
   overlap_ = pc.overlap_optimizer && ctx.device == Device::cuda && !tp_ && !parts.pipeline;
   segments_ = unit_segments(store_.infos(), parts.layers,
                             lazy_ ? lazy_->buckets() : gradient_buckets(store_.infos(), kOneProcessBucketBytes, 4));

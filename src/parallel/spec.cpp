@@ -17,6 +17,7 @@ Spec Spec::resolve(const ParallelConfig& pc, int world) {
   s.grad_exchange = pc.grad_exchange;
   s.grad_reduce_dtype = pc.grad_reduce_dtype;
   s.sequence_parallel = pc.sequence_parallel;
+  s.offload = pc.offload;
   s.schedule = pc.schedule;
   return s;
 }

@@ -8,6 +8,7 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/grad_clip.h"
+#include "lmscale/optim/host_adamw.h"
 #include "lmscale/parallel/bucket_reducer.h"
 #include "lmscale/parallel/rank_order_sum.h"
 #include "lmscale/parallel/reductions_in_flight.h"
@@ -297,7 +298,8 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
     if (a < b) mine.push_back({a - s.begin, b - a, seg.param, seg.layerwise});
   }
   if (g.segments.empty() && s.size > 0) mine.push_back({0, s.size, 0, true});
-  s.opt = optim::make_optimizer(cfg_, s.size, g.params.dtype(), ctx, std::max(g.num_params, 1), std::move(mine));
+  if (offload_threads_ > 0) s.opt = std::make_unique<optim::HostAdamW>(cfg_, s.size, ctx, offload_threads_);
+  else s.opt = optim::make_optimizer(cfg_, s.size, g.params.dtype(), ctx, std::max(g.num_params, 1), std::move(mine));
   // Each rank's share of the master ranges the forward reads (gathered after each step with the copy).
   s.read_counts.assign(static_cast<std::size_t>(grads_.size()), 0);
   std::int64_t lo = 0;

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "lmscale/core/error.h"
+#include "lmscale/optim/host_adamw.h"
 #include "lmscale/parallel/optimizer_segments.h"
 #include "lmscale/parallel/tensor_parallel.h"
 
@@ -15,6 +16,9 @@ ZeroStrategy::ZeroStrategy(const StrategyParts& parts) : Strategy(parts), waits_
   LMSCALE_CHECK(parts.dp && parts.dp_host, "data parallelism needs the world communicators");
   if (parts.dp->device() == Device::cuda) parts.dp->set_compute_stream(ctx.stream);
   zero_ = std::make_unique<ZeroOptimizer>(zero_mode_of(pc.zero), *parts.dp, *parts.dp_host, parts.cfg.optim);
+  // parallel.offload = optimizer: each rank's shard state on the host; the host threads are split
+  // over the dp ranks, assumed to share one host (docs/parallel.md).
+  if (spec_.offload == OffloadMode::optimizer) zero_->offload_optimizer(optim::host_adamw_threads(spec_.dp));
   zero_->add_group({store_.flat_params(), store_.has_flat_grads() ? store_.flat_grads() : Tensor(),
                     store_.has_lowp() ? &store_.flat_lowp() : nullptr, param_segments(store_.infos(), 0, store_.numel()),
                     store_.size(), store_.master_read_ranges()},

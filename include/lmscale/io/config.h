@@ -89,6 +89,9 @@ LMSCALE_DECK_ENUM(GradExchange, "nccl", "copy-engine");
 // parallel.zero: what is sharded over the data-parallel ranks.
 enum class ZeroLevel { none, zero1_broadcast, zero1, zero2, fsdp };
 LMSCALE_DECK_ENUM(ZeroLevel, "none", "zero1-broadcast", "zero1", "zero2", "fsdp");
+// parallel.offload: what lives in host memory instead of the device (docs/parallel.md).
+enum class OffloadMode { none, optimizer };
+LMSCALE_DECK_ENUM(OffloadMode, "none", "optimizer");
 // parallel.schedule: the pipeline schedule.
 enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
 LMSCALE_DECK_ENUM(PipelineSchedule, "gpipe", "1f1b", "interleaved");
@@ -199,6 +202,7 @@ struct ParallelConfig {
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::fp32;  // element type of the gradient collectives
   GradExchange grad_exchange = GradExchange::nccl;  // how zero2's and bucketed DDP's gradient buckets are reduced
   ZeroLevel zero = ZeroLevel::none;
+  OffloadMode offload = OffloadMode::none;  // optimizer: fp32 master, m, v of the rank's range in host memory, AdamW on the host
   std::int64_t fsdp_prefetch = 1;       // fsdp: units gathered ahead of the one computing
   bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
   std::int64_t microbatches = 1;

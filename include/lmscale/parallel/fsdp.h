@@ -24,6 +24,10 @@
 // The model reaches the gathered weights and the full-size gradient buffers through the
 // ParameterStore's providers (a store with Buffers::none).
 //
+// With parallel.offload = optimizer the fp32 master and the AdamW state of the shards live in host
+// memory and step() hands the update to a host worker (parallel/offloaded_shards.h); the gathers
+// then send the device's compute-dtype copy of the shard, each waiting for its unit's update.
+//
 // Per unit, the time the compute waited for a gather (forward and backward) is measured: the
 // answer to "does the next layer's all-gather finish in time for its forward?".
 //
@@ -43,6 +47,7 @@
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/optim/optimizer.h"
+#include "lmscale/parallel/offloaded_shards.h"
 #include "lmscale/parallel/sharded_optimizer.h"
 #include "lmscale/parallel/state_layout.h"
 
@@ -51,6 +56,10 @@ namespace lmscale::parallel {
 struct FsdpOptions {
   int prefetch = 1;                    // units gathered ahead of the one computing
   bool reshard_after_forward = true;   // false: keep each unit's weights from its forward to its backward
+  // parallel.offload = optimizer: master weights and AdamW state of the shards on the host,
+  // updated there by `offload_threads` threads (parallel/offloaded_shards.h).
+  bool offload_optimizer = false;
+  int offload_threads = 1;
   static FsdpOptions from(const ParallelConfig& p);
 };
 
@@ -129,6 +138,11 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   void complete_reductions(std::size_t keep_in_flight);
   Tensor weight(int param);
   Tensor grad(int param);
+  // The optimizer over the shards: on the device, or the offloaded one's host AdamW.
+  optim::Optimizer& shard_optimizer();
+  const optim::Optimizer& shard_optimizer() const;
+  // Waits for an offloaded step in flight (before the host master or moments are read or written).
+  void settle_offload();
   void collect_waits();
 
   model::ParameterStore& store_;
@@ -140,7 +154,8 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   std::vector<Unit> units_;
   std::vector<int> unit_of_;          // per parameter; -1 for norms
   std::vector<std::int64_t> local_;   // per parameter: offset in its unit's region, or in the norm buffer
-  Tensor master_, grad_shard_;          // this rank's shards [S]
+  Tensor master_, grad_shard_;          // this rank's shards [S] (master_ on the host when offloaded)
+  std::unique_ptr<OffloadedShards> offloaded_;   // parallel.offload = optimizer
   Tensor norm_master_, norm_grads_;     // replicated norm weights [Nn]
   // optim.name over the shards (segments: the parameter pieces, padding in none) and over the
   // replicated norms (excluded from layer-wise ratios: no reduction needed).

@@ -42,6 +42,7 @@ struct Spec {
   GradExchange grad_exchange = GradExchange::nccl;
   GradReduceDtype grad_reduce_dtype = GradReduceDtype::fp32;
   bool sequence_parallel = false;
+  OffloadMode offload = OffloadMode::none;   // parallel.offload (docs/parallel.md)
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
 
   // From the deck's [parallel] section; dp = 0 resolves to world / (tp * pp).

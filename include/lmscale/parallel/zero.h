@@ -63,6 +63,9 @@ class ZeroOptimizer final : public ShardedOptimizer {
   ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host, const OptimConfig& cfg);
   // Shards a new group; returns its index.
   int add_group(const Group& g, Context& ctx);
+  // parallel.offload = optimizer: groups added after this keep their shard's AdamW state on the
+  // host and update it there (optim/host_adamw.h) with `threads` host threads.
+  void offload_optimizer(int threads) { offload_threads_ = threads; }
 
   // Gradient synchronisation for the trainer (the DDP all-reduce for zero1-broadcast; nothing
   // during the backward for zero1; bucketed reduce-scatter for zero2). `ddp` is the all-reduce
@@ -121,6 +124,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
   comm::Communicator& grads_;
   comm::Communicator& host_;
   OptimConfig cfg_;
+  int offload_threads_ = 0;   // > 0: the shards' optimizers run on the host
   std::vector<Shard> shards_;
   std::unique_ptr<GradientSync> sync_;
   std::vector<std::pair<std::int64_t, std::int64_t>> deferred_ranges_;   // empty: gather inside step()

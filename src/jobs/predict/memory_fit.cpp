@@ -133,7 +133,40 @@ std::optional<std::string> parameter_floor_problem(const MemoryNeed& floor, int 
       format_bytes(budget.bytes), budget.source.empty() ? std::string("are available") : budget.source);
 }
 
+std::optional<MemoryNeed> offload_host_need(const Config& cfg, int world, bool cuda) {
+  if (!cuda || cfg.parallel.offload == OffloadMode::none) return std::nullopt;
+  if (cfg.run.job != JobKind::train && cfg.run.job != JobKind::bench_model) return std::nullopt;
+  const model::ModelDims dims = model::ModelDims::from(cfg.model);
+  const double V = static_cast<double>(dims.vocab), d = static_cast<double>(dims.d_model),
+               F = static_cast<double>(dims.d_ff), L = static_cast<double>(dims.layers);
+  const double params = 2 * V * d + L * (4 * d * d + 3 * d * F + 2 * d) + d;
+  const double shard = params / std::max(1, world);   // offload runs have tp = pp = 1 (deck checks)
+  const bool fsdp = cfg.parallel.zero == ZeroLevel::fsdp;
+  const double bytes_per = fsdp ? 12.0 : 8.0 + 4 + 4 + 2;
+  MemoryNeed need;
+  need.bytes = bytes_per * shard;
+  need.detail = fmt::format("{:.0f} bytes for each of {:.3g} parameters of this rank's {}", bytes_per, shard,
+                            fsdp ? "shard: fp32 master, m and v" : "range: m, v and the fp32 staging of parameters and gradients, and the 16-bit copy");
+  return need;
+}
+
 void check_memory_fits(const Config& cfg, int world, int ranks_on_node, ops::Runtime& rt) {
+  // The host memory an offloaded optimizer needs, against what the node's ranks can share.
+  if (const auto host = offload_host_need(cfg, world, rt.device() == Device::cuda)) {
+    const auto available = meminfo_bytes("MemAvailable");
+    const auto room = cgroup_room();
+    double budget = kUnknown;
+    if (available) budget = *available;
+    if (room) budget = std::min(budget, *room);
+    const double total = host->bytes * std::max(1, ranks_on_node);
+    if (total > budget)
+      throw UsageError(fmt::format(
+          "the run does not fit in host memory: parallel.offload = {} keeps {} per rank in host memory ({}), {} for "
+          "the {} ranks on this node, but only {} are available (MemAvailable in /proc/meminfo, or the cgroup's "
+          "limit); spread the ranks over more nodes, or set parallel.offload = none",
+          cfg.parallel.offload, format_bytes(host->bytes), host->detail, format_bytes(total), std::max(1, ranks_on_node),
+          format_bytes(budget)));
+  }
   // A GPU belongs to one rank; host memory is shared by the node's ranks.
   const int sharing = rt.device() == Device::cuda ? 1 : ranks_on_node;
   const MemoryBudget budget = memory_budget(rt);

@@ -92,6 +92,9 @@ struct Grads {
   // full-size fp32 gradients allocated at the first gradient and freed once reduce-scattered
   // (kReductionsInFlight = 1 reduction left in flight).
   bool fsdp = false, training = false, reshard = true;
+  // parallel.offload = optimizer (parallel/offloaded_shards.h): the gathers send the persistent
+  // compute-dtype copy of the shard, no cast buffer.
+  bool offloaded = false;
   int prefetch = 1, last = 0, dp = 1;
   int micro = 0;   // the micro-batch whose backward runs (later ones reduce into a temporary shard)
   double e = 4;

@@ -40,9 +40,13 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
   gr.full.assign(gr.unit_padded.size(), 0);
   gr.send.assign(gr.unit_padded.size(), 0);
   gr.pending.clear();
+  gr.offloaded = cfg.parallel.offload == OffloadMode::optimizer;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
   const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
   // master and gradient shard, the norms' master and gradients, both optimizers' state.
+  // Offloaded (AdamW only): the shard's master and moments live on the host; the device keeps the
+  // gradient shard and the master's compute-dtype copy, and the norms as without offload.
+  if (gr.offloaded) return 4 * S + s.e * S + 4 * norms * 2 + 4 * norms * states;
   return 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * states;
 }
 
@@ -50,7 +54,7 @@ void Grads::gather(int u) {
   const auto i = static_cast<std::size_t>(u);
   // An empty unit (another stage's) is never gathered (issue_gather).
   if (i >= gathered.size() || gathered[i] > 0 || unit_padded[i] <= 0) return;
-  if (e < 4) send[i] = sim->alloc(e * unit_padded[i] / dp);
+  if (e < 4 && !offloaded) send[i] = sim->alloc(e * unit_padded[i] / dp);
   gathered[i] = sim->alloc(e * unit_padded[i]);
 }
 

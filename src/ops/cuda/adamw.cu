@@ -32,12 +32,17 @@ struct AdamWScalars {
   float grad_scale;
 };
 
+// Every rounding is spelled out with the _rn intrinsics, which ptxas never contracts or
+// re-associates: the host AdamW of parallel.offload (ops/host_adamw.h, cuda_kernel arithmetic)
+// performs the same operations in the same order, so the two agree bit for bit whatever the
+// compiler versions. (Written as plain expressions, nvcc and ptxas chose the fma contractions
+// per instantiation, and the host could not follow them.)
 __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWScalars& s) {
-  g *= s.grad_scale;
-  p *= s.decay;
-  m = s.beta1 * m + s.one_minus_beta1 * g;
-  v = s.beta2 * v + s.one_minus_beta2 * g * g;
-  p -= s.step_size * m / (sqrtf(v) + s.eps);
+  g = __fmul_rn(g, s.grad_scale);
+  m = __fmaf_rn(s.one_minus_beta1, g, __fmul_rn(s.beta1, m));                 // b1 m + (1-b1) g
+  v = __fmaf_rn(__fmul_rn(s.one_minus_beta2, g), g, __fmul_rn(s.beta2, v));   // b2 v + (1-b2) g^2
+  const float d = __fdiv_rn(__fmul_rn(s.step_size, m), __fadd_rn(__fsqrt_rn(v), s.eps));
+  p = __fmaf_rn(s.decay, p, -d);                                               // (1 - lr wd) p - d
 }
 
 // Where chunk c's gradients are: one tensor, or the pieces of one buffer (ops::adamw_pieces).

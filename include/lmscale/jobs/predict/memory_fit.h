@@ -50,6 +50,12 @@ std::optional<std::string> parameter_floor_problem(const MemoryNeed& floor, int 
 MemoryBudget memory_budget(ops::Runtime& rt);
 
 // All of the above for this process; throws UsageError when the run cannot fit.
+// parallel.offload on a GPU run: the host memory one rank's offloaded optimizer holds
+// (parallel/offloaded_shards.h for fsdp: master, m, v of the shard; optim/host_adamw.h for one
+// process and zero1/zero2: m, v and the fp32 staging of parameters, gradients and the 16-bit copy).
+// nullopt without offload or on CPU ranks (their state is host memory already, counted above).
+std::optional<MemoryNeed> offload_host_need(const Config& cfg, int world, bool cuda);
+
 void check_memory_fits(const Config& cfg, int world, int ranks_on_node, ops::Runtime& rt);
 
 // "1.50 GiB", "5.82 TiB", "512 B".

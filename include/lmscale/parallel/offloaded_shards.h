@@ -1,0 +1,117 @@
+#pragma once
+// parallel.offload = optimizer under FSDP (docs/parallel.md "CPU offload"): a rank's flat shard
+// [S] of fp32 master weights and its AdamW moments m, v live in host memory, and a worker thread
+// updates them on the host while the GPU goes on.
+//
+// The device keeps only what the forward and backward need: the gradient shard (fp32 [S], where
+// the reduce-scatters add) and a copy of the master in the compute dtype (bf16/fp16 [S], or fp32),
+// which is what the all-gathers send, so no cast runs before a gather. Per step, after the
+// gradient norm is known (the clip factor is part of grad_scale):
+//
+//   start_step()  returns at once; the worker walks the shard in chunks of <= kChunk elements, in
+//                 forward (unit) order, through two pinned staging slots:
+//     D2H  gradient chunk c+1 -> pinned slot      (the lane's copy stream, during c's update)
+//     host AdamW of chunk c on master, m, v (ops::adamw_host, the device kernel's arithmetic:
+//                 bitwise what parallel.offload = none computes), writing the compute-dtype copy
+//                 into a pinned slot
+//     H2D  that slot -> the device copy of chunk c
+//   device_shard(u) is called before unit u's gather (the next forward): the host waits until the
+//                 worker has queued u's last chunk, and the compute stream waits for its copy.
+//                 So the forward of unit u overlaps the host update of units u+1, u+2, ...
+//
+// Memory: host 12 bytes per shard element (master, m, v; pageable: only the staging slots are
+// pinned), device 4 + 2 bytes (gradient shard + bf16 copy) instead of 16 (+ fp32 master, m, v).
+// Bytes over the bus per step and element: 4 (gradients down) + 2 (bf16 copy up).
+//
+// Ordering: the worker's copies of chunk c start after the compute stream's point where
+// start_step() was called (the gradients are final); the next backward overwrites the gradient
+// shard only after every unit's forward, which waited for every chunk's copy back, so a step can
+// never read gradients of the next. settle() waits for the step in flight (checkpoints, the
+// destructor); the master and moments must not be read or written while a step is in flight.
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "lmscale/io/config.h"
+#include "lmscale/ops/host_transfer.h"
+#include "lmscale/ops/runtime.h"
+#include "lmscale/optim/host_adamw.h"
+
+namespace lmscale::parallel {
+
+class OffloadedShards {
+ public:
+  struct Range {
+    std::int64_t offset = 0, count = 0;   // a unit's shard within the flat shard [S]
+  };
+  // numel: S; units: each unit's range, in forward order, disjoint; compute: the dtype of the
+  // device copy; threads: host threads of the AdamW; chunk: elements per pipelined piece.
+  OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units, DType compute,
+                  const OptimConfig& cfg, int threads, std::int64_t chunk = kChunk);
+  ~OffloadedShards();   // waits for the worker; never throws
+  OffloadedShards(const OffloadedShards&) = delete;
+  OffloadedShards& operator=(const OffloadedShards&) = delete;
+
+  // Host fp32 [S]: initial values, checkpoints. Settle first; call mark_master_changed() after
+  // writing it.
+  Tensor& master() { return master_; }
+  // m and v (host, [S]) and the step count.
+  optim::HostAdamW& optimizer() { return *optimizer_; }
+  // The device copy must be rebuilt from the master before the next gather.
+  void mark_master_changed() { stale_ = true; }
+
+  // Unit u's device copy [count] in the compute dtype, ready on ctx's stream (see the header).
+  Tensor device_shard(Context& ctx, int u);
+  // One AdamW step over the whole shard: begin_step() here, the update on the worker.
+  // grads: device fp32 [S], final at ctx's stream's current point.
+  void start_step(Context& ctx, const Tensor& grads, double lr, double grad_scale);
+  // Waits for the step in flight, rethrowing its error.
+  void settle();
+
+  // Bytes the step moves between host and device, and host bytes held (master, m, v, staging).
+  std::int64_t transfer_bytes_per_step() const;
+  std::size_t host_bytes() const;
+
+  static constexpr std::int64_t kChunk = std::int64_t{1} << 25;   // 32 Mi elements: 128 MiB of fp32 gradients
+
+ private:
+  struct Chunk {
+    std::int64_t offset = 0, count = 0;
+  };
+  void run_worker();
+  void update(const Tensor& grads, double lr, double grad_scale, const ops::HostTransfer::Fence& ready);
+  void refresh_device(Context& ctx);
+
+  ops::Runtime& rt_;
+  Context host_ctx_;
+  DType compute_;
+  int threads_;
+  std::vector<Range> units_;
+  std::vector<Chunk> chunks_;
+  std::vector<std::size_t> last_chunk_;   // per unit: its last chunk's index (chunks_.size() if empty)
+  std::unique_ptr<optim::HostAdamW> optimizer_;
+  Tensor master_;                          // host fp32 [S]
+  Tensor device_copy_;                     // device [S], compute dtype
+  std::unique_ptr<ops::HostTransfer> lane_;
+  Tensor grad_slot_[2], copy_slot_[2];     // pinned [kChunk]: fp32 gradients, compute-dtype parameters
+  bool stale_ = true;
+
+  // Between the caller and the worker, under mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, job_ = false;        // job_: a step was handed over and not yet taken
+  bool in_flight_ = false;                 // a step was started and its last chunk is not done
+  std::size_t done_ = 0;                   // chunks of the step in flight whose copy back is queued
+  std::vector<ops::HostTransfer::Fence> copied_;   // per chunk: its copy back to the device
+  Tensor job_grads_;
+  double job_lr_ = 0, job_scale_ = 1;
+  ops::HostTransfer::Fence job_ready_;
+  std::exception_ptr error_;
+  std::thread worker_;
+};
+
+}  // namespace lmscale::parallel
