@@ -108,8 +108,10 @@ const std::vector<BadDeck> kBadDecks{
      "model.moe_experts = 6"},
     {"ep_not_dividing_dp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nep = 2\n", {}, "parallel.ep",
      "parallel.dp = 1"},
-    {"ep_not_built", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nep = 2\ndp = 2\n[train]\nbatch_size = 4\n", {},
-     "parallel.ep", "not built in this version"},
+    {"ep_with_lamb", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nep = 2\ndp = 2\n[train]\nbatch_size = 4\n"
+     "[optim]\nname = lamb\n", {}, "parallel.ep", "layer-wise optimizer"},
+    {"ep_with_offload", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nep = 2\ndp = 2\nzero = zero1\noffload = "
+     "optimizer\n[train]\nbatch_size = 4\n", {}, "parallel.ep", "parallel.offload"},
     {"moe_with_tp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\ntp = 2\n", {"--parallel.dp=1"},
      "parallel.tp", "tensor parallelism of MoE blocks"},
     {"moe_with_selective", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\n[train]\nactivation_checkpointing = "

@@ -81,11 +81,14 @@ void check_moe(const Config& c, int world_size) {
     fail("parallel.ep = {} does not divide parallel.dp = {}: expert parallelism runs inside the data-parallel group; "
          "choose parallel.ep dividing {} (or launch more ranks)",
          p.ep, dp, dp);
-  if (p.ep > 1 && c.run.job != JobKind::accounting)
-    fail("parallel.ep = {}: expert parallelism is not built in this version (the model's all-to-all interface is, the "
-         "trainer does not wire it yet); set parallel.ep = 1 (the experts are then data-parallel like every other "
-         "parameter), or use run.job = accounting to predict an expert-parallel run",
-         p.ep);
+  if (p.ep > 1 && (c.optim.name == OptimizerName::lamb || c.optim.name == OptimizerName::lars))
+    fail("parallel.ep = {} with optim.name = {}: a layer-wise optimizer needs each stacked expert tensor's norm, which "
+         "expert parallelism splits over ranks; use optim.name = adamw or sgd, or parallel.ep = 1",
+         p.ep, c.optim.name);
+  if (p.ep > 1 && p.offload != OffloadMode::none)
+    fail("parallel.ep = {} with parallel.offload = {}: the host optimizer of expert-parallel ranks is not built; set "
+         "parallel.offload = none or parallel.ep = 1",
+         p.ep, p.offload);
 }
 
 }  // namespace lmscale::io::detail
