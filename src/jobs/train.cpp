@@ -1,4 +1,5 @@
 #include "lmscale/jobs/train.h"
+#include "lmscale/parallel/spec.h"
 
 #include <cmath>
 
@@ -113,10 +114,14 @@ int run_train(JobEnv& env) {
                cfg.precision.mode, rt.device_name(), data->describe());
     if (dims.moe())
       fmt::print("moe: {} experts, top-{}, expert d_ff {}, {} of {} blocks; {} active parameters per token; capacity "
-                 "factor {}\n",
+                 "factor {}{}\n",
                  dims.moe_experts, dims.moe_top_k, dims.moe_dff, dims.moe_block_count(), dims.layers,
                  dims.active_parameter_count(), dims.moe_capacity_factor > 0 ? fmt::format("{}", dims.moe_capacity_factor)
-                                                                              : std::string("0 (dropless)"));
+                                                                              : std::string("0 (dropless)"),
+                 cfg.parallel.ep > 1 ? fmt::format("; experts split over ep {} ranks ({} each), layout {}", cfg.parallel.ep,
+                                                   dims.moe_experts / cfg.parallel.ep,
+                                                   parallel::Spec::resolve(cfg.parallel, env.world).describe(env.world))
+                                     : std::string());
     if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
     if (!resumed_from.empty() && trainer.step() >= cfg.train.steps)
       fmt::print("train: the checkpoint is at the end (train.steps = {}): the run is complete, nothing to train "
