@@ -102,8 +102,8 @@ LMSCALE_DECK_ENUM(BenchMode, "forward", "forward-backward", "train-step");
 enum class AttentionPass { forward, backward, forward_backward };
 LMSCALE_DECK_ENUM(AttentionPass, "forward", "backward", "forward-backward");
 // bench.ops
-enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, broadcast };
-LMSCALE_DECK_ENUM(CollectiveOp, "all-reduce", "reduce-scatter", "all-gather", "broadcast");
+enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
+LMSCALE_DECK_ENUM(CollectiveOp, "all-reduce", "reduce-scatter", "all-gather", "broadcast", "all-to-all");
 // bench.algo
 enum class CollectiveAlgo { library, ring, shm, hier, automatic };
 LMSCALE_DECK_ENUM(CollectiveAlgo, "library", "ring", "shm", "hier", "auto");

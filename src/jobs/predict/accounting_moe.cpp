@@ -54,8 +54,6 @@ void write_moe_accounting(JobEnv& env, const MoeAccounting& a) {
              a.expert_state_bytes_per_rank / (1u << 30));
   fmt::print("moe: all-to-all per step per rank: {:.3f} GiB ({})\n", a.all_to_all_bytes_per_step / (1u << 30),
              a.all_to_all_formula);
-  fmt::print("moe: the memory replay models dense FFN blocks; the per-phase peaks are not predicted for MoE models "
-             "in this version\n");
 }
 
 }  // namespace lmscale::jobs

@@ -47,8 +47,6 @@ std::string format_bytes(double bytes) {
 std::optional<MemoryNeed> predicted_need(const Config& cfg, int world, const std::string& device_name) {
   const bool bench = cfg.run.job == JobKind::bench_model;
   if (!bench && cfg.run.job != JobKind::train) return std::nullopt;
-  // The memory replay does not model MoE blocks in this version (docs/moe.md): no fit check.
-  if (cfg.model.moe_experts > 0) return std::nullopt;
   // The peak of the phases the job runs (memory_model.h): a forward-only bench never holds
   // gradients, a train step's optimizer phase holds them beside the AdamW state.
   const MemoryPhases phases = predict_memory_phases(cfg, world, !device_name.empty());
