@@ -4,11 +4,28 @@
 #   lmscale_parse_args ARGS...   positional DECK and OUTDIR (or env DECK / OUTDIR), --section.key=value
 #                                overrides; sets LMSCALE_DECK, LMSCALE_OUTDIR, LMSCALE_OVERRIDES
 #   lmscale_default KEY VALUE    adds --KEY=VALUE unless the user already overrode KEY
+#   lmscale_set KEY VALUE        --KEY=VALUE in place of any override of KEY (the job's own choice)
+#   lmscale_prepare              sources LMSCALE_ENV and finds the executable (once per shell); sets
+#                                LMSCALE_CMD = (prefix... lmscale DECK overrides...)
+#   lmscale_resolved_config N    `lmscale DECK overrides --print-config --world-size=N` (stdout);
+#                                lmscale's exit code (2: the deck does not fit N ranks)
+#   lmscale_config_value TEXT SECTION KEY
+#                                KEY's value in SECTION of a resolved configuration TEXT
 #   lmscale_launch TAG [srun options...]
 #                                prints the job header and `lmscale DECK --print-config --world-size=N`
 #                                (the deck checked, as one process, for the N tasks of the job), then
 #                                runs `srun lmscale DECK overrides` and returns its exit code.
 #                                With OUTDIR set, the results go to OUTDIR/<deck stem>-TAG.h5.
+# and for training jobs that checkpoint and continue (train_requeue.sbatch, train_elastic.sbatch):
+#   lmscale_resumable JOB        train.checkpoint_dir = OUTDIR/checkpoints-JOB and train.resume = auto
+#                                unless overridden; OMP_NUM_THREADS; USR1 (the time limit is near)
+#                                passed on to the ranks, SIGTERM (preemption) left to Slurm
+#   lmscale_launch_stoppable TAG [srun options...]
+#                                lmscale_launch in the background, so that those signals are handled
+#                                while the ranks run; returns its exit code
+#   lmscale_requeue_if_stopped RC
+#                                RC = 75 after USR1: `scontrol requeue` the job (it continues from its
+#                                checkpoint when Slurm starts it again)
 #
 # Environment (all optional; docs/clusters.md and slurm/README.md show uses):
 #   LMSCALE_BIN            the executable: default build/lmscale of the repository, else bin/lmscale
@@ -55,6 +72,12 @@ lmscale_default() {  # KEY VALUE
   LMSCALE_OVERRIDES+=("--$1=$2")
 }
 
+lmscale_set() {  # KEY VALUE (lmscale refuses a key given twice on its command line)
+  local a kept=()
+  for a in "${LMSCALE_OVERRIDES[@]}"; do [[ $a == "--$1="* ]] || kept+=("$a"); done
+  LMSCALE_OVERRIDES=("${kept[@]}" "--$1=$2")
+}
+
 # The executable when LMSCALE_BIN is unset (see the header).
 lmscale_default_bin() {
   if [[ -n ${LMSCALE_LAUNCH_PREFIX:-} ]]; then echo lmscale; return; fi
@@ -83,35 +106,62 @@ lmscale_ntasks() {  # [srun options...]
   echo "${n:-1}"
 }
 
-lmscale_launch() {  # TAG [srun options...]
-  local tag=$1; shift
+lmscale_prepare() {
+  [[ -n ${LMSCALE_PREPARED:-} ]] && return 0
   if [[ -n ${LMSCALE_ENV:-} ]]; then
     [[ -r $LMSCALE_ENV ]] || lmscale_die "LMSCALE_ENV=$LMSCALE_ENV: no such readable file (a bash file of module loads, or unset it)" 2
     # shellcheck disable=SC1090
     source "$LMSCALE_ENV" || lmscale_die "sourcing LMSCALE_ENV=$LMSCALE_ENV failed"
   fi
-  local prefix=() srun_args=()
-  read -r -a prefix <<<"${LMSCALE_LAUNCH_PREFIX:-}"
-  read -r -a srun_args <<<"${LMSCALE_SRUN_ARGS:-}"
-  [[ -n ${LMSCALE_SRUN_MPI:-} ]] && srun_args=("--mpi=$LMSCALE_SRUN_MPI" "${srun_args[@]}")
-  local bin=${LMSCALE_BIN:-$(lmscale_default_bin)}
-  if [[ ${#prefix[@]} -eq 0 ]]; then
-    if [[ $bin == */* ]]; then
-      [[ -x $bin ]] || lmscale_die "no lmscale executable at '$bin' (build it, or set LMSCALE_BIN)"
+  LMSCALE_PREFIX_WORDS=()
+  read -r -a LMSCALE_PREFIX_WORDS <<<"${LMSCALE_LAUNCH_PREFIX:-}"
+  LMSCALE_EXE=${LMSCALE_BIN:-$(lmscale_default_bin)}
+  if [[ ${#LMSCALE_PREFIX_WORDS[@]} -eq 0 ]]; then
+    if [[ $LMSCALE_EXE == */* ]]; then
+      [[ -x $LMSCALE_EXE ]] || lmscale_die "no lmscale executable at '$LMSCALE_EXE' (build it, or set LMSCALE_BIN)"
     else
-      command -v "$bin" >/dev/null || lmscale_die "no '$bin' on the PATH (build lmscale, set LMSCALE_BIN, or load its module in LMSCALE_ENV)"
+      command -v "$LMSCALE_EXE" >/dev/null || lmscale_die "no '$LMSCALE_EXE' on the PATH (build lmscale, set LMSCALE_BIN, or load its module in LMSCALE_ENV)"
     fi
   fi
+  LMSCALE_PREPARED=1
+  lmscale_command
+}
+
+lmscale_command() {  # LMSCALE_CMD from the overrides as they are now
+  LMSCALE_CMD=("${LMSCALE_PREFIX_WORDS[@]}" "$LMSCALE_EXE" "$LMSCALE_DECK" "${LMSCALE_OVERRIDES[@]}")
+}
+
+lmscale_resolved_config() {  # N
+  lmscale_prepare
+  lmscale_command
+  "${LMSCALE_CMD[@]}" --print-config --world-size="$1"
+}
+
+lmscale_config_value() {  # TEXT SECTION KEY
+  awk -v sec="[$2]" -v key="$3" '
+    /^\[/ { in_sec = ($0 == sec); next }
+    in_sec && index($0, "=") { k = $0; sub(/ *=.*/, "", k); if (k == key) { v = $0; sub(/^[^=]*= */, "", v); print v; exit } }' <<<"$1"
+}
+
+lmscale_launch() {  # TAG [srun options...]
+  local tag=$1; shift
+  lmscale_prepare
+  local srun_args=()
+  read -r -a srun_args <<<"${LMSCALE_SRUN_ARGS:-}"
+  [[ -n ${LMSCALE_SRUN_MPI:-} ]] && srun_args=("--mpi=$LMSCALE_SRUN_MPI" "${srun_args[@]}")
   if [[ -n $LMSCALE_OUTDIR ]]; then
     mkdir -p "$LMSCALE_OUTDIR" || lmscale_die "cannot create $LMSCALE_OUTDIR"
     local stem; stem=$(basename "$LMSCALE_DECK"); stem=${stem%.*}
     lmscale_default run.output "$LMSCALE_OUTDIR/$stem-$tag.h5"
   fi
-  local cmd=("${prefix[@]}" "$bin" "$LMSCALE_DECK" "${LMSCALE_OVERRIDES[@]}")
+  lmscale_command
+  local cmd=("${LMSCALE_CMD[@]}")
   local ntasks; ntasks=$(lmscale_ntasks "$@")
 
-  echo "== lmscale job ${SLURM_JOB_ID:-?}${SLURM_ARRAY_TASK_ID:+ (array ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID})} on ${SLURM_JOB_NODELIST:-$(hostname -s)}"
-  echo "   nodes ${SLURM_JOB_NUM_NODES:-1}, tasks $ntasks, cpus/task ${SLURM_CPUS_PER_TASK:-1}, gpus/node ${SLURM_GPUS_ON_NODE:-0}, $(date -u +%FT%TZ)"
+  # LMSCALE_NODELIST / LMSCALE_NUM_NODES: the nodes a launch uses when not all of the job's
+  # (train_elastic.sbatch after a lost node).
+  echo "== lmscale job ${SLURM_JOB_ID:-?}${SLURM_ARRAY_TASK_ID:+ (array ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID})} on ${LMSCALE_NODELIST:-${SLURM_JOB_NODELIST:-$(hostname -s)}}"
+  echo "   nodes ${LMSCALE_NUM_NODES:-${SLURM_JOB_NUM_NODES:-1}}, tasks $ntasks, cpus/task ${SLURM_CPUS_PER_TASK:-1}, gpus/node ${SLURM_GPUS_ON_NODE:-0}, $(date -u +%FT%TZ)"
   echo "   repository ${LMSCALE_ROOT:-?}"
   echo "   ${cmd[*]}"
   echo "== resolved configuration"
@@ -143,4 +193,41 @@ lmscale_launch() {  # TAG [srun options...]
   rm -f "$errf"
   echo "== lmscale exit $rc ($(date -u +%FT%TZ))"
   return "$rc"
+}
+
+# ---- training jobs that checkpoint and continue -------------------------------------------------
+
+lmscale_resumable() {  # JOB
+  LMSCALE_JOB=$1 LMSCALE_NEAR_LIMIT=0
+  lmscale_default train.checkpoint_dir "${LMSCALE_OUTDIR:-outputs}/checkpoints-$1"
+  lmscale_default train.resume auto
+  export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+  trap _lmscale_on_usr1 USR1
+  trap _lmscale_on_term TERM
+}
+_lmscale_on_usr1() {
+  LMSCALE_NEAR_LIMIT=1
+  echo "== USR1: the time limit is near; asking the ranks to checkpoint and stop"
+  scancel --signal=USR1 "$LMSCALE_JOB"   # the job's steps (the ranks), not this shell
+}
+# SIGTERM (preemption, requeue, scancel) reaches the ranks from Slurm itself; this shell must only
+# live on until they have written their checkpoint.
+_lmscale_on_term() { echo "== SIGTERM: Slurm is stopping the job; the ranks checkpoint and exit"; }
+
+lmscale_launch_stoppable() {  # TAG [srun options...]
+  # In the background, so that the traps run while lmscale does (bash runs them between commands).
+  ( trap '' TERM; lmscale_launch "$@" ) &
+  local pid=$! rc
+  while :; do
+    wait "$pid"; rc=$?
+    kill -0 "$pid" 2>/dev/null || break   # a trap interrupted the wait: wait again
+  done
+  return "$rc"
+}
+
+lmscale_requeue_if_stopped() {  # RC
+  if [[ $1 -eq 75 && $LMSCALE_NEAR_LIMIT -eq 1 ]]; then
+    echo "== requeueing job $LMSCALE_JOB to continue from its checkpoint"
+    scontrol requeue "$LMSCALE_JOB"
+  fi
 }

@@ -8,6 +8,7 @@
 #   E  one process with offload resumes A's step 4 (resharded) -> within RESHARD_RTOL
 #   H, I, J  fsdp with offload: from the start, from A's step 4, and zero2 from H's step 4 -> bitwise
 #   F  each refusal: exit 2 naming the key, no results file
+#   M, K  predicted memory = measured (CPU), and the accounting of the 8b offload deck
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -73,5 +74,34 @@ expect2 2 "zero1-broadcast" "parallel.zero = zero1-broadcast" --parallel.zero=ze
 expect2 2 "ddp" "not built yet for DDP" --parallel.ddp=bucketed
 expect2 2 "tp" "tensor or pipeline parallelism (parallel.tp = 2" --parallel.tp=2 --model.vocab_size=96
 expect2 2 "pp" "tensor or pipeline parallelism (parallel.tp = 1, parallel.pp = 2" --parallel.pp=2
-expect2 1 "accounting" "run.job = accounting" --run.job=accounting
+
+# Memory: the prediction stored beside each CPU bench-model run equals its measured peak with
+# offload (fsdp, zero2, one process), and the accounting job counts the offload (host memory and
+# bytes over the bus) and predicts the 8b offload deck's GPU peak measured on 2 H200 and 2 H100
+# (75073126404 bytes, docs/performance.md) within 0.1%.
+bench_peak() {  # NP NAME ARGS...
+  local np=$1 name=$2; shift 2
+  mpi "$np" --run.job=bench-model --parallel.offload=optimizer --run.output="$name.h5" "$@" > "$name.log" 2>&1
+  python3 - "$name.h5" <<'PY'
+import h5py, sys
+g = h5py.File(sys.argv[1])["bench_model"].attrs
+sys.exit(0 if g["peak_bytes"] == g["predicted_peak_bytes"] else f"FAIL: {sys.argv[1]}: measured {g['peak_bytes']} predicted {g['predicted_peak_bytes']}")
+PY
+  echo "ok: $name: predicted peak = measured"
+}
+bench_peak 2 M1 --parallel.zero=fsdp
+bench_peak 2 M2 --parallel.zero=zero2
+bench_peak 1 M3
+"$lmscale" "$here/../../inputs/leaderboard_8b_offload.ini" --run.job=accounting --accounting.world=2 \
+  --accounting.device=h200 --run.output=K.h5 > K.log
+grep -q "offload (optimizer): host memory 45.404 GiB per rank" K.log || { cat K.log; echo "FAIL: accounting: no offload line"; exit 1; }
+python3 - <<'PY'
+import h5py, sys
+a = h5py.File("K.h5")["accounting"].attrs
+measured = 75073126404
+err = abs(a["predicted_peak_bytes_cuda"] - measured) / measured
+ok = err < 1e-3 and a["host_bytes_per_rank"] > 4.8e10 and a["host_transfer_bytes_per_step_per_rank"] > 2.4e10
+sys.exit(0 if ok else f"FAIL: accounting of the 8b offload deck: {dict(a)}")
+PY
+echo "ok: accounting counts the offload; the 8b offload deck's GPU peak within 0.1% of the measured"
 echo "ok: offload_resume"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reliability cases of issue 36 about the checkpoint directory and the files a run resumes or
 # prunes from (docs/reliability.md has the table): one run per train.checkpoint_dir, newer
-# checkpoints moved aside, shard layouts against their index, prune inputs against the deck, an
-# unwritable checkpoint directory named as the user wrote it. Same conventions as reliability.sh
+# checkpoints moved aside, shard layouts against their index, resume and prune inputs against the
+# deck's model keys, an unwritable checkpoint directory named as the user wrote it. Same conventions as reliability.sh
 # (a fresh temporary folder, a tiny CPU train deck, every run bounded by `timeout`).
 # Usage: reliability_checkpoints.sh LMSCALE CASE
 set -u
@@ -105,7 +105,7 @@ case "$case_name" in
       check "h5py could alter the piece table" false
     run --train.checkpoint_dir=ck --train.resume=auto --train.steps=4
     expect_usage_error train.resume rank_00000.h5 "pieces other than its index" ;;
-  prune_weights_model_keys)   # prune.weights written with another rope_theta or num_heads
+  prune_weights_model_keys)   # prune.weights written with another rope_theta, num_heads or norm_eps
     run --train.save=w.h5 --train.steps=3
     check "the weights run exited $rc" test "$rc" -eq 0
     rm -f out.h5
@@ -115,6 +115,8 @@ case "$case_name" in
     expect_usage_error prune.weights model.rope_theta
     run "${prune[@]}" --model.num_heads=4
     expect_usage_error prune.weights model.num_heads
+    run "${prune[@]}" --model.norm_eps=1e-6
+    expect_usage_error prune.weights model.norm_eps
     check "no pruned weights were written" test ! -e p.h5
     run "${prune[@]}"
     check "the same prune with the writer's keys exited $rc, expected 0" test "$rc" -eq 0 ;;
@@ -130,6 +132,36 @@ case "$case_name" in
       expect_usage_error "train.checkpoint_dir = 'ro'" "cannot write"
       check "no internal path (step_00000000) in the error" bash -c '! grep -q step_00000000 stderr'
     fi ;;
+  resume_norm_eps_sharded)   # a sharded checkpoint of another model.norm_eps (the index's config)
+    run --train.checkpoint_dir=ck --model.norm_eps=1e-6
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=4
+    expect_usage_error train.resume index.h5 "model.norm_eps = 1e-06" "deck has 1e-05" "set model.norm_eps = 1e-06"
+    run --train.checkpoint_dir=ck --train.resume=auto --train.steps=4 --model.norm_eps=1e-6
+    check "the resume with the writer's norm_eps exited $rc, expected 0" test "$rc" -eq 0 ;;
+  resume_norm_eps_single_file)   # a single-file checkpoint (optimizer state) of another norm_eps
+    run --train.checkpoint_every=1 --train.checkpoint_path=c.h5 --model.norm_eps=1e-6
+    check "the first run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.resume=c.h5 --train.steps=4
+    expect_usage_error train.resume c.h5 "model.norm_eps = 1e-06" "deck has 1e-05" "set model.norm_eps = 1e-06" ;;
+  resume_norm_eps_weights)   # an HDF5 weights file (train.save) of another norm_eps
+    run --train.save=w.h5 --model.norm_eps=1e-6
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.resume=w.h5
+    expect_usage_error train.resume w.h5 "model.norm_eps = 1e-06" "deck has 1e-05" "set model.norm_eps = 1e-06" ;;
+  resume_safetensors_model_keys)   # safetensors metadata is text: num_heads and norm_eps compared too
+    run --train.save=w.safetensors
+    check "the weights run exited $rc" test "$rc" -eq 0
+    rm -f out.h5
+    run --train.resume=w.safetensors --model.num_heads=4
+    expect_usage_error train.resume w.safetensors "model.num_heads = 2" "deck has 4" "set model.num_heads = 2"
+    run --train.resume=w.safetensors --model.norm_eps=1e-6
+    expect_usage_error train.resume w.safetensors "model.norm_eps = 1e-05" "deck has 1e-06"
+    run --train.resume=w.safetensors
+    check "the resume with the writer's keys exited $rc, expected 0" test "$rc" -eq 0 ;;
   *) echo "unknown case $case_name"; exit 1 ;;
 esac
 finish_case

@@ -11,7 +11,8 @@
 # `ci`, MpiDefault=pmix. Waits until the node is idle (START_TIMEOUT seconds, default 20); on
 # failure prints the logs, stops what it started and exits 1.
 #
-# Environment: START_TIMEOUT (s); SLURM_CPUS=N declares N CPUs per node (default: the hardware's;
+# Environment: START_TIMEOUT (s); SLURMD_TIMEOUT (s, default 30: how long a silent node stays up
+# before slurmctld marks it down; the elastic test shortens it); SLURM_CPUS=N declares N CPUs per node (default: the hardware's;
 # more oversubscribes on purpose, SlurmdParameters=config_overrides); SLURM_GPUS=N adds Gres=gpu:N and a gres.conf for
 # /dev/nvidia[0..N-1] (Debian ships no gpu_nvml plugin); on a machine without /dev/nvidia0 the
 # device files are faked under DIR/dev, enough to schedule and test GPU job scripts.
@@ -106,6 +107,7 @@ for k in CPUs Boards SocketsPerBoard CoresPerSocket ThreadsPerCore; do   # no Re
 done
 [[ $node_hw == *CPUs=* ]] || node_hw=" CPUs=$(nproc)"
 cpus=$(sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' <<<"$node_hw")
+[[ ${SLURMD_TIMEOUT:-30} =~ ^[1-9][0-9]*$ ]] || die "SLURMD_TIMEOUT=$SLURMD_TIMEOUT: not a positive number of seconds"
 overrides=""
 if [[ -n ${SLURM_CPUS:-} ]]; then
   # More CPUs than the machine has (benchmarks that oversubscribe on purpose, e.g. 4 ranks of one
@@ -168,7 +170,7 @@ MailProg=/bin/true
 $overrides
 MinJobAge=600
 SlurmctldTimeout=30
-SlurmdTimeout=30
+SlurmdTimeout=${SLURMD_TIMEOUT:-30}
 InactiveLimit=0
 KillWait=5
 $gres_line

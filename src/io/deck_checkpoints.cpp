@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,34 +78,12 @@ void check_resume_step(const Config& c, std::int64_t step, const std::string& wh
   check_no_newer_checkpoints(c, step);
 }
 
-// model.rope_theta as the resolved deck text (attribute `config` of checkpoints) gives it, if it does.
-std::optional<double> rope_theta_in(const std::map<std::string, AttrValue>& attrs) {
-  const auto it = attrs.find("config");
-  if (it == attrs.end() || !std::holds_alternative<std::string>(it->second)) return std::nullopt;
-  std::istringstream in(std::get<std::string>(it->second));
-  std::string line, section;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.front() == '[') section = line;
-    const auto eq = line.find('=');
-    if (section != "[model]" || eq == std::string::npos) continue;
-    std::string key = line.substr(0, eq);
-    while (!key.empty() && key.back() == ' ') key.pop_back();
-    if (key != "rope_theta") continue;
-    try {
-      return std::stod(line.substr(eq + 1));
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 // A single-file checkpoint or weights file against the model keys that change the function
-// (issue 36): layers, heads, vocabulary, width and rope_theta must match, not only the shapes
-// that happen to be read (more layers in the file were ignored, another num_heads or rope_theta
-// accepted).
+// (issue 36): layers, heads, vocabulary, width, rope_theta and norm_eps must match, not only the
+// shapes that happen to be read (more layers in the file were ignored, another num_heads,
+// rope_theta or norm_eps accepted).
 std::optional<std::string> weights_mismatch(const Config& c, const CheckpointReader& r) {
   const auto& m = c.model;
   if (r.has("token_embeddings.weight")) {
@@ -119,15 +96,8 @@ std::optional<std::string> weights_mismatch(const Config& c, const CheckpointRea
     return fmt::format("it has fewer blocks than model.num_layers = {}", m.num_layers);
   if (r.has(fmt::format("layers.{}.ln1.weight", m.num_layers)))
     return fmt::format("it has more blocks than model.num_layers = {}", m.num_layers);
-  if (const auto heads = r.attr("num_heads"); heads && std::holds_alternative<std::int64_t>(*heads) &&
-                                              std::get<std::int64_t>(*heads) != m.num_heads)
-    return fmt::format("it was written with model.num_heads = {} but the deck has {}", std::get<std::int64_t>(*heads),
-                       m.num_heads);
-  std::optional<double> theta;
-  if (const auto a = r.attr("rope_theta"); a && std::holds_alternative<double>(*a)) theta = std::get<double>(*a);
-  if (!theta) theta = rope_theta_in(r.attrs());
-  if (theta && *theta != m.rope_theta)
-    return fmt::format("it was written with model.rope_theta = {} but the deck has {}", *theta, m.rope_theta);
+  // The keys no shape shows (num_heads, rope_theta, norm_eps) and the rest as recorded.
+  if (auto problem = recorded_model_mismatch(m, r.attrs())) return problem;
   return std::nullopt;
 }
 
@@ -172,10 +142,7 @@ void check_checkpoints(const Config& c, int world_size) {
     } catch (const Error& e) {
       problem = e.what();
     }
-    if (!problem)
-      if (const auto theta = rope_theta_in(index.attrs); theta && *theta != c.model.rope_theta)
-        problem = fmt::format("the checkpoint has model.rope_theta = {} but the deck has {}", *theta,
-                              c.model.rope_theta);
+    if (!problem) problem = recorded_model_mismatch(c.model, index.attrs);
     if (problem)
       fail("train.resume = '{}': checkpoint '{}/{}' does not fit the deck: {}", c.train.resume, step_dir, kIndexFile,
            *problem);

@@ -430,10 +430,6 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
          m.num_layers);
   check_pipeline(c);
-  if (p.offload != OffloadMode::none && c.run.job == JobKind::accounting)
-    fail("parallel.offload = {} is not predicted yet: the accounting and the memory model count the optimizer state "
-         "on the device, so run.job = accounting would report wrong memory; use parallel.offload = none",
-         p.offload);
   if (!runs_model(c)) return;
 
   const std::int64_t dp = detail::resolved_dp(c, world_size);

@@ -1,6 +1,7 @@
 #pragma once
 // Internal parts of deck validation (io/deck.h validate()).
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -26,7 +27,14 @@ void check_checkpoints(const Config& c, int world_size);
 void check_moe(const Config& c, int world_size);
 
 // What in a weights file or single-file checkpoint contradicts the deck's model keys (blocks,
-// heads, vocabulary, width, rope_theta) as one sentence; nullopt when they agree.
+// heads, vocabulary, width, rope_theta, norm_eps) as one sentence; nullopt when they agree.
 std::optional<std::string> weights_mismatch(const Config& c, const CheckpointReader& r);
+
+// The first [model] key that changes the function (vocab_size, d_model, d_ff, num_layers,
+// num_heads, rope_theta, norm_eps) whose value recorded in a file's attributes (an attribute of
+// its own, else the [model] section of `config`) differs from the deck's, as one sentence that
+// names the key, both values and the setting to use; nullopt when all recorded ones agree
+// (recorded_model_keys.cpp).
+std::optional<std::string> recorded_model_mismatch(const ModelConfig& m, const std::map<std::string, AttrValue>& attrs);
 
 }  // namespace lmscale::io::detail

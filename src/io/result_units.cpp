@@ -45,7 +45,8 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     {"final_round", ""}, {"final_sparsity", ""}, {"final_val_loss", "nats"}, {"unpruned_val_loss", "nats"},
     {"loss_bound", "nats"},
     // accounting and its cost estimate
-    {"world", ""}, {"local_batch", "sequences"}, {"comm_bytes_per_step_per_rank", "bytes"}, {"peak_flops_per_device", "FLOP/s"},
+    {"world", ""}, {"local_batch", "sequences"}, {"comm_bytes_per_step_per_rank", "bytes"},
+    {"host_bytes_per_rank", "bytes"}, {"host_transfer_bytes_per_step_per_rank", "bytes"}, {"peak_flops_per_device", "FLOP/s"},
     {"ideal_step_s", "s"}, {"tp_comm_bytes_per_step_per_rank", "bytes"}, {"analysis_flops_per_device", "FLOP/s"},
     {"analysis_link_bytes_per_s", "bytes/s"}, {"memory_phases_stage", ""}, {"tokens", "tokens"},
     {"flops_per_token", "FLOP"}, {"flops", "FLOP"}, {"gpus", ""}, {"peak_flops_per_gpu", "FLOP/s"},

@@ -62,12 +62,18 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   // Ps = (P - norms)/tp elements, over the dp ranks; gathered units are slices too (1/tp).
   const double Ps = (P - norm_params) / tp;
   const std::string ps = tp > 1 ? "(P - norms)/tp" : "(P - norms)";
-  if (fsdp) {
+  // parallel.offload = optimizer (adamw only): the offloaded state leaves the device (below, and
+  // a.host_bytes); fsdp also keeps its shard's 16-bit copy for the gathers instead of a cast.
+  const bool offload = cfg.parallel.offload != OffloadMode::none;
+  if (fsdp && offload) {
+    add("parameters", 4 * norm_params, "replicated norms (fp32 master; the shard's master is in host memory)");
+    add("parameters_lowp", e * Ps / dp, "e x " + ps + " / N (the shard's 16-bit copy the all-gathers send)");
+  } else if (fsdp) {
     add("parameters", 4 * Ps / dp + 4 * norm_params, "4 B x " + ps + " / N (fp32 master shard) + replicated norms");
     add("gradients", 4 * norm_params, "replicated norm gradients (each unit's full-size gradients live only from its "
                                       "backward to its reduce-scatter)");
     add("gradient_shard", 4 * Ps / dp, "4 B x " + ps + " / N (fp32)");
-    add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + 1.0 / dp)) / tp +
+    add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + (offload ? 0.0 : 1.0 / dp))) / tp +
                              (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d) / tp),
         std::string(cfg.parallel.reshard_after_forward
                         ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF, and "
@@ -100,12 +106,27 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
   const bool one_state = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars;
   const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : to_string(cfg.optim.name) + " m, v";
-  if (fsdp)   // the shard's state and the replicated norms'
+  if (fsdp && offload) {
+    add("optimizer_state", 8 * norm_params, "8 B x norms (adamw m, v of the replicated norms; the shard's are in host memory)");
+    a.host_bytes = 12 * Ps / dp;
+    a.host_formula = "12 B x " + ps + " / N (fp32 master, m, v of the shard; parallel/offloaded_shards.h)";
+    a.host_transfer_bytes_per_step = (4 + e) * Ps / dp;
+    a.host_transfer_formula = "(4 + e) B x " + ps + " / N (fp32 gradient shard down, its 16-bit copy up)";
+  } else if (offload) {
+    const double owned = Pr / (sharded ? dp : 1);
+    const std::string o = sharded ? p + " / N" : p;
+    add("optimizer_state", 0, "0: adamw m, v of " + o + " are in host memory");
+    a.host_bytes = (8 + 4 + 4 + e) * owned;
+    a.host_formula = "(8 + 4 + 4 + e) B x " + o + " (m, v and the staging of fp32 parameters, gradients and the 16-bit copy; optim/host_adamw.h)";
+    a.host_transfer_bytes_per_step = (8 + 4 + e) * owned;
+    a.host_transfer_formula = "(8 + 4 + e) B x " + o + " (fp32 parameters and gradients down, parameters and the 16-bit copy up)";
+  } else if (fsdp) {   // the shard's state and the replicated norms'
     add("optimizer_state", (one_state ? 4 : 8) * (Ps / dp + norm_params),
         sb + "(" + ps + " / N + norms) (" + what + " of this rank's shard and of the norms)");
-  else
+  } else {
     add("optimizer_state", (one_state ? 4 : 8) * Pr / (sharded ? dp : 1),
         sharded ? sb + p + " / N (" + what + " of this rank's range)" : sb + p + " (" + what + ")");
+  }
   // Activations kept from the forward to the backward, as the checkpointing policy says
   // (model/recompute.h); every-k adds one recomputed group at the start of the backward.
   // Tensor parallel: q, k, v, o and a, b, g are split (1/tp), x, y1, h, y2 and the norms' rstd
@@ -295,6 +316,10 @@ int run_accounting(JobEnv& env) {
   env.out.set_attr(g, "tp_comm_formula", a.tp_comm_formula);
   env.out.set_attr(g, "analysis_flops_per_device", a.analysis_flops);
   env.out.set_attr(g, "analysis_link_bytes_per_s", a.analysis_link_bytes);
+  env.out.set_attr(g, "host_bytes_per_rank", a.host_bytes);
+  env.out.set_attr(g, "host_formula", a.host_formula);
+  env.out.set_attr(g, "host_transfer_bytes_per_step_per_rank", a.host_transfer_bytes_per_step);
+  env.out.set_attr(g, "host_transfer_formula", a.host_transfer_formula);
   auto bounds = env.out.create_table("/accounting/comm_bound_degree", {{"strategy", io::Column::Type::str, ""},
                                                                        {"degree", io::Column::Type::i64, ""},
                                                                        {"limit", io::Column::Type::i64, ""},
@@ -370,6 +395,11 @@ int run_accounting(JobEnv& env) {
         fmt::print("{:<18} {:>12.3f} {:>12.3f}\n", st, cpu_stages[st].peak / (1u << 30), cuda_stages[st].peak / (1u << 30));
     }
     fmt::print("communication per step per rank: {:.3f} GiB ({})\n", a.comm_bytes_per_step / (1u << 30), a.comm_formula);
+    if (a.host_bytes > 0)
+      fmt::print("offload ({}): host memory {:.3f} GiB per rank ({}); {:.3f} GiB per step per rank between host and "
+                 "device ({})\n",
+                 cfg.parallel.offload, a.host_bytes / (1u << 30), a.host_formula,
+                 a.host_transfer_bytes_per_step / (1u << 30), a.host_transfer_formula);
     fmt::print("FLOPs per step: {:.4g}; at the device peak ({:.0f} TFLOP/s) a step takes at least {:.1f} ms "
                "({:.1f} ms at 50% MFU)\n",
                a.flops_per_step, a.peak_flops / 1e12, a.ideal_step_s * 1e3, 2 * a.ideal_step_s * 1e3);

@@ -490,12 +490,15 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
   return m.peak - base;
 }
 
-double store_bytes(const Config& cfg, const parallel::Spec& spec, double P, int dp_rank) {
+double store_bytes(const Config& cfg, const parallel::Spec& spec, double P, int dp_rank, bool cuda) {
   const int dp = spec.gradient_group();   // the ranks ZeRO shards over (dp / ep)
   const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
   const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
-  const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
+  // parallel.offload = optimizer (optim/host_adamw.h): on a GPU run m and v live in host memory
+  // (on CPU ranks the host is the device: counted as without offload).
+  const double states = cuda && spec.offload != OffloadMode::none ? 0.0
+                        : cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
   double bytes = 4 * P + (mixed ? 2 * P : 0.0);
   if (!lazy) bytes += 4 * P;   // one flat fp32 gradient buffer
   if (spec.sharded_optimizer()) {

@@ -1,6 +1,7 @@
 // The FSDP part of the allocation replay (memory_replay.h): parallel/fsdp.cpp's units, their
 // gathered weights ahead of use and their full-size gradients until reduce-scattered, for one
 // process's model or one pipeline stage's units.
+#include <algorithm>
 #include <cmath>
 
 #include "lmscale/model/param_layout.h"
@@ -41,12 +42,19 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
   gr.send.assign(gr.unit_padded.size(), 0);
   gr.pending.clear();
   gr.offloaded = cfg.parallel.offload == OffloadMode::optimizer;
+  // The offloaded optimizer's two staging slots (parallel/offloaded_shards.h): fp32 gradients and
+  // the 16-bit copy of the largest chunk (<= 32 Mi elements); pinned host memory on a GPU run.
+  double slot = 0;
+  for (const double n : gr.unit_padded) slot = std::max(slot, std::min(n / dp, 33554432.0));
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
   const double states = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
   // master and gradient shard, the norms' master and gradients, both optimizers' state.
   // Offloaded (AdamW only): the shard's master and moments live on the host; the device keeps the
   // gradient shard and the master's compute-dtype copy, and the norms as without offload.
-  if (gr.offloaded) return 4 * S + s.e * S + 4 * norms * 2 + 4 * norms * states;
+  if (gr.offloaded && s.cuda) return 4 * S + s.e * S + 4 * norms * 2 + 4 * norms * states;
+  // On CPU ranks the host is the device: the master and moments, the copy (e = 4 in fp32: a second
+  // fp32 copy) and the staging all count.
+  if (gr.offloaded) return 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * states + s.e * S + 2 * slot * (4 + s.e);
   return 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * states;
 }
 

@@ -37,6 +37,10 @@ struct Accounting {
   // FLOP rate and link bandwidth of the [accounting] keys.
   std::vector<ParallelBound> bounds;
   double analysis_flops = 0, analysis_link_bytes = 0;   // C (FLOP/s) and W (bytes/s) used
+  // parallel.offload (docs/parallel.md "CPU offload"): host memory per rank for the offloaded
+  // optimizer, and the bytes each rank moves between host and device per step (both directions).
+  double host_bytes = 0, host_transfer_bytes_per_step = 0;
+  std::string host_formula, host_transfer_formula;
 };
 
 // For a resolved config on `world` ranks; device_name picks the peak FLOP/s ("" = H100 SXM).
