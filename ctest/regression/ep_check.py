@@ -30,6 +30,15 @@ def compare_runs(ref, run, tol):
     norm = {int(s): float(g) for s, g in zip(a["step"], a["grad_norm"])}
     worst_norm = max(abs(norm[int(s)] - float(g)) for s, g in zip(b["step"], b["grad_norm"]))
     assert worst_norm <= tol, f"{run}: grad_norm differs from {ref} by {worst_norm:.3g} > {tol}"
+    # Evaluations (train.eval_every) where RUN has them: REF's losses of the same steps within TOL.
+    with h5py.File(ref, "r") as fa, h5py.File(run, "r") as fb:
+        eb = fb["/train/eval"][:] if "/train/eval" in fb else []
+        if len(eb) > 0:
+            ea = {int(s): float(l) for s, l in zip(fa["/train/eval"]["step"], fa["/train/eval"]["loss"])}
+            assert all(int(s) in ea for s in eb["step"]), f"{run}: evaluations at {eb['step']}, {ref} at {list(ea)}"
+            worst_eval = max(abs(ea[int(s)] - float(l)) for s, l in zip(eb["step"], eb["loss"]))
+            print(f"ep_check.py: {run}: {len(eb)} evaluations, max difference {worst_eval:.3g}")
+            assert worst_eval <= tol, f"{run}: evaluation loss differs from {ref} by {worst_eval:.3g} > {tol}"
     # /train/moe rows count since the previous logged row: a resumed run's first row covers fewer
     # steps than REF's row of the same step, so only runs from step 1 compare their counts.
     if ma is not None and int(b["step"][0]) == 1:

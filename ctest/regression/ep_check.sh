@@ -5,7 +5,8 @@
 # checkpointing, with the deck's capacity drops and dropless; losses within 1e-6 of one process and
 # /train/moe's counts equal (ep_check.py). Then resume across ep: sharded checkpoints written with
 # ep = 2 (zero1) resumed by one process and by dp 2 x ep 2, one process's resumed with ep = 4, and
-# a single-file checkpoint of ep = 2 resumed by one process; the final weights by name equal.
+# a single-file checkpoint of ep = 2 resumed by one process; the final weights by name equal, and
+# the evaluation losses (forwards through the all-to-alls without a backward).
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,9 +24,9 @@ run() {   # run NP NAME ARGS...
   fi
 }
 dropless=--model.moe_capacity_factor=0
-run 1 one --train.save="$out/ep_one_weights.h5"
+run 1 one --train.save="$out/ep_one_weights.h5" --train.eval_every=6
 run 1 one_dropless $dropless
-run 2 ep2 --parallel.ep=2 --train.save="$out/ep_ep2_weights.h5"
+run 2 ep2 --parallel.ep=2 --train.save="$out/ep_ep2_weights.h5" --train.eval_every=6
 run 4 ep4 --parallel.ep=4
 run 4 dp2ep2 --parallel.ep=2
 run 4 dp2ep2_zero1 --parallel.ep=2 --parallel.zero=zero1
