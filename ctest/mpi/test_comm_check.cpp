@@ -61,6 +61,29 @@ TEST_P(Check, DifferentDtypeOpRootOrUnevenCountsThrow) {
   expect_usable();
 }
 
+// all_to_all_v's block sizes differ per rank by design; check mode compares each send block with
+// what its receiver expects, and every rank throws alike.
+TEST_P(Check, AllToAllBlockSizesArePairedUp) {
+  const int n = comm_->size(), r = comm_->rank();
+  std::vector<std::size_t> sc(static_cast<std::size_t>(n)), rc(static_cast<std::size_t>(n));
+  for (int q = 0; q < n; ++q) {
+    sc[static_cast<std::size_t>(q)] = static_cast<std::size_t>(r + 2 * q);   // r sends r + 2q to q
+    rc[static_cast<std::size_t>(q)] = static_cast<std::size_t>(q + 2 * r);   // q sends q + 2r to r
+  }
+  std::vector<float> send(64, 1.0f), recv(64, 0.0f);
+  comm_->all_to_all_v(send.data(), sc, recv.data(), rc, DType::f32);   // consistent: no error
+  if (r == 1) rc[0] += 1;   // rank 1 expects one element more from rank 0 than it sends
+  try {
+    comm_->all_to_all_v(send.data(), sc, recv.data(), rc, DType::f32);
+    ADD_FAILURE() << "no error on rank " << r;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("all-to-all block sizes differ"), std::string::npos) << what;
+    if (r == 1) EXPECT_NE(what.find("rank 0 sends 2 elements to rank 1, which expects 3"), std::string::npos) << what;
+  }
+  expect_usable();
+}
+
 TEST_P(Check, AsyncMismatchSurfacesAtWait) {
   std::vector<float> buf(64, 1.0f);
   Work w = comm_->all_reduce(buf.data(), buf.data(), comm_->rank() == 0 ? 3 : 4, DType::f32, ReduceOp::sum, async_call());

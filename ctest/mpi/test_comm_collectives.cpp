@@ -143,6 +143,39 @@ TEST_P(Collectives, AllGatherUneven) {
     }
 }
 
+// Block r of rank q's send holds test_value(q, r * 1000 + i): the receiver knows each element's
+// sender and its own position. Even blocks (every algo falls back to MPI_Alltoallv) and uneven
+// ones, empty blocks included (n = 0, and the counts of uneven_counts(0) start at 0).
+TEST_P(Collectives, AllToAll) {
+  const DType t = dtype();
+  for (std::size_t n : kSizes) {
+    if (n > 1000) continue;   // p x p blocks
+    for (bool uneven : {false, true}) {
+      // Rank q sends counts(q)[r] elements to rank r.
+      auto counts = [&](int q) {
+        std::vector<std::size_t> c(static_cast<std::size_t>(p_), n);
+        if (uneven)
+          for (int r = 0; r < p_; ++r) c[static_cast<std::size_t>(r)] = n + static_cast<std::size_t>((q * 3 + r * 2) % 5);
+        return c;
+      };
+      const auto sc = counts(r_);
+      std::vector<std::size_t> rc;
+      for (int q = 0; q < p_; ++q) rc.push_back(counts(q)[static_cast<std::size_t>(r_)]);
+      HostBuffer send(t, offset_of(sc, p_)), recv(t, offset_of(rc, p_));
+      for (int r = 0; r < p_; ++r)
+        for (std::size_t i = 0; i < sc[static_cast<std::size_t>(r)]; ++i)
+          test::set_value(t, send.data(), offset_of(sc, r) + i, test_value(r_, static_cast<std::size_t>(r) * 1000 + i, 2));
+      if (uneven) comm_->all_to_all_v(send.data(), sc, recv.data(), rc, t);
+      else comm_->all_to_all(send.data(), recv.data(), n, t);
+      Mismatches m;
+      for (int q = 0; q < p_; ++q)
+        for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)]; ++i)
+          m.expect(recv.at(offset_of(rc, q) + i), round_to(t, test_value(q, static_cast<std::size_t>(r_) * 1000 + i, 2)), i);
+      EXPECT_EQ(m.wrong, 0u) << where(uneven ? "all-to-all-v" : "all-to-all", n, false) << ": " << m.first;
+    }
+  }
+}
+
 TEST_P(Collectives, Broadcast) {
   const DType t = dtype();
   for (std::size_t n : kSizes)

@@ -73,6 +73,9 @@ std::vector<MeshShape> shapes(int world) {
       const int dp = world / (tp * pp);
       for (int shard = 1; shard <= dp; ++shard)
         if (dp % shard == 0) out.push_back(MeshShape{dp, tp, pp, shard});
+      // Expert parallelism splits dp into ep x expert_dp.
+      for (int ep = 2; ep <= dp; ++ep)
+        if (dp % ep == 0) out.push_back(MeshShape{dp, tp, pp, dp, ep});
     }
   return out;
 }
@@ -84,7 +87,8 @@ TEST(Mesh, GroupsMatchTheDocumentedLayout) {
   for (const MeshShape& s : shapes(n)) {
     Mesh mesh(world, s);
     const MeshCoords c = mesh.coords();
-    SCOPED_TRACE(fmt::format("dp {} tp {} pp {} shard {} rank {}", s.dp, s.tp, s.pp, s.shard, r));
+    SCOPED_TRACE(fmt::format("dp {} tp {} pp {} shard {} ep {} rank {}", s.dp, s.tp, s.pp, s.shard, s.ep, r));
+    EXPECT_EQ(c.dp, c.expert_dp * s.ep + c.ep);   // ep consecutive dp ranks form an ep group
     EXPECT_EQ(mesh_rank(mesh.shape(), c.pp, c.dp, c.tp), r);
     EXPECT_EQ(r, (c.pp * s.dp + c.dp) * s.tp + c.tp);   // the documented formula
     // Members computed independently: every world rank whose other coordinates match.
@@ -99,12 +103,24 @@ TEST(Mesh, GroupsMatchTheDocumentedLayout) {
           case Axis::pp: same = o.dp == c.dp && o.tp == c.tp; break;
           case Axis::shard: same = o.pp == c.pp && o.tp == c.tp && o.replicate == c.replicate; break;
           case Axis::replicate: same = o.pp == c.pp && o.tp == c.tp && o.shard == c.shard; break;
+          case Axis::ep: same = o.pp == c.pp && o.tp == c.tp && o.expert_dp == c.expert_dp; break;
+          case Axis::expert_dp: same = o.pp == c.pp && o.tp == c.tp && o.ep == c.ep; break;
         }
         if (same) want.push_back(q);
       }
       EXPECT_EQ(members_of(mesh.group(a), r), want) << axis_name(a);
     };
-    for (Axis a : {Axis::tp, Axis::dp, Axis::pp, Axis::shard, Axis::replicate}) expect_members(a);
+    for (Axis a : {Axis::tp, Axis::dp, Axis::pp, Axis::shard, Axis::replicate, Axis::expert_dp}) expect_members(a);
+    if (s.ep > 1) {
+      expect_members(Axis::ep);
+      EXPECT_EQ(mesh.ep().size(), s.ep);
+      EXPECT_EQ(mesh.ep().rank(), c.ep);
+    } else {
+      EXPECT_EQ(mesh.group_ptr(Axis::ep), nullptr);   // ep = 1 makes no group
+      EXPECT_THROW(mesh.ep(), Error);
+    }
+    EXPECT_EQ(mesh.expert_dp().size(), s.dp / s.ep);
+    EXPECT_EQ(mesh.expert_dp().rank(), c.expert_dp);
     EXPECT_EQ(mesh.tp().size(), s.tp);
     EXPECT_EQ(mesh.dp().size(), s.dp);
     EXPECT_EQ(mesh.pp().size(), s.pp);

@@ -4,7 +4,8 @@
 # DDP, zero1, zero2, fsdp and tp (with and without sequence parallelism) on 2 ranks and pipeline
 # parallelism on 2 stages (gpipe, 1f1b, interleaved; 2 and 4 microbatches), and with NP = 4 fsdp
 # over dp 2 x tp 2 (2D) and pipelines on dp 2 x pp 2 (ddp, zero2, fsdp) and tp 2 x pp 2 (with and
-# without sequence parallelism). Each run's /bench_model/memory_prediction must hold every phase
+# without sequence parallelism); MoE models (one process, DDP, ep 2 on 2 ranks, ep 2 x zero2 and
+# ep 4 on 4). Each run's /bench_model/memory_prediction must hold every phase
 # of its mode with a measured peak and a prediction within MAX_ERROR (0.5%; issue 21 asks for
 # 5%), and so must every rank's rows in
 # /bench_model/memory_prediction_ranks (a pipeline rank predicts its own stage) (issue 21). The CPU
@@ -70,7 +71,15 @@ run() {   # NAME NP ARGS...
   check "$name" "$np" "${phases[@]}" || fail=1
 }
 
+# Mixture of experts (memory_replay_moe.cpp): dropless the kept rows are N k exactly; with a
+# capacity the replay takes the bound min(N k, B E capacity) (routing decides how many are kept:
+# 1.4% over here); under expert parallelism each rank's experts are assumed to receive N k rows
+# (balanced routing: within 1.4% here, either side).
+moe="--model.moe_experts=4 --model.moe_top_k=2 --model.moe_expert_dff=48"
 if [ "$NP" -eq 4 ]; then
+  RUN_MAX_ERROR=0.03 BATCH=8 run "np4_moe_ep2_zero2" 4 $moe --parallel.ep=2 --parallel.zero=zero2 --bench.mode=train-step
+  RUN_MAX_ERROR=0.03 BATCH=8 run "np4_moe_ep4_every1" 4 $moe --parallel.ep=4 --bench.mode=train-step \
+      --train.activation_checkpointing=every-k
   # 2D: fsdp over the dp axis of dp 2 x tp 2 (each tp rank's slices sharded over its dp group),
   # with and without sequence parallelism, forward and train-step; mixed-precision casts are
   # GPU-only and not replayed here.
@@ -145,11 +154,19 @@ elif [ "$NP" -eq 1 ]; then
     run "one_${att}_every1_first1" 1 --model.attention=$att --bench.mode=train-step \
         --train.activation_checkpointing=every-k --train.checkpoint_layers=1
   done
+  for mode in forward forward-backward train-step; do
+    run "one_moe_${mode}" 1 $moe --bench.mode=$mode
+  done
+  run "one_moe_every1" 1 $moe --bench.mode=train-step --train.activation_checkpointing=every-k
+  run "one_moe_every_other_block" 1 $moe --model.moe_every=2 --bench.mode=train-step
+  RUN_MAX_ERROR=0.03 run "one_moe_capacity" 1 $moe --model.moe_capacity_factor=1 --bench.mode=train-step
   # The fused LM head in row chunks of 7 (256 rows: 36 chunks and a remainder of 4).
   for mode in forward train-step; do
     run "one_chunked_${mode}" 1 --model.attention=flash --model.ce_chunk_rows=7 --bench.mode=$mode
   done
 else
+  run "np${NP}_moe_ddp" "$NP" $moe --parallel.ddp=flat --bench.mode=train-step
+  RUN_MAX_ERROR=0.03 BATCH=8 run "np${NP}_moe_ep2" "$NP" $moe --parallel.ep=2 --bench.mode=train-step
   for z in "ddp flat none" "zero1 flat zero1" "zero2 bucketed zero2" "fsdp none fsdp"; do
     set -- $z
     for mode in forward train-step; do

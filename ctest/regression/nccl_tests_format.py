@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """nccl_tests_format.py LMSCALE OUTDIR: bench.format = nccl-tests, read the way nccl-tests' users read it.
 
-Runs bench-collectives on 2 CPU ranks (MPI backend) with the four collectives at 4 sizes and parses
+Runs bench-collectives on 2 CPU ranks (MPI backend) with the five collectives at 4 sizes and parses
 stdout as the scripts written for NVIDIA's nccl-tests do:
   - rows: lines not starting with '#' matched by the 13-field regex of such parsers
     (size count type redop root, then time algbw busbw #wrong out of place and in place);
@@ -29,7 +29,7 @@ if not shutil.which("mpirun"):
     print("mpirun not found: skipped")
     sys.exit(77)
 sizes = [1024, 4096, 16384, 65536]
-ops = ["all-reduce", "reduce-scatter", "all-gather", "broadcast"]
+ops = ["all-reduce", "reduce-scatter", "all-gather", "broadcast", "all-to-all"]
 run = subprocess.run(["mpirun", "-np", "2", "--bind-to", "none", lmscale, "--run.job=bench-collectives",
                       "--parallel.device=cpu", "--bench.format=nccl-tests", f"--bench.ops={','.join(ops)}",
                       "--bench.dtypes=fp32", "--bench.min_bytes=1K", "--bench.max_bytes=64K", "--bench.step_factor=4",
@@ -79,13 +79,13 @@ for line in lines:
                 for k in range(2))
             check(f"row layout is nccl-tests': {line!r}", again == line, repr(again))
 check("a table per collective", len(tables) == len(ops), str(len(tables)))
-factor = {"all-reduce": 2 * (2 - 1) / 2, "reduce-scatter": 0.5, "all-gather": 0.5, "broadcast": 1.0}
+factor = {"all-reduce": 2 * (2 - 1) / 2, "reduce-scatter": 0.5, "all-gather": 0.5, "broadcast": 1.0, "all-to-all": 0.5}
 for op, table in zip(ops, tables):
     rows = table["rows"]
     check(f"{op}: one row per size", [int(r[0]) for r in rows] == sizes, str([r[0] for r in rows]))
     for r in rows:
         size, count = int(r[0]), int(r[1])
-        want_count = size // 4 // 2 if op in ("all-gather", "reduce-scatter") else size // 4
+        want_count = size // 4 // 2 if op in ("all-gather", "reduce-scatter", "all-to-all") else size // 4
         want_redop = "sum" if op in ("all-reduce", "reduce-scatter") else "none"
         want_root = 0 if op == "broadcast" else -1
         check(f"{op} {size}: count, type, redop, root as nccl-tests",
@@ -109,8 +109,9 @@ try:
     for r in rows:
         op = r["op"].decode().rstrip("\0") if isinstance(r["op"], bytes) else str(r["op"])
         placements.setdefault(op, set()).add((int(r["bytes"]), int(r["inplace"])))
-    check("HDF5: both placements of every size (broadcast: in place)",
-          all(placements.get(op) == {(s, ip) for s in sizes for ip in ((1,) if op == "broadcast" else (0, 1))}
+    one = {"broadcast": (1,), "all-to-all": (0,)}   # their one placement, shown in both columns
+    check("HDF5: both placements of every size (broadcast: in place; all-to-all: out of place)",
+          all(placements.get(op) == {(s, ip) for s in sizes for ip in one.get(op, (0, 1))}
               for op in ops), str(placements))
 except ImportError:
     print("h5py not installed: the HDF5 check is skipped")

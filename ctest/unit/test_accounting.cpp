@@ -325,3 +325,82 @@ TEST(Accounting, PlannedDeviceIsTheDecksNotThisMachines) {
     EXPECT_THROW(jobs::resolve_runtime(c, 1), UsageError);
   }
 }
+
+// The moe-1b preset (8 experts, top-2, d 1024, 12 layers, expert d_ff 2816, vocab 10000), batch
+// 8 x 1024 per rank on ep = dp = 2: parameters counted by hand.
+TEST(AccountingMoe, Moe1bPresetByHand) {
+  Config c;
+  c.run.job = JobKind::train;
+  c.model.vocab_size = 10000;
+  c.model.d_model = 1024;
+  c.model.d_ff = 2816;
+  c.model.num_layers = 12;
+  c.model.num_heads = 16;
+  c.model.context_length = 1024;
+  c.model.moe_experts = 8;
+  c.model.moe_top_k = 2;
+  c.model.moe_expert_dff = 2816;
+  c.parallel.ep = 2;
+  c.parallel.dp = 2;
+  c.train.batch_size = 16;
+  const jobs::MoeAccounting a = jobs::account_moe(c, 2);
+  const std::int64_t d = 1024, V = 10000, L = 12, E = 8, Fe = 2816;
+  const std::int64_t experts = L * E * 3 * d * Fe;
+  EXPECT_EQ(a.expert_parameters, experts);
+  EXPECT_EQ(a.total_parameters, 2 * V * d + L * (4 * d * d + 2 * d + E * d) + experts + d);
+  EXPECT_EQ(a.total_parameters - a.active_parameters, L * (E - 2) * 3 * d * Fe);
+  EXPECT_DOUBLE_EQ(a.expert_state_bytes_per_rank, 16.0 * static_cast<double>(experts) / 2);
+  // 4 all-to-alls x 12 blocks x (8 x 1024 tokens x 2) rows x 1/2 remote x 1024 x 4 bytes.
+  EXPECT_DOUBLE_EQ(a.all_to_all_bytes_per_step, 4.0 * 12 * 16384 * 0.5 * 1024 * 4);
+  c.train.activation_checkpointing = Checkpointing::every_k;   // the recompute's two more
+  EXPECT_DOUBLE_EQ(jobs::account_moe(c, 2).all_to_all_bytes_per_step, 6.0 * 12 * 16384 * 0.5 * 1024 * 4);
+}
+
+// The expert row of the communication-bound table (docs/parallel.md): per token both sides scale
+// as 1/n, so ep = n is bound from the smallest n dividing E with
+// (n-1)/n >= F_token W / (a L_moe k d e C), a = 4 all-to-alls per MoE block (6 with every-k).
+TEST(AccountingMoe, ExpertParallelBoundByHand) {
+  Config c;
+  c.run.job = JobKind::train;
+  c.model.vocab_size = 10000;
+  c.model.d_model = 1024;
+  c.model.d_ff = 2816;
+  c.model.num_layers = 12;
+  c.model.num_heads = 16;
+  c.model.context_length = 1024;
+  c.model.moe_experts = 8;
+  c.model.moe_top_k = 2;
+  c.model.moe_expert_dff = 2816;
+  c.train.batch_size = 16;
+  const auto m = model::ModelDims::from(c.model);
+  const double F_token = m.train_flops_per_token(1024);
+  auto expected = [&](double C, double W, double a) {
+    const double r = F_token * W / (a * 12 * 2 * 1024 * 4.0 * C);
+    for (std::int64_t n : {2, 4, 8})
+      if (static_cast<double>(n - 1) / static_cast<double>(n) >= r) return n;
+    return std::int64_t{0};
+  };
+  auto expert_row = [](const std::vector<jobs::ParallelBound>& b) {
+    for (const auto& x : b)
+      if (x.strategy == "expert") return x;
+    ADD_FAILURE() << "no expert row";
+    return jobs::ParallelBound{};
+  };
+  // A slow link: bound at 2. A link fast enough that (n-1)/n must exceed 0.6: bound at 4 (3 does not
+  // divide 8). Faster than the per-token ratio allows at any n <= 8: none (0).
+  const double C = 100e12;
+  const double W2 = 0.4 * 4 * 12 * 2 * 1024 * 4.0 * C / F_token, W4 = 0.6 * 4 * 12 * 2 * 1024 * 4.0 * C / F_token;
+  const double Wnone = 0.9 * 4 * 12 * 2 * 1024 * 4.0 * C / F_token;
+  EXPECT_EQ(expert_row(jobs::parallel_bounds(c, C, W2)).degree, 2);
+  EXPECT_EQ(expert_row(jobs::parallel_bounds(c, C, W4)).degree, expected(C, W4, 4));
+  EXPECT_EQ(expected(C, W4, 4), 4);
+  EXPECT_EQ(expert_row(jobs::parallel_bounds(c, C, Wnone)).degree, 0);
+  EXPECT_EQ(expert_row(jobs::parallel_bounds(c, C, Wnone)).limit, 8);
+  // every-k: 6 all-to-alls per block instead of 4, so the same link binds earlier.
+  c.train.activation_checkpointing = Checkpointing::every_k;
+  EXPECT_EQ(expert_row(jobs::parallel_bounds(c, C, Wnone)).degree, expected(C, Wnone, 6));
+  EXPECT_EQ(expected(C, Wnone, 6), 4);
+  // Dense models have no expert row.
+  c.model.moe_experts = 0;
+  for (const auto& x : jobs::parallel_bounds(c, C, W2)) EXPECT_NE(x.strategy, "expert");
+}

@@ -96,6 +96,28 @@ const std::vector<BadDeck> kBadDecks{
     {"duplicate_key", "[model]\nd_model = 256\nd_model = 512\n", {}, "model.d_model"},
     {"bad_override_value", "", {"--train.steps=many"}, "train.steps", "on the command line"},
     {"duplicate_override", "", {"--model.d_model=256", "--model.d_model=512"}, "model.d_model", "more than once"},
+    // Mixture of experts (io/deck_moe.cpp).
+    {"moe_top_k_over_experts", "[model]\nmoe_experts = 4\nmoe_top_k = 5\n", {}, "model.moe_top_k", "model.moe_experts = 4"},
+    {"moe_every_zero", "[model]\nmoe_experts = 4\nmoe_every = 0\n", {}, "model.moe_every", ">= 1"},
+    {"moe_every_over_layers", "[model]\nnum_layers = 2\nmoe_experts = 4\nmoe_every = 3\n", {}, "model.moe_every"},
+    {"moe_negative_capacity", "[model]\nmoe_experts = 4\nmoe_capacity_factor = -1\n", {}, "model.moe_capacity_factor"},
+    {"moe_on_cuda", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cuda\n", {}, "model.moe_experts",
+     "GPU path is not in this version"},
+    {"ep_without_experts", "[parallel]\nep = 2\n", {}, "parallel.ep", "model.moe_experts = 0"},
+    {"ep_not_dividing_experts", "[model]\nmoe_experts = 6\n[parallel]\ndevice = cpu\nep = 4\n", {}, "parallel.ep",
+     "model.moe_experts = 6"},
+    {"ep_not_dividing_dp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nep = 2\n", {}, "parallel.ep",
+     "parallel.dp = 1"},
+    {"ep_with_lamb", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nep = 2\ndp = 2\n[train]\nbatch_size = 4\n"
+     "[optim]\nname = lamb\n", {}, "parallel.ep", "layer-wise optimizer"},
+    {"ep_with_offload", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nep = 2\ndp = 2\nzero = zero1\noffload = "
+     "optimizer\n[train]\nbatch_size = 4\n", {}, "parallel.ep", "parallel.offload"},
+    {"moe_with_tp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\ntp = 2\n", {"--parallel.dp=1"},
+     "parallel.tp", "tensor parallelism of MoE blocks"},
+    {"moe_with_selective", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\n[train]\nactivation_checkpointing = "
+     "selective\n", {}, "train.activation_checkpointing", "model.moe_experts"},
+    {"moe_with_fsdp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nzero = fsdp\n", {}, "parallel.zero",
+     "model.moe_experts = 4"},
 };
 
 class BadDeckTest : public ::testing::TestWithParam<BadDeck> {};

@@ -170,3 +170,28 @@ TEST(MemoryFit, ParameterFloorIsArithmeticAndBelowThePrediction) {
   accounting.run.job = JobKind::accounting;
   EXPECT_FALSE(jobs::parameter_floor(accounting, 1));
 }
+
+// MoE decks are predicted (jobs/predict/memory_replay_moe.cpp) and so fit-checked like dense
+// ones: the need is the replay's peak, and it grows with the experts this rank holds (ep splits
+// them) and with the rows they compute (top-k).
+TEST(MemoryFit, MixtureOfExpertsIsPredictedAndChecked) {
+  Config c = xl_bench("train-step");
+  c.model.num_layers = 4;
+  c.model.moe_experts = 8;
+  c.model.moe_top_k = 2;
+  c.model.moe_expert_dff = 1024;
+  const auto need = jobs::predicted_need(c, 1, "");
+  ASSERT_TRUE(need);
+  EXPECT_DOUBLE_EQ(need->bytes, jobs::predict_memory_phases(c, 1, false).peak);
+  Config dense = c;
+  dense.model.moe_experts = 0;
+  EXPECT_GT(need->bytes, jobs::predicted_need(dense, 1, "")->bytes);   // 8 experts of 3 d Fe each
+  Config ep = c;
+  ep.parallel.ep = 2;
+  ep.parallel.dp = 2;
+  ep.bench.batch_size = 2 * c.bench.batch_size;   // the same rows per rank
+  EXPECT_LT(jobs::predicted_need(ep, 2, "")->bytes, need->bytes);   // half the experts per rank
+  Config top1 = c;
+  top1.model.moe_top_k = 1;
+  EXPECT_LT(jobs::predicted_need(top1, 1, "")->bytes, need->bytes);
+}

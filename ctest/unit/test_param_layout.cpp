@@ -47,5 +47,55 @@ TEST(ParamIndex, NamesMatchTheLayout) {
   }
 }
 
+// Mixture of experts (docs/moe.md): every moe_every-th block has the router and the stacked
+// experts in place of w1, w2, w3; ParamIndex(dims) finds them by the same names.
+TEST(ParamIndex, MoeBlocksMatchTheLayout) {
+  for (int every : {1, 2, 3}) {
+    ModelDims d;
+    d.vocab = 11, d.d_model = 8, d.d_ff = 12, d.layers = 5, d.heads = 2;
+    d.moe_experts = 4, d.moe_top_k = 2, d.moe_dff = 6, d.moe_every = every;
+    const auto layout = parameter_layout(d);
+    const ParamIndex ix(d);
+    ASSERT_EQ(static_cast<int>(layout.size()), ix.count()) << every;
+    auto name = [&](int i) { return layout[static_cast<std::size_t>(i)].name; };
+    auto shape = [&](int i) { return layout[static_cast<std::size_t>(i)].shape; };
+    EXPECT_EQ(name(ix.ln_final()), "ln_final.weight");
+    EXPECT_EQ(name(ix.lm_head()), "lm_head.weight");
+    for (int l = 0; l < 5; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      const BlockParams b = ix.block(l);
+      EXPECT_EQ(ix.is_moe(l), d.is_moe_block(l));
+      EXPECT_EQ(name(b.q), p + "attn.q_proj.weight");
+      EXPECT_EQ(name(b.ln1), p + "ln1.weight");
+      EXPECT_EQ(name(b.ln2), p + "ln2.weight");
+      if (d.is_moe_block(l)) {
+        EXPECT_EQ(name(b.router), p + "ffn.router.weight");
+        EXPECT_EQ(name(b.w1), p + "ffn.experts.w1.weight");
+        EXPECT_EQ(name(b.w2), p + "ffn.experts.w2.weight");
+        EXPECT_EQ(name(b.w3), p + "ffn.experts.w3.weight");
+        EXPECT_EQ(shape(b.router), (Shape{4, 8}));
+        EXPECT_EQ(shape(b.w1), (Shape{4, 6, 8}));
+        EXPECT_EQ(shape(b.w2), (Shape{4, 8, 6}));
+      } else {
+        EXPECT_EQ(b.router, -1);
+        EXPECT_EQ(name(b.w1), p + "ffn.w1.weight");
+      }
+    }
+    for (int i = 0; i < ix.count(); ++i) {
+      const ParamInfo& info = layout[static_cast<std::size_t>(i)];
+      const int unit = info.layer >= 0 ? info.layer + 1 : (info.kind == ParamInfo::Kind::embedding ? 0 : 6);
+      EXPECT_EQ(ix.unit_of(i), unit) << info.name;
+      EXPECT_EQ(ix.is_norm(i), info.kind == ParamInfo::Kind::norm) << info.name;
+      EXPECT_LE(ix.first_of_unit(unit), i) << info.name;
+      EXPECT_GT(ix.first_of_unit(unit + 1), i) << info.name;
+    }
+    // Counts: the layout's elements are parameter_count(); the active count swaps E experts for k.
+    std::int64_t total = 0;
+    for (const auto& p : layout) total += p.numel;
+    EXPECT_EQ(total, d.parameter_count());
+    EXPECT_EQ(d.parameter_count() - d.active_parameter_count(), d.moe_block_count() * 2 * 3 * 8 * 6);
+  }
+}
+
 }  // namespace
 }  // namespace lmscale::model

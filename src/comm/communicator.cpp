@@ -19,6 +19,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::send: return "send";
     case OpKind::recv: return "recv";
     case OpKind::barrier: return "barrier";
+    case OpKind::all_to_all: return "all-to-all";
   }
   return "?";
 }
@@ -31,6 +32,16 @@ std::size_t Request::block_offset(int r) const {
 std::size_t Request::total_count(int size) const {
   if (counts.empty()) return count * static_cast<std::size_t>(size);
   return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+}
+
+std::size_t Request::recv_block_offset(int r) const {
+  if (recv_counts.empty()) return count * static_cast<std::size_t>(r);
+  return std::accumulate(recv_counts.begin(), recv_counts.begin() + r, std::size_t{0});
+}
+
+std::size_t Request::recv_total_count(int size) const {
+  if (recv_counts.empty()) return count * static_cast<std::size_t>(size);
+  return std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
 }
 
 std::string Communicator::describe() const {
@@ -76,6 +87,10 @@ Work Communicator::submit(Request req, const CallOptions& o) {
   const int n = size();
   if (req.uneven() && req.counts.size() != static_cast<std::size_t>(n))
     throw UsageError(fmt::format("{}: {} counts given for a group of {} ranks", name, req.counts.size(), n));
+  if (req.kind == OpKind::all_to_all && req.uneven() != !req.recv_counts.empty())
+    throw UsageError(fmt::format("{}: send counts and receive counts must both be given (all_to_all_v) or neither", name));
+  if (!req.recv_counts.empty() && req.recv_counts.size() != static_cast<std::size_t>(n))
+    throw UsageError(fmt::format("{}: {} receive counts given for a group of {} ranks", name, req.recv_counts.size(), n));
   if ((req.kind == OpKind::broadcast || req.kind == OpKind::send || req.kind == OpKind::recv) &&
       (req.peer < 0 || req.peer >= n))
     throw UsageError(fmt::format("{}: rank {} is not in the group of {} ranks", name, req.peer, n));
@@ -104,6 +119,10 @@ Work Communicator::submit(Request req, const CallOptions& o) {
       break;
     case OpKind::send:
       send_n = req.count;
+      break;
+    case OpKind::all_to_all:
+      send_n = req.total_count(n);
+      recv_n = req.recv_total_count(n);
       break;
     case OpKind::barrier:
       break;
@@ -155,6 +174,20 @@ Work Communicator::all_gather_v(const void* send, void* recv, const std::vector<
 Work Communicator::broadcast(void* buf, std::size_t count, DType dtype, int root, CallOptions o) {
   Request r;
   r.kind = OpKind::broadcast, r.send = buf, r.recv = buf, r.count = count, r.dtype = dtype, r.peer = root;
+  return submit(std::move(r), o);
+}
+
+Work Communicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype, CallOptions o) {
+  Request r;
+  r.kind = OpKind::all_to_all, r.send = send, r.recv = recv, r.count = count, r.dtype = dtype;
+  return submit(std::move(r), o);
+}
+
+Work Communicator::all_to_all_v(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                                const std::vector<std::size_t>& recv_counts, DType dtype, CallOptions o) {
+  Request r;
+  r.kind = OpKind::all_to_all, r.send = send, r.recv = recv, r.counts = send_counts, r.recv_counts = recv_counts;
+  r.dtype = dtype;
   return submit(std::move(r), o);
 }
 
@@ -272,6 +305,19 @@ Work Communicator::all_gather(const Tensor& send, Tensor& recv, CallOptions o) {
 Work Communicator::broadcast(Tensor& buf, int root, CallOptions o) {
   check_tensor(buf, "broadcast");
   return broadcast(buf.data(), static_cast<std::size_t>(buf.numel()), buf.dtype(), root, o);
+}
+
+Work Communicator::all_to_all_v(const Tensor& send, const std::vector<std::size_t>& send_counts, Tensor& recv,
+                                const std::vector<std::size_t>& recv_counts, CallOptions o) {
+  check_tensor(send, "all-to-all");
+  check_tensor(recv, "all-to-all");
+  const auto total = [](const std::vector<std::size_t>& c) { return std::accumulate(c.begin(), c.end(), std::size_t{0}); };
+  if (send.dtype() != recv.dtype() || static_cast<std::size_t>(send.numel()) != total(send_counts) ||
+      static_cast<std::size_t>(recv.numel()) != total(recv_counts))
+    throw UsageError(fmt::format("all-to-all: send {} {} for {} elements, recv {} {} for {} (one dtype, the counts' "
+                                 "sums)", dtype_name(send.dtype()), shape_str(send.shape()), total(send_counts),
+                                 dtype_name(recv.dtype()), shape_str(recv.shape()), total(recv_counts)));
+  return all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, send.dtype(), o);
 }
 
 Work Communicator::send(const Tensor& buf, int peer, int tag, CallOptions o) {

@@ -35,12 +35,25 @@ Descriptor describe_call(const Request& req, Algo resolved_algo, int size) {
   d[0] = static_cast<std::int64_t>(req.kind);
   d[1] = static_cast<std::int64_t>(req.dtype);
   d[2] = (req.kind == OpKind::all_reduce || req.kind == OpKind::reduce_scatter) ? static_cast<std::int64_t>(req.op) : 0;
-  d[3] = req.kind == OpKind::barrier ? 0 : static_cast<std::int64_t>(req.uneven() ? req.total_count(size) : req.count);
-  d[4] = req.uneven() ? counts_hash(req) : 0;
+  // An all-to-all's blocks differ per rank by design: its even count is compared, its v-form's
+  // counts pairwise (all_to_all_count_errors).
+  const bool per_rank = req.kind == OpKind::barrier || (req.kind == OpKind::all_to_all && req.uneven());
+  d[3] = per_rank ? 0 : static_cast<std::int64_t>(req.uneven() ? req.total_count(size) : req.count);
+  d[4] = req.uneven() && req.kind != OpKind::all_to_all ? counts_hash(req) : 0;
   d[5] = req.kind == OpKind::broadcast ? req.peer : 0;
   d[6] = static_cast<std::int64_t>(resolved_algo);
   d[7] = 0x6c6d73;   // marks a check-mode descriptor
   return d;
+}
+
+std::string all_to_all_count_errors(const Request& req, const std::vector<std::int64_t>& sent_to_me, int rank) {
+  std::string out;
+  for (std::size_t r = 0; r < sent_to_me.size(); ++r) {
+    const auto expected = static_cast<std::int64_t>(req.recv_block_count(static_cast<int>(r)));
+    if (sent_to_me[r] != expected)
+      out += fmt::format(" [rank {} sends {} elements to rank {}, which expects {}]", r, sent_to_me[r], rank, expected);
+  }
+  return out;
 }
 
 void verify_descriptors(const std::vector<Descriptor>& all) {

@@ -23,6 +23,10 @@ using Descriptor = std::array<std::int64_t, 8>;
 // `resolved_algo`: the algorithm the call will really use.
 Descriptor describe_call(const Request& req, Algo resolved_algo, int size);
 
+// all_to_all_v: sent_to_me[r] = the elements rank r's call sends to this rank; returns a text
+// naming every block whose size differs from this rank's recv_counts (empty when all match).
+std::string all_to_all_count_errors(const Request& req, const std::vector<std::int64_t>& sent_to_me, int rank);
+
 // all[r] = rank r's descriptor. Throws MismatchError when they differ.
 void verify_descriptors(const std::vector<Descriptor>& all);
 

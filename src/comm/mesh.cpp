@@ -16,12 +16,14 @@ const char* axis_name(Axis a) {
     case Axis::pp: return "pp";
     case Axis::shard: return "shard";
     case Axis::replicate: return "replicate";
+    case Axis::ep: return "ep";
+    case Axis::expert_dp: return "expert_dp";
   }
   return "?";
 }
 
 MeshShape resolve_mesh(MeshShape s, int world_size) {
-  if (s.tp < 1 || s.pp < 1 || s.dp < 0 || s.shard < 0)
+  if (s.tp < 1 || s.pp < 1 || s.dp < 0 || s.shard < 0 || s.ep < 1)
     throw UsageError(fmt::format("parallel.tp={} and parallel.pp={} must be >= 1 and parallel.dp={} >= 0 (0 = derive)",
                                  s.tp, s.pp, s.dp));
   if (s.dp == 0) {
@@ -38,6 +40,8 @@ MeshShape resolve_mesh(MeshShape s, int world_size) {
   if (s.shard == 0) s.shard = s.dp;
   if (s.dp % s.shard != 0)
     throw UsageError(fmt::format("FSDP shard group size {} must divide parallel.dp = {}", s.shard, s.dp));
+  if (s.dp % s.ep != 0)
+    throw UsageError(fmt::format("parallel.ep = {} must divide parallel.dp = {}", s.ep, s.dp));
   return s;
 }
 
@@ -48,6 +52,8 @@ MeshCoords mesh_coords(const MeshShape& s, int rank) {
   c.pp = rank / (s.tp * s.dp);
   c.shard = c.dp % s.shard;
   c.replicate = c.dp / s.shard;
+  c.ep = c.dp % s.ep;
+  c.expert_dp = c.dp / s.ep;
   return c;
 }
 
@@ -66,6 +72,12 @@ std::vector<int> members(const MeshShape& s, const MeshCoords& c, Axis a) {
       break;
     case Axis::replicate:
       for (int i = 0; i < s.dp / s.shard; ++i) m.push_back(mesh_rank(s, c.pp, i * s.shard + c.shard, c.tp));
+      break;
+    case Axis::ep:
+      for (int i = 0; i < s.ep; ++i) m.push_back(mesh_rank(s, c.pp, c.expert_dp * s.ep + i, c.tp));
+      break;
+    case Axis::expert_dp:
+      for (int i = 0; i < s.dp / s.ep; ++i) m.push_back(mesh_rank(s, c.pp, i * s.ep + c.ep, c.tp));
       break;
   }
   return m;
@@ -138,6 +150,21 @@ Mesh::Mesh(std::shared_ptr<Communicator> world, MeshShape shape) : world_(std::m
     shard_ = group(one, (c.pp * s.tp + c.tp) * replicas + c.replicate, c.shard);
   }
   replicate_ = group(one, (c.pp * s.tp + c.tp) * s.shard + c.shard, c.replicate);
+  // Expert parallelism; ep = 1 (every dense run): no ep group is made (ep() throws) and expert_dp
+  // is the dp group, so nothing is split.
+  if (s.ep == 1) {
+    expert_dp_ = dp_;
+  } else {
+    const int edp = s.dp / s.ep;
+    ep_ = group(one, (c.pp * s.tp + c.tp) * edp + c.expert_dp, c.ep);
+    expert_dp_ = edp == s.dp ? dp_ : group(one, (c.pp * s.tp + c.tp) * s.ep + c.ep, c.expert_dp);
+  }
+}
+
+Communicator& Mesh::group(Axis a) {
+  std::shared_ptr<Communicator> g = group_ptr(a);
+  LMSCALE_CHECK(g != nullptr, "mesh: no {} group (parallel.ep = 1 makes none)", axis_name(a));
+  return *g;
 }
 
 std::shared_ptr<Communicator> Mesh::group_ptr(Axis a) const {
@@ -147,6 +174,8 @@ std::shared_ptr<Communicator> Mesh::group_ptr(Axis a) const {
     case Axis::pp: return pp_;
     case Axis::shard: return shard_;
     case Axis::replicate: return replicate_;
+    case Axis::ep: return ep_;
+    case Axis::expert_dp: return expert_dp_;
   }
   return nullptr;
 }

@@ -111,7 +111,7 @@ namespace {
 std::size_t buffer_bytes(const Request& req, int size) {
   const std::size_t es = dtype_size(req.dtype);
   switch (req.kind) {
-    case OpKind::reduce_scatter: case OpKind::all_gather: return req.total_count(size) * es;
+    case OpKind::reduce_scatter: case OpKind::all_gather: case OpKind::all_to_all: return req.total_count(size) * es;
     default: return req.count * es;
   }
 }
@@ -136,6 +136,8 @@ Work MpiCommunicator::start(Request req) {
     throw UsageError("algo=shm needs every rank of the communicator on one node; use library, ring or hier");
   // hier is an all-reduce algorithm; on one node it is shm
   if (algo == Algo::hier && req.kind != OpKind::all_reduce) algo = Algo::library;
+  // all-to-all has no ring or shared-memory form: MPI's own (MPI_Alltoallv).
+  if (req.kind == OpKind::all_to_all) algo = Algo::library;
   if (algo == Algo::hier && node_local_) algo = Algo::shm;
   req.algo = algo;
   if (collective) count_path(algo, bytes);
@@ -152,6 +154,18 @@ Work MpiCommunicator::start(Request req) {
                                       static_cast<int>(d.size()), MPI_INT64_T, ctx->comm),
                         ctx->rank);
       detail::verify_descriptors(all);
+      if (req.kind == OpKind::all_to_all && req.uneven()) {
+        // Pairwise: what each rank sends here against what this rank expects, then one flag for
+        // all, so every rank throws alike.
+        std::vector<std::int64_t> mine(req.counts.begin(), req.counts.end()), to_me(mine.size());
+        LMSCALE_MPI_CHECK(MPI_Alltoall(mine.data(), 1, MPI_INT64_T, to_me.data(), 1, MPI_INT64_T, ctx->comm), ctx->rank);
+        const std::string bad = detail::all_to_all_count_errors(req, to_me, ctx->rank);
+        int local = bad.empty() ? 0 : 1, any = 0;
+        LMSCALE_MPI_CHECK(MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, ctx->comm), ctx->rank);
+        if (any != 0)
+          throw detail::MismatchError("collective mismatch between ranks (check mode): all-to-all block sizes differ" +
+                                      (bad.empty() ? std::string(" on another rank") : bad));
+      }
     }
     Posted posted;
     switch (req.kind) {

@@ -112,6 +112,24 @@ void broadcast(MpiContext& ctx, const Request& req) {
   }
 }
 
+// MPI_Alltoallv with int counts and displacements (the even form as equal blocks).
+void all_to_all(MpiContext& ctx, const Request& req) {
+  const std::size_t n = static_cast<std::size_t>(ctx.size);
+  std::vector<int> sc(n), sd(n), rc(n), rd(n);
+  for (int r = 0; r < ctx.size; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    sc[i] = mpi_count(req.block_count(r), "all-to-all");
+    sd[i] = mpi_count(req.block_offset(r), "all-to-all");
+    rc[i] = mpi_count(req.recv_block_count(r), "all-to-all");
+    rd[i] = mpi_count(req.recv_block_offset(r), "all-to-all");
+  }
+  mpi_count(req.total_count(ctx.size), "all-to-all");
+  mpi_count(req.recv_total_count(ctx.size), "all-to-all");
+  const MPI_Datatype type = mpi_datatype(req.dtype);
+  LMSCALE_MPI_CHECK(MPI_Alltoallv(req.send, sc.data(), sd.data(), type, req.recv, rc.data(), rd.data(), type, ctx.comm),
+                    ctx.rank);
+}
+
 }  // namespace
 
 void run_library(MpiContext& ctx, const Request& req) {
@@ -120,6 +138,7 @@ void run_library(MpiContext& ctx, const Request& req) {
     case OpKind::reduce_scatter: reduce_scatter(ctx, req); return;
     case OpKind::all_gather: all_gather(ctx, req); return;
     case OpKind::broadcast: broadcast(ctx, req); return;
+    case OpKind::all_to_all: all_to_all(ctx, req); return;
     default: throw Error(fmt::format("library algorithm: unexpected {}", op_kind_name(req.kind)));
   }
 }

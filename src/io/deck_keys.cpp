@@ -71,7 +71,7 @@ std::vector<DeckKey> build_table() {
       // [model]
       choice_key("model.size", LMSCALE_FIELD(model.size), preset_names(),
                "Model size preset: fills d_model, d_ff, num_layers, num_heads, vocab_size and optim.beta2 "
-               "unless those keys are given explicitly."),
+               "(moe-1b also moe_experts, moe_top_k and moe_expert_dff) unless those keys are given explicitly."),
       int_key("model.vocab_size", LMSCALE_FIELD(model.vocab_size), 1, "Vocabulary size."),
       int_key("model.context_length", LMSCALE_FIELD(model.context_length), 1, "Sequence length of every batch (tokens)."),
       int_key("model.d_model", LMSCALE_FIELD(model.d_model), 1, "Hidden size."),
@@ -89,6 +89,25 @@ std::vector<DeckKey> build_table() {
                "two-kernel backward (7 products per tile pair instead of 5; slower). CPU flash is always "
                "deterministic."),
       ce_chunk_rows_key(),
+      uint_key("model.moe_experts", LMSCALE_FIELD(model.moe_experts),
+               "Mixture of experts (docs/moe.md): experts E per MoE block; 0 = every block dense. CPU only in this "
+               "version."),
+      int_key("model.moe_top_k", LMSCALE_FIELD(model.moe_top_k), 1,
+              "Experts each token is routed to (top-k of the router's softmax, gates renormalised over the k; ties "
+              "go to the lower expert index); at most moe_experts."),
+      uint_key("model.moe_expert_dff", LMSCALE_FIELD(model.moe_expert_dff),
+               "Inner size of each expert's SwiGLU; 0 = model.d_ff."),
+      int_key("model.moe_every", LMSCALE_FIELD(model.moe_every), 1,
+              "Which blocks are MoE: blocks moe_every-1, 2*moe_every-1, ... (1 = every block, 2 = every other block "
+              "starting with the second); the others keep the dense FFN."),
+      float_key("model.moe_capacity_factor", LMSCALE_FIELD(model.moe_capacity_factor), R::non_negative(),
+                "0 = dropless; c > 0 = each expert takes at most ceil(c * tokens * top_k / experts) of a "
+                "micro-batch's assignments, earlier tokens first; a dropped assignment adds nothing (the token "
+                "keeps its residual)."),
+      float_key("model.moe_aux_loss", LMSCALE_FIELD(model.moe_aux_loss), R::non_negative(),
+                "Coefficient of the load-balancing loss (Switch/GShard form, per sequence; 1 at perfect balance)."),
+      float_key("model.moe_z_loss", LMSCALE_FIELD(model.moe_z_loss), R::non_negative(),
+                "Coefficient of the router z-loss (mean over tokens of logsumexp(router logits)^2)."),
       // [precision]
       enum_key("precision.mode", LMSCALE_FIELD(precision.mode),
                "fp32, or bf16/fp16 mixed precision (fp32 master weights); bf16 and fp16 need a CUDA device."),
@@ -115,6 +134,10 @@ std::vector<DeckKey> build_table() {
                "tp > 1: run the norms and residual adds on sequence shards (all-gather before the column-parallel "
                "matmuls, reduce-scatter after the row-parallel ones); context_length must be divisible by tp."),
       int_key("parallel.pp", LMSCALE_FIELD(parallel.pp), 1, "Pipeline-parallel degree (stages); at most num_layers."),
+      int_key("parallel.ep", LMSCALE_FIELD(parallel.ep), 1,
+              "Expert-parallel degree: the model.moe_experts experts of each MoE block split over ep ranks inside the "
+              "data-parallel group (ep divides dp and moe_experts; tokens travel by all-to-all; expert gradients "
+              "are summed over the dp/ep ranks that hold the same experts)."),
       enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), "Gradient all-reduce strategy of data parallelism."),
       float_key("parallel.bucket_mb", LMSCALE_FIELD(parallel.bucket_mb), R::positive(),
                 "Bucket size of ddp = bucketed (MB)."),

@@ -22,6 +22,10 @@ void check_output_paths(const Config& c, int world_size);
 // checkpoint layout against the optimizer (deck_checkpoints.cpp).
 void check_checkpoints(const Config& c, int world_size);
 
+// The mixture-of-experts keys (model.moe_*, parallel.ep) against the model, the layout, the job and
+// the device (deck_moe.cpp).
+void check_moe(const Config& c, int world_size);
+
 // What in a weights file or single-file checkpoint contradicts the deck's model keys (blocks,
 // heads, vocabulary, width, rope_theta, norm_eps) as one sentence; nullopt when they agree.
 std::optional<std::string> weights_mismatch(const Config& c, const CheckpointReader& r);

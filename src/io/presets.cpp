@@ -21,6 +21,9 @@ const std::vector<ModelPreset>& model_presets() {
       // The assignment's XXL model of the FSDP memory-accounting question (far too large to run
       // on one GPU; for `run.job = accounting`).
       {"xxl", 16384, 53248, 126, 128, 10000, 0.999},
+      // Issue 40's mixture of experts: 8 experts, top-2, expert d_ff 2816 in all 12 blocks
+      // (d_ff 2816 is also the dense FFN's, for blocks a deck leaves dense with model.moe_every).
+      {"moe-1b", 1024, 2816, 12, 16, 10000, 0.999, 8, 2, 2816},
   };
   return presets;
 }
@@ -49,6 +52,11 @@ void apply_preset(Config& c, const std::set<std::string>& explicit_keys) {
   fill("model.num_heads", c.model.num_heads, preset->num_heads);
   fill("model.vocab_size", c.model.vocab_size, preset->vocab_size);
   fill("optim.beta2", c.optim.beta2, preset->beta2);
+  if (preset->moe_experts > 0) {
+    fill("model.moe_experts", c.model.moe_experts, preset->moe_experts);
+    fill("model.moe_top_k", c.model.moe_top_k, preset->moe_top_k);
+    fill("model.moe_expert_dff", c.model.moe_expert_dff, preset->moe_expert_dff);
+  }
 }
 
 }  // namespace lmscale::io

@@ -20,7 +20,9 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     // train
     {"lr_effective", ""}, {"min_lr_effective", ""}, {"lr_scale", ""}, {"reference_batch", "sequences"},
     {"global_batch", "sequences"}, {"grad_accum", ""}, {"tokens_per_step", "tokens"}, {"first_loss", "nats"},
-    {"final_loss", "nats"}, {"parameters", ""}, {"wall_s", "s"}, {"gpu_hours", "h"}, {"cost", "currency"},
+    {"final_loss", "nats"}, {"parameters", ""}, {"parameters_active", ""}, {"parameters_total", ""},
+    {"expert_parameters", ""}, {"ep", ""}, {"expert_state_bytes_per_rank", "bytes"},
+    {"all_to_all_bytes_per_step_per_rank", "bytes"}, {"wall_s", "s"}, {"gpu_hours", "h"}, {"cost", "currency"},
     {"interrupted", "bool"}, {"resumed_at_step", ""}, {"diverged", "bool"}, {"stopped_at_step", ""},
     {"data_unigram_entropy", "nats/byte"},
     // bench-model

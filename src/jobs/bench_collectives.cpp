@@ -34,10 +34,12 @@ double busbw_factor(CollectiveOp op, int n) {
   switch (op) {
     case CollectiveOp::all_reduce: return 2.0 * (n - 1) / n;
     case CollectiveOp::reduce_scatter:
-    case CollectiveOp::all_gather: return static_cast<double>(n - 1) / n;
+    case CollectiveOp::all_gather:
+    // all-to-all: each rank keeps 1/n of its buffer and sends the rest (nccl-tests' alltoall).
+    case CollectiveOp::all_to_all: return static_cast<double>(n - 1) / n;
     case CollectiveOp::broadcast: return 1.0;
   }
-  throw UsageError(fmt::format("bench.ops: unknown collective '{}' (all-reduce, reduce-scatter, all-gather, broadcast)", op));
+  throw UsageError(fmt::format("bench.ops: unknown collective '{}' (all-reduce, reduce-scatter, all-gather, broadcast, all-to-all)", op));
 }
 
 std::vector<std::int64_t> sweep_sizes(std::int64_t min_bytes, std::int64_t max_bytes, std::int64_t factor) {
@@ -141,7 +143,7 @@ struct Call {
   CollectiveOp op = CollectiveOp::all_reduce;
   DType dtype;
   std::size_t count = 0;   // elements of the whole buffer (bytes / element size)
-  std::size_t block = 0;   // reduce-scatter / all-gather: elements per rank
+  std::size_t block = 0;   // reduce-scatter / all-gather / all-to-all: elements per rank
   bool in_place = false;
   const void* send = nullptr;
   void* recv = nullptr;
@@ -151,6 +153,7 @@ comm::Work launch(comm::Communicator& c, const Call& k, comm::CallOptions o) {
   if (k.op == CollectiveOp::all_reduce) return c.all_reduce(k.send, k.recv, k.count, k.dtype, comm::ReduceOp::sum, o);
   if (k.op == CollectiveOp::reduce_scatter) return c.reduce_scatter(k.send, k.recv, k.block, k.dtype, comm::ReduceOp::sum, o);
   if (k.op == CollectiveOp::all_gather) return c.all_gather(k.send, k.recv, k.block, k.dtype, o);
+  if (k.op == CollectiveOp::all_to_all) return c.all_to_all(k.send, k.recv, k.block, k.dtype, o);
   return c.broadcast(k.recv, k.count, k.dtype, 0, o);
 }
 
@@ -167,6 +170,9 @@ std::int64_t check_call(comm::Communicator& c, Space& space, const Call& k) {
   } else if (k.op == CollectiveOp::all_gather) {
     space.poison(k.recv, k.count * es);
     fill_pattern(space, const_cast<void*>(k.send), k.dtype, k.block, r);
+  } else if (k.op == CollectiveOp::all_to_all) {
+    space.poison(k.recv, k.count * es);
+    fill_pattern(space, const_cast<void*>(k.send), k.dtype, k.count, r);
   } else if (r == 0) {
     fill_pattern(space, k.recv, k.dtype, k.count, 0);
   } else {
@@ -195,6 +201,10 @@ std::int64_t check_call(comm::Communicator& c, Space& space, const Call& k) {
   if (k.op == CollectiveOp::all_gather)
     return count_wrong(space.fetch(k.recv, k.count * es), k.dtype, k.count,
                        [&](std::size_t i) { return values[i / k.block][(i % k.block) % 9]; });
+  if (k.op == CollectiveOp::all_to_all)   // block q of recv = block r of rank q's send
+    return count_wrong(space.fetch(k.recv, k.count * es), k.dtype, k.count, [&](std::size_t i) {
+      return values[i / k.block][(static_cast<std::size_t>(r) * k.block + i % k.block) % 9];
+    });
   return count_wrong(space.fetch(k.recv, k.count * es), k.dtype, k.count, [&](std::size_t i) { return values[0][i % 9]; });
 }
 
@@ -345,7 +355,8 @@ int run_bench_collectives(JobEnv& env) {
   env.out.set_attr("/bench_collectives", "warmup", b.warmup);
   env.out.set_attr("/bench_collectives", "steps", b.steps);
   env.out.set_attr("/bench_collectives", "busbw_factors",
-                   std::string("nccl-tests: all-reduce 2(n-1)/n, reduce-scatter (n-1)/n, all-gather (n-1)/n, broadcast 1; "
+                   std::string("nccl-tests: all-reduce 2(n-1)/n, reduce-scatter (n-1)/n, all-gather (n-1)/n, broadcast 1, "
+                               "all-to-all (n-1)/n; "
                                "algbw = bytes / avg time; errors = -1 when unchecked"));
 
   const bool nccl_tests = b.format == BenchFormat::nccl_tests;
@@ -355,7 +366,7 @@ int run_bench_collectives(JobEnv& env) {
     fmt::print("# MPI: {}{}\n", env.mpi.library_version(), on_device ? fmt::format("; NCCL {}", comm::nccl_version()) : "");
     if (!nccl_tests) {
       fmt::print("# bytes = whole buffer; algbw = bytes/avg time; busbw = algbw * (all-reduce 2(n-1)/n, "
-                 "reduce-scatter/all-gather (n-1)/n, broadcast 1)\n");
+                 "reduce-scatter/all-gather/all-to-all (n-1)/n, broadcast 1)\n");
       fmt::print("{:<14} {:>5} {:>13} {:>11} {:>7} {:>2} {:>11} {:>11} {:>11} {:>10} {:>10} {:>8} {:<9} {}\n", "op",
                  "type", "size(B)", "count", "size", "ip", "time(us)", "min(us)", "max(us)", "algbw", "busbw", "#wrong",
                  "result", "path");
@@ -379,14 +390,18 @@ int run_bench_collectives(JobEnv& env) {
         k.op = op;
         k.dtype = t;
         k.count = static_cast<std::size_t>(size) / es;
-        const bool blocked = op == CollectiveOp::reduce_scatter || op == CollectiveOp::all_gather;
+        const bool blocked =
+            op == CollectiveOp::reduce_scatter || op == CollectiveOp::all_gather || op == CollectiveOp::all_to_all;
         if (blocked) k.count -= k.count % static_cast<std::size_t>(p);
         if (k.count == 0) continue;
         k.block = blocked ? k.count / static_cast<std::size_t>(p) : k.count;
         // nccl-tests measures both placements; lmscale's broadcast is in place only (the root's
         // buffer is every rank's result), so both its columns show the one in-place measurement.
-        std::vector<bool> placements{b.inplace || op == CollectiveOp::broadcast};
-        if (nccl_tests && op != CollectiveOp::broadcast) placements = {false, true};
+        // All-to-all has no in-place form (send and recv must not overlap): both columns show the
+        // out-of-place one.
+        const bool one_placement = op == CollectiveOp::broadcast || op == CollectiveOp::all_to_all;
+        std::vector<bool> placements{op == CollectiveOp::broadcast || (b.inplace && op != CollectiveOp::all_to_all)};
+        if (nccl_tests && !one_placement) placements = {false, true};
         NcclTestsResult measured[2];
         for (std::size_t pl = 0; pl < placements.size(); ++pl) {
           k.in_place = placements[pl];
@@ -397,6 +412,8 @@ int run_bench_collectives(JobEnv& env) {
             k.send = S, k.recv = k.in_place ? S + mine : R;
           } else if (op == CollectiveOp::all_gather) {
             k.recv = R, k.send = k.in_place ? R + mine : S;
+          } else if (op == CollectiveOp::all_to_all) {
+            k.send = S, k.recv = R;
           } else {
             k.send = S, k.recv = S;
           }

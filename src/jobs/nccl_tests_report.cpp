@@ -68,7 +68,10 @@ std::string nccl_tests_redop(CollectiveOp op) {
 int nccl_tests_root(CollectiveOp op) { return op == CollectiveOp::broadcast ? 0 : -1; }
 
 std::int64_t nccl_tests_count(CollectiveOp op, std::int64_t whole_count, int ranks) {
-  return op == CollectiveOp::all_gather || op == CollectiveOp::reduce_scatter ? whole_count / ranks : whole_count;
+  // nccl-tests prints its paramcount: per rank for all-gather, reduce-scatter and alltoall.
+  return op == CollectiveOp::all_gather || op == CollectiveOp::reduce_scatter || op == CollectiveOp::all_to_all
+             ? whole_count / ranks
+             : whole_count;
 }
 
 }  // namespace lmscale::jobs

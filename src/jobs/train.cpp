@@ -1,4 +1,5 @@
 #include "lmscale/jobs/train.h"
+#include "lmscale/parallel/spec.h"
 
 #include <cmath>
 
@@ -14,6 +15,7 @@
 #include "lmscale/jobs/metrics_stream.h"
 #include "lmscale/jobs/predict/device_peak.h"
 #include "lmscale/jobs/step_rates.h"
+#include "lmscale/jobs/engine/moe_report.h"
 #include "lmscale/jobs/engine/pipeline_report.h"
 #include "lmscale/jobs/resilience/fault_injection.h"
 #include "lmscale/jobs/resilience/preemption.h"
@@ -110,6 +112,16 @@ int run_train(JobEnv& env) {
     fmt::print("train: {} parameters ({} layers, d_model {}), {} steps of {} x {} tokens, {} on {}, data: {}\n",
                dims.parameter_count(), dims.layers, dims.d_model, cfg.train.steps, cfg.train.batch_size, T,
                cfg.precision.mode, rt.device_name(), data->describe());
+    if (dims.moe())
+      fmt::print("moe: {} experts, top-{}, expert d_ff {}, {} of {} blocks; {} active parameters per token; capacity "
+                 "factor {}{}\n",
+                 dims.moe_experts, dims.moe_top_k, dims.moe_dff, dims.moe_block_count(), dims.layers,
+                 dims.active_parameter_count(), dims.moe_capacity_factor > 0 ? fmt::format("{}", dims.moe_capacity_factor)
+                                                                              : std::string("0 (dropless)"),
+                 cfg.parallel.ep > 1 ? fmt::format("; experts split over ep {} ranks ({} each), layout {}", cfg.parallel.ep,
+                                                   dims.moe_experts / cfg.parallel.ep,
+                                                   parallel::Spec::resolve(cfg.parallel, env.world).describe(env.world))
+                                     : std::string());
     if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
     if (!resumed_from.empty() && trainer.step() >= cfg.train.steps)
       fmt::print("train: the checkpoint is at the end (train.steps = {}): the run is complete, nothing to train "
@@ -149,6 +161,7 @@ int run_train(JobEnv& env) {
     return fmt::format("  cost to finish {:.4g} ({:.4g} in all)", money(remaining_s), money(total_s));
   };
   PipelineRecorder pipe(env, trainer);   // parallel.pp > 1: bubble and timeline (/pipeline)
+  MoeRecorder moe(env, trainer);         // MoE blocks: tokens per expert, drops, router losses (/train/moe)
   WallTimer wall;
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
@@ -183,6 +196,7 @@ int run_train(JobEnv& env) {
       flush_timer.reset();
     }
     if (log_step) {
+      moe.record(s + 1);
       const double elapsed = wall.seconds();
       const double per_step = elapsed / static_cast<double>(s + 1 - start);
       const double remaining_s = per_step * static_cast<double>(cfg.train.steps - s - 1);
@@ -240,6 +254,7 @@ int run_train(JobEnv& env) {
   env.out.set_attr("/train", "first_loss", first_loss);
   env.out.set_attr("/train", "final_loss", last_loss);
   env.out.set_attr("/train", "parameters", dims.parameter_count());
+  if (dims.moe()) env.out.set_attr("/train", "parameters_active", dims.active_parameter_count());
   for (const auto& [name, value] : data->attributes()) env.out.set_attr("/train", "data_" + name, value);
   const double wall_s = wall.seconds();
   env.out.set_attr("/train", "wall_s", wall_s);

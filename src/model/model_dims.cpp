@@ -1,6 +1,7 @@
 #include "lmscale/model/model_dims.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace lmscale::model {
 
@@ -17,18 +18,41 @@ ModelDims ModelDims::from(const ModelConfig& m) {
   d.flash = m.attention == AttentionImpl::flash;
   d.deterministic_attention = m.attention_deterministic;
   d.ce_chunk_rows = m.ce_chunk_rows;
+  d.moe_experts = m.moe_experts;
+  d.moe_top_k = m.moe_top_k;
+  d.moe_dff = m.moe_expert_dff > 0 ? m.moe_expert_dff : m.d_ff;
+  d.moe_every = m.moe_every;
+  d.moe_capacity_factor = m.moe_capacity_factor;
+  d.moe_aux_loss = m.moe_aux_loss;
+  d.moe_z_loss = m.moe_z_loss;
   return d;
 }
 
+std::int64_t ModelDims::expert_capacity(std::int64_t T) const {
+  const std::int64_t assignments = T * moe_top_k;
+  if (moe_capacity_factor <= 0) return assignments;
+  const double c = std::ceil(moe_capacity_factor * static_cast<double>(assignments) / static_cast<double>(moe_experts));
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(c));
+}
+
 std::int64_t ModelDims::matmul_parameter_count() const {
-  return layers * (4 * d_model * d_model + 3 * d_model * d_ff) + vocab * d_model;
+  const std::int64_t moe_blocks = moe_block_count(), dense_blocks = layers - moe_blocks;
+  return layers * 4 * d_model * d_model + dense_blocks * 3 * d_model * d_ff +
+         moe_blocks * (moe_experts * d_model + moe_top_k * one_expert_parameters()) + vocab * d_model;
 }
 
 std::int64_t ModelDims::parameter_count() const {
-  return vocab * d_model                                                       // token_embeddings
-         + layers * (4 * d_model * d_model + 3 * d_model * d_ff + 2 * d_model) // blocks
-         + d_model                                                             // ln_final
-         + vocab * d_model;                                                    // lm_head
+  const std::int64_t moe_blocks = moe_block_count(), dense_blocks = layers - moe_blocks;
+  return vocab * d_model                                                  // token_embeddings
+         + layers * (4 * d_model * d_model + 2 * d_model)                 // attention, ln1, ln2
+         + dense_blocks * 3 * d_model * d_ff                              // dense FFNs
+         + moe_blocks * moe_experts * d_model + expert_parameter_count()  // routers, experts
+         + d_model                                                        // ln_final
+         + vocab * d_model;                                               // lm_head
+}
+
+std::int64_t ModelDims::active_parameter_count() const {
+  return parameter_count() - expert_parameter_count() + moe_block_count() * moe_top_k * one_expert_parameters();
 }
 
 double ModelDims::train_flops_per_token(std::int64_t T) const {

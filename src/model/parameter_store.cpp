@@ -35,9 +35,19 @@ std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
     add(p + "attn.v_proj.weight", {d, d}, K::linear, i);
     add(p + "attn.output_proj.weight", {d, d}, K::linear, i);
     add(p + "ln1.weight", {d}, K::norm, i);
-    add(p + "ffn.w1.weight", {F, d}, K::linear, i);
-    add(p + "ffn.w2.weight", {d, F}, K::linear, i);
-    add(p + "ffn.w3.weight", {F, d}, K::linear, i);
+    if (m.is_moe_block(i)) {
+      // The router [E,d] and the E experts' SwiGLU weights stacked on a leading expert axis
+      // (docs/moe.md): expert e's w1 is experts.w1.weight[e] [Fe,d].
+      const std::int64_t E = m.moe_experts, Fe = m.moe_dff;
+      add(p + "ffn.router.weight", {E, d}, K::linear, i);
+      add(p + "ffn.experts.w1.weight", {E, Fe, d}, K::linear, i);
+      add(p + "ffn.experts.w2.weight", {E, d, Fe}, K::linear, i);
+      add(p + "ffn.experts.w3.weight", {E, Fe, d}, K::linear, i);
+    } else {
+      add(p + "ffn.w1.weight", {F, d}, K::linear, i);
+      add(p + "ffn.w2.weight", {d, F}, K::linear, i);
+      add(p + "ffn.w3.weight", {F, d}, K::linear, i);
+    }
     add(p + "ln2.weight", {d}, K::norm, i);
   }
   add("ln_final.weight", {d}, K::norm, -1);
@@ -52,9 +62,11 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
   }
   double std = 1.0;
   if (p.kind == ParamInfo::Kind::linear) {
-    // The full parameter's fan-in/out (a tensor-parallel slice keeps its parameter's law).
+    // The full parameter's fan-in/out (a tensor-parallel slice keeps its parameter's law); stacked
+    // experts [E, d_out, d_in] have each expert's.
     const Shape& full = p.full_shape.empty() ? p.shape : p.full_shape;
-    const double d_out = static_cast<double>(full[0]), d_in = static_cast<double>(full[1]);
+    const std::size_t r = full.size();
+    const double d_out = static_cast<double>(full[r - 2]), d_in = static_cast<double>(full[r - 1]);
     std = std::sqrt(2.0 / (d_in + d_out));
   }
   const CounterRng rng(seed, hash_name(p.name));
@@ -62,8 +74,9 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
 }
 
 ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers,
-                               const TensorSplit& split, std::vector<StageUnits> chunks)
-    : infos_(tensor_parallel_layout(dims, split)), chunks_(std::move(chunks)), split_(split), master_(master),
+                               const TensorSplit& split, std::vector<StageUnits> chunks, const ExpertSplit& experts)
+    : infos_(expert_parallel_layout(tensor_parallel_layout(dims, split), dims, experts)), chunks_(std::move(chunks)),
+      split_(split), experts_(experts), master_(master),
       lowp_dtype_(lowp),
       has_flat_params_(buffers != Buffers::none), has_flat_grads_(buffers == Buffers::params_and_grads) {
   if (chunks_.empty()) chunks_ = {StageUnits::all()};

@@ -8,9 +8,9 @@
 
 namespace lmscale::model {
 
-int StageUnits::first_param(const ModelDims& d) const { return ParamIndex(static_cast<int>(d.layers)).first_of_unit(first); }
+int StageUnits::first_param(const ModelDims& d) const { return ParamIndex(d).first_of_unit(first); }
 
-int StageUnits::end_param(const ModelDims& d) const { return ParamIndex(static_cast<int>(d.layers)).first_of_unit(end_unit(d)); }
+int StageUnits::end_param(const ModelDims& d) const { return ParamIndex(d).first_of_unit(end_unit(d)); }
 
 std::vector<int> stage_layer_counts(const ModelDims& d, int stages, const std::vector<std::int64_t>& override_layers) {
   const int L = static_cast<int>(d.layers);

@@ -15,6 +15,13 @@ namespace lmscale::model {
 
 namespace {
 
+// Elements of one index of the leading axis: a matrix's columns, a stacked expert tensor's matrix.
+std::int64_t row_elements(const Shape& full) {
+  std::int64_t n = 1;
+  for (std::size_t i = 1; i < full.size(); ++i) n *= full[i];
+  return n;
+}
+
 // How each parameter of parameter_layout is split: rows, columns or not at all.
 int split_dim_of(const ParamInfo& p) {
   const std::string& n = p.name;
@@ -68,7 +75,7 @@ void copy_slice(const ParamInfo& local, void* full, void* slice, std::size_t ele
     else std::memcpy(b, a, bytes);
   };
   if (local.split_dim < 0) return move(0, 0, local.numel);
-  const std::int64_t cols = local.full_shape.size() > 1 ? local.full_shape[1] : 1;
+  const std::int64_t cols = row_elements(local.full_shape);
   if (local.split_dim == 0) return move(local.split_begin * cols, 0, local.numel);   // contiguous rows
   const std::int64_t rows = local.shape[0], lc = local.shape[1];
   for (std::int64_t i = 0; i < rows; ++i) move(i * cols + local.split_begin, i * lc, lc);
@@ -84,7 +91,7 @@ void fill_slice_initial_values(const ParamInfo& local, std::uint64_t seed, std::
                 "fill_slice_initial_values: [{}, {}) of {} into {} elements", begin, end, local.numel, dst.numel());
   if (begin == end) return;
   if (local.split_dim < 0) return fill_initial_values(local, seed, begin, end, dst, ctx);
-  const std::int64_t cols = local.full_shape[1];
+  const std::int64_t cols = row_elements(local.full_shape);
   if (local.split_dim == 0) {   // contiguous rows: one range of the full parameter
     const std::int64_t b = local.split_begin * cols;
     return fill_initial_values(local, seed, b + begin, b + end, dst, ctx);

@@ -5,6 +5,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
+#include "lmscale/ops/moe.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::model {
@@ -27,13 +28,14 @@ TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
 TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params, StageUnits units)
     : dims_(dims), params_(params), compute_(params.lowp_dtype()),
       stats_(params.master_dtype() == DType::f64 ? DType::f64 : DType::f32), units_(units),
-      tp_(params.tensor_split()) {
+      tp_(params.tensor_split()), ep_(params.expert_split()) {
   LMSCALE_CHECK(dims.d_model % dims.heads == 0 && dims.head_dim() % 2 == 0, "d_model {} / heads {}", dims.d_model,
                 dims.heads);
   Hl_ = tp_.local(dims.heads);
   dl_ = Hl_ * dims.head_dim();
   Fl_ = tp_.local(dims.d_ff);
   Vl_ = tp_.local(dims.vocab);
+  reset_moe_stats();
 }
 
 std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& tokens, const Tensor& targets,
@@ -53,6 +55,7 @@ std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& 
   act->tokens = tokens;
   act->targets = targets;
   act->accumulate = accumulate;
+  act->grad_scale = grad_scale;
   const int head_unit_index = static_cast<int>(dims_.layers) + 1;
 
   Tensor x;
@@ -69,6 +72,7 @@ std::unique_ptr<Activations> TransformerLM::forward(Context& ctx, const Tensor& 
   act->loss_sum = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
   const HeadGrad grad{grad_scale, accumulate};
   act->dx_final = head_unit(ctx, x, targets.reshape({N}), act->loss_sum, keep ? &grad : nullptr, pc);
+  if (act->moe_loss.defined()) ops::add(ctx, act->loss_sum, act->moe_loss, act->loss_sum);   // router losses
   x = Tensor();   // the last block's output: its gradient (dx_final) is all the backward needs
   call(pc.after_forward, head_unit_index);
   return act;
@@ -97,6 +101,10 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
   // activations stay indexed by global layer (entries outside the range stay empty).
   const int l0 = units_.first_layer(), l1 = units_.end_layer(dims_);
   act.blocks.assign(keep ? static_cast<std::size_t>(L) : 0, BlockActivations{});
+  if (dims_.moe()) {   // the MoE blocks' router losses, added to the loss sum after the head
+    act.moe_loss = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
+    ops::fill(ctx, act.moe_loss, 0.0);
+  }
   if (keep && recompute_.mode == RecomputePolicy::Mode::every_k)
     act.group_inputs.assign(static_cast<std::size_t>(recompute_.group_of(L - 1) + 1), Tensor());
   for (int l = l0; l < l1; ++l) {
@@ -109,6 +117,16 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
     BlockActivations scratch;   // without `keep` (or recomputed) the block's saved tensors die with it
     BlockActivations& s = keep && !k.recomputed ? act.blocks[static_cast<std::size_t>(l)] : scratch;
     x = block_forward(ctx, l, act.B, act.T, x, s, pc);
+    if (dims_.is_moe_block(l)) {
+      // The router losses of this forward (a recompute in the backward does not add them again).
+      Tensor terms = Tensor::empty({3}, stats_, *ctx.allocator, "activations");
+      ops::moe_router_losses(ctx, s.moe.probs, s.moe.lse, s.moe.experts, act.T, dims_.moe_aux_loss, dims_.moe_z_loss,
+                             terms);
+      Tensor weighted = terms.slice(2, 3);
+      ops::add(ctx, act.moe_loss, weighted, act.moe_loss);
+      if (keep) record_moe_stats(ctx, l, s, terms);
+      if (!keep) s.moe = MoeActivations{};
+    }
     if (k.attention) {   // the recompute skips the attention (recompute.h)
       act.blocks[static_cast<std::size_t>(l)].o = s.o;
       act.blocks[static_cast<std::size_t>(l)].attn_aux = s.attn_aux;
@@ -181,6 +199,12 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   s.y2 = act_local(d);
   ops::add_rmsnorm(ctx, x, proj, W(p.ln2), dims_.norm_eps, s.h, s.y2, s.rstd2);   // h = x + proj, y2 = rmsnorm2(h)
   proj = Tensor();
+  if (dims_.is_moe_block(l)) {   // the experts behind the router (transformer_moe.cpp)
+    Tensor out = moe_ffn_forward(ctx, l, T, s.y2, s, pc);
+    if (!need_output) return Tensor();
+    ops::add(ctx, s.h, out, out);
+    return out;
+  }
   ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l);
   s.g = act(F);
   ops::swiglu(ctx, s.a, s.b, s.g);
@@ -193,9 +217,10 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
 }
 
 BlockParams TransformerLM::block_params(int l) const {
-  const BlockParams f = ParamIndex(static_cast<int>(dims_.layers)).block(l);
+  const BlockParams f = ParamIndex(dims_).block(l);
   auto at = [&](int i) { return params_.local_index(i); };
-  return {at(f.q), at(f.k), at(f.v), at(f.o), at(f.ln1), at(f.w1), at(f.w2), at(f.w3), at(f.ln2)};
+  return {at(f.q), at(f.k), at(f.v), at(f.o), at(f.ln1), at(f.w1), at(f.w2), at(f.w3), at(f.ln2),
+          f.router >= 0 ? at(f.router) : -1};
 }
 
 void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l) {
@@ -222,7 +247,7 @@ Tensor TransformerLM::grad_for_adding(Context& ctx, int i, bool accumulate) {
 }
 
 void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
-                                   std::int64_t B, std::int64_t T, bool accumulate) {
+                                   std::int64_t B, std::int64_t T, bool accumulate, double grad_scale) {
   // Local shapes as in block_forward; dx is [Nl,d].
   const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model, F = Fl_, H = Hl_, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
@@ -230,7 +255,16 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   auto W = [&](int i) { return params_.compute_weight(i); };
   auto G = [&](int i) { return params_.grad(i); };
   auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activation_grads"); };
-  {
+  if (dims_.is_moe_block(l)) {
+    // MoE FFN: out = h + moe(y2), y2 = rmsnorm2(h); dx holds d(out).
+    NvtxRange r("moe_block_backward");
+    Tensor dy2 = moe_ffn_backward(ctx, l, T, s, dx, pc, accumulate, grad_scale);
+    Tensor gLn2 = grad_for_adding(ctx, p.ln2, accumulate);
+    norm_backward(pc, ctx, s.h, W(p.ln2), s.rstd2, dy2, dx, gLn2, true);   // dx += d(h) through the norm
+    notify(pc, p.ln2);
+    s.y2 = Tensor();
+    s.h = Tensor();
+  } else {
     // FFN: out = h + g(w2(silu(w1 f(y2)) * w3 f(y2))), y2 = rmsnorm2(h); dx holds d(out).
     NvtxRange r("ffn_block_backward");
     if (!present(s.a)) {   // selective-mlp: y2, then a = w1 y2 and b = w3 y2 again
@@ -368,7 +402,7 @@ void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, 
   for (int l = l1 - 1; l >= lc; --l) {
     call(pc.before_backward, l + 1);
     NvtxRange r("layer_backward");
-    block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate);
+    block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate, act.grad_scale);
     call(pc.after_backward, l + 1);
   }
   if (lc <= l0) return;
@@ -385,7 +419,7 @@ void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, 
     }
     for (int l = hi - 1; l >= lo; --l) {
       NvtxRange r("layer_backward");
-      block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate);
+      block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate, act.grad_scale);
       call(pc.after_backward, l + 1);
     }
   }

@@ -25,21 +25,21 @@ void call(const std::function<void(int)>& hook, int unit) {
 
 Tensor TransformerLM::head_logits(Context& ctx, const Tensor& x, const ParallelContext& pc) {
   const std::int64_t Nl = x.dim(0), d = dims_.d_model;
-  const int ln_final = params_.local_index(ParamIndex(static_cast<int>(dims_.layers)).ln_final());   // store index
+  const int ln_final = params_.local_index(ParamIndex(dims_).ln_final());   // store index
   Allocator& A = *ctx.allocator;
   Tensor rstd = Tensor::empty({Nl}, stats_, A, "activations");
   Tensor y = Tensor::empty({Nl, d}, compute_, A, "activations");
   ops::rmsnorm(ctx, x, params_.compute_weight(ln_final), dims_.norm_eps, y, rstd);
   Tensor y_full = tp_f(pc, ctx, y);   // [N,d]: the vocabulary-parallel head is column-parallel
   Tensor logits = Tensor::empty({y_full.dim(0), Vl_}, compute_, A, "logits");
-  ops::linear(ctx, y_full, params_.compute_weight(params_.local_index(ParamIndex(static_cast<int>(dims_.layers)).lm_head())), logits);
+  ops::linear(ctx, y_full, params_.compute_weight(params_.local_index(ParamIndex(dims_).lm_head())), logits);
   return logits;
 }
 
 Tensor TransformerLM::head_unit(Context& ctx, const Tensor& x, const Tensor& targets, Tensor& loss_sum,
                                 const HeadGrad* grad, const ParallelContext& pc) {
   const int L = static_cast<int>(dims_.layers);
-  const int ln_final = params_.local_index(ParamIndex(L).ln_final()), head = params_.local_index(ParamIndex(L).lm_head());
+  const int ln_final = params_.local_index(ParamIndex(dims_).ln_final()), head = params_.local_index(ParamIndex(dims_).lm_head());
   const std::int64_t Nl = x.dim(0), d = dims_.d_model;
   Allocator& A = *ctx.allocator;
   const Tensor w_norm = params_.compute_weight(ln_final);

@@ -36,6 +36,7 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
   act->T = T;
   act->targets = targets;
   act->accumulate = accumulate;
+  act->grad_scale = grad_scale;
   Tensor x;
   if (u.owns_embedding()) {
     LMSCALE_CHECK(input.dtype() == DType::i32 && input.numel() == N, "stage 0 input: tokens int32 [{}, {}], got {}", B,
@@ -61,6 +62,7 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
   act->loss_sum = Tensor::empty({1}, stats_, *ctx.allocator, "loss");
   const HeadGrad grad{grad_scale, accumulate};
   act->dx_final = head_unit(ctx, x, targets.reshape({N}), act->loss_sum, keep ? &grad : nullptr, pc);
+  if (act->moe_loss.defined()) ops::add(ctx, act->loss_sum, act->moe_loss, act->loss_sum);   // router losses
   x = Tensor();
   call(pc.after_forward, L + 1);
   return act;

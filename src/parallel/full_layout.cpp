@@ -3,22 +3,28 @@
 #include <algorithm>
 
 #include "lmscale/core/error.h"
+#include "lmscale/parallel/expert_parallel.h"
 #include "lmscale/parallel/tensor_parallel.h"
 
 namespace lmscale::parallel {
 
 FullLayout::FullLayout(const model::ModelDims& dims, const model::ParameterStore& store, TensorParallel* tp,
-                       comm::Communicator* host_pp, int virtual_stages, std::vector<std::int64_t> stage_layers)
+                       comm::Communicator* host_pp, int virtual_stages, std::vector<std::int64_t> stage_layers,
+                       ExpertParallel* ep)
     : dims_(dims),
       store_(store),
       tp_(tp),
+      ep_(ep),
       host_pp_(host_pp),
       virtual_stages_(virtual_stages),
-      stage_layers_(std::move(stage_layers)) {}
+      stage_layers_(std::move(stage_layers)) {
+  LMSCALE_CHECK(!ep_ || (!tp_ && !host_pp_), "expert parallelism with tensor or pipeline parallelism is not built");
+}
 
 std::vector<float> FullLayout::to_full(const std::vector<float>& local) const {
   // Tensor parallel: the tp ranks' slices -> this store's parameters whole (in store order).
-  std::vector<float> whole = tp_ ? tp_->gather_full(store_.infos(), local) : local;
+  std::vector<float> whole = tp_ ? tp_->gather_full(store_.infos(), local)
+                             : ep_ ? ep_->gather_full(store_.infos(), local) : local;
   if (!host_pp_) return whole;   // the whole model: already the full layout
   // Pipeline: every rank's store (its chunks' parameters, in chunk order), all-gathered over the
   // pp group, then each parameter put at its place in the full layout.
@@ -63,7 +69,9 @@ std::vector<float> FullLayout::to_local(const std::vector<float>& full) const {
   } else {
     whole = full;
   }
-  return tp_ ? tp_->slice_local(store_.infos(), whole) : whole;   // tensor parallel: this rank's slices
+  // Tensor or expert parallel: this rank's slices.
+  if (ep_) return ep_->slice_local(store_.infos(), whole);
+  return tp_ ? tp_->slice_local(store_.infos(), whole) : whole;
 }
 
 }  // namespace lmscale::parallel

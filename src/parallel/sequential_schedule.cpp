@@ -15,6 +15,7 @@ void SequentialSchedule::forward_backward(const MicroBatchSource& batches, std::
     const bool accumulate = m > 0;
     model::ParallelContext pc = strategy.forward_hooks(true);
     pc.tp = tp_;
+    pc.ep = ep_;
     const model::ParallelContext bpc = strategy.sync().hooks(m, grad_accum_);
     pc.on_grad_ready = bpc.on_grad_ready;
     pc.before_backward = bpc.before_backward;
@@ -44,6 +45,7 @@ Tensor SequentialSchedule::forward_only(const MicroBatch& batch, std::int64_t T,
   (void)T;
   model::ParallelContext pc = strategy.forward_hooks(false);
   pc.tp = tp_;
+  pc.ep = ep_;
   ops::Runtime::GemmCarveout carve(rt_, strategy.communicates_in_forward());
   return model_.forward(rt_.ctx(), batch.inputs, batch.targets, false, 1.0, pc)->loss_sum;
 }

@@ -19,6 +19,7 @@ Spec Spec::resolve(const ParallelConfig& pc, int world) {
   s.sequence_parallel = pc.sequence_parallel;
   s.offload = pc.offload;
   s.schedule = pc.schedule;
+  s.ep = static_cast<int>(std::max<std::int64_t>(1, pc.ep));
   return s;
 }
 
@@ -28,12 +29,13 @@ comm::MeshShape Spec::mesh_shape() const {
   m.tp = tp;
   m.pp = pp;
   m.shard = dp;
+  m.ep = ep;
   return m;
 }
 
 GradStorage Spec::grad_storage() const {
   if (fsdp()) return GradStorage::shards;
-  if (dp == 1 || zero == ZeroLevel::zero2) return GradStorage::lazy_buckets;
+  if (gradient_group() == 1 || zero == ZeroLevel::zero2) return GradStorage::lazy_buckets;
   return GradStorage::flat;
 }
 
@@ -42,7 +44,7 @@ bool Spec::gradient_shard() const {
 }
 
 ReduceStaging Spec::reduce_staging() const {
-  if (dp <= 1 || grad_reduce_dtype != GradReduceDtype::bf16) return ReduceStaging::none;
+  if (gradient_group() <= 1 || grad_reduce_dtype != GradReduceDtype::bf16) return ReduceStaging::none;
   if (zero == ZeroLevel::zero2) return ReduceStaging::buckets;
   if (zero != ZeroLevel::none) return ReduceStaging::none;
   if (ddp == DdpKind::overlap) return ReduceStaging::per_param;
@@ -51,7 +53,7 @@ ReduceStaging Spec::reduce_staging() const {
 }
 
 CopyEngineWindow Spec::copy_engine_window() const {
-  if (dp <= 1 || grad_exchange != GradExchange::copy_engine) return CopyEngineWindow::none;
+  if (gradient_group() <= 1 || grad_exchange != GradExchange::copy_engine) return CopyEngineWindow::none;
   if (zero == ZeroLevel::zero2) return CopyEngineWindow::shard_slots;
   if (zero == ZeroLevel::none && ddp == DdpKind::bucketed) return CopyEngineWindow::bucket_parts;
   return CopyEngineWindow::none;
@@ -86,9 +88,19 @@ std::string Spec::describe(int world) const {
   std::string mode = data_parallel_name();
   if (tp > 1) mode += fmt::format(" x tp {}{}", tp, sequence_parallel ? " (sequence parallel)" : "");
   if (pp > 1) mode += fmt::format(" x pp {} ({})", pp, schedule);
+  if (ep > 1) mode += fmt::format(" x ep {}", ep);
   return fmt::format("{} ({} ranks)", mode, world);
 }
 
-double Spec::lazy_bucket_bytes() const { return dp == 1 ? kOneProcessBucketBytes : bucket_mb * 1024.0 * 1024.0; }
+double Spec::lazy_bucket_bytes() const {
+  return gradient_group() == 1 ? kOneProcessBucketBytes : bucket_mb * 1024.0 * 1024.0;
+}
+
+Spec Spec::gradient_group_spec() const {
+  Spec s = *this;
+  s.dp = gradient_group();
+  s.ep = 1;
+  return s;
+}
 
 }  // namespace lmscale::parallel

@@ -2,6 +2,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/ops/ops.h"
+#include "lmscale/parallel/expert_parallel_strategy.h"
 #include "lmscale/parallel/fsdp_strategy.h"
 #include "lmscale/parallel/replicated_strategy.h"
 #include "lmscale/parallel/sharded_optimizer.h"
@@ -11,6 +12,17 @@
 namespace lmscale::parallel {
 
 std::unique_ptr<Strategy> make_strategy(const StrategyParts& parts) {
+  if (parts.spec.ep > 1) {
+    // Expert parallelism: the data-parallel strategy over the expert_dp group, wrapped.
+    LMSCALE_CHECK(parts.ep && parts.dp_host, "parallel.ep = {} needs the ep and dp groups", parts.spec.ep);
+    StrategyParts inner = parts;
+    inner.spec = parts.spec.gradient_group_spec();
+    inner.dp = parts.expert_dp;
+    inner.dp_host = parts.expert_dp_host;
+    inner.dp_rank = parts.expert_dp_rank;
+    inner.ep = nullptr;
+    return std::make_unique<ExpertParallelStrategy>(parts, make_strategy(inner), *parts.ep, *parts.dp_host);
+  }
   // The one mapping from the deck's parallel.zero to an implementation (ZeRO and FSDP act only
   // with more than one data-parallel rank: Spec::sharded_optimizer).
   if (parts.spec.fsdp()) return std::make_unique<FsdpStrategy>(parts);

@@ -11,6 +11,12 @@
 //   broadcast(buf, count, root)
 // Uneven splits (sharded optimizers, FSDP): reduce_scatter_v / all_gather_v take counts[size];
 // rank r's block starts at displacement counts[0] + ... + counts[r-1].
+//   all_to_all(send, recv, count)            send, recv: count*size; block r of send goes to rank
+//                                            r, block r of recv comes from rank r
+//   all_to_all_v(send, send_counts, recv, recv_counts)   the same with per-rank block sizes on
+//                                            each side (expert parallelism's dispatch and combine);
+//                                            send_counts[r] on this rank must equal recv_counts[me]
+//                                            on rank r (check mode verifies it)
 // In place: all_reduce send == recv; reduce_scatter recv == send + offset of block r (the rest of
 // send is unspecified afterwards); all_gather send == recv + offset of block r. Any other overlap
 // of send and recv is a UsageError.
@@ -35,7 +41,7 @@
 
 namespace lmscale::comm {
 
-enum class OpKind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier };
+enum class OpKind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier, all_to_all };
 const char* op_kind_name(OpKind k);   // "all-reduce", "reduce-scatter", ...
 
 // One call as the backends see it, after argument checks.
@@ -45,7 +51,9 @@ struct Request {
   void* recv = nullptr;
   std::size_t count = 0;              // all_reduce/broadcast/send/recv: elements; reduce_scatter: per-rank
                                       // recv count; all_gather: per-rank send count (even forms)
-  std::vector<std::size_t> counts;    // v-forms: per-rank block sizes (empty for even forms)
+  std::vector<std::size_t> counts;    // v-forms: per-rank block sizes (empty for even forms);
+                                      // all_to_all_v: the send blocks
+  std::vector<std::size_t> recv_counts;   // all_to_all_v: the receive blocks (empty otherwise)
   DType dtype = DType::f32;
   ReduceOp op = ReduceOp::sum;
   int peer = 0;                       // broadcast: root; send/recv: the other rank
@@ -56,6 +64,10 @@ struct Request {
   std::size_t block_count(int r) const { return counts.empty() ? count : counts[static_cast<std::size_t>(r)]; }
   std::size_t block_offset(int r) const;   // elements before block r
   std::size_t total_count(int size) const; // elements of the full (size-block) buffer
+  // all_to_all: the receive side's blocks (recv_counts, or `count` each for the even form).
+  std::size_t recv_block_count(int r) const { return recv_counts.empty() ? count : recv_counts[static_cast<std::size_t>(r)]; }
+  std::size_t recv_block_offset(int r) const;
+  std::size_t recv_total_count(int size) const;
 };
 
 // How many collectives (and bytes, as bench-collectives counts them) went by one path since the
@@ -149,6 +161,13 @@ class Communicator {
   Work all_gather_v(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
                     CallOptions o = {});
   Work broadcast(void* buf, std::size_t count, DType dtype, int root, CallOptions o = {});
+  // All-to-all: block r of send (count elements, or send_counts[r]) goes to rank r; block r of
+  // recv comes from rank r. Blocks are contiguous in rank order on both sides; send and recv must
+  // not overlap. mpi: MPI_Alltoall(v) (algo library; ring, shm and hier fall back to it); nccl:
+  // one ncclGroupStart/End around a ncclSend and a ncclRecv per peer.
+  Work all_to_all(const void* send, void* recv, std::size_t count, DType dtype, CallOptions o = {});
+  Work all_to_all_v(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                    const std::vector<std::size_t>& recv_counts, DType dtype, CallOptions o = {});
   // Point to point. mpi: a send and a recv never block each other (both are posted without
   // waiting), so exchanges in any order are safe. nccl: an unpaired pattern in which both sides
   // send first may deadlock for large messages; use sendrecv. Check mode does not cover p2p, but a
@@ -183,6 +202,10 @@ class Communicator {
   // recv: send.numel()*size elements.
   Work all_gather(const Tensor& send, Tensor& recv, CallOptions o = {});
   Work broadcast(Tensor& buf, int root, CallOptions o = {});
+  // Counts in elements of the tensors' common dtype; send.numel() = sum send_counts, recv.numel()
+  // = sum recv_counts.
+  Work all_to_all_v(const Tensor& send, const std::vector<std::size_t>& send_counts, Tensor& recv,
+                    const std::vector<std::size_t>& recv_counts, CallOptions o = {});
   Work send(const Tensor& buf, int peer, int tag = 0, CallOptions o = {});
   Work recv(Tensor& buf, int peer, int tag = 0, CallOptions o = {});
 

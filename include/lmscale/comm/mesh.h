@@ -9,9 +9,14 @@
 //     shard_idx = dp_idx % shard,  replicate_idx = dp_idx / shard
 // shard = dp (the default) shards over all of dp (replicate groups have one rank); shard < dp
 // shards within consecutive groups of `shard` dp ranks and replicates across them.
+// Expert parallelism (docs/parallel.md) splits the dp axis the same way into ep x expert_dp:
+//     ep_idx = dp_idx % ep,  expert_dp_idx = dp_idx / ep
+// an ep group (the all-to-all of the MoE blocks) is `ep` consecutive dp ranks; an expert_dp group
+// (the dp/ep replicas of the same experts, whose expert gradients are summed) takes every ep-th.
 //
 // Groups: tp = same (pp, dp); dp = same (pp, tp); pp = same (dp, tp); shard = same (pp, tp,
-// replicate_idx); replicate = same (pp, tp, shard_idx); each ordered by its own index. Each is a
+// replicate_idx); replicate = same (pp, tp, shard_idx); ep = same (pp, tp, expert_dp_idx);
+// expert_dp = same (pp, tp, ep_idx); each ordered by its own index. Each is a
 // communicator of the world's backend, made with split (MPI_Comm_split / ncclCommSplit).
 #include <memory>
 #include <string>
@@ -26,13 +31,14 @@ struct MeshShape {
   int tp = 1;
   int pp = 1;
   int shard = 0;   // FSDP shard group size, divides dp; 0: dp
+  int ep = 1;      // expert-parallel group size, divides dp
 };
 
 struct MeshCoords {
-  int pp = 0, dp = 0, tp = 0, shard = 0, replicate = 0;
+  int pp = 0, dp = 0, tp = 0, shard = 0, replicate = 0, ep = 0, expert_dp = 0;
 };
 
-enum class Axis { dp, tp, pp, shard, replicate };
+enum class Axis { dp, tp, pp, shard, replicate, ep, expert_dp };
 const char* axis_name(Axis a);
 
 // Fills dp and shard when 0 and checks dp*tp*pp == world_size and shard | dp (UsageError naming
@@ -57,20 +63,23 @@ class Mesh {
   const MeshShape& shape() const { return shape_; }
   const MeshCoords& coords() const { return coords_; }
   Communicator& world() { return *world_; }
-  Communicator& group(Axis a) { return *group_ptr(a); }
+  // Throws for the ep axis when ep = 1 (no group is made); group_ptr then returns null.
+  Communicator& group(Axis a);
   std::shared_ptr<Communicator> group_ptr(Axis a) const;
   Communicator& dp() { return group(Axis::dp); }
   Communicator& tp() { return group(Axis::tp); }
   Communicator& pp() { return group(Axis::pp); }
   Communicator& shard() { return group(Axis::shard); }
   Communicator& replicate() { return group(Axis::replicate); }
+  Communicator& ep() { return group(Axis::ep); }
+  Communicator& expert_dp() { return group(Axis::expert_dp); }
   std::string describe() const { return describe_mesh(shape_, world_->size()); }
 
  private:
   std::shared_ptr<Communicator> world_;
   MeshShape shape_;
   MeshCoords coords_;
-  std::shared_ptr<Communicator> dp_, tp_, pp_, shard_, replicate_;
+  std::shared_ptr<Communicator> dp_, tp_, pp_, shard_, replicate_, ep_, expert_dp_;
 };
 
 }  // namespace lmscale::comm

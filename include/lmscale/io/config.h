@@ -106,8 +106,8 @@ LMSCALE_DECK_ENUM(BenchMode, "forward", "forward-backward", "train-step");
 enum class AttentionPass { forward, backward, forward_backward };
 LMSCALE_DECK_ENUM(AttentionPass, "forward", "backward", "forward-backward");
 // bench.ops
-enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, broadcast };
-LMSCALE_DECK_ENUM(CollectiveOp, "all-reduce", "reduce-scatter", "all-gather", "broadcast");
+enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
+LMSCALE_DECK_ENUM(CollectiveOp, "all-reduce", "reduce-scatter", "all-gather", "broadcast", "all-to-all");
 // bench.algo
 enum class CollectiveAlgo { library, ring, shm, hier, automatic };
 LMSCALE_DECK_ENUM(CollectiveAlgo, "library", "ring", "shm", "hier", "auto");
@@ -176,6 +176,17 @@ struct ModelConfig {
   // Rows per chunk of the fused LM head + cross-entropy: -1 = auto (chunk logits <= 256 MiB),
   // 0 = all rows in one chunk, n >= 1 = n rows (model/model_dims.h head_chunk_rows).
   std::int64_t ce_chunk_rows = -1;
+  // Mixture of experts (docs/moe.md): 0 experts = every block dense. With E > 0 the FFN of every
+  // moe_every-th block (blocks moe_every-1, 2 moe_every-1, ...) is E SwiGLU experts of inner size
+  // moe_expert_dff behind a top-k router; moe_capacity_factor 0 = dropless, else each expert takes
+  // at most ceil(cf * tokens * k / E) tokens of a micro-batch.
+  std::int64_t moe_experts = 0;
+  std::int64_t moe_top_k = 2;
+  std::int64_t moe_expert_dff = 0;       // 0 = model.d_ff
+  std::int64_t moe_every = 1;
+  double moe_capacity_factor = 0.0;
+  double moe_aux_loss = 0.01;            // load-balancing loss coefficient
+  double moe_z_loss = 0.001;             // router z-loss coefficient
 
   bool operator==(const ModelConfig&) const = default;
 };
@@ -213,6 +224,7 @@ struct ParallelConfig {
   bool overlap_optimizer = false;       // CUDA, unsharded: optimizer on a side stream, overlapping the next forward (measured: no gain)
   bool overlap_param_gather = false;    // zero1/zero2: the parameters' all-gather after the step overlaps the next forward (measured: slower on 2 H200)
   std::int64_t comm_sms = 0;            // CUDA + NCCL: SMs left to NCCL (its maxCTAs), withheld from GEMMs that overlap it; 0 = off
+  std::int64_t ep = 1;                  // expert parallelism: experts split over ep ranks inside dp (docs/moe.md)
 
   bool operator==(const ParallelConfig&) const = default;
 };

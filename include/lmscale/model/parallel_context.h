@@ -38,6 +38,7 @@
 // Only the parts that are built exist as members; the others are added by their modes.
 #include <functional>
 
+#include "lmscale/model/expert_parallel.h"
 #include "lmscale/model/tensor_parallel.h"
 
 namespace lmscale::model {
@@ -55,6 +56,10 @@ struct ParallelContext {
   // f and g (model/tensor_parallel.h). Empty without tensor parallelism. The static part (degree,
   // rank, sequence parallelism) is the parameter store's TensorSplit.
   TensorParallelComm tp;
+
+  // Expert parallelism: the all-to-alls of the MoE blocks' dispatch and combine over the ep group
+  // (model/expert_parallel.h). Empty without expert parallelism.
+  ExpertParallelComm ep;
 };
 
 }  // namespace lmscale::model

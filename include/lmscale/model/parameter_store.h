@@ -12,6 +12,7 @@
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
+#include "lmscale/model/expert_parallel.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/stage.h"
 #include "lmscale/model/tensor_parallel.h"
@@ -64,9 +65,11 @@ class ParameterStore {
   // from the start of the store's buffer, and every index the store takes or reports is local
   // (local_index(global) maps the full model's parameter index to it). Empty: the whole model.
   // Both together (tp x pp): the stage's units, each parameter this tp rank's slice.
+  // experts: expert parallelism (model/expert_parallel.h); the stacked expert tensors of the MoE
+  // blocks hold this ep rank's experts only (expert_parallel_layout).
   ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc,
                  Buffers buffers = Buffers::params_and_grads, const TensorSplit& split = {},
-                 std::vector<StageUnits> chunks = {StageUnits::all()});
+                 std::vector<StageUnits> chunks = {StageUnits::all()}, const ExpertSplit& experts = {});
 
   // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
   // (Buffers::none: the provider's owner initialises its shards itself.)
@@ -85,6 +88,7 @@ class ParameterStore {
   int local_index(int global) const;
   int global_index(int local) const { return global_of_[static_cast<std::size_t>(local)]; }
   const TensorSplit& tensor_split() const { return split_; }
+  const ExpertSplit& expert_split() const { return experts_; }
   int index(const std::string& name) const;   // throws on unknown names
   std::int64_t numel() const { return total_; }
   DType master_dtype() const { return master_; }
@@ -123,6 +127,7 @@ class ParameterStore {
   std::vector<int> local_of_;    // full-model index -> local index, -1 when not held
   std::vector<int> global_of_;   // local index -> full-model index
   TensorSplit split_;
+  ExpertSplit experts_;
   std::int64_t total_ = 0;
   DType master_, lowp_dtype_;
   Tensor params_, grads_, lowp_;

@@ -70,6 +70,16 @@ struct TensorParallelComm {
 // where each slice sits in its full parameter). degree 1: parameter_layout(dims), unchanged.
 std::vector<ParamInfo> tensor_parallel_layout(const ModelDims& dims, const TensorSplit& split);
 
+// The layout with the stacked expert tensors of the MoE blocks (ffn.experts.*) cut to this ep
+// rank's experts: rows [rank E/ep, (rank+1) E/ep) of the leading axis (split_dim 0), offsets
+// renumbered. degree 1: `layout` unchanged. Not combined with a tensor-parallel split (the deck
+// refuses tp with MoE). (model/expert_parallel.cpp)
+struct ExpertSplit;
+std::vector<ParamInfo> expert_parallel_layout(std::vector<ParamInfo> layout, const ModelDims& dims,
+                                              const ExpertSplit& experts);
+// Whether p is a stacked expert tensor [E, ...] of an MoE block.
+bool is_expert_parameter(const ParamInfo& p);
+
 // Copies a parameter's local slice between the full parameter (row-major, full_shape) and the
 // slice (row-major, local shape), in elements of `elem_bytes` bytes: to_full = true writes the
 // slice into `full`, false reads it out of `full`.

@@ -19,6 +19,7 @@
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
 #include "lmscale/model/model_dims.h"
+#include "lmscale/model/moe_block.h"
 #include "lmscale/model/param_layout.h"
 #include "lmscale/model/parallel_context.h"
 #include "lmscale/model/parameter_store.h"
@@ -35,7 +36,8 @@ struct BlockActivations {
   Tensor o;                 // attention output before output_proj [N,d]
   Tensor h;                 // x + attention [N,d]
   Tensor rstd2, y2;         // RMSNorm2 [N], [N,d]
-  Tensor a, b, g;           // w1 y2, w3 y2, silu(a)*b  [N,F]
+  Tensor a, b, g;           // w1 y2, w3 y2, silu(a)*b  [N,F]; MoE block: the experts' [Me,Fe]
+  MoeActivations moe;       // MoE block: routing and expert rows (model/moe_block.h)
 };
 
 struct Activations {
@@ -49,6 +51,10 @@ struct Activations {
   bool accumulate = true;                 // how that forward wrote the head's gradients
   Tensor loss_sum;                        // 1 element (fp32; fp64 for fp64 models)
   Tensor output;                          // pipeline stage without the head: its output [N,d]
+  // MoE: the router losses' contribution to loss_sum [1] (sum of ops::moe_router_losses terms[2]
+  // over the MoE blocks), added after the head; grad_scale of the forward, for their backward.
+  Tensor moe_loss;
+  double grad_scale = 0;
 };
 
 class TransformerLM {
@@ -112,6 +118,14 @@ class TransformerLM {
   // owning the embedding. Gradients accumulate as in backward().
   Tensor backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc, bool accumulate);
 
+  // ---- Mixture of experts (transformer_moe.cpp, docs/moe.md) ---------------------------------
+  // Routing counts and router losses per MoE block, summed over the training forwards (keep =
+  // true) since the last reset; one entry per MoE block of this model, in layer order.
+  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
+  // The expert split this model computes (from the parameter store).
+  const ExpertSplit& expert_split() const { return ep_; }
+
  private:
   Tensor run_blocks_forward(Context& ctx, Activations& act, Tensor x, bool keep, const ParallelContext& pc);
   // Final RMSNorm and LM head: x [Nl,d] -> all logits [N,Vl] (logits() only; the loss never
@@ -145,7 +159,17 @@ class TransformerLM {
                        BlockActivations& s, const ParallelContext& pc, bool need_output = true);
   // dx [N,d]: in = gradient w.r.t. the block output, out = w.r.t. the block input (in place).
   void block_backward(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
-                      std::int64_t B, std::int64_t T, bool accumulate);
+                      std::int64_t B, std::int64_t T, bool accumulate, double grad_scale);
+  // MoE FFN of block l on y2 [N,d] (N = B*T rows, sequences of T): router, dispatch, experts,
+  // combine; returns its output [N,d] and keeps what the backward needs in s (s.moe, s.a/b/g).
+  Tensor moe_ffn_forward(Context& ctx, int layer, std::int64_t T, const Tensor& y2, BlockActivations& s,
+                         const ParallelContext& pc);
+  // Its backward from d(output) dout [N,d]: the experts' and the router's gradients; returns
+  // d(loss)/d(y2) [N,d]. grad_scale: the forward's, for the router losses' own gradient.
+  Tensor moe_ffn_backward(Context& ctx, int layer, std::int64_t T, BlockActivations& s, const Tensor& dout,
+                          const ParallelContext& pc, bool accumulate, double grad_scale);
+  // Adds block l's routing counts and router losses (ops::moe_router_losses terms) to moe_stats_.
+  void record_moe_stats(Context& ctx, int layer, const BlockActivations& s, const Tensor& terms);
   // y = rmsnorm(x, w) [N,d] unless y is already there (selective checkpointing dropped it).
   void recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N, std::int64_t d);
   // s.a = w1 y2, s.b = w3 y2 of block l (y2 [N,d], gathered under sequence parallelism).
@@ -203,6 +227,8 @@ class TransformerLM {
   RecomputePolicy recompute_;
   StageUnits units_;
   TensorSplit tp_;                  // from the parameter store
+  ExpertSplit ep_;                  // from the parameter store
+  std::vector<MoeLayerStats> moe_stats_;
   std::int64_t Hl_, dl_, Fl_, Vl_;  // local heads, their width Hl*Dh, FFN features, vocabulary
 };
 

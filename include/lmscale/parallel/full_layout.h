@@ -13,13 +13,17 @@
 namespace lmscale::parallel {
 
 class TensorParallel;
+class ExpertParallel;
 
 class FullLayout {
  public:
   // tp: null without tensor parallelism. host_pp: the host communicator of the pp group, null
   // without a pipeline; chunks_of(stage) lists each stage's chunks as the mesh assigned them.
+  // ep: null without expert parallelism (the ep ranks' expert rows are gathered like tp slices;
+  // not combined with tp or pp).
   FullLayout(const model::ModelDims& dims, const model::ParameterStore& store, TensorParallel* tp,
-             comm::Communicator* host_pp, int virtual_stages, std::vector<std::int64_t> stage_layers);
+             comm::Communicator* host_pp, int virtual_stages, std::vector<std::int64_t> stage_layers,
+             ExpertParallel* ep = nullptr);
 
   // A buffer in this rank's store layout (parameters, optimizer moments) -> the full layout on
   // every rank (collective under tp and pp: gathered over tp, then over pp).
@@ -31,6 +35,7 @@ class FullLayout {
   model::ModelDims dims_;
   const model::ParameterStore& store_;
   TensorParallel* tp_;
+  ExpertParallel* ep_;
   comm::Communicator* host_pp_;
   int virtual_stages_;
   std::vector<std::int64_t> stage_layers_;

@@ -9,9 +9,10 @@ namespace lmscale::parallel {
 
 class SequentialSchedule final : public Schedule {
  public:
-  // tp: the tensor-parallel collectives every model call gets (empty without tp).
-  SequentialSchedule(model::TransformerLM& model, ops::Runtime& rt, int grad_accum, model::TensorParallelComm tp)
-      : model_(model), rt_(rt), grad_accum_(grad_accum), tp_(std::move(tp)) {}
+  // tp, ep: the tensor- and expert-parallel collectives every model call gets (empty without).
+  SequentialSchedule(model::TransformerLM& model, ops::Runtime& rt, int grad_accum, model::TensorParallelComm tp,
+                     model::ExpertParallelComm ep = {})
+      : model_(model), rt_(rt), grad_accum_(grad_accum), tp_(std::move(tp)), ep_(std::move(ep)) {}
 
   int micro_batches() const override { return grad_accum_; }
   void forward_backward(const MicroBatchSource& batches, std::int64_t T, double grad_scale, Strategy& strategy,
@@ -23,6 +24,7 @@ class SequentialSchedule final : public Schedule {
   ops::Runtime& rt_;
   int grad_accum_;
   model::TensorParallelComm tp_;
+  model::ExpertParallelComm ep_;
 };
 
 }  // namespace lmscale::parallel

@@ -44,6 +44,11 @@ enum class GradientTiming { none, after_backward, during_backward, per_unit };
 
 struct Spec {
   int dp = 1, tp = 1, pp = 1;
+  // parallel.ep: the experts of MoE blocks split over ep consecutive ranks of each dp group
+  // (docs/parallel.md, "Expert parallelism"). The data-parallel strategy (DDP, ZeRO) then runs over
+  // the expert_dp group of dp / ep ranks (gradient_group()); the dense gradients are first summed
+  // over the ep group (parallel/expert_parallel_strategy.h).
+  int ep = 1;
   ZeroLevel zero = ZeroLevel::none;
   DdpKind ddp = DdpKind::none;
   double bucket_mb = 25;   // parallel.bucket_mb
@@ -57,10 +62,13 @@ struct Spec {
   static Spec resolve(const ParallelConfig& pc, int world);
 
   comm::MeshShape mesh_shape() const;
-  // ZeRO and FSDP act only with more than one data-parallel rank: with one, every parallel.zero
+  // The ranks the data-parallel strategy reduces and shards over: dp, or dp / ep with expert
+  // parallelism (the expert_dp group). Every rule below is about that group.
+  int gradient_group() const { return dp / ep; }
+  // ZeRO and FSDP act only with more than one rank in that group: with one, every parallel.zero
   // value is the plain one-process path.
-  bool sharded_optimizer() const { return dp > 1 && zero != ZeroLevel::none; }
-  bool fsdp() const { return dp > 1 && zero == ZeroLevel::fsdp; }
+  bool sharded_optimizer() const { return gradient_group() > 1 && zero != ZeroLevel::none; }
+  bool fsdp() const { return gradient_group() > 1 && zero == ZeroLevel::fsdp; }
   GradStorage grad_storage() const;
   // Bytes of one lazy gradient bucket: large for one data-parallel rank (the optimizer makes few
   // launches: ~32 for xl), parallel.bucket_mb under zero2 (the reduce-scatter's granularity).
@@ -69,9 +77,9 @@ struct Spec {
   // zero1-broadcast all-reduces the whole buffer instead, fsdp keeps per-unit shards.
   bool gradient_shard() const;
   // zero1-broadcast: after its step each rank broadcasts its range (the seed's ZeRO-1).
-  bool broadcast_update() const { return dp > 1 && zero == ZeroLevel::zero1_broadcast; }
+  bool broadcast_update() const { return gradient_group() > 1 && zero == ZeroLevel::zero1_broadcast; }
   // zero2: each gradient bucket is reduce-scattered as soon as the backward fills it.
-  bool bucket_reduce_scatter() const { return dp > 1 && zero == ZeroLevel::zero2; }
+  bool bucket_reduce_scatter() const { return gradient_group() > 1 && zero == ZeroLevel::zero2; }
   ReduceStaging reduce_staging() const;
   // Predictor hooks of the step-time model (jobs/plan/step_model.h): when the gradient collectives
   // run, which collective reduces the gradients (all-reduce, or reduce-scatter into the owners'
@@ -86,6 +94,8 @@ struct Spec {
   CopyEngineWindow copy_engine_window() const;
   // The data-parallel choice as printed: "zero2", "fsdp", "ddp bucketed", "ddp flat".
   std::string data_parallel_name() const;
+  // The spec of the data-parallel strategy under expert parallelism: dp = gradient_group(), ep 1.
+  Spec gradient_group_spec() const;
   // The whole layout for a world of that many ranks: "one process", "ddp bucketed (4 ranks)",
   // "zero2 x tp 2 (4 ranks)", "ddp flat x pp 2 (1f1b) (2 ranks)".
   std::string describe(int world) const;

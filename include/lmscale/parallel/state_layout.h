@@ -73,12 +73,14 @@ struct Segment {
 // Where a stored parameter's elements (this rank's tensor-parallel slice, or the whole parameter)
 // sit in the full parameter, in local order:
 //   whole (split_dim -1)                          one run
-//   rows [b, b + R) of [R_full, C] (split_dim 0)  one run: elements [b C, (b + R) C)
+//   rows [b, b + R) of [R_full, C] (split_dim 0)  one run: elements [b C, (b + R) C) (C = the
+//                                                 product of the other dims: an expert-parallel
+//                                                 slice [El, F, d] of a stacked [E, F, d] has C = F d)
 //   columns [b, b + C) of [R, C_full] (dim 1)     one run per row i: [i C_full + b, ... + C)
 inline std::vector<Segment> full_segments(const model::ParamInfo& p) {
   if (p.split_dim < 0 || p.full_shape.empty()) return {{0, 0, p.numel}};
   const std::int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
-  if (p.split_dim == 0) return {{0, p.split_begin * cols, p.numel}};
+  if (p.split_dim == 0) return {{0, p.split_begin * (rows > 0 ? p.numel / rows : 0), p.numel}};
   const std::int64_t full_cols = p.full_shape[1];
   std::vector<Segment> out;
   out.reserve(static_cast<std::size_t>(rows));

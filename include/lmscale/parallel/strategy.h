@@ -6,6 +6,7 @@
 //   one process, DDP (naive | flat | overlap | bucketed)   replicated_strategy.h
 //   zero1, zero1-broadcast, zero2                           zero_strategy.h
 //   fsdp                                                    fsdp_strategy.h
+//   any of the first two with parallel.ep > 1               expert_parallel_strategy.h around it
 //
 // Each composes with tensor parallelism (the store then holds this tp rank's slices; norms count
 // once over tp) and, except fsdp, with pipeline parallelism (the store holds this stage's units).
@@ -29,6 +30,7 @@
 namespace lmscale::parallel {
 
 class TensorParallel;
+class ExpertParallel;
 class FullyShardedDataParallel;
 class ShardedOptimizer;
 
@@ -44,6 +46,12 @@ struct StrategyParts {
   int dp_rank = 0;
   TensorParallel* tp = nullptr;        // null without tensor parallelism
   bool pipeline = false;               // parallel.pp > 1
+  // Expert parallelism (spec.ep > 1): the ep group, and the expert_dp group (dp / ep ranks; null
+  // when that is one rank) with this rank's index in it, over which the strategy reduces.
+  ExpertParallel* ep = nullptr;
+  comm::Communicator* expert_dp = nullptr;
+  comm::Communicator* expert_dp_host = nullptr;
+  int expert_dp_rank = 0;
 };
 
 class Strategy {

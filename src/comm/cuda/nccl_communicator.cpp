@@ -342,7 +342,8 @@ class NcclCommunicator final : public Communicator {
     const std::size_t es = dtype_size(req.dtype);
     ncclComm_t comm = shared_->comm;
     const char* what = op_kind_name(req.kind);
-    const bool blocks = req.kind == OpKind::reduce_scatter || req.kind == OpKind::all_gather;
+    const bool blocks = req.kind == OpKind::reduce_scatter || req.kind == OpKind::all_gather ||
+                        req.kind == OpKind::all_to_all;
     const std::size_t bytes = (blocks ? req.total_count(size_) : req.count) * es;
     return launch(what, bytes, [&](cudaStream_t s) {
       switch (req.kind) {
@@ -389,6 +390,20 @@ class NcclCommunicator final : public Communicator {
         case OpKind::recv:
           shared_->check(ncclRecv(req.recv, req.count, type, req.peer, comm, s), "recv");
           return;
+        case OpKind::all_to_all:
+          // One group of a send and a receive per peer (NCCL has no all-to-all-v of its own); the
+          // group makes them one launch in which no pair of ranks can block each other.
+          shared_->check(ncclGroupStart(), "all-to-all (ncclGroupStart)");
+          for (int q = 0; q < size_; ++q) {
+            if (req.block_count(q) > 0)
+              shared_->check(ncclSend(static_cast<const char*>(req.send) + req.block_offset(q) * es,
+                                      req.block_count(q), type, q, comm, s), "all-to-all (ncclSend)");
+            if (req.recv_block_count(q) > 0)
+              shared_->check(ncclRecv(static_cast<char*>(req.recv) + req.recv_block_offset(q) * es,
+                                      req.recv_block_count(q), type, q, comm, s), "all-to-all (ncclRecv)");
+          }
+          shared_->check(ncclGroupEnd(), "all-to-all (ncclGroupEnd)");
+          return;
         case OpKind::barrier:
           break;
       }
@@ -432,6 +447,17 @@ class NcclCommunicator final : public Communicator {
                                     static_cast<int>(d.size()), MPI_INT64_T, mpi_),
                       rank_);
     detail::verify_descriptors(all);
+    if (req.kind == OpKind::all_to_all && req.uneven()) {
+      // Pairwise block sizes over MPI (as the mpi backend does), one flag for all ranks.
+      std::vector<std::int64_t> mine(req.counts.begin(), req.counts.end()), to_me(mine.size());
+      LMSCALE_MPI_CHECK(MPI_Alltoall(mine.data(), 1, MPI_INT64_T, to_me.data(), 1, MPI_INT64_T, mpi_), rank_);
+      const std::string bad = detail::all_to_all_count_errors(req, to_me, rank_);
+      int local = bad.empty() ? 0 : 1, any = 0;
+      LMSCALE_MPI_CHECK(MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, mpi_), rank_);
+      if (any != 0)
+        throw detail::MismatchError("collective mismatch between ranks (check mode): all-to-all block sizes differ" +
+                                    (bad.empty() ? std::string(" on another rank") : bad));
+    }
   }
 
   MPI_Comm mpi_;

@@ -10,6 +10,7 @@
 #include "lmscale/model/stage.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/grad_clip.h"
+#include "lmscale/parallel/expert_parallel.h"
 #include "lmscale/parallel/full_layout.h"
 #include "lmscale/parallel/pipeline.h"
 #include "lmscale/parallel/pipeline_schedule.h"
@@ -73,6 +74,9 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   }
   if (spec.tp > 1)
     tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), host_mesh_->tp(), pc.sequence_parallel);
+  // Expert parallelism: the experts split over the ep group inside dp (rows of the batch are still
+  // split over the whole dp group: each rank routes its own tokens).
+  if (spec.ep > 1) ep_ = std::make_unique<parallel::ExpertParallel>(mesh_->ep(), host_mesh_->ep());
   // This rank's stage, or its virtual_stages chunks under the interleaved schedule.
   const int V = pc.schedule == PipelineSchedule::interleaved ? static_cast<int>(pc.virtual_stages) : 1;
   const std::vector<model::StageUnits> chunks =
@@ -86,7 +90,8 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
   params_ = std::make_unique<model::ParameterStore>(dims_, kMaster, lowp_dtype(env.cfg), *ctx.allocator,
                                                     store_buffers(spec.grad_storage()),
-                                                    tp_ ? tp_->split() : model::TensorSplit{}, chunks);
+                                                    tp_ ? tp_->split() : model::TensorSplit{}, chunks,
+                                                    ep_ ? ep_->split() : model::ExpertSplit{});
   params_->init(env.cfg.run.seed, ctx);
   // One model per chunk over the one store (a single one without the interleaved schedule).
   for (const auto& u : chunks) chunk_models_.push_back(std::make_unique<model::TransformerLM>(dims_, *params_, u));
@@ -101,13 +106,21 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
                                                         static_cast<int>(pc.microbatches));
   } else {
     run_ = std::make_unique<parallel::SequentialSchedule>(*chunk_models_.front(), env.rt, static_cast<int>(grad_accum),
-                                                          tp_comm);
+                                                          tp_comm, ep_ ? ep_->callbacks() : model::ExpertParallelComm{});
   }
-  strategy_ = parallel::make_strategy({env.cfg, spec, env.rt, *params_, static_cast<int>(dims_.layers),
-                                       spec.dp > 1 ? &mesh_->dp() : nullptr, spec.dp > 1 ? &host_mesh_->dp() : nullptr,
-                                       dp_rank_, tp_.get(), spec.pp > 1});
+  parallel::StrategyParts parts{env.cfg, spec, env.rt, *params_, static_cast<int>(dims_.layers),
+                                 spec.dp > 1 ? &mesh_->dp() : nullptr, spec.dp > 1 ? &host_mesh_->dp() : nullptr,
+                                 dp_rank_, tp_.get(), spec.pp > 1};
+  if (ep_) {
+    const bool replicas = spec.gradient_group() > 1;
+    parts.ep = ep_.get();
+    parts.expert_dp = replicas ? &mesh_->expert_dp() : nullptr;
+    parts.expert_dp_host = replicas ? &host_mesh_->expert_dp() : nullptr;
+    parts.expert_dp_rank = mesh_->coords().expert_dp;
+  }
+  strategy_ = parallel::make_strategy(parts);
   layout_ = std::make_unique<parallel::FullLayout>(dims_, *params_, tp_.get(), spec.pp > 1 ? &host_mesh_->pp() : nullptr,
-                                                   V, pc.stage_layers);
+                                                   V, pc.stage_layers, ep_.get());
   memory_points_["after_init"] = env.rt.allocator().tracker().by_tag();
 }
 

@@ -326,6 +326,9 @@ int run_accounting(JobEnv& env) {
                                                                        {"split", io::Column::Type::str, ""},
                                                                        {"formula", io::Column::Type::str, ""}});
   for (const auto& b : a.bounds) bounds.append({b.strategy, b.degree, b.limit, b.split, b.formula});
+  // MoE models: their terms (/accounting/moe) besides the replayed phases below, which model the
+  // MoE blocks too (memory_replay_moe.cpp).
+  if (cfg.model.moe_experts > 0) write_moe_accounting(env, account_moe(cfg, world));
   // Per-phase peaks of the mode the deck runs (memory_model.h), as the CPU allocator counts them
   // and as a CUDA run's tracker would (plus cuBLASLt's workspace and flash attention's). Under
   // pipelines each stage's (its dp 0, tp 0 rank; memory_model_pipeline.cpp), and the first table

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <optional>
 
 #include <fmt/format.h>
@@ -54,7 +55,9 @@ std::optional<MemoryPhases> extrapolated_memory_phases(const Config& cfg, int wo
   const auto& t = cfg.train;
   const std::int64_t chunks = cfg.parallel.pp * std::max<std::int64_t>(1, cfg.parallel.virtual_stages);
   const std::int64_t k = t.activation_checkpointing == Checkpointing::every_k ? std::max<std::int64_t>(1, t.checkpoint_k) : 1;
-  const std::int64_t period = chunks * k;
+  // MoE models repeat every moe_every blocks too.
+  const std::int64_t moe_every = cfg.model.moe_experts > 0 ? std::max<std::int64_t>(1, cfg.model.moe_every) : 1;
+  const std::int64_t period = std::lcm(chunks * k, moe_every);
   const std::int64_t residue = L % period;
   auto replay_at = [&](std::int64_t m) {
     Config c = cfg;
@@ -117,7 +120,8 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
   const comm::MeshShape mesh = spec.mesh_shape();
   if (mesh.pp > 1) return predict_pipeline_phases(cfg, world, cuda, rank);
   const int tp = mesh.tp, dp = mesh.dp;
-  const int dp_rank = comm::mesh_coords(mesh, rank).dp;
+  // The index ZeRO shards by: in the dp group, or in the expert_dp group under expert parallelism.
+  const int dp_rank = spec.ep > 1 ? comm::mesh_coords(mesh, rank).expert_dp : comm::mesh_coords(mesh, rank).dp;
   MemoryPhases out;
   const bool bench = cfg.run.job == JobKind::bench_model;
   const BenchMode mode = job_mode(cfg);
@@ -164,7 +168,9 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
       case parallel::CopyEngineWindow::none: break;
     }
     replay::set_reduce_staging(gr, spec, sizes, P, dp_rank);
-    out.layout = dp == 1 ? (tp > 1 ? "tensor parallel (local shapes), gradients in 256 MiB buckets"
+    out.layout = spec.ep > 1 ? fmt::format("{} over dp/ep = {} x ep {} (this rank's experts)", spec.data_parallel_name(),
+                                           spec.gradient_group(), spec.ep)
+                 : dp == 1 ? (tp > 1 ? "tensor parallel (local shapes), gradients in 256 MiB buckets"
                                    : "one process, gradients in 256 MiB buckets")
                    : spec.bucket_reduce_scatter() ? "zero2 (gradient buckets of bucket_mb, shard of the optimizer state)"
                    : sharded ? spec.data_parallel_name() + " (flat gradients, gradient shard and 1/dp of the optimizer state)"
@@ -195,7 +201,9 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
     // backward): the state, the gradients, that micro-batch's inputs, targets and loss sums.
     // The optimizer phase starts there (its peak is at its start; with grad_accum > 1 it also
     // holds micro-batches 2.., run with the buckets already allocated).
-    const double at_mark = init + workspace + grads_after + 2 * 4 * s.B * s.T + s.st * static_cast<double>(accum);
+    // (MoE: and the micro-batch's router-loss sum, alive with its activations.)
+    const double at_mark = init + workspace + grads_after + 2 * 4 * s.B * s.T + s.st * static_cast<double>(accum) +
+                           (s.moe_every > 0 ? s.st : 0.0);
     // bf16 gradient reduction: the copies are alive from the backward (or, ddp flat, from the
     // sync's finish()) to the end of finish(); made by the micro-batch that arms the reduction.
     const double staging = gr.staging_total();

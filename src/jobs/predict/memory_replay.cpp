@@ -34,13 +34,39 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.L = static_cast<int>(dims.layers);
   s.k = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.train.checkpoint_k, dims.layers)));
   s.recompute = model::RecomputePolicy::from(cfg.train);
+  if (dims.moe()) {
+    s.moe_every = static_cast<int>(dims.moe_every);
+    s.ep = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.ep));
+    s.E = static_cast<double>(dims.moe_experts);
+    s.El = s.E / s.ep;
+    s.topk = static_cast<double>(dims.moe_top_k);
+    s.Fe = static_cast<double>(dims.moe_dff);
+    s.M = s.N * s.topk;
+    if (dims.moe_capacity_factor > 0)
+      s.M = std::min(s.M, s.B * s.E * static_cast<double>(dims.expert_capacity(dims.context)));
+    s.Me = s.M;
+  }
   return s;
+}
+
+model::ParamIndex Shapes::index() const {
+  model::ModelDims dims;
+  dims.layers = L;
+  dims.moe_every = moe_every;
+  dims.moe_experts = moe_every > 0 ? static_cast<std::int64_t>(E) : 0;
+  return model::ParamIndex(dims);
 }
 
 std::vector<double> param_sizes(const Shapes& s) {
   std::vector<double> p{s.V * s.d};
-  for (int l = 0; l < s.L; ++l)
+  for (int l = 0; l < s.L; ++l) {
+    if (s.is_moe(l)) {   // q, k, v, o, ln1, router, this rank's experts' w1, w2, w3, ln2
+      const double ex = s.El * s.Fe * s.d;
+      for (double n : {s.d * s.d, s.d * s.d, s.d * s.d, s.d * s.d, s.d, s.E * s.d, ex, ex, ex, s.d}) p.push_back(n);
+      continue;
+    }
     for (double n : {s.dl * s.d, s.dl * s.d, s.dl * s.d, s.d * s.dl, s.d, s.F * s.d, s.d * s.F, s.F * s.d, s.d}) p.push_back(n);
+  }
   p.push_back(s.d);
   p.push_back(s.V * s.d);
   return p;
@@ -119,7 +145,7 @@ void ffn_inputs(Sim& m, const Shapes& s, Block& b) {
 }
 }  // namespace
 
-double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output) {
+double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l) {
   const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
   b.rstd1 = m.alloc(s.st * s.Nl);
   b.y1 = m.alloc(Nlde);
@@ -142,6 +168,11 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output) {
   b.rstd2 = m.alloc(s.st * s.Nl);
   b.y2 = m.alloc(Nlde);
   m.free(proj);   // after the fused h = x + proj, y2 = rmsnorm2(h)
+  if (s.is_moe(l)) {   // the experts behind the router; h + out written into out
+    double out = moe_forward(m, s, b);
+    if (!need_output) m.free(out);
+    return out;
+  }
   ffn_inputs(m, s, b);
   b.g = m.alloc(NFe);
   if (!need_output) return 0;
@@ -155,7 +186,8 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output) {
 }
 
 void free_block(Sim& m, Block& b) {
-  for (double* t : {&b.x, &b.rstd1, &b.y1, &b.q, &b.k, &b.v, &b.o, &b.aux, &b.h, &b.rstd2, &b.y2, &b.a, &b.b, &b.g})
+  for (double* t : {&b.x, &b.rstd1, &b.y1, &b.q, &b.k, &b.v, &b.o, &b.aux, &b.h, &b.rstd2, &b.y2, &b.a, &b.b, &b.g,
+                    &b.probs, &b.lse, &b.experts, &b.gates, &b.slot, &b.xe, &b.ye, &b.perm})
     m.free(*t);
 }
 
@@ -173,7 +205,10 @@ void recompute_norm(Sim& m, const Shapes& s, double& y) {
 
 void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
-  const model::BlockParams p = model::ParamIndex(s.L).block(l);
+  const model::BlockParams p = s.index().block(l);
+  if (s.is_moe(l)) {
+    moe_backward(m, s, b, gr, l);
+  } else {
   if (b.a <= 0) {             // selective-mlp: y2, a, b again
     recompute_norm(m, s, b.y2);
     ffn_inputs(m, s, b);
@@ -216,6 +251,7 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   m.free(b.y2);
   m.free(b.h);
   for (double* t : {&dy2, &da, &db}) m.free(*t);
+  }
   double dO = m.alloc(Ndle);
   gr.touch(p.o, false);
   if (s.sp) {   // tp_g_backward: dx gathered for the output projection's GEMMs
@@ -282,13 +318,18 @@ double embed_forward(Sim& m, const Shapes& s, Grads& gr) {
 
 double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1, bool keep) {
   double x = 0;   // the current block's input; block l0's is the caller's
+  if (s.moe_every > 0) m.alloc(s.st);   // act.moe_loss [1]: the router losses, alive with the activations
   for (int l = l0; l < l1; ++l) {
     // What the block keeps: the same per-block answer the model applies (run_blocks_forward).
     const model::BlockKeep k = keep ? s.recompute.block(l, l0, l1, s.flash) : model::BlockKeep{};
     const bool checkpointed = k.recomputed, group_start = k.group_input;
     Block b;
     gr.before_forward(l + 1);
-    double out = block_forward(m, s, b, true);
+    double out = block_forward(m, s, b, true, l);
+    if (s.is_moe(l)) {   // the router losses' terms [3] (run_blocks_forward), freed with the iteration
+      double terms = m.alloc(3 * s.st);
+      m.free(terms);
+    }
     if (keep && !checkpointed) {
       b.x = x;   // the block's input stays with its activations
       if (k.drop_norms) {
@@ -339,7 +380,7 @@ void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blo
         Block b;
         b.o = blocks[static_cast<std::size_t>(l)].o;   // kept under keep_attention, else 0
         b.aux = blocks[static_cast<std::size_t>(l)].aux;
-        const double out = block_forward(m, s, b, l + 1 < hi);
+        const double out = block_forward(m, s, b, l + 1 < hi, l);
         b.x = l == lo ? in : blocks[static_cast<std::size_t>(l)].x;
         blocks[static_cast<std::size_t>(l)] = b;
         if (l + 1 < hi) blocks[static_cast<std::size_t>(l + 1)].x = out;
@@ -363,7 +404,7 @@ double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss)
   if (keep) {
     gr.before_backward(s.L + 1);
     dy = m.alloc(Nde);
-    gr.touch(model::ParamIndex(s.L).lm_head(), false);   // lm_head: written by the chunks below
+    gr.touch(s.index().lm_head(), false);   // lm_head: written by the chunks below
   }
   // The chunks: the logits buffer, a loss scalar per chunk after the first, per chunk the CUDA
   // cross-entropy's row losses (fp32) or, vocabulary-parallel, the row max and (sum, target) pair.
@@ -394,7 +435,7 @@ double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss)
   }
   m.free(logits);
   m.free(part);
-  if (keep) gr.ready(model::ParamIndex(s.L).lm_head());   // the model's notify: after the chunks, before y is dropped
+  if (keep) gr.ready(s.index().lm_head());   // the model's notify: after the chunks, before y is dropped
   if (!keep) {
     for (double* t : {&rstd, &y, &yfull}) m.free(*t);
     gr.after_forward(s.L + 1);
@@ -403,7 +444,7 @@ double head_forward(Sim& m, const Shapes& s, Grads& gr, bool keep, double* loss)
   m.free(yfull);
   m.free(y);
   double dx = m.alloc(Nlde);   // d(loss)/d(last block output): where the blocks' backward starts
-  gr.touch(model::ParamIndex(s.L).ln_final());       // ln_final
+  gr.touch(s.index().ln_final());       // ln_final
   gr.after_backward(s.L + 1);
   m.free(rstd);
   m.free(dy);
@@ -450,7 +491,7 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
 }
 
 double store_bytes(const Config& cfg, const parallel::Spec& spec, double P, int dp_rank, bool cuda) {
-  const int dp = spec.dp;
+  const int dp = spec.gradient_group();   // the ranks ZeRO shards over (dp / ep)
   const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
   const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
@@ -473,7 +514,7 @@ double store_bytes(const Config& cfg, const parallel::Spec& spec, double P, int 
 
 void set_reduce_staging(Grads& gr, const parallel::Spec& spec, const std::vector<double>& sizes, double P, int dp_rank) {
   using parallel::ReduceStaging;
-  const int dp = spec.dp;
+  const int dp = spec.gradient_group();
   gr.group_of.clear();
   gr.group_pending.clear();
   gr.group_stage.clear();

@@ -15,6 +15,7 @@
 #include "lmscale/comm/mesh.h"
 #include "lmscale/io/config.h"
 #include "lmscale/jobs/predict/memory_model.h"
+#include "lmscale/model/param_layout.h"
 #include "lmscale/model/recompute.h"
 #include "lmscale/parallel/spec.h"
 
@@ -50,9 +51,11 @@ struct Shared {
   }
 };
 
-// What block_forward keeps (bytes, already rounded; 0 = not held).
+// What block_forward keeps (bytes, already rounded; 0 = not held). An MoE block's a, g are the
+// experts' [Me,Fe] (a: the [2,Me,Fe] pair) and it keeps the routing (model/moe_block.h).
 struct Block {
   double x = 0, rstd1 = 0, y1 = 0, q = 0, k = 0, v = 0, o = 0, aux = 0, h = 0, rstd2 = 0, y2 = 0, a = 0, b = 0, g = 0;
+  double probs = 0, lse = 0, experts = 0, gates = 0, slot = 0, xe = 0, ye = 0, perm = 0;
 };
 
 // One micro-batch's shapes as one rank holds them (tensor parallel: local heads, d_ff, vocab;
@@ -64,6 +67,15 @@ struct Shapes {
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   int k = 1;
   model::RecomputePolicy recompute;   // the model's: keep_attention, checkpointed_end
+  // Mixture of experts (docs/moe.md, transformer_moe.cpp): every moe_every-th block; E experts,
+  // El = E / ep of them on this rank, top-k, expert d_ff Fe; M = the kept assignments of this
+  // rank's N tokens: N k dropless, else at most B E capacity (routing decides; the bound is
+  // taken); Me = the rows this rank's experts compute (M: with ep > 1, balanced routing assumed).
+  int moe_every = 0;   // 0: dense
+  int ep = 1;
+  double E = 0, El = 0, topk = 0, Fe = 0, M = 0, Me = 0;
+  bool is_moe(int l) const { return moe_every > 0 && l % moe_every == moe_every - 1; }
+  model::ParamIndex index() const;
 };
 
 // The shapes of a micro-batch of `rows` sequences under the deck's model, precision, tp and
@@ -137,9 +149,13 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
 
 // block_forward: allocations in transformer.cpp's order; returns the output's bytes (0 when a
 // recompute's last block does not produce one).
-double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output);
+double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l);
 void free_block(Sim& m, Block& b);
 void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l);
+// An MoE block's FFN (memory_replay_moe.cpp): the forward after y2, returning its output's bytes;
+// the backward up to dx (ln2's gradient included, y2 and h freed).
+double moe_forward(Sim& m, const Shapes& s, Block& b);
+void moe_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l);
 
 // The units of a model or of a pipeline chunk, as TransformerLM runs them.
 // The embedding's output [Nl,d] (the caller holds it).
@@ -163,7 +179,8 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward);
 
 // The initial (long-lived) bytes of a store of P parameters on one rank: fp32 master, bf16/fp16
 // copy, the flat gradient buffer unless gradients are lazy (one process, zero2), and optimizer
-// state (whole, or this dp rank's shard with its gradient shard; zero's even_split of P).
+// state (whole, or this dp rank's shard with its gradient shard; zero's even_split of P). Under
+// expert parallelism dp_rank is the rank's index in its expert_dp group (ZeRO shards over it).
 // cuda: a GPU run, whose offloaded optimizer state (parallel.offload) is not device memory.
 double store_bytes(const Config& cfg, const parallel::Spec& spec, double P, int dp_rank, bool cuda);
 // parallel.grad_reduce_dtype = bf16 (parallel/ddp.cpp launch, parallel/zero.cpp

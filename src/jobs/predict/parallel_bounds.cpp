@@ -111,6 +111,30 @@ std::vector<ParallelBound> parallel_bounds(const Config& cfg, double C, double W
   });
   if (two.degree > 0) two.split = best_split;
   out.push_back(two);
+
+  if (m.moe()) {
+    // Expert parallelism over n ranks (n | E), each with tokens / n of the batch and E / n experts:
+    // per MoE block and micro-batch a = 4 all-to-alls (dispatch and combine, forward and backward;
+    // 6 with every-k's recompute) of its tokens/n x k rows of d values, (n-1)/n of them to other
+    // ranks. Both sides scale as 1/n, so the bound is a property of the model per token:
+    // (n-1)/n >= F_token W / (a L_moe k d e C).
+    const double a = recompute ? 6.0 : 4.0, Lm = static_cast<double>(m.moe_block_count());
+    const double k = static_cast<double>(m.moe_top_k), d_model = static_cast<double>(m.d_model);
+    const std::int64_t E = m.moe_experts;
+    ParallelBound x{"expert", 0, E, "", fmt::format("all-to-all of the routed rows: {} x {} MoE blocks x (n-1)/n x "
+                                                    "(tokens/n) x top-k {} x d {} x e (n dividing the {} experts)",
+                                                    a, Lm, k, m.d_model, E)};
+    auto next_divisor = [E](std::int64_t n) {
+      for (++n; n <= E && E % n != 0; ++n) {
+      }
+      return n;
+    };
+    x.degree = first_bound(E, next_divisor, [&](std::int64_t n) {
+      const double d = static_cast<double>(n);
+      return a * Lm * (d - 1) / d * (tokens / d) * k * d_model * e / W >= compute_s(d);
+    });
+    out.push_back(x);
+  }
   return out;
 }
 

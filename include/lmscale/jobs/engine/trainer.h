@@ -27,6 +27,7 @@ class Mesh;
 namespace lmscale::parallel {
 class PipelineParallel;
 class TensorParallel;
+class ExpertParallel;
 class GradientSync;
 class ShardedOptimizer;
 class FullyShardedDataParallel;
@@ -140,6 +141,7 @@ class Trainer {
   // communicators), and the tensor-parallel collectives (null without tp).
   std::unique_ptr<comm::Mesh> mesh_, host_mesh_;
   std::unique_ptr<parallel::TensorParallel> tp_;
+  std::unique_ptr<parallel::ExpertParallel> ep_;   // parallel.ep > 1
   std::unique_ptr<model::ParameterStore> params_;
   // The model (with the interleaved schedule: one per chunk of this rank).
   std::vector<std::unique_ptr<model::TransformerLM>> chunk_models_;

@@ -45,6 +45,20 @@ struct Accounting {
 
 // For a resolved config on `world` ranks; device_name picks the peak FLOP/s ("" = H100 SXM).
 Accounting account(const Config& cfg, int world, const std::string& device_name);
+
+// A mixture-of-experts model (model.moe_experts > 0; src/jobs/predict/accounting_moe.cpp): its
+// parameters (total, used per token, in the experts) and, for parallel.ep on `world` ranks, each
+// rank's expert state and the bytes of its dispatch and combine all-to-alls per optimizer step.
+struct MoeAccounting {
+  std::int64_t total_parameters = 0, active_parameters = 0, expert_parameters = 0;
+  std::int64_t ep = 1;
+  double expert_state_bytes_per_rank = 0;   // fp32 weights, gradients, AdamW m and v of its experts
+  double all_to_all_bytes_per_step = 0;     // bytes each rank sends to other ep ranks per step
+  std::string all_to_all_formula;
+};
+MoeAccounting account_moe(const Config& cfg, int world);
+// Writes /accounting/moe and prints its lines (rank 0).
+void write_moe_accounting(JobEnv& env, const MoeAccounting& a);
 // parallel.pp > 1 (src/jobs/predict/accounting_pipeline.cpp): the stage needing the most memory, with
 // its microbatches in flight, the bytes sent between stages, and the bubble in the ideal step.
 Accounting account_pipeline(const Config& cfg, int world, const std::string& device_name);

@@ -33,9 +33,9 @@ TensorParallelComm tensor_parallel_comm(const model::ModelDims& m, double tokens
                                         double e, bool recompute_forward);
 
 struct ParallelBound {
-  std::string strategy;      // data, fsdp, tensor, tensor+sp, 2d (fsdp x tensor)
+  std::string strategy;      // data, fsdp, tensor, tensor+sp, 2d (fsdp x tensor), expert (MoE models)
   std::int64_t degree = 0;   // smallest communication-bound degree; 0 = none up to the limit scanned
-  std::int64_t limit = 0;    // the largest degree scanned (tensor: the head count)
+  std::int64_t limit = 0;    // the largest degree scanned (tensor: the head count; expert: the experts)
   std::string split;         // 2d: the best fsdp x tp split at `degree`
   std::string formula;       // per-rank bytes per step as a function of n
 };

@@ -1,0 +1,54 @@
+#pragma once
+// Expert parallelism over the ep group of the mesh (docs/parallel.md, "Expert parallelism";
+// model/expert_parallel.h for the model's side): the E experts of every MoE block are split over
+// the ep consecutive ranks of each data-parallel group, rank i of the group holding experts
+// [i E/ep, (i+1) E/ep). This class owns what the group does:
+//   - the all-to-alls of the MoE blocks' dispatch and combine (ParallelContext::ep): the counts
+//     over the host communicator (the host sizes the buffers from them), the rows over the device
+//     communicator in the compute dtype;
+//   - the sum over the group of the dense parameters' gradients (each ep rank's tokens are its
+//     own, so the dense gradient is the sum over all dp ranks = over ep, then over expert_dp);
+//   - the gradient norm (expert parameters are different on each ep rank: their squares add over
+//     the group; the dense ones are identical on its ranks after that sum: counted once);
+//   - full parameters for files: the ep ranks' expert rows gathered (parallel/sliced_parameters.h).
+#include <cstdint>
+#include <vector>
+
+#include "lmscale/comm/communicator.h"
+#include "lmscale/model/expert_parallel.h"
+#include "lmscale/model/parameter_store.h"
+
+namespace lmscale::parallel {
+
+class ExpertParallel {
+ public:
+  // device: the ep group for activations (the model's device); host: the same ranks, in the same
+  // order, on the host (mpi) communicator.
+  ExpertParallel(comm::Communicator& device, comm::Communicator& host);
+
+  model::ExpertSplit split() const { return split_; }
+  const model::ExpertParallelComm& callbacks() const { return callbacks_; }
+  int degree() const { return split_.degree; }
+  int rank() const { return split_.rank; }
+
+  // Whether parameter p of a store is an expert tensor (held in slices over the group).
+  static bool holds_slice(const model::ParamInfo& p);
+  // g (a dense parameter's gradient, on the model's device) summed over the group, in place.
+  void sum_gradient(Tensor& g);
+  // Sum of a host scalar over the group.
+  double sum_scalar(double x);
+  // The global sum of squares from this rank's: all = over every gradient it holds (each already
+  // global over expert_dp), experts = the part of it in expert tensors.
+  double global_sum_squares(double all, double experts);
+  // Whole parameters from the group's slices (collective) and back (no communication).
+  std::vector<float> gather_full(const std::vector<model::ParamInfo>& infos, const std::vector<float>& local);
+  std::vector<float> slice_local(const std::vector<model::ParamInfo>& infos, const std::vector<float>& whole) const;
+
+ private:
+  comm::Communicator& device_;
+  comm::Communicator& host_;
+  model::ExpertSplit split_;
+  model::ExpertParallelComm callbacks_;
+};
+
+}  // namespace lmscale::parallel

@@ -1,0 +1,94 @@
+// The mixture-of-experts keys (model.moe_*, parallel.ep) against each other, the layout and the
+// device (docs/moe.md). Each failure is one UsageError naming the key and the fix (exit 2).
+#include <fmt/format.h>
+
+#include "deck_validate.h"
+#include "lmscale/core/error.h"
+
+namespace lmscale::io::detail {
+
+namespace {
+
+template <class... Args>
+[[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
+  throw UsageError(fmt::format(format, std::forward<Args>(args)...));
+}
+
+#ifdef LMSCALE_WITH_CUDA
+constexpr bool kCudaBuilt = true;
+#else
+constexpr bool kCudaBuilt = false;
+#endif
+
+bool runs_model(const Config& c) {
+  return c.run.job == JobKind::train || c.run.job == JobKind::bench_model || c.run.job == JobKind::prune;
+}
+
+}  // namespace
+
+void check_moe(const Config& c, int world_size) {
+  const auto& m = c.model;
+  const auto& p = c.parallel;
+  if (m.moe_experts == 0) {
+    if (p.ep > 1)
+      fail("parallel.ep = {} splits the experts of MoE blocks, but model.moe_experts = 0 (a dense model); set "
+           "parallel.ep = 1 or model.moe_experts > 0",
+           p.ep);
+    return;
+  }
+  const std::int64_t E = m.moe_experts;
+  if (m.moe_top_k > E)
+    fail("model.moe_top_k = {} exceeds model.moe_experts = {}; choose model.moe_top_k between 1 and {}", m.moe_top_k,
+         E, E);
+  if (m.moe_every > m.num_layers)
+    fail("model.moe_every = {} exceeds model.num_layers = {}: no block would be MoE; choose model.moe_every between 1 "
+         "and {}",
+         m.moe_every, m.num_layers, m.num_layers);
+  if (E % p.ep != 0)
+    fail("parallel.ep = {} does not divide model.moe_experts = {}; every expert-parallel rank holds an equal number "
+         "of experts: choose parallel.ep dividing {}",
+         p.ep, E, E);
+  // The accounting job describes any layout on any device; the others run the model.
+  if (!runs_model(c)) return;
+  const bool cuda = p.device == DeviceChoice::cuda || (p.device == DeviceChoice::automatic && kCudaBuilt);
+  if (cuda)
+    fail("model.moe_experts = {}: the mixture-of-experts GPU path is not in this version (the MoE block runs on "
+         "CPUs); set parallel.device = cpu, or model.moe_experts = 0 for a dense model",
+         E);
+  if (c.run.job == JobKind::prune)
+    fail("model.moe_experts = {} with run.job = prune: pruning of expert weights is not built; use a dense model "
+         "(model.moe_experts = 0)",
+         E);
+  if (p.tp > 1)
+    fail("model.moe_experts = {} with parallel.tp = {}: tensor parallelism of MoE blocks is not built; set "
+         "parallel.tp = 1 (split the experts with parallel.ep instead)",
+         E, p.tp);
+  if (p.pp > 1)
+    fail("model.moe_experts = {} with parallel.pp = {}: pipeline stages of an MoE model are not built (the router "
+         "losses of earlier stages would have to reach the last stage's loss); set parallel.pp = 1",
+         E, p.pp);
+  const auto ck = c.train.activation_checkpointing;
+  if (ck == Checkpointing::selective || ck == Checkpointing::selective_mlp)
+    fail("train.activation_checkpointing = {} with model.moe_experts = {}: the selective policies do not know the "
+         "expert activations; use none or every-k (which recomputes whole blocks, routing included)",
+         ck, E);
+  if (p.zero == ZeroLevel::fsdp)
+    fail("parallel.zero = fsdp with model.moe_experts = {} is not built in this version; use parallel.zero = none, "
+         "zero1 or zero2",
+         E);
+  const std::int64_t dp = resolved_dp(c, world_size);
+  if (dp % p.ep != 0)
+    fail("parallel.ep = {} does not divide parallel.dp = {}: expert parallelism runs inside the data-parallel group; "
+         "choose parallel.ep dividing {} (or launch more ranks)",
+         p.ep, dp, dp);
+  if (p.ep > 1 && (c.optim.name == OptimizerName::lamb || c.optim.name == OptimizerName::lars))
+    fail("parallel.ep = {} with optim.name = {}: a layer-wise optimizer needs each stacked expert tensor's norm, which "
+         "expert parallelism splits over ranks; use optim.name = adamw or sgd, or parallel.ep = 1",
+         p.ep, c.optim.name);
+  if (p.ep > 1 && p.offload != OffloadMode::none)
+    fail("parallel.ep = {} with parallel.offload = {}: the host optimizer of expert-parallel ranks is not built; set "
+         "parallel.offload = none or parallel.ep = 1",
+         p.ep, p.offload);
+}
+
+}  // namespace lmscale::io::detail

@@ -1,0 +1,87 @@
+// A data-parallel strategy over expert_dp with the ep group's share (parallel/expert_parallel_strategy.h).
+#include "lmscale/parallel/expert_parallel_strategy.h"
+
+#include <algorithm>
+
+#include "lmscale/core/error.h"
+#include "lmscale/optim/grad_clip.h"
+#include "lmscale/parallel/sharded_optimizer.h"
+
+namespace lmscale::parallel {
+
+// The inner strategy's synchronisation with the dense gradients summed over the ep group first.
+class ExpertParallelStrategy::Sync final : public GradientSync {
+ public:
+  Sync(GradientSync& inner, ExpertParallel& ep, model::ParameterStore& store, comm::Communicator& dp_host)
+      : inner_(inner), ep_(ep), store_(store), dp_host_(dp_host) {}
+
+  model::ParallelContext hooks(int micro, int micro_count) override {
+    model::ParallelContext pc = inner_.hooks(micro, micro_count);
+    // Earlier micro-batches only accumulate; the sum over ep is of the step's whole gradient.
+    if (micro != micro_count - 1) return pc;
+    pc.on_grad_ready = [this, inner = pc.on_grad_ready](int i) {
+      if (!ExpertParallel::holds_slice(store_.infos()[static_cast<std::size_t>(i)])) {
+        Tensor g = store_.grad(i);
+        ep_.sum_gradient(g);
+      }
+      if (inner) inner(i);
+    };
+    return pc;
+  }
+  model::ParallelContext forward_hooks(bool training) override { return inner_.forward_hooks(training); }
+  void finish(Context& ctx) override { inner_.finish(ctx); }
+  double sum_scalar(double x) override { return comm::sum_over(dp_host_, x); }
+  std::string name() const override { return inner_.name() + " x ep"; }
+
+ private:
+  GradientSync& inner_;
+  ExpertParallel& ep_;
+  model::ParameterStore& store_;
+  comm::Communicator& dp_host_;
+};
+
+ExpertParallelStrategy::ExpertParallelStrategy(const StrategyParts& parts, std::unique_ptr<Strategy> inner,
+                                               ExpertParallel& ep, comm::Communicator& dp_host)
+    : Strategy(parts), inner_(std::move(inner)), ep_(ep) {
+  LMSCALE_CHECK(!tp_ && !parts.pipeline && !inner_->fsdp(),
+                "expert parallelism composes with one process, DDP, zero1 and zero2 only (deck checks)");
+  sync_ = std::make_unique<Sync>(inner_->sync(), ep_, store_, dp_host);
+}
+
+ExpertParallelStrategy::~ExpertParallelStrategy() = default;
+
+GradientSync& ExpertParallelStrategy::sync() { return *sync_; }
+
+double ExpertParallelStrategy::grad_sum_squares(Context& ctx) {
+  // The inner strategy's sum counts every element once over expert_dp; the expert part of it is
+  // taken where the inner strategy keeps the reduced gradients (its shards, or the whole store).
+  const double all = inner_->grad_sum_squares(ctx);
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  std::vector<Tensor> parts;
+  for (int i = 0; i < store_.size(); ++i) {
+    const auto& p = store_.infos()[static_cast<std::size_t>(i)];
+    if (!ExpertParallel::holds_slice(p)) continue;
+    ranges.emplace_back(p.offset, p.numel);
+    if (!inner_->sharded()) parts.push_back(store_.grad(i));
+  }
+  double experts = 0;
+  if (inner_->sharded()) experts = inner_->sharded()->grad_sum_squares_in(ctx, ranges);
+  else if (!parts.empty()) experts = optim::sum_of_squares(ctx, parts);
+  return ep_.global_sum_squares(all, experts);
+}
+
+StateLayout ExpertParallelStrategy::state_layout() {
+  StateLayout out = inner_->state_layout();
+  if (ep_.rank() == 0) return out;
+  // The dense pieces' copies on the other ep ranks are not written (ep rank 0's replicas do).
+  const auto layout = store_.infos();
+  out.save.erase(std::remove_if(out.save.begin(), out.save.end(),
+                                [&](const StatePiece& piece) {
+                                  const int local = store_.local_index(piece.param);
+                                  return !ExpertParallel::holds_slice(layout[static_cast<std::size_t>(local)]);
+                                }),
+                 out.save.end());
+  return out;
+}
+
+}  // namespace lmscale::parallel
