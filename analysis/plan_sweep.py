@@ -35,17 +35,21 @@ def plot_sweep(path, out_dir):
 
     df, attrs = load_sweep(path)
     os.makedirs(out_dir, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for family, rows in df.groupby("family", sort=True):
+    fig, ax = plt.subplots(figsize=(8, 5))
+    # More families than a colour cycle has colours: each family gets its own colour and marker.
+    colors = plt.get_cmap("tab20").colors
+    markers = "os^vD<>ph*"
+    for k, (family, rows) in enumerate(df.groupby("family", sort=True)):
         rows = rows.sort_values("gpus")
-        ax.plot(rows["gpus"], rows["tokens_per_s_per_gpu"], marker="o", label=family)
+        ax.plot(rows["gpus"], rows["tokens_per_s_per_gpu"], marker=markers[k % len(markers)],
+                color=colors[k % len(colors)], label=family)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("predicted tokens/s per GPU")
     ax.set_title(f"{attrs.get('cluster', '')}: best layout per family (calibration {attrs.get('calibration_device', '')})",
                  fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     png = os.path.join(out_dir, "plan_sweep.png")
     fig.tight_layout()
     fig.savefig(png, dpi=120)
