@@ -430,10 +430,11 @@ void check_layout(const Config& c, int world_size) {
     fail("parallel.pp = {} exceeds model.num_layers = {}; each pipeline stage needs at least one layer", p.pp,
          m.num_layers);
   check_pipeline(c);
-  if (p.offload != OffloadMode::none && c.run.job == JobKind::plan)
-    fail("parallel.offload = {}: run.job = plan does not model the offloaded optimizer yet (its host update and "
-         "copies); use run.job = accounting for its memory, or parallel.offload = none",
-         p.offload);
+  if (p.offload != OffloadMode::none && c.run.job == JobKind::plan && p.zero != ZeroLevel::fsdp)
+    fail("parallel.offload = {} with parallel.zero = {}: run.job = plan models the offloaded optimizer of fsdp only "
+         "(the other modes' synchronous copies are not in the step model); set parallel.zero = fsdp, or "
+         "parallel.offload = none",
+         p.offload, p.zero);
   if (!runs_model(c)) return;
 
   const std::int64_t dp = detail::resolved_dp(c, world_size);

@@ -4,7 +4,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 
@@ -19,6 +21,7 @@
 #include "lmscale/jobs/plan/calibration.h"
 #include "lmscale/jobs/plan/collective_model.h"
 #include "lmscale/jobs/predict/device_peak.h"
+#include "lmscale/ops/host_adamw.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::jobs {
@@ -43,6 +46,13 @@ double seconds_per_call(ops::Runtime& rt, int reps, Work&& work) {
 Tensor filled(ops::Runtime& rt, Shape shape, DType t, double value, const char* tag) {
   Tensor x = Tensor::empty(shape, t, rt.allocator(), tag);
   ops::fill(rt.ctx(), x, value);
+  return x;
+}
+
+// n fp32 elements of host memory, every one `value` (written by this thread: first touch).
+Tensor filled_host(ops::Runtime& rt, std::int64_t n, float value) {
+  Tensor x = Tensor::empty({n}, DType::f32, rt.host(), "calibrate host adamw");
+  std::fill(x.data_as<float>(), x.data_as<float>() + n, value);
   return x;
 }
 
@@ -126,6 +136,25 @@ int run_calibrate(JobEnv& env) {
     const double sec = seconds_per_call(rt, reps, [&] { ops::adamw(rt.ctx(), p, g, m, v, step, nullptr); });
     cal.optimizer_bytes_per_s = bytes / sec;
     bw_table.append({std::string("adamw"), bytes, sec, bytes / sec / 1e9});
+  }
+  {
+    // The host AdamW of parallel.offload (ops/host_adamw.h) with every hardware thread: the rate
+    // the node's ranks share. 2^24 elements (0.5 GB of traffic), past the caches; best of 3.
+    const std::int64_t hn = std::int64_t{1} << 24;
+    Tensor p = filled_host(rt, hn, 1), g = filled_host(rt, hn, 1e-3), m = filled_host(rt, hn, 0), v = filled_host(rt, hn, 0);
+    Tensor low = Tensor::empty({hn}, DType::bf16, rt.host(), "calibrate host adamw");
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      ops::AdamWStep step;
+      step.step = r + 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      ops::adamw_host(p, g, m, v, step, &low, ops::AdamWArithmetic::cuda_kernel, threads);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    const double bytes = cal.host_adamw_bytes_per_param * static_cast<double>(hn);
+    cal.host_adamw_bytes_per_s = bytes / best;
+    bw_table.append({std::string("host adamw (parallel.offload)"), bytes, best, bytes / best / 1e9});
   }
   {
     Tensor one = Tensor::empty({1}, DType::f32, rt.allocator(), "calibrate launch");

@@ -108,6 +108,8 @@ Calibration parse_calibration(const std::string& text, const std::string& origin
     else if (key == "collective.intra_ranks") c.intra_ranks = static_cast<int>(number(v));
     else if (key == "overlap.nccl_contention") c.nccl_contention = number(v);
     else if (key == "overlap.copy_engine_contention") c.copy_engine_contention = number(v);
+    else if (key == "host.adamw_gbs") c.host_adamw_bytes_per_s = number(v) * 1e9;
+    else if (key == "host.adamw_bytes_per_param") c.host_adamw_bytes_per_param = number(v);
     else fail(fmt::format("unknown key {}", key));
   }
   n = 0;
@@ -137,11 +139,12 @@ std::string calibration_text(const Calibration& c) {
       "[gemm]\npoints = {}\n[attention]\npoints = {}\n"
       "[memory]\nelementwise_gbs = {}\nlaunch_gap_us = {}\noptimizer_gbs = {}\noptimizer_bytes_per_param = {}\n"
       "[collective]\nintra_alpha_us = {}\nintra_busbw_gbs = {}\nintra_ranks = {}\n"
-      "[overlap]\nnccl_contention = {}\ncopy_engine_contention = {}\n",
+      "[overlap]\nnccl_contention = {}\ncopy_engine_contention = {}\n"
+      "[host]\nadamw_gbs = {}\nadamw_bytes_per_param = {}\n",
       c.device, c.source, c.peak_flops / 1e12, c.hbm_bytes_per_s / 1e9, c.gemm.text(), c.attention.text(),
       c.elementwise_bytes_per_s / 1e9, c.launch_gap_s * 1e6, c.optimizer_bytes_per_s / 1e9,
       c.optimizer_bytes_per_param, c.intra_alpha_s * 1e6, c.intra_bus_bytes_per_s / 1e9, c.intra_ranks,
-      c.nccl_contention, c.copy_engine_contention);
+      c.nccl_contention, c.copy_engine_contention, c.host_adamw_bytes_per_s / 1e9, c.host_adamw_bytes_per_param);
 }
 
 }  // namespace lmscale::jobs::plan

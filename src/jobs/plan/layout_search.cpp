@@ -25,6 +25,7 @@ std::string describe(const Config& c, int gpus) {
   const parallel::Spec s = parallel::Spec::resolve(c.parallel, gpus);
   std::string out = s.describe(gpus);
   const Checkpointing ac = c.train.activation_checkpointing;
+  if (c.parallel.offload != OffloadMode::none) out += fmt::format(", offload {}", c.parallel.offload);
   if (ac != Checkpointing::none) out += fmt::format(", {}", ac);
   if (s.pp > 1) out += fmt::format(", {} microbatches", c.parallel.microbatches);
   else if (c.train.grad_accum > 1) out += fmt::format(", grad_accum {}", c.train.grad_accum);
@@ -99,13 +100,21 @@ std::vector<Candidate> search_layouts(const Config& deck, std::int64_t batch, in
       }
       std::vector<bool> sps{false};
       if (tp > 1 && space.sequence_parallel) sps.push_back(true);
-      for (ZeroLevel z : zeros)
+      // fsdp also with its optimizer offloaded to host memory (parallel.offload), where the
+      // calibration has the host AdamW's rate.
+      std::vector<std::pair<ZeroLevel, OffloadMode>> modes;
+      for (ZeroLevel z : zeros) {
+        modes.emplace_back(z, OffloadMode::none);
+        if (z == ZeroLevel::fsdp && cal.host_adamw_bytes_per_s > 0) modes.emplace_back(z, OffloadMode::optimizer);
+      }
+      for (const auto& [z, offload] : modes)
         for (Checkpointing ac : policies)
           for (std::int64_t mb : micro)
             for (bool sp : sps) {
               Config c = base;
               c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp;
               c.parallel.zero = z;
+              c.parallel.offload = offload;
               // fsdp reduce-scatters its gradients itself (no DDP kind); the others bucket them.
               c.parallel.ddp = dp > 1 && z != ZeroLevel::fsdp ? DdpKind::bucketed : DdpKind::none;
               c.parallel.grad_exchange = GradExchange::nccl;

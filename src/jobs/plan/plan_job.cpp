@@ -88,6 +88,11 @@ int run_plan(JobEnv& env) {
   const std::string cal_path =
       cfg.plan.calibration.empty() ? plan::default_calibration_path(cfg.plan.cluster) : cfg.plan.calibration;
   const plan::Calibration cal = plan::read_calibration(cal_path);   // UsageError before any output
+  if (cfg.parallel.offload != OffloadMode::none && !(cal.host_adamw_bytes_per_s > 0))
+    throw UsageError(fmt::format("parallel.offload = {}: the calibration '{}' has no [host] adamw_gbs (the host "
+                                 "AdamW's rate); add it, run run.job = calibrate on the cluster's node, or set "
+                                 "parallel.offload = none",
+                                 cfg.parallel.offload, cal_path));
   const plan::Cluster cluster = plan::resolve_cluster(cfg, cal);
   const int gpus = planned_gpus(cfg);
   const std::int64_t batch = cfg.plan.batch_size > 0 ? cfg.plan.batch_size : cfg.train.batch_size;

@@ -247,7 +247,21 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   out.optimizer_s = opt_bytes / (cal.optimizer_bytes_per_s * bw_scale);
 
   for (const auto& [k, o] : w.ops) out.compute.push_back({o.op, steps * o.flops, steps * o.bytes, steps * o.seconds});
-  out.compute.push_back({"optimizer", 0, opt_bytes, out.optimizer_s});
+  if (spec.offload != OffloadMode::none) {
+    // fsdp with parallel.offload = optimizer (parallel/offloaded_shards.h; the deck checks refuse
+    // the other modes under run.job = plan): the host updates the shard while the next step's
+    // first micro-batch runs its forward, which waits for each unit's update; the node's ranks
+    // share the host's memory bandwidth. The device only computes the norm (its read, 4 B).
+    const int node_ranks = std::min(gpus, cluster.gpus_per_node);
+    const double host_bytes = owned * cal.host_adamw_bytes_per_param;
+    const double update_s = host_bytes * node_ranks / cal.host_adamw_bytes_per_s;
+    const double norm_s = 4 * owned / (cal.optimizer_bytes_per_s * bw_scale);
+    out.compute.push_back({"host optimizer (overlaps the forward)", 0, host_bytes, update_s});
+    out.compute.push_back({"gradient norm", 0, 4 * owned, norm_s});
+    out.optimizer_s = norm_s + std::max(0.0, update_s - w.forward_s);
+  } else {
+    out.compute.push_back({"optimizer", 0, opt_bytes, out.optimizer_s});
+  }
   out.step_s = out.compute_s + out.bubble_s + out.exposed_comm_s + out.contention_s + out.optimizer_s;
   const double tokens = static_cast<double>(batch) * T;
   out.tokens_per_s_per_gpu = tokens / out.step_s / gpus;

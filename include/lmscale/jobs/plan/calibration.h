@@ -37,6 +37,10 @@ struct Calibration {
   double launch_gap_s = 0;             // idle device time per kernel launch
   double optimizer_bytes_per_s = 0;    // AdamW + gradient norm over the owned parameters
   double optimizer_bytes_per_param = 34;   // fp32 p, g, m, v read, p, m, v written, 16-bit copy, norm's read
+  // parallel.offload (ops/host_adamw.h): the host AdamW's rate with every hardware thread of the
+  // node (0 = not calibrated: the planner then refuses offload), and its bytes per parameter.
+  double host_adamw_bytes_per_s = 0;
+  double host_adamw_bytes_per_param = 30;   // fp32 p, g, m, v read, p, m, v written, 16-bit copy written
   double intra_alpha_s = 0;            // intra-node collective latency per ring step
   double intra_bus_bytes_per_s = 0;    // intra-node ring bus bandwidth per GPU
   int intra_ranks = 0;                 // ranks of the collective measurement
