@@ -4,11 +4,12 @@
 // other product is fused, so the compiler cannot change the rounding behind our back.
 //
 // Vectorised by hand with AVX2 + FMA behind a run-time check (the build targets baseline x86-64):
-// 8 elements per iteration; the scalar loop takes the tail and CPUs without AVX2. Threads split
-// the range into contiguous parts of whole 64-byte lines. The ops layer sits below comm/ (where
+// 8 elements per iteration; the scalar loop takes the tail and CPUs without AVX2. Threads take
+// blocks of 64 Ki elements in turn (parallel_parts). The ops layer sits below comm/ (where
 // lmscale's thread pool lives), so threads are started per call: tens of microseconds against
 // the milliseconds a bucket of millions of parameters takes (28 bytes moved per parameter).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -150,17 +151,25 @@ void update_range(std::int64_t begin, std::int64_t end, float* p, const float* g
   update_scalar<A, L>(begin, end, p, g, m, v, low, s);
 }
 
-// Splits [0, n) into `threads` parts of whole 16-element (64-byte) lines; part 0 runs on the caller.
+// Runs fn over [0, n) in blocks of kBlock elements (whole 64-byte lines) that `threads` threads
+// take in turn from a shared counter; the caller is one of them. Blocks taken on demand, not
+// equal static parts: a thread the OS deschedules (the host's cores are shared with the ranks'
+// GPU-driving and NCCL threads) delays only the blocks it holds, not a whole part. The update is
+// elementwise, so the split does not change a bit of the result.
 template <class Fn>
 void parallel_parts(std::int64_t n, int threads, const Fn& fn) {
-  constexpr std::int64_t kLine = 16;
-  const std::int64_t lines = (n + kLine - 1) / kLine;
-  const int parts = static_cast<int>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(lines, 1)));
-  auto bounds = [&](int k) { return std::min(n, lines * k / parts * kLine); };
+  constexpr std::int64_t kBlock = std::int64_t{1} << 16;   // 64 Ki elements, ~2 MB of traffic
+  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
+  const int workers_wanted = static_cast<int>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(blocks, 1)));
+  std::atomic<std::int64_t> next{0};
+  auto work = [&] {
+    for (std::int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1))
+      fn(b * kBlock, std::min(n, (b + 1) * kBlock));
+  };
   std::vector<std::thread> workers;
-  workers.reserve(parts - 1);
-  for (int k = 1; k < parts; ++k) workers.emplace_back([&, k] { fn(bounds(k), bounds(k + 1)); });
-  fn(bounds(0), bounds(1));
+  workers.reserve(workers_wanted - 1);
+  for (int k = 1; k < workers_wanted; ++k) workers.emplace_back(work);
+  work();
   for (std::thread& t : workers) t.join();
 }
 
