@@ -64,6 +64,12 @@ TEST(CollectiveModel, FitRecoversAlphaBeta) {
   EXPECT_NEAR(fit.alpha_s, truth.alpha_s, 1e-9);
   EXPECT_NEAR(fit.bus_bytes_per_s / truth.bus_bytes_per_s, 1.0, 1e-6);
   EXPECT_THROW(fit_ring_link(CollectiveOp::all_reduce, 2, {{1e6, 1e-3}}), UsageError);
+  // Times that shrink with the size (a noisy, loaded host): no latency term, and the largest
+  // message alone sets the bandwidth, so the model reproduces that message's time.
+  const std::vector<std::pair<double, double>> noisy{{4096, 5e-3}, {4194304, 9e-4}};
+  const Link fallback = fit_ring_link(CollectiveOp::all_reduce, 2, noisy);
+  EXPECT_EQ(fallback.alpha_s, 0.0);
+  EXPECT_NEAR(ring_time(CollectiveOp::all_reduce, 2, 4194304, fallback), 9e-4, 1e-12);
 }
 
 TEST(Calibration, RoundTripAndErrors) {

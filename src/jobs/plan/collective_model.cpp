@@ -67,7 +67,13 @@ Link fit_ring_link(CollectiveOp op, int n, const std::vector<std::pair<double, d
   const double det = uu * vv - uv * uv;
   double a = det != 0 ? (u1 * vv - v1 * uv) / det : 0, b = det != 0 ? (uu * v1 - uv * u1) / det : 0;
   if (a < 0 || det == 0) a = 0, b = v1 / vv;   // no latency term left: the bandwidth alone
-  if (b <= 0) throw Error("fit_ring_link: the measured times do not grow with the message size");
+  if (b <= 0) {
+    // The times do not grow with the size (noise larger than the bandwidth term over the sizes
+    // measured): the largest message alone sets the bandwidth, with no latency term.
+    const auto& [S, t] = *std::max_element(bytes_seconds.begin(), bytes_seconds.end());
+    a = 0;
+    b = t / (share * S);
+  }
   return {a, 1.0 / b};
 }
 
