@@ -95,6 +95,10 @@ bench_peak 1 M3
 "$lmscale" "$here/../../inputs/leaderboard_8b_offload.ini" --run.job=accounting --accounting.world=2 \
   --accounting.device=h200 --run.output=K.h5 > K.log
 grep -q "offload (optimizer): host memory 45.404 GiB per rank" K.log || { cat K.log; echo "FAIL: accounting: no offload line"; exit 1; }
+# The device items keep the gradient shard and the gathered units (the table's total is the
+# replay's peak within 1 GiB: 70.50 against 69.90 GiB).
+grep -q "^gradient_shard  *15.135" K.log && grep -q "^fsdp_gathered" K.log \
+  || { cat K.log; echo "FAIL: accounting: the offloaded fsdp table lacks the gradient shard or the gathers"; exit 1; }
 python3 - <<'PY'
 import h5py, sys
 a = h5py.File("K.h5")["accounting"].attrs

@@ -70,14 +70,18 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     add("parameters_lowp", e * Ps / dp, "e x " + ps + " / N (the shard's 16-bit copy the all-gathers send)");
   } else if (fsdp) {
     add("parameters", 4 * Ps / dp + 4 * norm_params, "4 B x " + ps + " / N (fp32 master shard) + replicated norms");
+  }
+  if (fsdp) {
     add("gradients", 4 * norm_params, "replicated norm gradients (each unit's full-size gradients live only from its "
                                       "backward to its reduce-scatter)");
     add("gradient_shard", 4 * Ps / dp, "4 B x " + ps + " / N (fp32)");
     add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + (offload ? 0.0 : 1.0 / dp))) / tp +
                              (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d) / tp),
         std::string(cfg.parallel.reshard_after_forward
-                        ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF, and "
-                          "its cast shard)"
+                        ? (offload ? "e x (head unit V d, kept from its forward to its backward + prefetch x block "
+                                     "4d^2 + 3dF; the gathers send the shard's 16-bit copy, no cast shard)"
+                                   : "e x (head unit V d, kept from its forward to its backward + prefetch x block "
+                                     "4d^2 + 3dF, and its cast shard)")
                         : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block)") +
             (tp > 1 ? " / tp" : ""));
   }
