@@ -52,10 +52,6 @@ void HostAdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Te
                            double lr, double grad_scale) {
   const std::int64_t n = params.numel();
   check_range("HostAdamW", offset, n, grads.numel());
-  if (t_ != last_t_) {
-    last_t_ = t_;
-    transfer_bytes_ = 0;
-  }
   LMSCALE_CHECK(params.dtype() == DType::f32 && grads.dtype() == DType::f32,
                 "HostAdamW: fp32 parameters and gradients expected, got {} and {}", dtype_name(params.dtype()),
                 dtype_name(grads.dtype()));
@@ -77,7 +73,6 @@ void HostAdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Te
     Tensor l = lowp->reshape({n});
     ops::copy(ctx, hl, l);
   }
-  transfer_bytes_ += n * (8 + 4) + (lowp ? n * static_cast<std::int64_t>(dtype_size(low_dtype)) : 0);
 }
 
 int host_adamw_threads(int local_ranks, std::int64_t requested) {

@@ -209,8 +209,4 @@ std::int64_t OffloadedShards::transfer_bytes_per_step() const {
   return master_.numel() * static_cast<std::int64_t>(4 + dtype_size(compute_));
 }
 
-std::size_t OffloadedShards::host_bytes() const {
-  return master_.nbytes() + optimizer_->state_bytes() + 2 * (grad_slot_[0].nbytes() + copy_slot_[0].nbytes());
-}
-
 }  // namespace lmscale::parallel

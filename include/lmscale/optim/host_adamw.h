@@ -39,16 +39,12 @@ class HostAdamW final : public Optimizer {
   void step_host(Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset, double lr, double grad_scale,
                  ops::AdamWArithmetic arithmetic);
 
-  // Bytes moved between device and host by the last step (0 on a CPU run).
-  std::int64_t last_step_transfer_bytes() const { return transfer_bytes_; }
-
  private:
   // Host staging of at least n elements (grown on demand, reused across steps).
   void reserve(std::int64_t n, DType low_dtype, Context& ctx);
 
   OptimConfig cfg_;
   int threads_;
-  std::int64_t last_t_ = 0, transfer_bytes_ = 0;
   Tensor host_params_, host_grads_, host_low_;   // staging, [capacity]
 };
 

@@ -72,9 +72,8 @@ class OffloadedShards {
   // Waits for the step in flight, rethrowing its error.
   void settle();
 
-  // Bytes the step moves between host and device, and host bytes held (master, m, v, staging).
+  // Bytes the step moves between host and device (the accounting's host_transfer term).
   std::int64_t transfer_bytes_per_step() const;
-  std::size_t host_bytes() const;
 
   static constexpr std::int64_t kChunk = std::int64_t{1} << 25;   // 32 Mi elements: 128 MiB of fp32 gradients
 

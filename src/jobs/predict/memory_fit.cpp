@@ -24,6 +24,15 @@ namespace {
 
 constexpr double kUnknown = std::numeric_limits<double>::infinity();
 
+// ModelDims::parameter_count() in double: the product of absurd keys must not overflow (the fit
+// checks run before anything else has judged the sizes).
+double parameters_in_double(const model::ModelDims& m) {
+  const double V = static_cast<double>(m.vocab), d = static_cast<double>(m.d_model), F = static_cast<double>(m.d_ff),
+               L = static_cast<double>(m.layers), moe = static_cast<double>(m.moe_block_count()),
+               E = static_cast<double>(m.moe_experts), Fe = static_cast<double>(m.moe_dff);
+  return 2 * V * d + L * (4 * d * d + 2 * d) + (L - moe) * 3 * d * F + moe * E * (d + 3 * d * Fe) + d;
+}
+
 // Room left under the cgroup's memory limit, when one is set.
 std::optional<double> cgroup_room() {
   if (const auto c = cgroup_memory()) return std::max(0.0, c->limit - c->used);
@@ -87,6 +96,11 @@ MemoryBudget memory_budget(ops::Runtime& rt) {
 #endif
     return b;
   }
+  return host_memory_budget();
+}
+
+MemoryBudget host_memory_budget() {
+  MemoryBudget b{kUnknown, ""};
   const auto available = meminfo_bytes("MemAvailable");
   const auto room = cgroup_room();
   if (available && (!room || *available <= *room)) {
@@ -102,11 +116,7 @@ MemoryBudget memory_budget(ops::Runtime& rt) {
 std::optional<MemoryNeed> parameter_floor(const Config& cfg, int world) {
   const bool train = cfg.run.job == JobKind::train;
   if (!train && cfg.run.job != JobKind::bench_model) return std::nullopt;
-  // In double: the product of absurd keys must not overflow.
-  const model::ModelDims dims = model::ModelDims::from(cfg.model);
-  const double V = static_cast<double>(dims.vocab), d = static_cast<double>(dims.d_model),
-               F = static_cast<double>(dims.d_ff), L = static_cast<double>(dims.layers);
-  const double params = 2 * V * d + L * (4 * d * d + 3 * d * F + 2 * d) + d;
+  const double params = parameters_in_double(model::ModelDims::from(cfg.model));
   const double bytes_per_param = train ? 8.0 : 4.0;   // fp32 master weights (+ fp32 gradients)
   MemoryNeed floor;
   floor.bytes = bytes_per_param * params / std::max(1, world);
@@ -134,11 +144,7 @@ std::optional<std::string> parameter_floor_problem(const MemoryNeed& floor, int 
 std::optional<MemoryNeed> offload_host_need(const Config& cfg, int world, bool cuda) {
   if (!cuda || cfg.parallel.offload == OffloadMode::none) return std::nullopt;
   if (cfg.run.job != JobKind::train && cfg.run.job != JobKind::bench_model) return std::nullopt;
-  const model::ModelDims dims = model::ModelDims::from(cfg.model);
-  const double V = static_cast<double>(dims.vocab), d = static_cast<double>(dims.d_model),
-               F = static_cast<double>(dims.d_ff), L = static_cast<double>(dims.layers);
-  const double params = 2 * V * d + L * (4 * d * d + 3 * d * F + 2 * d) + d;
-  const double shard = params / std::max(1, world);   // offload runs have tp = pp = 1 (deck checks)
+  const double shard = parameters_in_double(model::ModelDims::from(cfg.model)) / std::max(1, world);   // offload runs have tp = pp = 1 (deck checks)
   const bool fsdp = cfg.parallel.zero == ZeroLevel::fsdp;
   const double bytes_per = fsdp ? 12.0 : 8.0 + 4 + 4 + 2;
   MemoryNeed need;
@@ -151,19 +157,14 @@ std::optional<MemoryNeed> offload_host_need(const Config& cfg, int world, bool c
 void check_memory_fits(const Config& cfg, int world, int ranks_on_node, ops::Runtime& rt) {
   // The host memory an offloaded optimizer needs, against what the node's ranks can share.
   if (const auto host = offload_host_need(cfg, world, rt.device() == Device::cuda)) {
-    const auto available = meminfo_bytes("MemAvailable");
-    const auto room = cgroup_room();
-    double budget = kUnknown;
-    if (available) budget = *available;
-    if (room) budget = std::min(budget, *room);
+    const MemoryBudget budget = host_memory_budget();
     const double total = host->bytes * std::max(1, ranks_on_node);
-    if (total > budget)
+    if (total > budget.bytes)
       throw UsageError(fmt::format(
           "the run does not fit in host memory: parallel.offload = {} keeps {} per rank in host memory ({}), {} for "
-          "the {} ranks on this node, but only {} are available (MemAvailable in /proc/meminfo, or the cgroup's "
-          "limit); spread the ranks over more nodes, or set parallel.offload = none",
+          "the {} ranks on this node, but only {} {}; spread the ranks over more nodes, or set parallel.offload = none",
           cfg.parallel.offload, format_bytes(host->bytes), host->detail, format_bytes(total), std::max(1, ranks_on_node),
-          format_bytes(budget)));
+          format_bytes(budget.bytes), budget.source));
   }
   // A GPU belongs to one rank; host memory is shared by the node's ranks.
   const int sharing = rt.device() == Device::cuda ? 1 : ranks_on_node;

@@ -50,6 +50,9 @@ std::optional<std::string> parameter_floor_problem(const MemoryNeed& floor, int 
 MemoryBudget memory_budget(ops::Runtime& rt);
 
 // All of the above for this process; throws UsageError when the run cannot fit.
+// What the host can give this node's ranks: MemAvailable, or the cgroup's room where smaller.
+MemoryBudget host_memory_budget();
+
 // parallel.offload on a GPU run: the host memory one rank's offloaded optimizer holds
 // (parallel/offloaded_shards.h for fsdp: master, m, v of the shard; optim/host_adamw.h for one
 // process and zero1/zero2: m, v and the fp32 staging of parameters, gradients and the 16-bit copy).
