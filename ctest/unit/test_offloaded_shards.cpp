@@ -106,7 +106,9 @@ TEST_P(OffloadedShardsTest, ChunkedHostStepsMatchAdamWBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Copies, OffloadedShardsTest, ::testing::Values(ShardCopy::device, ShardCopy::pinned_host),
-                         [](const auto& info) { return info.param == ShardCopy::device ? "device" : "pinned_host"; });
+                         [](const ::testing::TestParamInfo<ShardCopy>& copy_info) {
+                           return copy_info.param == ShardCopy::device ? "device" : "pinned_host";
+                         });
 
 }  // namespace
 }  // namespace lmscale::test
