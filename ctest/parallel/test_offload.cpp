@@ -50,16 +50,19 @@ TEST(Offload, ZeroShardsMatchNone) {
 
 // FSDP: the shards' master and moments on the host, updated by the worker while the next forward
 // runs (parallel/offloaded_shards.h); with accumulation, and with a chunk boundary inside a unit.
+// optimizer+params: the 16-bit shard on the host too, copied up before each gather.
 TEST(Offload, FsdpMatchesNone) {
-  for (const std::int64_t accum : {1, 2}) {
-    Config base = adamw_config();
-    base.parallel.zero = ZeroLevel::fsdp;
-    base.train.grad_accum = accum;
-    Config off = base;
-    off.parallel.offload = OffloadMode::optimizer;
-    const TrainRun a = train_run(base, true, 4), b = train_run(off, true, 4);
-    expect_same_run(a, b, accum == 1 ? "fsdp" : "fsdp, grad_accum 2");
-  }
+  for (const OffloadMode mode : {OffloadMode::optimizer, OffloadMode::optimizer_params})
+    for (const std::int64_t accum : {1, 2}) {
+      Config base = adamw_config();
+      base.parallel.zero = ZeroLevel::fsdp;
+      base.train.grad_accum = accum;
+      Config off = base;
+      off.parallel.offload = mode;
+      const TrainRun a = train_run(base, true, 4), b = train_run(off, true, 4);
+      const std::string what = fmt::format("fsdp, offload {}, grad_accum {}", mode, accum);
+      expect_same_run(a, b, what.c_str());
+    }
 }
 
 }  // namespace

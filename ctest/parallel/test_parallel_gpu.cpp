@@ -399,9 +399,9 @@ TEST(PipelineGpu, InterleavedTwoStagesMatchOneGpuInBf16) {
 // one GPU in bf16 and fp32 (every rank alone), and under zero1, zero2 and fsdp on 2 GPUs.
 TEST(OffloadGpu, MatchesNoOffloadBitwise) {
   const int steps = 3;
-  auto check = [&](Config base, bool distributed, const char* what) {
+  auto check = [&](Config base, bool distributed, const char* what, OffloadMode mode = OffloadMode::optimizer) {
     Config off = base;
-    off.parallel.offload = OffloadMode::optimizer;
+    off.parallel.offload = mode;
     std::vector<double> lb, lo;
     const std::vector<float> pb = train(base, distributed, steps, &lb);
     const std::vector<float> po = train(off, distributed, steps, &lo);
@@ -423,5 +423,15 @@ TEST(OffloadGpu, MatchesNoOffloadBitwise) {
     z.optim.weight_decay = 0.1;
     z.parallel.zero = level;
     check(z, true, level == ZeroLevel::zero1 ? "zero1 on 2 GPUs" : level == ZeroLevel::zero2 ? "zero2 on 2 GPUs" : "fsdp on 2 GPUs");
+  }
+  // optimizer+params: the 16-bit shard on the host, copied up (pinned -> device) before each gather,
+  // with and without accumulation.
+  for (const std::int64_t accum : {1, 2}) {
+    Config f = tiny_config();
+    f.optim.weight_decay = 0.1;
+    f.parallel.zero = ZeroLevel::fsdp;
+    f.train.grad_accum = accum;
+    check(f, true, accum == 1 ? "fsdp optimizer+params on 2 GPUs" : "fsdp optimizer+params on 2 GPUs, grad_accum 2",
+          OffloadMode::optimizer_params);
   }
 }

@@ -7,8 +7,11 @@
 #   D  zero2 on 2 without offload resumes C's step 4 -> A's losses, bitwise
 #   E  one process with offload resumes A's step 4 (resharded) -> within RESHARD_RTOL
 #   H, I, J  fsdp with offload: from the start, from A's step 4, and zero2 from H's step 4 -> bitwise
+#   P, Q, R  fsdp with optimizer+params: from the start (checkpointing), from H's step 4, and fsdp
+#            with offload = optimizer from P's step 4 -> bitwise
 #   F  each refusal: exit 2 naming the key, no results file
-#   M, K  predicted memory = measured (CPU), and the accounting of the 8b offload deck
+#   M, K  predicted memory = measured (CPU; M4-M6 optimizer+params), and the accounting of the 8b
+#         offload deck (K2: with optimizer+params)
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -58,11 +61,21 @@ same_tail I.h5 4
 mpi 2 "${common[@]}" --parallel.zero=zero2 --run.output=J.h5 --train.resume=ckH/step_00000004
 same_tail J.h5 4
 echo "ok: fsdp with offload = zero2 without, from the start and across resumes, bitwise"
+# optimizer+params: the 16-bit shard on the host too; the same checkpoint names.
+mpi 2 "${common[@]}" --parallel.zero=fsdp --parallel.offload=optimizer+params --run.output=P.h5 \
+  --train.checkpoint_dir=ckP --train.checkpoint_every=4
+same_tail P.h5 0
+mpi 2 "${common[@]}" --parallel.zero=fsdp --parallel.offload=optimizer+params --run.output=Q.h5 \
+  --train.resume=ckH/step_00000004
+same_tail Q.h5 4
+mpi 2 "${common[@]}" --parallel.zero=fsdp --parallel.offload=optimizer --run.output=R.h5 --train.resume=ckP/step_00000004
+same_tail R.h5 4
+echo "ok: fsdp with optimizer+params = zero2 without, from the start and across resumes to and from optimizer, bitwise"
 
 expect2() {  # NP WHAT PATTERN ARGS...: exit 2, the message matches PATTERN, no results file
-  local np=$1 what=$2 pattern=$3 rc=0; shift 3
+  local np=$1 what=$2 pattern=$3 rc=0 mode=${OFFLOAD_MODE:-optimizer}; shift 3
   rm -f G.h5
-  mpi "$np" "${common[@]}" --parallel.offload=optimizer --run.output=G.h5 "$@" > G.log 2>&1 || rc=$?
+  mpi "$np" "${common[@]}" --parallel.offload="$mode" --run.output=G.h5 "$@" > G.log 2>&1 || rc=$?
   [[ $rc -eq 2 ]] || { cat G.log; echo "FAIL: $what: exit $rc, expected 2"; exit 1; }
   grep -q -- "$pattern" G.log || { cat G.log; echo "FAIL: $what: message lacks '$pattern'"; exit 1; }
   [[ ! -e G.h5 && ! -e G.h5.tmp ]] || { echo "FAIL: $what: a results file was written"; exit 1; }
@@ -74,14 +87,20 @@ expect2 2 "zero1-broadcast" "parallel.zero = zero1-broadcast" --parallel.zero=ze
 expect2 2 "ddp" "not built yet for DDP" --parallel.ddp=bucketed
 expect2 2 "tp" "tensor or pipeline parallelism (parallel.tp = 2" --parallel.tp=2 --model.vocab_size=96
 expect2 2 "pp" "tensor or pipeline parallelism (parallel.tp = 1, parallel.pp = 2" --parallel.pp=2
+OFFLOAD_MODE=optimizer+params expect2 2 "optimizer+params with zero2" \
+  "parallel.offload = optimizer+params puts the parameter shards in host memory, which only parallel.zero = fsdp" \
+  --parallel.zero=zero2
+OFFLOAD_MODE=optimizer+params expect2 1 "optimizer+params on one process" "(parallel.zero = none)"
+OFFLOAD_MODE=optimizer+params expect2 2 "optimizer+params with plan" "parallel.offload = optimizer+params with run.job = plan" \
+  --parallel.zero=fsdp --run.job=plan
 
 # Memory: the prediction stored beside each CPU bench-model run equals its measured peak with
 # offload (fsdp, zero2, one process), and the accounting job counts the offload (host memory and
 # bytes over the bus) and predicts the 8b offload deck's GPU peak measured on 2 H200 and 2 H100
 # (75073126404 bytes, docs/performance.md) within 0.1%.
 bench_peak() {  # NP NAME ARGS...
-  local np=$1 name=$2; shift 2
-  mpi "$np" --run.job=bench-model --parallel.offload=optimizer --run.output="$name.h5" "$@" > "$name.log" 2>&1
+  local np=$1 name=$2 mode=${OFFLOAD_MODE:-optimizer}; shift 2
+  mpi "$np" --run.job=bench-model --parallel.offload="$mode" --run.output="$name.h5" "$@" > "$name.log" 2>&1
   python3 - "$name.h5" <<'PY'
 import h5py, sys
 g = h5py.File(sys.argv[1])["bench_model"].attrs
@@ -92,6 +111,12 @@ PY
 bench_peak 2 M1 --parallel.zero=fsdp
 bench_peak 2 M2 --parallel.zero=zero2
 bench_peak 1 M3
+# optimizer+params: the pinned host copy instead of the device copy, a send buffer per gather; in
+# fp32 (CPU ranks have no bf16), with prefetch 1 and 2, and with the weights kept from the forward
+# to the backward.
+OFFLOAD_MODE=optimizer+params bench_peak 2 M4 --parallel.zero=fsdp
+OFFLOAD_MODE=optimizer+params bench_peak 2 M5 --parallel.zero=fsdp --parallel.fsdp_prefetch=2
+OFFLOAD_MODE=optimizer+params bench_peak 2 M6 --parallel.zero=fsdp --parallel.reshard_after_forward=false
 "$lmscale" "$here/../../inputs/leaderboard_8b_offload.ini" --run.job=accounting --accounting.world=2 \
   --accounting.device=h200 --run.output=K.h5 > K.log
 grep -q "offload (optimizer): host memory 45.404 GiB per rank" K.log || { cat K.log; echo "FAIL: accounting: no offload line"; exit 1; }
@@ -108,4 +133,23 @@ ok = err < 1e-3 and a["host_bytes_per_rank"] > 4.8e10 and a["host_transfer_bytes
 sys.exit(0 if ok else f"FAIL: accounting of the 8b offload deck: {dict(a)}")
 PY
 echo "ok: accounting counts the offload; the 8b offload deck's GPU peak within 0.1% of the measured"
+# optimizer+params on the same deck: the 16-bit shard (2 B per shard element, S = host/12 above)
+# moves to the host: host 14 B per element, no parameters_lowp on the device, the GPU peak lower by
+# 2S less the one prefetched block's send buffer alive at the peak (< 3% of 2S); the bus carries
+# the gradients down and each gather's shard up (more than optimizer's 4 + 2 B, less than 4 + 4 B:
+# the backward regathers the blocks, not the head and the embedding).
+"$lmscale" "$here/../../inputs/leaderboard_8b_offload.ini" --run.job=accounting --accounting.world=2 \
+  --accounting.device=h200 --parallel.offload=optimizer+params --run.output=K2.h5 > K2.log
+grep -q "offload (optimizer+params): host memory 52.97" K2.log || { cat K2.log; echo "FAIL: accounting: no optimizer+params line"; exit 1; }
+grep -Eq "^parameters_lowp +0.000 +0: the shard's 16-bit copy is in host memory" K2.log || { cat K2.log; echo "FAIL: parameters_lowp"; exit 1; }
+python3 - <<'PY'
+import h5py, sys
+a, b = h5py.File("K.h5")["accounting"].attrs, h5py.File("K2.h5")["accounting"].attrs
+S = a["host_bytes_per_rank"] / 12
+saved = (a["predicted_peak_bytes_cuda"] - b["predicted_peak_bytes_cuda"]) / (2 * S)
+ok = (abs(b["host_bytes_per_rank"] - 14 * S) < 1 and 0.97 < saved <= 1
+      and 6 * S < b["host_transfer_bytes_per_step_per_rank"] < 8 * S)
+sys.exit(0 if ok else f"FAIL: accounting of optimizer+params: saved {saved} x 2S, {dict(b)}")
+PY
+echo "ok: accounting of optimizer+params: host 14 B per shard element, the 16-bit shard off the device"
 echo "ok: offload_resume"

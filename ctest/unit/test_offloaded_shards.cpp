@@ -3,7 +3,8 @@
 // the per-unit readiness and the settle/refresh rules run as on a GPU: several steps over units
 // split into chunks (one unit smaller than a chunk, one empty, one of several chunks with a short
 // last one) against ops::adamw over the whole shard, bit for bit, and the bf16 device copy
-// against the cast of the master.
+// against the cast of the master; for both places of that copy: the device (parallel.offload =
+// optimizer) and pinned host memory copied up per unit (optimizer+params).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -26,7 +27,27 @@ std::vector<float> random_values(std::int64_t n, std::uint64_t seed, double scal
 
 Tensor view_of(std::vector<float>& v) { return Tensor::view(v.data(), {static_cast<std::int64_t>(v.size())}, DType::f32, Device::cpu); }
 
-TEST(OffloadedShards, ChunkedHostStepsMatchAdamWBitwise) {
+using ShardCopy = parallel::OffloadedShards::ShardCopy;
+
+class OffloadedShardsTest : public ::testing::TestWithParam<ShardCopy> {};
+
+// The units' device shards against round-to-nearest-even bf16 of `master`.
+void expect_device_shards(parallel::OffloadedShards& off, Context& ctx,
+                          const std::vector<parallel::OffloadedShards::Range>& units, const std::vector<float>& master,
+                          const char* when) {
+  for (int u : {2, 0, 1}) {
+    Tensor d = off.device_shard(ctx, u);
+    const auto& r = units[static_cast<std::size_t>(u)];
+    ASSERT_EQ(d.numel(), r.count);
+    const auto* got = d.data_as<const bf16_t>();
+    for (std::int64_t i = 0; i < d.numel(); ++i)
+      ASSERT_EQ(got[i].bits, float_to_bf16(master[static_cast<std::size_t>(r.offset + i)]).bits)
+          << when << " unit " << u << " element " << i;
+  }
+}
+
+TEST_P(OffloadedShardsTest, ChunkedHostStepsMatchAdamWBitwise) {
+  const ShardCopy copy = GetParam();
   ops::Runtime rt(Device::cpu, 0, false);
   Context& ctx = rt.ctx();
   OptimConfig cfg;
@@ -35,11 +56,18 @@ TEST(OffloadedShards, ChunkedHostStepsMatchAdamWBitwise) {
   // Units: 0 = [0, 40) (< a chunk), 1 = empty, 2 = [40, 250) (chunks of 64: 64, 64, 64, 18).
   const std::int64_t S = 250, chunk = 64;
   std::vector<parallel::OffloadedShards::Range> units{{0, 40}, {40, 0}, {40, 210}};
-  parallel::OffloadedShards off(rt, S, units, DType::bf16, cfg, 3, chunk);
+  parallel::OffloadedShards off(rt, S, units, DType::bf16, cfg, 3, copy, chunk);
 
   std::vector<float> ref = random_values(S, 1, 0.5);
+  // Ties of bf16 (1 + 2^-8 lies between 1 and 1 + 2^-7, 1 + 3 x 2^-8 between 1 + 2^-7 and
+  // 1 + 2^-6): the refresh from the master rounds them to the even neighbour, as the device cast.
+  ref[3] = 1.00390625f;
+  ref[47] = 1.01171875f;
   std::memcpy(off.master().data(), ref.data(), ref.size() * sizeof(float));
   off.mark_master_changed();
+  expect_device_shards(off, ctx, units, ref, "refresh");
+  ASSERT_EQ(float_to_bf16(ref[3]).bits, 0x3f80);
+  ASSERT_EQ(float_to_bf16(ref[47]).bits, 0x3f82);
   std::vector<float> ref_m(S, 0.f), ref_v(S, 0.f);
   Tensor rp = view_of(ref), rm = view_of(ref_m), rv = view_of(ref_v);
 
@@ -58,14 +86,7 @@ TEST(OffloadedShards, ChunkedHostStepsMatchAdamWBitwise) {
     a.step = t;
     ops::adamw(ctx, rp, g, rm, rv, a, nullptr);
     // Each unit's device copy, once ready, is the bf16 of the updated master.
-    for (int u : {2, 0, 1}) {
-      Tensor d = off.device_shard(ctx, u);
-      ASSERT_EQ(d.numel(), units[static_cast<std::size_t>(u)].count);
-      const auto* got = d.data_as<const bf16_t>();
-      for (std::int64_t i = 0; i < d.numel(); ++i)
-        ASSERT_EQ(got[i].bits, float_to_bf16(ref[static_cast<std::size_t>(units[static_cast<std::size_t>(u)].offset + i)]).bits)
-            << "step " << t << " unit " << u << " element " << i;
-    }
+    expect_device_shards(off, ctx, units, ref, "step");
     off.settle();
     EXPECT_EQ(0, std::memcmp(off.master().data(), ref.data(), S * sizeof(float))) << "master, step " << t;
     EXPECT_EQ(0, std::memcmp(off.optimizer().state(0).data(), ref_m.data(), S * sizeof(float))) << "m, step " << t;
@@ -76,8 +97,16 @@ TEST(OffloadedShards, ChunkedHostStepsMatchAdamWBitwise) {
   off.master().data_as<float>()[45] = 3.0f;
   off.mark_master_changed();
   EXPECT_EQ(off.device_shard(ctx, 2).data_as<const bf16_t>()[5].bits, float_to_bf16(3.0f).bits);
-  EXPECT_EQ(off.transfer_bytes_per_step(), S * (4 + 2));
+  // Bytes over the bus per step: the gradients down, and (device copy) the 16-bit copy up; the
+  // pinned host copy goes up per gather instead, and is held on the host.
+  const bool on_host = copy == ShardCopy::pinned_host;
+  EXPECT_EQ(off.transfer_bytes_per_step(), S * (on_host ? 4 : 4 + 2));
 }
+
+INSTANTIATE_TEST_SUITE_P(Copies, OffloadedShardsTest, ::testing::Values(ShardCopy::device, ShardCopy::pinned_host),
+                         [](const ::testing::TestParamInfo<ShardCopy>& copy_info) {
+                           return copy_info.param == ShardCopy::device ? "device" : "pinned_host";
+                         });
 
 }  // namespace
 }  // namespace lmscale::test

@@ -160,8 +160,10 @@ std::vector<DeckKey> build_table() {
                "optimizer: the optimizer of what the rank owns lives in host memory and a multithreaded, vectorised "
                "AdamW updates it there. fsdp: the shard's fp32 master, m and v on the host, updated chunk by chunk "
                "while the next forward runs (the device keeps the gradient shard and a 16-bit copy); one process, "
-               "zero1, zero2: m and v on the host, updated after each backward. The same results as none, bit for "
-               "bit. optim.name = adamw; not with ddp, zero1-broadcast, tp or pp (docs/parallel.md)."),
+               "zero1, zero2: m and v on the host, updated after each backward. optimizer+params (fsdp only): the "
+               "16-bit shard on the host too, copied to the device per unit before its all-gather (the device "
+               "keeps the gradient shard only). The same results as none, bit for bit. optim.name = adamw; not "
+               "with ddp, zero1-broadcast, tp or pp (docs/parallel.md)."),
       int_key("parallel.offload_threads", LMSCALE_FIELD(parallel.offload_threads), 0,
               "Host threads of each rank's offloaded AdamW; 0 = the hardware threads divided by the dp ranks "
               "(assumed to share one host) (docs/parallel.md)."),

@@ -348,7 +348,7 @@ void check_pipeline(const Config& c) {
          "train.grad_accum = 1 and raise parallel.microbatches", c.train.grad_accum, p.pp);
 }
 
-// parallel.offload = optimizer: what is built (docs/parallel.md, "CPU offload").
+// parallel.offload = optimizer and optimizer+params: what is built (docs/parallel.md, "CPU offload").
 void check_offload(const Config& c, std::int64_t dp) {
   const auto& p = c.parallel;
   if (p.offload == OffloadMode::none) return;
@@ -356,6 +356,10 @@ void check_offload(const Config& c, std::int64_t dp) {
     fail("parallel.offload = {} runs AdamW on the host; optim.name = {} has no host version; set optim.name = adamw "
          "or parallel.offload = none",
          p.offload, c.optim.name);
+  if (p.offload == OffloadMode::optimizer_params && p.zero != ZeroLevel::fsdp)
+    fail("parallel.offload = {} puts the parameter shards in host memory, which only parallel.zero = fsdp has "
+         "(parallel.zero = {}); set parallel.zero = fsdp or parallel.offload = optimizer",
+         p.offload, p.zero);
   if (p.zero == ZeroLevel::zero1_broadcast)
     fail("parallel.offload = {} is not built yet with parallel.zero = {}; use parallel.zero = zero1 or zero2, or "
          "parallel.offload = none",
@@ -435,6 +439,10 @@ void check_layout(const Config& c, int world_size) {
          "(the other modes' synchronous copies are not in the step model); set parallel.zero = fsdp, or "
          "parallel.offload = none",
          p.offload, p.zero);
+  if (p.offload == OffloadMode::optimizer_params && c.run.job == JobKind::plan)
+    fail("parallel.offload = {} with run.job = plan: the step model does not count the per-unit host-to-device "
+         "copies of the parameter shards; set parallel.offload = optimizer or none",
+         p.offload);
   if (!runs_model(c)) return;
 
   const std::int64_t dp = detail::resolved_dp(c, world_size);

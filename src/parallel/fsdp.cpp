@@ -21,7 +21,8 @@ FsdpOptions FsdpOptions::from(const ParallelConfig& p) {
   FsdpOptions o;
   o.prefetch = static_cast<int>(p.fsdp_prefetch);
   o.reshard_after_forward = p.reshard_after_forward;
-  o.offload_optimizer = p.offload == OffloadMode::optimizer;
+  o.offload_optimizer = p.offload != OffloadMode::none;
+  o.offload_params = p.offload == OffloadMode::optimizer_params;
   return o;
 }
 
@@ -154,7 +155,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
     LMSCALE_CHECK(master == DType::f32, "parallel.offload: fp32 master weights only");
     std::vector<OffloadedShards::Range> ranges;
     for (const auto& u : units_) ranges.push_back({u.shard_offset, u.shard});
-    offloaded_ = std::make_unique<OffloadedShards>(rt, S, std::move(ranges), compute_, cfg, opt.offload_threads);
+    offloaded_ = std::make_unique<OffloadedShards>(
+        rt, S, std::move(ranges), compute_, cfg, opt.offload_threads,
+        opt.offload_params ? OffloadedShards::ShardCopy::pinned_host : OffloadedShards::ShardCopy::device);
     master_ = offloaded_->master();   // host, zeros
   } else {
     master_ = Tensor::empty({S}, master, A, "parameters");
@@ -216,6 +219,8 @@ void FullyShardedDataParallel::issue_gather(int u) {
   Gathered& g = gathered_[static_cast<std::size_t>(u)];
   Allocator& A = *rt_.ctx().allocator;
   Tensor shard = offloaded_ ? offloaded_->device_shard(rt_.ctx(), u) : master_.flat_range(unit.shard_offset, unit.shard);
+  // optimizer+params: the shard was copied up into a buffer of its own, kept like the cast's.
+  if (opt_.offload_params) g.send = shard;
   if (!offloaded_ && compute_ != master_.dtype()) {   // mixed precision: the low-precision copy travels (half the bytes)
     g.send = Tensor::empty({unit.shard}, compute_, A, "fsdp_cast");
     ops::cast(rt_.ctx(), shard, g.send);

@@ -10,8 +10,8 @@
 namespace lmscale::parallel {
 
 OffloadedShards::OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units, DType compute,
-                                 const OptimConfig& cfg, int threads, std::int64_t chunk)
-    : rt_(rt), compute_(compute), threads_(std::max(1, threads)), units_(std::move(units)) {
+                                 const OptimConfig& cfg, int threads, ShardCopy copy, std::int64_t chunk)
+    : rt_(rt), compute_(compute), threads_(std::max(1, threads)), copy_(copy), units_(std::move(units)) {
   LMSCALE_CHECK(cfg.name == OptimizerName::adamw, "parallel.offload: AdamW only (deck checks)");
   host_ctx_.device = Device::cpu;
   host_ctx_.allocator = &rt.host();
@@ -26,13 +26,16 @@ OffloadedShards::OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vect
   optimizer_ = std::make_unique<optim::HostAdamW>(cfg, numel, host_ctx_, threads_);
   master_ = Tensor::empty({numel}, DType::f32, rt.host(), "offloaded_master");
   if (numel > 0) std::memset(master_.data(), 0, master_.nbytes());
-  device_copy_ = Tensor::empty({numel}, compute_, *rt.ctx().allocator, "offloaded_device_copy");
   lane_ = std::make_unique<ops::HostTransfer>(rt);
+  if (copy_ == ShardCopy::device)
+    device_copy_ = Tensor::empty({numel}, compute_, *rt.ctx().allocator, "offloaded_device_copy");
+  else   // the worker's output and the source of each gather's copy up: pinned, so that copy is asynchronous
+    host_copy_ = Tensor::empty({numel}, compute_, lane_->pinned(), "offloaded_host_copy");
   std::int64_t slot = 0;
   for (const Chunk& c : chunks_) slot = std::max(slot, c.count);
   for (int k = 0; k < 2; ++k) {
     grad_slot_[k] = Tensor::empty({slot}, DType::f32, lane_->pinned(), "offload_staging");
-    copy_slot_[k] = Tensor::empty({slot}, compute_, lane_->pinned(), "offload_staging");
+    if (copy_ == ShardCopy::device) copy_slot_[k] = Tensor::empty({slot}, compute_, lane_->pinned(), "offload_staging");
   }
   copied_.resize(chunks_.size());
   worker_ = std::thread([this] { run_worker(); });
@@ -107,16 +110,20 @@ void OffloadedShards::update(const Tensor& grads, double lr, double grad_scale, 
   for (std::size_t c = 0; c < n; ++c) {
     const Chunk& k = chunks_[c];
     if (c + 1 < n) fetch(c + 1);          // slot (c+1) % 2 was chunk c-1's, whose update is done
+    // Also the step's gathers have read the host copy (pinned_host): `ready` precedes this copy.
     lane_->wait(down[c % 2]);
     lane_->wait(up[c % 2]);               // chunk c-2's copy back has left the slot
     Tensor p = master_.flat_range(k.offset, k.count), g = grad_slot_[c % 2].flat_range(0, k.count);
-    Tensor out = copy_slot_[c % 2].flat_range(0, k.count);
+    const bool on_host = copy_ == ShardCopy::pinned_host;
+    Tensor out = on_host ? host_copy_.flat_range(k.offset, k.count) : copy_slot_[c % 2].flat_range(0, k.count);
     const bool lowp = compute_ != DType::f32;
     optimizer_->step_host(p, g, lowp ? &out : nullptr, k.offset, lr, grad_scale, arithmetic);
     if (!lowp) std::memcpy(out.data(), p.data(), p.nbytes());
-    Tensor dst = device_copy_.flat_range(k.offset, k.count);
-    lane_->copy(out, dst);
-    up[c % 2] = lane_->fence();
+    if (!on_host) {   // pinned_host: the gathers copy it up themselves (device_shard)
+      Tensor dst = device_copy_.flat_range(k.offset, k.count);
+      lane_->copy(out, dst);
+      up[c % 2] = lane_->fence();
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       copied_[c] = up[c % 2];
@@ -130,7 +137,7 @@ void OffloadedShards::start_step(Context& ctx, const Tensor& grads, double lr, d
   LMSCALE_CHECK(grads.dtype() == DType::f32 && grads.numel() == master_.numel(),
                 "OffloadedShards: fp32 gradients of the shard's {} elements expected", master_.numel());
   settle();
-  if (stale_) refresh_device(ctx);
+  if (stale_) refresh(ctx);
   optimizer_->begin_step();
   ops::HostTransfer::Fence ready = lane_->fence(ctx);
   {
@@ -163,7 +170,7 @@ Tensor OffloadedShards::device_shard(Context& ctx, int u) {
   const Range& r = units_[static_cast<std::size_t>(u)];
   if (stale_) {
     settle();
-    refresh_device(ctx);
+    refresh(ctx);
   }
   const std::size_t last = last_chunk_[static_cast<std::size_t>(u)];
   if (last < chunks_.size()) {
@@ -182,7 +189,11 @@ Tensor OffloadedShards::device_shard(Context& ctx, int u) {
     }
     lane_->wait_on(ctx, f);   // the lane's copies are in order: the unit's earlier chunks are there too
   }
-  return device_copy_.flat_range(r.offset, r.count);
+  if (copy_ == ShardCopy::device) return device_copy_.flat_range(r.offset, r.count);
+  // pinned_host: the worker has written u's range (the wait above); up on the compute stream.
+  Tensor send = Tensor::empty({r.count}, compute_, *ctx.allocator, "fsdp_send");
+  if (r.count > 0) ops::copy(ctx, host_copy_.flat_range(r.offset, r.count), send);
+  return send;
 }
 
 void OffloadedShards::refresh_device(Context& ctx) {
@@ -205,8 +216,19 @@ void OffloadedShards::refresh_device(Context& ctx) {
   stale_ = false;
 }
 
+void OffloadedShards::refresh_host() {
+  // The master into the pinned host copy with the device cast's rounding (round to nearest even:
+  // ops::cast on the host, core/dtype.h). The device may still be copying from the host copy
+  // (an earlier gather's copy up, stream-ordered): wait for it before overwriting.
+  rt_.synchronize();
+  if (master_.numel() > 0) ops::cast(host_ctx_, master_, host_copy_);
+  for (auto& f : copied_) f = {};
+  stale_ = false;
+}
+
 std::int64_t OffloadedShards::transfer_bytes_per_step() const {
-  return master_.numel() * static_cast<std::int64_t>(4 + dtype_size(compute_));
+  const std::int64_t up = copy_ == ShardCopy::device ? static_cast<std::int64_t>(dtype_size(compute_)) : 0;
+  return master_.numel() * (4 + up);
 }
 
 }  // namespace lmscale::parallel

@@ -94,8 +94,9 @@ LMSCALE_DECK_ENUM(GradExchange, "nccl", "copy-engine");
 enum class ZeroLevel { none, zero1_broadcast, zero1, zero2, fsdp };
 LMSCALE_DECK_ENUM(ZeroLevel, "none", "zero1-broadcast", "zero1", "zero2", "fsdp");
 // parallel.offload: what lives in host memory instead of the device (docs/parallel.md).
-enum class OffloadMode { none, optimizer };
-LMSCALE_DECK_ENUM(OffloadMode, "none", "optimizer");
+// optimizer_params: fsdp only, the shard's 16-bit parameters on the host too.
+enum class OffloadMode { none, optimizer, optimizer_params };
+LMSCALE_DECK_ENUM(OffloadMode, "none", "optimizer", "optimizer+params");
 // parallel.schedule: the pipeline schedule.
 enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
 LMSCALE_DECK_ENUM(PipelineSchedule, "gpipe", "1f1b", "interleaved");

@@ -27,6 +27,8 @@
 // With parallel.offload = optimizer the fp32 master and the AdamW state of the shards live in host
 // memory and step() hands the update to a host worker (parallel/offloaded_shards.h); the gathers
 // then send the device's compute-dtype copy of the shard, each waiting for its unit's update.
+// With optimizer+params that copy is on the host (pinned): each gather first copies its unit's
+// shard up into a send buffer of its own, freed once the gather is done.
 //
 // Per unit, the time the compute waited for a gather (forward and backward) is measured: the
 // answer to "does the next layer's all-gather finish in time for its forward?".
@@ -59,6 +61,9 @@ struct FsdpOptions {
   // parallel.offload = optimizer: master weights and AdamW state of the shards on the host,
   // updated there by `offload_threads` threads (parallel/offloaded_shards.h).
   bool offload_optimizer = false;
+  // parallel.offload = optimizer+params (with offload_optimizer): the 16-bit shard on the host
+  // too, copied up per unit before its gather (OffloadedShards::ShardCopy::pinned_host).
+  bool offload_params = false;
   int offload_threads = 1;
   static FsdpOptions from(const ParallelConfig& p);
 };
@@ -113,7 +118,8 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   enum class State { released, in_flight, ready };
   struct Gathered {
     Tensor buffer;   // [dp * s_u] compute dtype
-    Tensor send;     // [s_u] the shard cast to the compute dtype (mixed precision), until gathered
+    Tensor send;     // [s_u] the shard cast to the compute dtype (mixed precision) or copied up from
+                     // the host (optimizer+params), until gathered
     comm::Work work;
     State state = State::released;
   };

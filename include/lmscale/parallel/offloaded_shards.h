@@ -1,5 +1,5 @@
 #pragma once
-// parallel.offload = optimizer under FSDP (docs/parallel.md "CPU offload"): a rank's flat shard
+// parallel.offload = optimizer (+params) under FSDP (docs/parallel.md "CPU offload"): a rank's flat shard
 // [S] of fp32 master weights and its AdamW moments m, v live in host memory, and a worker thread
 // updates them on the host while the GPU goes on.
 //
@@ -22,6 +22,18 @@
 // Memory: host 12 bytes per shard element (master, m, v; pageable: only the staging slots are
 // pinned), device 4 + 2 bytes (gradient shard + bf16 copy) instead of 16 (+ fp32 master, m, v).
 // Bytes over the bus per step and element: 4 (gradients down) + 2 (bf16 copy up).
+//
+// parallel.offload = optimizer+params (ShardCopy::pinned_host): no device copy. The worker writes
+// each chunk's compute-dtype result straight into a pinned host copy [S] (no H2D), and
+// device_shard(u) waits on the host for u's last chunk, then copies u's range of the host copy
+// into a fresh device buffer [count] from ctx's allocator on ctx's stream (asynchronous from
+// pinned memory), which the caller keeps until its gather is done (FSDP's Gathered::send). The
+// copy runs on the compute stream right before the gather: a prefetch of the copies on a side
+// stream is not built. Device: the gradient shard and the units' send buffers in flight; host
+// 12 + e bytes per element; bus: 4 per element per step down, e per element per gather up.
+// The host copy is rewritten by the next step's worker only after it has waited for the step's
+// gradients (its lane fence follows the compute stream's point at start_step(), after every
+// gather's copy of the step); a refresh from the master synchronises the device first.
 //
 // Ordering: the worker's copies of chunk c start after the compute stream's point where
 // start_step() was called (the gradients are final); the next backward overwrites the gradient
@@ -48,10 +60,14 @@ class OffloadedShards {
   struct Range {
     std::int64_t offset = 0, count = 0;   // a unit's shard within the flat shard [S]
   };
+  // Where the compute-dtype copy of the shard lives: device (parallel.offload = optimizer) or
+  // pinned host memory (optimizer+params).
+  enum class ShardCopy { device, pinned_host };
   // numel: S; units: each unit's range, in forward order, disjoint; compute: the dtype of the
-  // device copy; threads: host threads of the AdamW; chunk: elements per pipelined piece.
+  // shard's copy; threads: host threads of the AdamW; chunk: elements per pipelined piece.
   OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units, DType compute,
-                  const OptimConfig& cfg, int threads, std::int64_t chunk = kChunk);
+                  const OptimConfig& cfg, int threads, ShardCopy copy = ShardCopy::device,
+                  std::int64_t chunk = kChunk);
   ~OffloadedShards();   // waits for the worker; never throws
   OffloadedShards(const OffloadedShards&) = delete;
   OffloadedShards& operator=(const OffloadedShards&) = delete;
@@ -61,10 +77,12 @@ class OffloadedShards {
   Tensor& master() { return master_; }
   // m and v (host, [S]) and the step count.
   optim::HostAdamW& optimizer() { return *optimizer_; }
-  // The device copy must be rebuilt from the master before the next gather.
+  // The shard's copy must be rebuilt from the master before the next gather.
   void mark_master_changed() { stale_ = true; }
 
-  // Unit u's device copy [count] in the compute dtype, ready on ctx's stream (see the header).
+  // Unit u's shard [count] in the compute dtype on the device, ready on ctx's stream (see the
+  // header): a view of the device copy, or (pinned_host) a new buffer from ctx's allocator that
+  // the caller must keep until the stream has read it.
   Tensor device_shard(Context& ctx, int u);
   // One AdamW step over the whole shard: begin_step() here, the update on the worker.
   // grads: device fp32 [S], final at ctx's stream's current point.
@@ -72,7 +90,8 @@ class OffloadedShards {
   // Waits for the step in flight, rethrowing its error.
   void settle();
 
-  // Bytes the step moves between host and device (the accounting's host_transfer term).
+  // Bytes the step moves between host and device (pinned_host: the gradients only; each gather
+  // adds its unit's copy).
   std::int64_t transfer_bytes_per_step() const;
 
   static constexpr std::int64_t kChunk = std::int64_t{1} << 25;   // 32 Mi elements: 128 MiB of fp32 gradients
@@ -84,19 +103,24 @@ class OffloadedShards {
   void run_worker();
   void update(const Tensor& grads, double lr, double grad_scale, const ops::HostTransfer::Fence& ready);
   void refresh_device(Context& ctx);
+  void refresh_host();
+  void refresh(Context& ctx) { copy_ == ShardCopy::device ? refresh_device(ctx) : refresh_host(); }
 
   ops::Runtime& rt_;
   Context host_ctx_;
   DType compute_;
   int threads_;
+  ShardCopy copy_;
   std::vector<Range> units_;
   std::vector<Chunk> chunks_;
   std::vector<std::size_t> last_chunk_;   // per unit: its last chunk's index (chunks_.size() if empty)
   std::unique_ptr<optim::HostAdamW> optimizer_;
   Tensor master_;                          // host fp32 [S]
-  Tensor device_copy_;                     // device [S], compute dtype
+  Tensor device_copy_;                     // device [S], compute dtype (ShardCopy::device)
+  Tensor host_copy_;                       // pinned host [S], compute dtype (ShardCopy::pinned_host)
   std::unique_ptr<ops::HostTransfer> lane_;
-  Tensor grad_slot_[2], copy_slot_[2];     // pinned [kChunk]: fp32 gradients, compute-dtype parameters
+  // pinned [kChunk]: fp32 gradients, compute-dtype parameters (ShardCopy::device only)
+  Tensor grad_slot_[2], copy_slot_[2];
   bool stale_ = true;
 
   // Between the caller and the worker, under mu_.

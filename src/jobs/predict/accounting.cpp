@@ -64,25 +64,33 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   const std::string ps = tp > 1 ? "(P - norms)/tp" : "(P - norms)";
   // parallel.offload = optimizer (adamw only): the offloaded state leaves the device (below, and
   // a.host_bytes); fsdp also keeps its shard's 16-bit copy for the gathers instead of a cast.
+  // optimizer+params: the 16-bit copy is in host memory too; each gather copies its unit's shard
+  // up into a send buffer, as the cast of the path without offload (fsdp_gathered).
   const bool offload = cfg.parallel.offload != OffloadMode::none;
+  const bool offload_params = cfg.parallel.offload == OffloadMode::optimizer_params;
   if (fsdp && offload) {
     add("parameters", 4 * norm_params, "replicated norms (fp32 master; the shard's master is in host memory)");
-    add("parameters_lowp", e * Ps / dp, "e x " + ps + " / N (the shard's 16-bit copy the all-gathers send)");
+    if (offload_params)
+      add("parameters_lowp", 0, "0: the shard's 16-bit copy is in host memory (optimizer+params; each gather copies "
+                                "its unit's shard up, counted in fsdp_gathered)");
+    else
+      add("parameters_lowp", e * Ps / dp, "e x " + ps + " / N (the shard's 16-bit copy the all-gathers send)");
   } else if (fsdp) {
     add("parameters", 4 * Ps / dp + 4 * norm_params, "4 B x " + ps + " / N (fp32 master shard) + replicated norms");
   }
   if (fsdp) {
+    // A gather's send buffer [unit / N]: the cast shard (mixed precision), the shard copied up from
+    // the host (optimizer+params, any precision); none under offload = optimizer (the device copy).
+    const bool send = offload ? offload_params : mixed;
     add("gradients", 4 * norm_params, "replicated norm gradients (each unit's full-size gradients live only from its "
                                       "backward to its reduce-scatter)");
     add("gradient_shard", 4 * Ps / dp, "4 B x " + ps + " / N (fp32)");
-    add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + (offload ? 0.0 : 1.0 / dp))) / tp +
+    add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + (send ? 1.0 / dp : 0.0))) / tp +
                              (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d) / tp),
         std::string(cfg.parallel.reshard_after_forward
-                        ? (offload ? "e x (head unit V d, kept from its forward to its backward + prefetch x block "
-                                     "4d^2 + 3dF; the gathers send the shard's 16-bit copy, no cast shard)"
-                                   : "e x (head unit V d, kept from its forward to its backward + prefetch x block "
-                                     "4d^2 + 3dF, and its cast shard)")
-                        : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block)") +
+                        ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF"
+                        : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block") +
+            (send ? (offload_params ? ", and its shard copied up from the host / N)" : ", and its cast shard / N)") : ")") +
             (tp > 1 ? " / tp" : ""));
   }
   // The parameters a rank holds: P, or Pr under tensor parallelism.
@@ -112,10 +120,28 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : to_string(cfg.optim.name) + " m, v";
   if (fsdp && offload) {
     add("optimizer_state", 8 * norm_params, "8 B x norms (adamw m, v of the replicated norms; the shard's are in host memory)");
-    a.host_bytes = 12 * Ps / dp;
-    a.host_formula = "12 B x " + ps + " / N (fp32 master, m, v of the shard; parallel/offloaded_shards.h)";
-    a.host_transfer_bytes_per_step = (4 + e) * Ps / dp;
-    a.host_transfer_formula = "(4 + e) B x " + ps + " / N (fp32 gradient shard down, its 16-bit copy up)";
+    if (offload_params) {
+      // Each micro-batch's gathers copy their unit's shard up: the forward's (every unit) and,
+      // with reshard_after_forward, the backward's regathers of the L blocks (the head is kept,
+      // the embedding's backward reads no weights).
+      const double micro = bench ? 1.0 : static_cast<double>(cfg.train.grad_accum);
+      const bool regather = cfg.parallel.reshard_after_forward;
+      const double gathered = Ps + (regather ? L * unit_block / tp : 0.0);
+      a.host_bytes = (12 + e) * Ps / dp;
+      a.host_formula = "(12 + e) B x " + ps + " / N (fp32 master, m, v of the shard and its pinned 16-bit copy; "
+                       "parallel/offloaded_shards.h)";
+      a.host_transfer_bytes_per_step = 4 * Ps / dp + micro * e * gathered / dp;
+      a.host_transfer_formula = "4 B x " + ps + " / N (fp32 gradient shard down) + e B x " +
+                                (micro > 1 ? fmt::format("{:.0f} micro-batches x ", micro) : std::string()) + "(" + ps +
+                                (regather ? std::string(" + L blocks") + (tp > 1 ? "/tp" : "") : std::string()) +
+                                ") / N (each gather copies its unit's shard up: the forward's" +
+                                (regather ? ", the backward's regathers)" : ")");
+    } else {
+      a.host_bytes = 12 * Ps / dp;
+      a.host_formula = "12 B x " + ps + " / N (fp32 master, m, v of the shard; parallel/offloaded_shards.h)";
+      a.host_transfer_bytes_per_step = (4 + e) * Ps / dp;
+      a.host_transfer_formula = "(4 + e) B x " + ps + " / N (fp32 gradient shard down, its 16-bit copy up)";
+    }
   } else if (offload) {
     const double owned = Pr / (sharded ? dp : 1);
     const std::string o = sharded ? p + " / N" : p;

@@ -146,11 +146,16 @@ std::optional<MemoryNeed> offload_host_need(const Config& cfg, int world, bool c
   if (cfg.run.job != JobKind::train && cfg.run.job != JobKind::bench_model) return std::nullopt;
   const double shard = parameters_in_double(model::ModelDims::from(cfg.model)) / std::max(1, world);   // offload runs have tp = pp = 1 (deck checks)
   const bool fsdp = cfg.parallel.zero == ZeroLevel::fsdp;
-  const double bytes_per = fsdp ? 12.0 : 8.0 + 4 + 4 + 2;
+  // optimizer+params (fsdp): the shard's pinned copy in the compute dtype too.
+  const bool host_params = cfg.parallel.offload == OffloadMode::optimizer_params;
+  const double e = cfg.precision.mode != PrecisionMode::fp32 ? 2.0 : 4.0;
+  const double bytes_per = host_params ? 12.0 + e : fsdp ? 12.0 : 8.0 + 4 + 4 + 2;
   MemoryNeed need;
   need.bytes = bytes_per * shard;
   need.detail = fmt::format("{:.0f} bytes for each of {:.3g} parameters of this rank's {}", bytes_per, shard,
-                            fsdp ? "shard: fp32 master, m and v" : "range: m, v and the fp32 staging of parameters and gradients, and the 16-bit copy");
+                            host_params ? "shard: fp32 master, m, v and its pinned compute-dtype copy"
+                            : fsdp ? "shard: fp32 master, m and v"
+                                   : "range: m, v and the fp32 staging of parameters and gradients, and the 16-bit copy");
   return need;
 }
 

@@ -107,6 +107,9 @@ struct Grads {
   // parallel.offload = optimizer (parallel/offloaded_shards.h): the gathers send the persistent
   // compute-dtype copy of the shard, no cast buffer.
   bool offloaded = false;
+  // parallel.offload = optimizer+params: no device copy; each gather copies its shard up into a
+  // send buffer [s_u] (any dtype), freed at the gather's wait.
+  bool offloaded_params = false;
   int prefetch = 1, last = 0, dp = 1;
   int micro = 0;   // the micro-batch whose backward runs (later ones reduce into a temporary shard)
   double e = 4;

@@ -41,7 +41,8 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
   gr.full.assign(gr.unit_padded.size(), 0);
   gr.send.assign(gr.unit_padded.size(), 0);
   gr.pending.clear();
-  gr.offloaded = cfg.parallel.offload == OffloadMode::optimizer;
+  gr.offloaded = cfg.parallel.offload != OffloadMode::none;
+  gr.offloaded_params = cfg.parallel.offload == OffloadMode::optimizer_params;
   // The offloaded optimizer's two staging slots (parallel/offloaded_shards.h): fp32 gradients and
   // the 16-bit copy of the largest chunk (<= 32 Mi elements); pinned host memory on a GPU run.
   double slot = 0;
@@ -51,9 +52,14 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
   // master and gradient shard, the norms' master and gradients, both optimizers' state.
   // Offloaded (AdamW only): the shard's master and moments live on the host; the device keeps the
   // gradient shard and the master's compute-dtype copy, and the norms as without offload.
+  // optimizer+params: no device copy either (the pinned host copy is host memory); each gather's
+  // send buffer comes and goes with the gather (gather, wait).
+  if (gr.offloaded_params && s.cuda) return 4 * S + 4 * norms * 2 + 4 * norms * states;
   if (gr.offloaded && s.cuda) return 4 * S + s.e * S + 4 * norms * 2 + 4 * norms * states;
   // On CPU ranks the host is the device: the master and moments, the copy (e = 4 in fp32: a second
   // fp32 copy) and the staging all count.
+  // optimizer+params: the pinned host copy [S] and the gradient slots only.
+  if (gr.offloaded_params) return 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * states + s.e * S + 2 * slot * 4;
   if (gr.offloaded) return 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * states + s.e * S + 2 * slot * (4 + s.e);
   return 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * states;
 }
@@ -62,7 +68,9 @@ void Grads::gather(int u) {
   const auto i = static_cast<std::size_t>(u);
   // An empty unit (another stage's) is never gathered (issue_gather).
   if (i >= gathered.size() || gathered[i] > 0 || unit_padded[i] <= 0) return;
-  if (e < 4 && !offloaded) send[i] = sim->alloc(e * unit_padded[i] / dp);
+  // The send buffer: the cast shard (mixed precision), or the shard copied up from the host
+  // (optimizer+params, any dtype); none for offload = optimizer (the persistent device copy).
+  if ((e < 4 && !offloaded) || offloaded_params) send[i] = sim->alloc(e * unit_padded[i] / dp);
   gathered[i] = sim->alloc(e * unit_padded[i]);
 }
 
