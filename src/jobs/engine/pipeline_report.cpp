@@ -11,7 +11,7 @@
 namespace lmscale::jobs {
 
 namespace {
-constexpr int kEventFields = 6;   // step, micro, backward, start_ms, end_ms, chunk
+constexpr int kEventFields = 6;   // step, micro, phase (0 forward, 1 backward, 2 weight), start_ms, end_ms, chunk
 constexpr int kStatFields = 7;    // stage, dp_rank, forward_ms, backward_ms, span_ms (per-step means), peak, events
 }  // namespace
 
@@ -27,7 +27,7 @@ void PipelineRecorder::add_step(std::int64_t step) {
   if (steps_ < kEventSteps)
     for (const auto& e : trainer_.pipeline()->events())
       events_.insert(events_.end(), {static_cast<double>(step + 1), static_cast<double>(e.micro),
-                                     e.backward ? 1.0 : 0.0, e.start_ms, e.end_ms, static_cast<double>(e.chunk)});
+                                     e.weight ? 2.0 : e.backward ? 1.0 : 0.0, e.start_ms, e.end_ms, static_cast<double>(e.chunk)});
   ++steps_;
 }
 
@@ -96,7 +96,7 @@ double PipelineRecorder::write() {
       const double* e = events.data() + at;
       rows.push_back({static_cast<std::int64_t>(r), stage, static_cast<std::int64_t>(e[0]),
                       static_cast<std::int64_t>(e[1]), static_cast<std::int64_t>(e[5]),
-                      std::string(e[2] > 0 ? "backward" : "forward"), e[3], e[4]});
+                      std::string(e[2] > 1 ? "weight" : e[2] > 0 ? "backward" : "forward"), e[3], e[4]});
     }
   }
   ev.append_rows(rows);

@@ -75,6 +75,9 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     const double inflight =
         cfg.parallel.schedule == PipelineSchedule::gpipe ? M
         : interleaved ? std::min(M * V, (pp - s - 1) * 2 + (V - 1) * pp + 1) / static_cast<double>(V)
+        // zb-h1: p - s microbatches between forward and B, s more between B and W holding
+        // about a block's activations each (the W products' inputs and output gradients).
+        : cfg.parallel.schedule == PipelineSchedule::zb_h1 ? std::min(pp, M)
                       : std::min(pp - s, M);
     a.parameters = static_cast<std::int64_t>(P);
     a.local_batch = micro_rows;
