@@ -275,7 +275,12 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   }
   const double flat_staging = gr.finish_stage;
   const double base = init + workspace;
-  out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp, pc.schedule,
+  // zb-h1 is replayed as 1f1b: the inputs and output gradients its deferred W passes keep (up to
+  // s microbatches' on stage s) are not replayed yet, so stages after the first are under-predicted.
+  const bool zb = pc.schedule == PipelineSchedule::zb_h1;
+  out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp,
+                           zb ? std::string("zb-h1 replayed as 1f1b, deferred weight gradients not counted")
+                              : to_string(pc.schedule),
                            interleaved ? fmt::format(" with {} chunks", V) : std::string(), M,
                            tp > 1 ? fmt::format(", tp {}{}", tp, micro.sp ? " sp" : "") : std::string(),
                            dp > 1 ? fmt::format(", dp {}", dp) : std::string(),
