@@ -84,7 +84,10 @@ lr = 3e-4
 
 TEST(Deck, EveryPresetFillsModelKeys) {
   for (const auto& p : lmscale::io::model_presets()) {
-    const Config c = parse_deck_text("[model]\nsize = " + p.name + "\n", {}, 1);
+    // A mixture-of-experts preset runs on CPUs only in this version: in a CUDA build
+    // parallel.device = auto would pick the GPU and the deck would be refused (deck_moe.cpp).
+    const std::string device = p.moe_experts > 0 ? "[parallel]\ndevice = cpu\n" : "";
+    const Config c = parse_deck_text("[model]\nsize = " + p.name + "\n" + device, {}, 1);
     EXPECT_EQ(c.model.size, p.name);
     EXPECT_EQ(c.model.d_model, p.d_model) << p.name;
     EXPECT_EQ(c.model.d_ff, p.d_ff) << p.name;

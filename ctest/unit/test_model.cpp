@@ -12,6 +12,7 @@
 #include "lmscale/model/tensor_parallel.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/ops.h"
+#include "model_test_util.h"
 
 using namespace lmscale;
 
@@ -29,22 +30,8 @@ model::ModelDims tiny(bool flash) {
   return d;
 }
 
-struct Fixture {
-  HostAllocator alloc;
-  Context ctx;
-  Fixture() {
-    ctx.device = Device::cpu;
-    ctx.allocator = &alloc;
-    ctx.host = &alloc;
-  }
-};
-
-Tensor int_tensor(Allocator& a, std::int64_t B, std::int64_t T, std::int64_t V, unsigned seed) {
-  Tensor t = Tensor::empty({B, T}, DType::i32, a);
-  std::mt19937 g(seed);
-  for (std::int64_t i = 0; i < B * T; ++i) t.data_as<std::int32_t>()[i] = static_cast<std::int32_t>(g() % V);
-  return t;
-}
+using Fixture = test::CpuFixture;
+using test::int_tensor;
 
 double loss_of(Context& ctx, model::TransformerLM& m, const Tensor& x, const Tensor& y) {
   auto act = m.forward(ctx, x, y, false, 1.0);

@@ -13,6 +13,7 @@
 #include "lmscale/model/tensor_parallel.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/ops.h"
+#include "model_test_util.h"
 
 using namespace lmscale;
 
@@ -36,22 +37,8 @@ model::ModelDims tiny_moe(double capacity, std::int64_t every) {
   return d;
 }
 
-struct Fixture {
-  HostAllocator alloc;
-  Context ctx;
-  Fixture() {
-    ctx.device = Device::cpu;
-    ctx.allocator = &alloc;
-    ctx.host = &alloc;
-  }
-};
-
-Tensor int_tensor(Allocator& a, std::int64_t B, std::int64_t T, std::int64_t V, unsigned seed) {
-  Tensor t = Tensor::empty({B, T}, DType::i32, a);
-  std::mt19937 g(seed);
-  for (std::int64_t i = 0; i < B * T; ++i) t.data_as<std::int32_t>()[i] = static_cast<std::int32_t>(g() % V);
-  return t;
-}
+using Fixture = test::CpuFixture;
+using test::int_tensor;
 
 double as_double(const Tensor& t, std::int64_t i) {
   return t.dtype() == DType::f64 ? t.data_as<double>()[i] : t.data_as<float>()[i];

@@ -11,17 +11,19 @@ AdamW::AdamW(const OptimConfig& cfg, std::int64_t numel, DType dtype, Context& c
   add_state("v", dtype, ctx);
 }
 
-ops::AdamWStep AdamW::hyper(double lr, double grad_scale) const {
+ops::AdamWStep adamw_hyper(const OptimConfig& cfg, std::int64_t t, double lr, double grad_scale) {
   ops::AdamWStep a;
   a.lr = lr;
-  a.beta1 = cfg_.beta1;
-  a.beta2 = cfg_.beta2;
-  a.eps = cfg_.eps;
-  a.weight_decay = cfg_.weight_decay;
-  a.step = t_;
+  a.beta1 = cfg.beta1;
+  a.beta2 = cfg.beta2;
+  a.eps = cfg.eps;
+  a.weight_decay = cfg.weight_decay;
+  a.step = t;
   a.grad_scale = grad_scale;
   return a;
 }
+
+ops::AdamWStep AdamW::hyper(double lr, double grad_scale) const { return adamw_hyper(cfg_, t_, lr, grad_scale); }
 
 void AdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset,
                        double lr, double grad_scale) {

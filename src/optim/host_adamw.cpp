@@ -5,6 +5,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/ops/ops.h"
+#include "lmscale/optim/adamw.h"
 
 namespace lmscale::optim {
 
@@ -37,19 +38,6 @@ void HostAdamW::reserve(std::int64_t n, DType low_dtype, Context& ctx) {
     host_low_ = Tensor::empty({n}, low_dtype, host, "offload_staging");
 }
 
-namespace {
-ops::AdamWStep adamw_step(const OptimConfig& cfg, std::int64_t t, double lr, double grad_scale) {
-  ops::AdamWStep a;
-  a.lr = lr;
-  a.beta1 = cfg.beta1;
-  a.beta2 = cfg.beta2;
-  a.eps = cfg.eps;
-  a.weight_decay = cfg.weight_decay;
-  a.step = t;
-  a.grad_scale = grad_scale;
-  return a;
-}
-}  // namespace
 
 void HostAdamW::step_host(Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset, double lr,
                           double grad_scale, ops::AdamWArithmetic arithmetic) {
@@ -57,7 +45,7 @@ void HostAdamW::step_host(Tensor& params, const Tensor& grads, Tensor* lowp, std
   check_range("HostAdamW", offset, n, grads.numel());
   Tensor m = state(0).flat_range(offset, n), v = state(1).flat_range(offset, n);
   Tensor p = params.reshape({n});
-  ops::adamw_host(p, grads.reshape({n}), m, v, adamw_step(cfg_, t_, lr, grad_scale), lowp, arithmetic, threads_);
+  ops::adamw_host(p, grads.reshape({n}), m, v, adamw_hyper(cfg_, t_, lr, grad_scale), lowp, arithmetic, threads_);
 }
 
 void HostAdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset,

@@ -9,6 +9,9 @@
 
 namespace lmscale::optim {
 
+// The per-step arguments of ops::adamw / ops::adamw_host for step t (1-based) of optim's AdamW.
+ops::AdamWStep adamw_hyper(const OptimConfig& cfg, std::int64_t t, double lr, double grad_scale);
+
 class AdamW final : public Optimizer {
  public:
   // State zeroed on ctx's device.
