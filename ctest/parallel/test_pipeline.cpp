@@ -214,3 +214,13 @@ TEST(Pipeline, ZeroBubbleDefersWeightPasses) {
     EXPECT_EQ(position('W', i), position('B', i + s) + 1) << "stage " << s << " micro " << i;
   if (s > 0) EXPECT_GT(position('W', 0), position('B', s)) << "stage " << s << ": W not deferred";
 }
+
+TEST(Pipeline, ZeroBubbleFraction) {
+  // Without W (w = 0) the zb-h1 bubble is 1f1b's (p-1)/(M+p-1).
+  EXPECT_NEAR(parallel::zero_bubble_fraction(4, 8, 1, 2, 0), parallel::theory_bubble_fraction(4, 8), 1e-15);
+  // M >= p, equal passes: idle (p-1)(f+b-w) = p-1 of 3M + p-1 (a third of 1f1b's idle time).
+  EXPECT_NEAR(parallel::zero_bubble_fraction(2, 8, 1, 1, 1), 1.0 / 25.0, 1e-15);
+  EXPECT_NEAR(parallel::zero_bubble_fraction(4, 8, 1, 1.2, 0.8), 3 * 1.4 / (3 * 1.4 + 8 * 3.0), 1e-15);
+  // M < p: only M - 1 W passes fill the cool-down: idle (p-1)(f+b) - (M-1) w = 6 - 1.
+  EXPECT_NEAR(parallel::zero_bubble_fraction(4, 2, 1, 1, 1), 5.0 / 11.0, 1e-15);
+}

@@ -15,6 +15,12 @@ double theory_bubble_fraction(int stages, int microbatches, int virtual_stages) 
          static_cast<double>(virtual_stages);
 }
 
+double zero_bubble_fraction(int stages, int microbatches, double f, double b, double w) {
+  const double p = stages, M = microbatches;
+  const double idle = (p - 1) * (f + b) - (std::min(M, p) - 1) * w;
+  return idle / (idle + M * (f + b + w));
+}
+
 namespace {
 // Tags of the two directions (the mpi backend matches by tag; nccl by order).
 constexpr int kForwardTag = 1, kBackwardTag = 2;

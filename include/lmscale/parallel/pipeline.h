@@ -55,6 +55,10 @@ namespace lmscale::parallel {
 using PipeSchedule = PipelineSchedule;
 
 // Theory: idle fraction of a stage's step, (p-1)/(M+p-1) (divided by v for v virtual stages).
+// zb-h1 (docs/parallel.md derives it): the idle time (p-1)(f+b) - (min(M,p)-1) w of each stage over a
+// step of M microbatches whose forward, B and W passes take f, b, w, as a fraction of the step
+// (idle + M(f+b+w)); with w = 0 it is 1f1b's (p-1)/(M+p-1).
+double zero_bubble_fraction(int stages, int microbatches, double f, double b, double w);
 double theory_bubble_fraction(int stages, int microbatches, int virtual_stages = 1);
 
 // One forward or backward of one microbatch on this stage, in ms from the start of the step's

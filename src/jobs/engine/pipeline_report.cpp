@@ -57,7 +57,10 @@ double PipelineRecorder::write() {
 
   const auto& p = env_.cfg.parallel;
   const int stages = static_cast<int>(p.pp), M = static_cast<int>(p.microbatches);
-  const double theory = parallel::theory_bubble_fraction(stages, M, static_cast<int>(p.virtual_stages));
+  // zb-h1: its own bubble, with forward, B and W passes of equal time (Qi et al. 2023's assumption).
+  const double theory = p.schedule == PipelineSchedule::zb_h1
+                            ? parallel::zero_bubble_fraction(stages, M, 1, 1, 1)
+                            : parallel::theory_bubble_fraction(stages, M, static_cast<int>(p.virtual_stages));
   using C = io::Column;
   auto st = env_.out.create_table("/pipeline/stages", {{"rank", C::Type::i64, ""},
                                                         {"stage", C::Type::i64, ""},
