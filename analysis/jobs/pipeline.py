@@ -4,7 +4,7 @@ step: which microbatch ran forward or backward, from when to when), written by b
 train when parallel.pp > 1.
 
 Table: stages. Plot: the schedule as a timeline, one row per stage (of data-parallel replica 0),
-forward boxes light and backward boxes dark, each labelled with its microbatch (interleaved:
+forward boxes light, backward boxes dark and zb-h1's deferred weight-gradient (W) passes green, each labelled with its microbatch (interleaved:
 chunk.microbatch); the gaps are the bubble. Combined: bubble measured vs theory per file.
 """
 from analysis import compare
@@ -52,9 +52,9 @@ def timeline(r, step=None):
     for _, e in ev.iterrows():
         y = len(stages) - 1 - stages.index(e["stage"])   # stage 0 on top
         back = e["phase"] == "backward"
+        color = {"backward": "#1f4e9c", "weight": "#3a9c4a"}.get(e["phase"], "#8fb8ed")
         w = e["end_ms"] - e["start_ms"]
-        ax.barh(y, w, left=e["start_ms"], height=0.8, color="#1f4e9c" if back else "#8fb8ed", edgecolor="black",
-                linewidth=0.4)
+        ax.barh(y, w, left=e["start_ms"], height=0.8, color=color, edgecolor="black", linewidth=0.4)
         # Interleaved: "chunk.micro" (chunk = the rank's model chunk); else the microbatch.
         text = f"{int(e['chunk'])}.{int(e['micro'])}" if interleaved else str(int(e["micro"]))
         ax.text(e["start_ms"] + w / 2, y, text, ha="center", va="center", fontsize=6 if interleaved else 7,
@@ -63,7 +63,7 @@ def timeline(r, step=None):
     ax.set_yticklabels([f"stage {s}" for s in reversed(stages)])
     ax.set_xlabel("time since the step's pipeline start (ms, each stage's clock)")
     ax.set_title(f"{r.name}: {a.get('schedule', '')} schedule, step {int(step)} "
-                 f"(light: forward, dark: backward; bubble {100 * float(a.get('measured_bubble_fraction', 0)):.1f}% "
+                 f"(light: forward, dark: backward, green: W; bubble {100 * float(a.get('measured_bubble_fraction', 0)):.1f}% "
                  f"measured, {100 * float(a.get('theory_bubble_fraction', 0)):.1f}% theory)", fontsize=9)
     return fig
 

@@ -8,7 +8,9 @@
 // after clipping agree within 1e-6 relative and the losses within 1e-6 relative (measured: 0 with
 // dp 1, i.e. bitwise; 4e-8 for parameters and 1e-8 for losses with dp 2, where DDP sums two
 // ranks' accumulated gradients in another order than one process). GPipe and 1F1B accumulate
-// in the same microbatch order: bitwise equal to each other.
+// in the same microbatch order: bitwise equal to each other. ZB-H1 (zb-h1) runs 1F1B with each
+// backward split into B and a deferred W (the same weight-gradient products, in microbatch
+// order): bitwise equal to both.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,7 +68,7 @@ void check_against_one_process(const Case& c, int steps = 3) {
   const test::TrainRun ref = test::train_run(ref_cfg, false, steps);
   test::TrainRun first;
   const std::vector<const char*> schedules =
-      c.virtual_stages > 1 ? std::vector<const char*>{"interleaved"} : std::vector<const char*>{"gpipe", "1f1b"};
+      c.virtual_stages > 1 ? std::vector<const char*>{"interleaved"} : std::vector<const char*>{"gpipe", "1f1b", "zb-h1"};
   for (const char* schedule : schedules) {
     Config p = cfg;
     p.parallel.virtual_stages = c.virtual_stages;
@@ -91,7 +93,7 @@ void check_against_one_process(const Case& c, int steps = 3) {
     if (first.params.empty()) {
       first = got;
     } else {
-      EXPECT_EQ(got.params, first.params) << what << ": 1f1b is not bitwise equal to gpipe";
+      EXPECT_EQ(got.params, first.params) << what << ": not bitwise equal to gpipe";
       EXPECT_EQ(got.losses, first.losses) << what;
     }
   }
@@ -161,4 +163,64 @@ TEST(Pipeline, StagesBalanceLayers) {
   EXPECT_EQ(chunks[0].end, 5);
   EXPECT_EQ(chunks[1].first, 7);
   EXPECT_TRUE(chunks[1].owns_head(d));
+}
+
+// ZB-H1's order on each stage s of p (parallel/pipeline.h): every microbatch's W after its B, W
+// in microbatch order, W(i) right after the steady backward of microbatch i + s (stage 0: after
+// its own B; the last stage defers p - 1), and at most p microbatches between their forward and
+// their W (the first stage's 1F1B bound). A schedule that ran W inside B (1f1b) fails the
+// deferral check on every stage but the first.
+TEST(Pipeline, ZeroBubbleDefersWeightPasses) {
+  const int p = test::mpi_env().size(), M = 6;
+  Config cfg = pipe_config();
+  cfg.parallel.pp = p;
+  cfg.parallel.microbatches = M;
+  io::set_key(cfg, "parallel.schedule", "zb-h1");
+  test::CpuJobEnv job(cfg, true);
+  const std::int64_t T = cfg.model.context_length;
+  jobs::Trainer trainer(job.env, 8, 1, 1);
+  io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
+  std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+  data.sample(0, trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
+  trainer.train_step(tok, T);
+  parallel::PipelineParallel& pipe = *trainer.pipeline();
+  pipe.finish_timing();
+  const int s = pipe.stage();
+  std::vector<char> kind;   // 'F', 'B', 'W' in the stage's order
+  std::vector<int> micro, weights_seen;
+  int in_flight = 0, peak = 0;
+  for (const auto& e : pipe.events()) {
+    kind.push_back(e.weight ? 'W' : e.backward ? 'B' : 'F');
+    micro.push_back(e.micro);
+    in_flight += kind.back() == 'F' ? 1 : kind.back() == 'W' ? -1 : 0;
+    peak = std::max(peak, in_flight);
+    if (e.weight) weights_seen.push_back(e.micro);
+  }
+  ASSERT_EQ(weights_seen, (std::vector<int>{0, 1, 2, 3, 4, 5})) << "stage " << s << ": one W per microbatch, in order";
+  EXPECT_EQ(in_flight, 0);
+  EXPECT_EQ(peak, std::min(p, M)) << "stage " << s;
+  auto position = [&](char k, int m) {
+    for (std::size_t i = 0; i < kind.size(); ++i)
+      if (kind[i] == k && micro[i] == m) return static_cast<int>(i);
+    return -1;
+  };
+  for (int m = 0; m < M; ++m) {
+    EXPECT_LT(position('F', m), position('B', m)) << "stage " << s << " micro " << m;
+    EXPECT_LT(position('B', m), position('W', m)) << "stage " << s << " micro " << m;
+  }
+  // The steady phase: W(i) follows B(i + s) directly (M - (p - s - 1) steady backwards).
+  const int steady = M - std::min(p - s - 1, M);
+  for (int i = 0; i + s < steady; ++i)
+    EXPECT_EQ(position('W', i), position('B', i + s) + 1) << "stage " << s << " micro " << i;
+  if (s > 0) EXPECT_GT(position('W', 0), position('B', s)) << "stage " << s << ": W not deferred";
+}
+
+TEST(Pipeline, ZeroBubbleFraction) {
+  // Without W (w = 0) the zb-h1 bubble is 1f1b's (p-1)/(M+p-1).
+  EXPECT_NEAR(parallel::zero_bubble_fraction(4, 8, 1, 2, 0), parallel::theory_bubble_fraction(4, 8), 1e-15);
+  // M >= p, equal passes: idle (p-1)(f+b-w) = p-1 of 3M + p-1 (a third of 1f1b's idle time).
+  EXPECT_NEAR(parallel::zero_bubble_fraction(2, 8, 1, 1, 1), 1.0 / 25.0, 1e-15);
+  EXPECT_NEAR(parallel::zero_bubble_fraction(4, 8, 1, 1.2, 0.8), 3 * 1.4 / (3 * 1.4 + 8 * 3.0), 1e-15);
+  // M < p: only M - 1 W passes fill the cool-down: idle (p-1)(f+b) - (M-1) w = 6 - 1.
+  EXPECT_NEAR(parallel::zero_bubble_fraction(4, 2, 1, 1, 1), 5.0 / 11.0, 1e-15);
 }

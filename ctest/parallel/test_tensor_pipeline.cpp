@@ -138,6 +138,11 @@ TEST(TensorPipeline, GpipeAndOneFOneBAreBitwiseEqual) {
     const test::TrainRun b = test::train_run(p, true, 2);
     EXPECT_EQ(a.params, b.params) << (sp ? "sp" : "no sp");
     EXPECT_EQ(a.losses, b.losses) << (sp ? "sp" : "no sp");
+    // zb-h1: the same products, the weight gradients deferred (gathered rows kept under sp).
+    p.parallel.schedule = PipelineSchedule::zb_h1;
+    const test::TrainRun z = test::train_run(p, true, 2);
+    EXPECT_EQ(z.params, b.params) << "zb-h1 " << (sp ? "sp" : "no sp");
+    EXPECT_EQ(z.losses, b.losses) << "zb-h1 " << (sp ? "sp" : "no sp");
   }
 }
 

@@ -24,4 +24,11 @@ set -e
 [ "$rc" -eq 2 ] || { echo "FAIL: interleaved fsdp exit $rc (expected 2)"; cat refused.log; exit 1; }
 grep 'lmscale: error:' refused.log | grep -qF parallel.schedule || { echo "FAIL: no error naming parallel.schedule"; cat refused.log; exit 1; }
 [ ! -e refused.h5 ] || { echo "FAIL: refused run left refused.h5"; exit 1; }
+set +e
+mpi "${layout[@]}" --parallel.schedule=zb-h1 --model.num_layers=4 --run.output=refused_zb.h5 > refused_zb.log 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || { echo "FAIL: zb-h1 fsdp exit $rc (expected 2)"; cat refused_zb.log; exit 1; }
+grep 'lmscale: error:' refused_zb.log | grep -qF zb-h1 || { echo "FAIL: no error naming zb-h1"; cat refused_zb.log; exit 1; }
+[ ! -e refused_zb.h5 ] || { echo "FAIL: refused run left refused_zb.h5"; exit 1; }
 echo "fsdp x pp regression: all checks passed"

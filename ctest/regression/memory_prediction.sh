@@ -2,7 +2,7 @@
 # memory_prediction.sh LMSCALE OUTDIR [NP]: tiny bench-model decks on CPU in every bench mode and
 # activation-checkpointing policy (naive and flash attention), one process, and with NP = 2 also
 # DDP, zero1, zero2, fsdp and tp (with and without sequence parallelism) on 2 ranks and pipeline
-# parallelism on 2 stages (gpipe, 1f1b, interleaved; 2 and 4 microbatches), and with NP = 4 fsdp
+# parallelism on 2 stages (gpipe, 1f1b, zb-h1, interleaved; 2 and 4 microbatches), and with NP = 4 fsdp
 # over dp 2 x tp 2 (2D) and pipelines on dp 2 x pp 2 (ddp, zero2, fsdp) and tp 2 x pp 2 (with and
 # without sequence parallelism); MoE models (one process, DDP, ep 2 on 2 ranks, ep 2 x zero2 and
 # ep 4 on 4). Each run's /bench_model/memory_prediction must hold every phase
@@ -136,6 +136,15 @@ if [ "$NP" -eq 4 ]; then
   done
   run "np4_tp2_pp2_sp_1f1b" 4 $pipe --parallel.tp=2 --parallel.sequence_parallel=true --parallel.schedule=1f1b \
       --bench.mode=train-step
+  # zb-h1 on 4 stages (stage s keeps up to s + 1 microbatches' deferred products) and on tp 2 x
+  # pp 2 with sequence parallelism (the products keep the gathered [N,d] rows).
+  LAYERS=4 BATCH=8 run "np4_pp4_zb-h1_m8" 4 --parallel.pp=4 --parallel.microbatches=8 --parallel.schedule=zb-h1 \
+      --bench.mode=train-step
+  run "np4_tp2_pp2_sp_zb-h1" 4 $pipe --parallel.tp=2 --parallel.sequence_parallel=true --parallel.schedule=zb-h1 \
+      --bench.mode=train-step
+  RUN_MAX_ERROR=0.001 BATCH=8 run "np4_dp2_pp2_zero2_bf16_zb-h1_m4" 4 --parallel.pp=2 --parallel.microbatches=4 \
+      --parallel.dp=2 --parallel.schedule=zb-h1 --parallel.zero=zero2 --parallel.ddp=bucketed --parallel.bucket_mb=0.05 \
+      --parallel.grad_reduce_dtype=bf16 --bench.mode=train-step
   LAYERS=4 run "np4_tp2_pp2_sp_interleaved" 4 $pipe --parallel.tp=2 --parallel.sequence_parallel=true \
       --parallel.schedule=interleaved --parallel.virtual_stages=2 --bench.mode=train-step
 elif [ "$NP" -eq 1 ]; then
@@ -200,7 +209,7 @@ else
   # Pipeline parallelism on NP stages: each rank replays its own stage under the schedule
   # (interleaved: 2 chunks per rank of a 4-layer model), 2 and 4 microbatches, forward and
   # train-step, and a checkpointing policy whose every-k groups are cut at the stage boundary.
-  for sched in gpipe 1f1b interleaved; do
+  for sched in gpipe 1f1b zb-h1 interleaved; do
     layers=3 extra=""
     [ "$sched" = interleaved ] && layers=4 extra="--parallel.virtual_stages=2"
     for M in 2 4; do
@@ -210,6 +219,10 @@ else
       done
     done
   done
+  # zb-h1: each backward's weight-gradient products deferred to its W pass (their inputs and
+  # output gradients alive until then), here under selective checkpointing (recomputed norms kept).
+  LAYERS=4 run "np${NP}_pp_zb-h1_selective" "$NP" --parallel.pp=$NP --parallel.schedule=zb-h1 --parallel.microbatches=4 \
+      --train.activation_checkpointing=selective --model.attention=flash --bench.mode=train-step
   run "np${NP}_pp_1f1b_m4_forward-backward" "$NP" --parallel.pp=$NP --parallel.schedule=1f1b --parallel.microbatches=4 \
       --bench.mode=forward-backward
   LAYERS=4 run "np${NP}_pp_1f1b_every3" "$NP" --parallel.pp=$NP --parallel.schedule=1f1b --parallel.microbatches=4 \

@@ -339,6 +339,10 @@ void check_pipeline(const Config& c) {
     fail("parallel.zero = fsdp with parallel.schedule = interleaved is not available: the memory model and the "
          "accounting do not predict fsdp over interleaved chunks; use parallel.schedule = gpipe or 1f1b with fsdp, or "
          "parallel.zero = none, zero1 or zero2 with the interleaved schedule");
+  if (p.pp > 1 && p.zero == ZeroLevel::fsdp && p.schedule == PipelineSchedule::zb_h1)
+    fail("parallel.zero = fsdp with parallel.schedule = zb-h1 is not available: fsdp reduce-scatters a unit's "
+         "gradients after its backward, before zb-h1's deferred weight gradients; use parallel.schedule = 1f1b with "
+         "fsdp, or parallel.zero = none, zero1 or zero2 with zb-h1");
   if (p.pp > 1 && p.zero == ZeroLevel::fsdp && p.tp > 1)
     fail("parallel.zero = fsdp with parallel.pp = {} and parallel.tp = {} is not available: fsdp pipeline stages are "
          "tested and predicted over dp only; set parallel.tp = 1 (fsdp over dp x pp), or use parallel.zero = zero1 or "

@@ -246,8 +246,42 @@ Tensor TransformerLM::grad_for_adding(Context& ctx, int i, bool accumulate) {
   return g;
 }
 
+void TransformerLM::weight_grads(Context& ctx, const ParallelContext& pc, const Tensor& x, std::vector<Tensor> dys,
+                                 std::vector<int> params, bool accumulate, std::vector<WeightGradWork>* defer,
+                                 const Tensor& residual) {
+  if (defer) {
+    for (Tensor& dy : dys) {
+      if (dy.data() != residual.data()) continue;
+      Tensor copy = Tensor::empty(dy.shape(), dy.dtype(), *ctx.allocator, "activation_grads");
+      ops::copy(ctx, dy, copy);
+      dy = copy;
+    }
+    defer->push_back({x, std::move(dys), std::move(params), accumulate});
+    return;
+  }
+  std::vector<WeightGradWork> now{{x, std::move(dys), std::move(params), accumulate}};
+  backward_weights(ctx, now, pc);
+}
+
+void TransformerLM::backward_weights(Context& ctx, std::vector<WeightGradWork>& work, const ParallelContext& pc) {
+  NvtxRange r("weight_gradients");
+  for (WeightGradWork& w : work) {
+    std::vector<Tensor> ws, gs;
+    for (int i : w.params) {
+      ws.push_back(params_.compute_weight(i));
+      gs.push_back(params_.grad(i));
+    }
+    if (ws.size() == 1) ops::linear_backward(ctx, w.x, ws[0], w.dys[0], nullptr, &gs[0], w.accumulate);
+    else ops::linear_group_backward(ctx, w.x, ws, w.dys, nullptr, &gs, w.accumulate);
+    for (int i : w.params) notify(pc, i);
+    w = WeightGradWork{};   // frees the inputs as the W pass goes
+  }
+  work.clear();
+}
+
 void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
-                                   std::int64_t B, std::int64_t T, bool accumulate, double grad_scale) {
+                                   std::int64_t B, std::int64_t T, bool accumulate, double grad_scale,
+                                   std::vector<WeightGradWork>* defer) {
   // Local shapes as in block_forward; dx is [Nl,d].
   const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model, F = Fl_, H = Hl_, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
@@ -276,12 +310,11 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
       ops::swiglu(ctx, s.a, s.b, s.g);
     }
     Tensor dg = act(F);
-    Tensor gW2 = G(p.w2);
     {
       const Tensor dout = tp_g_backward(pc, ctx, dx);   // [N,d]
-      ops::linear_backward(ctx, s.g, W(p.w2), dout, &dg, &gW2, accumulate);
+      ops::linear_backward(ctx, s.g, W(p.w2), dout, &dg, nullptr, accumulate);
+      weight_grads(ctx, pc, s.g, {dout}, {p.w2}, accumulate, defer, dx);
     }
-    notify(pc, p.w2);
     s.g = Tensor();
     const Tensor dab = Tensor::empty({2, N, F}, compute_, A, "activation_grads");   // da, db side by side
     Tensor da = part(dab, 0), db = part(dab, 1);
@@ -292,8 +325,14 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     recompute_norm(ctx, s.h, W(p.ln2), s.y2, Nl, d);   // selective: y2 = rmsnorm2(h) again
     // dy2 = da w1 + db w3 (the second product added in the GEMM epilogue), dW1, dW3 batched.
     Tensor dy2 = act(d);
+    // Deferred (B pass): the input gradient only; the weight gradients wait for the W pass.
     const std::vector<Tensor> w13 = {W(p.w1), W(p.w3)}, d13 = {da, db}, g13 = {G(p.w1), G(p.w3)};
-    if (!tp_.active()) {
+    if (defer) {
+      const Tensor y2 = tp_f(pc, ctx, s.y2);   // sequence parallel: the gathered rows, kept for W
+      ops::linear_group_backward(ctx, y2, w13, d13, &dy2, nullptr, accumulate);
+      weight_grads(ctx, pc, y2, d13, {p.w1, p.w3}, accumulate, defer, dx);
+      if (tp_.active()) dy2 = tp_f_backward(pc, ctx, dy2);   // [Nl,d]
+    } else if (!tp_.active()) {
       ops::linear_group_backward(ctx, s.y2, w13, d13, &dy2, &g13, accumulate);
       notify(pc, p.w1);
       notify(pc, p.w3);
@@ -316,12 +355,12 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   }
   NvtxRange r("attention_block_backward");
   // Attention: h = x + g(output_proj(attn(rope(q), rope(k), v))), q,k,v = proj(f(rmsnorm1(x))).
-  Tensor dO = act(dl_), gWo = G(p.o);
+  Tensor dO = act(dl_);
   {
     const Tensor dproj = tp_g_backward(pc, ctx, dx);   // [N,d]
-    ops::linear_backward(ctx, s.o, W(p.o), dproj, &dO, &gWo, accumulate);
+    ops::linear_backward(ctx, s.o, W(p.o), dproj, &dO, nullptr, accumulate);
+    weight_grads(ctx, pc, s.o, {dproj}, {p.o}, accumulate, defer, dx);
   }
-  notify(pc, p.o);
   const Tensor dqkv = Tensor::empty({3, N, dl_}, compute_, A, "activation_grads");   // dq, dk, dv side by side
   Tensor dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
   auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
@@ -349,7 +388,12 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   auto notify_qkv = [&] {
     for (int i : {p.q, p.k, p.v}) notify(pc, i);
   };
-  if (!tp_.active()) {
+  if (defer) {
+    const Tensor y1 = tp_f(pc, ctx, s.y1);
+    ops::linear_group_backward(ctx, y1, wqkv, dqkv3, &dy1, nullptr, accumulate);
+    weight_grads(ctx, pc, y1, dqkv3, {p.q, p.k, p.v}, accumulate, defer, dx);
+    if (tp_.active()) dy1 = tp_f_backward(pc, ctx, dy1);   // [Nl,d]
+  } else if (!tp_.active()) {
     ops::linear_group_backward(ctx, s.y1, wqkv, dqkv3, &dy1, &gqkv, accumulate);
     notify_qkv();
   } else {
@@ -396,13 +440,15 @@ void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, 
   if (l1 <= l0) return;
   // Without every-k a group is one block whose activations the forward kept.
   const bool every_k = !act.group_inputs.empty();
+  std::vector<WeightGradWork>* defer = act.defer_weights ? &act.weight_work : nullptr;
   // Blocks [lc, l1), past the checkpointed ones (train.checkpoint_layers), kept everything: their
   // backwards first, one at a time, as without checkpointing.
   const int lc = every_k ? recompute_.checkpointed_end(l0, l1) : l1;
   for (int l = l1 - 1; l >= lc; --l) {
     call(pc.before_backward, l + 1);
     NvtxRange r("layer_backward");
-    block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate, act.grad_scale);
+    block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate, act.grad_scale,
+                     defer);
     call(pc.after_backward, l + 1);
   }
   if (lc <= l0) return;
@@ -419,7 +465,8 @@ void TransformerLM::blocks_backward(Context& ctx, Activations& act, Tensor& dx, 
     }
     for (int l = hi - 1; l >= lo; --l) {
       NvtxRange r("layer_backward");
-      block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate, act.grad_scale);
+      block_backward(ctx, l, act.blocks[static_cast<std::size_t>(l)], dx, pc, act.B, act.T, accumulate, act.grad_scale,
+                     defer);
       call(pc.after_backward, l + 1);
     }
   }

@@ -69,8 +69,9 @@ std::unique_ptr<Activations> TransformerLM::forward_stage(Context& ctx, const Te
 }
 
 Tensor TransformerLM::backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc,
-                                     bool accumulate) {
+                                     bool accumulate, bool defer_weights) {
   NvtxRange range("backward_stage");
+  act.defer_weights = defer_weights;
   const StageUnits& u = units_;
   const std::int64_t N = act.B * act.T, Nl = local_rows(N), d = dims_.d_model;
   Tensor dx;

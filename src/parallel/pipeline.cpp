@@ -15,6 +15,12 @@ double theory_bubble_fraction(int stages, int microbatches, int virtual_stages) 
          static_cast<double>(virtual_stages);
 }
 
+double zero_bubble_fraction(int stages, int microbatches, double f, double b, double w) {
+  const double p = stages, M = microbatches;
+  const double idle = (p - 1) * (f + b) - (std::min(M, p) - 1) * w;
+  return idle / (idle + M * (f + b + w));
+}
+
 namespace {
 // Tags of the two directions (the mpi backend matches by tag; nccl by order).
 constexpr int kForwardTag = 1, kBackwardTag = 2;
@@ -103,13 +109,26 @@ Tensor PipelineParallel::backward(int m, Slot& slot, Tensor dy, bool accumulate,
   // Each chunk's parameters are touched only by that chunk's backwards, which run in
   // microbatch order 0..M-1: microbatch 0 overwrites its gradients.
   model::TransformerLM& model = *chunks_[static_cast<std::size_t>(chunk)];
+  const bool defer = schedule_ == PipeSchedule::zb_h1;
   Tensor dx = model.backward_stage(rt_.ctx(), *slot.act, std::move(dy),
                                    hooks_for(sync, micro_offset + m, micro_count),
-                                   accumulate || m > 0);
+                                   accumulate || m > 0, defer);
   e.end = rt_.mark();
   raw_.push_back(std::move(e));
+  if (defer) weights_.push_back({m, std::move(slot.act->weight_work)});
   slot.act.reset();
   return dx;
+}
+
+void PipelineParallel::weight_pass(GradientSync& sync, int micro_offset, int micro_count) {
+  if (weights_.empty()) return;
+  NvtxRange r("pipeline_weights");
+  PendingWeights w = std::move(weights_.front());
+  weights_.pop_front();
+  RawEvent e{w.micro, true, 0, rt_.mark(), {}, true};
+  chunks_.front()->backward_weights(rt_.ctx(), w.work, hooks_for(sync, micro_offset + w.micro, micro_count));
+  e.end = rt_.mark();
+  raw_.push_back(std::move(e));
 }
 
 void PipelineParallel::run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets, std::int64_t T,
@@ -177,6 +196,7 @@ void PipelineParallel::run(const std::vector<Tensor>& tokens, const std::vector<
     }
     Tensor dx = backward(b, slots[static_cast<std::size_t>(b)], dy, accumulate, sync, micro_offset, micro_count);
     const bool last_steady = i + 1 == steady;
+    const bool weights_due = b >= stage_;   // zb-h1: stage s runs W(b - s) here
     if (is_first()) {
       if (!last_steady) in = tokens[static_cast<std::size_t>(f + 1)];
     } else if (last_steady) {
@@ -189,13 +209,16 @@ void PipelineParallel::run(const std::vector<Tensor>& tokens, const std::vector<
       w.wait();
       keep_send(w, dx);
     }
+    if (weights_due) weight_pass(sync, micro_offset, micro_count);
   }
   // Cool-down: the remaining backwards (gpipe: all of them).
   for (; b < M; ++b) {
     Tensor dy = is_last() ? Tensor() : recv_from(recv_activation(rows), next);
     Tensor dx = backward(b, slots[static_cast<std::size_t>(b)], dy, accumulate, sync, micro_offset, micro_count);
     if (!is_first()) keep_send(pp_.send(dx, prev, 0, comm::async_call()), dx);
+    weight_pass(sync, micro_offset, micro_count);   // zb-h1: fills the wait for the next gradient
   }
+  while (!weights_.empty()) weight_pass(sync, micro_offset, micro_count);
   for (auto& s : sends_) s.first.wait();
   sends_.clear();
 }
@@ -308,7 +331,7 @@ void PipelineParallel::finish_timing() {
   events_.clear();
   stats_ = PipeStageStats{};
   for (const RawEvent& e : raw_) {
-    PipeEvent p{e.micro, e.backward, e.chunk, rt_.elapsed_ms(start_, e.begin), rt_.elapsed_ms(start_, e.end)};
+    PipeEvent p{e.micro, e.backward, e.weight, e.chunk, rt_.elapsed_ms(start_, e.begin), rt_.elapsed_ms(start_, e.end)};
     (p.backward ? stats_.busy_backward_ms : stats_.busy_forward_ms) += p.end_ms - p.start_ms;
     stats_.span_ms = std::max(stats_.span_ms, p.end_ms);
     events_.push_back(p);

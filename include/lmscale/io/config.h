@@ -98,8 +98,8 @@ LMSCALE_DECK_ENUM(ZeroLevel, "none", "zero1-broadcast", "zero1", "zero2", "fsdp"
 enum class OffloadMode { none, optimizer, optimizer_params };
 LMSCALE_DECK_ENUM(OffloadMode, "none", "optimizer", "optimizer+params");
 // parallel.schedule: the pipeline schedule.
-enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
-LMSCALE_DECK_ENUM(PipelineSchedule, "gpipe", "1f1b", "interleaved");
+enum class PipelineSchedule { gpipe, one_f_one_b, interleaved, zb_h1 };
+LMSCALE_DECK_ENUM(PipelineSchedule, "gpipe", "1f1b", "interleaved", "zb-h1");
 // bench.mode: what one timed bench-model step does.
 enum class BenchMode { forward, forward_backward, train_step };
 LMSCALE_DECK_ENUM(BenchMode, "forward", "forward-backward", "train-step");

@@ -40,6 +40,18 @@ struct BlockActivations {
   MoeActivations moe;       // MoE block: routing and expert rows (model/moe_block.h)
 };
 
+// One weight-gradient product whose input gradient has already run (the zero-bubble pipeline's
+// W pass; parallel/pipeline.h): grad(params[i]) (+)= dys[i]^T x for each i, the products
+// ops::linear_backward / linear_group_backward would have made in the block's backward.
+// x [N,K] is the layer's input (rows gathered under sequence parallelism), dys[i] [N,n]; the
+// tensors are kept alive (and the residual stream's gradient copied) until the W pass runs.
+struct WeightGradWork {
+  Tensor x;
+  std::vector<Tensor> dys;
+  std::vector<int> params;   // store indices, one per dy (a group: q, k, v or w1, w3)
+  bool accumulate = true;
+};
+
 struct Activations {
   std::int64_t B = 0, T = 0;
   Tensor tokens, targets;                 // int32 [B,T]
@@ -55,6 +67,10 @@ struct Activations {
   // over the MoE blocks), added after the head; grad_scale of the forward, for their backward.
   Tensor moe_loss;
   double grad_scale = 0;
+  // Zero-bubble B pass (backward_stage with defer_weights): the blocks' weight-gradient products
+  // left for backward_weights, in the order the backward reached them.
+  bool defer_weights = false;
+  std::vector<WeightGradWork> weight_work;
 };
 
 class TransformerLM {
@@ -116,7 +132,14 @@ class TransformerLM {
   // which starts from the gradient its forward left in act.dx_final; consumed in place otherwise). Returns the gradient
   // w.r.t. the stage input [B*T,d] for the previous stage, or an undefined tensor on the stage
   // owning the embedding. Gradients accumulate as in backward().
-  Tensor backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc, bool accumulate);
+  // defer_weights (the zero-bubble schedules' B pass): the blocks' matmul weight gradients (q, k,
+  // v, o, w1, w3, w2; not the norms', the embedding's or an MoE block's FFN) are not computed but
+  // left in act.weight_work, and their on_grad_ready is not called; backward_weights (the W
+  // pass) computes them later, bitwise the same products.
+  Tensor backward_stage(Context& ctx, Activations& act, Tensor dy, const ParallelContext& pc, bool accumulate,
+                        bool defer_weights = false);
+  // The W pass: runs the deferred products in order, calling pc.on_grad_ready for each parameter.
+  void backward_weights(Context& ctx, std::vector<WeightGradWork>& work, const ParallelContext& pc);
 
   // ---- Mixture of experts (transformer_moe.cpp, docs/moe.md) ---------------------------------
   // Routing counts and router losses per MoE block, summed over the training forwards (keep =
@@ -158,8 +181,16 @@ class TransformerLM {
   Tensor block_forward(Context& ctx, int layer, std::int64_t B, std::int64_t T, const Tensor& x,
                        BlockActivations& s, const ParallelContext& pc, bool need_output = true);
   // dx [N,d]: in = gradient w.r.t. the block output, out = w.r.t. the block input (in place).
+  // defer: leave the matmul weight gradients there instead of computing them (B pass).
   void block_backward(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
-                      std::int64_t B, std::int64_t T, bool accumulate, double grad_scale);
+                      std::int64_t B, std::int64_t T, bool accumulate, double grad_scale,
+                      std::vector<WeightGradWork>* defer = nullptr);
+  // The weight gradients of params (ws' gradients) from input x and output gradients dys: now
+  // (with on_grad_ready), or appended to defer. A dy that shares storage with `residual` (the
+  // residual stream's gradient, which the norms' backward then changes in place) is copied first.
+  void weight_grads(Context& ctx, const ParallelContext& pc, const Tensor& x, std::vector<Tensor> dys,
+                    std::vector<int> params, bool accumulate, std::vector<WeightGradWork>* defer,
+                    const Tensor& residual);
   // MoE FFN of block l on y2 [N,d] (N = B*T rows, sequences of T): router, dispatch, experts,
   // combine; returns its output [N,d] and keeps what the backward needs in s (s.moe, s.a/b/g).
   Tensor moe_ffn_forward(Context& ctx, int layer, std::int64_t T, const Tensor& y2, BlockActivations& s,

@@ -18,6 +18,15 @@
 //          fill and drain shrink V times: bubble (p-1)/(M+p-1)/V as the issue states it. Each
 //          communication point is one grouped Communicator::exchange (parallel/
 //          interleaved_schedule.h), so it runs on NCCL too (matched by order, not tag).
+//   zb-h1  Zero Bubble's ZB-H1 (Qi et al. 2023): 1f1b's forwards and backwards, each backward
+//          split into B (input gradients, on the critical path: sent on at once) and W (the
+//          blocks' matmul weight gradients, TransformerLM::backward_weights). Stage s runs the W
+//          of microbatch i after the steady phase's backward of microbatch i + s, and in the
+//          cool-down one W after each B (filling the wait for the next gradient), the rest at the
+//          end. At most p microbatches are between their forward and their W on any stage, the
+//          first stage's 1F1B bound (its peak unchanged); the cool-down's chain of backwards
+//          passes costs B instead of B + W per stage. W runs in microbatch order, with the same
+//          products as 1f1b: gradients bitwise those of 1f1b.
 // Both gpipe and 1f1b have the bubble fraction (p-1)/(M+p-1) of each stage's step time (forward
 // and backward times tf, tb per microbatch: the step spans (M+p-1)(tf+tb), a stage is busy
 // M(tf+tb)).
@@ -28,6 +37,7 @@
 // compute goes on); a send's buffer is kept until the work is waited on. On NCCL a wait orders
 // the compute stream after the transfer and never blocks the host, so the host queues a whole
 // step without a synchronisation per microbatch.
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,13 +55,18 @@ namespace lmscale::parallel {
 using PipeSchedule = PipelineSchedule;
 
 // Theory: idle fraction of a stage's step, (p-1)/(M+p-1) (divided by v for v virtual stages).
+// zb-h1 (docs/parallel.md derives it): the idle time (p-1)(f+b) - (min(M,p)-1) w of each stage over a
+// step of M microbatches whose forward, B and W passes take f, b, w, as a fraction of the step
+// (idle + M(f+b+w)); with w = 0 it is 1f1b's (p-1)/(M+p-1).
+double zero_bubble_fraction(int stages, int microbatches, double f, double b, double w);
 double theory_bubble_fraction(int stages, int microbatches, int virtual_stages = 1);
 
 // One forward or backward of one microbatch on this stage, in ms from the start of the step's
 // pipeline (the stage's own clock; device timeline on GPUs).
 struct PipeEvent {
   int micro = 0;
-  bool backward = false;
+  bool backward = false;   // B (and W) passes
+  bool weight = false;     // zb-h1's W pass (backward is true too)
   int chunk = 0;   // interleaved: which of the rank's model chunks
   double start_ms = 0, end_ms = 0;
 };
@@ -114,6 +129,8 @@ class PipelineParallel {
                int micro_count, int chunk = 0);
   Tensor backward(int m, Slot& slot, Tensor dy, bool accumulate, GradientSync& sync, int micro_offset,
                   int micro_count, int chunk = 0);
+  // zb-h1: the W pass of the oldest microbatch whose B ran (nothing when none waits).
+  void weight_pass(GradientSync& sync, int micro_offset, int micro_count);
   void keep_send(comm::Work w, Tensor buf);
   // Microbatch `micro`'s backward hooks (with the tp callbacks), asked of sync once per step.
   const model::ParallelContext& hooks_for(GradientSync& sync, int micro, int micro_count);
@@ -135,12 +152,19 @@ class PipelineParallel {
   std::map<int, model::ParallelContext> hooks_;
   // Sends in flight with the buffers they read (kept alive until waited on).
   std::vector<std::pair<comm::Work, Tensor>> sends_;
+  // zb-h1: the weight-gradient products of the microbatches whose B ran, oldest first.
+  struct PendingWeights {
+    int micro;
+    std::vector<model::WeightGradWork> work;
+  };
+  std::deque<PendingWeights> weights_;
   // Timing: marks per event, turned into events_ by finish_timing().
   struct RawEvent {
     int micro;
     bool backward;
     int chunk;
     ops::Runtime::Mark begin, end;
+    bool weight = false;   // zb-h1's W pass
   };
   ops::Runtime::Mark start_;
   std::vector<RawEvent> raw_;

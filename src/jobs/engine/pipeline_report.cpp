@@ -11,7 +11,7 @@
 namespace lmscale::jobs {
 
 namespace {
-constexpr int kEventFields = 6;   // step, micro, backward, start_ms, end_ms, chunk
+constexpr int kEventFields = 6;   // step, micro, phase (0 forward, 1 backward, 2 weight), start_ms, end_ms, chunk
 constexpr int kStatFields = 7;    // stage, dp_rank, forward_ms, backward_ms, span_ms (per-step means), peak, events
 }  // namespace
 
@@ -27,7 +27,7 @@ void PipelineRecorder::add_step(std::int64_t step) {
   if (steps_ < kEventSteps)
     for (const auto& e : trainer_.pipeline()->events())
       events_.insert(events_.end(), {static_cast<double>(step + 1), static_cast<double>(e.micro),
-                                     e.backward ? 1.0 : 0.0, e.start_ms, e.end_ms, static_cast<double>(e.chunk)});
+                                     e.weight ? 2.0 : e.backward ? 1.0 : 0.0, e.start_ms, e.end_ms, static_cast<double>(e.chunk)});
   ++steps_;
 }
 
@@ -57,7 +57,10 @@ double PipelineRecorder::write() {
 
   const auto& p = env_.cfg.parallel;
   const int stages = static_cast<int>(p.pp), M = static_cast<int>(p.microbatches);
-  const double theory = parallel::theory_bubble_fraction(stages, M, static_cast<int>(p.virtual_stages));
+  // zb-h1: its own bubble, with forward, B and W passes of equal time (Qi et al. 2023's assumption).
+  const double theory = p.schedule == PipelineSchedule::zb_h1
+                            ? parallel::zero_bubble_fraction(stages, M, 1, 1, 1)
+                            : parallel::theory_bubble_fraction(stages, M, static_cast<int>(p.virtual_stages));
   using C = io::Column;
   auto st = env_.out.create_table("/pipeline/stages", {{"rank", C::Type::i64, ""},
                                                         {"stage", C::Type::i64, ""},
@@ -96,7 +99,7 @@ double PipelineRecorder::write() {
       const double* e = events.data() + at;
       rows.push_back({static_cast<std::int64_t>(r), stage, static_cast<std::int64_t>(e[0]),
                       static_cast<std::int64_t>(e[1]), static_cast<std::int64_t>(e[5]),
-                      std::string(e[2] > 0 ? "backward" : "forward"), e[3], e[4]});
+                      std::string(e[2] > 1 ? "weight" : e[2] > 0 ? "backward" : "forward"), e[3], e[4]});
     }
   }
   ev.append_rows(rows);

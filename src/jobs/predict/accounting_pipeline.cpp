@@ -75,7 +75,14 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
     const double inflight =
         cfg.parallel.schedule == PipelineSchedule::gpipe ? M
         : interleaved ? std::min(M * V, (pp - s - 1) * 2 + (V - 1) * pp + 1) / static_cast<double>(V)
-                      : std::min(pp - s, M);
+                      : std::min(pp - s, M);   // 1f1b and zb-h1
+    // zb-h1: besides 1f1b's p - s microbatches between forward and B, those whose B ran and whose
+    // W waits (W(i) after B(i + s): min(s, steady) of them) keep per block the weight-gradient
+    // products' inputs and output gradients (memory_replay_deferred.cpp): the copied (or, under
+    // sequence parallelism, gathered) [n,d] output gradients of w2 and o, the [n,d] y1 and y2, and
+    // g, da|db, o, dq|dk|dv: (4d + (4d + 3F)/tp) n e.
+    const double deferred_micro =
+        cfg.parallel.schedule == PipelineSchedule::zb_h1 ? std::min(s, M - std::min(pp - s - 1, M)) : 0.0;
     a.parameters = static_cast<std::int64_t>(P);
     a.local_batch = micro_rows;
     a.seq = m.context;
@@ -150,10 +157,15 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
         static_cast<double>(m.head_chunk_rows(static_cast<std::int64_t>(N), m.vocab / tp, mixed ? 2 : 4));
     add("activations", inflight * (per_micro + (head ? N * d * e * r : 0.0)) +
                            (head ? chunk * Vocab / tp * e + N * d * e * r + N * d * e : 0.0) +
-                           (ac == Checkpointing::every_k ? k * (block - kept_attn) : 0.0),
+                           (ac == Checkpointing::every_k ? k * (block - kept_attn) : 0.0) +
+                           deferred_micro * Ls * (4 * d + (4 * d + 3 * F) / tp) * N * e,
         fmt::format("{:.3g} microbatches in flight x ({}{}){}{}", inflight, f, head ? " + n d e (head input gradient)" : "",
                     head ? " + chunk V e + 2 n d e (one chunk of logits, final norm output and gradient)" : "",
-                    ac_keeps_attention ? "; the recomputed group: k x (block - kept attention)" : ""));
+                    ac_keeps_attention ? "; the recomputed group: k x (block - kept attention)" : "") +
+            (deferred_micro > 0 ? fmt::format(" + {:.3g} microbatches' deferred weight-gradient products x L_stage x "
+                                              "(4d + (4d + 3F)/tp) n e (zb-h1)",
+                                              deferred_micro)
+                                : std::string()));
     for (const auto& it : a.memory) a.peak_bytes += it.bytes;
     // p2p: every microbatch sends each chunk's output [n, d] forward (not from the last virtual
     // stage) and each chunk's input gradient [n, d] backward (not from virtual stage 0).
@@ -194,7 +206,8 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   best.peak_flops = device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name, cfg.precision.mode,
                                       cfg.precision.tf32);
   // Every rank computes 1/(dp tp pp) of the FLOPs, idle for the bubble (p-1)/(M+p-1) of the step.
-  const double bubble = parallel::theory_bubble_fraction(pp, M, V);
+  const double bubble = cfg.parallel.schedule == PipelineSchedule::zb_h1 ? parallel::zero_bubble_fraction(pp, M, 1, 1, 1)
+                                                                        : parallel::theory_bubble_fraction(pp, M, V);
   best.ideal_step_s = best.peak_flops > 0 ? best.flops_per_step / (dp * tp * pp * best.peak_flops) / (1 - bubble) : 0;
   best.comm_formula += fmt::format("; ideal step includes the bubble {:.3f}", bubble);
   return best;

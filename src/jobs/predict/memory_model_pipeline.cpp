@@ -1,7 +1,8 @@
 // Per-phase memory of one pipeline rank (parallel.pp > 1; memory_model.h): its stage's store and
 // optimizer state, and a replay (memory_replay.h) of one step of parallel/pipeline.cpp on that
-// rank: the schedule's forwards and backwards in the rank's order (gpipe, 1f1b, or the
-// interleaved plan of parallel/interleaved_schedule.h), each microbatch's activations kept from
+// rank: the schedule's forwards and backwards in the rank's order (gpipe, 1f1b, zb-h1 with its
+// deferred W passes, or the interleaved plan of parallel/interleaved_schedule.h), each
+// microbatch's activations kept from
 // its forward to its backward, the receive buffers (an activation becomes the stage input that the
 // first block keeps; a gradient becomes the running dx of the backward, then the sent input
 // gradient), outputs and input gradients kept by the send list until the next backward starts (or
@@ -40,11 +41,14 @@ struct Chunk {
 // (forward_only).
 class StageReplay {
  public:
-  StageReplay(Sim& m, const Shapes& s, Grads& gr, std::vector<Chunk> chunks, int stages, int stage, int M)
-      : m_(m), s_(s), gr_(gr), chunks_(std::move(chunks)), p_(stages), stage_(stage), M_(M),
+  StageReplay(Sim& m, const Shapes& s, Grads& gr, std::vector<Chunk> chunks, int stages, int stage, int M,
+              bool zero_bubble = false)
+      : m_(m), s_(s), gr_(gr), chunks_(std::move(chunks)), p_(stages), stage_(stage), M_(M), zb_(zero_bubble),
         slots_(chunks_.size(), std::vector<Slot>(static_cast<std::size_t>(M))) {}
 
-  // gpipe and 1f1b (PipelineParallel::run): warm-up forwards, steady 1F1B, cool-down backwards.
+  // gpipe, 1f1b and zb-h1 (PipelineParallel::run): warm-up forwards, steady 1F1B, cool-down
+  // backwards; zb-h1's W passes after the steady phase's backward of microbatch b >= s (W(b - s)),
+  // one after each cool-down backward, the rest at the end.
   void run_1f1b(bool gpipe) {
     const bool first = stage_ == 0, last = stage_ + 1 == p_;
     const int warmup = gpipe ? M_ : std::min(p_ - stage_ - 1, M_), steady = M_ - warmup;
@@ -65,19 +69,23 @@ class StageReplay {
         sends_.push_back(out);
       }
       const double dx = backward(0, b, dy);
-      if (first) continue;
-      if (i + 1 < steady) {   // sendrecv: dx for the next input (received before the old one is let go)
-        auto next = received();
-        in->drop(m_);
-        in = next;
+      if (!first) {
+        if (i + 1 < steady) {   // sendrecv: dx for the next input (received before the old one is let go)
+          auto next = received();
+          in->drop(m_);
+          in = next;
+        }
+        sends_.push_back(dx);
       }
-      sends_.push_back(dx);
+      if (b >= stage_) weight_pass();
     }
     for (; b < M_; ++b) {
       const double dy = last ? 0.0 : m_.alloc(transfer());
       const double dx = backward(0, b, dy);
       if (!first) sends_.push_back(dx);
+      weight_pass();
     }
+    while (!weights_.empty()) weight_pass();
     release_sends();
     if (in) in->drop(m_);
   }
@@ -192,13 +200,26 @@ class StageReplay {
     Slot& slot = slots_[static_cast<std::size_t>(c)][static_cast<std::size_t>(mb)];
     double dx = ch.head ? slot.dx_final : dy;
     slot.dx_final = 0;
-    replay::blocks_backward(m_, s_, gr_, slot.blocks, ch.l0, ch.l1);
+    replay::DeferredWeights work;   // zb-h1: the B pass's deferred products (TransformerLM::weight_work)
+    replay::blocks_backward(m_, s_, gr_, slot.blocks, ch.l0, ch.l1, zb_ ? &work : nullptr);
     slot.input->drop(m_);
     slot.input.reset();
+    if (zb_) weights_.push_back({mb, std::move(work)});
     if (!ch.embed) return dx;
     replay::embed_backward(m_, s_, gr_);
     m_.free(dx);
     return 0;
+  }
+
+  // zb-h1 (PipelineParallel::weight_pass): the W pass of the oldest microbatch whose B ran, with
+  // that microbatch's hooks (the last one's arm the reduction's bf16 copies).
+  void weight_pass() {
+    if (weights_.empty()) return;
+    auto [mb, work] = std::move(weights_.front());
+    weights_.pop_front();
+    gr_.staging_armed = mb + 1 == M_;
+    gr_.micro = mb;
+    replay::backward_weights(m_, gr_, work);
   }
 
   void release_sends() {
@@ -211,6 +232,8 @@ class StageReplay {
   Grads& gr_;
   std::vector<Chunk> chunks_;
   int p_, stage_, M_;
+  bool zb_ = false;   // zb-h1: backwards split into B and a deferred W
+  std::deque<std::pair<int, replay::DeferredWeights>> weights_;   // (microbatch, its products), oldest first
   std::vector<std::vector<Slot>> slots_;
   std::vector<double> sends_;   // sent buffers, kept until the next backward (PipelineParallel::sends_)
   double losses_ = 0;           // the head chunk's loss sums (kept until the step's losses are reduced)
@@ -275,7 +298,11 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   }
   const double flat_staging = gr.finish_stage;
   const double base = init + workspace;
-  out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp, pc.schedule,
+  // zb-h1: 1f1b's order with each backward's weight-gradient products deferred to its W pass
+  // (up to s + 1 microbatches' products alive on stage s; memory_replay_deferred.cpp).
+  const bool zb = pc.schedule == PipelineSchedule::zb_h1;
+  out.layout = fmt::format("pipeline stage {} of {} ({}{}, {} microbatches{}{}), {}", stage, pp,
+                           to_string(pc.schedule),
                            interleaved ? fmt::format(" with {} chunks", V) : std::string(), M,
                            tp > 1 ? fmt::format(", tp {}{}", tp, micro.sp ? " sp" : "") : std::string(),
                            dp > 1 ? fmt::format(", dp {}", dp) : std::string(),
@@ -305,7 +332,7 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
     g.sim = &m;
     // PipelineSchedule::forward_backward: every microbatch's inputs and targets uploaded first.
     m.alloc(M * 2 * 4 * micro.B * micro.T);
-    StageReplay r(m, micro, g, chunks, pp, stage, M);
+    StageReplay r(m, micro, g, chunks, pp, stage, M, zb);
     if (interleaved) r.run_interleaved();
     else r.run_1f1b(pc.schedule == PipelineSchedule::gpipe);
     if (!last_stage) m.alloc(4.0 * M);   // the 0 loss sums the other stages report

@@ -135,15 +135,11 @@ double Grads::staging_total() const {
   return t;
 }
 
-namespace {
-// a and b: views of one [2,N,F] tensor (b.b stays 0), made after sequence parallelism's gather
-// of y2 into a [N,d] temporary that lives until their GEMM is done (TransformerLM::ffn_inputs).
 void ffn_inputs(Sim& m, const Shapes& s, Block& b) {
   double g = s.sp ? m.alloc(s.N * s.d * s.e) : 0.0;
   b.a = m.alloc(2 * s.N * s.F * s.e);
   m.free(g);
 }
-}  // namespace
 
 double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l) {
   const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
@@ -191,9 +187,6 @@ void free_block(Sim& m, Block& b) {
     m.free(*t);
 }
 
-namespace {
-
-// A recomputed rmsnorm output (recompute_norm): y kept, the rstd twin dropped at once.
 void recompute_norm(Sim& m, const Shapes& s, double& y) {
   if (y > 0) return;
   y = m.alloc(s.Nl * s.d * s.e);
@@ -201,9 +194,38 @@ void recompute_norm(Sim& m, const Shapes& s, double& y) {
   m.free(r);
 }
 
-}  // namespace
+double attention_backward(Sim& m, const Shapes& s, Block& b, double& dO) {
+  const double Ndle = s.N * s.dl * s.e;
+  double dq = m.alloc(3 * Ndle);   // one [3,N,dl] tensor: dq, dk, dv
+  if (s.flash && s.cuda && s.deterministic) {   // the atomic-free backward: D = rowsum(dO*O) only
+    double D = m.alloc(s.st * s.B * s.H * s.T);
+    m.free(D);
+  } else if (s.flash && s.cuda && s.e == 2 && (s.dl / s.H == 64 || s.dl / s.H == 128)) {
+    // The Hopper kernels (ops/cuda/flash_attention.cpp), every GPU lent here: D and lse * log2(e)
+    // over rows padded to whole 64-query tiles, and the blocked fp32 dQ accumulator over them.
+    // (Other GPUs take the FA2 path below: a little less.)
+    const double Tp = std::ceil(s.T / 64) * 64;
+    double D = m.alloc(4 * s.B * s.H * Tp), L2 = m.alloc(4 * s.B * s.H * Tp), acc = m.alloc(4 * s.B * Tp * s.dl);
+    m.free(D);
+    m.free(L2);
+    m.free(acc);
+  } else if (s.flash && s.cuda) {   // FA2 backward workspaces: D = rowsum(dO*O) and the fp32 dQ accumulator
+    double D = m.alloc(s.st * s.B * s.H * s.T), acc = m.alloc(4 * s.N * s.dl);
+    m.free(D);
+    m.free(acc);
+  } else if (!s.flash && b.aux <= 0) {   // selective: the probabilities again (and a discarded output)
+    b.aux = m.alloc(s.B * s.H * s.T * s.T * s.e);
+    double o = m.alloc(Ndle);
+    m.free(o);
+  }
+  m.free(b.aux);
+  m.free(b.o);
+  m.free(dO);
+  return dq;
+}
 
-void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
+void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l, DeferredWeights* defer) {
+  if (defer) return block_backward_deferred(m, s, b, gr, l, *defer);
   const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
   const model::BlockParams p = s.index().block(l);
   if (s.is_moe(l)) {
@@ -259,31 +281,7 @@ void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
     m.free(dproj);
   }
   gr.ready(p.o);
-  double dq = m.alloc(3 * Ndle), dk = 0, dv = 0;   // one [3,N,dl] tensor
-  if (s.flash && s.cuda && s.deterministic) {   // the atomic-free backward: D = rowsum(dO*O) only
-    double D = m.alloc(s.st * s.B * s.H * s.T);
-    m.free(D);
-  } else if (s.flash && s.cuda && s.e == 2 && (s.dl / s.H == 64 || s.dl / s.H == 128)) {
-    // The Hopper kernels (ops/cuda/flash_attention.cpp), every GPU lent here: D and lse * log2(e)
-    // over rows padded to whole 64-query tiles, and the blocked fp32 dQ accumulator over them.
-    // (Other GPUs take the FA2 path below: a little less.)
-    const double Tp = std::ceil(s.T / 64) * 64;
-    double D = m.alloc(4 * s.B * s.H * Tp), L2 = m.alloc(4 * s.B * s.H * Tp), acc = m.alloc(4 * s.B * Tp * s.dl);
-    m.free(D);
-    m.free(L2);
-    m.free(acc);
-  } else if (s.flash && s.cuda) {   // FA2 backward workspaces: D = rowsum(dO*O) and the fp32 dQ accumulator
-    double D = m.alloc(s.st * s.B * s.H * s.T), acc = m.alloc(4 * s.N * s.dl);
-    m.free(D);
-    m.free(acc);
-  } else if (!s.flash && b.aux <= 0) {   // selective: the probabilities again (and a discarded output)
-    b.aux = m.alloc(s.B * s.H * s.T * s.T * s.e);
-    double o = m.alloc(Ndle);
-    m.free(o);
-  }
-  m.free(b.aux);
-  m.free(b.o);
-  m.free(dO);
+  double dq = attention_backward(m, s, b, dO), dk = 0, dv = 0;   // one [3,N,dl] tensor
   recompute_norm(m, s, b.y1);
   double dy1 = m.alloc(Nde);   // dq wq + dk wk + dv wv, accumulated in the GEMM epilogues
   for (int i : {p.q, p.k, p.v}) gr.touch(i, false);
@@ -360,13 +358,14 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
   return x;
 }
 
-void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1) {
+void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1,
+                     DeferredWeights* defer) {
   if (l1 <= l0) return;
   const bool every_k = s.recompute.mode == model::RecomputePolicy::Mode::every_k;
   const int lc = every_k ? s.recompute.checkpointed_end(l0, l1) : l1;
   for (int l = l1 - 1; l >= lc; --l) {   // blocks past the checkpointed ones: as without checkpointing
     gr.before_backward(l + 1);
-    block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l);
+    block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l, defer);
     gr.after_backward(l + 1);
   }
   if (lc <= l0) return;
@@ -387,7 +386,7 @@ void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blo
       }
     }
     for (int l = hi - 1; l >= lo; --l) {
-      block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l);
+      block_backward(m, s, blocks[static_cast<std::size_t>(l)], gr, l, defer);
       gr.after_backward(l + 1);
     }
   }

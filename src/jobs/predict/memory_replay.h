@@ -150,11 +150,38 @@ struct Grads {
 // and state.
 double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const std::vector<int>& local);
 
+// The zero-bubble schedule's deferred weight gradients (parallel.schedule = zb-h1,
+// TransformerLM::WeightGradWork): per product, in the order the B pass made them (per block w2,
+// then w1 and w3, o, then q, k and v; the last block first), the bytes its saved input and output
+// gradients keep alive (the copied residual gradient included) and the parameters it writes.
+struct DeferredProduct {
+  double bytes = 0;
+  std::vector<int> params;   // whole-model parameter indices
+};
+using DeferredWeights = std::vector<DeferredProduct>;
+
 // block_forward: allocations in transformer.cpp's order; returns the output's bytes (0 when a
 // recompute's last block does not produce one).
 double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l);
 void free_block(Sim& m, Block& b);
-void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l);
+// With defer (the B pass): the weight-gradient products are left in *defer
+// (block_backward_deferred), otherwise computed in place.
+void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l, DeferredWeights* defer = nullptr);
+// The B pass of one block (memory_replay_deferred.cpp): input gradients only; the products'
+// inputs and output gradients move into w instead of being freed.
+void block_backward_deferred(Sim& m, const Shapes& s, Block& b, Grads& gr, int l, DeferredWeights& w);
+// The W pass (TransformerLM::backward_weights): each product's gradients asked for (lazy
+// buckets), written (notified), then its saved tensors freed, in order; w is left empty.
+void backward_weights(Sim& m, Grads& gr, DeferredWeights& w);
+// The attention core's backward after dO [N,dl] (the caller's): dq, dk, dv as one [3,N,dl]
+// tensor (its bytes returned), the kernels' workspaces; frees the aux, o and dO.
+double attention_backward(Sim& m, const Shapes& s, Block& b, double& dO);
+// A recomputed rmsnorm output (TransformerLM::recompute_norm) unless y is held: y [Nl,d] kept,
+// the rstd twin dropped at once.
+void recompute_norm(Sim& m, const Shapes& s, double& y);
+// a and b: views of one [2,N,F] tensor (b.b stays 0), made after sequence parallelism's gather
+// of y2 into a [N,d] temporary that lives until their GEMM is done (TransformerLM::ffn_inputs).
+void ffn_inputs(Sim& m, const Shapes& s, Block& b);
 // An MoE block's FFN (memory_replay_moe.cpp): the forward after y2, returning its output's bytes;
 // the backward up to dx (ln2's gradient included, y2 and h freed).
 double moe_forward(Sim& m, const Shapes& s, Block& b);
@@ -167,8 +194,10 @@ double embed_forward(Sim& m, const Shapes& s, Grads& gr);
 // once both it and, with `keep`, the activations are done with it, i.e. after blocks_backward);
 // returns the last block's output (the caller's). blocks is indexed by global layer.
 double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1, bool keep);
-// Their backward (recomputing every-k groups); the input gradient dx is updated in place.
-void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1);
+// Their backward (recomputing every-k groups); the input gradient dx is updated in place. With
+// defer: the B pass, the weight-gradient products appended to *defer.
+void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blocks, int l0, int l1,
+                     DeferredWeights* defer = nullptr);
 // The head unit on the last block's output (which the caller frees afterwards): allocates the
 // loss sum (its bytes added to *loss; kept by the caller), runs the fused LM head in row chunks
 // and, with `keep`, its backward; returns the gradient of its input [Nl,d] (0 without `keep`).
