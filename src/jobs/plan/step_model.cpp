@@ -42,7 +42,7 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   const bool fp32 = cfg.precision.mode == PrecisionMode::fp32;
   const double e = fp32 ? 4.0 : 2.0, t = static_cast<double>(tp);
   const double d = static_cast<double>(m.d_model), F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads),
-               T = static_cast<double>(m.context), V = static_cast<double>(m.vocab), L = static_cast<double>(m.layers),
+               T = static_cast<double>(m.context), V = static_cast<double>(m.vocab),
                Dh = static_cast<double>(m.head_dim());
   const bool sp = tp > 1 && spec.sequence_parallel;
   // The calibrated device's rates, scaled to the cluster's peak and memory bandwidth.
