@@ -28,9 +28,11 @@ GIB = 2.0**30
 CASES = [
     ("fsdp_xl", "xl, lmscale fsdp"),
     ("fsdp_xl_offload", "xl, lmscale fsdp + offload"),
+    ("fsdp_xl_offload_params", "xl, lmscale fsdp + offload optimizer+params"),
     ("fsdp_xl_peer_offload", "xl, torch FSDP2 + CPU offload"),
     ("leaderboard_8b", "8b, lmscale fsdp"),
     ("leaderboard_8b_offload", "8b, lmscale fsdp + offload"),
+    ("leaderboard_8b_offload_params", "8b, lmscale fsdp + offload optimizer+params"),
     ("fsdp_8b_peer_offload", "8b, torch FSDP2 + CPU offload"),
 ]
 

@@ -115,10 +115,12 @@ class OffloadedShards {
   std::vector<Chunk> chunks_;
   std::vector<std::size_t> last_chunk_;   // per unit: its last chunk's index (chunks_.size() if empty)
   std::unique_ptr<optim::HostAdamW> optimizer_;
+  // Before the tensors it allocates (host_copy_, the slots): members are destroyed in reverse
+  // order, and a pinned tensor frees through the lane's allocator.
+  std::unique_ptr<ops::HostTransfer> lane_;
   Tensor master_;                          // host fp32 [S]
   Tensor device_copy_;                     // device [S], compute dtype (ShardCopy::device)
   Tensor host_copy_;                       // pinned host [S], compute dtype (ShardCopy::pinned_host)
-  std::unique_ptr<ops::HostTransfer> lane_;
   // pinned [kChunk]: fp32 gradients, compute-dtype parameters (ShardCopy::device only)
   Tensor grad_slot_[2], copy_slot_[2];
   bool stale_ = true;
