@@ -115,6 +115,67 @@ TEST(StepModel, PinnedPredictions) {
             pf.exposed_comm_s + pf.contention_s);
 }
 
+// The moe-1b shape (docs/moe.md): 8 experts of 2816, top-2, every block, batch 8 x 1024 per GPU.
+Config moe_1b(std::int64_t dp, std::int64_t ep) {
+  Config c = xl(dp);
+  c.model.vocab_size = 10000;
+  c.model.d_model = 1024;
+  c.model.d_ff = 2816;
+  c.model.num_layers = 12;
+  c.model.num_heads = 16;
+  c.model.context_length = 1024;
+  c.model.moe_experts = 8;
+  c.model.moe_top_k = 2;
+  c.parallel.ep = ep;
+  return c;
+}
+
+double op_flops(const StepPrediction& p, const std::string& op) {
+  double f = 0;
+  for (const auto& o : p.compute)
+    if (o.op == op) f += o.flops;
+  return f;
+}
+
+// An MoE block's FFN is the router and k experts' SwiGLU per token (no dense FFN); with ep = 2
+// each MoE block adds four all-to-alls of the rank's n k rows of d (dispatch and combine, forward
+// and backward) and the dense gradients' all-reduce over the ep group.
+TEST(StepModel, MixtureOfExpertsAndExpertParallelism) {
+  const Calibration cal = h200();
+  const Config one = moe_1b(1, 1);
+  const Cluster c = resolve_cluster(one, cal);
+  const StepPrediction p1 = predict_step(one, 8, 1, c, cal);
+  const double n = 8 * 1024.0, d = 1024, Fe = 2816, k = 2, E = 8, L = 12;
+  EXPECT_NEAR(op_flops(p1, "gemm experts"), 3 * L * 3 * 2 * n * k * d * Fe, 1e-6 * op_flops(p1, "gemm experts"));
+  EXPECT_NEAR(op_flops(p1, "gemm router"), 3 * L * 2 * n * d * E, 1e-6 * op_flops(p1, "gemm router"));
+  EXPECT_EQ(op_flops(p1, "gemm w1 w3"), 0);
+  EXPECT_EQ(op_flops(p1, "gemm w2"), 0);
+  for (const auto& cm : p1.comm) ADD_FAILURE() << "one GPU communicates: " << cm.collective;
+  // ep = 2 on 2 GPUs at 8 sequences per GPU: the same compute per GPU (balanced routing), plus
+  // the all-to-alls on the critical path.
+  const Config two = moe_1b(2, 2);
+  const StepPrediction p2 = predict_step(two, 16, 2, c, cal);
+  EXPECT_NEAR(op_flops(p2, "gemm experts"), op_flops(p1, "gemm experts"), 1e-6 * op_flops(p1, "gemm experts"));
+  double a2a_s = -1, a2a_count = 0, a2a_bytes = 0, ep_reduce = -1;
+  for (const auto& cm : p2.comm) {
+    if (cm.collective == "all-to-all") a2a_s = cm.seconds, a2a_count = cm.calls, a2a_bytes = cm.bytes_per_call;
+    if (cm.axis == "ep" && cm.collective == "all-reduce") ep_reduce = cm.seconds;
+  }
+  EXPECT_EQ(a2a_count, 4 * L);
+  EXPECT_EQ(a2a_bytes, n * k * d * 2);
+  // Pairwise exchange on 2 ranks: one step, half the buffer leaves the rank.
+  EXPECT_NEAR(a2a_s, 4 * L * (c.intra.alpha_s + 0.5 * a2a_bytes / c.intra.bus_bytes_per_s), 1e-9);
+  EXPECT_GT(ep_reduce, 0);
+  EXPECT_GE(p2.exposed_comm_s, a2a_s);   // the all-to-alls are on the critical path
+  // Each rank holds half the experts: less optimizer work; each local expert takes twice the rows
+  // (larger GEMM calls, a higher calibrated rate): less expert GEMM time for the same FLOPs.
+  EXPECT_LT(p2.optimizer_s, p1.optimizer_s);
+  double experts1 = 0, experts2 = 0;
+  for (const auto& o : p1.compute) experts1 += o.op == "gemm experts" ? o.seconds : 0;
+  for (const auto& o : p2.compute) experts2 += o.op == "gemm experts" ? o.seconds : 0;
+  EXPECT_LT(experts2, experts1);
+}
+
 // fsdp with the optimizer offloaded (parallel/offloaded_shards.h): the host update (30 B per owned
 // parameter, the node's ranks sharing the calibration's host rate) overlaps the first forward, and
 // only what outlasts it adds to the step. xl on 2 H200: measured 466.0 and 748.5 ms in two calls

@@ -19,6 +19,7 @@ std::pair<double, double> ring_shape(CollectiveOp op, int n) {
     case CollectiveOp::reduce_scatter:
     case CollectiveOp::all_gather: return {m, m / n};
     case CollectiveOp::broadcast: return {m, 1.0};   // pipelined chain: n-1 steps, the buffer once
+    case CollectiveOp::all_to_all: return {m, m / n};  // pairwise: n-1 steps, each rank sends (n-1)/n of its buffer
   }
   return {0, 0};
 }

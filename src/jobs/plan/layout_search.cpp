@@ -18,6 +18,7 @@ std::string family_of(const parallel::Spec& s) {
   if (f.rfind("ddp", 0) == 0) f = "ddp";
   if (s.tp > 1) f += f.empty() ? "tp" : "+tp";
   if (s.pp > 1) f += f.empty() ? "pp" : "+pp";
+  if (s.ep > 1) f += f.empty() ? "ep" : "+ep";
   return f.empty() ? "one gpu" : f;
 }
 
@@ -98,6 +99,10 @@ std::vector<Candidate> search_layouts(const Config& deck, std::int64_t batch, in
         for (std::int64_t ga : {2, 4, 8})
           if (per_dp % ga == 0) micro.push_back(ga);
       }
+      // Expert parallelism for an MoE model: ep dividing dp and the expert count.
+      std::vector<int> eps{1};
+      for (int ep = 2; ep <= dp; ep *= 2)
+        if (dp % ep == 0 && deck.model.moe_experts % ep == 0) eps.push_back(ep);
       std::vector<bool> sps{false};
       if (tp > 1 && space.sequence_parallel) sps.push_back(true);
       // fsdp also with its optimizer offloaded to host memory (parallel.offload), where the
@@ -110,9 +115,10 @@ std::vector<Candidate> search_layouts(const Config& deck, std::int64_t batch, in
       for (const auto& [z, offload] : modes)
         for (Checkpointing ac : policies)
           for (std::int64_t mb : micro)
-            for (bool sp : sps) {
+            for (bool sp : sps)
+              for (int ep : eps) {
               Config c = base;
-              c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp;
+              c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.ep = ep;
               c.parallel.zero = z;
               c.parallel.offload = offload;
               // fsdp reduce-scatters its gradients itself (no DDP kind); the others bucket them.

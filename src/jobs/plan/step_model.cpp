@@ -45,6 +45,12 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
                T = static_cast<double>(m.context), V = static_cast<double>(m.vocab),
                Dh = static_cast<double>(m.head_dim());
   const bool sp = tp > 1 && spec.sequence_parallel;
+  // Mixture of experts (docs/moe.md): E experts of inner size Fe, top-k, in the blocks
+  // model::ModelDims::is_moe_block names; ep ranks split the experts (the deck refuses MoE with
+  // tp or pp > 1 and with fsdp, so those terms below never meet an MoE block).
+  const int ep = spec.ep;
+  const double E = static_cast<double>(m.moe_experts), k_top = static_cast<double>(m.moe_top_k),
+               Fe = static_cast<double>(m.moe_dff);
   // The calibrated device's rates, scaled to the cluster's peak and memory bandwidth.
   const double flop_scale = (fp32 ? kFp32OverBf16 : 1.0) * cluster.bf16_flops / cal.peak_flops;
   const double bw_scale = cluster.hbm_bytes_per_s / cal.hbm_bytes_per_s;
@@ -73,20 +79,40 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   const double elementwise_bytes = (10 * d * r + (4 * d + 3 * F) / t) * e * n;   // forward; backward twice
   const double attn_forward = 4 * b * (H / t) * T * T * Dh / 2;
   const double attn_call = 3.5 * attn_forward, attn_s = attention_s(attn_call);
+  // An MoE block's FFN, balanced routing (every expert takes n k / E of this rank's assignments,
+  // none dropped): the router GEMM [n, d] x [d, E]; per local expert (E / ep of them) the SwiGLU
+  // GEMMs over the n k ep / E rows it receives from the ep ranks (w1, w3: [rows, d] x [d, Fe]; w2:
+  // [rows, Fe] x [Fe, d]), each at the calibrated rate of a call that size; the permutation and
+  // the gated combine (read and write n k rows of d each) and the experts' SwiGLU (3 n k Fe) in
+  // place of the dense FFN's elementwise share (3 F per token).
+  const double assignments = n * k_top, expert_rows = assignments * ep / std::max(E, 1.0);
+  const double expert_gemm = 2 * expert_rows * d * Fe, router_gemm = 2 * n * d * E;
+  const double moe_elementwise_bytes = elementwise_bytes + (3 * k_top * Fe + 4 * k_top * d - 3 * F) * e * n;
   auto block = [&](Work& w, bool forward, bool backward, const std::string& prefix, bool skip_attention,
-                   bool gemms_w1w3_only) {
+                   bool gemms_w1w3_only, bool moe_block) {
     for (const Gemm& g : gemms) {
-      if (gemms_w1w3_only && std::string(g.op) != "gemm w1 w3") continue;
+      const bool ffn = std::string(g.op) == "gemm w1 w3" || std::string(g.op) == "gemm w2";
+      if ((gemms_w1w3_only && std::string(g.op) != "gemm w1 w3") || (moe_block && ffn)) continue;
       const double f = 2 * n * g.K * g.N;
       if (forward) w.add(prefix + g.op, g.count * f, 0, g.count * gemm_s(f), false);
       if (backward) w.add(g.op, 2 * g.count * f, 0, 2 * g.count * gemm_s(f), true);
     }
+    if (moe_block) {
+      const double local = E / ep, calls = gemms_w1w3_only ? 2.0 : 3.0;
+      const double f = local * calls * expert_gemm, s = local * calls * gemm_s(expert_gemm);
+      if (forward) w.add(prefix + "gemm experts", f, 0, s, false);
+      if (backward) w.add("gemm experts", 2 * f, 0, 2 * s, true);
+      if (!gemms_w1w3_only) {
+        if (forward) w.add(prefix + "gemm router", router_gemm, 0, gemm_s(router_gemm), false);
+        if (backward) w.add("gemm router", 2 * router_gemm, 0, 2 * gemm_s(router_gemm), true);
+      }
+    }
     if (gemms_w1w3_only) return;
     if (forward && !skip_attention) w.add(prefix + "attention", attn_forward, 0, attn_s / 3.5, false);
     if (backward) w.add("attention", 2.5 * attn_forward, 0, attn_s * 2.5 / 3.5, true);
-    if (forward) w.add(prefix + "elementwise", 0, elementwise_bytes, stream_s(elementwise_bytes, kForwardLaunchesPerBlock), false);
-    if (backward)
-      w.add("elementwise", 0, 2 * elementwise_bytes, stream_s(2 * elementwise_bytes, kBackwardLaunchesPerBlock), true);
+    const double eb = moe_block ? moe_elementwise_bytes : elementwise_bytes;
+    if (forward) w.add(prefix + "elementwise", 0, eb, stream_s(eb, kForwardLaunchesPerBlock), false);
+    if (backward) w.add("elementwise", 0, 2 * eb, stream_s(2 * eb, kBackwardLaunchesPerBlock), true);
   };
   // Stages: balanced blocks (the first stages take the remainder); stage 0 holds the embedding,
   // the last the final norm and the fused LM head + cross-entropy (its backward runs in the forward).
@@ -99,19 +125,21 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
     const int l0 = s * base + std::min(s, extra), l1 = l0 + base + (s < extra ? 1 : 0);
     const int checkpointed = ac == Checkpointing::every_k ? policy.checkpointed_end(l0, l1) - l0 : 0;
     for (int l = l0; l < l1; ++l) {
-      block(w, true, true, "", false, false);
+      const bool moe_block = m.is_moe_block(l);
+      block(w, true, true, "", false, false, moe_block);
       // Recompute in the backward: every-k repeats the forward of the checkpointed blocks (keeping
       // the attention output skips its attention); selective repeats the elementwise part,
       // selective-mlp also w1 and w3.
       if (l - l0 < checkpointed) {
         Work rc;
-        block(rc, true, false, "", cfg.train.checkpoint_keep_attention, false);
+        block(rc, true, false, "", cfg.train.checkpoint_keep_attention, false, moe_block);
         for (auto& [k, o] : rc.ops) w.add("recompute", o.flops, o.bytes, o.seconds, true);
       } else if (ac == Checkpointing::selective || ac == Checkpointing::selective_mlp) {
         w.add("recompute", 0, elementwise_bytes, stream_s(elementwise_bytes, kForwardLaunchesPerBlock), true);
         if (ac == Checkpointing::selective_mlp) {
-          const double f = 2 * n * d * F / t;
-          w.add("recompute", 2 * f, 0, 2 * gemm_s(f), true);
+          Work rc;
+          block(rc, true, false, "", true, true, moe_block);
+          for (auto& [k, o] : rc.ops) w.add("recompute", o.flops, o.bytes, o.seconds, true);
         }
       }
     }
@@ -132,10 +160,22 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   }
   const Work& w = stages[slowest];
   const int stage_layers = layers / pp + (static_cast<int>(slowest) < layers % pp ? 1 : 0);
+  int stage_moe_blocks = 0, stage_checkpointed_moe = 0;   // the slowest stage's MoE blocks (pp = 1 with MoE)
+  {
+    const int base = layers / pp, extra = layers % pp, s = static_cast<int>(slowest);
+    const int l0 = s * base + std::min(s, extra), l1 = l0 + stage_layers;
+    const int checkpointed = ac == Checkpointing::every_k ? policy.checkpointed_end(l0, l1) - l0 : 0;
+    for (int l = l0; l < l1; ++l)
+      if (m.is_moe_block(l)) ++stage_moe_blocks, stage_checkpointed_moe += l - l0 < checkpointed ? 1 : 0;
+  }
 
   // Placement of the mesh (comm::Mesh: tp adjacent, then dp, then pp) on nodes of gpn GPUs.
   const Placement tp_group{tp, std::min(tp, gpn)};
-  const Placement dp_group{dp, std::clamp(gpn / tp, 1, dp)};
+  // The data-parallel strategy's group: dp ranks, or with expert parallelism the dp / ep ranks
+  // holding the same experts (stride ep); the ep group: ep consecutive ranks of a dp group.
+  const int gg = spec.gradient_group();
+  const Placement dp_group{gg, std::clamp(gpn / (tp * ep), 1, gg)};
+  const Placement ep_group{ep, std::clamp(gpn / tp, 1, ep)};
   const bool pp_inter = dp * tp * pp > gpn;
   auto add_comm = [&](CommTime c) {
     out.comm_s += c.seconds;
@@ -175,18 +215,46 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
     add_comm({"p2p", "pp", "activations and their gradients", "p2p", pp_inter, 2 * steps, bytes,
               2 * steps * one.seconds, 2 * steps * one.seconds, 0});
   }
-  const double microbatch_s = w.forward_s + w.backward_s + tp_per_microbatch + pp_per_microbatch;
+  // Expert parallelism: each MoE block's dispatch and combine are all-to-alls of this rank's
+  // n k rows of d (counts first: a few bytes, counted in alpha), twice in the forward, twice in the
+  // backward, twice more in the recompute of a checkpointed block; on the critical path.
+  double ep_per_microbatch = 0;
+  if (ep > 1 && stage_moe_blocks > 0) {
+    const double bytes = assignments * d * e;
+    const CollectiveTime one = collective_time(CollectiveOp::all_to_all, bytes, ep_group, cluster);
+    const double count = 4.0 * stage_moe_blocks + 2.0 * stage_checkpointed_moe;
+    ep_per_microbatch = count * one.seconds;
+    add_comm({"all-to-all", "ep", "MoE dispatch and combine", one.algorithm, one.inter_node, count * steps, bytes,
+              count * steps * one.seconds, count * steps * one.seconds, 0});
+  }
+  const double microbatch_s = w.forward_s + w.backward_s + tp_per_microbatch + pp_per_microbatch + ep_per_microbatch;
   out.compute_s = steps * (w.forward_s + w.backward_s);
   out.bubble_s = spec.bubble_microbatches(static_cast<int>(cfg.parallel.virtual_stages)) * microbatch_s;
 
   // Data parallelism over the dp group: parameters this rank holds (tp slices of its stage).
+  // An MoE block holds the router (E d) and its E / ep local experts (3 d Fe each) in place of the
+  // dense FFN.
   const double block_params = 4 * d * d + 3 * d * F, norms = (2 * stage_layers + 1) * d;
-  const double stage_matrix = stage_layers * block_params + (pp == 1 ? 2 : 1) * V * d;
+  const double moe_block_params = 4 * d * d + E * d + E / ep * 3 * d * Fe;
+  const double stage_matrix = (stage_layers - stage_moe_blocks) * block_params + stage_moe_blocks * moe_block_params +
+                              (pp == 1 ? 2 : 1) * V * d;
   const double held = stage_matrix / t + norms;   // Pr of the accounting, for this stage
   const double grad_e = cfg.parallel.grad_reduce_dtype == GradReduceDtype::bf16 ? 2.0 : 4.0;
   const bool copy_engine = spec.copy_engine_window() != parallel::CopyEngineWindow::none;
   const double contention = copy_engine ? cal.copy_engine_contention : cal.nccl_contention;
   const double last_backward_s = w.backward_s;
+  if (ep > 1 && dp > 1) {
+    // The dense gradients are first summed over the ep group (parallel/expert_parallel_strategy.h),
+    // as each becomes final in the last micro-batch's backward: hidden behind it but for the last
+    // block's (counted like a bucket's tail).
+    const double dense = held - stage_moe_blocks * E / ep * 3 * d * Fe;
+    const CollectiveTime c = collective_time(CollectiveOp::all_reduce, grad_e * dense, ep_group, cluster);
+    const double tail = collective_time(CollectiveOp::all_reduce, grad_e * dense / std::max(1, stage_layers), ep_group,
+                                        cluster).seconds;
+    const double hidden = std::min(std::max(0.0, c.seconds - tail), last_backward_s);
+    add_comm({"all-reduce", "ep", "dense gradients over the ep group", c.algorithm, c.inter_node, 1, grad_e * dense,
+              c.seconds, c.seconds - hidden, contention * hidden});
+  }
   switch (spec.gradient_timing()) {
     case parallel::GradientTiming::none: break;
     case parallel::GradientTiming::after_backward: {
@@ -242,7 +310,7 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   }
 
   // Optimizer: AdamW and the gradient norm over the parameters this rank owns.
-  const double owned = spec.fsdp() ? stage_matrix / t / dp + norms : held / (spec.sharded_optimizer() ? dp : 1);
+  const double owned = spec.fsdp() ? stage_matrix / t / gg + norms : held / (spec.sharded_optimizer() ? gg : 1);
   const double opt_bytes = owned * cal.optimizer_bytes_per_param;
   out.optimizer_s = opt_bytes / (cal.optimizer_bytes_per_s * bw_scale);
 

@@ -26,8 +26,8 @@ struct OpTime {
 
 // One collective of the step: how often it runs, its size, its time and how much of it is exposed.
 struct CommTime {
-  std::string collective;   // "all-reduce", "reduce-scatter", "all-gather", "p2p"
-  std::string axis;         // "dp", "tp", "pp"
+  std::string collective;   // "all-reduce", "reduce-scatter", "all-gather", "all-to-all", "p2p"
+  std::string axis;         // "dp", "tp", "pp", "ep"
   std::string purpose;      // "gradients", "fsdp unit gathers", "activations", ...
   std::string algorithm;    // "ring", "tree", "p2p"
   bool inter_node = false;
