@@ -197,7 +197,10 @@ namespace lmscale::parallel {
 
 void ReplicatedStrategy::set_optimizer_steps(std::int64_t steps) {
   settle();
-  if (offloaded_) offloaded_->mark_master_changed();   // a checkpoint load wrote the host master
+  if (offloaded_) {   // a checkpoint load wrote the host master: the device weights from it, now
+    offloaded_->mark_master_changed();
+    offloaded_->wait_unit(rt_.ctx(), 0);   // (nothing in flight: rebuilds the targets)
+  }
   optimizer().set_steps(steps);
 }
 
@@ -215,6 +218,7 @@ void ReplicatedStrategy::set_master_parameters(Context& ctx, const std::vector<f
                 values.size());
   std::memcpy(offloaded_->master().data(), values.data(), values.size() * sizeof(float));
   offloaded_->mark_master_changed();
+  offloaded_->wait_unit(ctx, 0);   // (nothing in flight: rebuilds the targets from the master)
 }
 
 }  // namespace lmscale::parallel
