@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "lmscale/core/rng.h"
@@ -101,6 +102,66 @@ TEST_P(OffloadedShardsTest, ChunkedHostStepsMatchAdamWBitwise) {
   // pinned host copy goes up per gather instead, and is held on the host.
   const bool on_host = copy == ShardCopy::pinned_host;
   EXPECT_EQ(off.transfer_bytes_per_step(), S * (on_host ? 4 : 4 + 2));
+}
+
+// One process and zero1/zero2 under bf16 (parallel/store_offload.h): the caller's targets, a bf16
+// working copy with an fp32 range inside (a norm weight, read in full precision) that cuts a unit,
+// and gradients in pieces (lazy buckets) that cut chunks: per unit, after wait_unit(), the bf16
+// targets hold the cast of the updated master and the fp32 target the master itself, bit for bit
+// against ops::adamw over the whole range.
+TEST(OffloadedShardsTargets, MixedTargetsAndGradientPiecesMatchAdamWBitwise) {
+  ops::Runtime rt(Device::cpu, 0, false);
+  Context& ctx = rt.ctx();
+  OptimConfig cfg;
+  cfg.name = OptimizerName::adamw;
+  cfg.weight_decay = 0.1;
+  const std::int64_t S = 200, chunk = 48;
+  // Units [0, 70), [70, 200); targets: bf16 [0, 90), fp32 [90, 110), bf16 [110, 200).
+  std::vector<parallel::OffloadedShards::Range> units{{0, 70}, {70, 130}};
+  Tensor low = Tensor::empty({S}, DType::bf16, rt.host(), "test"), full = Tensor::empty({S}, DType::f32, rt.host(), "test");
+  std::vector<parallel::OffloadedShards::Target> targets{
+      {0, 90, low.flat_range(0, 90)}, {90, 20, full.flat_range(90, 20)}, {110, 90, low.flat_range(110, 90)}};
+  parallel::OffloadedShards off(rt, S, units, targets, DType::bf16, cfg, 2, chunk);
+  std::vector<float> ref = random_values(S, 5, 0.5), ref_m(S, 0.f), ref_v(S, 0.f);
+  std::memcpy(off.master().data(), ref.data(), ref.size() * sizeof(float));
+  off.mark_master_changed();
+  Tensor rp = view_of(ref), rm = view_of(ref_m), rv = view_of(ref_v);
+  auto expect_targets = [&](const char* when) {
+    for (std::int64_t i = 0; i < S; ++i) {
+      if (i >= 90 && i < 110)
+        ASSERT_EQ(full.data_as<const float>()[i], ref[static_cast<std::size_t>(i)]) << when << " element " << i;
+      else
+        ASSERT_EQ(low.data_as<const bf16_t>()[i].bits, float_to_bf16(ref[static_cast<std::size_t>(i)]).bits)
+            << when << " element " << i;
+    }
+  };
+  off.wait_unit(ctx, 0);   // the refresh from the master
+  expect_targets("refresh");
+  for (int t = 1; t <= 3; ++t) {
+    std::vector<float> grads = random_values(S, 300 + t, 2.0);
+    std::vector<ops::GradPiece> pieces;
+    for (const auto& [a, n] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 33}, {33, 100}, {133, 67}})
+      pieces.push_back({a, Tensor::view(grads.data() + a, {n}, DType::f32, Device::cpu)});
+    const double lr = 1e-2, scale = 0.7;
+    off.start_step(ctx, pieces, lr, scale);
+    ops::AdamWStep a;
+    a.lr = lr;
+    a.beta1 = cfg.beta1;
+    a.beta2 = cfg.beta2;
+    a.eps = cfg.eps;
+    a.weight_decay = cfg.weight_decay;
+    a.grad_scale = scale;
+    a.step = t;
+    Tensor g = view_of(grads);
+    ops::adamw(ctx, rp, g, rm, rv, a, nullptr);
+    off.wait_unit(ctx, 0);
+    off.wait_unit(ctx, 1);
+    expect_targets("step");
+    off.settle();
+    EXPECT_EQ(0, std::memcmp(off.master().data(), ref.data(), S * sizeof(float))) << "master, step " << t;
+  }
+  // Gradients down, and up: 2 bytes per bf16 element, 4 per fp32 one.
+  EXPECT_EQ(off.transfer_bytes_per_step(), S * 4 + 180 * 2 + 20 * 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Copies, OffloadedShardsTest, ::testing::Values(ShardCopy::device, ShardCopy::pinned_host),

@@ -9,33 +9,83 @@
 
 namespace lmscale::parallel {
 
+namespace {
+Context host_context(ops::Runtime& rt) {
+  Context h;
+  h.device = Device::cpu;
+  h.allocator = &rt.host();
+  h.host = &rt.host();
+  return h;
+}
+}  // namespace
+
 OffloadedShards::OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units, DType compute,
                                  const OptimConfig& cfg, int threads, ShardCopy copy, std::int64_t chunk)
-    : rt_(rt), compute_(compute), threads_(std::max(1, threads)), copy_(copy), units_(std::move(units)) {
+    : rt_(rt), compute_(compute), threads_(std::max(1, threads)), copy_(copy) {
   LMSCALE_CHECK(cfg.name == OptimizerName::adamw, "parallel.offload: AdamW only (deck checks)");
-  host_ctx_.device = Device::cpu;
-  host_ctx_.allocator = &rt.host();
-  host_ctx_.host = &rt.host();
-  // Chunks of at most `chunk` elements, never across a unit boundary, in forward order.
-  LMSCALE_CHECK(chunk > 0, "OffloadedShards: chunk {} <= 0", chunk);
-  for (const Range& u : units_) {
-    for (std::int64_t a = u.offset; a < u.offset + u.count; a += chunk)
-      chunks_.push_back({a, std::min(chunk, u.offset + u.count - a)});
-    last_chunk_.push_back(u.count > 0 ? chunks_.size() - 1 : chunks_.size());
-  }
+  host_ctx_ = host_context(rt);
   optimizer_ = std::make_unique<optim::HostAdamW>(cfg, numel, host_ctx_, threads_);
   master_ = Tensor::empty({numel}, DType::f32, rt.host(), "offloaded_master");
-  if (numel > 0) std::memset(master_.data(), 0, master_.nbytes());
   lane_ = std::make_unique<ops::HostTransfer>(rt);
-  if (copy_ == ShardCopy::device)
+  if (copy_ == ShardCopy::device) {
     device_copy_ = Tensor::empty({numel}, compute_, *rt.ctx().allocator, "offloaded_device_copy");
-  else   // the worker's output and the source of each gather's copy up: pinned, so that copy is asynchronous
+    for (const Range& u : units) targets_.push_back({u.offset, u.count, device_copy_.flat_range(u.offset, u.count)});
+  } else {   // the worker's output and the source of each gather's copy up: pinned, so that copy is asynchronous
     host_copy_ = Tensor::empty({numel}, compute_, lane_->pinned(), "offloaded_host_copy");
+  }
+  init(std::move(units), chunk);
+}
+
+OffloadedShards::OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units,
+                                 std::vector<Target> targets, DType compute, const OptimConfig& cfg, int threads,
+                                 std::int64_t chunk)
+    : rt_(rt), compute_(compute), threads_(std::max(1, threads)), copy_(ShardCopy::device),
+      targets_(std::move(targets)) {
+  LMSCALE_CHECK(cfg.name == OptimizerName::adamw, "parallel.offload: AdamW only (deck checks)");
+  std::int64_t at = 0;
+  for (const Target& t : targets_) {
+    LMSCALE_CHECK(t.offset == at && t.count >= 0 && t.dst.numel() == t.count && t.dst.device() == rt.device() &&
+                      (t.dst.dtype() == compute_ || t.dst.dtype() == DType::f32),
+                  "OffloadedShards: target at {} of {} elements does not continue the shard at {} on the device in {} "
+                  "or fp32",
+                  t.offset, t.count, at, dtype_name(compute_));
+    at += t.count;
+  }
+  LMSCALE_CHECK(at == numel, "OffloadedShards: the targets cover {} of {} elements", at, numel);
+  host_ctx_ = host_context(rt);
+  optimizer_ = std::make_unique<optim::HostAdamW>(cfg, numel, host_ctx_, threads_);
+  master_ = Tensor::empty({numel}, DType::f32, rt.host(), "offloaded_master");
+  lane_ = std::make_unique<ops::HostTransfer>(rt);
+  init(std::move(units), chunk);
+}
+
+void OffloadedShards::init(std::vector<Range> units, std::int64_t chunk) {
+  units_ = std::move(units);
+  if (master_.numel() > 0) std::memset(master_.data(), 0, master_.nbytes());
+  // Chunks of at most `chunk` elements, never across a unit (or target) boundary, in forward order.
+  LMSCALE_CHECK(chunk > 0, "OffloadedShards: chunk {} <= 0", chunk);
+  for (const Range& u : units_) {
+    for (std::int64_t a = u.offset; a < u.offset + u.count;) {
+      std::size_t t = 0;
+      std::int64_t end = std::min(a + chunk, u.offset + u.count);
+      if (copy_ == ShardCopy::device) {
+        while (t < targets_.size() && targets_[t].offset + targets_[t].count <= a) ++t;
+        LMSCALE_CHECK(t < targets_.size(), "OffloadedShards: element {} has no target", a);
+        end = std::min(end, targets_[t].offset + targets_[t].count);
+      }
+      chunks_.push_back({a, end - a, t});
+      a = end;
+    }
+    last_chunk_.push_back(u.count > 0 ? chunks_.size() - 1 : chunks_.size());
+  }
   std::int64_t slot = 0;
+  std::size_t widest = dtype_size(compute_);
   for (const Chunk& c : chunks_) slot = std::max(slot, c.count);
+  for (const Target& t : targets_) widest = std::max(widest, dtype_size(t.dst.dtype()));
   for (int k = 0; k < 2; ++k) {
     grad_slot_[k] = Tensor::empty({slot}, DType::f32, lane_->pinned(), "offload_staging");
-    if (copy_ == ShardCopy::device) copy_slot_[k] = Tensor::empty({slot}, compute_, lane_->pinned(), "offload_staging");
+    if (copy_ == ShardCopy::device)
+      copy_slot_[k] = Tensor::empty({slot}, widest == 4 ? DType::f32 : compute_, lane_->pinned(), "offload_staging");
   }
   copied_.resize(chunks_.size());
   worker_ = std::thread([this] { run_worker(); });
@@ -58,7 +108,7 @@ void OffloadedShards::run_worker() {
     error_ = std::current_exception();
   }
   for (;;) {
-    Tensor grads;
+    std::vector<ops::GradPiece> grads;
     double lr = 0, scale = 1;
     ops::HostTransfer::Fence ready;
     {
@@ -66,7 +116,7 @@ void OffloadedShards::run_worker() {
       cv_.wait(lock, [&] { return stop_ || job_; });
       if (stop_ && !job_) return;
       job_ = false;
-      grads = job_grads_;
+      grads = std::move(job_grads_);
       lr = job_lr_;
       scale = job_scale_;
       ready = job_ready_;
@@ -92,15 +142,21 @@ void OffloadedShards::run_worker() {
   }
 }
 
-void OffloadedShards::update(const Tensor& grads, double lr, double grad_scale, const ops::HostTransfer::Fence& ready) {
+void OffloadedShards::update(const std::vector<ops::GradPiece>& grads, double lr, double grad_scale,
+                             const ops::HostTransfer::Fence& ready) {
   const std::size_t n = chunks_.size();
   if (n == 0) return;
   lane_->after(ready);   // the gradients are final
   ops::HostTransfer::Fence down[2], up[2];
-  auto fetch = [&](std::size_t c) {   // D2H of chunk c's gradients into slot c % 2
+  auto fetch = [&](std::size_t c) {   // D2H of chunk c's gradients (from each piece it overlaps) into slot c % 2
     const Chunk& k = chunks_[c];
-    Tensor dst = grad_slot_[c % 2].flat_range(0, k.count);
-    lane_->copy(grads.flat_range(k.offset, k.count), dst);
+    for (const ops::GradPiece& piece : grads) {
+      const std::int64_t a = std::max(k.offset, piece.offset);
+      const std::int64_t e = std::min(k.offset + k.count, piece.offset + piece.grad.numel());
+      if (a >= e) continue;
+      Tensor dst = grad_slot_[c % 2].flat_range(a - k.offset, e - a);
+      lane_->copy(piece.grad.flat_range(a - piece.offset, e - a), dst);
+    }
     down[c % 2] = lane_->fence();
   };
   // The arithmetic of the AdamW this run would use without offload (ops/host_adamw.h).
@@ -115,12 +171,17 @@ void OffloadedShards::update(const Tensor& grads, double lr, double grad_scale, 
     lane_->wait(up[c % 2]);               // chunk c-2's copy back has left the slot
     Tensor p = master_.flat_range(k.offset, k.count), g = grad_slot_[c % 2].flat_range(0, k.count);
     const bool on_host = copy_ == ShardCopy::pinned_host;
-    Tensor out = on_host ? host_copy_.flat_range(k.offset, k.count) : copy_slot_[c % 2].flat_range(0, k.count);
-    const bool lowp = compute_ != DType::f32;
+    // The result in the dtype its destination holds: the compute dtype, or fp32 (a target of
+    // fp32 weights: the master's values themselves).
+    const DType out_dtype = on_host ? compute_ : targets_[k.target].dst.dtype();
+    Tensor out = on_host ? host_copy_.flat_range(k.offset, k.count)
+                         : Tensor::view(copy_slot_[c % 2].data(), {k.count}, out_dtype, copy_slot_[c % 2].device());
+    const bool lowp = out_dtype != DType::f32;
     optimizer_->step_host(p, g, lowp ? &out : nullptr, k.offset, lr, grad_scale, arithmetic);
     if (!lowp) std::memcpy(out.data(), p.data(), p.nbytes());
     if (!on_host) {   // pinned_host: the gathers copy it up themselves (device_shard)
-      Tensor dst = device_copy_.flat_range(k.offset, k.count);
+      const Target& t = targets_[k.target];
+      Tensor dst = t.dst.flat_range(k.offset - t.offset, k.count);
       lane_->copy(out, dst);
       up[c % 2] = lane_->fence();
     }
@@ -136,13 +197,26 @@ void OffloadedShards::update(const Tensor& grads, double lr, double grad_scale, 
 void OffloadedShards::start_step(Context& ctx, const Tensor& grads, double lr, double grad_scale) {
   LMSCALE_CHECK(grads.dtype() == DType::f32 && grads.numel() == master_.numel(),
                 "OffloadedShards: fp32 gradients of the shard's {} elements expected", master_.numel());
+  start_step(ctx, std::vector<ops::GradPiece>{{0, grads}}, lr, grad_scale);
+}
+
+void OffloadedShards::start_step(Context& ctx, std::vector<ops::GradPiece> grads, double lr, double grad_scale) {
+  std::int64_t at = 0;
+  for (const ops::GradPiece& g : grads) {
+    LMSCALE_CHECK(g.offset == at && g.grad.dtype() == DType::f32,
+                  "OffloadedShards: fp32 gradient pieces continuing the shard expected (a piece at {}, expected {})",
+                  g.offset, at);
+    at += g.grad.numel();
+  }
+  LMSCALE_CHECK(at == master_.numel(), "OffloadedShards: gradient pieces of {} elements for a shard of {}", at,
+                master_.numel());
   settle();
   if (stale_) refresh(ctx);
   optimizer_->begin_step();
   ops::HostTransfer::Fence ready = lane_->fence(ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    job_grads_ = grads;
+    job_grads_ = std::move(grads);
     job_lr_ = lr;
     job_scale_ = grad_scale;
     job_ready_ = std::move(ready);
@@ -166,29 +240,34 @@ void OffloadedShards::settle() {
   for (const auto& f : copied_) lane_->wait(f);
 }
 
-Tensor OffloadedShards::device_shard(Context& ctx, int u) {
-  const Range& r = units_[static_cast<std::size_t>(u)];
+void OffloadedShards::wait_unit(Context& ctx, int u) {
   if (stale_) {
     settle();
     refresh(ctx);
   }
   const std::size_t last = last_chunk_[static_cast<std::size_t>(u)];
-  if (last < chunks_.size()) {
-    ops::HostTransfer::Fence f;
-    {
-      NvtxRange wait("offload_wait");
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !in_flight_ || done_ > last || error_; });
-      if (error_) {
-        std::exception_ptr e = error_;
-        error_ = nullptr;
-        lock.unlock();
-        std::rethrow_exception(e);
-      }
-      f = copied_[last];
+  if (last >= chunks_.size()) return;
+  ops::HostTransfer::Fence f;
+  {
+    NvtxRange wait("offload_wait");
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !in_flight_ || done_ > last || error_; });
+    if (error_) {
+      std::exception_ptr e = error_;
+      error_ = nullptr;
+      lock.unlock();
+      std::rethrow_exception(e);
     }
-    lane_->wait_on(ctx, f);   // the lane's copies are in order: the unit's earlier chunks are there too
+    f = copied_[last];
   }
+  lane_->wait_on(ctx, f);   // the lane's copies are in order: the unit's earlier chunks are there too
+}
+
+Tensor OffloadedShards::device_shard(Context& ctx, int u) {
+  LMSCALE_CHECK(copy_ == ShardCopy::pinned_host || device_copy_.defined(),
+                "OffloadedShards: device_shard() without a device copy of its own (the caller's targets)");
+  const Range& r = units_[static_cast<std::size_t>(u)];
+  wait_unit(ctx, u);
   if (copy_ == ShardCopy::device) return device_copy_.flat_range(r.offset, r.count);
   // pinned_host: the worker has written u's range (the wait above); up on the compute stream.
   Tensor send = Tensor::empty({r.count}, compute_, *ctx.allocator, "fsdp_send");
@@ -197,21 +276,26 @@ Tensor OffloadedShards::device_shard(Context& ctx, int u) {
 }
 
 void OffloadedShards::refresh_device(Context& ctx) {
-  // The master to the device in its own rounding: through an fp32 device chunk and the device's
-  // cast (what FSDP without offload sends), one chunk at a time.
+  // The master to each target in its own rounding: fp32 targets by a copy, the others through an
+  // fp32 device chunk and the device's cast (what FSDP without offload sends, what
+  // ParameterStore::refresh_lowp writes), one chunk at a time.
   const std::int64_t n = master_.numel();
-  if (n > 0) {
-    const std::int64_t step = std::min(kChunk, n);
-    Tensor tmp = Tensor::empty({step}, DType::f32, *ctx.allocator, "offload_refresh");
-    for (std::int64_t a = 0; a < n; a += step) {
-      const std::int64_t c = std::min(step, n - a);
-      Tensor t = tmp.flat_range(0, c), dst = device_copy_.flat_range(a, c);
-      ops::copy(ctx, master_.flat_range(a, c), t);
-      if (compute_ == DType::f32) ops::copy(ctx, t, dst);
-      else ops::cast(ctx, t, dst);
+  const std::int64_t step = std::min(kChunk, n);
+  Tensor tmp;
+  for (const Target& target : targets_)
+    for (std::int64_t a = 0; a < target.count; a += step) {
+      const std::int64_t c = std::min(step, target.count - a);
+      Tensor src = master_.flat_range(target.offset + a, c), dst = target.dst.flat_range(a, c);
+      if (dst.dtype() == DType::f32) {
+        ops::copy(ctx, src, dst);
+        continue;
+      }
+      if (!tmp.defined()) tmp = Tensor::empty({step}, DType::f32, *ctx.allocator, "offload_refresh");
+      Tensor t = tmp.flat_range(0, c);
+      ops::copy(ctx, src, t);
+      ops::cast(ctx, t, dst);
     }
-    rt_.synchronize();   // tmp is freed stream-ordered; the master may change on the host after this
-  }
+  rt_.synchronize();   // tmp is freed stream-ordered; the master may change on the host after this
   for (auto& f : copied_) f = {};
   stale_ = false;
 }
@@ -227,8 +311,9 @@ void OffloadedShards::refresh_host() {
 }
 
 std::int64_t OffloadedShards::transfer_bytes_per_step() const {
-  const std::int64_t up = copy_ == ShardCopy::device ? static_cast<std::int64_t>(dtype_size(compute_)) : 0;
-  return master_.numel() * (4 + up);
+  std::int64_t up = 0;   // pinned_host: none (each gather copies its unit up)
+  for (const Target& t : targets_) up += t.count * static_cast<std::int64_t>(dtype_size(t.dst.dtype()));
+  return master_.numel() * 4 + up;
 }
 
 }  // namespace lmscale::parallel

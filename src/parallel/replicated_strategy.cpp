@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 
 #include "lmscale/core/error.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/grad_clip.h"
 #include "lmscale/optim/host_adamw.h"
+#include "lmscale/parallel/store_offload.h"
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/optimizer_segments.h"
 #include "lmscale/parallel/tensor_parallel.h"
@@ -30,10 +32,16 @@ ReplicatedStrategy::ReplicatedStrategy(const StrategyParts& parts)
     lazy_ = std::make_unique<LazyGradients>(store_, kOneProcessBucketBytes, *ctx.allocator);
   }
   if (spec_.offload == OffloadMode::optimizer) {
-    // One process (the deck refuses DDP with offload): m, v and the update on the host.
-    LMSCALE_CHECK(spec_.dp == 1 && parts.cfg.optim.name == OptimizerName::adamw,
+    // One process (the deck refuses DDP with offload): the master, m, v and the update on the
+    // host (parallel/offloaded_shards.h); the worker copies each unit's result up into the
+    // weights the forward reads (parallel/store_offload.h), which the next forward waits for.
+    LMSCALE_CHECK(spec_.dp == 1 && lazy_ && parts.cfg.optim.name == OptimizerName::adamw,
                   "parallel.offload = optimizer: one process with adamw only (deck checks)");
-    optimizer_ = std::make_unique<optim::HostAdamW>(parts.cfg.optim, store_.numel(), ctx, optim::host_adamw_threads(1, pc.offload_threads));
+    layers_ = parts.layers;
+    offloaded_ = std::make_unique<OffloadedShards>(
+        rt_, store_.numel(), store_units(store_, layers_, 0, store_.numel()), store_targets(store_, 0, store_.numel()),
+        store_.lowp_dtype(), parts.cfg.optim, optim::host_adamw_threads(1, pc.offload_threads));
+    ops::copy(ctx, store_.flat_params(), offloaded_->master());   // the initial values
   } else {
     optimizer_ = optim::make_optimizer(parts.cfg.optim, store_.numel(), store_.master_dtype(), ctx, store_.size(),
                                        param_segments(store_.infos(), 0, store_.numel()));
@@ -70,7 +78,36 @@ double ReplicatedStrategy::grad_sum_squares(Context& ctx) {
   return tp_->global_sum_squares(sq, optim::sum_of_squares(ctx, parts));
 }
 
+optim::Optimizer& ReplicatedStrategy::optimizer() const {
+  return offloaded_ ? static_cast<optim::Optimizer&>(offloaded_->optimizer()) : *optimizer_;
+}
+
+void ReplicatedStrategy::settle() {
+  waits_.wait_until(UnitWaits::kAllUnits);
+  if (offloaded_) offloaded_->settle();
+}
+
+void ReplicatedStrategy::step_offloaded(Context& ctx, double lr, double grad_scale) {
+  // The buckets' gradients as pieces of the store, handed to the host worker; each bucket is
+  // freed once the next forward has waited for the unit of its last element (the lane's copies
+  // run in order: its gradients went down before that unit's parameters came up).
+  const auto& buckets = lazy_->buckets();
+  std::vector<ops::GradPiece> pieces;
+  for (int b = 0; b < static_cast<int>(buckets.size()); ++b)
+    pieces.push_back({buckets[static_cast<std::size_t>(b)].offset, lazy_->bucket(b)});
+  std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  offloaded_->start_step(ctx, std::move(pieces), lr, grad_scale);
+  const auto& infos = store_.infos();
+  for (int u = 0; u <= layers_ + 1; ++u) {
+    waits_.push({-1, u, {}, {}, [this, u] { offloaded_->wait_unit(rt_.ctx(), u); }});
+    for (int b = 0; b < static_cast<int>(buckets.size()); ++b)
+      if (forward_unit(infos[static_cast<std::size_t>(buckets[static_cast<std::size_t>(b)].last)], layers_) == u)
+        waits_.push({b, u, {}, {}, [] {}});
+  }
+}
+
 void ReplicatedStrategy::step(Context& ctx, double lr, double grad_scale) {
+  if (offloaded_) return step_offloaded(ctx, lr, grad_scale);
   optim::Optimizer& opt = *optimizer_;
   // The ranges this rank steps: the update segments (the lazy buckets of one process, or the
   // 256 MiB split of DDP's flat buffer when the update is overlapped), else the whole flat
@@ -124,20 +161,23 @@ void ReplicatedStrategy::step(Context& ctx, double lr, double grad_scale) {
     opt.step_range(octx, g.params, g.grads, g.lowp.defined() ? &g.lowp : nullptr, g.offset, lr, grad_scale);
     if (overlap_)
       waits_.push({lazy_ ? g.segment : -1, segments_[static_cast<std::size_t>(g.segment)].first_unit, rt_.mark(octx),
-                   {}});
+                   {}, {}});
   }
 }
 
 StateLayout ReplicatedStrategy::state_layout() {
   // Every rank holds all of its store; the replicas of each piece (dp ranks; dp x tp ranks for
   // tp-replicated norms) each write a near-equal slice of it.
+  // Offloaded: the master is the host's (a load marks it changed: set_optimizer_steps).
+  settle();
   StateLayout out;
-  optim::Optimizer& opt = *optimizer_;
+  optim::Optimizer& opt = optimizer();
+  Tensor& master = offloaded_ ? offloaded_->master() : store_.flat_params();
   for (int i = 0; i < store_.size(); ++i) {
     const auto& p = store_.infos()[static_cast<std::size_t>(i)];
     // m, v: the optimizer's state tensors 0 and 1 (empty where it holds none, e.g. sgd's v).
     auto views = [&](std::int64_t a, std::int64_t b) {
-      return std::array<Tensor, 3>{store_.flat_params().flat_range(p.offset + a, b - a),
+      return std::array<Tensor, 3>{master.flat_range(p.offset + a, b - a),
                                    state_view(opt, 0, p.offset + a, b - a), state_view(opt, 1, p.offset + a, b - a)};
     };
     auto all = views(0, p.numel);
@@ -149,6 +189,36 @@ StateLayout ReplicatedStrategy::state_layout() {
     }
   }
   return out;
+}
+
+}  // namespace lmscale::parallel
+
+namespace lmscale::parallel {
+
+void ReplicatedStrategy::set_optimizer_steps(std::int64_t steps) {
+  settle();
+  if (offloaded_) {   // a checkpoint load wrote the host master: the device weights from it, now
+    offloaded_->mark_master_changed();
+    offloaded_->wait_unit(rt_.ctx(), 0);   // (nothing in flight: rebuilds the targets)
+  }
+  optimizer().set_steps(steps);
+}
+
+std::vector<float> ReplicatedStrategy::master_parameters(Context& ctx) {
+  if (!offloaded_) return Strategy::master_parameters(ctx);
+  settle();
+  const Tensor& m = offloaded_->master();
+  return std::vector<float>(m.data_as<const float>(), m.data_as<const float>() + m.numel());
+}
+
+void ReplicatedStrategy::set_master_parameters(Context& ctx, const std::vector<float>& values) {
+  Strategy::set_master_parameters(ctx, values);
+  if (!offloaded_) return;
+  LMSCALE_CHECK(static_cast<std::int64_t>(values.size()) == offloaded_->master().numel(), "set_master_parameters: {} values",
+                values.size());
+  std::memcpy(offloaded_->master().data(), values.data(), values.size() * sizeof(float));
+  offloaded_->mark_master_changed();
+  offloaded_->wait_unit(ctx, 0);   // (nothing in flight: rebuilds the targets from the master)
 }
 
 }  // namespace lmscale::parallel

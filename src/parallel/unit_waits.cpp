@@ -22,7 +22,9 @@ std::vector<UnitSegment> unit_segments(const std::vector<model::ParamInfo>& info
 void UnitWaits::wait_until(int unit) {
   while (next_ < pending_.size() && pending_[next_].first_unit <= unit) {
     Pending& p = pending_[next_++];
-    if (p.gathered.valid())
+    if (p.wait)
+      p.wait();
+    else if (p.gathered.valid())
       p.gathered.wait();
     else
       rt_.wait(rt_.ctx(), p.done);

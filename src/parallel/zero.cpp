@@ -8,7 +8,6 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/optim/grad_clip.h"
-#include "lmscale/optim/host_adamw.h"
 #include "lmscale/parallel/bucket_reducer.h"
 #include "lmscale/parallel/rank_order_sum.h"
 #include "lmscale/parallel/reductions_in_flight.h"
@@ -298,8 +297,7 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
     if (a < b) mine.push_back({a - s.begin, b - a, seg.param, seg.layerwise});
   }
   if (g.segments.empty() && s.size > 0) mine.push_back({0, s.size, 0, true});
-  if (offload_threads_ > 0) s.opt = std::make_unique<optim::HostAdamW>(cfg_, s.size, ctx, offload_threads_);
-  else s.opt = optim::make_optimizer(cfg_, s.size, g.params.dtype(), ctx, std::max(g.num_params, 1), std::move(mine));
+  if (!offload_) s.opt = optim::make_optimizer(cfg_, s.size, g.params.dtype(), ctx, std::max(g.num_params, 1), std::move(mine));
   // Each rank's share of the master ranges the forward reads (gathered after each step with the copy).
   s.read_counts.assign(static_cast<std::size_t>(grads_.size()), 0);
   std::int64_t lo = 0;
@@ -313,6 +311,10 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
   // A group added mid-training starts from rank 0's values everywhere.
   grads_.broadcast(s.g.params, 0);
   if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
+  if (offload_) {
+    s.offloaded = offload_(s.begin, s.begin + s.size);
+    ops::copy(ctx, s.g.params.flat_range(s.begin, s.size), s.offloaded->master());   // the initial values
+  }
   shards_.push_back(std::move(s));
   return static_cast<int>(shards_.size()) - 1;
 }
@@ -449,10 +451,14 @@ void ZeroOptimizer::gather_master_reads(Shard& s, Context& ctx) {
 }
 
 void ZeroOptimizer::complete_master(Context& ctx) {
-  (void)ctx;
   for (auto& s : shards_) {
     if (!s.master_partial) continue;
     NvtxRange r("zero_complete_master");
+    if (s.offloaded) {   // the device master's range is stale but for the norm weights: the host's values
+      s.offloaded->settle();
+      Tensor dst = s.g.params.flat_range(s.begin, s.size);
+      ops::copy(ctx, s.offloaded->master(), dst);
+    }
     gather_in_place(grads_, s.g.params, s.counts);
     s.master_partial = false;
   }
@@ -465,6 +471,15 @@ void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
     Tensor p = s.g.params.flat_range(s.begin, s.size);
     // This rank's range of the working copy, written by the update itself (gathered below).
     Tensor lowp = gathers_working_copy(s) ? s.g.lowp->flat_range(s.begin, s.size) : Tensor();
+    if (s.offloaded) {
+      // The host worker updates the shard chunk by chunk and copies each piece up (into the
+      // working copy's range, and the master's for the norm weights and fp32 runs); the
+      // all-gather below waits for all of it (the compute stream waits for each unit's copies).
+      s.offloaded->start_step(ctx, shard_grads(s), lr, grad_scale);
+      for (int u = 0; u < s.offloaded->units(); ++u) s.offloaded->wait_unit(ctx, u);
+      distribute_parameters(s, ctx);
+      continue;
+    }
     optim::Optimizer& opt = *s.opt;
     opt.begin_step();
     if (opt.layerwise()) {
@@ -483,12 +498,37 @@ void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
 
 std::size_t ZeroOptimizer::state_bytes() const {
   std::size_t b = 0;
-  for (const auto& s : shards_) b += s.opt->state_bytes();
+  for (const auto& s : shards_) b += optimizer_of(s).state_bytes();
   return b;
+}
+
+Tensor ZeroOptimizer::offloaded_master(int group) {
+  Shard& s = shards_[static_cast<std::size_t>(group)];
+  return s.offloaded ? s.offloaded->master() : Tensor();
+}
+
+void ZeroOptimizer::settle() {
+  for (auto& s : shards_)
+    if (s.offloaded) s.offloaded->settle();
+}
+
+void ZeroOptimizer::master_changed(Context& ctx) {
+  for (auto& s : shards_) {
+    if (!s.offloaded) continue;
+    s.offloaded->settle();
+    ops::copy(ctx, s.g.params.flat_range(s.begin, s.size), s.offloaded->master());   // D2H to pageable memory: synchronous
+    s.offloaded->mark_master_changed();
+    s.master_partial = false;   // the whole device master was written
+  }
+}
+
+void ZeroOptimizer::mark_offloaded_master_changed() {
+  for (auto& s : shards_)
+    if (s.offloaded) s.offloaded->mark_master_changed();
 }
 
 std::int64_t ZeroOptimizer::shard_begin(int g) const { return shards_[static_cast<std::size_t>(g)].begin; }
 std::int64_t ZeroOptimizer::shard_size(int g) const { return shards_[static_cast<std::size_t>(g)].size; }
-std::int64_t ZeroOptimizer::steps() const { return shards_.empty() ? 0 : shards_[0].opt->steps(); }
+std::int64_t ZeroOptimizer::steps() const { return shards_.empty() ? 0 : optimizer_of(shards_[0]).steps(); }
 
 }  // namespace lmscale::parallel

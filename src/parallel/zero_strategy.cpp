@@ -5,6 +5,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/optim/host_adamw.h"
+#include "lmscale/parallel/store_offload.h"
 #include "lmscale/parallel/optimizer_segments.h"
 #include "lmscale/parallel/tensor_parallel.h"
 
@@ -16,9 +17,19 @@ ZeroStrategy::ZeroStrategy(const StrategyParts& parts) : Strategy(parts), waits_
   LMSCALE_CHECK(parts.dp && parts.dp_host, "data parallelism needs the world communicators");
   if (parts.dp->device() == Device::cuda) parts.dp->set_compute_stream(ctx.stream);
   zero_ = std::make_unique<ZeroOptimizer>(zero_mode_of(pc.zero), *parts.dp, *parts.dp_host, parts.cfg.optim);
-  // parallel.offload = optimizer: each rank's shard state on the host; the host threads are split
-  // over the dp ranks, assumed to share one host (docs/parallel.md).
-  if (spec_.offload == OffloadMode::optimizer) zero_->offload_optimizer(optim::host_adamw_threads(spec_.dp, pc.offload_threads));
+  // parallel.offload = optimizer: each rank's shard of the master and its state on the host
+  // (parallel/offloaded_shards.h), copied up into the store's weights (parallel/store_offload.h);
+  // the host threads are split over the dp ranks, assumed to share one host (docs/parallel.md).
+  if (spec_.offload == OffloadMode::optimizer) {
+    const int threads = optim::host_adamw_threads(spec_.dp, pc.offload_threads), layers = parts.layers;
+    ops::Runtime& rt = parts.rt;
+    const OptimConfig& optim_cfg = parts.cfg.optim;
+    zero_->offload_optimizer([this, &rt, &optim_cfg, threads, layers](std::int64_t begin, std::int64_t end) {
+      return std::make_unique<OffloadedShards>(rt, end - begin, store_units(store_, layers, begin, end),
+                                               store_targets(store_, begin, end), store_.lowp_dtype(), optim_cfg,
+                                               threads);
+    });
+  }
   zero_->add_group({store_.flat_params(), store_.has_flat_grads() ? store_.flat_grads() : Tensor(),
                     store_.has_lowp() ? &store_.flat_lowp() : nullptr, param_segments(store_.infos(), 0, store_.numel()),
                     store_.size(), store_.master_read_ranges()},
@@ -65,7 +76,23 @@ void ZeroStrategy::step(Context& ctx, double lr, double grad_scale) {
   std::vector<comm::Work> w = zero_->take_gathers();
   LMSCALE_CHECK(w.size() == gather_segments_.size(), "{} deferred gathers for {} segments", w.size(),
                 gather_segments_.size());
-  for (std::size_t j = 0; j < w.size(); ++j) waits_.push({-1, gather_segments_[j].first_unit, {}, std::move(w[j])});
+  for (std::size_t j = 0; j < w.size(); ++j) waits_.push({-1, gather_segments_[j].first_unit, {}, std::move(w[j]), {}});
+}
+
+void ZeroStrategy::settle() {
+  waits_.wait_until(UnitWaits::kAllUnits);
+  zero_->settle();
+}
+
+void ZeroStrategy::set_master_parameters(Context& ctx, const std::vector<float>& values) {
+  Strategy::set_master_parameters(ctx, values);
+  zero_->master_changed(ctx);
+}
+
+void ZeroStrategy::set_optimizer_steps(std::int64_t steps) {
+  settle();
+  zero_->mark_offloaded_master_changed();   // a checkpoint load wrote the host master (state_layout)
+  zero_->group_optimizer(0).set_steps(steps);
 }
 
 std::vector<float> ZeroStrategy::master_parameters(Context& ctx) {
@@ -78,9 +105,16 @@ StateLayout ZeroStrategy::state_layout() {
   // The master is replicated (every rank loads all of its store), m and v exist for this rank's
   // range of the flat buffer only; the range, cut at parameter boundaries, is what it writes
   // (tp-replicated norms: split once more among the tp ranks, which hold identical copies).
+  // Offloaded: this rank's range of the master is the host's (saved from it, loaded into it as
+  // well as into the device master, which the other ranges need).
+  settle();
   StateLayout out;
   const std::int64_t lo = zero_->shard_begin(0), hi = lo + zero_->shard_size(0);
   optim::Optimizer& opt = zero_->group_optimizer(0);
+  const Tensor host_master = zero_->offloaded_master(0);
+  auto master = [&](std::int64_t x, std::int64_t n) {
+    return host_master.defined() ? host_master.flat_range(x - lo, n) : store_.flat_params().flat_range(x, n);
+  };
   for (int i = 0; i < store_.size(); ++i) {
     const auto& p = store_.infos()[static_cast<std::size_t>(i)];
     const int g = store_.global_index(i);
@@ -89,12 +123,12 @@ StateLayout ZeroStrategy::state_layout() {
     const std::int64_t a = std::max(lo, p.offset) - p.offset, b = std::min(hi, p.offset + p.numel) - p.offset;
     if (a >= b) continue;
     auto views = [&](std::int64_t x, std::int64_t y) {
-      return std::array<Tensor, 3>{store_.flat_params().flat_range(p.offset + x, y - x),
+      return std::array<Tensor, 3>{master(p.offset + x, y - x),
                                    state_view(opt, 0, p.offset + x - lo, y - x),
                                    state_view(opt, 1, p.offset + x - lo, y - x)};
     };
     auto held = views(a, b);
-    append_full_pieces(out.load, p, g, a, b, Tensor(), held[1], held[2]);
+    append_full_pieces(out.load, p, g, a, b, host_master.defined() ? held[0] : Tensor(), held[1], held[2]);
     std::int64_t sa = a, sb = b;
     if (tp_replicated(p)) {
       const auto [ta, tb] = slice_of(p.numel, tp_->split().rank, tp_->degree());

@@ -1,24 +1,15 @@
 #pragma once
 // AdamW whose moments live in host memory and whose update runs on the host (parallel.offload =
-// optimizer, docs/parallel.md "CPU offload: parallel.offload"). It drives the same interface as
-// optim::AdamW over the same range (the whole store for one process, the rank's shard for
-// zero1/zero2), so the strategies, the checkpoints (state tensors "m", "v") and the norms see no
-// difference; only where the state lives and who computes changes.
+// optimizer, docs/parallel.md "CPU offload: parallel.offload"). It is an optim::Optimizer over the
+// range a rank owns (the whole store for one process, the rank's shard for zero1/zero2/fsdp), so
+// the strategies and the checkpoints (state tensors "m", "v", the step count) see no difference;
+// only where the state lives and who computes changes.
 //
-// step_range(params, grads, lowp) over one range (a gradient bucket, or a shard):
-//   device run:  params, grads  --D2H-->  host staging;  ops::adamw_host (m, v in host memory);
-//                host master    --H2D-->  params;  host working copy --H2D--> lowp
-//   CPU run:     ops::adamw_host in place (the device is the host: no copies)
-// with the arithmetic of the device's own AdamW kernel (ops/host_adamw.h), so the results are
-// those of parallel.offload = none, bit for bit.
-//
-// Not built yet (docs/parallel.md): the fp32 master stays in the device store (this phase moves
-// m and v, 8 of the 16 bytes per parameter the optimizer keeps on the device, and the update);
-// copies are synchronous on the compute stream and use pageable host memory; they do not
-// overlap the backward.
+// Its update is step_host() over host memory; parallel::OffloadedShards (parallel/offloaded_shards.h)
+// drives it chunk by chunk on a worker thread for every mode, with the master beside it on the
+// host, so step_range() (the device-side interface) is refused.
 #include <cstdint>
 
-#include "lmscale/core/allocator.h"
 #include "lmscale/ops/host_adamw.h"
 #include "lmscale/optim/optimizer.h"
 
@@ -30,6 +21,7 @@ class HostAdamW final : public Optimizer {
   HostAdamW(const OptimConfig& cfg, std::int64_t numel, Context& ctx, int threads);
 
   std::string name() const override { return "adamw"; }
+  // Refused: the state is on the host, its update is step_host() (parallel/offloaded_shards.h).
   void step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset, double lr,
                   double grad_scale) override;
 
@@ -40,12 +32,8 @@ class HostAdamW final : public Optimizer {
                  ops::AdamWArithmetic arithmetic);
 
  private:
-  // Host staging of at least n elements (grown on demand, reused across steps).
-  void reserve(std::int64_t n, DType low_dtype, Context& ctx);
-
   OptimConfig cfg_;
   int threads_;
-  Tensor host_params_, host_grads_, host_low_;   // staging, [capacity]
 };
 
 // Threads for the host AdamW of one rank: the hardware threads over the ranks sharing the host

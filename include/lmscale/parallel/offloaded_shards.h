@@ -1,7 +1,13 @@
 #pragma once
-// parallel.offload = optimizer (+params) under FSDP (docs/parallel.md "CPU offload"): a rank's flat shard
-// [S] of fp32 master weights and its AdamW moments m, v live in host memory, and a worker thread
-// updates them on the host while the GPU goes on.
+// parallel.offload = optimizer (+params) (docs/parallel.md "CPU offload"): a rank's flat shard [S]
+// of fp32 master weights and its AdamW moments m, v live in host memory, and a worker thread
+// updates them on the host while the GPU goes on. The shard is what the rank owns: FSDP's
+// parameter shard, ZeRO-1/2's range of the flat buffer, or the whole store of one process.
+//
+// Targets (one process, zero1/zero2): instead of a device copy of its own, the caller names
+// where each piece of the shard lives on the device in the dtype the forward reads (the store's
+// working copy, or its fp32 weights: under fp32, and the norm weights under mixed precision);
+// the worker's copy up writes there. Without targets the object allocates the device copy [S].
 //
 // The device keeps only what the forward and backward need: the gradient shard (fp32 [S], where
 // the reduce-scatters add) and a copy of the master in the compute dtype (bf16/fp16 [S], or fp32),
@@ -63,11 +69,21 @@ class OffloadedShards {
   // Where the compute-dtype copy of the shard lives: device (parallel.offload = optimizer) or
   // pinned host memory (optimizer+params).
   enum class ShardCopy { device, pinned_host };
+  // Elements [offset, offset + count) of the shard go to `dst` (device, [count], the compute
+  // dtype or fp32) after each step.
+  struct Target {
+    std::int64_t offset = 0, count = 0;
+    Tensor dst;
+  };
   // numel: S; units: each unit's range, in forward order, disjoint; compute: the dtype of the
   // shard's copy; threads: host threads of the AdamW; chunk: elements per pipelined piece.
   OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units, DType compute,
                   const OptimConfig& cfg, int threads, ShardCopy copy = ShardCopy::device,
                   std::int64_t chunk = kChunk);
+  // ShardCopy::device into the caller's targets (ascending, disjoint, covering [0, S)); chunks
+  // end at target boundaries too.
+  OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units, std::vector<Target> targets,
+                  DType compute, const OptimConfig& cfg, int threads, std::int64_t chunk = kChunk);
   ~OffloadedShards();   // waits for the worker; never throws
   OffloadedShards(const OffloadedShards&) = delete;
   OffloadedShards& operator=(const OffloadedShards&) = delete;
@@ -83,10 +99,18 @@ class OffloadedShards {
   // Unit u's shard [count] in the compute dtype on the device, ready on ctx's stream (see the
   // header): a view of the device copy, or (pinned_host) a new buffer from ctx's allocator that
   // the caller must keep until the stream has read it.
+  // (Without targets.)
   Tensor device_shard(Context& ctx, int u);
+  // Makes ctx's stream wait until unit u's targets hold the step's result (the host waits until
+  // the worker has queued u's last copy up); rebuilds the targets first after a master change.
+  void wait_unit(Context& ctx, int u);
+  int units() const { return static_cast<int>(units_.size()); }
   // One AdamW step over the whole shard: begin_step() here, the update on the worker.
   // grads: device fp32 [S], final at ctx's stream's current point.
   void start_step(Context& ctx, const Tensor& grads, double lr, double grad_scale);
+  // The same with the gradients in pieces (offsets in the shard, ascending, disjoint, covering
+  // it; one process's lazy buckets), which must stay alive until every unit was waited for.
+  void start_step(Context& ctx, std::vector<ops::GradPiece> grads, double lr, double grad_scale);
   // Waits for the step in flight, rethrowing its error.
   void settle();
 
@@ -99,9 +123,12 @@ class OffloadedShards {
  private:
   struct Chunk {
     std::int64_t offset = 0, count = 0;
+    std::size_t target = 0;   // the target holding it (ShardCopy::device)
   };
+  void init(std::vector<Range> units, std::int64_t chunk);
   void run_worker();
-  void update(const Tensor& grads, double lr, double grad_scale, const ops::HostTransfer::Fence& ready);
+  void update(const std::vector<ops::GradPiece>& grads, double lr, double grad_scale,
+              const ops::HostTransfer::Fence& ready);
   void refresh_device(Context& ctx);
   void refresh_host();
   void refresh(Context& ctx) { copy_ == ShardCopy::device ? refresh_device(ctx) : refresh_host(); }
@@ -112,6 +139,7 @@ class OffloadedShards {
   int threads_;
   ShardCopy copy_;
   std::vector<Range> units_;
+  std::vector<Target> targets_;           // ShardCopy::device: the caller's, or one per unit of device_copy_
   std::vector<Chunk> chunks_;
   std::vector<std::size_t> last_chunk_;   // per unit: its last chunk's index (chunks_.size() if empty)
   std::unique_ptr<optim::HostAdamW> optimizer_;
@@ -119,9 +147,10 @@ class OffloadedShards {
   // order, and a pinned tensor frees through the lane's allocator.
   std::unique_ptr<ops::HostTransfer> lane_;
   Tensor master_;                          // host fp32 [S]
-  Tensor device_copy_;                     // device [S], compute dtype (ShardCopy::device)
+  Tensor device_copy_;                     // device [S], compute dtype (ShardCopy::device without targets)
   Tensor host_copy_;                       // pinned host [S], compute dtype (ShardCopy::pinned_host)
-  // pinned [kChunk]: fp32 gradients, compute-dtype parameters (ShardCopy::device only)
+  // pinned [largest chunk]: fp32 gradients, and (ShardCopy::device) the parameters in the
+  // widest target dtype, viewed in each chunk's target dtype
   Tensor grad_slot_[2], copy_slot_[2];
   bool stale_ = true;
 
@@ -132,7 +161,7 @@ class OffloadedShards {
   bool in_flight_ = false;                 // a step was started and its last chunk is not done
   std::size_t done_ = 0;                   // chunks of the step in flight whose copy back is queued
   std::vector<ops::HostTransfer::Fence> copied_;   // per chunk: its copy back to the device
-  Tensor job_grads_;
+  std::vector<ops::GradPiece> job_grads_;
   double job_lr_ = 0, job_scale_ = 1;
   ops::HostTransfer::Fence job_ready_;
   std::exception_ptr error_;

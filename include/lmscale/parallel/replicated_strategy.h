@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lmscale/parallel/grad_buckets.h"
+#include "lmscale/parallel/offloaded_shards.h"
 #include "lmscale/parallel/strategy.h"
 #include "lmscale/parallel/unit_waits.h"
 
@@ -27,18 +28,25 @@ class ReplicatedStrategy final : public Strategy {
   double grad_sum_squares(Context& ctx) override;
   void step(Context& ctx, double lr, double grad_scale) override;
   void release_gradients() override;
-  void settle() override { waits_.wait_until(UnitWaits::kAllUnits); }
+  void settle() override;
+  std::vector<float> master_parameters(Context& ctx) override;
+  void set_master_parameters(Context& ctx, const std::vector<float>& values) override;
   StateLayout state_layout() override;
-  std::int64_t optimizer_steps() const override { return optimizer_->steps(); }
-  void set_optimizer_steps(std::int64_t steps) override { optimizer_->set_steps(steps); }
-  std::size_t state_bytes() const override { return optimizer_->state_bytes(); }
-  optim::Optimizer* whole_optimizer() override { return optimizer_.get(); }
+  std::int64_t optimizer_steps() const override { return optimizer().steps(); }
+  void set_optimizer_steps(std::int64_t steps) override;
+  std::size_t state_bytes() const override { return optimizer().state_bytes(); }
+  optim::Optimizer* whole_optimizer() override { return &optimizer(); }
 
  private:
+  optim::Optimizer& optimizer() const;
+  void step_offloaded(Context& ctx, double lr, double grad_scale);
+
   ops::Runtime& rt_;
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<LazyGradients> lazy_;   // one process only
-  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;      // on the device, or null when offloaded
+  std::unique_ptr<OffloadedShards> offloaded_;       // parallel.offload = optimizer (one process)
+  int layers_ = 0;
   bool overlap_ = false;
   std::vector<UnitSegment> segments_;     // the update's segments (lazy buckets or the 256 MiB split)
   UnitWaits waits_;

@@ -2,7 +2,8 @@
 // Work a strategy leaves in flight after its optimizer step, for the next forward to wait on unit
 // by unit (docs/architecture.md §4, "overlapped update"): the segments of an update on the
 // runtime's side stream (parallel.overlap_optimizer) or the segments of ZeRO's parameter
-// all-gather (parallel.overlap_param_gather). The next forward's before_forward(u) makes the
+// all-gather (parallel.overlap_param_gather), or the copy up of an offloaded update
+// (parallel.offload, parallel/offloaded_shards.h). The next forward's before_forward(u) makes the
 // compute stream wait for every segment holding parameters of units <= u, so the first blocks
 // compute while the last ones are still updated or gathered.
 //
@@ -35,6 +36,8 @@ class UnitWaits {
     int first_unit = 0;         // the lowest unit with a parameter in the segment
     ops::Runtime::Mark done;    // on the side stream, after the segment's update
     comm::Work gathered;        // or: the segment's parameter all-gather
+    std::function<void()> wait; // or: this (the offloaded update's copy up of a unit; a no-op
+                                // for an item that only frees its bucket)
   };
   static constexpr int kAllUnits = 1 << 30;
 

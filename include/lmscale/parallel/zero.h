@@ -21,6 +21,7 @@
 // Without a working copy (fp32) and for zero1-broadcast the master itself is exchanged.
 // With defer_gathers (parallel.overlap_param_gather) zero1/zero2 leave that all-gather in flight
 // after step(), in segments the next forward waits for one by one (the trainer does).
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +34,7 @@
 #include "lmscale/optim/optimizer.h"
 #include "lmscale/parallel/ddp.h"
 #include "lmscale/parallel/gradient_sync.h"
+#include "lmscale/parallel/offloaded_shards.h"
 #include "lmscale/parallel/sharded_optimizer.h"
 
 namespace lmscale::parallel {
@@ -63,9 +65,21 @@ class ZeroOptimizer final : public ShardedOptimizer {
   ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host, const OptimConfig& cfg);
   // Shards a new group; returns its index.
   int add_group(const Group& g, Context& ctx);
-  // parallel.offload = optimizer: groups added after this keep their shard's AdamW state on the
-  // host and update it there (optim/host_adamw.h) with `threads` host threads.
-  void offload_optimizer(int threads) { offload_threads_ = threads; }
+  // parallel.offload = optimizer: groups added after this keep their shard's fp32 master and
+  // AdamW state on the host (parallel/offloaded_shards.h, built by `make` for the group's elements
+  // [begin, end)); step() hands the shard's gradients to the host worker and all-gathers the
+  // parameters once the worker's copies up have landed (the compute stream waits for them).
+  using OffloadFactory = std::function<std::unique_ptr<OffloadedShards>(std::int64_t begin, std::int64_t end)>;
+  void offload_optimizer(OffloadFactory make) { offload_ = std::move(make); }
+  // The host master of group g's shard [shard_size] (undefined without offload).
+  Tensor offloaded_master(int group);
+  // Offloaded: waits for the host worker (before the host master or moments are read).
+  void settle();
+  // Offloaded: the device master was written (set_master_parameters): the host master of the
+  // shard takes its values and the device copies are rebuilt from it.
+  void master_changed(Context& ctx);
+  // Offloaded: a checkpoint load wrote the host master; the device copies are rebuilt from it.
+  void mark_offloaded_master_changed();
 
   // Gradient synchronisation for the trainer (the DDP all-reduce for zero1-broadcast; nothing
   // during the backward for zero1; bucketed reduce-scatter for zero2). `ddp` is the all-reduce
@@ -103,7 +117,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
   // zero1/zero2: this rank's reduced gradients of a group's range [shard_size] (after finish()).
   const Tensor& grad_shard(int group) const { return shards_[static_cast<std::size_t>(group)].grad_shard; }
   std::int64_t steps() const override;
-  optim::Optimizer& group_optimizer(int group) { return *shards_[static_cast<std::size_t>(group)].opt; }
+  optim::Optimizer& group_optimizer(int group) { return optimizer_of(shards_[static_cast<std::size_t>(group)]); }
 
  private:
   struct Shard {
@@ -111,10 +125,14 @@ class ZeroOptimizer final : public ShardedOptimizer {
     std::vector<std::size_t> counts;   // per rank
     std::int64_t begin = 0, size = 0;   // this rank's range
     Tensor grad_shard;                   // zero1/zero2: reduced gradients of the range
-    std::unique_ptr<optim::Optimizer> opt;   // optim.name over this rank's range
+    std::unique_ptr<optim::Optimizer> opt;   // optim.name over this rank's range (on the device)
+    std::unique_ptr<OffloadedShards> offloaded;   // or: parallel.offload (master, m, v on the host)
     bool master_partial = false;   // only [begin, begin + size) of g.params (and master_reads) is current here
     std::vector<std::size_t> read_counts;   // per rank: elements of g.master_reads inside its range
   };
+  static optim::Optimizer& optimizer_of(const Shard& s) {
+    return s.offloaded ? static_cast<optim::Optimizer&>(s.offloaded->optimizer()) : *s.opt;
+  }
   void distribute_parameters(Shard& s, Context& ctx);
   bool gathers_working_copy(const Shard& s) const;
   void gather_master_reads(Shard& s, Context& ctx);
@@ -124,7 +142,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
   comm::Communicator& grads_;
   comm::Communicator& host_;
   OptimConfig cfg_;
-  int offload_threads_ = 0;   // > 0: the shards' optimizers run on the host
+  OffloadFactory offload_;   // set: the shards' master and optimizer live on the host
   std::vector<Shard> shards_;
   std::unique_ptr<GradientSync> sync_;
   std::vector<std::pair<std::int64_t, std::int64_t>> deferred_ranges_;   // empty: gather inside step()

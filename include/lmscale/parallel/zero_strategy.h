@@ -24,11 +24,12 @@ class ZeroStrategy final : public Strategy {
   model::ParallelContext forward_hooks(bool training) override;
   double grad_sum_squares(Context& ctx) override;
   void step(Context& ctx, double lr, double grad_scale) override;
-  void settle() override { waits_.wait_until(UnitWaits::kAllUnits); }
+  void settle() override;
   std::vector<float> master_parameters(Context& ctx) override;
+  void set_master_parameters(Context& ctx, const std::vector<float>& values) override;
   StateLayout state_layout() override;
   std::int64_t optimizer_steps() const override { return zero_->steps(); }
-  void set_optimizer_steps(std::int64_t steps) override { zero_->group_optimizer(0).set_steps(steps); }
+  void set_optimizer_steps(std::int64_t steps) override;
   std::size_t state_bytes() const override { return zero_->state_bytes(); }
   ShardedOptimizer* sharded() override { return zero_.get(); }
   std::size_t param_gather_segments() const override { return gather_segments_.size(); }

@@ -146,10 +146,11 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     const double owned = Pr / (sharded ? dp : 1);
     const std::string o = sharded ? p + " / N" : p;
     add("optimizer_state", 0, "0: adamw m, v of " + o + " are in host memory");
-    a.host_bytes = (8 + 4 + 4 + e) * owned;
-    a.host_formula = "(8 + 4 + 4 + e) B x " + o + " (m, v and the staging of fp32 parameters, gradients and the 16-bit copy; optim/host_adamw.h)";
-    a.host_transfer_bytes_per_step = (8 + 4 + e) * owned;
-    a.host_transfer_formula = "(8 + 4 + e) B x " + o + " (fp32 parameters and gradients down, parameters and the 16-bit copy up)";
+    a.host_bytes = 12 * owned;
+    a.host_formula = "12 B x " + o + " (fp32 master, m, v of what the rank owns; parallel/offloaded_shards.h)";
+    a.host_transfer_bytes_per_step = (4 + e) * owned;
+    a.host_transfer_formula = "(4 + e) B x " + o + " (fp32 gradients down, the weights the forward reads up: e per "
+                              "matrix and embedding element, 4 per norm weight)";
   } else if (fsdp) {   // the shard's state and the replicated norms'
     add("optimizer_state", (one_state ? 4 : 8) * (Ps / dp + norm_params),
         sb + "(" + ps + " / N + norms) (" + what + " of this rank's shard and of the norms)");

@@ -146,7 +146,7 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
                  (tp > 1 ? " of this tp rank's slices" : "") + "; gathered units beside the replayed activations)";
   } else {
     const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
-    init = replay::store_bytes(cfg, spec, P, dp_rank, cuda);
+    init = replay::store_bytes(cfg, spec, s, P, dp_rank, cuda);
     gr.lazy = lazy;
     gr.init(sizes, spec.lazy_bucket_bytes());
     // parallel.grad_exchange = copy-engine: the receive window and its signal flags (one per

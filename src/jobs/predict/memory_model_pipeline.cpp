@@ -288,7 +288,7 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   if (spec.fsdp()) {
     init = replay::setup_fsdp(gr, cfg, micro, dp, local_index);
   } else {
-    init = replay::store_bytes(cfg, spec, P, dp_rank, cuda);
+    init = replay::store_bytes(cfg, spec, micro, P, dp_rank, cuda);
     gr.lazy = lazy;
     gr.local = local_index;
     gr.init(sizes, spec.lazy_bucket_bytes());

@@ -489,16 +489,40 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
   return m.peak - base;
 }
 
-double store_bytes(const Config& cfg, const parallel::Spec& spec, double P, int dp_rank, bool cuda) {
+double store_bytes(const Config& cfg, const parallel::Spec& spec, const Shapes& s, double P, int dp_rank, bool cuda) {
   const int dp = spec.gradient_group();   // the ranks ZeRO shards over (dp / ep)
   const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
   const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  const bool offload = spec.offload != OffloadMode::none;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
-  // parallel.offload = optimizer (optim/host_adamw.h): on a GPU run m and v live in host memory
-  // (on CPU ranks the host is the device: counted as without offload).
-  const double states = cuda && spec.offload != OffloadMode::none ? 0.0
+  // parallel.offload = optimizer (parallel/offloaded_shards.h): on a GPU run the owned range's
+  // fp32 master, m and v live in host memory, and the device keeps the store's master, working
+  // copy and gradients as without offload (the master is stale there but for the norm weights
+  // and fp32 runs, whose weights the copy up writes).
+  const double states = cuda && offload ? 0.0
                         : cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
   double bytes = 4 * P + (mixed ? 2 * P : 0.0);
+  if (offload && !cuda) {
+    // On CPU ranks the host is the device: the host master of the owned range [a, b) and the two
+    // staging slots (fp32 gradients and fp32 parameters: CPU runs are fp32) of the largest chunk,
+    // a unit's part of the range of at most 32 Mi elements.
+    const auto counts = parallel::even_split(static_cast<std::int64_t>(P), spec.sharded_optimizer() ? dp : 1);
+    double a = 0;
+    for (int r = 0; r < (spec.sharded_optimizer() ? dp_rank : 0); ++r) a += static_cast<double>(counts[static_cast<std::size_t>(r)]);
+    const double b = a + static_cast<double>(counts[static_cast<std::size_t>(spec.sharded_optimizer() ? dp_rank : 0)]);
+    const auto sizes = param_sizes(s);
+    const model::ParamIndex index(s.L);
+    std::vector<double> unit(static_cast<std::size_t>(s.L + 2), 0.0);
+    double at = 0;
+    for (int i = 0; i < index.count(); ++i) {
+      const double n = sizes[static_cast<std::size_t>(i)];
+      unit[static_cast<std::size_t>(index.unit_of(i))] += std::max(0.0, std::min(b, at + n) - std::max(a, at));
+      at += n;
+    }
+    double slot = 0;
+    for (const double n : unit) slot = std::max(slot, std::min(n, 33554432.0));
+    bytes += 4 * (b - a) + 2 * slot * (4 + 4);
+  }
   if (!lazy) bytes += 4 * P;   // one flat fp32 gradient buffer
   if (spec.sharded_optimizer()) {
     const auto counts = parallel::even_split(static_cast<std::int64_t>(P), dp);

@@ -214,7 +214,7 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward);
 // state (whole, or this dp rank's shard with its gradient shard; zero's even_split of P). Under
 // expert parallelism dp_rank is the rank's index in its expert_dp group (ZeRO shards over it).
 // cuda: a GPU run, whose offloaded optimizer state (parallel.offload) is not device memory.
-double store_bytes(const Config& cfg, const parallel::Spec& spec, double P, int dp_rank, bool cuda);
+double store_bytes(const Config& cfg, const parallel::Spec& spec, const Shapes& s, double P, int dp_rank, bool cuda);
 // parallel.grad_reduce_dtype = bf16 (parallel/ddp.cpp launch, parallel/zero.cpp
 // scatter_range_staged): the bf16 copies of the gradients made for the reduction, as the trainer
 // builds the sync, alive to the end of its finish(): zero2 per bucket whatever parallel.ddp says
