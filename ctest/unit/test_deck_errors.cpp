@@ -101,8 +101,8 @@ const std::vector<BadDeck> kBadDecks{
     {"moe_every_zero", "[model]\nmoe_experts = 4\nmoe_every = 0\n", {}, "model.moe_every", ">= 1"},
     {"moe_every_over_layers", "[model]\nnum_layers = 2\nmoe_experts = 4\nmoe_every = 3\n", {}, "model.moe_every"},
     {"moe_negative_capacity", "[model]\nmoe_experts = 4\nmoe_capacity_factor = -1\n", {}, "model.moe_capacity_factor"},
-    {"moe_on_cuda", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cuda\n", {}, "model.moe_experts",
-     "GPU path is not in this version"},
+    {"ep_with_copy_engine", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cuda\ndp = 2\nep = 2\nzero = zero2\n"
+     "grad_exchange = copy-engine\n[train]\nbatch_size = 4\n", {}, "parallel.grad_exchange", "parallel.ep = 2"},
     {"ep_without_experts", "[parallel]\nep = 2\n", {}, "parallel.ep", "model.moe_experts = 0"},
     {"ep_not_dividing_experts", "[model]\nmoe_experts = 6\n[parallel]\ndevice = cpu\nep = 4\n", {}, "parallel.ep",
      "model.moe_experts = 6"},

@@ -90,8 +90,7 @@ std::vector<DeckKey> build_table() {
                "deterministic."),
       ce_chunk_rows_key(),
       uint_key("model.moe_experts", LMSCALE_FIELD(model.moe_experts),
-               "Mixture of experts (docs/moe.md): experts E per MoE block; 0 = every block dense. CPU only in this "
-               "version."),
+               "Mixture of experts (docs/moe.md): experts E per MoE block; 0 = every block dense."),
       int_key("model.moe_top_k", LMSCALE_FIELD(model.moe_top_k), 1,
               "Experts each token is routed to (top-k of the router's softmax, gates renormalised over the k; ties "
               "go to the lower expert index); at most moe_experts."),

@@ -1,9 +1,11 @@
 #pragma once
-// The routing math of a mixture-of-experts block (docs/moe.md), as ops over tensors so that a
-// later CUDA phase implements the same interface. CPU only in this version: on a CUDA tensor every
-// function throws (the deck refuses MoE on GPUs first). N token rows, d = d_model, E experts,
-// k = top-k, M = assignments kept after the capacity. Float tensors share one dtype (fp32, or
-// fp64 for the reference); index tensors are int32.
+// The routing math of a mixture-of-experts block (docs/moe.md), as ops over tensors, on CPU
+// (src/ops/cpu/moe.cpp) and CUDA (src/ops/cuda/moe_*.cu). N token rows, d = d_model, E experts,
+// k = top-k, M = assignments kept after the capacity. Index tensors are int32. The activations
+// (logits, x, xe, ye, out and their gradients, dlogits) share the compute dtype: fp32 or fp64 on
+// the CPU, fp32, bf16 or fp16 on CUDA; the router's statistics (probs, lse, gates, dgates, terms)
+// are in its statistics dtype, fp32 (fp64 for fp64 activations). Integer outputs (experts, slot,
+// kept, routed) are the same on both devices for the same inputs.
 #include <cstdint>
 
 #include "lmscale/core/context.h"

@@ -217,6 +217,8 @@ void moe_route_backward(Context&, const Tensor& probs, const Tensor& lse, const 
                         const Tensor& dgates, std::int64_t T, double aux_coef, double z_coef, double scale,
                         Tensor& dlogits) {
   const std::int64_t N = probs.dim(0), E = probs.dim(1), k = experts.dim(1);
+  // One dtype for the statistics and the logits' gradient (bf16/fp16 mixed precision is CUDA only).
+  dispatch_real("ops::moe_route_backward", dlogits.dtype(), [](auto) {});
   dispatch_real("ops::moe_route_backward", probs.dtype(), [&](auto tag) {
     using V = decltype(tag);
     const V* p = probs.data_as<V>();

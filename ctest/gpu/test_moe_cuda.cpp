@@ -1,0 +1,222 @@
+// The mixture-of-experts ops on CUDA (src/ops/cuda/moe_*.cu) against the CPU implementation on
+// random inputs, with exact ties and capacity drops. Integer outputs (experts, slot, kept, routed)
+// must be identical; the first differing entries are printed. Float bounds (relative, whole tensor,
+// test::rel_error): the router (probs, lse, gates, terms, dlogits) runs in fp64 on both devices and
+// rounds once to fp32: 1e-6; the row movers in fp32: moe_gather bitwise (a copy), moe_gather_backward
+// bitwise in fp32 (same j order), combine and its backward 1e-5 (the GPU contracts to FMA, the CPU
+// dot is fp64); bf16 activations against the fp32 CPU on the same rounded inputs: 1e-2.
+#include <algorithm>
+#include <sstream>
+
+#include "lmscale/core/error.h"
+#include "lmscale/ops/moe.h"
+#include "ops_cuda_test_util.h"
+
+using namespace lmscale;
+
+namespace {
+
+class MoeCuda : public test::CudaOpsTest {
+ protected:
+  // The first few entries where the integer tensors differ, or "" when equal.
+  static std::string int_diff(const std::vector<double>& got, const std::vector<double>& want) {
+    if (got.size() != want.size()) return "sizes differ";
+    std::ostringstream os;
+    int shown = 0;
+    for (std::size_t i = 0; i < got.size() && shown < 8; ++i)
+      if (got[i] != want[i]) {
+        os << " [" << i << "] gpu " << got[i] << " cpu " << want[i];
+        ++shown;
+      }
+    return os.str();
+  }
+  void expect_same_ints(const Tensor& gpu, const Tensor& cpu, const char* what) {
+    EXPECT_EQ(int_diff(values(gpu), values(cpu)), "") << what << " differs (seed " << seed() << ")";
+  }
+  Tensor cpu_empty(const Shape& s, DType t) { return Tensor::empty(s, t, cpu_.host(), "test_host"); }
+
+  // Logits [N,E] with exact ties: every 5th row all equal, every 5th + 1 row in equal pairs.
+  std::vector<double> tied_logits(std::int64_t N, std::int64_t E, DType t) {
+    std::vector<double> z = randn(static_cast<std::size_t>(N * E), t, 2.0);
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t e = 0; e < E; ++e) {
+        auto& v = z[static_cast<std::size_t>(n * E + e)];
+        if (n % 5 == 0) v = 0.5;
+        if (n % 5 == 1 && (e & 1)) v = z[static_cast<std::size_t>(n * E + (e ^ 1))];
+      }
+    return z;
+  }
+
+  // Expert choices [N,k] (distinct per row), skewed toward expert 0 when `skew` (forces drops).
+  std::vector<std::int32_t> choices(std::int64_t N, std::int64_t k, std::int64_t E, bool skew) {
+    std::vector<std::int32_t> ex(static_cast<std::size_t>(N * k));
+    for (std::int64_t n = 0; n < N; ++n) {
+      std::vector<std::int32_t> perm(static_cast<std::size_t>(E));
+      for (std::int64_t e = 0; e < E; ++e) perm[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(e);
+      const auto r = randint(static_cast<std::size_t>(E), 0, 1 << 30);
+      for (std::int64_t e = E - 1; e > 0; --e)   // Fisher-Yates
+        std::swap(perm[static_cast<std::size_t>(e)],
+                  perm[static_cast<std::size_t>(r[static_cast<std::size_t>(e)] % (e + 1))]);
+      if (skew && randint(1, 0, 4)[0] != 0) std::swap(perm[0], *std::find(perm.begin(), perm.end(), 0));
+      for (std::int64_t j = 0; j < k; ++j) ex[static_cast<std::size_t>(n * k + j)] = perm[static_cast<std::size_t>(j)];
+    }
+    return ex;
+  }
+
+  // A CPU plan: slot [N,k] as a host tensor and M.
+  Tensor cpu_plan(const std::vector<std::int32_t>& ex, std::int64_t N, std::int64_t k, std::int64_t E,
+                  std::int64_t group, std::int64_t capacity, std::int64_t& M) {
+    Tensor slot = cpu_empty({N, k}, DType::i32), kept = cpu_empty({E}, DType::i32), routed = cpu_empty({E}, DType::i32);
+    ops::moe_plan(c(), host_ids(ex, {N, k}), group, capacity, slot, kept, routed);
+    M = 0;
+    for (std::int64_t e = 0; e < E; ++e) M += kept.data_as<std::int32_t>()[e];
+    return slot;
+  }
+};
+
+TEST_F(MoeCuda, RouteMatchesCpuWithTies) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (std::int64_t E : {4, 8, 40, 64})
+      for (std::int64_t k : {1, 2, 3}) {
+        if (k > E) continue;
+        SCOPED_TRACE(testing::Message() << dtype_name(t) << " E " << E << " k " << k);
+        const std::int64_t N = 203;
+        const auto z = tied_logits(N, E, t);
+        Tensor probs = poisoned({N, E}, DType::f32), lse = poisoned({N}, DType::f32);
+        Tensor experts = poisoned({N, k}, DType::i32), gates = poisoned({N, k}, DType::f32);
+        ops::moe_route(g(), dev(z, {N, E}, t), probs, lse, experts, gates);
+        Tensor cp = cpu_empty({N, E}, DType::f32), cl = cpu_empty({N}, DType::f32);
+        Tensor ce = cpu_empty({N, k}, DType::i32), cg = cpu_empty({N, k}, DType::f32);
+        ops::moe_route(c(), host(z, {N, E}, DType::f32), cp, cl, ce, cg);
+        expect_same_ints(experts, ce, "experts");
+        EXPECT_CLOSE(values(probs), values(cp), 1e-6);
+        EXPECT_CLOSE(values(lse), values(cl), 1e-6);
+        EXPECT_CLOSE(values(gates), values(cg), 1e-6);
+      }
+}
+
+TEST_F(MoeCuda, PlanMatchesCpuWithDrops) {
+  for (std::int64_t E : {4, 40, 1024})
+    for (std::int64_t k : {1, 2})
+      for (std::int64_t group : {1, 7, 300, 1000})
+        for (bool skew : {false, true}) {
+          const std::int64_t N = group * 3;
+          const auto ex = choices(N, k, E, skew);
+          for (std::int64_t capacity : {std::int64_t{0}, std::int64_t{1}, (group * k + E - 1) / E, group * k}) {
+            SCOPED_TRACE(testing::Message() << "E " << E << " k " << k << " group " << group << " skew " << skew
+                                            << " capacity " << capacity);
+            Tensor slot = poisoned({N, k}, DType::i32), kept = poisoned({E}, DType::i32);
+            Tensor routed = poisoned({E}, DType::i32);
+            ops::moe_plan(g(), dev_ids(ex, {N, k}), group, capacity, slot, kept, routed);
+            Tensor cs = cpu_empty({N, k}, DType::i32), ck = cpu_empty({E}, DType::i32), cr = cpu_empty({E}, DType::i32);
+            ops::moe_plan(c(), host_ids(ex, {N, k}), group, capacity, cs, ck, cr);
+            expect_same_ints(slot, cs, "slot");
+            expect_same_ints(kept, ck, "kept");
+            expect_same_ints(routed, cr, "routed");
+          }
+        }
+}
+
+TEST_F(MoeCuda, GatherAndItsBackwardMatchCpu) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (std::int64_t d : {64, 33, 1})
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(t) << " d " << d << " accumulate " << accumulate);
+        const std::int64_t N = 150, k = 2, E = 6, T = 50;
+        std::int64_t M = 0;
+        const auto ex = choices(N, k, E, true);
+        const Tensor slot_h = cpu_plan(ex, N, k, E, T, 12, M);   // skewed: drops, some tokens lose both
+        std::vector<std::int32_t> sl(static_cast<std::size_t>(N * k));
+        std::copy_n(slot_h.data_as<std::int32_t>(), N * k, sl.begin());
+        const Tensor slot = dev_ids(sl, {N, k});
+        const auto x = randn(static_cast<std::size_t>(N * d), t);
+        Tensor xe = poisoned({M, d}, t);
+        ops::moe_gather(g(), dev(x, {N, d}, t), slot, xe);
+        Tensor cxe = cpu_empty({M, d}, t);
+        ops::moe_gather(c(), host(x, {N, d}, t), slot_h, cxe);
+        EXPECT_EQ(values(xe), values(cxe)) << "moe_gather is a copy (seed " << seed() << ")";
+
+        const auto dxe = randn(static_cast<std::size_t>(M * d), t);
+        const auto dx0 = randn(static_cast<std::size_t>(N * d), t);
+        Tensor dx = accumulate ? dev(dx0, {N, d}, t) : poisoned({N, d}, t);
+        ops::moe_gather_backward(g(), dev(dxe, {M, d}, t), slot, dx, accumulate);
+        Tensor cdx = host(dx0, {N, d}, DType::f32);
+        ops::moe_gather_backward(c(), host(dxe, {M, d}, DType::f32), slot_h, cdx, accumulate);
+        if (t == DType::f32)
+          EXPECT_EQ(values(dx), values(cdx)) << "fp32 sums in the same order (seed " << seed() << ")";
+        else
+          EXPECT_CLOSE(values(dx), values(cdx), test::tolerance(t));
+      }
+}
+
+TEST_F(MoeCuda, CombineAndItsBackwardMatchCpu) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (std::int64_t d : {64, 33}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << " d " << d);
+      const std::int64_t N = 150, k = 2, E = 6, T = 50;
+      std::int64_t M = 0;
+      const auto ex = choices(N, k, E, true);
+      const Tensor slot_h = cpu_plan(ex, N, k, E, T, 12, M);
+      std::vector<std::int32_t> sl(static_cast<std::size_t>(N * k));
+      std::copy_n(slot_h.data_as<std::int32_t>(), N * k, sl.begin());
+      const Tensor slot = dev_ids(sl, {N, k});
+      const auto ye = randn(static_cast<std::size_t>(M * d), t), dout = randn(static_cast<std::size_t>(N * d), t);
+      const auto gates = randn(static_cast<std::size_t>(N * k), DType::f32);
+      const double tol = t == DType::f32 ? 1e-5 : test::tolerance(t);
+      Tensor out = poisoned({N, d}, t);
+      ops::moe_combine(g(), dev(ye, {M, d}, t), slot, dev(gates, {N, k}, DType::f32), out);
+      Tensor cout_ = cpu_empty({N, d}, DType::f32);
+      ops::moe_combine(c(), host(ye, {M, d}, DType::f32), slot_h, host(gates, {N, k}, DType::f32), cout_);
+      EXPECT_CLOSE(values(out), values(cout_), tol);
+
+      Tensor dye = poisoned({M, d}, t), dgates = poisoned({N, k}, DType::f32);
+      ops::moe_combine_backward(g(), dev(dout, {N, d}, t), dev(ye, {M, d}, t), slot, dev(gates, {N, k}, DType::f32),
+                                dye, dgates);
+      Tensor cdye = cpu_empty({M, d}, DType::f32), cdg = cpu_empty({N, k}, DType::f32);
+      ops::moe_combine_backward(c(), host(dout, {N, d}, DType::f32), host(ye, {M, d}, DType::f32), slot_h,
+                                host(gates, {N, k}, DType::f32), cdye, cdg);
+      EXPECT_CLOSE(values(dye), values(cdye), tol);
+      EXPECT_CLOSE(values(dgates), values(cdg), tol);
+    }
+}
+
+TEST_F(MoeCuda, RouterLossesAndBackwardMatchCpu) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (std::int64_t E : {8, 40}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << " E " << E);
+      const std::int64_t T = 50, N = 4 * T, k = 2;
+      const auto z = tied_logits(N, E, DType::f32);
+      // The CPU route's outputs feed both devices' losses and backward.
+      Tensor cp = cpu_empty({N, E}, DType::f32), cl = cpu_empty({N}, DType::f32);
+      Tensor ce = cpu_empty({N, k}, DType::i32), cg = cpu_empty({N, k}, DType::f32);
+      ops::moe_route(c(), host(z, {N, E}, DType::f32), cp, cl, ce, cg);
+      const auto p = values(cp), l = values(cl), gt = values(cg);
+      std::vector<std::int32_t> ex(static_cast<std::size_t>(N * k));
+      std::copy_n(ce.data_as<std::int32_t>(), N * k, ex.begin());
+      const Tensor probs = dev(p, {N, E}, DType::f32), lse = dev(l, {N}, DType::f32);
+      const Tensor gates = dev(gt, {N, k}, DType::f32);
+      const Tensor experts = dev_ids(ex, {N, k});
+
+      Tensor terms = poisoned({3}, DType::f32), cterms = cpu_empty({3}, DType::f32);
+      ops::moe_router_losses(g(), probs, lse, experts, T, 0.01, 0.001, terms);
+      ops::moe_router_losses(c(), cp, cl, ce, T, 0.01, 0.001, cterms);
+      EXPECT_CLOSE(values(terms), values(cterms), 1e-6);
+
+      const auto dg = randn(static_cast<std::size_t>(N * k), DType::f32);
+      Tensor dlogits = poisoned({N, E}, t), cdl = cpu_empty({N, E}, DType::f32);
+      ops::moe_route_backward(g(), probs, lse, experts, gates, dev(dg, {N, k}, DType::f32), T, 0.3, 0.2, 0.7, dlogits);
+      ops::moe_route_backward(c(), cp, cl, ce, cg, host(dg, {N, k}, DType::f32), T, 0.3, 0.2, 0.7, cdl);
+      EXPECT_CLOSE(values(dlogits), values(cdl), t == DType::f32 ? 1e-6 : test::tolerance(t));
+    }
+}
+
+// The checks name the argument: statistics in the activations' dtype are refused for bf16.
+TEST_F(MoeCuda, Bf16ActivationsNeedFp32Statistics) {
+  const std::int64_t N = 8, E = 4, k = 2;
+  Tensor probs = poisoned({N, E}, DType::bf16), lse = poisoned({N}, DType::f32);
+  Tensor experts = poisoned({N, k}, DType::i32), gates = poisoned({N, k}, DType::f32);
+  const Tensor logits = dev(randn(static_cast<std::size_t>(N * E)), {N, E}, DType::bf16);
+  EXPECT_THROW(ops::moe_route(g(), logits, probs, lse, experts, gates), lmscale::Error);
+}
+
+}  // namespace
