@@ -227,6 +227,26 @@ TEST(LayoutSearch, OffloadMakesTheLeaderboardStepFit) {
   EXPECT_EQ(layouts.front().cfg.parallel.offload, OffloadMode::optimizer) << layouts.front().layout;
 }
 
+// For an MoE model the search adds ep (dividing dp and the 8 experts) to each data-parallel
+// layout; a dense model gets none. MoE refuses tp and pp (docs/moe.md): those layouts are dropped.
+TEST(LayoutSearch, ExpertParallelLayoutsForMoE) {
+  const Calibration cal = h200();
+  const Config moe = moe_1b(0, 1);
+  const Cluster c = resolve_cluster(moe, cal);
+  bool ep2 = false, ep4 = false;
+  for (const auto& k : search_layouts(moe, 32, 4, c, cal, SearchSpace{false, false, false, 2})) {
+    EXPECT_EQ(k.tp, 1) << k.layout;
+    EXPECT_EQ(k.pp, 1) << k.layout;
+    ep2 |= k.cfg.parallel.ep == 2;
+    ep4 |= k.cfg.parallel.ep == 4;
+    if (k.cfg.parallel.ep > 1) EXPECT_NE(k.family.find("ep"), std::string::npos) << k.layout;
+  }
+  EXPECT_TRUE(ep2);
+  EXPECT_TRUE(ep4);
+  for (const auto& k : search_layouts(xl(0), 8, 4, c, cal, SearchSpace{false, false, false, 2}))
+    EXPECT_EQ(k.cfg.parallel.ep, 1) << k.layout;
+}
+
 TEST(LayoutSearch, ANonFittingLayoutRanksLast) {
   const Calibration cal = h200();
   Config deck = xl(0);
