@@ -1,7 +1,9 @@
 // The FP8 ops on CUDA against their CPU references (lmscale/ops/fp8.h): the cast (the hardware's
 // cvt.rn.satfinite against core/fp8.h's conversion, bit for bit, over a sweep of every float
 // exponent with the rounding-relevant mantissa bits and over specials), amax, the transpose, the
-// scale rule and the recipes bitwise.
+// scale rule and the recipes bitwise; the cuBLASLt FP8 GEMM against the fp64 product of the same
+// fp8 operands, and a linear layer's three FP8 products against the exact products of the bf16
+// data within the bound derived in docs/precision.md.
 #include <cuda_runtime.h>
 
 #include <bit>
@@ -180,6 +182,161 @@ TEST_F(CudaFp8Test, ScaleUpdateAndRecipesMatchCpu) {
       expect_same_bytes(bytes(sg.amax_history()), bytes(sc.amax_history()));
     }
   }
+}
+
+// Random finite codes.
+Tensor random_codes(Tensor h, std::mt19937_64& gen) {
+  const Fp8Format f = fp8_format(h.dtype());
+  for (std::int64_t i = 0; i < h.numel(); ++i) {
+    std::uint8_t c;
+    do c = static_cast<std::uint8_t>(gen());
+    while (!std::isfinite(fp8_to_float(c, f)));
+    h.data_as<std::uint8_t>()[i] = c;
+  }
+  return h;
+}
+
+// |got - ref| <= tol_abs_sum * sum_k |a_k b_k| * factor + tol_out * |ref| element by element,
+// where abs_ref holds the sums of |a_k b_k| * factor (the CPU reference of |a| |b|^T).
+void expect_within(const std::vector<double>& got, const std::vector<double>& ref, const std::vector<double>& abs_ref,
+                   double tol_abs_sum, double tol_out, std::uint64_t seed) {
+  ASSERT_EQ(got.size(), ref.size());
+  std::size_t bad = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double bound = tol_abs_sum * abs_ref[i] + tol_out * std::fabs(ref[i]);
+    const double err = std::fabs(got[i] - ref[i]);
+    if (abs_ref[i] > 0) worst = std::max(worst, err / abs_ref[i]);
+    if (!(err <= bound) && ++bad <= 8)
+      ADD_FAILURE() << "element " << i << ": gpu " << got[i] << ", reference " << ref[i] << ", |error| " << err
+                    << " > bound " << bound << " (seed " << seed << ")";
+  }
+  EXPECT_EQ(bad, 0u) << "of " << got.size() << "; worst |error| / sum|a b| = " << worst;
+  std::printf("worst |error| / sum_k |a_k b_k| = %.3g (bound %.3g)\n", worst, tol_abs_sum);
+}
+
+// The accumulation bound of cuBLASLt's FP8 GEMM: fp32 accumulation (fast accumulation off), but
+// Hopper's FP8 tensor cores keep fewer bits inside one MMA chain (about 14, DeepSeek-V3 report §3.3);
+// the bound assumes 2^-12 of sum |a_k b_k| (docs/precision.md, "Error bounds").
+constexpr double kGemmAccumulation = 1.0 / 4096;
+
+TEST_F(CudaFp8Test, GemmMatchesCpuReferenceOfTheSameOperands) {
+  struct Shape3 {
+    std::int64_t M, N, K;
+  };
+  const std::vector<Shape3> shapes = {{16, 16, 16}, {64, 48, 32}, {200, 96, 256}, {8, 1024, 4096}};
+  const std::vector<std::pair<DType, DType>> types = {
+      {DType::e4m3, DType::e4m3}, {DType::e5m2, DType::e4m3}, {DType::e4m3, DType::e5m2}};
+  for (const Shape3& s : shapes)
+    for (auto [ta, tb] : types)
+      for (DType yt : {DType::bf16, DType::f32})
+        for (bool acc : {false, true}) {
+          if (acc && yt != DType::f32) continue;
+          SCOPED_TRACE(::testing::Message() << s.M << "x" << s.N << "x" << s.K << " " << dtype_name(ta) << " x "
+                                            << dtype_name(tb) << " -> " << dtype_name(yt) << " acc=" << acc);
+          const Tensor ah = random_codes(host_codes({s.M, s.K}, ta), gen), bh = random_codes(host_codes({s.N, s.K}, tb), gen);
+          const float a_inv = 1.f / 64, b_inv = 2.f;
+          // Reference: y and the sums of |a_k b_k| (the operands' magnitudes), in fp64.
+          Tensor yh = Tensor::empty({s.M, s.N}, DType::f64, cpu_.host(), "test_host");
+          Tensor abs_h = Tensor::empty({s.M, s.N}, DType::f64, cpu_.host(), "test_host");
+          const std::vector<double> y0 = randn(static_cast<std::size_t>(s.M * s.N), yt);
+          if (acc) std::memcpy(yh.data(), y0.data(), yh.nbytes());
+          ops::linear_fp8(c(), ah, host_f32({a_inv}), bh, host_f32({b_inv}), yh, acc);
+          Tensor aa = host_codes({s.M, s.K}, ta), ba = host_codes({s.N, s.K}, tb);
+          for (std::int64_t i = 0; i < aa.numel(); ++i) aa.data_as<std::uint8_t>()[i] = ah.data_as<std::uint8_t>()[i] & 0x7F;
+          for (std::int64_t i = 0; i < ba.numel(); ++i) ba.data_as<std::uint8_t>()[i] = bh.data_as<std::uint8_t>()[i] & 0x7F;
+          ops::linear_fp8(c(), aa, host_f32({a_inv}), ba, host_f32({b_inv}), abs_h, false);
+          Tensor yd = acc ? dev(y0, {s.M, s.N}, yt) : poisoned({s.M, s.N}, yt);
+          ops::linear_fp8(g(), to_device(ah), to_device(host_f32({a_inv})), to_device(bh), to_device(host_f32({b_inv})),
+                          yd, acc);
+          const double out_rounding = yt == DType::bf16 ? 1.0 / 256 : 1.0 / (1 << 23);
+          expect_within(values(yd), values(yh), values(abs_h), kGemmAccumulation, out_rounding, seed());
+        }
+}
+
+TEST_F(CudaFp8Test, GemmRefusesWhatCublasLtCannotDo) {
+  const Tensor a = poisoned({16, 24}, DType::e4m3), b = poisoned({16, 24}, DType::e4m3);   // K = 24
+  const Tensor one = to_device(host_f32({1.f}));
+  Tensor y = poisoned({16, 16}, DType::bf16);
+  EXPECT_THROW(ops::linear_fp8(g(), a, one, b, one, y, false), std::exception);
+  const Tensor a32 = poisoned({16, 32}, DType::e4m3), b32 = poisoned({16, 32}, DType::e4m3);
+  EXPECT_THROW(ops::linear_fp8(g(), a32, one, b32, one, y, true), std::exception);   // accumulate into bf16
+  Tensor y16 = poisoned({16, 16}, DType::f16);
+  EXPECT_THROW(ops::linear_fp8(g(), a32, one, b32, one, y16, false), std::exception);
+}
+
+// A linear layer's forward and backward in FP8 (current scaling: x and w in e4m3, dy in e5m2)
+// against the exact products of the bf16 data, element by element, within
+//   (u_p + u_q + u_p u_q + 2^-12) sum_k |p_k q_k| + subnormal terms + output rounding
+// (docs/precision.md); the bf16 GEMM of the same data is printed beside it for comparison.
+TEST_F(CudaFp8Test, LinearLayerAgainstBf16) {
+  const std::int64_t M = 256, K = 512, N = 384;
+  const auto xv = randn(static_cast<std::size_t>(M * K), DType::bf16, 1.0);
+  const auto wv = randn(static_cast<std::size_t>(N * K), DType::bf16, 0.04);
+  const auto dyv = randn(static_cast<std::size_t>(M * N), DType::bf16, 1e-4);
+  const Tensor x = dev(xv, {M, K}, DType::bf16), w = dev(wv, {N, K}, DType::bf16), dy = dev(dyv, {M, N}, DType::bf16);
+  struct Quantized {
+    Tensor q, inv;
+    double u, d;
+  };
+  auto quantize = [&](const Tensor& t, Fp8Format f) {
+    ops::Fp8TensorScaling s(g(), f, ops::Fp8Recipe::current, 1, 0);
+    Tensor q = dev_codes(t.shape(), fp8_dtype(f));
+    s.quantize(g(), t, q);
+    const double inv = values(s.inv_scale())[0];
+    const bool e4 = f == Fp8Format::e4m3;
+    return Quantized{q, s.inv_scale(), e4 ? 1.0 / 16 : 1.0 / 8, std::ldexp(inv, e4 ? -10 : -17)};
+  };
+  auto transposed = [&](const Tensor& q) {
+    Tensor t = dev_codes({q.dim(1), q.dim(0)}, q.dtype());
+    ops::transpose_fp8(g(), q, t);
+    return t;
+  };
+  const Quantized xq = quantize(x, Fp8Format::e4m3), wq = quantize(w, Fp8Format::e4m3),
+                  dyq = quantize(dy, Fp8Format::e5m2);
+  Tensor y = poisoned({M, N}, DType::f32), dx = poisoned({M, K}, DType::f32), dw = poisoned({N, K}, DType::f32);
+  ops::linear_fp8(g(), xq.q, xq.inv, wq.q, wq.inv, y, false);
+  ops::linear_fp8(g(), dyq.q, dyq.inv, transposed(wq.q), wq.inv, dx, false);
+  ops::linear_fp8(g(), transposed(dyq.q), dyq.inv, transposed(xq.q), xq.inv, dw, false);
+  // The bf16 GEMMs write bf16 y and dx (ops::linear keeps x's dtype) and an fp32 dw.
+  Tensor yb = poisoned({M, N}, DType::bf16), dxb = poisoned({M, K}, DType::bf16), dwb = poisoned({N, K}, DType::f32);
+  ops::linear(g(), x, w, yb);
+  ops::linear_backward(g(), x, w, dy, &dxb, &dwb, false);
+  // out[R,C] = p[R,L] q[C,L]^T, element (r, c) of p at p[r*ps_r + l*ps_l] (transposes without copies).
+  auto check = [&](const char* what, const Tensor& got, const Tensor& bf16, const std::vector<double>& p,
+                   std::int64_t ps_r, std::int64_t ps_l, const Quantized& pq, const std::vector<double>& q,
+                   std::int64_t qs_c, std::int64_t qs_l, const Quantized& qq, std::int64_t R, std::int64_t C,
+                   std::int64_t L) {
+    SCOPED_TRACE(what);
+    const auto gv = values(got), bv = values(bf16);
+    std::size_t bad = 0;
+    double num = 0, den = 0, num_bf16 = 0;
+    for (std::int64_t r = 0; r < R; ++r)
+      for (std::int64_t cc = 0; cc < C; ++cc) {
+        double exact = 0, abs_sum = 0, sub = 0;
+        for (std::int64_t l = 0; l < L; ++l) {
+          const double pv = p[static_cast<std::size_t>(r * ps_r + l * ps_l)],
+                       qv = q[static_cast<std::size_t>(cc * qs_c + l * qs_l)];
+          exact += pv * qv;
+          abs_sum += std::fabs(pv * qv);
+          sub += (1 + pq.u) * std::fabs(pv) * qq.d + (1 + qq.u) * std::fabs(qv) * pq.d + pq.d * qq.d;
+        }
+        const double bound = (pq.u + qq.u + pq.u * qq.u + kGemmAccumulation) * abs_sum + sub * (1 + kGemmAccumulation);
+        const std::size_t i = static_cast<std::size_t>(r * C + cc);
+        const double err = std::fabs(gv[i] - exact);
+        num += err * err, den += exact * exact, num_bf16 += (bv[i] - exact) * (bv[i] - exact);
+        if (!(err <= bound) && ++bad <= 5)
+          ADD_FAILURE() << "(" << r << "," << cc << "): fp8 " << gv[i] << ", exact " << exact << ", |error| " << err
+                        << " > bound " << bound << " (seed " << seed() << ")";
+      }
+    EXPECT_EQ(bad, 0u);
+    std::printf("%s: normwise relative error fp8 %.3g, bf16 GEMM %.3g\n", what, std::sqrt(num / den),
+                std::sqrt(num_bf16 / den));
+    EXPECT_LT(std::sqrt(num / den), 0.1);
+  };
+  check("forward y = x w^T", y, yb, xv, K, 1, xq, wv, K, 1, wq, M, N, K);
+  check("data gradient dx = dy w", dx, dxb, dyv, N, 1, dyq, wv, 1, K, wq, M, K, N);
+  check("weight gradient dw = dy^T x", dw, dwb, dyv, 1, N, dyq, xv, 1, K, xq, N, K, M);
 }
 
 }  // namespace

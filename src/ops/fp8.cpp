@@ -86,4 +86,30 @@ void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format
 #endif
 }
 
+void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
+                bool accumulate) {
+  constexpr const char* op = "ops::linear_fp8";
+  const Device dev =
+      detail::common_device(op, {{"a", &a}, {"a_inv", &a_inv}, {"b", &b}, {"b_inv", &b_inv}, {"y", &y}});
+  check_fp8_dtype(op, "a", a);
+  check_fp8_dtype(op, "b", b);
+  LMSCALE_CHECK(!(a.dtype() == DType::e5m2 && b.dtype() == DType::e5m2),
+                "{}: 'a' and 'b' are both fp8_e5m2 (one must be fp8_e4m3)", op);
+  LMSCALE_CHECK(b.ndim() == 2, "{}: 'b' must be [N, K], got {}", op, shape_str(b.shape()));
+  LMSCALE_CHECK(a.ndim() >= 1 && a.dim(-1) == b.dim(1), "{}: a {} does not match b {} (a must be [..., {}])", op,
+                shape_str(a.shape()), shape_str(b.shape()), b.dim(1));
+  check_scalar(op, "a_inv", a_inv);
+  check_scalar(op, "b_inv", b_inv);
+  Shape ys = a.shape();
+  ys.back() = b.dim(0);
+  detail::check_shape(op, "y", y, ys);
+  detail::check_floating(op, "y", y);
+  if (dev == Device::cpu) return cpu::linear_fp8(ctx, a, a_inv, b, b_inv, y, accumulate);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::linear_fp8(ctx, a, a_inv, b, b_inv, y, accumulate);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
 }  // namespace lmscale::ops

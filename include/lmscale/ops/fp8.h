@@ -1,7 +1,7 @@
 #pragma once
 // FP8 building blocks (docs/precision.md): the amax reduction, the scaled saturating cast into
-// e4m3/e5m2, the byte transpose that makes the GEMMs' transposed operands and the per-tensor scale
-// update. CPU implementations are the references the CUDA
+// e4m3/e5m2, the byte transpose that makes the GEMMs' transposed operands, the per-tensor scale
+// update, and the FP8 GEMM of the linear layers. CPU implementations are the references the CUDA
 // kernels are tested against (bitwise for everything but the GEMM, whose reference multiplies the
 // decoded operands in fp64). Tensors are contiguous and row-major, as in ops.h; every scale,
 // inverse scale and amax is a 1-element fp32 tensor on the device of the data, so nothing here
@@ -44,5 +44,19 @@ void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out);
 // relative spacing does not depend on the scale) and at most one binade at the subnormal end.
 void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
                       Tensor& inv_scale);
+
+// The FP8 GEMM of a linear layer ("TN": both operands K-major, the only layout Hopper's FP8
+// tensor-core GEMMs take):
+//   y[M,N] (+)= (a[M,K] * a_inv) . (b[N,K] * b_inv)^T
+// a, b: e4m3 or e5m2 (not both e5m2); a_inv, b_inv: their inverse scales (1 element fp32);
+// y: bf16 or fp32 on CUDA (fp32 or fp64 on CPU); accumulate adds into y (fp32 y only on CUDA).
+// fp32 accumulation on CUDA, fp64 on CPU. On CUDA K must be a multiple of 16 and every operand
+// 16-byte aligned (cuBLASLt's FP8 rule); the call says which operand is not.
+// The three products of a linear layer y = x w^T are this one product:
+//   forward    y[M,N]  = x_q[M,K]   . w_q[N,K]^T
+//   data grad  dx[M,K] = dy_q[M,N]  . wt_q[K,N]^T    (wt_q = transpose_fp8(w_q))
+//   weight grad dw[N,K] (+)= dyt_q[N,M] . xt_q[K,M]^T (dyt_q, xt_q: transposes of dy_q, x_q)
+void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
+                bool accumulate);
 
 }  // namespace lmscale::ops

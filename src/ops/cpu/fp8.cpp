@@ -31,6 +31,14 @@ std::uint32_t amax_bits(const Tensor& x) {
 
 void store_bits(Tensor& out, std::uint32_t bits) { std::memcpy(out.data(), &bits, 4); }
 
+// The 256 values of a format, decoded once.
+std::array<double, 256> decode_table(DType t) {
+  std::array<double, 256> v{};
+  const Fp8Format f = fp8_format(t);
+  for (int c = 0; c < 256; ++c) v[static_cast<std::size_t>(c)] = fp8_to_float(static_cast<std::uint8_t>(c), f);
+  return v;
+}
+
 }  // namespace
 
 void amax(Context&, const Tensor& x, Tensor& out) { store_bits(out, amax_bits(x)); }
@@ -66,6 +74,30 @@ void fp8_update_scale(Context&, const Tensor& amax_history, Fp8Format format, in
   const int k = fp8_rule::scale_exponent(a, fp8_max(format), margin);
   *scale.data_as<float>() = fp8_rule::exp2i(k);
   *inv_scale.data_as<float>() = fp8_rule::exp2i(-k);
+}
+
+void linear_fp8(Context&, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
+                bool accumulate) {
+  const std::int64_t K = a.dim(-1), M = K == 0 ? 0 : a.numel() / K, N = b.dim(0);
+  const std::array<double, 256> da = decode_table(a.dtype()), db = decode_table(b.dtype());
+  const double factor = static_cast<double>(*a_inv.data_as<const float>()) * *b_inv.data_as<const float>();
+  const auto* ap = a.data_as<const std::uint8_t>();
+  const auto* bp = b.data_as<const std::uint8_t>();
+  std::vector<double> row(static_cast<std::size_t>(K));
+  dispatch_real("ops::linear_fp8", y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* yp = y.data_as<T>();
+    for (std::int64_t i = 0; i < M; ++i) {
+      for (std::int64_t k = 0; k < K; ++k) row[static_cast<std::size_t>(k)] = da[ap[i * K + k]];
+      for (std::int64_t j = 0; j < N; ++j) {
+        double acc = 0;
+        const std::uint8_t* bj = bp + j * K;
+        for (std::int64_t k = 0; k < K; ++k) acc += row[static_cast<std::size_t>(k)] * db[bj[k]];
+        const double v = acc * factor;
+        yp[i * N + j] = static_cast<T>(accumulate ? static_cast<double>(yp[i * N + j]) + v : v);
+      }
+    }
+  });
 }
 
 }  // namespace lmscale::ops::cpu
