@@ -17,6 +17,7 @@
 
 #include "lmscale/core/fp8.h"
 #include "lmscale/ops/fp8.h"
+#include "lmscale/ops/fp8_linear.h"
 #include "lmscale/ops/fp8_scaling.h"
 #include "ops_cuda_test_util.h"
 
@@ -51,6 +52,14 @@ class CudaFp8Test : public CudaOpsTest {
     Tensor d = Tensor::empty(s, t, gpu_.allocator(), "test_dev");
     poison(d);
     return d;
+  }
+  // FP8 GEMMs need FP8 tensor cores (compute capability 8.9+); the casts run anywhere.
+  bool has_fp8_gemm() {
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major * 10 + minor >= 89;
   }
   std::mt19937_64 gen{1234};
 };
@@ -221,6 +230,7 @@ void expect_within(const std::vector<double>& got, const std::vector<double>& re
 constexpr double kGemmAccumulation = 1.0 / 4096;
 
 TEST_F(CudaFp8Test, GemmMatchesCpuReferenceOfTheSameOperands) {
+  if (!has_fp8_gemm()) GTEST_SKIP() << "no FP8 tensor cores (compute capability < 8.9)";
   struct Shape3 {
     std::int64_t M, N, K;
   };
@@ -255,6 +265,7 @@ TEST_F(CudaFp8Test, GemmMatchesCpuReferenceOfTheSameOperands) {
 }
 
 TEST_F(CudaFp8Test, GemmRefusesWhatCublasLtCannotDo) {
+  // On a GPU without FP8 tensor cores every FP8 product is refused: the throws below hold too.
   const Tensor a = poisoned({16, 24}, DType::e4m3), b = poisoned({16, 24}, DType::e4m3);   // K = 24
   const Tensor one = to_device(host_f32({1.f}));
   Tensor y = poisoned({16, 16}, DType::bf16);
@@ -270,6 +281,7 @@ TEST_F(CudaFp8Test, GemmRefusesWhatCublasLtCannotDo) {
 //   (u_p + u_q + u_p u_q + 2^-12) sum_k |p_k q_k| + subnormal terms + output rounding
 // (docs/precision.md); the bf16 GEMM of the same data is printed beside it for comparison.
 TEST_F(CudaFp8Test, LinearLayerAgainstBf16) {
+  if (!has_fp8_gemm()) GTEST_SKIP() << "no FP8 tensor cores (compute capability < 8.9)";
   const std::int64_t M = 256, K = 512, N = 384;
   const auto xv = randn(static_cast<std::size_t>(M * K), DType::bf16, 1.0);
   const auto wv = randn(static_cast<std::size_t>(N * K), DType::bf16, 0.04);
@@ -337,6 +349,40 @@ TEST_F(CudaFp8Test, LinearLayerAgainstBf16) {
   check("forward y = x w^T", y, yb, xv, K, 1, xq, wv, K, 1, wq, M, N, K);
   check("data gradient dx = dy w", dx, dxb, dyv, N, 1, dyq, wv, 1, K, wq, M, K, N);
   check("weight gradient dw = dy^T x", dw, dwb, dyv, 1, N, dyq, xv, 1, K, xq, N, K, M);
+}
+
+// ops::Fp8Linear on CUDA (bf16 x, w, dy; bf16 y and dx, fp32 dw) against the CPU's Fp8Linear on
+// the same values: the operands quantise to the same codes (the cast is bitwise the CPU's), so
+// the outputs differ by the GEMM's accumulation and the bf16 output rounding only.
+TEST_F(CudaFp8Test, Fp8LinearMatchesCpu) {
+  if (!has_fp8_gemm()) GTEST_SKIP() << "no FP8 tensor cores (compute capability < 8.9)";
+  const std::int64_t M = 128, K = 512, N = 256;
+  const auto xv = randn(static_cast<std::size_t>(M * K), DType::bf16, 2.0);
+  const auto wv = randn(static_cast<std::size_t>(N * K), DType::bf16, 0.04);
+  const auto dyv = randn(static_cast<std::size_t>(M * N), DType::bf16, 1e-3);
+  for (ops::Fp8Recipe recipe : {ops::Fp8Recipe::current, ops::Fp8Recipe::delayed}) {
+    SCOPED_TRACE(static_cast<int>(recipe));
+    ops::Fp8LinearOptions o;
+    o.recipe = recipe;
+    ops::Fp8Linear lg(g(), o), lc(c(), o);
+    Tensor yg = poisoned({M, N}, DType::bf16), dxg = poisoned({M, K}, DType::bf16), dwg = poisoned({N, K}, DType::f32);
+    Tensor yc = ref(std::vector<double>(static_cast<std::size_t>(M * N)), {M, N});
+    Tensor dxc = ref(std::vector<double>(static_cast<std::size_t>(M * K)), {M, K});
+    Tensor dwc = ref(std::vector<double>(static_cast<std::size_t>(N * K)), {N, K});
+    const Tensor xg = dev(xv, {M, K}, DType::bf16), wg = dev(wv, {N, K}, DType::bf16), dyg = dev(dyv, {M, N}, DType::bf16);
+    const Tensor xc = host(xv, {M, K}, DType::f32), wc = host(wv, {N, K}, DType::f32), dyc = host(dyv, {M, N}, DType::f32);
+    for (int step = 0; step < 2; ++step) {   // the second step of delayed scaling uses the history
+      const ops::Fp8LinearSaved sg = lg.forward(g(), xg, wg, yg);
+      lg.backward(g(), sg, dyg, &dxg, &dwg, false);
+      const ops::Fp8LinearSaved sc = lc.forward(c(), xc, wc, yc);
+      lc.backward(c(), sc, dyc, &dxc, &dwc, false);
+      expect_same_bytes(bytes(sg.xt_q), bytes(sc.xt_q));
+      expect_same_bytes(bytes(sg.wt_q), bytes(sc.wt_q));
+      EXPECT_CLOSE(values(yg), values(yc), 2e-2);
+      EXPECT_CLOSE(values(dxg), values(dxc), 2e-2);
+      EXPECT_CLOSE(values(dwg), values(dwc), 1e-2);
+    }
+  }
 }
 
 }  // namespace

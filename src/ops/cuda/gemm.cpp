@@ -74,6 +74,18 @@ void check_fp8(const GemmArgs& g, DType bt) {
   LMSCALE_CHECK(g.batch == 1, "gemm: batched FP8 products are not supported");
 }
 
+// FP8 tensor cores start with compute capability 8.9 (Ada; Hopper is 9.0). Asked once per new
+// plan, so an older GPU gets this message rather than cuBLASLt's "not supported".
+void require_fp8_tensor_cores(int device) {
+  int major = 0, minor = 0;
+  LMSCALE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  LMSCALE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  LMSCALE_CHECK(major * 10 + minor >= 89,
+                "gemm: FP8 products need FP8 tensor cores (compute capability 8.9 or newer; Hopper is 9.0), "
+                "device {} is {}.{}",
+                device, major, minor);
+}
+
 }  // namespace
 
 struct GemmPlanCache::Plan {
@@ -191,6 +203,7 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
                          r.gemm_sm_target};
   auto it = r.gemm_plans.plans.find(key);
   if (it == r.gemm_plans.plans.end()) {
+    if (fp8) require_fp8_tensor_cores(r.device);
     auto plan = std::make_unique<GemmPlanCache::Plan>();
     const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
