@@ -119,7 +119,7 @@ void launch_cast(Resources& r, const Tensor& x, const Tensor& scale, Tensor& out
   } else {
     cast_fp8_kernel<T, F, false><<<blocks, kThreads, 0, r.stream>>>(xp, sp, op, n, chunks, nullptr);
   }
-  LMSCALE_CUDA_CHECK(cudaGetLastError());
+  LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -133,7 +133,7 @@ void amax(Context& ctx, const Tensor& x, Tensor& out) {
   LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "amax", T,
                               amax_kernel<T><<<blocks, kThreads, 0, r.stream>>>(x.data_as<const T>(), n,
                                                                                 out.data_as<std::uint32_t>()));
-  LMSCALE_CUDA_CHECK(cudaGetLastError());
+  LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
 void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out) {
@@ -154,7 +154,7 @@ void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out) {
   const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile), static_cast<unsigned>((R + kTile - 1) / kTile));
   transpose_bytes_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, r.stream>>>(x.data_as<const std::uint8_t>(),
                                                                            out.data_as<std::uint8_t>(), R, C);
-  LMSCALE_CUDA_CHECK(cudaGetLastError());
+  LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
 void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
@@ -163,7 +163,7 @@ void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format
   update_scale_kernel<<<1, 32, 0, r.stream>>>(amax_history.data_as<const float>(), amax_history.numel(),
                                               fp8_max(format), margin, scale.data_as<float>(),
                                               inv_scale.data_as<float>());
-  LMSCALE_CUDA_CHECK(cudaGetLastError());
+  LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace lmscale::ops::cuda
