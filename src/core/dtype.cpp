@@ -11,7 +11,7 @@ std::size_t dtype_size(DType t) {
     case DType::f64: case DType::i64: return 8;
     case DType::f32: case DType::i32: case DType::u32: return 4;
     case DType::bf16: case DType::f16: case DType::u16: return 2;
-    case DType::u8: return 1;
+    case DType::u8: case DType::e4m3: case DType::e5m2: return 1;
   }
   return 0;
 }
@@ -27,6 +27,8 @@ const char* dtype_name(DType t) {
     case DType::u16: return "uint16";
     case DType::u32: return "uint32";
     case DType::u8: return "uint8";
+    case DType::e4m3: return "fp8_e4m3";
+    case DType::e5m2: return "fp8_e5m2";
   }
   return "?";
 }

@@ -1,5 +1,6 @@
 #pragma once
-// Element types of tensors and host-side conversions for the 16-bit float formats.
+// Element types of tensors and host-side conversions for the 16-bit float formats (the 8-bit
+// ones are in fp8.h).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -8,10 +9,13 @@
 
 namespace lmscale {
 
-enum class DType : std::uint8_t { f32, f64, bf16, f16, i32, i64, u16, u32, u8 };
+// e4m3, e5m2: the 8-bit float formats of FP8 GEMM operands (lmscale/core/fp8.h). They are storage
+// types only: is_floating() is false for them, so the general ops refuse them; the FP8 ops
+// (lmscale/ops/fp8.h) read and write them.
+enum class DType : std::uint8_t { f32, f64, bf16, f16, i32, i64, u16, u32, u8, e4m3, e5m2 };
 
 std::size_t dtype_size(DType t);
-const char* dtype_name(DType t);   // "fp32", "fp64", "bf16", "fp16", "int32", ...
+const char* dtype_name(DType t);   // "fp32", "fp64", "bf16", "fp16", "int32", ..., "fp8_e4m3", "fp8_e5m2"
 // Parses the names above (and "float32", "float64", "bfloat16", "float16", "int"); throws on others.
 DType parse_dtype(std::string_view name);
 inline bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16; }

@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "lmscale/ops/fp8.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/ops/optimizer_steps.h"
 
@@ -70,5 +71,14 @@ void vocab_parallel_sums(Context& ctx, const Tensor& logits, const Tensor& targe
 void vocab_parallel_loss(Context& ctx, const Tensor& logits, const Tensor& targets, std::int64_t vocab_begin,
                          const Tensor& row_max, const Tensor& sums, Tensor& loss_sum, Tensor* dlogits,
                          double grad_scale);
+
+// FP8 scaling, cast, transpose and GEMM (lmscale/ops/fp8.h).
+void amax(Context& ctx, const Tensor& x, Tensor& out);
+void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out);
+void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out);
+void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
+                      Tensor& inv_scale);
+void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
+                bool accumulate);
 
 }  // namespace lmscale::ops::cpu

@@ -26,7 +26,11 @@ cudaDataType_t cuda_type(DType t) {
     case DType::f32: return CUDA_R_32F;
     case DType::bf16: return CUDA_R_16BF;
     case DType::f16: return CUDA_R_16F;
-    default: throw Error(fmt::format("gemm: dtype {} is not supported on CUDA (fp32, bf16, fp16 are)", dtype_name(t)));
+    case DType::e4m3: return CUDA_R_8F_E4M3;
+    case DType::e5m2: return CUDA_R_8F_E5M2;
+    default:
+      throw Error(fmt::format("gemm: dtype {} is not supported on CUDA (fp32, bf16, fp16, fp8_e4m3, fp8_e5m2 are)",
+                              dtype_name(t)));
   }
 }
 
@@ -49,6 +53,37 @@ std::uint32_t log2u(std::uint32_t x) {
   std::uint32_t r = 0;
   while (x > 1) x >>= 1, ++r;
   return r;
+}
+
+bool is_fp8(DType t) { return t == DType::e4m3 || t == DType::e5m2; }
+
+// The rules of cuBLASLt's FP8 products (gemm.h), checked before cuBLASLt is asked: its own
+// failure (no algorithm, or CUBLAS_STATUS_NOT_SUPPORTED) would not say which rule was broken.
+void check_fp8(const GemmArgs& g, DType bt) {
+  LMSCALE_CHECK(is_fp8(g.ab_type) && is_fp8(bt), "gemm: FP8 product with A {} and B {}", dtype_name(g.ab_type),
+                dtype_name(bt));
+  LMSCALE_CHECK(!(g.ab_type == DType::e5m2 && bt == DType::e5m2), "gemm: FP8 operands may not both be fp8_e5m2");
+  LMSCALE_CHECK(g.trans_a && !g.trans_b, "gemm: FP8 products need the TN layout (A transposed, B not)");
+  LMSCALE_CHECK(g.c_type == DType::bf16 || g.c_type == DType::f32, "gemm: FP8 product writing {} (bf16 or fp32)",
+                dtype_name(g.c_type));
+  LMSCALE_CHECK(g.k % 16 == 0 && g.lda % 16 == 0 && g.ldb % 16 == 0,
+                "gemm: FP8 product with k={}, lda={}, ldb={}: each must be a multiple of 16", g.k, g.lda, g.ldb);
+  LMSCALE_CHECK(alignment(g.a) >= 16 && alignment(g.b) >= 16 && alignment(g.c) >= 16,
+                "gemm: FP8 product operands must be 16-byte aligned (A {}, B {}, C {})", g.a, g.b,
+                static_cast<const void*>(g.c));
+  LMSCALE_CHECK(g.batch == 1, "gemm: batched FP8 products are not supported");
+}
+
+// FP8 tensor cores start with compute capability 8.9 (Ada; Hopper is 9.0). Asked once per new
+// plan, so an older GPU gets this message rather than cuBLASLt's "not supported".
+void require_fp8_tensor_cores(int device) {
+  int major = 0, minor = 0;
+  LMSCALE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  LMSCALE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  LMSCALE_CHECK(major * 10 + minor >= 89,
+                "gemm: FP8 products need FP8 tensor cores (compute capability 8.9 or newer; Hopper is 9.0), "
+                "device {} is {}.{}",
+                device, major, minor);
 }
 
 }  // namespace
@@ -89,6 +124,14 @@ bool overlap(const void* p, std::size_t pn, const void* q, std::size_t qn) {
   return a < b + qn && b < a + pn;
 }
 
+// The FP8 operands' dequantisation factors (device pointers to one fp32 each; null means 1).
+void set_scale_pointers(cublasLtMatmulDesc_t desc, const GemmArgs& g) {
+  LMSCALE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale)));
+  LMSCALE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
+}
+
 // Autotuning (Resources::gemm_autotune): times each candidate algorithm on the real operands and
 // returns the index of the fastest (median of 3 runs after one warm-up). Runs once per plan. With
 // beta = 0 the candidates write the caller's C, which the real product overwrites next (no
@@ -99,7 +142,8 @@ int fastest(Resources& r, const GemmPlanCache::Plan& p, const GemmArgs& g, const
   const std::size_t c_bytes = span_bytes(g.ldc, g.n, g, g.stride_c, g.c_type);
   const bool in_place = g.beta == 0.f &&
                         !overlap(g.c, c_bytes, g.a, span_bytes(g.lda, g.trans_a ? g.m : g.k, g, g.stride_a, g.ab_type)) &&
-                        !overlap(g.c, c_bytes, g.b, span_bytes(g.ldb, g.trans_b ? g.k : g.n, g, g.stride_b, g.ab_type));
+                        !overlap(g.c, c_bytes, g.b,
+                                 span_bytes(g.ldb, g.trans_b ? g.k : g.n, g, g.stride_b, g.b_type.value_or(g.ab_type)));
   void* c = in_place ? g.c : r.alloc->allocate(c_bytes, "gemm_autotune");
   if (!in_place) LMSCALE_CUDA_CHECK(cudaMemsetAsync(c, 0, c_bytes, r.stream));
   cudaEvent_t e0, e1;
@@ -134,23 +178,32 @@ int fastest(Resources& r, const GemmPlanCache::Plan& p, const GemmArgs& g, const
 }  // namespace
 
 void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
-  LMSCALE_CHECK(g.c_type == g.ab_type || g.c_type == DType::f32, "gemm: output dtype {} with {} inputs",
-                dtype_name(g.c_type), dtype_name(g.ab_type));
+  const DType bt = g.b_type.value_or(g.ab_type);
+  const bool fp8 = is_fp8(g.ab_type) || is_fp8(bt);
+  if (fp8) {
+    check_fp8(g, bt);
+  } else {
+    LMSCALE_CHECK(bt == g.ab_type, "gemm: A is {} but B is {}", dtype_name(g.ab_type), dtype_name(bt));
+    LMSCALE_CHECK(g.c_type == g.ab_type || g.c_type == DType::f32, "gemm: output dtype {} with {} inputs",
+                  dtype_name(g.c_type), dtype_name(g.ab_type));
+  }
   if (g.m == 0 || g.n == 0) return;
   const bool tf32 = allow_tf32 && g.ab_type == DType::f32;
   LMSCALE_CHECK(g.batch >= 1, "gemm: batch {}", g.batch);
   const bool batched = g.batch > 1;
   const std::uint32_t al_a = batch_alignment(g.a, batched ? g.stride_a : 0, g.ab_type),
-                      al_b = batch_alignment(g.b, batched ? g.stride_b : 0, g.ab_type),
+                      al_b = batch_alignment(g.b, batched ? g.stride_b : 0, bt),
                       al_c = batch_alignment(g.c, batched ? g.stride_c : 0, g.c_type);
   GemmPlanCache::Key key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
                          (g.trans_a ? 1u : 0u) | (g.trans_b ? 2u : 0u) | (tf32 ? 4u : 0u) | (g.beta != 0.f ? 8u : 0u) |
                              (static_cast<std::uint32_t>(g.ab_type) << 4) | (static_cast<std::uint32_t>(g.c_type) << 8) |
-                             (log2u(al_a) << 12) | (log2u(al_b) << 16) | (log2u(al_c) << 20),
+                             (log2u(al_a) << 12) | (log2u(al_b) << 16) | (log2u(al_c) << 20) |
+                             (static_cast<std::uint32_t>(bt) << 24),
                          g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0, batched ? g.stride_c : 0,
                          r.gemm_sm_target};
   auto it = r.gemm_plans.plans.find(key);
   if (it == r.gemm_plans.plans.end()) {
+    if (fp8) require_fp8_tensor_cores(r.device);
     auto plan = std::make_unique<GemmPlanCache::Plan>();
     const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
@@ -162,10 +215,11 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
     if (r.gemm_sm_target > 0)
       LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
                                                           &r.gemm_sm_target, sizeof(r.gemm_sm_target)));
-    const cudaDataType_t ab = cuda_type(g.ab_type), ct = cuda_type(g.c_type);
+    if (fp8) set_scale_pointers(plan->desc, g);
+    const cudaDataType_t at = cuda_type(g.ab_type), btc = cuda_type(bt), ct = cuda_type(g.c_type);
     // Stored shapes (column-major): A is m x k (k x m when transposed), B is k x n (n x k).
-    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
-    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
+    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, at, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
+    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, btc, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
     LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, ct, g.m, g.n, g.ldc));
     if (batched) {
       const std::int32_t count = g.batch;
@@ -194,7 +248,7 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
     const bool none = s != CUBLAS_STATUS_SUCCESS || found == 0;
     if (none && !batched)
       throw Error(fmt::format("gemm: cuBLASLt has no algorithm for m={} n={} k={} {}x{}->{} ({})", g.m, g.n, g.k,
-                              dtype_name(g.ab_type), dtype_name(g.ab_type), dtype_name(g.c_type), status_name(s)));
+                              dtype_name(g.ab_type), dtype_name(bt), dtype_name(g.c_type), status_name(s)));
     // beta is a call argument, not part of the plan: an accumulating product takes the algorithm
     // its overwriting twin (the same shape, tuned in place) chose, without a scratch C.
     GemmPlanCache::Key twin_key = key;
@@ -213,7 +267,10 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
     }
     it = r.gemm_plans.plans.emplace(key, std::move(plan)).first;
   }
-  const GemmPlanCache::Plan& p = *it->second;
+  GemmPlanCache::Plan& p = *it->second;
+  // The scale pointers are the call's, not the plan's: set them on the cached descriptor (a host
+  // object; cuBLASLt reads it when the product is queued).
+  if (fp8) set_scale_pointers(p.desc, g);
   if (p.one_by_one) {
     const auto ab = static_cast<std::ptrdiff_t>(dtype_size(g.ab_type)), cb = static_cast<std::ptrdiff_t>(dtype_size(g.c_type));
     for (int i = 0; i < g.batch; ++i) {

@@ -8,10 +8,15 @@
 // Precision (docs/architecture.md §2): fp32 inputs use CUBLAS_COMPUTE_32F (no TF32) unless allow_tf32, then
 // CUBLAS_COMPUTE_32F_FAST_TF32; bf16/fp16 inputs always accumulate in fp32 (CUBLAS_COMPUTE_32F)
 // and may write C in their own dtype or in fp32 (mixed-precision master gradients).
+// FP8 inputs (e4m3/e5m2, docs/precision.md) accumulate in fp32 (CUBLAS_COMPUTE_32F, without
+// cuBLASLt's fast-accumulation mode), write C in bf16 or fp32, and need trans_a && !trans_b (the
+// "TN" layout, the only one Hopper's FP8 kernels take), K a multiple of 16 and 16-byte aligned
+// operands; the operands' dequantisation factors come as device pointers (a_scale, b_scale).
 #include <cublasLt.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "lmscale/core/dtype.h"
@@ -29,8 +34,13 @@ struct GemmArgs {
   std::int64_t ldb = 0;
   void* c = nullptr;
   std::int64_t ldc = 0;
-  DType ab_type = DType::f32;   // A and B share a dtype
-  DType c_type = DType::f32;    // ab_type or fp32
+  DType ab_type = DType::f32;   // A's dtype; B's too unless b_type says otherwise
+  DType c_type = DType::f32;    // ab_type or fp32 (bf16 or fp32 for FP8 inputs)
+  // FP8 products only: B's dtype when it differs from A's (e4m3 x e5m2), and the device pointers
+  // (one fp32 each) of the factors cuBLASLt applies to A and B: C = alpha (a_scale A)(b_scale B) + beta C.
+  std::optional<DType> b_type;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
   float alpha = 1.f, beta = 0.f;
   // Strided batch: `batch` products, matrix i at a + i stride_a (elements; likewise b, c). A
   // stride of 0 shares that operand between the products (the input of the q, k, v projections).

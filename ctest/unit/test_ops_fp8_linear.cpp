@@ -1,0 +1,124 @@
+// ops::Fp8Linear on the CPU: its forward and backward equal the FP8 primitives composed by hand
+// (docs/precision.md, "The GEMMs and their layouts"), stay within the derived bound of the exact
+// products, accumulate dw, and keep each forward's operands for its own backward when several
+// forwards run before their backwards (pipeline schedules).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "lmscale/ops/fp8.h"
+#include "lmscale/ops/fp8_linear.h"
+#include "ops_test_util.h"
+
+namespace lmscale::test {
+namespace {
+
+class Fp8LinearTest : public OpsTest {
+ protected:
+  static constexpr std::int64_t B = 2, T = 12, K = 48, N = 16, M = B * T;
+
+  // The three products from the primitives: x, w as e4m3, dy as e5m2, current scaling.
+  struct Products {
+    Tensor y, dx, dw;
+  };
+  Products by_hand(const Tensor& x, const Tensor& w, const Tensor& dy) {
+    auto q = [&](const Tensor& t, Fp8Format f, Tensor& inv) {
+      ops::Fp8TensorScaling s(ctx, f, ops::Fp8Recipe::current, 1, 0);
+      const Tensor m = t.reshape({t.numel() / t.dim(-1), t.dim(-1)});
+      Tensor out = Tensor::empty(m.shape(), fp8_dtype(f), alloc, "test");
+      s.quantize(ctx, m, out);
+      inv = clone(s.inv_scale());
+      return out;
+    };
+    auto tr = [&](const Tensor& t) {
+      Tensor o = Tensor::empty({t.dim(1), t.dim(0)}, t.dtype(), alloc, "test");
+      ops::transpose_fp8(ctx, t, o);
+      return o;
+    };
+    Tensor xi, wi, dyi;
+    const Tensor xq = q(x, Fp8Format::e4m3, xi), wq = q(w, Fp8Format::e4m3, wi), dyq = q(dy, Fp8Format::e5m2, dyi);
+    Products p{poisoned({M, N}), poisoned({M, K}), poisoned({N, K})};
+    ops::linear_fp8(ctx, xq, xi, wq, wi, p.y, false);
+    ops::linear_fp8(ctx, dyq, dyi, tr(wq), wi, p.dx, false);
+    ops::linear_fp8(ctx, tr(dyq), dyi, tr(xq), xi, p.dw, false);
+    return p;
+  }
+};
+
+void expect_equal(const Tensor& got, const Tensor& want, const char* what) {
+  const auto g = values(got), w = values(want);
+  ASSERT_EQ(g.size(), w.size()) << what;
+  std::size_t diffs = 0;
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (!(g[i] == w[i]) && ++diffs <= 5) ADD_FAILURE() << what << " element " << i << ": " << g[i] << " vs " << w[i];
+  EXPECT_EQ(diffs, 0u) << what;
+}
+
+TEST_F(Fp8LinearTest, EqualsThePrimitivesAndTheExactProductsWithinTheBound) {
+  const Tensor x = randn({B, T, K}, 1), w = randn({N, K}, 2, 0.1), dy = randn({B, T, N}, 3, 1e-3);
+  ops::Fp8Linear layer(ctx, {});
+  Tensor y = poisoned({B, T, N}), dx = poisoned({B, T, K}), dw = poisoned({N, K});
+  const ops::Fp8LinearSaved saved = layer.forward(ctx, x, w, y);
+  layer.backward(ctx, saved, dy, &dx, &dw, false);
+  const Products want = by_hand(x, w, dy);
+  expect_equal(y, want.y, "y");
+  expect_equal(dx, want.dx, "dx");
+  expect_equal(dw, want.dw, "dw");
+  // Against the exact fp64 layer: within a few percent normwise (the elementwise bound is
+  // test_ops_fp8's LinearLayerWithinDerivedBound), and not equal to it.
+  Tensor ye = poisoned({B, T, N}), dxe = poisoned({B, T, K}), dwe = poisoned({N, K});
+  ops::linear(ctx, x, w, ye);
+  ops::linear_backward(ctx, x, w, dy, &dxe, &dwe, false);
+  for (auto [got, exact, what] : {std::tuple{&y, &ye, "y"}, {&dx, &dxe, "dx"}, {&dw, &dwe, "dw"}}) {
+    const double rel = max_rel_diff(*got, *exact);
+    EXPECT_GT(rel, 1e-4) << what;
+    EXPECT_LT(rel, 0.15) << what;
+  }
+  // accumulate_dw adds; a null dx or dw is skipped.
+  Tensor dw2 = clone(dw);
+  layer.backward(ctx, saved, dy, nullptr, &dw2, true);
+  const auto once = values(dw), twice = values(dw2);
+  for (std::size_t i = 0; i < once.size(); ++i) EXPECT_DOUBLE_EQ(twice[i], 2 * once[i]) << i;
+}
+
+TEST_F(Fp8LinearTest, EachBackwardUsesItsOwnForward) {
+  const Tensor w = randn({N, K}, 2, 0.1);
+  const Tensor x1 = randn({M, K}, 4), x2 = randn({M, K}, 5, 300.0);   // very different scales
+  const Tensor dy1 = randn({M, N}, 6, 1e-3), dy2 = randn({M, N}, 7, 1.0);
+  ops::Fp8Linear layer(ctx, {});
+  Tensor y1 = poisoned({M, N}), y2 = poisoned({M, N});
+  const ops::Fp8LinearSaved s1 = layer.forward(ctx, x1, w, y1);
+  const ops::Fp8LinearSaved s2 = layer.forward(ctx, x2, w, y2);   // before the first backward
+  Tensor dx1 = poisoned({M, K}), dw1 = poisoned({N, K}), dx2 = poisoned({M, K}), dw2 = poisoned({N, K});
+  layer.backward(ctx, s1, dy1, &dx1, &dw1, false);
+  layer.backward(ctx, s2, dy2, &dx2, &dw2, false);
+  const Products p1 = by_hand(x1, w, dy1), p2 = by_hand(x2, w, dy2);
+  expect_equal(y1, p1.y, "y1");
+  expect_equal(dw1, p1.dw, "dw1");
+  expect_equal(dx1, p1.dx, "dx1");
+  expect_equal(y2, p2.y, "y2");
+  expect_equal(dw2, p2.dw, "dw2");
+}
+
+TEST_F(Fp8LinearTest, DelayedScalingSaturatesOnlyTheFirstStep) {
+  // Delayed scaling starts at scale 1: x with |x| up to ~1500 saturates at 448 on the first
+  // forward; from the second on the history knows the range and the layer is accurate again.
+  const Tensor x = randn({M, K}, 8, 500.0), w = randn({N, K}, 2, 0.1);
+  ops::Fp8LinearOptions o;
+  o.recipe = ops::Fp8Recipe::delayed;
+  o.history = 4;
+  ops::Fp8Linear layer(ctx, o);
+  Tensor exact = poisoned({M, N});
+  ops::linear(ctx, x, w, exact);
+  Tensor y = poisoned({M, N});
+  layer.forward(ctx, x, w, y);
+  const double first = max_rel_diff(y, exact);
+  layer.forward(ctx, x, w, y);
+  const double second = max_rel_diff(y, exact);
+  EXPECT_GT(first, 0.15);
+  EXPECT_LT(second, 0.1);
+}
+
+}  // namespace
+}  // namespace lmscale::test

@@ -1,0 +1,62 @@
+#pragma once
+// FP8 building blocks (docs/precision.md): the amax reduction, the scaled saturating cast into
+// e4m3/e5m2, the byte transpose that makes the GEMMs' transposed operands, the per-tensor scale
+// update, and the FP8 GEMM of the linear layers. CPU implementations are the references the CUDA
+// kernels are tested against (bitwise for everything but the GEMM, whose reference multiplies the
+// decoded operands in fp64). Tensors are contiguous and row-major, as in ops.h; every scale,
+// inverse scale and amax is a 1-element fp32 tensor on the device of the data, so nothing here
+// reads the device from the host.
+#include <cstdint>
+
+#include "lmscale/core/context.h"
+#include "lmscale/core/fp8.h"
+#include "lmscale/core/tensor.h"
+
+namespace lmscale::ops {
+
+// out (1 element, fp32) = max |x| over every element of x (fp32, bf16, fp16; fp64 too on CPU,
+// rounded to fp32 first). NaN anywhere in x makes it NaN (the canonical quiet NaN); an empty x
+// gives 0. Overwrites out.
+void amax(Context& ctx, const Tensor& x, Tensor& out);
+
+// out = fp8(fp32(x) * scale), out's dtype e4m3 or e5m2, same element count as x (dtypes as in
+// amax). The product is rounded to fp32 and then to the nearest fp8 value (ties to even), with
+// the satfinite overflow rule of core/fp8.h: beyond +-fp8_max (inf included) it saturates, NaN
+// stays NaN (0x7F). scale: 1 element fp32 (the quantisation scale; a GEMM reading out multiplies
+// by its inverse). With the power-of-two scales of fp8_update_scale the product is exact, so the
+// only rounding is the one to fp8. When amax_out (1 element fp32) is given it receives max |x|
+// exactly as ops::amax computes it, in the same pass over x.
+void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out);
+
+// out[C,R] = x[R,C]^T for 2-D fp8 tensors (a byte copy: exact). The FP8 GEMMs need their
+// operands K-major (ops::linear_fp8), so the backward's x^T, dy^T and w^T come from here.
+void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out);
+
+// The per-tensor scale from an amax history (fp32 [H], H >= 1; current scaling passes [1] holding
+// the amax of the tensor now):
+//   a = max over the history, NaN entries skipped;
+//   scale = 2^k with k the largest integer such that a * 2^k <= fp8_max(format), minus margin,
+//           clamped to [-126, 126]; inv_scale = 2^-k (both exact: the cast's product and the
+//           GEMM's dequantisation add no rounding);
+//   when a is 0, inf or every entry is NaN, scale and inv_scale keep their values (the first
+//   steps of delayed scaling keep the initial 1).
+// A power of two at most 2x below fp8_max / a loses no relative precision (a float format's
+// relative spacing does not depend on the scale) and at most one binade at the subnormal end.
+void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
+                      Tensor& inv_scale);
+
+// The FP8 GEMM of a linear layer ("TN": both operands K-major, the only layout Hopper's FP8
+// tensor-core GEMMs take):
+//   y[M,N] (+)= (a[M,K] * a_inv) . (b[N,K] * b_inv)^T
+// a, b: e4m3 or e5m2 (not both e5m2); a_inv, b_inv: their inverse scales (1 element fp32);
+// y: bf16 or fp32 on CUDA (fp32 or fp64 on CPU); accumulate adds into y (fp32 y only on CUDA).
+// fp32 accumulation on CUDA, fp64 on CPU. On CUDA K must be a multiple of 16 and every operand
+// 16-byte aligned (cuBLASLt's FP8 rule); the call says which operand is not.
+// The three products of a linear layer y = x w^T are this one product:
+//   forward    y[M,N]  = x_q[M,K]   . w_q[N,K]^T
+//   data grad  dx[M,K] = dy_q[M,N]  . wt_q[K,N]^T    (wt_q = transpose_fp8(w_q))
+//   weight grad dw[N,K] (+)= dyt_q[N,M] . xt_q[K,M]^T (dyt_q, xt_q: transposes of dy_q, x_q)
+void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
+                bool accumulate);
+
+}  // namespace lmscale::ops

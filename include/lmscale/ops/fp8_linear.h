@@ -1,0 +1,55 @@
+#pragma once
+// One linear layer y = x w^T with its three GEMMs in FP8 (docs/precision.md, "The GEMMs and their
+// layouts"): x and w in e4m3, dy in e5m2 (or e4m3), each operand with its own Fp8TensorScaling
+// held here, so a model keeps one Fp8Linear per linear layer and no state is shared between
+// layers. Shapes: x [M,K] (any leading dims flattened into M), w [N,K], y and dy [M,N].
+//
+// forward() returns what backward() needs from it (the quantised transposes of x and w and the
+// inverse scales they were made with), for the caller to keep with the layer's other saved
+// activations: a pipeline schedule runs several forwards before their backwards, and each
+// backward must use its own forward's operands.
+#include <cstdint>
+
+#include "lmscale/core/context.h"
+#include "lmscale/core/fp8.h"
+#include "lmscale/core/tensor.h"
+#include "lmscale/ops/fp8_scaling.h"
+
+namespace lmscale::ops {
+
+struct Fp8LinearOptions {
+  Fp8Recipe recipe = Fp8Recipe::current;
+  int history = 16;    // delayed scaling's amax window, in casts of each operand
+  int margin = 0;      // scales divided by 2^margin
+  Fp8Format grad_format = Fp8Format::e5m2;
+};
+
+// The forward's operands for the backward: xt_q [K,M] and wt_q [K,N] (fp8) and their inverse
+// scales ([1] fp32 copies, so later forwards may rescale freely).
+struct Fp8LinearSaved {
+  Tensor xt_q, x_inv, wt_q, w_inv;
+};
+
+class Fp8Linear {
+ public:
+  Fp8Linear(Context& ctx, const Fp8LinearOptions& options);
+
+  // y[M,N] = x w^T, y bf16 or fp32 on CUDA (fp32 or fp64 on CPU, where x and w may be fp32 or
+  // fp64: the CPU emulates the FP8 numerics exactly, up to the GEMM's accumulation order).
+  // On CUDA K and M must be multiples of 16 (the FP8 GEMMs' reduction lengths include both).
+  Fp8LinearSaved forward(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y);
+
+  // dx[M,K] = dy w (overwritten; skipped when null), dw[N,K] (+)= dy^T x (skipped when null;
+  // fp32 on CUDA when accumulating), from saved's operands and dy quantised here.
+  void backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, Tensor* dw,
+                bool accumulate_dw);
+
+  const Fp8TensorScaling& x_scaling() const { return x_; }
+  const Fp8TensorScaling& w_scaling() const { return w_; }
+  const Fp8TensorScaling& dy_scaling() const { return dy_; }
+
+ private:
+  Fp8TensorScaling x_, w_, dy_;
+};
+
+}  // namespace lmscale::ops

@@ -1,0 +1,52 @@
+#pragma once
+// The scaling state of one FP8 GEMM operand (docs/precision.md): its quantisation scale and inverse
+// and its amax history, all on the operand's device (fp32), and the recipe that updates them.
+// A linear layer keeps one per operand (x, w, dy): no globals.
+//
+//   current (torchao's tensorwise dynamic scaling): quantize() reads x twice, first for its amax
+//     (history of one entry), then to cast it with the scale of that amax: nothing saturates
+//     (but the margin's headroom is not needed either).
+//   delayed (Transformer Engine's recipe): quantize() first sets the scale from the largest amax
+//     of the last `history` casts, then casts x once with it, recording x's amax into the ring
+//     buffer's next slot. One pass over x; values above what the past saw saturate at fp8_max
+//     (the margin, in powers of two, leaves headroom for growth). Until a cast has recorded a
+//     non-zero amax the scale stays 1.
+//
+// inv_scale() stays the inverse of the scale the last quantize() used until the next quantize()
+// of this operand, so a GEMM reading its output passes inv_scale() (ops::linear_fp8).
+#include <cstdint>
+
+#include "lmscale/core/context.h"
+#include "lmscale/core/fp8.h"
+#include "lmscale/core/tensor.h"
+
+namespace lmscale::ops {
+
+enum class Fp8Recipe : std::uint8_t { current, delayed };
+
+class Fp8TensorScaling {
+ public:
+  // history: the ring buffer's length for delayed scaling (>= 1; current scaling uses 1 whatever
+  // is given). margin: the scale is divided by 2^margin. Tensors come from ctx.allocator, scale 1
+  // and an empty (zero) history.
+  Fp8TensorScaling(Context& ctx, Fp8Format format, Fp8Recipe recipe, int history, int margin);
+
+  // out (dtype fp8_dtype(format()), x's element count) = fp8(x * scale) under the recipe.
+  void quantize(Context& ctx, const Tensor& x, Tensor& out);
+
+  Fp8Format format() const { return format_; }
+  Fp8Recipe recipe() const { return recipe_; }
+  const Tensor& scale() const { return scale_; }            // [1] fp32
+  const Tensor& inv_scale() const { return inv_scale_; }    // [1] fp32
+  const Tensor& amax_history() const { return history_; }   // [H] fp32, ring buffer
+  int next_slot() const { return slot_; }                   // where the next cast records its amax
+
+ private:
+  Fp8Format format_;
+  Fp8Recipe recipe_;
+  int margin_;
+  int slot_ = 0;
+  Tensor scale_, inv_scale_, history_;
+};
+
+}  // namespace lmscale::ops

@@ -1,0 +1,115 @@
+// The FP8 ops (lmscale/ops/fp8.h): shape, dtype and device checks, then dispatch.
+#include "lmscale/ops/fp8.h"
+
+#include "checks.h"
+#include "cpu/cpu_ops.h"
+#include "cuda/cuda_ops.h"
+
+namespace lmscale::ops {
+namespace {
+
+bool is_fp8(DType t) { return t == DType::e4m3 || t == DType::e5m2; }
+
+void check_scalar(const char* op, const char* name, const Tensor& t) {
+  LMSCALE_CHECK(t.dtype() == DType::f32 && t.numel() == 1, "{}: '{}' must be one fp32 element, is {} {}", op, name,
+                dtype_name(t.dtype()), shape_str(t.shape()));
+}
+
+void check_fp8_dtype(const char* op, const char* name, const Tensor& t) {
+  LMSCALE_CHECK(is_fp8(t.dtype()), "{}: '{}' is {}, expected fp8_e4m3 or fp8_e5m2", op, name, dtype_name(t.dtype()));
+}
+
+}  // namespace
+
+void amax(Context& ctx, const Tensor& x, Tensor& out) {
+  constexpr const char* op = "ops::amax";
+  const Device dev = detail::common_device(op, {{"x", &x}, {"out", &out}});
+  detail::check_floating(op, "x", x);
+  check_scalar(op, "out", out);
+  if (dev == Device::cpu) return cpu::amax(ctx, x, out);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::amax(ctx, x, out);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out) {
+  constexpr const char* op = "ops::cast_fp8";
+  const Device dev =
+      detail::common_device(op, {{"x", &x}, {"scale", &scale}, {"out", &out}, {"amax_out", amax_out}});
+  detail::check_floating(op, "x", x);
+  check_scalar(op, "scale", scale);
+  check_fp8_dtype(op, "out", out);
+  detail::check_numel(op, "out", out, x.numel());
+  if (amax_out) check_scalar(op, "amax_out", *amax_out);
+  if (dev == Device::cpu) return cpu::cast_fp8(ctx, x, scale, out, amax_out);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::cast_fp8(ctx, x, scale, out, amax_out);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out) {
+  constexpr const char* op = "ops::transpose_fp8";
+  const Device dev = detail::common_device(op, {{"x", &x}, {"out", &out}});
+  check_fp8_dtype(op, "x", x);
+  LMSCALE_CHECK(x.ndim() == 2, "{}: 'x' must be 2-D, is {}", op, shape_str(x.shape()));
+  detail::check_shape(op, "out", out, {x.dim(1), x.dim(0)});
+  detail::check_same_dtype(op, "x", x, "out", out);
+  if (x.numel() == 0) return;
+  if (dev == Device::cpu) return cpu::transpose_fp8(ctx, x, out);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::transpose_fp8(ctx, x, out);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
+                      Tensor& inv_scale) {
+  constexpr const char* op = "ops::fp8_update_scale";
+  const Device dev =
+      detail::common_device(op, {{"amax_history", &amax_history}, {"scale", &scale}, {"inv_scale", &inv_scale}});
+  LMSCALE_CHECK(amax_history.dtype() == DType::f32 && amax_history.numel() >= 1,
+                "{}: 'amax_history' must be fp32 with at least one element, is {} {}", op,
+                dtype_name(amax_history.dtype()), shape_str(amax_history.shape()));
+  check_scalar(op, "scale", scale);
+  check_scalar(op, "inv_scale", inv_scale);
+  LMSCALE_CHECK(margin >= 0 && margin <= 64, "{}: margin {} (0 to 64)", op, margin);
+  if (dev == Device::cpu) return cpu::fp8_update_scale(ctx, amax_history, format, margin, scale, inv_scale);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::fp8_update_scale(ctx, amax_history, format, margin, scale, inv_scale);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
+                bool accumulate) {
+  constexpr const char* op = "ops::linear_fp8";
+  const Device dev =
+      detail::common_device(op, {{"a", &a}, {"a_inv", &a_inv}, {"b", &b}, {"b_inv", &b_inv}, {"y", &y}});
+  check_fp8_dtype(op, "a", a);
+  check_fp8_dtype(op, "b", b);
+  LMSCALE_CHECK(!(a.dtype() == DType::e5m2 && b.dtype() == DType::e5m2),
+                "{}: 'a' and 'b' are both fp8_e5m2 (one must be fp8_e4m3)", op);
+  LMSCALE_CHECK(b.ndim() == 2, "{}: 'b' must be [N, K], got {}", op, shape_str(b.shape()));
+  LMSCALE_CHECK(a.ndim() >= 1 && a.dim(-1) == b.dim(1), "{}: a {} does not match b {} (a must be [..., {}])", op,
+                shape_str(a.shape()), shape_str(b.shape()), b.dim(1));
+  check_scalar(op, "a_inv", a_inv);
+  check_scalar(op, "b_inv", b_inv);
+  Shape ys = a.shape();
+  ys.back() = b.dim(0);
+  detail::check_shape(op, "y", y, ys);
+  detail::check_floating(op, "y", y);
+  if (dev == Device::cpu) return cpu::linear_fp8(ctx, a, a_inv, b, b_inv, y, accumulate);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::linear_fp8(ctx, a, a_inv, b, b_inv, y, accumulate);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+}  // namespace lmscale::ops
