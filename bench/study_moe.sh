@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Study: the mixture-of-experts model moe-1b (docs/moe.md: d_model 1024, 12 blocks, 16 heads, 8
+# experts of 2816, top-2, vocab 10000), bf16, flash attention, 8 sequences of 1024 tokens per GPU,
+# full train steps:
+#   - one GPU (inputs/moe_1b_gpu.ini) against the dense model of equal active FLOPs
+#     (inputs/moe_1b_dense_gpu.ini, d_ff 5632) and the peer's two formulations (bench/torch_peer.py
+#     moe: a Python loop of per-expert GEMMs, and torch._grouped_mm with --grouped);
+#   - expert parallelism on 2 GPUs (ep = 2, 4 experts per GPU, global batch 16) against the same
+#     peers on 2 ranks (all_to_all_single dispatch).
+# Tokens/s are global (all GPUs).
+#   bench/study_moe.sh
+STUDY=moe
+source "$(dirname "$0")/common.sh"
+preflight 2
+P=(--batch 8 --seq 1024 --precision bf16 --attention sdpa --warmup 3 --iters 8)
+
+runs() {
+  lm moe_1gpu 1 inputs/moe_1b_gpu.ini
+  lm dense_1gpu 1 inputs/moe_1b_dense_gpu.ini
+  peer moe_eager_1gpu 1 moe "${P[@]}"
+  peer moe_grouped_1gpu 1 moe "${P[@]}" --grouped
+  lm moe_ep2 2 inputs/moe_1b_gpu.ini --parallel.ep=2 --bench.batch_size=16
+  peer moe_eager_ep2 2 moe "${P[@]}"
+  peer moe_grouped_ep2 2 moe "${P[@]}" --grouped
+}
+repeat runs
+
+tok_rows() {
+  row "$1: tokens/s" tokens/s "$2" /bench_model@tokens_per_s "$3" tokens_per_s
+  row "$1: peak memory" GiB "$2" /bench_model@peak_bytes "$3" peak_gib
+}
+tok_rows "1 GPU (peer: eager loop)" moe_1gpu moe_eager_1gpu
+tok_rows "1 GPU (peer: grouped_mm)" moe_1gpu moe_grouped_1gpu
+tok_rows "ep = 2 (peer: eager loop)" moe_ep2 moe_eager_ep2
+tok_rows "ep = 2 (peer: grouped_mm)" moe_ep2 moe_grouped_ep2
+print_table "moe-1b, bf16, 8 x 1024 tokens per GPU, train step"
+# lmscale's own ratios: MoE against the dense model of equal active FLOPs, ep = 2 against one GPU.
+if [ -z "$DRY_RUN" ]; then
+  "$PYTHON" - "$OUT" <<'PY'
+import glob, statistics, sys
+import h5py
+out = sys.argv[1]
+def tps(case):
+    v = [float(h5py.File(f, "r")["bench_model"].attrs["tokens_per_s"]) for f in sorted(glob.glob(f"{out}/{case}/lmscale_*.h5"))]
+    return statistics.median(v) if v else float("nan")
+moe, dense, ep2 = tps("moe_1gpu"), tps("dense_1gpu"), tps("moe_ep2")
+print(f"moe / dense (1 GPU, equal active FLOPs): {moe:.0f} / {dense:.0f} tokens/s = {moe / dense:.3f}")
+print(f"ep = 2 / one GPU: {ep2:.0f} / {moe:.0f} tokens/s = {ep2 / moe:.3f}")
+PY
+fi
