@@ -226,8 +226,9 @@ void expect_within(const std::vector<double>& got, const std::vector<double>& re
 
 // The accumulation bound of cuBLASLt's FP8 GEMM: fp32 accumulation (fast accumulation off), but
 // Hopper's FP8 tensor cores keep fewer bits inside one MMA chain (about 14, DeepSeek-V3 report §3.3);
-// the bound assumes 2^-12 of sum |a_k b_k| (docs/precision.md, "Error bounds").
-constexpr double kGemmAccumulation = 1.0 / 4096;
+// the bound is 2^-10 of sum |a_k b_k|, empirical: 2.3x the worst measured on an H100, 4.4e-4
+// (docs/precision.md, "Error bounds").
+constexpr double kGemmAccumulation = 1.0 / 1024;
 
 TEST_F(CudaFp8Test, GemmMatchesCpuReferenceOfTheSameOperands) {
   if (!has_fp8_gemm()) GTEST_SKIP() << "no FP8 tensor cores (compute capability < 8.9)";

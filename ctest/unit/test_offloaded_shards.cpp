@@ -119,8 +119,10 @@ TEST(OffloadedShardsTargets, MixedTargetsAndGradientPiecesMatchAdamWBitwise) {
   // Units [0, 70), [70, 200); targets: bf16 [0, 90), fp32 [90, 110), bf16 [110, 200).
   std::vector<parallel::OffloadedShards::Range> units{{0, 70}, {70, 130}};
   Tensor low = Tensor::empty({S}, DType::bf16, rt.host(), "test"), full = Tensor::empty({S}, DType::f32, rt.host(), "test");
-  std::vector<parallel::OffloadedShards::Target> targets{
-      {0, 90, low.flat_range(0, 90)}, {90, 20, full.flat_range(90, 20)}, {110, 90, low.flat_range(110, 90)}};
+  // The fp32 range also refreshes its working-copy entries (`also`: low [90, 110)).
+  std::vector<parallel::OffloadedShards::Target> targets{{0, 90, low.flat_range(0, 90), Tensor()},
+                                                         {90, 20, full.flat_range(90, 20), low.flat_range(90, 20)},
+                                                         {110, 90, low.flat_range(110, 90), Tensor()}};
   parallel::OffloadedShards off(rt, S, units, targets, DType::bf16, cfg, 2, chunk);
   std::vector<float> ref = random_values(S, 5, 0.5), ref_m(S, 0.f), ref_v(S, 0.f);
   std::memcpy(off.master().data(), ref.data(), ref.size() * sizeof(float));
@@ -128,11 +130,12 @@ TEST(OffloadedShardsTargets, MixedTargetsAndGradientPiecesMatchAdamWBitwise) {
   Tensor rp = view_of(ref), rm = view_of(ref_m), rv = view_of(ref_v);
   auto expect_targets = [&](const char* when) {
     for (std::int64_t i = 0; i < S; ++i) {
-      if (i >= 90 && i < 110)
+      if (i >= 90 && i < 110) {
         ASSERT_EQ(full.data_as<const float>()[i], ref[static_cast<std::size_t>(i)]) << when << " element " << i;
-      else
-        ASSERT_EQ(low.data_as<const bf16_t>()[i].bits, float_to_bf16(ref[static_cast<std::size_t>(i)]).bits)
-            << when << " element " << i;
+      }
+      // Every working-copy entry, the fp32 range's too, is the bf16 of the master.
+      ASSERT_EQ(low.data_as<const bf16_t>()[i].bits, float_to_bf16(ref[static_cast<std::size_t>(i)]).bits)
+          << when << " element " << i;
     }
   };
   off.wait_unit(ctx, 0);   // the refresh from the master
@@ -160,8 +163,8 @@ TEST(OffloadedShardsTargets, MixedTargetsAndGradientPiecesMatchAdamWBitwise) {
     off.settle();
     EXPECT_EQ(0, std::memcmp(off.master().data(), ref.data(), S * sizeof(float))) << "master, step " << t;
   }
-  // Gradients down, and up: 2 bytes per bf16 element, 4 per fp32 one.
-  EXPECT_EQ(off.transfer_bytes_per_step(), S * 4 + 180 * 2 + 20 * 4);
+  // Gradients down, and up: 2 bytes per bf16 element, 4 + 2 per fp32 one with its bf16 entry.
+  EXPECT_EQ(off.transfer_bytes_per_step(), S * 4 + 180 * 2 + 20 * (4 + 2));
 }
 
 INSTANTIATE_TEST_SUITE_P(Copies, OffloadedShardsTest, ::testing::Values(ShardCopy::device, ShardCopy::pinned_host),

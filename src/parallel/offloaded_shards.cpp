@@ -29,7 +29,7 @@ OffloadedShards::OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vect
   lane_ = std::make_unique<ops::HostTransfer>(rt);
   if (copy_ == ShardCopy::device) {
     device_copy_ = Tensor::empty({numel}, compute_, *rt.ctx().allocator, "offloaded_device_copy");
-    for (const Range& u : units) targets_.push_back({u.offset, u.count, device_copy_.flat_range(u.offset, u.count)});
+    for (const Range& u : units) targets_.push_back({u.offset, u.count, device_copy_.flat_range(u.offset, u.count), Tensor()});
   } else {   // the worker's output and the source of each gather's copy up: pinned, so that copy is asynchronous
     host_copy_ = Tensor::empty({numel}, compute_, lane_->pinned(), "offloaded_host_copy");
   }
@@ -44,6 +44,10 @@ OffloadedShards::OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vect
   LMSCALE_CHECK(cfg.name == OptimizerName::adamw, "parallel.offload: AdamW only (deck checks)");
   std::int64_t at = 0;
   for (const Target& t : targets_) {
+    LMSCALE_CHECK(!t.also.defined() || (t.dst.dtype() == DType::f32 && t.also.dtype() == compute_ &&
+                                        t.also.numel() == t.count && t.also.device() == rt.device()),
+                  "OffloadedShards: the target at {} has a second destination that is not a {} copy of an fp32 target",
+                  t.offset, dtype_name(compute_));
     LMSCALE_CHECK(t.offset == at && t.count >= 0 && t.dst.numel() == t.count && t.dst.device() == rt.device() &&
                       (t.dst.dtype() == compute_ || t.dst.dtype() == DType::f32),
                   "OffloadedShards: target at {} of {} elements does not continue the shard at {} on the device in {} "
@@ -78,14 +82,18 @@ void OffloadedShards::init(std::vector<Range> units, std::int64_t chunk) {
     }
     last_chunk_.push_back(u.count > 0 ? chunks_.size() - 1 : chunks_.size());
   }
-  std::int64_t slot = 0;
+  std::int64_t slot = 0, also_slot = 0;
   std::size_t widest = dtype_size(compute_);
-  for (const Chunk& c : chunks_) slot = std::max(slot, c.count);
+  for (const Chunk& c : chunks_) {
+    slot = std::max(slot, c.count);
+    if (copy_ == ShardCopy::device && targets_[c.target].also.defined()) also_slot = std::max(also_slot, c.count);
+  }
   for (const Target& t : targets_) widest = std::max(widest, dtype_size(t.dst.dtype()));
   for (int k = 0; k < 2; ++k) {
     grad_slot_[k] = Tensor::empty({slot}, DType::f32, lane_->pinned(), "offload_staging");
     if (copy_ == ShardCopy::device)
       copy_slot_[k] = Tensor::empty({slot}, widest == 4 ? DType::f32 : compute_, lane_->pinned(), "offload_staging");
+    if (also_slot > 0) also_slot_[k] = Tensor::empty({also_slot}, compute_, lane_->pinned(), "offload_staging");
   }
   copied_.resize(chunks_.size());
   worker_ = std::thread([this] { run_worker(); });
@@ -177,12 +185,18 @@ void OffloadedShards::update(const std::vector<ops::GradPiece>& grads, double lr
     Tensor out = on_host ? host_copy_.flat_range(k.offset, k.count)
                          : Tensor::view(copy_slot_[c % 2].data(), {k.count}, out_dtype, copy_slot_[c % 2].device());
     const bool lowp = out_dtype != DType::f32;
-    optimizer_->step_host(p, g, lowp ? &out : nullptr, k.offset, lr, grad_scale, arithmetic);
+    const bool also = !on_host && targets_[k.target].also.defined();
+    Tensor also_out = also ? also_slot_[c % 2].flat_range(0, k.count) : Tensor();
+    optimizer_->step_host(p, g, lowp ? &out : also ? &also_out : nullptr, k.offset, lr, grad_scale, arithmetic);
     if (!lowp) std::memcpy(out.data(), p.data(), p.nbytes());
     if (!on_host) {   // pinned_host: the gathers copy it up themselves (device_shard)
       const Target& t = targets_[k.target];
       Tensor dst = t.dst.flat_range(k.offset - t.offset, k.count);
       lane_->copy(out, dst);
+      if (also) {
+        Tensor also_dst = t.also.flat_range(k.offset - t.offset, k.count);
+        lane_->copy(also_out, also_dst);
+      }
       up[c % 2] = lane_->fence();
     }
     {
@@ -288,6 +302,10 @@ void OffloadedShards::refresh_device(Context& ctx) {
       Tensor src = master_.flat_range(target.offset + a, c), dst = target.dst.flat_range(a, c);
       if (dst.dtype() == DType::f32) {
         ops::copy(ctx, src, dst);
+        if (target.also.defined()) {
+          Tensor also_dst = target.also.flat_range(a, c);
+          ops::cast(ctx, dst, also_dst);
+        }
         continue;
       }
       if (!tmp.defined()) tmp = Tensor::empty({step}, DType::f32, *ctx.allocator, "offload_refresh");
@@ -312,7 +330,8 @@ void OffloadedShards::refresh_host() {
 
 std::int64_t OffloadedShards::transfer_bytes_per_step() const {
   std::int64_t up = 0;   // pinned_host: none (each gather copies its unit up)
-  for (const Target& t : targets_) up += t.count * static_cast<std::int64_t>(dtype_size(t.dst.dtype()));
+  for (const Target& t : targets_)
+    up += t.count * static_cast<std::int64_t>(dtype_size(t.dst.dtype()) + (t.also.defined() ? dtype_size(compute_) : 0));
   return master_.numel() * 4 + up;
 }
 

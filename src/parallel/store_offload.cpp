@@ -46,12 +46,17 @@ std::vector<OffloadedShards::Target> store_targets(model::ParameterStore& store,
   auto push = [&](std::int64_t lo, std::int64_t hi, bool master) {
     if (lo >= hi) return;
     Tensor& flat = master ? store.flat_params() : store.flat_lowp();
+    // fp32 weights under a working copy: their working-copy entries are refreshed too (the
+    // working copy is the cast of the master everywhere, as without offload).
+    const bool also = master && store.has_lowp();
     if (!out.empty() && last_master == master && out.back().offset + out.back().count == lo - begin) {
       out.back().count += hi - lo;   // the same buffer, contiguous
       out.back().dst = flat.flat_range(begin + out.back().offset, out.back().count);
+      if (also) out.back().also = store.flat_lowp().flat_range(begin + out.back().offset, out.back().count);
       return;
     }
-    out.push_back({lo - begin, hi - lo, flat.flat_range(lo, hi - lo)});
+    out.push_back({lo - begin, hi - lo, flat.flat_range(lo, hi - lo),
+                   also ? store.flat_lowp().flat_range(lo, hi - lo) : Tensor()});
     last_master = master;
   };
   for (const auto& [offset, numel] : reads) {

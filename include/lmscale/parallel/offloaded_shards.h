@@ -74,6 +74,10 @@ class OffloadedShards {
   struct Target {
     std::int64_t offset = 0, count = 0;
     Tensor dst;
+    // An fp32 target may also refresh a compute-dtype copy of the same elements (the working
+    // copy's entries of weights the forward reads in fp32, e.g. the norms): the rounding the
+    // device cast gives, so the working copy stays the cast of the master everywhere.
+    Tensor also;
   };
   // numel: S; units: each unit's range, in forward order, disjoint; compute: the dtype of the
   // shard's copy; threads: host threads of the AdamW; chunk: elements per pipelined piece.
@@ -152,6 +156,7 @@ class OffloadedShards {
   // pinned [largest chunk]: fp32 gradients, and (ShardCopy::device) the parameters in the
   // widest target dtype, viewed in each chunk's target dtype
   Tensor grad_slot_[2], copy_slot_[2];
+  Tensor also_slot_[2];                    // pinned [largest chunk of a target with `also`], compute dtype
   bool stale_ = true;
 
   // Between the caller and the worker, under mu_.
