@@ -178,7 +178,7 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   const Placement ep_group{ep, std::clamp(gpn / tp, 1, ep)};
   const bool pp_inter = dp * tp * pp > gpn;
   auto add_comm = [&](CommTime c) {
-    if (c.algorithm == "none") return;   // a group of one rank (dp / ep = 1): nothing moves
+    if (c.seconds <= 0) return;   // a group of one rank (dp / ep = 1) or no bytes: nothing moves
     out.comm_s += c.seconds;
     out.exposed_comm_s += c.exposed_s;
     out.overlapped_comm_s += c.seconds - c.exposed_s;
