@@ -17,6 +17,7 @@
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/ops/runtime.h"
+#include "model_run_util.h"
 
 using namespace lmscale;
 
@@ -35,55 +36,18 @@ model::ModelDims dims(bool flash, std::int64_t ce_chunk_rows = -1) {
   return d;
 }
 
-struct Result {
-  double loss = 0;
-  std::vector<float> grads;
-};
+using Result = test::LossAndGrads;
 
 // Loss and gradients of one forward/backward with weights initialised from seed 5, on `device`
 // in `lowp` working precision.
 Result run(Device device, DType lowp, bool flash, const std::vector<std::int32_t>& tok, std::int64_t B, std::int64_t T,
            std::int64_t ce_chunk_rows = -1) {
   ops::Runtime rt(device, 0, false);
-  Context& ctx = rt.ctx();
   const auto d = dims(flash, ce_chunk_rows);
   model::ParameterStore ps(d, DType::f32, lowp, rt.allocator());
-  ps.init(5, ctx);
+  ps.init(5, rt.ctx());
   model::TransformerLM m(d, ps);
-  Tensor xh = Tensor::empty({B, T}, DType::i32, rt.host()), yh = Tensor::empty({B, T}, DType::i32, rt.host());
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t t = 0; t < T; ++t) {
-      xh.data_as<std::int32_t>()[b * T + t] = tok[static_cast<std::size_t>(b * (T + 1) + t)];
-      yh.data_as<std::int32_t>()[b * T + t] = tok[static_cast<std::size_t>(b * (T + 1) + t + 1)];
-    }
-  Tensor x = xh, y = yh;
-  if (device == Device::cuda) {
-    x = Tensor::empty({B, T}, DType::i32, rt.allocator());
-    y = Tensor::empty({B, T}, DType::i32, rt.allocator());
-    ops::copy(ctx, xh, x);
-    ops::copy(ctx, yh, y);
-  }
-  auto act = m.forward(ctx, x, y, true, 1.0 / static_cast<double>(B * T));
-  Tensor lh = Tensor::empty({1}, act->loss_sum.dtype(), rt.host());
-  ops::copy(ctx, act->loss_sum, lh);
-  m.backward(ctx, *act, {});
-  Result r;
-  r.loss = lh.data_as<float>()[0] / static_cast<double>(B * T);
-  r.grads.resize(static_cast<std::size_t>(ps.numel()));
-  Tensor gh = Tensor::view(r.grads.data(), {ps.numel()}, DType::f32, Device::cpu);
-  ops::copy(ctx, ps.flat_grads(), gh);
-  rt.synchronize();
-  return r;
-}
-
-double rel_err(const std::vector<float>& a, const std::vector<float>& b, std::int64_t off, std::int64_t n) {
-  double num = 0, den = 0;
-  for (std::int64_t i = off; i < off + n; ++i) {
-    const double d = static_cast<double>(a[static_cast<std::size_t>(i)]) - b[static_cast<std::size_t>(i)];
-    num += d * d;
-    den += static_cast<double>(b[static_cast<std::size_t>(i)]) * b[static_cast<std::size_t>(i)];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
+  return test::forward_backward(rt, m, ps, tok, B, T);
 }
 
 std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V, unsigned seed) {
@@ -113,7 +77,7 @@ TEST_P(ModelCuda, LossAndGradientsMatchCpu) {
   EXPECT_NEAR(gpu.loss, cpu.loss, (lowp == DType::f32 ? 1e-5 : 1e-2) * cpu.loss);
   for (const auto& p : model::parameter_layout(dims(flash))) {
     for (std::int64_t i = p.offset; i < p.offset + p.numel; ++i) ASSERT_TRUE(std::isfinite(gpu.grads[static_cast<std::size_t>(i)])) << p.name;
-    EXPECT_LT(rel_err(gpu.grads, cpu.grads, p.offset, p.numel), tol) << p.name;
+    EXPECT_LT(test::rel_err(gpu.grads, cpu.grads, p.offset, p.numel), tol) << p.name;
   }
 }
 
@@ -129,7 +93,7 @@ TEST(ModelCudaChunkedHead, LossAndGradientsMatchCpuUnchunked) {
     const double tol = lowp == DType::f32 ? 1e-4 : 3e-2;
     EXPECT_NEAR(gpu.loss, cpu.loss, (lowp == DType::f32 ? 1e-5 : 1e-2) * cpu.loss);
     for (const auto& p : model::parameter_layout(dims(true)))
-      EXPECT_LT(rel_err(gpu.grads, cpu.grads, p.offset, p.numel), tol) << p.name;
+      EXPECT_LT(test::rel_err(gpu.grads, cpu.grads, p.offset, p.numel), tol) << p.name;
   }
 }
 
