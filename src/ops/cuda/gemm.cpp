@@ -398,7 +398,8 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
                          g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0, batched ? g.stride_c : 0,
                          r.gemm_sm_target};
   GemmPlanCache& cache = r.gemm_plans;
-  if (const auto it = cache.plans.find(key); it != cache.plans.end()) return run_exact(r, allow_tf32, *it->second, g, fp8);
+  if (const auto it = cache.plans.find(key); it != cache.plans.end())
+    return run_exact(r, allow_tf32, *it->second, g, fp8);
   if (fp8) require_fp8_tensor_cores(r.device);
   constexpr std::uint32_t kBetaFlag = 8u;   // the key's beta != 0 bit: an accumulating twin differs in it alone
   PlanRequest q{tf32, fp8, bt, al_a, al_b, al_c, r.gemm_autotune, nullptr};
