@@ -4,8 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <set>
 #include <tuple>
 
+#include "../../src/ops/cuda/resources.h"
 #include "lmscale/core/error.h"
 #include "ops_cuda_test_util.h"
 
@@ -150,6 +152,47 @@ TEST_F(LinearTest, CarvedOutPlansGiveTheSameProduct) {
     EXPECT_CLOSE(values(y_carved), values(yr), tolerance(t));
     EXPECT_CLOSE(values(dx), values(dxr), tolerance(t));
     EXPECT_CLOSE(values(dw), values(dwr), 1e-5);
+  }
+}
+
+// ---- GEMM shape classes (an MoE expert's rows change every step; gemm.h) -----------------------
+// Many random row counts through one linear's forward, dx and accumulating dW: past the first
+// kExactShapesBeforeClassPlan shapes of a class the products run on the class's plan (layouts
+// set to the exact dims), and must equal the float64 CPU reference within the usual bounds; the
+// plan cache must stay within kExactPlansPerClass + 1 plans per class (the exact-key cache made
+// one plan per row count: ~3 per call here). K and N are neither powers of two nor multiples of
+// 256, so the representatives' leading dimensions are grown too.
+TEST_F(LinearTest, VaryingRowsShareShapeClassPlans) {
+  auto& cache = ops::cuda::resources(g()).gemm_plans;
+  for (DType t : {DType::bf16, DType::f32}) {
+    const std::int64_t K = 200, N = 136;
+    const auto w = randn(N * K, t, 0.1), dw0 = randn(N * K);
+    Tensor wd = dev(w, {N, K}, t);
+    Tensor dw = dev(dw0, {N, K}, DType::f32), dwr = ref(dw0, {N, K});
+    const std::size_t plans_before = cache.size();
+    const std::int64_t products_before = cache.class_products;
+    std::set<std::int64_t> classes, distinct;   // of M
+    const auto rows = randint(120, 200, 1100);
+    for (const std::int32_t M : rows) {
+      SCOPED_TRACE(::testing::Message() << "M=" << M << " " << dtype_name(t));
+      classes.insert(ops::cuda::shape_class_dim(M));
+      distinct.insert(M);
+      const auto x = randn(M * K, t), dy = randn(M * N, t);
+      Tensor xd = dev(x, {M, K}, t), y = poisoned({M, N}, t), dx = poisoned({M, K}, t);
+      ops::linear(g(), xd, wd, y);
+      ops::linear_backward(g(), xd, wd, dev(dy, {M, N}, t), &dx, &dw, true);
+      Tensor yr = ref(std::vector<double>(M * N), {M, N}), dxr = ref(std::vector<double>(M * K), {M, K});
+      ops::linear(c(), ref(x, {M, K}), ref(w, {N, K}), yr);
+      ops::linear_backward(c(), ref(x, {M, K}), ref(w, {N, K}), ref(dy, {M, N}), &dxr, &dwr, true);
+      EXPECT_CLOSE(values(y), values(yr), tolerance(t));
+      EXPECT_CLOSE(values(dx), values(dxr), tolerance(t));
+    }
+    EXPECT_CLOSE(values(dw), values(dwr), 1e-5);   // 120 accumulated products, fp32 master gradient
+    // Three product kinds (forward, dx, dW), each in the classes of its varying dimension M.
+    const std::size_t bound = 3 * classes.size() * (ops::cuda::kExactPlansPerClass + 1);
+    EXPECT_LE(cache.size() - plans_before, bound);
+    EXPECT_LT(cache.size() - plans_before, distinct.size()) << "the cache grows per row count";
+    EXPECT_GT(cache.class_products - products_before, 0) << "no product ran on a shape class plan";
   }
 }
 

@@ -119,10 +119,14 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
   logits = Tensor();
   // Dispatch plan: the capacity's group is one sequence (T rows).
   m.slot = Tensor::empty({N, k}, DType::i32, A, "activations");
-  Tensor kept = Tensor::empty({E}, DType::i32, A, "activations"), routed = Tensor::empty({E}, DType::i32, A, "activations");
+  // kept [E] and routed [E] as the rows of one [2,E] buffer: one device-to-host copy (one wait
+  // for the device) brings both to the host.
+  const Tensor counts = Tensor::empty({2, E}, DType::i32, A, "activations");
+  Tensor kept = counts.slice(0, 1).reshape({E}), routed = counts.slice(1, 2).reshape({E});
   ops::moe_plan(ctx, m.experts, T, dims_.expert_capacity(T), m.slot, kept, routed);
-  m.kept = host_counts(ctx, kept);
-  m.routed = host_counts(ctx, routed);
+  const std::vector<std::int64_t> kept_routed = host_counts(ctx, counts);
+  m.kept.assign(kept_routed.begin(), kept_routed.begin() + E);
+  m.routed.assign(kept_routed.begin() + E, kept_routed.end());
   const std::int64_t M = sum(m.kept);
   Tensor xt = Tensor::empty({M, d}, compute_, A, "activations");   // this rank's tokens' rows, expert order
   ops::moe_gather(ctx, y2, m.slot, xt);

@@ -93,7 +93,9 @@ struct GemmPlanCache::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::size_t workspace = 0;
-  bool one_by_one = false;   // a strided batch cuBLASLt has no algorithm for: run its products singly
+  bool one_by_one = false;     // a strided batch cuBLASLt has no algorithm for: run its products singly
+  bool no_algorithm = false;   // the heuristic found nothing (heuristic_status says why)
+  cublasStatus_t heuristic_status = CUBLAS_STATUS_SUCCESS;
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -104,6 +106,22 @@ struct GemmPlanCache::Plan {
 
 GemmPlanCache::GemmPlanCache() = default;
 GemmPlanCache::~GemmPlanCache() = default;
+
+std::size_t GemmPlanCache::size() const {
+  std::size_t n = plans.size();
+  for (const auto& [key, sc] : classes) n += sc.plan ? 1 : 0;
+  return n;
+}
+
+std::int64_t shape_class_dim(std::int64_t x) {
+  if (x <= 1) return x;
+  if (x <= 256) {
+    std::int64_t p = 1;
+    while (p < x) p <<= 1;
+    return p;
+  }
+  return (x + 255) / 256 * 256;
+}
 
 std::size_t GemmPlanCache::KeyHash::operator()(const Key& k) const {
   std::size_t h = 1469598103934665603ull;
@@ -175,6 +193,184 @@ int fastest(Resources& r, const GemmPlanCache::Plan& p, const GemmArgs& g, const
   return best < 0 ? 0 : best;
 }
 
+// The dims a plan's layouts describe: the call's own, or its shape class's representative.
+struct LayoutDims {
+  std::int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
+};
+
+LayoutDims exact_dims(const GemmArgs& g) {
+  const bool batched = g.batch > 1;
+  return {g.m, g.n, g.k, g.lda, g.ldb, g.ldc, batched ? g.stride_a : 0, batched ? g.stride_b : 0,
+          batched ? g.stride_c : 0};
+}
+
+// A leading dimension (or batch stride) v grown to at least `need` by a multiple of 256 elements,
+// so its alignment (which an algorithm may depend on, like the pointers') stays the call's.
+std::int64_t grown(std::int64_t v, std::int64_t need) { return v >= need ? v : v + (need - v + 255) / 256 * 256; }
+
+// The representative shape of g's class (gemm.h): m, n, k rounded up by shape_class_dim, the
+// leading dimensions and non-zero batch strides grown to hold the larger matrices.
+LayoutDims representative_dims(const GemmArgs& g) {
+  const LayoutDims e = exact_dims(g);
+  LayoutDims d = e;
+  d.m = shape_class_dim(e.m), d.n = shape_class_dim(e.n), d.k = shape_class_dim(e.k);
+  d.lda = grown(e.lda, g.trans_a ? d.k : d.m);
+  d.ldb = grown(e.ldb, g.trans_b ? d.n : d.k);
+  d.ldc = grown(e.ldc, d.m);
+  if (e.stride_a != 0) d.stride_a = grown(e.stride_a, d.lda * (g.trans_a ? d.m : d.k));
+  if (e.stride_b != 0) d.stride_b = grown(e.stride_b, d.ldb * (g.trans_b ? d.k : d.n));
+  if (e.stride_c != 0) d.stride_c = grown(e.stride_c, d.ldc * d.n);
+  return d;
+}
+
+// The class of an exact key: m, n, k rounded up, batch strides only zero (a shared operand) or
+// not; leading dimensions stay exact (in the products ops::linear makes a varying row count is
+// a layout's column count, never a leading dimension).
+GemmPlanCache::Key class_key(GemmPlanCache::Key k) {
+  k.m = shape_class_dim(k.m), k.n = shape_class_dim(k.n), k.k = shape_class_dim(k.k);
+  k.stride_a = k.stride_a != 0, k.stride_b = k.stride_b != 0, k.stride_c = k.stride_c != 0;
+  return k;
+}
+
+// Stored shapes (column-major): A is m x k (k x m when transposed), B is k x n (n x k), C m x n.
+void create_layouts(GemmPlanCache::Plan& p, const GemmArgs& g, DType bt, const LayoutDims& d) {
+  LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(g.ab_type), g.trans_a ? d.k : d.m,
+                                                  g.trans_a ? d.m : d.k, d.lda));
+  LMSCALE_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&p.b, cuda_type(bt), g.trans_b ? d.n : d.k, g.trans_b ? d.k : d.n, d.ldb));
+  LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(g.c_type), d.m, d.n, d.ldc));
+  if (g.batch > 1) {
+    const std::int32_t count = g.batch;
+    for (auto [layout, stride] : {std::pair{p.a, d.stride_a}, std::pair{p.b, d.stride_b}, std::pair{p.c, d.stride_c}}) {
+      LMSCALE_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                            &stride, sizeof(stride)));
+    }
+  }
+}
+
+// Sets the layouts made by create_layouts to dims d (host-side attributes: cuBLASLt reads them
+// when a product is queued, so a class plan serves each call with that call's exact shape).
+void set_layout_dims(GemmPlanCache::Plan& p, const GemmArgs& g, const LayoutDims& d) {
+  auto set = [](cublasLtMatrixLayout_t l, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t stride,
+                bool batched) {
+    const auto r = static_cast<std::uint64_t>(rows), c = static_cast<std::uint64_t>(cols);
+    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof(r)));
+    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof(c)));
+    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof(ld)));
+    if (batched)
+      LMSCALE_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  };
+  const bool batched = g.batch > 1;
+  set(p.a, g.trans_a ? d.k : d.m, g.trans_a ? d.m : d.k, d.lda, d.stride_a, batched);
+  set(p.b, g.trans_b ? d.n : d.k, g.trans_b ? d.k : d.n, d.ldb, d.stride_b, batched);
+  set(p.c, d.m, d.n, d.ldc, d.stride_c, batched);
+}
+
+// What a new plan is made for: the call's compute mode, B's dtype, the operands' alignments,
+// whether to time candidates, and the plan whose algorithm an accumulating product reuses.
+struct PlanRequest {
+  bool tf32 = false, fp8 = false;
+  DType bt = DType::f32;
+  std::uint32_t al_a = 1, al_b = 1, al_c = 1;
+  bool tune = false;
+  const GemmPlanCache::Plan* twin = nullptr;
+};
+
+// A plan whose layouts have dims d (the call's, or its class's representative) and whose
+// algorithm is the heuristic's first for d, or (tuning) the fastest of its candidates on the
+// call's operands and exact shape. no_algorithm when the heuristic has none for d.
+std::unique_ptr<GemmPlanCache::Plan> make_plan(Resources& r, const GemmArgs& g, const LayoutDims& d,
+                                               const PlanRequest& q) {
+  auto plan = std::make_unique<GemmPlanCache::Plan>();
+  const cublasComputeType_t compute = q.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+  const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  // parallel.comm_sms: NCCL holds some SMs while this product may run; a plan for all of them
+  // would leave its last wave (or a persistent kernel's CTAs) waiting for the collective.
+  if (r.gemm_sm_target > 0)
+    LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                        &r.gemm_sm_target, sizeof(r.gemm_sm_target)));
+  if (q.fp8) set_scale_pointers(plan->desc, g);
+  create_layouts(*plan, g, q.bt, d);
+  // beta is a call argument, not part of the plan: an accumulating product takes the algorithm
+  // its overwriting twin (the same shape, tuned in place) chose, without a scratch C.
+  if (q.twin && !q.twin->one_by_one && !q.twin->no_algorithm) {
+    plan->algo = q.twin->algo;
+    plan->workspace = q.twin->workspace;
+    return plan;
+  }
+  cublasLtMatmulPreference_t pref = nullptr;
+  LMSCALE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::uint64_t ws = r.workspace_bytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &q.al_a, sizeof(q.al_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &q.al_b, sizeof(q.al_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &q.al_c, sizeof(q.al_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &q.al_c, sizeof(q.al_c));
+  constexpr int kCandidates = 8;
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  int found = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(r.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref,
+                                                          q.tune ? kCandidates : 1, results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+    plan->no_algorithm = true;
+    plan->heuristic_status = s;
+    return plan;
+  }
+  int best = 0;
+  if (found > 1) {
+    set_layout_dims(*plan, g, exact_dims(g));   // time the candidates on the call's own shape
+    best = fastest(r, *plan, g, results, found);
+  }
+  plan->algo = results[best].algo;
+  plan->workspace = results[best].workspaceSize;
+  return plan;
+}
+
+// Runs g on an exact plan (or its products singly, for a batch without an algorithm).
+void run_exact(Resources& r, bool allow_tf32, GemmPlanCache::Plan& p, const GemmArgs& g, bool fp8) {
+  // The scale pointers are the call's, not the plan's: set them on the cached descriptor (a host
+  // object; cuBLASLt reads it when the product is queued).
+  if (fp8) set_scale_pointers(p.desc, g);
+  if (p.one_by_one) {
+    const auto ab = static_cast<std::ptrdiff_t>(dtype_size(g.ab_type)), cb = static_cast<std::ptrdiff_t>(dtype_size(g.c_type));
+    for (int i = 0; i < g.batch; ++i) {
+      GemmArgs one = g;
+      one.batch = 1;
+      one.a = static_cast<const char*>(g.a) + i * g.stride_a * ab;
+      one.b = static_cast<const char*>(g.b) + i * g.stride_b * ab;
+      one.c = static_cast<char*>(g.c) + i * g.stride_c * cb;
+      gemm(r, allow_tf32, one);
+    }
+    return;
+  }
+  LMSCALE_CUBLAS_CHECK(cublasLtMatmul(r.lt, p.desc, &g.alpha, g.a, p.a, g.b, p.b, &g.beta, g.c, p.c, g.c, p.c, &p.algo,
+                                      r.workspace, r.workspace_bytes, r.stream));
+}
+
+// Runs g on its class's plan, its layouts set to g's exact dims, if the class's algorithm
+// supports that shape within the workspace; false (nothing queued) when it does not.
+bool run_on_class_plan(Resources& r, GemmPlanCache::Plan& p, const GemmArgs& g, bool fp8) {
+  if (p.no_algorithm) return false;
+  set_layout_dims(p, g, exact_dims(g));
+  if (fp8) set_scale_pointers(p.desc, g);
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(r.lt, p.desc, p.a, p.b, p.c, p.c, &p.algo, &check) != CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > r.workspace_bytes)
+    return false;
+  const cublasStatus_t s = cublasLtMatmul(r.lt, p.desc, &g.alpha, g.a, p.a, g.b, p.b, &g.beta, g.c, p.c, g.c, p.c,
+                                          &p.algo, r.workspace, r.workspace_bytes, r.stream);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) return false;   // refused before anything was queued
+  LMSCALE_CUBLAS_CHECK(s);
+  return true;
+}
+
 }  // namespace
 
 void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
@@ -201,90 +397,51 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
                              (static_cast<std::uint32_t>(bt) << 24),
                          g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0, batched ? g.stride_c : 0,
                          r.gemm_sm_target};
-  auto it = r.gemm_plans.plans.find(key);
-  if (it == r.gemm_plans.plans.end()) {
-    if (fp8) require_fp8_tensor_cores(r.device);
-    auto plan = std::make_unique<GemmPlanCache::Plan>();
-    const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
-    const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    // parallel.comm_sms: NCCL holds some SMs while this product may run; a plan for all of them
-    // would leave its last wave (or a persistent kernel's CTAs) waiting for the collective.
-    if (r.gemm_sm_target > 0)
-      LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
-                                                          &r.gemm_sm_target, sizeof(r.gemm_sm_target)));
-    if (fp8) set_scale_pointers(plan->desc, g);
-    const cudaDataType_t at = cuda_type(g.ab_type), btc = cuda_type(bt), ct = cuda_type(g.c_type);
-    // Stored shapes (column-major): A is m x k (k x m when transposed), B is k x n (n x k).
-    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, at, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
-    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, btc, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
-    LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, ct, g.m, g.n, g.ldc));
-    if (batched) {
-      const std::int32_t count = g.batch;
-      for (auto [layout, stride] : {std::pair{plan->a, g.stride_a}, std::pair{plan->b, g.stride_b},
-                                    std::pair{plan->c, g.stride_c}}) {
-        LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                                              sizeof(count)));
-        LMSCALE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                              &stride, sizeof(stride)));
-      }
+  GemmPlanCache& cache = r.gemm_plans;
+  if (const auto it = cache.plans.find(key); it != cache.plans.end())
+    return run_exact(r, allow_tf32, *it->second, g, fp8);
+  if (fp8) require_fp8_tensor_cores(r.device);
+  constexpr std::uint32_t kBetaFlag = 8u;   // the key's beta != 0 bit: an accumulating twin differs in it alone
+  PlanRequest q{tf32, fp8, bt, al_a, al_b, al_c, r.gemm_autotune, nullptr};
+  // A new exact shape: its class's plan once the class has seen kExactShapesBeforeClassPlan
+  // shapes (gemm.h); map references stay valid while the recursion of run_exact inserts.
+  const GemmPlanCache::Key ckey = class_key(key);
+  GemmPlanCache::ShapeClass& sc = cache.classes[ckey];
+  if (sc.exact_plans >= kExactShapesBeforeClassPlan) {
+    if (!sc.plan) {
+      GemmPlanCache::Key twin_key = ckey;
+      twin_key.flags &= ~kBetaFlag;
+      const auto twin = g.beta != 0.f ? cache.classes.find(twin_key) : cache.classes.end();
+      q.twin = twin != cache.classes.end() ? twin->second.plan.get() : nullptr;
+      sc.plan = make_plan(r, g, representative_dims(g), q);
     }
-    cublasLtMatmulPreference_t pref = nullptr;
-    LMSCALE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const std::uint64_t ws = r.workspace_bytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
-    constexpr int kCandidates = 8;
-    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
-    int found = 0;
-    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(r.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref,
-                                                            r.gemm_autotune ? kCandidates : 1, results, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    const bool none = s != CUBLAS_STATUS_SUCCESS || found == 0;
-    if (none && !batched)
+    if (run_on_class_plan(r, *sc.plan, g, fp8)) {
+      ++cache.class_products;
+      return;
+    }
+    ++cache.class_fallbacks;
+  }
+  // An exact plan: kept while its class holds fewer than kExactPlansPerClass, else used once
+  // (untuned: it is made again on each such call) so the cache stays bounded.
+  const bool keep = sc.exact_plans < kExactPlansPerClass;
+  GemmPlanCache::Key twin_key = key;
+  twin_key.flags &= ~kBetaFlag;
+  const auto twin = g.beta != 0.f ? cache.plans.find(twin_key) : cache.plans.end();
+  q.twin = twin != cache.plans.end() ? twin->second.get() : nullptr;
+  q.tune = r.gemm_autotune && keep;
+  std::unique_ptr<GemmPlanCache::Plan> plan = make_plan(r, g, exact_dims(g), q);
+  if (plan->no_algorithm) {
+    if (!batched)
       throw Error(fmt::format("gemm: cuBLASLt has no algorithm for m={} n={} k={} {}x{}->{} ({})", g.m, g.n, g.k,
-                              dtype_name(g.ab_type), dtype_name(bt), dtype_name(g.c_type), status_name(s)));
-    // beta is a call argument, not part of the plan: an accumulating product takes the algorithm
-    // its overwriting twin (the same shape, tuned in place) chose, without a scratch C.
-    GemmPlanCache::Key twin_key = key;
-    twin_key.flags &= ~8u;
-    const auto twin = g.beta != 0.f ? r.gemm_plans.plans.find(twin_key) : r.gemm_plans.plans.end();
-    if (none) {
-      plan->one_by_one = true;
-    } else if (twin != r.gemm_plans.plans.end() && !twin->second->one_by_one) {
-      plan->algo = twin->second->algo;
-      plan->workspace = twin->second->workspace;
-    } else {
-      int best = 0;
-      if (found > 1) best = fastest(r, *plan, g, results, found);
-      plan->algo = results[best].algo;
-      plan->workspace = results[best].workspaceSize;
-    }
-    it = r.gemm_plans.plans.emplace(key, std::move(plan)).first;
+                              dtype_name(g.ab_type), dtype_name(bt), dtype_name(g.c_type),
+                              status_name(plan->heuristic_status)));
+    plan->no_algorithm = false;
+    plan->one_by_one = true;
   }
-  GemmPlanCache::Plan& p = *it->second;
-  // The scale pointers are the call's, not the plan's: set them on the cached descriptor (a host
-  // object; cuBLASLt reads it when the product is queued).
-  if (fp8) set_scale_pointers(p.desc, g);
-  if (p.one_by_one) {
-    const auto ab = static_cast<std::ptrdiff_t>(dtype_size(g.ab_type)), cb = static_cast<std::ptrdiff_t>(dtype_size(g.c_type));
-    for (int i = 0; i < g.batch; ++i) {
-      GemmArgs one = g;
-      one.batch = 1;
-      one.a = static_cast<const char*>(g.a) + i * g.stride_a * ab;
-      one.b = static_cast<const char*>(g.b) + i * g.stride_b * ab;
-      one.c = static_cast<char*>(g.c) + i * g.stride_c * cb;
-      gemm(r, allow_tf32, one);
-    }
-    return;
-  }
-  LMSCALE_CUBLAS_CHECK(cublasLtMatmul(r.lt, p.desc, &g.alpha, g.a, p.a, g.b, p.b, &g.beta, g.c, p.c, g.c, p.c, &p.algo,
-                                      r.workspace, r.workspace_bytes, r.stream));
+  if (!keep) return run_exact(r, allow_tf32, *plan, g, fp8);
+  ++sc.exact_plans;
+  GemmPlanCache::Plan& p = *cache.plans.emplace(key, std::move(plan)).first->second;
+  run_exact(r, allow_tf32, p, g, fp8);
 }
 
 }  // namespace lmscale::ops::cuda

@@ -5,13 +5,20 @@
 // and reused,
 // so a training step calls cuBLASLt with no heuristic search after the first step.
 //
-// Precision (docs/architecture.md §2): fp32 inputs use CUBLAS_COMPUTE_32F (no TF32) unless allow_tf32, then
-// CUBLAS_COMPUTE_32F_FAST_TF32; bf16/fp16 inputs always accumulate in fp32 (CUBLAS_COMPUTE_32F)
-// and may write C in their own dtype or in fp32 (mixed-precision master gradients).
-// FP8 inputs (e4m3/e5m2, docs/precision.md) accumulate in fp32 (CUBLAS_COMPUTE_32F, without
-// cuBLASLt's fast-accumulation mode), write C in bf16 or fp32, and need trans_a && !trans_b (the
-// "TN" layout, the only one Hopper's FP8 kernels take), K a multiple of 16 and 16-byte aligned
-// operands; the operands' dequantisation factors come as device pointers (a_scale, b_scale).
+// Shape classes (products whose one dimension varies from call to call: an MoE expert's rows
+// change every step). Each exact key belongs to a class: m, n, k rounded up by shape_class_dim,
+// batch strides reduced to zero / non-zero, everything else exact. The first
+// kExactShapesBeforeClassPlan distinct shapes of a class get exact plans of their own (so a
+// fixed-shape product, which is one shape of its class, keeps its exact, possibly autotuned plan).
+// A further new shape of the class runs on the class's one plan: its descriptor and the
+// heuristic's algorithm for the class's representative (rounded-up) shape, its layouts set to the
+// call's exact dims (host-side attributes, read when the product is queued), the algorithm
+// checked for the exact shape (cublasLtMatmulAlgoCheck): no heuristic query and no cache growth
+// per new row count. A shape the class's algorithm does not support gets an exact plan, cached
+// while the class holds fewer than kExactPlansPerClass, else made, used and dropped; so the cache
+// holds at most kExactPlansPerClass + 1 plans per class, and the classes a run can reach are
+// bounded by its largest dimensions (the rows of a micro-batch times top-k for MoE).
+//
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -51,6 +58,16 @@ struct GemmArgs {
 // Runs the product on the resources' stream with their workspace.
 void gemm(Resources& r, bool allow_tf32, const GemmArgs& g);
 
+// A dimension's shape class: the next power of two up to 256, above that the next multiple of
+// 256. 256 is the widest tile edge of the Hopper GEMM kernels cuBLASLt picks from, so every
+// shape of a class has the same tile grid as its representative within one tile per dimension:
+// the wave count the heuristic weighs differs little between them. Small sizes get power-of-two
+// classes since there one tile covers the whole dimension and the heuristic's choice depends on
+// the size's magnitude (GEMV-like, split-k) rather than on a tile count.
+std::int64_t shape_class_dim(std::int64_t x);
+inline constexpr int kExactShapesBeforeClassPlan = 4;
+inline constexpr int kExactPlansPerClass = 16;
+
 // The cached plans of one Resources. Opaque outside gemm.cpp.
 class GemmPlanCache {
  public:
@@ -73,8 +90,19 @@ class GemmPlanCache {
   struct KeyHash {
     std::size_t operator()(const Key& k) const;
   };
+  // Exact plans, and per shape class its plan (made on first need) and how many exact plans of
+  // its shapes `plans` holds.
+  struct ShapeClass {
+    std::unique_ptr<Plan> plan;
+    int exact_plans = 0;
+  };
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
-  std::size_t size() const { return plans.size(); }
+  std::unordered_map<Key, ShapeClass, KeyHash> classes;
+  // Products run on a class plan, and class-path products its algorithm did not support (they
+  // ran on an exact plan instead).
+  std::int64_t class_products = 0, class_fallbacks = 0;
+  // Plans held: exact ones and shape classes' ones.
+  std::size_t size() const;
 };
 
 }  // namespace lmscale::ops::cuda
