@@ -356,6 +356,39 @@ TEST(AccountingMoe, Moe1bPresetByHand) {
   EXPECT_DOUBLE_EQ(jobs::account_moe(c, 2).all_to_all_bytes_per_step, 6.0 * 12 * 16384 * 0.5 * 1024 * 4);
 }
 
+// The accounting job describes fsdp for an MoE model (the train job refuses it): its units hold
+// each block's router and experts, so the replay's fsdp state is the whole model's non-norm
+// parameters in 1/dp shards. (The replay once numbered the parameters as a dense model's: the
+// head's index fell past the MoE list, and 2 ranks with grad_accum 2 crashed the job.)
+TEST(AccountingMoe, FsdpReplayShardsEveryParameter) {
+  Config c;
+  c.run.job = JobKind::accounting;
+  c.model.vocab_size = 96;
+  c.model.d_model = 32;
+  c.model.d_ff = 64;
+  c.model.num_layers = 2;
+  c.model.num_heads = 4;
+  c.model.context_length = 16;
+  c.model.moe_experts = 4;
+  c.model.moe_top_k = 2;
+  c.model.moe_expert_dff = 24;
+  c.parallel.dp = 2;
+  c.parallel.zero = ZeroLevel::fsdp;
+  c.parallel.device = DeviceChoice::cpu;
+  c.train.batch_size = 8;
+  for (std::int64_t accum : {1, 2}) {
+    c.train.grad_accum = accum;
+    const auto phases = jobs::predict_memory_phases(c, 2, false, 0);
+    const double d = 32, V = 96, L = 2, E = 4, Fe = 24;
+    const double norms = (2 * L + 1) * d, matrices = 2 * V * d + L * (4 * d * d + E * d + E * 3 * d * Fe);
+    const double S = matrices / 2;   // every unit splits evenly over the 2 ranks
+    // fp32 master and gradient shard, replicated norms and their gradients, AdamW m and v.
+    ASSERT_FALSE(phases.phases.empty());
+    EXPECT_DOUBLE_EQ(phases.phases.front().bytes, 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * 2) << "accum " << accum;
+    EXPECT_LT(phases.peak, 16.0 * (1 << 20)) << "accum " << accum;
+  }
+}
+
 // The expert row of the communication-bound table (docs/parallel.md): per token both sides scale
 // as 1/n, so ep = n is bound from the smallest n dividing E with
 // (n-1)/n >= F_token W / (a L_moe k d e C), a = 4 all-to-alls per MoE block (6 with every-k).

@@ -511,7 +511,7 @@ double store_bytes(const Config& cfg, const parallel::Spec& spec, const Shapes& 
     for (int r = 0; r < (spec.sharded_optimizer() ? dp_rank : 0); ++r) a += static_cast<double>(counts[static_cast<std::size_t>(r)]);
     const double b = a + static_cast<double>(counts[static_cast<std::size_t>(spec.sharded_optimizer() ? dp_rank : 0)]);
     const auto sizes = param_sizes(s);
-    const model::ParamIndex index(s.L);
+    const model::ParamIndex index = s.index();   // MoE blocks hold a router too
     std::vector<double> unit(static_cast<std::size_t>(s.L + 2), 0.0);
     double at = 0;
     for (int i = 0; i < index.count(); ++i) {

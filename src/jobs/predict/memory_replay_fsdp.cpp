@@ -21,7 +21,7 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
   // l + 1 = block l, L + 1 = head; a unit sums its parameters that this rank's store holds (a
   // stage's: the others are empty, size 0, never gathered), padded to dp shards.
   const auto sizes = param_sizes(s);
-  const model::ParamIndex index(s.L);
+  const model::ParamIndex index = s.index();   // MoE blocks hold a router too
   gr.unit_padded.assign(static_cast<std::size_t>(s.L + 2), 0.0);
   gr.unit_of_param.clear();
   double norms = 0;   // the replicated norm weights the store holds
