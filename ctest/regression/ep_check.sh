@@ -2,8 +2,8 @@
 # ep_check.sh LMSCALE DECK OUTDIR
 # Expert parallelism (docs/moe.md, docs/parallel.md) against one process on tiny_moe.ini (fp32,
 # 4 experts): ep = 2 and ep = 4, dp 2 x ep 2 under ddp, zero1 and zero2, grad_accum 2 and every-k
-# checkpointing, with the deck's capacity drops and dropless; losses within 1e-6 of one process and
-# /train/moe's counts equal (ep_check.py). Then resume across ep: sharded checkpoints written with
+# checkpointing, fsdp on 2 ranks (ep = 1), with the deck's capacity drops and dropless; losses
+# within 1e-6 of one process and /train/moe's counts equal (ep_check.py). Then resume across ep: sharded checkpoints written with
 # ep = 2 (zero1) resumed by one process and by dp 2 x ep 2, one process's resumed with ep = 4, and
 # a single-file checkpoint of ep = 2 resumed by one process; the final weights by name equal, and
 # the evaluation losses (forwards through the all-to-alls without a backward).
@@ -35,9 +35,15 @@ run 2 ep2_accum_everyk --parallel.ep=2 --train.grad_accum=2 --train.activation_c
 run 2 ep2_dropless --parallel.ep=2 $dropless
 run 4 ep4_dropless_accum --parallel.ep=4 --train.grad_accum=2 $dropless
 run 4 dp2ep2_bucketed_dropless --parallel.ep=2 --parallel.ddp=bucketed $dropless
+# fsdp of the MoE model (ep = 1): each block's unit holds its router and experts.
+run 2 fsdp --parallel.zero=fsdp
+run 2 fsdp_accum_everyk --parallel.zero=fsdp --train.grad_accum=2 --train.activation_checkpointing=every-k
+run 2 fsdp_dropless --parallel.zero=fsdp $dropless
 grep -q "x ep 2" "$out/ep_dp2ep2_zero1.log" || { echo "the layout line does not name ep"; exit 1; }
-for r in ep2 ep4 dp2ep2 dp2ep2_zero1 dp2ep2_zero2_accum ep2_accum_everyk; do $check "$out/ep_one.h5" "$out/ep_$r.h5"; done
-for r in ep2_dropless ep4_dropless_accum dp2ep2_bucketed_dropless; do
+for r in ep2 ep4 dp2ep2 dp2ep2_zero1 dp2ep2_zero2_accum ep2_accum_everyk fsdp fsdp_accum_everyk; do
+  $check "$out/ep_one.h5" "$out/ep_$r.h5"
+done
+for r in ep2_dropless ep4_dropless_accum dp2ep2_bucketed_dropless fsdp_dropless; do
   $check "$out/ep_one_dropless.h5" "$out/ep_$r.h5"
 done
 $check --weights "$out/ep_one_weights.h5" "$out/ep_ep2_weights.h5"

@@ -116,8 +116,8 @@ const std::vector<BadDeck> kBadDecks{
      "parallel.tp", "tensor parallelism of MoE blocks"},
     {"moe_with_selective", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\n[train]\nactivation_checkpointing = "
      "selective\n", {}, "train.activation_checkpointing", "model.moe_experts"},
-    {"moe_with_fsdp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nzero = fsdp\n", {}, "parallel.zero",
-     "model.moe_experts = 4"},
+    {"moe_ep_with_fsdp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nzero = fsdp\nep = 2\n", {"--parallel.dp=2"},
+     "parallel.zero", "parallel.ep = 2"},
 };
 
 class BadDeckTest : public ::testing::TestWithParam<BadDeck> {};
