@@ -278,7 +278,10 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
     case parallel::GradientTiming::per_unit: {
       // fsdp: per block and micro-batch, the forward's all-gather beside the previous block's
       // forward, the backward's all-gather and reduce-scatter beside the next block's backward.
-      const double unit = block_params / t;
+      // A block unit's parameters, averaged over the stage's blocks (an MoE block's unit holds its
+      // router and all its experts: fsdp runs MoE with ep = 1).
+      const double unit = ((stage_layers - stage_moe_blocks) * block_params + stage_moe_blocks * moe_block_params) /
+                          std::max(1, stage_layers) / t;
       const CollectiveTime ag = collective_time(CollectiveOp::all_gather, e * unit, dp_group, cluster);
       const CollectiveTime rs = collective_time(CollectiveOp::reduce_scatter, 4 * unit, dp_group, cluster);
       const double gathers = cfg.parallel.reshard_after_forward ? 2.0 : 1.0;
