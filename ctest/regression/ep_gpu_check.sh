@@ -2,7 +2,7 @@
 # ep_gpu_check.sh LMSCALE DECK OUTDIR
 # Expert parallelism on 2 GPUs (docs/moe.md): tiny_moe.ini in bf16 on CUDA, one process on one GPU
 # against ep = 2 over 2 GPUs (NCCL all-to-all of the rows), with the deck's capacity drops and
-# dropless. bf16 rounds differently when the experts' GEMMs see other row counts and the dense
+# dropless, and against fsdp over 2 GPUs (ep = 1; not yet run on GPUs when written). bf16 rounds differently when the experts' GEMMs see other row counts and the dense
 # gradients are summed over 2 ranks, so: losses and gradient norms within 3e-2 of one process, the
 # tokens per MoE row equal, the assignments per expert within 3% (ep_check.py's COUNT_TOL). Exit 77
 # (skipped) with fewer than 2 GPUs.
@@ -33,6 +33,8 @@ run 1 one
 run 2 ep2 --parallel.ep=2
 run 1 one_dropless $dropless
 run 2 ep2_dropless --parallel.ep=2 $dropless
+run 2 fsdp --parallel.zero=fsdp   # fsdp of the MoE model (ep = 1) over NCCL
 python3 "$here/ep_check.py" "$out/epgpu_one.h5" "$out/epgpu_ep2.h5" 3e-2 0.03
 python3 "$here/ep_check.py" "$out/epgpu_one_dropless.h5" "$out/epgpu_ep2_dropless.h5" 3e-2 0.03
-echo "ep_gpu_check.sh: ep = 2 on 2 GPUs matches one GPU"
+python3 "$here/ep_check.py" "$out/epgpu_one.h5" "$out/epgpu_fsdp.h5" 3e-2 0.03
+echo "ep_gpu_check.sh: ep = 2 and fsdp on 2 GPUs match one GPU"
