@@ -14,6 +14,7 @@
 #include "lmscale/core/rng.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/ops/runtime.h"
+#include "lmscale/optim/adamw.h"
 #include "lmscale/parallel/offloaded_shards.h"
 
 namespace lmscale::test {
@@ -77,14 +78,7 @@ TEST_P(OffloadedShardsTest, ChunkedHostStepsMatchAdamWBitwise) {
     Tensor g = view_of(grads);
     const double lr = 1e-2 / t, scale = 0.5 + 0.1 * t;
     off.start_step(ctx, g, lr, scale);
-    ops::AdamWStep a;
-    a.lr = lr;
-    a.beta1 = cfg.beta1;
-    a.beta2 = cfg.beta2;
-    a.eps = cfg.eps;
-    a.weight_decay = cfg.weight_decay;
-    a.grad_scale = scale;
-    a.step = t;
+    const ops::AdamWStep a = optim::adamw_hyper(cfg, t, lr, scale);
     ops::adamw(ctx, rp, g, rm, rv, a, nullptr);
     // Each unit's device copy, once ready, is the bf16 of the updated master.
     expect_device_shards(off, ctx, units, ref, "step");
@@ -147,14 +141,7 @@ TEST(OffloadedShardsTargets, MixedTargetsAndGradientPiecesMatchAdamWBitwise) {
       pieces.push_back({a, Tensor::view(grads.data() + a, {n}, DType::f32, Device::cpu)});
     const double lr = 1e-2, scale = 0.7;
     off.start_step(ctx, pieces, lr, scale);
-    ops::AdamWStep a;
-    a.lr = lr;
-    a.beta1 = cfg.beta1;
-    a.beta2 = cfg.beta2;
-    a.eps = cfg.eps;
-    a.weight_decay = cfg.weight_decay;
-    a.grad_scale = scale;
-    a.step = t;
+    const ops::AdamWStep a = optim::adamw_hyper(cfg, t, lr, scale);
     Tensor g = view_of(grads);
     ops::adamw(ctx, rp, g, rm, rv, a, nullptr);
     off.wait_unit(ctx, 0);

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "lmscale/core/error.h"
+#include "lmscale/io/presets.h"
 #include "lmscale/jobs/plan/calibration.h"
 #include "lmscale/jobs/plan/cluster.h"
 #include "lmscale/jobs/plan/collective_model.h"
@@ -115,17 +116,13 @@ TEST(StepModel, PinnedPredictions) {
             pf.exposed_comm_s + pf.contention_s);
 }
 
-// The moe-1b shape (docs/moe.md): 8 experts of 2816, top-2, every block, batch 8 x 1024 per GPU.
+// The moe-1b preset (docs/moe.md: d 1024, 12 blocks, 8 experts of 2816, top-2, every block) at
+// 1024 tokens per sequence.
 Config moe_1b(std::int64_t dp, std::int64_t ep) {
   Config c = xl(dp);
-  c.model.vocab_size = 10000;
-  c.model.d_model = 1024;
-  c.model.d_ff = 2816;
-  c.model.num_layers = 12;
-  c.model.num_heads = 16;
+  c.model.size = "moe-1b";
+  io::apply_preset(c, {});
   c.model.context_length = 1024;
-  c.model.moe_experts = 8;
-  c.model.moe_top_k = 2;
   c.parallel.ep = ep;
   return c;
 }
