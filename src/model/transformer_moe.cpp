@@ -11,6 +11,7 @@
 // the all-to-alls are ParallelContext::ep's callbacks (model/expert_parallel.h).
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
@@ -108,6 +109,10 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
   const BlockParams p = block_params(l);
   MoeActivations& m = s.moe;
   m = MoeActivations{};
+  // One trace range per phase (router, dispatch, experts, combine), so a run.trace shows where the
+  // block's time goes; emplace ends the previous phase's range first.
+  std::optional<NvtxRange> phase;
+  phase.emplace("moe_router");
   // Router: logits [N,E] in the compute dtype; softmax and gates in the statistics dtype.
   Tensor logits = Tensor::empty({N, E}, compute_, A, "activations");
   ops::linear(ctx, y2, params_.compute_weight(p.router), logits);
@@ -128,6 +133,7 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
   m.kept.assign(kept_routed.begin(), kept_routed.begin() + E);
   m.routed.assign(kept_routed.begin() + E, kept_routed.end());
   const std::int64_t M = sum(m.kept);
+  phase.emplace("moe_dispatch");
   Tensor xt = Tensor::empty({M, d}, compute_, A, "activations");   // this rank's tokens' rows, expert order
   ops::moe_gather(ctx, y2, m.slot, xt);
   if (ep == 1) {
@@ -151,6 +157,7 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
     m.xe = Tensor::empty({xr.dim(0), d}, compute_, A, "activations");
     ops::moe_gather(ctx, xr, m.perm, m.xe);
   }
+  phase.emplace("moe_experts");
   // The local experts: a = w1_e x, b = w3_e x, g = silu(a) * b, ye = w2_e g, over each expert's rows.
   const std::int64_t Me = m.xe.dim(0);
   const Tensor ab = Tensor::empty({2, Me, Fe}, compute_, A, "activations");
@@ -170,6 +177,7 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
     }
     r0 = r1;
   }
+  phase.emplace("moe_combine");
   if (ep == 1) {
     m.ye = ye;
   } else {
@@ -193,6 +201,8 @@ Tensor TransformerLM::moe_ffn_backward(Context& ctx, int l, std::int64_t T, Bloc
   const BlockParams p = block_params(l);
   MoeActivations& m = s.moe;
   const std::int64_t M = m.ye.dim(0), Me = m.xe.dim(0);
+  std::optional<NvtxRange> phase;   // as in the forward
+  phase.emplace("moe_combine_backward");
   // Combine: d(ye) on the token side, d(gates).
   Tensor dyt = Tensor::empty({M, d}, compute_, A, "activation_grads");
   Tensor dgates = Tensor::empty(m.gates.shape(), stats_, A, "activation_grads");
@@ -206,6 +216,7 @@ Tensor TransformerLM::moe_ffn_backward(Context& ctx, int l, std::int64_t T, Bloc
     ops::moe_gather(ctx, dyr, m.perm, dye);
   }
   dyt = Tensor();
+  phase.emplace("moe_experts_backward");
   // The local experts' backward; a gradient of an expert without rows is zero (or unchanged).
   const Tensor W1 = params_.compute_weight(p.w1), W2 = params_.compute_weight(p.w2), W3 = params_.compute_weight(p.w3);
   Tensor G1 = params_.grad(p.w1), G2 = params_.grad(p.w2), G3 = params_.grad(p.w3);
@@ -235,6 +246,7 @@ Tensor TransformerLM::moe_ffn_backward(Context& ctx, int l, std::int64_t T, Bloc
   s.a = s.b = s.g = Tensor();
   m.xe = Tensor();
   dye = Tensor();
+  phase.emplace("moe_dispatch_backward");
   Tensor dxt = dxe;   // [M,d] on the token side
   if (ep > 1) {
     Tensor dxr = Tensor::empty({Me, d}, compute_, A, "activation_grads");
@@ -247,6 +259,7 @@ Tensor TransformerLM::moe_ffn_backward(Context& ctx, int l, std::int64_t T, Bloc
   Tensor dy2 = Tensor::empty({N, d}, compute_, A, "activation_grads");
   ops::moe_gather_backward(ctx, dxt, m.slot, dy2, false);
   dxt = Tensor();
+  phase.emplace("moe_router_backward");
   Tensor dlogits = Tensor::empty({N, E}, compute_, A, "activation_grads");
   ops::moe_route_backward(ctx, m.probs, m.lse, m.experts, m.gates, dgates, T, dims_.moe_aux_loss, dims_.moe_z_loss,
                           grad_scale, dlogits);
