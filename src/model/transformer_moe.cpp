@@ -17,6 +17,7 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/moe.h"
+#include "lmscale/ops/moe_experts.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::model {
@@ -165,18 +166,8 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
   s.b = ab.slice(1, 2).reshape({Me, Fe});
   s.g = Tensor::empty({Me, Fe}, compute_, A, "activations");
   Tensor ye = Tensor::empty({Me, d}, compute_, A, "activations");
-  const Tensor W1 = params_.compute_weight(p.w1), W2 = params_.compute_weight(p.w2), W3 = params_.compute_weight(p.w3);
-  std::int64_t r0 = 0;
-  for (std::int64_t e = 0; e < El; ++e) {
-    const std::int64_t r1 = r0 + m.expert_rows[static_cast<std::size_t>(e)];
-    if (r1 > r0) {
-      Tensor a = s.a.slice(r0, r1), b = s.b.slice(r0, r1), g = s.g.slice(r0, r1), y = ye.slice(r0, r1);
-      ops::linear_group(ctx, m.xe.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {a, b});
-      ops::swiglu(ctx, a, b, g);
-      ops::linear(ctx, g, matrix(W2, e), y);
-    }
-    r0 = r1;
-  }
+  ops::moe_experts(ctx, m.xe, m.expert_rows, params_.compute_weight(p.w1), params_.compute_weight(p.w3),
+                   params_.compute_weight(p.w2), s.a, s.b, s.g, ye);
   phase.emplace("moe_combine");
   if (ep == 1) {
     m.ye = ye;
@@ -196,7 +187,7 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
 Tensor TransformerLM::moe_ffn_backward(Context& ctx, int l, std::int64_t T, BlockActivations& s, const Tensor& dout,
                                        const ParallelContext& pc, bool accumulate, double grad_scale) {
   const std::int64_t N = dout.dim(0), d = dims_.d_model, E = dims_.moe_experts, Fe = dims_.moe_dff;
-  const std::int64_t ep = ep_.degree, El = ep_.local(E);
+  const std::int64_t ep = ep_.degree;
   Allocator& A = *ctx.allocator;
   const BlockParams p = block_params(l);
   MoeActivations& m = s.moe;
@@ -218,28 +209,13 @@ Tensor TransformerLM::moe_ffn_backward(Context& ctx, int l, std::int64_t T, Bloc
   dyt = Tensor();
   phase.emplace("moe_experts_backward");
   // The local experts' backward; a gradient of an expert without rows is zero (or unchanged).
-  const Tensor W1 = params_.compute_weight(p.w1), W2 = params_.compute_weight(p.w2), W3 = params_.compute_weight(p.w3);
   Tensor G1 = params_.grad(p.w1), G2 = params_.grad(p.w2), G3 = params_.grad(p.w3);
   Tensor dxe = Tensor::empty({Me, d}, compute_, A, "activation_grads");
   const Tensor dgab = Tensor::empty({3, Me, Fe}, compute_, A, "activation_grads");   // dg, da, db
-  std::int64_t r0 = 0;
-  for (std::int64_t e = 0; e < El; ++e) {
-    const std::int64_t r1 = r0 + m.expert_rows[static_cast<std::size_t>(e)];
-    Tensor g1 = matrix(G1, e), g2 = matrix(G2, e), g3 = matrix(G3, e);
-    if (r1 == r0) {
-      if (!accumulate)
-        for (Tensor* t : {&g1, &g2, &g3}) ops::fill(ctx, *t, 0.0);
-      continue;
-    }
-    const Tensor x = m.xe.slice(r0, r1), a = s.a.slice(r0, r1), b = s.b.slice(r0, r1), g = s.g.slice(r0, r1);
-    Tensor dg = matrix(dgab, 0).slice(r0, r1), da = matrix(dgab, 1).slice(r0, r1), db = matrix(dgab, 2).slice(r0, r1);
-    ops::linear_backward(ctx, g, matrix(W2, e), dye.slice(r0, r1), &dg, &g2, accumulate);
-    ops::swiglu_backward(ctx, a, b, dg, da, db);
-    Tensor dx = dxe.slice(r0, r1);
-    const std::vector<Tensor> g13 = {g1, g3};
-    ops::linear_group_backward(ctx, x, {matrix(W1, e), matrix(W3, e)}, {da, db}, &dx, &g13, accumulate);
-    r0 = r1;
-  }
+  Tensor dg = matrix(dgab, 0), da = matrix(dgab, 1), db = matrix(dgab, 2);
+  ops::moe_experts_backward(ctx, m.xe, m.expert_rows, params_.compute_weight(p.w1), params_.compute_weight(p.w3),
+                            params_.compute_weight(p.w2), s.a, s.b, s.g, dye, dg, da, db, dxe, G1, G3, G2,
+                            accumulate);
   notify(pc, p.w2);
   notify(pc, p.w1);
   notify(pc, p.w3);
