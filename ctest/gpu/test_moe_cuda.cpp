@@ -181,11 +181,11 @@ TEST_F(MoeCuda, CombineAndItsBackwardMatchCpu) {
     }
 }
 
-// The experts on the GPU's lanes (ops/lanes.h: 8 experts on 4 streams) against the CPU: forward,
+// The experts on the GPU (8, one without rows) against the CPU: forward,
 // and the backward with fresh and accumulated gradients (fp32 gradients of bf16 activations, as
 // under mixed precision); expert 5 has no rows (zero gradients, or unchanged ones when
 // accumulating). Bounds as the linear ops': 1e-5 in fp32, test::tolerance in bf16.
-TEST_F(MoeCuda, ExpertsOnLanesMatchCpu) {
+TEST_F(MoeCuda, ExpertsMatchCpu) {
   const std::vector<std::int64_t> rows = {37, 64, 5, 130, 1, 0, 90, 17};
   const std::int64_t El = 8, Me = 344, d = 64, Fe = 96;
   for (DType t : {DType::f32, DType::bf16})

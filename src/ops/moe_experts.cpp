@@ -1,19 +1,18 @@
-// ops::moe_experts and its backward (ops/moe_experts.h): shape checks, then one piece per expert
-// on ops::for_each_lane, each piece made of the linear and SwiGLU ops.
+// ops::moe_experts and its backward (ops/moe_experts.h): shape checks, then each expert in turn,
+// made of the linear and SwiGLU ops.
 #include "lmscale/ops/moe_experts.h"
 
 #include <numeric>
 
 #include "checks.h"
 #include "lmscale/core/error.h"
-#include "lmscale/ops/lanes.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::ops {
 namespace {
 
 // Expert e's matrix of a stacked weight [El, r, c] (a view).
-Tensor matrix(const Tensor& t, std::int64_t e) { return t.slice(e, e + 1).reshape({t.dim(1), t.dim(2)}); }
+Tensor matrix(const Tensor& t, std::size_t e) { return t.slice(static_cast<std::int64_t>(e), static_cast<std::int64_t>(e) + 1).reshape({t.dim(1), t.dim(2)}); }
 
 // Row offsets of the experts: offsets[e] = rows[0] + ... + rows[e-1], offsets[El] = Me.
 std::vector<std::int64_t> row_offsets(const std::vector<std::int64_t>& rows) {
@@ -47,14 +46,14 @@ void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>&
                  const Tensor& W3, const Tensor& W2, Tensor& a, Tensor& b, Tensor& g, Tensor& y) {
   check_experts("ops::moe_experts", x, rows, W1, W3, W2, {{"a", &a}, {"b", &b}, {"g", &g}}, {{"y", &y}});
   const std::vector<std::int64_t> at = row_offsets(rows);
-  for_each_lane(ctx, static_cast<int>(rows.size()), [&](Context& lane, int e) {
-    const std::int64_t r0 = at[static_cast<std::size_t>(e)], r1 = at[static_cast<std::size_t>(e) + 1];
-    if (r1 == r0) return;
+  for (std::size_t e = 0; e < rows.size(); ++e) {
+    const std::int64_t r0 = at[e], r1 = at[e + 1];
+    if (r1 == r0) continue;
     Tensor ae = a.slice(r0, r1), be = b.slice(r0, r1), ge = g.slice(r0, r1), ye = y.slice(r0, r1);
-    linear_group(lane, x.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {ae, be});
-    swiglu(lane, ae, be, ge);
-    linear(lane, ge, matrix(W2, e), ye);
-  });
+    linear_group(ctx, x.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {ae, be});
+    swiglu(ctx, ae, be, ge);
+    linear(ctx, ge, matrix(W2, e), ye);
+  }
 }
 
 void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
@@ -68,21 +67,21 @@ void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::
   detail::check_shape(op, "G3", G3, W3.shape());
   detail::check_shape(op, "G2", G2, W2.shape());
   const std::vector<std::int64_t> at = row_offsets(rows);
-  for_each_lane(ctx, static_cast<int>(rows.size()), [&](Context& lane, int e) {
-    const std::int64_t r0 = at[static_cast<std::size_t>(e)], r1 = at[static_cast<std::size_t>(e) + 1];
+  for (std::size_t e = 0; e < rows.size(); ++e) {
+    const std::int64_t r0 = at[e], r1 = at[e + 1];
     Tensor g1 = matrix(G1, e), g2 = matrix(G2, e), g3 = matrix(G3, e);
     if (r1 == r0) {
       if (!accumulate)
-        for (Tensor* t : {&g1, &g2, &g3}) fill(lane, *t, 0.0);
-      return;
+        for (Tensor* t : {&g1, &g2, &g3}) fill(ctx, *t, 0.0);
+      continue;
     }
     const Tensor xe = x.slice(r0, r1), ae = a.slice(r0, r1), be = b.slice(r0, r1), ge = g.slice(r0, r1);
     Tensor dge = dg.slice(r0, r1), dae = da.slice(r0, r1), dbe = db.slice(r0, r1), dxe = dx.slice(r0, r1);
-    linear_backward(lane, ge, matrix(W2, e), dy.slice(r0, r1), &dge, &g2, accumulate);
-    swiglu_backward(lane, ae, be, dge, dae, dbe);
+    linear_backward(ctx, ge, matrix(W2, e), dy.slice(r0, r1), &dge, &g2, accumulate);
+    swiglu_backward(ctx, ae, be, dge, dae, dbe);
     const std::vector<Tensor> g13 = {g1, g3};
-    linear_group_backward(lane, xe, {matrix(W1, e), matrix(W3, e)}, {dae, dbe}, &dxe, &g13, accumulate);
-  });
+    linear_group_backward(ctx, xe, {matrix(W1, e), matrix(W3, e)}, {dae, dbe}, &dxe, &g13, accumulate);
+  }
 }
 
 }  // namespace lmscale::ops

@@ -5,7 +5,6 @@
 // alignment). All work is queued on the context's compute stream; nothing synchronises except
 // copies into host memory. Supported dtypes: fp32, bf16, fp16 (fp32 accumulation everywhere).
 #include <cstdint>
-#include <functional>
 
 #include <vector>
 
@@ -87,8 +86,5 @@ void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format
                       Tensor& inv_scale);
 void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
                 bool accumulate);
-
-// Pieces of work on the device's lanes (lmscale/ops/lanes.h).
-void for_each_lane(Context& ctx, int n, const std::function<void(Context& lane, int i)>& work);
 
 }  // namespace lmscale::ops::cuda

@@ -24,10 +24,6 @@ Resources::~Resources() {
   for (auto& t : rope_tables) alloc->deallocate(t.data, t.bytes, "rope_table");
   alloc->deallocate(workspace, workspace_bytes, "cublaslt_workspace");
   if (lt) cublasLtDestroy(lt);
-  lanes.clear();   // each synchronises its own stream first
-  if (fork_event) cudaEventDestroy(fork_event);
-  if (join_event) cudaEventDestroy(join_event);
-  if (owns_stream) cudaStreamDestroy(stream);
 }
 
 const RopeTable& Resources::rope_table(std::int64_t T, std::int64_t Dh, double theta) {

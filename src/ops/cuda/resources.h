@@ -49,13 +49,6 @@ struct Resources {
   // them. Set by ops::Runtime's GEMM carve-out (parallel.comm_sms) while collectives may run.
   std::int32_t gemm_sm_target = 0;
   std::vector<RopeTable> rope_tables;
-  // The lanes of ops::for_each_lane (ops/lanes.h), created on first use: Resources of their own
-  // (stream, cuBLASLt handle, workspace, plan cache), which own their streams and join events.
-  // A lane's own `lanes` stay empty.
-  std::vector<std::unique_ptr<Resources>> lanes;
-  bool owns_stream = false;
-  cudaEvent_t fork_event = nullptr;   // recorded on `stream` when lanes fork from it
-  cudaEvent_t join_event = nullptr;   // a lane's: recorded on its stream when its pieces are queued
 };
 
 // A temporary device buffer from the context's allocator, freed at scope exit. Frees are
