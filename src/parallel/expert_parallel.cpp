@@ -16,14 +16,10 @@ ExpertParallel::ExpertParallel(comm::Communicator& device, comm::Communicator& h
                 device.size(), host.rank(), host.size());
   split_.degree = device.size();
   split_.rank = device.rank();
-  // The dispatch and combine all-to-alls get a communicator (on NCCL: a stream) of their own. They
-  // are on the critical path of every MoE block; on the device communicator they would queue behind
-  // the dense gradients' sums that the backward issues as each gradient is ready.
-  rows_ = device.split(0, device.rank());
   // The model calls these in the same order on every ep rank (every MoE block's forward and
   // backward); each returns when its result is usable by the next op on the compute stream.
   comm::Communicator* h = &host_;
-  comm::Communicator* d = rows_.get();
+  comm::Communicator* d = &device_;
   callbacks_.counts = [h](const std::vector<std::int64_t>& send, std::int64_t per, std::vector<std::int64_t>& recv) {
     NvtxRange r("ep_counts");
     LMSCALE_CHECK(static_cast<std::int64_t>(send.size()) == per * h->size(), "expert parallel counts: {} values for {} "

@@ -4,16 +4,14 @@
 // the ep consecutive ranks of each data-parallel group, rank i of the group holding experts
 // [i E/ep, (i+1) E/ep). This class owns what the group does:
 //   - the all-to-alls of the MoE blocks' dispatch and combine (ParallelContext::ep): the counts
-//     over the host communicator (the host sizes the buffers from them), the rows in the compute
-//     dtype over a device communicator of their own (split from the group's, so on NCCL they run
-//     on their own stream and never wait behind the gradient sums on the group's);
+//     over the host communicator (the host sizes the buffers from them), the rows over the device
+//     communicator in the compute dtype;
 //   - the sum over the group of the dense parameters' gradients (each ep rank's tokens are its
 //     own, so the dense gradient is the sum over all dp ranks = over ep, then over expert_dp);
 //   - the gradient norm (expert parameters are different on each ep rank: their squares add over
 //     the group; the dense ones are identical on its ranks after that sum: counted once);
 //   - full parameters for files: the ep ranks' expert rows gathered (parallel/sliced_parameters.h).
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "lmscale/comm/communicator.h"
@@ -49,7 +47,6 @@ class ExpertParallel {
  private:
   comm::Communicator& device_;
   comm::Communicator& host_;
-  std::unique_ptr<comm::Communicator> rows_;   // the rows' all-to-alls (device_.split)
   model::ExpertSplit split_;
   model::ExpertParallelComm callbacks_;
 };
