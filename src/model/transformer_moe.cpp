@@ -71,6 +71,7 @@ Tensor received_to_expert_major(Context& ctx, const std::vector<std::int64_t>& r
 
 void TransformerLM::reset_moe_stats() {
   moe_stats_.clear();
+  moe_terms_ = Tensor();
   for (int l = 0; l < dims_.layers; ++l)
     if (dims_.is_moe_block(l)) {
       MoeLayerStats st;
@@ -84,19 +85,32 @@ void TransformerLM::reset_moe_stats() {
 void TransformerLM::record_moe_stats(Context& ctx, int l, const BlockActivations& s, const Tensor& terms) {
   auto it = std::find_if(moe_stats_.begin(), moe_stats_.end(), [l](const MoeLayerStats& st) { return st.layer == l; });
   LMSCALE_CHECK(it != moe_stats_.end(), "block {} is not an MoE block", l);
-  const std::int64_t N = s.moe.experts.dim(0);
   for (std::size_t i = 0; i < s.moe.routed.size(); ++i) it->routed[i] += s.moe.routed[i];
   for (std::size_t i = 0; i < s.moe.kept.size(); ++i) it->kept[i] += s.moe.kept[i];
-  Tensor t = terms;
-  if (t.device() != Device::cpu) {
-    t = Tensor::empty({3}, terms.dtype(), *ctx.host, "moe_counts");
-    ops::copy(ctx, terms, t);
+  it->tokens += s.moe.experts.dim(0);
+  if (!moe_terms_.defined()) {
+    moe_terms_ = Tensor::empty({static_cast<std::int64_t>(moe_stats_.size()), 2}, terms.dtype(), *ctx.allocator,
+                               "moe_stats");
+    ops::fill(ctx, moe_terms_, 0.0);
   }
-  const double t0 = t.dtype() == DType::f64 ? t.data_as<double>()[0] : t.data_as<float>()[0];
-  const double t1 = t.dtype() == DType::f64 ? t.data_as<double>()[1] : t.data_as<float>()[1];
-  it->balance_sum += t0;
-  it->z_sum += t1;
-  it->tokens += N;
+  const std::int64_t row = it - moe_stats_.begin();
+  Tensor sums = moe_terms_.slice(row, row + 1).reshape({2});
+  ops::add(ctx, sums, terms.slice(0, 2), sums);
+}
+
+const std::vector<MoeLayerStats>& TransformerLM::moe_stats(Context& ctx) {
+  if (!moe_terms_.defined()) return moe_stats_;   // nothing recorded since the reset
+  Tensor t = moe_terms_;
+  if (t.device() != Device::cpu) {
+    t = Tensor::empty(moe_terms_.shape(), moe_terms_.dtype(), *ctx.host, "moe_counts");
+    ops::copy(ctx, moe_terms_, t);   // waits for the device
+  }
+  for (std::size_t i = 0; i < moe_stats_.size(); ++i) {
+    const auto at = static_cast<std::int64_t>(2 * i);
+    moe_stats_[i].balance_sum = t.dtype() == DType::f64 ? t.data_as<double>()[at] : t.data_as<float>()[at];
+    moe_stats_[i].z_sum = t.dtype() == DType::f64 ? t.data_as<double>()[at + 1] : t.data_as<float>()[at + 1];
+  }
+  return moe_stats_;
 }
 
 Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const Tensor& y2, BlockActivations& s,

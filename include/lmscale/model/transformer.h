@@ -143,8 +143,10 @@ class TransformerLM {
 
   // ---- Mixture of experts (transformer_moe.cpp, docs/moe.md) ---------------------------------
   // Routing counts and router losses per MoE block, summed over the training forwards (keep =
-  // true) since the last reset; one entry per MoE block of this model, in layer order.
-  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  // true) since the last reset; one entry per MoE block of this model, in layer order. The losses
+  // are summed on the model's device as the forwards run (no host read per block); this call
+  // reads them, once, waiting for the forwards queued so far.
+  const std::vector<MoeLayerStats>& moe_stats(Context& ctx);
   void reset_moe_stats();
   // The expert split this model computes (from the parameter store).
   const ExpertSplit& expert_split() const { return ep_; }
@@ -199,7 +201,8 @@ class TransformerLM {
   // d(loss)/d(y2) [N,d]. grad_scale: the forward's, for the router losses' own gradient.
   Tensor moe_ffn_backward(Context& ctx, int layer, std::int64_t T, BlockActivations& s, const Tensor& dout,
                           const ParallelContext& pc, bool accumulate, double grad_scale);
-  // Adds block l's routing counts and router losses (ops::moe_router_losses terms) to moe_stats_.
+  // Adds block l's routing counts to moe_stats_ and its router losses (ops::moe_router_losses
+  // terms[0..1]) to moe_terms_, on the device.
   void record_moe_stats(Context& ctx, int layer, const BlockActivations& s, const Tensor& terms);
   // y = rmsnorm(x, w) [N,d] unless y is already there (selective checkpointing dropped it).
   void recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N, std::int64_t d);
@@ -260,6 +263,9 @@ class TransformerLM {
   TensorSplit tp_;                  // from the parameter store
   ExpertSplit ep_;                  // from the parameter store
   std::vector<MoeLayerStats> moe_stats_;
+  // [MoE blocks, 2] in the statistics dtype on the model's device: row i holds the sums of
+  // terms[0] and terms[1] of moe_stats_[i]'s block since the last reset (made at the first record).
+  Tensor moe_terms_;
   std::int64_t Hl_, dl_, Fl_, Vl_;  // local heads, their width Hl*Dh, FFN features, vocabulary
 };
 
