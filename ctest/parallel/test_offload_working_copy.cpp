@@ -16,9 +16,11 @@
 
 #include "lmscale/core/rng.h"
 #include "lmscale/io/sharded_checkpoint.h"
+#include "lmscale/jobs/predict/memory_model.h"
 #include "lmscale/jobs/engine/sharded_checkpointing.h"
 #include "lmscale/optim/grad_clip.h"
 #include "lmscale/parallel/store_offload.h"
+#include "lmscale/parallel/zero.h"
 #include "parallel_test_util.h"
 
 namespace lmscale::test {
@@ -113,6 +115,7 @@ Reads run(const Config& cfg, bool distributed, int first, int steps, const std::
   EXPECT_EQ(store.has_whole_master(), !offload);
   const auto& tags = job.rt.allocator().tracker().by_tag();
   EXPECT_EQ(tags.at("parameters"), 4 * (offload ? store.master_read_numel() : store.numel()));
+  EXPECT_EQ(tags.at("parameters_lowp"), 2 * store.numel());
   if (!resume.empty()) jobs::load_sharded_checkpoint(job.env, trainer, resume);
   Reads out;
   const int rank = distributed ? job.env.rank : 0;
@@ -151,6 +154,32 @@ TEST(OffloadWorkingCopy, MatchesNoOffloadBitwise) {
     expect_same(base, off, what);
     // The steps moved the weights (a comparison of untouched weights could not fail).
     EXPECT_NE(base.lowp.front(), base.lowp.back()) << what;
+  }
+}
+
+// The memory model of a GPU run (jobs/predict/memory_model.h) counts what the store leaves out:
+// the init phase without offload less the one with it is the fp32 master but for the packed norm
+// weights (what the store above holds), plus AdamW's m and v of the owned range.
+TEST(OffloadWorkingCopy, MemoryModelCountsTheFreedMaster) {
+  const int world = mpi_env().size();
+  for (const ZeroLevel zero : {ZeroLevel::none, ZeroLevel::zero1, ZeroLevel::zero2}) {
+    const int ranks = zero == ZeroLevel::none ? 1 : world;
+    auto init_bytes = [&](OffloadMode offload) {
+      Config c = bf16_config(zero, offload);
+      c.parallel.device = DeviceChoice::cuda;
+      for (const auto& ph : jobs::predict_memory_phases(c, ranks, true, 0).phases)
+        if (ph.phase == "init") return ph.bytes;
+      ADD_FAILURE() << "no init phase";
+      return 0.0;
+    };
+    ops::Runtime rt(Device::cpu, 0, false);
+    model::ParameterStore store(model::ModelDims::from(tiny_config().model), DType::f32, DType::bf16, *rt.ctx().allocator,
+                                model::ParameterStore::Buffers::params_only, {}, {model::StageUnits::all()}, {},
+                                model::ParameterStore::MasterCopy::read_ranges);
+    const double P = static_cast<double>(store.numel()), owned = static_cast<double>(parallel::even_split(store.numel(), ranks)[0]);
+    EXPECT_EQ(init_bytes(OffloadMode::none) - init_bytes(OffloadMode::optimizer),
+              4 * (P - static_cast<double>(store.master_read_numel())) + 8 * owned)
+        << fmt::format("zero {} on {} rank(s)", zero, ranks);
   }
 }
 

@@ -73,6 +73,41 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
   for (std::int64_t i = begin; i < end; ++i) out[i - begin] = rng.truncated_normal(static_cast<std::uint64_t>(i), std, 3.0);
 }
 
+namespace {
+
+// Host staging of a store without the whole master: fp32 values cast on the host into the
+// working copy's dtype (ops::cast on the host rounds to nearest even, as the device's cast), then
+// copied up. Pageable host memory, outside the device's allocator; a copy from it returns once the
+// bytes are staged, so the next chunk may reuse it.
+class HostStaging {
+ public:
+  HostStaging(std::int64_t n, DType lowp)
+      : f32_(Tensor::empty({std::max<std::int64_t>(n, 1)}, DType::f32, alloc_, "init_staging")),
+        low_(Tensor::empty({std::max<std::int64_t>(n, 1)}, lowp, alloc_, "init_staging")) {
+    host_.device = Device::cpu;
+    host_.allocator = &alloc_;
+    host_.host = &alloc_;
+  }
+  std::int64_t capacity() const { return f32_.numel(); }
+  Context& host_ctx() { return host_; }
+  Tensor fp32(std::int64_t n) { return f32_.flat_range(0, n); }
+  // The first n fp32 values cast into dst [n] (any device).
+  void cast_to(std::int64_t n, Tensor dst, Context& ctx) {
+    Tensor low = low_.flat_range(0, n);
+    ops::cast(host_, f32_.flat_range(0, n), low);
+    ops::copy(ctx, low, dst);
+  }
+
+ private:
+  HostAllocator alloc_;
+  Context host_;
+  Tensor f32_, low_;
+};
+
+constexpr std::int64_t kStagingElements = std::int64_t{1} << 24;   // 64 MiB of fp32
+
+}  // namespace
+
 ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers,
                                const TensorSplit& split, std::vector<StageUnits> chunks, const ExpertSplit& experts,
                                MasterCopy master_copy)
@@ -260,22 +295,20 @@ void ParameterStore::init(std::uint64_t seed, Context& ctx) {
   if (whole_master_) {
     for (const ParamInfo& p : infos_) fill_slice_initial_values(p, seed, params_.flat_range(p.offset, p.numel), ctx);
   } else {
-    // The held ranges directly; the working copy of the others through an fp32 chunk and the
-    // device cast (what refresh_lowp of a whole master writes).
-    const std::int64_t chunk = std::int64_t{1} << 25;
-    Tensor tmp;
+    // The held ranges directly; the working copy of the others cast from their fp32 values on
+    // the host (round to nearest even, the device cast's rounding: what refresh_lowp of a whole
+    // master writes), so no device memory beyond the store's is allocated.
+    HostStaging staging(std::min(kStagingElements, total_), lowp_.dtype());
     for (std::size_t i = 0; i < infos_.size(); ++i) {
       const ParamInfo& p = infos_[i];
       if (packed_at_[i] >= 0) {
         fill_slice_initial_values(p, seed, params_.flat_range(packed_at_[i], p.numel), ctx);
         continue;
       }
-      if (!tmp.defined()) tmp = Tensor::empty({std::min(chunk, total_)}, master_, *ctx.allocator, "init_staging");
-      for (std::int64_t a = 0; a < p.numel; a += tmp.numel()) {
-        const std::int64_t n = std::min(tmp.numel(), p.numel - a);
-        Tensor t = tmp.flat_range(0, n), dst = lowp_.flat_range(p.offset + a, n);
-        fill_slice_initial_values(p, seed, a, a + n, t, ctx);
-        ops::cast(ctx, t, dst);
+      for (std::int64_t a = 0; a < p.numel; a += staging.capacity()) {
+        const std::int64_t n = std::min(staging.capacity(), p.numel - a);
+        fill_slice_initial_values(p, seed, a, a + n, staging.fp32(n), staging.host_ctx());
+        staging.cast_to(n, lowp_.flat_range(p.offset + a, n), ctx);
       }
     }
   }
@@ -305,14 +338,13 @@ void ParameterStore::write_master(Context& ctx, const Tensor& src) {
     Tensor dst = master_view(offset, numel);
     ops::copy(ctx, src.flat_range(offset, numel), dst);
   }
-  // The working copy of everything, from an fp32 chunk on the device (the cast refresh_lowp uses).
-  const std::int64_t chunk = std::min(std::int64_t{1} << 25, total_);
-  Tensor tmp = Tensor::empty({chunk}, master_, *ctx.allocator, "write_master_staging");
-  for (std::int64_t a = 0; a < total_; a += chunk) {
-    const std::int64_t n = std::min(chunk, total_ - a);
-    Tensor t = tmp.flat_range(0, n), dst = lowp_.flat_range(a, n);
+  // The working copy of everything, cast on the host as init() casts.
+  HostStaging staging(std::min(kStagingElements, total_), lowp_.dtype());
+  for (std::int64_t a = 0; a < total_; a += staging.capacity()) {
+    const std::int64_t n = std::min(staging.capacity(), total_ - a);
+    Tensor t = staging.fp32(n);
     ops::copy(ctx, src.flat_range(a, n), t);
-    ops::cast(ctx, t, dst);
+    staging.cast_to(n, lowp_.flat_range(a, n), ctx);
   }
 }
 

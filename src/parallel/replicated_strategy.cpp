@@ -47,6 +47,7 @@ ReplicatedStrategy::ReplicatedStrategy(const StrategyParts& parts)
       ops::copy(ctx, store_.flat_params(), offloaded_->master());
     else
       store_.initial_master(0, store_.numel(), offloaded_->master(), ctx);
+    offloaded_->mark_targets_current();   // init() wrote the store's weights from the same values
   } else {
     optimizer_ = optim::make_optimizer(parts.cfg.optim, store_.numel(), store_.master_dtype(), ctx, store_.size(),
                                        param_segments(store_.infos(), 0, store_.numel()));

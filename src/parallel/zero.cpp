@@ -313,6 +313,7 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
     s.offloaded = offload_(s.begin, s.begin + s.size);
     if (s.g.params.defined())   // the initial values (else `make` wrote them)
       ops::copy(ctx, s.g.params.flat_range(s.begin, s.size), s.offloaded->master());
+    s.offloaded->mark_targets_current();   // the working copy and params above hold the same values
   }
   shards_.push_back(std::move(s));
   return static_cast<int>(shards_.size()) - 1;
