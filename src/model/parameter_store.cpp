@@ -73,8 +73,44 @@ void initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t begin, 
   for (std::int64_t i = begin; i < end; ++i) out[i - begin] = rng.truncated_normal(static_cast<std::uint64_t>(i), std, 3.0);
 }
 
+namespace {
+
+// Host staging of a store without the whole master: fp32 values cast on the host into the
+// working copy's dtype (ops::cast on the host rounds to nearest even, as the device's cast), then
+// copied up. Pageable host memory, outside the device's allocator; a copy from it returns once the
+// bytes are staged, so the next chunk may reuse it.
+class HostStaging {
+ public:
+  HostStaging(std::int64_t n, DType lowp)
+      : f32_(Tensor::empty({std::max<std::int64_t>(n, 1)}, DType::f32, alloc_, "init_staging")),
+        low_(Tensor::empty({std::max<std::int64_t>(n, 1)}, lowp, alloc_, "init_staging")) {
+    host_.device = Device::cpu;
+    host_.allocator = &alloc_;
+    host_.host = &alloc_;
+  }
+  std::int64_t capacity() const { return f32_.numel(); }
+  Context& host_ctx() { return host_; }
+  Tensor fp32(std::int64_t n) { return f32_.flat_range(0, n); }
+  // The first n fp32 values cast into dst [n] (any device).
+  void cast_to(std::int64_t n, Tensor dst, Context& ctx) {
+    Tensor low = low_.flat_range(0, n);
+    ops::cast(host_, f32_.flat_range(0, n), low);
+    ops::copy(ctx, low, dst);
+  }
+
+ private:
+  HostAllocator alloc_;
+  Context host_;
+  Tensor f32_, low_;
+};
+
+constexpr std::int64_t kStagingElements = std::int64_t{1} << 24;   // 64 MiB of fp32
+
+}  // namespace
+
 ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc, Buffers buffers,
-                               const TensorSplit& split, std::vector<StageUnits> chunks, const ExpertSplit& experts)
+                               const TensorSplit& split, std::vector<StageUnits> chunks, const ExpertSplit& experts,
+                               MasterCopy master_copy)
     : infos_(expert_parallel_layout(tensor_parallel_layout(dims, split), dims, experts)), chunks_(std::move(chunks)),
       split_(split), experts_(experts), master_(master),
       lowp_dtype_(lowp),
@@ -107,21 +143,67 @@ ParameterStore::ParameterStore(const ModelDims& dims, DType master, DType lowp, 
     infos_ = std::move(mine);
   }
   total_ = infos_.back().offset + infos_.back().numel;
-  if (has_flat_params_) params_ = Tensor::empty({total_}, master, alloc, "parameters");
-  if (has_flat_grads_) grads_ = Tensor::empty({total_}, master, alloc, "gradients");
   has_lowp_ = lowp != master && has_flat_params_;
+  // Without a working copy the master is the compute weight: nothing to leave out.
+  whole_master_ = master_copy == MasterCopy::whole || !has_lowp_;
+  if (!whole_master_) {
+    std::int64_t at = 0;
+    for (const ParamInfo& p : infos_) {
+      packed_at_.push_back(reads_master(p) ? at : -1);
+      if (reads_master(p)) at += p.numel;
+    }
+  }
+  if (has_flat_params_) params_ = Tensor::empty({whole_master_ ? total_ : master_read_numel()}, master, alloc, "parameters");
+  if (has_flat_grads_) grads_ = Tensor::empty({total_}, master, alloc, "gradients");
   if (has_lowp_) lowp_ = Tensor::empty({total_}, lowp, alloc, "parameters_lowp");
 }
 
 Tensor& ParameterStore::flat_params() {
   LMSCALE_CHECK(has_flat_params_, "this parameter store holds no flat parameters (FSDP keeps shards)");
+  LMSCALE_CHECK(whole_master_, "this parameter store holds the fp32 master of the master-read ranges only (the rest "
+                               "is with the offloaded optimizer): use master_view() or the strategy's master");
   return params_;
+}
+
+Tensor& ParameterStore::packed_master_reads() {
+  LMSCALE_CHECK(has_flat_params_ && !whole_master_, "packed_master_reads(): this store holds the whole master");
+  return params_;
+}
+
+std::int64_t ParameterStore::master_read_numel() const {
+  std::int64_t n = 0;
+  for (const auto& r : master_read_ranges()) n += r.second;
+  return n;
+}
+
+Tensor ParameterStore::master_view(std::int64_t offset, std::int64_t n) const {
+  LMSCALE_CHECK(has_flat_params_, "master_view(): this store holds no flat parameters (FSDP keeps shards)");
+  LMSCALE_CHECK(offset >= 0 && n >= 0 && offset + n <= total_, "master_view({}, {}) outside {} elements", offset, n, total_);
+  if (whole_master_) return params_.flat_range(offset, n);
+  if (n == 0) return params_.flat_range(0, 0);
+  // The packed parameter holding `offset`; the range must continue through adjacent held ones.
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const ParamInfo& p = infos_[i];
+    if (offset < p.offset || offset >= p.offset + p.numel ) continue;
+    LMSCALE_CHECK(packed_at_[i] >= 0, "master_view({}, {}): {} is not read from the master; its fp32 master is with "
+                                      "the offloaded optimizer", offset, n, p.name);
+    std::int64_t held = p.offset + p.numel;
+    for (std::size_t j = i + 1; j < infos_.size() && held < offset + n && packed_at_[j] >= 0 && infos_[j].offset == held; ++j)
+      held += infos_[j].numel;
+    LMSCALE_CHECK(offset + n <= held, "master_view({}, {}) leaves the master-read ranges at {}", offset, n, held);
+    return params_.flat_range(packed_at_[i] + offset - p.offset, n);
+  }
+  throw Error(fmt::format("master_view({}, {}): no parameter there", offset, n));
 }
 
 Tensor ParameterStore::param(int i) const {
   LMSCALE_CHECK(has_flat_params_, "parameter {}: this store holds no flat parameters (FSDP keeps shards)",
                 infos_[static_cast<std::size_t>(i)].name);
-  return view(params_, i);
+  if (whole_master_) return view(params_, i);
+  const ParamInfo& p = infos_[static_cast<std::size_t>(i)];
+  LMSCALE_CHECK(packed_at_[static_cast<std::size_t>(i)] >= 0,
+                "parameter {}: its fp32 master is with the offloaded optimizer, not in the store", p.name);
+  return params_.flat_range(packed_at_[static_cast<std::size_t>(i)], p.numel).reshape(p.shape);
 }
 
 const StageUnits& ParameterStore::units() const {
@@ -154,7 +236,8 @@ Tensor ParameterStore::compute_weight(int i) const {
                   infos_[static_cast<std::size_t>(i)].name);
     return weights_(i);
   }
-  return view(reads_master(infos_[static_cast<std::size_t>(i)]) ? params_ : lowp_, i);
+  if (!reads_master(infos_[static_cast<std::size_t>(i)])) return view(lowp_, i);
+  return param(i);
 }
 
 bool ParameterStore::reads_master(const ParamInfo& p) const {
@@ -208,9 +291,61 @@ void fill_initial_values(const ParamInfo& p, std::uint64_t seed, std::int64_t be
 
 void ParameterStore::init(std::uint64_t seed, Context& ctx) {
   if (!has_flat_params_) return;
-  for (const ParamInfo& p : infos_) fill_slice_initial_values(p, seed, params_.flat_range(p.offset, p.numel), ctx);
+  seed_ = seed;
+  if (whole_master_) {
+    for (const ParamInfo& p : infos_) fill_slice_initial_values(p, seed, params_.flat_range(p.offset, p.numel), ctx);
+  } else {
+    // The held ranges directly; the working copy of the others cast from their fp32 values on
+    // the host (round to nearest even, the device cast's rounding: what refresh_lowp of a whole
+    // master writes), so no device memory beyond the store's is allocated.
+    HostStaging staging(std::min(kStagingElements, total_), lowp_.dtype());
+    for (std::size_t i = 0; i < infos_.size(); ++i) {
+      const ParamInfo& p = infos_[i];
+      if (packed_at_[i] >= 0) {
+        fill_slice_initial_values(p, seed, params_.flat_range(packed_at_[i], p.numel), ctx);
+        continue;
+      }
+      for (std::int64_t a = 0; a < p.numel; a += staging.capacity()) {
+        const std::int64_t n = std::min(staging.capacity(), p.numel - a);
+        fill_slice_initial_values(p, seed, a, a + n, staging.fp32(n), staging.host_ctx());
+        staging.cast_to(n, lowp_.flat_range(p.offset + a, n), ctx);
+      }
+    }
+  }
   zero_grads(ctx);
   refresh_lowp(ctx);
+}
+
+void ParameterStore::initial_master(std::int64_t begin, std::int64_t end, Tensor dst, Context& ctx) const {
+  LMSCALE_CHECK(seed_.has_value(), "initial_master(): the store was not initialised (init)");
+  LMSCALE_CHECK(0 <= begin && begin <= end && end <= total_ && dst.numel() == end - begin,
+                "initial_master: [{}, {}) of {} into {} elements", begin, end, total_, dst.numel());
+  for (const ParamInfo& p : infos_) {
+    const std::int64_t a = std::max(begin, p.offset), b = std::min(end, p.offset + p.numel);
+    if (a < b) fill_slice_initial_values(p, *seed_, a - p.offset, b - p.offset, dst.flat_range(a - begin, b - a), ctx);
+  }
+}
+
+void ParameterStore::write_master(Context& ctx, const Tensor& src) {
+  LMSCALE_CHECK(src.numel() == total_ && src.dtype() == master_, "write_master: {} values of {} for {} of {}",
+                src.numel(), dtype_name(src.dtype()), total_, dtype_name(master_));
+  if (whole_master_) {
+    ops::copy(ctx, src, params_);
+    refresh_lowp(ctx);
+    return;
+  }
+  for (const auto& [offset, numel] : master_read_ranges()) {
+    Tensor dst = master_view(offset, numel);
+    ops::copy(ctx, src.flat_range(offset, numel), dst);
+  }
+  // The working copy of everything, cast on the host as init() casts.
+  HostStaging staging(std::min(kStagingElements, total_), lowp_.dtype());
+  for (std::int64_t a = 0; a < total_; a += staging.capacity()) {
+    const std::int64_t n = std::min(staging.capacity(), total_ - a);
+    Tensor t = staging.fp32(n);
+    ops::copy(ctx, src.flat_range(a, n), t);
+    staging.cast_to(n, lowp_.flat_range(a, n), ctx);
+  }
 }
 
 void ParameterStore::zero_grads(Context& ctx) {
@@ -232,7 +367,12 @@ Tensor ParameterStore::grad(int i) const {
 }
 
 void ParameterStore::refresh_lowp(Context& ctx) {
-  if (has_lowp_) ops::cast(ctx, params_, lowp_);
+  if (!has_lowp_) return;
+  if (whole_master_) return ops::cast(ctx, params_, lowp_);
+  for (const auto& [offset, numel] : master_read_ranges()) {
+    Tensor dst = lowp_.flat_range(offset, numel);
+    ops::cast(ctx, master_view(offset, numel), dst);
+  }
 }
 
 }  // namespace lmscale::model

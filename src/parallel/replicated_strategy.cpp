@@ -41,7 +41,13 @@ ReplicatedStrategy::ReplicatedStrategy(const StrategyParts& parts)
     offloaded_ = std::make_unique<OffloadedShards>(
         rt_, store_.numel(), store_units(store_, layers_, 0, store_.numel()), store_targets(store_, 0, store_.numel()),
         store_.lowp_dtype(), parts.cfg.optim, optim::host_adamw_threads(1, pc.offload_threads));
-    ops::copy(ctx, store_.flat_params(), offloaded_->master());   // the initial values
+    // The initial values: the store's master, or (a store that leaves the master to the host)
+    // the same fp32 values computed for the host master.
+    if (store_.has_whole_master())
+      ops::copy(ctx, store_.flat_params(), offloaded_->master());
+    else
+      store_.initial_master(0, store_.numel(), offloaded_->master(), ctx);
+    offloaded_->mark_targets_current();   // init() wrote the store's weights from the same values
   } else {
     optimizer_ = optim::make_optimizer(parts.cfg.optim, store_.numel(), store_.master_dtype(), ctx, store_.size(),
                                        param_segments(store_.infos(), 0, store_.numel()));

@@ -45,18 +45,21 @@ std::vector<OffloadedShards::Target> store_targets(model::ParameterStore& store,
   bool last_master = false;
   auto push = [&](std::int64_t lo, std::int64_t hi, bool master) {
     if (lo >= hi) return;
-    Tensor& flat = master ? store.flat_params() : store.flat_lowp();
+    // The master's fp32 weights: the store's master_view (its whole master, or the packed
+    // master-read ranges, where adjacent ranges stay adjacent).
+    auto dst = [&](std::int64_t from, std::int64_t n) {
+      return master ? store.master_view(from, n) : store.flat_lowp().flat_range(from, n);
+    };
     // fp32 weights under a working copy: their working-copy entries are refreshed too (the
     // working copy is the cast of the master everywhere, as without offload).
     const bool also = master && store.has_lowp();
     if (!out.empty() && last_master == master && out.back().offset + out.back().count == lo - begin) {
       out.back().count += hi - lo;   // the same buffer, contiguous
-      out.back().dst = flat.flat_range(begin + out.back().offset, out.back().count);
+      out.back().dst = dst(begin + out.back().offset, out.back().count);
       if (also) out.back().also = store.flat_lowp().flat_range(begin + out.back().offset, out.back().count);
       return;
     }
-    out.push_back({lo - begin, hi - lo, flat.flat_range(lo, hi - lo),
-                   also ? store.flat_lowp().flat_range(lo, hi - lo) : Tensor()});
+    out.push_back({lo - begin, hi - lo, dst(lo, hi - lo), also ? store.flat_lowp().flat_range(lo, hi - lo) : Tensor()});
     last_master = master;
   };
   for (const auto& [offset, numel] : reads) {

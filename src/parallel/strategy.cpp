@@ -44,8 +44,7 @@ void Strategy::set_master_parameters(Context& ctx, const std::vector<float>& val
   LMSCALE_CHECK(static_cast<std::int64_t>(values.size()) == store_.numel(), "set_master_parameters: {} values for {}",
                 values.size(), store_.numel());
   Tensor src = Tensor::view(const_cast<float*>(values.data()), {store_.numel()}, DType::f32, Device::cpu);
-  ops::copy(ctx, src, store_.flat_params());
-  store_.refresh_lowp(ctx);
+  store_.write_master(ctx, src);   // (and the working copy; without a whole master the strategy's own master too)
 }
 
 double Strategy::sharded_sum_squares(Context& ctx, ShardedOptimizer& sharded) const {

@@ -12,22 +12,11 @@
 #include "lmscale/parallel/rank_order_sum.h"
 #include "lmscale/parallel/reductions_in_flight.h"
 
+#include "gather_in_place.h"
+
 namespace lmscale::parallel {
 
 namespace {
-
-// All-gathers `buf` in place over `c`: rank q's counts[q] elements, in rank order, with this
-// rank's part already at its offset (a shard of the flat buffer, a slice of one, or a packed
-// staging slice). Waited unless `async`.
-comm::Work gather_in_place(comm::Communicator& c, const Tensor& buf, const std::vector<std::size_t>& counts,
-                           bool async = false) {
-  std::size_t at = 0;
-  for (int q = 0; q < c.rank(); ++q) at += counts[static_cast<std::size_t>(q)];
-  const char* mine = static_cast<const char*>(buf.data()) + at * dtype_size(buf.dtype());
-  comm::CallOptions o;
-  o.async = async;
-  return c.all_gather_v(mine, buf.data(), counts, buf.dtype(), o);
-}
 
 // Rank q's part of the elements [offset, offset + n): [begin, begin + count) of the group, and
 // where q's range starts (ranks hold consecutive ranges of counts[q] elements from 0).
@@ -279,16 +268,19 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
   // grads undefined: the group's gradients come from zero2's bucket buffers (a model store
   // without a flat gradient buffer).
   const bool bucketed_grads = !g.grads.defined() || g.grads.data() == nullptr;
-  LMSCALE_CHECK(bucketed_grads ? mode_ == ZeroMode::zero2 : g.params.numel() == g.grads.numel(),
-                "group params {} vs grads {} (only zero2 takes a group without a gradient buffer)", g.params.numel(),
+  LMSCALE_CHECK(g.params.defined() || (offload_ && g.lowp && g.packed_reads.defined()),
+                "a group without params needs an offloaded optimizer, a working copy and its packed master reads");
+  LMSCALE_CHECK(bucketed_grads ? mode_ == ZeroMode::zero2 : g.numel() == g.grads.numel(),
+                "group params {} vs grads {} (only zero2 takes a group without a gradient buffer)", g.numel(),
                 g.grads.numel());
   Shard s;
   s.g = g;
-  s.counts = even_split(g.params.numel(), grads_.size());
+  s.counts = even_split(g.numel(), grads_.size());
   for (int r = 0; r < grads_.rank(); ++r) s.begin += static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(r)]);
   s.size = static_cast<std::int64_t>(s.counts[static_cast<std::size_t>(grads_.rank())]);
   if (mode_ != ZeroMode::zero1_broadcast)
-    s.grad_shard = Tensor::empty({s.size}, g.params.dtype(), *ctx.allocator, "gradient_shard");
+    s.grad_shard = Tensor::empty({s.size}, g.params.defined() ? g.params.dtype() : DType::f32, *ctx.allocator,
+                                 "gradient_shard");
   // This rank's part of the group's parameters (layer-wise optimizers: their norms are summed
   // over the ranks in step()).
   std::vector<optim::ParamSegment> mine;
@@ -308,12 +300,20 @@ int ZeroOptimizer::add_group(const Group& g, Context& ctx) {
           static_cast<std::size_t>(std::max<std::int64_t>(0, std::min(hi, offset + numel) - std::max(lo, offset)));
     lo = hi;
   }
-  // A group added mid-training starts from rank 0's values everywhere.
-  grads_.broadcast(s.g.params, 0);
-  if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
+  // A group added mid-training starts from rank 0's values everywhere (a group without params:
+  // its working copy and packed master reads; every rank's host master holds the same values).
+  if (s.g.params.defined()) {
+    grads_.broadcast(s.g.params, 0);
+    if (s.g.lowp) ops::cast(ctx, s.g.params, *s.g.lowp);
+  } else {
+    grads_.broadcast(*s.g.lowp, 0);
+    grads_.broadcast(s.g.packed_reads, 0);
+  }
   if (offload_) {
     s.offloaded = offload_(s.begin, s.begin + s.size);
-    ops::copy(ctx, s.g.params.flat_range(s.begin, s.size), s.offloaded->master());   // the initial values
+    if (s.g.params.defined())   // the initial values (else `make` wrote them)
+      ops::copy(ctx, s.g.params.flat_range(s.begin, s.size), s.offloaded->master());
+    s.offloaded->mark_targets_current();   // the working copy and params above hold the same values
   }
   shards_.push_back(std::move(s));
   return static_cast<int>(shards_.size()) - 1;
@@ -392,7 +392,7 @@ void ZeroOptimizer::distribute_parameters(Shard& s, Context& ctx) {
   if (!defer) gather_in_place(grads_, buf, s.counts);
   if (gathers_working_copy(s)) {
     gather_master_reads(s, ctx);
-    s.master_partial = true;
+    s.master_partial = s.g.params.defined();   // (without params the master is the hosts', whole)
   }
   if (defer)
     for (const auto& [offset, n] : deferred_ranges_)
@@ -404,11 +404,11 @@ void ZeroOptimizer::defer_gathers(std::vector<std::pair<std::int64_t, std::int64
   LMSCALE_CHECK(shards_.size() == 1, "deferred gathers: one parameter group ({} here)", shards_.size());
   std::int64_t covered = 0;
   for (const auto& [offset, n] : ranges) {
-    LMSCALE_CHECK(offset >= 0 && n >= 0 && offset + n <= shards_[0].g.params.numel(), "deferred gather range {}+{}", offset, n);
+    LMSCALE_CHECK(offset >= 0 && n >= 0 && offset + n <= shards_[0].g.numel(), "deferred gather range {}+{}", offset, n);
     covered += n;
   }
-  LMSCALE_CHECK(ranges.empty() || covered == shards_[0].g.params.numel(),
-                "deferred gathers cover {} of {} elements", covered, shards_[0].g.params.numel());
+  LMSCALE_CHECK(ranges.empty() || covered == shards_[0].g.numel(),
+                "deferred gathers cover {} of {} elements", covered, shards_[0].g.numel());
   deferred_ranges_ = std::move(ranges);
 }
 
@@ -416,6 +416,7 @@ void ZeroOptimizer::defer_gathers(std::vector<std::pair<std::int64_t, std::int64
 // buffer (the front of the gradient shard, dead after the step, when it is large enough), where
 // each rank's elements form one contiguous slice; all-gathered; the other ranks' parts unpacked.
 void ZeroOptimizer::gather_master_reads(Shard& s, Context& ctx) {
+  if (!s.g.params.defined()) return gather_packed_reads(s);
   std::int64_t n = 0;
   for (const auto& range : s.g.master_reads) n += range.second;
   if (n == 0) return;
@@ -468,7 +469,6 @@ void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
   NvtxRange r("zero_step");
   for (std::size_t gi = 0; gi < shards_.size(); ++gi) {
     Shard& s = shards_[gi];
-    Tensor p = s.g.params.flat_range(s.begin, s.size);
     // This rank's range of the working copy, written by the update itself (gathered below).
     Tensor lowp = gathers_working_copy(s) ? s.g.lowp->flat_range(s.begin, s.size) : Tensor();
     if (s.offloaded) {
@@ -480,6 +480,7 @@ void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
       distribute_parameters(s, ctx);
       continue;
     }
+    Tensor p = s.g.params.flat_range(s.begin, s.size);
     optim::Optimizer& opt = *s.opt;
     opt.begin_step();
     if (opt.layerwise()) {
@@ -500,31 +501,6 @@ std::size_t ZeroOptimizer::state_bytes() const {
   std::size_t b = 0;
   for (const auto& s : shards_) b += optimizer_of(s).state_bytes();
   return b;
-}
-
-Tensor ZeroOptimizer::offloaded_master(int group) {
-  Shard& s = shards_[static_cast<std::size_t>(group)];
-  return s.offloaded ? s.offloaded->master() : Tensor();
-}
-
-void ZeroOptimizer::settle() {
-  for (auto& s : shards_)
-    if (s.offloaded) s.offloaded->settle();
-}
-
-void ZeroOptimizer::master_changed(Context& ctx) {
-  for (auto& s : shards_) {
-    if (!s.offloaded) continue;
-    s.offloaded->settle();
-    ops::copy(ctx, s.g.params.flat_range(s.begin, s.size), s.offloaded->master());   // D2H to pageable memory: synchronous
-    s.offloaded->mark_master_changed();
-    s.master_partial = false;   // the whole device master was written
-  }
-}
-
-void ZeroOptimizer::mark_offloaded_master_changed() {
-  for (auto& s : shards_)
-    if (s.offloaded) s.offloaded->mark_master_changed();
 }
 
 std::int64_t ZeroOptimizer::shard_begin(int g) const { return shards_[static_cast<std::size_t>(g)].begin; }

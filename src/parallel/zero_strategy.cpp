@@ -11,7 +11,7 @@
 
 namespace lmscale::parallel {
 
-ZeroStrategy::ZeroStrategy(const StrategyParts& parts) : Strategy(parts), waits_(parts.rt, {}) {
+ZeroStrategy::ZeroStrategy(const StrategyParts& parts) : Strategy(parts), rt_(parts.rt), waits_(parts.rt, {}) {
   Context& ctx = parts.rt.ctx();
   const ParallelConfig& pc = parts.cfg.parallel;
   LMSCALE_CHECK(parts.dp && parts.dp_host, "data parallelism needs the world communicators");
@@ -25,14 +25,21 @@ ZeroStrategy::ZeroStrategy(const StrategyParts& parts) : Strategy(parts), waits_
     ops::Runtime& rt = parts.rt;
     const OptimConfig& optim_cfg = parts.cfg.optim;
     zero_->offload_optimizer([this, &rt, &optim_cfg, threads, layers](std::int64_t begin, std::int64_t end) {
-      return std::make_unique<OffloadedShards>(rt, end - begin, store_units(store_, layers, begin, end),
-                                               store_targets(store_, begin, end), store_.lowp_dtype(), optim_cfg,
-                                               threads);
+      auto off = std::make_unique<OffloadedShards>(rt, end - begin, store_units(store_, layers, begin, end),
+                                                   store_targets(store_, begin, end), store_.lowp_dtype(), optim_cfg,
+                                                   threads);
+      // A store without the whole master (Spec::master_in_store): the host master's initial
+      // values are computed here, as the store computed its own (add_group copies them otherwise).
+      if (!store_.has_whole_master()) store_.initial_master(begin, end, off->master(), rt.ctx());
+      return off;
     });
   }
-  zero_->add_group({store_.flat_params(), store_.has_flat_grads() ? store_.flat_grads() : Tensor(),
+  // Without the whole master in the store (offload with a working copy) the group has no params:
+  // the working copy and the packed fp32 master reads are what the device holds.
+  const bool whole = store_.has_whole_master();
+  zero_->add_group({whole ? store_.flat_params() : Tensor(), store_.has_flat_grads() ? store_.flat_grads() : Tensor(),
                     store_.has_lowp() ? &store_.flat_lowp() : nullptr, param_segments(store_.infos(), 0, store_.numel()),
-                    store_.size(), store_.master_read_ranges()},
+                    store_.size(), store_.master_read_ranges(), whole ? Tensor() : store_.packed_master_reads()},
                    ctx);
   // parallel.grad_reduce_dtype (fp64 test runs keep their own dtype).
   const std::optional<DType> grad_reduce =
@@ -85,18 +92,25 @@ void ZeroStrategy::settle() {
 }
 
 void ZeroStrategy::set_master_parameters(Context& ctx, const std::vector<float>& values) {
-  Strategy::set_master_parameters(ctx, values);
-  zero_->master_changed(ctx);
+  Strategy::set_master_parameters(ctx, values);   // the store's master (or master reads) and working copy
+  zero_->master_changed(ctx, values.data());
 }
 
 void ZeroStrategy::set_optimizer_steps(std::int64_t steps) {
   settle();
-  zero_->mark_offloaded_master_changed();   // a checkpoint load wrote the host master (state_layout)
+  // A checkpoint load wrote the host master (state_layout); without the whole master in the
+  // store, the working copy and master reads are rebuilt from it now (collective).
+  zero_->offloaded_master_loaded(rt_.ctx());
   zero_->group_optimizer(0).set_steps(steps);
 }
 
 std::vector<float> ZeroStrategy::master_parameters(Context& ctx) {
   settle();   // the deferred gathers, before the master is completed
+  if (!store_.has_whole_master()) {   // the ranks' host masters (offload with a working copy)
+    std::vector<float> h(static_cast<std::size_t>(store_.numel()));
+    zero_->gather_offloaded_master(0, h.data());
+    return h;
+  }
   zero_->complete_master(ctx);   // the steps gathered only the working copy
   return Strategy::master_parameters(ctx);
 }
@@ -115,11 +129,15 @@ StateLayout ZeroStrategy::state_layout() {
   auto master = [&](std::int64_t x, std::int64_t n) {
     return host_master.defined() ? host_master.flat_range(x - lo, n) : store_.flat_params().flat_range(x, n);
   };
+  // Without the whole master in the store, the other ranges come with the working copy's gather
+  // after the load (set_optimizer_steps).
+  const bool whole = store_.has_whole_master();
   for (int i = 0; i < store_.size(); ++i) {
     const auto& p = store_.infos()[static_cast<std::size_t>(i)];
     const int g = store_.global_index(i);
-    append_full_pieces(out.load, p, g, 0, p.numel, store_.flat_params().flat_range(p.offset, p.numel), Tensor(),
-                       Tensor());
+    if (whole)
+      append_full_pieces(out.load, p, g, 0, p.numel, store_.flat_params().flat_range(p.offset, p.numel), Tensor(),
+                         Tensor());
     const std::int64_t a = std::max(lo, p.offset) - p.offset, b = std::min(hi, p.offset + p.numel) - p.offset;
     if (a >= b) continue;
     auto views = [&](std::int64_t x, std::int64_t y) {

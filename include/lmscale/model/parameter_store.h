@@ -4,6 +4,10 @@
 // flat buffer of the same layout, so data-parallel strategies can reduce them in one piece or in
 // contiguous buckets. In mixed precision a third flat buffer holds the bf16/fp16 working copy
 // that the matmuls read; the optimizer refreshes it in the same pass that updates the master.
+// Under parallel.offload with a working copy the fp32 master of the matrices and embeddings lives
+// with the host optimizer (parallel/offloaded_shards.h), and the store keeps fp32 only for what
+// the forward reads in fp32 (MasterCopy::read_ranges).
+#include <optional>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -56,6 +60,14 @@ class ParameterStore {
   //   none              nothing: weights and gradients both come from providers (FSDP, which
   //                     holds shards and gathers a unit's weights around its use)
   enum class Buffers { params_and_grads, params_only, none };
+  // How much of the fp32 master the store holds (with Buffers other than none):
+  //   whole        every parameter's ([numel])
+  //   read_ranges  with a working copy, only the ranges the forward reads from the master
+  //                (master_read_ranges(): the norm weights), packed in offset order
+  //                ([master_read_numel()]); the other parameters' master lives with their owner
+  //                (parallel.offload: the host optimizer), and flat_params() is refused. Without a
+  //                working copy the master is what the forward reads, so it is held whole.
+  enum class MasterCopy { whole, read_ranges };
   // master: fp32 (or fp64 for gradient checks); lowp: bf16/fp16 working copy, or the same dtype
   // as master for none.
   // split: tensor parallelism; the store then holds this rank's slices (tensor_parallel_layout),
@@ -67,16 +79,27 @@ class ParameterStore {
   // Both together (tp x pp): the stage's units, each parameter this tp rank's slice.
   // experts: expert parallelism (model/expert_parallel.h); the stacked expert tensors of the MoE
   // blocks hold this ep rank's experts only (expert_parallel_layout).
+  // master_copy: MasterCopy above.
   ParameterStore(const ModelDims& dims, DType master, DType lowp, Allocator& alloc,
                  Buffers buffers = Buffers::params_and_grads, const TensorSplit& split = {},
-                 std::vector<StageUnits> chunks = {StageUnits::all()}, const ExpertSplit& experts = {});
+                 std::vector<StageUnits> chunks = {StageUnits::all()}, const ExpertSplit& experts = {},
+                 MasterCopy master_copy = MasterCopy::whole);
 
   // Fills the master weights (and the working copy) with initial_values(seed); grads zeroed.
-  // (Buffers::none: the provider's owner initialises its shards itself.)
+  // (Buffers::none: the provider's owner initialises its shards itself.) Without a whole master
+  // the working copy of the other parameters is the device cast of their fp32 initial values
+  // (through an fp32 chunk: the rounding refresh_lowp would give).
   void init(std::uint64_t seed, Context& ctx);
   void zero_grads(Context& ctx);
-  // Refreshes the working copy from the master weights (after loading a checkpoint).
+  // Refreshes the working copy from the master weights (after loading a checkpoint); without a
+  // whole master only the master-read ranges' entries (the others' master is not here).
   void refresh_lowp(Context& ctx);
+  // Writes fp32 values of every parameter (src [numel], any device) into the master the store
+  // holds and the whole working copy (cast as refresh_lowp casts).
+  void write_master(Context& ctx, const Tensor& src);
+  // The fp32 initial values of flat elements [begin, end) (those init() computed, from its seed)
+  // into dst [end - begin] on any device: for the owner of a master the store does not hold.
+  void initial_master(std::int64_t begin, std::int64_t end, Tensor dst, Context& ctx) const;
 
   const std::vector<ParamInfo>& infos() const { return infos_; }
   int size() const { return static_cast<int>(infos_.size()); }
@@ -96,8 +119,17 @@ class ParameterStore {
   DType lowp_dtype() const { return lowp_dtype_; }
   bool has_lowp() const { return has_lowp_; }
 
+  // Whether the store holds flat buffers (not FSDP's providers).
   bool has_flat_params() const { return has_flat_params_; }
+  // Whether it holds the whole fp32 master (flat_params()); else MasterCopy::read_ranges.
+  bool has_whole_master() const { return has_flat_params_ && whole_master_; }
   Tensor& flat_params();
+  // fp32 master elements [offset, offset + n) of the flat layout: any range of a whole master,
+  // else a range inside master_read_ranges() (adjacent ranges are adjacent in the packed buffer).
+  Tensor master_view(std::int64_t offset, std::int64_t n) const;
+  // MasterCopy::read_ranges: the packed fp32 master of master_read_ranges() [master_read_numel()].
+  Tensor& packed_master_reads();
+  std::int64_t master_read_numel() const;
   bool has_flat_grads() const { return has_flat_grads_; }
   Tensor& flat_grads();
   // Where gradient i lives when there is no flat buffer: called by grad(i) each time the
@@ -108,6 +140,7 @@ class ParameterStore {
   using WeightProvider = std::function<Tensor(int)>;
   void set_weight_provider(WeightProvider p) { weights_ = std::move(p); }
   Tensor& flat_lowp() { return has_lowp_ ? lowp_ : flat_params(); }
+  // Parameter i's fp32 master (without a whole master: the master-read parameters only).
   Tensor param(int i) const;
   Tensor grad(int i) const;
   // What the forward reads for parameter i: the working copy for matmuls and embeddings in mixed
@@ -130,9 +163,12 @@ class ParameterStore {
   ExpertSplit experts_;
   std::int64_t total_ = 0;
   DType master_, lowp_dtype_;
-  Tensor params_, grads_, lowp_;
+  Tensor params_, grads_, lowp_;   // params_: [numel], or [master_read_numel()] packed
   bool has_lowp_ = false;
   bool has_flat_params_ = true;
+  bool whole_master_ = true;
+  std::vector<std::int64_t> packed_at_;   // read_ranges: per parameter, its offset in params_ or -1
+  std::optional<std::uint64_t> seed_;     // init()'s
   bool has_flat_grads_ = true;
   GradProvider provider_;
   WeightProvider weights_;

@@ -99,6 +99,9 @@ class OffloadedShards {
   optim::HostAdamW& optimizer() { return *optimizer_; }
   // The shard's copy must be rebuilt from the master before the next gather.
   void mark_master_changed() { stale_ = true; }
+  // The caller's targets already hold the master in their rounding (both were set from the same
+  // initial values): no rebuild (and none of its device staging) before the first step.
+  void mark_targets_current() { stale_ = false; }
 
   // Unit u's shard [count] in the compute dtype on the device, ready on ctx's stream (see the
   // header): a view of the device copy, or (pinned_host) a new buffer from ctx's allocator that

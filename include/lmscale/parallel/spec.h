@@ -70,6 +70,12 @@ struct Spec {
   bool sharded_optimizer() const { return gradient_group() > 1 && zero != ZeroLevel::none; }
   bool fsdp() const { return gradient_group() > 1 && zero == ZeroLevel::fsdp; }
   GradStorage grad_storage() const;
+  // Whether the parameter store holds the fp32 master of every parameter. Not under
+  // parallel.offload for one process, zero1 and zero2: the master of what a rank owns is the host
+  // optimizer's, and the store keeps fp32 only for the ranges the forward reads in fp32 (the norm
+  // weights) when a working copy exists (model::ParameterStore::MasterCopy::read_ranges); the
+  // other ranks' ranges come with the gathered working copy. (fsdp's store holds no buffers.)
+  bool master_in_store() const { return offload == OffloadMode::none || fsdp(); }
   // Bytes of one lazy gradient bucket: large for one data-parallel rank (the optimizer makes few
   // launches: ~32 for xl), parallel.bucket_mb under zero2 (the reduce-scatter's granularity).
   double lazy_bucket_bytes() const;

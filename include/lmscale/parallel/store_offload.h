@@ -8,8 +8,9 @@
 //            offsets from `begin`, one entry per unit (empty where the range has none of it)
 //   targets  where each piece of the range lives on the device in the dtype the forward reads:
 //            the working copy (flat_lowp, bf16/fp16) for matrices and embeddings, the store's fp32
-//            weights (flat_params) for the norm weights and for every parameter without a working
-//            copy; adjacent pieces of one buffer merged
+//            weights (master_view: its whole master, or the packed master-read ranges of a store
+//            that leaves the rest of the master to the offloaded optimizer) for the norm weights
+//            and for every parameter without a working copy; adjacent pieces of one buffer merged
 #include <cstdint>
 #include <vector>
 

@@ -60,15 +60,23 @@ class ZeroOptimizer final : public ShardedOptimizer {
     // there is a working copy (ParameterStore::master_read_ranges: the norm weights). When the
     // copy is gathered instead of the master, these ranges are gathered in fp32 beside it.
     std::vector<std::pair<std::int64_t, std::int64_t>> master_reads;
+    // A group whose master lives on the host (parallel.offload with a working copy; the store's
+    // MasterCopy::read_ranges): params undefined, and the master_reads' fp32 values packed in
+    // offset order here ([their total]); gathered in place after each step. The size of the
+    // group is then the working copy's.
+    Tensor packed_reads;
+    std::int64_t numel() const { return params.defined() ? params.numel() : lowp->numel(); }
   };
 
   ZeroOptimizer(ZeroMode mode, comm::Communicator& grads, comm::Communicator& host, const OptimConfig& cfg);
   // Shards a new group; returns its index.
   int add_group(const Group& g, Context& ctx);
-  // parallel.offload = optimizer: groups added after this keep their shard's fp32 master and
-  // AdamW state on the host (parallel/offloaded_shards.h, built by `make` for the group's elements
-  // [begin, end)); step() hands the shard's gradients to the host worker and all-gathers the
-  // parameters once the worker's copies up have landed (the compute stream waits for them).
+  // parallel.offload = optimizer (zero_offload.cpp): groups added after this keep their shard's
+  // fp32 master and AdamW state on the host (parallel/offloaded_shards.h, built by `make` for the
+  // group's elements [begin, end); add_group fills its master from the group's params, or, for a
+  // group without params, `make` has filled it); step() hands the shard's gradients to the host
+  // worker and all-gathers the parameters once the worker's copies up have landed (the compute
+  // stream waits for them).
   using OffloadFactory = std::function<std::unique_ptr<OffloadedShards>(std::int64_t begin, std::int64_t end)>;
   void offload_optimizer(OffloadFactory make) { offload_ = std::move(make); }
   // The host master of group g's shard [shard_size] (undefined without offload).
@@ -76,10 +84,15 @@ class ZeroOptimizer final : public ShardedOptimizer {
   // Offloaded: waits for the host worker (before the host master or moments are read).
   void settle();
   // Offloaded: the device master was written (set_master_parameters): the host master of the
-  // shard takes its values and the device copies are rebuilt from it.
-  void master_changed(Context& ctx);
-  // Offloaded: a checkpoint load wrote the host master; the device copies are rebuilt from it.
-  void mark_offloaded_master_changed();
+  // shard takes its values and the device copies are rebuilt from it. A group without params:
+  // `whole` (fp32 [numel], host) gives the values instead (the caller wrote the working copy).
+  void master_changed(Context& ctx, const float* whole = nullptr);
+  // Offloaded: a checkpoint load wrote the host master; the device copies are rebuilt from it
+  // (a group without params: now, and its working copy and packed reads all-gathered; collective).
+  void offloaded_master_loaded(Context& ctx);
+  // Offloaded group g without params: every rank's host master all-gathered into `whole` (host,
+  // fp32 [numel]); collective.
+  void gather_offloaded_master(int group, float* whole);
 
   // Gradient synchronisation for the trainer (the DDP all-reduce for zero1-broadcast; nothing
   // during the backward for zero1; bucketed reduce-scatter for zero2). `ddp` is the all-reduce
@@ -136,6 +149,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
   void distribute_parameters(Shard& s, Context& ctx);
   bool gathers_working_copy(const Shard& s) const;
   void gather_master_reads(Shard& s, Context& ctx);
+  void gather_packed_reads(Shard& s);
   const Tensor& shard_grads(Shard& s);
 
   ZeroMode mode_;

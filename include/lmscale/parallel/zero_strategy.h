@@ -1,7 +1,8 @@
 #pragma once
 // ZeRO stage 1 and 2 over the data-parallel group (parallel/zero.h, docs/architecture.md §4):
 // every rank holds the whole store's master and working copy, and the optimizer state of its
-// range of the flat buffer only. zero1 and zero1-broadcast keep one flat gradient buffer; zero2
+// range of the flat buffer only (parallel.offload with a working copy: the working copy, the fp32
+// norm weights, and its range's master and state on the host; Spec::master_in_store). zero1 and zero1-broadcast keep one flat gradient buffer; zero2
 // keeps lazy buckets, each reduce-scattered as the backward finishes it.
 // parallel.overlap_param_gather (zero1/zero2, no tp, no pp): step() leaves the parameter
 // all-gather in flight in segments of parallel.bucket_mb, which the next forward waits for unit by
@@ -35,6 +36,7 @@ class ZeroStrategy final : public Strategy {
   std::size_t param_gather_segments() const override { return gather_segments_.size(); }
 
  private:
+  ops::Runtime& rt_;
   std::unique_ptr<ZeroOptimizer> zero_;
   std::vector<UnitSegment> gather_segments_;   // overlap_param_gather: in forward order
   UnitWaits waits_;

@@ -91,7 +91,9 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   params_ = std::make_unique<model::ParameterStore>(dims_, kMaster, lowp_dtype(env.cfg), *ctx.allocator,
                                                     store_buffers(spec.grad_storage()),
                                                     tp_ ? tp_->split() : model::TensorSplit{}, chunks,
-                                                    ep_ ? ep_->split() : model::ExpertSplit{});
+                                                    ep_ ? ep_->split() : model::ExpertSplit{},
+                                                    spec.master_in_store() ? model::ParameterStore::MasterCopy::whole
+                                                                           : model::ParameterStore::MasterCopy::read_ranges);
   params_->init(env.cfg.run.seed, ctx);
   // One model per chunk over the one store (a single one without the interleaved schedule).
   for (const auto& u : chunks) chunk_models_.push_back(std::make_unique<model::TransformerLM>(dims_, *params_, u));

@@ -95,7 +95,10 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   }
   // The parameters a rank holds: P, or Pr under tensor parallelism.
   const std::string p = tp > 1 && !fsdp ? "Pr" : "P";
-  if (!fsdp) {
+  if (!fsdp && offload && mixed) {   // the store keeps fp32 only for the norms (parallel::Spec::master_in_store)
+    add("parameters", 4 * norm_params, "replicated norms (fp32; the master of the rest is in host memory)");
+    add("parameters_lowp", 2 * Pr, "2 B x " + p + " (bf16/fp16 working copy)");
+  } else if (!fsdp) {
     add("parameters", 4 * Pr, "4 B x " + p + " (fp32 master)");
     if (mixed) add("parameters_lowp", 2 * Pr, "2 B x " + p + " (bf16/fp16 working copy)");
   }

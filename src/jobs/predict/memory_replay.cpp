@@ -496,12 +496,21 @@ double store_bytes(const Config& cfg, const parallel::Spec& spec, const Shapes& 
   const bool offload = spec.offload != OffloadMode::none;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
   // parallel.offload = optimizer (parallel/offloaded_shards.h): on a GPU run the owned range's
-  // fp32 master, m and v live in host memory, and the device keeps the store's master, working
-  // copy and gradients as without offload (the master is stale there but for the norm weights
-  // and fp32 runs, whose weights the copy up writes).
+  // fp32 master, m and v live in host memory, and the device keeps the working copy and gradients
+  // as without offload; of the fp32 master, with a working copy, only the norm weights (the store
+  // packs the ranges the forward reads in fp32: Spec::master_in_store), else all of it (it is the
+  // weights the forward reads).
   const double states = cuda && offload ? 0.0
                         : cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars ? 1.0 : 2.0;
-  double bytes = 4 * P + (mixed ? 2 * P : 0.0);
+  double master = P;
+  if (mixed && !spec.master_in_store()) {
+    const auto sizes = param_sizes(s);
+    const model::ParamIndex index = s.index();
+    master = 0;
+    for (int i = 0; i < index.count(); ++i)
+      if (index.is_norm(i)) master += sizes[static_cast<std::size_t>(i)];
+  }
+  double bytes = 4 * master + (mixed ? 2 * P : 0.0);
   if (offload && !cuda) {
     // On CPU ranks the host is the device: the host master of the owned range [a, b) and the two
     // staging slots (fp32 gradients and fp32 parameters: CPU runs are fp32) of the largest chunk,
