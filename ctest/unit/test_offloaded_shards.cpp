@@ -154,6 +154,41 @@ TEST(OffloadedShardsTargets, MixedTargetsAndGradientPiecesMatchAdamWBitwise) {
   EXPECT_EQ(off.transfer_bytes_per_step(), S * 4 + 180 * 2 + 20 * (4 + 2));
 }
 
+// OffloadedShards lets go of each gradient piece once its bytes are on the host (ops::GradPiece
+// holds a lazy bucket; the strategy frees its own handle when the next forward reaches the
+// bucket's unit): after wait_unit(0), the pieces ending in unit 0's chunks are back in the
+// allocator while the update of the later chunks may still run; after settle(), all of them. Pieces [0, 33) and [33, 48) end in chunk 0 (unit 0
+// = [0, 48) is one chunk); [48, 200) is still held until its chunks are done.
+TEST(OffloadedShardsTargets, LetsGoOfGradientPiecesOnceCopiedDown) {
+  ops::Runtime rt(Device::cpu, 0, false);
+  Context& ctx = rt.ctx();
+  OptimConfig cfg;
+  cfg.name = OptimizerName::adamw;
+  const std::int64_t S = 200, chunk = 48;
+  std::vector<parallel::OffloadedShards::Range> units{{0, 48}, {48, 152}};
+  Tensor low = Tensor::empty({S}, DType::bf16, rt.host(), "test");
+  std::vector<parallel::OffloadedShards::Target> targets{{0, S, low, Tensor()}};
+  parallel::OffloadedShards off(rt, S, units, targets, DType::bf16, cfg, 2, chunk);
+  off.wait_unit(ctx, 0);   // the refresh from the master
+  auto gradient_bytes = [&] {
+    const auto& tags = rt.allocator().tracker().by_tag();
+    const auto it = tags.find("test_gradients");
+    return it == tags.end() ? std::size_t{0} : it->second;
+  };
+  std::vector<ops::GradPiece> pieces;
+  for (const auto& [a, n] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 33}, {33, 15}, {48, 152}}) {
+    Tensor g = Tensor::empty({n}, DType::f32, rt.allocator(), "test_gradients");
+    ops::fill(ctx, g, 0.25);
+    pieces.push_back({a, g});
+  }
+  ASSERT_EQ(gradient_bytes(), S * sizeof(float));
+  off.start_step(ctx, std::move(pieces), 1e-2, 1.0);   // the only handles are the worker's now
+  off.wait_unit(ctx, 0);
+  EXPECT_LE(gradient_bytes(), 152 * sizeof(float)) << "unit 0's pieces are still held after their copy down";
+  off.settle();
+  EXPECT_EQ(gradient_bytes(), 0u) << "pieces held after the update";
+}
+
 INSTANTIATE_TEST_SUITE_P(Copies, OffloadedShardsTest, ::testing::Values(ShardCopy::device, ShardCopy::pinned_host),
                          [](const ::testing::TestParamInfo<ShardCopy>& copy_info) {
                            return copy_info.param == ShardCopy::device ? "device" : "pinned_host";

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <limits>
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
@@ -202,6 +204,7 @@ void OffloadedShards::update(const std::vector<ops::GradPiece>& grads, double lr
     {
       std::lock_guard<std::mutex> lock(mu_);
       copied_[c] = up[c % 2];
+      copied_down_ = k.offset + k.count;   // its gradients came down before its update (the wait above)
       done_ = c + 1;
     }
     cv_.notify_all();
@@ -230,7 +233,11 @@ void OffloadedShards::start_step(Context& ctx, std::vector<ops::GradPiece> grads
   ops::HostTransfer::Fence ready = lane_->fence(ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    job_grads_ = std::move(grads);
+    held_grads_ = std::move(grads);
+    job_grads_.clear();
+    for (const ops::GradPiece& g : held_grads_)
+      job_grads_.push_back({g.offset, Tensor::view(g.grad.data(), g.grad.shape(), g.grad.dtype(), g.grad.device())});
+    copied_down_ = 0;
     job_lr_ = lr;
     job_scale_ = grad_scale;
     job_ready_ = std::move(ready);
@@ -241,6 +248,20 @@ void OffloadedShards::start_step(Context& ctx, std::vector<ops::GradPiece> grads
   cv_.notify_all();
 }
 
+void OffloadedShards::let_go_of_copied_grads() {
+  std::vector<ops::GradPiece> gone;   // destroyed after the lock is released
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::int64_t copied = in_flight_ ? copied_down_ : std::numeric_limits<std::int64_t>::max();
+    // Pieces still needed first, then those entirely below `copied`.
+    const auto done = std::stable_partition(held_grads_.begin(), held_grads_.end(), [&](const ops::GradPiece& g) {
+      return g.offset + g.grad.numel() > copied;
+    });
+    std::move(done, held_grads_.end(), std::back_inserter(gone));
+    held_grads_.erase(done, held_grads_.end());
+  }
+}
+
 void OffloadedShards::settle() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !in_flight_; });
@@ -249,6 +270,9 @@ void OffloadedShards::settle() {
     error_ = nullptr;
     std::rethrow_exception(e);
   }
+  lock.unlock();
+  let_go_of_copied_grads();   // the update is done: every piece
+  lock.lock();
   // Every copy back has been queued; the host may now touch the staging slots and the master, and
   // the device copy is complete once the lane drains.
   for (const auto& f : copied_) lane_->wait(f);
@@ -275,6 +299,7 @@ void OffloadedShards::wait_unit(Context& ctx, int u) {
     f = copied_[last];
   }
   lane_->wait_on(ctx, f);   // the lane's copies are in order: the unit's earlier chunks are there too
+  let_go_of_copied_grads();
 }
 
 Tensor OffloadedShards::device_shard(Context& ctx, int u) {
