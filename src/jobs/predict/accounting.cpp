@@ -45,7 +45,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   const bool sp = tp > 1 && cfg.parallel.sequence_parallel;
   a.local_batch = B / dp / (bench ? 1 : cfg.train.grad_accum);
   a.seq = m.context;
-  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  const bool mixed = computes_16bit(cfg.precision.mode, cfg.parallel.device != DeviceChoice::cpu);
   const double e = mixed ? 2.0 : 4.0;   // activation bytes per element
   const bool sharded = spec.sharded_optimizer();
   const bool fsdp = spec.fsdp();

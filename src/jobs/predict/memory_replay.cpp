@@ -13,7 +13,7 @@ namespace lmscale::jobs::replay {
 Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   const auto dims = model::ModelDims::from(cfg.model);
   const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
-  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  const bool mixed = computes_16bit(cfg.precision.mode, cuda);
   Shapes s;
   s.B = rows;
   s.T = static_cast<double>(dims.context);
@@ -492,7 +492,7 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
 double store_bytes(const Config& cfg, const parallel::Spec& spec, const Shapes& s, double P, int dp_rank, bool cuda) {
   const int dp = spec.gradient_group();   // the ranks ZeRO shards over (dp / ep)
   const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
-  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  const bool mixed = computes_16bit(cfg.precision.mode, cuda);
   const bool offload = spec.offload != OffloadMode::none;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
   // parallel.offload = optimizer (parallel/offloaded_shards.h): on a GPU run the owned range's
