@@ -15,6 +15,7 @@
 #include "lmscale/jobs/metrics_stream.h"
 #include "lmscale/jobs/predict/device_peak.h"
 #include "lmscale/jobs/step_rates.h"
+#include "lmscale/jobs/engine/fp8_report.h"
 #include "lmscale/jobs/engine/moe_report.h"
 #include "lmscale/jobs/engine/pipeline_report.h"
 #include "lmscale/jobs/resilience/fault_injection.h"
@@ -162,6 +163,7 @@ int run_train(JobEnv& env) {
   };
   PipelineRecorder pipe(env, trainer);   // parallel.pp > 1: bubble and timeline (/pipeline)
   MoeRecorder moe(env, trainer);         // MoE blocks: tokens per expert, drops, router losses (/train/moe)
+  Fp8Recorder fp8(env, trainer, "/train");   // precision.mode = fp8: amaxes and scales (/train/fp8)
   WallTimer wall;
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
@@ -197,6 +199,7 @@ int run_train(JobEnv& env) {
     }
     if (log_step) {
       moe.record(s + 1);
+      fp8.record(s + 1);
       const double elapsed = wall.seconds();
       const double per_step = elapsed / static_cast<double>(s + 1 - start);
       const double remaining_s = per_step * static_cast<double>(cfg.train.steps - s - 1);
@@ -251,6 +254,7 @@ int run_train(JobEnv& env) {
       break;
     }
   }
+  fp8.finish();
   env.out.set_attr("/train", "first_loss", first_loss);
   env.out.set_attr("/train", "final_loss", last_loss);
   env.out.set_attr("/train", "parameters", dims.parameter_count());
