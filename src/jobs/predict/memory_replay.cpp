@@ -197,10 +197,7 @@ void free_block(Sim& m, Block& b) {
   for (double* t : {&b.x, &b.rstd1, &b.y1, &b.q, &b.k, &b.v, &b.o, &b.aux, &b.h, &b.rstd2, &b.y2, &b.a, &b.b, &b.g,
                     &b.probs, &b.lse, &b.experts, &b.gates, &b.slot, &b.xe, &b.ye, &b.perm})
     m.free(*t);
-  for (int g = 0; g < 7; ++g) {
-    m.free(b.f8ops[g]);
-    m.free(b.f8scales[g]);
-  }
+  free_fp8(m, b);
 }
 
 void recompute_norm(Sim& m, const Shapes& s, double& y) {
@@ -366,11 +363,7 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
         blocks[static_cast<std::size_t>(l)].aux = b.aux;
         b.o = b.aux = 0;
       }
-      if (checkpointed)   // fp8: the scales stay for the recompute's replay
-        for (int g = 0; g < 7; ++g) {
-          blocks[static_cast<std::size_t>(l)].f8scales[g] = b.f8scales[g];
-          b.f8scales[g] = 0;
-        }
+      if (checkpointed) move_fp8_scales(b, blocks[static_cast<std::size_t>(l)]);   // for the recompute's replay
       free_block(m, b);
       // The input dies with the block unless the caller or a group input holds it.
       if (l > l0 && !group_start) m.free(x);

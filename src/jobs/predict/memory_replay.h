@@ -176,6 +176,10 @@ void fp8_forward(Sim& m, Block& b, int g, double M, double K, double n, bool wit
 // Its backward from dy [M,n]: parameter `param`'s gradient asked for, dy quantised (direct and
 // transposed), the gradient written; the saved entry freed.
 void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int param);
+// Frees every FP8 layer's saved operands and scales of b.
+void free_fp8(Sim& m, Block& b);
+// A checkpointed block: its FP8 layers' scales move from the forward's b to what the block keeps.
+void move_fp8_scales(Block& from, Block& to);
 // A dense block's backward in FP8 (TransformerLM::block_backward_fp8).
 void block_backward_fp8(Sim& m, const Shapes& s, Block& b, Grads& gr, int l);
 

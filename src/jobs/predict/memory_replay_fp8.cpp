@@ -39,6 +39,20 @@ void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int pa
   m.free(b.f8scales[g]);
 }
 
+void free_fp8(Sim& m, Block& b) {
+  for (int g = 0; g < 7; ++g) {
+    m.free(b.f8ops[g]);
+    m.free(b.f8scales[g]);
+  }
+}
+
+void move_fp8_scales(Block& from, Block& to) {
+  for (int g = 0; g < 7; ++g) {
+    to.f8scales[g] = from.f8scales[g];
+    from.f8scales[g] = 0;
+  }
+}
+
 void block_backward_fp8(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   const double Nde = s.N * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
   const model::BlockParams p = s.index().block(l);
