@@ -73,4 +73,7 @@ for name in ("ddp", "zero2", "fsdp", "fsdp_offload"):
     got = load(name)
     rel = (np.abs(got["loss"] - one["loss"]) / np.abs(one["loss"])).max()
     check(rel <= DP_RTOL, f"{name} on 2 ranks within {DP_RTOL} of one process with grad_accum 2 (worst {rel:.1e})")
+full, part_a, part_b = load("current_none"), load("resume_a"), load("resume_b")
+check(np.array_equal(np.concatenate([part_a["loss"], part_b["loss"]]), full["loss"]),
+      "current: a checkpoint at step 6 resumed to 12 equals the uninterrupted run bitwise")
 sys.exit(1 if failures else 0)

@@ -12,12 +12,13 @@
 #      amaxes and scales and the amax histories bitwise equal (the recompute casts with the first
 #      forward's scales and records nothing);
 #   4. evaluations (train.eval_every) leave delayed scaling's training untouched (bitwise);
-#   5. the results file: /train/fp8 and /train/fp8_amax_history shapes and attributes.
+#   5. the results file: /train/fp8 and /train/fp8_amax_history shapes and attributes;
+#   6. current scaling across a checkpoint and resume, bitwise.
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
-rm -f "$out"/fp8_*.h5
+rm -f "$out"/fp8_*.h5 "$out"/fp8_*.h5.tmp
 run() {   # run NP NAME ARGS...
   local np=$1 name=$2
   shift 2
@@ -44,4 +45,9 @@ run 2 ddp --parallel.ddp=flat
 run 2 zero2 --parallel.ddp=bucketed --parallel.zero=zero2 --parallel.bucket_mb=0.01
 run 2 fsdp --parallel.zero=fsdp
 run 2 fsdp_offload --parallel.zero=fsdp --parallel.offload=optimizer
+# Current scaling holds no state between casts: a checkpoint at step 6 resumed to 12 equals the
+# uninterrupted run bitwise (delayed scaling's histories are not in checkpoints: not compared).
+run 1 resume_a --train.steps=6 --train.checkpoint_every=6 --optim.cosine_steps=12 --train.checkpoint_path="$out/fp8_ckpt.h5"
+run 1 resume_b --train.steps=12 --train.resume="$out/fp8_ckpt.h5" --optim.cosine_steps=12 \
+    --train.checkpoint_path="$out/fp8_ckpt2.h5"
 python3 "$here/fp8_check.py" "$out"

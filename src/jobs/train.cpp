@@ -124,6 +124,13 @@ int run_train(JobEnv& env) {
                                                    parallel::Spec::resolve(cfg.parallel, env.world).describe(env.world))
                                      : std::string());
     if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
+    // Checkpoints hold no FP8 scaling state (docs/precision.md): current scaling needs none, delayed
+    // scaling's windows start empty again.
+    if (!resumed_from.empty() && cfg.precision.mode == PrecisionMode::fp8 &&
+        cfg.precision.fp8_scaling == Fp8Scaling::delayed)
+      fmt::print(stderr, "lmscale: warning: precision.fp8_scaling = delayed: checkpoints do not hold the amax "
+                         "histories, so the resumed run starts them empty (its first casts use scale 1) and differs "
+                         "from an uninterrupted run; precision.fp8_scaling = current resumes exactly\n");
     if (!resumed_from.empty() && trainer.step() >= cfg.train.steps)
       fmt::print("train: the checkpoint is at the end (train.steps = {}): the run is complete, nothing to train "
                  "(raise train.steps to continue it)\n",
