@@ -7,8 +7,10 @@
 // Bounds. The GPU quantises bf16 activations and weights, the CPU fp32 ones: an element whose
 // fp32 value lies near a midpoint between two e4m3 values may round the other way after the bf16
 // rounding (one e4m3 step, 6%), and the bf16 model's own difference from fp32 is bounded by 3e-2
-// in test_model_cuda.cpp. Per parameter the gradients must agree within 6e-2 (relative 2-norm),
-// the loss within 1e-2 relative; the GPU's FP8 run must differ from its bf16 run (the FP8 layers
+// in test_model_cuda.cpp. FP8 itself moves a small model's gradients by 10-25% from fp32 (the CPU
+// test test_model_fp8), and the flipped roundings are a few percent of the elements, so per
+// parameter the gradients must agree within 1e-1 (relative 2-norm; an estimate, not yet measured
+// on a GPU: a wrong scale or operand layout gives 1 or more), the loss within 1e-2 relative; the GPU's FP8 run must differ from its bf16 run (the FP8 layers
 // ran: their e4m3 rounding moves the gradients by about 1e-2, far above bf16's run-to-run 0).
 #include <gtest/gtest.h>
 
@@ -32,7 +34,7 @@ using namespace lmscale;
 
 namespace {
 
-constexpr double kGradTol = 6e-2, kLossTol = 1e-2;
+constexpr double kGradTol = 1e-1, kLossTol = 1e-2;
 
 model::ModelDims dims(bool flash) {
   model::ModelDims d;
