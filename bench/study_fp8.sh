@@ -7,8 +7,10 @@
 #     above bf16);
 #   - speed: xl (inputs/bench_model_xl_bf16.ini, flash attention, 4 x 512 tokens, train step) in
 #     bf16 and in fp8, REPEATS times in alternation; the median tokens/s of each and their ratio.
-# No PyTorch peer: lmscale against itself.
-#   bench/study_fp8.sh        (SKIP_XL=1: convergence only; SKIP_TEXT=1: timing only)
+# With PEER_FP8=1 the timing also runs the PyTorch peer's xl in bf16 and with torchao's float8
+# training (bench/torch_peer.py model --float8, tensorwise dynamic scaling: the peer of current
+# scaling; needs torch and torchao) and prints their ratio table.
+#   bench/study_fp8.sh        (SKIP_XL=1: convergence only; SKIP_TEXT=1: timing only; PEER_FP8=1)
 STUDY=fp8
 source "$(dirname "$0")/common.sh"
 if [ -z "$DRY_RUN" ]; then
@@ -18,6 +20,9 @@ if [ -z "$DRY_RUN" ]; then
   fi
 fi
 XL=(inputs/bench_model_xl_bf16.ini --model.attention=flash)
+PEER_FP8=${PEER_FP8:-}
+PEER_XL=(model --size xl --precision bf16 --attention sdpa --warmup 5 --iters 10)   # the deck's shape and steps
+if [ -n "$PEER_FP8" ] && [ -z "${SKIP_XL:-}" ]; then preflight 1; fi
 
 if [ -z "${SKIP_TEXT:-}" ]; then
   RUN=1
@@ -28,6 +33,10 @@ fi
 timing() {
   lm xl_bf16 1 "${XL[@]}"
   lm xl_fp8 1 "${XL[@]}" --precision.mode=fp8
+  if [ -n "$PEER_FP8" ]; then
+    peer xl_peer_bf16 1 "${PEER_XL[@]}"
+    peer xl_peer_float8 1 "${PEER_XL[@]}" --float8
+  fi
 }
 [ -n "${SKIP_XL:-}" ] || repeat timing
 
@@ -35,13 +44,11 @@ args=()
 if [ -z "${SKIP_XL:-}" ]; then
   args+=(--xl-bf16 "$OUT"/xl_bf16/lmscale_*.h5 --xl-fp8 "$OUT"/xl_fp8/lmscale_*.h5)
 fi
-if [ -n "$DRY_RUN" ]; then
-  echo "$PYTHON -m analysis.fp8_study $OUT/text_bf16/lmscale_1.h5 $OUT/text_fp8_current/lmscale_1.h5" \
-       "$OUT/text_fp8_delayed/lmscale_1.h5 --out $OUT/study ${args[*]}"
-elif [ -z "${SKIP_TEXT:-}" ]; then
-  "$PYTHON" -m analysis.fp8_study "$OUT/text_bf16/lmscale_1.h5" "$OUT/text_fp8_current/lmscale_1.h5" \
-    "$OUT/text_fp8_delayed/lmscale_1.h5" --out "$OUT/study" "${args[@]}"
-else
+if [ -z "${SKIP_TEXT:-}" ]; then
+  study=("$PYTHON" -m analysis.fp8_study "$OUT/text_bf16/lmscale_1.h5" "$OUT/text_fp8_current/lmscale_1.h5"
+         "$OUT/text_fp8_delayed/lmscale_1.h5" --out "$OUT/study" "${args[@]}")
+  if [ -n "$DRY_RUN" ]; then echo "${study[*]}"; else "${study[@]}"; fi
+elif [ -z "${SKIP_XL:-}" ] && [ -z "$DRY_RUN" ]; then
   "$PYTHON" - "$OUT" <<'PY'
 import glob, statistics, sys
 import h5py
@@ -52,4 +59,9 @@ def tps(case):
 b, f = tps("xl_bf16"), tps("xl_fp8")
 print(f"xl bench-model: bf16 {b:.0f} tokens/s, fp8 {f:.0f} tokens/s, fp8 / bf16 = {f / b:.3f}")
 PY
+fi
+if [ -n "$PEER_FP8" ] && [ -z "${SKIP_XL:-}" ]; then
+  step_rows "xl bf16, flash vs SDPA" xl_bf16 xl_peer_bf16
+  step_rows "xl fp8 current vs torchao float8 (SDPA)" xl_fp8 xl_peer_float8
+  print_table "xl on 1 GPU, batch 4 x 512, train step, bf16 and FP8"
 fi

@@ -56,6 +56,9 @@ def parser():
         _lm_args(p)
     lm["model"].add_argument("--compile", action="store_true", help="torch.compile the model")
     lm["model"].add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    lm["model"].add_argument("--float8", action="store_true",
+                             help="the blocks' linear layers in FP8 by torchao (tensorwise dynamic scaling; "
+                                  "needs torchao and a Hopper GPU; the LM head stays bf16)")
     lm["ddp"].add_argument("--bucket-mb", type=float, default=25, help="DDP bucket_cap_mb (default 25)")
     lm["fsdp"].add_argument("--offload", action="store_true", help="CPUOffloadPolicy: state in host memory, CPU AdamW")
     lm["pp"].add_argument("--microbatches", type=int, default=8)

@@ -60,7 +60,7 @@ Result run(Device device, DType lowp, const model::ModelDims& d, const std::vect
   Result r;
   r.loss = lg.loss;
   r.grads = std::move(lg.grads);
-  for (const auto& st : m.moe_stats()) {
+  for (const auto& st : m.moe_stats(rt.ctx())) {
     r.routed.insert(r.routed.end(), st.routed.begin(), st.routed.end());
     r.kept.insert(r.kept.end(), st.kept.begin(), st.kept.end());
   }

@@ -10,6 +10,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/ops/moe.h"
+#include "lmscale/ops/moe_experts.h"
 #include "ops_cuda_test_util.h"
 
 using namespace lmscale;
@@ -177,6 +178,56 @@ TEST_F(MoeCuda, CombineAndItsBackwardMatchCpu) {
                                 host(gates, {N, k}, DType::f32), cdye, cdg);
       EXPECT_CLOSE(values(dye), values(cdye), tol);
       EXPECT_CLOSE(values(dgates), values(cdg), tol);
+    }
+}
+
+// The experts on the GPU (8, one without rows) against the CPU: forward,
+// and the backward with fresh and accumulated gradients (fp32 gradients of bf16 activations, as
+// under mixed precision); expert 5 has no rows (zero gradients, or unchanged ones when
+// accumulating). Bounds as the linear ops': 1e-5 in fp32, test::tolerance in bf16.
+TEST_F(MoeCuda, ExpertsMatchCpu) {
+  const std::vector<std::int64_t> rows = {37, 64, 5, 130, 1, 0, 90, 17};
+  const std::int64_t El = 8, Me = 344, d = 64, Fe = 96;
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << " accumulate " << accumulate);
+      const auto x = randn(static_cast<std::size_t>(Me * d), t), dy = randn(static_cast<std::size_t>(Me * d), t);
+      const auto w1 = randn(static_cast<std::size_t>(El * Fe * d), t, 0.2), w3 = randn(w1.size(), t, 0.2);
+      const auto w2 = randn(static_cast<std::size_t>(El * d * Fe), t, 0.2);
+      const auto g0 = randn(w1.size(), DType::f32);
+      const Shape sx{Me, d}, sf{Me, Fe}, s13{El, Fe, d}, s2{El, d, Fe};
+      const Tensor X = dev(x, sx, t), W1 = dev(w1, s13, t), W3 = dev(w3, s13, t), W2 = dev(w2, s2, t);
+      Tensor a = poisoned(sf, t), b = poisoned(sf, t), gg = poisoned(sf, t), y = poisoned(sx, t);
+      ops::moe_experts(g(), X, rows, W1, W3, W2, a, b, gg, y);
+      const Tensor cX = host(x, sx, DType::f32), cW1 = host(w1, s13, DType::f32), cW3 = host(w3, s13, DType::f32);
+      const Tensor cW2 = host(w2, s2, DType::f32);
+      Tensor ca = cpu_empty(sf, DType::f32), cb = cpu_empty(sf, DType::f32), cg = cpu_empty(sf, DType::f32);
+      Tensor cy = cpu_empty(sx, DType::f32);
+      ops::moe_experts(c(), cX, rows, cW1, cW3, cW2, ca, cb, cg, cy);
+      const double tol = test::tolerance(t);
+      EXPECT_CLOSE(values(y), values(cy), tol);
+      EXPECT_CLOSE(values(gg), values(cg), tol);
+
+      Tensor dg = poisoned(sf, t), da = poisoned(sf, t), db = poisoned(sf, t), dx = poisoned(sx, t);
+      auto grad = [&](const Shape& s) { return accumulate ? dev(g0, s, DType::f32) : poisoned(s, DType::f32); };
+      Tensor G1 = grad(s13), G3 = grad(s13), G2 = grad(s2);
+      ops::moe_experts_backward(g(), X, rows, W1, W3, W2, a, b, gg, dev(dy, sx, t), dg, da, db, dx, G1, G3, G2,
+                                accumulate);
+      // The CPU from the GPU's own forward activations, so the backward alone is compared.
+      const Tensor ha = host(values(a), sf, DType::f32), hb = host(values(b), sf, DType::f32);
+      const Tensor hg = host(values(gg), sf, DType::f32);
+      Tensor cdg = cpu_empty(sf, DType::f32), cda = cpu_empty(sf, DType::f32), cdb = cpu_empty(sf, DType::f32);
+      Tensor cdx = cpu_empty(sx, DType::f32);
+      Tensor cG1 = host(g0, s13, DType::f32), cG3 = host(g0, s13, DType::f32), cG2 = host(g0, s2, DType::f32);
+      ops::moe_experts_backward(c(), cX, rows, cW1, cW3, cW2, ha, hb, hg, host(dy, sx, DType::f32), cdg, cda, cdb,
+                                cdx, cG1, cG3, cG2, accumulate);
+      EXPECT_CLOSE(values(dx), values(cdx), tol);
+      EXPECT_CLOSE(values(G1), values(cG1), tol);
+      EXPECT_CLOSE(values(G3), values(cG3), tol);
+      EXPECT_CLOSE(values(G2), values(cG2), tol);
+      const auto g1 = values(G1);   // expert 5: no rows
+      for (std::int64_t i = 5 * Fe * d; i < 6 * Fe * d; ++i)
+        ASSERT_EQ(g1[static_cast<std::size_t>(i)], accumulate ? g0[static_cast<std::size_t>(i)] : 0.0);
     }
 }
 

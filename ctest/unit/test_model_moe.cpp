@@ -65,7 +65,7 @@ TEST_P(MoeModelGradient, MatchesCentralDifferencesInFloat64) {
   m.backward(f.ctx, *act, {});
   // Drops happen in the capacity case (else the check would not cover them).
   std::int64_t routed = 0, kept = 0;
-  for (const auto& st : m.moe_stats())
+  for (const auto& st : m.moe_stats(f.ctx))
     for (std::size_t e = 0; e < st.routed.size(); ++e) routed += st.routed[e], kept += st.kept[e];
   EXPECT_EQ(routed, B * T * d.moe_top_k * d.moe_block_count());
   if (GetParam().capacity > 0) EXPECT_LT(kept, routed);
@@ -108,7 +108,7 @@ TEST(MoeModel, RouterLossesAreAddedWithTheirCoefficients) {
   model::TransformerLM with(d, ps);
   auto a = with.forward(f.ctx, x, y, true, 0.1);
   double balance = 0, z = 0;
-  for (const auto& st : with.moe_stats()) balance += st.balance_sum, z += st.z_sum;
+  for (const auto& st : with.moe_stats(f.ctx)) balance += st.balance_sum, z += st.z_sum;
   EXPECT_GT(balance, 0);
   EXPECT_GT(z, 0);
   model::ModelDims plain = d;
@@ -190,7 +190,7 @@ TEST(MoeModel, EveryKCheckpointingGivesTheSameGradients) {
     auto a = m.forward(f.ctx, x, y, true, 0.1, {}, false);
     m.backward(f.ctx, *a, {}, false);
     grads.emplace_back(ps.flat_grads().data_as<double>(), ps.flat_grads().data_as<double>() + ps.numel());
-    EXPECT_EQ(m.moe_stats()[0].tokens, 10);   // the recompute does not count again
+    EXPECT_EQ(m.moe_stats(f.ctx)[0].tokens, 10);   // the recompute does not count again
   }
   for (std::size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[1][i], grads[0][i]) << i;
 }

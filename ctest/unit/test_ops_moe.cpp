@@ -9,6 +9,7 @@
 
 #include "gradcheck.h"
 #include "lmscale/ops/moe.h"
+#include "lmscale/ops/moe_experts.h"
 #include "ops_test_util.h"
 
 namespace lmscale::test {
@@ -177,6 +178,49 @@ TEST_F(MoeOpsTest, BadArgumentsThrow) {
   EXPECT_THROW(ops::moe_plan(ctx, bad, 1, 1, slot, kept, routed), Error);   // expert 4 of 4
   Tensor ok = ids({2, 1}, {0, 1});
   EXPECT_THROW(ops::moe_plan(ctx, ok, 3, 1, slot, kept, routed), Error);   // 2 rows, groups of 3
+}
+
+// ops::moe_experts: each expert's SwiGLU over its own rows (an expert without rows included), the
+// backward by central differences of <y, r> through x and the three stacked weights, and the
+// accumulate rule (adds to every expert's gradients; an expert without rows keeps its own).
+TEST_F(MoeOpsTest, ExpertsAndTheirBackwardMatchFiniteDifferences) {
+  const std::vector<std::int64_t> rows = {2, 0, 3};
+  const std::int64_t El = 3, Me = 5, d = 4, Fe = 3;
+  Tensor x = randn({Me, d}, 21), W1 = randn({El, Fe, d}, 22, 0.7), W3 = randn({El, Fe, d}, 23, 0.7);
+  Tensor W2 = randn({El, d, Fe}, 24, 0.7), r = randn({Me, d}, 25);
+  Tensor a = poisoned({Me, Fe}), b = poisoned({Me, Fe}), g = poisoned({Me, Fe}), y = poisoned({Me, d});
+  ops::moe_experts(ctx, x, rows, W1, W3, W2, a, b, g, y);
+  // Row 3 (expert 2's second row) by hand: silu(a) * b through W2[2].
+  const auto xv = values(x), w1 = values(W1), w3 = values(W3), w2 = values(W2), yv = values(y);
+  for (std::int64_t c = 0; c < d; ++c) {
+    double want = 0;
+    for (std::int64_t f = 0; f < Fe; ++f) {
+      double av = 0, bv = 0;
+      for (std::int64_t i = 0; i < d; ++i) {
+        av += xv[static_cast<std::size_t>(3 * d + i)] * w1[static_cast<std::size_t>((2 * Fe + f) * d + i)];
+        bv += xv[static_cast<std::size_t>(3 * d + i)] * w3[static_cast<std::size_t>((2 * Fe + f) * d + i)];
+      }
+      want += av / (1 + std::exp(-av)) * bv * w2[static_cast<std::size_t>((2 * d + c) * Fe + f)];
+    }
+    EXPECT_NEAR(yv[static_cast<std::size_t>(3 * d + c)], want, 1e-12);
+  }
+  Tensor dg = poisoned({Me, Fe}), da = poisoned({Me, Fe}), db = poisoned({Me, Fe}), dx = poisoned({Me, d});
+  Tensor G1 = poisoned(W1.shape()), G3 = poisoned(W3.shape()), G2 = poisoned(W2.shape());
+  ops::moe_experts_backward(ctx, x, rows, W1, W3, W2, a, b, g, r, dg, da, db, dx, G1, G3, G2, false);
+  auto f = [&] {
+    ops::moe_experts(ctx, x, rows, W1, W3, W2, a, b, g, y);
+    return dot(y, r);
+  };
+  expect_gradcheck_ok(gradcheck(f, {{"x", &x, &dx}, {"W1", &W1, &G1}, {"W3", &W3, &G3}, {"W2", &W2, &G2}}));
+  for (const Tensor* G : {&G1, &G3, &G2})   // expert 1 has no rows: zero gradients
+    for (std::int64_t i = G->numel() / El; i < 2 * G->numel() / El; ++i) EXPECT_EQ(values(*G)[static_cast<std::size_t>(i)], 0.0);
+  // Accumulating: every gradient grows by the same product, the empty expert's stays as it was.
+  Tensor H1 = full(W1.shape(), 0.5), H3 = full(W3.shape(), 0.5), H2 = full(W2.shape(), 0.5);
+  ops::moe_experts_backward(ctx, x, rows, W1, W3, W2, a, b, g, r, dg, da, db, dx, H1, H3, H2, true);
+  for (const auto& [G, H] : {std::pair{&G1, &H1}, {&G3, &H3}, {&G2, &H2}}) {
+    const auto gv = values(*G), hv = values(*H);
+    for (std::size_t i = 0; i < gv.size(); ++i) EXPECT_NEAR(hv[i], gv[i] + 0.5, 1e-14);
+  }
 }
 
 }  // namespace

@@ -34,7 +34,8 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     {"checkpoint_k", ""}, {"fsdp_prefetch", ""}, {"reshard_after_forward", "bool"}, {"exposed_comm_share", ""},
     {"predicted_comm_bytes_per_step", "bytes"}, {"predicted_flops_per_step", "FLOP"},
     {"predicted_flops_per_step_causal", "FLOP"}, {"tp", ""}, {"sequence_parallel", "bool"},
-    {"predicted_tp_comm_bytes_per_step", "bytes"},
+    {"predicted_tp_comm_bytes_per_step", "bytes"}, {"gemm_plans_made_per_step", ""},
+    {"gemm_class_products_per_step", ""}, {"gemm_class_fallbacks_per_step", ""},
     // bench-collectives
     {"nodes", ""}, {"warmup", ""}, {"steps", ""}, {"max_busbw_gbs", "GB/s"},
     // bench-attention

@@ -1,6 +1,7 @@
 #include "lmscale/jobs/bench_model.h"
 #include "lmscale/jobs/engine/fp8_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -88,11 +89,13 @@ int run_bench_model(JobEnv& env) {
   const double device_bytes = device_memory_bytes(rt);
   WallTimer since_line;
   bool first_line = true;
+  ops::Runtime::GemmPlanCounts gemm_before;   // at the first timed step
   for (std::int64_t s = 0; s < n_steps; ++s) {
     const bool timed = s >= cfg.bench.warmup;
     trace::ProfilerStep profiler_step(s + 1);   // run.trace: HTA's iteration (warm-up steps included)
     watchdog.mark(s, timed ? "timed step" : "warm-up step");
     if (s == cfg.bench.warmup && trainer.fsdp()) trainer.fsdp()->reset_waits();
+    if (s == cfg.bench.warmup) gemm_before = rt.gemm_plan_counts();
     NvtxRange range(timed ? "timed_step" : "warmup_step");
     auto tokens = random_tokens(cfg.run.seed, s, trainer.first_row(), trainer.local_rows(), T, dims.vocab);
     StepResult r;
@@ -188,6 +191,18 @@ int run_bench_model(JobEnv& env) {
   // Data-parallel accounting (docs/architecture.md §5): exposed communication = time from the end of the
   // backward until the gradients are ready; its share of the step.
   env.out.set_attr(g, "ranks", static_cast<std::int64_t>(env.world));
+  // The GEMM plan cache over the timed steps (CUDA; ops/cuda/gemm.h): plans made per step cost a
+  // cuBLASLt heuristic query each on the host, which a step of fixed shapes never repeats; an MoE
+  // step's expert GEMMs change rows every step and should run on their shape classes' plans.
+  {
+    const ops::Runtime::GemmPlanCounts now = rt.gemm_plan_counts();
+    const double n = static_cast<double>(std::max<std::int64_t>(1, cfg.bench.steps));
+    env.out.set_attr(g, "gemm_plans_made_per_step", static_cast<double>(now.plans_made - gemm_before.plans_made) / n);
+    env.out.set_attr(g, "gemm_class_products_per_step",
+                     static_cast<double>(now.class_products - gemm_before.class_products) / n);
+    env.out.set_attr(g, "gemm_class_fallbacks_per_step",
+                     static_cast<double>(now.class_fallbacks - gemm_before.class_fallbacks) / n);
+  }
   env.out.set_attr(g, "ddp", to_string(cfg.parallel.ddp));
   env.out.set_attr(g, "zero", to_string(cfg.parallel.zero));
   env.out.set_attr(g, "bucket_mb", cfg.parallel.bucket_mb);

@@ -17,6 +17,7 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/moe.h"
+#include "lmscale/ops/moe_experts.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::model {
@@ -70,6 +71,7 @@ Tensor received_to_expert_major(Context& ctx, const std::vector<std::int64_t>& r
 
 void TransformerLM::reset_moe_stats() {
   moe_stats_.clear();
+  moe_terms_ = Tensor();
   for (int l = 0; l < dims_.layers; ++l)
     if (dims_.is_moe_block(l)) {
       MoeLayerStats st;
@@ -83,19 +85,32 @@ void TransformerLM::reset_moe_stats() {
 void TransformerLM::record_moe_stats(Context& ctx, int l, const BlockActivations& s, const Tensor& terms) {
   auto it = std::find_if(moe_stats_.begin(), moe_stats_.end(), [l](const MoeLayerStats& st) { return st.layer == l; });
   LMSCALE_CHECK(it != moe_stats_.end(), "block {} is not an MoE block", l);
-  const std::int64_t N = s.moe.experts.dim(0);
   for (std::size_t i = 0; i < s.moe.routed.size(); ++i) it->routed[i] += s.moe.routed[i];
   for (std::size_t i = 0; i < s.moe.kept.size(); ++i) it->kept[i] += s.moe.kept[i];
-  Tensor t = terms;
-  if (t.device() != Device::cpu) {
-    t = Tensor::empty({3}, terms.dtype(), *ctx.host, "moe_counts");
-    ops::copy(ctx, terms, t);
+  it->tokens += s.moe.experts.dim(0);
+  if (!moe_terms_.defined()) {
+    moe_terms_ = Tensor::empty({static_cast<std::int64_t>(moe_stats_.size()), 2}, terms.dtype(), *ctx.allocator,
+                               "moe_stats");
+    ops::fill(ctx, moe_terms_, 0.0);
   }
-  const double t0 = t.dtype() == DType::f64 ? t.data_as<double>()[0] : t.data_as<float>()[0];
-  const double t1 = t.dtype() == DType::f64 ? t.data_as<double>()[1] : t.data_as<float>()[1];
-  it->balance_sum += t0;
-  it->z_sum += t1;
-  it->tokens += N;
+  const std::int64_t row = it - moe_stats_.begin();
+  Tensor sums = moe_terms_.slice(row, row + 1).reshape({2});
+  ops::add(ctx, sums, terms.slice(0, 2), sums);
+}
+
+const std::vector<MoeLayerStats>& TransformerLM::moe_stats(Context& ctx) {
+  if (!moe_terms_.defined()) return moe_stats_;   // nothing recorded since the reset
+  Tensor t = moe_terms_;
+  if (t.device() != Device::cpu) {
+    t = Tensor::empty(moe_terms_.shape(), moe_terms_.dtype(), *ctx.host, "moe_counts");
+    ops::copy(ctx, moe_terms_, t);   // waits for the device
+  }
+  for (std::size_t i = 0; i < moe_stats_.size(); ++i) {
+    const auto at = static_cast<std::int64_t>(2 * i);
+    moe_stats_[i].balance_sum = t.dtype() == DType::f64 ? t.data_as<double>()[at] : t.data_as<float>()[at];
+    moe_stats_[i].z_sum = t.dtype() == DType::f64 ? t.data_as<double>()[at + 1] : t.data_as<float>()[at + 1];
+  }
+  return moe_stats_;
 }
 
 Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const Tensor& y2, BlockActivations& s,
@@ -165,18 +180,8 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
   s.b = ab.slice(1, 2).reshape({Me, Fe});
   s.g = Tensor::empty({Me, Fe}, compute_, A, "activations");
   Tensor ye = Tensor::empty({Me, d}, compute_, A, "activations");
-  const Tensor W1 = params_.compute_weight(p.w1), W2 = params_.compute_weight(p.w2), W3 = params_.compute_weight(p.w3);
-  std::int64_t r0 = 0;
-  for (std::int64_t e = 0; e < El; ++e) {
-    const std::int64_t r1 = r0 + m.expert_rows[static_cast<std::size_t>(e)];
-    if (r1 > r0) {
-      Tensor a = s.a.slice(r0, r1), b = s.b.slice(r0, r1), g = s.g.slice(r0, r1), y = ye.slice(r0, r1);
-      ops::linear_group(ctx, m.xe.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {a, b});
-      ops::swiglu(ctx, a, b, g);
-      ops::linear(ctx, g, matrix(W2, e), y);
-    }
-    r0 = r1;
-  }
+  ops::moe_experts(ctx, m.xe, m.expert_rows, params_.compute_weight(p.w1), params_.compute_weight(p.w3),
+                   params_.compute_weight(p.w2), s.a, s.b, s.g, ye);
   phase.emplace("moe_combine");
   if (ep == 1) {
     m.ye = ye;
@@ -196,7 +201,7 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
 Tensor TransformerLM::moe_ffn_backward(Context& ctx, int l, std::int64_t T, BlockActivations& s, const Tensor& dout,
                                        const ParallelContext& pc, bool accumulate, double grad_scale) {
   const std::int64_t N = dout.dim(0), d = dims_.d_model, E = dims_.moe_experts, Fe = dims_.moe_dff;
-  const std::int64_t ep = ep_.degree, El = ep_.local(E);
+  const std::int64_t ep = ep_.degree;
   Allocator& A = *ctx.allocator;
   const BlockParams p = block_params(l);
   MoeActivations& m = s.moe;
@@ -218,28 +223,13 @@ Tensor TransformerLM::moe_ffn_backward(Context& ctx, int l, std::int64_t T, Bloc
   dyt = Tensor();
   phase.emplace("moe_experts_backward");
   // The local experts' backward; a gradient of an expert without rows is zero (or unchanged).
-  const Tensor W1 = params_.compute_weight(p.w1), W2 = params_.compute_weight(p.w2), W3 = params_.compute_weight(p.w3);
   Tensor G1 = params_.grad(p.w1), G2 = params_.grad(p.w2), G3 = params_.grad(p.w3);
   Tensor dxe = Tensor::empty({Me, d}, compute_, A, "activation_grads");
   const Tensor dgab = Tensor::empty({3, Me, Fe}, compute_, A, "activation_grads");   // dg, da, db
-  std::int64_t r0 = 0;
-  for (std::int64_t e = 0; e < El; ++e) {
-    const std::int64_t r1 = r0 + m.expert_rows[static_cast<std::size_t>(e)];
-    Tensor g1 = matrix(G1, e), g2 = matrix(G2, e), g3 = matrix(G3, e);
-    if (r1 == r0) {
-      if (!accumulate)
-        for (Tensor* t : {&g1, &g2, &g3}) ops::fill(ctx, *t, 0.0);
-      continue;
-    }
-    const Tensor x = m.xe.slice(r0, r1), a = s.a.slice(r0, r1), b = s.b.slice(r0, r1), g = s.g.slice(r0, r1);
-    Tensor dg = matrix(dgab, 0).slice(r0, r1), da = matrix(dgab, 1).slice(r0, r1), db = matrix(dgab, 2).slice(r0, r1);
-    ops::linear_backward(ctx, g, matrix(W2, e), dye.slice(r0, r1), &dg, &g2, accumulate);
-    ops::swiglu_backward(ctx, a, b, dg, da, db);
-    Tensor dx = dxe.slice(r0, r1);
-    const std::vector<Tensor> g13 = {g1, g3};
-    ops::linear_group_backward(ctx, x, {matrix(W1, e), matrix(W3, e)}, {da, db}, &dx, &g13, accumulate);
-    r0 = r1;
-  }
+  Tensor dg = matrix(dgab, 0), da = matrix(dgab, 1), db = matrix(dgab, 2);
+  ops::moe_experts_backward(ctx, m.xe, m.expert_rows, params_.compute_weight(p.w1), params_.compute_weight(p.w3),
+                            params_.compute_weight(p.w2), s.a, s.b, s.g, dye, dg, da, db, dxe, G1, G3, G2,
+                            accumulate);
   notify(pc, p.w2);
   notify(pc, p.w1);
   notify(pc, p.w3);

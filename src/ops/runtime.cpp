@@ -154,6 +154,19 @@ int Runtime::gemm_sm_target() const {
   return 0;
 }
 
+Runtime::GemmPlanCounts Runtime::gemm_plan_counts() const {
+  GemmPlanCounts c;
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) {
+    const auto& cache = static_cast<const cuda::Resources*>(ctx_.cuda)->gemm_plans;
+    c.plans_made = cache.plans_made;
+    c.class_products = cache.class_products;
+    c.class_fallbacks = cache.class_fallbacks;
+  }
+#endif
+  return c;
+}
+
 Runtime::GemmCarveout::GemmCarveout(Runtime& rt, bool on) : rt_(rt) {
   int target = 0;
 #ifdef LMSCALE_WITH_CUDA

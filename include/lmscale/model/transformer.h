@@ -154,8 +154,10 @@ class TransformerLM {
 
   // ---- Mixture of experts (transformer_moe.cpp, docs/moe.md) ---------------------------------
   // Routing counts and router losses per MoE block, summed over the training forwards (keep =
-  // true) since the last reset; one entry per MoE block of this model, in layer order.
-  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  // true) since the last reset; one entry per MoE block of this model, in layer order. The losses
+  // are summed on the model's device as the forwards run (no host read per block); this call
+  // reads them, once, waiting for the forwards queued so far.
+  const std::vector<MoeLayerStats>& moe_stats(Context& ctx);
   void reset_moe_stats();
   // The expert split this model computes (from the parameter store).
   const ExpertSplit& expert_split() const { return ep_; }
@@ -212,7 +214,8 @@ class TransformerLM {
   // d(loss)/d(y2) [N,d]. grad_scale: the forward's, for the router losses' own gradient.
   Tensor moe_ffn_backward(Context& ctx, int layer, std::int64_t T, BlockActivations& s, const Tensor& dout,
                           const ParallelContext& pc, bool accumulate, double grad_scale);
-  // Adds block l's routing counts and router losses (ops::moe_router_losses terms) to moe_stats_.
+  // Adds block l's routing counts to moe_stats_ and its router losses (ops::moe_router_losses
+  // terms[0..1]) to moe_terms_, on the device.
   void record_moe_stats(Context& ctx, int layer, const BlockActivations& s, const Tensor& terms);
   // ---- FP8 linear layers (transformer_fp8.cpp) ----------------------------------------------
   // y = x w^T through block l's FP8 layer g, its saved entry into s.fp8[g]: a new forward, or,
@@ -292,6 +295,9 @@ class TransformerLM {
   ExpertSplit ep_;                  // from the parameter store
   std::vector<MoeLayerStats> moe_stats_;
   std::unique_ptr<Fp8Layers> fp8_;  // precision.mode = fp8 only
+  // [MoE blocks, 2] in the statistics dtype on the model's device: row i holds the sums of
+  // terms[0] and terms[1] of moe_stats_[i]'s block since the last reset (made at the first record).
+  Tensor moe_terms_;
   std::int64_t Hl_, dl_, Fl_, Vl_;  // local heads, their width Hl*Dh, FFN features, vocabulary
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 // Runtime: the per-process compute resources for one device: allocators, the op Context and, on
 // CUDA, the stream, cuBLASLt handle and workspace (ops/cuda/runtime_cuda.cpp). Jobs create one.
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -57,6 +58,13 @@ class Runtime {
   int comm_sms() const { return comm_sms_; }
   // The SMs the GEMM plans made now target (0 = all of them).
   int gemm_sm_target() const;
+  // The compute stream's cuBLASLt plan cache so far (ops/cuda/gemm.h; zeros on CPU): plans made
+  // (each a heuristic query on the host), products run on a shape class's plan, and class-path
+  // products whose shape the class's algorithm refused (run on an exact plan instead).
+  struct GemmPlanCounts {
+    std::int64_t plans_made = 0, class_products = 0, class_fallbacks = 0;
+  };
+  GemmPlanCounts gemm_plan_counts() const;
   // While one is alive (and comm_sms() > 0, and `on`), the GEMM plans made target the GPU's SMs
   // minus comm_sms() (cuBLASLt's SM_COUNT_TARGET; plans are cached per target). Scopes nest.
   class GemmCarveout {

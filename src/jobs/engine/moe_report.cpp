@@ -26,7 +26,7 @@ MoeRecorder::MoeRecorder(JobEnv& env, Trainer& trainer) : env_(env), trainer_(tr
 void MoeRecorder::record(std::int64_t step) {
   if (!table_) return;
   model::TransformerLM& model = trainer_.model();
-  const auto& stats = model.moe_stats();
+  const auto& stats = model.moe_stats(env_.rt.ctx());
   const std::size_t E = static_cast<std::size_t>(trainer_.dims().moe_experts);
   // Per block: tokens, balance sum, z sum, E routed, E kept; summed over the ranks.
   const std::size_t per = 3 + 2 * E;

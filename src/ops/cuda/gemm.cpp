@@ -285,6 +285,7 @@ struct PlanRequest {
 std::unique_ptr<GemmPlanCache::Plan> make_plan(Resources& r, const GemmArgs& g, const LayoutDims& d,
                                                const PlanRequest& q) {
   auto plan = std::make_unique<GemmPlanCache::Plan>();
+  ++r.gemm_plans.plans_made;
   const cublasComputeType_t compute = q.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;

@@ -101,6 +101,8 @@ class GemmPlanCache {
   // Products run on a class plan, and class-path products its algorithm did not support (they
   // ran on an exact plan instead).
   std::int64_t class_products = 0, class_fallbacks = 0;
+  // Plans made (each a cuBLASLt heuristic query: host time on the critical path of the launch).
+  std::int64_t plans_made = 0;
   // Plans held: exact ones and shape classes' ones.
   std::size_t size() const;
 };

@@ -1,0 +1,87 @@
+// ops::moe_experts and its backward (ops/moe_experts.h): shape checks, then each expert in turn,
+// made of the linear and SwiGLU ops.
+#include "lmscale/ops/moe_experts.h"
+
+#include <numeric>
+
+#include "checks.h"
+#include "lmscale/core/error.h"
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::ops {
+namespace {
+
+// Expert e's matrix of a stacked weight [El, r, c] (a view).
+Tensor matrix(const Tensor& t, std::size_t e) { return t.slice(static_cast<std::int64_t>(e), static_cast<std::int64_t>(e) + 1).reshape({t.dim(1), t.dim(2)}); }
+
+// Row offsets of the experts: offsets[e] = rows[0] + ... + rows[e-1], offsets[El] = Me.
+std::vector<std::int64_t> row_offsets(const std::vector<std::int64_t>& rows) {
+  std::vector<std::int64_t> at(rows.size() + 1, 0);
+  std::partial_sum(rows.begin(), rows.end(), at.begin() + 1);
+  return at;
+}
+
+void check_experts(const char* op, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
+                   const Tensor& W3, const Tensor& W2, const std::vector<detail::NamedTensor>& fe_rows,
+                   const std::vector<detail::NamedTensor>& d_rows) {
+  const std::int64_t El = static_cast<std::int64_t>(rows.size());
+  LMSCALE_CHECK(x.ndim() == 2, "{}: x must be [Me, d], got {}", op, shape_str(x.shape()));
+  const std::int64_t Me = x.dim(0), d = x.dim(1);
+  for (std::int64_t n : rows) LMSCALE_CHECK(n >= 0, "{}: negative row count {}", op, n);
+  LMSCALE_CHECK(std::accumulate(rows.begin(), rows.end(), std::int64_t{0}) == Me,
+                "{}: the experts' rows sum to {} but x has {} rows", op,
+                std::accumulate(rows.begin(), rows.end(), std::int64_t{0}), Me);
+  LMSCALE_CHECK(W1.ndim() == 3 && W1.dim(0) == El && W1.dim(2) == d, "{}: W1 must be [{}, Fe, {}], got {}", op, El, d,
+                shape_str(W1.shape()));
+  const std::int64_t Fe = W1.dim(1);
+  detail::check_shape(op, "W3", W3, {El, Fe, d});
+  detail::check_shape(op, "W2", W2, {El, d, Fe});
+  for (const auto& [name, t] : fe_rows) detail::check_shape(op, name, *t, {Me, Fe});
+  for (const auto& [name, t] : d_rows) detail::check_shape(op, name, *t, {Me, d});
+}
+
+}  // namespace
+
+void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
+                 const Tensor& W3, const Tensor& W2, Tensor& a, Tensor& b, Tensor& g, Tensor& y) {
+  check_experts("ops::moe_experts", x, rows, W1, W3, W2, {{"a", &a}, {"b", &b}, {"g", &g}}, {{"y", &y}});
+  const std::vector<std::int64_t> at = row_offsets(rows);
+  for (std::size_t e = 0; e < rows.size(); ++e) {
+    const std::int64_t r0 = at[e], r1 = at[e + 1];
+    if (r1 == r0) continue;
+    Tensor ae = a.slice(r0, r1), be = b.slice(r0, r1), ge = g.slice(r0, r1), ye = y.slice(r0, r1);
+    linear_group(ctx, x.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {ae, be});
+    swiglu(ctx, ae, be, ge);
+    linear(ctx, ge, matrix(W2, e), ye);
+  }
+}
+
+void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
+                          const Tensor& W3, const Tensor& W2, const Tensor& a, const Tensor& b, const Tensor& g,
+                          const Tensor& dy, Tensor& dg, Tensor& da, Tensor& db, Tensor& dx, Tensor& G1, Tensor& G3,
+                          Tensor& G2, bool accumulate) {
+  constexpr const char* op = "ops::moe_experts_backward";
+  check_experts(op, x, rows, W1, W3, W2,
+                {{"a", &a}, {"b", &b}, {"g", &g}, {"dg", &dg}, {"da", &da}, {"db", &db}}, {{"dy", &dy}, {"dx", &dx}});
+  detail::check_shape(op, "G1", G1, W1.shape());
+  detail::check_shape(op, "G3", G3, W3.shape());
+  detail::check_shape(op, "G2", G2, W2.shape());
+  const std::vector<std::int64_t> at = row_offsets(rows);
+  for (std::size_t e = 0; e < rows.size(); ++e) {
+    const std::int64_t r0 = at[e], r1 = at[e + 1];
+    Tensor g1 = matrix(G1, e), g2 = matrix(G2, e), g3 = matrix(G3, e);
+    if (r1 == r0) {
+      if (!accumulate)
+        for (Tensor* t : {&g1, &g2, &g3}) fill(ctx, *t, 0.0);
+      continue;
+    }
+    const Tensor xe = x.slice(r0, r1), ae = a.slice(r0, r1), be = b.slice(r0, r1), ge = g.slice(r0, r1);
+    Tensor dge = dg.slice(r0, r1), dae = da.slice(r0, r1), dbe = db.slice(r0, r1), dxe = dx.slice(r0, r1);
+    linear_backward(ctx, ge, matrix(W2, e), dy.slice(r0, r1), &dge, &g2, accumulate);
+    swiglu_backward(ctx, ae, be, dge, dae, dbe);
+    const std::vector<Tensor> g13 = {g1, g3};
+    linear_group_backward(ctx, xe, {matrix(W1, e), matrix(W3, e)}, {dae, dbe}, &dxe, &g13, accumulate);
+  }
+}
+
+}  // namespace lmscale::ops
