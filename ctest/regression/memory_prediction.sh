@@ -169,11 +169,29 @@ elif [ "$NP" -eq 1 ]; then
   run "one_moe_every1" 1 $moe --bench.mode=train-step --train.activation_checkpointing=every-k
   run "one_moe_every_other_block" 1 $moe --model.moe_every=2 --bench.mode=train-step
   RUN_MAX_ERROR=0.03 run "one_moe_capacity" 1 $moe --model.moe_capacity_factor=1 --bench.mode=train-step
+  # precision.mode = fp8 (CPU emulation): each linear layer's saved x^T, w^T and scales, the
+  # casts' temporaries, the scaling state; the recompute's replay keeps no new scales.
+  for mode in forward forward-backward train-step; do
+    run "one_fp8_${mode}" 1 --precision.mode=fp8 --bench.mode=$mode
+  done
+  for ac in selective selective-mlp every-k; do
+    run "one_fp8_delayed_${ac}" 1 --precision.mode=fp8 --precision.fp8_scaling=delayed --bench.mode=train-step \
+        --train.activation_checkpointing=$ac
+  done
+  run "one_fp8_every2_keep_attention" 1 --precision.mode=fp8 --model.attention=flash --bench.mode=train-step \
+      --train.activation_checkpointing=every-k --train.checkpoint_k=2 --train.checkpoint_keep_attention=true
+  run "one_fp8_offload" 1 --precision.mode=fp8 --parallel.offload=optimizer --bench.mode=train-step
   # The fused LM head in row chunks of 7 (256 rows: 36 chunks and a remainder of 4).
   for mode in forward train-step; do
     run "one_chunked_${mode}" 1 --model.attention=flash --model.ce_chunk_rows=7 --bench.mode=$mode
   done
 else
+  # precision.mode = fp8 under the data-parallel modes (the FP8 layers' memory is the same per rank).
+  for z in "flat none" "bucketed zero2" "none fsdp"; do
+    set -- $z
+    run "np${NP}_fp8_$1_$2" "$NP" --precision.mode=fp8 --parallel.ddp=$1 --parallel.zero=$2 --parallel.bucket_mb=0.1 \
+        --bench.mode=train-step
+  done
   run "np${NP}_moe_ddp" "$NP" $moe --parallel.ddp=flat --bench.mode=train-step
   RUN_MAX_ERROR=0.03 BATCH=8 run "np${NP}_moe_ep2" "$NP" $moe --parallel.ep=2 --bench.mode=train-step
   for z in "ddp flat none" "zero1 flat zero1" "zero2 bucketed zero2" "fsdp none fsdp"; do

@@ -43,7 +43,7 @@ const std::vector<BadDeck> kBadDecks{
     {"bad_float", "[optim]\nlr = fast\n", {}, "optim.lr"},
     {"zero_lr", "[optim]\nlr = 0\n", {}, "optim.lr", "> 0"},
     {"beta_out_of_range", "[optim]\nbeta2 = 1.5\n", {}, "optim.beta2"},
-    {"bad_enum", "[precision]\nmode = fp8\n", {}, "precision.mode", "fp32, bf16, fp16"},
+    {"bad_enum", "[precision]\nmode = fp4\n", {}, "precision.mode", "fp32, bf16, fp16, fp8"},
     {"bad_job", "[run]\njob = pretrain\n", {}, "run.job"},
     {"bad_preset", "[model]\nsize = huge\n", {}, "model.size"},
     {"bad_bool", "[precision]\ntf32 = maybe\n", {}, "precision.tf32"},

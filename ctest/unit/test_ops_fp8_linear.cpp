@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "lmscale/ops/fp8.h"
@@ -118,6 +119,59 @@ TEST_F(Fp8LinearTest, DelayedScalingSaturatesOnlyTheFirstStep) {
   const double second = max_rel_diff(y, exact);
   EXPECT_GT(first, 0.15);
   EXPECT_LT(second, 0.1);
+}
+
+TEST_F(Fp8LinearTest, ReplayRepeatsTheForwardWithoutTouchingTheScaling) {
+  // Activation checkpointing's recompute (model/transformer_fp8.cpp): replay() with a forward's
+  // saved scales gives that forward's y, x^T and w^T bitwise, even after later forwards moved the
+  // delayed scales, and leaves the amax history and its slot as they were.
+  const Tensor w = randn({N, K}, 2, 0.1), x = randn({M, K}, 4), later = randn({M, K}, 5, 300.0);
+  ops::Fp8LinearOptions o;
+  o.recipe = ops::Fp8Recipe::delayed;
+  o.history = 3;
+  ops::Fp8Linear layer(ctx, o);
+  Tensor y = poisoned({M, N}), scratch = poisoned({M, N});
+  layer.forward(ctx, x, w, scratch);   // a first cast in the history, so the next scale is not 1
+  const ops::Fp8LinearSaved first = layer.forward(ctx, x, w, y);
+  layer.forward(ctx, later, w, scratch);   // moves the scales
+  const auto history = values(layer.x_scaling().amax_history());
+  const int slot = layer.x_scaling().next_slot();
+  Tensor y2 = poisoned({M, N});
+  const ops::Fp8LinearSaved again = layer.replay(ctx, first.scales, x, w, &y2);
+  expect_equal(y2, y, "replayed y");
+  ASSERT_EQ(again.xt_q.numel(), first.xt_q.numel());
+  EXPECT_EQ(std::memcmp(again.xt_q.data(), first.xt_q.data(), static_cast<std::size_t>(first.xt_q.numel())), 0);
+  EXPECT_EQ(std::memcmp(again.wt_q.data(), first.wt_q.data(), static_cast<std::size_t>(first.wt_q.numel())), 0);
+  EXPECT_EQ(values(layer.x_scaling().amax_history()), history);
+  EXPECT_EQ(layer.x_scaling().next_slot(), slot);
+  // Without an output only the operands are made (the last block of a recompute).
+  const ops::Fp8LinearSaved operands = layer.replay(ctx, first.scales, x, w, nullptr);
+  EXPECT_EQ(std::memcmp(operands.xt_q.data(), first.xt_q.data(), static_cast<std::size_t>(first.xt_q.numel())), 0);
+  // A backward from the replayed entry equals one from the first.
+  const Tensor dy = randn({M, N}, 6, 1e-3);
+  Tensor dx1 = poisoned({M, K}), dw1 = poisoned({N, K}), dx2 = poisoned({M, K}), dw2 = poisoned({N, K});
+  layer.backward(ctx, first, dy, &dx1, &dw1, false);
+  ops::Fp8Linear twin(ctx, o);   // dy's own scaling, in the same state as the first backward's
+  twin.backward(ctx, again, dy, &dx2, &dw2, false);
+  expect_equal(dw2, dw1, "dw from the replay");
+  expect_equal(dx2, dx1, "dx from the replay");
+}
+
+TEST_F(Fp8LinearTest, AForwardWithoutRecordLeavesDelayedScalingAlone) {
+  // An evaluation forward (record = false) casts with the history's scale and records nothing.
+  const Tensor w = randn({N, K}, 2, 0.1), x = randn({M, K}, 4, 10.0);
+  ops::Fp8LinearOptions o;
+  o.recipe = ops::Fp8Recipe::delayed;
+  o.history = 2;
+  ops::Fp8Linear layer(ctx, o);
+  Tensor y = poisoned({M, N});
+  layer.forward(ctx, x, w, y);
+  const auto history = values(layer.x_scaling().amax_history());
+  layer.forward(ctx, randn({M, K}, 9, 1000.0), w, y, false);
+  EXPECT_EQ(values(layer.x_scaling().amax_history()), history);
+  EXPECT_EQ(layer.x_scaling().next_slot(), 1);
+  layer.forward(ctx, x, w, y);   // a training forward records again
+  EXPECT_NE(values(layer.x_scaling().amax_history()), history);
 }
 
 }  // namespace

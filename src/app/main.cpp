@@ -96,6 +96,7 @@ int run(lmscale::comm::MpiEnvironment& mpi, int argc, char** argv, std::string& 
   // Before any output: a run whose predicted memory cannot fit is a configuration error.
   agree_on_usage(mpi, [&] {
     rt.set_comm_sms(static_cast<int>(cfg.parallel.comm_sms));
+    jobs::check_device_precision(cfg, rt);
     jobs::check_memory_fits(cfg, mpi.size(), mpi.local_size(), rt);
   });
   // One writer per output file (io/output_lock.h): rank 0 writes them (every rank its own trace)

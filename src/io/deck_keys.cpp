@@ -109,7 +109,9 @@ std::vector<DeckKey> build_table() {
                 "Coefficient of the router z-loss (mean over tokens of logsumexp(router logits)^2)."),
       // [precision]
       enum_key("precision.mode", LMSCALE_FIELD(precision.mode),
-               "fp32, or bf16/fp16 mixed precision (fp32 master weights); bf16 and fp16 need a CUDA device."),
+               "fp32, or bf16/fp16 mixed precision (fp32 master weights); bf16 and fp16 need a CUDA device. fp8: bf16 "
+               "with the dense linear layers of each block (q, k, v, o, w1, w3, w2) in FP8 (docs/precision.md); "
+               "needs a Hopper GPU (compute capability 9.x), or parallel.device = cpu for the exact CPU emulation."),
       bool_key("precision.tf32", LMSCALE_FIELD(precision.tf32), "Allow TF32 tensor cores for fp32 matrix products."),
       bool_key("precision.gemm_autotune", LMSCALE_FIELD(precision.gemm_autotune),
                "CUDA: time up to 8 cuBLASLt algorithms per matrix-product shape on first use and keep the fastest "
@@ -119,6 +121,15 @@ std::vector<DeckKey> build_table() {
                 "Initial dynamic loss scale (fp16)."),
       int_key("precision.loss_scale_window", LMSCALE_FIELD(precision.loss_scale_window), 1,
               "Steps without overflow before the fp16 loss scale doubles."),
+      enum_key("precision.fp8_scaling", LMSCALE_FIELD(precision.fp8_scaling),
+               "mode = fp8: current = each operand's scale from its amax now (two reads, never saturates); delayed "
+               "= from the largest amax of its last fp8_history casts (one read; larger values saturate)."),
+      int_key("precision.fp8_history", LMSCALE_FIELD(precision.fp8_history), 1,
+              "mode = fp8, fp8_scaling = delayed: length of each operand's amax history, in casts."),
+      int_key("precision.fp8_margin", LMSCALE_FIELD(precision.fp8_margin), 0,
+              "mode = fp8: every FP8 scale is divided by 2^fp8_margin (headroom for delayed scaling)."),
+      enum_key("precision.fp8_grad_format", LMSCALE_FIELD(precision.fp8_grad_format),
+               "mode = fp8: FP8 format of the output gradients dy (e5m2: range; e4m3: precision). x and w are e4m3."),
       // [parallel]
       enum_key("parallel.device", LMSCALE_FIELD(parallel.device),
                "Where to compute: auto picks cuda when a GPU is visible, else cpu."),

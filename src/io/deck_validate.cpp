@@ -77,7 +77,10 @@ void check_model(const Config& c) {
 void check_devices(const Config& c) {
   const auto& p = c.parallel;
   // The accounting job computes instead of running, so it may describe a GPU run from a CPU.
-  if (p.device == DeviceChoice::cpu && c.precision.mode != PrecisionMode::fp32 && !predicts_only(c.run.job))
+  // fp8 on the CPU is the exact emulation of its numerics (docs/precision.md), the one mixed mode
+  // a CPU runs.
+  if (p.device == DeviceChoice::cpu && c.precision.mode != PrecisionMode::fp32 &&
+      c.precision.mode != PrecisionMode::fp8 && !predicts_only(c.run.job))
     fail("precision.mode = {} needs a CUDA device but parallel.device = cpu; set precision.mode = fp32 or "
          "parallel.device = cuda (or auto)",
          c.precision.mode);
@@ -505,6 +508,7 @@ void validate(const Config& c, int world_size) {
   check_bench(c);
   check_modes(c);
   detail::check_moe(c, world_size);   // before the layout: a refused MoE mode is named first
+  detail::check_fp8(c, world_size);
   check_layout(c, world_size);
   // Last: a deck is judged on its own before the file system is.
   detail::check_checkpoints(c, world_size);

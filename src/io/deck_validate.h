@@ -26,6 +26,10 @@ void check_checkpoints(const Config& c, int world_size);
 // the device (deck_moe.cpp).
 void check_moe(const Config& c, int world_size);
 
+// The FP8 keys (precision.mode = fp8, precision.fp8_*) against each other, the layout, the model
+// and the rows per micro-batch (deck_fp8.cpp).
+void check_fp8(const Config& c, int world_size);
+
 // What in a weights file or single-file checkpoint contradicts the deck's model keys (blocks,
 // heads, vocabulary, width, rope_theta, norm_eps) as one sentence; nullopt when they agree.
 std::optional<std::string> weights_mismatch(const Config& c, const CheckpointReader& r);

@@ -25,6 +25,8 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     {"all_to_all_bytes_per_step_per_rank", "bytes"}, {"wall_s", "s"}, {"gpu_hours", "h"}, {"cost", "currency"},
     {"interrupted", "bool"}, {"resumed_at_step", ""}, {"diverged", "bool"}, {"stopped_at_step", ""},
     {"data_unigram_entropy", "nats/byte"},
+    // train and bench-model under precision.mode = fp8 (GROUP/fp8)
+    {"fp8_history", "casts"}, {"fp8_margin", ""}, {"saturated_operands", ""},
     // bench-model
     {"batch_size", "sequences"}, {"context_length", "tokens"}, {"tokens_per_s", "tokens/s"},
     {"flops_per_step", "FLOP"}, {"achieved_flops", "FLOP/s"}, {"peak_flops", "FLOP/s"}, {"mfu", ""},

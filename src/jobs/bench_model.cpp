@@ -1,4 +1,5 @@
 #include "lmscale/jobs/bench_model.h"
+#include "lmscale/jobs/engine/fp8_report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -159,6 +160,11 @@ int run_bench_model(JobEnv& env) {
   const double mfu_causal = peak > 0 ? flops_causal / (st.mean * 1e-3) / peak : std::numeric_limits<double>::quiet_NaN();
   const MemoryTracker& mem = rt.allocator().tracker();
 
+  {   // precision.mode = fp8: the scaling state after the timed steps (/bench_model/fp8)
+    Fp8Recorder fp8(env, trainer, "/bench_model");
+    fp8.record(cfg.bench.warmup + cfg.bench.steps);
+    fp8.finish();
+  }
   const std::string g = "/bench_model";
   put_stats(env.out, g, "total", st);
   put_stats(env.out, g, "forward", sf);

@@ -79,7 +79,7 @@ Config resolve_runtime(const Config& in, int world) {
   // issued in an order both neighbours agree on; parallel/interleaved_schedule.h.)
   if (c.parallel.dp == 0) c.parallel.dp = world / (c.parallel.tp * c.parallel.pp);
   if (c.parallel.device == DeviceChoice::cpu && !predicts_only(c.run.job) &&
-      c.precision.mode != PrecisionMode::fp32)
+      c.precision.mode != PrecisionMode::fp32 && c.precision.mode != PrecisionMode::fp8)
     throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));
   // CPU attention takes fp32 (and fp64) only: refused here, not by an internal check mid-run.
   if (c.parallel.device == DeviceChoice::cpu && c.run.job == JobKind::bench_attention)
@@ -97,6 +97,16 @@ Device process_device(const Config& resolved) {
     return resolved.accounting.device == TargetDevice::automatic ? Device::cuda : Device::cpu;
   if (resolved.run.job == JobKind::plan) return Device::cpu;   // the planner computes on the host
   return resolved.parallel.device == DeviceChoice::cuda ? Device::cuda : Device::cpu;
+}
+
+void check_device_precision(const Config& resolved, const ops::Runtime& rt) {
+  if (resolved.precision.mode != PrecisionMode::fp8 || predicts_only(resolved.run.job)) return;
+  if (rt.device() != Device::cuda) return;
+  const int cc = rt.compute_capability();
+  if (cc / 10 != 9)
+    throw UsageError(fmt::format("precision.mode = fp8 needs a Hopper GPU (compute capability 9.x, e.g. H100, H200), "
+                                 "but {} has compute capability {}.{}; set precision.mode = bf16",
+                                 rt.device_name(), cc / 10, cc % 10));
 }
 
 std::string describe_run(const Config& cfg, int world) {

@@ -15,6 +15,7 @@
 #include "lmscale/jobs/metrics_stream.h"
 #include "lmscale/jobs/predict/device_peak.h"
 #include "lmscale/jobs/step_rates.h"
+#include "lmscale/jobs/engine/fp8_report.h"
 #include "lmscale/jobs/engine/moe_report.h"
 #include "lmscale/jobs/engine/pipeline_report.h"
 #include "lmscale/jobs/resilience/fault_injection.h"
@@ -123,6 +124,13 @@ int run_train(JobEnv& env) {
                                                    parallel::Spec::resolve(cfg.parallel, env.world).describe(env.world))
                                      : std::string());
     if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
+    // Checkpoints hold no FP8 scaling state (docs/precision.md): current scaling needs none, delayed
+    // scaling's windows start empty again.
+    if (!resumed_from.empty() && cfg.precision.mode == PrecisionMode::fp8 &&
+        cfg.precision.fp8_scaling == Fp8Scaling::delayed)
+      fmt::print(stderr, "lmscale: warning: precision.fp8_scaling = delayed: checkpoints do not hold the amax "
+                         "histories, so the resumed run starts them empty (its first casts use scale 1) and differs "
+                         "from an uninterrupted run; precision.fp8_scaling = current resumes exactly\n");
     if (!resumed_from.empty() && trainer.step() >= cfg.train.steps)
       fmt::print("train: the checkpoint is at the end (train.steps = {}): the run is complete, nothing to train "
                  "(raise train.steps to continue it)\n",
@@ -162,6 +170,7 @@ int run_train(JobEnv& env) {
   };
   PipelineRecorder pipe(env, trainer);   // parallel.pp > 1: bubble and timeline (/pipeline)
   MoeRecorder moe(env, trainer);         // MoE blocks: tokens per expert, drops, router losses (/train/moe)
+  Fp8Recorder fp8(env, trainer, "/train");   // precision.mode = fp8: amaxes and scales (/train/fp8)
   WallTimer wall;
   double first_loss = NAN, last_loss = NAN;
   const std::int64_t start = trainer.step();
@@ -197,6 +206,7 @@ int run_train(JobEnv& env) {
     }
     if (log_step) {
       moe.record(s + 1);
+      fp8.record(s + 1);
       const double elapsed = wall.seconds();
       const double per_step = elapsed / static_cast<double>(s + 1 - start);
       const double remaining_s = per_step * static_cast<double>(cfg.train.steps - s - 1);
@@ -251,6 +261,7 @@ int run_train(JobEnv& env) {
       break;
     }
   }
+  fp8.finish();
   env.out.set_attr("/train", "first_loss", first_loss);
   env.out.set_attr("/train", "final_loss", last_loss);
   env.out.set_attr("/train", "parameters", dims.parameter_count());

@@ -116,7 +116,16 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
     if (k.group_input) act.group_inputs[static_cast<std::size_t>(recompute_.group_of(l))] = x;
     BlockActivations scratch;   // without `keep` (or recomputed) the block's saved tensors die with it
     BlockActivations& s = keep && !k.recomputed ? act.blocks[static_cast<std::size_t>(l)] : scratch;
-    x = block_forward(ctx, l, act.B, act.T, x, s, pc);
+    x = block_forward(ctx, l, act.B, act.T, x, s, pc, true, keep);
+    if (fp8_ && keep) {
+      // A recomputed block keeps its FP8 layers' scales: the recompute casts with them again.
+      if (k.recomputed)
+        for (int g = 0; g < kFp8GemmsPerBlock; ++g)
+          act.blocks[static_cast<std::size_t>(l)].fp8[static_cast<std::size_t>(g)].scales =
+              s.fp8[static_cast<std::size_t>(g)].scales;
+      if (k.drop_ffn_inputs)   // selective-mlp: w1 and w3 are replayed with a and b in the backward
+        for (Fp8Gemm g : {Fp8Gemm::w1, Fp8Gemm::w3}) s.fp8[static_cast<std::size_t>(g)].drop_operands();
+    }
     if (dims_.is_moe_block(l)) {
       // The router losses of this forward (a recompute in the backward does not add them again).
       Tensor terms = Tensor::empty({3}, stats_, *ctx.allocator, "activations");
@@ -147,7 +156,8 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
 }
 
 Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::int64_t T, const Tensor& x,
-                                    BlockActivations& s, const ParallelContext& pc, bool need_output) {
+                                    BlockActivations& s, const ParallelContext& pc, bool need_output,
+                                    bool record_fp8) {
   // Tensor parallel: this rank's heads (dl = Hl*Dh columns) and FFN features (Fl); x, h and the
   // norms' outputs are [Nl,d] row shards under sequence parallelism.
   const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model, F = Fl_, H = Hl_, Dh = dims_.head_dim();
@@ -171,7 +181,13 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     s.v = part(qkv, 2);
     {
       const Tensor y1 = tp_f(pc, ctx, s.y1);   // [N,d]; gathered rows are dropped after the matmuls
-      ops::linear_group(ctx, y1, {W(p.q), W(p.k), W(p.v)}, {s.q, s.k, s.v});
+      if (fp8_) {   // three FP8 layers, each with its own scalings
+        fp8_linear(ctx, l, Fp8Gemm::q, y1, W(p.q), &s.q, s, record_fp8);
+        fp8_linear(ctx, l, Fp8Gemm::k, y1, W(p.k), &s.k, s, record_fp8);
+        fp8_linear(ctx, l, Fp8Gemm::v, y1, W(p.v), &s.v, s, record_fp8);
+      } else {
+        ops::linear_group(ctx, y1, {W(p.q), W(p.k), W(p.v)}, {s.q, s.k, s.v});
+      }
     }
     Tensor qk = qkv.slice(0, 2).reshape({2 * N, dl_});
     ops::rope(ctx, qk, 2 * B, T, H, Dh, dims_.rope_theta, false);
@@ -190,7 +206,8 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
       }
     }
     proj = act(d);
-    ops::linear(ctx, s.o, W(p.o), proj);   // row-parallel: this rank's heads' share of the sum
+    if (fp8_) fp8_linear(ctx, l, Fp8Gemm::o, s.o, W(p.o), &proj, s, record_fp8);
+    else ops::linear(ctx, s.o, W(p.o), proj);   // row-parallel: this rank's heads' share of the sum
     proj = tp_g(pc, ctx, proj);           // [Nl,d]
     s.h = act_local(d);
   }
@@ -205,12 +222,16 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     ops::add(ctx, s.h, out, out);
     return out;
   }
-  ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l);
+  ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l, record_fp8);
   s.g = act(F);
   ops::swiglu(ctx, s.a, s.b, s.g);
-  if (!need_output) return Tensor();   // a recompute's last block: its output is not needed again
+  if (!need_output) {   // a recompute's last block: its output is not needed again
+    if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, W(p.w2), nullptr, s, record_fp8);   // w2's operands only
+    return Tensor();
+  }
   Tensor out = act(d);
-  ops::linear(ctx, s.g, W(p.w2), out);   // row-parallel partial sum
+  if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, W(p.w2), &out, s, record_fp8);
+  else ops::linear(ctx, s.g, W(p.w2), out);   // row-parallel partial sum
   out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);
   return out;
@@ -223,12 +244,17 @@ BlockParams TransformerLM::block_params(int l) const {
           f.router >= 0 ? at(f.router) : -1};
 }
 
-void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l) {
+void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8) {
   // a = w1 y2 and b = w3 y2 [N,Fl]: views of one [2,N,Fl] tensor, one batched GEMM.
   const Tensor ab = Tensor::empty({2, y2.dim(0), Fl_}, compute_, *ctx.allocator, "activations");
   s.a = part(ab, 0);
   s.b = part(ab, 1);
   const BlockParams p = block_params(l);
+  if (fp8_) {
+    fp8_linear(ctx, l, Fp8Gemm::w1, y2, params_.compute_weight(p.w1), &s.a, s, record_fp8);
+    fp8_linear(ctx, l, Fp8Gemm::w3, y2, params_.compute_weight(p.w3), &s.b, s, record_fp8);
+    return;
+  }
   ops::linear_group(ctx, y2, {params_.compute_weight(p.w1), params_.compute_weight(p.w3)}, {s.a, s.b});
 }
 
@@ -283,12 +309,16 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
                                    std::int64_t B, std::int64_t T, bool accumulate, double grad_scale,
                                    std::vector<WeightGradWork>* defer) {
   // Local shapes as in block_forward; dx is [Nl,d].
-  const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model, F = Fl_, H = Hl_, Dh = dims_.head_dim();
+  const std::int64_t N = B * T, Nl = local_rows(N), d = dims_.d_model, F = Fl_;
   Allocator& A = *ctx.allocator;
   const BlockParams p = block_params(l);
   auto W = [&](int i) { return params_.compute_weight(i); };
   auto G = [&](int i) { return params_.grad(i); };
   auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activation_grads"); };
+  if (fp8_ && !dims_.is_moe_block(l)) {
+    LMSCALE_CHECK(!defer, "precision.mode = fp8 has no deferred weight gradients (pipeline schedules)");
+    return block_backward_fp8(ctx, l, s, dx, pc, B, T, accumulate);
+  }
   if (dims_.is_moe_block(l)) {
     // MoE FFN: out = h + moe(y2), y2 = rmsnorm2(h); dx holds d(out).
     NvtxRange r("moe_block_backward");
@@ -361,26 +391,9 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     ops::linear_backward(ctx, s.o, W(p.o), dproj, &dO, nullptr, accumulate);
     weight_grads(ctx, pc, s.o, {dproj}, {p.o}, accumulate, defer, dx);
   }
-  const Tensor dqkv = Tensor::empty({3, N, dl_}, compute_, A, "activation_grads");   // dq, dk, dv side by side
-  Tensor dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
-  auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
-  shape.deterministic = dims_.deterministic_attention;
-  if (dims_.flash) {
-    ops::attention_flash_backward(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux, dO, dq, dk, dv);
-  } else {
-    if (!present(s.attn_aux)) {   // selective: the probabilities again (the output is discarded)
-      NvtxRange rr("recompute_probs");
-      s.attn_aux = Tensor::empty({B, H, T, T}, compute_, A, "attention_probs");
-      Tensor o = act(dl_);
-      ops::attention_naive(ctx, shape, s.q, s.k, s.v, o, s.attn_aux);
-    }
-    ops::attention_naive_backward(ctx, shape, s.q, s.k, s.v, s.attn_aux, dO, dq, dk, dv);
-  }
-  s.attn_aux = Tensor();
-  s.o = Tensor();
+  const Tensor dqkv = attention_core_backward(ctx, s, dO, B, T);   // dq, dk, dv side by side
   dO = Tensor();
-  Tensor dqk = dqkv.slice(0, 2).reshape({2 * N, dl_});
-  ops::rope(ctx, dqk, 2 * B, T, H, Dh, dims_.rope_theta, true);
+  Tensor dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
   recompute_norm(ctx, s.x, W(p.ln1), s.y1, Nl, d);   // selective: y1 = rmsnorm1(x) again
   // dy1 = dq wq + dk wk + dv wv (added in the GEMM epilogues), dWq, dWk, dWv batched.
   Tensor dy1 = act(d);
@@ -409,6 +422,32 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   norm_backward(pc, ctx, s.x, W(p.ln1), s.rstd1, dy1, dx, gLn1, true);   // dx += the norm's input gradient: d(x)
   notify(pc, p.ln1);
   s = BlockActivations{};
+}
+
+Tensor TransformerLM::attention_core_backward(Context& ctx, BlockActivations& s, const Tensor& dO, std::int64_t B,
+                                              std::int64_t T) {
+  const std::int64_t N = B * T, H = Hl_, Dh = dims_.head_dim();
+  Allocator& A = *ctx.allocator;
+  const Tensor dqkv = Tensor::empty({3, N, dl_}, compute_, A, "activation_grads");   // dq, dk, dv side by side
+  Tensor dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
+  auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
+  shape.deterministic = dims_.deterministic_attention;
+  if (dims_.flash) {
+    ops::attention_flash_backward(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux, dO, dq, dk, dv);
+  } else {
+    if (!present(s.attn_aux)) {   // selective: the probabilities again (the output is discarded)
+      NvtxRange rr("recompute_probs");
+      s.attn_aux = Tensor::empty({B, H, T, T}, compute_, A, "attention_probs");
+      Tensor o = Tensor::empty({N, dl_}, compute_, A, "activation_grads");
+      ops::attention_naive(ctx, shape, s.q, s.k, s.v, o, s.attn_aux);
+    }
+    ops::attention_naive_backward(ctx, shape, s.q, s.k, s.v, s.attn_aux, dO, dq, dk, dv);
+  }
+  s.attn_aux = Tensor();
+  s.o = Tensor();
+  Tensor dqk = dqkv.slice(0, 2).reshape({2 * N, dl_});
+  ops::rope(ctx, dqk, 2 * B, T, H, Dh, dims_.rope_theta, true);
+  return dqkv;
 }
 
 void TransformerLM::backward(Context& ctx, Activations& act, const ParallelContext& pc, bool accumulate) {

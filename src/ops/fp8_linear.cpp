@@ -18,19 +18,22 @@ Tensor as_matrix(const Tensor& t) {
 struct Quantized {
   Tensor q, qt;
 };
-Quantized quantize(Context& ctx, Fp8TensorScaling& s, const Tensor& t, bool keep_direct) {
+// The cast: under the operand's scaling (scaling set), or with a given scale (a replay).
+Quantized quantize(Context& ctx, Fp8TensorScaling* s, const Tensor* scale, Fp8Format format, const Tensor& t,
+                   bool keep_direct, bool record = true) {
   const Tensor m = as_matrix(t);
-  Tensor q = Tensor::empty(m.shape(), fp8_dtype(s.format()), *ctx.allocator, "fp8_operand");
-  s.quantize(ctx, m, q);
+  Tensor q = Tensor::empty(m.shape(), fp8_dtype(format), *ctx.allocator, "fp8_operand");
+  if (s) s->quantize(ctx, m, q, record);
+  else cast_fp8(ctx, m, *scale, q, nullptr);
   Tensor qt = Tensor::empty({m.dim(1), m.dim(0)}, q.dtype(), *ctx.allocator, "fp8_operand_t");
   transpose_fp8(ctx, q, qt);
   return {keep_direct ? q : Tensor(), qt};
 }
 
-Tensor copy_of(Context& ctx, const Tensor& t) {
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), *ctx.allocator, "fp8_inv_scale_saved");
-  copy(ctx, t, c);
-  return c;
+void check_x_w(const Tensor& x, const Tensor& w) {
+  LMSCALE_CHECK(w.ndim() == 2 && x.ndim() >= 1 && x.dim(-1) == w.dim(1),
+                "Fp8Linear::forward: x {} does not match weight {} (x must be [..., {}])", shape_str(x.shape()),
+                shape_str(w.shape()), w.dim(1));
 }
 
 }  // namespace
@@ -40,14 +43,37 @@ Fp8Linear::Fp8Linear(Context& ctx, const Fp8LinearOptions& o)
       w_(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin),
       dy_(ctx, o.grad_format, o.recipe, o.history, o.margin) {}
 
-Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y) {
-  LMSCALE_CHECK(w.ndim() == 2 && x.ndim() >= 1 && x.dim(-1) == w.dim(1),
-                "Fp8Linear::forward: x {} does not match weight {} (x must be [..., {}])", shape_str(x.shape()),
-                shape_str(w.shape()), w.dim(1));
-  const Quantized xq = quantize(ctx, x_, x, true), wq = quantize(ctx, w_, w, true);
+Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, bool record) {
+  check_x_w(x, w);
+  const Quantized xq = quantize(ctx, &x_, nullptr, x_.format(), x, true, record),
+                  wq = quantize(ctx, &w_, nullptr, w_.format(), w, true, record);
   Tensor y2 = as_matrix(y);
   linear_fp8(ctx, xq.q, x_.inv_scale(), wq.q, w_.inv_scale(), y2, false);
-  return {xq.qt, copy_of(ctx, x_.inv_scale()), wq.qt, copy_of(ctx, w_.inv_scale())};
+  Fp8LinearSaved saved{xq.qt, wq.qt, Tensor::empty({4}, DType::f32, *ctx.allocator, "fp8_scales_saved")};
+  int at = 0;
+  for (const Tensor* t : {&x_.scale(), &x_.inv_scale(), &w_.scale(), &w_.inv_scale()}) {
+    Tensor slot = saved.scales.flat_range(at++, 1);
+    copy(ctx, *t, slot);
+  }
+  return saved;
+}
+
+Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Tensor& x, const Tensor& w, Tensor* y) {
+  check_x_w(x, w);
+  LMSCALE_CHECK(scales.dtype() == DType::f32 && scales.numel() == 4,
+                "Fp8Linear::replay: scales must be the [4] fp32 of a forward's saved entry, got {} {}",
+                dtype_name(scales.dtype()), shape_str(scales.shape()));
+  Fp8LinearSaved saved{Tensor(), Tensor(), scales};
+  const Tensor xs = saved.x_scale(), ws = saved.w_scale();
+  const Quantized xq = quantize(ctx, nullptr, &xs, x_.format(), x, y != nullptr),
+                  wq = quantize(ctx, nullptr, &ws, w_.format(), w, y != nullptr);
+  if (y) {
+    Tensor y2 = as_matrix(*y);
+    linear_fp8(ctx, xq.q, saved.x_inv(), wq.q, saved.w_inv(), y2, false);
+  }
+  saved.xt_q = xq.qt;
+  saved.wt_q = wq.qt;
+  return saved;
 }
 
 void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, Tensor* dw,
@@ -55,12 +81,12 @@ void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor
   if (!dx && !dw) return;
   LMSCALE_CHECK(dy.dim(-1) == saved.wt_q.dim(1), "Fp8Linear::backward: dy {} does not match the weight's {} outputs",
                 shape_str(dy.shape()), saved.wt_q.dim(1));
-  const Quantized dyq = quantize(ctx, dy_, dy, dx != nullptr);
+  const Quantized dyq = quantize(ctx, &dy_, nullptr, dy_.format(), dy, dx != nullptr);
   if (dx) {
     Tensor dx2 = as_matrix(*dx);
-    linear_fp8(ctx, dyq.q, dy_.inv_scale(), saved.wt_q, saved.w_inv, dx2, false);   // dy . (w^T)^T
+    linear_fp8(ctx, dyq.q, dy_.inv_scale(), saved.wt_q, saved.w_inv(), dx2, false);   // dy . (w^T)^T
   }
-  if (dw) linear_fp8(ctx, dyq.qt, dy_.inv_scale(), saved.xt_q, saved.x_inv, *dw, accumulate_dw);   // dy^T . (x^T)^T
+  if (dw) linear_fp8(ctx, dyq.qt, dy_.inv_scale(), saved.xt_q, saved.x_inv(), *dw, accumulate_dw);   // dy^T . (x^T)^T
 }
 
 }  // namespace lmscale::ops

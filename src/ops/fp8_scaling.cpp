@@ -21,7 +21,7 @@ Fp8TensorScaling::Fp8TensorScaling(Context& ctx, Fp8Format format, Fp8Recipe rec
   fill(ctx, history_, 0.0);
 }
 
-void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor& out) {
+void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor& out, bool record) {
   LMSCALE_CHECK(out.dtype() == fp8_dtype(format_), "Fp8TensorScaling::quantize: out is {}, the scaling is for {}",
                 dtype_name(out.dtype()), dtype_name(fp8_dtype(format_)));
   Tensor slot = history_.flat_range(slot_, 1);
@@ -32,6 +32,7 @@ void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor& out) {
     return;
   }
   fp8_update_scale(ctx, history_, format_, margin_, scale_, inv_scale_);
+  if (!record) return cast_fp8(ctx, x, scale_, out, nullptr);
   cast_fp8(ctx, x, scale_, out, &slot);
   slot_ = static_cast<int>((slot_ + 1) % history_.numel());
 }

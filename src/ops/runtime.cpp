@@ -113,6 +113,13 @@ std::string Runtime::device_name() const {
   return "cpu";
 }
 
+int Runtime::compute_capability() const {
+#ifdef LMSCALE_WITH_CUDA
+  if (cuda_) return cuda_->compute_capability;
+#endif
+  return 0;
+}
+
 void Runtime::set_comm_sms(int sms) {
   if (sms < 0) throw UsageError(fmt::format("parallel.comm_sms = {} must be >= 0", sms));
   if (sms == 0) {

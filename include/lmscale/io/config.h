@@ -66,9 +66,22 @@ inline bool predicts_only(JobKind j) { return j == JobKind::accounting || j == J
 // model.attention, bench.impls
 enum class AttentionImpl { naive, flash };
 LMSCALE_DECK_ENUM(AttentionImpl, "naive", "flash");
-// precision.mode: fp32, or mixed precision with fp32 master weights and 16-bit compute.
-enum class PrecisionMode { fp32, bf16, fp16 };
-LMSCALE_DECK_ENUM(PrecisionMode, "fp32", "bf16", "fp16");
+// precision.mode: fp32, or mixed precision with fp32 master weights and 16-bit compute; fp8 is
+// bf16 with the blocks' dense linear layers in FP8 (docs/precision.md).
+enum class PrecisionMode { fp32, bf16, fp16, fp8 };
+LMSCALE_DECK_ENUM(PrecisionMode, "fp32", "bf16", "fp16", "fp8");
+// Whether a run computes in 16 bits (a bf16/fp16 working copy of the weights, 16-bit
+// activations): bf16, fp16, and fp8 on a GPU; fp8 on a CPU emulates the FP8 GEMMs around fp32
+// compute (docs/precision.md).
+inline bool computes_16bit(PrecisionMode m, bool cuda) {
+  return m == PrecisionMode::bf16 || m == PrecisionMode::fp16 || (m == PrecisionMode::fp8 && cuda);
+}
+// precision.fp8_scaling: how each FP8 operand's scale is chosen (ops::Fp8Recipe).
+enum class Fp8Scaling { current, delayed };
+LMSCALE_DECK_ENUM(Fp8Scaling, "current", "delayed");
+// precision.fp8_grad_format: the FP8 format of the output gradients dy.
+enum class Fp8GradFormat { e5m2, e4m3 };
+LMSCALE_DECK_ENUM(Fp8GradFormat, "e5m2", "e4m3");
 // bench.dtypes: element types of the attention and collective sweeps.
 enum class FloatType { fp32, bf16, fp16 };
 LMSCALE_DECK_ENUM(FloatType, "fp32", "bf16", "fp16");
@@ -198,6 +211,10 @@ struct PrecisionConfig {
   bool gemm_autotune = false;           // CUDA: time cuBLASLt candidates per shape, keep the fastest
   double loss_scale_init = 65536.0;     // fp16 dynamic loss scaling
   std::int64_t loss_scale_window = 1000;// clean steps before the scale doubles
+  Fp8Scaling fp8_scaling = Fp8Scaling::current;   // mode = fp8 only
+  std::int64_t fp8_history = 16;        // delayed scaling's amax window (casts of each operand)
+  std::int64_t fp8_margin = 0;          // scales divided by 2^margin
+  Fp8GradFormat fp8_grad_format = Fp8GradFormat::e5m2;
 
   bool operator==(const PrecisionConfig&) const = default;
 };

@@ -6,6 +6,7 @@
 #include "lmscale/comm/types.h"
 #include "lmscale/io/config.h"
 #include "lmscale/jobs/job_env.h"
+#include "lmscale/ops/runtime.h"
 
 namespace lmscale::jobs {
 
@@ -18,6 +19,10 @@ Config resolve_runtime(const Config& cfg, int world_size);
 // Where this process computes: parallel.device, except that the accounting job runs on the CPU
 // unless it reads the visible GPU's properties (accounting.device = auto after resolve_runtime).
 Device process_device(const Config& resolved);
+// precision.mode = fp8 on a CUDA device needs FP8 tensor cores on Hopper (compute capability
+// 9.x): a UsageError naming precision.mode otherwise. The CPU runs fp8 as the exact emulation;
+// the jobs that only predict a run are not refused.
+void check_device_precision(const Config& resolved, const ops::Runtime& rt);
 // --print-config: the resolved deck and the process layout.
 std::string describe_run(const Config& cfg, int world_size);
 // The world communicator's backend of a resolved deck (parallel.backend, auto resolved).

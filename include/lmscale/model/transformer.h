@@ -18,6 +18,7 @@
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
+#include "lmscale/model/fp8_layers.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/moe_block.h"
 #include "lmscale/model/param_layout.h"
@@ -38,6 +39,9 @@ struct BlockActivations {
   Tensor rstd2, y2;         // RMSNorm2 [N], [N,d]
   Tensor a, b, g;           // w1 y2, w3 y2, silu(a)*b  [N,F]; MoE block: the experts' [Me,Fe]
   MoeActivations moe;       // MoE block: routing and expert rows (model/moe_block.h)
+  // precision.mode = fp8: each FP8 layer's quantised x^T, w^T and scales (ops::Fp8LinearSaved);
+  // a recomputed block keeps only the scales, which its recompute casts with again.
+  Fp8BlockSaved fp8;
 };
 
 // One weight-gradient product whose input gradient has already run (the zero-bubble pipeline's
@@ -84,6 +88,13 @@ class TransformerLM {
 
   const ModelDims& dims() const { return dims_; }
   ParameterStore& params() { return params_; }
+
+  // precision.mode = fp8 (docs/precision.md): the blocks' dense linear layers (q, k, v, o, w1,
+  // w3, w2) run their three GEMMs through one ops::Fp8Linear each, made here for this model's
+  // blocks. Dense models without tensor parallelism only (the deck refuses the others).
+  void enable_fp8(Context& ctx, const ops::Fp8LinearOptions& options);
+  // The FP8 layers and their scaling state (null unless enable_fp8 was called).
+  const Fp8Layers* fp8() const { return fp8_.get(); }
 
   // What the forward keeps for the backward (activation checkpointing); default none.
   void set_recompute(const RecomputePolicy& p) { recompute_ = p; }
@@ -180,8 +191,10 @@ class TransformerLM {
   void blocks_backward(Context& ctx, Activations& act, Tensor& dx, const ParallelContext& pc, bool accumulate);
   // x [N,d] -> block output [N,d]; what the backward needs goes into s. need_output = false
   // (recomputing the last block of a checkpointed group) stops after what the backward reads.
+  // record_fp8 = false (an evaluation forward): FP8 casts add nothing to delayed scaling's history.
   Tensor block_forward(Context& ctx, int layer, std::int64_t B, std::int64_t T, const Tensor& x,
-                       BlockActivations& s, const ParallelContext& pc, bool need_output = true);
+                       BlockActivations& s, const ParallelContext& pc, bool need_output = true,
+                       bool record_fp8 = true);
   // dx [N,d]: in = gradient w.r.t. the block output, out = w.r.t. the block input (in place).
   // defer: leave the matmul weight gradients there instead of computing them (B pass).
   void block_backward(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
@@ -204,10 +217,28 @@ class TransformerLM {
   // Adds block l's routing counts to moe_stats_ and its router losses (ops::moe_router_losses
   // terms[0..1]) to moe_terms_, on the device.
   void record_moe_stats(Context& ctx, int layer, const BlockActivations& s, const Tensor& terms);
+  // ---- FP8 linear layers (transformer_fp8.cpp) ----------------------------------------------
+  // y = x w^T through block l's FP8 layer g, its saved entry into s.fp8[g]: a new forward, or,
+  // when the entry holds the scales of an earlier forward (a recompute), a replay with them
+  // (bitwise the same, no scaling state touched). y null: only the saved operands (a recompute
+  // whose output is not needed).
+  void fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor& x, const Tensor& w, Tensor* y,
+                  BlockActivations& s, bool record);
+  // The backward of layer g from dy: dx (overwritten; null: skipped) and the gradient of store
+  // parameter `param` (added unless !accumulate), then its on_grad_ready; frees s.fp8[g].
+  void fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g, BlockActivations& s,
+                           const Tensor& dy, Tensor* dx, int param, bool accumulate);
+  // A dense block's backward with its linear layers in FP8 (block_backward's FP8 form).
+  void block_backward_fp8(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
+                          std::int64_t B, std::int64_t T, bool accumulate);
+  // The attention core's backward (shared by both forms): dO [N,dl] -> dq, dk, dv as one
+  // [3,N,dl] tensor (returned), RoPE's backward applied to dq and dk; frees s.o, s.attn_aux.
+  Tensor attention_core_backward(Context& ctx, BlockActivations& s, const Tensor& dO, std::int64_t B, std::int64_t T);
+
   // y = rmsnorm(x, w) [N,d] unless y is already there (selective checkpointing dropped it).
   void recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N, std::int64_t d);
   // s.a = w1 y2, s.b = w3 y2 of block l (y2 [N,d], gathered under sequence parallelism).
-  void ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l);
+  void ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8 = true);
   // Gradient of parameter i, zeroed first unless accumulating (for the ops that always add).
   Tensor grad_for_adding(Context& ctx, int i, bool accumulate);
   // Store indices of block `layer`'s parameters (a pipeline stage's store holds only its units'
@@ -263,6 +294,7 @@ class TransformerLM {
   TensorSplit tp_;                  // from the parameter store
   ExpertSplit ep_;                  // from the parameter store
   std::vector<MoeLayerStats> moe_stats_;
+  std::unique_ptr<Fp8Layers> fp8_;  // precision.mode = fp8 only
   // [MoE blocks, 2] in the statistics dtype on the model's device: row i holds the sums of
   // terms[0] and terms[1] of moe_stats_[i]'s block since the last reset (made at the first record).
   Tensor moe_terms_;

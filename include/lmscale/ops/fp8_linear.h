@@ -24,10 +24,22 @@ struct Fp8LinearOptions {
   Fp8Format grad_format = Fp8Format::e5m2;
 };
 
-// The forward's operands for the backward: xt_q [K,M] and wt_q [K,N] (fp8) and their inverse
-// scales ([1] fp32 copies, so later forwards may rescale freely).
+// The forward's operands for the backward: xt_q [K,M] and wt_q [K,N] (fp8) and the scales they
+// were made with, scales [4] fp32 = {x scale, x inverse, w scale, w inverse} (copies, so later
+// forwards may rescale freely; replay() casts with them again). An entry with scales but no
+// operands is what activation checkpointing keeps of a recomputed layer.
 struct Fp8LinearSaved {
-  Tensor xt_q, x_inv, wt_q, w_inv;
+  Tensor xt_q, wt_q, scales;
+  Tensor x_scale() const { return scales.flat_range(0, 1); }
+  Tensor x_inv() const { return scales.flat_range(1, 1); }
+  Tensor w_scale() const { return scales.flat_range(2, 1); }
+  Tensor w_inv() const { return scales.flat_range(3, 1); }
+  bool has_operands() const { return xt_q.defined(); }
+  // Keeps the scales only (the operands are freed).
+  void drop_operands() {
+    xt_q = Tensor();
+    wt_q = Tensor();
+  }
 };
 
 class Fp8Linear {
@@ -37,7 +49,14 @@ class Fp8Linear {
   // y[M,N] = x w^T, y bf16 or fp32 on CUDA (fp32 or fp64 on CPU, where x and w may be fp32 or
   // fp64: the CPU emulates the FP8 numerics exactly, up to the GEMM's accumulation order).
   // On CUDA K and M must be multiples of 16 (the FP8 GEMMs' reduction lengths include both).
-  Fp8LinearSaved forward(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y);
+  // record = false (evaluation): no amax enters delayed scaling's history (Fp8TensorScaling).
+  Fp8LinearSaved forward(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, bool record = true);
+
+  // The forward again, cast with the scales a forward recorded in `scales` (its saved entry's):
+  // bitwise the same y and operands for the same x and w, and no scaling state is read or
+  // changed (activation checkpointing's recompute must not advance delayed scaling's history).
+  // y may be null: only the operands for the backward are made. The result shares `scales`.
+  Fp8LinearSaved replay(Context& ctx, const Tensor& scales, const Tensor& x, const Tensor& w, Tensor* y);
 
   // dx[M,K] = dy w (overwritten; skipped when null), dw[N,K] (+)= dy^T x (skipped when null;
   // fp32 on CUDA when accumulating), from saved's operands and dy quantised here.

@@ -32,7 +32,10 @@ class Fp8TensorScaling {
   Fp8TensorScaling(Context& ctx, Fp8Format format, Fp8Recipe recipe, int history, int margin);
 
   // out (dtype fp8_dtype(format()), x's element count) = fp8(x * scale) under the recipe.
-  void quantize(Context& ctx, const Tensor& x, Tensor& out);
+  // record = false (an evaluation forward): delayed scaling casts with the scale of its history
+  // as it stands and records nothing, so evaluations leave training's window untouched; current
+  // scaling has no window (its state is always that of the last cast).
+  void quantize(Context& ctx, const Tensor& x, Tensor& out, bool record = true);
 
   Fp8Format format() const { return format_; }
   Fp8Recipe recipe() const { return recipe_; }

@@ -49,6 +49,8 @@ class Runtime {
   bool done(const Mark& m);
   // Device name ("cpu" or e.g. "NVIDIA H100 80GB HBM3").
   std::string device_name() const;
+  // The GPU's compute capability as major * 10 + minor (90 for Hopper); 0 on CPU.
+  int compute_capability() const;
 
   // parallel.comm_sms: SMs left to NCCL's kernels while GEMMs run beside them. Throws UsageError
   // (naming the key) when it is more than half the GPU's SMs, or not 0 on CPU.

@@ -28,8 +28,11 @@ constexpr DType kMaster = DType::f32;
 double linear_lr_scale(const OptimConfig& o, std::int64_t global_batch) {
   return o.reference_batch > 0 ? static_cast<double>(global_batch) / static_cast<double>(o.reference_batch) : 1.0;
 }
-DType lowp_dtype(const Config& c) {
+// fp8: bf16 around the FP8 GEMMs on a GPU; the CPU emulation computes the rest as fp32 runs do
+// (docs/precision.md).
+DType lowp_dtype(const Config& c, Device device) {
   switch (c.precision.mode) {
+    case PrecisionMode::fp8: return device == Device::cuda ? DType::bf16 : DType::f32;
     case PrecisionMode::bf16: return DType::bf16;
     case PrecisionMode::fp16: return DType::f16;
     case PrecisionMode::fp32: break;
@@ -88,7 +91,7 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   local_rows_ = global_batch / dp_size_;
   first_row_ = dp_rank_ * local_rows_;
   LMSCALE_CHECK(local_rows_ % grad_accum == 0, "local batch {} not divisible by grad_accum {}", local_rows_, grad_accum);
-  params_ = std::make_unique<model::ParameterStore>(dims_, kMaster, lowp_dtype(env.cfg), *ctx.allocator,
+  params_ = std::make_unique<model::ParameterStore>(dims_, kMaster, lowp_dtype(env.cfg, ctx.device), *ctx.allocator,
                                                     store_buffers(spec.grad_storage()),
                                                     tp_ ? tp_->split() : model::TensorSplit{}, chunks,
                                                     ep_ ? ep_->split() : model::ExpertSplit{},
@@ -98,6 +101,8 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   // One model per chunk over the one store (a single one without the interleaved schedule).
   for (const auto& u : chunks) chunk_models_.push_back(std::make_unique<model::TransformerLM>(dims_, *params_, u));
   for (auto& m : chunk_models_) m->set_recompute(model::RecomputePolicy::from(env.cfg.train));
+  if (env.cfg.precision.mode == PrecisionMode::fp8)
+    for (auto& m : chunk_models_) m->enable_fp8(ctx, model::fp8_options(env.cfg.precision));
   const model::TensorParallelComm tp_comm = tp_ ? tp_->callbacks() : model::TensorParallelComm{};
   if (spec.pp > 1) {
     if (env.comm->device() == Device::cuda) mesh_->pp().set_compute_stream(ctx.stream);

@@ -48,7 +48,7 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   const bool interleaved = cfg.parallel.schedule == PipelineSchedule::interleaved;
   const int V = interleaved ? static_cast<int>(cfg.parallel.virtual_stages) : 1;
   const auto overrides = cfg.parallel.stage_layers;
-  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  const bool mixed = computes_16bit(cfg.precision.mode, cfg.parallel.device != DeviceChoice::cpu);
   const double e = mixed ? 2.0 : 4.0;
   const bool sharded = spec.sharded_optimizer(), fsdp = spec.fsdp();
   const std::int64_t local = B / dp, micro_rows = std::max<std::int64_t>(1, local / M);

@@ -148,7 +148,7 @@ std::optional<MemoryNeed> offload_host_need(const Config& cfg, int world, bool c
   const bool fsdp = cfg.parallel.zero == ZeroLevel::fsdp;
   // optimizer+params (fsdp): the shard's pinned copy in the compute dtype too.
   const bool host_params = cfg.parallel.offload == OffloadMode::optimizer_params;
-  const double e = cfg.precision.mode != PrecisionMode::fp32 ? 2.0 : 4.0;
+  const double e = computes_16bit(cfg.precision.mode, cuda) ? 2.0 : 4.0;
   const double bytes_per = host_params ? 12.0 + e : 12.0;
   MemoryNeed need;
   need.bytes = bytes_per * shard;

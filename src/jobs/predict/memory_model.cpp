@@ -176,6 +176,7 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
                    : sharded ? spec.data_parallel_name() + " (flat gradients, gradient shard and 1/dp of the optimizer state)"
                                   : "ddp (flat gradient buffer)";
   }
+  init += replay::fp8_state_bytes(cfg, s);   // the FP8 layers' scaling state (precision.mode = fp8)
   auto run = [&](bool keep, bool backward, bool grads_held) {
     Sim m;
     m.cuda = cuda;

@@ -13,7 +13,7 @@ namespace lmscale::jobs::replay {
 Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   const auto dims = model::ModelDims::from(cfg.model);
   const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.parallel.tp));
-  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  const bool mixed = computes_16bit(cfg.precision.mode, cuda);
   Shapes s;
   s.B = rows;
   s.T = static_cast<double>(dims.context);
@@ -26,6 +26,7 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.H = static_cast<double>(dims.heads) / tp;
   s.V = static_cast<double>(dims.vocab) / tp;
   s.e = mixed ? 2 : 4;
+  s.fp8 = cfg.precision.mode == PrecisionMode::fp8;
   s.tp = tp;
   s.chunk = static_cast<double>(dims.head_chunk_rows(static_cast<std::int64_t>(s.N), dims.vocab / tp, mixed ? 2 : 4));
   s.flash = dims.flash;
@@ -138,6 +139,10 @@ double Grads::staging_total() const {
 void ffn_inputs(Sim& m, const Shapes& s, Block& b) {
   double g = s.sp ? m.alloc(s.N * s.d * s.e) : 0.0;
   b.a = m.alloc(2 * s.N * s.F * s.e);
+  if (s.fp8) {   // w1 and w3 as two FP8 layers (a recompute replays them)
+    fp8_forward(m, b, 4, s.N, s.d, s.F);
+    fp8_forward(m, b, 5, s.N, s.d, s.F);
+  }
   m.free(g);
 }
 
@@ -146,6 +151,8 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
   b.rstd1 = m.alloc(s.st * s.Nl);
   b.y1 = m.alloc(Nlde);
   b.q = m.alloc(3 * Ndle);   // q, k, v: views of one [3,N,dl] tensor (b.k, b.v stay 0)
+  if (s.fp8)
+    for (int g = 0; g < 3; ++g) fp8_forward(m, b, g, s.N, s.d, s.dl);   // q, k, v
   if (s.sp) {   // tp_f all-gathers y1 into a [N,d] temporary for the three matmuls
     double g = m.alloc(Nde);
     m.free(g);
@@ -155,6 +162,7 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
     b.aux = m.alloc(s.flash ? s.st * s.B * s.H * s.T : s.B * s.H * s.T * s.T * s.e);
   }
   double proj = m.alloc(Nde);
+  if (s.fp8) fp8_forward(m, b, 3, s.N, s.dl, s.d);   // o
   if (s.sp) {   // tp_g reduce-scatters into a new [Nl,d] tensor
     double shard = m.alloc(Nlde);
     m.free(proj);
@@ -171,8 +179,12 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
   }
   ffn_inputs(m, s, b);
   b.g = m.alloc(NFe);
-  if (!need_output) return 0;
+  if (!need_output) {
+    if (s.fp8) fp8_forward(m, b, 6, s.N, s.F, s.d, false);   // w2's operands for its backward
+    return 0;
+  }
   double out = m.alloc(Nde);
+  if (s.fp8) fp8_forward(m, b, 6, s.N, s.F, s.d);   // w2
   if (s.sp) {
     double shard = m.alloc(Nlde);
     m.free(out);
@@ -185,6 +197,7 @@ void free_block(Sim& m, Block& b) {
   for (double* t : {&b.x, &b.rstd1, &b.y1, &b.q, &b.k, &b.v, &b.o, &b.aux, &b.h, &b.rstd2, &b.y2, &b.a, &b.b, &b.g,
                     &b.probs, &b.lse, &b.experts, &b.gates, &b.slot, &b.xe, &b.ye, &b.perm})
     m.free(*t);
+  free_fp8(m, b);
 }
 
 void recompute_norm(Sim& m, const Shapes& s, double& y) {
@@ -226,6 +239,7 @@ double attention_backward(Sim& m, const Shapes& s, Block& b, double& dO) {
 
 void block_backward(Sim& m, const Shapes& s, Block& b, Grads& gr, int l, DeferredWeights* defer) {
   if (defer) return block_backward_deferred(m, s, b, gr, l, *defer);
+  if (s.fp8 && !s.is_moe(l)) return block_backward_fp8(m, s, b, gr, l);
   const double Nde = s.N * s.d * s.e, Nlde = s.Nl * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
   const model::BlockParams p = s.index().block(l);
   if (s.is_moe(l)) {
@@ -339,6 +353,8 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
       if (k.drop_ffn_inputs) {
         m.free(b.a);
         m.free(b.b);
+        m.free(b.f8ops[4]);   // fp8: w1's and w3's operands (their scales stay for the replay)
+        m.free(b.f8ops[5]);
       }
       blocks[static_cast<std::size_t>(l)] = b;
     } else {
@@ -347,6 +363,7 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
         blocks[static_cast<std::size_t>(l)].aux = b.aux;
         b.o = b.aux = 0;
       }
+      if (checkpointed) move_fp8_scales(b, blocks[static_cast<std::size_t>(l)]);   // for the recompute's replay
       free_block(m, b);
       // The input dies with the block unless the caller or a group input holds it.
       if (l > l0 && !group_start) m.free(x);
@@ -379,6 +396,7 @@ void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blo
         Block b;
         b.o = blocks[static_cast<std::size_t>(l)].o;   // kept under keep_attention, else 0
         b.aux = blocks[static_cast<std::size_t>(l)].aux;
+        for (int g = 0; g < 7; ++g) b.f8scales[g] = blocks[static_cast<std::size_t>(l)].f8scales[g];
         const double out = block_forward(m, s, b, l + 1 < hi, l);
         b.x = l == lo ? in : blocks[static_cast<std::size_t>(l)].x;
         blocks[static_cast<std::size_t>(l)] = b;
@@ -492,7 +510,7 @@ double replay(const Shapes& s, Sim& m, Grads& gr, bool keep, bool backward) {
 double store_bytes(const Config& cfg, const parallel::Spec& spec, const Shapes& s, double P, int dp_rank, bool cuda) {
   const int dp = spec.gradient_group();   // the ranks ZeRO shards over (dp / ep)
   const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
-  const bool mixed = cfg.precision.mode != PrecisionMode::fp32;
+  const bool mixed = computes_16bit(cfg.precision.mode, cuda);
   const bool offload = spec.offload != OffloadMode::none;
   // fp32 state tensors per parameter: 2 for adamw and lamb (m, v), 1 for sgd and lars.
   // parallel.offload = optimizer (parallel/offloaded_shards.h): on a GPU run the owned range's

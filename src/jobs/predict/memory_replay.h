@@ -56,6 +56,10 @@ struct Shared {
 struct Block {
   double x = 0, rstd1 = 0, y1 = 0, q = 0, k = 0, v = 0, o = 0, aux = 0, h = 0, rstd2 = 0, y2 = 0, a = 0, b = 0, g = 0;
   double probs = 0, lse = 0, experts = 0, gates = 0, slot = 0, xe = 0, ye = 0, perm = 0;
+  // precision.mode = fp8, per FP8 layer (model::Fp8Gemm order q, k, v, o, w1, w3, w2): its saved
+  // x^T and w^T (1 byte per element) and its saved scales ([4] fp32; kept alone by a
+  // recomputed block, whose recompute then replays instead of allocating new ones).
+  double f8ops[7] = {}, f8scales[7] = {};
 };
 
 // One micro-batch's shapes as one rank holds them (tensor parallel: local heads, d_ff, vocab;
@@ -63,6 +67,7 @@ struct Block {
 struct Shapes {
   double N = 0, Nl = 0, d = 0, dl = 0, F = 0, H = 0, T = 0, B = 0, V = 0, e = 4, st = 4;
   bool flash = false, sp = false, cuda = false, deterministic = false;
+  bool fp8 = false;   // precision.mode = fp8: the blocks' linear layers through ops::Fp8Linear
   int L = 0, tp = 1;
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   int k = 1;
@@ -159,6 +164,24 @@ struct DeferredProduct {
   std::vector<int> params;   // whole-model parameter indices
 };
 using DeferredWeights = std::vector<DeferredProduct>;
+
+// precision.mode = fp8 (memory_replay_fp8.cpp, model/transformer_fp8.cpp): the scaling state of
+// every FP8 operand (scale, inverse, amax history; fp32), alive from the model's construction.
+double fp8_state_bytes(const Config& cfg, const Shapes& s);
+// ops::Fp8Linear's forward of layer g on x [M,K] (w [n,K]) into the block's saved entry: a first
+// forward (quantised x, w and their transposes, the scales), or, when b.f8scales[g] is held, the
+// replay of a recompute (no scales; with_y false: no quantised direct operands are kept for a
+// GEMM, as for the last block of a recompute whose w2 output is not needed).
+void fp8_forward(Sim& m, Block& b, int g, double M, double K, double n, bool with_y = true);
+// Its backward from dy [M,n]: parameter `param`'s gradient asked for, dy quantised (direct and
+// transposed), the gradient written; the saved entry freed.
+void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int param);
+// Frees every FP8 layer's saved operands and scales of b.
+void free_fp8(Sim& m, Block& b);
+// A checkpointed block: its FP8 layers' scales move from the forward's b to what the block keeps.
+void move_fp8_scales(Block& from, Block& to);
+// A dense block's backward in FP8 (TransformerLM::block_backward_fp8).
+void block_backward_fp8(Sim& m, const Shapes& s, Block& b, Grads& gr, int l);
 
 // block_forward: allocations in transformer.cpp's order; returns the output's bytes (0 when a
 // recompute's last block does not produce one).

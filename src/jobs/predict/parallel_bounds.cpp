@@ -54,7 +54,7 @@ std::vector<ParallelBound> parallel_bounds(const Config& cfg, double C, double W
   const double flops = m.train_flops_per_token(m.context) * tokens;   // per step, all devices
   const double P = static_cast<double>(m.parameter_count());
   const double norms = (2.0 * static_cast<double>(m.layers) + 1) * static_cast<double>(m.d_model);
-  const double e = cfg.precision.mode == PrecisionMode::fp32 ? 4.0 : 2.0;
+  const double e = computes_16bit(cfg.precision.mode, cfg.parallel.device != DeviceChoice::cpu) ? 2.0 : 4.0;
   const bool recompute = cfg.train.activation_checkpointing == Checkpointing::every_k;
   auto compute_s = [&](double n) { return flops / (n * C); };
   auto plus1 = [](std::int64_t n) { return n + 1; };

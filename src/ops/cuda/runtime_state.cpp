@@ -13,6 +13,7 @@ Runtime::CudaState::CudaState(int dev) : device(dev) {
   cudaDeviceProp prop{};
   LMSCALE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev % count));
   name = prop.name;
+  compute_capability = prop.major * 10 + prop.minor;
   LMSCALE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Blocks are stream-ordered on the compute stream (core/cuda/device_allocator.h).
   allocator = std::make_unique<CudaCachingAllocator>(dev % count, stream);

@@ -34,6 +34,7 @@ struct Runtime::CudaState {
 
   int device;
   std::string name;
+  int compute_capability = 0;   // major * 10 + minor
   cudaStream_t stream = nullptr;
   cudaStream_t side = nullptr;
   std::unique_ptr<CudaCachingAllocator> allocator;

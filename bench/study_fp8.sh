@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Study: FP8 training (precision.mode = fp8, docs/precision.md "The FP8 study") on one Hopper GPU:
+#   - convergence: inputs/fp8_text.ini (a small model on inputs/text, 2000 steps) in bf16, fp8
+#     with current scaling and fp8 with delayed scaling, once each (same data, tokens and seed);
+#     analysis.fp8_study draws the three loss curves in one figure ($OUT/study/loss.png) and
+#     prints the final losses and their ratios to bf16 (exit 1 when an fp8 run ends more than 2%
+#     above bf16);
+#   - speed: xl (inputs/bench_model_xl_bf16.ini, flash attention, 4 x 512 tokens, train step) in
+#     bf16 and in fp8, REPEATS times in alternation; the median tokens/s of each and their ratio.
+# With PEER_FP8=1 the timing also runs the PyTorch peer's xl in bf16 and with torchao's float8
+# training (bench/torch_peer.py model --float8, tensorwise dynamic scaling: the peer of current
+# scaling; needs torch and torchao) and prints their ratio table.
+#   bench/study_fp8.sh        (SKIP_XL=1: convergence only; SKIP_TEXT=1: timing only; PEER_FP8=1)
+STUDY=fp8
+source "$(dirname "$0")/common.sh"
+if [ -z "$DRY_RUN" ]; then
+  if [ ! -x "$LMSCALE" ]; then say "no lmscale at $LMSCALE (build it, or set LMSCALE)"; exit 2; fi
+  if ! "$PYTHON" -c "import h5py, pandas, matplotlib" 2>/dev/null; then
+    say "$PYTHON lacks h5py, pandas or matplotlib: pip install -r analysis/requirements.txt"; exit 2
+  fi
+fi
+XL=(inputs/bench_model_xl_bf16.ini --model.attention=flash)
+PEER_FP8=${PEER_FP8:-}
+PEER_XL=(model --size xl --precision bf16 --attention sdpa --warmup 5 --iters 10)   # the deck's shape and steps
+if [ -n "$PEER_FP8" ] && [ -z "${SKIP_XL:-}" ]; then preflight 1; fi
+
+if [ -z "${SKIP_TEXT:-}" ]; then
+  RUN=1
+  lm text_bf16 1 inputs/fp8_text.ini
+  lm text_fp8_current 1 inputs/fp8_text.ini --precision.mode=fp8
+  lm text_fp8_delayed 1 inputs/fp8_text.ini --precision.mode=fp8 --precision.fp8_scaling=delayed
+fi
+timing() {
+  lm xl_bf16 1 "${XL[@]}"
+  lm xl_fp8 1 "${XL[@]}" --precision.mode=fp8
+  if [ -n "$PEER_FP8" ]; then
+    peer xl_peer_bf16 1 "${PEER_XL[@]}"
+    peer xl_peer_float8 1 "${PEER_XL[@]}" --float8
+  fi
+}
+[ -n "${SKIP_XL:-}" ] || repeat timing
+
+args=()
+if [ -z "${SKIP_XL:-}" ]; then
+  args+=(--xl-bf16 "$OUT"/xl_bf16/lmscale_*.h5 --xl-fp8 "$OUT"/xl_fp8/lmscale_*.h5)
+fi
+if [ -z "${SKIP_TEXT:-}" ]; then
+  study=("$PYTHON" -m analysis.fp8_study "$OUT/text_bf16/lmscale_1.h5" "$OUT/text_fp8_current/lmscale_1.h5"
+         "$OUT/text_fp8_delayed/lmscale_1.h5" --out "$OUT/study" "${args[@]}")
+  if [ -n "$DRY_RUN" ]; then echo "${study[*]}"; else "${study[@]}"; fi
+elif [ -z "${SKIP_XL:-}" ] && [ -z "$DRY_RUN" ]; then
+  "$PYTHON" - "$OUT" <<'PY'
+import glob, statistics, sys
+import h5py
+out = sys.argv[1]
+def tps(case):
+    v = [float(h5py.File(f, "r")["bench_model"].attrs["tokens_per_s"]) for f in sorted(glob.glob(f"{out}/{case}/lmscale_*.h5"))]
+    return statistics.median(v) if v else float("nan")
+b, f = tps("xl_bf16"), tps("xl_fp8")
+print(f"xl bench-model: bf16 {b:.0f} tokens/s, fp8 {f:.0f} tokens/s, fp8 / bf16 = {f / b:.3f}")
+PY
+fi
+if [ -n "$PEER_FP8" ] && [ -z "${SKIP_XL:-}" ]; then
+  step_rows "xl bf16, flash vs SDPA" xl_bf16 xl_peer_bf16
+  step_rows "xl fp8 current vs torchao float8 (SDPA)" xl_fp8 xl_peer_float8
+  print_table "xl on 1 GPU, batch 4 x 512, train step, bf16 and FP8"
+fi

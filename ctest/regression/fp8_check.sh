@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# fp8_check.sh LMSCALE DECK OUTDIR
+# precision.mode = fp8 on CPU (the exact emulation of the FP8 GEMMs; docs/precision.md "FP8
+# training") with tiny_fp8.ini, every comparison made by fp8_check.py:
+#   1. against the same deck in fp32: every step's loss within 2% and some step differing (the
+#      FP8 layers really ran), current and delayed scaling;
+#   2. on 2 data-parallel ranks (ddp flat, zero2, fsdp, fsdp with the optimizer offloaded) against
+#      one process running the same micro-batches (grad_accum 2), current scaling: within 1e-5
+#      (each rank's scales come from its own rows, the one process's from each micro-batch's);
+#   3. activation checkpointing (every-k, every-k k 2 with keep_attention, selective,
+#      selective-mlp) against none, current and delayed: losses, gradient norms, the recorded
+#      amaxes and scales and the amax histories bitwise equal (the recompute casts with the first
+#      forward's scales and records nothing);
+#   4. evaluations (train.eval_every) leave delayed scaling's training untouched (bitwise);
+#   5. the results file: /train/fp8 and /train/fp8_amax_history shapes and attributes;
+#   6. current scaling across a checkpoint and resume, bitwise.
+set -euo pipefail
+lmscale=$1 deck=$2 out=$3
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+rm -f "$out"/fp8_*.h5 "$out"/fp8_*.h5.tmp
+run() {   # run NP NAME ARGS...
+  local np=$1 name=$2
+  shift 2
+  if [ "$np" -gt 1 ]; then
+    mpirun --oversubscribe --allow-run-as-root -np "$np" "$lmscale" "$deck" --run.output="$out/fp8_$name.h5" "$@" \
+      > "$out/fp8_$name.log" 2>&1
+  else
+    "$lmscale" "$deck" --run.output="$out/fp8_$name.h5" "$@" > "$out/fp8_$name.log" 2>&1
+  fi
+}
+run 1 fp32 --precision.mode=fp32
+for scaling in current delayed; do
+  run 1 "${scaling}_none" --precision.fp8_scaling=$scaling
+  run 1 "${scaling}_every1" --precision.fp8_scaling=$scaling --train.activation_checkpointing=every-k
+  run 1 "${scaling}_every2_keep_attention" --precision.fp8_scaling=$scaling --train.activation_checkpointing=every-k \
+      --train.checkpoint_k=2 --train.checkpoint_keep_attention=true --model.attention=flash
+  run 1 "${scaling}_flash" --precision.fp8_scaling=$scaling --model.attention=flash
+  run 1 "${scaling}_selective" --precision.fp8_scaling=$scaling --train.activation_checkpointing=selective
+  run 1 "${scaling}_selective_mlp" --precision.fp8_scaling=$scaling --train.activation_checkpointing=selective-mlp
+done
+run 1 delayed_eval --precision.fp8_scaling=delayed --train.eval_every=3
+run 1 current_accum2 --train.grad_accum=2
+run 2 ddp --parallel.ddp=flat
+run 2 zero2 --parallel.ddp=bucketed --parallel.zero=zero2 --parallel.bucket_mb=0.01
+run 2 fsdp --parallel.zero=fsdp
+run 2 fsdp_offload --parallel.zero=fsdp --parallel.offload=optimizer
+# Current scaling holds no state between casts: a checkpoint at step 6 resumed to 12 equals the
+# uninterrupted run bitwise (delayed scaling's histories are not in checkpoints: not compared).
+run 1 resume_a --train.steps=6 --train.checkpoint_every=6 --optim.cosine_steps=12 --train.checkpoint_path="$out/fp8_ckpt.h5"
+run 1 resume_b --train.steps=12 --train.resume="$out/fp8_ckpt.h5" --optim.cosine_steps=12 \
+    --train.checkpoint_path="$out/fp8_ckpt2.h5"
+python3 "$here/fp8_check.py" "$out"

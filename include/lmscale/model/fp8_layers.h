@@ -1,0 +1,44 @@
+#pragma once
+// The FP8 linear layers of a model under precision.mode = fp8 (docs/precision.md, "FP8
+// training"): one ops::Fp8Linear per dense linear layer of each block the model runs (q, k, v, o
+// of the attention; w1, w3, w2 of the SwiGLU), each with its own three operand scalings (x, w,
+// dy). Owned by the TransformerLM that runs the blocks; nothing is shared between layers or models.
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lmscale/core/context.h"
+#include "lmscale/io/config.h"
+#include "lmscale/ops/fp8_linear.h"
+
+namespace lmscale::model {
+
+// A block's FP8 linear layers, in the order the forward runs them.
+enum class Fp8Gemm : int { q, k, v, o, w1, w3, w2 };
+inline constexpr int kFp8GemmsPerBlock = 7;
+// "q", "k", "v", "o", "w1", "w3", "w2" (the parameter names' last part; docs/hdf5.md).
+const char* fp8_gemm_name(Fp8Gemm g);
+// The forward's saved operands of a block's FP8 layers (BlockActivations::fp8), indexed by Fp8Gemm.
+using Fp8BlockSaved = std::array<ops::Fp8LinearSaved, kFp8GemmsPerBlock>;
+
+// The deck's precision.fp8_* keys as the layers' options.
+ops::Fp8LinearOptions fp8_options(const PrecisionConfig& p);
+
+class Fp8Layers {
+ public:
+  // Layers for blocks [first_layer, end_layer) (a model's blocks; global layer indices).
+  Fp8Layers(Context& ctx, const ops::Fp8LinearOptions& options, int first_layer, int end_layer);
+  ops::Fp8Linear& at(int layer, Fp8Gemm g);
+  const ops::Fp8Linear& at(int layer, Fp8Gemm g) const;
+  int first_layer() const { return first_; }
+  int end_layer() const { return end_; }
+  const ops::Fp8LinearOptions& options() const { return options_; }
+
+ private:
+  ops::Fp8LinearOptions options_;
+  int first_ = 0, end_ = 0;
+  std::vector<std::unique_ptr<ops::Fp8Linear>> layers_;   // (layer - first) * kFp8GemmsPerBlock + gemm
+};
+
+}  // namespace lmscale::model

@@ -1,0 +1,116 @@
+#include "lmscale/jobs/engine/fp8_report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "lmscale/core/fp8.h"
+#include "lmscale/model/fp8_layers.h"
+#include "lmscale/ops/ops.h"
+
+namespace lmscale::jobs {
+
+namespace {
+
+constexpr const char* kOperands[] = {"x", "w", "dy"};
+
+const ops::Fp8TensorScaling& operand(const ops::Fp8Linear& lin, int i) {
+  return i == 0 ? lin.x_scaling() : i == 1 ? lin.w_scaling() : lin.dy_scaling();
+}
+
+// One operand's state on the host: its amax history, oldest cast first (the ring buffer rotated
+// so that the slot the next cast fills comes first), and its scale.
+struct HostScaling {
+  std::vector<float> history;
+  float scale = 1.f;
+  float last() const { return history.back(); }
+  float window_max() const { return *std::max_element(history.begin(), history.end()); }
+};
+
+HostScaling read(Context& ctx, const ops::Fp8TensorScaling& s) {
+  const std::int64_t H = s.amax_history().numel();
+  Tensor h = Tensor::empty({H}, DType::f32, *ctx.host, "fp8_report");
+  Tensor sc = Tensor::empty({1}, DType::f32, *ctx.host, "fp8_report");
+  ops::copy(ctx, s.amax_history(), h);
+  ops::copy(ctx, s.scale(), sc);
+  HostScaling out;
+  const float* p = h.data_as<const float>();
+  for (std::int64_t i = 0; i < H; ++i) out.history.push_back(p[(s.next_slot() + i) % H]);
+  out.scale = *sc.data_as<const float>();
+  return out;
+}
+
+}  // namespace
+
+Fp8Recorder::Fp8Recorder(JobEnv& env, Trainer& trainer, std::string group)
+    : env_(env), trainer_(trainer), group_(std::move(group)) {
+  if (!trainer.model().fp8()) return;
+  using C = io::Column;
+  table_ = env.out.create_table(group_ + "/fp8", {{"step", C::Type::i64, ""},
+                                                  {"layer", C::Type::i64, ""},
+                                                  {"gemm", C::Type::str, ""},
+                                                  {"operand", C::Type::str, ""},
+                                                  {"amax", C::Type::f64, ""},
+                                                  {"amax_window_max", C::Type::f64, ""},
+                                                  {"scale", C::Type::f64, ""},
+                                                  {"saturated", C::Type::i64, "bool"}});
+}
+
+void Fp8Recorder::record(std::int64_t step) {
+  if (!table_) return;
+  const model::Fp8Layers& layers = *trainer_.model().fp8();
+  Context& ctx = env_.rt.ctx();
+  env_.rt.synchronize();
+  std::vector<io::Row> rows;
+  for (int l = layers.first_layer(); l < layers.end_layer(); ++l)
+    for (int g = 0; g < model::kFp8GemmsPerBlock; ++g) {
+      const auto gemm = static_cast<model::Fp8Gemm>(g);
+      for (int i = 0; i < 3; ++i) {
+        const ops::Fp8TensorScaling& s = operand(layers.at(l, gemm), i);
+        const HostScaling h = read(ctx, s);
+        // The last cast used the scale in place now (a cast updates the scale before it reads x).
+        const bool saturated = static_cast<double>(h.last()) * h.scale > fp8_max(s.format());
+        const std::string name = fmt::format("layers.{}.{}.{}", l, model::fp8_gemm_name(gemm), kOperands[i]);
+        if (saturated && warned_.insert(name).second)
+          fmt::print(stderr,
+                     "lmscale: warning: rank {}: FP8 cast of {} saturated at step {} (amax {:.4g} x scale {:.4g} > "
+                     "{:.0f}: values were clipped); more headroom: precision.fp8_margin, or precision.fp8_scaling = "
+                     "current\n",
+                     env_.rank, name, step, h.last(), h.scale, fp8_max(s.format()));
+        rows.push_back({step, static_cast<std::int64_t>(l), std::string(model::fp8_gemm_name(gemm)),
+                        std::string(kOperands[i]), static_cast<double>(h.last()), static_cast<double>(h.window_max()),
+                        static_cast<double>(h.scale), static_cast<std::int64_t>(saturated)});
+      }
+    }
+  table_->append_rows(rows);
+  table_->flush();
+}
+
+void Fp8Recorder::finish() {
+  if (!table_) return;
+  const model::Fp8Layers& layers = *trainer_.model().fp8();
+  Context& ctx = env_.rt.ctx();
+  env_.rt.synchronize();
+  const std::int64_t L = layers.end_layer() - layers.first_layer();
+  std::int64_t H = 0;
+  std::vector<float> all;
+  for (int l = layers.first_layer(); l < layers.end_layer(); ++l)
+    for (int g = 0; g < model::kFp8GemmsPerBlock; ++g)
+      for (int i = 0; i < 3; ++i) {
+        const HostScaling h = read(ctx, operand(layers.at(l, static_cast<model::Fp8Gemm>(g)), i));
+        H = static_cast<std::int64_t>(h.history.size());
+        all.insert(all.end(), h.history.begin(), h.history.end());
+      }
+  env_.out.write_array(group_ + "/fp8_amax_history", {L, model::kFp8GemmsPerBlock, 3, H}, all.data());
+  const auto& o = layers.options();
+  const std::string path = group_ + "/fp8";
+  env_.out.set_attr(path, "fp8_scaling", std::string(o.recipe == ops::Fp8Recipe::delayed ? "delayed" : "current"));
+  env_.out.set_attr(path, "fp8_grad_format", std::string(o.grad_format == Fp8Format::e4m3 ? "e4m3" : "e5m2"));
+  env_.out.set_attr(path, "fp8_history", static_cast<std::int64_t>(H));
+  env_.out.set_attr(path, "fp8_margin", static_cast<std::int64_t>(o.margin));
+  env_.out.set_attr(path, "saturated_operands", static_cast<std::int64_t>(warned_.size()));
+}
+
+}  // namespace lmscale::jobs

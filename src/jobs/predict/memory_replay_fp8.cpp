@@ -1,0 +1,96 @@
+// The allocation replay of precision.mode = fp8 (memory_replay.h): ops::Fp8Linear's operands and
+// saved entries as model/transformer_fp8.cpp and ops/fp8_linear.cpp allocate them, and a dense
+// block's FP8 backward. 1 byte per FP8 element; scales and amax histories fp32.
+#include "memory_replay.h"
+
+namespace lmscale::jobs::replay {
+
+namespace {
+constexpr double kScalesBytes = 4 * 4;   // Fp8LinearSaved::scales [4] fp32
+enum Gemm { q, k, v, o, w1, w3, w2 };
+}  // namespace
+
+double fp8_state_bytes(const Config& cfg, const Shapes& s) {
+  if (!s.fp8) return 0;
+  // Per operand (x, w, dy) of each of a block's 7 layers: scale, inverse, history of H entries
+  // (current scaling: 1).
+  const double H = cfg.precision.fp8_scaling == Fp8Scaling::delayed ? static_cast<double>(cfg.precision.fp8_history) : 1;
+  return static_cast<double>(s.L) * 7 * 3 * 4 * (2 + H);
+}
+
+void fp8_forward(Sim& m, Block& b, int g, double M, double K, double n, bool with_y) {
+  const bool replay = b.f8scales[g] > 0;
+  double xq = m.alloc(M * K), xt = m.alloc(M * K);
+  if (replay && !with_y) m.free(xq);   // no GEMM: the direct operand dies with its cast
+  double wq = m.alloc(n * K), wt = m.alloc(n * K);
+  if (!replay) b.f8scales[g] = m.alloc(kScalesBytes);
+  m.free(wq);
+  m.free(xq);
+  b.f8ops[g] = xt + wt;
+}
+
+void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int param) {
+  gr.touch(param, false);
+  double dq = m.alloc(M * n), dt = m.alloc(M * n);
+  m.free(dq);
+  m.free(dt);
+  gr.ready(param);
+  m.free(b.f8ops[g]);
+  m.free(b.f8scales[g]);
+}
+
+void free_fp8(Sim& m, Block& b) {
+  for (int g = 0; g < 7; ++g) {
+    m.free(b.f8ops[g]);
+    m.free(b.f8scales[g]);
+  }
+}
+
+void move_fp8_scales(Block& from, Block& to) {
+  for (int g = 0; g < 7; ++g) {
+    to.f8scales[g] = from.f8scales[g];
+    from.f8scales[g] = 0;
+  }
+}
+
+void block_backward_fp8(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
+  const double Nde = s.N * s.d * s.e, Ndle = s.N * s.dl * s.e, NFe = s.N * s.F * s.e;
+  const model::BlockParams p = s.index().block(l);
+  if (b.a <= 0) {   // selective-mlp: y2, then a and b replayed
+    recompute_norm(m, s, b.y2);
+    ffn_inputs(m, s, b);
+  }
+  m.free(b.g);
+  double dg = m.alloc(NFe);
+  fp8_backward(m, b, gr, w2, s.N, s.d, p.w2);
+  double da = m.alloc(2 * NFe);   // one [2,N,F] tensor: da, db
+  m.free(dg);
+  m.free(b.a);
+  m.free(b.b);
+  m.free(b.y2);
+  double dy2 = m.alloc(Nde);
+  fp8_backward(m, b, gr, w1, s.N, s.F, p.w1);
+  double term = m.alloc(Nde);
+  fp8_backward(m, b, gr, w3, s.N, s.F, p.w3);
+  m.free(term);
+  gr.touch(p.ln2);
+  m.free(b.h);
+  m.free(dy2);
+  m.free(da);
+  double dO = m.alloc(Ndle);
+  fp8_backward(m, b, gr, o, s.N, s.d, p.o);
+  double dq = attention_backward(m, s, b, dO);   // frees the aux, o and dO
+  m.free(b.y1);
+  double dy1 = m.alloc(Nde);
+  fp8_backward(m, b, gr, q, s.N, s.dl, p.q);
+  term = m.alloc(Nde);
+  fp8_backward(m, b, gr, k, s.N, s.dl, p.k);
+  fp8_backward(m, b, gr, v, s.N, s.dl, p.v);
+  m.free(term);
+  gr.touch(p.ln1);
+  m.free(dq);
+  m.free(dy1);
+  free_block(m, b);
+}
+
+}  // namespace lmscale::jobs::replay
