@@ -49,19 +49,22 @@ Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Tensor& x, const Tensor& w
                   wq = quantize(ctx, &w_, nullptr, w_.format(), w, true, record);
   Tensor y2 = as_matrix(y);
   linear_fp8(ctx, xq.q, x_.inv_scale(), wq.q, w_.inv_scale(), y2, false);
-  Fp8LinearSaved saved{xq.qt, wq.qt, Tensor::empty({4}, DType::f32, *ctx.allocator, "fp8_scales_saved")};
-  int at = 0;
+  Fp8LinearSaved saved{xq.qt, wq.qt,
+                       Tensor::empty({4 * Fp8LinearSaved::kScaleStride}, DType::f32, *ctx.allocator, "fp8_scales_saved")};
+  fill(ctx, saved.scales, 0.0);   // the padding between the four values, defined
+  std::int64_t at = 0;
   for (const Tensor* t : {&x_.scale(), &x_.inv_scale(), &w_.scale(), &w_.inv_scale()}) {
-    Tensor slot = saved.scales.flat_range(at++, 1);
+    Tensor slot = saved.scales.flat_range(at, 1);
     copy(ctx, *t, slot);
+    at += Fp8LinearSaved::kScaleStride;
   }
   return saved;
 }
 
 Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Tensor& x, const Tensor& w, Tensor* y) {
   check_x_w(x, w);
-  LMSCALE_CHECK(scales.dtype() == DType::f32 && scales.numel() == 4,
-                "Fp8Linear::replay: scales must be the [4] fp32 of a forward's saved entry, got {} {}",
+  LMSCALE_CHECK(scales.dtype() == DType::f32 && scales.numel() == 4 * Fp8LinearSaved::kScaleStride,
+                "Fp8Linear::replay: scales must be the [16] fp32 of a forward's saved entry, got {} {}",
                 dtype_name(scales.dtype()), shape_str(scales.shape()));
   Fp8LinearSaved saved{Tensor(), Tensor(), scales};
   const Tensor xs = saved.x_scale(), ws = saved.w_scale();

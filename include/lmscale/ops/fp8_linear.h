@@ -25,15 +25,21 @@ struct Fp8LinearOptions {
 };
 
 // The forward's operands for the backward: xt_q [K,M] and wt_q [K,N] (fp8) and the scales they
-// were made with, scales [4] fp32 = {x scale, x inverse, w scale, w inverse} (copies, so later
-// forwards may rescale freely; replay() casts with them again). An entry with scales but no
-// operands is what activation checkpointing keeps of a recomputed layer.
+// were made with, scales [16] fp32 holding {x scale, x inverse, w scale, w inverse} at elements
+// 0, 4, 8, 12 (copies, so later forwards may rescale freely; replay() casts with them again).
+// Each value starts a 16-byte line because the inverses are the backward GEMMs' scale pointers:
+// with the four packed in 16 bytes (pointers 4 and 12 bytes into a line) every backward product
+// failed on an H100 with CUBLAS_STATUS_NOT_SUPPORTED, while the same products with separately
+// allocated scales passed. 16-byte alignment is taken to be cuBLASLt's requirement (the fix has
+// not yet run on a GPU); ops::linear_fp8 checks it. An entry with scales
+// but no operands is what activation checkpointing keeps of a recomputed layer.
 struct Fp8LinearSaved {
+  static constexpr std::int64_t kScaleStride = 4;   // fp32 elements: 16 bytes
   Tensor xt_q, wt_q, scales;
-  Tensor x_scale() const { return scales.flat_range(0, 1); }
-  Tensor x_inv() const { return scales.flat_range(1, 1); }
-  Tensor w_scale() const { return scales.flat_range(2, 1); }
-  Tensor w_inv() const { return scales.flat_range(3, 1); }
+  Tensor x_scale() const { return scales.flat_range(0 * kScaleStride, 1); }
+  Tensor x_inv() const { return scales.flat_range(1 * kScaleStride, 1); }
+  Tensor w_scale() const { return scales.flat_range(2 * kScaleStride, 1); }
+  Tensor w_inv() const { return scales.flat_range(3 * kScaleStride, 1); }
   bool has_operands() const { return xt_q.defined(); }
   // Keeps the scales only (the operands are freed).
   void drop_operands() {

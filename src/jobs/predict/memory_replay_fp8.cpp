@@ -6,7 +6,7 @@
 namespace lmscale::jobs::replay {
 
 namespace {
-constexpr double kScalesBytes = 4 * 4;   // Fp8LinearSaved::scales [4] fp32
+constexpr double kScalesBytes = 16 * 4;   // Fp8LinearSaved::scales [16] fp32 (4 values, 16 bytes apart)
 enum Gemm { q, k, v, o, w1, w3, w2 };
 }  // namespace
 

@@ -4,6 +4,9 @@
 //   y^T = B'^T A'
 // is cuBLASLt's "TN" product (its A = b transposed, its B = a as stored), the one layout Hopper's
 // FP8 kernels take. cuBLASLt's A scale is b_inv and its B scale a_inv.
+#include <cstdint>
+#include <utility>
+
 #include "cuda_ops.h"
 #include "gemm.h"
 #include "lmscale/core/cuda/cuda_check.h"
@@ -21,6 +24,11 @@ void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor
                 dtype_name(y.dtype()));
   LMSCALE_CHECK(K % 16 == 0, "linear_fp8: K = {} must be a multiple of 16 (cuBLASLt FP8); a {} b {}", K,
                 shape_str(a.shape()), shape_str(b.shape()));
+  // Scale pointers 4 or 12 bytes into a 16-byte line made these products fail on an H100 with
+  // CUBLAS_STATUS_NOT_SUPPORTED (ops/fp8_linear.h, Fp8LinearSaved); name the operand instead.
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"a_inv", &a_inv}, {"b_inv", &b_inv}})
+    LMSCALE_CHECK(reinterpret_cast<std::uintptr_t>(t->data()) % 16 == 0,
+                  "linear_fp8: the scale {} is not 16-byte aligned (cuBLASLt's FP8 scale pointers)", name);
   Resources& r = resources(ctx);
   if (M == 0 || N == 0) return;
   if (K == 0) {
