@@ -4,6 +4,8 @@
 // forwards run before their backwards (pipeline schedules).
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -133,6 +135,12 @@ TEST_F(Fp8LinearTest, ReplayRepeatsTheForwardWithoutTouchingTheScaling) {
   Tensor y = poisoned({M, N}), scratch = poisoned({M, N});
   layer.forward(ctx, x, w, scratch);   // a first cast in the history, so the next scale is not 1
   const ops::Fp8LinearSaved first = layer.forward(ctx, x, w, y);
+  // The saved inverse scales are the backward GEMMs' scale pointers: each on its own 16-byte line
+  // (ops/fp8_linear.h; packed, the CUDA backward failed), with the values of the forward's scales.
+  for (const Tensor& t : {first.x_scale(), first.x_inv(), first.w_scale(), first.w_inv()})
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.data()) % 16, 0u);
+  EXPECT_EQ(values(first.x_inv()), values(layer.x_scaling().inv_scale()));
+  EXPECT_EQ(values(first.w_scale()), values(layer.w_scaling().scale()));
   layer.forward(ctx, later, w, scratch);   // moves the scales
   const auto history = values(layer.x_scaling().amax_history());
   const int slot = layer.x_scaling().next_slot();
