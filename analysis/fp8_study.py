@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis import h5load  # noqa: E402
+from analysis.output import save_loss_plot  # noqa: E402
 
 COLOURS = {"bf16": "tab:blue", "fp8 current": "tab:red", "fp8 delayed": "tab:green"}
 
@@ -58,16 +59,7 @@ def plot_losses(runs, out):
         ev = run["eval"]
         if ev is not None and len(ev):
             ax.plot(ev["step"] * run["tokens_per_step"], ev["loss"], "o", color=colour, label=run["label"] + ", validation")
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title("bf16 against FP8 (current and delayed scaling)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(out, "loss.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_loss_plot(fig, ax, "bf16 against FP8 (current and delayed scaling)", out)
 
 
 def median_tokens_per_s(paths):

@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from analysis import h5load  # noqa: E402
+from analysis.output import save_loss_plot  # noqa: E402
 
 
 def load_run(path):
@@ -67,16 +68,7 @@ def plot_loss(moe, dense, out):
         if run["eval"] is not None and len(run["eval"]):
             e = run["eval"]
             ax.plot(e["step"] * run["tokens_per_step"], e["loss"], "o--", color=colour, label=run["name"] + ", validation")
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title("MoE against dense at equal active FLOPs per token")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(out, "loss.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_loss_plot(fig, ax, "MoE against dense at equal active FLOPs per token", out)
 
 
 def plot_balance(moe, out):

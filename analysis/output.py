@@ -44,3 +44,18 @@ class Output:
 def figure(ncols=1, width=6.4, height=4.0):
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     return fig, list(axes[0])
+
+
+def save_loss_plot(fig, ax, title, out):
+    """The studies' loss-against-tokens figures: axes labelled, legend, saved as OUT/loss.png and
+    closed; returns the path."""
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out, "loss.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
