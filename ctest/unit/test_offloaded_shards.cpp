@@ -7,7 +7,10 @@
 // optimizer) and pinned host memory copied up per unit (optimizer+params).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -152,6 +155,41 @@ TEST(OffloadedShardsTargets, MixedTargetsAndGradientPiecesMatchAdamWBitwise) {
   }
   // Gradients down, and up: 2 bytes per bf16 element, 4 + 2 per fp32 one with its bf16 entry.
   EXPECT_EQ(off.transfer_bytes_per_step(), S * 4 + 180 * 2 + 20 * (4 + 2));
+}
+
+// A shard whose first units are empty (a ZeRO range that starts at a later unit): waiting for
+// them waits for nothing, not for the first chunk of the next unit. The worker is held before its
+// first unit (OffloadedShards::set_before_unit) until the waits for the empty units returned.
+TEST(OffloadedShardsUnits, EmptyUnitsWaitForNothing) {
+  ops::Runtime rt(Device::cpu, 0, false);
+  Context& ctx = rt.ctx();
+  OptimConfig cfg;
+  cfg.name = OptimizerName::adamw;
+  const std::int64_t S = 100;
+  std::vector<parallel::OffloadedShards::Range> units{{0, 0}, {0, 0}, {0, 60}, {60, 40}};
+  parallel::OffloadedShards off(rt, S, units, DType::bf16, cfg, 1, ShardCopy::device, 32);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false, held_too_long = false;
+  std::vector<int> seen;   // the units the worker started, in order
+  off.set_before_unit([&](int u) {
+    std::unique_lock<std::mutex> lock(mu);
+    seen.push_back(u);
+    if (!cv.wait_for(lock, std::chrono::seconds(10), [&] { return open; })) held_too_long = open = true;
+  });
+  std::vector<float> grads = random_values(S, 3, 1.0);
+  off.start_step(ctx, view_of(grads), 1e-2, 1.0);
+  off.wait_unit(ctx, 0);
+  off.wait_unit(ctx, 1);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_FALSE(held_too_long) << "the wait for an empty unit waited for the next unit's update";
+    open = true;
+  }
+  cv.notify_all();
+  off.wait_unit(ctx, 3);
+  off.settle();
+  EXPECT_EQ(seen, (std::vector<int>{2, 3}));   // once per unit with elements, in forward order
 }
 
 INSTANTIATE_TEST_SUITE_P(Copies, OffloadedShardsTest, ::testing::Values(ShardCopy::device, ShardCopy::pinned_host),
