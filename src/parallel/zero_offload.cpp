@@ -104,15 +104,15 @@ void ZeroOptimizer::gather_per_unit(std::vector<OffloadedShards::Range> units) {
     bool first_read = true;
     std::int64_t packed_at = 0;   // offset of the current master read in the packed buffer
     for (const auto& [offset, numel] : s.g.master_reads) {
-      const std::int64_t in = overlap(offset, offset + numel, u.offset, u.offset + u.count);
-      LMSCALE_CHECK(in == 0 || in == numel, "per-unit gathers: master read {}+{} crosses a unit", offset, numel);
-      if (in > 0) {
-        if (first_read) g.reads_offset = packed_at;
+      // The range's piece inside the unit (a range of adjacent norm weights may span two units).
+      const std::int64_t a = std::max(offset, u.offset), b = std::min(offset + numel, u.offset + u.count);
+      if (a < b) {
+        if (first_read) g.reads_offset = packed_at + (a - offset);
         first_read = false;
-        g.reads_count += numel;
+        g.reads_count += b - a;
         for (std::size_t q = 0; q < ranks; ++q)
           g.read_counts[q] += static_cast<std::size_t>(
-              overlap(offset, offset + numel, rank_lo(q), rank_lo(q) + static_cast<std::int64_t>(s.counts[q])));
+              overlap(a, b, rank_lo(q), rank_lo(q) + static_cast<std::int64_t>(s.counts[q])));
       }
       packed_at += numel;
     }
