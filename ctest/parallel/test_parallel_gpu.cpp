@@ -424,6 +424,21 @@ TEST(OffloadGpu, MatchesNoOffloadBitwise) {
     z.parallel.zero = level;
     check(z, true, level == ZeroLevel::zero1 ? "zero1 on 2 GPUs" : level == ZeroLevel::zero2 ? "zero2 on 2 GPUs" : "fsdp on 2 GPUs");
   }
+  // zero1/zero2 gather unit by unit in the next forward as the host update lands (parallel/zero.h,
+  // gather_per_unit): in fp32 (the master itself is gathered) and with accumulation.
+  for (const ZeroLevel level : {ZeroLevel::zero1, ZeroLevel::zero2}) {
+    Config z = tiny_config();
+    z.optim.weight_decay = 0.1;
+    z.parallel.zero = level;
+    z.precision.mode = PrecisionMode::fp32;
+    z.model.attention = AttentionImpl::naive;
+    check(z, true, level == ZeroLevel::zero1 ? "zero1 fp32 on 2 GPUs" : "zero2 fp32 on 2 GPUs");
+    Config a = tiny_config();
+    a.optim.weight_decay = 0.1;
+    a.parallel.zero = level;
+    a.train.grad_accum = 2;
+    check(a, true, level == ZeroLevel::zero1 ? "zero1 on 2 GPUs, grad_accum 2" : "zero2 on 2 GPUs, grad_accum 2");
+  }
   // optimizer+params: the 16-bit shard on the host, copied up (pinned -> device) before each gather,
   // with and without accumulation.
   for (const std::int64_t accum : {1, 2}) {

@@ -7,7 +7,10 @@
 // optimizer) and pinned host memory copied up per unit (optimizer+params).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -157,8 +160,9 @@ TEST(OffloadedShardsTargets, MixedTargetsAndGradientPiecesMatchAdamWBitwise) {
 // OffloadedShards lets go of each gradient piece once its bytes are on the host (ops::GradPiece
 // holds a lazy bucket; the strategy frees its own handle when the next forward reaches the
 // bucket's unit): after wait_unit(0), the pieces ending in unit 0's chunks are back in the
-// allocator while the update of the later chunks may still run; after settle(), all of them. Pieces [0, 33) and [33, 48) end in chunk 0 (unit 0
-// = [0, 48) is one chunk); [48, 200) is still held until its chunks are done.
+// allocator while the update of the later chunks may still run; after settle(), all of them.
+// Pieces [0, 33) and [33, 48) end in chunk 0 (unit 0 = [0, 48) is one chunk); [48, 200) is still
+// held until its chunks are done.
 TEST(OffloadedShardsTargets, LetsGoOfGradientPiecesOnceCopiedDown) {
   ops::Runtime rt(Device::cpu, 0, false);
   Context& ctx = rt.ctx();
@@ -187,6 +191,41 @@ TEST(OffloadedShardsTargets, LetsGoOfGradientPiecesOnceCopiedDown) {
   EXPECT_LE(gradient_bytes(), 152 * sizeof(float)) << "unit 0's pieces are still held after their copy down";
   off.settle();
   EXPECT_EQ(gradient_bytes(), 0u) << "pieces held after the update";
+}
+
+// A shard whose first units are empty (a ZeRO range that starts at a later unit): waiting for
+// them waits for nothing, not for the first chunk of the next unit. The worker is held before its
+// first unit (OffloadedShards::set_before_unit) until the waits for the empty units returned.
+TEST(OffloadedShardsUnits, EmptyUnitsWaitForNothing) {
+  ops::Runtime rt(Device::cpu, 0, false);
+  Context& ctx = rt.ctx();
+  OptimConfig cfg;
+  cfg.name = OptimizerName::adamw;
+  const std::int64_t S = 100;
+  std::vector<parallel::OffloadedShards::Range> units{{0, 0}, {0, 0}, {0, 60}, {60, 40}};
+  parallel::OffloadedShards off(rt, S, units, DType::bf16, cfg, 1, ShardCopy::device, 32);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false, held_too_long = false;
+  std::vector<int> seen;   // the units the worker started, in order
+  off.set_before_unit([&](int u) {
+    std::unique_lock<std::mutex> lock(mu);
+    seen.push_back(u);
+    if (!cv.wait_for(lock, std::chrono::seconds(10), [&] { return open; })) held_too_long = open = true;
+  });
+  std::vector<float> grads = random_values(S, 3, 1.0);
+  off.start_step(ctx, view_of(grads), 1e-2, 1.0);
+  off.wait_unit(ctx, 0);
+  off.wait_unit(ctx, 1);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_FALSE(held_too_long) << "the wait for an empty unit waited for the next unit's update";
+    open = true;
+  }
+  cv.notify_all();
+  off.wait_unit(ctx, 3);
+  off.settle();
+  EXPECT_EQ(seen, (std::vector<int>{2, 3}));   // once per unit with elements, in forward order
 }
 
 INSTANTIATE_TEST_SUITE_P(Copies, OffloadedShardsTest, ::testing::Values(ShardCopy::device, ShardCopy::pinned_host),

@@ -170,7 +170,10 @@ std::vector<DeckKey> build_table() {
                "optimizer: the optimizer of what the rank owns lives in host memory and a multithreaded, vectorised "
                "AdamW updates it there. fsdp: the shard's fp32 master, m and v on the host, updated chunk by chunk "
                "while the next forward runs (the device keeps the gradient shard and a 16-bit copy); one process, "
-               "zero1, zero2: m and v on the host, updated after each backward. optimizer+params (fsdp only): the "
+               "zero1, zero2: the fp32 master, m and v of what the rank owns on the host, updated while the next "
+               "forward runs (it waits for each unit's update; zero1/zero2 gather each unit as its update lands; "
+               "bf16/fp16 keep no fp32 master on the device but for the norm weights). optimizer+params (fsdp "
+               "only): the "
                "16-bit shard on the host too, copied to the device per unit before its all-gather (the device "
                "keeps the gradient shard only). The same results as none, bit for bit. optim.name = adamw; not "
                "with ddp, zero1-broadcast, tp or pp (docs/parallel.md)."),

@@ -70,7 +70,8 @@ void OffloadedShards::init(std::vector<Range> units, std::int64_t chunk) {
   if (master_.numel() > 0) std::memset(master_.data(), 0, master_.nbytes());
   // Chunks of at most `chunk` elements, never across a unit (or target) boundary, in forward order.
   LMSCALE_CHECK(chunk > 0, "OffloadedShards: chunk {} <= 0", chunk);
-  for (const Range& u : units_) {
+  for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+    const Range& u = units_[ui];
     for (std::int64_t a = u.offset; a < u.offset + u.count;) {
       std::size_t t = 0;
       std::int64_t end = std::min(a + chunk, u.offset + u.count);
@@ -79,10 +80,13 @@ void OffloadedShards::init(std::vector<Range> units, std::int64_t chunk) {
         LMSCALE_CHECK(t < targets_.size(), "OffloadedShards: element {} has no target", a);
         end = std::min(end, targets_[t].offset + targets_[t].count);
       }
-      chunks_.push_back({a, end - a, t});
+      chunks_.push_back({a, end - a, t, static_cast<int>(ui)});
       a = end;
     }
-    last_chunk_.push_back(u.count > 0 ? chunks_.size() - 1 : chunks_.size());
+    // An empty unit (a ZeRO range that starts after it) waits for nothing: not for the next
+    // unit's first chunk, which a rank whose range starts at a later unit would otherwise hold
+    // up the forward's first units for.
+    last_chunk_.push_back(u.count > 0 ? chunks_.size() - 1 : kNoChunk);
   }
   std::int64_t slot = 0, also_slot = 0;
   std::size_t widest = dtype_size(compute_);
@@ -175,6 +179,7 @@ void OffloadedShards::update(const std::vector<ops::GradPiece>& grads, double lr
   fetch(0);
   for (std::size_t c = 0; c < n; ++c) {
     const Chunk& k = chunks_[c];
+    if (before_unit_ && (c == 0 || chunks_[c - 1].unit != k.unit)) before_unit_(k.unit);
     if (c + 1 < n) fetch(c + 1);          // slot (c+1) % 2 was chunk c-1's, whose update is done
     // Also the step's gathers have read the host copy (pinned_host): `ready` precedes this copy.
     lane_->wait(down[c % 2]);

@@ -452,6 +452,7 @@ void ZeroOptimizer::gather_master_reads(Shard& s, Context& ctx) {
 }
 
 void ZeroOptimizer::complete_master(Context& ctx) {
+  finish_unit_gathers(ctx);
   for (auto& s : shards_) {
     if (!s.master_partial) continue;
     NvtxRange r("zero_complete_master");
@@ -467,15 +468,24 @@ void ZeroOptimizer::complete_master(Context& ctx) {
 
 void ZeroOptimizer::step(Context& ctx, double lr, double grad_scale) {
   NvtxRange r("zero_step");
+  finish_unit_gathers(ctx);   // a step with no forward since the last (the gathers read the shard's copies)
   for (std::size_t gi = 0; gi < shards_.size(); ++gi) {
     Shard& s = shards_[gi];
     // This rank's range of the working copy, written by the update itself (gathered below).
     Tensor lowp = gathers_working_copy(s) ? s.g.lowp->flat_range(s.begin, s.size) : Tensor();
     if (s.offloaded) {
       // The host worker updates the shard chunk by chunk and copies each piece up (into the
-      // working copy's range, and the master's for the norm weights and fp32 runs); the
-      // all-gather below waits for all of it (the compute stream waits for each unit's copies).
+      // working copy's range, and the master's for the norm weights and fp32 runs). Per unit
+      // (gather_per_unit): the next forward gathers each unit once its update has landed
+      // (zero_offload.cpp); else the all-gather below waits for all of it (the compute stream
+      // waits for each unit's copies).
       s.offloaded->start_step(ctx, shard_grads(s), lr, grad_scale);
+      if (gathers_per_unit()) {
+        units_pending_ = true;
+        units_issued_ = units_waited_ = 0;
+        units_ctx_ = &ctx;
+        continue;
+      }
       for (int u = 0; u < s.offloaded->units(); ++u) s.offloaded->wait_unit(ctx, u);
       distribute_parameters(s, ctx);
       continue;

@@ -41,6 +41,13 @@ ZeroStrategy::ZeroStrategy(const StrategyParts& parts) : Strategy(parts), rt_(pa
                     store_.has_lowp() ? &store_.flat_lowp() : nullptr, param_segments(store_.infos(), 0, store_.numel()),
                     store_.size(), store_.master_read_ranges(), whole ? Tensor() : store_.packed_master_reads()},
                    ctx);
+  // Offloaded: the parameter all-gather goes unit by unit in the next forward, each unit's once
+  // its host update has landed (ZeroOptimizer::gather_per_unit), so the forward of the first
+  // units overlaps the host update of the later ones.
+  if (spec_.offload == OffloadMode::optimizer) {
+    zero_->gather_per_unit(store_units(store_, parts.layers, 0, store_.numel()));
+    gather_units_ = parts.layers + 2;
+  }
   // parallel.grad_reduce_dtype (fp64 test runs keep their own dtype).
   const std::optional<DType> grad_reduce =
       pc.grad_reduce_dtype == GradReduceDtype::bf16 ? std::optional<DType>(DType::bf16) : std::nullopt;
@@ -77,7 +84,11 @@ model::ParallelContext ZeroStrategy::forward_hooks(bool training) {
 double ZeroStrategy::grad_sum_squares(Context& ctx) { return sharded_sum_squares(ctx, *zero_); }
 
 void ZeroStrategy::step(Context& ctx, double lr, double grad_scale) {
+  waits_.wait_until(UnitWaits::kAllUnits);   // a step with no forward since the last
   zero_->step(ctx, lr, grad_scale);
+  // Offloaded: the next forward's unit u issues the gathers up to unit u + 1 and waits for u's.
+  for (int u = 0; u < gather_units_; ++u)
+    waits_.push({-1, u, {}, {}, [this, u] { zero_->wait_unit_gathered(rt_.ctx(), u); }});
   if (gather_segments_.empty()) return;
   // The next forward waits for each segment's gather before its first unit.
   std::vector<comm::Work> w = zero_->take_gathers();

@@ -49,6 +49,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -121,6 +122,11 @@ class OffloadedShards {
   // Waits for the step in flight, rethrowing its error.
   void settle();
 
+  // Test seam: the worker calls f(u) before it updates unit u's first chunk (units without
+  // elements here are skipped), e.g. to hold the update of the later units while a test checks
+  // what the earlier ones allow. Set while no step is in flight.
+  void set_before_unit(std::function<void(int unit)> f) { before_unit_ = std::move(f); }
+
   // Bytes the step moves between host and device (pinned_host: the gradients only; each gather
   // adds its unit's copy).
   std::int64_t transfer_bytes_per_step() const;
@@ -131,6 +137,7 @@ class OffloadedShards {
   struct Chunk {
     std::int64_t offset = 0, count = 0;
     std::size_t target = 0;   // the target holding it (ShardCopy::device)
+    int unit = 0;
   };
   void init(std::vector<Range> units, std::int64_t chunk);
   void run_worker();
@@ -148,7 +155,8 @@ class OffloadedShards {
   std::vector<Range> units_;
   std::vector<Target> targets_;           // ShardCopy::device: the caller's, or one per unit of device_copy_
   std::vector<Chunk> chunks_;
-  std::vector<std::size_t> last_chunk_;   // per unit: its last chunk's index (chunks_.size() if empty)
+  static constexpr std::size_t kNoChunk = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> last_chunk_;   // per unit: its last chunk's index (kNoChunk if empty)
   std::unique_ptr<optim::HostAdamW> optimizer_;
   // Before the tensors it allocates (host_copy_, the slots): members are destroyed in reverse
   // order, and a pinned tensor frees through the lane's allocator.
@@ -161,6 +169,7 @@ class OffloadedShards {
   Tensor grad_slot_[2], copy_slot_[2];
   Tensor also_slot_[2];                    // pinned [largest chunk of a target with `also`], compute dtype
   bool stale_ = true;
+  std::function<void(int)> before_unit_;   // set_before_unit (tests)
 
   // Between the caller and the worker, under mu_.
   std::mutex mu_;

@@ -3,7 +3,8 @@
 // by unit (docs/architecture.md §4, "overlapped update"): the segments of an update on the
 // runtime's side stream (parallel.overlap_optimizer) or the segments of ZeRO's parameter
 // all-gather (parallel.overlap_param_gather), or the copy up of an offloaded update
-// (parallel.offload, parallel/offloaded_shards.h). The next forward's before_forward(u) makes the
+// (parallel.offload, parallel/offloaded_shards.h), or under ZeRO its per-unit parameter gather
+// (ZeroOptimizer::gather_per_unit). The next forward's before_forward(u) makes the
 // compute stream wait for every segment holding parameters of units <= u, so the first blocks
 // compute while the last ones are still updated or gathered.
 //

@@ -20,7 +20,9 @@
 // group's master_reads, the norm weights, which are gathered in fp32 after every step).
 // Without a working copy (fp32) and for zero1-broadcast the master itself is exchanged.
 // With defer_gathers (parallel.overlap_param_gather) zero1/zero2 leave that all-gather in flight
-// after step(), in segments the next forward waits for one by one (the trainer does).
+// after step(), in segments the next forward waits for one by one (the trainer does). Offloaded
+// (gather_per_unit) they leave it to the next forward unit by unit, each unit's gather issued once
+// this rank's host update of the unit has landed.
 #include <functional>
 #include <memory>
 #include <optional>
@@ -81,7 +83,8 @@ class ZeroOptimizer final : public ShardedOptimizer {
   void offload_optimizer(OffloadFactory make) { offload_ = std::move(make); }
   // The host master of group g's shard [shard_size] (undefined without offload).
   Tensor offloaded_master(int group);
-  // Offloaded: waits for the host worker (before the host master or moments are read).
+  // Offloaded: waits for the host worker (before the host master or moments are read), after
+  // the unit gathers the last step left (finish_unit_gathers: collective when there are any).
   void settle();
   // Offloaded: the device master was written (set_master_parameters): the host master of the
   // shard takes its values and the device copies are rebuilt from it. A group without params:
@@ -93,6 +96,25 @@ class ZeroOptimizer final : public ShardedOptimizer {
   // Offloaded group g without params: every rank's host master all-gathered into `whole` (host,
   // fp32 [numel]); collective.
   void gather_offloaded_master(int group, float* whole);
+  // Offloaded, zero1/zero2, one group (docs/parallel.md "CPU offload"): step() hands the shard to
+  // the host worker and returns; the all-gather of what the forward reads (the working copy and
+  // the packed fp32 norm weights, or the fp32 master) is left to the next forward, unit by unit.
+  // units: each forward unit's range of the group (offset, count; store_units over the whole
+  // store: units in forward order, 0 the embedding ... L+1 the head).
+  void gather_per_unit(std::vector<OffloadedShards::Range> units);
+  bool gathers_per_unit() const { return !unit_gathers_.empty(); }
+  // Makes ctx's stream wait for unit u's gathers of the last step. First issues, in unit order,
+  // the gathers of every unit <= u + kGatherAhead not issued yet, each once this rank's host
+  // update of the unit has landed (the host waits for the worker to queue its copies up, ctx's
+  // stream for the copies): the gather of unit u + 1 runs during unit u's forward. The units and
+  // kGatherAhead are the same on every rank, so every rank issues the same collectives in the same
+  // order whatever its worker's speed. Collective; a no-op when the last step left nothing.
+  void wait_unit_gathered(Context& ctx, int u);
+  static constexpr int kGatherAhead = 1;
+  // Every unit gather the last step left, issued and waited (collective; no-op when none).
+  void finish_unit_gathers(Context& ctx);
+  // Group g's host shard (null without offload): tests hold its worker (set_before_unit).
+  OffloadedShards* offloaded_shards(int group) { return shards_[static_cast<std::size_t>(group)].offloaded.get(); }
 
   // Gradient synchronisation for the trainer (the DDP all-reduce for zero1-broadcast; nothing
   // during the backward for zero1; bucketed reduce-scatter for zero2). `ddp` is the all-reduce
@@ -161,6 +183,20 @@ class ZeroOptimizer final : public ShardedOptimizer {
   std::unique_ptr<GradientSync> sync_;
   std::vector<std::pair<std::int64_t, std::int64_t>> deferred_ranges_;   // empty: gather inside step()
   std::vector<comm::Work> in_flight_gathers_;
+  // gather_per_unit: per forward unit, its range of group 0 and of its packed master reads, with
+  // each rank's elements of them (zero_offload.cpp).
+  struct UnitGather {
+    std::int64_t offset = 0, count = 0;
+    std::vector<std::size_t> counts;
+    std::int64_t reads_offset = 0, reads_count = 0;
+    std::vector<std::size_t> read_counts;
+  };
+  std::vector<UnitGather> unit_gathers_;
+  std::vector<std::vector<comm::Work>> unit_works_;   // per unit: its gathers in flight
+  int units_issued_ = 0, units_waited_ = 0;           // of the last step's unit gathers
+  bool units_pending_ = false;                        // the last step left unit gathers
+  Context* units_ctx_ = nullptr;                      // the step's context (settle() has none)
+  void issue_unit_gather(Context& ctx, int u);
   friend class ReduceScatterSync;
 };
 

@@ -6,7 +6,9 @@
 // keeps lazy buckets, each reduce-scattered as the backward finishes it.
 // parallel.overlap_param_gather (zero1/zero2, no tp, no pp): step() leaves the parameter
 // all-gather in flight in segments of parallel.bucket_mb, which the next forward waits for unit by
-// unit (parallel/unit_waits.h).
+// unit (parallel/unit_waits.h). parallel.offload: step() leaves the whole gather to the next
+// forward, unit by unit, each unit's issued once its host update has landed (parallel/zero.h,
+// gather_per_unit).
 #include <memory>
 #include <vector>
 
@@ -39,6 +41,7 @@ class ZeroStrategy final : public Strategy {
   ops::Runtime& rt_;
   std::unique_ptr<ZeroOptimizer> zero_;
   std::vector<UnitSegment> gather_segments_;   // overlap_param_gather: in forward order
+  int gather_units_ = 0;   // parallel.offload: the forward units, each gathered by the next forward
   UnitWaits waits_;
 };
 
