@@ -39,7 +39,9 @@ TEST_F(MoeOpsTest, RouteIsSoftmaxTopKWithRenormalisedGates) {
     EXPECT_NE(e0, e1);
     EXPECT_GE(pv[n * E + e0], pv[n * E + e1]);
     for (std::int64_t e = 0; e < E; ++e) {
-      if (e != e0 && e != e1) EXPECT_LE(pv[n * E + e], pv[n * E + e1]);
+      if (e != e0 && e != e1) {
+        EXPECT_LE(pv[n * E + e], pv[n * E + e1]);
+      }
     }
     const double S = pv[n * E + e0] + pv[n * E + e1];
     EXPECT_NEAR(gv[n * k], pv[n * E + e0] / S, 1e-15);
