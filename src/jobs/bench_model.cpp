@@ -194,10 +194,12 @@ int run_bench_model(JobEnv& env) {
   // The GEMM plan cache over the timed steps (CUDA; ops/cuda/gemm.h): plans made per step cost a
   // cuBLASLt heuristic query each on the host, which a step of fixed shapes never repeats; an MoE
   // step's expert GEMMs change rows every step and should run on their shape classes' plans.
+  double gemm_plans_per_step = 0;
   {
     const ops::Runtime::GemmPlanCounts now = rt.gemm_plan_counts();
     const double n = static_cast<double>(std::max<std::int64_t>(1, cfg.bench.steps));
-    env.out.set_attr(g, "gemm_plans_made_per_step", static_cast<double>(now.plans_made - gemm_before.plans_made) / n);
+    gemm_plans_per_step = static_cast<double>(now.plans_made - gemm_before.plans_made) / n;
+    env.out.set_attr(g, "gemm_plans_made_per_step", gemm_plans_per_step);
     env.out.set_attr(g, "gemm_class_products_per_step",
                      static_cast<double>(now.class_products - gemm_before.class_products) / n);
     env.out.set_attr(g, "gemm_class_fallbacks_per_step",
@@ -284,6 +286,12 @@ int run_bench_model(JobEnv& env) {
                  "(/bench_model/fsdp_waits has each unit)\n",
                  fsdp_wait_fwd, fsdp_wait_bwd);
     fmt::print("predicted peak (accounting) {:.3f} GiB\n", predicted_peak / (1u << 30));
+    // A timed step that still makes GEMM plans is not yet the steady state (an MoE model's expert
+    // rows reach new shape classes for its first ~20 steps: docs/moe.md).
+    if (gemm_plans_per_step > 0)
+      fmt::print("note: the timed steps made {:.1f} cuBLASLt plans each (heuristic queries, first kernel loads): "
+                 "not yet the steady state; raise bench.warmup\n",
+                 gemm_plans_per_step);
     if (pred.host_bytes > 0)
       fmt::print("offload: host peak resident {:.3f} GiB per rank (the offloaded state: {:.3f} GiB predicted)\n",
                  host_peak / (1u << 30), pred.host_bytes / (1u << 30));
