@@ -20,16 +20,6 @@ namespace {
 constexpr int kWarps = 8;  // rows per block of the per-row kernels
 constexpr int kMaxExperts = 1024;
 
-__device__ __forceinline__ double warp_sum_f64(double x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-__device__ __forceinline__ double warp_max_f64(double x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = fmax(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
 
 // probs[n,:] = softmax(logits[n,:]), lse[n], then the top-k by repeated
 // selection: each lane proposes its largest untaken probability (strictly
@@ -45,10 +35,10 @@ __global__ void route_kernel(const T* __restrict__ logits, float* __restrict__ p
   float* p = probs + n * E;
   double m = -INFINITY;
   for (int e = lane; e < E; e += 32) m = fmax(m, static_cast<double>(to_f32(z[e])));
-  m = warp_max_f64(m);
+  m = warp_max(m);
   double s = 0;
   for (int e = lane; e < E; e += 32) s += exp(static_cast<double>(to_f32(z[e])) - m);
-  s = warp_sum_f64(s);
+  s = warp_sum(s);
   if (lane == 0) lse[n] = static_cast<float>(m + log(s));
   for (int e = lane; e < E; e += 32) p[e] = static_cast<float>(exp(static_cast<double>(to_f32(z[e])) - m) / s);
   unsigned taken = 0;  // bit i: expert lane + 32 i is chosen
@@ -113,7 +103,7 @@ __global__ void router_losses_kernel(const float* __restrict__ probs, const floa
   }
   double z = 0;
   for (std::int64_t n = threadIdx.x; n < B * T; n += blockDim.x) z += static_cast<double>(lse[n]) * lse[n];
-  z = warp_sum_f64(z);
+  z = warp_sum(z);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = z;
   __syncthreads();  // also publishes pc to the block
   if (threadIdx.x == 0) {
@@ -158,7 +148,7 @@ __global__ void route_backward_kernel(const float* __restrict__ probs, const flo
   };
   double pdp = 0;
   for (int e = lane; e < E; e += 32) pdp += static_cast<double>(p[e]) * dp(e);
-  pdp = warp_sum_f64(pdp);
+  pdp = warp_sum(pdp);
   const double zterm = zcoef_scaled * 2.0 * static_cast<double>(lse[n]);
   for (int e = lane; e < E; e += 32) {
     const double pe = static_cast<double>(p[e]);
