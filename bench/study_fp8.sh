@@ -7,7 +7,7 @@
 #     above bf16);
 #   - speed: xl (inputs/bench_model_xl_bf16.ini, flash attention, 4 x 512 tokens, train step) in
 #     bf16 and in fp8, REPEATS times in alternation; the median tokens/s of each and their ratio.
-# With PEER_FP8=1 the timing also runs the PyTorch peer's xl in bf16 and with torchao's float8
+# With PEER_FP8=1 the timing also runs the PyTorch peer's xl (torch.compile) in bf16 and with torchao's float8
 # training (bench/torch_peer.py model --float8, tensorwise dynamic scaling: the peer of current
 # scaling; needs torch and torchao) and prints their ratio table.
 #   bench/study_fp8.sh        (SKIP_XL=1: convergence only; SKIP_TEXT=1: timing only; PEER_FP8=1)
@@ -21,7 +21,7 @@ if [ -z "$DRY_RUN" ]; then
 fi
 XL=(inputs/bench_model_xl_bf16.ini --model.attention=flash)
 PEER_FP8=${PEER_FP8:-}
-PEER_XL=(model --size xl --precision bf16 --attention sdpa --warmup 5 --iters 10)   # the deck's shape and steps
+PEER_XL=(model --size xl --precision bf16 --attention sdpa --compile --warmup 5 --iters 10)   # the deck's shape and steps; torch.compile (the peer)
 if [ -n "$PEER_FP8" ] && [ -z "${SKIP_XL:-}" ]; then preflight 1; fi
 
 if [ -z "${SKIP_TEXT:-}" ]; then

@@ -7,11 +7,16 @@
 // Bounds. The GPU quantises bf16 activations and weights, the CPU fp32 ones: an element whose
 // fp32 value lies near a midpoint between two e4m3 values may round the other way after the bf16
 // rounding (one e4m3 step, 6%), and the bf16 model's own difference from fp32 is bounded by 3e-2
-// in test_model_cuda.cpp. FP8 itself moves a small model's gradients by 10-25% from fp32 (the CPU
-// test test_model_fp8), and the flipped roundings are a few percent of the elements, so per
-// parameter the gradients must agree within 1e-1 (relative 2-norm; an estimate, not yet measured
-// on a GPU: a wrong scale or operand layout gives 1 or more), the loss within 1e-2 relative; the GPU's FP8 run must differ from its bf16 run (the FP8 layers
-// ran: their e4m3 rounding moves the gradients by about 1e-2, far above bf16's run-to-run 0).
+// in test_model_cuda.cpp. Where the two sides' rounding of an operand differs, the FP8 layers
+// amplify it: e5m2 gradients carry 2 mantissa bits (a flipped rounding moves an element by 12-25%),
+// and the difference compounds through the layers into every parameter, the bf16 ones included.
+// Measured on an H100 (2026-11-27): per parameter 3.2e-2 to 1.45e-1 (relative 2-norm; the largest
+// on layer 0's q/k/v, the smallest on the LM head, which stays bf16). The bound, 2.5e-1, is that
+// maximum with a margin; the errors this test exists to catch (a wrong scale, inverse or operand
+// layout) are expected to give 1 or more (an estimate: no such mutation has run on a GPU). The
+// loss must agree within 1e-2 relative, and the GPU's FP8 run must differ from its bf16 run (the
+// FP8 layers ran: their e4m3 rounding moves the gradients by about 1e-2, far above bf16's
+// run-to-run 0).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,7 +39,7 @@ using namespace lmscale;
 
 namespace {
 
-constexpr double kGradTol = 1e-1, kLossTol = 1e-2;
+constexpr double kGradTol = 2.5e-1, kLossTol = 1e-2;
 
 model::ModelDims dims(bool flash) {
   model::ModelDims d;
@@ -89,6 +94,7 @@ TEST_P(ModelFp8Cuda, LossAndGradientsMatchTheCpuEmulation) {
   const auto cpu = run(Device::cpu, DType::f32, true, flash, tok, B, T);
   const auto gpu = run(Device::cuda, DType::bf16, true, flash, tok, B, T);
   const auto gpu_bf16 = run(Device::cuda, DType::bf16, false, flash, tok, B, T);
+  std::printf("  loss cpu emulation %.6f  gpu fp8 %.6f  gpu bf16 %.6f\n", cpu.loss, gpu.loss, gpu_bf16.loss);
   EXPECT_NEAR(gpu.loss, cpu.loss, kLossTol * cpu.loss);
   double fp8_vs_bf16 = 0;
   for (const auto& p : model::parameter_layout(dims(flash))) {
