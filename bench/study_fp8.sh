@@ -5,12 +5,15 @@
 #     analysis.fp8_study draws the three loss curves in one figure ($OUT/study/loss.png) and
 #     prints the final losses and their ratios to bf16 (exit 1 when an fp8 run ends more than 2%
 #     above bf16);
+#   - convergence at scale: inputs/fp8_xl_text.ini (xl with a byte vocabulary, 300 steps) in bf16
+#     and in fp8 with current scaling; analysis.fp8_study draws both curves ($OUT/study_xl/loss.png)
+#     and exits 1 when fp8 ends more than 1.5% above bf16;
 #   - speed: xl (inputs/bench_model_xl_bf16.ini, flash attention, 4 x 512 tokens, train step) in
 #     bf16 and in fp8, REPEATS times in alternation; the median tokens/s of each and their ratio.
 # With PEER_FP8=1 the timing also runs the PyTorch peer's xl (torch.compile) in bf16 and with torchao's float8
 # training (bench/torch_peer.py model --float8, tensorwise dynamic scaling: the peer of current
 # scaling; needs torch and torchao) and prints their ratio table.
-#   bench/study_fp8.sh        (SKIP_XL=1: convergence only; SKIP_TEXT=1: timing only; PEER_FP8=1)
+#   bench/study_fp8.sh   (SKIP_TEXT=1, SKIP_XL_TEXT=1, SKIP_XL=1 leave a part out; PEER_FP8=1)
 STUDY=fp8
 source "$(dirname "$0")/common.sh"
 if [ -z "$DRY_RUN" ]; then
@@ -30,6 +33,15 @@ if [ -z "${SKIP_TEXT:-}" ]; then
   lm text_fp8_current 1 inputs/fp8_text.ini --precision.mode=fp8
   lm text_fp8_delayed 1 inputs/fp8_text.ini --precision.mode=fp8 --precision.fp8_scaling=delayed
 fi
+if [ -z "${SKIP_XL_TEXT:-}" ]; then
+  RUN=1
+  lm xl_text_bf16 1 inputs/fp8_xl_text.ini
+  lm xl_text_fp8_current 1 inputs/fp8_xl_text.ini --precision.mode=fp8
+  xl_study=("$PYTHON" -m analysis.fp8_study "$OUT/xl_text_bf16/lmscale_1.h5" "$OUT/xl_text_fp8_current/lmscale_1.h5"
+            --out "$OUT/study_xl" --max-ratio 1.015 --title "xl, 300 steps: bf16 against FP8 (current scaling)")
+  if [ -n "$DRY_RUN" ]; then echo "${xl_study[*]}"; else "${xl_study[@]}" || say "xl: fp8 ended more than 1.5% above bf16 (or a run failed)"; fi
+fi
+RUN=0
 timing() {
   lm xl_bf16 1 "${XL[@]}"
   lm xl_fp8 1 "${XL[@]}" --precision.mode=fp8

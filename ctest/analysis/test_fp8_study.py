@@ -1,5 +1,5 @@
 """analysis.fp8_study on synthetic results files (argv: OUTDIR): three train runs (bf16, fp8
-current, fp8 delayed) and bench-model runs of xl, built with h5py in the results schema. The
+current, fp8 delayed; or the first two alone) and bench-model runs of xl, built with h5py in the results schema. The
 figure is written, the table holds each run's final losses and ratio to bf16, the xl timing ratio
 is printed, the exit status follows --max-ratio, and runs of different lengths are refused.
 Written as pytest test functions (`pytest ctest/analysis/test_fp8_study.py` runs them with a
@@ -82,6 +82,19 @@ def test_exit_status_follows_the_bound(tmp_path):
     assert code == 1, out   # 2.1 / 2.0 = 1.05 > 1.02
     code, _ = run_study(three_runs(d, delayed=2.1) + ["--out", os.path.join(d, "study"), "--max-ratio", "1.06"])
     assert code == 0
+
+
+def test_two_runs_without_delayed(tmp_path):
+    """The xl check trains bf16 and fp8 current only: two files are a study, the bound applies."""
+    d = str(tmp_path)
+    two = three_runs(d, current=2.02)[:2]
+    code, out = run_study(two + ["--out", os.path.join(d, "study"), "--max-ratio", "1.015", "--title", "xl"])
+    assert code == 0, out   # 2.02 / 2.0 = 1.010 <= 1.015
+    assert "| fp8 current | 2.0200 | 2.1200 | 1.0100 |" in out, out
+    assert "fp8 delayed" not in out, out
+    assert os.path.getsize(os.path.join(d, "study", "loss.png")) > 0
+    code, out = run_study(two + ["--out", os.path.join(d, "study"), "--max-ratio", "1.005"])
+    assert code == 1, out
 
 
 def test_runs_of_different_length_are_refused(tmp_path):
