@@ -9,6 +9,8 @@
 #   H, I, J  fsdp with offload: from the start, from A's step 4, and zero2 from H's step 4 -> bitwise
 #   P, Q, R  fsdp with optimizer+params: from the start (checkpointing), from H's step 4, and fsdp
 #            with offload = optimizer from P's step 4 -> bitwise
+#   S, T  fsdp with optimizer+params and the one-step-delayed update: from the start, and from A's
+#         step 4 (the first step bitwise as A's, the next one update behind)
 #   F  each refusal: exit 2 naming the key, no results file
 #   M, K  predicted memory = measured (CPU; M4-M6 optimizer+params), and the accounting of the 8b
 #         offload deck (K2: with optimizer+params)
@@ -71,6 +73,31 @@ same_tail Q.h5 4
 mpi 2 "${common[@]}" --parallel.zero=fsdp --parallel.offload=optimizer --run.output=R.h5 --train.resume=ckP/step_00000004
 same_tail R.h5 4
 echo "ok: fsdp with optimizer+params = zero2 without, from the start and across resumes to and from optimizer, bitwise"
+# The one-step-delayed update (parallel.offload_delayed_update): step s + 1 reads the parameters
+# of step s - 1. The warm-up's first learning rate is 0, so step 1's update changes nothing and
+# steps 1 and 2 are A's, bitwise; step 3 reads step 1's result where A reads step 2's, so its loss
+# differs; the run still trains (its last loss within 10% of A's on this tiny deck). Resumed from
+# A's step 4, both pinned copies start from the saved master: step 5 is A's bitwise, step 6 (which
+# reads step 4's parameters again, not step 5's update at a learning rate > 0) differs.
+delayed=(--parallel.zero=fsdp --parallel.offload=optimizer+params --parallel.offload_delayed_update=true)
+mpi 2 "${common[@]}" "${delayed[@]}" --run.output=S.h5
+mpi 2 "${common[@]}" "${delayed[@]}" --run.output=T.h5 --train.resume=ckA/step_00000004
+python3 - <<'PY'
+import h5py, math, sys
+with h5py.File("A.h5") as a, h5py.File("S.h5") as s, h5py.File("T.h5") as t:
+    la, ls, lt = (list(f["/train/steps"]["loss"]) for f in (a, s, t))
+    bad = []
+    lr = list(a["/train/steps"]["lr"])
+    if lr[0] != 0 or lr[1] <= 0 or lr[4] <= 0: bad.append(f"the schedule this check assumes changed: {lr}")
+    if ls[:2] != la[:2]: bad.append(f"steps 1-2 {ls[:2]} != {la[:2]}")
+    if ls[2] == la[2]: bad.append("step 3 equals the synchronous update's")
+    if not all(math.isfinite(x) for x in ls) or abs(ls[-1] - la[-1]) > 0.1 * abs(la[-1]):
+        bad.append(f"last loss {ls[-1]} against {la[-1]}")
+    if lt[0] != la[4]: bad.append(f"resumed step 5 {lt[0]} != {la[4]}")
+    if lt[1] == la[5]: bad.append("resumed step 6 equals the synchronous update's")
+    sys.exit("FAIL: delayed update: " + "; ".join(bad) if bad else 0)
+PY
+echo "ok: fsdp with the delayed update: step 1 as without, then one update behind; resumes from the saved master"
 
 expect2() {  # NP WHAT PATTERN ARGS...: exit 2, the message matches PATTERN, no results file
   local np=$1 what=$2 pattern=$3 rc=0 mode=${OFFLOAD_MODE:-optimizer}; shift 3

@@ -200,7 +200,7 @@ Config everything_changed() {
   c.model = {"custom", 321, 77, 96, 200, 3, 6, 5000.5, 1e-6, AttentionImpl::flash};
   c.precision = {PrecisionMode::bf16, true, true, 1024.0, 17};
   c.parallel = {DeviceChoice::cuda, BackendChoice::nccl, 2, 1, 1, DdpKind::bucketed, 12.5, GradReduceDtype::bf16,
-                GradExchange::nccl, ZeroLevel::zero2, OffloadMode::none, 5, 2, false, 3, PipelineSchedule::gpipe, 1, {3}, true, 45, true};
+                GradExchange::nccl, ZeroLevel::zero2, OffloadMode::none, 5, false, 2, false, 3, PipelineSchedule::gpipe, 1, {3}, true, 45, true};
   c.bench.mode = BenchMode::forward;
   c.bench.warmup = 0;
   c.bench.steps = 3;

@@ -112,6 +112,12 @@ const std::vector<BadDeck> kBadDecks{
      "[optim]\nname = lamb\n", {}, "parallel.ep", "layer-wise optimizer"},
     {"ep_with_offload", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nep = 2\ndp = 2\nzero = zero1\noffload = "
      "optimizer\n[train]\nbatch_size = 4\n", {}, "parallel.ep", "parallel.offload"},
+    // The one-step-delayed offload update (io/deck_validate.cpp, check_offload).
+    {"delayed_update_without_params_offload", "[parallel]\ndevice = cpu\nzero = fsdp\noffload = optimizer\n"
+     "offload_delayed_update = true\n[train]\nbatch_size = 4\n", {}, "parallel.offload_delayed_update",
+     "parallel.offload = optimizer"},
+    {"delayed_update_without_offload", "[parallel]\noffload_delayed_update = true\n", {},
+     "parallel.offload_delayed_update", "optimizer+params"},
     {"moe_with_tp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\ntp = 2\n", {"--parallel.dp=1"},
      "parallel.tp", "tensor parallelism of MoE blocks"},
     {"moe_with_selective", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\n[train]\nactivation_checkpointing = "

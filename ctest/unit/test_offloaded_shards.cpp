@@ -101,6 +101,62 @@ TEST_P(OffloadedShardsTest, ChunkedHostStepsMatchAdamWBitwise) {
   EXPECT_EQ(off.transfer_bytes_per_step(), S * (on_host ? 4 : 4 + 2));
 }
 
+// The one-step-delayed update (parallel.offload_delayed_update, pinned host copies): fed the same
+// gradients, the delayed shard's master after each step is the synchronous one's, bit for bit (the
+// update itself is unchanged), and the units it hands the forward of step t + 1 are what the
+// synchronous shard handed the forward of step t: the parameters one update older. A master
+// written from outside reaches both buffers (the next step reads it).
+TEST(OffloadedShardsDelayed, ForwardReadsTheUpdateBeforeTheOneInFlight) {
+  ops::Runtime rt(Device::cpu, 0, false);
+  Context& ctx = rt.ctx();
+  OptimConfig cfg;
+  cfg.name = OptimizerName::adamw;
+  cfg.weight_decay = 0.1;
+  const std::int64_t S = 250, chunk = 64;
+  std::vector<parallel::OffloadedShards::Range> units{{0, 40}, {40, 0}, {40, 210}};
+  parallel::OffloadedShards sync(rt, S, units, DType::bf16, cfg, 3, ShardCopy::pinned_host, chunk);
+  parallel::OffloadedShards late(rt, S, units, DType::bf16, cfg, 3, ShardCopy::pinned_host, chunk, true);
+  const std::vector<float> init = random_values(S, 1, 0.5);
+  for (parallel::OffloadedShards* o : {&sync, &late}) {
+    std::memcpy(o->master().data(), init.data(), init.size() * sizeof(float));
+    o->mark_master_changed();
+  }
+  auto shards = [&](parallel::OffloadedShards& o) {   // every unit's copy as the forward gets it, in bf16 bits
+    std::vector<std::uint16_t> bits;
+    for (int u = 0; u < 3; ++u) {
+      Tensor d = o.device_shard(ctx, u);
+      for (std::int64_t i = 0; i < d.numel(); ++i) bits.push_back(d.data_as<const bf16_t>()[i].bits);
+    }
+    return bits;
+  };
+  std::vector<std::uint16_t> sync_before = shards(sync);   // the forward of step 1: the initial values
+  ASSERT_EQ(shards(late), sync_before);
+  for (int t = 1; t <= 4; ++t) {
+    std::vector<float> grads = random_values(S, 100 + t, 2.0);
+    const double lr = 1e-2 / t, scale = 0.5 + 0.1 * t;
+    sync.start_step(ctx, view_of(grads), lr, scale);
+    late.start_step(ctx, view_of(grads), lr, scale);
+    // The forward of step t + 1: the synchronous shard waits for step t's update; the delayed
+    // one reads the parameters of step t - 1, which the synchronous forward of step t read.
+    const std::vector<std::uint16_t> sync_now = shards(sync), late_now = shards(late);
+    EXPECT_EQ(late_now, sync_before) << "the forward after step " << t;
+    EXPECT_NE(late_now, sync_now) << "the forward after step " << t << " read the update in flight";
+    sync_before = sync_now;
+    sync.settle();
+    late.settle();
+    EXPECT_EQ(0, std::memcmp(late.master().data(), sync.master().data(), S * sizeof(float))) << "master, step " << t;
+  }
+  // A master written from outside (a checkpoint load): both buffers, so the next forward reads it.
+  late.master().data_as<float>()[45] = 3.0f;
+  late.mark_master_changed();
+  EXPECT_EQ(late.device_shard(ctx, 2).data_as<const bf16_t>()[5].bits, float_to_bf16(3.0f).bits);
+  std::vector<float> grads = random_values(S, 200, 2.0);
+  late.start_step(ctx, view_of(grads), 1e-3, 1.0);
+  EXPECT_EQ(late.device_shard(ctx, 2).data_as<const bf16_t>()[5].bits, float_to_bf16(3.0f).bits)
+      << "the forward after a load and one step reads the loaded master";
+  late.settle();
+}
+
 // One process and zero1/zero2 under bf16 (parallel/store_offload.h): the caller's targets, a bf16
 // working copy with an fp32 range inside (a norm weight, read in full precision) that cuts a unit,
 // and gradients in pieces (lazy buckets) that cut chunks: per unit, after wait_unit(), the bf16

@@ -177,6 +177,12 @@ std::vector<DeckKey> build_table() {
                "16-bit shard on the host too, copied to the device per unit before its all-gather (the device "
                "keeps the gradient shard only). The same results as none, bit for bit. optim.name = adamw; not "
                "with ddp, zero1-broadcast, tp or pp (docs/parallel.md)."),
+      bool_key("parallel.offload_delayed_update", LMSCALE_FIELD(parallel.offload_delayed_update),
+               "parallel.offload = optimizer+params: ZeRO-Offload's one-step-delayed update. The forward and "
+               "backward of a step do not wait for the host update of the step before; they read the parameters "
+               "of the step before that, so the whole host update runs beside the next step's forward and "
+               "backward. Changes the numerics: each step's gradients are taken at parameters one update old. "
+               "Host memory: a second pinned 16-bit copy of the shard (docs/parallel.md)."),
       int_key("parallel.offload_threads", LMSCALE_FIELD(parallel.offload_threads), 0,
               "Host threads of each rank's offloaded AdamW; 0 = the hardware threads divided by the dp ranks "
               "(assumed to share one host) (docs/parallel.md)."),

@@ -358,6 +358,11 @@ void check_pipeline(const Config& c) {
 // parallel.offload = optimizer and optimizer+params: what is built (docs/parallel.md, "CPU offload").
 void check_offload(const Config& c, std::int64_t dp) {
   const auto& p = c.parallel;
+  if (p.offload_delayed_update && p.offload != OffloadMode::optimizer_params)
+    fail("parallel.offload_delayed_update = true lets the forward read parameters one host update old, which is "
+         "built for parallel.offload = optimizer+params (fsdp) only (parallel.offload = {}); set parallel.offload = "
+         "optimizer+params with parallel.zero = fsdp, or parallel.offload_delayed_update = false",
+         p.offload);
   if (p.offload == OffloadMode::none) return;
   if (c.optim.name != OptimizerName::adamw)
     fail("parallel.offload = {} runs AdamW on the host; optim.name = {} has no host version; set optim.name = adamw "

@@ -23,6 +23,7 @@ FsdpOptions FsdpOptions::from(const ParallelConfig& p) {
   o.reshard_after_forward = p.reshard_after_forward;
   o.offload_optimizer = p.offload != OffloadMode::none;
   o.offload_params = p.offload == OffloadMode::optimizer_params;
+  o.offload_delayed_update = p.offload_delayed_update;
   return o;
 }
 
@@ -157,7 +158,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
     for (const auto& u : units_) ranges.push_back({u.shard_offset, u.shard});
     offloaded_ = std::make_unique<OffloadedShards>(
         rt, S, std::move(ranges), compute_, cfg, opt.offload_threads,
-        opt.offload_params ? OffloadedShards::ShardCopy::pinned_host : OffloadedShards::ShardCopy::device);
+        opt.offload_params ? OffloadedShards::ShardCopy::pinned_host : OffloadedShards::ShardCopy::device,
+        OffloadedShards::kChunk, opt.offload_delayed_update);
     master_ = offloaded_->master();   // host, zeros
   } else {
     master_ = Tensor::empty({S}, master, A, "parameters");

@@ -22,9 +22,12 @@ Context host_context(ops::Runtime& rt) {
 }  // namespace
 
 OffloadedShards::OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units, DType compute,
-                                 const OptimConfig& cfg, int threads, ShardCopy copy, std::int64_t chunk)
-    : rt_(rt), compute_(compute), threads_(std::max(1, threads)), copy_(copy) {
+                                 const OptimConfig& cfg, int threads, ShardCopy copy, std::int64_t chunk,
+                                 bool delayed_update)
+    : rt_(rt), compute_(compute), threads_(std::max(1, threads)), copy_(copy), delayed_(delayed_update) {
   LMSCALE_CHECK(cfg.name == OptimizerName::adamw, "parallel.offload: AdamW only (deck checks)");
+  LMSCALE_CHECK(!delayed_ || copy_ == ShardCopy::pinned_host,
+                "OffloadedShards: the delayed update needs the shard's copy in pinned host memory (deck checks)");
   host_ctx_ = host_context(rt);
   optimizer_ = std::make_unique<optim::HostAdamW>(cfg, numel, host_ctx_, threads_);
   master_ = Tensor::empty({numel}, DType::f32, rt.host(), "offloaded_master");
@@ -33,7 +36,11 @@ OffloadedShards::OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vect
     device_copy_ = Tensor::empty({numel}, compute_, *rt.ctx().allocator, "offloaded_device_copy");
     for (const Range& u : units) targets_.push_back({u.offset, u.count, device_copy_.flat_range(u.offset, u.count), Tensor()});
   } else {   // the worker's output and the source of each gather's copy up: pinned, so that copy is asynchronous
-    host_copy_ = Tensor::empty({numel}, compute_, lane_->pinned(), "offloaded_host_copy");
+    host_copy_[0] = Tensor::empty({numel}, compute_, lane_->pinned(), "offloaded_host_copy");
+    if (delayed_) {
+      host_copy_[1] = Tensor::empty({numel}, compute_, lane_->pinned(), "offloaded_host_copy");
+      write_ = 1;
+    }
   }
   init(std::move(units), chunk);
 }
@@ -189,7 +196,7 @@ void OffloadedShards::update(const std::vector<ops::GradPiece>& grads, double lr
     // The result in the dtype its destination holds: the compute dtype, or fp32 (a target of
     // fp32 weights: the master's values themselves).
     const DType out_dtype = on_host ? compute_ : targets_[k.target].dst.dtype();
-    Tensor out = on_host ? host_copy_.flat_range(k.offset, k.count)
+    Tensor out = on_host ? host_copy_[write_].flat_range(k.offset, k.count)
                          : Tensor::view(copy_slot_[c % 2].data(), {k.count}, out_dtype, copy_slot_[c % 2].device());
     const bool lowp = out_dtype != DType::f32;
     const bool also = !on_host && targets_[k.target].also.defined();
@@ -234,6 +241,9 @@ void OffloadedShards::start_step(Context& ctx, std::vector<ops::GradPiece> grads
                 master_.numel());
   settle();
   if (stale_) refresh(ctx);
+  // The delayed update: the update just settled wrote [write_]; the next step's gathers read it,
+  // and this one's result goes into the buffer this step's gathers read (after them: `ready`).
+  if (delayed_) std::swap(read_, write_);
   optimizer_->begin_step();
   ops::HostTransfer::Fence ready = lane_->fence(ctx);
   {
@@ -311,11 +321,17 @@ Tensor OffloadedShards::device_shard(Context& ctx, int u) {
   LMSCALE_CHECK(copy_ == ShardCopy::pinned_host || device_copy_.defined(),
                 "OffloadedShards: device_shard() without a device copy of its own (the caller's targets)");
   const Range& r = units_[static_cast<std::size_t>(u)];
-  wait_unit(ctx, u);
+  if (!delayed_) {
+    wait_unit(ctx, u);
+  } else if (stale_) {   // the previous update's result needs no wait; a changed master does
+    settle();
+    refresh(ctx);
+  }
   if (copy_ == ShardCopy::device) return device_copy_.flat_range(r.offset, r.count);
-  // pinned_host: the worker has written u's range (the wait above); up on the compute stream.
+  // pinned_host: the worker has written u's range (the wait above, or, delayed, the update
+  // before the one in flight); up on the compute stream.
   Tensor send = Tensor::empty({r.count}, compute_, *ctx.allocator, "fsdp_send");
-  if (r.count > 0) ops::copy(ctx, host_copy_.flat_range(r.offset, r.count), send);
+  if (r.count > 0) ops::copy(ctx, host_copy_[read_].flat_range(r.offset, r.count), send);
   return send;
 }
 
@@ -352,8 +368,11 @@ void OffloadedShards::refresh_host() {
   // The master into the pinned host copy with the device cast's rounding (round to nearest even:
   // ops::cast on the host, core/dtype.h). The device may still be copying from the host copy
   // (an earlier gather's copy up, stream-ordered): wait for it before overwriting.
+  // With the delayed update both buffers start from the master: the next step reads it, and a
+  // resumed run continues from the saved master (not from the one before it).
   rt_.synchronize();
-  if (master_.numel() > 0) ops::cast(host_ctx_, master_, host_copy_);
+  for (Tensor& copy : host_copy_)
+    if (copy.defined() && master_.numel() > 0) ops::cast(host_ctx_, master_, copy);
   for (auto& f : copied_) f = {};
   stale_ = false;
 }

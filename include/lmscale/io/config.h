@@ -231,6 +231,7 @@ struct ParallelConfig {
   ZeroLevel zero = ZeroLevel::none;
   OffloadMode offload = OffloadMode::none;  // optimizer: fp32 master, m, v of the rank's range in host memory, AdamW on the host
   std::int64_t offload_threads = 0;         // host AdamW threads per rank; 0 = auto (optim::host_adamw_threads)
+  bool offload_delayed_update = false;      // optimizer+params: the forward reads the update before the one in flight
   std::int64_t fsdp_prefetch = 1;       // fsdp: units gathered ahead of the one computing
   bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
   std::int64_t microbatches = 1;

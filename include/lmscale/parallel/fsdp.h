@@ -64,6 +64,9 @@ struct FsdpOptions {
   // parallel.offload = optimizer+params (with offload_optimizer): the 16-bit shard on the host
   // too, copied up per unit before its gather (OffloadedShards::ShardCopy::pinned_host).
   bool offload_params = false;
+  // parallel.offload_delayed_update (with offload_params): the forward does not wait for the
+  // host update; it reads the update before (OffloadedShards, "the one-step-delayed update").
+  bool offload_delayed_update = false;
   int offload_threads = 1;
   static FsdpOptions from(const ParallelConfig& p);
 };

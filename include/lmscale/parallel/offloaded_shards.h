@@ -41,6 +41,16 @@
 // gradients (its lane fence follows the compute stream's point at start_step(), after every
 // gather's copy of the step); a refresh from the master synchronises the device first.
 //
+// The one-step-delayed update (ZeRO-Offload's "DPU", parallel.offload_delayed_update; pinned_host
+// only): the forward and backward of step s + 1 do not wait for step s's host update but read the
+// parameters of step s - 1, so the whole host update of step s overlaps step s + 1's forward and
+// backward on the GPU. Step s + 1's gradients are therefore taken at the parameters of step s - 1
+// and applied on top of step s's: the numerics change (docs/parallel.md). Two pinned host copies
+// [S]: the gathers read one (the previous update's result) while the worker writes the other;
+// start_step() first waits for the update in flight, then swaps them. The worker writes the
+// buffer the step's gathers read only after the step's point on the compute stream (as below),
+// so no gather reads a half-written copy.
+//
 // Ordering: the worker's copies of chunk c start after the compute stream's point where
 // start_step() was called (the gradients are final); the next backward overwrites the gradient
 // shard only after every unit's forward, which waited for every chunk's copy back, so a step can
@@ -82,9 +92,10 @@ class OffloadedShards {
   };
   // numel: S; units: each unit's range, in forward order, disjoint; compute: the dtype of the
   // shard's copy; threads: host threads of the AdamW; chunk: elements per pipelined piece.
+  // delayed_update: the one-step-delayed update above (ShardCopy::pinned_host only).
   OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units, DType compute,
                   const OptimConfig& cfg, int threads, ShardCopy copy = ShardCopy::device,
-                  std::int64_t chunk = kChunk);
+                  std::int64_t chunk = kChunk, bool delayed_update = false);
   // ShardCopy::device into the caller's targets (ascending, disjoint, covering [0, S)); chunks
   // end at target boundaries too.
   OffloadedShards(ops::Runtime& rt, std::int64_t numel, std::vector<Range> units, std::vector<Target> targets,
@@ -106,7 +117,8 @@ class OffloadedShards {
 
   // Unit u's shard [count] in the compute dtype on the device, ready on ctx's stream (see the
   // header): a view of the device copy, or (pinned_host) a new buffer from ctx's allocator that
-  // the caller must keep until the stream has read it.
+  // the caller must keep until the stream has read it. With the delayed update: the previous
+  // update's result, at once (no wait for the update in flight).
   // (Without targets.)
   Tensor device_shard(Context& ctx, int u);
   // Makes ctx's stream wait until unit u's targets hold the step's result (the host waits until
@@ -163,7 +175,11 @@ class OffloadedShards {
   std::unique_ptr<ops::HostTransfer> lane_;
   Tensor master_;                          // host fp32 [S]
   Tensor device_copy_;                     // device [S], compute dtype (ShardCopy::device without targets)
-  Tensor host_copy_;                       // pinned host [S], compute dtype (ShardCopy::pinned_host)
+  // pinned host [S], compute dtype (ShardCopy::pinned_host): [read_] is what the gathers copy up,
+  // [write_] what the worker writes; the same buffer but with the delayed update.
+  Tensor host_copy_[2];
+  bool delayed_ = false;
+  int read_ = 0, write_ = 0;
   // pinned [largest chunk]: fp32 gradients, and (ShardCopy::device) the parameters in the
   // widest target dtype, viewed in each chunk's target dtype
   Tensor grad_slot_[2], copy_slot_[2];

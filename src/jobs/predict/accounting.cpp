@@ -130,9 +130,12 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
       const double micro = bench ? 1.0 : static_cast<double>(cfg.train.grad_accum);
       const bool regather = cfg.parallel.reshard_after_forward;
       const double gathered = Ps + (regather ? L * unit_block / tp : 0.0);
-      a.host_bytes = (12 + e) * Ps / dp;
-      a.host_formula = "(12 + e) B x " + ps + " / N (fp32 master, m, v of the shard and its pinned 16-bit copy; "
-                       "parallel/offloaded_shards.h)";
+      // The delayed update keeps two pinned copies: the one the gathers read, the one the host writes.
+      const bool delayed = cfg.parallel.offload_delayed_update;
+      a.host_bytes = (12 + (delayed ? 2 : 1) * e) * Ps / dp;
+      a.host_formula = std::string(delayed ? "(12 + 2e)" : "(12 + e)") + " B x " + ps +
+                       " / N (fp32 master, m, v of the shard and its pinned 16-bit cop" +
+                       (delayed ? "ies: the delayed update's two" : "y") + "; parallel/offloaded_shards.h)";
       a.host_transfer_bytes_per_step = 4 * Ps / dp + micro * e * gathered / dp;
       a.host_transfer_formula = "4 B x " + ps + " / N (fp32 gradient shard down) + e B x " +
                                 (micro > 1 ? fmt::format("{:.0f} micro-batches x ", micro) : std::string()) + "(" + ps +

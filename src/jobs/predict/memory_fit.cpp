@@ -149,11 +149,13 @@ std::optional<MemoryNeed> offload_host_need(const Config& cfg, int world, bool c
   // optimizer+params (fsdp): the shard's pinned copy in the compute dtype too.
   const bool host_params = cfg.parallel.offload == OffloadMode::optimizer_params;
   const double e = computes_16bit(cfg.precision.mode, cuda) ? 2.0 : 4.0;
-  const double bytes_per = host_params ? 12.0 + e : 12.0;
+  const double copies = cfg.parallel.offload_delayed_update ? 2.0 : 1.0;   // the delayed update's two pinned copies
+  const double bytes_per = host_params ? 12.0 + copies * e : 12.0;
   MemoryNeed need;
   need.bytes = bytes_per * shard;
   need.detail = fmt::format("{:.0f} bytes for each of {:.3g} parameters of this rank's {}", bytes_per, shard,
-                            host_params ? "shard: fp32 master, m, v and its pinned compute-dtype copy"
+                            host_params ? (copies > 1 ? "shard: fp32 master, m, v and its two pinned compute-dtype copies"
+                                                      : "shard: fp32 master, m, v and its pinned compute-dtype copy")
                             : fsdp ? "shard: fp32 master, m and v"
                                    : "range: fp32 master, m and v");
   return need;
