@@ -3,6 +3,7 @@
 // the result is bitwise the host's (optim::sum_of_squares + optim::clip_factor). n is the number
 // of gradient buckets (tens): the single thread costs a few microseconds.
 #include "cuda_ops.h"
+#include "kernel_utils.cuh"
 #include "lmscale/ops/device_step.h"
 #include "resources.h"
 
