@@ -135,7 +135,8 @@ TEST(CudaGraphPieces, AdamWFromDeviceScalarsMatchesHostScalars) {
     ops::adamw(ctx, host.p, g, host.m, host.v, a, &host.low);
     // The device's clip slots as clip_grad_scale writes them (norm unused by the kernel).
     const double slots[ops::kClipSlots] = {1.0, grad_scale, 1.0};
-    cudaMemcpy(clip.data(), slots, sizeof slots, cudaMemcpyHostToDevice);
+    rt.synchronize();   // (the last step's kernel reads clip; cudaMemcpy is not ordered on the stream)
+    ASSERT_EQ(cudaMemcpy(clip.data(), slots, sizeof slots, cudaMemcpyHostToDevice), cudaSuccess);
     ops::AdamWStep d = a;
     d.grad_scale = 1.0;   // ignored: the kernel reads clip's
     ops::adamw_upload_scalars(ctx, d, scalars);
@@ -149,7 +150,8 @@ TEST(CudaGraphPieces, AdamWFromDeviceScalarsMatchesHostScalars) {
   // A non-finite norm: the kernel writes nothing.
   const std::vector<float> before = to_host(rt, dev.p);
   const double skip[ops::kClipSlots] = {NAN, NAN, 0.0};
-  cudaMemcpy(clip.data(), skip, sizeof skip, cudaMemcpyHostToDevice);
+  rt.synchronize();
+  ASSERT_EQ(cudaMemcpy(clip.data(), skip, sizeof skip, cudaMemcpyHostToDevice), cudaSuccess);
   ops::AdamWStep d;
   d.step = 5;
   d.device_scalars = &scalars;
