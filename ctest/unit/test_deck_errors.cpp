@@ -124,6 +124,29 @@ const std::vector<BadDeck> kBadDecks{
      "selective\n", {}, "train.activation_checkpointing", "model.moe_experts"},
     {"moe_ep_with_fsdp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nzero = fsdp\nep = 2\n", {"--parallel.dp=2"},
      "parallel.zero", "parallel.ep = 2"},
+    // train.cuda_graphs (io/deck_cuda_graphs.cpp): one process on one GPU, the modes it can capture.
+    {"cuda_graphs_cpu", "[train]\ncuda_graphs = true\n[parallel]\ndevice = cpu\n", {}, "train.cuda_graphs",
+     "parallel.device = cpu"},
+    {"cuda_graphs_tp", "[run]\njob = bench-model\n[train]\ncuda_graphs = true\n[parallel]\ndevice = cuda\ntp = 2\n", {},
+     "train.cuda_graphs", "parallel.tp = 2"},
+    {"cuda_graphs_pp", "[train]\ncuda_graphs = true\n[parallel]\ndevice = cuda\npp = 2\n", {}, "train.cuda_graphs",
+     "parallel.pp = 2"},
+    {"cuda_graphs_offload", "[train]\ncuda_graphs = true\n[parallel]\ndevice = cuda\noffload = optimizer\n", {},
+     "train.cuda_graphs", "parallel.offload = optimizer"},
+    {"cuda_graphs_overlap", "[train]\ncuda_graphs = true\n[parallel]\ndevice = cuda\noverlap_optimizer = true\n", {},
+     "train.cuda_graphs", "parallel.overlap_optimizer"},
+    {"cuda_graphs_moe", "[train]\ncuda_graphs = true\n[parallel]\ndevice = cuda\n[model]\nmoe_experts = 4\n", {},
+     "train.cuda_graphs", "model.moe_experts"},
+    {"cuda_graphs_fp8_delayed",
+     "[train]\ncuda_graphs = true\n[parallel]\ndevice = cuda\n[precision]\nmode = fp8\nfp8_scaling = delayed\n", {},
+     "train.cuda_graphs", "precision.fp8_scaling = delayed"},
+    {"cuda_graphs_sgd", "[train]\ncuda_graphs = true\n[parallel]\ndevice = cuda\n[optim]\nname = sgd\n", {},
+     "train.cuda_graphs", "optim.name = sgd"},
+    {"cuda_graphs_bench_forward",
+     "[run]\njob = bench-model\n[bench]\nmode = forward\n[train]\ncuda_graphs = true\n[parallel]\ndevice = cuda\n", {},
+     "train.cuda_graphs", "bench.mode = forward"},
+    {"cuda_graphs_prune", "[run]\njob = prune\n[train]\ncuda_graphs = true\n[parallel]\ndevice = cuda\n", {},
+     "train.cuda_graphs", "run.job = prune"},
 };
 
 class BadDeckTest : public ::testing::TestWithParam<BadDeck> {};
@@ -340,3 +363,19 @@ TEST(DeckFiles, ShardedCheckpointKeys) {
 }
 
 }  // namespace
+
+// train.cuda_graphs: several ranks are refused naming the key; one process on a GPU with the
+// modes it captures (bf16, fp8 current scaling, clipping, grad_accum) is accepted.
+TEST(DeckCudaGraphs, SeveralRanksAreRefusedOneGpuIsAccepted) {
+  const std::string gpu_train =
+      "[run]\njob = train\n[model]\nvocab_size = 64\ncontext_length = 16\nd_model = 32\nd_ff = 64\nnum_layers = 1\n"
+      "num_heads = 2\n[parallel]\ndevice = cuda\n[train]\ncuda_graphs = true\nbatch_size = 4\n";
+  const std::string two = deck_error(gpu_train, {}, 2);
+  EXPECT_NE(two.find("train.cuda_graphs"), std::string::npos) << two;
+  EXPECT_NE(two.find("2 ranks"), std::string::npos) << two;
+  EXPECT_EQ(deck_error(gpu_train, {"--precision.mode=bf16", "--optim.grad_clip=0.5", "--train.grad_accum=2"}), "");
+  EXPECT_EQ(deck_error(gpu_train, {"--precision.mode=fp8"}), "");
+  EXPECT_EQ(deck_error(gpu_train, {"--run.job=bench-model", "--bench.batch_size=4"}), "");
+  // Off by default: the same deck on the CPU without the key is fine.
+  EXPECT_EQ(deck_error(kTinyTrain, {}), "");
+}

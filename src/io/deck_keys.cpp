@@ -292,6 +292,13 @@ std::vector<DeckKey> build_table() {
       int_key("train.max_skipped_steps", LMSCALE_FIELD(train.max_skipped_steps), 0,
               "Stop a diverging run (exit 1, results kept, no weights saved) after this many consecutive steps "
               "that were skipped or had a non-finite loss or gradient norm; 0 = never (docs/reliability.md)."),
+      bool_key("train.cuda_graphs", LMSCALE_FIELD(train.cuda_graphs),
+               "train and bench-model (bench.mode = train-step): capture the whole train step (forward, backward, "
+               "gradient norm, clip and AdamW update) as one CUDA graph after an eager first step of each shape, "
+               "and replay it: one launch instead of ~1500 per step. Same bits as without graphs. One process on "
+               "one GPU with AdamW only; refused (exit 2) with several ranks, parallel.tp/pp/ep > 1, "
+               "parallel.offload, parallel.overlap_optimizer, MoE models, fp8 with delayed scaling, and on the "
+               "CPU (docs/architecture.md §5)."),
       int_key("train.keep_checkpoints", LMSCALE_FIELD(train.keep_checkpoints), 0,
               "Newest complete sharded checkpoints kept in train.checkpoint_dir (older ones are removed after a "
               "new one is complete); 0 = keep all."),

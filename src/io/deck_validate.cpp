@@ -504,6 +504,7 @@ void validate(const Config& c, int world_size) {
   for (const auto& key : detail::deck_keys()) key.set(scratch, key.get(c));
   check_model(c);
   check_devices(c);
+  detail::check_cuda_graphs(c, world_size);   // before the job's own checks: the key is named first
   check_flash_head_dim(c);
   check_outputs(c);
   check_data(c);

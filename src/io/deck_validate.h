@@ -30,6 +30,10 @@ void check_moe(const Config& c, int world_size);
 // and the rows per micro-batch (deck_fp8.cpp).
 void check_fp8(const Config& c, int world_size);
 
+// train.cuda_graphs against the job, the device, the layout and the modes a captured step cannot
+// hold (deck_cuda_graphs.cpp).
+void check_cuda_graphs(const Config& c, int world_size);
+
 // What in a weights file or single-file checkpoint contradicts the deck's model keys (blocks,
 // heads, vocabulary, width, rope_theta, norm_eps) as one sentence; nullopt when they agree.
 std::optional<std::string> weights_mismatch(const Config& c, const CheckpointReader& r);

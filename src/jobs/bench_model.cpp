@@ -90,12 +90,14 @@ int run_bench_model(JobEnv& env) {
   WallTimer since_line;
   bool first_line = true;
   ops::Runtime::GemmPlanCounts gemm_before;   // at the first timed step
+  GraphStats graphs_before;                   // train.cuda_graphs: at the first timed step
   for (std::int64_t s = 0; s < n_steps; ++s) {
     const bool timed = s >= cfg.bench.warmup;
     trace::ProfilerStep profiler_step(s + 1);   // run.trace: HTA's iteration (warm-up steps included)
     watchdog.mark(s, timed ? "timed step" : "warm-up step");
     if (s == cfg.bench.warmup && trainer.fsdp()) trainer.fsdp()->reset_waits();
     if (s == cfg.bench.warmup) gemm_before = rt.gemm_plan_counts();
+    if (s == cfg.bench.warmup) graphs_before = trainer.graph_stats();
     NvtxRange range(timed ? "timed_step" : "warmup_step");
     auto tokens = random_tokens(cfg.run.seed, s, trainer.first_row(), trainer.local_rows(), T, dims.vocab);
     StepResult r;
@@ -204,6 +206,17 @@ int run_bench_model(JobEnv& env) {
                      static_cast<double>(now.class_products - gemm_before.class_products) / n);
     env.out.set_attr(g, "gemm_class_fallbacks_per_step",
                      static_cast<double>(now.class_fallbacks - gemm_before.class_fallbacks) / n);
+  }
+  // train.cuda_graphs (docs/architecture.md §5): whether the step was captured, and how many timed
+  // steps ran as a replay (all of them once bench.warmup >= 2: a shape's first step is eager, its
+  // second is captured); the graph's nodes and the bytes its allocator pool reserves.
+  {
+    const GraphStats now = trainer.graph_stats();
+    env.out.set_attr(g, "cuda_graphs", static_cast<std::int64_t>(trainer.cuda_graphs() ? 1 : 0));
+    env.out.set_attr(g, "cuda_graph_replayed_steps", now.replays - graphs_before.replays);
+    env.out.set_attr(g, "cuda_graph_captures", now.captures);
+    env.out.set_attr(g, "cuda_graph_nodes", static_cast<std::int64_t>(now.nodes));
+    env.out.set_attr(g, "cuda_graph_pool_bytes", static_cast<std::int64_t>(now.pool_bytes));
   }
   env.out.set_attr(g, "ddp", to_string(cfg.parallel.ddp));
   env.out.set_attr(g, "zero", to_string(cfg.parallel.zero));

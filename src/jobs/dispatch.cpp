@@ -81,6 +81,10 @@ Config resolve_runtime(const Config& in, int world) {
   if (c.parallel.device == DeviceChoice::cpu && !predicts_only(c.run.job) &&
       c.precision.mode != PrecisionMode::fp32 && c.precision.mode != PrecisionMode::fp8)
     throw UsageError(fmt::format("precision.mode={} needs a CUDA device (mixed precision is GPU-only); use precision.mode=fp32 on CPUs", c.precision.mode));
+  // parallel.device = cpu is refused with the deck (io/deck_cuda_graphs.cpp); auto may find no GPU.
+  if (c.parallel.device == DeviceChoice::cpu && c.train.cuda_graphs && !predicts_only(c.run.job))
+    throw UsageError("train.cuda_graphs = true needs a CUDA device, but none is visible (or lmscale was built without "
+                     "CUDA); set train.cuda_graphs = false on CPUs");
   // CPU attention takes fp32 (and fp64) only: refused here, not by an internal check mid-run.
   if (c.parallel.device == DeviceChoice::cpu && c.run.job == JobKind::bench_attention)
     for (FloatType d : c.bench.dtypes)

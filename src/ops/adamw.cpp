@@ -34,6 +34,7 @@ void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v
     detail::check_numel(op, "param_lowp", *param_lowp, param.numel());
   }
   check_step(op, a);
+  LMSCALE_CHECK(dev == Device::cuda || !a.device_scalars, "{}: device-resident step scalars are CUDA only", op);
   if (dev == Device::cpu) return cpu::adamw(ctx, param, grad, m, v, a, param_lowp);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::adamw(ctx, param, grad, m, v, a, param_lowp);

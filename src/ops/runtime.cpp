@@ -51,6 +51,7 @@ Runtime::Mark Runtime::mark() {
 #ifdef LMSCALE_WITH_CUDA
   if (cuda_) {
     m.event = cuda_->record_event();
+    m.captured = capturing_;
     return m;
   }
 #endif
@@ -76,6 +77,7 @@ Runtime::Mark Runtime::mark(Context& on) {
   if (cuda_) {
     Mark m;
     m.event = cuda_->record_event(static_cast<cudaStream_t>(on.stream));
+    m.captured = capturing_;
     return m;
   }
 #endif
@@ -93,7 +95,7 @@ void Runtime::wait(Context& waiter, const Mark& m) {
 
 bool Runtime::done(const Mark& m) {
 #ifdef LMSCALE_WITH_CUDA
-  if (cuda_) return cuda_->done(m.event.get());
+  if (cuda_) return m.captured || cuda_->done(m.event.get());
 #endif
   (void)m;
   return true;
@@ -101,7 +103,7 @@ bool Runtime::done(const Mark& m) {
 
 double Runtime::elapsed_ms(const Mark& begin, const Mark& end) {
 #ifdef LMSCALE_WITH_CUDA
-  if (cuda_) return cuda_->elapsed_ms(begin.event.get(), end.event.get());
+  if (cuda_) return begin.captured || end.captured ? 0.0 : cuda_->elapsed_ms(begin.event.get(), end.event.get());
 #endif
   return (end.host_s - begin.host_s) * 1e3;
 }

@@ -23,7 +23,12 @@ ops::AdamWStep adamw_hyper(const OptimConfig& cfg, std::int64_t t, double lr, do
   return a;
 }
 
-ops::AdamWStep AdamW::hyper(double lr, double grad_scale) const { return adamw_hyper(cfg_, t_, lr, grad_scale); }
+ops::AdamWStep AdamW::hyper(double lr, double grad_scale) const {
+  ops::AdamWStep a = adamw_hyper(cfg_, t_, lr, grad_scale);
+  a.device_scalars = device_scalars_;
+  a.device_clip = device_clip_;
+  return a;
+}
 
 void AdamW::step_range(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, std::int64_t offset,
                        double lr, double grad_scale) {

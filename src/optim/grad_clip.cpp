@@ -1,5 +1,6 @@
 #include "lmscale/optim/grad_clip.h"
 
+#include "lmscale/core/error.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::optim {
@@ -13,8 +14,8 @@ double sum_of_squares(Context& ctx, const Tensor& x) {
   return acc == DType::f64 ? host.data_as<double>()[0] : static_cast<double>(host.data_as<float>()[0]);
 }
 
-double sum_of_squares(Context& ctx, const std::vector<Tensor>& parts) {
-  if (parts.empty()) return 0.0;
+Tensor sum_of_squares_parts(Context& ctx, const std::vector<Tensor>& parts) {
+  LMSCALE_CHECK(!parts.empty(), "sum_of_squares_parts: no tensors");
   const DType acc = ctx.device == Device::cpu ? DType::f64 : DType::f32;
   const auto n = static_cast<std::int64_t>(parts.size());
   Tensor dev = Tensor::empty({n}, acc, *ctx.allocator, "reduction");
@@ -22,6 +23,14 @@ double sum_of_squares(Context& ctx, const std::vector<Tensor>& parts) {
     Tensor slot = dev.flat_range(i, 1);
     ops::sum_squares(ctx, parts[static_cast<std::size_t>(i)], slot);
   }
+  return dev;
+}
+
+double sum_of_squares(Context& ctx, const std::vector<Tensor>& parts) {
+  if (parts.empty()) return 0.0;
+  Tensor dev = sum_of_squares_parts(ctx, parts);
+  const DType acc = dev.dtype();
+  const std::int64_t n = dev.numel();
   Tensor host = Tensor::empty({n}, acc, *ctx.host, "reduction");
   ops::copy(ctx, dev, host);
   double total = 0;

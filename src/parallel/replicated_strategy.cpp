@@ -84,6 +84,14 @@ double ReplicatedStrategy::grad_sum_squares(Context& ctx) {
   return tp_->global_sum_squares(sq, optim::sum_of_squares(ctx, parts));
 }
 
+Tensor ReplicatedStrategy::grad_square_parts(Context& ctx) {
+  LMSCALE_CHECK(!tp_ && spec_.dp == 1, "grad_square_parts: one process without tensor parallelism only");
+  if (!lazy_) return optim::sum_of_squares_parts(ctx, {store_.flat_grads()});
+  std::vector<Tensor> parts;
+  for (int b = 0; b < static_cast<int>(lazy_->buckets().size()); ++b) parts.push_back(lazy_->bucket(b));
+  return optim::sum_of_squares_parts(ctx, parts);
+}
+
 optim::Optimizer& ReplicatedStrategy::optimizer() const {
   return offloaded_ ? static_cast<optim::Optimizer&>(offloaded_->optimizer()) : *optimizer_;
 }

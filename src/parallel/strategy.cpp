@@ -30,6 +30,10 @@ std::unique_ptr<Strategy> make_strategy(const StrategyParts& parts) {
   return std::make_unique<ReplicatedStrategy>(parts);
 }
 
+Tensor Strategy::grad_square_parts(Context&) {
+  throw Error("the gradient norm of this layout is not kept on the device (train.cuda_graphs runs one process)");
+}
+
 std::vector<float> Strategy::master_parameters(Context& ctx) {
   settle();
   LMSCALE_CHECK(store_.master_dtype() == DType::f32, "master_parameters: fp32 master weights only");

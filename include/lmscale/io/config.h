@@ -296,6 +296,7 @@ struct TrainConfig {
   bool checkpoint_keep_attention = false;   // every-k: keep each block's attention output and LSE
   std::int64_t checkpoint_layers = 0;       // every-k: checkpoint only the first n blocks of a range (0: all)
   std::int64_t max_skipped_steps = 20;      // consecutive skipped/non-finite steps that stop the run; 0 = off
+  bool cuda_graphs = false;                 // capture the train step once per shape, replay it (one GPU)
 
   bool operator==(const TrainConfig&) const = default;
 };

@@ -150,6 +150,13 @@ struct AdamWStep {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
   std::int64_t step = 1;   // t, 1-based
   double grad_scale = 1.0;
+  // CUDA only, for a step captured as a CUDA graph (train.cuda_graphs, ops/device_step.h): when
+  // set, the kernel takes its scalars from device memory instead of the fields above, so a replay
+  // uses this step's: `device_scalars` (f32 [kAdamWScalars], adamw_upload_scalars before the step)
+  // and `device_clip` (f64 [kClipSlots], clip_grad_scale inside the step: its grad_scale, and no
+  // update at all where its norm is not finite).
+  const Tensor* device_scalars = nullptr;
+  const Tensor* device_clip = nullptr;
 };
 void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
            Tensor* param_lowp);

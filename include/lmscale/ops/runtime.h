@@ -29,10 +29,17 @@ class Runtime {
   struct Mark {
     double host_s = 0;
     std::shared_ptr<void> event;   // cudaEvent_t, returned to the runtime's pool when released
+    bool captured = false;         // recorded into a CUDA graph capture: orders, never timed
   };
   Mark mark();
   // Milliseconds between two marks; waits until `end` has happened.
   double elapsed_ms(const Mark& begin, const Mark& end);
+  // True while an ops::CudaGraph captures the compute stream (ops/cuda_graph.h). Marks made then
+  // are captured: wait() on one still orders streams inside the graph (fork and join), but
+  // elapsed_ms with one is 0 and done() is true: a captured step's phases are not timed, and a
+  // host wait for a captured event would end the capture.
+  bool capturing() const { return capturing_; }
+  void set_capturing(bool on) { capturing_ = on; }
 
   // A second context on a side stream of the same device (CUDA: created on first use, low
   // priority, same allocator and library resources). Only ops that launch on ctx.stream may take
@@ -83,6 +90,7 @@ class Runtime {
   // The SM target new GEMM plans get (0 = all SMs).
   void set_gemm_sm_target(int sms);
   int comm_sms_ = 0;
+  bool capturing_ = false;
   HostAllocator host_;
   std::unique_ptr<Allocator> device_alloc_;
   Context ctx_;

@@ -28,9 +28,19 @@ class AdamW final : public Optimizer {
   Tensor& m() { return state(0); }
   Tensor& v() { return state(1); }
 
+  // A step captured as a CUDA graph (train.cuda_graphs, ops/device_step.h): while set, the
+  // kernels read lr, t and the clipped gradient scale from these device tensors (f32
+  // [ops::kAdamWScalars], f64 [ops::kClipSlots]) instead of step_range's arguments. Null: off.
+  void set_device_step(const Tensor* scalars, const Tensor* clip) {
+    device_scalars_ = scalars;
+    device_clip_ = clip;
+  }
+
  private:
   ops::AdamWStep hyper(double lr, double grad_scale) const;   // this step's scalars
   OptimConfig cfg_;
+  const Tensor* device_scalars_ = nullptr;
+  const Tensor* device_clip_ = nullptr;
 };
 
 }  // namespace lmscale::optim

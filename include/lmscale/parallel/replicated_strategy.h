@@ -26,6 +26,7 @@ class ReplicatedStrategy final : public Strategy {
   GradientSync& sync() override { return *sync_; }
   model::ParallelContext forward_hooks(bool training) override;
   double grad_sum_squares(Context& ctx) override;
+  Tensor grad_square_parts(Context& ctx) override;   // one process without tp only
   void step(Context& ctx, double lr, double grad_scale) override;
   void release_gradients() override;
   void settle() override;

@@ -71,6 +71,11 @@ class Strategy {
   // Sum of squares of the global gradient after sync().finish(), every element counted once
   // (summed over the dp ranks that hold shards, the tp slices added, tp-replicated norms once).
   virtual double grad_sum_squares(Context& ctx) = 0;
+  // The same sum left on the device in parts, with no wait (optim::sum_of_squares_parts: the host
+  // sum of the parts in index order is grad_sum_squares): a step captured as a CUDA graph clips
+  // from it on the device (ops/device_step.h). Only strategies a captured step runs (one process)
+  // have it; the others throw.
+  virtual Tensor grad_square_parts(Context& ctx);
   // One optimizer step over what this rank owns; grad_scale = 1/loss scale x the clip factor.
   // May leave work in flight that the next forward waits for unit by unit (forward_hooks).
   virtual void step(Context& ctx, double lr, double grad_scale) = 0;

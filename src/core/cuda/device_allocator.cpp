@@ -13,10 +13,36 @@ constexpr std::size_t kLargeRound = std::size_t{2} << 20;  // 2 MiB
 
 CudaCachingAllocator::CudaCachingAllocator(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
 
+namespace {
+// cudaMalloc is refused in a thread capturing in global or thread-local mode; relaxed allows it
+// (it enqueues nothing). Restores the thread's mode when the scope ends, exception or not.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+}  // namespace
+
 CudaCachingAllocator::~CudaCachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
   cudaDeviceSynchronize();
   poll_pending(true);
+  for (auto& [id, pool] : pools_) {
+    for (auto& [size, p] : pool.free) {
+      free_[blocks_.at(p).stream].emplace(size, p);
+      stats_.cached += size;
+    }
+    for (void* p : pool.retired) {
+      free_[blocks_.at(p).stream].emplace(blocks_.at(p).size, p);
+      stats_.cached += blocks_.at(p).size;
+    }
+  }
+  pools_.clear();
   release_cached_locked();
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
   // Blocks still handed out belong to tensors that outlive the allocator: left to process exit.
@@ -118,6 +144,7 @@ void CudaCachingAllocator::release_cached_locked() {
 
 void CudaCachingAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
+  LMSCALE_CHECK(!capturing_, "release_cached during a graph capture (it waits for the device)");
   LMSCALE_CUDA_CHECK(cudaDeviceSynchronize());
   poll_pending(true);
   release_cached_locked();
@@ -138,10 +165,53 @@ void CudaCachingAllocator::throw_oom(std::size_t bytes, const char* tag, cudaErr
       bytes, tracker_.current());
 }
 
+void* CudaCachingAllocator::take_in_capture(std::size_t size, std::size_t bytes, const char* tag) {
+  Pool& pool = pools_.at(capturing_);
+  auto it = pool.free.lower_bound(size);
+  if (it != pool.free.end() && fits(it->first, size)) {
+    void* p = it->second;
+    pool.free.erase(it);
+    ++stats_.cache_hits;
+    return p;
+  }
+  void* p = take_cached(size);
+  if (p) {
+    ++stats_.cache_hits;
+  } else {
+    RelaxedCaptureMode relaxed;
+    cudaError_t err = cudaSuccess;
+    if (!limit_ || stats_.reserved + size <= limit_) {
+      err = cudaMalloc(&p, size);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        p = nullptr;
+      }
+    }
+    if (!p) throw_oom(bytes, tag, err);   // no flush: it would wait for the device
+    ++stats_.device_mallocs;
+    stats_.reserved += size;
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+    blocks_[p] = Block{size, stream_, {}, 0};
+  }
+  Block& b = blocks_.at(p);
+  b.pool = capturing_;
+  pool.bytes += b.size;
+  return p;
+}
+
 void* CudaCachingAllocator::allocate(std::size_t bytes, const char* tag) {
   if (bytes == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   const std::size_t size = round_size(bytes);
+  if (capturing_) {
+    void* p = take_in_capture(size, bytes, tag);
+    Block& b = blocks_.at(p);
+    b.stream = stream_;
+    b.used_on.clear();
+    ++stats_.allocations;
+    tracker_.on_alloc(bytes, tag);
+    return p;
+  }
   if (!pending_.empty()) poll_pending(false);
   void* p = take_cached(size);
   if (p) {
@@ -167,7 +237,7 @@ void* CudaCachingAllocator::allocate(std::size_t bytes, const char* tag) {
     ++stats_.device_mallocs;
     stats_.reserved += size;
     stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
-    blocks_[p] = Block{size, stream_, {}};
+    blocks_[p] = Block{size, stream_, {}, 0};
   }
   Block& b = blocks_.at(p);
   b.stream = stream_;
@@ -193,6 +263,23 @@ void CudaCachingAllocator::deallocate(void* ptr, std::size_t bytes, const char* 
                 tag ? tag : "");
   Block& b = it->second;
   tracker_.on_free(bytes, tag);
+  // A graph pool's block stays with its pool; in a capture every other block joins the pool being
+  // captured (the graph may have used it: it must not go to work outside the graph).
+  const int pool_id = b.pool ? b.pool : capturing_;
+  if (pool_id) {
+    Pool& pool = pools_.at(pool_id);
+    if (b.pool == 0) {
+      b.pool = pool_id;
+      pool.bytes += b.size;
+    }
+    if (capturing_ == pool_id && !b.used_on.empty()) {
+      pool.retired.push_back(ptr);
+    } else {
+      pool.free.emplace(b.size, ptr);
+    }
+    b.used_on.clear();
+    return;
+  }
   if (b.used_on.empty()) {
     free_[b.stream].emplace(b.size, ptr);
     stats_.cached += b.size;
@@ -208,6 +295,50 @@ void CudaCachingAllocator::deallocate(void* ptr, std::size_t bytes, const char* 
   b.used_on.clear();
   stats_.pending += b.size;
   pending_.push_back(std::move(pend));
+}
+
+int CudaCachingAllocator::create_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int id = next_pool_++;
+  pools_[id] = Pool{};
+  return id;
+}
+
+void CudaCachingAllocator::begin_capture(int pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LMSCALE_CHECK(!capturing_, "begin_capture({}): pool {} is being captured", pool, capturing_);
+  LMSCALE_CHECK(pools_.count(pool), "begin_capture: no pool {}", pool);
+  capturing_ = pool;
+}
+
+void CudaCachingAllocator::end_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  LMSCALE_CHECK(capturing_, "end_capture without begin_capture");
+  Pool& pool = pools_.at(capturing_);
+  for (void* p : pool.retired) pool.free.emplace(blocks_.at(p).size, p);
+  pool.retired.clear();
+  capturing_ = 0;
+}
+
+void CudaCachingAllocator::release_pool(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LMSCALE_CHECK(capturing_ != id, "release_pool({}) during its capture", id);
+  auto it = pools_.find(id);
+  if (it == pools_.end()) return;
+  for (auto& [size, p] : it->second.free) {
+    Block& b = blocks_.at(p);
+    free_[b.stream].emplace(size, p);
+    stats_.cached += size;
+  }
+  for (auto& [p, b] : blocks_)
+    if (b.pool == id) b.pool = 0;
+  pools_.erase(it);
+}
+
+std::size_t CudaCachingAllocator::pool_bytes(int pool) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  return it == pools_.end() ? 0 : it->second.bytes;
 }
 
 }  // namespace lmscale

@@ -9,6 +9,7 @@
 #include "lmscale/core/nvtx.h"
 #include "lmscale/model/stage.h"
 #include "lmscale/ops/ops.h"
+#include "lmscale/optim/adamw.h"
 #include "lmscale/optim/grad_clip.h"
 #include "lmscale/parallel/expert_parallel.h"
 #include "lmscale/parallel/full_layout.h"
@@ -129,9 +130,20 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
   layout_ = std::make_unique<parallel::FullLayout>(dims_, *params_, tp_.get(), spec.pp > 1 ? &host_mesh_->pp() : nullptr,
                                                    V, pc.stage_layers, ep_.get());
   memory_points_["after_init"] = env.rt.allocator().tracker().by_tag();
+  // The deck refused the layouts and modes a captured step cannot hold (io/deck_cuda_graphs.cpp);
+  // these checks hold the trainer to that.
+  cuda_graphs_ = env.cfg.train.cuda_graphs;
+  if (cuda_graphs_) {
+    if (ctx.device != Device::cuda)
+      throw UsageError("train.cuda_graphs = true needs a CUDA device; set train.cuda_graphs = false on CPUs");
+    LMSCALE_CHECK(env.world == 1 && spec.tp == 1 && spec.pp == 1 && spec.ep == 1 && !strategy_->sharded() &&
+                      dynamic_cast<optim::AdamW*>(strategy_->whole_optimizer()),
+                  "train.cuda_graphs: one process with AdamW only (deck checks)");
+  }
 }
 
 Trainer::~Trainer() {
+  graphed_.reset();   // waits for a replay in flight, returns the graph's pool
   // No waiting for a pending update's collectives while an exception unwinds (core/error.h): the
   // peers may never complete them; the failing rank aborts the job. One rank has no peers to wait
   // for, and a sweep that catches an OutOfMemory goes on: it settles as usual.
@@ -156,8 +168,8 @@ parallel::FullyShardedDataParallel* Trainer::fsdp() { return strategy_->fsdp(); 
 parallel::GradientSync& Trainer::sync() { return strategy_->sync(); }
 parallel::PipelineParallel* Trainer::pipeline() { return run_->pipeline(); }
 
-parallel::MicroBatch Trainer::upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
-                                     std::int64_t r1) {
+parallel::MicroBatch Trainer::split_rows(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
+                                         std::int64_t r1) {
   Context& ctx = env_.rt.ctx();
   const std::int64_t rows = r1 - r0;
   // Split [rows, T+1] sequences into inputs [rows, T] and targets [rows, T] on the host.
@@ -168,7 +180,17 @@ parallel::MicroBatch Trainer::upload(const std::vector<std::int32_t>& tokens, st
     std::copy(seq, seq + T, in_h.data_as<std::int32_t>() + r * T);
     std::copy(seq + 1, seq + T + 1, tg_h.data_as<std::int32_t>() + r * T);
   }
-  if (ctx.device == Device::cpu) return {in_h, tg_h};
+  return {in_h, tg_h};
+}
+
+parallel::MicroBatch Trainer::upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
+                                     std::int64_t r1) {
+  Context& ctx = env_.rt.ctx();
+  const std::int64_t rows = r1 - r0;
+  const parallel::MicroBatch host = split_rows(tokens, T, r0, r1);
+  const Tensor& in_h = host.inputs;
+  const Tensor& tg_h = host.targets;
+  if (ctx.device == Device::cpu) return host;
   Tensor in_d = Tensor::empty({rows, T}, DType::i32, *ctx.allocator, "batch");
   Tensor tg_d = Tensor::empty({rows, T}, DType::i32, *ctx.allocator, "batch");
   ops::copy(ctx, in_h, in_d);
@@ -211,13 +233,16 @@ double Trainer::mean_loss(const std::vector<Tensor>& loss_sums, double tokens_gl
   return loss;   // the loss itself is never scaled, only the gradient seed is
 }
 
-void Trainer::run_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
-                                std::vector<Tensor>& loss_sums) {
-  const double grad_scale = scaler_.scale() / static_cast<double>(global_batch_ * T);
-  auto batches = [&](int m, int count) {
+parallel::MicroBatchSource Trainer::uploads(const std::vector<std::int32_t>& tokens, std::int64_t T) {
+  return [this, &tokens, T](int m, int count) {
     const std::int64_t rows = local_rows_ / count;
     return upload(tokens, T, m * rows, (m + 1) * rows);
   };
+}
+
+void Trainer::run_micro_batches(const parallel::MicroBatchSource& batches, std::int64_t T, StepResult& r,
+                                std::vector<Tensor>& loss_sums) {
+  const double grad_scale = scaler_.scale() / static_cast<double>(global_batch_ * T);
   parallel::PassTimes times;
   run_->forward_backward(batches, T, grad_scale, *strategy_, loss_sums, times);
   r.times.forward_ms = times.forward_ms;
@@ -245,7 +270,7 @@ StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, st
   settle_optimizer();
   StepResult r;
   std::vector<Tensor> loss_sums;
-  run_micro_batches(tokens, T, r, loss_sums);
+  run_micro_batches(uploads(tokens, T), T, r, loss_sums);
   r.loss = mean_loss(loss_sums, static_cast<double>(global_batch_ * T));
   finish_pass_times(r);
   r.times.total_ms = r.times.forward_ms + r.times.backward_ms + r.times.comm_ms;
@@ -256,12 +281,16 @@ StepResult Trainer::forward_backward(const std::vector<std::int32_t>& tokens, st
 StepResult Trainer::train_step(const std::vector<std::int32_t>& tokens, std::int64_t T) {
   NvtxRange range("train_step");
   faults_.at_step_start(env_.rank, step_);   // test-only: one rank hangs here
+  return cuda_graphs_ ? graphed_step(tokens, T) : eager_step(tokens, T);
+}
+
+StepResult Trainer::eager_step(const std::vector<std::int32_t>& tokens, std::int64_t T) {
   ops::Runtime& rt = env_.rt;
   Context& ctx = rt.ctx();
   StepResult r;
   auto t_start = rt.mark();
   std::vector<Tensor> loss_sums;
-  run_micro_batches(tokens, T, r, loss_sums);
+  run_micro_batches(uploads(tokens, T), T, r, loss_sums);
 
   NvtxRange n("optimizer");
   memory_points_["before_optimizer"] = rt.allocator().tracker().by_tag();

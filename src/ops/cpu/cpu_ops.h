@@ -50,6 +50,8 @@ void check_finite(Context& ctx, const Tensor& x, Tensor& flag);
 
 void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
            Tensor* param_lowp);
+// ops/device_step.h
+void clip_grad_scale(Context& ctx, const Tensor& partials, double inv_scale, double max_norm, Tensor& out);
 
 // Momentum SGD, LAMB and the trust-ratio norms (lmscale/ops/optimizer_steps.h).
 void momentum_update(Context& ctx, Tensor& param, const Tensor& grad, Tensor& buf, const MomentumStep& s,

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "cuda_ops.h"
+#include "lmscale/ops/device_step.h"
 #include "kernel_utils.cuh"
 #include "resources.h"
 
@@ -31,6 +32,23 @@ struct AdamWScalars {
   float eps;
   float grad_scale;
 };
+static_assert(sizeof(AdamWScalars) == kAdamWScalars * sizeof(float), "ops::kAdamWScalars floats");
+
+// A captured step's scalars in device memory (ops/device_step.h): null pointers in an eager step.
+struct DeviceStep {
+  const AdamWScalars* scalars;   // adamw_upload_scalars
+  const double* clip;            // clip_grad_scale: [kClipSlots]
+};
+
+// The step's scalars: the launch's own, or (a captured step) the device's with the clipped
+// gradient scale rounded to float as the host rounds it. False: a non-finite norm, no update.
+__device__ __forceinline__ bool step_scalars(const DeviceStep& dev, AdamWScalars& s) {
+  if (!dev.scalars) return true;
+  if (dev.clip[kClipFinite] == 0.0) return false;
+  s = *dev.scalars;
+  s.grad_scale = __double2float_rn(dev.clip[kClipGradScale]);
+  return true;
+}
 
 // Every rounding is spelled out with the _rn intrinsics, which ptxas never contracts or
 // re-associates: the host AdamW of parallel.offload (ops/host_adamw.h, cuda_kernel arithmetic)
@@ -70,7 +88,8 @@ struct GradPieces {
 template <class Low, class Grads>
 __global__ void adamw_kernel(float* __restrict__ param, const Grads grads, float* __restrict__ m,
                              float* __restrict__ v, Low* __restrict__ low, std::int64_t n, std::int64_t chunks,
-                             AdamWScalars s) {
+                             AdamWScalars s, DeviceStep dev) {
+  if (!step_scalars(dev, s)) return;
   const std::int64_t i0 = thread_index(), step = thread_stride();
   // kUnroll chunks per thread and iteration (blockDim.x apart), all loaded before the first is
   // updated: 3.66 -> 3.96 TB/s over 2e9 parameters on an H200 (memcpy: 4.28), see the header.
@@ -126,19 +145,29 @@ AdamWScalars scalars(const AdamWStep& a) {
 }
 
 // One launch over n elements of p, m, v (and low) with the gradients from `grads`.
+DeviceStep device_step(const AdamWStep& a) {
+  if (!a.device_scalars) return {nullptr, nullptr};
+  LMSCALE_CHECK(a.device_clip && a.device_scalars->device() == Device::cuda && a.device_clip->device() == Device::cuda &&
+                    a.device_scalars->dtype() == DType::f32 && a.device_scalars->numel() == kAdamWScalars &&
+                    a.device_clip->dtype() == DType::f64 && a.device_clip->numel() == kClipSlots,
+                "adamw: device scalars must be f32 [{}] and f64 [{}] on the GPU (ops/device_step.h)", kAdamWScalars,
+                kClipSlots);
+  return {a.device_scalars->data_as<const AdamWScalars>(), a.device_clip->data_as<const double>()};
+}
+
 template <class Grads>
 void launch(Context& ctx, float* p, const Grads& grads, float* mp, float* vp, Tensor* param_lowp, std::int64_t low_offset,
-            std::int64_t n, std::int64_t chunks, const AdamWScalars& s) {
+            std::int64_t n, std::int64_t chunks, const AdamWScalars& s, const DeviceStep& dev) {
   const unsigned grid = grid_for(std::max<std::int64_t>((chunks + kUnroll - 1) / kUnroll, n - chunks * kChunk), kThreads,
                                  resources(ctx).num_sms, 4);
   if (!param_lowp) {
-    adamw_kernel<void><<<grid, kThreads, 0, stream(ctx)>>>(p, grads, mp, vp, nullptr, n, chunks, s);
+    adamw_kernel<void><<<grid, kThreads, 0, stream(ctx)>>>(p, grads, mp, vp, nullptr, n, chunks, s, dev);
   } else if (param_lowp->dtype() == DType::bf16) {
     adamw_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream(ctx)>>>(
-        p, grads, mp, vp, param_lowp->data_as<__nv_bfloat16>() + low_offset, n, chunks, s);
+        p, grads, mp, vp, param_lowp->data_as<__nv_bfloat16>() + low_offset, n, chunks, s, dev);
   } else if (param_lowp->dtype() == DType::f16) {
     adamw_kernel<__half><<<grid, kThreads, 0, stream(ctx)>>>(p, grads, mp, vp, param_lowp->data_as<__half>() + low_offset,
-                                                             n, chunks, s);
+                                                             n, chunks, s, dev);
   } else {
     throw Error(fmt::format("adamw: param_lowp is {}, expected bf16 or fp16", dtype_name(param_lowp->dtype())));
   }
@@ -159,7 +188,7 @@ void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v
   const bool aligned = is_aligned16(param.data()) && is_aligned16(grad.data()) && is_aligned16(m.data()) &&
                        is_aligned16(v.data()) && (!param_lowp || is_aligned16(param_lowp->data()));
   launch(ctx, param.data_as<float>(), OneGrad{grad.data_as<const float>()}, m.data_as<float>(), v.data_as<float>(),
-         param_lowp, 0, n, aligned ? n / kChunk : 0, scalars(a));
+         param_lowp, 0, n, aligned ? n / kChunk : 0, scalars(a), device_step(a));
 }
 
 bool adamw_pieces(Context& ctx, Tensor& param, const std::vector<GradPiece>& pieces, Tensor& m, Tensor& v,
@@ -176,6 +205,7 @@ bool adamw_pieces(Context& ctx, Tensor& param, const std::vector<GradPiece>& pie
   if (!ok) return false;
   LMSCALE_CHECK(a.step >= 1, "adamw: step {} (1-based)", a.step);
   const AdamWScalars s = scalars(a);
+  const DeviceStep dev = device_step(a);
   float* p = param.data_as<float>();
   float* mp = m.data_as<float>();
   float* vp = v.data_as<float>();
@@ -192,9 +222,18 @@ bool adamw_pieces(Context& ctx, Tensor& param, const std::vector<GradPiece>& pie
       end = piece.offset + piece.grad.numel();
     }
     const std::int64_t len = end - begin;
-    launch(ctx, p + begin, table, mp + begin, vp + begin, param_lowp, begin, len, len / kChunk, s);
+    launch(ctx, p + begin, table, mp + begin, vp + begin, param_lowp, begin, len, len / kChunk, s, dev);
   }
   return true;
+}
+
+void adamw_upload_scalars(Context& ctx, const AdamWStep& a, Tensor& scalars_out) {
+  LMSCALE_CHECK(scalars_out.device() == Device::cuda && scalars_out.dtype() == DType::f32 &&
+                    scalars_out.numel() == kAdamWScalars,
+                "adamw_upload_scalars: the target must be f32 [{}] on the GPU", kAdamWScalars);
+  const AdamWScalars s = scalars(a);
+  // From pageable memory: returns once `s` is staged, so the stack variable may go.
+  LMSCALE_CUDA_CHECK(cudaMemcpyAsync(scalars_out.data(), &s, sizeof s, cudaMemcpyHostToDevice, stream(ctx)));
 }
 
 }  // namespace lmscale::ops::cuda

@@ -51,6 +51,9 @@ void check_finite(Context& ctx, const Tensor& x, Tensor& flag);
 
 void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
            Tensor* param_lowp);
+// ops/device_step.h
+void clip_grad_scale(Context& ctx, const Tensor& partials, double inv_scale, double max_norm, Tensor& out);
+void adamw_upload_scalars(Context& ctx, const AdamWStep& a, Tensor& scalars);
 // ops::adamw_pieces in as few launches as the layout allows; false (nothing done) when it does
 // not (a piece off the 8-element grid, a misaligned tensor, or not fp32): the caller runs adamw()
 // per piece.

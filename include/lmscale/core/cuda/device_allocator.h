@@ -15,6 +15,8 @@
 //   allocator usable.
 // - Accounting: the MemoryTracker (Allocator::tracker) counts requested bytes (current, peak, per
 //   phase, optional timeline of events with tags); stats() adds reserved bytes and call counts.
+// - CUDA graphs (train.cuda_graphs; docs/architecture.md §5): a graph pool holds the blocks a
+//   captured graph uses, reserved for it while it lives (see begin_capture).
 // Thread-safe: one mutex guards the lists and the tracker.
 #include <cuda_runtime.h>
 
@@ -69,11 +71,37 @@ class CudaCachingAllocator final : public Allocator {
 
   CudaAllocatorStats stats() const;
 
+  // ---- graph pools -------------------------------------------------------------------------
+  // A new, empty pool (ids from 1).
+  int create_pool();
+  // Until end_capture(), while the caller captures a graph on stream(): allocations come from
+  // the pool's free blocks, else from the shared cache (the block moves into the pool), else from
+  // cudaMalloc (in relaxed capture mode, which allows it); every free, whatever allocated the
+  // block, goes to the pool, never to the shared cache; a block also used on another stream is not
+  // handed out again during the capture (no event can order it inside the graph). Nothing waits
+  // for the device, and an allocation that does not fit throws OutOfMemory without flushing the
+  // cache. Pre-warm (run the captured work once eagerly) so the shared cache serves the capture.
+  void begin_capture(int pool);
+  void end_capture();
+  // The pool's blocks stay out of the shared cache after the capture: the graph's replays use
+  // them. A block of a live pool freed later goes back to the pool. release_pool: the graph is
+  // gone and its last replay done (the caller synchronizes); the pool's free blocks return to the
+  // shared cache, and its blocks still held become ordinary ones.
+  void release_pool(int pool);
+  // Bytes of the pool's blocks (held by tensors or free in the pool); 0 for a released pool.
+  std::size_t pool_bytes(int pool) const;
+
  private:
   struct Block {
     std::size_t size = 0;               // rounded size, as allocated from the driver
     cudaStream_t stream = nullptr;      // the stream it was allocated for
     std::vector<cudaStream_t> used_on;  // other streams that used it since it was handed out
+    int pool = 0;                       // the graph pool that owns it; 0: the shared cache
+  };
+  struct Pool {
+    std::multimap<std::size_t, void*> free;   // reusable in its capture: size -> block
+    std::vector<void*> retired;               // freed in the capture after use on another stream
+    std::size_t bytes = 0;
   };
   struct Pending {
     void* ptr;
@@ -82,6 +110,7 @@ class CudaCachingAllocator final : public Allocator {
   static std::size_t round_size(std::size_t bytes);
   static bool fits(std::size_t block, std::size_t want);
   void* take_cached(std::size_t size);        // lock held
+  void* take_in_capture(std::size_t size, std::size_t bytes, const char* tag);   // lock held
   void poll_pending(bool wait);               // lock held
   void release_cached_locked();               // lock held
   cudaEvent_t get_event();                    // lock held
@@ -96,6 +125,9 @@ class CudaCachingAllocator final : public Allocator {
   std::unordered_map<cudaStream_t, std::multimap<std::size_t, void*>> free_;   // per stream: size -> block
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> event_pool_;
+  std::map<int, Pool> pools_;
+  int next_pool_ = 1;
+  int capturing_ = 0;   // the pool of the capture under way, 0 when none
 };
 
 }  // namespace lmscale

@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "lmscale/jobs/engine/graphed_step.h"
 #include "lmscale/jobs/resilience/fault_injection.h"
 #include "lmscale/jobs/job_env.h"
 #include "lmscale/parallel/schedule.h"
@@ -61,8 +62,13 @@ class Trainer {
   Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum, std::int64_t total_steps);
   ~Trainer();
 
-  // One optimizer step on `tokens`: this rank's rows, host int32 [b, T+1].
+  // One optimizer step on `tokens`: this rank's rows, host int32 [b, T+1]. Under
+  // train.cuda_graphs a replay of the step captured for this T (jobs/engine/graphed_step.h), with
+  // the same results; its phases are then not timed (times.total_ms only).
   StepResult train_step(const std::vector<std::int32_t>& tokens, std::int64_t T);
+  // train.cuda_graphs: whether it is on, and its counts so far.
+  bool cuda_graphs() const { return cuda_graphs_; }
+  GraphStats graph_stats() const;
   // optim.reference_batch > 0: global batch / reference_batch, the factor of the linear LR
   // scaling rule applied to the schedule's lr and min_lr; 1 otherwise.
   double lr_scale() const { return lr_scale_; }
@@ -121,13 +127,24 @@ class Trainer {
   const model::ModelDims& dims() const { return dims_; }
 
  private:
+  // Rows [r0, r1) of `tokens` split into inputs and targets, host int32 [rows, T] each.
+  parallel::MicroBatch split_rows(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
+                                  std::int64_t r1);
   // Uploads rows [r0, r1) of `tokens` as inputs and targets (int32 [rows, T]) on the device.
   parallel::MicroBatch upload(const std::vector<std::int32_t>& tokens, std::int64_t T, std::int64_t r0,
                               std::int64_t r1);
+  // The step's micro-batches from `tokens` (uploaded), one of grad_accum each.
+  parallel::MicroBatchSource uploads(const std::vector<std::int32_t>& tokens, std::int64_t T);
   // The step's micro-batches through the schedule, then the wait for the gradient
   // synchronisation (NVTX gradient_sync, r.times.comm_ms).
-  void run_micro_batches(const std::vector<std::int32_t>& tokens, std::int64_t T, StepResult& r,
+  void run_micro_batches(const parallel::MicroBatchSource& batches, std::int64_t T, StepResult& r,
                          std::vector<Tensor>& loss_sums);
+  // The eager step (train.cuda_graphs off, and each shape's first step with it on).
+  StepResult eager_step(const std::vector<std::int32_t>& tokens, std::int64_t T);
+  // train.cuda_graphs (jobs/engine/graphed_step.cpp): the step as a replay of the graph captured
+  // for (T, loss scale), capturing it first where none is; a key's first step runs eagerly.
+  StepResult graphed_step(const std::vector<std::int32_t>& tokens, std::int64_t T);
+  void capture_step(std::int64_t T);
   // Device scalars (one per micro-batch) -> host values summed over the dp replicas and the
   // stages: one device-to-host copy and one host all-reduce per axis, whatever their number.
   std::vector<double> read_over_replicas(const std::vector<Tensor>& sums);
@@ -155,6 +172,14 @@ class Trainer {
   std::int64_t global_batch_, local_rows_ = 0, first_row_ = 0;
   std::int64_t step_ = 0;
   double lr_scale_ = 1.0;
+  // train.cuda_graphs: the captured step of the current key, AdamW's per-step scalars it reads
+  // (f32 [ops::kAdamWScalars], allocated before any capture), the key of the last eager step.
+  bool cuda_graphs_ = false;
+  std::unique_ptr<GraphedStep> graphed_;
+  Tensor adamw_scalars_;
+  std::int64_t eager_T_ = -1;
+  double eager_scale_ = 0;
+  GraphStats graph_stats_;
   // Test-only (LMSCALE_FAULT_SLEEP_*): read once here, applied at the start of train_step.
   const FaultInjection faults_ = FaultInjection::from_environment();
 };
