@@ -36,6 +36,7 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     {"predicted_flops_per_step_causal", "FLOP"}, {"tp", ""}, {"sequence_parallel", "bool"},
     {"predicted_tp_comm_bytes_per_step", "bytes"}, {"gemm_plans_made_per_step", ""},
     {"gemm_class_products_per_step", ""}, {"gemm_class_fallbacks_per_step", ""},
+    {"gemm_grouped_calls_per_step", ""}, {"gemm_grouped_looped_products_per_step", ""},
     // bench-collectives
     {"nodes", ""}, {"warmup", ""}, {"steps", ""}, {"max_busbw_gbs", "GB/s"},
     // bench-attention

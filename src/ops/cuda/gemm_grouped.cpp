@@ -33,10 +33,11 @@ void check_blas(cublasStatus_t s, const char* what) {
 cublasHandle_t blas_handle(Resources& r) {
   if (!r.blas) {
     check_blas(cublasCreate(&r.blas), "cublasCreate");
-    check_blas(cublasSetWorkspace(r.blas, r.workspace, r.workspace_bytes), "cublasSetWorkspace");
     check_blas(cublasSetPointerMode(r.blas, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
   }
+  // The stream first: cublasSetStream resets the handle's workspace to cuBLAS's own pool.
   check_blas(cublasSetStream(r.blas, r.stream), "cublasSetStream");
+  check_blas(cublasSetWorkspace(r.blas, r.workspace, r.workspace_bytes), "cublasSetWorkspace");
   // parallel.comm_sms: as the cuBLASLt plans (gemm.cpp), leave the collectives' SMs alone.
   check_blas(cublasSetSmCountTarget(r.blas, r.gemm_sm_target), "cublasSetSmCountTarget");
   return r.blas;
