@@ -1,6 +1,7 @@
 // A mixture-of-experts Transformer on the GPU against the CPU model (docs/moe.md): the loss, the
 // routing counts of every MoE block and every parameter gradient after one forward and backward,
-// dropless and with capacity drops, every block MoE and every other block.
+// dropless and with capacity drops, every block MoE and every other block, with the experts' GEMMs
+// as a loop and grouped (model.moe_expert_gemm; the same bounds).
 //   fp32 (cuBLASLt without TF32): routing counts identical, ||g_gpu - g_cpu|| / ||g_cpu|| < 1e-4 per
 //     parameter, loss within 1e-5 relative;
 //   bf16 mixed precision (fp32 master and router statistics), dropless: loss within 1e-2 relative,
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../../src/ops/cuda/resources.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/ops.h"
@@ -25,7 +27,7 @@ using namespace lmscale;
 
 namespace {
 
-model::ModelDims moe_dims(double capacity, std::int64_t every) {
+model::ModelDims moe_dims(double capacity, std::int64_t every, ops::ExpertGemm how) {
   model::ModelDims d;
   d.vocab = 101;
   d.context = 40;
@@ -41,6 +43,7 @@ model::ModelDims moe_dims(double capacity, std::int64_t every) {
   d.moe_capacity_factor = capacity;
   d.moe_aux_loss = 0.1;   // large enough that the router losses' gradients matter
   d.moe_z_loss = 0.05;
+  d.moe_expert_gemm = how;
   return d;
 }
 
@@ -48,6 +51,7 @@ struct Result {
   double loss = 0;
   std::vector<float> grads;
   std::vector<std::int64_t> routed, kept;   // over all MoE blocks, block-major
+  std::int64_t grouped_calls = 0;           // cuBLAS grouped GEMMs run (CUDA)
 };
 
 Result run(Device device, DType lowp, const model::ModelDims& d, const std::vector<std::int32_t>& tok, std::int64_t B,
@@ -65,6 +69,7 @@ Result run(Device device, DType lowp, const model::ModelDims& d, const std::vect
     r.kept.insert(r.kept.end(), st.kept.begin(), st.kept.end());
   }
   rt.synchronize();
+  if (device == Device::cuda) r.grouped_calls = static_cast<ops::cuda::Resources*>(rt.ctx().cuda)->grouped_gemm.calls;
   return r;
 }
 
@@ -90,18 +95,25 @@ struct Case {
   std::int64_t every;
   DType lowp;
   const char* name;
+  ops::ExpertGemm how = ops::ExpertGemm::loop;
 };
 
 class MoeModelCuda : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MoeModelCuda, LossCountsAndGradientsMatchCpu) {
   const Case c = GetParam();
-  const auto d = moe_dims(c.capacity, c.every);
+  const auto d = moe_dims(c.capacity, c.every, c.how);
   const std::int64_t B = 3, T = 37;   // T not a multiple of any tile
   const auto tok = tokens(B, T, d.vocab, 13);
   const Result cpu = run(Device::cpu, DType::f32, d, tok, B, T);
   const Result gpu = run(Device::cuda, c.lowp, d, tok, B, T);
   ASSERT_EQ(gpu.routed.size(), cpu.routed.size());
+  // The form the case names ran: 5 grouped GEMMs per MoE block and step (2 forward; dg, dx twice
+  // backward), plus the weight gradients' 2 where they are grouped (fp32 runs).
+  if (c.how == ops::ExpertGemm::grouped)
+    EXPECT_GE(gpu.grouped_calls, 5 * d.moe_block_count()) << "the grouped case ran too few grouped GEMMs";
+  else
+    EXPECT_EQ(gpu.grouped_calls, 0) << "the loop case ran grouped GEMMs";
   const bool fp32 = c.lowp == DType::f32;
   if (c.capacity > 0) {   // the case covers drops
     std::int64_t routed = 0, kept = 0;
@@ -131,7 +143,11 @@ INSTANTIATE_TEST_SUITE_P(
     DropsAndPrecision, MoeModelCuda,
     ::testing::Values(Case{0.0, 1, DType::f32, "fp32_dropless"}, Case{0.5, 1, DType::f32, "fp32_capacity_half"},
                       Case{0.0, 2, DType::f32, "fp32_every_other_block"}, Case{0.0, 1, DType::bf16, "bf16_dropless"},
-                      Case{0.0, 2, DType::bf16, "bf16_every_other_block"}),
+                      Case{0.0, 2, DType::bf16, "bf16_every_other_block"},
+                      Case{0.0, 1, DType::f32, "fp32_dropless_grouped", ops::ExpertGemm::grouped},
+                      Case{0.5, 1, DType::f32, "fp32_capacity_half_grouped", ops::ExpertGemm::grouped},
+                      Case{0.0, 2, DType::bf16, "bf16_every_other_block_grouped", ops::ExpertGemm::grouped},
+                      Case{0.0, 1, DType::bf16, "bf16_dropless_grouped", ops::ExpertGemm::grouped}),
     [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -7,7 +7,10 @@
 // dot is fp64); bf16 activations against the fp32 CPU on the same rounded inputs: 1e-2.
 #include <algorithm>
 #include <sstream>
+#include <tuple>
 
+#include "../../src/ops/cuda/gemm_grouped.h"
+#include "../../src/ops/cuda/resources.h"
 #include "lmscale/core/error.h"
 #include "lmscale/ops/moe.h"
 #include "lmscale/ops/moe_experts.h"
@@ -268,6 +271,188 @@ TEST_F(MoeCuda, Bf16ActivationsNeedFp32Statistics) {
   Tensor experts = poisoned({N, k}, DType::i32), gates = poisoned({N, k}, DType::f32);
   const Tensor logits = dev(randn(static_cast<std::size_t>(N * E)), {N, E}, DType::bf16);
   EXPECT_THROW(ops::moe_route(g(), logits, probs, lse, experts, gates), lmscale::Error);
+}
+
+// The experts' products of one form (loop or grouped) on the GPU: forward from X, backward from
+// the given forward activations (so both forms differentiate the same a, b, g).
+struct ExpertsOut {
+  std::vector<double> a, b, g, y, dg, dx, G1, G3, G2;
+};
+
+class MoeGroupedCuda : public MoeCuda {
+ protected:
+  struct Inputs {
+    std::vector<std::int64_t> rows;
+    std::int64_t El = 0, Me = 0, d = 0, Fe = 0;
+    DType t = DType::f32, gt = DType::f32;   // activations, weight gradients
+    std::vector<double> x, w1, w3, w2, dy, g0;
+  };
+  Inputs inputs(const std::vector<std::int64_t>& rows, std::int64_t d, std::int64_t Fe, DType t, DType gt) {
+    Inputs in{rows, static_cast<std::int64_t>(rows.size()), 0, d, Fe, t, gt, {}, {}, {}, {}, {}, {}};
+    for (std::int64_t r : rows) in.Me += r;
+    in.x = randn(static_cast<std::size_t>(in.Me * d), t);
+    in.dy = randn(in.x.size(), t);
+    in.w1 = randn(static_cast<std::size_t>(in.El * Fe * d), t, 0.2);
+    in.w3 = randn(in.w1.size(), t, 0.2);
+    in.w2 = randn(in.w1.size(), t, 0.2);
+    in.g0 = randn(in.w1.size(), gt);
+    return in;
+  }
+  // Forward of `how`; its backward from `fwd`'s activations (or its own when null).
+  ExpertsOut run(const Inputs& in, ops::ExpertGemm how, bool accumulate, const ExpertsOut* fwd) {
+    const Shape sx{in.Me, in.d}, sf{in.Me, in.Fe}, s13{in.El, in.Fe, in.d}, s2{in.El, in.d, in.Fe};
+    const DType t = in.t;
+    const Tensor X = dev(in.x, sx, t), W1 = dev(in.w1, s13, t), W3 = dev(in.w3, s13, t), W2 = dev(in.w2, s2, t);
+    Tensor a = poisoned(sf, t), b = poisoned(sf, t), g = poisoned(sf, t), y = poisoned(sx, t);
+    ops::moe_experts(this->g(), X, in.rows, W1, W3, W2, a, b, g, y, how);
+    ExpertsOut o{values(a), values(b), values(g), values(y), {}, {}, {}, {}, {}};
+    if (fwd) a = dev(fwd->a, sf, t), b = dev(fwd->b, sf, t), g = dev(fwd->g, sf, t);
+    Tensor dg = poisoned(sf, t), da = poisoned(sf, t), db = poisoned(sf, t), dx = poisoned(sx, t);
+    auto grad = [&](const Shape& s) { return accumulate ? dev(in.g0, s, in.gt) : poisoned(s, in.gt); };
+    Tensor G1 = grad(s13), G3 = grad(s13), G2 = grad(s2);
+    ops::moe_experts_backward(this->g(), X, in.rows, W1, W3, W2, a, b, g, dev(in.dy, sx, t), dg, da, db, dx, G1, G3,
+                              G2, accumulate, how);
+    o.dg = values(dg), o.dx = values(dx), o.G1 = values(G1), o.G3 = values(G3), o.G2 = values(G2);
+    return o;
+  }
+  // The float64 CPU loop on the same rounded inputs; its backward from `fwd`'s activations.
+  ExpertsOut reference(const Inputs& in, bool accumulate, const ExpertsOut& fwd) {
+    const Shape sx{in.Me, in.d}, sf{in.Me, in.Fe}, s13{in.El, in.Fe, in.d}, s2{in.El, in.d, in.Fe};
+    const Tensor X = ref(in.x, sx), W1 = ref(in.w1, s13), W3 = ref(in.w3, s13), W2 = ref(in.w2, s2);
+    Tensor a = cpu_empty(sf, DType::f64), b = cpu_empty(sf, DType::f64), g = cpu_empty(sf, DType::f64);
+    Tensor y = cpu_empty(sx, DType::f64);
+    ops::moe_experts(c(), X, in.rows, W1, W3, W2, a, b, g, y);
+    ExpertsOut o{values(a), values(b), values(g), values(y), {}, {}, {}, {}, {}};
+    Tensor dg = cpu_empty(sf, DType::f64), da = cpu_empty(sf, DType::f64), db = cpu_empty(sf, DType::f64);
+    Tensor dx = cpu_empty(sx, DType::f64);
+    auto grad = [&](const Shape& s) { return ref(accumulate ? in.g0 : std::vector<double>(in.g0.size(), 0.0), s); };
+    Tensor G1 = grad(s13), G3 = grad(s13), G2 = grad(s2);
+    ops::moe_experts_backward(c(), X, in.rows, W1, W3, W2, ref(fwd.a, sf), ref(fwd.b, sf), ref(fwd.g, sf),
+                              ref(in.dy, sx), dg, da, db, dx, G1, G3, G2, accumulate);
+    o.dg = values(dg), o.dx = values(dx), o.G1 = values(G1), o.G3 = values(G3), o.G2 = values(G2);
+    return o;
+  }
+  void expect_close(const ExpertsOut& got, const ExpertsOut& want, double tol, const char* what) {
+    SCOPED_TRACE(what);
+    for (const auto& [name, gv, wv] : {std::tuple{"y", &got.y, &want.y}, {"g", &got.g, &want.g}, {"dg", &got.dg, &want.dg},
+                                       {"dx", &got.dx, &want.dx}, {"G1", &got.G1, &want.G1}, {"G3", &got.G3, &want.G3},
+                                       {"G2", &got.G2, &want.G2}}) {
+      SCOPED_TRACE(name);
+      EXPECT_CLOSE(*gv, *wv, tol);
+    }
+  }
+  // Empty experts: gradients exactly zero, or exactly the accumulated ones.
+  void expect_empty_experts_untouched(const Inputs& in, const ExpertsOut& o, bool accumulate) {
+    const std::int64_t per = in.Fe * in.d;
+    for (std::int64_t e = 0; e < in.El; ++e) {
+      if (in.rows[static_cast<std::size_t>(e)] != 0) continue;
+      for (const auto* G : {&o.G1, &o.G3, &o.G2})
+        for (std::int64_t i = e * per; i < (e + 1) * per; ++i)
+          ASSERT_EQ((*G)[static_cast<std::size_t>(i)], accumulate ? in.g0[static_cast<std::size_t>(i)] : 0.0)
+              << "expert " << e << " element " << i;
+    }
+  }
+};
+
+// Uneven experts, two of equal rows (one cuBLAS group), two empty; fp32 and bf16 activations;
+// weight gradients in fp32 (bf16 activations: the mixed-precision master gradients, which cuBLAS
+// cannot group: they loop) and in the activations' dtype (grouped); fresh and accumulated. Counts
+// what ran: 2 grouped GEMMs forward, 3 backward (dg, dx twice), 2 more for grouped weight
+// gradients, else 3 looped products per non-empty expert; the loop form runs no grouped GEMM.
+TEST_F(MoeGroupedCuda, GroupedExpertsMatchTheLoopAndTheFloat64Reference) {
+  const std::vector<std::int64_t> rows = {37, 37, 0, 130, 1, 0, 90, 17};
+  const std::int64_t non_empty = 6;
+  auto& counts = ops::cuda::resources(g()).grouped_gemm;
+  for (DType t : {DType::f32, DType::bf16})
+    for (DType gt : {DType::f32, DType::bf16}) {
+      if (t == DType::f32 && gt == DType::bf16) continue;
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(t) << " gradients " << dtype_name(gt) << " accumulate "
+                                        << accumulate);
+        const Inputs in = inputs(rows, 64, 96, t, gt);
+        const auto before = counts;
+        const ExpertsOut grouped = run(in, ops::ExpertGemm::grouped, accumulate, nullptr);
+        const bool grouped_wgrad = gt == t;
+        EXPECT_EQ(counts.calls - before.calls, 5 + (grouped_wgrad ? 2 : 0));
+        EXPECT_EQ(counts.looped_products - before.looped_products, grouped_wgrad ? 0 : 3 * non_empty);
+        const auto mid = counts;
+        const ExpertsOut loop = run(in, ops::ExpertGemm::loop, accumulate, &grouped);
+        EXPECT_EQ(counts.calls, mid.calls) << "the loop ran grouped GEMMs";
+        const ExpertsOut want = reference(in, accumulate, grouped);
+        // The forward against the reference's; the backward (from the grouped forward's a, b, g).
+        const double tol = test::tolerance(t), gtol = test::tolerance(t == DType::f32 ? DType::f32 : DType::bf16);
+        EXPECT_CLOSE(grouped.y, want.y, tol);
+        EXPECT_CLOSE(grouped.g, want.g, tol);
+        EXPECT_CLOSE(loop.y, grouped.y, tol);
+        ExpertsOut back = want;
+        back.y = grouped.y, back.g = grouped.g;   // compared above
+        expect_close(grouped, back, gtol, "grouped against the float64 reference");
+        ExpertsOut loop_back = loop;
+        loop_back.y = grouped.y, loop_back.g = grouped.g;
+        expect_close(loop_back, grouped, gtol, "loop against grouped");
+        expect_empty_experts_untouched(in, grouped, accumulate);
+        expect_empty_experts_untouched(in, loop, accumulate);
+      }
+    }
+}
+
+// Rows whose start is not 16-byte aligned (bf16, d = 60: rows of 120 bytes) break cuBLAS's
+// alignment rule for grouped 16-bit products: those lists loop (counted) and still match the
+// reference. No rows at all: nothing runs, fresh gradients are zero.
+TEST_F(MoeGroupedCuda, MisalignedRowsLoopAndNoRowsZeroTheGradients) {
+  auto& counts = ops::cuda::resources(g()).grouped_gemm;
+  {
+    const Inputs in = inputs({3, 0, 5, 2}, 60, 40, DType::bf16, DType::bf16);
+    const auto before = counts;
+    const ExpertsOut got = run(in, ops::ExpertGemm::grouped, false, nullptr);
+    EXPECT_GT(counts.looped_products - before.looped_products, 0) << "misaligned rows were grouped";
+    const ExpertsOut want = reference(in, false, got);
+    expect_close(got, want, test::tolerance(DType::bf16), "misaligned");
+    expect_empty_experts_untouched(in, got, false);
+  }
+  for (bool accumulate : {false, true}) {
+    const Inputs in = inputs({0, 0, 0}, 64, 32, DType::bf16, DType::f32);
+    const auto before = counts;
+    const ExpertsOut got = run(in, ops::ExpertGemm::grouped, accumulate, nullptr);
+    EXPECT_EQ(counts.calls, before.calls);
+    EXPECT_EQ(counts.looped_products, before.looped_products);
+    expect_empty_experts_untouched(in, got, accumulate);
+  }
+}
+
+// The plan cache's shapes-vary mode (ops/cuda/gemm.h), as the experts' loop sets it: row counts of
+// one shape class make one plan (the class's, from the first miss) rather than 4 exact ones and
+// then the class's; a fixed shape outside the scope still gets its exact plan.
+TEST_F(MoeGroupedCuda, VaryingRowsMakeOneClassPlanFromTheFirstMiss) {
+  auto& cache = ops::cuda::resources(g()).gemm_plans;
+  const std::int64_t K = 192, N = 160;
+  const DType t = DType::bf16;
+  const auto w = randn(static_cast<std::size_t>(N * K), t, 0.1);
+  const Tensor wd = dev(w, {N, K}, t);
+  const std::int64_t plans0 = cache.plans_made, products0 = cache.class_products, fallbacks0 = cache.class_fallbacks;
+  const std::vector<std::int64_t> Ms = {300, 333, 365, 400, 421, 450, 487, 512};   // one class: 512
+  {
+    const ops::cuda::GemmShapesVary vary(g());
+    for (const std::int64_t M : Ms) {
+      SCOPED_TRACE(testing::Message() << "M=" << M);
+      ASSERT_EQ(ops::cuda::shape_class_dim(M), 512);
+      const auto x = randn(static_cast<std::size_t>(M * K), t);
+      Tensor y = poisoned({M, N}, t), yr = ref(std::vector<double>(static_cast<std::size_t>(M * N)), {M, N});
+      ops::linear(g(), dev(x, {M, K}, t), wd, y);
+      ops::linear(c(), ref(x, {M, K}), ref(w, {N, K}), yr);
+      EXPECT_CLOSE(values(y), values(yr), test::tolerance(t));
+    }
+  }
+  const std::int64_t fallbacks = cache.class_fallbacks - fallbacks0;
+  EXPECT_EQ(cache.plans_made - plans0, 1 + fallbacks) << "plans beyond the class's one and its fallbacks";
+  EXPECT_EQ(cache.class_products - products0, static_cast<std::int64_t>(Ms.size()) - fallbacks);
+  EXPECT_LT(fallbacks, static_cast<std::int64_t>(Ms.size()) / 2) << "the class's algorithm fits few of its shapes";
+  // Outside the scope: a new shape of a new class gets an exact plan, not a class plan.
+  const std::int64_t M = 700, plans1 = cache.plans_made, products1 = cache.class_products;
+  Tensor y = poisoned({M, N}, t);
+  ops::linear(g(), dev(randn(static_cast<std::size_t>(M * K), t), {M, K}, t), wd, y);
+  EXPECT_EQ(cache.plans_made - plans1, 1);
+  EXPECT_EQ(cache.class_products, products1);
 }
 
 }  // namespace

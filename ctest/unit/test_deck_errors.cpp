@@ -98,6 +98,8 @@ const std::vector<BadDeck> kBadDecks{
     {"duplicate_override", "", {"--model.d_model=256", "--model.d_model=512"}, "model.d_model", "more than once"},
     // Mixture of experts (io/deck_moe.cpp).
     {"moe_top_k_over_experts", "[model]\nmoe_experts = 4\nmoe_top_k = 5\n", {}, "model.moe_top_k", "model.moe_experts = 4"},
+    {"moe_expert_gemm_unknown", "[model]\nmoe_experts = 4\nmoe_expert_gemm = batched\n", {}, "model.moe_expert_gemm",
+     "grouped"},
     {"moe_every_zero", "[model]\nmoe_experts = 4\nmoe_every = 0\n", {}, "model.moe_every", ">= 1"},
     {"moe_every_over_layers", "[model]\nnum_layers = 2\nmoe_experts = 4\nmoe_every = 3\n", {}, "model.moe_every"},
     {"moe_negative_capacity", "[model]\nmoe_experts = 4\nmoe_capacity_factor = -1\n", {}, "model.moe_capacity_factor"},

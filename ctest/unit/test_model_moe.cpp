@@ -118,6 +118,26 @@ TEST(MoeModel, RouterLossesAreAddedWithTheirCoefficients) {
   EXPECT_NEAR(a->loss_sum.data_as<double>()[0] - b->loss_sum.data_as<double>()[0], 0.1 * balance + 0.05 * z, 1e-12);
 }
 
+// model.moe_expert_gemm reaches the model's dims (loop by default); on the CPU the grouped form
+// runs the loop, so the loss is the loop's bit for bit.
+TEST(MoeModel, ExpertGemmKeyReachesTheModelAndTheCpuLoops) {
+  ModelConfig cfg;
+  cfg.moe_experts = 4;
+  EXPECT_EQ(model::ModelDims::from(cfg).moe_expert_gemm, ops::ExpertGemm::loop);
+  cfg.moe_expert_gemm = MoeExpertGemm::grouped;
+  EXPECT_EQ(model::ModelDims::from(cfg).moe_expert_gemm, ops::ExpertGemm::grouped);
+  Fixture f;
+  model::ModelDims d = tiny_moe(0.0, 1);
+  model::ParameterStore ps(d, DType::f64, DType::f64, f.alloc);
+  ps.init(5, f.ctx);
+  Tensor x = int_tensor(f.alloc, 2, 5, d.vocab, 1), y = int_tensor(f.alloc, 2, 5, d.vocab, 2);
+  model::TransformerLM loop(d, ps);
+  const double want = loop.forward(f.ctx, x, y, false, 0.1)->loss_sum.data_as<double>()[0];
+  d.moe_expert_gemm = ops::ExpertGemm::grouped;
+  model::TransformerLM grouped(d, ps);
+  EXPECT_EQ(grouped.forward(f.ctx, x, y, false, 0.1)->loss_sum.data_as<double>()[0], want);
+}
+
 // fp32 (the run path) against the float64 reference: loss and every gradient.
 TEST(MoeModel, Fp32MatchesTheFloat64Reference) {
   for (double capacity : {0.0, 0.5}) {

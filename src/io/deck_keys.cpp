@@ -107,6 +107,10 @@ std::vector<DeckKey> build_table() {
                 "Coefficient of the load-balancing loss (Switch/GShard form, per sequence; 1 at perfect balance)."),
       float_key("model.moe_z_loss", LMSCALE_FIELD(model.moe_z_loss), R::non_negative(),
                 "Coefficient of the router z-loss (mean over tokens of logsumexp(router logits)^2)."),
+      enum_key("model.moe_expert_gemm", LMSCALE_FIELD(model.moe_expert_gemm),
+               "How the experts' matrix products run on CUDA (docs/moe.md): loop = one cuBLASLt GEMM per expert; "
+               "grouped = one cuBLAS grouped GEMM per projection over all local experts (weight gradients into "
+               "fp32 master gradients still loop: cuBLAS groups only same-dtype outputs). CPUs always loop."),
       // [precision]
       enum_key("precision.mode", LMSCALE_FIELD(precision.mode),
                "fp32, or bf16/fp16 mixed precision (fp32 master weights); bf16 and fp16 need a CUDA device. fp8: bf16 "

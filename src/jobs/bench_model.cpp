@@ -206,6 +206,11 @@ int run_bench_model(JobEnv& env) {
                      static_cast<double>(now.class_products - gemm_before.class_products) / n);
     env.out.set_attr(g, "gemm_class_fallbacks_per_step",
                      static_cast<double>(now.class_fallbacks - gemm_before.class_fallbacks) / n);
+    // model.moe_expert_gemm = grouped: that the grouped form ran, and what it could not group.
+    env.out.set_attr(g, "gemm_grouped_calls_per_step",
+                     static_cast<double>(now.grouped_calls - gemm_before.grouped_calls) / n);
+    env.out.set_attr(g, "gemm_grouped_looped_products_per_step",
+                     static_cast<double>(now.grouped_looped_products - gemm_before.grouped_looped_products) / n);
   }
   // train.cuda_graphs (docs/architecture.md §5): whether the step was captured, and how many timed
   // steps ran as a replay (all of them once bench.warmup >= 2: a shape's first step is eager, its

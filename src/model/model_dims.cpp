@@ -25,6 +25,7 @@ ModelDims ModelDims::from(const ModelConfig& m) {
   d.moe_capacity_factor = m.moe_capacity_factor;
   d.moe_aux_loss = m.moe_aux_loss;
   d.moe_z_loss = m.moe_z_loss;
+  d.moe_expert_gemm = m.moe_expert_gemm == MoeExpertGemm::grouped ? ops::ExpertGemm::grouped : ops::ExpertGemm::loop;
   return d;
 }
 

@@ -181,7 +181,7 @@ Tensor TransformerLM::moe_ffn_forward(Context& ctx, int l, std::int64_t T, const
   s.g = Tensor::empty({Me, Fe}, compute_, A, "activations");
   Tensor ye = Tensor::empty({Me, d}, compute_, A, "activations");
   ops::moe_experts(ctx, m.xe, m.expert_rows, params_.compute_weight(p.w1), params_.compute_weight(p.w3),
-                   params_.compute_weight(p.w2), s.a, s.b, s.g, ye);
+                   params_.compute_weight(p.w2), s.a, s.b, s.g, ye, dims_.moe_expert_gemm);
   phase.emplace("moe_combine");
   if (ep == 1) {
     m.ye = ye;
@@ -229,7 +229,7 @@ Tensor TransformerLM::moe_ffn_backward(Context& ctx, int l, std::int64_t T, Bloc
   Tensor dg = matrix(dgab, 0), da = matrix(dgab, 1), db = matrix(dgab, 2);
   ops::moe_experts_backward(ctx, m.xe, m.expert_rows, params_.compute_weight(p.w1), params_.compute_weight(p.w3),
                             params_.compute_weight(p.w2), s.a, s.b, s.g, dye, dg, da, db, dxe, G1, G3, G2,
-                            accumulate);
+                            accumulate, dims_.moe_expert_gemm);
   notify(pc, p.w2);
   notify(pc, p.w1);
   notify(pc, p.w3);

@@ -1,10 +1,16 @@
 // ops::moe_experts and its backward (ops/moe_experts.h): shape checks, then each expert in turn,
-// made of the linear and SwiGLU ops.
+// made of the linear and SwiGLU ops (CPU, and CUDA with ExpertGemm::loop), or on CUDA with
+// ExpertGemm::grouped one grouped GEMM per projection (cuda/moe_experts_grouped.cpp).
 #include "lmscale/ops/moe_experts.h"
 
 #include <numeric>
+#include <optional>
 
 #include "checks.h"
+#include "cuda/cuda_ops.h"
+#ifdef LMSCALE_WITH_CUDA
+#include "cuda/gemm_grouped.h"
+#endif
 #include "lmscale/core/error.h"
 #include "lmscale/ops/ops.h"
 
@@ -43,8 +49,17 @@ void check_experts(const char* op, const Tensor& x, const std::vector<std::int64
 }  // namespace
 
 void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
-                 const Tensor& W3, const Tensor& W2, Tensor& a, Tensor& b, Tensor& g, Tensor& y) {
+                 const Tensor& W3, const Tensor& W2, Tensor& a, Tensor& b, Tensor& g, Tensor& y, ExpertGemm how) {
   check_experts("ops::moe_experts", x, rows, W1, W3, W2, {{"a", &a}, {"b", &b}, {"g", &g}}, {{"y", &y}});
+#ifdef LMSCALE_WITH_CUDA
+  if (how == ExpertGemm::grouped && x.device() == Device::cuda)
+    return cuda::moe_experts_grouped(ctx, x, rows, W1, W3, W2, a, b, g, y);
+  // The loop's GEMMs change their row count every call: the plan cache's shapes-vary mode.
+  std::optional<cuda::GemmShapesVary> varying_shapes;
+  if (x.device() == Device::cuda) varying_shapes.emplace(ctx);
+#else
+  (void)how;   // CPUs always loop
+#endif
   const std::vector<std::int64_t> at = row_offsets(rows);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];
@@ -59,13 +74,23 @@ void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>&
 void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
                           const Tensor& W3, const Tensor& W2, const Tensor& a, const Tensor& b, const Tensor& g,
                           const Tensor& dy, Tensor& dg, Tensor& da, Tensor& db, Tensor& dx, Tensor& G1, Tensor& G3,
-                          Tensor& G2, bool accumulate) {
+                          Tensor& G2, bool accumulate, ExpertGemm how) {
   constexpr const char* op = "ops::moe_experts_backward";
   check_experts(op, x, rows, W1, W3, W2,
                 {{"a", &a}, {"b", &b}, {"g", &g}, {"dg", &dg}, {"da", &da}, {"db", &db}}, {{"dy", &dy}, {"dx", &dx}});
   detail::check_shape(op, "G1", G1, W1.shape());
   detail::check_shape(op, "G3", G3, W3.shape());
   detail::check_shape(op, "G2", G2, W2.shape());
+#ifdef LMSCALE_WITH_CUDA
+  if (how == ExpertGemm::grouped && x.device() == Device::cuda)
+    return cuda::moe_experts_grouped_backward(ctx, x, rows, W1, W3, W2, a, b, g, dy, dg, da, db, dx, G1, G3, G2,
+                                              accumulate);
+  // The loop's GEMMs change their row count every call: the plan cache's shapes-vary mode.
+  std::optional<cuda::GemmShapesVary> varying_shapes;
+  if (x.device() == Device::cuda) varying_shapes.emplace(ctx);
+#else
+  (void)how;   // CPUs always loop
+#endif
   const std::vector<std::int64_t> at = row_offsets(rows);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];

@@ -164,6 +164,9 @@ Runtime::GemmPlanCounts Runtime::gemm_plan_counts() const {
     c.plans_made = cache.plans_made;
     c.class_products = cache.class_products;
     c.class_fallbacks = cache.class_fallbacks;
+    const auto& grouped = static_cast<const cuda::Resources*>(ctx_.cuda)->grouped_gemm;
+    c.grouped_calls = grouped.calls;
+    c.grouped_looped_products = grouped.looped_products;
   }
 #endif
   return c;

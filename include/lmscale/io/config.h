@@ -66,6 +66,10 @@ inline bool predicts_only(JobKind j) { return j == JobKind::accounting || j == J
 // model.attention, bench.impls
 enum class AttentionImpl { naive, flash };
 LMSCALE_DECK_ENUM(AttentionImpl, "naive", "flash");
+// How the MoE experts' matrix products run on CUDA (docs/moe.md): one GEMM per expert, or one
+// grouped GEMM per projection over all experts. CPUs always loop.
+enum class MoeExpertGemm { loop, grouped };
+LMSCALE_DECK_ENUM(MoeExpertGemm, "loop", "grouped");
 // precision.mode: fp32, or mixed precision with fp32 master weights and 16-bit compute; fp8 is
 // bf16 with the blocks' dense linear layers in FP8 (docs/precision.md).
 enum class PrecisionMode { fp32, bf16, fp16, fp8 };
@@ -201,6 +205,7 @@ struct ModelConfig {
   double moe_capacity_factor = 0.0;
   double moe_aux_loss = 0.01;            // load-balancing loss coefficient
   double moe_z_loss = 0.001;             // router z-loss coefficient
+  MoeExpertGemm moe_expert_gemm = MoeExpertGemm::loop;   // CUDA experts' GEMMs (CPU: ignored)
 
   bool operator==(const ModelConfig&) const = default;
 };

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "lmscale/io/config.h"
+#include "lmscale/ops/moe_experts.h"
 
 namespace lmscale::model {
 
@@ -28,6 +29,7 @@ struct ModelDims {
   double moe_capacity_factor = 0.0;    // 0 = dropless
   double moe_aux_loss = 0.0;           // load-balancing loss coefficient
   double moe_z_loss = 0.0;             // router z-loss coefficient
+  ops::ExpertGemm moe_expert_gemm = ops::ExpertGemm::loop;   // model.moe_expert_gemm (CUDA only)
   std::int64_t head_dim() const { return d_model / heads; }
   constexpr bool moe() const { return moe_experts > 0; }
   constexpr bool is_moe_block(std::int64_t l) const { return moe() && l % moe_every == moe_every - 1; }

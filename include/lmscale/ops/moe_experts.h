@@ -6,10 +6,13 @@
 // rows.size(). All tensors in the compute dtype except the gradients G*, which may be fp32 under
 // mixed precision (as ops::linear_backward's dw).
 //
-// One op for all of them so the model states what it computes, not how: the experts run one after
-// the other as cuBLASLt GEMMs today. Running them side by side on four streams was measured slower
-// on an H100 (moe-1b: 105k against 143k tokens/s; docs/moe.md), so a faster form is a grouped
-// GEMM behind this interface, not concurrency.
+// One op for all of them so the model states what it computes, not how. `how` (the deck's
+// model.moe_expert_gemm) picks the CUDA form: `loop` runs the experts one after the other as
+// cuBLASLt GEMMs; `grouped` runs each projection of all experts as one cuBLAS grouped GEMM
+// (ops/cuda/gemm_grouped.h), except products whose output dtype differs from the inputs' (the
+// weight gradients into fp32 master gradients), which cuBLAS cannot group: those still loop. CPUs
+// always loop (`how` is ignored there). Running the experts side by side on four streams was
+// measured slower on an H100 (moe-1b: 105k against 143k tokens/s; docs/moe.md).
 #include <cstdint>
 #include <vector>
 
@@ -18,18 +21,21 @@
 
 namespace lmscale::ops {
 
+enum class ExpertGemm { loop, grouped };
+
 // Per expert e:  a = x W1[e]^T,  b = x W3[e]^T,  g = silu(a) * b,  y = g W2[e]^T   (all overwritten).
 void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
-                 const Tensor& W3, const Tensor& W2, Tensor& a, Tensor& b, Tensor& g, Tensor& y);
+                 const Tensor& W3, const Tensor& W2, Tensor& a, Tensor& b, Tensor& g, Tensor& y,
+                 ExpertGemm how = ExpertGemm::loop);
 
 // Its backward from dy and the forward's x, a, b, g, per expert e:
 //   dg = dy W2[e],  (da, db) = the SwiGLU backward,  dx = da W1[e] + db W3[e]       (overwritten)
 //   G2[e] (+)= dy^T g,  G1[e] (+)= da^T x,  G3[e] (+)= db^T x      (accumulate adds, else overwrites)
 // An expert with no rows gets zero gradients (unchanged ones when accumulating). dg, da, db are
-// the caller's workspace (the lanes may not allocate: ops/lanes.h).
+// the caller's workspace.
 void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
                           const Tensor& W3, const Tensor& W2, const Tensor& a, const Tensor& b, const Tensor& g,
                           const Tensor& dy, Tensor& dg, Tensor& da, Tensor& db, Tensor& dx, Tensor& G1, Tensor& G3,
-                          Tensor& G2, bool accumulate);
+                          Tensor& G2, bool accumulate, ExpertGemm how = ExpertGemm::loop);
 
 }  // namespace lmscale::ops

@@ -67,9 +67,12 @@ class Runtime {
   int gemm_sm_target() const;
   // The compute stream's cuBLASLt plan cache so far (ops/cuda/gemm.h; zeros on CPU): plans made
   // (each a heuristic query on the host), products run on a shape class's plan, and class-path
-  // products whose shape the class's algorithm refused (run on an exact plan instead).
+  // products whose shape the class's algorithm refused (run on an exact plan instead); and the
+  // MoE experts' grouped GEMMs (model.moe_expert_gemm = grouped; ops/cuda/gemm_grouped.h): calls
+  // made, and products of lists cuBLAS could not group (run as a loop instead).
   struct GemmPlanCounts {
     std::int64_t plans_made = 0, class_products = 0, class_fallbacks = 0;
+    std::int64_t grouped_calls = 0, grouped_looped_products = 0;
   };
   GemmPlanCounts gemm_plan_counts() const;
   // While one is alive (and comm_sms() > 0, and `on`), the GEMM plans made target the GPU's SMs

@@ -35,6 +35,14 @@ void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t 
           bool inverse);
 
 void swiglu(Context& ctx, const Tensor& a, const Tensor& b, Tensor& h);
+// ops::moe_experts and its backward as grouped GEMMs (model.moe_expert_gemm = grouped;
+// moe_experts_grouped.cpp); shapes checked by the caller.
+void moe_experts_grouped(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
+                         const Tensor& W3, const Tensor& W2, Tensor& a, Tensor& b, Tensor& g, Tensor& y);
+void moe_experts_grouped_backward(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows,
+                                  const Tensor& W1, const Tensor& W3, const Tensor& W2, const Tensor& a,
+                                  const Tensor& b, const Tensor& g, const Tensor& dy, Tensor& dg, Tensor& da,
+                                  Tensor& db, Tensor& dx, Tensor& G1, Tensor& G3, Tensor& G2, bool accumulate);
 void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& dh, Tensor& da, Tensor& db);
 
 void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, Tensor& loss_sum, Tensor* dlogits,

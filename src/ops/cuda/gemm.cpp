@@ -405,10 +405,11 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
   constexpr std::uint32_t kBetaFlag = 8u;   // the key's beta != 0 bit: an accumulating twin differs in it alone
   PlanRequest q{tf32, fp8, bt, al_a, al_b, al_c, r.gemm_autotune, nullptr};
   // A new exact shape: its class's plan once the class has seen kExactShapesBeforeClassPlan
-  // shapes (gemm.h); map references stay valid while the recursion of run_exact inserts.
+  // shapes, or at once where the caller says the shapes vary (gemm.h); map references stay valid
+  // while the recursion of run_exact inserts.
   const GemmPlanCache::Key ckey = class_key(key);
   GemmPlanCache::ShapeClass& sc = cache.classes[ckey];
-  if (sc.exact_plans >= kExactShapesBeforeClassPlan) {
+  if (uses_class_plan(sc.exact_plans, r.gemm_shapes_vary)) {
     if (!sc.plan) {
       GemmPlanCache::Key twin_key = ckey;
       twin_key.flags &= ~kBetaFlag;

@@ -19,6 +19,12 @@
 // holds at most kExactPlansPerClass + 1 plans per class, and the classes a run can reach are
 // bounded by its largest dimensions (the rows of a micro-batch times top-k for MoE).
 //
+// Shapes that vary: a caller whose products change a dimension every call (the MoE experts'
+// rows; cuda::GemmShapesVary sets Resources::gemm_shapes_vary) skips the exact plans: the first
+// new shape of a class makes the class's plan and every later one reuses it, so a class costs one
+// heuristic query instead of kExactShapesBeforeClassPlan + 1. Exact shapes already cached are
+// still found first; products outside such a scope (a dense model's fixed shapes) are unchanged.
+//
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -67,6 +73,11 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g);
 std::int64_t shape_class_dim(std::int64_t x);
 inline constexpr int kExactShapesBeforeClassPlan = 4;
 inline constexpr int kExactPlansPerClass = 16;
+// Whether a new exact shape runs on its class's plan: the class holds kExactShapesBeforeClassPlan
+// exact plans already, or the shapes vary (above).
+constexpr bool uses_class_plan(int class_exact_plans, bool shapes_vary) {
+  return shapes_vary || class_exact_plans >= kExactShapesBeforeClassPlan;
+}
 
 // The cached plans of one Resources. Opaque outside gemm.cpp.
 class GemmPlanCache {

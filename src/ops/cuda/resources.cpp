@@ -23,6 +23,7 @@ Resources::~Resources() {
   cudaStreamSynchronize(stream);
   for (auto& t : rope_tables) alloc->deallocate(t.data, t.bytes, "rope_table");
   alloc->deallocate(workspace, workspace_bytes, "cublaslt_workspace");
+  if (blas) cublasDestroy(blas);
   if (lt) cublasLtDestroy(lt);
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // Library handles and scratch space the CUDA ops share, bound to the runtime's compute stream:
-// the cuBLASLt handle, its workspace and GEMM plan cache, the device's multiprocessor count (for
+// the cuBLASLt handle, its workspace and GEMM plan cache, the cuBLAS handle of the grouped GEMMs, the device's multiprocessor count (for
 // grid sizing) and the RoPE cos/sin tables. Reached from an op through Context::cuda.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -41,6 +42,17 @@ struct Resources {
   void* workspace = nullptr;   // cuBLASLt workspace
   std::size_t workspace_bytes = 0;
   GemmPlanCache gemm_plans;
+  // GEMMs queued now have a dimension that changes from call to call (the MoE experts' rows): a
+  // new shape goes to its shape class's plan at once (gemm.h). Set by cuda::GemmShapesVary.
+  bool gemm_shapes_vary = false;
+  // cuBLAS (not Lt) for its grouped GEMM (gemm_grouped.h): made on the first grouped product, so
+  // a run without one never creates it; shares the stream and the workspace above.
+  cublasHandle_t blas = nullptr;
+  // Grouped GEMM calls, the products they ran, and the products of lists cuBLAS cannot group
+  // that ran as a loop of gemm() calls instead (gemm_grouped.h).
+  struct GroupedGemmCounts {
+    std::int64_t calls = 0, products = 0, looped_products = 0;
+  } grouped_gemm;
   // Time up to 8 cuBLASLt candidates per new GEMM shape and keep the fastest, instead of taking the
   // heuristic's first. On when LMSCALE_GEMM_AUTOTUNE=1. Costs a few ms per shape on the first step;
   // the algorithm (and so the rounding) may then differ between runs.
