@@ -1,5 +1,5 @@
 // Fp8Linear (lmscale/ops/fp8_linear.h): the three products of a linear layer as ops::linear_fp8
-// over operands quantised once each and transposed with ops::transpose_fp8.
+// over operands quantised once each, cast and transposed in one pass (ops::cast_transpose_fp8).
 #include "lmscale/ops/fp8_linear.h"
 
 #include "lmscale/core/error.h"
@@ -14,7 +14,8 @@ Tensor as_matrix(const Tensor& t) {
   return t.reshape({cols == 0 ? 0 : t.numel() / cols, cols});
 }
 
-// q = fp8(t) under `s`, and its transpose [cols, rows].
+// q = fp8(t) under `s` (only when keep_direct: a GEMM reads it), and its transpose [cols, rows],
+// from one pass over t (ops::cast_transpose_fp8).
 struct Quantized {
   Tensor q, qt;
 };
@@ -22,12 +23,12 @@ struct Quantized {
 Quantized quantize(Context& ctx, Fp8TensorScaling* s, const Tensor* scale, Fp8Format format, const Tensor& t,
                    bool keep_direct, bool record = true) {
   const Tensor m = as_matrix(t);
-  Tensor q = Tensor::empty(m.shape(), fp8_dtype(format), *ctx.allocator, "fp8_operand");
-  if (s) s->quantize(ctx, m, q, record);
-  else cast_fp8(ctx, m, *scale, q, nullptr);
-  Tensor qt = Tensor::empty({m.dim(1), m.dim(0)}, q.dtype(), *ctx.allocator, "fp8_operand_t");
-  transpose_fp8(ctx, q, qt);
-  return {keep_direct ? q : Tensor(), qt};
+  Tensor q = keep_direct ? Tensor::empty(m.shape(), fp8_dtype(format), *ctx.allocator, "fp8_operand") : Tensor();
+  Tensor qt = Tensor::empty({m.dim(1), m.dim(0)}, fp8_dtype(format), *ctx.allocator, "fp8_operand_t");
+  Tensor* direct = keep_direct ? &q : nullptr;
+  if (s) s->quantize(ctx, m, direct, &qt, record);
+  else cast_transpose_fp8(ctx, m, *scale, direct, &qt);
+  return {q, qt};
 }
 
 void check_x_w(const Fp8Input& x, const Tensor& w) {

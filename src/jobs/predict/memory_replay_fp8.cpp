@@ -14,18 +14,17 @@ double fp8_state_bytes(const Config& cfg, const Shapes& s) {
   if (!s.fp8) return 0;
   // Per operand scaling of a block: w and dy of each of its 7 layers, x of the 4 input owners
   // (q, o, w1, w2; k, v and w3 share theirs): scale, inverse, history of H entries (current
-  // scaling: 1).
+  // scaling: 1), and the fused kernels' [2] int32 work words.
   const double H = cfg.precision.fp8_scaling == Fp8Scaling::delayed ? static_cast<double>(cfg.precision.fp8_history) : 1;
-  return static_cast<double>(s.L) * (7 * 2 + 4) * 4 * (2 + H);
+  return static_cast<double>(s.L) * (7 * 2 + 4) * 4 * (2 + H + 2);
 }
 
 void fp8_forward(Sim& m, Block& b, int g, int count, double M, double K, double n, bool with_y) {
   const bool replay = b.f8scales[g] > 0;
-  double xq = m.alloc(M * K);
+  double xq = with_y ? m.alloc(M * K) : 0;   // no GEMM (a replay): only the transposes are made
   b.f8x[g] = Shared{m.alloc(M * K), count};
-  if (replay && !with_y) m.free(xq);   // no GEMM: the direct operand dies with its cast
   for (int i = g; i < g + count; ++i) {
-    double wq = m.alloc(n * K);
+    double wq = with_y ? m.alloc(n * K) : 0;
     b.f8ops[i] = m.alloc(n * K);
     if (!replay) b.f8scales[i] = m.alloc(kScalesBytes);
     m.free(wq);
