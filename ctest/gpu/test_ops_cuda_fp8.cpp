@@ -338,6 +338,41 @@ TEST_F(CudaFp8Test, CastTransposeMatchesCpu) {
   }
 }
 
+// ops::gather_scalars (a linear layer's saved scales in one launch) against the CPU, specials
+// included; the padding between the values keeps its bytes.
+TEST_F(CudaFp8Test, GatherScalarsMatchesCpu) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> vals = {1.5f, -inf, nan, 0.25f, 3e38f, -0.f, 1e-40f, 448.f};
+  for (std::int64_t stride : {1, 4, 7})
+    for (std::size_t count : {std::size_t{1}, std::size_t{4}, std::size_t{8}}) {
+      SCOPED_TRACE(::testing::Message() << "stride " << stride << " sources " << count);
+      std::vector<Tensor> hs, ds;
+      for (std::size_t i = 0; i < count; ++i) {
+        hs.push_back(host_f32({vals[i]}));
+        ds.push_back(to_device(hs.back()));
+      }
+      const auto need = static_cast<std::size_t>((static_cast<std::int64_t>(count) - 1) * stride + 3);
+      Tensor oh = host_f32(std::vector<float>(need, -2.f)), od = to_device(oh);
+      auto list = [&](std::vector<Tensor>& v) {
+        std::vector<const Tensor*> p;
+        for (const Tensor& t : v) p.push_back(&t);
+        return p;
+      };
+      const std::vector<const Tensor*> ph = list(hs), pd = list(ds);
+      // The op takes an initializer list: the sources spelled out up to the count.
+      auto call = [&](Context& ctx, const std::vector<const Tensor*>& p, Tensor& out) {
+        if (count == 1) ops::gather_scalars(ctx, {p[0]}, out, stride);
+        else if (count == 4) ops::gather_scalars(ctx, {p[0], p[1], p[2], p[3]}, out, stride);
+        else ops::gather_scalars(ctx, {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]}, out, stride);
+      };
+      call(g(), pd, od);
+      call(c(), ph, oh);
+      expect_same_bytes(bytes(od), bytes(oh));
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(oh.data_as<float>()[stride * (static_cast<std::int64_t>(count) - 1)]),
+                std::bit_cast<std::uint32_t>(vals[count - 1]));
+    }
+}
+
 // Random finite codes.
 Tensor random_codes(Tensor h, std::mt19937_64& gen) {
   const Fp8Format f = fp8_format(h.dtype());

@@ -292,6 +292,27 @@ TEST_F(Fp8OpsTest, CastTransposeIsTheCastThenTheTranspose) {
   EXPECT_THROW(ops::cast_transpose_fp8(ctx, x, s, nullptr, &wrong), Error);     // not [K, M]
 }
 
+TEST_F(Fp8OpsTest, GatherScalarsWritesEachSourceAtItsStride) {
+  // A linear layer's four saved scales in one launch (Fp8LinearSaved: 16 bytes apart); the
+  // padding between is left as it was.
+  const Tensor a = scalar(1.5f), b = scalar(-kInf), c = scalar(kNaN), d = scalar(0.25f);
+  Tensor out = f32(std::vector<float>(16, 7.f));
+  ops::gather_scalars(ctx, {&a, &b, &c, &d}, out, 4);
+  for (std::int64_t i = 0; i < 16; ++i) {
+    if (i % 4 != 0) {
+      EXPECT_EQ(get(out, i), 7.f) << i;
+      continue;
+    }
+    const Tensor& src = i == 0 ? a : i == 4 ? b : i == 8 ? c : d;
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(get(out, i)), bits(src)) << i;
+  }
+  Tensor small = f32(std::vector<float>(12, 0.f));
+  EXPECT_THROW(ops::gather_scalars(ctx, {&a, &b, &c, &d}, small, 4), Error);   // needs 13 elements
+  EXPECT_THROW(ops::gather_scalars(ctx, {&a, &a, &a, &a, &a, &a, &a, &a, &a}, out, 1), Error);   // 9 sources
+  const Tensor two = f32({1.f, 2.f});
+  EXPECT_THROW(ops::gather_scalars(ctx, {&two}, out, 1), Error);
+}
+
 TEST_F(Fp8OpsTest, LinearFp8DecodesAndMultiplies) {
   const std::int64_t M = 7, N = 5, K = 32;
   const Tensor a = random_codes(alloc, {M, K}, DType::e5m2, 1), b = random_codes(alloc, {N, K}, DType::e4m3, 2);

@@ -126,6 +126,26 @@ void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out) {
 #endif
 }
 
+void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride) {
+  constexpr const char* op = "ops::gather_scalars";
+  const auto n = static_cast<std::int64_t>(sources.size());
+  LMSCALE_CHECK(n >= 1 && n <= kMaxGathered, "{}: {} sources (1 to {})", op, n, kMaxGathered);
+  LMSCALE_CHECK(stride >= 1, "{}: stride {} (at least 1)", op, stride);
+  LMSCALE_CHECK(out.dtype() == DType::f32 && out.numel() >= (n - 1) * stride + 1,
+                "{}: 'out' must be fp32 with at least {} elements, is {} {}", op, (n - 1) * stride + 1,
+                dtype_name(out.dtype()), shape_str(out.shape()));
+  for (const Tensor* t : sources) {
+    LMSCALE_CHECK(t && t->device() == out.device(), "{}: a source is missing or on another device than 'out'", op);
+    check_scalar(op, "source", *t);
+  }
+  if (out.device() == Device::cpu) return cpu::gather_scalars(ctx, sources, out, stride);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::gather_scalars(ctx, sources, out, stride);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
 void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
                       Tensor& inv_scale) {
   constexpr const char* op = "ops::fp8_update_scale";

@@ -84,13 +84,8 @@ Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Fp8Input& x, const Tensor&
   linear_fp8(ctx, x.q, x.inv, wq.q, w_.inv_scale(), y2, false);
   Fp8LinearSaved saved{x.qt, wq.qt,
                        Tensor::empty({4 * Fp8LinearSaved::kScaleStride}, DType::f32, *ctx.allocator, "fp8_scales_saved")};
-  // The 12 bytes after each value are padding, never read (no fill: one launch less per layer).
-  std::int64_t at = 0;
-  for (const Tensor* t : {&x.scale, &x.inv, &w_.scale(), &w_.inv_scale()}) {
-    Tensor slot = saved.scales.flat_range(at, 1);
-    copy(ctx, *t, slot);
-    at += Fp8LinearSaved::kScaleStride;
-  }
+  // One launch for the four values; the 12 bytes after each are padding, never read (no fill).
+  gather_scalars(ctx, {&x.scale, &x.inv, &w_.scale(), &w_.inv_scale()}, saved.scales, Fp8LinearSaved::kScaleStride);
   return saved;
 }
 

@@ -7,6 +7,7 @@
 // inverse scale and amax is a 1-element fp32 tensor on the device of the data, so nothing here
 // reads the device from the host.
 #include <cstdint>
+#include <initializer_list>
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/fp8.h"
@@ -64,6 +65,12 @@ void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tens
 // out[C,R] = x[R,C]^T for 2-D fp8 tensors (a byte copy: exact). The FP8 GEMMs need their
 // operands K-major (ops::linear_fp8), so the backward's x^T, dy^T and w^T come from here.
 void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out);
+
+// out[i * stride] = sources[i] (each one fp32 element) for the at most kMaxGathered sources, in
+// one launch on CUDA (a linear layer's four saved scales, Fp8LinearSaved); the elements between
+// are not written. out: fp32 with at least (sources - 1) * stride + 1 elements.
+inline constexpr int kMaxGathered = 8;
+void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride);
 
 // The per-tensor scale from an amax history (fp32 [H], H >= 1; current scaling passes [1] holding
 // the amax of the tensor now):

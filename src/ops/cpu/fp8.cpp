@@ -109,6 +109,12 @@ void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tens
   }
 }
 
+void gather_scalars(Context&, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride) {
+  float* o = out.data_as<float>();
+  std::int64_t i = 0;
+  for (const Tensor* t : sources) o[stride * i++] = *t->data_as<const float>();
+}
+
 void fp8_update_scale(Context&, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
                       Tensor& inv_scale) {
   const float* h = amax_history.data_as<const float>();

@@ -87,6 +87,7 @@ void fp8_amax_update_scale(Context& ctx, const Tensor& x, Tensor& amax_history, 
 void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor* out, Tensor& out_t,
                         const Fp8HistoryUpdate* update);
 void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out);
+void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride);
 void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
                       Tensor& inv_scale);
 void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,

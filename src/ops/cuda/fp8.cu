@@ -1,5 +1,5 @@
-// amax, cast_fp8, cast_transpose_fp8, transpose_fp8, fp8_update_scale and the fused
-// fp8_amax_update_scale on CUDA (lmscale/ops/fp8.h). The scalar rules are ops/fp8_scale_rule.h's, shared with the CPU
+// amax, cast_fp8, cast_transpose_fp8, transpose_fp8, gather_scalars, fp8_update_scale and the
+// fused fp8_amax_update_scale on CUDA (lmscale/ops/fp8.h). The scalar rules are ops/fp8_scale_rule.h's, shared with the CPU
 // reference; the conversion is the hardware's
 // cvt.rn.satfinite (__nv_cvt_float_to_fp8 with __NV_SATFINITE, sm_89+), which the gpu tests hold
 // against core/fp8.h bit for bit.
@@ -284,6 +284,16 @@ __global__ void transpose_bytes_kernel(const std::uint8_t* __restrict__ x, std::
   }
 }
 
+// ops::gather_scalars: thread i copies source i (the pointers travel in the launch's arguments).
+struct GatherSources {
+  const float* p[kMaxGathered];
+  int n;
+};
+__global__ void gather_scalars_kernel(GatherSources src, float* __restrict__ out, std::int64_t stride) {
+  const int i = threadIdx.x;
+  if (i < src.n) out[stride * i] = *src.p[i];
+}
+
 // One warp: the history's maximum (NaN skipped), then the scale rule.
 __global__ void update_scale_kernel(const float* __restrict__ history, std::int64_t n, float fp8_max, int margin,
                                     float* __restrict__ scale, float* __restrict__ inv_scale) {
@@ -427,6 +437,14 @@ void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out) {
   const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile), static_cast<unsigned>((R + kTile - 1) / kTile));
   transpose_bytes_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, r.stream>>>(x.data_as<const std::uint8_t>(),
                                                                            out.data_as<std::uint8_t>(), R, C);
+  LMSCALE_CUDA_CHECK_LAUNCH();
+}
+
+void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride) {
+  Resources& r = resources(ctx);
+  GatherSources src{};
+  for (const Tensor* t : sources) src.p[src.n++] = t->data_as<const float>();
+  gather_scalars_kernel<<<1, 32, 0, r.stream>>>(src, out.data_as<float>(), stride);
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
