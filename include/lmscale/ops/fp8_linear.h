@@ -28,7 +28,9 @@ struct Fp8LinearOptions {
 
 // The forward's operands for the backward: xt_q [K,M] and wt_q [K,N] (fp8) and the scales they
 // were made with, scales [16] fp32 holding {x scale, x inverse, w scale, w inverse} at elements
-// 0, 4, 8, 12 (copies, so later forwards may rescale freely; replay() casts with them again).
+// 0, 4, 8, 12 (copies, written by one ops::gather_scalars launch, so later forwards may rescale
+// freely; replay() casts with them again). xt_q is one tensor for every layer that read the
+// same Fp8Input (freed with the last of their entries).
 // Each value starts a 16-byte line because the inverses are the backward GEMMs' scale pointers:
 // with the four packed in 16 bytes (pointers 4 and 12 bytes into a line) every backward product
 // failed on an H100 with CUBLAS_STATUS_NOT_SUPPORTED, while the same products with separately
