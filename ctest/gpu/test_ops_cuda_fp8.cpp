@@ -193,6 +193,186 @@ TEST_F(CudaFp8Test, ScaleUpdateAndRecipesMatchCpu) {
   }
 }
 
+// The fused scale updates (ops::fp8_amax_update_scale; cast_fp8 with an Fp8HistoryUpdate, delayed
+// scaling's one-launch cast) bitwise against the CPU: the codes, the history with the recorded
+// amax, the scale and its inverse, over sizes that leave partial blocks and chunks (and empty x),
+// unaligned views, specials (NaN, inf, values that saturate) and histories with NaN, inf and
+// nothing usable (the scale is kept). The work words must be zero after each launch (the last
+// block resets them; the next launch relies on it).
+TEST_F(CudaFp8Test, FusedScaleUpdatesMatchCpu) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> histories = {
+      {0.f}, {0.f, 0.f, 0.f, 0.f, 0.f}, {1.f, nan, 3.5f, 600.f, 1e-3f}, {nan}, {inf, 2.f, 0.5f}};
+  const float specials[] = {0.f, -0.f, inf, -inf, nan, 464.f, -61440.f, 1e-7f, 448.f, 3e38f};
+  Tensor work_d = Tensor::empty({2}, DType::i32, gpu_.allocator(), "test_dev");
+  ops::fill(g(), work_d, 0.0);
+  Tensor work_h = Tensor::empty({2}, DType::i32, cpu_.host(), "test_host");
+  ops::fill(c(), work_h, 0.0);
+  const std::vector<std::uint8_t> zero_work(8, 0);
+  int variant = 0;
+  for (DType in : kInputs)
+    for (DType t : kFp8)
+      for (std::int64_t n : {(std::int64_t{1} << 16) + 5, std::int64_t{1000003}, std::int64_t{13}, std::int64_t{8},
+                             std::int64_t{0}})
+        for (std::int64_t offset : {0, 1})
+          for (bool with_specials : {false, true}) {
+            const std::vector<float>& hist = histories[static_cast<std::size_t>(variant % 5)];
+            const int margin = (variant / 5) % 2 ? 3 : 0;
+            ++variant;
+            const auto H = static_cast<std::int64_t>(hist.size());
+            const std::int64_t slot = n % H;
+            SCOPED_TRACE(::testing::Message() << dtype_name(in) << " -> " << dtype_name(t) << " n=" << n << " offset="
+                                              << offset << " specials=" << with_specials << " history "
+                                              << (variant - 1) % 5 << " margin " << margin);
+            std::vector<double> v = randn(static_cast<std::size_t>(n + offset), in, 30.0);
+            if (with_specials)
+              for (std::size_t i = 0; i < std::size(specials) && i * 7 < v.size(); ++i) v[i * 7] = specials[i];
+            const Tensor xd = dev(v, {n + offset}, in).flat_range(offset, n);
+            std::vector<float> held(static_cast<std::size_t>(n));
+            {
+              const std::vector<double> back = values(xd);
+              for (std::size_t i = 0; i < held.size(); ++i) held[i] = static_cast<float>(back[i]);
+            }
+            const Tensor xh = host_f32(held);
+            const Fp8Format f = fp8_format(t);
+            {   // current scaling's amax pass
+              Tensor hh = host_f32(hist), sh = host_f32({3.f}), ih = host_f32({5.f});
+              Tensor hd = to_device(hh), sd = to_device(sh), id = to_device(ih);
+              ops::fp8_amax_update_scale(g(), xd, hd, slot, f, margin, sd, id, work_d);
+              ops::fp8_amax_update_scale(c(), xh, hh, slot, f, margin, sh, ih, work_h);
+              expect_same_bytes(bytes(hd), bytes(hh));
+              expect_same_bytes(bytes(sd), bytes(sh));
+              expect_same_bytes(bytes(id), bytes(ih));
+              expect_same_bytes(bytes(work_d), zero_work);
+            }
+            for (std::int64_t record : {slot, std::int64_t{-1}}) {   // delayed scaling's cast
+              SCOPED_TRACE(::testing::Message() << "record " << record);
+              Tensor hh = host_f32(hist), sh = host_f32({3.f}), ih = host_f32({5.f});
+              Tensor hd = to_device(hh), sd = to_device(sh), id = to_device(ih);
+              Tensor qd = dev_codes({n + offset}, t).flat_range(offset, n), qh = host_codes({n}, t);
+              const ops::Fp8HistoryUpdate ud{hd, record, f, margin, id, work_d}, uh{hh, record, f, margin, ih, work_h};
+              ops::cast_fp8(g(), xd, sd, qd, nullptr, &ud);
+              ops::cast_fp8(c(), xh, sh, qh, nullptr, &uh);
+              expect_same_bytes(bytes(qd), bytes(qh), &held);
+              expect_same_bytes(bytes(hd), bytes(hh));
+              expect_same_bytes(bytes(sd), bytes(sh));
+              expect_same_bytes(bytes(id), bytes(ih));
+              expect_same_bytes(bytes(work_d), zero_work);
+            }
+          }
+}
+
+// The fused cast + transpose (ops::cast_transpose_fp8) bitwise against the CPU (itself bitwise
+// cast_fp8 + transpose_fp8, test_ops_fp8): shapes that are and are not multiples of the 64 x 64
+// tile and of the 4-byte groups (so both the word and the byte paths run), views whose rows are
+// not aligned (x one element in, out and out_t one byte in: the byte paths), specials, both
+// outputs or the transpose alone, a given scale and delayed scaling's update (derived scale,
+// recorded amax; the work words zero after).
+TEST_F(CudaFp8Test, CastTransposeMatchesCpu) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.f, -0.f, inf, -inf, nan, 464.f, -61440.f, 1e-7f, 448.f, 3e38f};
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {1, 1}, {64, 64}, {33, 65}, {1000, 17}, {128, 256}, {7, 4099}, {130, 66}, {2048, 512}, {3, 2}};
+  Tensor work_d = Tensor::empty({2}, DType::i32, gpu_.allocator(), "test_dev");
+  ops::fill(g(), work_d, 0.0);
+  Tensor work_h = Tensor::empty({2}, DType::i32, cpu_.host(), "test_host");
+  ops::fill(c(), work_h, 0.0);
+  const std::vector<std::uint8_t> zero_work(8, 0);
+  int variant = 0;
+  for (DType in : kInputs)
+    for (DType t : kFp8)
+      for (auto [M, K] : shapes)
+        for (std::int64_t offset : {0, 1}) {
+          const bool with_out = variant % 3 != 2, with_specials = variant % 2 == 1;
+          const int mode = variant % 4;   // 0, 1: a given scale; 2: update without record; 3: with record
+          ++variant;
+          SCOPED_TRACE(::testing::Message() << dtype_name(in) << " -> " << dtype_name(t) << " " << M << " x " << K
+                                            << " offset " << offset << " out " << with_out << " specials "
+                                            << with_specials << " mode " << mode);
+          const std::int64_t n = M * K;
+          std::vector<double> v = randn(static_cast<std::size_t>(n + offset), in, 30.0);
+          if (with_specials)
+            for (std::size_t i = 0; i < std::size(specials); ++i) v[(i * 131) % v.size()] = specials[i];
+          const Tensor xd = dev(v, {n + offset}, in).flat_range(offset, n).reshape({M, K});
+          std::vector<float> held(static_cast<std::size_t>(n));
+          {
+            const std::vector<double> back = values(xd);
+            for (std::size_t i = 0; i < held.size(); ++i) held[i] = static_cast<float>(back[i]);
+          }
+          const Tensor xh = host_f32(held).reshape({M, K});
+          const std::vector<float> hist = {3.f, nan, 0.02f};
+          Tensor hh = host_f32(hist), sh = host_f32({mode < 2 ? 64.f : 1.f}), ih = host_f32({1.f});
+          Tensor hd = to_device(hh), sd = to_device(sh), id = to_device(ih);
+          Tensor qd = dev_codes({n + offset}, t).flat_range(offset, n).reshape({M, K}), qh = host_codes({M, K}, t);
+          Tensor td = dev_codes({n + offset}, t).flat_range(offset, n).reshape({K, M}), th = host_codes({K, M}, t);
+          const std::int64_t record = mode == 3 ? 1 : -1;
+          const ops::Fp8HistoryUpdate ud{hd, record, fp8_format(t), 1, id, work_d},
+              uh{hh, record, fp8_format(t), 1, ih, work_h};
+          ops::cast_transpose_fp8(g(), xd, sd, with_out ? &qd : nullptr, &td, mode >= 2 ? &ud : nullptr);
+          ops::cast_transpose_fp8(c(), xh, sh, with_out ? &qh : nullptr, &th, mode >= 2 ? &uh : nullptr);
+          expect_same_bytes(bytes(td), bytes(th));
+          if (with_out) expect_same_bytes(bytes(qd), bytes(qh), &held);
+          expect_same_bytes(bytes(hd), bytes(hh));
+          expect_same_bytes(bytes(sd), bytes(sh));
+          expect_same_bytes(bytes(id), bytes(ih));
+          expect_same_bytes(bytes(work_d), zero_work);
+        }
+  // Both recipes' quantize into both outputs over a sequence of tensors, as Fp8Linear runs them.
+  for (ops::Fp8Recipe recipe : {ops::Fp8Recipe::current, ops::Fp8Recipe::delayed}) {
+    ops::Fp8TensorScaling sg(g(), Fp8Format::e5m2, recipe, 3, 0), sc(c(), Fp8Format::e5m2, recipe, 3, 0);
+    for (int step = 0; step < 6; ++step) {
+      SCOPED_TRACE(::testing::Message() << "recipe " << static_cast<int>(recipe) << " step " << step);
+      const std::int64_t M = 96, K = 80;
+      const std::vector<double> v = randn(static_cast<std::size_t>(M * K), DType::f32, std::ldexp(1.0, 3 * step - 6));
+      std::vector<float> vf(v.begin(), v.end());
+      Tensor qd = dev_codes({M, K}, DType::e5m2), qh = host_codes({M, K}, DType::e5m2);
+      Tensor td = dev_codes({K, M}, DType::e5m2), th = host_codes({K, M}, DType::e5m2);
+      sg.quantize(g(), to_device(host_f32(vf)).reshape({M, K}), &qd, &td);
+      sc.quantize(c(), host_f32(vf).reshape({M, K}), &qh, &th);
+      expect_same_bytes(bytes(qd), bytes(qh), &vf);
+      expect_same_bytes(bytes(td), bytes(th));
+      expect_same_bytes(bytes(sg.scale()), bytes(sc.scale()));
+      expect_same_bytes(bytes(sg.inv_scale()), bytes(sc.inv_scale()));
+      expect_same_bytes(bytes(sg.amax_history()), bytes(sc.amax_history()));
+    }
+  }
+}
+
+// ops::gather_scalars (a linear layer's saved scales in one launch) against the CPU, specials
+// included; the padding between the values keeps its bytes.
+TEST_F(CudaFp8Test, GatherScalarsMatchesCpu) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> vals = {1.5f, -inf, nan, 0.25f, 3e38f, -0.f, 1e-40f, 448.f};
+  for (std::int64_t stride : {1, 4, 7})
+    for (std::size_t count : {std::size_t{1}, std::size_t{4}, std::size_t{8}}) {
+      SCOPED_TRACE(::testing::Message() << "stride " << stride << " sources " << count);
+      std::vector<Tensor> hs, ds;
+      for (std::size_t i = 0; i < count; ++i) {
+        hs.push_back(host_f32({vals[i]}));
+        ds.push_back(to_device(hs.back()));
+      }
+      const auto need = static_cast<std::size_t>((static_cast<std::int64_t>(count) - 1) * stride + 3);
+      Tensor oh = host_f32(std::vector<float>(need, -2.f)), od = to_device(oh);
+      auto list = [&](std::vector<Tensor>& v) {
+        std::vector<const Tensor*> p;
+        for (const Tensor& t : v) p.push_back(&t);
+        return p;
+      };
+      const std::vector<const Tensor*> ph = list(hs), pd = list(ds);
+      // The op takes an initializer list: the sources spelled out up to the count.
+      auto call = [&](Context& ctx, const std::vector<const Tensor*>& p, Tensor& out) {
+        if (count == 1) ops::gather_scalars(ctx, {p[0]}, out, stride);
+        else if (count == 4) ops::gather_scalars(ctx, {p[0], p[1], p[2], p[3]}, out, stride);
+        else ops::gather_scalars(ctx, {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]}, out, stride);
+      };
+      call(g(), pd, od);
+      call(c(), ph, oh);
+      expect_same_bytes(bytes(od), bytes(oh));
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(oh.data_as<float>()[stride * (static_cast<std::int64_t>(count) - 1)]),
+                std::bit_cast<std::uint32_t>(vals[count - 1]));
+    }
+}
+
 // Random finite codes.
 Tensor random_codes(Tensor h, std::mt19937_64& gen) {
   const Fp8Format f = fp8_format(h.dtype());

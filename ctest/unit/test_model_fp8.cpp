@@ -80,7 +80,8 @@ Outcome run(bool flash, bool fp8, ops::Fp8Recipe recipe, model::RecomputePolicy 
     for (int l = 0; l < d.layers; ++l)
       for (int g = 0; g < model::kFp8GemmsPerBlock; ++g) {
         const ops::Fp8Linear& lin = m.fp8()->at(l, static_cast<model::Fp8Gemm>(g));
-        for (const ops::Fp8TensorScaling* s : {&lin.x_scaling(), &lin.w_scaling(), &lin.dy_scaling()}) {
+        for (const ops::Fp8TensorScaling* s :
+             {&m.fp8()->x_scaling(l, static_cast<model::Fp8Gemm>(g)), &lin.w_scaling(), &lin.dy_scaling()}) {
           const Tensor& h = s->amax_history();
           r.histories.insert(r.histories.end(), h.data_as<float>(), h.data_as<float>() + h.numel());
           r.histories.push_back(static_cast<float>(s->next_slot()));
@@ -148,6 +149,37 @@ TEST_P(ModelFp8, EachBackwardReadsItsOwnForwardsOperands) {
   const Outcome forwards_first = run(flash, true, ops::Fp8Recipe::current, {}, false);
   EXPECT_EQ(forwards_first.losses, pairs.losses);
   EXPECT_EQ(forwards_first.grads, pairs.grads);
+}
+
+TEST(ModelFp8Layers, LayersReadingOneInputShareItsScaling) {
+  // q, k, v share the attention norm's output and w1, w3 the FFN norm's: one x scaling each
+  // (q's, w1's), which a forward advances by one slot; o and w2 own theirs.
+  HostAllocator alloc;
+  Context ctx;
+  ctx.allocator = &alloc;
+  ctx.host = &alloc;
+  const model::ModelDims d = dims(false);
+  model::ParameterStore ps(d, DType::f32, DType::f32, alloc);
+  ps.init(5, ctx);
+  model::TransformerLM m(d, ps);
+  ops::Fp8LinearOptions o;
+  o.recipe = ops::Fp8Recipe::delayed;
+  o.history = 3;
+  m.enable_fp8(ctx, o);
+  using G = model::Fp8Gemm;
+  for (auto [g, owner] : {std::pair{G::q, G::q}, {G::k, G::q}, {G::v, G::q}, {G::o, G::o}, {G::w1, G::w1},
+                          {G::w3, G::w1}, {G::w2, G::w2}}) {
+    EXPECT_EQ(model::fp8_input_owner(g), owner);
+    EXPECT_EQ(m.fp8()->at(0, g).owns_input_scaling(), g == owner) << model::fp8_gemm_name(g);
+    EXPECT_EQ(&m.fp8()->x_scaling(0, g), &m.fp8()->at(0, owner).x_scaling());
+  }
+  auto acts = m.forward(ctx, batch(alloc, 10, d.vocab), batch(alloc, 20, d.vocab), true, 1.0, {}, false);
+  m.backward(ctx, *acts, {}, false);
+  for (int l = 0; l < d.layers; ++l)
+    for (G g : {G::q, G::o, G::w1, G::w2}) {
+      EXPECT_EQ(m.fp8()->x_scaling(l, g).next_slot(), 1) << l << " " << model::fp8_gemm_name(g);
+      EXPECT_EQ(m.fp8()->at(l, g).w_scaling().next_slot(), 1);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Attention, ModelFp8, ::testing::Values(false, true),

@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "lmscale/core/error.h"
 #include "lmscale/core/fp8.h"
 #include "lmscale/ops/fp8.h"
 #include "lmscale/ops/fp8_scaling.h"
@@ -204,6 +205,112 @@ Tensor random_codes(HostAllocator& alloc, const Shape& s, DType t, std::uint64_t
     c.data_as<std::uint8_t>()[i] = v;
   }
   return c;
+}
+
+TEST_F(Fp8OpsTest, FusedScaleUpdatesEqualTheSeparateOps) {
+  // fp8_amax_update_scale = amax into the slot, then fp8_update_scale; cast_fp8 with a history
+  // update = fp8_update_scale, the cast with the new scale, then (record) the amax into the slot,
+  // which the update read before it was replaced.
+  const Tensor x = f32({0.5f, -600.f, 2.f, 1e-9f, -kInf});
+  for (const std::vector<float>& hist : {std::vector<float>{0.f, 0.f, 0.f}, {1.f, kNaN, 3.5f}, {7.f, 0.25f, 9e3f}}) {
+    for (int margin : {0, 2}) {
+      SCOPED_TRACE(::testing::Message() << hist[0] << " " << hist[2] << " margin " << margin);
+      Tensor work = Tensor::empty({2}, DType::i32, alloc, "test");
+      std::memset(work.data(), 0, 8);
+      // The fused amax pass.
+      Tensor h1 = f32(hist), s1 = scalar(3.f), i1 = scalar(5.f);
+      ops::fp8_amax_update_scale(ctx, x, h1, 1, Fp8Format::e4m3, margin, s1, i1, work);
+      Tensor h2 = f32(hist), s2 = scalar(3.f), i2 = scalar(5.f), slot = h2.flat_range(1, 1);
+      ops::amax(ctx, x, slot);
+      ops::fp8_update_scale(ctx, h2, Fp8Format::e4m3, margin, s2, i2);
+      EXPECT_EQ(get(h1, 1), kInf);
+      for (std::int64_t i = 0; i < 3; ++i) EXPECT_EQ(std::bit_cast<std::uint32_t>(get(h1, i)), std::bit_cast<std::uint32_t>(get(h2, i)));
+      EXPECT_EQ(bits(s1), bits(s2));
+      EXPECT_EQ(bits(i1), bits(i2));
+      // The fused delayed cast, recording into slot 2 and not recording.
+      for (std::int64_t record : {std::int64_t{2}, std::int64_t{-1}}) {
+        Tensor h3 = f32(hist), s3 = scalar(3.f), i3 = scalar(5.f), q3 = codes({5}, DType::e5m2);
+        const ops::Fp8HistoryUpdate u{h3, record, Fp8Format::e5m2, margin, i3, work};
+        ops::cast_fp8(ctx, x, s3, q3, nullptr, &u);
+        Tensor h4 = f32(hist), s4 = scalar(3.f), i4 = scalar(5.f), q4 = codes({5}, DType::e5m2), a4 = scalar(-1.f);
+        ops::fp8_update_scale(ctx, h4, Fp8Format::e5m2, margin, s4, i4);
+        ops::cast_fp8(ctx, x, s4, q4, &a4);
+        if (record >= 0) h4.data_as<float>()[record] = get(a4);
+        EXPECT_EQ(std::memcmp(q3.data(), q4.data(), 5), 0);
+        EXPECT_EQ(std::memcmp(h3.data(), h4.data(), 12), 0);
+        EXPECT_EQ(bits(s3), bits(s4));
+        EXPECT_EQ(bits(i3), bits(i4));
+        if (hist[0] == 0.f) EXPECT_EQ(get(s3), 3.f) << "no usable amax: the scale is kept";
+      }
+      // Misuse is refused: an amax_out beside the update, a wrong work tensor, a slot outside.
+      Tensor h5 = f32(hist), s5 = scalar(1.f), i5 = scalar(1.f), q5 = codes({5}, DType::e4m3), a5 = scalar(0.f);
+      const ops::Fp8HistoryUpdate ok{h5, 0, Fp8Format::e4m3, margin, i5, work};
+      EXPECT_THROW(ops::cast_fp8(ctx, x, s5, q5, &a5, &ok), Error);
+      const ops::Fp8HistoryUpdate far{h5, 3, Fp8Format::e4m3, margin, i5, work};
+      EXPECT_THROW(ops::cast_fp8(ctx, x, s5, q5, nullptr, &far), Error);
+      Tensor bad_work = f32({0.f, 0.f});
+      EXPECT_THROW(ops::fp8_amax_update_scale(ctx, x, h5, 0, Fp8Format::e4m3, margin, s5, i5, bad_work), Error);
+    }
+  }
+}
+
+TEST_F(Fp8OpsTest, CastTransposeIsTheCastThenTheTranspose) {
+  // One pass writes the cast and its transpose (either alone), bitwise cast_fp8 + transpose_fp8,
+  // with a given scale and with delayed scaling's history update (the amax recorded after).
+  const std::int64_t M = 5, K = 7;
+  std::vector<float> v(static_cast<std::size_t>(M * K));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::ldexp(static_cast<float>(i % 11) - 5.3f, static_cast<int>(i % 9) - 2);
+  v[3] = kNaN;
+  v[8] = -kInf;
+  v[20] = 1e5f;   // saturates at scale 1
+  const Tensor x = f32(v).reshape({M, K});
+  for (bool with_update : {false, true})
+    for (bool with_out : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "update " << with_update << " out " << with_out);
+      Tensor work = Tensor::empty({2}, DType::i32, alloc, "test");
+      std::memset(work.data(), 0, 8);
+      Tensor h1 = f32({2.f, 40.f}), s1 = scalar(1.f), i1 = scalar(1.f);
+      Tensor q1 = codes({M, K}, DType::e4m3), t1 = codes({K, M}, DType::e4m3);
+      const ops::Fp8HistoryUpdate u1{h1, 1, Fp8Format::e4m3, 0, i1, work};
+      ops::cast_transpose_fp8(ctx, x, s1, with_out ? &q1 : nullptr, &t1, with_update ? &u1 : nullptr);
+      Tensor h2 = f32({2.f, 40.f}), s2 = scalar(1.f), i2 = scalar(1.f);
+      Tensor q2 = codes({M, K}, DType::e4m3), t2 = codes({K, M}, DType::e4m3);
+      const ops::Fp8HistoryUpdate u2{h2, 1, Fp8Format::e4m3, 0, i2, work};
+      ops::cast_fp8(ctx, x, s2, q2, nullptr, with_update ? &u2 : nullptr);
+      ops::transpose_fp8(ctx, q2, t2);
+      EXPECT_EQ(std::memcmp(t1.data(), t2.data(), M * K), 0);
+      if (with_out) EXPECT_EQ(std::memcmp(q1.data(), q2.data(), M * K), 0);
+      else EXPECT_EQ(q1.data_as<std::uint8_t>()[0], 0xAB) << "no direct output asked for";
+      EXPECT_EQ(std::memcmp(h1.data(), h2.data(), 8), 0);
+      EXPECT_EQ(bits(s1), bits(s2));
+      EXPECT_EQ(bits(i1), bits(i2));
+      if (with_update) EXPECT_EQ(get(s1), 8.f) << "the scale of the history's 40 (40 x 2^3 <= 448)";
+    }
+  Tensor s = scalar(1.f), t = codes({K, M}, DType::e4m3), wrong = codes({M, K}, DType::e5m2);
+  EXPECT_THROW(ops::cast_transpose_fp8(ctx, x, s, nullptr, nullptr), Error);
+  EXPECT_THROW(ops::cast_transpose_fp8(ctx, x, s, &wrong, &t), Error);          // dtypes differ
+  EXPECT_THROW(ops::cast_transpose_fp8(ctx, x, s, nullptr, &wrong), Error);     // not [K, M]
+}
+
+TEST_F(Fp8OpsTest, GatherScalarsWritesEachSourceAtItsStride) {
+  // A linear layer's four saved scales in one launch (Fp8LinearSaved: 16 bytes apart); the
+  // padding between is left as it was.
+  const Tensor a = scalar(1.5f), b = scalar(-kInf), c = scalar(kNaN), d = scalar(0.25f);
+  Tensor out = f32(std::vector<float>(16, 7.f));
+  ops::gather_scalars(ctx, {&a, &b, &c, &d}, out, 4);
+  for (std::int64_t i = 0; i < 16; ++i) {
+    if (i % 4 != 0) {
+      EXPECT_EQ(get(out, i), 7.f) << i;
+      continue;
+    }
+    const Tensor& src = i == 0 ? a : i == 4 ? b : i == 8 ? c : d;
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(get(out, i)), bits(src)) << i;
+  }
+  Tensor small = f32(std::vector<float>(12, 0.f));
+  EXPECT_THROW(ops::gather_scalars(ctx, {&a, &b, &c, &d}, small, 4), Error);   // needs 13 elements
+  EXPECT_THROW(ops::gather_scalars(ctx, {&a, &a, &a, &a, &a, &a, &a, &a, &a}, out, 1), Error);   // 9 sources
+  const Tensor two = f32({1.f, 2.f});
+  EXPECT_THROW(ops::gather_scalars(ctx, {&two}, out, 1), Error);
 }
 
 TEST_F(Fp8OpsTest, LinearFp8DecodesAndMultiplies) {

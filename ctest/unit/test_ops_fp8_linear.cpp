@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "lmscale/core/error.h"
 #include "lmscale/ops/fp8.h"
 #include "lmscale/ops/fp8_linear.h"
 #include "ops_test_util.h"
@@ -180,6 +181,66 @@ TEST_F(Fp8LinearTest, AForwardWithoutRecordLeavesDelayedScalingAlone) {
   EXPECT_EQ(layer.x_scaling().next_slot(), 1);
   layer.forward(ctx, x, w, y);   // a training forward records again
   EXPECT_NE(values(layer.x_scaling().amax_history()), history);
+}
+
+TEST_F(Fp8LinearTest, ASharedInputIsEachLayersOwnQuantisation) {
+  // q, k, v (and w1, w3) share one quantisation of their input (Fp8Input): under current scaling
+  // its scale is that of x alone, so every layer's y, saved operands, scales and backward are
+  // bitwise those of a layer quantising x itself; the shared x^T is one tensor.
+  const Tensor x = randn({B, T, K}, 1, 3.0), w1 = randn({N, K}, 2, 0.1), w2 = randn({N, K}, 3, 7.0);
+  const Tensor dy = randn({B, T, N}, 4, 1e-2);
+  ops::Fp8Linear owner(ctx, {}), reader(ctx, {}, false), alone1(ctx, {}), alone2(ctx, {});
+  EXPECT_TRUE(owner.owns_input_scaling());
+  EXPECT_FALSE(reader.owns_input_scaling());
+  EXPECT_THROW(reader.x_scaling(), Error);
+  EXPECT_THROW(reader.quantize_input(ctx, x), Error);
+  const ops::Fp8Input xq = owner.quantize_input(ctx, x);
+  Tensor y1 = poisoned({B, T, N}), y2 = poisoned({B, T, N}), r1 = poisoned({B, T, N}), r2 = poisoned({B, T, N});
+  const ops::Fp8LinearSaved s1 = owner.forward(ctx, xq, w1, y1), s2 = reader.forward(ctx, xq, w2, y2);
+  const ops::Fp8LinearSaved a1 = alone1.forward(ctx, x, w1, r1), a2 = alone2.forward(ctx, x, w2, r2);
+  expect_equal(y1, r1, "y of the owner");
+  expect_equal(y2, r2, "y of the reader");
+  EXPECT_EQ(s1.xt_q.data(), s2.xt_q.data()) << "the readers' x^T is one tensor";
+  for (auto [got, want] : {std::pair{&s1, &a1}, std::pair{&s2, &a2}}) {
+    EXPECT_EQ(std::memcmp(got->xt_q.data(), want->xt_q.data(), static_cast<std::size_t>(want->xt_q.numel())), 0);
+    EXPECT_EQ(std::memcmp(got->wt_q.data(), want->wt_q.data(), static_cast<std::size_t>(want->wt_q.numel())), 0);
+    for (auto [g, w] : {std::pair{got->x_scale(), want->x_scale()}, {got->x_inv(), want->x_inv()},
+                        {got->w_scale(), want->w_scale()}, {got->w_inv(), want->w_inv()}})
+      EXPECT_EQ(values(g), values(w));
+  }
+  Tensor dx = poisoned({B, T, K}), dw = poisoned({N, K}), dxa = poisoned({B, T, K}), dwa = poisoned({N, K});
+  reader.backward(ctx, s2, dy, &dx, &dw, false);
+  alone2.backward(ctx, a2, dy, &dxa, &dwa, false);
+  expect_equal(dx, dxa, "dx of the reader");
+  expect_equal(dw, dwa, "dw of the reader");
+  // A replay of the shared input with a saved entry's scales: the same operands again, and the
+  // reader's replay from it the same y.
+  const ops::Fp8Input again = reader.replay_input(ctx, s2.scales, x, true);
+  EXPECT_EQ(std::memcmp(again.qt.data(), s2.xt_q.data(), static_cast<std::size_t>(s2.xt_q.numel())), 0);
+  Tensor y3 = poisoned({B, T, N});
+  const ops::Fp8LinearSaved s3 = reader.replay(ctx, s2.scales, again, w2, &y3);
+  expect_equal(y3, y2, "replayed y of the reader");
+  EXPECT_EQ(std::memcmp(s3.wt_q.data(), s2.wt_q.data(), static_cast<std::size_t>(s2.wt_q.numel())), 0);
+  EXPECT_FALSE(reader.replay_input(ctx, s2.scales, x, false).q.defined()) << "no GEMM: no direct operand";
+}
+
+TEST_F(Fp8LinearTest, ASharedInputRecordsOneAmaxPerCastUnderDelayedScaling) {
+  // Delayed scaling: the shared input has one amax history, which one quantize_input advances by
+  // one slot however many layers read it.
+  ops::Fp8LinearOptions o;
+  o.recipe = ops::Fp8Recipe::delayed;
+  o.history = 4;
+  ops::Fp8Linear owner(ctx, o), reader(ctx, o, false);
+  const Tensor x = randn({M, K}, 1, 3.0), w = randn({N, K}, 2, 0.1);
+  Tensor y = poisoned({M, N});
+  for (int step = 1; step <= 2; ++step) {
+    const ops::Fp8Input xq = owner.quantize_input(ctx, x);
+    owner.forward(ctx, xq, w, y);
+    reader.forward(ctx, xq, w, y);
+    EXPECT_EQ(owner.x_scaling().next_slot(), step);
+    EXPECT_EQ(owner.w_scaling().next_slot(), step);
+    EXPECT_EQ(reader.w_scaling().next_slot(), step);
+  }
 }
 
 }  // namespace

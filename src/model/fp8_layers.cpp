@@ -17,6 +17,15 @@ const char* fp8_gemm_name(Fp8Gemm g) {
   return "?";
 }
 
+Fp8Gemm fp8_input_owner(Fp8Gemm g) {
+  switch (g) {
+    case Fp8Gemm::k:
+    case Fp8Gemm::v: return Fp8Gemm::q;
+    case Fp8Gemm::w3: return Fp8Gemm::w1;
+    default: return g;
+  }
+}
+
 ops::Fp8LinearOptions fp8_options(const PrecisionConfig& p) {
   ops::Fp8LinearOptions o;
   o.recipe = p.fp8_scaling == Fp8Scaling::delayed ? ops::Fp8Recipe::delayed : ops::Fp8Recipe::current;
@@ -29,8 +38,10 @@ ops::Fp8LinearOptions fp8_options(const PrecisionConfig& p) {
 Fp8Layers::Fp8Layers(Context& ctx, const ops::Fp8LinearOptions& options, int first_layer, int end_layer)
     : options_(options), first_(first_layer), end_(end_layer) {
   LMSCALE_CHECK(end_layer >= first_layer, "Fp8Layers: blocks [{}, {})", first_layer, end_layer);
-  for (int i = 0; i < (end_layer - first_layer) * kFp8GemmsPerBlock; ++i)
-    layers_.push_back(std::make_unique<ops::Fp8Linear>(ctx, options));
+  for (int i = 0; i < (end_layer - first_layer) * kFp8GemmsPerBlock; ++i) {
+    const auto g = static_cast<Fp8Gemm>(i % kFp8GemmsPerBlock);
+    layers_.push_back(std::make_unique<ops::Fp8Linear>(ctx, options, fp8_input_owner(g) == g));
+  }
 }
 
 ops::Fp8Linear& Fp8Layers::at(int layer, Fp8Gemm g) {

@@ -25,16 +25,35 @@ void TransformerLM::enable_fp8(Context& ctx, const ops::Fp8LinearOptions& option
   fp8_ = std::make_unique<Fp8Layers>(ctx, options, units_.first_layer(), units_.end_layer(dims_));
 }
 
-void TransformerLM::fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor& x, const Tensor& w, Tensor* y,
+void TransformerLM::fp8_linear(Context& ctx, int layer, std::initializer_list<Fp8Gemm> gemms, const Tensor& x,
+                               std::initializer_list<Tensor> ws, std::initializer_list<Tensor*> ys,
                                BlockActivations& s, bool record) {
-  ops::Fp8Linear& lin = fp8_->at(layer, g);
-  ops::Fp8LinearSaved& saved = saved_of(s, g);
-  if (saved.scales.defined()) {   // a recompute: cast with the first forward's scales again
-    saved = lin.replay(ctx, saved.scales, x, w, y);
-    return;
+  LMSCALE_CHECK(gemms.size() == ws.size() && gemms.size() == ys.size() && gemms.size() > 0,
+                "fp8_linear: {} layers, {} weights, {} outputs", gemms.size(), ws.size(), ys.size());
+  const Fp8Gemm first = *gemms.begin();
+  for (Fp8Gemm g : gemms)
+    LMSCALE_CHECK(fp8_input_owner(g) == first, "fp8_linear: block {} layer {} does not share {}'s input", layer,
+                  fp8_gemm_name(g), fp8_gemm_name(first));
+  const bool replay = saved_of(s, first).scales.defined();   // a recompute: the first forward's scales again
+  const bool any_y = std::any_of(ys.begin(), ys.end(), [](const Tensor* y) { return y != nullptr; });
+  ops::Fp8Linear& owner = fp8_->at(layer, first);
+  const ops::Fp8Input xq = replay ? owner.replay_input(ctx, saved_of(s, first).scales, x, any_y)
+                                  : owner.quantize_input(ctx, x, record);
+  auto w = ws.begin();
+  auto y = ys.begin();
+  for (Fp8Gemm g : gemms) {
+    ops::Fp8Linear& lin = fp8_->at(layer, g);
+    ops::Fp8LinearSaved& saved = saved_of(s, g);
+    if (replay) {
+      saved = lin.replay(ctx, saved.scales, xq, *w, *y);
+    } else {
+      LMSCALE_CHECK(*y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,
+                    fp8_gemm_name(g));
+      saved = lin.forward(ctx, xq, *w, **y, record);
+    }
+    ++w;
+    ++y;
   }
-  LMSCALE_CHECK(y, "fp8_linear: a first forward of block {} layer {} needs its output", layer, fp8_gemm_name(g));
-  saved = lin.forward(ctx, x, w, *y, record);
 }
 
 void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g,

@@ -19,6 +19,20 @@ void check_fp8_dtype(const char* op, const char* name, const Tensor& t) {
   LMSCALE_CHECK(is_fp8(t.dtype()), "{}: '{}' is {}, expected fp8_e4m3 or fp8_e5m2", op, name, dtype_name(t.dtype()));
 }
 
+void check_history_update(const char* op, Device dev, const Fp8HistoryUpdate& u) {
+  detail::common_device(op, {{"amax_history", &u.amax_history}, {"inv_scale", &u.inv_scale}, {"work", &u.work}});
+  LMSCALE_CHECK(u.amax_history.device() == dev, "{}: the amax history is on another device than x", op);
+  LMSCALE_CHECK(u.amax_history.dtype() == DType::f32 && u.amax_history.numel() >= 1,
+                "{}: 'amax_history' must be fp32 with at least one element, is {} {}", op,
+                dtype_name(u.amax_history.dtype()), shape_str(u.amax_history.shape()));
+  LMSCALE_CHECK(u.record_slot >= -1 && u.record_slot < u.amax_history.numel(),
+                "{}: record slot {} outside the history [{}]", op, u.record_slot, u.amax_history.numel());
+  check_scalar(op, "inv_scale", u.inv_scale);
+  LMSCALE_CHECK(u.work.dtype() == DType::i32 && u.work.numel() == 2, "{}: 'work' must be [2] int32, is {} {}", op,
+                dtype_name(u.work.dtype()), shape_str(u.work.shape()));
+  LMSCALE_CHECK(u.margin >= 0 && u.margin <= 64, "{}: margin {} (0 to 64)", op, u.margin);
+}
+
 }  // namespace
 
 void amax(Context& ctx, const Tensor& x, Tensor& out) {
@@ -34,7 +48,24 @@ void amax(Context& ctx, const Tensor& x, Tensor& out) {
 #endif
 }
 
-void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out) {
+void fp8_amax_update_scale(Context& ctx, const Tensor& x, Tensor& amax_history, std::int64_t slot, Fp8Format format,
+                           int margin, Tensor& scale, Tensor& inv_scale, Tensor& work) {
+  constexpr const char* op = "ops::fp8_amax_update_scale";
+  const Device dev = detail::common_device(op, {{"x", &x}, {"scale", &scale}});
+  detail::check_floating(op, "x", x);
+  check_scalar(op, "scale", scale);
+  check_history_update(op, dev, Fp8HistoryUpdate{amax_history, slot, format, margin, inv_scale, work});
+  LMSCALE_CHECK(slot >= 0, "{}: slot {} (0 to {})", op, slot, amax_history.numel() - 1);
+  if (dev == Device::cpu) return cpu::fp8_amax_update_scale(ctx, x, amax_history, slot, format, margin, scale, inv_scale);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::fp8_amax_update_scale(ctx, x, amax_history, slot, format, margin, scale, inv_scale, work);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out,
+              const Fp8HistoryUpdate* update) {
   constexpr const char* op = "ops::cast_fp8";
   const Device dev =
       detail::common_device(op, {{"x", &x}, {"scale", &scale}, {"out", &out}, {"amax_out", amax_out}});
@@ -43,9 +74,37 @@ void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, T
   check_fp8_dtype(op, "out", out);
   detail::check_numel(op, "out", out, x.numel());
   if (amax_out) check_scalar(op, "amax_out", *amax_out);
-  if (dev == Device::cpu) return cpu::cast_fp8(ctx, x, scale, out, amax_out);
+  if (update) {
+    LMSCALE_CHECK(!amax_out, "{}: with a history update the amax goes into the history (amax_out must be null)", op);
+    check_history_update(op, dev, *update);
+  }
+  if (dev == Device::cpu) return cpu::cast_fp8(ctx, x, scale, out, amax_out, update);
 #ifdef LMSCALE_WITH_CUDA
-  return cuda::cast_fp8(ctx, x, scale, out, amax_out);
+  return cuda::cast_fp8(ctx, x, scale, out, amax_out, update);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor* out, Tensor* out_t,
+                        const Fp8HistoryUpdate* update) {
+  constexpr const char* op = "ops::cast_transpose_fp8";
+  LMSCALE_CHECK(out || out_t, "{}: neither 'out' nor 'out_t' given", op);
+  if (!out_t) return cast_fp8(ctx, x, scale, *out, nullptr, update);
+  const Device dev = detail::common_device(op, {{"x", &x}, {"scale", &scale}, {"out", out}, {"out_t", out_t}});
+  detail::check_floating(op, "x", x);
+  LMSCALE_CHECK(x.ndim() == 2, "{}: 'x' must be 2-D, is {}", op, shape_str(x.shape()));
+  check_scalar(op, "scale", scale);
+  check_fp8_dtype(op, "out_t", *out_t);
+  detail::check_shape(op, "out_t", *out_t, {x.dim(1), x.dim(0)});
+  if (out) {
+    detail::check_shape(op, "out", *out, x.shape());
+    detail::check_same_dtype(op, "out", *out, "out_t", *out_t);
+  }
+  if (update) check_history_update(op, dev, *update);
+  if (dev == Device::cpu) return cpu::cast_transpose_fp8(ctx, x, scale, out, *out_t, update);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::cast_transpose_fp8(ctx, x, scale, out, *out_t, update);
 #else
   detail::no_cuda_build(op);
 #endif
@@ -62,6 +121,26 @@ void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out) {
   if (dev == Device::cpu) return cpu::transpose_fp8(ctx, x, out);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::transpose_fp8(ctx, x, out);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride) {
+  constexpr const char* op = "ops::gather_scalars";
+  const auto n = static_cast<std::int64_t>(sources.size());
+  LMSCALE_CHECK(n >= 1 && n <= kMaxGathered, "{}: {} sources (1 to {})", op, n, kMaxGathered);
+  LMSCALE_CHECK(stride >= 1, "{}: stride {} (at least 1)", op, stride);
+  LMSCALE_CHECK(out.dtype() == DType::f32 && out.numel() >= (n - 1) * stride + 1,
+                "{}: 'out' must be fp32 with at least {} elements, is {} {}", op, (n - 1) * stride + 1,
+                dtype_name(out.dtype()), shape_str(out.shape()));
+  for (const Tensor* t : sources) {
+    LMSCALE_CHECK(t && t->device() == out.device(), "{}: a source is missing or on another device than 'out'", op);
+    check_scalar(op, "source", *t);
+  }
+  if (out.device() == Device::cpu) return cpu::gather_scalars(ctx, sources, out, stride);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::gather_scalars(ctx, sources, out, stride);
 #else
   detail::no_cuda_build(op);
 #endif

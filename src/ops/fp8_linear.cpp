@@ -1,5 +1,5 @@
 // Fp8Linear (lmscale/ops/fp8_linear.h): the three products of a linear layer as ops::linear_fp8
-// over operands quantised once each and transposed with ops::transpose_fp8.
+// over operands quantised once each, cast and transposed in one pass (ops::cast_transpose_fp8).
 #include "lmscale/ops/fp8_linear.h"
 
 #include "lmscale/core/error.h"
@@ -14,7 +14,8 @@ Tensor as_matrix(const Tensor& t) {
   return t.reshape({cols == 0 ? 0 : t.numel() / cols, cols});
 }
 
-// q = fp8(t) under `s`, and its transpose [cols, rows].
+// q = fp8(t) under `s` (only when keep_direct: a GEMM reads it), and its transpose [cols, rows],
+// from one pass over t (ops::cast_transpose_fp8).
 struct Quantized {
   Tensor q, qt;
 };
@@ -22,59 +23,90 @@ struct Quantized {
 Quantized quantize(Context& ctx, Fp8TensorScaling* s, const Tensor* scale, Fp8Format format, const Tensor& t,
                    bool keep_direct, bool record = true) {
   const Tensor m = as_matrix(t);
-  Tensor q = Tensor::empty(m.shape(), fp8_dtype(format), *ctx.allocator, "fp8_operand");
-  if (s) s->quantize(ctx, m, q, record);
-  else cast_fp8(ctx, m, *scale, q, nullptr);
-  Tensor qt = Tensor::empty({m.dim(1), m.dim(0)}, q.dtype(), *ctx.allocator, "fp8_operand_t");
-  transpose_fp8(ctx, q, qt);
-  return {keep_direct ? q : Tensor(), qt};
+  Tensor q = keep_direct ? Tensor::empty(m.shape(), fp8_dtype(format), *ctx.allocator, "fp8_operand") : Tensor();
+  Tensor qt = Tensor::empty({m.dim(1), m.dim(0)}, fp8_dtype(format), *ctx.allocator, "fp8_operand_t");
+  Tensor* direct = keep_direct ? &q : nullptr;
+  if (s) s->quantize(ctx, m, direct, &qt, record);
+  else cast_transpose_fp8(ctx, m, *scale, direct, &qt);
+  return {q, qt};
 }
 
-void check_x_w(const Tensor& x, const Tensor& w) {
-  LMSCALE_CHECK(w.ndim() == 2 && x.ndim() >= 1 && x.dim(-1) == w.dim(1),
-                "Fp8Linear::forward: x {} does not match weight {} (x must be [..., {}])", shape_str(x.shape()),
-                shape_str(w.shape()), w.dim(1));
+void check_x_w(const Fp8Input& x, const Tensor& w) {
+  LMSCALE_CHECK(w.ndim() == 2 && x.qt.defined() && x.qt.dim(0) == w.dim(1),
+                "Fp8Linear::forward: x [{}, {}] does not match weight {} (x must be [..., {}])",
+                x.qt.defined() ? x.qt.dim(1) : 0, x.qt.defined() ? x.qt.dim(0) : 0, shape_str(w.shape()), w.dim(1));
+}
+
+void check_scales(const Tensor& scales) {
+  LMSCALE_CHECK(scales.dtype() == DType::f32 && scales.numel() == 4 * Fp8LinearSaved::kScaleStride,
+                "Fp8Linear::replay: scales must be the [16] fp32 of a forward's saved entry, got {} {}",
+                dtype_name(scales.dtype()), shape_str(scales.shape()));
 }
 
 }  // namespace
 
-Fp8Linear::Fp8Linear(Context& ctx, const Fp8LinearOptions& o)
-    : x_(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin),
+Fp8Linear::Fp8Linear(Context& ctx, const Fp8LinearOptions& o, bool owns_input_scaling)
+    : x_(owns_input_scaling ? std::make_unique<Fp8TensorScaling>(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin)
+                            : nullptr),
       w_(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin),
       dy_(ctx, o.grad_format, o.recipe, o.history, o.margin) {}
 
+const Fp8TensorScaling& Fp8Linear::x_scaling() const {
+  LMSCALE_CHECK(x_, "Fp8Linear: this layer's input is quantised by another layer (it has no x scaling)");
+  return *x_;
+}
+
+Fp8Input Fp8Linear::quantize_input(Context& ctx, const Tensor& x, bool record) {
+  LMSCALE_CHECK(x_, "Fp8Linear::quantize_input: this layer's input is quantised by another layer");
+  const Quantized xq = quantize(ctx, x_.get(), nullptr, x_->format(), x, true, record);
+  return {xq.q, xq.qt, x_->scale(), x_->inv_scale()};
+}
+
+Fp8Input Fp8Linear::replay_input(Context& ctx, const Tensor& scales, const Tensor& x, bool direct) const {
+  check_scales(scales);
+  const Tensor xs = scales.flat_range(0 * Fp8LinearSaved::kScaleStride, 1);
+  const Quantized xq = quantize(ctx, nullptr, &xs, Fp8Format::e4m3, x, direct);
+  return {xq.q, xq.qt, xs, scales.flat_range(1 * Fp8LinearSaved::kScaleStride, 1)};
+}
+
 Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, bool record) {
+  LMSCALE_CHECK(w.ndim() == 2 && x.ndim() >= 1 && x.dim(-1) == w.dim(1),
+                "Fp8Linear::forward: x {} does not match weight {} (x must be [..., {}])", shape_str(x.shape()),
+                shape_str(w.shape()), w.dim(1));
+  return forward(ctx, quantize_input(ctx, x, record), w, y, record);
+}
+
+Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Fp8Input& x, const Tensor& w, Tensor& y, bool record) {
   check_x_w(x, w);
-  const Quantized xq = quantize(ctx, &x_, nullptr, x_.format(), x, true, record),
-                  wq = quantize(ctx, &w_, nullptr, w_.format(), w, true, record);
+  LMSCALE_CHECK(x.q.defined(), "Fp8Linear::forward: the quantised input has no direct operand for the GEMM");
+  const Quantized wq = quantize(ctx, &w_, nullptr, w_.format(), w, true, record);
   Tensor y2 = as_matrix(y);
-  linear_fp8(ctx, xq.q, x_.inv_scale(), wq.q, w_.inv_scale(), y2, false);
-  Fp8LinearSaved saved{xq.qt, wq.qt,
+  linear_fp8(ctx, x.q, x.inv, wq.q, w_.inv_scale(), y2, false);
+  Fp8LinearSaved saved{x.qt, wq.qt,
                        Tensor::empty({4 * Fp8LinearSaved::kScaleStride}, DType::f32, *ctx.allocator, "fp8_scales_saved")};
-  // The 12 bytes after each value are padding, never read (no fill: one launch less per layer).
-  std::int64_t at = 0;
-  for (const Tensor* t : {&x_.scale(), &x_.inv_scale(), &w_.scale(), &w_.inv_scale()}) {
-    Tensor slot = saved.scales.flat_range(at, 1);
-    copy(ctx, *t, slot);
-    at += Fp8LinearSaved::kScaleStride;
-  }
+  // One launch for the four values; the 12 bytes after each are padding, never read (no fill).
+  gather_scalars(ctx, {&x.scale, &x.inv, &w_.scale(), &w_.inv_scale()}, saved.scales, Fp8LinearSaved::kScaleStride);
   return saved;
 }
 
 Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Tensor& x, const Tensor& w, Tensor* y) {
+  LMSCALE_CHECK(w.ndim() == 2 && x.ndim() >= 1 && x.dim(-1) == w.dim(1),
+                "Fp8Linear::replay: x {} does not match weight {} (x must be [..., {}])", shape_str(x.shape()),
+                shape_str(w.shape()), w.dim(1));
+  return replay(ctx, scales, replay_input(ctx, scales, x, y != nullptr), w, y);
+}
+
+Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Fp8Input& x, const Tensor& w, Tensor* y) {
   check_x_w(x, w);
-  LMSCALE_CHECK(scales.dtype() == DType::f32 && scales.numel() == 4 * Fp8LinearSaved::kScaleStride,
-                "Fp8Linear::replay: scales must be the [16] fp32 of a forward's saved entry, got {} {}",
-                dtype_name(scales.dtype()), shape_str(scales.shape()));
-  Fp8LinearSaved saved{Tensor(), Tensor(), scales};
-  const Tensor xs = saved.x_scale(), ws = saved.w_scale();
-  const Quantized xq = quantize(ctx, nullptr, &xs, x_.format(), x, y != nullptr),
-                  wq = quantize(ctx, nullptr, &ws, w_.format(), w, y != nullptr);
+  check_scales(scales);
+  Fp8LinearSaved saved{x.qt, Tensor(), scales};
+  const Tensor ws = saved.w_scale();
+  const Quantized wq = quantize(ctx, nullptr, &ws, w_.format(), w, y != nullptr);
   if (y) {
+    LMSCALE_CHECK(x.q.defined(), "Fp8Linear::replay: the quantised input has no direct operand for the GEMM");
     Tensor y2 = as_matrix(*y);
-    linear_fp8(ctx, xq.q, saved.x_inv(), wq.q, saved.w_inv(), y2, false);
+    linear_fp8(ctx, x.q, saved.x_inv(), wq.q, saved.w_inv(), y2, false);
   }
-  saved.xt_q = xq.qt;
   saved.wt_q = wq.qt;
   return saved;
 }

@@ -1,5 +1,5 @@
-// Fp8TensorScaling (lmscale/ops/fp8_scaling.h): the two recipes over ops::amax, ops::cast_fp8 and
-// ops::fp8_update_scale. Only the slot index lives on the host; amaxes and scales stay on the device.
+// Fp8TensorScaling (lmscale/ops/fp8_scaling.h): the two recipes over the fused ops of
+// lmscale/ops/fp8.h (fp8_amax_update_scale; cast_transpose_fp8 with its Fp8HistoryUpdate). Only the slot index lives on the host; amaxes and scales stay on the device.
 #include "lmscale/ops/fp8_scaling.h"
 
 #include "lmscale/core/error.h"
@@ -16,25 +16,30 @@ Fp8TensorScaling::Fp8TensorScaling(Context& ctx, Fp8Format format, Fp8Recipe rec
   scale_ = Tensor::empty({1}, DType::f32, *ctx.allocator, "fp8_scale");
   inv_scale_ = Tensor::empty({1}, DType::f32, *ctx.allocator, "fp8_inv_scale");
   history_ = Tensor::empty({h}, DType::f32, *ctx.allocator, "fp8_amax_history");
+  work_ = Tensor::empty({2}, DType::i32, *ctx.allocator, "fp8_amax_work");
   fill(ctx, scale_, 1.0);
   fill(ctx, inv_scale_, 1.0);
   fill(ctx, history_, 0.0);
+  fill(ctx, work_, 0.0);
 }
 
 void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor& out, bool record) {
-  LMSCALE_CHECK(out.dtype() == fp8_dtype(format_), "Fp8TensorScaling::quantize: out is {}, the scaling is for {}",
-                dtype_name(out.dtype()), dtype_name(fp8_dtype(format_)));
-  Tensor slot = history_.flat_range(slot_, 1);
-  if (recipe_ == Fp8Recipe::current) {
-    amax(ctx, x, slot);
-    fp8_update_scale(ctx, history_, format_, margin_, scale_, inv_scale_);
-    cast_fp8(ctx, x, scale_, out, nullptr);
+  quantize(ctx, x, &out, nullptr, record);
+}
+
+void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor* out, Tensor* out_t, bool record) {
+  for (const Tensor* o : {out, out_t})
+    LMSCALE_CHECK(!o || o->dtype() == fp8_dtype(format_), "Fp8TensorScaling::quantize: out is {}, the scaling is for {}",
+                  dtype_name(o->dtype()), dtype_name(fp8_dtype(format_)));
+  if (recipe_ == Fp8Recipe::current) {   // the amax pass updates the scale, then the cast reads it
+    fp8_amax_update_scale(ctx, x, history_, 0, format_, margin_, scale_, inv_scale_, work_);
+    cast_transpose_fp8(ctx, x, scale_, out, out_t);
     return;
   }
-  fp8_update_scale(ctx, history_, format_, margin_, scale_, inv_scale_);
-  if (!record) return cast_fp8(ctx, x, scale_, out, nullptr);
-  cast_fp8(ctx, x, scale_, out, &slot);
-  slot_ = static_cast<int>((slot_ + 1) % history_.numel());
+  // Delayed: the cast sets the scale from the history, then records x's amax (one launch).
+  const Fp8HistoryUpdate update{history_, record ? slot_ : -1, format_, margin_, inv_scale_, work_};
+  cast_transpose_fp8(ctx, x, scale_, out, out_t, &update);
+  if (record) slot_ = static_cast<int>((slot_ + 1) % history_.numel());
 }
 
 }  // namespace lmscale::ops

@@ -13,6 +13,7 @@
 // Nl = N and they are replicated on the tp ranks. Token and target ids are int32 [B, T] on the model's
 // device. Activations are [N, d] (equivalently [B, T, H, Dh] for attention) in the compute dtype
 // (fp32/fp64, or bf16/fp16 in mixed precision); norms' rstd and the loss are fp32 (fp64).
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -218,12 +219,14 @@ class TransformerLM {
   // terms[0..1]) to moe_terms_, on the device.
   void record_moe_stats(Context& ctx, int layer, const BlockActivations& s, const Tensor& terms);
   // ---- FP8 linear layers (transformer_fp8.cpp) ----------------------------------------------
-  // y = x w^T through block l's FP8 layer g, its saved entry into s.fp8[g]: a new forward, or,
-  // when the entry holds the scales of an earlier forward (a recompute), a replay with them
-  // (bitwise the same, no scaling state touched). y null: only the saved operands (a recompute
-  // whose output is not needed).
-  void fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor& x, const Tensor& w, Tensor* y,
-                  BlockActivations& s, bool record);
+  // y_i = x w_i^T through block l's FP8 layers gemms[i], which read the same x: x is quantised
+  // once (under the first layer's x scaling, fp8_input_owner) and each layer's saved entry goes
+  // into s.fp8[g] (they share x^T). A first forward, or, when the first entry holds the scales of
+  // an earlier forward (a recompute), a replay with the saved scales (bitwise the same, no scaling
+  // state touched). A null y: only the saved operands (a recompute whose output is not needed).
+  void fp8_linear(Context& ctx, int layer, std::initializer_list<Fp8Gemm> gemms, const Tensor& x,
+                  std::initializer_list<Tensor> ws, std::initializer_list<Tensor*> ys, BlockActivations& s,
+                  bool record);
   // The backward of layer g from dy: dx (overwritten; null: skipped) and the gradient of store
   // parameter `param` (added unless !accumulate), then its on_grad_ready; frees s.fp8[g].
   void fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g, BlockActivations& s,

@@ -7,6 +7,7 @@
 // inverse scale and amax is a 1-element fp32 tensor on the device of the data, so nothing here
 // reads the device from the host.
 #include <cstdint>
+#include <initializer_list>
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/fp8.h"
@@ -19,18 +20,57 @@ namespace lmscale::ops {
 // gives 0. Overwrites out.
 void amax(Context& ctx, const Tensor& x, Tensor& out);
 
+// Delayed scaling's scale update fused into a cast (Fp8TensorScaling): before the cast reads x,
+// scale and inv_scale are set from amax_history by fp8_update_scale's rule (the cast uses the new
+// scale); when record_slot >= 0, max |x| (as ops::amax computes it) is written into
+// amax_history[record_slot] after (the update read the entry it replaces). work: [2] int32 on
+// the data's device, zero before and after every call (the CUDA kernels' amax accumulator and
+// finished-block counter: the last block to finish stores the amax; no other launch is needed).
+struct Fp8HistoryUpdate {
+  Tensor amax_history;          // [H] fp32
+  std::int64_t record_slot = -1;
+  Fp8Format format = Fp8Format::e4m3;
+  int margin = 0;
+  Tensor inv_scale;             // [1] fp32, receives 2^-k with the scale's 2^k
+  Tensor work;                  // [2] int32 zeros
+};
+
+// Current scaling's first pass with its scale update fused: amax_history[slot] = max |x| (as
+// ops::amax), then scale and inv_scale from the whole history (fp8_update_scale). One kernel on
+// CUDA, whose last block to finish stores the amax and updates the scale. work as in
+// Fp8HistoryUpdate.
+void fp8_amax_update_scale(Context& ctx, const Tensor& x, Tensor& amax_history, std::int64_t slot, Fp8Format format,
+                           int margin, Tensor& scale, Tensor& inv_scale, Tensor& work);
+
 // out = fp8(fp32(x) * scale), out's dtype e4m3 or e5m2, same element count as x (dtypes as in
 // amax). The product is rounded to fp32 and then to the nearest fp8 value (ties to even), with
 // the satfinite overflow rule of core/fp8.h: beyond +-fp8_max (inf included) it saturates, NaN
 // stays NaN (0x7F). scale: 1 element fp32 (the quantisation scale; a GEMM reading out multiplies
 // by its inverse). With the power-of-two scales of fp8_update_scale the product is exact, so the
 // only rounding is the one to fp8. When amax_out (1 element fp32) is given it receives max |x|
-// exactly as ops::amax computes it, in the same pass over x.
-void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out);
+// exactly as ops::amax computes it, in the same pass over x. With `update` (delayed scaling) the
+// scale is first set from its history (Fp8HistoryUpdate: `scale` is written) and amax_out must be
+// null (the update records the amax).
+void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out,
+              const Fp8HistoryUpdate* update = nullptr);
+
+// The cast and the transpose of a 2-D x [M,K] from one read of x: out [M,K] = fp8(x * scale) as
+// cast_fp8 makes it and out_t [K,M] = its transpose as transpose_fp8 makes it, either null (not
+// both; without out_t this is cast_fp8). One kernel on CUDA, through 64 x 64 tiles in shared
+// memory so that x, out and out_t are each read or written in whole rows. update as in cast_fp8
+// (delayed scaling: the scale from the history first, x's amax recorded after).
+void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor* out, Tensor* out_t,
+                        const Fp8HistoryUpdate* update = nullptr);
 
 // out[C,R] = x[R,C]^T for 2-D fp8 tensors (a byte copy: exact). The FP8 GEMMs need their
 // operands K-major (ops::linear_fp8), so the backward's x^T, dy^T and w^T come from here.
 void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out);
+
+// out[i * stride] = sources[i] (each one fp32 element) for the at most kMaxGathered sources, in
+// one launch on CUDA (a linear layer's four saved scales, Fp8LinearSaved); the elements between
+// are not written. out: fp32 with at least (sources - 1) * stride + 1 elements.
+inline constexpr int kMaxGathered = 8;
+void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride);
 
 // The per-tensor scale from an amax history (fp32 [H], H >= 1; current scaling passes [1] holding
 // the amax of the tensor now):

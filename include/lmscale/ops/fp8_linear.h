@@ -1,14 +1,16 @@
 #pragma once
 // One linear layer y = x w^T with its three GEMMs in FP8 (docs/precision.md, "The GEMMs and their
 // layouts"): x and w in e4m3, dy in e5m2 (or e4m3), each operand with its own Fp8TensorScaling
-// held here, so a model keeps one Fp8Linear per linear layer and no state is shared between
-// layers. Shapes: x [M,K] (any leading dims flattened into M), w [N,K], y and dy [M,N].
+// held here, so a model keeps one Fp8Linear per linear layer. The one exception: layers reading
+// the same input share one quantisation of it (Fp8Input), made under the x scaling of the layer
+// that owns it. Shapes: x [M,K] (any leading dims flattened into M), w [N,K], y and dy [M,N].
 //
 // forward() returns what backward() needs from it (the quantised transposes of x and w and the
 // inverse scales they were made with), for the caller to keep with the layer's other saved
 // activations: a pipeline schedule runs several forwards before their backwards, and each
 // backward must use its own forward's operands.
 #include <cstdint>
+#include <memory>
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/fp8.h"
@@ -26,7 +28,9 @@ struct Fp8LinearOptions {
 
 // The forward's operands for the backward: xt_q [K,M] and wt_q [K,N] (fp8) and the scales they
 // were made with, scales [16] fp32 holding {x scale, x inverse, w scale, w inverse} at elements
-// 0, 4, 8, 12 (copies, so later forwards may rescale freely; replay() casts with them again).
+// 0, 4, 8, 12 (copies, written by one ops::gather_scalars launch, so later forwards may rescale
+// freely; replay() casts with them again). xt_q is one tensor for every layer that read the
+// same Fp8Input (freed with the last of their entries).
 // Each value starts a 16-byte line because the inverses are the backward GEMMs' scale pointers:
 // with the four packed in 16 bytes (pointers 4 and 12 bytes into a line) every backward product
 // failed on an H100 with CUBLAS_STATUS_NOT_SUPPORTED, while the same products with separately
@@ -48,33 +52,57 @@ struct Fp8LinearSaved {
   }
 };
 
+// One quantisation of a layer input x [M,K] under the x scaling of the layer that owns it, shared
+// by every layer reading the same x (a block's q, k, v read the attention norm's output; w1, w3
+// the FFN norm's): q [M,K] for the forward GEMM (undefined when no GEMM needs it), qt [K,M] for
+// the weight gradients, and the scale and inverse it was cast with (1 element fp32 each; the
+// owner's scaling tensors, or views of a saved entry's scales for a replay).
+struct Fp8Input {
+  Tensor q, qt, scale, inv;
+};
+
 class Fp8Linear {
  public:
-  Fp8Linear(Context& ctx, const Fp8LinearOptions& options);
+  // owns_input_scaling = false: a layer whose input another layer quantises (Fp8Input); it keeps
+  // only its w and dy scalings, and x_scaling() is an error.
+  Fp8Linear(Context& ctx, const Fp8LinearOptions& options, bool owns_input_scaling = true);
 
   // y[M,N] = x w^T, y bf16 or fp32 on CUDA (fp32 or fp64 on CPU, where x and w may be fp32 or
   // fp64: the CPU emulates the FP8 numerics exactly, up to the GEMM's accumulation order).
   // On CUDA K and M must be multiples of 16 (the FP8 GEMMs' reduction lengths include both).
   // record = false (evaluation): no amax enters delayed scaling's history (Fp8TensorScaling).
+  // The same as forward(quantize_input(x), w, y).
   Fp8LinearSaved forward(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, bool record = true);
+  // The forward from an input quantised once for several layers: saved.xt_q is x.qt (shared).
+  Fp8LinearSaved forward(Context& ctx, const Fp8Input& x, const Tensor& w, Tensor& y, bool record = true);
+
+  // x quantised under this layer's x scaling, for it and the layers sharing its input.
+  Fp8Input quantize_input(Context& ctx, const Tensor& x, bool record = true);
+  // x cast with the x scale of a saved entry's `scales` (a replay: no scaling state is read or
+  // changed); q only when `direct` (a GEMM will read it).
+  Fp8Input replay_input(Context& ctx, const Tensor& scales, const Tensor& x, bool direct) const;
 
   // The forward again, cast with the scales a forward recorded in `scales` (its saved entry's):
   // bitwise the same y and operands for the same x and w, and no scaling state is read or
   // changed (activation checkpointing's recompute must not advance delayed scaling's history).
   // y may be null: only the operands for the backward are made. The result shares `scales`.
   Fp8LinearSaved replay(Context& ctx, const Tensor& scales, const Tensor& x, const Tensor& w, Tensor* y);
+  // The same from replay_input's result (its x scale must be that of `scales`).
+  Fp8LinearSaved replay(Context& ctx, const Tensor& scales, const Fp8Input& x, const Tensor& w, Tensor* y);
 
   // dx[M,K] = dy w (overwritten; skipped when null), dw[N,K] (+)= dy^T x (skipped when null;
   // fp32 on CUDA when accumulating), from saved's operands and dy quantised here.
   void backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, Tensor* dw,
                 bool accumulate_dw);
 
-  const Fp8TensorScaling& x_scaling() const { return x_; }
+  bool owns_input_scaling() const { return x_ != nullptr; }
+  const Fp8TensorScaling& x_scaling() const;
   const Fp8TensorScaling& w_scaling() const { return w_; }
   const Fp8TensorScaling& dy_scaling() const { return dy_; }
 
  private:
-  Fp8TensorScaling x_, w_, dy_;
+  std::unique_ptr<Fp8TensorScaling> x_;   // null when another layer quantises the input
+  Fp8TensorScaling w_, dy_;
 };
 
 }  // namespace lmscale::ops

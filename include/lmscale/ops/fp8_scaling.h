@@ -4,13 +4,13 @@
 // A linear layer keeps one per operand (x, w, dy): no globals.
 //
 //   current (torchao's tensorwise dynamic scaling): quantize() reads x twice, first for its amax
-//     (history of one entry), then to cast it with the scale of that amax: nothing saturates
-//     (but the margin's headroom is not needed either).
+//     (history of one entry; the same kernel updates the scale), then to cast it with the scale
+//     of that amax: nothing saturates (but the margin's headroom is not needed either).
 //   delayed (Transformer Engine's recipe): quantize() first sets the scale from the largest amax
 //     of the last `history` casts, then casts x once with it, recording x's amax into the ring
-//     buffer's next slot. One pass over x; values above what the past saw saturate at fp8_max
-//     (the margin, in powers of two, leaves headroom for growth). Until a cast has recorded a
-//     non-zero amax the scale stays 1.
+//     buffer's next slot, all in the cast's one kernel. One pass over x; values above what the
+//     past saw saturate at fp8_max (the margin, in powers of two, leaves headroom for growth).
+//     Until a cast has recorded a non-zero amax the scale stays 1.
 //
 // inv_scale() stays the inverse of the scale the last quantize() used until the next quantize()
 // of this operand, so a GEMM reading its output passes inv_scale() (ops::linear_fp8).
@@ -36,6 +36,9 @@ class Fp8TensorScaling {
   // as it stands and records nothing, so evaluations leave training's window untouched; current
   // scaling has no window (its state is always that of the last cast).
   void quantize(Context& ctx, const Tensor& x, Tensor& out, bool record = true);
+  // The same for a 2-D x [M,K] into out [M,K] and/or its transpose out_t [K,M] (either null, not
+  // both), from one read of x (ops::cast_transpose_fp8).
+  void quantize(Context& ctx, const Tensor& x, Tensor* out, Tensor* out_t, bool record = true);
 
   Fp8Format format() const { return format_; }
   Fp8Recipe recipe() const { return recipe_; }
@@ -50,6 +53,7 @@ class Fp8TensorScaling {
   int margin_;
   int slot_ = 0;
   Tensor scale_, inv_scale_, history_;
+  Tensor work_;   // [2] int32 zeros: the fused kernels' amax accumulator and block counter
 };
 
 }  // namespace lmscale::ops

@@ -16,8 +16,11 @@ namespace {
 
 constexpr const char* kOperands[] = {"x", "w", "dy"};
 
-const ops::Fp8TensorScaling& operand(const ops::Fp8Linear& lin, int i) {
-  return i == 0 ? lin.x_scaling() : i == 1 ? lin.w_scaling() : lin.dy_scaling();
+// Operand i (x, w, dy) of block l's layer g: k and v report q's x scaling, w3 w1's (the layers
+// sharing an input share its quantisation; model/fp8_layers.h).
+const ops::Fp8TensorScaling& operand(const model::Fp8Layers& layers, int l, model::Fp8Gemm g, int i) {
+  const ops::Fp8Linear& lin = layers.at(l, g);
+  return i == 0 ? layers.x_scaling(l, g) : i == 1 ? lin.w_scaling() : lin.dy_scaling();
 }
 
 // One operand's state on the host: its amax history, oldest cast first (the ring buffer rotated
@@ -68,11 +71,13 @@ void Fp8Recorder::record(std::int64_t step) {
     for (int g = 0; g < model::kFp8GemmsPerBlock; ++g) {
       const auto gemm = static_cast<model::Fp8Gemm>(g);
       for (int i = 0; i < 3; ++i) {
-        const ops::Fp8TensorScaling& s = operand(layers.at(l, gemm), i);
+        const ops::Fp8TensorScaling& s = operand(layers, l, gemm, i);
         const HostScaling h = read(ctx, s);
         // The last cast used the scale in place now (a cast updates the scale before it reads x).
         const bool saturated = static_cast<double>(h.last()) * h.scale > fp8_max(s.format());
-        const std::string name = fmt::format("layers.{}.{}.{}", l, model::fp8_gemm_name(gemm), kOperands[i]);
+        // A shared input warns once, under the layer that quantises it.
+        const model::Fp8Gemm named = i == 0 ? model::fp8_input_owner(gemm) : gemm;
+        const std::string name = fmt::format("layers.{}.{}.{}", l, model::fp8_gemm_name(named), kOperands[i]);
         if (saturated && warned_.insert(name).second)
           fmt::print(stderr,
                      "lmscale: warning: rank {}: FP8 cast of {} saturated at step {} (amax {:.4g} x scale {:.4g} > "
@@ -99,7 +104,7 @@ void Fp8Recorder::finish() {
   for (int l = layers.first_layer(); l < layers.end_layer(); ++l)
     for (int g = 0; g < model::kFp8GemmsPerBlock; ++g)
       for (int i = 0; i < 3; ++i) {
-        const HostScaling h = read(ctx, operand(layers.at(l, static_cast<model::Fp8Gemm>(g)), i));
+        const HostScaling h = read(ctx, operand(layers, l, static_cast<model::Fp8Gemm>(g), i));
         H = static_cast<std::int64_t>(h.history.size());
         all.insert(all.end(), h.history.begin(), h.history.end());
       }

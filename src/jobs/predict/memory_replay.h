@@ -57,9 +57,11 @@ struct Block {
   double x = 0, rstd1 = 0, y1 = 0, q = 0, k = 0, v = 0, o = 0, aux = 0, h = 0, rstd2 = 0, y2 = 0, a = 0, b = 0, g = 0;
   double probs = 0, lse = 0, experts = 0, gates = 0, slot = 0, xe = 0, ye = 0, perm = 0;
   // precision.mode = fp8, per FP8 layer (model::Fp8Gemm order q, k, v, o, w1, w3, w2): its saved
-  // x^T and w^T (1 byte per element) and its saved scales ([4] fp32; kept alone by a
-  // recomputed block, whose recompute then replays instead of allocating new ones).
+  // w^T (1 byte per element) and its saved scales ([16] fp32; kept alone by a recomputed block,
+  // whose recompute then replays instead of allocating new ones); per input owner (q for q, k,
+  // v; o; w1 for w1, w3; w2) the saved x^T its layers share, freed by the last one's backward.
   double f8ops[7] = {}, f8scales[7] = {};
+  Shared f8x[7];
 };
 
 // One micro-batch's shapes as one rank holds them (tensor parallel: local heads, d_ff, vocab;
@@ -168,14 +170,17 @@ using DeferredWeights = std::vector<DeferredProduct>;
 // precision.mode = fp8 (memory_replay_fp8.cpp, model/transformer_fp8.cpp): the scaling state of
 // every FP8 operand (scale, inverse, amax history; fp32), alive from the model's construction.
 double fp8_state_bytes(const Config& cfg, const Shapes& s);
-// ops::Fp8Linear's forward of layer g on x [M,K] (w [n,K]) into the block's saved entry: a first
-// forward (quantised x, w and their transposes, the scales), or, when b.f8scales[g] is held, the
-// replay of a recompute (no scales; with_y false: no quantised direct operands are kept for a
-// GEMM, as for the last block of a recompute whose w2 output is not needed).
-void fp8_forward(Sim& m, Block& b, int g, double M, double K, double n, bool with_y = true);
+// ops::Fp8Linear's forwards of the `count` layers g, g+1, ... that read the same x [M,K] (each
+// w [n,K]) into the block's saved entries: x quantised once (direct and transposed; the x^T
+// shared), then per layer its w (direct and transposed) and the scales; or, when b.f8scales[g]
+// is held, the replay of a recompute (no scales; with_y false: no quantised direct operands are
+// kept for a GEMM, as for the last block of a recompute whose w2 output is not needed).
+void fp8_forward(Sim& m, Block& b, int g, int count, double M, double K, double n, bool with_y = true);
 // Its backward from dy [M,n]: parameter `param`'s gradient asked for, dy quantised (direct and
 // transposed), the gradient written; the saved entry freed.
 void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int param);
+// Frees layer g's saved operands (its w^T, and the shared x^T when g is its last holder).
+void free_fp8_operands(Sim& m, Block& b, int g);
 // Frees every FP8 layer's saved operands and scales of b.
 void free_fp8(Sim& m, Block& b);
 // A checkpointed block: its FP8 layers' scales move from the forward's b to what the block keeps.

@@ -12,21 +12,31 @@ enum Gemm { q, k, v, o, w1, w3, w2 };
 
 double fp8_state_bytes(const Config& cfg, const Shapes& s) {
   if (!s.fp8) return 0;
-  // Per operand (x, w, dy) of each of a block's 7 layers: scale, inverse, history of H entries
-  // (current scaling: 1).
+  // Per operand scaling of a block: w and dy of each of its 7 layers, x of the 4 input owners
+  // (q, o, w1, w2; k, v and w3 share theirs): scale, inverse, history of H entries (current
+  // scaling: 1), and the fused kernels' [2] int32 work words.
   const double H = cfg.precision.fp8_scaling == Fp8Scaling::delayed ? static_cast<double>(cfg.precision.fp8_history) : 1;
-  return static_cast<double>(s.L) * 7 * 3 * 4 * (2 + H);
+  return static_cast<double>(s.L) * (7 * 2 + 4) * 4 * (2 + H + 2);
 }
 
-void fp8_forward(Sim& m, Block& b, int g, double M, double K, double n, bool with_y) {
+void fp8_forward(Sim& m, Block& b, int g, int count, double M, double K, double n, bool with_y) {
   const bool replay = b.f8scales[g] > 0;
-  double xq = m.alloc(M * K), xt = m.alloc(M * K);
-  if (replay && !with_y) m.free(xq);   // no GEMM: the direct operand dies with its cast
-  double wq = m.alloc(n * K), wt = m.alloc(n * K);
-  if (!replay) b.f8scales[g] = m.alloc(kScalesBytes);
-  m.free(wq);
+  double xq = with_y ? m.alloc(M * K) : 0;   // no GEMM (a replay): only the transposes are made
+  b.f8x[g] = Shared{m.alloc(M * K), count};
+  for (int i = g; i < g + count; ++i) {
+    double wq = with_y ? m.alloc(n * K) : 0;
+    b.f8ops[i] = m.alloc(n * K);
+    if (!replay) b.f8scales[i] = m.alloc(kScalesBytes);
+    m.free(wq);
+  }
   m.free(xq);
-  b.f8ops[g] = xt + wt;
+}
+
+void free_fp8_operands(Sim& m, Block& b, int g) {
+  if (b.f8ops[g] <= 0) return;
+  m.free(b.f8ops[g]);
+  const int owner = g == k || g == v ? q : g == w3 ? w1 : g;
+  b.f8x[owner].drop(m);
 }
 
 void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int param) {
@@ -35,13 +45,13 @@ void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int pa
   m.free(dq);
   m.free(dt);
   gr.ready(param);
-  m.free(b.f8ops[g]);
+  free_fp8_operands(m, b, g);
   m.free(b.f8scales[g]);
 }
 
 void free_fp8(Sim& m, Block& b) {
   for (int g = 0; g < 7; ++g) {
-    m.free(b.f8ops[g]);
+    free_fp8_operands(m, b, g);
     m.free(b.f8scales[g]);
   }
 }

@@ -76,8 +76,14 @@ void vocab_parallel_loss(Context& ctx, const Tensor& logits, const Tensor& targe
 
 // FP8 scaling, cast, transpose and GEMM (lmscale/ops/fp8.h).
 void amax(Context& ctx, const Tensor& x, Tensor& out);
-void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out);
+void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out,
+              const Fp8HistoryUpdate* update);
+void fp8_amax_update_scale(Context& ctx, const Tensor& x, Tensor& amax_history, std::int64_t slot, Fp8Format format,
+                           int margin, Tensor& scale, Tensor& inv_scale);
+void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor* out, Tensor& out_t,
+                        const Fp8HistoryUpdate* update);
 void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out);
+void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride);
 void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
                       Tensor& inv_scale);
 void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,

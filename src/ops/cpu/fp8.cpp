@@ -43,7 +43,13 @@ std::array<double, 256> decode_table(DType t) {
 
 void amax(Context&, const Tensor& x, Tensor& out) { store_bits(out, amax_bits(x)); }
 
-void cast_fp8(Context&, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out) {
+void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out,
+              const Fp8HistoryUpdate* update) {
+  if (update) {   // the scale from the history first; the amax into the slot after
+    Tensor scale_out = scale;
+    Tensor inv = update->inv_scale;
+    fp8_update_scale(ctx, update->amax_history, update->format, update->margin, scale_out, inv);
+  }
   const Fp8Format f = fp8_format(out.dtype());
   const float s = *scale.data_as<const float>();
   auto* o = out.data_as<std::uint8_t>();
@@ -54,6 +60,17 @@ void cast_fp8(Context&, const Tensor& x, const Tensor& scale, Tensor& out, Tenso
       o[i] = float_to_fp8(element_f32(p, i) * s, f, Fp8Overflow::satfinite);
   });
   if (amax_out) store_bits(*amax_out, amax_bits(x));
+  if (update && update->record_slot >= 0) {
+    Tensor slot = update->amax_history.flat_range(update->record_slot, 1);
+    store_bits(slot, amax_bits(x));
+  }
+}
+
+void fp8_amax_update_scale(Context& ctx, const Tensor& x, Tensor& amax_history, std::int64_t slot, Fp8Format format,
+                           int margin, Tensor& scale, Tensor& inv_scale) {
+  Tensor entry = amax_history.flat_range(slot, 1);
+  store_bits(entry, amax_bits(x));
+  fp8_update_scale(ctx, amax_history, format, margin, scale, inv_scale);
 }
 
 void transpose_fp8(Context&, const Tensor& x, Tensor& out) {
@@ -62,6 +79,40 @@ void transpose_fp8(Context&, const Tensor& x, Tensor& out) {
   auto* o = out.data_as<std::uint8_t>();
   for (std::int64_t r = 0; r < R; ++r)
     for (std::int64_t c = 0; c < C; ++c) o[c * R + r] = in[r * C + c];
+}
+
+void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor* out, Tensor& out_t,
+                        const Fp8HistoryUpdate* update) {
+  if (update) {   // as cast_fp8: the scale from the history first, the amax into the slot after
+    Tensor scale_out = scale;
+    Tensor inv = update->inv_scale;
+    fp8_update_scale(ctx, update->amax_history, update->format, update->margin, scale_out, inv);
+  }
+  const Fp8Format f = fp8_format(out_t.dtype());
+  const float s = *scale.data_as<const float>();
+  const std::int64_t M = x.dim(0), K = x.dim(1);
+  auto* o = out ? out->data_as<std::uint8_t>() : nullptr;
+  auto* ot = out_t.data_as<std::uint8_t>();
+  dispatch_floating("ops::cast_transpose_fp8", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = x.data_as<T>();
+    for (std::int64_t r = 0; r < M; ++r)
+      for (std::int64_t c = 0; c < K; ++c) {
+        const std::uint8_t code = float_to_fp8(element_f32(p, r * K + c) * s, f, Fp8Overflow::satfinite);
+        if (o) o[r * K + c] = code;
+        ot[c * M + r] = code;
+      }
+  });
+  if (update && update->record_slot >= 0) {
+    Tensor slot = update->amax_history.flat_range(update->record_slot, 1);
+    store_bits(slot, amax_bits(x));
+  }
+}
+
+void gather_scalars(Context&, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride) {
+  float* o = out.data_as<float>();
+  std::int64_t i = 0;
+  for (const Tensor* t : sources) o[stride * i++] = *t->data_as<const float>();
 }
 
 void fp8_update_scale(Context&, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,

@@ -1,5 +1,6 @@
-// amax, cast_fp8, transpose_fp8 and fp8_update_scale on CUDA (lmscale/ops/fp8.h). The scalar rules
-// are ops/fp8_scale_rule.h's, shared with the CPU reference; the conversion is the hardware's
+// amax, cast_fp8, cast_transpose_fp8, transpose_fp8, gather_scalars, fp8_update_scale and the
+// fused fp8_amax_update_scale on CUDA (lmscale/ops/fp8.h). The scalar rules are ops/fp8_scale_rule.h's, shared with the CPU
+// reference; the conversion is the hardware's
 // cvt.rn.satfinite (__nv_cvt_float_to_fp8 with __NV_SATFINITE, sm_89+), which the gpu tests hold
 // against core/fp8.h bit for bit.
 #include <cuda_fp8.h>
@@ -19,10 +20,16 @@ __device__ __forceinline__ std::uint8_t to_fp8(float v) {
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, F == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
 }
 
+// This thread's index in its block and the block's count of threads (blocks of 1 or 2 dims).
+__device__ __forceinline__ int block_thread() { return threadIdx.x + threadIdx.y * blockDim.x; }
+__device__ __forceinline__ int block_threads() { return blockDim.x * blockDim.y; }
+__device__ __forceinline__ bool first_block() { return blockIdx.x == 0 && blockIdx.y == 0; }
+__device__ __forceinline__ unsigned grid_blocks() { return gridDim.x * gridDim.y; }
+
 // Adds this block's amax bits (fp8_rule::abs_bits) into *out by an integer atomic maximum: exact
-// and independent of the order. `scratch`: 32 words of shared memory.
+// and independent of the order. `scratch`: 32 words of shared memory. Thread 0 issues the atomic.
 __device__ __forceinline__ void block_amax(std::uint32_t m, std::uint32_t* scratch, std::uint32_t* out) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int t = block_thread(), lane = t & 31, warp = t >> 5, warps = block_threads() >> 5;
   m = __reduce_max_sync(0xffffffffu, m);
   if (lane == 0) scratch[warp] = m;
   __syncthreads();
@@ -30,6 +37,88 @@ __device__ __forceinline__ void block_amax(std::uint32_t m, std::uint32_t* scrat
     m = lane < warps ? scratch[lane] : 0u;
     m = __reduce_max_sync(0xffffffffu, m);
     if (lane == 0 && m != 0u) atomicMax(out, m);
+  }
+}
+
+// The fused scale update's arguments (ops::Fp8HistoryUpdate on the device). work[0]: the amax
+// accumulator, work[1]: the finished-block counter; both zero between launches.
+struct HistoryArgs {
+  float* history = nullptr;
+  std::int64_t n = 0;
+  std::int64_t record_slot = -1;
+  float fp8_max = 0.f;
+  int margin = 0;
+  float* inv_scale = nullptr;
+  std::uint32_t* work = nullptr;
+};
+
+// Called by one whole warp: the history's maximum (NaN skipped: NaN compares false) and, when it
+// is usable, the scale 2^k and true; else false (the scale keeps its value).
+__device__ __forceinline__ bool history_scale(const HistoryArgs& h, float& scale, float& inv) {
+  const int lane = block_thread() & 31;
+  float a = 0.f;
+  for (std::int64_t i = lane; i < h.n; i += 32) {
+    const float v = h.history[i];
+    if (v > a) a = v;
+  }
+  a = warp_max(a);   // no NaN left: fmaxf is an exact maximum
+  if (!fp8_rule::usable_amax(a)) return false;
+  const int k = fp8_rule::scale_exponent(a, h.fp8_max, h.margin);
+  scale = fp8_rule::exp2i(k);
+  inv = fp8_rule::exp2i(-k);
+  return true;
+}
+
+// The scale a delayed cast uses, derived by every block from the history before any block writes
+// to it (the amax is stored by the last block, after all have read): bitwise the value
+// fp8_update_scale would have written. The first block stores it and its inverse; when the
+// history has no usable amax no block writes and all read the kept scale. `shared`: one float.
+__device__ __forceinline__ float derive_scale(const HistoryArgs& h, float* scale, float* shared) {
+  if (block_thread() < 32) {
+    float sc = 0.f, inv = 0.f;
+    const bool usable = history_scale(h, sc, inv);
+    if (block_thread() == 0) {
+      if (usable && first_block()) {
+        *scale = sc;
+        *h.inv_scale = inv;
+      }
+      *shared = usable ? sc : *scale;
+    }
+  }
+  __syncthreads();
+  return *shared;
+}
+
+// The end of a fused kernel: this block's amax into work[0]; the last block to finish moves it
+// into history[record_slot], zeroes the work words and, with kUpdate, sets scale and inv_scale
+// from the whole history (fp8_update_scale). Every thread of the block calls it.
+template <bool kUpdate>
+__device__ __forceinline__ void finish_amax(std::uint32_t m, std::uint32_t* scratch, const HistoryArgs& h,
+                                            float* scale) {
+  __shared__ bool last;
+  block_amax(m, scratch, &h.work[0]);
+  if (block_thread() == 0) {
+    __threadfence();   // this block's atomicMax before its count
+    last = atomicAdd(&h.work[1], 1u) == grid_blocks() - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  if (block_thread() == 0) {
+    __threadfence();
+    const std::uint32_t bits = atomicExch(&h.work[0], 0u);
+    atomicExch(&h.work[1], 0u);
+    h.history[h.record_slot] = __uint_as_float(bits);
+    __threadfence_block();
+  }
+  if constexpr (kUpdate) {
+    __syncthreads();
+    if (block_thread() < 32) {
+      float sc = 0.f, inv = 0.f;
+      if (history_scale(h, sc, inv) && block_thread() == 0) {
+        *scale = sc;
+        *h.inv_scale = inv;
+      }
+    }
   }
 }
 
@@ -42,13 +131,37 @@ __global__ void amax_kernel(const T* __restrict__ x, std::int64_t n, std::uint32
   block_amax(m, scratch, out);
 }
 
-// out[i] = fp8(fp32(x[i]) * scale). Chunks of 8 elements (16-byte loads of x, one 8-byte store)
-// where x is 16-byte and out 8-byte aligned; the rest one by one.
-template <class T, Fp8Format F, bool kAmax>
-__global__ void cast_fp8_kernel(const T* __restrict__ x, const float* __restrict__ scale, std::uint8_t* __restrict__ out,
-                                std::int64_t n, std::int64_t chunks, std::uint32_t* __restrict__ amax_out) {
+// Current scaling's amax pass with the scale update at its end (ops::fp8_amax_update_scale).
+// Chunks of 8 elements where x is 16-byte aligned; the rest one by one.
+template <class T>
+__global__ void amax_update_scale_kernel(const T* __restrict__ x, std::int64_t n, std::int64_t chunks,
+                                         HistoryArgs h, float* __restrict__ scale) {
   __shared__ std::uint32_t scratch[32];
-  const float s = *scale;
+  std::uint32_t m = 0;
+  const std::int64_t i0 = thread_index(), step = thread_stride();
+  for (std::int64_t c = i0; c < chunks; c += step) {
+    float v[kChunk];
+    load_chunk(x + c * kChunk, v);
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) m = max(m, fp8_rule::abs_bits(v[e]));
+  }
+  for (std::int64_t i = chunks * kChunk + i0; i < n; i += step) m = max(m, fp8_rule::abs_bits(to_f32(x[i])));
+  finish_amax<true>(m, scratch, h, scale);
+}
+
+// out[i] = fp8(fp32(x[i]) * scale). Chunks of 8 elements (16-byte loads of x, one 8-byte store)
+// where x is 16-byte and out 8-byte aligned; the rest one by one. kAmax: max |x| into
+// *amax_out (zeroed before the launch). kDerive: the scale from the history first (delayed
+// scaling, derive_scale); kRecord: max |x| into the history's record slot (finish_amax).
+template <class T, Fp8Format F, bool kAmax, bool kDerive, bool kRecord>
+__global__ void cast_fp8_kernel(const T* __restrict__ x, float* __restrict__ scale, std::uint8_t* __restrict__ out,
+                                std::int64_t n, std::int64_t chunks, std::uint32_t* __restrict__ amax_out,
+                                HistoryArgs h) {
+  __shared__ std::uint32_t scratch[32];
+  __shared__ float shared_scale;
+  float s;
+  if constexpr (kDerive) s = derive_scale(h, scale, &shared_scale);
+  else s = *scale;
   std::uint32_t m = 0;
   const std::int64_t i0 = thread_index(), step = thread_stride();
   for (std::int64_t c = i0; c < chunks; c += step) {
@@ -57,17 +170,100 @@ __global__ void cast_fp8_kernel(const T* __restrict__ x, const float* __restrict
     alignas(8) std::uint8_t q[kChunk];
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) {
-      if constexpr (kAmax) m = max(m, fp8_rule::abs_bits(v[e]));
+      if constexpr (kAmax || kRecord) m = max(m, fp8_rule::abs_bits(v[e]));
       q[e] = to_fp8<F>(v[e] * s);
     }
     *reinterpret_cast<uint2*>(out + c * kChunk) = *reinterpret_cast<const uint2*>(q);
   }
   for (std::int64_t i = chunks * kChunk + i0; i < n; i += step) {
     const float v = to_f32(x[i]);
-    if constexpr (kAmax) m = max(m, fp8_rule::abs_bits(v));
+    if constexpr (kAmax || kRecord) m = max(m, fp8_rule::abs_bits(v));
     out[i] = to_fp8<F>(v * s);
   }
   if constexpr (kAmax) block_amax(m, scratch, amax_out);
+  if constexpr (kRecord) finish_amax<false>(m, scratch, h, scale);
+}
+
+// The fused cast and transpose (ops::cast_transpose_fp8): one 64 x 64 tile of x [M,K] per block
+// of 16 x 16 threads. Each thread casts 4 consecutive elements of a row in each of 4 passes (a
+// warp reads 2 rows of 64 elements: whole lines), writes them to out as one 4-byte word where
+// aligned and keeps them in the shared tile; after a barrier it gathers 4 consecutive tile rows
+// of one column and writes them as one word of out_t's row (again 64 contiguous bytes per row of
+// 16 threads). Tile rows are 68 bytes (17 words) so the column reads of a warp spread over the
+// banks (2-way conflicts at most). Edges (M or K not multiples of 64 or 4, unaligned rows) go
+// byte by byte. kDerive, kRecord as in cast_fp8_kernel.
+constexpr int kCtTile = 64, kCtThreads = 16, kCtPasses = kCtTile / kCtThreads;
+template <class T, Fp8Format F, bool kDerive, bool kRecord>
+__global__ void __launch_bounds__(kCtThreads* kCtThreads)
+    cast_transpose_kernel(const T* __restrict__ x, std::int64_t M, std::int64_t K, float* __restrict__ scale,
+                          std::uint8_t* __restrict__ out, std::uint8_t* __restrict__ out_t, bool vec_x,
+                          bool vec_out, bool vec_out_t, HistoryArgs h) {
+  __shared__ __align__(16) std::uint8_t tile[kCtTile][kCtTile + 4];
+  __shared__ std::uint32_t scratch[32];
+  __shared__ float shared_scale;
+  float s;
+  if constexpr (kDerive) s = derive_scale(h, scale, &shared_scale);
+  else s = *scale;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kCtTile,
+                     c0 = static_cast<std::int64_t>(blockIdx.x) * kCtTile;
+  std::uint32_t m = 0;
+#pragma unroll
+  for (int p = 0; p < kCtPasses; ++p) {
+    const int tr = ty + p * kCtThreads, tc = 4 * tx;
+    const std::int64_t r = r0 + tr, c = c0 + tc;
+    alignas(4) std::uint8_t q[4] = {0, 0, 0, 0};
+    if (r < M) {
+      const T* row = x + r * K;
+      float v[4];
+      const bool full = c + 3 < K;
+      if (full && vec_x) {
+        struct alignas(4 * sizeof(T)) Four {
+          T e[4];
+        };
+        const Four f = *reinterpret_cast<const Four*>(row + c);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = to_f32(f.e[e]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = c + e < K ? to_f32(row[c + e]) : 0.f;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (kRecord) m = max(m, fp8_rule::abs_bits(v[e]));   // 0 past the edge: no effect
+        q[e] = to_fp8<F>(v[e] * s);
+      }
+      if (out) {
+        if (full && vec_out) {
+          *reinterpret_cast<std::uint32_t*>(out + r * K + c) = *reinterpret_cast<const std::uint32_t*>(q);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (c + e < K) out[r * K + c + e] = q[e];
+        }
+      }
+    }
+    *reinterpret_cast<std::uint32_t*>(&tile[tr][tc]) = *reinterpret_cast<const std::uint32_t*>(q);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int p = 0; p < kCtPasses; ++p) {
+    const int tc = ty + p * kCtThreads, tr = 4 * tx;   // out_t row c0 + tc, columns r0 + tr ...
+    const std::int64_t c = c0 + tc, r = r0 + tr;
+    if (c >= K) continue;
+    alignas(4) std::uint8_t q[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) q[e] = tile[tr + e][tc];
+    std::uint8_t* row = out_t + c * M;
+    if (r + 3 < M && vec_out_t) {
+      *reinterpret_cast<std::uint32_t*>(row + r) = *reinterpret_cast<const std::uint32_t*>(q);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (r + e < M) row[r + e] = q[e];
+    }
+  }
+  if constexpr (kRecord) finish_amax<false>(m, scratch, h, scale);
 }
 
 // out[C,R] = x[R,C]^T through 32 x 32 tiles in shared memory (one padding byte per row keeps the
@@ -88,6 +284,16 @@ __global__ void transpose_bytes_kernel(const std::uint8_t* __restrict__ x, std::
   }
 }
 
+// ops::gather_scalars: thread i copies source i (the pointers travel in the launch's arguments).
+struct GatherSources {
+  const float* p[kMaxGathered];
+  int n;
+};
+__global__ void gather_scalars_kernel(GatherSources src, float* __restrict__ out, std::int64_t stride) {
+  const int i = threadIdx.x;
+  if (i < src.n) out[stride * i] = *src.p[i];
+}
+
 // One warp: the history's maximum (NaN skipped), then the scale rule.
 __global__ void update_scale_kernel(const float* __restrict__ history, std::int64_t n, float fp8_max, int margin,
                                     float* __restrict__ scale, float* __restrict__ inv_scale) {
@@ -104,25 +310,88 @@ __global__ void update_scale_kernel(const float* __restrict__ history, std::int6
   }
 }
 
+HistoryArgs history_args(const Fp8HistoryUpdate& u) {
+  HistoryArgs h;
+  h.history = u.amax_history.data_as<float>();
+  h.n = u.amax_history.numel();
+  h.record_slot = u.record_slot;
+  h.fp8_max = fp8_max(u.format);
+  h.margin = u.margin;
+  h.inv_scale = u.inv_scale.data_as<float>();
+  h.work = u.work.data_as<std::uint32_t>();
+  return h;
+}
+
 template <class T, Fp8Format F>
-void launch_cast(Resources& r, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out) {
+void launch_cast(Resources& r, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out,
+                 const Fp8HistoryUpdate* update) {
   const std::int64_t n = x.numel();
   const bool aligned = is_aligned16(x.data()) && (reinterpret_cast<std::uintptr_t>(out.data()) & 7u) == 0;
   const std::int64_t chunks = aligned ? n / kChunk : 0;
   const unsigned blocks = grid_for(std::max<std::int64_t>(chunks, n - chunks * kChunk), kThreads, r.num_sms);
   const T* xp = x.data_as<const T>();
   auto* op = out.data_as<std::uint8_t>();
-  const float* sp = scale.data_as<const float>();
-  if (amax_out) {
-    cast_fp8_kernel<T, F, true><<<blocks, kThreads, 0, r.stream>>>(xp, sp, op, n, chunks,
-                                                                    amax_out->data_as<std::uint32_t>());
+  auto* sp = scale.data_as<float>();
+  const HistoryArgs h = update ? history_args(*update) : HistoryArgs{};
+  if (update && update->record_slot >= 0) {
+    cast_fp8_kernel<T, F, false, true, true><<<blocks, kThreads, 0, r.stream>>>(xp, sp, op, n, chunks, nullptr, h);
+  } else if (update) {
+    cast_fp8_kernel<T, F, false, true, false><<<blocks, kThreads, 0, r.stream>>>(xp, sp, op, n, chunks, nullptr, h);
+  } else if (amax_out) {
+    cast_fp8_kernel<T, F, true, false, false><<<blocks, kThreads, 0, r.stream>>>(
+        xp, sp, op, n, chunks, amax_out->data_as<std::uint32_t>(), h);
   } else {
-    cast_fp8_kernel<T, F, false><<<blocks, kThreads, 0, r.stream>>>(xp, sp, op, n, chunks, nullptr);
+    cast_fp8_kernel<T, F, false, false, false><<<blocks, kThreads, 0, r.stream>>>(xp, sp, op, n, chunks, nullptr, h);
+  }
+  LMSCALE_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, Fp8Format F>
+void launch_cast_transpose(Resources& r, const Tensor& x, const Tensor& scale, Tensor* out, Tensor& out_t,
+                           const Fp8HistoryUpdate* update) {
+  const std::int64_t M = x.dim(0), K = x.dim(1);
+  const auto tiles = [](std::int64_t n) { return (n + kCtTile - 1) / kCtTile; };
+  LMSCALE_CHECK(tiles(M) < 65536 && tiles(K) < (1LL << 31), "cast_transpose_fp8: {} x {} is beyond one launch's grid",
+                M, K);
+  const auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  // Whole 4-element groups of a row are aligned when the row length and the base are.
+  const bool vec_x = K % 4 == 0 && addr(x.data()) % (4 * sizeof(T)) == 0;
+  const bool vec_out = out && K % 4 == 0 && addr(out->data()) % 4 == 0;
+  const bool vec_out_t = M % 4 == 0 && addr(out_t.data()) % 4 == 0;
+  const dim3 grid(static_cast<unsigned>(tiles(K)), static_cast<unsigned>(tiles(M))), block(kCtThreads, kCtThreads);
+  const T* xp = x.data_as<const T>();
+  auto* sp = scale.data_as<float>();
+  auto* op = out ? out->data_as<std::uint8_t>() : nullptr;
+  auto* tp = out_t.data_as<std::uint8_t>();
+  const HistoryArgs h = update ? history_args(*update) : HistoryArgs{};
+  if (update && update->record_slot >= 0) {
+    cast_transpose_kernel<T, F, true, true>
+        <<<grid, block, 0, r.stream>>>(xp, M, K, sp, op, tp, vec_x, vec_out, vec_out_t, h);
+  } else if (update) {
+    cast_transpose_kernel<T, F, true, false>
+        <<<grid, block, 0, r.stream>>>(xp, M, K, sp, op, tp, vec_x, vec_out, vec_out_t, h);
+  } else {
+    cast_transpose_kernel<T, F, false, false>
+        <<<grid, block, 0, r.stream>>>(xp, M, K, sp, op, tp, vec_x, vec_out, vec_out_t, h);
   }
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
+
+void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor* out, Tensor& out_t,
+                        const Fp8HistoryUpdate* update) {
+  if (x.numel() == 0) {   // no tile: the flat kernel's one block still updates and records
+    if (!update) return;
+    Tensor empty = out ? *out : out_t;
+    return cuda::cast_fp8(ctx, x, scale, empty, nullptr, update);
+  }
+  Resources& r = resources(ctx);
+  const bool e4m3 = out_t.dtype() == DType::e4m3;
+  LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "cast_transpose_fp8", T,
+                              e4m3 ? launch_cast_transpose<T, Fp8Format::e4m3>(r, x, scale, out, out_t, update)
+                                   : launch_cast_transpose<T, Fp8Format::e5m2>(r, x, scale, out, out_t, update));
+}
 
 void amax(Context& ctx, const Tensor& x, Tensor& out) {
   Resources& r = resources(ctx);
@@ -136,14 +405,28 @@ void amax(Context& ctx, const Tensor& x, Tensor& out) {
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
-void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out) {
+void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out,
+              const Fp8HistoryUpdate* update) {
   Resources& r = resources(ctx);
   if (amax_out) LMSCALE_CUDA_CHECK(cudaMemsetAsync(amax_out->data(), 0, 4, r.stream));
-  if (x.numel() == 0) return;
+  if (x.numel() == 0 && !update) return;   // with an update, one block still updates and records
   const bool e4m3 = out.dtype() == DType::e4m3;
   LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "cast_fp8", T,
-                              e4m3 ? launch_cast<T, Fp8Format::e4m3>(r, x, scale, out, amax_out)
-                                   : launch_cast<T, Fp8Format::e5m2>(r, x, scale, out, amax_out));
+                              e4m3 ? launch_cast<T, Fp8Format::e4m3>(r, x, scale, out, amax_out, update)
+                                   : launch_cast<T, Fp8Format::e5m2>(r, x, scale, out, amax_out, update));
+}
+
+void fp8_amax_update_scale(Context& ctx, const Tensor& x, Tensor& amax_history, std::int64_t slot, Fp8Format format,
+                           int margin, Tensor& scale, Tensor& inv_scale, Tensor& work) {
+  Resources& r = resources(ctx);
+  const HistoryArgs h = history_args(Fp8HistoryUpdate{amax_history, slot, format, margin, inv_scale, work});
+  const std::int64_t n = x.numel();
+  const std::int64_t chunks = is_aligned16(x.data()) ? n / kChunk : 0;
+  const unsigned blocks = grid_for(std::max<std::int64_t>(chunks, n - chunks * kChunk), kThreads, r.num_sms);
+  LMSCALE_CUDA_DISPATCH_FLOAT(x.dtype(), "fp8_amax_update_scale", T,
+                              amax_update_scale_kernel<T><<<blocks, kThreads, 0, r.stream>>>(
+                                  x.data_as<const T>(), n, chunks, h, scale.data_as<float>()));
+  LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
 void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out) {
@@ -154,6 +437,14 @@ void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out) {
   const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile), static_cast<unsigned>((R + kTile - 1) / kTile));
   transpose_bytes_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, r.stream>>>(x.data_as<const std::uint8_t>(),
                                                                            out.data_as<std::uint8_t>(), R, C);
+  LMSCALE_CUDA_CHECK_LAUNCH();
+}
+
+void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, Tensor& out, std::int64_t stride) {
+  Resources& r = resources(ctx);
+  GatherSources src{};
+  for (const Tensor* t : sources) src.p[src.n++] = t->data_as<const float>();
+  gather_scalars_kernel<<<1, 32, 0, r.stream>>>(src, out.data_as<float>(), stride);
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
