@@ -34,9 +34,9 @@ struct Fp8LinearOptions {
 // Each value starts a 16-byte line because the inverses are the backward GEMMs' scale pointers:
 // with the four packed in 16 bytes (pointers 4 and 12 bytes into a line) every backward product
 // failed on an H100 with CUBLAS_STATUS_NOT_SUPPORTED, while the same products with separately
-// allocated scales passed. 16-byte alignment is taken to be cuBLASLt's requirement (the fix has
-// not yet run on a GPU); ops::linear_fp8 checks it. An entry with scales
-// but no operands is what activation checkpointing keeps of a recomputed layer.
+// allocated scales passed; with each on its own 16-byte line they pass (H100, 2026-11-27), so
+// 16-byte alignment is taken to be cuBLASLt's requirement, and ops::linear_fp8 checks it. An
+// entry with scales but no operands is what activation checkpointing keeps of a recomputed layer.
 struct Fp8LinearSaved {
   static constexpr std::int64_t kScaleStride = 4;   // fp32 elements: 16 bytes
   Tensor xt_q, wt_q, scales;
