@@ -9,7 +9,8 @@
 #     and in fp8 with current scaling; analysis.fp8_study draws both curves ($OUT/study_xl/loss.png)
 #     and exits 1 when fp8 ends more than 1.5% above bf16;
 #   - speed: xl (inputs/bench_model_xl_bf16.ini, flash attention, 4 x 512 tokens, train step) in
-#     bf16 and in fp8, REPEATS times in alternation; the median tokens/s of each and their ratio.
+#     bf16 and in fp8, eager and as a captured CUDA graph (train.cuda_graphs), REPEATS times in
+#     alternation; the median step and tokens/s of each and their ratio.
 # With PEER_FP8=1 the timing also runs the PyTorch peer's xl (torch.compile) in bf16 and with torchao's float8
 # training (bench/torch_peer.py model --float8, tensorwise dynamic scaling: the peer of current
 # scaling; needs torch and torchao) and prints their ratio table.
@@ -45,6 +46,8 @@ RUN=0
 timing() {
   lm xl_bf16 1 "${XL[@]}"
   lm xl_fp8 1 "${XL[@]}" --precision.mode=fp8
+  lm xl_bf16_graphs 1 "${XL[@]}" --train.cuda_graphs=true
+  lm xl_fp8_graphs 1 "${XL[@]}" --precision.mode=fp8 --train.cuda_graphs=true
   if [ -n "$PEER_FP8" ]; then
     peer xl_peer_bf16 1 "${PEER_XL[@]}"
     peer xl_peer_float8 1 "${PEER_XL[@]}" --float8
@@ -60,16 +63,22 @@ if [ -z "${SKIP_TEXT:-}" ]; then
   study=("$PYTHON" -m analysis.fp8_study "$OUT/text_bf16/lmscale_1.h5" "$OUT/text_fp8_current/lmscale_1.h5"
          "$OUT/text_fp8_delayed/lmscale_1.h5" --out "$OUT/study" "${args[@]}")
   if [ -n "$DRY_RUN" ]; then echo "${study[*]}"; else "${study[@]}"; fi
-elif [ -z "${SKIP_XL:-}" ] && [ -z "$DRY_RUN" ]; then
+fi
+if [ -z "${SKIP_XL:-}" ] && [ -z "$DRY_RUN" ]; then
+  # The xl timings, eager and under CUDA graphs: median step and tokens/s of each case.
   "$PYTHON" - "$OUT" <<'PY'
 import glob, statistics, sys
 import h5py
 out = sys.argv[1]
-def tps(case):
-    v = [float(h5py.File(f, "r")["bench_model"].attrs["tokens_per_s"]) for f in sorted(glob.glob(f"{out}/{case}/lmscale_*.h5"))]
+def median(case, key):
+    v = [float(h5py.File(f, "r")["bench_model"].attrs[key]) for f in sorted(glob.glob(f"{out}/{case}/lmscale_*.h5"))]
     return statistics.median(v) if v else float("nan")
-b, f = tps("xl_bf16"), tps("xl_fp8")
-print(f"xl bench-model: bf16 {b:.0f} tokens/s, fp8 {f:.0f} tokens/s, fp8 / bf16 = {f / b:.3f}")
+print("| xl train step | bf16 | fp8 current | fp8 / bf16 (tokens/s) |")
+print("| --- | ---: | ---: | ---: |")
+for label, suffix in (("eager", ""), ("CUDA graphs", "_graphs")):
+    b, f = median("xl_bf16" + suffix, "tokens_per_s"), median("xl_fp8" + suffix, "tokens_per_s")
+    bm, fm = median("xl_bf16" + suffix, "total_ms_median"), median("xl_fp8" + suffix, "total_ms_median")
+    print(f"| {label} | {bm:.2f} ms, {b:.0f} tokens/s | {fm:.2f} ms, {f:.0f} tokens/s | {f / b:.3f} |")
 PY
 fi
 if [ -n "$PEER_FP8" ] && [ -z "${SKIP_XL:-}" ]; then
