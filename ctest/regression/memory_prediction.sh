@@ -4,8 +4,8 @@
 # DDP, zero1, zero2, fsdp and tp (with and without sequence parallelism) on 2 ranks and pipeline
 # parallelism on 2 stages (gpipe, 1f1b, zb-h1, interleaved; 2 and 4 microbatches), and with NP = 4 fsdp
 # over dp 2 x tp 2 (2D) and pipelines on dp 2 x pp 2 (ddp, zero2, fsdp) and tp 2 x pp 2 (with and
-# without sequence parallelism); MoE models (one process, DDP, ep 2 on 2 ranks, ep 2 x zero2 and
-# ep 4 on 4). Each run's /bench_model/memory_prediction must hold every phase
+# without sequence parallelism); MoE models (one process, DDP, ep 2 on 2 ranks, ep 2 x zero2, ep 2 x
+# fsdp and ep 4 on 4). Each run's /bench_model/memory_prediction must hold every phase
 # of its mode with a measured peak and a prediction within MAX_ERROR (0.5%; issue 21 asks for
 # 5%), and so must every rank's rows in
 # /bench_model/memory_prediction_ranks (a pipeline rank predicts its own stage) (issue 21). The CPU
@@ -80,6 +80,9 @@ if [ "$NP" -eq 4 ]; then
   RUN_MAX_ERROR=0.03 BATCH=8 run "np4_moe_ep2_zero2" 4 $moe --parallel.ep=2 --parallel.zero=zero2 --bench.mode=train-step
   RUN_MAX_ERROR=0.03 BATCH=8 run "np4_moe_ep4_every1" 4 $moe --parallel.ep=4 --bench.mode=train-step \
       --train.activation_checkpointing=every-k
+  # fsdp over the expert_dp groups of dp 2 x ep 2: each rank's units hold the dense weights and
+  # its 2 experts, sharded over 2 ranks (the dense gradients' sum over ep is in place).
+  RUN_MAX_ERROR=0.03 BATCH=8 run "np4_moe_ep2_fsdp" 4 $moe --parallel.ep=2 --parallel.zero=fsdp --bench.mode=train-step
   # 2D: fsdp over the dp axis of dp 2 x tp 2 (each tp rank's slices sharded over its dp group),
   # with and without sequence parallelism, forward and train-step; mixed-precision casts are
   # GPU-only and not replayed here.

@@ -124,8 +124,9 @@ const std::vector<BadDeck> kBadDecks{
      "parallel.tp", "tensor parallelism of MoE blocks"},
     {"moe_with_selective", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\n[train]\nactivation_checkpointing = "
      "selective\n", {}, "train.activation_checkpointing", "model.moe_experts"},
-    {"moe_ep_with_fsdp", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nzero = fsdp\nep = 2\n", {"--parallel.dp=2"},
-     "parallel.zero", "parallel.ep = 2"},
+    // fsdp composes with expert parallelism (DeckExpertParallel below); its host optimizer does not.
+    {"moe_ep_fsdp_with_offload", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nzero = fsdp\nep = 2\n"
+     "offload = optimizer\n[train]\nbatch_size = 4\n", {"--parallel.dp=4"}, "parallel.ep", "parallel.offload"},
     // train.cuda_graphs (io/deck_cuda_graphs.cpp): one process on one GPU, the modes it can capture.
     {"cuda_graphs_cpu", "[train]\ncuda_graphs = true\n[parallel]\ndevice = cpu\n", {}, "train.cuda_graphs",
      "parallel.device = cpu"},
@@ -380,4 +381,16 @@ TEST(DeckCudaGraphs, SeveralRanksAreRefusedOneGpuIsAccepted) {
   EXPECT_EQ(deck_error(gpu_train, {"--run.job=bench-model", "--bench.batch_size=4"}), "");
   // Off by default: the same deck on the CPU without the key is fine.
   EXPECT_EQ(deck_error(kTinyTrain, {}), "");
+}
+
+// parallel.zero = fsdp with parallel.ep > 1 is accepted (the experts' shards are FSDP's over the
+// expert_dp group: docs/parallel.md, "Expert parallelism"), for training and for bench-model, on
+// dp = ep (fsdp acts as one process) and dp = 2 ep; dp not a multiple of ep is still refused.
+TEST(DeckExpertParallel, FsdpIsAccepted) {
+  const std::string moe = kTinyTrain + "zero = fsdp\nep = 2\n[model]\nmoe_experts = 4\n[train]\nbatch_size = 8\n";
+  EXPECT_EQ(deck_error(moe, {"--parallel.dp=4"}, 4), "");
+  EXPECT_EQ(deck_error(moe, {"--parallel.dp=2"}, 2), "");
+  EXPECT_EQ(deck_error(moe, {"--parallel.dp=4", "--run.job=bench-model", "--bench.batch_size=8"}, 4), "");
+  const std::string odd = deck_error(moe, {"--parallel.dp=3"}, 3);
+  EXPECT_NE(odd.find("parallel.ep"), std::string::npos) << odd;
 }

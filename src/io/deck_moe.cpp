@@ -67,12 +67,6 @@ void check_moe(const Config& c, int world_size) {
     fail("train.activation_checkpointing = {} with model.moe_experts = {}: the selective policies do not know the "
          "expert activations; use none or every-k (which recomputes whole blocks, routing included)",
          ck, E);
-  // fsdp shards the experts with their block's unit (parallel/fsdp.h); with expert parallelism
-  // the experts would need their own groups, which fsdp does not build.
-  if (p.zero == ZeroLevel::fsdp && p.ep > 1)
-    fail("parallel.zero = fsdp with parallel.ep = {} (model.moe_experts = {}) is not built in this version; use "
-         "parallel.ep = 1 with fsdp, or parallel.zero = none, zero1 or zero2 with expert parallelism",
-         p.ep, E);
   const std::int64_t dp = resolved_dp(c, world_size);
   if (dp % p.ep != 0)
     fail("parallel.ep = {} does not divide parallel.dp = {}: expert parallelism runs inside the data-parallel group; "

@@ -17,10 +17,14 @@ class ExpertParallelStrategy::Sync final : public GradientSync {
 
   model::ParallelContext hooks(int micro, int micro_count) override {
     model::ParallelContext pc = inner_.hooks(micro, micro_count);
-    // Earlier micro-batches only accumulate; the sum over ep is of the step's whole gradient.
-    if (micro != micro_count - 1) return pc;
-    pc.on_grad_ready = [this, inner = pc.on_grad_ready](int i) {
-      if (!ExpertParallel::holds_slice(store_.infos()[static_cast<std::size_t>(i)])) {
+    // A gradient that accumulates in place is summed over ep once, in the last micro-batch (the
+    // sum is of the step's whole gradient); one the inner strategy reduces after every
+    // micro-batch (FSDP's units: reduce-scattered and freed in after_backward) is summed in every
+    // micro-batch, before that reduction: the sum over ep of each part is the part of the sum.
+    const bool last = micro == micro_count - 1;
+    pc.on_grad_ready = [this, last, inner = pc.on_grad_ready](int i) {
+      if (!ExpertParallel::holds_slice(store_.infos()[static_cast<std::size_t>(i)]) &&
+          (last || inner_.reduces_every_micro_batch(i))) {
         Tensor g = store_.grad(i);
         ep_.sum_gradient(g);
       }
@@ -28,6 +32,7 @@ class ExpertParallelStrategy::Sync final : public GradientSync {
     };
     return pc;
   }
+  bool reduces_every_micro_batch(int param) const override { return inner_.reduces_every_micro_batch(param); }
   model::ParallelContext forward_hooks(bool training) override { return inner_.forward_hooks(training); }
   void finish(Context& ctx) override { inner_.finish(ctx); }
   double sum_scalar(double x) override { return comm::sum_over(dp_host_, x); }
@@ -43,8 +48,8 @@ class ExpertParallelStrategy::Sync final : public GradientSync {
 ExpertParallelStrategy::ExpertParallelStrategy(const StrategyParts& parts, std::unique_ptr<Strategy> inner,
                                                ExpertParallel& ep, comm::Communicator& dp_host)
     : Strategy(parts), inner_(std::move(inner)), ep_(ep) {
-  LMSCALE_CHECK(!tp_ && !parts.pipeline && !inner_->fsdp(),
-                "expert parallelism composes with one process, DDP, zero1 and zero2 only (deck checks)");
+  LMSCALE_CHECK(!tp_ && !parts.pipeline,
+                "expert parallelism composes with one process, DDP, zero1, zero2 and fsdp only (deck checks)");
   sync_ = std::make_unique<Sync>(inner_->sync(), ep_, store_, dp_host);
 }
 

@@ -73,6 +73,11 @@ class FullyShardedDataParallel::Sync final : public GradientSync {
 
   double sum_scalar(double x) override { return comm::sum_over(f_.host_, x); }
   std::string name() const override { return "fsdp"; }
+  // A unit's parameters are reduce-scattered per micro-batch (after_backward); the replicated
+  // norms accumulate in norm_grads_ and are summed once, in finish().
+  bool reduces_every_micro_batch(int param) const override {
+    return f_.unit_of_[static_cast<std::size_t>(param)] >= 0;
+  }
 
  private:
   int last_unit() const { return f_.num_units() - 1; }

@@ -19,6 +19,15 @@ class GradientSync {
     (void)micro_count;
     return {};
   }
+  // Whether parameter i's gradient leaves the model's buffer after every micro-batch's backward
+  // (FSDP's sharded units: each micro-batch's full-size gradients are reduce-scattered and freed,
+  // the next one writes a fresh buffer) rather than accumulating there until the last one. A
+  // wrapper that must see the step's whole gradient before the reduction (expert parallelism's
+  // sum over ep) then acts on every micro-batch's part.
+  virtual bool reduces_every_micro_batch(int param) const {
+    (void)param;
+    return false;
+  }
   // Hooks for a forward; training: its backward follows (evaluation forwards pass false).
   virtual model::ParallelContext forward_hooks(bool training) {
     (void)training;

@@ -139,10 +139,13 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
   double init = 0, grads_after = 0;   // grads_after: gradient bytes alive when the backward ends
   Grads gr;
   if (fsdp) {
-    init = replay::setup_fsdp(gr, cfg, s, dp, {});
+    // Sharded over the gradient group: dp, or expert_dp = dp / ep under expert parallelism, where
+    // the sizes above are this ep rank's store (its experts) and the dense sum over ep is in place.
+    init = replay::setup_fsdp(gr, cfg, s, spec.gradient_group(), {});
     // Under tensor parallelism (2D) the sizes above are this tp rank's slices (local shapes), so
     // the units, shards and gathers are those of the slices.
-    out.layout = std::string("fsdp (master, gradient shard and optimizer state of 1/dp") +
+    out.layout = std::string("fsdp (master, gradient shard and optimizer state of 1/") +
+                 (spec.ep > 1 ? fmt::format("(dp/ep) = 1/{} of this ep rank's store", spec.gradient_group()) : "1/dp") +
                  (tp > 1 ? " of this tp rank's slices" : "") + "; gathered units beside the replayed activations)";
   } else {
     const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
