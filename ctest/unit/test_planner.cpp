@@ -224,6 +224,34 @@ TEST(LayoutSearch, OffloadMakesTheLeaderboardStepFit) {
   EXPECT_EQ(layouts.front().cfg.parallel.offload, OffloadMode::optimizer) << layouts.front().layout;
 }
 
+// fsdp x ep (dp 4 x ep 2, grad_accum 2): fsdp reduce-scatters every micro-batch's gradients, so
+// the dense gradients' all-reduce over ep runs once per micro-batch (zero2 x ep: once per step,
+// the same bytes); the unit gathers run over the expert_dp group of 2 and hold E/ep experts.
+TEST(StepModel, FsdpWithExpertParallelismSumsEveryMicroBatch) {
+  const Calibration cal = h200();
+  Config fsdp = moe_1b(4, 2);
+  fsdp.parallel.zero = ZeroLevel::fsdp;
+  fsdp.parallel.ddp = DdpKind::none;
+  fsdp.train.grad_accum = 2;
+  Config zero2 = fsdp;
+  zero2.parallel.zero = ZeroLevel::zero2;
+  const Cluster c = resolve_cluster(fsdp, cal);
+  auto ep_reduce = [&](const Config& cfg) {
+    for (const auto& cm : predict_step(cfg, 32, 4, c, cal).comm)
+      if (cm.axis == "ep" && cm.collective == "all-reduce") return cm;
+    ADD_FAILURE() << "no all-reduce over ep";
+    return CommTime{};
+  };
+  const CommTime f = ep_reduce(fsdp), z = ep_reduce(zero2);
+  EXPECT_EQ(f.calls, 2);
+  EXPECT_EQ(z.calls, 1);
+  EXPECT_EQ(f.bytes_per_call, z.bytes_per_call);
+  EXPECT_NEAR(f.seconds, 2 * z.seconds, 1e-12);
+  bool gathers = false;
+  for (const auto& cm : predict_step(fsdp, 32, 4, c, cal).comm) gathers |= cm.purpose == "fsdp unit gathers";
+  EXPECT_TRUE(gathers);
+}
+
 // For an MoE model the search adds ep (dividing dp and the 8 experts) to each data-parallel
 // layout; a dense model gets none. MoE refuses tp and pp (docs/moe.md): those layouts are dropped.
 TEST(LayoutSearch, ExpertParallelLayoutsForMoE) {

@@ -47,7 +47,7 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   const bool sp = tp > 1 && spec.sequence_parallel;
   // Mixture of experts (docs/moe.md): E experts of inner size Fe, top-k, in the blocks
   // model::ModelDims::is_moe_block names; ep ranks split the experts (the deck refuses MoE with
-  // tp or pp > 1 and with fsdp, so those terms below never meet an MoE block).
+  // tp or pp > 1, so those terms below never meet an MoE block).
   const int ep = spec.ep;
   const double E = static_cast<double>(m.moe_experts), k_top = static_cast<double>(m.moe_top_k),
                Fe = static_cast<double>(m.moe_dff);
@@ -247,14 +247,17 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   if (ep > 1 && dp > 1) {
     // The dense gradients are first summed over the ep group (parallel/expert_parallel_strategy.h),
     // as each becomes final in the last micro-batch's backward: hidden behind it but for the last
-    // block's (counted like a bucket's tail).
+    // block's (counted like a bucket's tail). fsdp reduce-scatters every micro-batch's gradients,
+    // so their dense parts are summed over ep in every micro-batch, each hidden behind its own
+    // backward but for its last block's.
     const double dense = held - stage_moe_blocks * E / ep * 3 * d * Fe;
+    const double times = spec.fsdp() ? steps : 1.0;
     const CollectiveTime c = collective_time(CollectiveOp::all_reduce, grad_e * dense, ep_group, cluster);
     const double tail = collective_time(CollectiveOp::all_reduce, grad_e * dense / std::max(1, stage_layers), ep_group,
                                         cluster).seconds;
     const double hidden = std::min(std::max(0.0, c.seconds - tail), last_backward_s);
-    add_comm({"all-reduce", "ep", "dense gradients over the ep group", c.algorithm, c.inter_node, 1, grad_e * dense,
-              c.seconds, c.seconds - hidden, contention * hidden});
+    add_comm({"all-reduce", "ep", "dense gradients over the ep group", c.algorithm, c.inter_node, times, grad_e * dense,
+              times * c.seconds, times * (c.seconds - hidden), times * contention * hidden});
   }
   switch (spec.gradient_timing()) {
     case parallel::GradientTiming::none: break;
@@ -279,7 +282,7 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
       // fsdp: per block and micro-batch, the forward's all-gather beside the previous block's
       // forward, the backward's all-gather and reduce-scatter beside the next block's backward.
       // A block unit's parameters, averaged over the stage's blocks (an MoE block's unit holds its
-      // router and all its experts: fsdp runs MoE with ep = 1).
+      // router and this ep rank's E / ep experts), over the gradient group (expert_dp under ep).
       const double unit = ((stage_layers - stage_moe_blocks) * block_params + stage_moe_blocks * moe_block_params) /
                           std::max(1, stage_layers) / t;
       const CollectiveTime ag = collective_time(CollectiveOp::all_gather, e * unit, dp_group, cluster);
