@@ -1,6 +1,7 @@
 #include "lmscale/optim/grad_clip.h"
 
 #include "lmscale/core/error.h"
+#include "lmscale/ops/device_step.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::optim {
@@ -39,9 +40,6 @@ double sum_of_squares(Context& ctx, const std::vector<Tensor>& parts) {
   return total;
 }
 
-double clip_factor(double global_norm, double max_norm) {
-  if (max_norm <= 0 || global_norm <= max_norm) return 1.0;
-  return max_norm / (global_norm + 1e-6);
-}
+double clip_factor(double global_norm, double max_norm) { return ops::clip_factor(global_norm, max_norm); }
 
 }  // namespace lmscale::optim

@@ -22,6 +22,13 @@ namespace lmscale::ops {
 constexpr std::int64_t kClipSlots = 3;
 enum ClipSlot : std::int64_t { kClipNorm = 0, kClipGradScale = 1, kClipFinite = 2 };
 
+// The clipping factor of a global gradient norm against max_norm (<= 0: no clipping). The one
+// host definition: optim::clip_factor (the eager step) and clip_grad_scale's CPU reference call
+// it; the CUDA kernel writes the same two correctly rounded operations (__dadd_rn, __ddiv_rn).
+inline double clip_factor(double norm, double max_norm) {
+  return (max_norm <= 0.0 || norm <= max_norm) ? 1.0 : max_norm / (norm + 1e-6);
+}
+
 // Global-norm clipping without a host read. partials: [n] sums of squares of the loss-scaled
 // gradients (f32 on CUDA, as ops::sum_squares writes them; f32 or f64 on the CPU); out: f64
 // [kClipSlots] on the same device:

@@ -20,7 +20,7 @@ void clip_grad_scale(Context&, const Tensor& partials, double inv_scale, double 
     for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(partials.data_as<const float>()[i]);
   }
   const double norm = std::sqrt(total) * inv_scale;
-  const double factor = (max_norm <= 0.0 || norm <= max_norm) ? 1.0 : max_norm / (norm + 1e-6);
+  const double factor = clip_factor(norm, max_norm);
   double* o = out.data_as<double>();
   o[kClipNorm] = norm;
   o[kClipGradScale] = inv_scale * factor;
