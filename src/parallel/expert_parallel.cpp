@@ -40,9 +40,9 @@ ExpertParallel::ExpertParallel(comm::Communicator& device, comm::Communicator& h
 
 bool ExpertParallel::holds_slice(const model::ParamInfo& p) { return model::is_expert_parameter(p); }
 
-void ExpertParallel::sum_gradient(Tensor& g) {
+comm::Work ExpertParallel::sum_gradient(Tensor& g, bool async) {
   NvtxRange r("ep_dense_grad_sum");
-  device_.all_reduce(g, comm::ReduceOp::sum);
+  return device_.all_reduce(g, comm::ReduceOp::sum, comm::CallOptions{async, std::nullopt});
 }
 
 double ExpertParallel::sum_scalar(double x) { return comm::sum_over(host_, x); }

@@ -22,11 +22,21 @@ class ExpertParallelStrategy::Sync final : public GradientSync {
     // micro-batch (FSDP's units: reduce-scattered and freed in after_backward) is summed in every
     // micro-batch, before that reduction: the sum over ep of each part is the part of the sum.
     const bool last = micro == micro_count - 1;
-    pc.on_grad_ready = [this, last, inner = pc.on_grad_ready](int i) {
+    // On GPUs, without an inner hook, nothing reads a summed gradient before finish(): the sums
+    // run asynchronously behind the rest of the backward, and finish() waits for them all (one
+    // wait instead of a stall of the compute stream per dense parameter). An inner hook reduces
+    // the gradient over expert_dp as soon as it is called, and fsdp reduce-scatters (and frees) a
+    // unit's gradients after its backward: those sums are waited on first. On CPUs (mpi) each sum
+    // blocks: an asynchronous one would run on the communication thread beside the main
+    // thread's MPI calls.
+    const bool async_hooks = !pc.on_grad_ready && ep_.async_sums();
+    pc.on_grad_ready = [this, last, async_hooks, inner = pc.on_grad_ready](int i) {
       if (!ExpertParallel::holds_slice(store_.infos()[static_cast<std::size_t>(i)]) &&
           (last || inner_.reduces_every_micro_batch(i))) {
         Tensor g = store_.grad(i);
-        ep_.sum_gradient(g);
+        const bool async = async_hooks && !inner_.reduces_every_micro_batch(i);
+        comm::Work w = ep_.sum_gradient(g, async);
+        if (async) pending_.push_back(std::move(w));
       }
       if (inner) inner(i);
     };
@@ -34,7 +44,11 @@ class ExpertParallelStrategy::Sync final : public GradientSync {
   }
   bool reduces_every_micro_batch(int param) const override { return inner_.reduces_every_micro_batch(param); }
   model::ParallelContext forward_hooks(bool training) override { return inner_.forward_hooks(training); }
-  void finish(Context& ctx) override { inner_.finish(ctx); }
+  void finish(Context& ctx) override {
+    for (comm::Work& w : pending_) w.wait();
+    pending_.clear();
+    inner_.finish(ctx);
+  }
   double sum_scalar(double x) override { return comm::sum_over(dp_host_, x); }
   std::string name() const override { return inner_.name() + " x ep"; }
 
@@ -43,6 +57,7 @@ class ExpertParallelStrategy::Sync final : public GradientSync {
   ExpertParallel& ep_;
   model::ParameterStore& store_;
   comm::Communicator& dp_host_;
+  std::vector<comm::Work> pending_;   // the dense gradients' sums in flight (async hooks only)
 };
 
 ExpertParallelStrategy::ExpertParallelStrategy(const StrategyParts& parts, std::unique_ptr<Strategy> inner,

@@ -33,8 +33,11 @@ class ExpertParallel {
 
   // Whether parameter p of a store is an expert tensor (held in slices over the group).
   static bool holds_slice(const model::ParamInfo& p);
-  // g (a dense parameter's gradient, on the model's device) summed over the group, in place.
-  void sum_gradient(Tensor& g);
+  // g (a dense parameter's gradient, on the model's device) summed over the group, in place. The
+  // returned Work is already waited on unless async (then g must stay untouched until it is).
+  comm::Work sum_gradient(Tensor& g, bool async);
+  // Whether sum_gradient may run asynchronously: on the nccl backend (ordered on its own stream).
+  bool async_sums() const { return device_.backend() == comm::Backend::nccl; }
   // Sum of a host scalar over the group.
   double sum_scalar(double x);
   // The global sum of squares from this rank's: all = over every gradient it holds (each already

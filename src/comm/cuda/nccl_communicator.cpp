@@ -392,9 +392,17 @@ class NcclCommunicator final : public Communicator {
           return;
         case OpKind::all_to_all:
           // One group of a send and a receive per peer (NCCL has no all-to-all-v of its own); the
-          // group makes them one launch in which no pair of ranks can block each other.
+          // group makes them one launch in which no pair of ranks can block each other. This
+          // rank's own block is a device copy on the same stream instead of a send to itself
+          // (NCCL's self send/recv copies on its few p2p channels' SMs; the copy runs at device
+          // bandwidth), ordered before the group as the stream orders them.
+          if (req.block_count(rank_) > 0)
+            LMSCALE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(req.recv) + req.recv_block_offset(rank_) * es,
+                                               static_cast<const char*>(req.send) + req.block_offset(rank_) * es,
+                                               req.block_count(rank_) * es, cudaMemcpyDeviceToDevice, s));
           shared_->check(ncclGroupStart(), "all-to-all (ncclGroupStart)");
           for (int q = 0; q < size_; ++q) {
+            if (q == rank_) continue;
             if (req.block_count(q) > 0)
               shared_->check(ncclSend(static_cast<const char*>(req.send) + req.block_offset(q) * es,
                                       req.block_count(q), type, q, comm, s), "all-to-all (ncclSend)");
