@@ -3,7 +3,8 @@
 // DDP, zero1, zero2, fsdp: make_strategy's choice for parallel.zero) over the expert_dp group of
 // dp / ep ranks, wrapped so that
 //   - the dense gradients are summed over the ep group first, as each becomes final in the last
-//     micro-batch's backward (before the inner strategy's hook starts its own reduction), so a
+//     micro-batch's backward (before the inner strategy's hook starts its own reduction; on GPUs,
+//     where no hook reads it during the backward, without waiting: finish() waits once), so a
 //     dense gradient is summed over all dp ranks and an expert gradient over the dp / ep replicas
 //     of its experts. Under fsdp a unit's full-size gradients are reduce-scattered after every
 //     micro-batch (GradientSync::reduces_every_micro_batch): their dense parts are summed over ep
