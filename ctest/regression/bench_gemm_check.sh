@@ -70,8 +70,12 @@ refused model.d_ff --model.context_length=16 --model.d_ff=88 --bench.gemm_precis
 refused bench.batch_size --model.context_length=15 --model.d_ff=96 --bench.gemm_precisions=fp8
 refused model.moe_experts "${shape[@]}" --model.moe_experts=4
 
-# The analysis report's bench-gemm table (needs the analysis packages; skipped without them).
+# Strings and units of the file (check_strings.py) and the analysis report's bench-gemm tables
+# (need the analysis packages; not checked without them).
 if python3 -c "import h5py, pandas, matplotlib" 2>/dev/null; then
+  python3 "$repo/ctest/analysis/check_strings.py" gemm.h5 >strings.out 2>&1
+  check "every string is UTF-8 and every number has a unit (check_strings.py)" test $? -eq 0
+  cat strings.out
   (cd "$repo" && python3 -m analysis.report "$outdir/gemm.h5" --out "$outdir/report") >report.out 2>&1
   check "analysis.report exited 0" test $? -eq 0
   check "the report has the block totals" grep -rqF "gemm+casts" "$outdir/report"

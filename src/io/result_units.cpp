@@ -44,7 +44,7 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     // bench-attention
     {"oom_cases", ""},
     // bench-gemm
-    {"gemm_rows", "rows"}, {"d_model", ""}, {"d_ff", ""}, {"vocab_size", ""}, {"gemm_autotune", "bool"},
+    {"gemm_rows", "tokens"}, {"d_model", ""}, {"d_ff", ""}, {"vocab_size", ""}, {"gemm_autotune", "bool"},
     // pipeline
     {"pp", ""}, {"microbatches", ""}, {"virtual_stages", ""}, {"theory_bubble_fraction", ""},
     {"measured_bubble_fraction", ""},
