@@ -230,12 +230,13 @@ int run_bench_gemm(const Config& cfg, ops::Runtime& rt, io::ResultsFile& out) {
              "group", "M", "N", "K", "ms", "TFLOP/s");
   // The block totals, per (precision, variant) in the order first met: summed time and FLOPs.
   struct Total {
-    std::string precision, variant;
+    GemmPrecision precision;
+    const char* variant;   // kGemm or kGemmCasts
     std::int64_t gemms = 0;
     double flops = 0, ms = 0;
   };
   std::vector<Total> totals;
-  auto total_of = [&](const std::string& p, const std::string& v) -> Total& {
+  auto total_of = [&](GemmPrecision p, const char* v) -> Total& {
     for (Total& t : totals)
       if (t.precision == p && t.variant == v) return t;
     totals.push_back({p, v});
@@ -268,7 +269,7 @@ int run_bench_gemm(const Config& cfg, ops::Runtime& rt, io::ResultsFile& out) {
         table.append(row);
         print_row(row);
         if (gm.in_block) {
-          Total& tot = total_of(to_string(p), variant);
+          Total& tot = total_of(p, variant);
           ++tot.gemms;
           tot.flops += gm.flops();
           tot.ms += t.median;
@@ -288,7 +289,7 @@ int run_bench_gemm(const Config& cfg, ops::Runtime& rt, io::ResultsFile& out) {
              totals.empty() ? 0 : totals.front().gemms);
   for (const Total& t : totals) {
     const double tflops = t.ms > 0 ? t.flops / (t.ms * 1e-3) / 1e12 : 0.0;
-    tot_table.append({t.precision, t.variant, t.gemms, t.flops, t.ms, tflops});
+    tot_table.append({to_string(t.precision), std::string(t.variant), t.gemms, t.flops, t.ms, tflops});
     fmt::print("  {:<5} {:<10} {:>10.3f} ms  {:>9} TFLOP/s\n", t.precision, t.variant, t.ms, three_digits(tflops));
   }
   tot_table.flush();
