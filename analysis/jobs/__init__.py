@@ -6,8 +6,9 @@
 - ``combine(results_list, keys, out, prefix)``: one comparison across several files of a job;
   ``keys`` are the configuration keys that differ between the files (analysis/compare.py)
 """
-from analysis.jobs import (accounting, bench_attention, bench_collectives, bench_model, memory, pipeline, prune, system,
-                           train)
+from analysis.jobs import (accounting, bench_attention, bench_collectives, bench_gemm, bench_model, memory, pipeline, prune,
+                           system, train)
 
-MODULES = [system, train, bench_model, pipeline, bench_attention, bench_collectives, memory, prune, accounting]
+MODULES = [system, train, bench_model, pipeline, bench_attention, bench_gemm, bench_collectives, memory, prune,
+           accounting]
 KNOWN_JOBS = {job for m in MODULES for job in m.JOBS}

@@ -143,12 +143,25 @@ def make_collectives(path):
         write_table(f, "/bench_collectives/results", cols, rows)
 
 
+def make_gemm(path):
+    cols = [("layer", S, ""), ("pass", S, ""), ("precision", S, ""), ("variant", S, ""), ("group", I, ""),
+            ("m", I, ""), ("n", I, ""), ("k", I, ""), ("flops", F, "FLOP"), ("time_ms", F, "ms"),
+            ("time_ms_min", F, "ms"), ("time_ms_max", F, "ms"), ("tflops", F, "TFLOP/s"), ("in_block", I, "bool")]
+    rows = [(b"qkv", b"forward", b"fp8", b"gemm", 3, 8192, 1600, 1600, 1.2583e12, 1.0, 0.9, 1.1, 1258.3, 1),
+            (b"qkv", b"forward", b"fp8", b"gemm+casts", 3, 8192, 1600, 1600, 1.2583e12, 1.25, 1.2, 1.3, 1006.6, 1)]
+    with new_file(path, "bench-gemm", {}) as f:
+        write_table(f, "/bench_gemm/results", cols, rows)
+        write_table(f, "/bench_gemm/totals", [("precision", S, ""), ("variant", S, ""), ("gemms", I, ""),
+                                              ("flops", F, "FLOP"), ("time_ms", F, "ms"), ("tflops", F, "TFLOP/s")],
+                    [(b"fp8", b"gemm", 12, 1.2e13, 9.0, 1333.3), (b"fp8", b"gemm+casts", 12, 1.2e13, 12.5, 960.0)])
+
+
 def main():
     work = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="lmscale-analysis-")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     h5 = {n: os.path.join(work, n + ".h5") for n in
-          ("train_a", "train_b", "bench_small", "bench_medium", "attention", "collectives", "accounting")}
+          ("train_a", "train_b", "bench_small", "bench_medium", "attention", "collectives", "accounting", "gemm")}
     losses_a = [4.6, 4.2, 3.9, 3.5, 3.3, 3.0, 2.8, 2.6, 2.45, 2.345678]
     losses_b = [4.5, 4.0, 3.6, 3.2, 2.9, 2.7, 2.5, 2.3, 2.2, 2.11111]
     make_train(h5["train_a"], "0.01", losses_a, with_summary=True)
@@ -159,6 +172,7 @@ def main():
     make_bench_model(h5["bench_medium"], "medium", {}, [29.0, 31.0], math.nan)
     make_attention(h5["attention"])
     make_collectives(h5["collectives"])
+    make_gemm(h5["gemm"])
     with new_file(h5["accounting"], "accounting", {}) as f:
         f.create_group("/accounting").attrs.update({"parameters": np.int64(7), "peak_bytes_per_rank": 3.0 * 2**20,
                                                     "comm_formula": "2 (n-1)/n x 4P", "run_refused": ""})
@@ -264,6 +278,16 @@ def main():
     c.run("collectives row", lambda: c.eq("nccl 4 ranks 1 MiB busbw",
                                           find_row(rows, backend="nccl", ranks="4", **{"size (B)": "1048576"})["busbw (GB/s)"],
                                           "123.456"))
+
+    # bench-gemm: a row per GEMM, the block totals with their aggregate rate.
+    head, rows = md("gemm.bench_gemm")
+    c.eq("gemm rows", len(rows), 2)
+    c.run("gemm casts row", lambda: c.eq("qkv forward with casts", [find_row(rows, variant="gemm+casts")[k] for k in
+                                                                  ("M", "time (ms)", "rate (TFLOP/s)")],
+                                         ["8192", "1.2500", "1007"]))
+    _, rows = md("gemm.bench_gemm_totals")
+    c.run("gemm totals", lambda: c.eq("fp8 gemm block rate", find_row(rows, variant="gemm")["block rate (TFLOP/s)"],
+                                      "1333"))
 
     # Schema 1 read like schema 2: steps from 1 (the file's from 0), tokens/s, str cells.
     sys.path.insert(0, REPO)

@@ -234,10 +234,12 @@ std::vector<DeckKey> build_table() {
                "bench-model: what one timed step does (forward-backward includes waiting for the "
                "data-parallel gradient reduction; train-step adds clipping and the optimizer)."),
       int_key("bench.warmup", LMSCALE_FIELD(bench.warmup), 0,
-              "Untimed warm-up iterations (bench-model steps, attention and collective iterations)."),
+              "Untimed warm-up iterations (bench-model steps, attention, GEMM and collective iterations)."),
       int_key("bench.steps", LMSCALE_FIELD(bench.steps), 1,
-              "Timed iterations (bench-model steps, attention and collective iterations)."),
-      int_key("bench.batch_size", LMSCALE_FIELD(bench.batch_size), 1, "bench-model: global batch size (sequences)."),
+              "Timed iterations (bench-model steps, attention, GEMM and collective iterations)."),
+      int_key("bench.batch_size", LMSCALE_FIELD(bench.batch_size), 1,
+              "bench-model: global batch size (sequences); bench-gemm: sequences per GEMM (M = batch_size * "
+              "model.context_length rows)."),
       bool_key("bench.memory_timeline", LMSCALE_FIELD(bench.memory_timeline),
                "bench-model: record every allocation and free into /memory/timeline."),
       enum_list_key("bench.impls", LMSCALE_FIELD(bench.impls),
@@ -250,6 +252,10 @@ std::vector<DeckKey> build_table() {
                    "bench-attention: head dimensions (flash on CUDA: at most 256)."),
       enum_list_key("bench.dtypes", LMSCALE_FIELD(bench.dtypes),
                     "bench-attention and bench-collectives: element types."),
+      enum_list_key("bench.gemm_precisions", LMSCALE_FIELD(bench.gemm_precisions),
+                    "bench-gemm: how each GEMM runs: fp32, bf16 (ops::linear; CUDA only), fp8 (the FP8 linear "
+                    "layers of precision.mode = fp8: e4m3 x and w, precision.fp8_grad_format dy; the CPU runs "
+                    "their emulation)."),
       bool_list_key("bench.causal", LMSCALE_FIELD(bench.causal), "bench-attention: causal masking settings to sweep."),
       enum_list_key("bench.ops", LMSCALE_FIELD(bench.ops), "bench-collectives: collectives to time."),
       enum_key("bench.algo", LMSCALE_FIELD(bench.algo),

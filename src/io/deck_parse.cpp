@@ -243,7 +243,7 @@ Config resolve(po::variables_map& vm, const po::parsed_options& command_line, co
   // Every other check depends on the job, and a deck without one would run the default (train):
   // an empty or job-less deck is an error rather than a minute of unasked-for training.
   if (require_job && !explicit_keys.contains("run.job")) {
-    constexpr const char* jobs = "bench-model, bench-attention, bench-collectives, train or accounting";
+    constexpr const char* jobs = "bench-model, bench-attention, bench-gemm, bench-collectives, train or accounting";
     if (deck_name == "the deck")
       throw UsageError(fmt::format("no deck and no run.job given; usage: lmscale DECK.ini [--section.key=value ...], "
                                    "where the deck sets run.job = {} (or give --run.job=JOB)",

@@ -36,8 +36,8 @@ std::string version_text() {
 std::string help_text() {
   std::ostringstream out;
   out << kUsage << "\n\n"
-      << "Runs the job a deck describes (run.job): bench-model, bench-attention, bench-collectives, train or\n"
-      << "accounting. Every deck key can also be given on the command line as --section.key=value, which\n"
+      << "Runs the job a deck describes (run.job): bench-model, bench-attention, bench-gemm, bench-collectives,\n"
+      << "train or accounting. Every deck key can also be given on the command line as --section.key=value, which\n"
       << "wins over the deck; without a deck, defaults and command-line keys are used. Lists are\n"
       << "comma-separated (128,256,512); booleans are true/false, 1/0, yes/no or on/off. Unknown keys, bad\n"
       << "values and inconsistent combinations stop the run before any work (exit code 2), as does a deck\n"

@@ -515,6 +515,7 @@ void validate(const Config& c, int world_size) {
   check_modes(c);
   detail::check_moe(c, world_size);   // before the layout: a refused MoE mode is named first
   detail::check_fp8(c, world_size);
+  detail::check_bench_gemm(c);
   check_layout(c, world_size);
   // Last: a deck is judged on its own before the file system is.
   detail::check_checkpoints(c, world_size);

@@ -30,6 +30,10 @@ void check_moe(const Config& c, int world_size);
 // and the rows per micro-batch (deck_fp8.cpp).
 void check_fp8(const Config& c, int world_size);
 
+// run.job = bench-gemm: bench.gemm_precisions against the model (a dense block; fp8's multiples of
+// 16) (deck_bench_gemm.cpp).
+void check_bench_gemm(const Config& c);
+
 // train.cuda_graphs against the job, the device, the layout and the modes a captured step cannot
 // hold (deck_cuda_graphs.cpp).
 void check_cuda_graphs(const Config& c, int world_size);

@@ -43,6 +43,8 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     {"nodes", ""}, {"warmup", ""}, {"steps", ""}, {"max_busbw_gbs", "GB/s"},
     // bench-attention
     {"oom_cases", ""},
+    // bench-gemm
+    {"gemm_rows", "tokens"}, {"d_model", ""}, {"d_ff", ""}, {"vocab_size", ""}, {"gemm_autotune", "bool"},
     // pipeline
     {"pp", ""}, {"microbatches", ""}, {"virtual_stages", ""}, {"theory_bubble_fraction", ""},
     {"measured_bubble_fraction", ""},

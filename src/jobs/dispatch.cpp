@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "lmscale/core/error.h"
 #include "lmscale/io/deck.h"
 #include "lmscale/jobs/predict/accounting.h"
 #include "lmscale/jobs/bench_attention.h"
 #include "lmscale/jobs/bench_collectives.h"
+#include "lmscale/jobs/bench_gemm.h"
 #include "lmscale/jobs/bench_model.h"
 #include "lmscale/jobs/resilience/oom_report.h"
 #include "lmscale/jobs/plan/calibrate_job.h"
@@ -92,6 +95,12 @@ Config resolve_runtime(const Config& in, int world) {
         throw UsageError(fmt::format("bench.dtypes item {} needs a CUDA device (attention on CPUs runs in fp32); set "
                                      "bench.dtypes = fp32 on CPUs, or parallel.device = cuda",
                                      d));
+  // CPU GEMMs take fp32 (and fp64) operands; fp8 runs as the CPU emulation around fp32.
+  if (c.parallel.device == DeviceChoice::cpu && c.run.job == JobKind::bench_gemm)
+    for (GemmPrecision p : c.bench.gemm_precisions)
+      if (p == GemmPrecision::bf16)
+        throw UsageError("bench.gemm_precisions item bf16 needs a CUDA device (GEMMs on CPUs run in fp32, or fp8 as "
+                         "its emulation); set bench.gemm_precisions = fp32,fp8 on CPUs, or parallel.device = cuda");
   c.resolved = io::to_ini(c);
   return c;
 }
@@ -104,9 +113,16 @@ Device process_device(const Config& resolved) {
 }
 
 void check_device_precision(const Config& resolved, const ops::Runtime& rt) {
-  if (resolved.precision.mode != PrecisionMode::fp8 || predicts_only(resolved.run.job)) return;
-  if (rt.device() != Device::cuda) return;
+  if (rt.device() != Device::cuda || predicts_only(resolved.run.job)) return;
   const int cc = rt.compute_capability();
+  const auto& gp = resolved.bench.gemm_precisions;
+  if (resolved.run.job == JobKind::bench_gemm && cc / 10 != 9 &&
+      std::find(gp.begin(), gp.end(), GemmPrecision::fp8) != gp.end())
+    throw UsageError(fmt::format("bench.gemm_precisions item fp8 needs a Hopper GPU (compute capability 9.x, e.g. "
+                                 "H100, H200), but {} has compute capability {}.{}; drop fp8 from "
+                                 "bench.gemm_precisions",
+                                 rt.device_name(), cc / 10, cc % 10));
+  if (resolved.precision.mode != PrecisionMode::fp8) return;
   if (cc / 10 != 9)
     throw UsageError(fmt::format("precision.mode = fp8 needs a Hopper GPU (compute capability 9.x, e.g. H100, H200), "
                                  "but {} has compute capability {}.{}; set precision.mode = bf16",
@@ -132,6 +148,7 @@ int run_job(JobEnv& env) {
     case JobKind::train: return with_oom_report(env, [&] { return run_train(env); });
     case JobKind::bench_attention: return run_bench_attention(env.cfg, env.rt, env.out);
     case JobKind::bench_collectives: return run_bench_collectives(env);
+    case JobKind::bench_gemm: return run_bench_gemm(env.cfg, env.rt, env.out);
     case JobKind::accounting: return run_accounting(env);
     case JobKind::prune: return with_oom_report(env, [&] { return run_prune(env); });
     case JobKind::plan: return run_plan(env);

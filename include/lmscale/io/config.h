@@ -57,9 +57,9 @@ std::ostream& operator<<(std::ostream& os, E e) {
 }
 
 // run.job
-enum class JobKind { bench_model, bench_attention, bench_collectives, train, accounting, prune, plan, calibrate };
+enum class JobKind { bench_model, bench_attention, bench_collectives, train, accounting, prune, plan, calibrate, bench_gemm };
 LMSCALE_DECK_ENUM(JobKind, "bench-model", "bench-attention", "bench-collectives", "train", "accounting", "prune", "plan",
-                  "calibrate");
+                  "calibrate", "bench-gemm");
 // Jobs that predict a run instead of running it (accounting, plan): they may describe a GPU run
 // from a CPU and build no world communicator.
 inline bool predicts_only(JobKind j) { return j == JobKind::accounting || j == JobKind::plan; }
@@ -123,6 +123,10 @@ LMSCALE_DECK_ENUM(BenchMode, "forward", "forward-backward", "train-step");
 // bench.passes: what bench-attention times.
 enum class AttentionPass { forward, backward, forward_backward };
 LMSCALE_DECK_ENUM(AttentionPass, "forward", "backward", "forward-backward");
+// bench.gemm_precisions: how bench-gemm runs each GEMM: fp32 or bf16 operands (ops::linear), or
+// FP8 operands (ops::Fp8Linear, the layers of precision.mode = fp8).
+enum class GemmPrecision { fp32, bf16, fp8 };
+LMSCALE_DECK_ENUM(GemmPrecision, "fp32", "bf16", "fp8");
 // bench.ops
 enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
 LMSCALE_DECK_ENUM(CollectiveOp, "all-reduce", "reduce-scatter", "all-gather", "broadcast", "all-to-all");
@@ -269,6 +273,8 @@ struct BenchConfig {
   std::vector<std::int64_t> head_dims{64};
   std::vector<FloatType> dtypes{FloatType::bf16};  // attention and collectives element types
   std::vector<bool> causal{true};
+  // bench-gemm (with bench.batch_size, bench.warmup, bench.steps and the model's shape)
+  std::vector<GemmPrecision> gemm_precisions{GemmPrecision::bf16, GemmPrecision::fp8};
   // bench-collectives sweep
   std::vector<CollectiveOp> ops{CollectiveOp::all_reduce};
   CollectiveAlgo algo = CollectiveAlgo::library;

@@ -1,0 +1,34 @@
+// The GEMMs of a dense block's training step: see include/lmscale/jobs/block_gemms.h.
+#include "lmscale/jobs/block_gemms.h"
+
+namespace lmscale::jobs {
+
+std::string_view gemm_pass_name(GemmPass p) {
+  switch (p) {
+    case GemmPass::forward: return "forward";
+    case GemmPass::data_grad: return "dx";
+    case GemmPass::weight_grad: return "dW";
+  }
+  return "?";
+}
+
+std::vector<BlockGemm> block_gemms(const model::ModelDims& dims, std::int64_t rows) {
+  const std::int64_t d = dims.d_model, F = dims.d_ff, V = dims.vocab;
+  struct Layer {
+    std::string_view name;
+    std::int64_t group, out, in;
+    bool in_block;
+  };
+  // The forward's order (model/transformer.cpp block_forward), then the head.
+  const Layer layers[] = {{"qkv", 3, d, d, true},   {"o", 1, d, d, true},         {"w1w3", 2, F, d, true},
+                          {"w2", 1, d, F, true},    {"lm_head", 1, V, d, false}};
+  std::vector<BlockGemm> out;
+  for (const Layer& l : layers) {
+    out.push_back({l.name, GemmPass::forward, l.group, rows, l.out, l.in, l.out, l.in, l.in_block});
+    out.push_back({l.name, GemmPass::data_grad, l.group, rows, l.in, l.out, l.out, l.in, l.in_block});
+    out.push_back({l.name, GemmPass::weight_grad, l.group, l.out, l.in, rows, l.out, l.in, l.in_block});
+  }
+  return out;
+}
+
+}  // namespace lmscale::jobs
