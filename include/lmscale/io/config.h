@@ -114,6 +114,11 @@ LMSCALE_DECK_ENUM(ZeroLevel, "none", "zero1-broadcast", "zero1", "zero2", "fsdp"
 // optimizer_params: fsdp only, the shard's 16-bit parameters on the host too.
 enum class OffloadMode { none, optimizer, optimizer_params };
 LMSCALE_DECK_ENUM(OffloadMode, "none", "optimizer", "optimizer+params");
+// parallel.fsdp_gather_dtype: the element type of fsdp's weight all-gathers (docs/parallel.md).
+// compute: the compute dtype (bf16 in mixed precision); fp8: precision.mode = fp8's block weights
+// in e4m3 with a scale from the dp group's amax (parallel/fsdp_fp8_gather.h), the rest as compute.
+enum class FsdpGatherDtype { compute, fp8 };
+LMSCALE_DECK_ENUM(FsdpGatherDtype, "compute", "fp8");
 // parallel.schedule: the pipeline schedule.
 enum class PipelineSchedule { gpipe, one_f_one_b, interleaved, zb_h1 };
 LMSCALE_DECK_ENUM(PipelineSchedule, "gpipe", "1f1b", "interleaved", "zb-h1");
@@ -239,6 +244,7 @@ struct ParallelConfig {
   bool offload_delayed_update = false;      // optimizer+params: the forward reads the update before the one in flight
   std::int64_t fsdp_prefetch = 1;       // fsdp: units gathered ahead of the one computing
   bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
+  FsdpGatherDtype fsdp_gather_dtype = FsdpGatherDtype::compute;   // fsdp: what the weight all-gathers move
   std::int64_t microbatches = 1;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   std::int64_t virtual_stages = 1;      // interleaved: model chunks per pipeline rank
