@@ -204,15 +204,18 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
   fp8_scales_.resize(units_.size());
   fp8_pieces_.resize(units_.size());
   slot_.assign(infos.size(), -1);
-  for (std::size_t u = 0; u < units_.size(); ++u)
-    for (std::size_t k = 0; k < units_[u].params.size(); ++k) slot_[static_cast<std::size_t>(units_[u].params[k])] = static_cast<int>(k);
+  for (const Unit& unit : units_)
+    for (std::size_t k = 0; k < unit.params.size(); ++k)
+      slot_[static_cast<std::size_t>(unit.params[k])] = static_cast<int>(k);
   if (opt.gather_fp8)
     for (int u = 1; u <= layers; ++u) {
       const Unit& unit = units_[static_cast<std::size_t>(u)];
       if (unit.numel == 0) continue;   // a pipeline stage's unit held elsewhere
-      for (int i : unit.params)
-        LMSCALE_CHECK(infos[static_cast<std::size_t>(i)].kind == model::ParamInfo::Kind::linear,
-                      "parallel.fsdp_gather_dtype = fp8: {} is not a linear layer's weight", infos[static_cast<std::size_t>(i)].name);
+      for (int i : unit.params) {
+        const auto& p = infos[static_cast<std::size_t>(i)];
+        LMSCALE_CHECK(p.kind == model::ParamInfo::Kind::linear,
+                      "parallel.fsdp_gather_dtype = fp8: {} is not a linear layer's weight", p.name);
+      }
       fp8_scales_[static_cast<std::size_t>(u)] =
           std::make_unique<FsdpFp8Scales>(ctx, static_cast<int>(unit.params.size()), opt.fp8_margin);
       for_each_piece(unit, [&](int i, std::int64_t, std::int64_t n, std::int64_t at) {

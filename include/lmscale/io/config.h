@@ -244,7 +244,6 @@ struct ParallelConfig {
   bool offload_delayed_update = false;      // optimizer+params: the forward reads the update before the one in flight
   std::int64_t fsdp_prefetch = 1;       // fsdp: units gathered ahead of the one computing
   bool reshard_after_forward = true;    // fsdp: free gathered weights after each unit's forward
-  FsdpGatherDtype fsdp_gather_dtype = FsdpGatherDtype::compute;   // fsdp: what the weight all-gathers move
   std::int64_t microbatches = 1;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   std::int64_t virtual_stages = 1;      // interleaved: model chunks per pipeline rank
@@ -255,6 +254,7 @@ struct ParallelConfig {
   bool overlap_param_gather = false;    // zero1/zero2: the parameters' all-gather after the step overlaps the next forward (measured: slower on 2 H200)
   std::int64_t comm_sms = 0;            // CUDA + NCCL: SMs left to NCCL (its maxCTAs), withheld from GEMMs that overlap it; 0 = off
   std::int64_t ep = 1;                  // expert parallelism: experts split over ep ranks inside dp (docs/moe.md)
+  FsdpGatherDtype fsdp_gather_dtype = FsdpGatherDtype::compute;   // fsdp: what the weight all-gathers move
 
   bool operator==(const ParallelConfig&) const = default;
 };
