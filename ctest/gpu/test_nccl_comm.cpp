@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <thread>
 #include <tuple>
@@ -173,6 +174,28 @@ TEST_F(Nccl, AllGatherEvenAndUnevenAndBroadcast) {
         for (std::size_t i = 0; i < n; ++i) m.expect(out.at(i), round_to(t, test_value(root, i, 5)), i);
         EXPECT_EQ(m.wrong, 0u) << where("broadcast", t, n, true, fmt::format("root {}", root).c_str()) << ": " << m.first;
       }
+    }
+}
+
+// FP8 and uint8 are moved byte for byte (fsdp's FP8 weight gathers, parallel/fsdp_fp8_gather.h)
+// and never reduced.
+TEST_F(Nccl, ByteTypesAreGatheredNotReduced) {
+  for (DType t : {DType::e4m3, DType::e5m2, DType::u8})
+    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
+      auto byte = [](int q, std::size_t i) { return static_cast<std::uint8_t>((q * 131 + i * 7) & 0xFF); };
+      HostBuffer in(DType::u8, n), out(DType::u8, n * static_cast<std::size_t>(p_));
+      auto* mine = static_cast<std::uint8_t*>(in.data());
+      for (std::size_t i = 0; i < n; ++i) mine[i] = byte(r_, i);
+      DeviceBuffer send(t, n), recv(t, n * static_cast<std::size_t>(p_));
+      upload(send.data(), in, n);
+      comm_->all_gather(send.data(), recv.data(), n, t);
+      download(out, recv.data(), n * static_cast<std::size_t>(p_));
+      const auto* got = static_cast<const std::uint8_t*>(out.data());
+      std::size_t wrong = 0;
+      for (int q = 0; q < p_; ++q)
+        for (std::size_t i = 0; i < n; ++i) wrong += got[static_cast<std::size_t>(q) * n + i] != byte(q, i);
+      EXPECT_EQ(wrong, 0u) << dtype_name(t) << " n=" << n;
+      EXPECT_THROW(comm_->all_reduce(send.data(), send.data(), n, t, ReduceOp::max), UsageError) << dtype_name(t);
     }
 }
 

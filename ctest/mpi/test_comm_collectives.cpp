@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "lmscale/comm/mpi_communicator.h"
 #include "collective_expectations.h"
@@ -301,6 +303,38 @@ TEST(Algorithms, AutoPicksAWorkingAlgorithmForSmallAndLargeMessages) {
     for (std::size_t i = 0; i < n; ++i) m.expect(v[i], expected_reduce(DType::i32, ReduceOp::sum, comm.size(), i), i);
     EXPECT_EQ(m.wrong, 0u) << "n=" << n << ": " << m.first;
   }
+}
+
+// FP8 and uint8 are moved, never reduced (fsdp's FP8 weight gathers, parallel/fsdp.h): every
+// algorithm all-gathers them byte for byte (odd sizes, every byte value, in place and not) and a
+// reduction of one is refused.
+TEST(Algorithms, ByteTypesAreGatheredNotReduced) {
+  for (Algo a : {Algo::library, Algo::ring, Algo::shm})
+    for (DType t : {DType::e4m3, DType::e5m2, DType::u8}) {
+      MpiOptions o;
+      o.algo = a;
+      o.shm_chunk_bytes = 1000;
+      o.shm_threads = 1;
+      MpiCommunicator comm(test::mpi_env().world(), o);
+      const int p = comm.size(), r = comm.rank();
+      for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{4099}})
+        for (bool in_place : {false, true}) {
+          auto byte = [](int q, std::size_t i) { return static_cast<std::uint8_t>((q * 131 + i * 7) & 0xFF); };
+          std::vector<std::uint8_t> send(n), recv(n * static_cast<std::size_t>(p), 0xAA);
+          std::uint8_t* mine = recv.data() + static_cast<std::size_t>(r) * n;
+          std::uint8_t* src = in_place ? mine : send.data();
+          for (std::size_t i = 0; i < n; ++i) src[i] = byte(r, i);
+          comm.all_gather(src, recv.data(), n, t);
+          std::size_t wrong = 0;
+          for (int q = 0; q < p; ++q)
+            for (std::size_t i = 0; i < n; ++i) wrong += recv[static_cast<std::size_t>(q) * n + i] != byte(q, i);
+          EXPECT_EQ(wrong, 0u) << algo_name(a) << " " << dtype_name(t) << " n=" << n << (in_place ? " in place" : "");
+        }
+      std::vector<std::uint8_t> buf(8, 1);
+      EXPECT_THROW(comm.all_reduce(buf.data(), buf.data(), 8, t, ReduceOp::max), UsageError) << dtype_name(t);
+      std::vector<std::uint8_t> one(1);   // send: p <= 8 blocks of 1
+      EXPECT_THROW(comm.reduce_scatter(buf.data(), one.data(), 1, t, ReduceOp::sum), UsageError) << dtype_name(t);
+    }
 }
 
 // The path record behind /system/comm_paths and bench-collectives' path column: under mpirun

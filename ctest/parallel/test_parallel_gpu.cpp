@@ -188,6 +188,33 @@ TEST(DataParallelGpu, Zero2CopyEngineEqualsNcclBitwise) {
   }
 }
 
+// parallel.fsdp_gather_dtype = fp8 (docs/parallel.md, "FP8 weight gathers") on 2 GPUs: the blocks'
+// weights gathered in e4m3 with the dp group's amax give the same scales and casts as the FP8
+// layers' own casts of the bf16 gathers, so losses and parameters are the same bits, with and
+// without activation checkpointing (the replay reads a regather of the same bytes).
+TEST(DataParallelGpu, FsdpFp8GathersEqualComputeGathersBitwise) {
+  int gpus = 0;
+  cudaGetDeviceCount(&gpus);
+  if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
+  for (const Checkpointing ac : {Checkpointing::none, Checkpointing::every_k}) {
+    Config cfg = tiny_config();
+    cfg.precision.mode = PrecisionMode::fp8;
+    cfg.parallel.zero = ZeroLevel::fsdp;
+    cfg.train.activation_checkpointing = ac;
+    std::vector<double> bf16_losses, fp8_losses;
+    const auto bf16 = train(cfg, true, 4, &bf16_losses);
+    cfg.parallel.fsdp_gather_dtype = FsdpGatherDtype::fp8;
+    const auto fp8 = train(cfg, true, 4, &fp8_losses);
+    std::printf("fsdp fp8, checkpointing %s: last loss %.6f (bf16 gathers) %.6f (fp8 gathers)\n",
+                to_string(ac).c_str(), bf16_losses.back(), fp8_losses.back());
+    EXPECT_EQ(fp8_losses, bf16_losses) << to_string(ac);
+    ASSERT_EQ(fp8.size(), bf16.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < fp8.size(); ++i) differ += std::memcmp(&fp8[i], &bf16[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << to_string(ac) << ": parameters that differ from the bf16 gathers";
+  }
+}
+
 // parallel.grad_exchange = copy-engine with bucketed DDP (issue 17): each bucket is all-reduced
 // over the copy engines during the backward, ordered by device-side signals alone (parallel/
 // copy_engine_all_reduce.h). With 2 ranks each element is one fp32 addition of the same two

@@ -73,6 +73,19 @@ for name in ("ddp", "zero2", "fsdp", "fsdp_offload"):
     got = load(name)
     rel = (np.abs(got["loss"] - one["loss"]) / np.abs(one["loss"])).max()
     check(rel <= DP_RTOL, f"{name} on 2 ranks within {DP_RTOL} of one process with grad_accum 2 (worst {rel:.1e})")
+# fsdp's FP8 weight gathers: the same amax (the dp group's max), scale and cast as the layer's own
+# cast of the gathered compute-dtype weight, so bitwise the same run.
+for name, base in (("fsdp_gfp8", "fsdp"), ("fsdp_gfp8_every1", "fsdp"), ("fsdp_gfp8_selective_mlp", "fsdp"),
+                   ("fsdp_gfp8_keep", "fsdp"), ("fsdp_gfp8_offload", "fsdp_offload"),
+                   ("fsdp_gfp8_offload_params", "fsdp_offload_params"), ("fsdp4_gfp8", "fsdp4")):
+    got, want = load(name), load(base)
+    same = all(np.array_equal(got[k], want[k]) for k in ("loss", "grad_norm", "table"))
+    check(same, f"{name} bitwise equal to {base} (losses, gradient norms, recorded amaxes and scales)")
+one4 = load("current_accum4")
+for name, ref in (("fsdp_gfp8", one), ("fsdp4_gfp8", one4)):
+    got = load(name)
+    rel = (np.abs(got["loss"] - ref["loss"]) / np.abs(ref["loss"])).max()
+    check(rel <= DP_RTOL, f"{name} within {DP_RTOL} of one process with the same micro-batches (worst {rel:.1e})")
 full, part_a, part_b = load("current_none"), load("resume_a"), load("resume_b")
 check(np.array_equal(np.concatenate([part_a["loss"], part_b["loss"]]), full["loss"]),
       "current: a checkpoint at step 6 resumed to 12 equals the uninterrupted run bitwise")

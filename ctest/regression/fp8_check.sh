@@ -7,6 +7,9 @@
 #   2. on 2 data-parallel ranks (ddp flat, zero2, fsdp, fsdp with the optimizer offloaded) against
 #      one process running the same micro-batches (grad_accum 2), current scaling: within 1e-5
 #      (each rank's scales come from its own rows, the one process's from each micro-batch's);
+#      fsdp with FP8 weight gathers bitwise equal to fsdp with compute-dtype gathers (losses,
+#      gradient norms, recorded amaxes and scales) on 2 ranks (checkpointing, no resharding,
+#      offload) and 4, and within 1e-5 of one process;
 #   3. activation checkpointing (every-k, every-k k 2 with keep_attention, selective,
 #      selective-mlp) against none, current and delayed: losses, gradient norms, the recorded
 #      amaxes and scales and the amax histories bitwise equal (the recompute casts with the first
@@ -45,6 +48,20 @@ run 2 ddp --parallel.ddp=flat
 run 2 zero2 --parallel.ddp=bucketed --parallel.zero=zero2 --parallel.bucket_mb=0.01
 run 2 fsdp --parallel.zero=fsdp
 run 2 fsdp_offload --parallel.zero=fsdp --parallel.offload=optimizer
+# fsdp's FP8 weight gathers (parallel.fsdp_gather_dtype = fp8) against its compute-dtype gathers,
+# bitwise: on 2 ranks, with activation checkpointing (the replay), without resharding, with both
+# offload modes, and on 4 ranks against fsdp on 4 (both then against one process, grad_accum 4).
+run 2 fsdp_gfp8 --parallel.zero=fsdp --parallel.fsdp_gather_dtype=fp8
+run 2 fsdp_gfp8_every1 --parallel.zero=fsdp --parallel.fsdp_gather_dtype=fp8 --train.activation_checkpointing=every-k
+run 2 fsdp_gfp8_selective_mlp --parallel.zero=fsdp --parallel.fsdp_gather_dtype=fp8 \
+    --train.activation_checkpointing=selective-mlp
+run 2 fsdp_gfp8_keep --parallel.zero=fsdp --parallel.fsdp_gather_dtype=fp8 --parallel.reshard_after_forward=false
+run 2 fsdp_gfp8_offload --parallel.zero=fsdp --parallel.fsdp_gather_dtype=fp8 --parallel.offload=optimizer
+run 2 fsdp_offload_params --parallel.zero=fsdp --parallel.offload=optimizer+params
+run 2 fsdp_gfp8_offload_params --parallel.zero=fsdp --parallel.fsdp_gather_dtype=fp8 --parallel.offload=optimizer+params
+run 4 fsdp4 --parallel.zero=fsdp
+run 4 fsdp4_gfp8 --parallel.zero=fsdp --parallel.fsdp_gather_dtype=fp8
+run 1 current_accum4 --train.grad_accum=4
 # Current scaling holds no state between casts: a checkpoint at step 6 resumed to 12 equals the
 # uninterrupted run bitwise (delayed scaling's histories are not in checkpoints: not compared).
 run 1 resume_a --train.steps=6 --train.checkpoint_every=6 --optim.cosine_steps=12 --train.checkpoint_path="$out/fp8_ckpt.h5"

@@ -253,6 +253,37 @@ TEST(Accounting, TensorParallelFsdpShardsTheSlices) {
   EXPECT_EQ(a.local_batch, 4);
 }
 
+// parallel.fsdp_gather_dtype = fp8 (xl in fp8 under fsdp on 4 ranks): the gathered block and its
+// send buffer shrink from bf16 to e4m3 (2 B -> 1 B per element), the head unit stays bf16; the
+// blocks' all-gathers move 1 B per element (forward and backward), the embedding and head 2 B
+// (gathered once: the head is kept, the embedding's backward reads no weights), plus one
+// all-reduce of 7 fp32 amaxes before each block's gather.
+TEST(Accounting, FsdpFp8GathersCountOneBytePerBlockElement) {
+  Config c = xl_bf16();
+  c.precision.mode = PrecisionMode::fp8;
+  c.bench.batch_size = 8;
+  c.parallel.zero = ZeroLevel::fsdp;
+  const double block = 4.0 * 1600 * 1600 + 3.0 * 1600 * 6400, head = 10000.0 * 1600, L = 48;
+  const double norms = (2 * 48 + 1) * 1600.0, P = 1998235200, Ps = P - norms, f = 0.75;
+  const auto bf16 = jobs::account(c, 4, "NVIDIA H100 80GB HBM3");
+  c.parallel.fsdp_gather_dtype = FsdpGatherDtype::fp8;
+  const auto fp8 = jobs::account(c, 4, "NVIDIA H100 80GB HBM3");
+  EXPECT_DOUBLE_EQ(item(bf16, "fsdp_gathered"), 2 * (head + block * 1.25));   // compute gathers unchanged
+  EXPECT_DOUBLE_EQ(item(fp8, "fsdp_gathered"), 2 * head + block * 1.25);
+  EXPECT_DOUBLE_EQ(bf16.comm_bytes_per_step, f * (2 * 2 * Ps + 4 * Ps) + 2 * f * 4 * norms);
+  const double amaxes = 2 * (2 * f * 28 * L);   // forward and backward gathers of every block
+  EXPECT_DOUBLE_EQ(fp8.comm_bytes_per_step, f * (2 * (Ps - L * block) + 2 * L * block + 4 * Ps) + amaxes +
+                                                2 * f * 4 * norms);
+  EXPECT_LT(fp8.peak_bytes, bf16.peak_bytes);
+  for (const auto& i : fp8.memory)   // every other item as in the compute gathers
+    if (i.name != "fsdp_gathered") EXPECT_DOUBLE_EQ(i.bytes, item(bf16, i.name)) << i.name;
+  c.parallel.reshard_after_forward = false;   // every block kept (1 B), embedding and head (2 B)
+  const auto kept = jobs::account(c, 4, "NVIDIA H100 80GB HBM3");
+  EXPECT_DOUBLE_EQ(item(kept, "fsdp_gathered"), 2 * head + block * 1.25 + L * block + 2 * head);
+  EXPECT_DOUBLE_EQ(kept.comm_bytes_per_step, f * (2 * (Ps - L * block) + L * block + 4 * Ps) + amaxes / 2 +
+                                                 2 * f * 4 * norms);
+}
+
 // CS336 §8: data parallelism is communication bound once the gradient all-reduce, 2(n-1)/n x 4P
 // bytes at W, takes as long as the rank's 1/n of the step's FLOPs at C: n >= 1 + F W / (8 P C).
 // Tensor parallelism is bound from the degree where (n-1)/n x its activation bytes outweigh F/(nC).

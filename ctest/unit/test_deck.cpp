@@ -248,6 +248,16 @@ TEST(Deck, ToIniRoundTripsEveryKey) {
   ce.parallel.zero = ZeroLevel::zero2;
   ce.parallel.grad_exchange = GradExchange::copy_engine;
   expect_same_settings(parse_deck_text(to_ini(ce), {}, 1), ce);
+  // parallel.fsdp_gather_dtype = fp8 needs fsdp and precision.mode = fp8: its own round trip.
+  Config g;
+  g.parallel.dp = 1;
+  g.parallel.device = DeviceChoice::cpu;
+  g.parallel.zero = ZeroLevel::fsdp;
+  g.precision.mode = PrecisionMode::fp8;
+  g.parallel.fsdp_gather_dtype = FsdpGatherDtype::fp8;
+  const Config g_back = parse_deck_text(to_ini(g), {}, 1);
+  expect_same_settings(g_back, g);
+  EXPECT_EQ(g_back.parallel.fsdp_gather_dtype, FsdpGatherDtype::fp8);
   // The default config too.
   Config defaults;
   defaults.parallel.dp = 1;

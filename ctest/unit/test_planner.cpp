@@ -252,6 +252,33 @@ TEST(StepModel, FsdpWithExpertParallelismSumsEveryMicroBatch) {
   EXPECT_TRUE(gathers);
 }
 
+// parallel.fsdp_gather_dtype = fp8 (xl in fp8 under fsdp on 8 ranks): the block units' gathers
+// carry 1 B per element instead of bf16's 2 (same calls), each after an exposed all-reduce of the
+// block's 7 fp32 amaxes.
+TEST(StepModel, FsdpFp8GathersHalveTheBlockGathers) {
+  const Calibration cal = h200();
+  Config bf16 = xl(8);
+  bf16.precision.mode = PrecisionMode::fp8;
+  bf16.parallel.zero = ZeroLevel::fsdp;
+  Config fp8 = bf16;
+  fp8.parallel.fsdp_gather_dtype = FsdpGatherDtype::fp8;
+  const Cluster c = resolve_cluster(bf16, cal);
+  auto find = [&](const Config& cfg, const std::string& purpose) {
+    for (const auto& cm : predict_step(cfg, 64, 8, c, cal).comm)
+      if (cm.purpose == purpose) return cm;
+    return CommTime{};
+  };
+  const CommTime g2 = find(bf16, "fsdp unit gathers"), g1 = find(fp8, "fsdp unit gathers");
+  EXPECT_EQ(g1.calls, g2.calls);
+  EXPECT_DOUBLE_EQ(g1.bytes_per_call, g2.bytes_per_call / 2);
+  EXPECT_LT(g1.seconds, g2.seconds);
+  const CommTime am = find(fp8, "fsdp FP8 gathers' amaxes");
+  EXPECT_EQ(am.calls, g1.calls);
+  EXPECT_DOUBLE_EQ(am.bytes_per_call, 28.0);
+  EXPECT_GT(am.exposed_s, 0.0);
+  EXPECT_EQ(find(bf16, "fsdp FP8 gathers' amaxes").calls, 0);
+}
+
 // For an MoE model the search adds ep (dividing dp and the 8 experts) to each data-parallel
 // layout; a dense model gets none. MoE refuses tp and pp (docs/moe.md): those layouts are dropped.
 TEST(LayoutSearch, ExpertParallelLayoutsForMoE) {

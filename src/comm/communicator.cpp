@@ -81,9 +81,11 @@ class WorkGroup final : public WorkState {
 
 Work Communicator::submit(Request req, const CallOptions& o) {
   const char* name = op_kind_name(req.kind);
-  if (!is_comm_dtype(req.dtype))
-    throw UsageError(fmt::format("{}: dtype {} cannot be communicated (use fp32, fp64, bf16, fp16, int32, int64)",
-                                 name, dtype_name(req.dtype)));
+  const bool reduces = req.kind == OpKind::all_reduce || req.kind == OpKind::reduce_scatter;
+  if (!is_comm_dtype(req.dtype) && !(is_comm_byte_dtype(req.dtype) && !reduces))
+    throw UsageError(fmt::format("{}: dtype {} cannot be {} (use fp32, fp64, bf16, fp16, int32, int64; uint8 and "
+                                 "fp8 are moved, never reduced)",
+                                 name, dtype_name(req.dtype), reduces ? "reduced" : "communicated"));
   const int n = size();
   if (req.uneven() && req.counts.size() != static_cast<std::size_t>(n))
     throw UsageError(fmt::format("{}: {} counts given for a group of {} ranks", name, req.counts.size(), n));
@@ -232,7 +234,7 @@ std::vector<P2POp> Communicator::checked_exchange(const std::vector<P2POp>& ops)
     if (a.peer < 0 || a.peer >= n)
       throw UsageError(fmt::format("{}: rank {} is not in the group of {} ranks", what, a.peer, n));
     if (a.tag < 0) throw UsageError(fmt::format("{}: tag {} must be >= 0", what, a.tag));
-    if (!is_comm_dtype(a.dtype))
+    if (!is_comm_dtype(a.dtype) && !is_comm_byte_dtype(a.dtype))
       throw UsageError(fmt::format("{}: dtype {} cannot be communicated", what, dtype_name(a.dtype)));
     if (a.count > 0 && a.buf == nullptr)
       throw UsageError(fmt::format("{}: null buffer for {} elements", what, a.count));

@@ -75,6 +75,7 @@ MPI_Datatype mpi_datatype(DType t) {
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::bf16: case DType::f16: return MPI_UINT16_T;
+    case DType::u8: case DType::e4m3: case DType::e5m2: return MPI_UINT8_T;   // moved, never reduced
     default: throw Error(fmt::format("mpi backend: dtype {} not supported", dtype_name(t)));
   }
 }

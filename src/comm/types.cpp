@@ -44,4 +44,6 @@ bool is_comm_dtype(DType t) {
   }
 }
 
+bool is_comm_byte_dtype(DType t) { return t == DType::u8 || t == DType::e4m3 || t == DType::e5m2; }
+
 }  // namespace lmscale::comm

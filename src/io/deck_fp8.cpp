@@ -34,6 +34,25 @@ void check_multiple(const char* what, std::int64_t value, const std::string& fix
 void check_fp8(const Config& c, int world_size) {
   const auto& pr = c.precision;
   const PrecisionConfig defaults;
+  // parallel.fsdp_gather_dtype = fp8 (docs/parallel.md, "FP8 weight gathers"): FP8 weights exist
+  // only under precision.mode = fp8, fsdp is what gathers them, and the gather's scale is current
+  // scaling's (the amax of the weight now); delayed scaling would need the weights' amax histories
+  // beside the shards (not built).
+  if (c.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8) {
+    if (c.parallel.zero != ZeroLevel::fsdp)
+      fail("parallel.fsdp_gather_dtype = fp8 applies to fsdp's weight gathers, but parallel.zero = {}; set "
+           "parallel.zero = fsdp or parallel.fsdp_gather_dtype = compute",
+           c.parallel.zero);
+    if (pr.mode != PrecisionMode::fp8)
+      fail("parallel.fsdp_gather_dtype = fp8 gathers the weights of FP8 GEMMs, but precision.mode = {}; set "
+           "precision.mode = fp8 or parallel.fsdp_gather_dtype = compute",
+           pr.mode);
+    if (pr.fp8_scaling != Fp8Scaling::current)
+      fail("parallel.fsdp_gather_dtype = fp8 supports precision.fp8_scaling = current only (the gather's scale is "
+           "the weight's amax now), but precision.fp8_scaling = {}; set precision.fp8_scaling = current or "
+           "parallel.fsdp_gather_dtype = compute",
+           pr.fp8_scaling);
+  }
   if (pr.mode != PrecisionMode::fp8) {
     const auto other = [&](const char* key, const std::string& value) {
       fail("{} = {} applies to precision.mode = fp8 only, but precision.mode = {}; remove {} or set precision.mode = "

@@ -218,6 +218,12 @@ std::vector<DeckKey> build_table() {
       bool_key("parallel.reshard_after_forward", LMSCALE_FIELD(parallel.reshard_after_forward),
                "fsdp: free each unit's gathered weights after its forward and gather them again for its backward "
                "(false: keep them from the forward to the backward; more memory, fewer gathers)."),
+      enum_key("parallel.fsdp_gather_dtype", LMSCALE_FIELD(parallel.fsdp_gather_dtype),
+               "fsdp: the element type of the units' weight all-gathers. compute: the compute dtype (bf16 in mixed "
+               "precision). fp8 (precision.mode = fp8 with current scaling): the blocks' seven FP8 linear weights "
+               "travel in e4m3, 1 byte per element, cast before the gather with the per-tensor scale of their amax "
+               "reduced (max) over the dp group, and the FP8 GEMMs read them as gathered: bitwise the results of "
+               "compute; the embedding and LM head units gather in the compute dtype."),
       int_key("parallel.microbatches", LMSCALE_FIELD(parallel.microbatches), 1,
               "Pipeline microbatches per step; must divide the per-rank batch when pp > 1."),
       enum_key("parallel.schedule", LMSCALE_FIELD(parallel.schedule),

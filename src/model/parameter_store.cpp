@@ -240,6 +240,12 @@ Tensor ParameterStore::compute_weight(int i) const {
   return param(i);
 }
 
+ops::Fp8Weight ParameterStore::fp8_weight(int i) const {
+  LMSCALE_CHECK(static_cast<bool>(fp8_weights_), "weight {} requested in FP8 but no FP8 weight provider is set",
+                infos_[static_cast<std::size_t>(i)].name);
+  return fp8_weights_(i);
+}
+
 bool ParameterStore::reads_master(const ParamInfo& p) const {
   return !has_lowp_ || p.kind == ParamInfo::Kind::norm;   // norm weights stay in full precision
 }

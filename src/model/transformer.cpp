@@ -182,7 +182,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     {
       const Tensor y1 = tp_f(pc, ctx, s.y1);   // [N,d]; gathered rows are dropped after the matmuls
       if (fp8_) {   // three FP8 layers: y1 quantised once, each weight with its own scalings
-        fp8_linear(ctx, l, {Fp8Gemm::q, Fp8Gemm::k, Fp8Gemm::v}, y1, {W(p.q), W(p.k), W(p.v)}, {&s.q, &s.k, &s.v}, s,
+        fp8_linear(ctx, l, {Fp8Gemm::q, Fp8Gemm::k, Fp8Gemm::v}, y1, {p.q, p.k, p.v}, {&s.q, &s.k, &s.v}, s,
                    record_fp8);
       } else {
         ops::linear_group(ctx, y1, {W(p.q), W(p.k), W(p.v)}, {s.q, s.k, s.v});
@@ -205,7 +205,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
       }
     }
     proj = act(d);
-    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::o}, s.o, {W(p.o)}, {&proj}, s, record_fp8);
+    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::o}, s.o, {p.o}, {&proj}, s, record_fp8);
     else ops::linear(ctx, s.o, W(p.o), proj);   // row-parallel: this rank's heads' share of the sum
     proj = tp_g(pc, ctx, proj);           // [Nl,d]
     s.h = act_local(d);
@@ -225,11 +225,11 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   s.g = act(F);
   ops::swiglu(ctx, s.a, s.b, s.g);
   if (!need_output) {   // a recompute's last block: its output is not needed again
-    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {W(p.w2)}, {nullptr}, s, record_fp8);   // w2's operands only
+    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {p.w2}, {nullptr}, s, record_fp8);   // w2's operands only
     return Tensor();
   }
   Tensor out = act(d);
-  if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {W(p.w2)}, {&out}, s, record_fp8);
+  if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {p.w2}, {&out}, s, record_fp8);
   else ops::linear(ctx, s.g, W(p.w2), out);   // row-parallel partial sum
   out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);
@@ -250,7 +250,7 @@ void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& 
   s.b = part(ab, 1);
   const BlockParams p = block_params(l);
   if (fp8_) {
-    fp8_linear(ctx, l, {Fp8Gemm::w1, Fp8Gemm::w3}, y2, {params_.compute_weight(p.w1), params_.compute_weight(p.w3)},
+    fp8_linear(ctx, l, {Fp8Gemm::w1, Fp8Gemm::w3}, y2, {p.w1, p.w3},
                {&s.a, &s.b}, s, record_fp8);   // y2 quantised once
     return;
   }

@@ -26,10 +26,10 @@ void TransformerLM::enable_fp8(Context& ctx, const ops::Fp8LinearOptions& option
 }
 
 void TransformerLM::fp8_linear(Context& ctx, int layer, std::initializer_list<Fp8Gemm> gemms, const Tensor& x,
-                               std::initializer_list<Tensor> ws, std::initializer_list<Tensor*> ys,
+                               std::initializer_list<int> params, std::initializer_list<Tensor*> ys,
                                BlockActivations& s, bool record) {
-  LMSCALE_CHECK(gemms.size() == ws.size() && gemms.size() == ys.size() && gemms.size() > 0,
-                "fp8_linear: {} layers, {} weights, {} outputs", gemms.size(), ws.size(), ys.size());
+  LMSCALE_CHECK(gemms.size() == params.size() && gemms.size() == ys.size() && gemms.size() > 0,
+                "fp8_linear: {} layers, {} weights, {} outputs", gemms.size(), params.size(), ys.size());
   const Fp8Gemm first = *gemms.begin();
   for (Fp8Gemm g : gemms)
     LMSCALE_CHECK(fp8_input_owner(g) == first, "fp8_linear: block {} layer {} does not share {}'s input", layer,
@@ -39,19 +39,23 @@ void TransformerLM::fp8_linear(Context& ctx, int layer, std::initializer_list<Fp
   ops::Fp8Linear& owner = fp8_->at(layer, first);
   const ops::Fp8Input xq = replay ? owner.replay_input(ctx, saved_of(s, first).scales, x, any_y)
                                   : owner.quantize_input(ctx, x, record);
-  auto w = ws.begin();
+  auto param = params.begin();
   auto y = ys.begin();
   for (Fp8Gemm g : gemms) {
     ops::Fp8Linear& lin = fp8_->at(layer, g);
     ops::Fp8LinearSaved& saved = saved_of(s, g);
+    const Tensor w = params_.compute_weight(*param);
+    // fsdp's FP8 gathers hand the weight out quantised, bitwise the cast below would make.
+    const bool quantised = w.dtype() == DType::e4m3;
     if (replay) {
-      saved = lin.replay(ctx, saved.scales, xq, *w, *y);
+      saved = quantised ? lin.replay(ctx, saved.scales, xq, params_.fp8_weight(*param), *y)
+                        : lin.replay(ctx, saved.scales, xq, w, *y);
     } else {
       LMSCALE_CHECK(*y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,
                     fp8_gemm_name(g));
-      saved = lin.forward(ctx, xq, *w, **y, record);
+      saved = quantised ? lin.forward(ctx, xq, params_.fp8_weight(*param), **y) : lin.forward(ctx, xq, w, **y, record);
     }
-    ++w;
+    ++param;
     ++y;
   }
 }

@@ -89,6 +89,48 @@ Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Fp8Input& x, const Tensor&
   return saved;
 }
 
+namespace {
+void check_fp8_weight(const Fp8Input& x, const Fp8Weight& w) {
+  LMSCALE_CHECK(w.q.ndim() == 2 && w.q.dtype() == DType::e4m3,
+                "Fp8Linear: a quantised weight must be 2-D fp8_e4m3, got {} {}", dtype_name(w.q.dtype()),
+                shape_str(w.q.shape()));
+  check_x_w(x, w.q);
+}
+// wt_q [K,N]: the backward's operand, the byte transpose of the quantised weight (exact).
+Tensor transposed(Context& ctx, const Tensor& q) {
+  Tensor t = Tensor::empty({q.dim(1), q.dim(0)}, q.dtype(), *ctx.allocator, "fp8_operand_t");
+  transpose_fp8(ctx, q, t);
+  return t;
+}
+}  // namespace
+
+Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Fp8Input& x, const Fp8Weight& w, Tensor& y) {
+  check_fp8_weight(x, w);
+  LMSCALE_CHECK(x.q.defined(), "Fp8Linear::forward: the quantised input has no direct operand for the GEMM");
+  LMSCALE_CHECK(w_.recipe() == Fp8Recipe::current,
+                "Fp8Linear::forward: a quantised weight needs current scaling (its scale is the weight's amax now)");
+  w_.adopt(ctx, w.amax, w.scale, w.inv);
+  Tensor y2 = as_matrix(y);
+  linear_fp8(ctx, x.q, x.inv, w.q, w_.inv_scale(), y2, false);
+  Fp8LinearSaved saved{x.qt, transposed(ctx, w.q),
+                       Tensor::empty({4 * Fp8LinearSaved::kScaleStride}, DType::f32, *ctx.allocator, "fp8_scales_saved")};
+  gather_scalars(ctx, {&x.scale, &x.inv, &w_.scale(), &w_.inv_scale()}, saved.scales, Fp8LinearSaved::kScaleStride);
+  return saved;
+}
+
+Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Fp8Input& x, const Fp8Weight& w, Tensor* y) {
+  check_fp8_weight(x, w);
+  check_scales(scales);
+  Fp8LinearSaved saved{x.qt, Tensor(), scales};
+  if (y) {
+    LMSCALE_CHECK(x.q.defined(), "Fp8Linear::replay: the quantised input has no direct operand for the GEMM");
+    Tensor y2 = as_matrix(*y);
+    linear_fp8(ctx, x.q, saved.x_inv(), w.q, saved.w_inv(), y2, false);
+  }
+  saved.wt_q = transposed(ctx, w.q);
+  return saved;
+}
+
 Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Tensor& x, const Tensor& w, Tensor* y) {
   LMSCALE_CHECK(w.ndim() == 2 && x.ndim() >= 1 && x.dim(-1) == w.dim(1),
                 "Fp8Linear::replay: x {} does not match weight {} (x must be [..., {}])", shape_str(x.shape()),

@@ -42,4 +42,14 @@ void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor* out, Tens
   if (record) slot_ = static_cast<int>((slot_ + 1) % history_.numel());
 }
 
+void Fp8TensorScaling::adopt(Context& ctx, const Tensor& amax, const Tensor& scale, const Tensor& inv_scale) {
+  LMSCALE_CHECK(recipe_ == Fp8Recipe::current, "Fp8TensorScaling::adopt: current scaling only (delayed keeps a window)");
+  for (const Tensor* t : {&amax, &scale, &inv_scale})
+    LMSCALE_CHECK(t->dtype() == DType::f32 && t->numel() == 1, "Fp8TensorScaling::adopt: {} {} is not 1 fp32 element",
+                  dtype_name(t->dtype()), shape_str(t->shape()));
+  copy(ctx, amax, history_);
+  copy(ctx, scale, scale_);
+  copy(ctx, inv_scale, inv_scale_);
+}
+
 }  // namespace lmscale::ops

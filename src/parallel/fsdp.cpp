@@ -199,16 +199,41 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
 
   gathered_.resize(units_.size());
   unit_grads_.resize(units_.size());
+  // FP8 weight gathers: the blocks' units (1..L), whose sharded weights are all FP8 GEMM weights
+  // (q, k, v, o, w1, w2, w3; precision.mode = fp8 refuses MoE and tensor parallelism).
+  fp8_scales_.resize(units_.size());
+  fp8_pieces_.resize(units_.size());
+  slot_.assign(infos.size(), -1);
+  for (const Unit& unit : units_)
+    for (std::size_t k = 0; k < unit.params.size(); ++k)
+      slot_[static_cast<std::size_t>(unit.params[k])] = static_cast<int>(k);
+  if (opt.gather_fp8)
+    for (int u = 1; u <= layers; ++u) {
+      const Unit& unit = units_[static_cast<std::size_t>(u)];
+      if (unit.numel == 0) continue;   // a pipeline stage's unit held elsewhere
+      for (int i : unit.params) {
+        const auto& p = infos[static_cast<std::size_t>(i)];
+        LMSCALE_CHECK(p.kind == model::ParamInfo::Kind::linear,
+                      "parallel.fsdp_gather_dtype = fp8: {} is not a linear layer's weight", p.name);
+      }
+      fp8_scales_[static_cast<std::size_t>(u)] =
+          std::make_unique<FsdpFp8Scales>(ctx, static_cast<int>(unit.params.size()), opt.fp8_margin);
+      for_each_piece(unit, [&](int i, std::int64_t, std::int64_t n, std::int64_t at) {
+        fp8_pieces_[static_cast<std::size_t>(u)].push_back({slot_[static_cast<std::size_t>(i)], at, n});
+      });
+    }
   waits_.forward_ms.assign(units_.size(), 0.0);
   waits_.backward_ms.assign(units_.size(), 0.0);
   sync_ = std::make_unique<Sync>(*this);
   store_.set_weight_provider([this](int i) { return weight(i); });
   store_.set_grad_provider([this](int i) { return grad(i); });
+  if (opt.gather_fp8) store_.set_fp8_weight_provider([this](int i) { return fp8_weight(i); });
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   store_.set_weight_provider(nullptr);
   store_.set_grad_provider(nullptr);
+  store_.set_fp8_weight_provider(nullptr);
   if (unwinding()) return;   // no waiting for peers while an exception unwinds (core/error.h)
   try {
     complete_reductions(0);
@@ -233,7 +258,14 @@ void FullyShardedDataParallel::issue_gather(int u) {
     ops::cast(rt_.ctx(), shard, g.send);
     shard = g.send;
   }
-  g.buffer = Tensor::empty({unit.shard * comm_.size()}, compute_, A, "fsdp_gathered");
+  FsdpFp8Scales* fp8 = fp8_scales_[static_cast<std::size_t>(u)].get();
+  if (fp8) {   // the e4m3 bytes travel (parallel/fsdp_fp8_gather.h); the compute-dtype cast is freed
+    if (opt_.offload_params) g.staged = g.send;
+    g.send = Tensor::empty({unit.shard}, DType::e4m3, A, "fsdp_cast");
+    fp8->cast_shard(rt_.ctx(), comm_, shard, fp8_pieces_[static_cast<std::size_t>(u)], g.send);
+    shard = g.send;
+  }
+  g.buffer = Tensor::empty({unit.shard * comm_.size()}, fp8 ? DType::e4m3 : compute_, A, "fsdp_gathered");
   g.work = comm_.all_gather(shard, g.buffer, comm::async_call());
   g.state = State::in_flight;
 }
@@ -254,6 +286,7 @@ void FullyShardedDataParallel::wait_gather(int u, bool backward) {
     g.work.wait();
   }
   g.send = Tensor();   // the compute stream now follows the gather, which has read it
+  g.staged = Tensor();
   g.state = State::ready;
 }
 
@@ -262,6 +295,7 @@ void FullyShardedDataParallel::release(int u) {
   if (g.state == State::in_flight) g.work.wait();   // never free memory a collective still writes
   g.buffer = Tensor();
   g.send = Tensor();
+  g.staged = Tensor();
   g.work = comm::Work();
   g.state = State::released;
 }
@@ -306,6 +340,13 @@ Tensor FullyShardedDataParallel::weight(int i) {
   const Gathered& g = gathered_[static_cast<std::size_t>(u)];
   LMSCALE_CHECK(g.state == State::ready, "FSDP: weight {} used outside its unit's hooks (unit {} not gathered)", p.name, u);
   return g.buffer.flat_range(local_[static_cast<std::size_t>(i)], p.numel).reshape(p.shape);
+}
+
+ops::Fp8Weight FullyShardedDataParallel::fp8_weight(int i) {
+  const int u = unit_of_[static_cast<std::size_t>(i)];
+  const FsdpFp8Scales* fp8 = u < 0 ? nullptr : fp8_scales_[static_cast<std::size_t>(u)].get();
+  LMSCALE_CHECK(fp8, "FSDP: weight {} is not gathered in FP8", store_.infos()[static_cast<std::size_t>(i)].name);
+  return fp8->weight(slot_[static_cast<std::size_t>(i)], weight(i));
 }
 
 Tensor FullyShardedDataParallel::grad(int i) {

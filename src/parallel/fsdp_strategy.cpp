@@ -14,6 +14,9 @@ FsdpStrategy::FsdpStrategy(const StrategyParts& parts) : Strategy(parts) {
   // parallel.offload = optimizer: the host threads are split over the dp ranks, assumed to share
   // one host (docs/parallel.md, "CPU offload").
   opt.offload_threads = optim::host_adamw_threads(spec_.dp, parts.cfg.parallel.offload_threads);
+  // FP8 weight gathers (io validates precision.mode = fp8 with current scaling).
+  opt.gather_fp8 = parts.cfg.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8;
+  opt.fp8_margin = static_cast<int>(parts.cfg.precision.fp8_margin);
   fsdp_ = std::make_unique<FullyShardedDataParallel>(store_, *parts.dp, *parts.dp_host, parts.cfg.optim, opt,
                                                      parts.cfg.run.seed, parts.rt);
   if (tp_) {

@@ -35,6 +35,9 @@ const char* backend_name(Backend b);   // "mpi", "nccl"
 
 // Element types a communicator moves and reduces: fp32, fp64, bf16, fp16, int32, int64.
 bool is_comm_dtype(DType t);
+// Byte types it moves but never reduces (all_gather, broadcast, send/recv, all_to_all): uint8 and
+// the FP8 formats (fsdp's FP8 weight gathers, docs/parallel.md). A reduction of one is refused.
+bool is_comm_byte_dtype(DType t);
 
 // Options of one call. async=false waits before returning (Work::wait semantics of the backend);
 // algo overrides the communicator's default algorithm for this call.

@@ -114,6 +114,11 @@ LMSCALE_DECK_ENUM(ZeroLevel, "none", "zero1-broadcast", "zero1", "zero2", "fsdp"
 // optimizer_params: fsdp only, the shard's 16-bit parameters on the host too.
 enum class OffloadMode { none, optimizer, optimizer_params };
 LMSCALE_DECK_ENUM(OffloadMode, "none", "optimizer", "optimizer+params");
+// parallel.fsdp_gather_dtype: the element type of fsdp's weight all-gathers (docs/parallel.md).
+// compute: the compute dtype (bf16 in mixed precision); fp8: precision.mode = fp8's block weights
+// in e4m3 with a scale from the dp group's amax (parallel/fsdp_fp8_gather.h), the rest as compute.
+enum class FsdpGatherDtype { compute, fp8 };
+LMSCALE_DECK_ENUM(FsdpGatherDtype, "compute", "fp8");
 // parallel.schedule: the pipeline schedule.
 enum class PipelineSchedule { gpipe, one_f_one_b, interleaved, zb_h1 };
 LMSCALE_DECK_ENUM(PipelineSchedule, "gpipe", "1f1b", "interleaved", "zb-h1");
@@ -253,6 +258,7 @@ struct ParallelConfig {
   bool overlap_param_gather = false;    // zero1/zero2: the parameters' all-gather after the step overlaps the next forward (measured: slower on 2 H200)
   std::int64_t comm_sms = 0;            // CUDA + NCCL: SMs left to NCCL (its maxCTAs), withheld from GEMMs that overlap it; 0 = off
   std::int64_t ep = 1;                  // expert parallelism: experts split over ep ranks inside dp (docs/moe.md)
+  FsdpGatherDtype fsdp_gather_dtype = FsdpGatherDtype::compute;   // fsdp: what the weight all-gathers move
 
   bool operator==(const ParallelConfig&) const = default;
 };

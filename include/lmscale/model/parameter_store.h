@@ -20,6 +20,7 @@
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/stage.h"
 #include "lmscale/model/tensor_parallel.h"
+#include "lmscale/ops/fp8_linear.h"
 
 namespace lmscale::model {
 
@@ -139,6 +140,12 @@ class ParameterStore {
   // What compute_weight(i) returns when the store has no flat buffers (FSDP's gathered weights).
   using WeightProvider = std::function<Tensor(int)>;
   void set_weight_provider(WeightProvider p) { weights_ = std::move(p); }
+  // Where a weight that the provider hands out quantised (compute_weight(i) of dtype fp8_e4m3:
+  // fsdp's FP8 weight gathers, parallel/fsdp_fp8_gather.h) finds its amax and scales.
+  using Fp8WeightProvider = std::function<ops::Fp8Weight(int)>;
+  void set_fp8_weight_provider(Fp8WeightProvider p) { fp8_weights_ = std::move(p); }
+  // Parameter i as an FP8 GEMM operand when compute_weight(i) is fp8_e4m3 (refused otherwise).
+  ops::Fp8Weight fp8_weight(int i) const;
   Tensor& flat_lowp() { return has_lowp_ ? lowp_ : flat_params(); }
   // Parameter i's fp32 master (without a whole master: the master-read parameters only).
   Tensor param(int i) const;
@@ -172,6 +179,7 @@ class ParameterStore {
   bool has_flat_grads_ = true;
   GradProvider provider_;
   WeightProvider weights_;
+  Fp8WeightProvider fp8_weights_;
 };
 
 }  // namespace lmscale::model

@@ -224,8 +224,10 @@ class TransformerLM {
   // into s.fp8[g] (they share x^T). A first forward, or, when the first entry holds the scales of
   // an earlier forward (a recompute), a replay with the saved scales (bitwise the same, no scaling
   // state touched). A null y: only the saved operands (a recompute whose output is not needed).
+  // params: the layers' weights (store indices); a weight the store hands out in fp8_e4m3 (fsdp's
+  // FP8 gathers) is used as it is, with its scales (ParameterStore::fp8_weight), instead of cast.
   void fp8_linear(Context& ctx, int layer, std::initializer_list<Fp8Gemm> gemms, const Tensor& x,
-                  std::initializer_list<Tensor> ws, std::initializer_list<Tensor*> ys, BlockActivations& s,
+                  std::initializer_list<int> params, std::initializer_list<Tensor*> ys, BlockActivations& s,
                   bool record);
   // The backward of layer g from dy: dx (overwritten; null: skipped) and the gradient of store
   // parameter `param` (added unless !accumulate), then its on_grad_ready; frees s.fp8[g].

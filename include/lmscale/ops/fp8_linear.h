@@ -61,6 +61,15 @@ struct Fp8Input {
   Tensor q, qt, scale, inv;
 };
 
+// A weight quantised before the layer sees it (fsdp's FP8 weight gathers, parallel/fsdp_fp8_gather.h):
+// q [N,K] e4m3 = fp8(w * scale) with scale = 2^k from amax by current scaling's rule
+// (fp8_update_scale), bitwise what this layer's current scaling casts from the same w. amax,
+// scale, inv: 1 element fp32 each, on the data's device (inv 16-byte aligned on CUDA, as
+// ops::linear_fp8 requires).
+struct Fp8Weight {
+  Tensor q, amax, scale, inv;
+};
+
 class Fp8Linear {
  public:
   // owns_input_scaling = false: a layer whose input another layer quantises (Fp8Input); it keeps
@@ -76,6 +85,11 @@ class Fp8Linear {
   // The forward from an input quantised once for several layers: saved.xt_q is x.qt (shared).
   Fp8LinearSaved forward(Context& ctx, const Fp8Input& x, const Tensor& w, Tensor& y, bool record = true);
 
+  // The same with the weight already quantised (current scaling only): w's scaling adopts w's amax,
+  // scale and inverse (so its state is what a cast of the same w would leave), no cast of w runs,
+  // and saved.wt_q = transpose_fp8(w.q). Bitwise the forward from the compute-dtype w.
+  Fp8LinearSaved forward(Context& ctx, const Fp8Input& x, const Fp8Weight& w, Tensor& y);
+
   // x quantised under this layer's x scaling, for it and the layers sharing its input.
   Fp8Input quantize_input(Context& ctx, const Tensor& x, bool record = true);
   // x cast with the x scale of a saved entry's `scales` (a replay: no scaling state is read or
@@ -89,6 +103,10 @@ class Fp8Linear {
   Fp8LinearSaved replay(Context& ctx, const Tensor& scales, const Tensor& x, const Tensor& w, Tensor* y);
   // The same from replay_input's result (its x scale must be that of `scales`).
   Fp8LinearSaved replay(Context& ctx, const Tensor& scales, const Fp8Input& x, const Tensor& w, Tensor* y);
+
+  // The replay from a quantised weight: w.q is used as it is (its scale must be the one in
+  // `scales`, as it is for the same weights under current scaling); no scaling state changes.
+  Fp8LinearSaved replay(Context& ctx, const Tensor& scales, const Fp8Input& x, const Fp8Weight& w, Tensor* y);
 
   // dx[M,K] = dy w (overwritten; skipped when null), dw[N,K] (+)= dy^T x (skipped when null;
   // fp32 on CUDA when accumulating), from saved's operands and dy quantised here.

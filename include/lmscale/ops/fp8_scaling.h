@@ -40,6 +40,11 @@ class Fp8TensorScaling {
   // both), from one read of x (ops::cast_transpose_fp8).
   void quantize(Context& ctx, const Tensor& x, Tensor* out, Tensor* out_t, bool record = true);
 
+  // Current scaling only: the state a quantize() of a tensor with this amax would leave (history
+  // [amax], the scale and inverse computed from it elsewhere: fsdp's FP8 weight gathers,
+  // ops::Fp8Weight), copied from 1-element fp32 tensors on the same device.
+  void adopt(Context& ctx, const Tensor& amax, const Tensor& scale, const Tensor& inv_scale);
+
   Fp8Format format() const { return format_; }
   Fp8Recipe recipe() const { return recipe_; }
   const Tensor& scale() const { return scale_; }            // [1] fp32

@@ -30,6 +30,14 @@
 // With optimizer+params that copy is on the host (pinned): each gather first copies its unit's
 // shard up into a send buffer of its own, freed once the gather is done.
 //
+// parallel.fsdp_gather_dtype = fp8 (precision.mode = fp8, current scaling; docs/parallel.md "FP8
+// weight gathers"): a block's unit holds only its seven FP8 GEMM weights (the norms are replicated,
+// outside the units), so its whole shard is cast to e4m3 with per-weight scales from the dp
+// group's amax (parallel/fsdp_fp8_gather.h: one all-reduce of 7 amaxes, then the cast) and one
+// all-gather moves 1 byte per element; the model's FP8 layers read the gathered e4m3 weights and
+// their scales (ParameterStore::fp8_weight) instead of casting them. The embedding's and the
+// head's units gather in the compute dtype. One buffer per unit, no mixed sections.
+//
 // Per unit, the time the compute waited for a gather (forward and backward) is measured: the
 // answer to "does the next layer's all-gather finish in time for its forward?".
 //
@@ -49,6 +57,7 @@
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/optim/optimizer.h"
+#include "lmscale/parallel/fsdp_fp8_gather.h"
 #include "lmscale/parallel/offloaded_shards.h"
 #include "lmscale/parallel/sharded_optimizer.h"
 #include "lmscale/parallel/state_layout.h"
@@ -68,6 +77,10 @@ struct FsdpOptions {
   // host update; it reads the update before (OffloadedShards, "the one-step-delayed update").
   bool offload_delayed_update = false;
   int offload_threads = 1;
+  // parallel.fsdp_gather_dtype = fp8: the blocks' units gather their FP8 GEMM weights in e4m3
+  // (parallel/fsdp_fp8_gather.h), cast with scales of margin fp8_margin (precision.fp8_margin).
+  bool gather_fp8 = false;
+  int fp8_margin = 0;
   static FsdpOptions from(const ParallelConfig& p);
 };
 
@@ -120,9 +133,11 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   };
   enum class State { released, in_flight, ready };
   struct Gathered {
-    Tensor buffer;   // [dp * s_u] compute dtype
+    Tensor buffer;   // [dp * s_u] compute dtype (fp8_e4m3 for a unit gathered in FP8)
     Tensor send;     // [s_u] the shard cast to the compute dtype (mixed precision) or copied up from
-                     // the host (optimizer+params), until gathered
+                     // the host (optimizer+params), until gathered; a unit gathered in FP8: the
+                     // e4m3 cast of it [s_u]
+    Tensor staged;   // FP8 with optimizer+params: the copied-up shard, kept as send keeps it
     comm::Work work;
     State state = State::released;
   };
@@ -146,6 +161,7 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   void reduce_scatter(int u);
   void complete_reductions(std::size_t keep_in_flight);
   Tensor weight(int param);
+  ops::Fp8Weight fp8_weight(int param);   // a weight of a unit gathered in FP8, with its scales
   Tensor grad(int param);
   // The optimizer over the shards: on the device, or the offloaded one's host AdamW.
   optim::Optimizer& shard_optimizer();
@@ -169,6 +185,11 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   // optim.name over the shards (segments: the parameter pieces, padding in none) and over the
   // replicated norms (excluded from layer-wise ratios: no reduction needed).
   std::unique_ptr<optim::Optimizer> optimizer_, norm_optimizer_;
+  // parallel.fsdp_gather_dtype = fp8, per unit: the scales of a block unit's weights (null for the
+  // units gathered in the compute dtype) and this rank's pieces of them in its shard.
+  std::vector<std::unique_ptr<FsdpFp8Scales>> fp8_scales_;
+  std::vector<std::vector<FsdpFp8Scales::Piece>> fp8_pieces_;
+  std::vector<int> slot_;   // per parameter: its position in its unit's params (FsdpFp8Scales::weight)
   std::vector<Gathered> gathered_;
   std::vector<Tensor> unit_grads_;      // full-size gradients of units in their backward
   std::vector<PendingReduction> pending_;

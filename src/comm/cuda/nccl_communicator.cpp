@@ -32,6 +32,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::f16: return ncclFloat16;
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
+    case DType::u8: case DType::e4m3: case DType::e5m2: return ncclUint8;   // moved, never reduced
     default: throw UsageError(fmt::format("nccl backend: dtype {} not supported", dtype_name(t)));
   }
 }

@@ -285,7 +285,11 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
       // router and this ep rank's E / ep experts), over the gradient group (expert_dp under ep).
       const double unit = ((stage_layers - stage_moe_blocks) * block_params + stage_moe_blocks * moe_block_params) /
                           std::max(1, stage_layers) / t;
-      const CollectiveTime ag = collective_time(CollectiveOp::all_gather, e * unit, dp_group, cluster);
+      // parallel.fsdp_gather_dtype = fp8: a block's weights travel in e4m3 (1 B per element), each
+      // gather after an all-reduce of its 7 fp32 amaxes, which the cast waits for (exposed).
+      const bool fp8_gather = cfg.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8;
+      const double ge = fp8_gather ? 1.0 : e;
+      const CollectiveTime ag = collective_time(CollectiveOp::all_gather, ge * unit, dp_group, cluster);
       const CollectiveTime rs = collective_time(CollectiveOp::reduce_scatter, 4 * unit, dp_group, cluster);
       const double gathers = cfg.parallel.reshard_after_forward ? 2.0 : 1.0;
       const double fwd_block = w.forward_s / std::max(1, stage_layers), bwd_block = w.backward_s / std::max(1, stage_layers);
@@ -296,8 +300,13 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
       const double units = stage_layers * steps;   // block units per step
       const double ag_s = units * ag.seconds, bwd_ag_s = (gathers - 1) * ag_s, rs_s = units * rs.seconds;
       const double ag_exposed = ag_s * fwd_exposed + bwd_ag_s * bwd_exposed;
-      add_comm({"all-gather", "dp", "fsdp unit gathers", ag.algorithm, ag.inter_node, gathers * units, e * unit,
+      add_comm({"all-gather", "dp", "fsdp unit gathers", ag.algorithm, ag.inter_node, gathers * units, ge * unit,
                 ag_s + bwd_ag_s, ag_exposed, contention * (ag_s + bwd_ag_s - ag_exposed)});
+      if (fp8_gather) {
+        const CollectiveTime am = collective_time(CollectiveOp::all_reduce, 7 * 4, dp_group, cluster);
+        add_comm({"all-reduce", "dp", "fsdp FP8 gathers' amaxes", am.algorithm, am.inter_node, gathers * units, 7 * 4,
+                  gathers * units * am.seconds, gathers * units * am.seconds, 0.0});
+      }
       add_comm({"reduce-scatter", "dp", "fsdp unit gradients", rs.algorithm, rs.inter_node, units, 4 * unit, rs_s,
                 rs_s * bwd_exposed, contention * rs_s * (1 - bwd_exposed)});
       // The embedding and head units (V d / tp each): the first gather waits alone.

@@ -49,6 +49,9 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   const double e = mixed ? 2.0 : 4.0;   // activation bytes per element
   const bool sharded = spec.sharded_optimizer();
   const bool fsdp = spec.fsdp();
+  // parallel.fsdp_gather_dtype = fp8: the blocks' weights gather in e4m3 (1 B), the embedding and
+  // head units in e (docs/parallel.md, "FP8 weight gathers").
+  const bool fp8_gather = fsdp && cfg.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8;
   const double N = static_cast<double>(a.local_batch * a.seq), d = static_cast<double>(m.d_model),
                F = static_cast<double>(m.d_ff), H = static_cast<double>(m.heads), T = static_cast<double>(a.seq),
                L = static_cast<double>(m.layers), V = static_cast<double>(m.vocab), b = static_cast<double>(a.local_batch);
@@ -85,13 +88,28 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     add("gradients", 4 * norm_params, "replicated norm gradients (each unit's full-size gradients live only from its "
                                       "backward to its reduce-scatter)");
     add("gradient_shard", 4 * Ps / dp, "4 B x " + ps + " / N (fp32)");
-    add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + (send ? 1.0 / dp : 0.0))) / tp +
-                             (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d) / tp),
-        std::string(cfg.parallel.reshard_after_forward
-                        ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF"
-                        : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block") +
-            (send ? (offload_params ? ", and its shard copied up from the host / N)" : ", and its cast shard / N)") : ")") +
-            (tp > 1 ? " / tp" : ""));
+    if (!fp8_gather) {
+      add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + (send ? 1.0 / dp : 0.0))) / tp +
+                               (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d) / tp),
+          std::string(cfg.parallel.reshard_after_forward
+                          ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF"
+                          : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block") +
+              (send ? (offload_params ? ", and its shard copied up from the host / N)" : ", and its cast shard / N)") : ")") +
+              (tp > 1 ? " / tp" : ""));
+    } else {
+      // parallel.fsdp_gather_dtype = fp8 (tp = 1): a block unit's gathered weights and its e4m3
+      // send buffer are 1 B per element (optimizer+params also keeps the copied-up e B shard until
+      // the gather); the head unit stays in the compute dtype.
+      const double block_send = (1 + (offload_params ? e : 0.0)) / dp;
+      add("fsdp_gathered", e * unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + block_send) +
+                               (cfg.parallel.reshard_after_forward ? 0.0 : L * unit_block + e * V * d),
+          std::string(cfg.parallel.reshard_after_forward
+                          ? "e x head unit V d + 1 B x prefetch x block 4d^2 + 3dF (e4m3)"
+                          : "1 B x every block + e x (embedding + head) (kept from the forward to the backward) + e x "
+                            "head + 1 B x prefetch x block (e4m3)") +
+              (offload_params ? ", and its e4m3 cast shard and the e B shard copied up from the host / N"
+                              : ", and its e4m3 cast shard / N"));
+    }
   }
   // The parameters a rank holds: P, or Pr under tensor parallelism.
   const std::string p = tp > 1 && !fsdp ? "Pr" : "P";
@@ -248,6 +266,17 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                          ? "all-gather (N-1)/N x e " + gathered + " twice (forward, backward) + reduce-scatter (N-1)/N x 4" +
                                (tp > 1 ? "Ps" : "P")
                          : "all-gather (N-1)/N x e " + gathered + " once + reduce-scatter (N-1)/N x 4" + (tp > 1 ? "Ps" : "P");
+    if (fp8_gather) {
+      // The blocks (L x block) travel in e4m3: the forward's gathers, and the backward's regathers
+      // under reshard_after_forward (the head is kept, the embedding's backward reads no weights),
+      // and before each gather of a block one all-reduce of its 7 fp32 amaxes, 2 (N-1)/N x 28 B.
+      const double blocks = L * unit_block, amax_bytes = 2 * f * 4 * 7 * L;
+      a.comm_bytes_per_step = f * (e * (Ps - blocks) + reshard * blocks + 4 * Ps) + reshard * amax_bytes +
+                              2 * f * 4 * norm_params;
+      a.comm_formula = std::string("all-gather (N-1)/N x (e x (embedding + head) + 1 B x L blocks (e4m3)") +
+                       (cfg.parallel.reshard_after_forward ? ", the blocks twice (forward, backward))" : ")") +
+                       " + the blocks' amax all-reduces 2 (N-1)/N x 28 B per gather + reduce-scatter (N-1)/N x 4P";
+    }
   } else if (spec.broadcast_update()) {
     a.comm_bytes_per_step = 2 * f * G + G / dp;
     a.comm_formula = "all-reduce 2 (N-1)/N x 4P + broadcast of the own range 4P/N";

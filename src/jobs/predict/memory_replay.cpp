@@ -27,6 +27,7 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.V = static_cast<double>(dims.vocab) / tp;
   s.e = mixed ? 2 : 4;
   s.fp8 = cfg.precision.mode == PrecisionMode::fp8;
+  s.fp8_weights = s.fp8 && cfg.parallel.zero == ZeroLevel::fsdp && cfg.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8;
   s.tp = tp;
   s.chunk = static_cast<double>(dims.head_chunk_rows(static_cast<std::int64_t>(s.N), dims.vocab / tp, mixed ? 2 : 4));
   s.flash = dims.flash;
@@ -140,7 +141,7 @@ void ffn_inputs(Sim& m, const Shapes& s, Block& b) {
   double g = s.sp ? m.alloc(s.N * s.d * s.e) : 0.0;
   b.a = m.alloc(2 * s.N * s.F * s.e);
   if (s.fp8) {   // w1 and w3 as two FP8 layers (a recompute replays them)
-    fp8_forward(m, b, 4, 2, s.N, s.d, s.F);   // y2 quantised once for both
+    fp8_forward(m, s, b, 4, 2, s.N, s.d, s.F);   // y2 quantised once for both
   }
   m.free(g);
 }
@@ -151,7 +152,7 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
   b.y1 = m.alloc(Nlde);
   b.q = m.alloc(3 * Ndle);   // q, k, v: views of one [3,N,dl] tensor (b.k, b.v stay 0)
   if (s.fp8)
-    fp8_forward(m, b, 0, 3, s.N, s.d, s.dl);   // q, k, v: y1 quantised once
+    fp8_forward(m, s, b, 0, 3, s.N, s.d, s.dl);   // q, k, v: y1 quantised once
   if (s.sp) {   // tp_f all-gathers y1 into a [N,d] temporary for the three matmuls
     double g = m.alloc(Nde);
     m.free(g);
@@ -161,7 +162,7 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
     b.aux = m.alloc(s.flash ? s.st * s.B * s.H * s.T : s.B * s.H * s.T * s.T * s.e);
   }
   double proj = m.alloc(Nde);
-  if (s.fp8) fp8_forward(m, b, 3, 1, s.N, s.dl, s.d);   // o
+  if (s.fp8) fp8_forward(m, s, b, 3, 1, s.N, s.dl, s.d);   // o
   if (s.sp) {   // tp_g reduce-scatters into a new [Nl,d] tensor
     double shard = m.alloc(Nlde);
     m.free(proj);
@@ -179,11 +180,11 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
   ffn_inputs(m, s, b);
   b.g = m.alloc(NFe);
   if (!need_output) {
-    if (s.fp8) fp8_forward(m, b, 6, 1, s.N, s.F, s.d, false);   // w2's operands for its backward
+    if (s.fp8) fp8_forward(m, s, b, 6, 1, s.N, s.F, s.d, false);   // w2's operands for its backward
     return 0;
   }
   double out = m.alloc(Nde);
-  if (s.fp8) fp8_forward(m, b, 6, 1, s.N, s.F, s.d);   // w2
+  if (s.fp8) fp8_forward(m, s, b, 6, 1, s.N, s.F, s.d);   // w2
   if (s.sp) {
     double shard = m.alloc(Nlde);
     m.free(out);

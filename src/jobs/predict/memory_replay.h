@@ -70,6 +70,9 @@ struct Shapes {
   double N = 0, Nl = 0, d = 0, dl = 0, F = 0, H = 0, T = 0, B = 0, V = 0, e = 4, st = 4;
   bool flash = false, sp = false, cuda = false, deterministic = false;
   bool fp8 = false;   // precision.mode = fp8: the blocks' linear layers through ops::Fp8Linear
+  // parallel.fsdp_gather_dtype = fp8: the blocks' weights arrive quantised (fsdp's e4m3 gathers),
+  // so the FP8 layers make no cast of w (only its transpose).
+  bool fp8_weights = false;
   int L = 0, tp = 1;
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   int k = 1;
@@ -123,6 +126,10 @@ struct Grads {
   std::vector<double> unit_padded;           // elements of each unit, padded to dp shards
   std::vector<int> unit_of_param;            // -1 for the replicated norms
   std::vector<double> gathered, full, send;  // bytes alive per unit (send: the cast shard, mixed precision)
+  // parallel.fsdp_gather_dtype = fp8: the blocks' units (1..L) gather 1 B per element, their send
+  // buffer is the e4m3 cast [s_u]; staged: optimizer+params' copied-up shard, kept until the wait.
+  bool fp8_blocks = false;
+  std::vector<double> staged;
   std::vector<double> pending;               // reductions in flight (full-size gradients)
   void gather(int u);
   void wait(int u);
@@ -175,7 +182,7 @@ double fp8_state_bytes(const Config& cfg, const Shapes& s);
 // shared), then per layer its w (direct and transposed) and the scales; or, when b.f8scales[g]
 // is held, the replay of a recompute (no scales; with_y false: no quantised direct operands are
 // kept for a GEMM, as for the last block of a recompute whose w2 output is not needed).
-void fp8_forward(Sim& m, Block& b, int g, int count, double M, double K, double n, bool with_y = true);
+void fp8_forward(Sim& m, const Shapes& s, Block& b, int g, int count, double M, double K, double n, bool with_y = true);
 // Its backward from dy [M,n]: parameter `param`'s gradient asked for, dy quantised (direct and
 // transposed), the gradient written; the saved entry freed.
 void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int param);

@@ -19,12 +19,13 @@ double fp8_state_bytes(const Config& cfg, const Shapes& s) {
   return static_cast<double>(s.L) * (7 * 2 + 4) * 4 * (2 + H + 2);
 }
 
-void fp8_forward(Sim& m, Block& b, int g, int count, double M, double K, double n, bool with_y) {
+void fp8_forward(Sim& m, const Shapes& s, Block& b, int g, int count, double M, double K, double n, bool with_y) {
   const bool replay = b.f8scales[g] > 0;
   double xq = with_y ? m.alloc(M * K) : 0;   // no GEMM (a replay): only the transposes are made
   b.f8x[g] = Shared{m.alloc(M * K), count};
   for (int i = g; i < g + count; ++i) {
-    double wq = with_y ? m.alloc(n * K) : 0;
+    // A weight gathered in e4m3 (fsdp) is the GEMM's operand itself: no cast, only its transpose.
+    double wq = with_y && !s.fp8_weights ? m.alloc(n * K) : 0;
     b.f8ops[i] = m.alloc(n * K);
     if (!replay) b.f8scales[i] = m.alloc(kScalesBytes);
     m.free(wq);

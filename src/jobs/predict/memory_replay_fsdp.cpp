@@ -9,6 +9,11 @@
 
 namespace lmscale::jobs::replay {
 
+namespace {
+// The fsdp state setup_fsdp returns, by offload mode (its comments).
+double fsdp_state_bytes(const Grads& gr, const Shapes& s, double S, double norms, double slot, double states);
+}  // namespace
+
 double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const std::vector<int>& local) {
   gr.fsdp = true;
   gr.e = s.e;
@@ -40,6 +45,8 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
   gr.gathered.assign(gr.unit_padded.size(), 0);
   gr.full.assign(gr.unit_padded.size(), 0);
   gr.send.assign(gr.unit_padded.size(), 0);
+  gr.staged.assign(gr.unit_padded.size(), 0);
+  gr.fp8_blocks = s.fp8_weights;
   gr.pending.clear();
   gr.offloaded = cfg.parallel.offload != OffloadMode::none;
   gr.offloaded_params = cfg.parallel.offload == OffloadMode::optimizer_params;
@@ -54,6 +61,14 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
   // gradient shard and the master's compute-dtype copy, and the norms as without offload.
   // optimizer+params: no device copy either (the pinned host copy is host memory); each gather's
   // send buffer comes and goes with the gather (gather, wait).
+  // FP8 gathers: each block unit's scales (parallel/fsdp_fp8_gather.h), amax [7] and 2 x 7 16-byte
+  // lines of scale and inverse, fp32.
+  const double fp8_scales = s.fp8_weights ? static_cast<double>(s.L) * (7 + 2 * 7 * 4) * 4 : 0.0;
+  return fp8_scales + fsdp_state_bytes(gr, s, S, norms, slot, states);
+}
+
+namespace {
+double fsdp_state_bytes(const Grads& gr, const Shapes& s, double S, double norms, double slot, double states) {
   if (gr.offloaded_params && s.cuda) return 4 * S + 4 * norms * 2 + 4 * norms * states;
   if (gr.offloaded && s.cuda) return 4 * S + s.e * S + 4 * norms * 2 + 4 * norms * states;
   // On CPU ranks the host is the device: the master and moments, the copy (e = 4 in fp32: a second
@@ -63,6 +78,7 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
   if (gr.offloaded) return 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * states + s.e * S + 2 * slot * (4 + s.e);
   return 4 * S * 2 + 4 * norms * 2 + 4 * (S + norms) * states;
 }
+}  // namespace
 
 void Grads::gather(int u) {
   const auto i = static_cast<std::size_t>(u);
@@ -70,15 +86,28 @@ void Grads::gather(int u) {
   if (i >= gathered.size() || gathered[i] > 0 || unit_padded[i] <= 0) return;
   // The send buffer: the cast shard (mixed precision), or the shard copied up from the host
   // (optimizer+params, any dtype); none for offload = optimizer (the persistent device copy).
-  if ((e < 4 && !offloaded) || offloaded_params) send[i] = sim->alloc(e * unit_padded[i] / dp);
-  gathered[i] = sim->alloc(e * unit_padded[i]);
+  double cast = 0;
+  if ((e < 4 && !offloaded) || offloaded_params) cast = sim->alloc(e * unit_padded[i] / dp);
+  const bool fp8 = fp8_blocks && u >= 1 && u < last;   // a block's unit: its e4m3 bytes travel
+  if (fp8) {
+    send[i] = sim->alloc(unit_padded[i] / dp);
+    if (offloaded_params) staged[i] = cast;
+    else sim->free(cast);   // the compute-dtype cast dies once cast to e4m3
+  } else {
+    send[i] = cast;
+  }
+  gathered[i] = sim->alloc((fp8 ? 1.0 : e) * unit_padded[i]);
 }
 
-void Grads::wait(int u) { sim->free(send[static_cast<std::size_t>(u)]); }
+void Grads::wait(int u) {
+  sim->free(send[static_cast<std::size_t>(u)]);
+  sim->free(staged[static_cast<std::size_t>(u)]);
+}
 
 void Grads::release(int u) {
   sim->free(gathered[static_cast<std::size_t>(u)]);
   sim->free(send[static_cast<std::size_t>(u)]);
+  sim->free(staged[static_cast<std::size_t>(u)]);
 }
 
 void Grads::before_forward(int u) {
