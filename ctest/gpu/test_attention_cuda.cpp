@@ -282,6 +282,7 @@ TEST_P(AttentionSm90, MatchesReferenceAndFa2) {
     p.dsum = dsum.data_as<float>(), p.lse_log2 = lse2.data_as<float>(), p.dq_accum = acc.data_as<float>();
     p.batch = c.B, p.heads = c.H, p.seq = c.T, p.head_dim = c.D;
     p.stride_b = s.stride_b, p.stride_h = s.stride_h, p.stride_t = s.stride_t;
+    p.o_stride_b = s.o_stride_b, p.o_stride_h = s.o_stride_h, p.o_stride_t = s.o_stride_t;
     p.scale = static_cast<float>(s.softmax_scale());
     p.causal = c.causal;
     EXPECT_TRUE(lattn::sm90_layout_ok(p, e));
@@ -400,6 +401,7 @@ TEST(AttentionCudaTools, DISABLED_Timing) {
   p.dq_accum = dq_accum.data_as<float>();   // the fused backward's fp32 dQ accumulator
   p.batch = B, p.heads = H, p.seq = T, p.head_dim = D;
   p.stride_b = s.stride_b, p.stride_h = s.stride_h, p.stride_t = s.stride_t;
+  p.o_stride_b = s.o_stride_b, p.o_stride_h = s.o_stride_h, p.o_stride_t = s.o_stride_t;
   p.scale = static_cast<float>(s.softmax_scale());
   p.causal = causal;
   using lmscale::ops::cuda::attn::Elem;

@@ -253,6 +253,65 @@ TEST_F(LinearGroupTest, W13PackedWithGapFp16) { run(DType::f16, DType::f32, 2, 2
 TEST_F(LinearGroupTest, W13PackedWithGapBf16Accumulates) { run(DType::bf16, DType::f32, 2, 2, true, true); }
 TEST_F(LinearGroupTest, SeparateTensorsOneProductEach) { run(DType::bf16, DType::f32, 3, 1, false, true); }
 
+// ---- linear_side_by_side (the fused q|k|v and w1|w3 projections) --------------------------------
+// n weights [R,K] `gap` weights apart in one buffer (gap 1: back to back like q, k, v: one GEMM
+// each way; gap 2 like w1 and w3 with w2 between: strided batch over column blocks) or separate
+// tensors (one product each); y and dy [M, n*R] side by side; weight gradients in one buffer (same
+// gap) or separate. Checked against the float64 CPU reference of separate linear products.
+class LinearSideBySideTest : public CudaOpsTest {
+ protected:
+  void run(DType t, DType dw_type, int n, int gap, bool packed, bool accumulate) {
+    const std::int64_t M = 77, K = 96, R = 40, C = n * R;
+    SCOPED_TRACE(::testing::Message() << dtype_name(t) << " dw " << dtype_name(dw_type) << " n=" << n << " gap=" << gap
+                                      << (packed ? " packed" : " separate") << (accumulate ? " accumulate" : ""));
+    const auto x = randn(M * K, t), wall = randn(n * gap * R * K, t, 0.1), dy = randn(M * C, t),
+               dwall = randn(n * gap * R * K, dw_type);
+    Tensor xd = dev(x, {M, K}, t), wd = dev(wall, {n * gap * R * K}, t), dwd = dev(dwall, {n * gap * R * K}, dw_type);
+    std::vector<Tensor> ws, dws;
+    for (int i = 0; i < n; ++i) {
+      const auto w0 = wall.begin() + i * gap * R * K, g0 = dwall.begin() + i * gap * R * K;
+      ws.push_back(packed ? wd.flat_range(i * gap * R * K, R * K).reshape({R, K})
+                          : dev(std::vector<double>(w0, w0 + R * K), {R, K}, t));
+      dws.push_back(packed ? dwd.flat_range(i * gap * R * K, R * K).reshape({R, K})
+                           : dev(std::vector<double>(g0, g0 + R * K), {R, K}, dw_type));
+    }
+    Tensor y = poisoned({M, C}, t), dx = poisoned({M, K}, t);
+    ops::linear_side_by_side(g(), xd, ws, y);
+    ops::linear_side_by_side_backward(g(), xd, ws, dev(dy, {M, C}, t), &dx, &dws, accumulate);
+    const auto yv = values(y);
+    std::vector<double> dxr(M * K, 0.0);
+    for (int i = 0; i < n; ++i) {
+      const std::vector<double> wi(wall.begin() + i * gap * R * K, wall.begin() + (i * gap + 1) * R * K),
+          dw0(dwall.begin() + i * gap * R * K, dwall.begin() + (i * gap + 1) * R * K);
+      std::vector<double> dyi(M * R), yi(M * R);
+      for (std::int64_t r = 0; r < M; ++r)
+        for (std::int64_t j = 0; j < R; ++j) {
+          dyi[r * R + j] = dy[r * C + i * R + j];
+          yi[r * R + j] = yv[r * C + i * R + j];
+        }
+      Tensor yr = ref(std::vector<double>(M * R), {M, R}), dxi = ref(std::vector<double>(M * K), {M, K});
+      Tensor dwr = ref(accumulate ? dw0 : std::vector<double>(R * K), {R, K});
+      ops::linear(c(), ref(x, {M, K}), ref(wi, {R, K}), yr);
+      ops::linear_backward(c(), ref(x, {M, K}), ref(wi, {R, K}), ref(dyi, {M, R}), &dxi, &dwr, accumulate);
+      EXPECT_CLOSE(yi, values(yr), tolerance(t));
+      EXPECT_CLOSE(values(dws[i]), values(dwr), tolerance(dw_type));
+      const auto v = values(dxi);
+      for (std::int64_t j = 0; j < M * K; ++j) dxr[j] += v[j];
+    }
+    EXPECT_CLOSE(values(dx), dxr, tolerance(t));
+    if (packed && gap > 1) {   // the weights between the group's are not written
+      const auto all = values(dwd);
+      for (std::int64_t j = R * K; j < gap * R * K; ++j) ASSERT_EQ(all[j], round_to(dwall[j], dw_type)) << j;
+    }
+  }
+};
+
+TEST_F(LinearSideBySideTest, QkvBackToBackBf16Fp32Grads) { run(DType::bf16, DType::f32, 3, 1, true, true); }
+TEST_F(LinearSideBySideTest, QkvBackToBackFp32) { run(DType::f32, DType::f32, 3, 1, true, false); }
+TEST_F(LinearSideBySideTest, W13WithGapFp16) { run(DType::f16, DType::f32, 2, 2, true, false); }
+TEST_F(LinearSideBySideTest, W13WithGapBf16Accumulates) { run(DType::bf16, DType::f32, 2, 2, true, true); }
+TEST_F(LinearSideBySideTest, SeparateTensorsOneProductEach) { run(DType::bf16, DType::f32, 3, 1, false, true); }
+
 // ---- RMSNorm -----------------------------------------------------------------------------------
 class RmsNormTest : public CudaOpsTest,
                     public ::testing::WithParamInterface<std::tuple<DType, bool, std::int64_t>> {};
@@ -335,6 +394,29 @@ TEST_F(CudaOpsTest, RopeForwardAndInverse) {
     }
 }
 
+// q|k|v rows [B*T, 3*H*Dh]: RoPE on the first 2H heads of each row (row stride 3*H*Dh), against
+// the CPU op on the same layout; v's columns must come back unchanged (the whole buffer is compared).
+TEST_F(CudaOpsTest, RopeWithRowStride) {
+  struct Case {
+    std::int64_t B, T, H, Dh;
+  };
+  for (DType t : kTypes)
+    for (const auto& [B, T, H, Dh] : {Case{2, 300, 3, 64}, Case{1, 17, 2, 6}}) {   // vector and scalar paths
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " B=" << B << " T=" << T << " H=" << H << " Dh=" << Dh);
+      const std::int64_t dl = H * Dh, n = B * T * 3 * dl;
+      const auto x = randn(n, t);
+      for (bool inverse : {false, true}) {
+        Tensor xd = dev(x, {B * T, 3 * dl}, t);
+        Tensor qk = xd.flat_range(0, (B * T - 1) * 3 * dl + 2 * dl);
+        ops::rope(g(), qk, B, T, 2 * H, Dh, 10000.0, inverse, 3 * dl);
+        Tensor xr = ref(x, {B * T, 3 * dl});
+        Tensor qkr = xr.flat_range(0, (B * T - 1) * 3 * dl + 2 * dl);
+        ops::rope(c(), qkr, B, T, 2 * H, Dh, 10000.0, inverse, 3 * dl);
+        EXPECT_CLOSE(values(xd), values(xr), tolerance(t));
+      }
+    }
+}
+
 // ---- SwiGLU ------------------------------------------------------------------------------------
 TEST_F(CudaOpsTest, SwigluForwardBackward) {
   for (DType t : kTypes)
@@ -352,6 +434,32 @@ TEST_F(CudaOpsTest, SwigluForwardBackward) {
       ops::swiglu_backward(c(), ref(a, {n}), ref(b, {n}), ref(dh, {n}), dar, dbr);
       EXPECT_CLOSE(values(da), values(dar), tolerance(t));
       EXPECT_CLOSE(values(db), values(dbr), tolerance(t));
+    }
+}
+
+// a|b rows [N, 2F] (the model's FFN layout): swiglu_rows and its backward against the CPU op on
+// the same layout. F = 40 takes the 16-byte path, F = 5 the scalar one; da|db are written into a
+// poisoned [N, 2F] buffer, all of whose elements must come back written.
+TEST_F(CudaOpsTest, SwigluRowsForwardBackward) {
+  for (DType t : kTypes)
+    for (std::int64_t F : {std::int64_t{40}, std::int64_t{5}}) {
+      const std::int64_t N = 33;
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " N=" << N << " F=" << F);
+      const auto ab = randn(N * 2 * F, t, 2.0), dh = randn(N * F, t);
+      const std::int64_t span = (N - 1) * 2 * F + F;
+      Tensor abd = dev(ab, {N, 2 * F}, t), abr = ref(ab, {N, 2 * F});
+      Tensor h = poisoned({N, F}, t), hr = ref(std::vector<double>(N * F), {N, F});
+      ops::swiglu_rows(g(), abd.flat_range(0, span), abd.flat_range(F, span), N, F, 2 * F, h);
+      ops::swiglu_rows(c(), abr.flat_range(0, span), abr.flat_range(F, span), N, F, 2 * F, hr);
+      EXPECT_CLOSE(values(h), values(hr), tolerance(t));
+      Tensor dab = poisoned({N, 2 * F}, t), dabr = ref(std::vector<double>(N * 2 * F), {N, 2 * F});
+      Tensor da = dab.flat_range(0, span), db = dab.flat_range(F, span);
+      Tensor dar = dabr.flat_range(0, span), dbr = dabr.flat_range(F, span);
+      ops::swiglu_rows_backward(g(), abd.flat_range(0, span), abd.flat_range(F, span), N, F, 2 * F, dev(dh, {N, F}, t),
+                                da, db);
+      ops::swiglu_rows_backward(c(), abr.flat_range(0, span), abr.flat_range(F, span), N, F, 2 * F, ref(dh, {N, F}),
+                                dar, dbr);
+      EXPECT_CLOSE(values(dab), values(dabr), tolerance(t));
     }
 }
 

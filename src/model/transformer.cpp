@@ -20,6 +20,18 @@ void call(const std::function<void(int)>& hook, int unit) {
 bool present(const Tensor& t) { return t.defined() && t.numel() > 0; }
 // Matrix i of a [n, rows, cols] tensor as a [rows, cols] view.
 Tensor part(const Tensor& t, std::int64_t i) { return t.slice(i, i + 1).reshape({t.dim(1), t.dim(2)}); }
+// Columns [col0, col0 + cols) of a [rows, ld] tensor as the flat view of the elements they span:
+// (rows - 1)*ld + cols, starting at element col0 (the ops taking a row stride read it so).
+Tensor column_block(const Tensor& t, std::int64_t col0, std::int64_t cols) {
+  return t.flat_range(col0, (t.dim(0) - 1) * t.dim(1) + cols);
+}
+// A projection group's input gradient and/or weight gradients: dys is one side-by-side [N, n*R]
+// gradient (q|k|v, w1|w3) or n separate [N,R] ones (the fp8 layers' planes).
+void group_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& dys,
+                    Tensor* dx, const std::vector<Tensor>* dws, bool accumulate) {
+  if (dys.size() == 1 && ws.size() > 1) ops::linear_side_by_side_backward(ctx, x, ws, dys[0], dx, dws, accumulate);
+  else ops::linear_group_backward(ctx, x, ws, dys, dx, dws, accumulate);
+}
 }  // namespace
 
 TransformerLM::TransformerLM(const ModelDims& dims, ParameterStore& params)
@@ -173,24 +185,35 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     s.rstd1 = Tensor::empty({Nl}, stats_, A, "activations");
     s.y1 = act_local(d);
     ops::rmsnorm(ctx, x, W(p.ln1), dims_.norm_eps, s.y1, s.rstd1);
-    // q, k, v are views of one [3,N,dl] tensor: the three projections are one batched GEMM (the
-    // weights lie back to back in the store) and RoPE runs once over q and k as [2B,T,H,Dh].
-    const Tensor qkv = Tensor::empty({3, N, dl_}, compute_, A, "activations");
-    s.q = part(qkv, 0);
-    s.k = part(qkv, 1);
-    s.v = part(qkv, 2);
     {
       const Tensor y1 = tp_f(pc, ctx, s.y1);   // [N,d]; gathered rows are dropped after the matmuls
       if (fp8_) {   // three FP8 layers: y1 quantised once, each weight with its own scalings
+        // q, k, v: planes of one [3,N,dl] tensor (each FP8 layer writes a contiguous output);
+        // RoPE runs once over q and k as [2B,T,H,Dh].
+        const Tensor qkv = Tensor::empty({3, N, dl_}, compute_, A, "activations");
+        s.q = part(qkv, 0);
+        s.k = part(qkv, 1);
+        s.v = part(qkv, 2);
+        s.qkv_ld = dl_;
         fp8_linear(ctx, l, {Fp8Gemm::q, Fp8Gemm::k, Fp8Gemm::v}, y1, {p.q, p.k, p.v}, {&s.q, &s.k, &s.v}, s,
                    record_fp8);
+        Tensor qk = qkv.slice(0, 2).reshape({2 * N, dl_});
+        ops::rope(ctx, qk, 2 * B, T, H, Dh, dims_.rope_theta, false);
       } else {
-        ops::linear_group(ctx, y1, {W(p.q), W(p.k), W(p.v)}, {s.q, s.k, s.v});
+        // q|k|v side by side in the rows of one [N, 3*dl] tensor: one GEMM against the three
+        // weights (back to back in the store), and RoPE once over q|k as the first 2H heads of
+        // each row (row stride 3*dl).
+        Tensor qkv = Tensor::empty({N, 3 * dl_}, compute_, A, "activations");
+        s.q = column_block(qkv, 0, dl_);
+        s.k = column_block(qkv, dl_, dl_);
+        s.v = column_block(qkv, 2 * dl_, dl_);
+        s.qkv_ld = 3 * dl_;
+        ops::linear_side_by_side(ctx, y1, {W(p.q), W(p.k), W(p.v)}, qkv);
+        Tensor qk = column_block(qkv, 0, 2 * dl_);
+        ops::rope(ctx, qk, B, T, 2 * H, Dh, dims_.rope_theta, false, 3 * dl_);
       }
     }
-    Tensor qk = qkv.slice(0, 2).reshape({2 * N, dl_});
-    ops::rope(ctx, qk, 2 * B, T, H, Dh, dims_.rope_theta, false);
-    auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
+    auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true).with_qkv_row_stride(s.qkv_ld);
     shape.deterministic = dims_.deterministic_attention;
     // A recompute under keep_attention finds o and the aux kept from the forward: bitwise what the
     // attention would give again from the same q, k, v, so it is skipped.
@@ -223,7 +246,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   }
   ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l, record_fp8);
   s.g = act(F);
-  ops::swiglu(ctx, s.a, s.b, s.g);
+  ops::swiglu_rows(ctx, s.a, s.b, s.g.dim(0), F, s.ab_ld, s.g);
   if (!need_output) {   // a recompute's last block: its output is not needed again
     if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {p.w2}, {nullptr}, s, record_fp8);   // w2's operands only
     return Tensor();
@@ -244,17 +267,25 @@ BlockParams TransformerLM::block_params(int l) const {
 }
 
 void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8) {
-  // a = w1 y2 and b = w3 y2 [N,Fl]: views of one [2,N,Fl] tensor, one batched GEMM.
-  const Tensor ab = Tensor::empty({2, y2.dim(0), Fl_}, compute_, *ctx.allocator, "activations");
-  s.a = part(ab, 0);
-  s.b = part(ab, 1);
+  // a = w1 y2 and b = w3 y2 [N,Fl]: column blocks of one [N, 2Fl] tensor (a|b side by side; one
+  // strided-batched GEMM, as w2 lies between w1 and w3 in the store), or under fp8 planes of one
+  // [2,N,Fl] tensor (each FP8 layer writes a contiguous output).
   const BlockParams p = block_params(l);
+  const std::int64_t N = y2.dim(0);
   if (fp8_) {
+    const Tensor ab = Tensor::empty({2, N, Fl_}, compute_, *ctx.allocator, "activations");
+    s.a = part(ab, 0);
+    s.b = part(ab, 1);
+    s.ab_ld = Fl_;
     fp8_linear(ctx, l, {Fp8Gemm::w1, Fp8Gemm::w3}, y2, {p.w1, p.w3},
                {&s.a, &s.b}, s, record_fp8);   // y2 quantised once
     return;
   }
-  ops::linear_group(ctx, y2, {params_.compute_weight(p.w1), params_.compute_weight(p.w3)}, {s.a, s.b});
+  Tensor ab = Tensor::empty({N, 2 * Fl_}, compute_, *ctx.allocator, "activations");
+  s.a = column_block(ab, 0, Fl_);
+  s.b = column_block(ab, Fl_, Fl_);
+  s.ab_ld = 2 * Fl_;
+  ops::linear_side_by_side(ctx, y2, {params_.compute_weight(p.w1), params_.compute_weight(p.w3)}, ab);
 }
 
 void TransformerLM::recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N,
@@ -297,7 +328,7 @@ void TransformerLM::backward_weights(Context& ctx, std::vector<WeightGradWork>& 
       gs.push_back(params_.grad(i));
     }
     if (ws.size() == 1) ops::linear_backward(ctx, w.x, ws[0], w.dys[0], nullptr, &gs[0], w.accumulate);
-    else ops::linear_group_backward(ctx, w.x, ws, w.dys, nullptr, &gs, w.accumulate);
+    else group_backward(ctx, w.x, ws, w.dys, nullptr, &gs, w.accumulate);
     for (int i : w.params) notify(pc, i);
     w = WeightGradWork{};   // frees the inputs as the W pass goes
   }
@@ -336,7 +367,7 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     }
     if (!present(s.g)) {   // selective checkpointing: g = silu(a) * b again
       s.g = act(F);
-      ops::swiglu(ctx, s.a, s.b, s.g);
+      ops::swiglu_rows(ctx, s.a, s.b, N, F, s.ab_ld, s.g);
     }
     Tensor dg = act(F);
     {
@@ -345,33 +376,37 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
       weight_grads(ctx, pc, s.g, {dout}, {p.w2}, accumulate, defer, dx);
     }
     s.g = Tensor();
-    const Tensor dab = Tensor::empty({2, N, F}, compute_, A, "activation_grads");   // da, db side by side
-    Tensor da = part(dab, 0), db = part(dab, 1);
-    ops::swiglu_backward(ctx, s.a, s.b, dg, da, db);
+    // da|db side by side in the rows of one [N, 2F] tensor, in a|b's layout (fp8 blocks, whose
+    // a and b are planes, take block_backward_fp8).
+    LMSCALE_CHECK(s.ab_ld == 2 * F, "block {}: a, b are not side by side (row stride {})", l, s.ab_ld);
+    const Tensor dab = Tensor::empty({N, 2 * F}, compute_, A, "activation_grads");
+    Tensor da = column_block(dab, 0, F), db = column_block(dab, F, F);
+    ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, s.ab_ld, dg, da, db);
     dg = Tensor();
     s.a = Tensor();
     s.b = Tensor();
     recompute_norm(ctx, s.h, W(p.ln2), s.y2, Nl, d);   // selective: y2 = rmsnorm2(h) again
-    // dy2 = da w1 + db w3 (the second product added in the GEMM epilogue), dW1, dW3 batched.
+    // dy2 = [da db] [w1; w3] (w2 lies between them in the store: two products, the second added
+    // in the GEMM epilogue), dW1, dW3 batched.
     Tensor dy2 = act(d);
     // Deferred (B pass): the input gradient only; the weight gradients wait for the W pass.
-    const std::vector<Tensor> w13 = {W(p.w1), W(p.w3)}, d13 = {da, db}, g13 = {G(p.w1), G(p.w3)};
+    const std::vector<Tensor> w13 = {W(p.w1), W(p.w3)}, d13 = {dab}, g13 = {G(p.w1), G(p.w3)};
     if (defer) {
       const Tensor y2 = tp_f(pc, ctx, s.y2);   // sequence parallel: the gathered rows, kept for W
-      ops::linear_group_backward(ctx, y2, w13, d13, &dy2, nullptr, accumulate);
+      group_backward(ctx, y2, w13, d13, &dy2, nullptr, accumulate);
       weight_grads(ctx, pc, y2, d13, {p.w1, p.w3}, accumulate, defer, dx);
       if (tp_.active()) dy2 = tp_f_backward(pc, ctx, dy2);   // [Nl,d]
     } else if (!tp_.active()) {
-      ops::linear_group_backward(ctx, s.y2, w13, d13, &dy2, &g13, accumulate);
+      group_backward(ctx, s.y2, w13, d13, &dy2, &g13, accumulate);
       notify(pc, p.w1);
       notify(pc, p.w3);
     } else {
       // Tensor parallel: the input gradient first, so that its f-backward collective runs while
       // the weight-gradient GEMMs (which do not read it) compute.
       const Tensor y2 = tp_f(pc, ctx, s.y2);   // sequence parallel: gathered again, as Megatron does
-      ops::linear_group_backward(ctx, y2, w13, d13, &dy2, nullptr, accumulate);
+      group_backward(ctx, y2, w13, d13, &dy2, nullptr, accumulate);
       PendingGrad pending = tp_f_backward_start(pc, ctx, dy2);
-      ops::linear_group_backward(ctx, y2, w13, d13, nullptr, &g13, accumulate);
+      group_backward(ctx, y2, w13, d13, nullptr, &g13, accumulate);
       notify(pc, p.w1);
       notify(pc, p.w3);
       dy2 = pending.finish();   // [Nl,d]
@@ -390,30 +425,34 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     ops::linear_backward(ctx, s.o, W(p.o), dproj, &dO, nullptr, accumulate);
     weight_grads(ctx, pc, s.o, {dproj}, {p.o}, accumulate, defer, dx);
   }
-  const Tensor dqkv = attention_core_backward(ctx, s, dO, B, T);   // dq, dk, dv side by side
+  // dq|dk|dv in q|k|v's layout: side by side [N, 3dl], or planes [3,N,dl] (an MoE block under fp8).
+  const bool side_by_side = s.qkv_ld == 3 * dl_;
+  const Tensor dqkv = attention_core_backward(ctx, s, dO, B, T);
   dO = Tensor();
-  Tensor dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
   recompute_norm(ctx, s.x, W(p.ln1), s.y1, Nl, d);   // selective: y1 = rmsnorm1(x) again
-  // dy1 = dq wq + dk wk + dv wv (added in the GEMM epilogues), dWq, dWk, dWv batched.
+  // dy1 = [dq dk dv] [wq; wk; wv]: one GEMM with inner dimension 3dl when the weights lie back to
+  // back (else three, added in the GEMM epilogues); dWq, dWk, dWv one GEMM (or batched).
   Tensor dy1 = act(d);
-  const std::vector<Tensor> wqkv = {W(p.q), W(p.k), W(p.v)}, dqkv3 = {dq, dk, dv}, gqkv = {G(p.q), G(p.k), G(p.v)};
+  const std::vector<Tensor> wqkv = {W(p.q), W(p.k), W(p.v)}, gqkv = {G(p.q), G(p.k), G(p.v)};
+  const std::vector<Tensor> dqkv3 =
+      side_by_side ? std::vector<Tensor>{dqkv} : std::vector<Tensor>{part(dqkv, 0), part(dqkv, 1), part(dqkv, 2)};
   auto notify_qkv = [&] {
     for (int i : {p.q, p.k, p.v}) notify(pc, i);
   };
   if (defer) {
     const Tensor y1 = tp_f(pc, ctx, s.y1);
-    ops::linear_group_backward(ctx, y1, wqkv, dqkv3, &dy1, nullptr, accumulate);
+    group_backward(ctx, y1, wqkv, dqkv3, &dy1, nullptr, accumulate);
     weight_grads(ctx, pc, y1, dqkv3, {p.q, p.k, p.v}, accumulate, defer, dx);
     if (tp_.active()) dy1 = tp_f_backward(pc, ctx, dy1);   // [Nl,d]
   } else if (!tp_.active()) {
-    ops::linear_group_backward(ctx, s.y1, wqkv, dqkv3, &dy1, &gqkv, accumulate);
+    group_backward(ctx, s.y1, wqkv, dqkv3, &dy1, &gqkv, accumulate);
     notify_qkv();
   } else {
     // As in the FFN: input gradients, then f backward overlapped with the weight gradients.
     const Tensor y1 = tp_f(pc, ctx, s.y1);
-    ops::linear_group_backward(ctx, y1, wqkv, dqkv3, &dy1, nullptr, accumulate);
+    group_backward(ctx, y1, wqkv, dqkv3, &dy1, nullptr, accumulate);
     PendingGrad pending = tp_f_backward_start(pc, ctx, dy1);
-    ops::linear_group_backward(ctx, y1, wqkv, dqkv3, nullptr, &gqkv, accumulate);
+    group_backward(ctx, y1, wqkv, dqkv3, nullptr, &gqkv, accumulate);
     notify_qkv();
     dy1 = pending.finish();   // [Nl,d]
   }
@@ -427,9 +466,14 @@ Tensor TransformerLM::attention_core_backward(Context& ctx, BlockActivations& s,
                                               std::int64_t T) {
   const std::int64_t N = B * T, H = Hl_, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
-  const Tensor dqkv = Tensor::empty({3, N, dl_}, compute_, A, "activation_grads");   // dq, dk, dv side by side
-  Tensor dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
-  auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true);
+  // dq, dk, dv in q, k, v's layout: column blocks of [N, 3dl], or planes of [3,N,dl] (fp8 layers).
+  const bool side_by_side = s.qkv_ld == 3 * dl_;
+  const Tensor dqkv = side_by_side ? Tensor::empty({N, 3 * dl_}, compute_, A, "activation_grads")
+                                   : Tensor::empty({3, N, dl_}, compute_, A, "activation_grads");
+  Tensor dq = side_by_side ? column_block(dqkv, 0, dl_) : part(dqkv, 0);
+  Tensor dk = side_by_side ? column_block(dqkv, dl_, dl_) : part(dqkv, 1);
+  Tensor dv = side_by_side ? column_block(dqkv, 2 * dl_, dl_) : part(dqkv, 2);
+  auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true).with_qkv_row_stride(s.qkv_ld);
   shape.deterministic = dims_.deterministic_attention;
   if (dims_.flash) {
     ops::attention_flash_backward(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux, dO, dq, dk, dv);
@@ -444,8 +488,13 @@ Tensor TransformerLM::attention_core_backward(Context& ctx, BlockActivations& s,
   }
   s.attn_aux = Tensor();
   s.o = Tensor();
-  Tensor dqk = dqkv.slice(0, 2).reshape({2 * N, dl_});
-  ops::rope(ctx, dqk, 2 * B, T, H, Dh, dims_.rope_theta, true);
+  if (side_by_side) {   // dq|dk: the first 2H heads of each [3dl] row
+    Tensor dqk = column_block(dqkv, 0, 2 * dl_);
+    ops::rope(ctx, dqk, B, T, 2 * H, Dh, dims_.rope_theta, true, 3 * dl_);
+  } else {
+    Tensor dqk = dqkv.slice(0, 2).reshape({2 * N, dl_});
+    ops::rope(ctx, dqk, 2 * B, T, H, Dh, dims_.rope_theta, true);
+  }
   return dqkv;
 }
 

@@ -1,5 +1,6 @@
 // ops::swiglu and ops::swiglu_backward: shape, dtype and device checks, then dispatch.
-// All tensors have one shape ([N, F] in the model; any shape works, the op is elementwise).
+// All tensors have one shape ([N, F] in the model; any shape works, the op is elementwise); the
+// _rows forms read a and b (write da, db) as [rows, cols] blocks of rows `ld` elements apart.
 #include "checks.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
@@ -15,9 +16,9 @@ void swiglu(Context& ctx, const Tensor& a, const Tensor& b, Tensor& h) {
   detail::check_floating(op, "a", a);
   detail::check_same_dtype(op, "a", a, "b", b);
   detail::check_same_dtype(op, "a", a, "h", h);
-  if (dev == Device::cpu) return cpu::swiglu(ctx, a, b, h);
+  if (dev == Device::cpu) return cpu::swiglu(ctx, a, b, 1, a.numel(), a.numel(), h);
 #ifdef LMSCALE_WITH_CUDA
-  return cuda::swiglu(ctx, a, b, h);
+  return cuda::swiglu(ctx, a, b, 1, a.numel(), a.numel(), h);
 #else
   detail::no_cuda_build(op);
 #endif
@@ -31,9 +32,55 @@ void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tenso
     detail::check_same_dtype(op, "a", a, name, *t);
   }
   detail::check_floating(op, "a", a);
-  if (dev == Device::cpu) return cpu::swiglu_backward(ctx, a, b, dh, da, db);
+  if (dev == Device::cpu) return cpu::swiglu_backward(ctx, a, b, 1, a.numel(), a.numel(), dh, da, db);
 #ifdef LMSCALE_WITH_CUDA
-  return cuda::swiglu_backward(ctx, a, b, dh, da, db);
+  return cuda::swiglu_backward(ctx, a, b, 1, a.numel(), a.numel(), dh, da, db);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+namespace {
+// a, b (da, db) as [rows, cols] blocks with row stride ld; h (dh) contiguous [rows, cols].
+void check_rows(const char* op, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                std::initializer_list<detail::NamedTensor> strided, std::initializer_list<detail::NamedTensor> dense) {
+  LMSCALE_CHECK(rows >= 0 && cols >= 0 && ld >= cols, "{}: bad block rows {} cols {} ld {}", op, rows, cols, ld);
+  const std::int64_t extent = rows == 0 ? 0 : (rows - 1) * ld + cols;
+  const Tensor& a = *strided.begin()->second;
+  detail::check_floating(op, "a", a);
+  for (const auto& [name, t] : strided) {
+    LMSCALE_CHECK(t->numel() >= extent, "{}: '{}' has {} elements; {} rows of {} with row stride {} need {}", op, name,
+                  t->numel(), rows, cols, ld, extent);
+    detail::check_same_dtype(op, "a", a, name, *t);
+  }
+  for (const auto& [name, t] : dense) {
+    detail::check_numel(op, name, *t, rows * cols);
+    detail::check_same_dtype(op, "a", a, name, *t);
+  }
+}
+}  // namespace
+
+void swiglu_rows(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                 Tensor& h) {
+  constexpr const char* op = "ops::swiglu_rows";
+  const Device dev = detail::common_device(op, {{"a", &a}, {"b", &b}, {"h", &h}});
+  check_rows(op, rows, cols, ld, {{"a", &a}, {"b", &b}}, {{"h", &h}});
+  if (dev == Device::cpu) return cpu::swiglu(ctx, a, b, rows, cols, ld, h);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::swiglu(ctx, a, b, rows, cols, ld, h);
+#else
+  detail::no_cuda_build(op);
+#endif
+}
+
+void swiglu_rows_backward(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
+                          std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db) {
+  constexpr const char* op = "ops::swiglu_rows_backward";
+  const Device dev = detail::common_device(op, {{"a", &a}, {"b", &b}, {"dh", &dh}, {"da", &da}, {"db", &db}});
+  check_rows(op, rows, cols, ld, {{"a", &a}, {"b", &b}, {"da", &da}, {"db", &db}}, {{"dh", &dh}});
+  if (dev == Device::cpu) return cpu::swiglu_backward(ctx, a, b, rows, cols, ld, dh, da, db);
+#ifdef LMSCALE_WITH_CUDA
+  return cuda::swiglu_backward(ctx, a, b, rows, cols, ld, dh, da, db);
 #else
   detail::no_cuda_build(op);
 #endif

@@ -33,12 +33,20 @@ namespace lmscale::model {
 struct BlockActivations {
   Tensor x;                 // block input [N,d]
   Tensor rstd1, y1;         // RMSNorm1: rstd [N], output [N,d]
-  Tensor q, k, v;           // projections after RoPE (q, k) [N,d]
+  // Projections after RoPE (q, k), each [N,dl] with rows qkv_ld elements apart: column blocks of
+  // one [N, 3*dl] buffer (qkv_ld = 3*dl; q|k|v side by side, one GEMM each way), or under
+  // precision.mode = fp8 planes of a [3,N,dl] tensor (qkv_ld = dl). The views cover exactly
+  // (N-1)*qkv_ld + dl elements (docs/architecture.md, "fused projections").
+  Tensor q, k, v;
+  std::int64_t qkv_ld = 0;
   Tensor attn_aux;          // naive: probs [B,H,T,T]; flash: lse [B,H,T]
   Tensor o;                 // attention output before output_proj [N,d]
   Tensor h;                 // x + attention [N,d]
   Tensor rstd2, y2;         // RMSNorm2 [N], [N,d]
-  Tensor a, b, g;           // w1 y2, w3 y2, silu(a)*b  [N,F]; MoE block: the experts' [Me,Fe]
+  // w1 y2, w3 y2, silu(a)*b [N,F]; a and b are column blocks of one [N, 2F] buffer (ab_ld = 2F)
+  // or, under fp8, planes of [2,N,F] (ab_ld = F); g is contiguous. MoE block: the experts' [Me,Fe].
+  Tensor a, b, g;
+  std::int64_t ab_ld = 0;
   MoeActivations moe;       // MoE block: routing and expert rows (model/moe_block.h)
   // precision.mode = fp8: each FP8 layer's quantised x^T, w^T and scales (ops::Fp8LinearSaved);
   // a recomputed block keeps only the scales, which its recompute casts with again.
@@ -48,7 +56,8 @@ struct BlockActivations {
 // One weight-gradient product whose input gradient has already run (the zero-bubble pipeline's
 // W pass; parallel/pipeline.h): grad(params[i]) (+)= dys[i]^T x for each i, the products
 // ops::linear_backward / linear_group_backward would have made in the block's backward.
-// x [N,K] is the layer's input (rows gathered under sequence parallelism), dys[i] [N,n]; the
+// x [N,K] is the layer's input (rows gathered under sequence parallelism), dys[i] [N,n], or for a
+// group one side-by-side dys[0] [N, n*R] (q|k|v, w1|w3: ops::linear_side_by_side_backward); the
 // tensors are kept alive (and the residual stream's gradient copied) until the W pass runs.
 struct WeightGradWork {
   Tensor x;

@@ -2,9 +2,10 @@
 // The math of the model, behind one interface. Every function dispatches on the device of its
 // tensors (ops/cpu/*.cpp: fp32 and fp64, OpenBLAS; ops/cuda/*.cu: fp32, bf16, fp16 with fp32
 // accumulation, cuBLASLt + own kernels) and checks shapes and dtypes. Tensors are contiguous and
-// row-major. "N" below is the number of token rows (batch * seq); d = d_model; F = d_ff;
-// V = vocab. Backward functions that say "accumulates" add into their output (+=), so gradient
-// accumulation over micro-batches needs no extra pass; the others overwrite.
+// row-major (the ops that take a row stride say so). "N" below is the number of token rows
+// (batch * seq); d = d_model; F = d_ff; V = vocab. Backward functions that say "accumulates" add
+// into their output (+=), so gradient accumulation over micro-batches needs no extra pass; the
+// others overwrite.
 #include <cstdint>
 #include <vector>
 
@@ -36,6 +37,28 @@ void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tens
                            const std::vector<Tensor>& dys, Tensor* dx, const std::vector<Tensor>* dws,
                            bool accumulate_dw);
 
+// A group of n linear layers reading one input, their outputs side by side in each row (a dense
+// block's q|k|v and w1|w3 in the model; docs/architecture.md "fused projections"):
+//   y[M, n*R] = x[M,K] . [ws[0]; ...; ws[n-1]]^T      (columns [i*R, (i+1)*R) are ws[i]'s output)
+// The ws share a shape [R,K]. One GEMM when they lie back to back in memory (ws[i+1] starts
+// R*K elements after ws[i], as the parameter store holds q, k, v); otherwise one product per weight
+// into its column block (row stride n*R; on CUDA one strided batch where the ws are equally
+// spaced, as w1 and w3 with w2 between them).
+void linear_side_by_side(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, Tensor& y);
+// Its backward, with dy[M, n*R] in the same side-by-side layout:
+//   dx[M,K] = dy . [ws[0]; ...; ws[n-1]]   overwrites; ONE GEMM with inner dimension n*R when the
+//                                          ws lie back to back (rounded once: no epilogue adds);
+//                                          otherwise one product per weight on dy's column blocks,
+//                                          the later ones added in the GEMM epilogue (as
+//                                          linear_group_backward, whose bits it then gives)
+//   dws[i] (+)= dy[:, iR:(i+1)R]^T . x     one GEMM when the ws and the dws lie back to back, else
+//                                          one per weight reading its column block (row stride
+//                                          n*R; on CUDA one strided batch where the dws are
+//                                          equally spaced)
+// dx or dws null: skipped. dws may be fp32 beside bf16/fp16 x (as in linear_backward).
+void linear_side_by_side_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const Tensor& dy,
+                                  Tensor* dx, const std::vector<Tensor>* dws, bool accumulate_dw);
+
 // ---- embedding -------------------------------------------------------------------------------
 // out[N,d] = table[V,d][ids[N]]; ids int32 in [0, V) (checked on CPU).
 void embedding(Context& ctx, const Tensor& ids, const Tensor& table, Tensor& out);
@@ -60,22 +83,36 @@ void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w
 // In place on x viewed as [B, T, H, Dh] (Dh even): pairs (2i, 2i+1) of the head vector at
 // position t rotate by angle t * theta^(-2i/Dh). inverse=true rotates by the negative angle,
 // which is exactly the backward (the rotation is orthogonal).
+// row_stride (elements between consecutive (b, t) rows; 0 means H*Dh, a contiguous tensor) lets
+// x be heads inside wider rows: the model rotates q and k together as the first 2H heads of its
+// [N, 3*dl] q|k|v rows (row_stride 3*dl). x must hold (B*T - 1)*row_stride + H*Dh elements.
 void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
-          bool inverse);
+          bool inverse, std::int64_t row_stride = 0);
 
 // ---- SwiGLU ----------------------------------------------------------------------------------
 // h[N,F] = silu(a) * b, with a = w1 x, b = w3 x.
 void swiglu(Context& ctx, const Tensor& a, const Tensor& b, Tensor& h);
 // da, db [N,F] overwritten.
 void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& dh, Tensor& da, Tensor& db);
+// The same on a and b that are [rows, cols] blocks inside wider rows: element (r, c) of a, b (and
+// of da, db) at r*ld + c, of h and dh at r*cols + c (contiguous). The model's a|b rows [N, 2F]
+// give a = ab, b = ab + F, ld = 2F. a, b (da, db) must hold (rows - 1)*ld + cols elements; each
+// element's arithmetic is the contiguous op's, so results are bitwise those of the plain form.
+void swiglu_rows(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                 Tensor& h);
+void swiglu_rows_backward(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
+                          std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db);
 
 // ---- attention -------------------------------------------------------------------------------
-// Q, K, V, O and their gradients share one strided layout: element (b, h, t, e) of each is at
-// b*stride_b + h*stride_h + t*stride_t + e. The model uses [B, T, H, Dh] (stride_b = T*H*Dh,
-// stride_h = Dh, stride_t = H*Dh); bench-attention uses [B, H, T, Dh].
+// Strided layouts: element (b, h, t, e) of Q, K, V and their gradients dQ, dK, dV is at
+// b*stride_b + h*stride_h + t*stride_t + e; of O and dO at b*o_stride_b + h*o_stride_h +
+// t*o_stride_t + e. bthd / bhtd give both sets the same [B, T, H, Dh] / [B, H, T, Dh] strides
+// (bench-attention uses [B, H, T, Dh]); the model's q, k, v are column blocks of one [N, 3*dl]
+// buffer (with_qkv_row_stride(3*dl)) while o and dO are [N, dl].
 struct AttentionShape {
   std::int64_t batch = 1, heads = 1, seq = 1, head_dim = 1;
-  std::int64_t stride_b = 0, stride_h = 0, stride_t = 0;
+  std::int64_t stride_b = 0, stride_h = 0, stride_t = 0;         // q, k, v, dq, dk, dv
+  std::int64_t o_stride_b = 0, o_stride_h = 0, o_stride_t = 0;   // o, dO
   bool causal = true;
   double scale = 0;   // softmax scale; 0 means 1/sqrt(head_dim)
   // Flash backward without atomics (bit-reproducible dQ): on CUDA the FA2 two-kernel path (head
@@ -84,6 +121,9 @@ struct AttentionShape {
   bool deterministic = false;
   static AttentionShape bthd(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, bool causal = true);
   static AttentionShape bhtd(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t Dh, bool causal = true);
+  // A [B, T, H, Dh] shape whose q, k, v (and dq, dk, dv) rows are row_stride elements apart
+  // (>= H*Dh): stride_t = row_stride, stride_b = T*row_stride; o and dO keep their strides.
+  AttentionShape& with_qkv_row_stride(std::int64_t row_stride);
   double softmax_scale() const;
   std::int64_t elements() const { return batch * heads * seq * head_dim; }
 };

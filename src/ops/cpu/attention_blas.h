@@ -22,9 +22,13 @@ inline void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t 
               beta, C, static_cast<int>(ldc));
 }
 
-// Offset of head (b, h) in the strided layout.
+// Offset of head (b, h) in the strided layout of q, k, v (dq, dk, dv).
 inline std::int64_t head_offset(const ops::AttentionShape& s, std::int64_t b, std::int64_t h) {
   return b * s.stride_b + h * s.stride_h;
+}
+// The same in the layout of o and dO.
+inline std::int64_t o_head_offset(const ops::AttentionShape& s, std::int64_t b, std::int64_t h) {
+  return b * s.o_stride_b + h * s.o_stride_h;
 }
 
 }  // namespace lmscale::ops::cpu::attention_detail

@@ -15,22 +15,24 @@ namespace lmscale::ops::cpu {
 
 using attention_detail::gemm;
 using attention_detail::head_offset;
+using attention_detail::o_head_offset;
 
 template <class T>
 void attention_naive_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* o, T* probs) {
-  const std::int64_t Tn = s.seq, D = s.head_dim, ld = s.stride_t;
+  const std::int64_t Tn = s.seq, D = s.head_dim, ld = s.stride_t, ldo = s.o_stride_t;
   const T scale = static_cast<T>(s.softmax_scale());
   // Three passes over the heads rather than one: each stage is one range (scores, softmax,
   // weighted_sum) in profiles and run.trace, as on CUDA; every head's arithmetic is unchanged.
   auto each_head = [&](auto&& f) {
     for (std::int64_t b = 0; b < s.batch; ++b)
-      for (std::int64_t h = 0; h < s.heads; ++h) f(head_offset(s, b, h), probs + (b * s.heads + h) * Tn * Tn);
+      for (std::int64_t h = 0; h < s.heads; ++h)
+        f(head_offset(s, b, h), o_head_offset(s, b, h), probs + (b * s.heads + h) * Tn * Tn);
   };
   std::optional<NvtxRange> range(std::in_place, "scores");
   // S = scale * Q K^T  -> P [T, T] (overwritten by the softmax below)
-  each_head([&](std::int64_t off, T* P) { gemm(false, true, Tn, Tn, D, scale, q + off, ld, k + off, ld, T(0), P, Tn); });
+  each_head([&](std::int64_t off, std::int64_t, T* P) { gemm(false, true, Tn, Tn, D, scale, q + off, ld, k + off, ld, T(0), P, Tn); });
   range.emplace("softmax");
-  each_head([&](std::int64_t, T* P) {
+  each_head([&](std::int64_t, std::int64_t, T* P) {
     for (std::int64_t i = 0; i < Tn; ++i) {
       T* row = P + i * Tn;
       const std::int64_t valid = s.causal ? i + 1 : Tn;   // keys 0..valid-1 take part
@@ -44,23 +46,25 @@ void attention_naive_forward(const AttentionShape& s, const T* q, const T* k, co
   });
   range.emplace("weighted_sum");
   // O = P V
-  each_head([&](std::int64_t off, T* P) { gemm(false, false, Tn, D, Tn, T(1), P, Tn, v + off, ld, T(0), o + off, ld); });
+  each_head([&](std::int64_t off, std::int64_t ooff, T* P) {
+    gemm(false, false, Tn, D, Tn, T(1), P, Tn, v + off, ld, T(0), o + ooff, ldo);
+  });
 }
 
 template <class T>
 void attention_naive_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* probs,
                               const T* dout, T* dq, T* dk, T* dv) {
-  const std::int64_t Tn = s.seq, D = s.head_dim, ld = s.stride_t;
+  const std::int64_t Tn = s.seq, D = s.head_dim, ld = s.stride_t, ldo = s.o_stride_t;
   const T scale = static_cast<T>(s.softmax_scale());
   std::vector<T> dS(static_cast<std::size_t>(Tn * Tn));   // dP, then dS in place  [T, T]
   for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads; ++h) {
-      const std::int64_t off = head_offset(s, b, h);
+      const std::int64_t off = head_offset(s, b, h), ooff = o_head_offset(s, b, h);
       const T* P = probs + (b * s.heads + h) * Tn * Tn;
       // dV = P^T dO
-      gemm(true, false, Tn, D, Tn, T(1), P, Tn, dout + off, ld, T(0), dv + off, ld);
+      gemm(true, false, Tn, D, Tn, T(1), P, Tn, dout + ooff, ldo, T(0), dv + off, ld);
       // dP = dO V^T
-      gemm(false, true, Tn, Tn, D, T(1), dout + off, ld, v + off, ld, T(0), dS.data(), Tn);
+      gemm(false, true, Tn, Tn, D, T(1), dout + ooff, ldo, v + off, ld, T(0), dS.data(), Tn);
       // dS = P * (dP - rowsum(P * dP))   (the softmax Jacobian-vector product)
       for (std::int64_t i = 0; i < Tn; ++i) {
         const T* p = P + i * Tn;

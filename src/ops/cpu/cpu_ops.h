@@ -23,6 +23,12 @@ void linear_group(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, 
 void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws,
                            const std::vector<Tensor>& dys, Tensor* dx, const std::vector<Tensor>* dws,
                            bool accumulate_dw);
+// ops::linear_side_by_side's products when the weights do not lie back to back: y [M, n*R] gets
+// x ws[i]^T in its columns [i*R, (i+1)*R) (row stride n*R); the backward reads dy's column blocks
+// the same way: dx = sum_i dy_i ws[i] (later products added in the GEMM epilogue), dws[i] (+)= dy_i^T x.
+void linear_columns(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, Tensor& y);
+void linear_columns_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const Tensor& dy,
+                             Tensor* dx, const std::vector<Tensor>* dws, bool accumulate_dw);
 
 void embedding(Context& ctx, const Tensor& ids, const Tensor& table, Tensor& out);
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable);
@@ -32,10 +38,13 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
                       Tensor& dx, Tensor& dw, bool accumulate_dx);
 
 void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
-          bool inverse);
+          bool inverse, std::int64_t row_stride);
 
-void swiglu(Context& ctx, const Tensor& a, const Tensor& b, Tensor& h);
-void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& dh, Tensor& da, Tensor& db);
+// a, b (da, db) rows of `ld` elements, h and dh contiguous [rows, cols] (ops::swiglu_rows).
+void swiglu(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+            Tensor& h);
+void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
+                     std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db);
 
 void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, Tensor& loss_sum, Tensor* dlogits,
                    double grad_scale);

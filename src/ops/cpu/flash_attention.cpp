@@ -15,6 +15,7 @@ namespace lmscale::ops::cpu {
 
 using attention_detail::gemm;
 using attention_detail::head_offset;
+using attention_detail::o_head_offset;
 
 namespace {
 
@@ -35,7 +36,8 @@ template <class T>
 void attention_flash_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* o, T* lse,
                              FlashTiles tiles) {
   check_tiles(tiles);
-  const std::int64_t Tn = s.seq, D = s.head_dim, ld = s.stride_t, Br = tiles.q_tile, Bc = tiles.k_tile;
+  const std::int64_t Tn = s.seq, D = s.head_dim, ld = s.stride_t, ldo = s.o_stride_t, Br = tiles.q_tile,
+                     Bc = tiles.k_tile;
   const T scale = static_cast<T>(s.softmax_scale());
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> S(static_cast<std::size_t>(Br * Bc));     // scores, then P  [Br, Bc]
@@ -45,7 +47,7 @@ void attention_flash_forward(const AttentionShape& s, const T* q, const T* k, co
     for (std::int64_t h = 0; h < s.heads; ++h) {
       const std::int64_t off = head_offset(s, b, h);
       const T *Q = q + off, *K = k + off, *V = v + off;
-      T* O = o + off;
+      T* O = o + o_head_offset(s, b, h);
       T* L = lse + (b * s.heads + h) * Tn;
       for (std::int64_t i0 = 0; i0 < Tn; i0 += Br) {
         const std::int64_t i1 = std::min(i0 + Br, Tn), nr = i1 - i0;
@@ -83,7 +85,7 @@ void attention_flash_forward(const AttentionShape& s, const T* q, const T* k, co
         }
         for (std::int64_t r = 0; r < nr; ++r) {
           const T inv = T(1) / l[r];
-          for (std::int64_t e = 0; e < D; ++e) O[(i0 + r) * ld + e] = acc[r * D + e] * inv;
+          for (std::int64_t e = 0; e < D; ++e) O[(i0 + r) * ldo + e] = acc[r * D + e] * inv;
           L[i0 + r] = m[r] + std::log(l[r]);
         }
       }
@@ -95,7 +97,8 @@ template <class T>
 void attention_flash_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* o,
                               const T* lse, const T* dout, T* dq, T* dk, T* dv, FlashTiles tiles) {
   check_tiles(tiles);
-  const std::int64_t Tn = s.seq, D = s.head_dim, ld = s.stride_t, Br = tiles.q_tile, Bc = tiles.k_tile;
+  const std::int64_t Tn = s.seq, D = s.head_dim, ld = s.stride_t, ldo = s.o_stride_t, Br = tiles.q_tile,
+                     Bc = tiles.k_tile;
   const T scale = static_cast<T>(s.softmax_scale());
   std::vector<T> P(static_cast<std::size_t>(Br * Bc));    // [Br, Bc]
   std::vector<T> dS(static_cast<std::size_t>(Br * Bc));   // dP, then dS  [Br, Bc]
@@ -103,12 +106,13 @@ void attention_flash_backward(const AttentionShape& s, const T* q, const T* k, c
   for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads; ++h) {
       const std::int64_t off = head_offset(s, b, h);
-      const T *Q = q + off, *K = k + off, *V = v + off, *O = o + off, *dO = dout + off;
+      const std::int64_t ooff = o_head_offset(s, b, h);
+      const T *Q = q + off, *K = k + off, *V = v + off, *O = o + ooff, *dO = dout + ooff;
       T *dQ = dq + off, *dK = dk + off, *dV = dv + off;
       const T* L = lse + (b * s.heads + h) * Tn;
       for (std::int64_t t = 0; t < Tn; ++t) {
         double acc = 0;
-        for (std::int64_t e = 0; e < D; ++e) acc += static_cast<double>(dO[t * ld + e]) * O[t * ld + e];
+        for (std::int64_t e = 0; e < D; ++e) acc += static_cast<double>(dO[t * ldo + e]) * O[t * ldo + e];
         Dvec[static_cast<std::size_t>(t)] = static_cast<T>(acc);
       }
       zero_rows(dQ, 0, Tn, ld, D);
@@ -129,9 +133,9 @@ void attention_flash_backward(const AttentionShape& s, const T* q, const T* k, c
               prow[c] = (on_diagonal && j0 + c > i0 + r) ? T(0) : std::exp(prow[c] - L[i0 + r]);
           }
           // dV_j += P^T dO_i
-          gemm(true, false, nc, D, nr, T(1), P.data(), Bc, dO + i0 * ld, ld, T(1), dV + j0 * ld, ld);
+          gemm(true, false, nc, D, nr, T(1), P.data(), Bc, dO + i0 * ldo, ldo, T(1), dV + j0 * ld, ld);
           // dP = dO_i V_j^T ; dS = P * (dP - D_i)
-          gemm(false, true, nr, nc, D, T(1), dO + i0 * ld, ld, V + j0 * ld, ld, T(0), dS.data(), Bc);
+          gemm(false, true, nr, nc, D, T(1), dO + i0 * ldo, ldo, V + j0 * ld, ld, T(0), dS.data(), Bc);
           for (std::int64_t r = 0; r < nr; ++r) {
             const T di = Dvec[static_cast<std::size_t>(i0 + r)];
             for (std::int64_t c = 0; c < nc; ++c) dS[r * Bc + c] = P[r * Bc + c] * (dS[r * Bc + c] - di);

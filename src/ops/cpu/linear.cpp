@@ -104,4 +104,34 @@ void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tens
   }
 }
 
+void linear_columns(Context&, const Tensor& x, const std::vector<Tensor>& ws, Tensor& y) {
+  const std::int64_t K = x.dim(-1), M = leading_rows(x), R = ws[0].dim(0), ld = y.dim(-1);
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    check_real_same("ops::linear_side_by_side", x, {&ws[i], &y});
+    dispatch_real("ops::linear_side_by_side", x.dtype(), [&](auto tag) {   // y[:, iR:(i+1)R] = x w_i^T
+      using T = decltype(tag);
+      gemm<T>(CblasNoTrans, CblasTrans, M, R, K, x.data_as<T>(), K, ws[i].data_as<T>(), K, T(0),
+              y.data_as<T>() + static_cast<std::int64_t>(i) * R, ld);
+    });
+  }
+}
+
+void linear_columns_backward(Context&, const Tensor& x, const std::vector<Tensor>& ws, const Tensor& dy, Tensor* dx,
+                             const std::vector<Tensor>* dws, bool accumulate_dw) {
+  const std::int64_t K = x.dim(-1), M = leading_rows(x), R = ws[0].dim(0), ld = dy.dim(-1);
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    const Tensor* dw = dws ? &(*dws)[i] : nullptr;
+    check_real_same("ops::linear_side_by_side_backward", x, {&ws[i], &dy, dx, dw});
+    dispatch_real("ops::linear_side_by_side_backward", x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* dyi = dy.data_as<T>() + static_cast<std::int64_t>(i) * R;   // column block i, row stride ld
+      // dx (+)= dy_i w_i: the first product overwrites, the others add (beta = 1)
+      if (dx) gemm<T>(CblasNoTrans, CblasNoTrans, M, K, R, dyi, ld, ws[i].data_as<T>(), K, T(i == 0 ? 0 : 1),
+                      dx->data_as<T>(), K);
+      if (dw) gemm<T>(CblasTrans, CblasNoTrans, R, K, M, dyi, ld, x.data_as<T>(), K, accumulate_dw ? T(1) : T(0),
+                      dw->data_as<T>(), K);
+    });
+  }
+}
+
 }  // namespace lmscale::ops::cpu

@@ -1,4 +1,5 @@
-// Rotary position embedding on the CPU, in place on x viewed as [B, T, H, Dh]. The pair
+// Rotary position embedding on the CPU, in place on x viewed as [B, T, H, Dh] with (b, t) rows
+// row_stride elements apart (H*Dh when contiguous). The pair
 // (x[2i], x[2i+1]) of the head vector at position t rotates by angle a = t * theta^(-2i/Dh):
 //   x[2i]'   = x[2i] cos a - x[2i+1] sin a
 //   x[2i+1]' = x[2i] sin a + x[2i+1] cos a
@@ -14,7 +15,7 @@
 namespace lmscale::ops::cpu {
 
 void rope(Context&, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
-          bool inverse) {
+          bool inverse, std::int64_t row_stride) {
   const std::int64_t half = Dh / 2;
   dispatch_real("ops::rope", x.dtype(), [&](auto tag) {
     using E = decltype(tag);
@@ -38,7 +39,7 @@ void rope(Context&, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, s
         const E* c = cos_t.data() + t * half;
         const E* s = sin_t.data() + t * half;
         for (std::int64_t h = 0; h < H; ++h) {
-          E* v = p + ((b * T + t) * H + h) * Dh;
+          E* v = p + (b * T + t) * row_stride + h * Dh;
           for (std::int64_t i = 0; i < half; ++i) {
             const E x0 = v[2 * i], x1 = v[2 * i + 1];
             v[2 * i] = x0 * c[i] - x1 * s[i];

@@ -7,8 +7,10 @@
 
 namespace lmscale::ops::cuda::attn {
 
-// One attention call's geometry. Element (b, h, t, e) of Q, K, V, O, dO, dQ, dK, dV is at
-// b*stride_b + h*stride_h + t*stride_t + e; lse and D (= rowsum(dO*O)) are fp32 [B, H, T].
+// One attention call's geometry. Element (b, h, t, e) of Q, K, V, dQ, dK, dV is at
+// b*stride_b + h*stride_h + t*stride_t + e, of O and dO at b*o_stride_b + h*o_stride_h +
+// t*o_stride_t + e (the model's q, k, v are column blocks of [N, 3*dl] rows, o and dO [N, dl]);
+// lse and D (= rowsum(dO*O)) are fp32 [B, H, T].
 struct Params {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -25,7 +27,8 @@ struct Params {
   float* lse_log2 = nullptr;    // backward, sm90: lse * log2(e) and D in rows padded to 64 queries,
                                 // [B*H, seq_pad] each (flash_attention_sm90_bwd.cu), zeros past seq
   int batch = 1, heads = 1, seq = 1, head_dim = 64;
-  long long stride_b = 0, stride_h = 0, stride_t = 0;
+  long long stride_b = 0, stride_h = 0, stride_t = 0;          // q, k, v, dq, dk, dv
+  long long o_stride_b = 0, o_stride_h = 0, o_stride_t = 0;    // o (out), dout
   float scale = 1.f;            // softmax scale
   bool causal = true;
 };

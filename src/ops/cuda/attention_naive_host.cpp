@@ -92,11 +92,12 @@ void gemm_batched(Context& ctx, DType d, bool ta, bool tb, std::int64_t m, std::
                                   r.workspace_bytes, stream(ctx)));
 }
 
-// Runs f(b0, nb, head_offset_elems, batch_stride) over groups of heads that one strided-batched
-// call can cover: all B*H heads at once when stride_b == H*stride_h, else one call per batch row.
+// Runs f(b0, nb) over groups of heads that one strided-batched call can cover: all B*H heads at
+// once when stride_b == H*stride_h in both layouts (q, k, v's and o, dO's), else one call per
+// batch row. A group's first head is at b0*stride_b (b0*o_stride_b for o and dO).
 template <class F>
 void for_head_groups(const AttentionShape& s, F&& f) {
-  if (s.stride_b == s.heads * s.stride_h) {
+  if (s.stride_b == s.heads * s.stride_h && s.o_stride_b == s.heads * s.o_stride_h) {
     f(std::int64_t{0}, s.batch * s.heads);
   } else {
     for (std::int64_t b = 0; b < s.batch; ++b) f(b, s.heads);
@@ -115,7 +116,7 @@ const char* at(const void* p, std::int64_t elems, DType d) {
 
 void attention_naive_forward(Context& ctx, const AttentionShape& s, DType dtype, const void* q, const void* k,
                              const void* v, void* o, void* probs) {
-  const std::int64_t T = s.seq, D = s.head_dim, ld = s.stride_t, TT = T * T;
+  const std::int64_t T = s.seq, D = s.head_dim, ld = s.stride_t, ldo = s.o_stride_t, TT = T * T;
   const float scale = static_cast<float>(s.softmax_scale());
   // NVTX ranges mark the three stages in Nsight Systems timelines, as in the seed's profiles.
   std::optional<NvtxRange> range(std::in_place, "scores");
@@ -133,17 +134,17 @@ void attention_naive_forward(Context& ctx, const AttentionShape& s, DType dtype,
   attn::launch_naive_softmax(elem(dtype), stream(ctx), probs, rows, T, s.causal);
   range.emplace("weighted_sum");
   for_head_groups(s, [&](std::int64_t b, std::int64_t nb) {
-    const std::int64_t off = b * s.stride_b, poff = b * s.heads * TT;
+    const std::int64_t off = b * s.stride_b, ooff = b * s.o_stride_b, poff = b * s.heads * TT;
     // O^c = V^c P^c
     gemm_batched(ctx, dtype, false, false, D, T, T, 1.f, {at(v, off, dtype), ld, s.stride_h},
-                 {at(probs, poff, dtype), T, TT}, 0.f, const_cast<char*>(at(o, off, dtype)), ld, s.stride_h,
+                 {at(probs, poff, dtype), T, TT}, 0.f, const_cast<char*>(at(o, ooff, dtype)), ldo, s.o_stride_h,
                  static_cast<int>(nb));
   });
 }
 
 void attention_naive_backward(Context& ctx, const AttentionShape& s, DType dtype, const void* q, const void* k,
                               const void* v, const void* probs, const void* dout, void* dq, void* dk, void* dv) {
-  const std::int64_t T = s.seq, D = s.head_dim, ld = s.stride_t, TT = T * T;
+  const std::int64_t T = s.seq, D = s.head_dim, ld = s.stride_t, ldo = s.o_stride_t, TT = T * T;
   const float scale = static_cast<float>(s.softmax_scale());
   Allocator& alloc = *ctx.allocator;
   const std::size_t dp_bytes = static_cast<std::size_t>(s.batch * s.heads * TT) * esize(dtype);
@@ -155,14 +156,15 @@ void attention_naive_backward(Context& ctx, const AttentionShape& s, DType dtype
     ~Free() { a.deallocate(ptr, bytes, "attention_naive_dp"); }
   } guard{alloc, dP, dp_bytes};
   for_head_groups(s, [&](std::int64_t b, std::int64_t nb) {
-    const std::int64_t off = b * s.stride_b, poff = b * s.heads * TT;
+    const std::int64_t off = b * s.stride_b, ooff = b * s.o_stride_b, poff = b * s.heads * TT;
     const int batch = static_cast<int>(nb);
     // dV^c = dO^c P^c^T
-    gemm_batched(ctx, dtype, false, true, D, T, T, 1.f, {at(dout, off, dtype), ld, s.stride_h},
+    gemm_batched(ctx, dtype, false, true, D, T, T, 1.f, {at(dout, ooff, dtype), ldo, s.o_stride_h},
                  {at(probs, poff, dtype), T, TT}, 0.f, const_cast<char*>(at(dv, off, dtype)), ld, s.stride_h, batch);
     // dP^c = V^c^T dO^c
     gemm_batched(ctx, dtype, true, false, T, T, D, 1.f, {at(v, off, dtype), ld, s.stride_h},
-                 {at(dout, off, dtype), ld, s.stride_h}, 0.f, const_cast<char*>(at(dP, poff, dtype)), T, TT, batch);
+                 {at(dout, ooff, dtype), ldo, s.o_stride_h}, 0.f, const_cast<char*>(at(dP, poff, dtype)), T, TT,
+                 batch);
   });
   const long long rows = s.batch * s.heads * T;
   attn::launch_naive_softmax_backward(elem(dtype), stream(ctx), probs, dP, rows, T);

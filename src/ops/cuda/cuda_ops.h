@@ -21,6 +21,12 @@ void linear_group(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, 
 void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws,
                            const std::vector<Tensor>& dys, Tensor* dx, const std::vector<Tensor>* dws,
                            bool accumulate_dw);
+// ops::linear_side_by_side's products when the weights do not lie back to back: y [M, n*R] gets
+// x ws[i]^T in its columns [i*R, (i+1)*R) (row stride n*R); the backward reads dy's column blocks
+// the same way: dx = sum_i dy_i ws[i] (later products added in the GEMM epilogue), dws[i] (+)= dy_i^T x.
+void linear_columns(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, Tensor& y);
+void linear_columns_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const Tensor& dy,
+                             Tensor* dx, const std::vector<Tensor>* dws, bool accumulate_dw);
 
 void embedding(Context& ctx, const Tensor& ids, const Tensor& table, Tensor& out);
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable);
@@ -32,9 +38,11 @@ void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w
                  Tensor& rstd);
 
 void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
-          bool inverse);
+          bool inverse, std::int64_t row_stride);
 
-void swiglu(Context& ctx, const Tensor& a, const Tensor& b, Tensor& h);
+// a, b (da, db) rows of `ld` elements, h and dh contiguous [rows, cols] (ops::swiglu_rows).
+void swiglu(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+            Tensor& h);
 // ops::moe_experts and its backward as grouped GEMMs (model.moe_expert_gemm = grouped;
 // moe_experts_grouped.cpp); shapes checked by the caller.
 void moe_experts_grouped(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
@@ -43,7 +51,8 @@ void moe_experts_grouped_backward(Context& ctx, const Tensor& x, const std::vect
                                   const Tensor& W1, const Tensor& W3, const Tensor& W2, const Tensor& a,
                                   const Tensor& b, const Tensor& g, const Tensor& dy, Tensor& dg, Tensor& da,
                                   Tensor& db, Tensor& dx, Tensor& G1, Tensor& G3, Tensor& G2, bool accumulate);
-void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& dh, Tensor& da, Tensor& db);
+void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
+                     std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db);
 
 void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, Tensor& loss_sum, Tensor* dlogits,
                    double grad_scale);

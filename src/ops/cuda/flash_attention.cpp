@@ -49,6 +49,9 @@ attn::Params make_params(const AttentionShape& s) {
   p.stride_b = s.stride_b;
   p.stride_h = s.stride_h;
   p.stride_t = s.stride_t;
+  p.o_stride_b = s.o_stride_b;
+  p.o_stride_h = s.o_stride_h;
+  p.o_stride_t = s.o_stride_t;
   p.scale = static_cast<float>(s.softmax_scale());
   p.causal = s.causal;
   return p;
@@ -57,11 +60,12 @@ attn::Params make_params(const AttentionShape& s) {
 bool aligned16(const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0; }
 
 // The tensor-core kernels copy rows with 16-byte cp.async: 16-bit types, head dims and strides in
-// multiples of 8 elements and 16-byte aligned base pointers.
+// multiples of 8 elements (both stride sets) and 16-byte aligned base pointers.
 bool tensor_core_ok(const AttentionShape& s, DType d, std::initializer_list<const void*> ptrs) {
   if (d != DType::bf16 && d != DType::f16) return false;
   if (s.head_dim % 8 || attn::padded_head_dim(static_cast<int>(s.head_dim)) == 0) return false;
   if (s.stride_b % 8 || s.stride_h % 8 || s.stride_t % 8) return false;
+  if (s.o_stride_b % 8 || s.o_stride_h % 8 || s.o_stride_t % 8) return false;
   for (const void* ptr : ptrs)
     if (!aligned16(ptr)) return false;
   return true;

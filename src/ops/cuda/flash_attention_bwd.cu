@@ -40,7 +40,7 @@ __global__ void flash_bwd_dsum_kernel(const Params p) {
   const int lane = threadIdx.x & 31;
   const int t = static_cast<int>(row % p.seq);
   const long long bh = row / p.seq, b = bh / p.heads, h = bh % p.heads;
-  const long long off = b * p.stride_b + h * p.stride_h + t * p.stride_t;
+  const long long off = b * p.o_stride_b + h * p.o_stride_h + t * p.o_stride_t;   // O and dO's layout
   const E* o = static_cast<const E*>(p.o) + off;
   const E* dout = static_cast<const E*>(p.dout) + off;
   float acc = 0.f;
@@ -100,7 +100,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
   const E* Q = static_cast<const E*>(p.q) + head;
   const E* K = static_cast<const E*>(p.k) + head;
   const E* V = static_cast<const E*>(p.v) + head;
-  const E* dO = static_cast<const E*>(p.dout) + head;
+  const E* dO = static_cast<const E*>(p.dout) + b * p.o_stride_b + h * p.o_stride_h;   // dO's own layout
+  const long long ldo = p.o_stride_t;
   const float* lse = p.lse + static_cast<long long>(bh) * T;
   const float* dsum = p.dsum + static_cast<long long>(bh) * T;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dkdv_kernel(const Param
 
   auto load_q_tile = [&](int buf, int qs0) {
     load_tile<E, Br, D, kThreads>(Qs + buf * Br * LD, Q, ld, qs0, T, dreal);
-    load_tile<E, Br, D, kThreads>(dOs + buf * Br * LD, dO, ld, qs0, T, dreal);
+    load_tile<E, Br, D, kThreads>(dOs + buf * Br * LD, dO, ldo, qs0, T, dreal);
     for (int r = threadIdx.x; r < Br; r += kThreads) {
       const int q = qs0 + r;
       Ls[buf * Br + r] = q < T ? lse[q] * kLog2e : INFINITY;

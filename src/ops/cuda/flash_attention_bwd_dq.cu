@@ -35,7 +35,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dq_kernel(const Params 
   const E* Q = static_cast<const E*>(p.q) + head;
   const E* K = static_cast<const E*>(p.k) + head;
   const E* V = static_cast<const E*>(p.v) + head;
-  const E* dO = static_cast<const E*>(p.dout) + head;
+  const E* dO = static_cast<const E*>(p.dout) + b * p.o_stride_b + h * p.o_stride_h;   // dO's own layout
+  const long long ldo = p.o_stride_t;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow0 = warp * 16 * MT, row0 = q0 + wrow0 + g;   // rows row0 + 16*mt + 8*hr
   const float sl2 = p.scale * kLog2e;
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_bwd_dq_kernel(const Params 
   const int n_ktiles = (kv_end + Bc - 1) / Bc;
 
   load_tile<E, Br, D, kThreads>(Qs, Q, ld, q0, T, dreal);
-  load_tile<E, Br, D, kThreads>(dOs, dO, ld, q0, T, dreal);
+  load_tile<E, Br, D, kThreads>(dOs, dO, ldo, q0, T, dreal);
   load_tile<E, Bc, D, kThreads>(Ks, K, ld, 0, T, dreal);
   load_tile<E, Bc, D, kThreads>(Vs, V, ld, 0, T, dreal);
   cp_async_commit();

@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_mma_kernel(const Params
   const E* Q = static_cast<const E*>(p.q) + head;
   const E* K = static_cast<const E*>(p.k) + head;
   const E* V = static_cast<const E*>(p.v) + head;
-  E* O = static_cast<E*>(p.out) + head;
+  E* O = static_cast<E*>(p.out) + b * p.o_stride_b + h * p.o_stride_h;   // o's own layout
+  const long long ldo = p.o_stride_t;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow0 = warp * 16 * MT;            // first row of this warp in the tile
   const int row0 = q0 + wrow0 + g;             // rows row0 + 16*mt (+8)
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_mma_kernel(const Params
 #pragma unroll
         for (int d = 0; d < D / 8; ++d)
           if (d * 8 < dreal)   // padded columns are not part of O
-            *reinterpret_cast<std::uint32_t*>(O + row * ld + d * 8 + 2 * t) =
+            *reinterpret_cast<std::uint32_t*>(O + row * ldo + d * 8 + 2 * t) =
                 pack2<E>(oacc[mt][d][2 * hr] * inv, oacc[mt][d][2 * hr + 1] * inv);
         if (t == 0) p.lse[static_cast<long long>(bh) * T + row] = (m[mt][hr] + log2f(lsum)) * kLn2;
       }

@@ -97,11 +97,11 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_simt_kernel(const Params p
     }
   }
   if (row < T) {
-    E* O = static_cast<E*>(p.out) + head;
+    E* O = static_cast<E*>(p.out) + b * p.o_stride_b + h * p.o_stride_h;   // o's own layout
     const float inv = 1.f / l;
 #pragma unroll
     for (int e = 0; e < S::DP; ++e)
-      if (e0 + e < dreal) O[row * ld + e0 + e] = from_float<E>(acc[e] * inv);
+      if (e0 + e < dreal) O[row * p.o_stride_t + e0 + e] = from_float<E>(acc[e] * inv);
     if (part == 0) p.lse[static_cast<long long>(bh) * T + row] = (m + log2f(l)) * kLn2;
   }
 }
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_simt_kernel(const Param
   const int row = q0 + static_cast<int>(threadIdx.x) / S::G, part = threadIdx.x % S::G, e0 = part * S::DP;
   const float sl2 = p.scale * kLog2e;
   const E* Q = static_cast<const E*>(p.q) + head;
-  const E* dO = static_cast<const E*>(p.dout) + head;
+  const E* dO = static_cast<const E*>(p.dout) + b * p.o_stride_b + h * p.o_stride_h;   // dO's own layout
   const bool live = row < T;
   const float L = live ? p.lse[static_cast<long long>(bh) * T + row] * kLog2e : 0.f;
   const float Drow = live ? p.dsum[static_cast<long long>(bh) * T + row] : 0.f;
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_simt_kernel(const Param
 #pragma unroll
   for (int e = 0; e < S::DP; ++e) {
     q[e] = live && e0 + e < dreal ? to_float(Q[row * ld + e0 + e]) : 0.f;
-    dov[e] = live && e0 + e < dreal ? to_float(dO[row * ld + e0 + e]) : 0.f;
+    dov[e] = live && e0 + e < dreal ? to_float(dO[row * p.o_stride_t + e0 + e]) : 0.f;
     dq[e] = 0.f;
   }
   const int kv_end = p.causal ? min(T, q0 + S::R) : T;
@@ -191,7 +191,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dkdv_simt_kernel(const Par
   for (int qs0 = q_begin; qs0 < T; qs0 += kTile) {
     __syncthreads();
     stage<E, D>(Qs, static_cast<const E*>(p.q) + head, ld, qs0, T, dreal);
-    stage<E, D>(dOs, static_cast<const E*>(p.dout) + head, ld, qs0, T, dreal);
+    stage<E, D>(dOs, static_cast<const E*>(p.dout) + b * p.o_stride_b + h * p.o_stride_h, p.o_stride_t, qs0, T,
+                dreal);
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
       Ls[r] = qs0 + r < T ? lse[qs0 + r] * kLog2e : INFINITY;
       Ds[r] = qs0 + r < T ? dsum[qs0 + r] : 0.f;

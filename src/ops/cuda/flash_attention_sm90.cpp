@@ -29,15 +29,18 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
-// [batch, heads, seq, head_dim] with the call's strides (elements), boxes of `rows` x 64.
-CUtensorMap make_map(const void* base, const Params& p, Elem e, int rows) {
+// [batch, heads, seq, head_dim] with the call's strides (elements; q, k, v's, or o and dO's when
+// `o_layout`), boxes of `rows` x 64.
+CUtensorMap make_map(const void* base, const Params& p, Elem e, int rows, bool o_layout = false) {
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
   const cuuint64_t elem = 2;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq),
                               static_cast<cuuint64_t>(p.heads), static_cast<cuuint64_t>(p.batch)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.stride_t) * elem, static_cast<cuuint64_t>(p.stride_h) * elem,
-                                 static_cast<cuuint64_t>(p.stride_b) * elem};
+  const long long st = o_layout ? p.o_stride_t : p.stride_t, sh = o_layout ? p.o_stride_h : p.stride_h,
+                  sb = o_layout ? p.o_stride_b : p.stride_b;
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(st) * elem, static_cast<cuuint64_t>(sh) * elem,
+                                 static_cast<cuuint64_t>(sb) * elem};
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(rows), 1, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
@@ -70,6 +73,7 @@ bool sm90_layout_ok(const Params& p, Elem e) {
   if (p.head_dim != 64 && p.head_dim != 128) return false;
   // TMA: 16-byte aligned base and strides that are multiples of 16 bytes (8 elements).
   if (p.stride_t % 8 || p.stride_h % 8 || p.stride_b % 8) return false;
+  if (p.o_stride_t % 8 || p.o_stride_h % 8 || p.o_stride_b % 8) return false;   // o, dO (TMA for dO too)
   for (const void* ptr : {p.q, p.k, p.v, p.o, p.dout, static_cast<const void*>(p.out), static_cast<const void*>(p.dq),
                           static_cast<const void*>(p.dk), static_cast<const void*>(p.dv)})
     if (ptr != nullptr && !aligned16(ptr)) return false;
@@ -90,7 +94,7 @@ TmaMaps make_sm90_bwd_maps(const Params& p, Elem e) {
   m.q = make_map(p.q, p, e, 64);
   m.k = make_map(p.k, p, e, 128);
   m.v = make_map(p.v, p, e, 128);
-  m.dout = make_map(p.dout, p, e, 64);
+  m.dout = make_map(p.dout, p, e, 64, true);
   return m;
 }
 

@@ -139,7 +139,7 @@ __global__ void flash_bwd_sm90_prep_kernel(const Params p, int seq_pad) {
   const long long bh = row / seq_pad, b = bh / p.heads, h = bh % p.heads;
   float acc = 0.f;
   if (t < p.seq) {
-    const long long off = b * p.stride_b + h * p.stride_h + t * p.stride_t + lane * 8;
+    const long long off = b * p.o_stride_b + h * p.o_stride_h + t * p.o_stride_t + lane * 8;   // O, dO layout
     const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const E*>(p.o) + off);
     const uint4 dv = *reinterpret_cast<const uint4*>(static_cast<const E*>(p.dout) + off);
     const E* oe = reinterpret_cast<const E*>(&ov);
@@ -466,7 +466,7 @@ void launch_flash_bwd_sm90(const Params& p, Elem e, const TmaMaps& maps, cudaStr
   const int seq_pad = sm90_bwd_seq_pad(p.seq);
   // The prep kernel's 16-byte loads of O and dO (dO's TMA map already asks the same of dO).
   if ((reinterpret_cast<std::uintptr_t>(p.o) | reinterpret_cast<std::uintptr_t>(p.dout)) % 16 != 0 ||
-      (p.stride_b | p.stride_h | p.stride_t) % 8 != 0)
+      (p.o_stride_b | p.o_stride_h | p.o_stride_t) % 8 != 0)
     throw_error("flash attention backward (sm90): O and dO must be 16-byte aligned with strides of 8 elements");
   {
     const long long threads = static_cast<long long>(p.batch) * p.heads * seq_pad * (p.head_dim / 8);

@@ -256,14 +256,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Epilogue: O / l in the input dtype, lse = ln(sum exp(scale * s)) = m * ln2 + ln(l).
-  E* out = static_cast<E*>(p.out) + static_cast<long long>(b) * p.stride_b + static_cast<long long>(h) * p.stride_h;
+  E* out = static_cast<E*>(p.out) + static_cast<long long>(b) * p.o_stride_b +
+           static_cast<long long>(h) * p.o_stride_h;   // o's own layout
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float l = quad_sum(l_run[r]);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int row = row0 + 8 * r;
     if (row < p.seq) {
-      E* dst = out + static_cast<long long>(row) * p.stride_t + 2 * t;
+      E* dst = out + static_cast<long long>(row) * p.o_stride_t + 2 * t;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j)
         *reinterpret_cast<std::uint32_t*>(dst + 8 * j) = pack2<E>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);

@@ -158,4 +158,79 @@ void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tens
   gemm(r, ctx.allow_tf32, g);
 }
 
+void linear_columns(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, Tensor& y) {
+  const std::int64_t M = rows(x), K = x.dim(-1), R = ws[0].dim(0), ld = y.dim(-1), sw = equal_spacing(ws);
+  LMSCALE_CHECK(K > 0, "linear_side_by_side: K = 0");
+  if (M == 0) return;
+  // y_i^T (R x M, ld n*R) = W_i'^T X': one strided batch when the weights are equally spaced (w1
+  // and w3 around w2), C stepping R columns; else one product per weight.
+  GemmArgs g;
+  g.trans_a = true;
+  g.m = R, g.n = M, g.k = K;
+  g.b = x.data(), g.ldb = K;
+  g.lda = K, g.ldc = ld;
+  g.ab_type = x.dtype(), g.c_type = y.dtype();
+  if (sw != 0) {
+    g.a = ws[0].data(), g.c = y.data();
+    g.batch = static_cast<int>(ws.size());
+    g.stride_a = sw, g.stride_b = 0, g.stride_c = R;
+    return gemm(resources(ctx), ctx.allow_tf32, g);
+  }
+  const std::size_t es = dtype_size(y.dtype());
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    g.a = ws[i].data();
+    g.c = static_cast<char*>(y.data()) + i * static_cast<std::size_t>(R) * es;
+    gemm(resources(ctx), ctx.allow_tf32, g);
+  }
+}
+
+void linear_columns_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const Tensor& dy,
+                             Tensor* dx, const std::vector<Tensor>* dws, bool accumulate_dw) {
+  const std::int64_t M = rows(x), K = x.dim(-1), R = ws[0].dim(0), ld = dy.dim(-1);
+  Resources& r = resources(ctx);
+  const std::size_t es = dtype_size(dy.dtype());
+  auto block = [&](std::size_t i) { return static_cast<const char*>(dy.data()) + i * static_cast<std::size_t>(R) * es; };
+  if (dx && dx->numel() > 0) {
+    LMSCALE_CHECK(R > 0, "linear_side_by_side_backward: R = 0");
+    // dx^T (K x M) = sum_i W_i' dY_i' (dY_i' = column block i, ld n*R): the first product
+    // overwrites, the others add in the epilogue.
+    for (std::size_t i = 0; i < ws.size(); ++i) {
+      GemmArgs g;
+      g.m = K, g.n = M, g.k = R;
+      g.a = ws[i].data(), g.lda = K;
+      g.b = block(i), g.ldb = ld;
+      g.c = dx->data(), g.ldc = K;
+      g.ab_type = x.dtype(), g.c_type = dx->dtype();
+      g.beta = i == 0 ? 0.f : 1.f;
+      gemm(r, ctx.allow_tf32, g);
+    }
+  }
+  if (!dws) return;
+  if (M == 0) {
+    for (const Tensor& dw : *dws)
+      if (!accumulate_dw) LMSCALE_CUDA_CHECK(cudaMemsetAsync(dw.data(), 0, dw.nbytes(), r.stream));
+    return;
+  }
+  // dw_i^T (K x R) = X' dY_i'^T: one strided batch (B stepping R columns) when the dws are
+  // equally spaced, else one product each.
+  const std::int64_t sdw = equal_spacing(*dws);
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = K, g.n = R, g.k = M;
+  g.a = x.data(), g.lda = K;
+  g.ldb = ld, g.ldc = K;
+  g.ab_type = x.dtype(), g.c_type = (*dws)[0].dtype();
+  g.beta = accumulate_dw ? 1.f : 0.f;
+  if (sdw != 0) {
+    g.b = block(0), g.c = (*dws)[0].data();
+    g.batch = static_cast<int>(ws.size());
+    g.stride_a = 0, g.stride_b = R, g.stride_c = sdw;
+    return gemm(r, ctx.allow_tf32, g);
+  }
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    g.b = block(i), g.c = (*dws)[i].data();
+    gemm(r, ctx.allow_tf32, g);
+  }
+}
+
 }  // namespace lmscale::ops::cuda

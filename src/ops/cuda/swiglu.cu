@@ -1,5 +1,6 @@
 // SwiGLU on CUDA: h = silu(a) * b and its backward, elementwise in fp32, 8 elements per thread and
-// step with 16-byte accesses when the pointers allow (scalar path for the rest).
+// step with 16-byte accesses when the pointers allow (scalar path for the rest). a and b may be
+// column blocks of wider rows (the model's a|b [N, 2F]; ops::swiglu_rows).
 #include "cuda_ops.h"
 #include "kernel_utils.cuh"
 #include "resources.h"
@@ -12,21 +13,31 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
+// a, b (da, db) are [rows, cols] blocks of rows ld elements apart; h (dh) are contiguous [rows, cols].
+// A chunk is 8 elements of one row: chunk c covers row c / cpr, columns 8 (c % cpr) on; the tail
+// columns [8 cpr, cols) of every row go element by element.
+struct Rows {
+  std::int64_t rows, cols, ld, cpr;   // cpr: chunks per row (0: no vector path)
+  __device__ std::int64_t tail() const { return cols - cpr * kChunk; }
+};
+
 template <class T>
-__global__ void swiglu_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ h, std::int64_t n,
-                              std::int64_t chunks) {
+__global__ void swiglu_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ h, Rows g) {
   const std::int64_t i0 = thread_index(), step = thread_stride();
-  for (std::int64_t c = i0; c < chunks; c += step) {
+  for (std::int64_t c = i0; c < g.rows * g.cpr; c += step) {
+    const std::int64_t r = c / g.cpr, col = (c % g.cpr) * kChunk;
     float x[kChunk], y[kChunk];
-    load_chunk(a + c * kChunk, x);
-    load_chunk(b + c * kChunk, y);
+    load_chunk(a + r * g.ld + col, x);
+    load_chunk(b + r * g.ld + col, y);
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) x[e] = x[e] * sigmoid(x[e]) * y[e];
-    store_chunk(h + c * kChunk, x);
+    store_chunk(h + r * g.cols + col, x);
   }
-  for (std::int64_t i = chunks * kChunk + i0; i < n; i += step) {
-    const float x = to_f32(a[i]);
-    h[i] = from_f32<T>(x * sigmoid(x) * to_f32(b[i]));
+  const std::int64_t tail = g.tail();
+  for (std::int64_t i = i0; i < g.rows * tail; i += step) {
+    const std::int64_t r = i / tail, col = g.cpr * kChunk + i % tail;
+    const float x = to_f32(a[r * g.ld + col]);
+    h[r * g.cols + col] = from_f32<T>(x * sigmoid(x) * to_f32(b[r * g.ld + col]));
   }
 }
 
@@ -39,61 +50,70 @@ __device__ __forceinline__ void swiglu_grad(float a, float b, float dh, float& d
 
 template <class T>
 __global__ void swiglu_backward_kernel(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ dh,
-                                       T* __restrict__ da, T* __restrict__ db, std::int64_t n, std::int64_t chunks) {
+                                       T* __restrict__ da, T* __restrict__ db, Rows g) {
   const std::int64_t i0 = thread_index(), step = thread_stride();
-  for (std::int64_t c = i0; c < chunks; c += step) {
-    float x[kChunk], y[kChunk], g[kChunk], gx[kChunk], gy[kChunk];
-    load_chunk(a + c * kChunk, x);
-    load_chunk(b + c * kChunk, y);
-    load_chunk(dh + c * kChunk, g);
+  for (std::int64_t c = i0; c < g.rows * g.cpr; c += step) {
+    const std::int64_t r = c / g.cpr, col = (c % g.cpr) * kChunk, o = r * g.ld + col;
+    float x[kChunk], y[kChunk], gr[kChunk], gx[kChunk], gy[kChunk];
+    load_chunk(a + o, x);
+    load_chunk(b + o, y);
+    load_chunk(dh + r * g.cols + col, gr);
 #pragma unroll
-    for (int e = 0; e < kChunk; ++e) swiglu_grad(x[e], y[e], g[e], gx[e], gy[e]);
-    store_chunk(da + c * kChunk, gx);
-    store_chunk(db + c * kChunk, gy);
+    for (int e = 0; e < kChunk; ++e) swiglu_grad(x[e], y[e], gr[e], gx[e], gy[e]);
+    store_chunk(da + o, gx);
+    store_chunk(db + o, gy);
   }
-  for (std::int64_t i = chunks * kChunk + i0; i < n; i += step) {
+  const std::int64_t tail = g.tail();
+  for (std::int64_t i = i0; i < g.rows * tail; i += step) {
+    const std::int64_t r = i / tail, col = g.cpr * kChunk + i % tail, o = r * g.ld + col;
     float gx, gy;
-    swiglu_grad(to_f32(a[i]), to_f32(b[i]), to_f32(dh[i]), gx, gy);
-    da[i] = from_f32<T>(gx);
-    db[i] = from_f32<T>(gy);
+    swiglu_grad(to_f32(a[o]), to_f32(b[o]), to_f32(dh[r * g.cols + col]), gx, gy);
+    da[o] = from_f32<T>(gx);
+    db[o] = from_f32<T>(gy);
   }
 }
 
-void check_same(const char* op, std::initializer_list<const Tensor*> ts) {
-  const Tensor& f = **ts.begin();
-  for (const Tensor* t : ts)
-    LMSCALE_CHECK(t->dtype() == f.dtype() && t->numel() == f.numel(), "{}: tensors differ in dtype or size", op);
+// Contiguous blocks (ld == cols) are one long row. The vector path needs every pointer 16-byte
+// aligned and, with several rows, cols and ld multiples of 8 elements (so every row starts aligned).
+Rows plan(std::int64_t rows, std::int64_t cols, std::int64_t ld, bool aligned) {
+  if (ld == cols) {
+    cols *= rows;
+    ld = cols;
+    rows = 1;
+  }
+  const bool vec = aligned && (rows == 1 || (cols % kChunk == 0 && ld % kChunk == 0));
+  return {rows, cols, ld, vec ? cols / kChunk : 0};
+}
+
+unsigned grid_of(const Rows& g, int num_sms) {
+  const std::int64_t work = std::max<std::int64_t>(g.rows * g.cpr, g.rows * (g.cols - g.cpr * kChunk));
+  return grid_for(work, kThreads, num_sms);
 }
 
 }  // namespace
 
-void swiglu(Context& ctx, const Tensor& a, const Tensor& b, Tensor& h) {
-  check_same("swiglu", {&a, &b, &h});
-  const std::int64_t n = a.numel();
-  if (n == 0) return;
+void swiglu(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+            Tensor& h) {
+  if (rows == 0 || cols == 0) return;
   Resources& r = resources(ctx);
-  const bool aligned = is_aligned16(a.data()) && is_aligned16(b.data()) && is_aligned16(h.data());
-  const std::int64_t chunks = aligned ? n / kChunk : 0;
-  const unsigned grid = grid_for(std::max<std::int64_t>(chunks, n - chunks * kChunk), kThreads, r.num_sms);
+  const Rows g = plan(rows, cols, ld, is_aligned16(a.data()) && is_aligned16(b.data()) && is_aligned16(h.data()));
   LMSCALE_CUDA_DISPATCH_FLOAT(a.dtype(), "swiglu", T,
-                              swiglu_kernel<T><<<grid, kThreads, 0, r.stream>>>(
-                                  a.data_as<const T>(), b.data_as<const T>(), h.data_as<T>(), n, chunks));
+                              swiglu_kernel<T><<<grid_of(g, r.num_sms), kThreads, 0, r.stream>>>(
+                                  a.data_as<const T>(), b.data_as<const T>(), h.data_as<T>(), g));
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& dh, Tensor& da, Tensor& db) {
-  check_same("swiglu_backward", {&a, &b, &dh, &da, &db});
-  const std::int64_t n = a.numel();
-  if (n == 0) return;
+void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
+                     std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db) {
+  if (rows == 0 || cols == 0) return;
   Resources& r = resources(ctx);
   const bool aligned = is_aligned16(a.data()) && is_aligned16(b.data()) && is_aligned16(dh.data()) &&
                        is_aligned16(da.data()) && is_aligned16(db.data());
-  const std::int64_t chunks = aligned ? n / kChunk : 0;
-  const unsigned grid = grid_for(std::max<std::int64_t>(chunks, n - chunks * kChunk), kThreads, r.num_sms);
+  const Rows g = plan(rows, cols, ld, aligned);
   LMSCALE_CUDA_DISPATCH_FLOAT(a.dtype(), "swiglu_backward", T,
-                              swiglu_backward_kernel<T><<<grid, kThreads, 0, r.stream>>>(
+                              swiglu_backward_kernel<T><<<grid_of(g, r.num_sms), kThreads, 0, r.stream>>>(
                                   a.data_as<const T>(), b.data_as<const T>(), dh.data_as<const T>(), da.data_as<T>(),
-                                  db.data_as<T>(), n, chunks));
+                                  db.data_as<T>(), g));
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
