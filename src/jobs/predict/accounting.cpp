@@ -57,14 +57,33 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                L = static_cast<double>(m.layers), V = static_cast<double>(m.vocab), b = static_cast<double>(a.local_batch);
   auto add = [&](std::string name, double bytes, std::string f) { a.memory.push_back({std::move(name), bytes, std::move(f)}); };
   // FSDP units: embedding, blocks, head; the norms (2d per block, d final) stay replicated.
-  const double unit_block = 4 * d * d + 3 * d * F, unit_head = V * d, norm_params = (2 * L + 1) * d;
+  const double unit_head = V * d, norm_params = (2 * L + 1) * d;
+  double unit_block = 4 * d * d + 3 * d * F, units_blocks = L * unit_block;
+  std::string unit_block_f = "block 4d^2 + 3dF";
+  if (spec.ep > 1 && m.moe()) {
+    // Under ep an MoE block's unit is its attention, its router [E,d] and this rank's E/ep experts
+    // (w1, w3 [Fe,d], w2 [d,Fe] each); the largest unit is the prefetched one counted.
+    const double E = static_cast<double>(m.moe_experts), Fe = static_cast<double>(m.moe_dff),
+                 Lm = static_cast<double>(m.moe_block_count());
+    const double unit_moe = 4 * d * d + E * d + 3 * d * Fe * E / spec.ep;
+    units_blocks = (L - Lm) * unit_block + Lm * unit_moe;
+    unit_block = Lm < L ? std::max(unit_block, unit_moe) : unit_moe;
+    unit_block_f = Lm < L ? "largest block (MoE: 4d^2 + E d + 3 d Fe E/ep)" : "MoE block 4d^2 + E d + 3 d Fe E/ep";
+  }
   // Tensor parallel: a rank holds 1/tp of every parameter but the replicated norm weights, so the
   // non-FSDP items below count Pr = (P - norms)/tp + norms (= P with tp = 1).
-  const double Pr = (P - norm_params) / tp + norm_params;
+  // Expert parallelism (parallel.ep > 1): the rank's store holds Ph = P - Pe + Pe/ep (its E/ep of
+  // every MoE block's experts) and ZeRO/FSDP shard it over ns = dp/ep ranks (expert_dp); without
+  // ep Ph = P and ns = dp, so the rows below are a dense model's.
+  const HeldParameters held = held_parameters(cfg, world);
+  const double Ph = held.held;
+  const int ns = held.shard_ranks;
+  const std::string n = held.shard_name, hp = held.experts > 0 ? "P - Pe + Pe/ep" : "P";
+  const double Pr = (Ph - norm_params) / tp + norm_params;
   // FSDP shards what the rank would hold without it: under tensor parallelism (2D) its slices,
   // Ps = (P - norms)/tp elements, over the dp ranks; gathered units are slices too (1/tp).
-  const double Ps = (P - norm_params) / tp;
-  const std::string ps = tp > 1 ? "(P - norms)/tp" : "(P - norms)";
+  const double Ps = (Ph - norm_params) / tp;
+  const std::string ps = "(" + hp + " - norms)" + (tp > 1 ? "/tp" : "");
   // parallel.offload = optimizer (adamw only): the offloaded state leaves the device (below, and
   // a.host_bytes); fsdp also keeps its shard's 16-bit copy for the gathers instead of a cast.
   // optimizer+params: the 16-bit copy is in host memory too; each gather copies its unit's shard
@@ -77,9 +96,9 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
       add("parameters_lowp", 0, "0: the shard's 16-bit copy is in host memory (optimizer+params; each gather copies "
                                 "its unit's shard up, counted in fsdp_gathered)");
     else
-      add("parameters_lowp", e * Ps / dp, "e x " + ps + " / N (the shard's 16-bit copy the all-gathers send)");
+      add("parameters_lowp", e * Ps / ns, "e x " + ps + " / " + n + " (the shard's 16-bit copy the all-gathers send)");
   } else if (fsdp) {
-    add("parameters", 4 * Ps / dp + 4 * norm_params, "4 B x " + ps + " / N (fp32 master shard) + replicated norms");
+    add("parameters", 4 * Ps / ns + 4 * norm_params, "4 B x " + ps + " / " + n + " (fp32 master shard) + replicated norms");
   }
   if (fsdp) {
     // A gather's send buffer [unit / N]: the cast shard (mixed precision), the shard copied up from
@@ -87,22 +106,23 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     const bool send = offload ? offload_params : mixed;
     add("gradients", 4 * norm_params, "replicated norm gradients (each unit's full-size gradients live only from its "
                                       "backward to its reduce-scatter)");
-    add("gradient_shard", 4 * Ps / dp, "4 B x " + ps + " / N (fp32)");
+    add("gradient_shard", 4 * Ps / ns, "4 B x " + ps + " / " + n + " (fp32)");
     if (!fp8_gather) {
-      add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + (send ? 1.0 / dp : 0.0))) / tp +
-                               (cfg.parallel.reshard_after_forward ? 0.0 : e * (L * unit_block + V * d) / tp),
+      add("fsdp_gathered", e * (unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + (send ? 1.0 / ns : 0.0))) / tp +
+                               (cfg.parallel.reshard_after_forward ? 0.0 : e * (units_blocks + V * d) / tp),
           std::string(cfg.parallel.reshard_after_forward
-                          ? "e x (head unit V d, kept from its forward to its backward + prefetch x block 4d^2 + 3dF"
-                          : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x block") +
-              (send ? (offload_params ? ", and its shard copied up from the host / N)" : ", and its cast shard / N)") : ")") +
+                          ? "e x (head unit V d, kept from its forward to its backward + prefetch x " + unit_block_f
+                          : "e x (every unit: kept from the forward to the backward) + e x (head + prefetch x " + unit_block_f) +
+              (send ? (offload_params ? ", and its shard copied up from the host / " + n + ")" : ", and its cast shard / " + n + ")")
+                    : std::string(")")) +
               (tp > 1 ? " / tp" : ""));
     } else {
       // parallel.fsdp_gather_dtype = fp8 (tp = 1): a block unit's gathered weights and its e4m3
       // send buffer are 1 B per element (optimizer+params also keeps the copied-up e B shard until
       // the gather); the head unit stays in the compute dtype.
-      const double block_send = (1 + (offload_params ? e : 0.0)) / dp;
+      const double block_send = (1 + (offload_params ? e : 0.0)) / ns;
       add("fsdp_gathered", e * unit_head + cfg.parallel.fsdp_prefetch * unit_block * (1 + block_send) +
-                               (cfg.parallel.reshard_after_forward ? 0.0 : L * unit_block + e * V * d),
+                               (cfg.parallel.reshard_after_forward ? 0.0 : units_blocks + e * V * d),
           std::string(cfg.parallel.reshard_after_forward
                           ? "e x head unit V d + 1 B x prefetch x block 4d^2 + 3dF (e4m3)"
                           : "1 B x every block + e x (embedding + head) (kept from the forward to the backward) + e x "
@@ -112,7 +132,7 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     }
   }
   // The parameters a rank holds: P, or Pr under tensor parallelism.
-  const std::string p = tp > 1 && !fsdp ? "Pr" : "P";
+  const std::string p = tp > 1 && !fsdp ? "Pr" : held.experts > 0 ? "(" + hp + ")" : "P";
   if (!fsdp && offload && mixed) {   // the store keeps fp32 only for the norms (parallel::Spec::master_in_store)
     add("parameters", 4 * norm_params, "replicated norms (fp32; the master of the rest is in host memory)");
     add("parameters_lowp", 2 * Pr, "2 B x " + p + " (bf16/fp16 working copy)");
@@ -127,13 +147,13 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   else
     add("gradients", 4 * Pr, "4 B x " + p + " (one flat fp32 buffer)");
   if (spec.gradient_shard())
-    add("gradient_shard", 4 * Pr / dp, "4 B x " + p + " / N (reduced range)");
+    add("gradient_shard", 4 * Pr / ns, "4 B x " + p + " / " + n + " (reduced range)");
   // parallel.grad_exchange = copy-engine (zero2 or bucketed DDP): the receive window's slots (its
   // few KiB of signal flags are left to the memory model).
   const parallel::CopyEngineWindow window = spec.copy_engine_window();
   if (window != parallel::CopyEngineWindow::none)
-    add("gradient_exchange_window", 4 * Pr * (dp - 1) / dp,
-        "4 B x " + p + " x (N - 1) / N (copy-engine receive window: " +
+    add("gradient_exchange_window", 4 * Pr * (ns - 1) / ns,
+        "4 B x " + p + " x (" + n + " - 1) / " + n + " (copy-engine receive window: " +
             (window == parallel::CopyEngineWindow::shard_slots ? "one shard-sized slot per other rank)"
                                                                : "each bucket's part of this rank from every other rank)"));
   // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
@@ -150,25 +170,25 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
       const double gathered = Ps + (regather ? L * unit_block / tp : 0.0);
       // The delayed update keeps two pinned copies: the one the gathers read, the one the host writes.
       const bool delayed = cfg.parallel.offload_delayed_update;
-      a.host_bytes = (12 + (delayed ? 2 : 1) * e) * Ps / dp;
+      a.host_bytes = (12 + (delayed ? 2 : 1) * e) * Ps / ns;
       a.host_formula = std::string(delayed ? "(12 + 2e)" : "(12 + e)") + " B x " + ps +
-                       " / N (fp32 master, m, v of the shard and its pinned 16-bit cop" +
+                       " / " + n + " (fp32 master, m, v of the shard and its pinned 16-bit cop" +
                        (delayed ? "ies: the delayed update's two" : "y") + "; parallel/offloaded_shards.h)";
-      a.host_transfer_bytes_per_step = 4 * Ps / dp + micro * e * gathered / dp;
-      a.host_transfer_formula = "4 B x " + ps + " / N (fp32 gradient shard down) + e B x " +
+      a.host_transfer_bytes_per_step = 4 * Ps / ns + micro * e * gathered / ns;
+      a.host_transfer_formula = "4 B x " + ps + " / " + n + " (fp32 gradient shard down) + e B x " +
                                 (micro > 1 ? fmt::format("{:.0f} micro-batches x ", micro) : std::string()) + "(" + ps +
                                 (regather ? std::string(" + L blocks") + (tp > 1 ? "/tp" : "") : std::string()) +
                                 ") / N (each gather copies its unit's shard up: the forward's" +
                                 (regather ? ", the backward's regathers)" : ")");
     } else {
-      a.host_bytes = 12 * Ps / dp;
-      a.host_formula = "12 B x " + ps + " / N (fp32 master, m, v of the shard; parallel/offloaded_shards.h)";
-      a.host_transfer_bytes_per_step = (4 + e) * Ps / dp;
-      a.host_transfer_formula = "(4 + e) B x " + ps + " / N (fp32 gradient shard down, its 16-bit copy up)";
+      a.host_bytes = 12 * Ps / ns;
+      a.host_formula = "12 B x " + ps + " / " + n + " (fp32 master, m, v of the shard; parallel/offloaded_shards.h)";
+      a.host_transfer_bytes_per_step = (4 + e) * Ps / ns;
+      a.host_transfer_formula = "(4 + e) B x " + ps + " / " + n + " (fp32 gradient shard down, its 16-bit copy up)";
     }
   } else if (offload) {
-    const double owned = Pr / (sharded ? dp : 1);
-    const std::string o = sharded ? p + " / N" : p;
+    const double owned = Pr / (sharded ? ns : 1);
+    const std::string o = sharded ? p + " / " + n : p;
     add("optimizer_state", 0, "0: adamw m, v of " + o + " are in host memory");
     a.host_bytes = 12 * owned;
     a.host_formula = "12 B x " + o + " (fp32 master, m, v of what the rank owns; parallel/offloaded_shards.h)";
@@ -176,12 +196,18 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     a.host_transfer_formula = "(4 + e) B x " + o + " (fp32 gradients down, the weights the forward reads up: e per "
                               "matrix and embedding element, 4 per norm weight)";
   } else if (fsdp) {   // the shard's state and the replicated norms'
-    add("optimizer_state", (one_state ? 4 : 8) * (Ps / dp + norm_params),
-        sb + "(" + ps + " / N + norms) (" + what + " of this rank's shard and of the norms)");
+    add("optimizer_state", (one_state ? 4 : 8) * (Ps / ns + norm_params),
+        sb + "(" + ps + " / " + n + " + norms) (" + what + " of this rank's shard and of the norms)");
   } else {
-    add("optimizer_state", (one_state ? 4 : 8) * Pr / (sharded ? dp : 1),
-        sharded ? sb + p + " / N (" + what + " of this rank's range)" : sb + p + " (" + what + ")");
+    add("optimizer_state", (one_state ? 4 : 8) * Pr / (sharded ? ns : 1),
+        sharded ? sb + p + " / " + n + " (" + what + " of this rank's range)" : sb + p + " (" + what + ")");
   }
+  if (held.experts > 0)   // define Pe where the rows first use it
+    for (auto& it : a.memory)
+      if (it.name == "parameters")
+        it.formula += fmt::format("; Pe = {:.4g} parameters of all experts, E/ep = {}/{} of them on this rank{}",
+                                  held.experts, m.moe_experts, held.ep,
+                                  ns > 1 ? fmt::format(", sharded over dp/ep = {} ranks", ns) : "");
   // Activations kept from the forward to the backward, as the checkpointing policy says
   // (model/recompute.h); every-k adds one recomputed group at the start of the backward.
   // Tensor parallel: q, k, v, o and a, b, g are split (1/tp), x, y1, h, y2 and the norms' rstd
@@ -251,8 +277,10 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   for (const auto& it : a.memory) a.peak_bytes += it.bytes;
   // Bytes each rank sends per step (ring algorithms): all-reduce 2(N-1)/N x G, reduce-scatter
   // and all-gather (N-1)/N x G each; zero1-broadcast: all-reduce + the owner's broadcasts.
-  const double G = 4 * Pr, f = dp > 1 ? static_cast<double>(dp - 1) / dp : 0.0;
-  if (dp <= 1) {
+  // Under ep the data-parallel strategy runs over expert_dp (ns = dp/ep ranks, on Ph); the ep term
+  // is added below.
+  const double G = 4 * Pr, f = ns > 1 ? static_cast<double>(ns - 1) / ns : 0.0;
+  if (ns <= 1) {
     a.comm_formula = "none (one data-parallel rank)";
   } else if (!sharded) {
     a.comm_bytes_per_step = 2 * f * G;
@@ -287,6 +315,15 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     a.comm_formula = mixed ? "reduce-scatter (N-1)/N x 4P + all-gather of the working copy (N-1)/N x 2P and of the "
                              "fp32 norm weights (N-1)/N x 4 (2L+1) d"
                            : "reduce-scatter (N-1)/N x 4P + all-gather (N-1)/N x 4P";
+  }
+  if (held.experts > 0) {
+    // The dense gradients are first summed over the ep group: an all-reduce of P - Pe fp32
+    // elements per step (fsdp: per micro-batch, as each unit's reduce-scatter follows its backward).
+    const double micro = fsdp && !bench ? static_cast<double>(std::max<std::int64_t>(1, cfg.train.grad_accum)) : 1.0;
+    const double fe = static_cast<double>(held.ep - 1) / held.ep;
+    a.comm_bytes_per_step += micro * 2 * fe * 4 * (P - held.experts);
+    a.comm_formula = (ns <= 1 ? std::string() : "over dp/ep: " + a.comm_formula + ", on P - Pe + Pe/ep; ") +
+                     fmt::format("dense all-reduce over ep: {}2 (ep-1)/ep x 4 (P - Pe)", micro > 1 ? fmt::format("{:.0f} micro-batches x ", micro) : "");
   }
   a.flops_per_step = m.train_flops_per_token(m.context) * static_cast<double>(B * m.context);
   a.flops_per_step_causal = m.train_flops_per_token_causal(m.context) * static_cast<double>(B * m.context);

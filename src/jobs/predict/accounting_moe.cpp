@@ -37,6 +37,24 @@ MoeAccounting account_moe(const Config& cfg, int world) {
   return a;
 }
 
+HeldParameters held_parameters(const Config& cfg, int world) {
+  const auto m = model::ModelDims::from(cfg.model);
+  const parallel::Spec spec = parallel::Spec::resolve(cfg.parallel, world);
+  HeldParameters h;
+  h.held = static_cast<double>(m.parameter_count());
+  h.ep = spec.ep;
+  h.shard_ranks = spec.gradient_group();
+  h.held_name = "P";
+  h.shard_name = "N";
+  if (spec.ep > 1 && m.moe()) {
+    h.experts = static_cast<double>(m.expert_parameter_count());
+    h.held = h.held - h.experts + h.experts / spec.ep;
+    h.held_name = "(P - Pe + Pe/ep)";
+    h.shard_name = "(dp/ep)";
+  }
+  return h;
+}
+
 void write_moe_accounting(JobEnv& env, const MoeAccounting& a) {
   const std::string g = "/accounting/moe";
   env.out.set_attr(g, "parameters_total", a.total_parameters);

@@ -57,6 +57,20 @@ struct MoeAccounting {
   std::string all_to_all_formula;
 };
 MoeAccounting account_moe(const Config& cfg, int world);
+// What one rank's parameter store holds and over how many ranks ZeRO and FSDP shard it
+// (docs/parallel.md, "Expert parallelism"): without parallel.ep every parameter, sharded over
+// the dp group; with ep > 1 the dense parameters and E/ep of every MoE block's experts, sharded
+// over the expert_dp group of dp/ep ranks (the dense ones are then held ep times over the dp
+// group). The accounting's formula rows count `held` where a dense model's count P.
+struct HeldParameters {
+  double held = 0;            // P - Pe + Pe/ep (= P with ep = 1)
+  double experts = 0;         // Pe: the parameters of all experts of all MoE blocks
+  int ep = 1;
+  int shard_ranks = 1;        // dp, or dp/ep under expert parallelism
+  std::string held_name;      // "P", or "(P - Pe + Pe/ep)"
+  std::string shard_name;     // "N", or "(dp/ep)"
+};
+HeldParameters held_parameters(const Config& cfg, int world);
 // Writes /accounting/moe and prints its lines (rank 0).
 void write_moe_accounting(JobEnv& env, const MoeAccounting& a);
 // parallel.pp > 1 (src/jobs/predict/accounting_pipeline.cpp): the stage needing the most memory, with
