@@ -6,6 +6,8 @@
 
 #include "lmscale/jobs/block_gemms.h"
 #include "lmscale/model/model_dims.h"
+#include "lmscale/model/param_layout.h"
+#include "lmscale/model/parameter_store.h"
 
 using namespace lmscale;
 using namespace lmscale::jobs;
@@ -68,4 +70,25 @@ TEST(BlockGemms, FlopsMatchTheModelsMatmulCount) {
   EXPECT_DOUBLE_EQ(block * static_cast<double>(d.layers) + head, model);
   // One block: 3 passes x 2 * rows * (4 d^2 + 3 d F).
   EXPECT_DOUBLE_EQ(block, 3.0 * 2.0 * rows * (4.0 * 1600 * 1600 + 3.0 * 1600 * 6400));
+}
+
+TEST(BlockGemms, GroupSpacingIsTheParameterStores) {
+  // A group's weights lie g.spacing weights apart in the flat store: q, k, v back to back (the
+  // one-GEMM path), w1 and w3 with w2 between them. Checked against the element offsets of the
+  // model's own layout, so a reordered store fails here.
+  const model::ModelDims d = xl();
+  const auto layout = model::parameter_layout(d);
+  const model::BlockParams b = model::ParamIndex(d).block(3);
+  auto at = [&](int i) { return layout[static_cast<std::size_t>(i)]; };
+  for (const BlockGemm& g : block_gemms(d, 64)) {
+    SCOPED_TRACE(std::string(g.layer));
+    if (g.layer == "qkv") {
+      for (int i : {b.k, b.v})
+        EXPECT_EQ(at(i).offset - at(i - 1).offset, g.spacing * at(b.q).numel);
+    } else if (g.layer == "w1w3") {
+      EXPECT_EQ(at(b.w3).offset - at(b.w1).offset, g.spacing * at(b.w1).numel);
+    } else {
+      EXPECT_EQ(g.spacing, 1);
+    }
+  }
 }

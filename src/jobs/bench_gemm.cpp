@@ -54,54 +54,61 @@ Timing time_runs(ops::Runtime& rt, const BenchConfig& b, F&& f) {
 // Product i of a group's [group, r, c] tensor, as [r, c].
 Tensor part(const Tensor& t, std::int64_t i) { return t.slice(i, i + 1).reshape({t.dim(1), t.dim(2)}); }
 
-// One layer's operands: x [rows, in], the group's weights [group, out, in] back to back (as the
-// parameter store holds them, so linear_group batches them), outputs and output gradients
-// [group, rows, out], dx [rows, in], and the weight gradients [group, out, in] in fp32.
+// One layer's operands: x [rows, in]; the group's weights [out, in] spaced as the parameter
+// store holds them (g.spacing weights apart, in one [(group-1)*spacing + 1, out, in] buffer), and
+// their fp32 gradients likewise (the store's flat gradient buffer has the same layout); the
+// outputs and output gradients side by side in [rows, group*out] (the model's bf16/fp32 layout)
+// and as [group, rows, out] planes (the FP8 layers' outputs); dx [rows, in].
 struct LayerOperands {
-  Tensor x, w_all, y_all, dy_all, dx, dw_all;
+  Tensor x, w_all, y_side, dy_side, y_all, dy_all, dx, dw_all;
   std::vector<Tensor> w, y, dy, dw;
 };
 
 LayerOperands make_operands(ops::Runtime& rt, const BlockGemm& g, DType compute) {
   Allocator& A = rt.allocator();
-  const std::int64_t rows = g.pass == GemmPass::weight_grad ? g.k : g.m;
+  const std::int64_t rows = g.pass == GemmPass::weight_grad ? g.k : g.m, slots = (g.group - 1) * g.spacing + 1;
   LayerOperands o;
   o.x = Tensor::empty({rows, g.in}, compute, A, "gemm_x");
-  o.w_all = Tensor::empty({g.group, g.out, g.in}, compute, A, "gemm_w");
+  o.w_all = Tensor::empty({slots, g.out, g.in}, compute, A, "gemm_w");
+  o.y_side = Tensor::empty({rows, g.group * g.out}, compute, A, "gemm_y");
+  o.dy_side = Tensor::empty({rows, g.group * g.out}, compute, A, "gemm_dy");
   o.y_all = Tensor::empty({g.group, rows, g.out}, compute, A, "gemm_y");
   o.dy_all = Tensor::empty({g.group, rows, g.out}, compute, A, "gemm_dy");
   o.dx = Tensor::empty({rows, g.in}, compute, A, "gemm_dx");
-  o.dw_all = Tensor::empty({g.group, g.out, g.in}, DType::f32, A, "gemm_dw");
+  o.dw_all = Tensor::empty({slots, g.out, g.in}, DType::f32, A, "gemm_dw");
   fill_random(rt, o.x, 1);
   fill_random(rt, o.w_all, 2);
   fill_random(rt, o.dy_all, 3);
+  fill_random(rt, o.dy_side, 3);
   for (std::int64_t i = 0; i < g.group; ++i) {
-    o.w.push_back(part(o.w_all, i));
+    o.w.push_back(part(o.w_all, i * g.spacing));
     o.y.push_back(part(o.y_all, i));
     o.dy.push_back(part(o.dy_all, i));
-    o.dw.push_back(part(o.dw_all, i));
+    o.dw.push_back(part(o.dw_all, i * g.spacing));
   }
   return o;
 }
 
-// fp32 or bf16: the model's own calls (one batched GEMM per group).
+// fp32 or bf16: the model's own calls (model/transformer.cpp): a group through
+// ops::linear_side_by_side (one GEMM each way for q, k, v; strided products for w1, w3), single
+// layers through ops::linear.
 Timing time_plain(ops::Runtime& rt, const BenchConfig& b, const BlockGemm& g, LayerOperands& o) {
   Context& ctx = rt.ctx();
   const bool grouped = g.group > 1;
   switch (g.pass) {
     case GemmPass::forward:
       return time_runs(rt, b, [&] {
-        if (grouped) ops::linear_group(ctx, o.x, o.w, o.y);
+        if (grouped) ops::linear_side_by_side(ctx, o.x, o.w, o.y_side);
         else ops::linear(ctx, o.x, o.w[0], o.y[0]);
       });
     case GemmPass::data_grad:
       return time_runs(rt, b, [&] {
-        if (grouped) ops::linear_group_backward(ctx, o.x, o.w, o.dy, &o.dx, nullptr, false);
+        if (grouped) ops::linear_side_by_side_backward(ctx, o.x, o.w, o.dy_side, &o.dx, nullptr, false);
         else ops::linear_backward(ctx, o.x, o.w[0], o.dy[0], &o.dx, nullptr, false);
       });
     case GemmPass::weight_grad:
       return time_runs(rt, b, [&] {
-        if (grouped) ops::linear_group_backward(ctx, o.x, o.w, o.dy, nullptr, &o.dw, false);
+        if (grouped) ops::linear_side_by_side_backward(ctx, o.x, o.w, o.dy_side, nullptr, &o.dw, false);
         else ops::linear_backward(ctx, o.x, o.w[0], o.dy[0], nullptr, &o.dw[0], false);
       });
   }

@@ -3,8 +3,8 @@
 // lmscale's own GEMM paths. For every GEMM of one dense block's training step and of the LM head
 // (jobs/block_gemms.h: rows = bench.batch_size * model.context_length) and every item of
 // bench.gemm_precisions:
-//   fp32, bf16  ops::linear / linear_group forward, ops::linear_backward / linear_group_backward
-//               for dx and dW (dW in fp32, as the model's gradients), one row (variant "gemm");
+//   fp32, bf16  the model's calls: ops::linear / linear_side_by_side forward,
+//               ops::linear_backward / linear_side_by_side_backward for dx and dW (dW in fp32, as the model's gradients), one row (variant "gemm");
 //   fp8         the FP8 layers of precision.mode = fp8 (ops::Fp8Linear, precision.fp8_* scaling;
 //               q, k, v and w1, w3 run one product each from one shared quantisation of x, as
 //               the model runs them), two rows: "gemm" times ops::linear_fp8 alone on operands

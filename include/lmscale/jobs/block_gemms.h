@@ -5,9 +5,10 @@
 //   forward      y [rows, out] = x . W^T          (M, N, K) = (rows, out, in)
 //   data grad    dx [rows, in] = dy . W           (M, N, K) = (rows, in, out)
 //   weight grad  dW [out, in]  = dy^T . x         (M, N, K) = (out, in, rows)
-// Layers reading one input run as one group (ops::linear_group): q, k, v (3 products of d x d)
-// and w1, w3 (2 of F x d); o (d x d), w2 (d x F) and the LM head (V x d) run alone. rows =
-// batch * context (tokens per step on one device, no tensor parallelism).
+// Layers reading one input run as one group (ops::linear_side_by_side: their outputs side by side
+// in one [rows, group * out] activation): q, k, v (3 products of d x d) and w1, w3 (2 of F x d);
+// o (d x d), w2 (d x F) and the LM head (V x d) run alone. rows = batch * context (tokens per step
+// on one device, no tensor parallelism).
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -27,6 +28,10 @@ struct BlockGemm {
   std::int64_t m, n, k;     // one product's shape: [M,K] . [K,N] -> [M,N]
   std::int64_t out, in;     // the layer's weight [out, in]
   bool in_block;            // one of a block's GEMMs (false: the LM head, once per step)
+  // Weights from one member of the group to the next in the parameter store, in weight sizes
+  // (model::ParamIndex's order): 1 for q, k, v (back to back: one GEMM each way), 2 for w1, w3
+  // (w2, of the same size, lies between: strided products); 1 for single layers.
+  std::int64_t spacing = 1;
   // 2 * M * N * K for each product of the group.
   double flops() const {
     return 2.0 * static_cast<double>(group) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
