@@ -394,9 +394,8 @@ class NcclCommunicator final : public Communicator {
         case OpKind::all_to_all:
           // One group of a send and a receive per peer (NCCL has no all-to-all-v of its own); the
           // group makes them one launch in which no pair of ranks can block each other. This
-          // rank's own block is a device copy on the same stream instead of a send to itself
-          // (NCCL's self send/recv copies on its few p2p channels' SMs; the copy runs at device
-          // bandwidth), ordered before the group as the stream orders them.
+          // rank's own block moves no data between ranks: a device copy on the same stream,
+          // ordered before the group, instead of a NCCL send to itself.
           if (req.block_count(rank_) > 0)
             LMSCALE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(req.recv) + req.recv_block_offset(rank_) * es,
                                                static_cast<const char*>(req.send) + req.block_offset(rank_) * es,
