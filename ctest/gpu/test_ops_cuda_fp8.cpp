@@ -264,7 +264,7 @@ TEST_F(CudaFp8Test, FusedScaleUpdatesMatchCpu) {
 
 // The fused cast + transpose (ops::cast_transpose_fp8) bitwise against the CPU (itself bitwise
 // cast_fp8 + transpose_fp8, test_ops_fp8): shapes that are and are not multiples of the 64 x 64
-// tile and of the 4-byte groups (so both the word and the byte paths run), views whose rows are
+// tile and of the 4- and 8-byte groups (so the 8-wide, word and byte paths run), views whose rows are
 // not aligned (x one element in, out and out_t one byte in: the byte paths), specials, both
 // outputs or the transpose alone, a given scale and delayed scaling's update (derived scale,
 // recorded amax; the work words zero after).
@@ -272,7 +272,8 @@ TEST_F(CudaFp8Test, CastTransposeMatchesCpu) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const float specials[] = {0.f, -0.f, inf, -inf, nan, 464.f, -61440.f, 1e-7f, 448.f, 3e38f};
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
-      {1, 1}, {64, 64}, {33, 65}, {1000, 17}, {128, 256}, {7, 4099}, {130, 66}, {2048, 512}, {3, 2}};
+      {1, 1}, {64, 64}, {33, 65}, {1000, 17}, {128, 256}, {7, 4099}, {130, 66}, {2048, 512}, {3, 2},
+      {96, 200}, {520, 72}};   // the last two: the 8-wide kernel (multiples of 8) with partial tiles
   Tensor work_d = Tensor::empty({2}, DType::i32, gpu_.allocator(), "test_dev");
   ops::fill(g(), work_d, 0.0);
   Tensor work_h = Tensor::empty({2}, DType::i32, cpu_.host(), "test_host");

@@ -266,6 +266,64 @@ __global__ void __launch_bounds__(kCtThreads* kCtThreads)
   if constexpr (kRecord) finish_amax<false>(m, scratch, h, scale);
 }
 
+// The same cast and transpose with 8 elements per access, where M and K are multiples of 8 and
+// x (16 bytes), out and out_t (8 bytes) are aligned: whole 8-element groups are in or out of
+// the matrix, so no byte path. One 64 x 64 tile per block of 256 threads: a thread loads 8
+// consecutive elements of a row (one 16-byte load of bf16) in each of 2 passes (8 threads a
+// row, 32 rows a pass), writes their 8 codes to out as one 8-byte word and into the shared
+// tile; after a barrier it gathers 8 consecutive tile rows of one column and writes them as one
+// 8-byte word of out_t's row (8 threads write a row's 64 contiguous bytes). Tile rows are 68
+// bytes (17 words): the column reads of a warp fall on at most 2 words of one bank. Bitwise the
+// tile kernel above (the same per-element cast and the same amax bits).
+constexpr int kCt8Tile = 64, kCt8Threads = 256, kCt8Groups = kCt8Tile / 8,
+              kCt8RowsPerPass = kCt8Threads / kCt8Groups, kCt8Passes = kCt8Tile / kCt8RowsPerPass;
+template <class T, Fp8Format F, bool kDerive, bool kRecord>
+__global__ void __launch_bounds__(kCt8Threads)
+    cast_transpose8_kernel(const T* __restrict__ x, std::int64_t M, std::int64_t K, float* __restrict__ scale,
+                           std::uint8_t* __restrict__ out, std::uint8_t* __restrict__ out_t, HistoryArgs h) {
+  __shared__ __align__(16) std::uint8_t tile[kCt8Tile][kCt8Tile + 4];
+  __shared__ std::uint32_t scratch[32];
+  __shared__ float shared_scale;
+  float s;
+  if constexpr (kDerive) s = derive_scale(h, scale, &shared_scale);
+  else s = *scale;
+  const int group = threadIdx.x % kCt8Groups, lane_row = threadIdx.x / kCt8Groups;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kCt8Tile,
+                     c0 = static_cast<std::int64_t>(blockIdx.x) * kCt8Tile;
+  std::uint32_t m = 0;
+#pragma unroll
+  for (int p = 0; p < kCt8Passes; ++p) {
+    const int tr = lane_row + p * kCt8RowsPerPass, tc = 8 * group;
+    const std::int64_t r = r0 + tr, c = c0 + tc;
+    alignas(8) std::uint8_t q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (r < M && c < K) {
+      float v[kChunk];
+      load_chunk(x + r * K + c, v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if constexpr (kRecord) m = max(m, fp8_rule::abs_bits(v[e]));
+        q[e] = to_fp8<F>(v[e] * s);
+      }
+      if (out) *reinterpret_cast<uint2*>(out + r * K + c) = *reinterpret_cast<const uint2*>(q);
+    }
+    auto* dst = reinterpret_cast<std::uint32_t*>(&tile[tr][tc]);
+    dst[0] = reinterpret_cast<const std::uint32_t*>(q)[0];
+    dst[1] = reinterpret_cast<const std::uint32_t*>(q)[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int p = 0; p < kCt8Passes; ++p) {
+    const int tc = lane_row + p * kCt8RowsPerPass, tr = 8 * group;   // out_t row c0 + tc, columns r0 + tr ...
+    const std::int64_t c = c0 + tc, r = r0 + tr;
+    if (c >= K || r >= M) continue;
+    alignas(8) std::uint8_t q[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[e] = tile[tr + e][tc];
+    *reinterpret_cast<uint2*>(out_t + c * M + r) = *reinterpret_cast<const uint2*>(q);
+  }
+  if constexpr (kRecord) finish_amax<false>(m, scratch, h, scale);
+}
+
 // out[C,R] = x[R,C]^T through 32 x 32 tiles in shared memory (one padding byte per row keeps the
 // column reads off a single bank... of 4-byte words: 33-byte rows spread them).
 constexpr int kTile = 32, kRowsPerPass = 8;
@@ -364,6 +422,19 @@ void launch_cast_transpose(Resources& r, const Tensor& x, const Tensor& scale, T
   auto* op = out ? out->data_as<std::uint8_t>() : nullptr;
   auto* tp = out_t.data_as<std::uint8_t>();
   const HistoryArgs h = update ? history_args(*update) : HistoryArgs{};
+  // Whole 8-element groups everywhere: the 8-wide kernel (the same tiles, so the same grid).
+  static_assert(kCt8Tile == kCtTile);
+  if (M % 8 == 0 && K % 8 == 0 && addr(x.data()) % 16 == 0 && (!out || addr(out->data()) % 8 == 0) &&
+      addr(out_t.data()) % 8 == 0) {
+    if (update && update->record_slot >= 0)
+      cast_transpose8_kernel<T, F, true, true><<<grid, kCt8Threads, 0, r.stream>>>(xp, M, K, sp, op, tp, h);
+    else if (update)
+      cast_transpose8_kernel<T, F, true, false><<<grid, kCt8Threads, 0, r.stream>>>(xp, M, K, sp, op, tp, h);
+    else
+      cast_transpose8_kernel<T, F, false, false><<<grid, kCt8Threads, 0, r.stream>>>(xp, M, K, sp, op, tp, h);
+    LMSCALE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (update && update->record_slot >= 0) {
     cast_transpose_kernel<T, F, true, true>
         <<<grid, block, 0, r.stream>>>(xp, M, K, sp, op, tp, vec_x, vec_out, vec_out_t, h);
