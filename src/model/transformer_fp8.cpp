@@ -49,22 +49,15 @@ void TransformerLM::enable_fp8(Context& ctx, const ops::Fp8LinearOptions& option
   fp8_ = std::make_unique<Fp8Layers>(ctx, options, units_.first_layer(), units_.end_layer(dims_), w13);
 }
 
-Tensor TransformerLM::fp8_group_weight(Context& ctx, int layer, Fp8Gemm g) const {
+Tensor TransformerLM::fp8_group_weight(int layer, Fp8Gemm g) const {
   std::vector<Tensor> ws;
   for (int i : fp8_gemm_params(block_params(layer), g)) ws.push_back(params_.compute_weight(i));
   const Tensor w = rows_back_to_back(ws);
-  if (w.defined()) return w;
-  // Weights apart in memory (no flat store buffer): the group's [sum R_i, K] assembled once.
-  std::int64_t rows = 0;
-  for (const Tensor& t : ws) rows += t.dim(0);
-  Tensor all = Tensor::empty({rows, ws[0].dim(1)}, ws[0].dtype(), *ctx.allocator, "fp8_operand");
-  std::int64_t at = 0;
-  for (const Tensor& t : ws) {
-    Tensor dst = all.slice(at, at + t.dim(0));
-    ops::copy(ctx, t, dst);
-    at += t.dim(0);
-  }
-  return all;
+  // Every store layout holds a group's working copies back to back (one flat buffer, or fsdp's
+  // gathered unit, members consecutive); a layout that did not would need the group copied.
+  LMSCALE_CHECK(w.defined(), "block {} FP8 layer {}: its weights do not lie back to back in the parameter store; "
+                "precision.mode = fp8 needs them so (docs/precision.md)", layer, fp8_gemm_name(g));
+  return w;
 }
 
 ops::Fp8Weight TransformerLM::fp8_group_weight_quantised(int layer, Fp8Gemm g) const {
@@ -109,7 +102,7 @@ void TransformerLM::fp8_linear(Context& ctx, int layer, std::initializer_list<Fp
       const ops::Fp8Weight w = fp8_group_weight_quantised(layer, g);
       saved = replay ? lin.replay(ctx, saved.scales, xq, w, *y) : lin.forward(ctx, xq, w, **y);
     } else {
-      const Tensor w = fp8_group_weight(ctx, layer, g);   // [sum of the group's rows, K]
+      const Tensor w = fp8_group_weight(layer, g);   // [sum of the group's rows, K]
       saved = replay ? lin.replay(ctx, saved.scales, xq, w, *y) : lin.forward(ctx, xq, w, **y, record);
     }
     LMSCALE_CHECK(replay || *y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,

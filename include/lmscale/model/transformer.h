@@ -238,9 +238,9 @@ class TransformerLM {
   // FP8 gathers) is used as it is, with its scales (ParameterStore::fp8_weight), instead of cast.
   void fp8_linear(Context& ctx, int layer, std::initializer_list<Fp8Gemm> gemms, const Tensor& x,
                   std::initializer_list<Tensor*> ys, BlockActivations& s, bool record);
-  // Layer g's weight [sum R_i, K]: a view of its parameters' working copies when they lie back to
-  // back (the store's flat buffers), else a copy of them assembled in that order.
-  Tensor fp8_group_weight(Context& ctx, int layer, Fp8Gemm g) const;
+  // Layer g's weight [sum R_i, K]: a view of its parameters' working copies, which every store
+  // layout holds back to back (refused, naming the layer, where not).
+  Tensor fp8_group_weight(int layer, Fp8Gemm g) const;
   // The same for weights the store hands out quantised: one view and one scale for the group
   // (refused, naming the layer, when the gather did not cast the group with one scale).
   ops::Fp8Weight fp8_group_weight_quantised(int layer, Fp8Gemm g) const;
