@@ -96,6 +96,8 @@ void TransformerLM::fp8_linear(Context& ctx, int layer, std::initializer_list<Fp
   for (Fp8Gemm g : gemms) {
     ops::Fp8Linear& lin = fp8_->at(layer, g);
     ops::Fp8LinearSaved& saved = saved_of(s, g);
+    LMSCALE_CHECK(replay || *y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,
+                  fp8_gemm_name(g));
     // fsdp's FP8 gathers hand the weights out quantised, bitwise the cast below would make.
     const bool quantised = params_.compute_weight(fp8_gemm_params(block_params(layer), g)[0]).dtype() == DType::e4m3;
     if (quantised) {
@@ -105,8 +107,6 @@ void TransformerLM::fp8_linear(Context& ctx, int layer, std::initializer_list<Fp
       const Tensor w = fp8_group_weight(layer, g);   // [sum of the group's rows, K]
       saved = replay ? lin.replay(ctx, saved.scales, xq, w, *y) : lin.forward(ctx, xq, w, **y, record);
     }
-    LMSCALE_CHECK(replay || *y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,
-                  fp8_gemm_name(g));
     ++y;
   }
 }
