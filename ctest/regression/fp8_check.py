@@ -57,7 +57,8 @@ for scaling in ("current", "delayed"):
     check(ref["gemms"] in (["qkv", "o", "w13", "w2"], ["qkv", "o", "w1", "w3", "w2"]),
           f"{scaling}: /train/fp8 names the layers qkv, o, w13 (or w1, w3), w2 in forward order: {ref['gemms']}")
     G = len(ref["gemms"])
-    check(ref["history"].shape == (2, G, 3, H), f"{scaling}: fp8_amax_history is [2, {G}, 3, {H}], is {ref['history'].shape}")
+    check(ref["history"].shape == (2, G, 3, H),
+          f"{scaling}: fp8_amax_history is [2, {G}, 3, {H}], is {ref['history'].shape}")
     # Recorded at the logged steps (log_every = 3, the first and the last): 1, 3, 6, 9, 12.
     check(ref["recorded_steps"] == [1, 3, 6, 9, 12] and ref["table"].shape[1] == 5 * 2 * G * 3,
           f"{scaling}: /train/fp8 has a row per logged step, layer, gemm and operand")

@@ -102,9 +102,9 @@ TEST_F(FsdpFp8GatherTest, GlobalScaleCastOfShardsEqualsCastOfWholeGroups) {
       std::size_t first = 0;
       for (int n : groups) {
         // The group's weights as one flat tensor [1, numel] (the cast is element-wise).
+        const auto begin = weights.begin() + static_cast<std::ptrdiff_t>(first);
         const std::int64_t at = offsets[first], count = std::accumulate(
-            weights.begin() + static_cast<std::ptrdiff_t>(first), weights.begin() + static_cast<std::ptrdiff_t>(first) + n,
-            std::int64_t{0}, [](std::int64_t a, const Tensor& w) { return a + w.numel(); });
+            begin, begin + n, std::int64_t{0}, [](std::int64_t a, const Tensor& w) { return a + w.numel(); });
         Tensor whole_w = Tensor::empty({1, count}, DType::f32, alloc, "test");
         for (int j = 0; j < n; ++j) {
           const Tensor& w = weights[first + static_cast<std::size_t>(j)];

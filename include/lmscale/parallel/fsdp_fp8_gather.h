@@ -42,7 +42,8 @@ class FsdpFp8Scales {
   // summing to the unit's P weights).
   FsdpFp8Scales(Context& ctx, const std::vector<int>& group_sizes, int margin);
   // Every weight its own scale group.
-  FsdpFp8Scales(Context& ctx, int weights, int margin) : FsdpFp8Scales(ctx, std::vector<int>(weights > 0 ? weights : 0, 1), margin) {}
+  FsdpFp8Scales(Context& ctx, int weights, int margin)
+      : FsdpFp8Scales(ctx, std::vector<int>(weights > 0 ? weights : 0, 1), margin) {}
 
   // Steps 1-3 above: shard [s] (compute dtype) -> out [s] fp8_e4m3, scales of every weight set.
   // Elements of the shard outside every piece (the last rank's zero padding) are cast too, with

@@ -107,7 +107,8 @@ void Fp8Recorder::finish() {
         H = static_cast<std::int64_t>(h.history.size());
         all.insert(all.end(), h.history.begin(), h.history.end());
       }
-  env_.out.write_array(group_ + "/fp8_amax_history", {L, static_cast<std::int64_t>(layers.gemms().size()), 3, H}, all.data());
+  const auto G = static_cast<std::int64_t>(layers.gemms().size());
+  env_.out.write_array(group_ + "/fp8_amax_history", {L, G, 3, H}, all.data());
   const auto& o = layers.options();
   const std::string path = group_ + "/fp8";
   env_.out.set_attr(path, "fp8_scaling", std::string(o.recipe == ops::Fp8Recipe::delayed ? "delayed" : "current"));
