@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lmscale/core/error.h"
 #include "lmscale/model/fp8_layers.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
@@ -78,10 +79,9 @@ Outcome run(bool flash, bool fp8, ops::Fp8Recipe recipe, model::RecomputePolicy 
   r.grads.assign(ps.flat_grads().data_as<float>(), ps.flat_grads().data_as<float>() + ps.numel());
   if (fp8)
     for (int l = 0; l < d.layers; ++l)
-      for (int g = 0; g < model::kFp8GemmsPerBlock; ++g) {
-        const ops::Fp8Linear& lin = m.fp8()->at(l, static_cast<model::Fp8Gemm>(g));
-        for (const ops::Fp8TensorScaling* s :
-             {&m.fp8()->x_scaling(l, static_cast<model::Fp8Gemm>(g)), &lin.w_scaling(), &lin.dy_scaling()}) {
+      for (const model::Fp8Gemm g : m.fp8()->gemms()) {
+        const ops::Fp8Linear& lin = m.fp8()->at(l, g);
+        for (const ops::Fp8TensorScaling* s : {&m.fp8()->x_scaling(l, g), &lin.w_scaling(), &lin.dy_scaling()}) {
           const Tensor& h = s->amax_history();
           r.histories.insert(r.histories.end(), h.data_as<float>(), h.data_as<float>() + h.numel());
           r.histories.push_back(static_cast<float>(s->next_slot()));
@@ -151,9 +151,10 @@ TEST_P(ModelFp8, EachBackwardReadsItsOwnForwardsOperands) {
   EXPECT_EQ(forwards_first.grads, pairs.grads);
 }
 
-TEST(ModelFp8Layers, LayersReadingOneInputShareItsScaling) {
-  // q, k, v share the attention norm's output and w1, w3 the FFN norm's: one x scaling each
-  // (q's, w1's), which a forward advances by one slot; o and w2 own theirs.
+TEST(ModelFp8Layers, GroupsReadingOneInputAreOneLayer) {
+  // q|k|v is one layer (one x, w and dy scaling for the three weights); w1|w3 one layer where the
+  // store holds w3 right after w1, else two sharing w1's x scaling; o and w2 own theirs. A
+  // forward advances every scaling the block runs by one slot.
   HostAllocator alloc;
   Context ctx;
   ctx.allocator = &alloc;
@@ -167,18 +168,31 @@ TEST(ModelFp8Layers, LayersReadingOneInputShareItsScaling) {
   o.history = 3;
   m.enable_fp8(ctx, o);
   using G = model::Fp8Gemm;
-  for (auto [g, owner] : {std::pair{G::q, G::q}, {G::k, G::q}, {G::v, G::q}, {G::o, G::o}, {G::w1, G::w1},
-                          {G::w3, G::w1}, {G::w2, G::w2}}) {
+  const model::BlockParams p = model::ParamIndex(d).block(0);
+  const bool w13 = p.w3 == p.w1 + 1;
+  EXPECT_EQ(m.fp8()->w13_grouped(), w13);
+  EXPECT_EQ(m.fp8()->gemms(), w13 ? std::vector<G>({G::qkv, G::o, G::w13, G::w2})
+                                  : std::vector<G>({G::qkv, G::o, G::w1, G::w3, G::w2}));
+  EXPECT_EQ(model::fp8_gemm_params(p, G::qkv), std::vector<int>({p.q, p.k, p.v}));
+  EXPECT_EQ(model::fp8_gemm_params(p, G::w13), std::vector<int>({p.w1, p.w3}));
+  EXPECT_THROW(m.fp8()->at(0, w13 ? G::w1 : G::w13), Error);   // the slot the block does not run
+  for (G g : m.fp8()->gemms()) {
+    const G owner = g == G::w3 ? G::w1 : g;
     EXPECT_EQ(model::fp8_input_owner(g), owner);
     EXPECT_EQ(m.fp8()->at(0, g).owns_input_scaling(), g == owner) << model::fp8_gemm_name(g);
     EXPECT_EQ(&m.fp8()->x_scaling(0, g), &m.fp8()->at(0, owner).x_scaling());
   }
+  EXPECT_STREQ(model::fp8_gemm_name(G::qkv), "qkv");
+  EXPECT_STREQ(model::fp8_gemm_name(G::w13), "w13");
   auto acts = m.forward(ctx, batch(alloc, 10, d.vocab), batch(alloc, 20, d.vocab), true, 1.0, {}, false);
   m.backward(ctx, *acts, {}, false);
   for (int l = 0; l < d.layers; ++l)
-    for (G g : {G::q, G::o, G::w1, G::w2}) {
-      EXPECT_EQ(m.fp8()->x_scaling(l, g).next_slot(), 1) << l << " " << model::fp8_gemm_name(g);
+    for (G g : m.fp8()->gemms()) {
+      if (g != G::w3) {
+        EXPECT_EQ(m.fp8()->x_scaling(l, g).next_slot(), 1) << l << " " << model::fp8_gemm_name(g);
+      }
       EXPECT_EQ(m.fp8()->at(l, g).w_scaling().next_slot(), 1);
+      EXPECT_EQ(m.fp8()->at(l, g).dy_scaling().next_slot(), 1);
     }
 }
 

@@ -243,5 +243,93 @@ TEST_F(Fp8LinearTest, ASharedInputRecordsOneAmaxPerCastUnderDelayedScaling) {
   }
 }
 
+// A group layer (model/fp8_layers.h: q|k|v over [3N, K]) is one Fp8Linear over the group's rows,
+// with one w and one dy scaling. Where its parts' amaxes are equal its scales are theirs, so its
+// y and dW are their products bitwise (column blocks of y, row blocks of dW; each element the same
+// dot product), and its dx (one GEMM over 3N) their sum up to rounding; dW by row blocks (the
+// overload for gradients that are not back to back) equals its one dW GEMM bitwise.
+class Fp8GroupTest : public Fp8LinearTest {
+ protected:
+  static constexpr int R = 3;
+  // Columns [c0, c0 + n) of a [rows, cols] f64 tensor as a contiguous copy.
+  Tensor columns(const Tensor& t, std::int64_t c0, std::int64_t n) {
+    Tensor out = poisoned({t.dim(0), n});
+    for (std::int64_t i = 0; i < t.dim(0); ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        out.data_as<double>()[i * n + j] = t.data_as<const double>()[i * t.dim(1) + c0 + j];
+    return out;
+  }
+  // The parts' rows back to back [R N, K].
+  Tensor stacked(const std::vector<Tensor>& ws) {
+    Tensor all = poisoned({R * N, K});
+    for (int i = 0; i < R; ++i)
+      std::memcpy(all.data_as<double>() + i * N * K, ws[static_cast<std::size_t>(i)].data_as<const double>(),
+                  static_cast<std::size_t>(N * K) * sizeof(double));
+    return all;
+  }
+  // Three weights [N,K] whose amax is `peak` each (one element set; the rest below it).
+  std::vector<Tensor> weights(double peak) {
+    std::vector<Tensor> ws;
+    for (int i = 0; i < R; ++i) {
+      ws.push_back(randn({N, K}, 30 + static_cast<std::uint64_t>(i), 0.1));
+      ws.back().data_as<double>()[(37 * i + 5) % (N * K)] = peak;
+    }
+    return ws;
+  }
+  static float scale_of(const ops::Fp8TensorScaling& s) { return s.scale().data_as<const float>()[0]; }
+};
+
+TEST_F(Fp8GroupTest, EqualsItsPartsWhenTheirAmaxesAreEqual) {
+  const std::vector<Tensor> ws = weights(0.5);
+  const Tensor w = stacked(ws), x = randn({M, K}, 40);
+  Tensor dy = randn({M, R * N}, 41);
+  for (int i = 0; i < R; ++i) dy.data_as<double>()[(3 + 5 * i) * R * N + i * N + 2] = 5.0;   // equal amax per block
+  ops::Fp8Linear group(ctx, {});
+  Tensor y = poisoned({M, R * N}), dx = poisoned({M, K}), dw = poisoned({R * N, K});
+  const ops::Fp8LinearSaved saved = group.forward(ctx, x, w, y);
+  group.backward(ctx, saved, dy, &dx, &dw, false);
+  Tensor dx_sum = zeros({M, K});
+  for (int i = 0; i < R; ++i) {
+    ops::Fp8Linear part(ctx, {});
+    Tensor yi = poisoned({M, N}), dxi = poisoned({M, K}), dwi = poisoned({N, K});
+    const ops::Fp8LinearSaved si = part.forward(ctx, x, ws[static_cast<std::size_t>(i)], yi);
+    part.backward(ctx, si, columns(dy, i * N, N), &dxi, &dwi, false);
+    EXPECT_EQ(scale_of(part.w_scaling()), scale_of(group.w_scaling())) << i;
+    EXPECT_EQ(scale_of(part.dy_scaling()), scale_of(group.dy_scaling())) << i;
+    EXPECT_EQ(values(columns(y, i * N, N)), values(yi)) << "y, part " << i;
+    EXPECT_EQ(values(dw.slice(i * N, (i + 1) * N)), values(dwi)) << "dW, part " << i;
+    ops::add(ctx, dx_sum, dxi, dx_sum);
+  }
+  EXPECT_LT(max_rel_diff(dx, dx_sum), 1e-12) << "dx is the sum of the parts' dx";
+  // dW by row blocks: bitwise the one GEMM's rows.
+  std::vector<Tensor> blocks;
+  for (int i = 0; i < R; ++i) blocks.push_back(poisoned({N, K}));
+  group.backward(ctx, saved, dy, nullptr, blocks, false);
+  for (int i = 0; i < R; ++i)
+    EXPECT_EQ(values(blocks[static_cast<std::size_t>(i)]), values(dw.slice(i * N, (i + 1) * N))) << i;
+  std::vector<Tensor> short_of_rows{poisoned({N, K})};
+  short_of_rows.push_back(poisoned({N, K}));
+  EXPECT_THROW(group.backward(ctx, saved, dy, nullptr, short_of_rows, false), Error);
+}
+
+TEST_F(Fp8GroupTest, SharesOneScaleTheLargestPartSets) {
+  // One part 2^10 larger: the group's w scale is that part's (the max of the amaxes), so the other
+  // parts are cast with a scale 2^10 smaller than alone. Power-of-two scales move only exponents:
+  // what changes is that their small values fall into e4m3's subnormals (|v| scale < 2^-6), so
+  // their y differs from a layer of their own.
+  std::vector<Tensor> ws = weights(0.5);
+  ops::scale(ctx, ws[2], 1024.0);
+  const Tensor x = randn({M, K}, 40);
+  ops::Fp8Linear group(ctx, {}), alone0(ctx, {}), alone2(ctx, {});
+  Tensor y = poisoned({M, R * N}), y0 = poisoned({M, N}), y2 = poisoned({M, N});
+  group.forward(ctx, x, stacked(ws), y);
+  alone0.forward(ctx, x, ws[0], y0);
+  alone2.forward(ctx, x, ws[2], y2);
+  EXPECT_EQ(scale_of(group.w_scaling()), scale_of(alone2.w_scaling()));
+  EXPECT_EQ(scale_of(alone0.w_scaling()), 1024 * scale_of(alone2.w_scaling()));
+  EXPECT_EQ(values(columns(y, 2 * N, N)), values(y2));
+  EXPECT_NE(values(columns(y, 0, N)), values(y0));
+}
+
 }  // namespace
 }  // namespace lmscale::test

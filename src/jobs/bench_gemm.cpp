@@ -115,6 +115,20 @@ Timing time_plain(ops::Runtime& rt, const BenchConfig& b, const BlockGemm& g, La
   throw Error("bench-gemm: unknown GEMM pass");
 }
 
+// The FP8 layers' products of a group as the model makes them (model/fp8_layers.h): a group whose
+// weights lie back to back (spacing 1: q|k|v, w1|w3 once adjacent) is ONE FP8 layer over their
+// rows [group*out, in], writing the side-by-side y and reading the side-by-side dy; otherwise one
+// layer per member on the planes.
+struct Fp8Products {
+  std::vector<Tensor> w, y, dy, dw;
+};
+Fp8Products fp8_products(const BlockGemm& g, LayerOperands& o) {
+  if (g.group > 1 && g.spacing == 1)
+    return {{o.w_all.reshape({g.group * g.out, g.in})}, {o.y_side}, {o.dy_side},
+            {o.dw_all.reshape({g.group * g.out, g.in})}};
+  return {o.w, o.y, o.dy, o.dw};
+}
+
 // fp8, the GEMMs alone: every operand quantised once beforehand (each with its own scaling, as
 // the layers keep them), then only ops::linear_fp8 is timed.
 Timing time_fp8_gemm(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8LinearOptions& opt, const BlockGemm& g,
@@ -129,26 +143,28 @@ Timing time_fp8_gemm(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8Linea
   const auto xs = scaling(Fp8Format::e4m3);
   Tensor xq = fp8(rows, g.in, Fp8Format::e4m3), xqt = fp8(g.in, rows, Fp8Format::e4m3);
   xs->quantize(ctx, o.x, &xq, &xqt);
+  Fp8Products p = fp8_products(g, o);
   std::vector<std::unique_ptr<ops::Fp8TensorScaling>> ws, dys;
   std::vector<Tensor> wq, wqt, dyq, dyqt;
-  for (std::int64_t i = 0; i < g.group; ++i) {
+  for (std::size_t i = 0; i < p.w.size(); ++i) {
+    const std::int64_t out = p.w[i].dim(0);
     ws.push_back(scaling(Fp8Format::e4m3));
-    wq.push_back(fp8(g.out, g.in, Fp8Format::e4m3));
-    wqt.push_back(fp8(g.in, g.out, Fp8Format::e4m3));
-    ws.back()->quantize(ctx, o.w[static_cast<std::size_t>(i)], &wq.back(), &wqt.back());
+    wq.push_back(fp8(out, g.in, Fp8Format::e4m3));
+    wqt.push_back(fp8(g.in, out, Fp8Format::e4m3));
+    ws.back()->quantize(ctx, p.w[i], &wq.back(), &wqt.back());
     dys.push_back(scaling(opt.grad_format));
-    dyq.push_back(fp8(rows, g.out, opt.grad_format));
-    dyqt.push_back(fp8(g.out, rows, opt.grad_format));
-    dys.back()->quantize(ctx, o.dy[static_cast<std::size_t>(i)], &dyq.back(), &dyqt.back());
+    dyq.push_back(fp8(rows, out, opt.grad_format));
+    dyqt.push_back(fp8(out, rows, opt.grad_format));
+    dys.back()->quantize(ctx, p.dy[i], &dyq.back(), &dyqt.back());
   }
   return time_runs(rt, b, [&] {
-    for (std::size_t i = 0; i < static_cast<std::size_t>(g.group); ++i) {
+    for (std::size_t i = 0; i < p.w.size(); ++i) {
       if (g.pass == GemmPass::forward)   // y = x_q . w_q^T
-        ops::linear_fp8(ctx, xq, xs->inv_scale(), wq[i], ws[i]->inv_scale(), o.y[i], false);
+        ops::linear_fp8(ctx, xq, xs->inv_scale(), wq[i], ws[i]->inv_scale(), p.y[i], false);
       else if (g.pass == GemmPass::data_grad)   // dx = dy_q . (w^T)_q^T
         ops::linear_fp8(ctx, dyq[i], dys[i]->inv_scale(), wqt[i], ws[i]->inv_scale(), o.dx, false);
       else   // dW = (dy^T)_q . (x^T)_q^T
-        ops::linear_fp8(ctx, dyqt[i], dys[i]->inv_scale(), xqt, xs->inv_scale(), o.dw[i], false);
+        ops::linear_fp8(ctx, dyqt[i], dys[i]->inv_scale(), xqt, xs->inv_scale(), p.dw[i], false);
     }
   });
 }
@@ -158,22 +174,23 @@ Timing time_fp8_gemm(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8Linea
 Timing time_fp8_casts(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8LinearOptions& opt, const BlockGemm& g,
                       LayerOperands& o) {
   Context& ctx = rt.ctx();
-  const auto n = static_cast<std::size_t>(g.group);
+  Fp8Products p = fp8_products(g, o);
+  const std::size_t n = p.w.size();
   std::vector<std::unique_ptr<ops::Fp8Linear>> lin;
   for (std::size_t i = 0; i < n; ++i) lin.push_back(std::make_unique<ops::Fp8Linear>(ctx, opt, i == 0));
   std::vector<ops::Fp8LinearSaved> saved(n);
   auto forward = [&] {
     const ops::Fp8Input xin = lin[0]->quantize_input(ctx, o.x);
-    for (std::size_t i = 0; i < n; ++i) saved[i] = lin[i]->forward(ctx, xin, o.w[i], o.y[i]);
+    for (std::size_t i = 0; i < n; ++i) saved[i] = lin[i]->forward(ctx, xin, p.w[i], p.y[i]);
   };
   if (g.pass == GemmPass::forward) return time_runs(rt, b, forward);
   forward();   // the saved operands the backward reads
   if (g.pass == GemmPass::data_grad)
     return time_runs(rt, b, [&] {
-      for (std::size_t i = 0; i < n; ++i) lin[i]->backward(ctx, saved[i], o.dy[i], &o.dx, nullptr, false);
+      for (std::size_t i = 0; i < n; ++i) lin[i]->backward(ctx, saved[i], p.dy[i], &o.dx, nullptr, false);
     });
   return time_runs(rt, b, [&] {
-    for (std::size_t i = 0; i < n; ++i) lin[i]->backward(ctx, saved[i], o.dy[i], nullptr, &o.dw[i], false);
+    for (std::size_t i = 0; i < n; ++i) lin[i]->backward(ctx, saved[i], p.dy[i], nullptr, &p.dw[i], false);
   });
 }
 

@@ -132,11 +132,11 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
     if (fp8_ && keep) {
       // A recomputed block keeps its FP8 layers' scales: the recompute casts with them again.
       if (k.recomputed)
-        for (int g = 0; g < kFp8GemmsPerBlock; ++g)
+        for (int g = 0; g < kFp8GemmSlots; ++g)
           act.blocks[static_cast<std::size_t>(l)].fp8[static_cast<std::size_t>(g)].scales =
               s.fp8[static_cast<std::size_t>(g)].scales;
       if (k.drop_ffn_inputs)   // selective-mlp: w1 and w3 are replayed with a and b in the backward
-        for (Fp8Gemm g : {Fp8Gemm::w1, Fp8Gemm::w3}) s.fp8[static_cast<std::size_t>(g)].drop_operands();
+        for (Fp8Gemm g : {Fp8Gemm::w13, Fp8Gemm::w1, Fp8Gemm::w3}) s.fp8[static_cast<std::size_t>(g)].drop_operands();
     }
     if (dims_.is_moe_block(l)) {
       // The router losses of this forward (a recompute in the backward does not add them again).
@@ -187,31 +187,18 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     ops::rmsnorm(ctx, x, W(p.ln1), dims_.norm_eps, s.y1, s.rstd1);
     {
       const Tensor y1 = tp_f(pc, ctx, s.y1);   // [N,d]; gathered rows are dropped after the matmuls
-      if (fp8_) {   // three FP8 layers: y1 quantised once, each weight with its own scalings
-        // q, k, v: planes of one [3,N,dl] tensor (each FP8 layer writes a contiguous output);
-        // RoPE runs once over q and k as [2B,T,H,Dh].
-        const Tensor qkv = Tensor::empty({3, N, dl_}, compute_, A, "activations");
-        s.q = part(qkv, 0);
-        s.k = part(qkv, 1);
-        s.v = part(qkv, 2);
-        s.qkv_ld = dl_;
-        fp8_linear(ctx, l, {Fp8Gemm::q, Fp8Gemm::k, Fp8Gemm::v}, y1, {p.q, p.k, p.v}, {&s.q, &s.k, &s.v}, s,
-                   record_fp8);
-        Tensor qk = qkv.slice(0, 2).reshape({2 * N, dl_});
-        ops::rope(ctx, qk, 2 * B, T, H, Dh, dims_.rope_theta, false);
-      } else {
-        // q|k|v side by side in the rows of one [N, 3*dl] tensor: one GEMM against the three
-        // weights (back to back in the store), and RoPE once over q|k as the first 2H heads of
-        // each row (row stride 3*dl).
-        Tensor qkv = Tensor::empty({N, 3 * dl_}, compute_, A, "activations");
-        s.q = column_block(qkv, 0, dl_);
-        s.k = column_block(qkv, dl_, dl_);
-        s.v = column_block(qkv, 2 * dl_, dl_);
-        s.qkv_ld = 3 * dl_;
-        ops::linear_side_by_side(ctx, y1, {W(p.q), W(p.k), W(p.v)}, qkv);
-        Tensor qk = column_block(qkv, 0, 2 * dl_);
-        ops::rope(ctx, qk, B, T, 2 * H, Dh, dims_.rope_theta, false, 3 * dl_);
-      }
+      // q|k|v side by side in the rows of one [N, 3*dl] tensor: one GEMM against the three
+      // weights (back to back in the store; under fp8 one FP8 layer over [3dl, d]), and RoPE once
+      // over q|k as the first 2H heads of each row (row stride 3*dl).
+      Tensor qkv = Tensor::empty({N, 3 * dl_}, compute_, A, "activations");
+      s.q = column_block(qkv, 0, dl_);
+      s.k = column_block(qkv, dl_, dl_);
+      s.v = column_block(qkv, 2 * dl_, dl_);
+      s.qkv_ld = 3 * dl_;
+      if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::qkv}, y1, {&qkv}, s, record_fp8);
+      else ops::linear_side_by_side(ctx, y1, {W(p.q), W(p.k), W(p.v)}, qkv);
+      Tensor qk = column_block(qkv, 0, 2 * dl_);
+      ops::rope(ctx, qk, B, T, 2 * H, Dh, dims_.rope_theta, false, 3 * dl_);
     }
     auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true).with_qkv_row_stride(s.qkv_ld);
     shape.deterministic = dims_.deterministic_attention;
@@ -228,7 +215,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
       }
     }
     proj = act(d);
-    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::o}, s.o, {p.o}, {&proj}, s, record_fp8);
+    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::o}, s.o, {&proj}, s, record_fp8);
     else ops::linear(ctx, s.o, W(p.o), proj);   // row-parallel: this rank's heads' share of the sum
     proj = tp_g(pc, ctx, proj);           // [Nl,d]
     s.h = act_local(d);
@@ -248,11 +235,11 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   s.g = act(F);
   ops::swiglu_rows(ctx, s.a, s.b, s.g.dim(0), F, s.ab_ld, s.g);
   if (!need_output) {   // a recompute's last block: its output is not needed again
-    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {p.w2}, {nullptr}, s, record_fp8);   // w2's operands only
+    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {nullptr}, s, record_fp8);   // w2's operands only
     return Tensor();
   }
   Tensor out = act(d);
-  if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {p.w2}, {&out}, s, record_fp8);
+  if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {&out}, s, record_fp8);
   else ops::linear(ctx, s.g, W(p.w2), out);   // row-parallel partial sum
   out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);
@@ -268,24 +255,25 @@ BlockParams TransformerLM::block_params(int l) const {
 
 void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8) {
   // a = w1 y2 and b = w3 y2 [N,Fl]: column blocks of one [N, 2Fl] tensor (a|b side by side; one
-  // strided-batched GEMM, as w2 lies between w1 and w3 in the store), or under fp8 planes of one
-  // [2,N,Fl] tensor (each FP8 layer writes a contiguous output).
+  // strided-batched GEMM, as w2 lies between w1 and w3 in the store; under fp8 one FP8 layer over
+  // [2Fl, d] where w3 follows w1), or under fp8 with w1, w3 apart planes of one [2,N,Fl] tensor
+  // (each of the two FP8 layers writes a contiguous output).
   const BlockParams p = block_params(l);
   const std::int64_t N = y2.dim(0);
-  if (fp8_) {
+  if (fp8_ && !fp8_->w13_grouped()) {
     const Tensor ab = Tensor::empty({2, N, Fl_}, compute_, *ctx.allocator, "activations");
     s.a = part(ab, 0);
     s.b = part(ab, 1);
     s.ab_ld = Fl_;
-    fp8_linear(ctx, l, {Fp8Gemm::w1, Fp8Gemm::w3}, y2, {p.w1, p.w3},
-               {&s.a, &s.b}, s, record_fp8);   // y2 quantised once
+    fp8_linear(ctx, l, {Fp8Gemm::w1, Fp8Gemm::w3}, y2, {&s.a, &s.b}, s, record_fp8);   // y2 quantised once
     return;
   }
   Tensor ab = Tensor::empty({N, 2 * Fl_}, compute_, *ctx.allocator, "activations");
   s.a = column_block(ab, 0, Fl_);
   s.b = column_block(ab, Fl_, Fl_);
   s.ab_ld = 2 * Fl_;
-  ops::linear_side_by_side(ctx, y2, {params_.compute_weight(p.w1), params_.compute_weight(p.w3)}, ab);
+  if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w13}, y2, {&ab}, s, record_fp8);
+  else ops::linear_side_by_side(ctx, y2, {params_.compute_weight(p.w1), params_.compute_weight(p.w3)}, ab);
 }
 
 void TransformerLM::recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N,

@@ -1,6 +1,8 @@
 // TransformerLM's FP8 linear layers (precision.mode = fp8, docs/precision.md "FP8 training"):
 // the forward's calls through ops::Fp8Linear with their saved operands, the replay of a
-// recompute, and a dense block's backward with its seven layers' gradients in FP8.
+// recompute, and a dense block's backward with its layers' gradients in FP8. q|k|v (and w1|w3
+// where the store holds them back to back) are one FP8 layer each over the group's weight
+// [3dl, d] ([2F, d]) and the side-by-side activation [N, 3dl] ([N, 2F]).
 #include <algorithm>
 
 #include "lmscale/core/error.h"
@@ -16,20 +18,71 @@ void notify(const ParallelContext& pc, int i) {
 }
 // Matrix i of a [n, rows, cols] tensor as a [rows, cols] view.
 Tensor part(const Tensor& t, std::int64_t i) { return t.slice(i, i + 1).reshape({t.dim(1), t.dim(2)}); }
+// Columns [col0, col0 + cols) of a [rows, ld] tensor as the flat view the row-strided ops read.
+Tensor column_block(const Tensor& t, std::int64_t col0, std::int64_t cols) {
+  return t.flat_range(col0, (t.dim(0) - 1) * t.dim(1) + cols);
+}
 ops::Fp8LinearSaved& saved_of(BlockActivations& s, Fp8Gemm g) { return s.fp8[static_cast<std::size_t>(g)]; }
+
+// The matrices ts [R_i, K] as one [sum R_i, K] view when each starts where the one before ends
+// (same dtype and K): a group's weights or gradients in the store's flat buffers. Undefined if not.
+Tensor rows_back_to_back(const std::vector<Tensor>& ts) {
+  std::int64_t rows = 0;
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& t = ts[i];
+    if (t.ndim() != 2 || t.dtype() != ts[0].dtype() || t.dim(1) != ts[0].dim(1)) return Tensor();
+    if (i > 0 && static_cast<const char*>(t.data()) !=
+                     static_cast<const char*>(ts[i - 1].data()) + ts[i - 1].numel() * dtype_size(t.dtype()))
+      return Tensor();
+    rows += t.dim(0);
+  }
+  if (ts.size() == 1) return ts[0];
+  return Tensor::view(ts[0].data(), {rows, ts[0].dim(1)}, ts[0].dtype(), ts[0].device());
+}
 }  // namespace
 
 void TransformerLM::enable_fp8(Context& ctx, const ops::Fp8LinearOptions& options) {
   LMSCALE_CHECK(!tp_.active(), "precision.mode = fp8 with tensor parallelism is not supported (set parallel.tp = 1)");
   LMSCALE_CHECK(!dims_.moe(), "precision.mode = fp8 with an MoE model is not supported (set model.moe_experts = 0)");
-  fp8_ = std::make_unique<Fp8Layers>(ctx, options, units_.first_layer(), units_.end_layer(dims_));
+  // w1|w3 is one FP8 layer where the store holds w3 right after w1 (the same for every dense block).
+  const bool w13 = fp8_w13_grouped(ParamIndex(dims_).block(units_.first_layer()));
+  fp8_ = std::make_unique<Fp8Layers>(ctx, options, units_.first_layer(), units_.end_layer(dims_), w13);
+}
+
+Tensor TransformerLM::fp8_group_weight(int layer, Fp8Gemm g) const {
+  std::vector<Tensor> ws;
+  for (int i : fp8_gemm_params(block_params(layer), g)) ws.push_back(params_.compute_weight(i));
+  const Tensor w = rows_back_to_back(ws);
+  // Every store layout holds a group's working copies back to back (one flat buffer, or fsdp's
+  // gathered unit, members consecutive); a layout that did not would need the group copied.
+  LMSCALE_CHECK(w.defined(), "block {} FP8 layer {}: its weights do not lie back to back in the parameter store; "
+                "precision.mode = fp8 needs them so (docs/precision.md)", layer, fp8_gemm_name(g));
+  return w;
+}
+
+ops::Fp8Weight TransformerLM::fp8_group_weight_quantised(int layer, Fp8Gemm g) const {
+  // fsdp's FP8 gathers cast a group's weights with ONE scale (the max of their amaxes) into one
+  // gathered buffer: the members are back to back and share their scale tensors.
+  const std::vector<int> ps = fp8_gemm_params(block_params(layer), g);
+  std::vector<ops::Fp8Weight> ws;
+  std::vector<Tensor> qs;
+  for (int i : ps) {
+    ws.push_back(params_.fp8_weight(i));
+    qs.push_back(ws.back().q);
+  }
+  const Tensor q = rows_back_to_back(qs);
+  for (const ops::Fp8Weight& w : ws)
+    LMSCALE_CHECK(q.defined() && w.scale.data() == ws[0].scale.data() && w.inv.data() == ws[0].inv.data(),
+                  "block {} FP8 layer {}: its weights arrived in FP8 apart or with different scales; an FP8 weight "
+                  "gather must cast a group's weights with one scale into one buffer (parallel/fsdp_fp8_gather.h)",
+                  layer, fp8_gemm_name(g));
+  return {q, ws[0].amax, ws[0].scale, ws[0].inv};
 }
 
 void TransformerLM::fp8_linear(Context& ctx, int layer, std::initializer_list<Fp8Gemm> gemms, const Tensor& x,
-                               std::initializer_list<int> params, std::initializer_list<Tensor*> ys,
-                               BlockActivations& s, bool record) {
-  LMSCALE_CHECK(gemms.size() == params.size() && gemms.size() == ys.size() && gemms.size() > 0,
-                "fp8_linear: {} layers, {} weights, {} outputs", gemms.size(), params.size(), ys.size());
+                               std::initializer_list<Tensor*> ys, BlockActivations& s, bool record) {
+  LMSCALE_CHECK(gemms.size() == ys.size() && gemms.size() > 0, "fp8_linear: {} layers, {} outputs", gemms.size(),
+                ys.size());
   const Fp8Gemm first = *gemms.begin();
   for (Fp8Gemm g : gemms)
     LMSCALE_CHECK(fp8_input_owner(g) == first, "fp8_linear: block {} layer {} does not share {}'s input", layer,
@@ -39,36 +92,38 @@ void TransformerLM::fp8_linear(Context& ctx, int layer, std::initializer_list<Fp
   ops::Fp8Linear& owner = fp8_->at(layer, first);
   const ops::Fp8Input xq = replay ? owner.replay_input(ctx, saved_of(s, first).scales, x, any_y)
                                   : owner.quantize_input(ctx, x, record);
-  auto param = params.begin();
   auto y = ys.begin();
   for (Fp8Gemm g : gemms) {
     ops::Fp8Linear& lin = fp8_->at(layer, g);
     ops::Fp8LinearSaved& saved = saved_of(s, g);
-    const Tensor w = params_.compute_weight(*param);
-    // fsdp's FP8 gathers hand the weight out quantised, bitwise the cast below would make.
-    const bool quantised = w.dtype() == DType::e4m3;
-    if (replay) {
-      saved = quantised ? lin.replay(ctx, saved.scales, xq, params_.fp8_weight(*param), *y)
-                        : lin.replay(ctx, saved.scales, xq, w, *y);
+    LMSCALE_CHECK(replay || *y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,
+                  fp8_gemm_name(g));
+    // fsdp's FP8 gathers hand the weights out quantised, bitwise the cast below would make.
+    const bool quantised = params_.compute_weight(fp8_gemm_params(block_params(layer), g)[0]).dtype() == DType::e4m3;
+    if (quantised) {
+      const ops::Fp8Weight w = fp8_group_weight_quantised(layer, g);
+      saved = replay ? lin.replay(ctx, saved.scales, xq, w, *y) : lin.forward(ctx, xq, w, **y);
     } else {
-      LMSCALE_CHECK(*y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,
-                    fp8_gemm_name(g));
-      saved = quantised ? lin.forward(ctx, xq, params_.fp8_weight(*param), **y) : lin.forward(ctx, xq, w, **y, record);
+      const Tensor w = fp8_group_weight(layer, g);   // [sum of the group's rows, K]
+      saved = replay ? lin.replay(ctx, saved.scales, xq, w, *y) : lin.forward(ctx, xq, w, **y, record);
     }
-    ++param;
     ++y;
   }
 }
 
 void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g,
-                                        BlockActivations& s, const Tensor& dy, Tensor* dx, int param,
-                                        bool accumulate) {
+                                        BlockActivations& s, const Tensor& dy, Tensor* dx, bool accumulate) {
   ops::Fp8LinearSaved& saved = saved_of(s, g);
   LMSCALE_CHECK(saved.has_operands(), "block {} layer {}: the FP8 backward found no saved operands", layer,
                 fp8_gemm_name(g));
-  Tensor dw = params_.grad(param);
-  fp8_->at(layer, g).backward(ctx, saved, dy, dx, &dw, accumulate);
-  notify(pc, param);
+  // The group's gradients as one [sum R_i, K] (one dW GEMM) when back to back in memory, else
+  // row blocks of the same product (gradient buckets that split the group).
+  const std::vector<int> ps = fp8_gemm_params(block_params(layer), g);
+  std::vector<Tensor> grads;
+  for (int i : ps) grads.push_back(params_.grad(i));
+  const Tensor one = rows_back_to_back(grads);
+  fp8_->at(layer, g).backward(ctx, saved, dy, dx, one.defined() ? std::vector<Tensor>{one} : grads, accumulate);
+  for (int i : ps) notify(pc, i);
   saved = ops::Fp8LinearSaved{};
 }
 
@@ -90,20 +145,35 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
     }
     s.g = Tensor();   // w2's backward reads its saved g^T
     Tensor dg = act(F);
-    fp8_linear_backward(ctx, pc, l, Fp8Gemm::w2, s, dx, &dg, p.w2, accumulate);
-    const Tensor dab = Tensor::empty({2, N, F}, compute_, A, "activation_grads");   // da, db side by side
-    Tensor da = part(dab, 0), db = part(dab, 1);
-    ops::swiglu_backward(ctx, s.a, s.b, dg, da, db);
-    dg = Tensor();
-    s.a = Tensor();
-    s.b = Tensor();
-    s.y2 = Tensor();
-    // dy2 = da w1 + db w3: the second product into a temporary, then added.
-    Tensor dy2 = act(d);
-    fp8_linear_backward(ctx, pc, l, Fp8Gemm::w1, s, da, &dy2, p.w1, accumulate);
-    {
+    fp8_linear_backward(ctx, pc, l, Fp8Gemm::w2, s, dx, &dg, accumulate);
+    Tensor dab, dy2;   // dab lives to the end of the FFN's backward
+    if (fp8_->w13_grouped()) {
+      // da|db side by side [N, 2F] in a|b's layout: the w1|w3 layer's dy; dy2 = [da db] [w1; w3]
+      // is its one dx GEMM (inner dimension 2F).
+      LMSCALE_CHECK(s.ab_ld == 2 * F, "block {}: a, b are not side by side (row stride {})", l, s.ab_ld);
+      dab = Tensor::empty({N, 2 * F}, compute_, A, "activation_grads");
+      Tensor da = column_block(dab, 0, F), db = column_block(dab, F, F);
+      ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, s.ab_ld, dg, da, db);
+      dg = Tensor();
+      s.a = Tensor();
+      s.b = Tensor();
+      s.y2 = Tensor();
+      dy2 = act(d);
+      fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab, &dy2, accumulate);
+    } else {
+      // w1 and w3 apart in the store: two layers on planes da, db of one [2,N,F] tensor;
+      // dy2 = da w1 + db w3, the second product into a temporary, then added.
+      dab = Tensor::empty({2, N, F}, compute_, A, "activation_grads");
+      Tensor da = part(dab, 0), db = part(dab, 1);
+      ops::swiglu_backward(ctx, s.a, s.b, dg, da, db);
+      dg = Tensor();
+      s.a = Tensor();
+      s.b = Tensor();
+      s.y2 = Tensor();
+      dy2 = act(d);
+      fp8_linear_backward(ctx, pc, l, Fp8Gemm::w1, s, da, &dy2, accumulate);
       Tensor part3 = act(d);
-      fp8_linear_backward(ctx, pc, l, Fp8Gemm::w3, s, db, &part3, p.w3, accumulate);
+      fp8_linear_backward(ctx, pc, l, Fp8Gemm::w3, s, db, &part3, accumulate);
       ops::add(ctx, dy2, part3, dy2);
     }
     Tensor gLn2 = grad_for_adding(ctx, p.ln2, accumulate);
@@ -113,20 +183,15 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
   }
   NvtxRange r("attention_block_backward");
   Tensor dO = act(dl_);
-  fp8_linear_backward(ctx, pc, l, Fp8Gemm::o, s, dx, &dO, p.o, accumulate);
+  fp8_linear_backward(ctx, pc, l, Fp8Gemm::o, s, dx, &dO, accumulate);
+  // dq|dk|dv side by side [N, 3dl] in q|k|v's layout: the q|k|v layer's dy; dy1 = [dq dk dv]
+  // [wq; wk; wv] is its one dx GEMM (inner dimension 3dl).
+  LMSCALE_CHECK(s.qkv_ld == 3 * dl_, "block {}: q, k, v are not side by side (row stride {})", l, s.qkv_ld);
   const Tensor dqkv = attention_core_backward(ctx, s, dO, B, T);
   dO = Tensor();
   s.y1 = Tensor();
-  // dy1 = dq wq + dk wk + dv wv: the first product in place, the others through one temporary.
   Tensor dy1 = act(d);
-  fp8_linear_backward(ctx, pc, l, Fp8Gemm::q, s, part(dqkv, 0), &dy1, p.q, accumulate);
-  {
-    Tensor term = act(d);
-    fp8_linear_backward(ctx, pc, l, Fp8Gemm::k, s, part(dqkv, 1), &term, p.k, accumulate);
-    ops::add(ctx, dy1, term, dy1);
-    fp8_linear_backward(ctx, pc, l, Fp8Gemm::v, s, part(dqkv, 2), &term, p.v, accumulate);
-    ops::add(ctx, dy1, term, dy1);
-  }
+  fp8_linear_backward(ctx, pc, l, Fp8Gemm::qkv, s, dqkv, &dy1, accumulate);
   Tensor gLn1 = grad_for_adding(ctx, p.ln1, accumulate);
   norm_backward(pc, ctx, s.x, W(p.ln1), s.rstd1, dy1, dx, gLn1, true);   // dx += d(x) through the norm
   notify(pc, p.ln1);

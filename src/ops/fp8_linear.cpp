@@ -155,7 +155,12 @@ Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Fp8In
 
 void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, Tensor* dw,
                          bool accumulate_dw) {
-  if (!dx && !dw) return;
+  backward(ctx, saved, dy, dx, dw ? std::vector<Tensor>{*dw} : std::vector<Tensor>{}, accumulate_dw);
+}
+
+void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx,
+                         const std::vector<Tensor>& dws, bool accumulate_dw) {
+  if (!dx && dws.empty()) return;
   LMSCALE_CHECK(dy.dim(-1) == saved.wt_q.dim(1), "Fp8Linear::backward: dy {} does not match the weight's {} outputs",
                 shape_str(dy.shape()), saved.wt_q.dim(1));
   const Quantized dyq = quantize(ctx, &dy_, nullptr, dy_.format(), dy, dx != nullptr);
@@ -163,7 +168,18 @@ void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor
     Tensor dx2 = as_matrix(*dx);
     linear_fp8(ctx, dyq.q, dy_.inv_scale(), saved.wt_q, saved.w_inv(), dx2, false);   // dy . (w^T)^T
   }
-  if (dw) linear_fp8(ctx, dyq.qt, dy_.inv_scale(), saved.xt_q, saved.x_inv(), *dw, accumulate_dw);   // dy^T . (x^T)^T
+  std::int64_t row = 0;   // dy^T's rows [row, row + N_i) are dW_i's outputs
+  for (const Tensor& dw : dws) {
+    LMSCALE_CHECK(dw.ndim() == 2 && row + dw.dim(0) <= dyq.qt.dim(0),
+                  "Fp8Linear::backward: weight gradient {} beyond the layer's {} outputs (row {})", shape_str(dw.shape()),
+                  dyq.qt.dim(0), row);
+    Tensor out = dw;
+    const Tensor rows = dws.size() == 1 ? dyq.qt : dyq.qt.slice(row, row + dw.dim(0));
+    linear_fp8(ctx, rows, dy_.inv_scale(), saved.xt_q, saved.x_inv(), out, accumulate_dw);   // dy^T . (x^T)^T
+    row += dw.dim(0);
+  }
+  LMSCALE_CHECK(dws.empty() || row == dyq.qt.dim(0),
+                "Fp8Linear::backward: the weight gradients cover {} of the layer's {} outputs", row, dyq.qt.dim(0));
 }
 
 }  // namespace lmscale::ops

@@ -107,6 +107,28 @@ class FullyShardedDataParallel::Sync final : public GradientSync {
   FullyShardedDataParallel& f_;
 };
 
+std::vector<int> FullyShardedDataParallel::fp8_group_sizes(const Unit& unit,
+                                                          const std::vector<std::vector<int>>& groups) const {
+  // Each weight of the unit in slot order: a group's members must follow one another (then
+  // their gathered bytes lie back to back, one [sum R_i, K] matrix under one scale).
+  std::vector<int> sizes;
+  for (std::size_t k = 0; k < unit.params.size();) {
+    const int i = unit.params[k];
+    const std::vector<int>* group = nullptr;
+    for (const auto& g : groups)
+      if (!g.empty() && g.front() == i) group = &g;
+    const std::size_t n = group ? group->size() : 1;
+    for (std::size_t j = 0; j < n; ++j)
+      LMSCALE_CHECK(!group || (k + j < unit.params.size() && unit.params[k + j] == (*group)[j]),
+                    "parallel.fsdp_gather_dtype = fp8: {} shares an FP8 scale with weights that do not follow it in "
+                    "its fsdp unit (set parallel.fsdp_gather_dtype = compute)",
+                    store_.infos()[static_cast<std::size_t>(i)].name);
+    sizes.push_back(static_cast<int>(n));
+    k += n;
+  }
+  return sizes;
+}
+
 template <class Fn>
 void FullyShardedDataParallel::for_each_piece(const Unit& u, Fn&& fn) const {
   const std::int64_t lo = comm_.rank() * u.shard, hi = std::min(lo + u.shard, u.numel);
@@ -217,7 +239,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
                       "parallel.fsdp_gather_dtype = fp8: {} is not a linear layer's weight", p.name);
       }
       fp8_scales_[static_cast<std::size_t>(u)] =
-          std::make_unique<FsdpFp8Scales>(ctx, static_cast<int>(unit.params.size()), opt.fp8_margin);
+          std::make_unique<FsdpFp8Scales>(ctx, fp8_group_sizes(unit, opt.fp8_groups), opt.fp8_margin);
       for_each_piece(unit, [&](int i, std::int64_t, std::int64_t n, std::int64_t at) {
         fp8_pieces_[static_cast<std::size_t>(u)].push_back({slot_[static_cast<std::size_t>(i)], at, n});
       });

@@ -1,6 +1,8 @@
 #include "lmscale/parallel/fsdp_strategy.h"
 
 #include "lmscale/core/error.h"
+#include "lmscale/model/fp8_layers.h"
+#include "lmscale/model/param_layout.h"
 #include "lmscale/optim/host_adamw.h"
 #include "lmscale/parallel/tensor_parallel.h"
 
@@ -17,6 +19,15 @@ FsdpStrategy::FsdpStrategy(const StrategyParts& parts) : Strategy(parts) {
   // FP8 weight gathers (io validates precision.mode = fp8 with current scaling).
   opt.gather_fp8 = parts.cfg.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8;
   opt.fp8_margin = static_cast<int>(parts.cfg.precision.fp8_margin);
+  if (opt.gather_fp8) {   // one scale per FP8 layer's weights: q|k|v, w1|w3 where adjacent (model/fp8_layers.h)
+    const model::ParamIndex index(model::ModelDims::from(parts.cfg.model));
+    for (int l = 0; l < parts.layers; ++l)
+      for (const std::vector<int>& group : model::fp8_weight_groups(index.block(l))) {
+        std::vector<int> local;
+        for (int i : group) local.push_back(store_.local_index(i));
+        opt.fp8_groups.push_back(std::move(local));
+      }
+  }
   fsdp_ = std::make_unique<FullyShardedDataParallel>(store_, *parts.dp, *parts.dp_host, parts.cfg.optim, opt,
                                                      parts.cfg.run.seed, parts.rt);
   if (tp_) {

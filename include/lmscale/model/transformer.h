@@ -34,8 +34,8 @@ struct BlockActivations {
   Tensor x;                 // block input [N,d]
   Tensor rstd1, y1;         // RMSNorm1: rstd [N], output [N,d]
   // Projections after RoPE (q, k), each [N,dl] with rows qkv_ld elements apart: column blocks of
-  // one [N, 3*dl] buffer (qkv_ld = 3*dl; q|k|v side by side, one GEMM each way), or under
-  // precision.mode = fp8 planes of a [3,N,dl] tensor (qkv_ld = dl). The views cover exactly
+  // one [N, 3*dl] buffer (qkv_ld = 3*dl; q|k|v side by side, one GEMM each way, also the one FP8
+  // layer of precision.mode = fp8). The views cover exactly
   // (N-1)*qkv_ld + dl elements (docs/architecture.md, "fused projections").
   Tensor q, k, v;
   std::int64_t qkv_ld = 0;
@@ -44,7 +44,8 @@ struct BlockActivations {
   Tensor h;                 // x + attention [N,d]
   Tensor rstd2, y2;         // RMSNorm2 [N], [N,d]
   // w1 y2, w3 y2, silu(a)*b [N,F]; a and b are column blocks of one [N, 2F] buffer (ab_ld = 2F)
-  // or, under fp8, planes of [2,N,F] (ab_ld = F); g is contiguous. MoE block: the experts' [Me,Fe].
+  // or, under fp8 with w1, w3 apart in the store, planes of [2,N,F] (ab_ld = F); g is
+  // contiguous. MoE block: the experts' [Me,Fe].
   Tensor a, b, g;
   std::int64_t ab_ld = 0;
   MoeActivations moe;       // MoE block: routing and expert rows (model/moe_block.h)
@@ -230,18 +231,25 @@ class TransformerLM {
   // ---- FP8 linear layers (transformer_fp8.cpp) ----------------------------------------------
   // y_i = x w_i^T through block l's FP8 layers gemms[i], which read the same x: x is quantised
   // once (under the first layer's x scaling, fp8_input_owner) and each layer's saved entry goes
-  // into s.fp8[g] (they share x^T). A first forward, or, when the first entry holds the scales of
-  // an earlier forward (a recompute), a replay with the saved scales (bitwise the same, no scaling
-  // state touched). A null y: only the saved operands (a recompute whose output is not needed).
-  // params: the layers' weights (store indices); a weight the store hands out in fp8_e4m3 (fsdp's
+  // into s.fp8[g] (they share x^T). A group layer's w is its parameters' rows [sum R_i, K]
+  // (fp8_gemm_params: q|k|v, w1|w3) and its y the side-by-side [N, sum R_i]. A first forward, or,
+  // when the first entry holds the scales of an earlier forward (a recompute), a replay with the
+  // saved scales (bitwise the same, no scaling state touched). A null y: only the saved operands
+  // (a recompute whose output is not needed). A weight the store hands out in fp8_e4m3 (fsdp's
   // FP8 gathers) is used as it is, with its scales (ParameterStore::fp8_weight), instead of cast.
   void fp8_linear(Context& ctx, int layer, std::initializer_list<Fp8Gemm> gemms, const Tensor& x,
-                  std::initializer_list<int> params, std::initializer_list<Tensor*> ys, BlockActivations& s,
-                  bool record);
-  // The backward of layer g from dy: dx (overwritten; null: skipped) and the gradient of store
-  // parameter `param` (added unless !accumulate), then its on_grad_ready; frees s.fp8[g].
+                  std::initializer_list<Tensor*> ys, BlockActivations& s, bool record);
+  // Layer g's weight [sum R_i, K]: a view of its parameters' working copies, which every store
+  // layout holds back to back (refused, naming the layer, where not).
+  Tensor fp8_group_weight(int layer, Fp8Gemm g) const;
+  // The same for weights the store hands out quantised: one view and one scale for the group
+  // (refused, naming the layer, when the gather did not cast the group with one scale).
+  ops::Fp8Weight fp8_group_weight_quantised(int layer, Fp8Gemm g) const;
+  // The backward of layer g from dy [N, sum R_i]: dx (overwritten; null: skipped) and the
+  // gradients of its parameters (added unless !accumulate; one GEMM when back to back), then
+  // their on_grad_ready; frees s.fp8[g].
   void fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g, BlockActivations& s,
-                           const Tensor& dy, Tensor* dx, int param, bool accumulate);
+                           const Tensor& dy, Tensor* dx, bool accumulate);
   // A dense block's backward with its linear layers in FP8 (block_backward's FP8 form).
   void block_backward_fp8(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
                           std::int64_t B, std::int64_t T, bool accumulate);

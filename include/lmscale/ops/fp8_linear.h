@@ -11,6 +11,7 @@
 // backward must use its own forward's operands.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/fp8.h"
@@ -111,6 +112,12 @@ class Fp8Linear {
   // dx[M,K] = dy w (overwritten; skipped when null), dw[N,K] (+)= dy^T x (skipped when null;
   // fp32 on CUDA when accumulating), from saved's operands and dy quantised here.
   void backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, Tensor* dw,
+                bool accumulate_dw);
+  // The same with dw given as its row blocks (a group layer, e.g. q|k|v over [3dl, K], whose
+  // weights' gradients do not lie back to back): dws[i] [N_i, K] with sum N_i = N; dW_i (+)=
+  // dy[:, rows i]^T x, one GEMM each over the contiguous row block i of the quantised dy^T [N, M]
+  // (the same dy scaling as one dW GEMM: bitwise its rows).
+  void backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, const std::vector<Tensor>& dws,
                 bool accumulate_dw);
 
   bool owns_input_scaling() const { return x_ != nullptr; }

@@ -81,6 +81,10 @@ struct FsdpOptions {
   // (parallel/fsdp_fp8_gather.h), cast with scales of margin fp8_margin (precision.fp8_margin).
   bool gather_fp8 = false;
   int fp8_margin = 0;
+  // With gather_fp8: the store indices of weights one FP8 layer reads as one matrix, which share
+  // one scale (model::fp8_weight_groups: q|k|v, w1|w3 where adjacent); consecutive in their unit.
+  // A weight in no group has a scale of its own.
+  std::vector<std::vector<int>> fp8_groups;
   static FsdpOptions from(const ParallelConfig& p);
 };
 
@@ -150,6 +154,8 @@ class FullyShardedDataParallel final : public ShardedOptimizer {
   // Calls fn(param index, first element in the parameter, element count, position in this
   // rank's shard of unit u) for each piece of a parameter that falls into this rank's shard.
   template <class Fn> void for_each_piece(const Unit& u, Fn&& fn) const;
+  // A unit's weights as FsdpFp8Scales' scale groups (FsdpOptions::fp8_groups), in slot order.
+  std::vector<int> fp8_group_sizes(const Unit& unit, const std::vector<std::vector<int>>& groups) const;
   void issue_gather(int u);
   struct WaitMarks {
     int unit = 0;

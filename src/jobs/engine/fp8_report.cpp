@@ -16,8 +16,8 @@ namespace {
 
 constexpr const char* kOperands[] = {"x", "w", "dy"};
 
-// Operand i (x, w, dy) of block l's layer g: k and v report q's x scaling, w3 w1's (the layers
-// sharing an input share its quantisation; model/fp8_layers.h).
+// Operand i (x, w, dy) of block l's layer g: w3 (w1, w3 as two layers) reports w1's x scaling
+// (the layers sharing an input share its quantisation; model/fp8_layers.h).
 const ops::Fp8TensorScaling& operand(const model::Fp8Layers& layers, int l, model::Fp8Gemm g, int i) {
   const ops::Fp8Linear& lin = layers.at(l, g);
   return i == 0 ? layers.x_scaling(l, g) : i == 1 ? lin.w_scaling() : lin.dy_scaling();
@@ -68,8 +68,7 @@ void Fp8Recorder::record(std::int64_t step) {
   env_.rt.synchronize();
   std::vector<io::Row> rows;
   for (int l = layers.first_layer(); l < layers.end_layer(); ++l)
-    for (int g = 0; g < model::kFp8GemmsPerBlock; ++g) {
-      const auto gemm = static_cast<model::Fp8Gemm>(g);
+    for (const model::Fp8Gemm gemm : layers.gemms()) {
       for (int i = 0; i < 3; ++i) {
         const ops::Fp8TensorScaling& s = operand(layers, l, gemm, i);
         const HostScaling h = read(ctx, s);
@@ -102,13 +101,14 @@ void Fp8Recorder::finish() {
   std::int64_t H = 0;
   std::vector<float> all;
   for (int l = layers.first_layer(); l < layers.end_layer(); ++l)
-    for (int g = 0; g < model::kFp8GemmsPerBlock; ++g)
+    for (const model::Fp8Gemm gemm : layers.gemms())
       for (int i = 0; i < 3; ++i) {
-        const HostScaling h = read(ctx, operand(layers, l, static_cast<model::Fp8Gemm>(g), i));
+        const HostScaling h = read(ctx, operand(layers, l, gemm, i));
         H = static_cast<std::int64_t>(h.history.size());
         all.insert(all.end(), h.history.begin(), h.history.end());
       }
-  env_.out.write_array(group_ + "/fp8_amax_history", {L, model::kFp8GemmsPerBlock, 3, H}, all.data());
+  const auto G = static_cast<std::int64_t>(layers.gemms().size());
+  env_.out.write_array(group_ + "/fp8_amax_history", {L, G, 3, H}, all.data());
   const auto& o = layers.options();
   const std::string path = group_ + "/fp8";
   env_.out.set_attr(path, "fp8_scaling", std::string(o.recipe == ops::Fp8Recipe::delayed ? "delayed" : "current"));

@@ -15,6 +15,7 @@
 #include "lmscale/comm/mesh.h"
 #include "lmscale/io/config.h"
 #include "lmscale/jobs/predict/memory_model.h"
+#include "lmscale/model/fp8_layers.h"
 #include "lmscale/model/param_layout.h"
 #include "lmscale/model/recompute.h"
 #include "lmscale/parallel/spec.h"
@@ -56,12 +57,13 @@ struct Shared {
 struct Block {
   double x = 0, rstd1 = 0, y1 = 0, q = 0, k = 0, v = 0, o = 0, aux = 0, h = 0, rstd2 = 0, y2 = 0, a = 0, b = 0, g = 0;
   double probs = 0, lse = 0, experts = 0, gates = 0, slot = 0, xe = 0, ye = 0, perm = 0;
-  // precision.mode = fp8, per FP8 layer (model::Fp8Gemm order q, k, v, o, w1, w3, w2): its saved
-  // w^T (1 byte per element) and its saved scales ([16] fp32; kept alone by a recomputed block,
-  // whose recompute then replays instead of allocating new ones); per input owner (q for q, k,
-  // v; o; w1 for w1, w3; w2) the saved x^T its layers share, freed by the last one's backward.
-  double f8ops[7] = {}, f8scales[7] = {};
-  Shared f8x[7];
+  // precision.mode = fp8, per FP8 layer slot (model::Fp8Gemm order qkv, o, w13, w2, w1, w3; a
+  // block uses qkv, o, w13, w2 or qkv, o, w1, w3, w2): its saved w^T (1 byte per element) and its
+  // saved scales ([16] fp32; kept alone by a recomputed block, whose recompute then replays
+  // instead of allocating new ones); per input owner (w1 for w1, w3; else the layer) the saved
+  // x^T its layers share, freed by the last one's backward.
+  double f8ops[model::kFp8GemmSlots] = {}, f8scales[model::kFp8GemmSlots] = {};
+  Shared f8x[model::kFp8GemmSlots];
 };
 
 // One micro-batch's shapes as one rank holds them (tensor parallel: local heads, d_ff, vocab;
@@ -73,6 +75,8 @@ struct Shapes {
   // parallel.fsdp_gather_dtype = fp8: the blocks' weights arrive quantised (fsdp's e4m3 gathers),
   // so the FP8 layers make no cast of w (only its transpose).
   bool fp8_weights = false;
+  // Whether w1|w3 is one FP8 layer (w3 right after w1 in the store: model::fp8_w13_grouped).
+  bool fp8_w13_grouped() const;
   int L = 0, tp = 1;
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   int k = 1;
@@ -183,9 +187,10 @@ double fp8_state_bytes(const Config& cfg, const Shapes& s);
 // is held, the replay of a recompute (no scales; with_y false: no quantised direct operands are
 // kept for a GEMM, as for the last block of a recompute whose w2 output is not needed).
 void fp8_forward(Sim& m, const Shapes& s, Block& b, int g, int count, double M, double K, double n, bool with_y = true);
-// Its backward from dy [M,n]: parameter `param`'s gradient asked for, dy quantised (direct and
-// transposed), the gradient written; the saved entry freed.
-void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int param);
+// Its backward from dy [M,n]: the layer's parameters' gradients asked for (a group's all, then
+// one dW product), dy quantised (direct and transposed), the gradients written and ready; the
+// saved entry freed.
+void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, const std::vector<int>& params);
 // Frees layer g's saved operands (its w^T, and the shared x^T when g is its last holder).
 void free_fp8_operands(Sim& m, Block& b, int g);
 // Frees every FP8 layer's saved operands and scales of b.

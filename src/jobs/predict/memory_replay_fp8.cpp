@@ -7,17 +7,21 @@ namespace lmscale::jobs::replay {
 
 namespace {
 constexpr double kScalesBytes = 16 * 4;   // Fp8LinearSaved::scales [16] fp32 (4 values, 16 bytes apart)
-enum Gemm { q, k, v, o, w1, w3, w2 };
+// model::Fp8Gemm's slots.
+constexpr int qkv = 0, o = 1, w13 = 2, w2 = 3, w1 = 4, w3 = 5;
 }  // namespace
 
 double fp8_state_bytes(const Config& cfg, const Shapes& s) {
   if (!s.fp8) return 0;
-  // Per operand scaling of a block: w and dy of each of its 7 layers, x of the 4 input owners
-  // (q, o, w1, w2; k, v and w3 share theirs): scale, inverse, history of H entries (current
-  // scaling: 1), and the fused kernels' [2] int32 work words.
+  // Per operand scaling of a block: w and dy of each of its G layers (qkv, o, w13, w2; or w1, w3
+  // apart), x of the 4 input owners (qkv, o, w13 or w1, w2; w3 shares w1's): scale, inverse,
+  // history of H entries (current scaling: 1), and the fused kernels' [2] int32 work words.
   const double H = cfg.precision.fp8_scaling == Fp8Scaling::delayed ? static_cast<double>(cfg.precision.fp8_history) : 1;
-  return static_cast<double>(s.L) * (7 * 2 + 4) * 4 * (2 + H + 2);
+  const double G = static_cast<double>(model::fp8_block_gemms(s.fp8_w13_grouped()).size());
+  return static_cast<double>(s.L) * (G * 2 + 4) * 4 * (2 + H + 2);
 }
+
+bool Shapes::fp8_w13_grouped() const { return model::fp8_w13_grouped(index().block(0)); }
 
 void fp8_forward(Sim& m, const Shapes& s, Block& b, int g, int count, double M, double K, double n, bool with_y) {
   const bool replay = b.f8scales[g] > 0;
@@ -36,29 +40,29 @@ void fp8_forward(Sim& m, const Shapes& s, Block& b, int g, int count, double M, 
 void free_fp8_operands(Sim& m, Block& b, int g) {
   if (b.f8ops[g] <= 0) return;
   m.free(b.f8ops[g]);
-  const int owner = g == k || g == v ? q : g == w3 ? w1 : g;
+  const int owner = g == w3 ? w1 : g;
   b.f8x[owner].drop(m);
 }
 
-void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, int param) {
-  gr.touch(param, false);
+void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, const std::vector<int>& params) {
+  for (int p : params) gr.touch(p, false);
   double dq = m.alloc(M * n), dt = m.alloc(M * n);
   m.free(dq);
   m.free(dt);
-  gr.ready(param);
+  for (int p : params) gr.ready(p);
   free_fp8_operands(m, b, g);
   m.free(b.f8scales[g]);
 }
 
 void free_fp8(Sim& m, Block& b) {
-  for (int g = 0; g < 7; ++g) {
+  for (int g = 0; g < model::kFp8GemmSlots; ++g) {
     free_fp8_operands(m, b, g);
     m.free(b.f8scales[g]);
   }
 }
 
 void move_fp8_scales(Block& from, Block& to) {
-  for (int g = 0; g < 7; ++g) {
+  for (int g = 0; g < model::kFp8GemmSlots; ++g) {
     to.f8scales[g] = from.f8scales[g];
     from.f8scales[g] = 0;
   }
@@ -73,31 +77,31 @@ void block_backward_fp8(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   }
   m.free(b.g);
   double dg = m.alloc(NFe);
-  fp8_backward(m, b, gr, w2, s.N, s.d, p.w2);
-  double da = m.alloc(2 * NFe);   // one [2,N,F] tensor: da, db
+  fp8_backward(m, b, gr, w2, s.N, s.d, {p.w2});
+  double da = m.alloc(2 * NFe);   // da|db: one [N,2F] (w1|w3 one layer) or [2,N,F] tensor
   m.free(dg);
   m.free(b.a);
   m.free(b.b);
   m.free(b.y2);
   double dy2 = m.alloc(Nde);
-  fp8_backward(m, b, gr, w1, s.N, s.F, p.w1);
-  double term = m.alloc(Nde);
-  fp8_backward(m, b, gr, w3, s.N, s.F, p.w3);
-  m.free(term);
+  if (s.fp8_w13_grouped()) {
+    fp8_backward(m, b, gr, w13, s.N, 2 * s.F, {p.w1, p.w3});
+  } else {
+    fp8_backward(m, b, gr, w1, s.N, s.F, {p.w1});
+    double term = m.alloc(Nde);
+    fp8_backward(m, b, gr, w3, s.N, s.F, {p.w3});
+    m.free(term);
+  }
   gr.touch(p.ln2);
   m.free(b.h);
   m.free(dy2);
   m.free(da);
   double dO = m.alloc(Ndle);
-  fp8_backward(m, b, gr, o, s.N, s.d, p.o);
+  fp8_backward(m, b, gr, o, s.N, s.d, {p.o});
   double dq = attention_backward(m, s, b, dO);   // frees the aux, o and dO
   m.free(b.y1);
   double dy1 = m.alloc(Nde);
-  fp8_backward(m, b, gr, q, s.N, s.dl, p.q);
-  term = m.alloc(Nde);
-  fp8_backward(m, b, gr, k, s.N, s.dl, p.k);
-  fp8_backward(m, b, gr, v, s.N, s.dl, p.v);
-  m.free(term);
+  fp8_backward(m, b, gr, qkv, s.N, 3 * s.dl, {p.q, p.k, p.v});
   gr.touch(p.ln1);
   m.free(dq);
   m.free(dy1);
