@@ -262,8 +262,8 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
 BlockParams TransformerLM::block_params(int l) const {
   const BlockParams f = ParamIndex(dims_).block(l);
   auto at = [&](int i) { return params_.local_index(i); };
-  return {at(f.q), at(f.k), at(f.v), at(f.o), at(f.ln1), at(f.w1), at(f.w2), at(f.w3), at(f.ln2),
-          f.router >= 0 ? at(f.router) : -1};
+  return {.q = at(f.q), .k = at(f.k), .v = at(f.v), .o = at(f.o), .ln1 = at(f.ln1), .w1 = at(f.w1), .w3 = at(f.w3),
+          .w2 = at(f.w2), .ln2 = at(f.ln2), .router = f.router >= 0 ? at(f.router) : -1};
 }
 
 void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8) {
