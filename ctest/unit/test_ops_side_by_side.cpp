@@ -146,6 +146,30 @@ TEST_F(Blocks, LinearSideBySideWeightGradientsDoNotDependOnTheirLayout) {
     }
 }
 
+// Context::linear_products counts what the ops dispatch: back-to-back weights (and gradients)
+// one product per pass, separate ones one per weight; the CPU's per-weight weight gradients of a
+// back-to-back group count as the one GEMM dispatched.
+TEST_F(Blocks, LinearSideBySideCountsItsProducts) {
+  const std::int64_t M = 5, K = 4, R = 3;
+  Tensor x = randn({M, K}, 1), w = randn({3 * R, K}, 2), dy = randn({M, 3 * R}, 3);
+  const std::vector<Tensor> adjacent = rows_of(w, 3);
+  const std::vector<Tensor> apart = {clone(adjacent[0]), clone(adjacent[1]), clone(adjacent[2])};
+  for (const auto* ws : {&adjacent, &apart}) {
+    const std::int64_t n = ws == &adjacent ? 1 : 3;
+    Tensor g = zeros({3 * R, K});
+    std::vector<Tensor> gs = rows_of(g, 3);
+    Tensor y = poisoned({M, 3 * R}), dx = poisoned({M, K});
+    LinearProductCounts c;
+    ctx.linear_products = &c;
+    ops::linear_side_by_side(ctx, x, *ws, y);
+    ops::linear_side_by_side_backward(ctx, x, *ws, dy, &dx, &gs, false);
+    ctx.linear_products = nullptr;
+    EXPECT_EQ(c.forward, n);
+    EXPECT_EQ(c.data_grad, n);
+    EXPECT_EQ(c.weight_grad, n);
+  }
+}
+
 TEST_F(Blocks, LinearSideBySideChecksShapes) {
   Tensor x = randn({4, 3}, 6), w = randn({6, 3}, 7);
   Tensor y_bad = poisoned({4, 5}), dy_bad = randn({4, 4}, 8), dx = poisoned({4, 3});

@@ -268,8 +268,8 @@ BlockParams TransformerLM::block_params(int l) const {
 
 void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8) {
   // a = w1 y2 and b = w3 y2 [N,Fl]: column blocks of one [N, 2Fl] tensor (a|b side by side; one
-  // strided-batched GEMM, as w2 lies between w1 and w3 in the store), or under fp8 planes of one
-  // [2,N,Fl] tensor (each FP8 layer writes a contiguous output).
+  // GEMM against [W1; W3], which the store holds back to back, a tensor-parallel rank's slices
+  // too), or under fp8 planes of one [2,N,Fl] tensor (each FP8 layer writes a contiguous output).
   const BlockParams p = block_params(l);
   const std::int64_t N = y2.dim(0);
   if (fp8_) {
@@ -386,8 +386,9 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     s.a = Tensor();
     s.b = Tensor();
     recompute_norm(ctx, s.h, W(p.ln2), s.y2, Nl, d);   // selective: y2 = rmsnorm2(h) again
-    // dy2 = [da db] [w1; w3] (w2 lies between them in the store: two products, the second added
-    // in the GEMM epilogue), dW1, dW3 batched.
+    // dy2 = [da db] [W1; W3]: one GEMM with inner dimension 2F (W1, W3 back to back in the store);
+    // [dW1; dW3] (+)= dab^T y2 one GEMM too where their gradients are back to back (a flat buffer,
+    // an FSDP unit; ZeRO-2's buckets may split them: ops::linear_side_by_side_backward's fallback).
     Tensor dy2 = act(d);
     // Deferred (B pass): the input gradient only; the weight gradients wait for the W pass.
     const std::vector<Tensor> w13 = {W(p.w1), W(p.w3)}, d13 = {dab}, g13 = {G(p.w1), G(p.w3)};

@@ -43,7 +43,8 @@ struct BlockActivations {
   Tensor o;                 // attention output before output_proj [N,d]
   Tensor h;                 // x + attention [N,d]
   Tensor rstd2, y2;         // RMSNorm2 [N], [N,d]
-  // w1 y2, w3 y2, silu(a)*b [N,F]; a and b are column blocks of one [N, 2F] buffer (ab_ld = 2F)
+  // w1 y2, w3 y2, silu(a)*b [N,F]; a and b are column blocks of one [N, 2F] buffer (ab_ld = 2F,
+  // one GEMM against the back-to-back [W1; W3])
   // or, under fp8, planes of [2,N,F] (ab_ld = F); g is contiguous. MoE block: the experts' [Me,Fe].
   Tensor a, b, g;
   std::int64_t ab_ld = 0;
