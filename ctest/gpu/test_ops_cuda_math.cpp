@@ -197,8 +197,8 @@ TEST_F(LinearTest, VaryingRowsShareShapeClassPlans) {
 }
 
 // ---- linear_group (q, k, v and w1, w3 of a block) ---------------------------------------------
-// n weights [N,K] `gap` weights apart in one buffer (gap 1: back to back like q, k, v; gap 2 like
-// w1 and w3 with w2 between), outputs and their gradients views of one [n,M,N] tensor (the
+// n weights [N,K] `gap` weights apart in one buffer (gap 1: back to back like q, k, v or w1, w3;
+// gap 2: equally spaced with a weight between), outputs and their gradients views of one [n,M,N] tensor (the
 // strided-batched GEMM) or separate tensors (one product each); weight gradients likewise in one
 // buffer or separate. Checked against the float64 CPU reference of separate linear products.
 class LinearGroupTest : public CudaOpsTest {
@@ -254,8 +254,8 @@ TEST_F(LinearGroupTest, W13PackedWithGapBf16Accumulates) { run(DType::bf16, DTyp
 TEST_F(LinearGroupTest, SeparateTensorsOneProductEach) { run(DType::bf16, DType::f32, 3, 1, false, true); }
 
 // ---- linear_side_by_side (the fused q|k|v and w1|w3 projections) --------------------------------
-// n weights [R,K] `gap` weights apart in one buffer (gap 1: back to back like q, k, v: one GEMM
-// each way; gap 2 like w1 and w3 with w2 between: strided batch over column blocks) or separate
+// n weights [R,K] `gap` weights apart in one buffer (gap 1: back to back like q, k, v or w1, w3:
+// one GEMM each way; gap 2: equally spaced, the strided batch over column blocks) or separate
 // tensors (one product each); y and dy [M, n*R] side by side; weight gradients in one buffer (same
 // gap) or separate. Checked against the float64 CPU reference of separate linear products.
 class LinearSideBySideTest : public CudaOpsTest {

@@ -73,9 +73,9 @@ TEST(BlockGemms, FlopsMatchTheModelsMatmulCount) {
 }
 
 TEST(BlockGemms, GroupSpacingIsTheParameterStores) {
-  // A group's weights lie g.spacing weights apart in the flat store: q, k, v back to back (the
-  // one-GEMM path), w1 and w3 with w2 between them. Checked against the element offsets of the
-  // model's own layout, so a reordered store fails here.
+  // A group's weights lie g.spacing weights apart in the flat store: q, k, v back to back and w1,
+  // w3 back to back (the one-GEMM path). Checked against the element offsets of the model's own
+  // layout, so a reordered store fails here.
   const model::ModelDims d = xl();
   const auto layout = model::parameter_layout(d);
   const model::BlockParams b = model::ParamIndex(d).block(3);

@@ -15,6 +15,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/io/checkpoint.h"
+#include "lmscale/model/parameter_store.h"
 
 namespace {
 
@@ -187,6 +188,40 @@ TEST(Checkpoint, InvalidInputsThrowBeforeWriting) {
   EXPECT_FALSE(fs::exists(path));
   EXPECT_FALSE(fs::exists(path + ".tmp"));
   EXPECT_THROW(CheckpointReader(dir.file("missing.h5")), lmscale::Error);
+}
+
+// Files hold parameters by name, so the flat layout's order is free to change: a file written in
+// the reference model's order (w1, w2, w3, as the parameter store held them before w3 moved ahead
+// of w2) loads into today's layout (w1, w3, w2) by name, every value at its parameter's offset --
+// the loop of the trainer's weights loading (jobs/engine/checkpointing.cpp). Both file formats.
+TEST(Checkpoint, FilesInTheOldParameterOrderLoadByName) {
+  lmscale::model::ModelDims d;
+  d.vocab = 6, d.d_model = 4, d.d_ff = 8, d.layers = 2, d.heads = 2;
+  const auto layout = lmscale::model::parameter_layout(d);
+  // The old order: each block's ffn.w2 moved back between w1 and w3.
+  std::vector<const lmscale::model::ParamInfo*> old_order;
+  for (const auto& p : layout) old_order.push_back(&p);
+  for (std::size_t i = 0; i + 1 < old_order.size(); ++i)
+    if (old_order[i]->name.ends_with("ffn.w3.weight")) std::swap(old_order[i], old_order[i + 1]), ++i;
+  ASSERT_TRUE(old_order[7]->name == "layers.0.ffn.w2.weight" && old_order[8]->name == "layers.0.ffn.w3.weight");
+  std::vector<std::vector<float>> values;
+  std::vector<NamedArray> arrays;
+  for (const auto* p : old_order) values.push_back(ramp(static_cast<std::size_t>(p->numel), static_cast<float>(values.size())));
+  for (std::size_t i = 0; i < old_order.size(); ++i) arrays.push_back({old_order[i]->name, old_order[i]->shape, values[i].data()});
+  TempDir dir;
+  for (const std::string file : {"old.h5", "old.safetensors"}) {
+    SCOPED_TRACE(file);
+    const std::string path = dir.file(file);
+    write_weights(path, arrays, {});
+    const CheckpointReader r(path);
+    if (file == "old.h5") EXPECT_EQ(r.names()[8], "layers.0.ffn.w3.weight");   // stored in the writer's order
+    std::vector<float> flat(static_cast<std::size_t>(layout.back().offset + layout.back().numel), -99.f);
+    for (const auto& p : layout) r.read(p.name, p.shape, flat.data() + p.offset);
+    for (std::size_t i = 0; i < old_order.size(); ++i)
+      for (std::int64_t e = 0; e < old_order[i]->numel; ++e)
+        ASSERT_EQ(flat[static_cast<std::size_t>(old_order[i]->offset + e)], values[i][static_cast<std::size_t>(e)])
+            << old_order[i]->name << " element " << e;
+  }
 }
 
 }  // namespace

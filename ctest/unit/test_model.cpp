@@ -49,8 +49,11 @@ TEST(ModelLayout, NamesShapesAndCount) {
   EXPECT_EQ(layout[1].name, "layers.0.attn.q_proj.weight");
   EXPECT_EQ(layout[6].name, "layers.0.ffn.w1.weight");
   EXPECT_EQ(layout[6].shape, (Shape{d.d_ff, d.d_model}));
-  EXPECT_EQ(layout[7].name, "layers.0.ffn.w2.weight");
-  EXPECT_EQ(layout[7].shape, (Shape{d.d_model, d.d_ff}));
+  // w3 before w2 (docs/architecture.md §2): w1 and w3 back to back, one GEMM each way.
+  EXPECT_EQ(layout[7].name, "layers.0.ffn.w3.weight");
+  EXPECT_EQ(layout[7].offset, layout[6].offset + layout[6].numel);
+  EXPECT_EQ(layout[8].name, "layers.0.ffn.w2.weight");
+  EXPECT_EQ(layout[8].shape, (Shape{d.d_model, d.d_ff}));
   EXPECT_EQ(layout[9].name, "layers.0.ln2.weight");
   EXPECT_EQ(layout.back().name, "lm_head.weight");
   std::int64_t total = 0;

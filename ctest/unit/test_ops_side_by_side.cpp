@@ -123,6 +123,53 @@ TEST_F(Blocks, LinearSideBySideBackwardMatchesTheGroupBackward) {
   }
 }
 
+// On CPU the weight gradients have the same bits whether they lie back to back or not (OpenBLAS
+// rounds a row block inside one larger product differently from the block's own product, so the
+// CPU runs the one GEMM per weight): a flat gradient buffer and ZeRO-2's buckets, which may split
+// w1 from w3, must train bitwise alike. fp32 and fp64, shapes of the tests' FFN (R = d_ff 40, K = d_model 16),
+// row counts up to past one OpenBLAS inner block; overwrite, then accumulate.
+TEST_F(Blocks, LinearSideBySideWeightGradientsDoNotDependOnTheirLayout) {
+  const std::int64_t K = 16, R = 40;
+  for (DType t : {DType::f32, DType::f64})
+    for (std::int64_t M : {16, 64, 200, 1500}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " M " << M);
+      Tensor x = randn({M, K}, 3, 1.0, 0.0, t), w = randn({2 * R, K}, 4, 1.0, 0.0, t);
+      Tensor dy = randn({M, 2 * R}, 5, 1.0, 0.0, t);
+      const std::vector<Tensor> ws = rows_of(w, 2);
+      Tensor g = zeros({2 * R, K}, t);
+      std::vector<Tensor> together = rows_of(g, 2), apart = {zeros({R, K}, t), zeros({R, K}, t)};
+      for (bool accumulate : {false, true}) {
+        ops::linear_side_by_side_backward(ctx, x, ws, dy, nullptr, &together, accumulate);
+        ops::linear_side_by_side_backward(ctx, x, ws, dy, nullptr, &apart, accumulate);
+        for (std::size_t i = 0; i < 2; ++i) EXPECT_TRUE(bitwise_equal(together[i], apart[i])) << "weight " << i;
+      }
+    }
+}
+
+// Context::linear_products counts what the ops dispatch: back-to-back weights (and gradients)
+// one product per pass, separate ones one per weight; the CPU's per-weight weight gradients of a
+// back-to-back group count as the one GEMM dispatched.
+TEST_F(Blocks, LinearSideBySideCountsItsProducts) {
+  const std::int64_t M = 5, K = 4, R = 3;
+  Tensor x = randn({M, K}, 1), w = randn({3 * R, K}, 2), dy = randn({M, 3 * R}, 3);
+  const std::vector<Tensor> adjacent = rows_of(w, 3);
+  const std::vector<Tensor> apart = {clone(adjacent[0]), clone(adjacent[1]), clone(adjacent[2])};
+  for (const auto* ws : {&adjacent, &apart}) {
+    const std::int64_t n = ws == &adjacent ? 1 : 3;
+    Tensor g = zeros({3 * R, K});
+    std::vector<Tensor> gs = rows_of(g, 3);
+    Tensor y = poisoned({M, 3 * R}), dx = poisoned({M, K});
+    LinearProductCounts c;
+    ctx.linear_products = &c;
+    ops::linear_side_by_side(ctx, x, *ws, y);
+    ops::linear_side_by_side_backward(ctx, x, *ws, dy, &dx, &gs, false);
+    ctx.linear_products = nullptr;
+    EXPECT_EQ(c.forward, n);
+    EXPECT_EQ(c.data_grad, n);
+    EXPECT_EQ(c.weight_grad, n);
+  }
+}
+
 TEST_F(Blocks, LinearSideBySideChecksShapes) {
   Tensor x = randn({4, 3}, 6), w = randn({6, 3}, 7);
   Tensor y_bad = poisoned({4, 5}), dy_bad = randn({4, 4}, 8), dx = poisoned({4, 3});

@@ -90,8 +90,8 @@ LayerOperands make_operands(ops::Runtime& rt, const BlockGemm& g, DType compute)
 }
 
 // fp32 or bf16: the model's own calls (model/transformer.cpp): a group through
-// ops::linear_side_by_side (one GEMM each way for q, k, v; strided products for w1, w3), single
-// layers through ops::linear.
+// ops::linear_side_by_side (one GEMM each way for q, k, v and for w1, w3, as the store holds each
+// group back to back), single layers through ops::linear.
 Timing time_plain(ops::Runtime& rt, const BenchConfig& b, const BlockGemm& g, LayerOperands& o) {
   Context& ctx = rt.ctx();
   const bool grouped = g.group > 1;

@@ -22,8 +22,7 @@ std::vector<BlockGemm> block_gemms(const model::ModelDims& dims, std::int64_t ro
     bool in_block;
     std::int64_t spacing;
   };
-  // The store's order of a dense block: q, k, v adjacent; w2 (F x d elements, as w1 and w3) between
-  // w1 and w3.
+  // The store's order of a dense block: q, k, v back to back, and w1, w3 back to back (w2 after them).
   const model::BlockParams b = model::ParamIndex(1).block(0);
   const std::int64_t qkv_spacing = b.k - b.q, w13_spacing = b.w3 - b.w1;
   // The forward's order (model/transformer.cpp block_forward), then the head.

@@ -41,12 +41,14 @@ std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
       const std::int64_t E = m.moe_experts, Fe = m.moe_dff;
       add(p + "ffn.router.weight", {E, d}, K::linear, i);
       add(p + "ffn.experts.w1.weight", {E, Fe, d}, K::linear, i);
-      add(p + "ffn.experts.w2.weight", {E, d, Fe}, K::linear, i);
       add(p + "ffn.experts.w3.weight", {E, Fe, d}, K::linear, i);
+      add(p + "ffn.experts.w2.weight", {E, d, Fe}, K::linear, i);
     } else {
+      // w3 before w2 (the reference model declares w1, w2, w3): w1 and w3 back to back, so the
+      // FFN's a|b is one GEMM each way (model/param_layout.h).
       add(p + "ffn.w1.weight", {F, d}, K::linear, i);
-      add(p + "ffn.w2.weight", {d, F}, K::linear, i);
       add(p + "ffn.w3.weight", {F, d}, K::linear, i);
+      add(p + "ffn.w2.weight", {d, F}, K::linear, i);
     }
     add(p + "ln2.weight", {d}, K::norm, i);
   }

@@ -249,15 +249,15 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
 BlockParams TransformerLM::block_params(int l) const {
   const BlockParams f = ParamIndex(dims_).block(l);
   auto at = [&](int i) { return params_.local_index(i); };
-  return {at(f.q), at(f.k), at(f.v), at(f.o), at(f.ln1), at(f.w1), at(f.w2), at(f.w3), at(f.ln2),
-          f.router >= 0 ? at(f.router) : -1};
+  return {.q = at(f.q), .k = at(f.k), .v = at(f.v), .o = at(f.o), .ln1 = at(f.ln1), .w1 = at(f.w1), .w3 = at(f.w3),
+          .w2 = at(f.w2), .ln2 = at(f.ln2), .router = f.router >= 0 ? at(f.router) : -1};
 }
 
 void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8) {
   // a = w1 y2 and b = w3 y2 [N,Fl]: column blocks of one [N, 2Fl] tensor (a|b side by side; one
-  // strided-batched GEMM, as w2 lies between w1 and w3 in the store; under fp8 one FP8 layer over
-  // [2Fl, d] where w3 follows w1), or under fp8 with w1, w3 apart planes of one [2,N,Fl] tensor
-  // (each of the two FP8 layers writes a contiguous output).
+  // GEMM against [W1; W3], which the store holds back to back, a tensor-parallel rank's slices
+  // too; under fp8 one FP8 layer over [2Fl, d]), or under fp8 with w1, w3 apart planes of one
+  // [2,N,Fl] tensor (each of the two FP8 layers writes a contiguous output).
   const BlockParams p = block_params(l);
   const std::int64_t N = y2.dim(0);
   if (fp8_ && !fp8_->w13_grouped()) {
@@ -374,8 +374,9 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     s.a = Tensor();
     s.b = Tensor();
     recompute_norm(ctx, s.h, W(p.ln2), s.y2, Nl, d);   // selective: y2 = rmsnorm2(h) again
-    // dy2 = [da db] [w1; w3] (w2 lies between them in the store: two products, the second added
-    // in the GEMM epilogue), dW1, dW3 batched.
+    // dy2 = [da db] [W1; W3]: one GEMM with inner dimension 2F (W1, W3 back to back in the store);
+    // [dW1; dW3] (+)= dab^T y2 one GEMM too where their gradients are back to back (a flat buffer,
+    // an FSDP unit; ZeRO-2's buckets may split them: ops::linear_side_by_side_backward's fallback).
     Tensor dy2 = act(d);
     // Deferred (B pass): the input gradient only; the weight gradients wait for the W pass.
     const std::vector<Tensor> w13 = {W(p.w1), W(p.w3)}, d13 = {dab}, g13 = {G(p.w1), G(p.w3)};

@@ -1,8 +1,10 @@
-// ops::linear and ops::linear_backward: shape, dtype and device checks, then dispatch.
+// ops::linear and ops::linear_backward: shape, dtype and device checks, products counted
+// (Context::linear_products), then dispatch.
 #include "checks.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
 #include "lmscale/ops/ops.h"
+#include "product_counts.h"
 
 namespace lmscale::ops {
 namespace {
@@ -30,6 +32,7 @@ void linear(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y) {
   check_operands(op, x, w);
   detail::check_shape(op, "y", y, output_shape(x, w.dim(0)));
   detail::check_same_dtype(op, "x", x, "y", y);
+  detail::count_products(ctx, 1, 0, 0);
   if (dev == Device::cpu) return cpu::linear(ctx, x, w, y);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::linear(ctx, x, w, y);
@@ -54,6 +57,7 @@ void linear_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tenso
     detail::check_floating(op, "dw", *dw);
   }
   if (!dx && !dw) return;
+  detail::count_products(ctx, 0, dx ? 1 : 0, dw ? 1 : 0);
   if (dev == Device::cpu) return cpu::linear_backward(ctx, x, w, dy, dx, dw, accumulate_dw);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::linear_backward(ctx, x, w, dy, dx, dw, accumulate_dw);
@@ -72,6 +76,7 @@ void linear_group(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, 
     detail::check_shape(op, "y", ys[i], output_shape(x, ws[i].dim(0)));
     detail::check_same_dtype(op, "x", x, "y", ys[i]);
   }
+  detail::count_products(ctx, static_cast<std::int64_t>(ws.size()), 0, 0);
   if (x.device() == Device::cpu) return cpu::linear_group(ctx, x, ws, ys);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::linear_group(ctx, x, ws, ys);
@@ -104,6 +109,8 @@ void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tens
     detail::check_same_dtype(op, "x", x, "dx", *dx);
   }
   if (!dx && !dws) return;
+  const auto n = static_cast<std::int64_t>(ws.size());
+  detail::count_products(ctx, 0, dx ? n : 0, dws ? n : 0);
   if (x.device() == Device::cpu) return cpu::linear_group_backward(ctx, x, ws, dys, dx, dws, accumulate_dw);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::linear_group_backward(ctx, x, ws, dys, dx, dws, accumulate_dw);

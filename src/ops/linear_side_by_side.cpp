@@ -1,10 +1,12 @@
 // ops::linear_side_by_side and its backward: checks, then either one plain linear product over the
 // group's weights viewed as one [n*R, K] matrix (when they lie back to back in memory) or the
-// backend's per-weight products on column blocks (cpu::/cuda::linear_columns*).
+// backend's per-weight products on column blocks (cpu::/cuda::linear_columns*). The CPU backend
+// computes weight gradients per weight in every case (the same bits for any gradient layout).
 #include "checks.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
 #include "lmscale/ops/ops.h"
+#include "product_counts.h"
 
 namespace lmscale::ops {
 namespace {
@@ -45,7 +47,8 @@ void linear_side_by_side(Context& ctx, const Tensor& x, const std::vector<Tensor
   detail::common_device(op, {{"x", &x}, {"y", &y}});
   detail::check_same_dtype(op, "x", x, "y", y);
   const Tensor w = back_to_back(ws);
-  if (w.defined()) return linear(ctx, x, w, y);   // one GEMM: y = x [w0; w1; ...]^T
+  if (w.defined()) return linear(ctx, x, w, y);   // one GEMM: y = x [w0; w1; ...]^T (counted there)
+  detail::count_products(ctx, static_cast<std::int64_t>(ws.size()), 0, 0);
   if (x.device() == Device::cpu) return cpu::linear_columns(ctx, x, ws, y);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::linear_columns(ctx, x, ws, y);
@@ -77,6 +80,8 @@ void linear_side_by_side_backward(Context& ctx, const Tensor& x, const std::vect
   Tensor dw = dws ? back_to_back(*dws) : Tensor();
   const bool cpu = x.device() == Device::cpu;
   auto columns = [&](Tensor* dx_part, const std::vector<Tensor>* dws_part) {
+    const auto n = static_cast<std::int64_t>(ws.size());
+    detail::count_products(ctx, 0, dx_part ? n : 0, dws_part ? n : 0);
     if (cpu) return cpu::linear_columns_backward(ctx, x, ws, dy, dx_part, dws_part, accumulate_dw);
 #ifdef LMSCALE_WITH_CUDA
     return cuda::linear_columns_backward(ctx, x, ws, dy, dx_part, dws_part, accumulate_dw);
@@ -89,8 +94,19 @@ void linear_side_by_side_backward(Context& ctx, const Tensor& x, const std::vect
     else columns(dx, nullptr);
   }
   if (dws) {   // [dw0; dw1; ...] (+)= dy^T x: one GEMM when both groups lie back to back
-    if (w.defined() && dw.defined()) linear_backward(ctx, x, w, dy, nullptr, &dw, accumulate_dw);
-    else columns(nullptr, dws);
+    // The CPU backend runs that GEMM as one product per weight: OpenBLAS rounds a row block of a
+    // larger product differently from the block's own product, and a CPU run's bits must not
+    // depend on whether its layout keeps the gradients back to back (a flat buffer, an FSDP unit)
+    // or not (ZeRO-2's gradient buckets may put a boundary between w1 and w3). A stacked
+    // temporary would give the bits too, but an allocation the memory replay does not model.
+    if (w.defined() && dw.defined() && !cpu) {
+      linear_backward(ctx, x, w, dy, nullptr, &dw, accumulate_dw);
+    } else if (w.defined() && dw.defined()) {
+      detail::count_products(ctx, 0, 0, 1);   // counted as the one GEMM dispatched (core/context.h)
+      cpu::linear_columns_backward(ctx, x, ws, dy, nullptr, dws, accumulate_dw);
+    } else {
+      columns(nullptr, dws);
+    }
   }
 }
 

@@ -222,7 +222,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(model::ParameterStore& store,
   gathered_.resize(units_.size());
   unit_grads_.resize(units_.size());
   // FP8 weight gathers: the blocks' units (1..L), whose sharded weights are all FP8 GEMM weights
-  // (q, k, v, o, w1, w2, w3; precision.mode = fp8 refuses MoE and tensor parallelism).
+  // (q, k, v, o, w1, w3, w2; precision.mode = fp8 refuses MoE and tensor parallelism).
   fp8_scales_.resize(units_.size());
   fp8_pieces_.resize(units_.size());
   slot_.assign(infos.size(), -1);

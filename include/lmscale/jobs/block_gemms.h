@@ -29,8 +29,8 @@ struct BlockGemm {
   std::int64_t out, in;     // the layer's weight [out, in]
   bool in_block;            // one of a block's GEMMs (false: the LM head, once per step)
   // Weights from one member of the group to the next in the parameter store, in weight sizes
-  // (model::ParamIndex's order): 1 for q, k, v (back to back: one GEMM each way), 2 for w1, w3
-  // (w2, of the same size, lies between: strided products); 1 for single layers.
+  // (model::ParamIndex's order): 1 for q, k, v and for w1, w3 (back to back: one GEMM each way);
+  // 1 for single layers. A spacing above 1 would time the strided per-weight products instead.
   std::int64_t spacing = 1;
   // 2 * M * N * K for each product of the group.
   double flops() const {

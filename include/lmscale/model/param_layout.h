@@ -1,11 +1,14 @@
 #pragma once
-// Where each parameter sits in the flat parameter list (model::parameter_layout, the reference
-// model's named_parameters() order; docs/architecture.md §2), by name instead of by arithmetic:
+// Where each parameter sits in the flat parameter list (model::parameter_layout; docs/architecture.md
+// §2), by name instead of by arithmetic:
 //   0                        token_embeddings.weight
-//   per dense block l:       q, k, v, o (attn.{q,k,v,output}_proj), ln1, w1, w2, w3 (ffn), ln2
-//   per MoE block l:         q, k, v, o, ln1, router (ffn.router), w1, w2, w3 (ffn.experts.*:
+//   per dense block l:       q, k, v, o (attn.{q,k,v,output}_proj), ln1, w1, w3, w2 (ffn), ln2
+//   per MoE block l:         q, k, v, o, ln1, router (ffn.router), w1, w3, w2 (ffn.experts.*:
 //                            all experts stacked [E, ...]), ln2            (docs/moe.md)
 //   then                     ln_final.weight, lm_head.weight
+// The reference model's named_parameters() order except that w3 comes before w2: w1 and w3 (same
+// shape, both read y2) lie back to back like q, k, v, so each pair is one GEMM each way
+// (ops::linear_side_by_side). Names are unchanged and files are read by name.
 // Units (model/parallel_context.h): 0 = the embedding, 1..L = blocks 0..L-1, L+1 = the head.
 // Every index computation of the model, the pipeline stages and the predictors goes through
 // ParamIndex; a unit test holds it against parameter_layout's names.
@@ -17,10 +20,10 @@ namespace lmscale::model {
 
 // Full-model parameter indices of one block. router = -1 in a dense block.
 struct BlockParams {
-  int q, k, v, o, ln1, w1, w2, w3, ln2;
+  int q, k, v, o, ln1, w1, w3, w2, ln2;   // layout order
   int router = -1;
-  // The nine shared by dense and MoE blocks, in layout order (q first, ln2 last).
-  std::array<int, 9> all() const { return {q, k, v, o, ln1, w1, w2, w3, ln2}; }
+  // The nine shared by dense and MoE blocks, in layout order (q first, w1 then w3 then w2, ln2 last).
+  std::array<int, 9> all() const { return {q, k, v, o, ln1, w1, w3, w2, ln2}; }
 };
 
 class ParamIndex {
@@ -37,8 +40,12 @@ class ParamIndex {
   constexpr bool is_moe(int l) const { return moe_every_ > 0 && l % moe_every_ == moe_every_ - 1; }
   constexpr BlockParams block(int l) const {
     const int b = first_of_block(l);
-    if (!is_moe(l)) return {b, b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7, b + 8, -1};
-    return {b, b + 1, b + 2, b + 3, b + 4, b + 6, b + 7, b + 8, b + 9, b + 5};
+    // Dense: q k v o ln1 w1 w3 w2 ln2 at b..b+8; MoE: the router at b+5, the experts' w1 w3 w2 after it.
+    if (!is_moe(l))
+      return {.q = b, .k = b + 1, .v = b + 2, .o = b + 3, .ln1 = b + 4, .w1 = b + 5, .w3 = b + 6, .w2 = b + 7,
+              .ln2 = b + 8, .router = -1};
+    return {.q = b, .k = b + 1, .v = b + 2, .o = b + 3, .ln1 = b + 4, .w1 = b + 6, .w3 = b + 7, .w2 = b + 8,
+            .ln2 = b + 9, .router = b + 5};
   }
   constexpr int ln_final() const { return first_of_block(layers_); }
   constexpr int lm_head() const { return ln_final() + 1; }

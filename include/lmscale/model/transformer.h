@@ -43,9 +43,9 @@ struct BlockActivations {
   Tensor o;                 // attention output before output_proj [N,d]
   Tensor h;                 // x + attention [N,d]
   Tensor rstd2, y2;         // RMSNorm2 [N], [N,d]
-  // w1 y2, w3 y2, silu(a)*b [N,F]; a and b are column blocks of one [N, 2F] buffer (ab_ld = 2F)
-  // or, under fp8 with w1, w3 apart in the store, planes of [2,N,F] (ab_ld = F); g is
-  // contiguous. MoE block: the experts' [Me,Fe].
+  // w1 y2, w3 y2, silu(a)*b [N,F]; a and b are column blocks of one [N, 2F] buffer (ab_ld = 2F:
+  // one GEMM, or one FP8 layer, against the back-to-back [W1; W3]) or, under fp8 with w1, w3
+  // apart, planes of [2,N,F] (ab_ld = F); g is contiguous. MoE block: the experts' [Me,Fe].
   Tensor a, b, g;
   std::int64_t ab_ld = 0;
   MoeActivations moe;       // MoE block: routing and expert rows (model/moe_block.h)

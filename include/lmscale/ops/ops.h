@@ -41,9 +41,9 @@ void linear_group_backward(Context& ctx, const Tensor& x, const std::vector<Tens
 // block's q|k|v and w1|w3 in the model; docs/architecture.md "fused projections"):
 //   y[M, n*R] = x[M,K] . [ws[0]; ...; ws[n-1]]^T      (columns [i*R, (i+1)*R) are ws[i]'s output)
 // The ws share a shape [R,K]. One GEMM when they lie back to back in memory (ws[i+1] starts
-// R*K elements after ws[i], as the parameter store holds q, k, v); otherwise one product per weight
-// into its column block (row stride n*R; on CUDA one strided batch where the ws are equally
-// spaced, as w1 and w3 with w2 between them).
+// R*K elements after ws[i], as the parameter store holds q, k, v and w1, w3); otherwise one product
+// per weight into its column block (row stride n*R; on CUDA one strided batch where the ws are
+// equally spaced, e.g. gradients of separately allocated buffers a fixed distance apart).
 void linear_side_by_side(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, Tensor& y);
 // Its backward, with dy[M, n*R] in the same side-by-side layout:
 //   dx[M,K] = dy . [ws[0]; ...; ws[n-1]]   overwrites; ONE GEMM with inner dimension n*R when the
@@ -54,7 +54,9 @@ void linear_side_by_side(Context& ctx, const Tensor& x, const std::vector<Tensor
 //   dws[i] (+)= dy[:, iR:(i+1)R]^T . x     one GEMM when the ws and the dws lie back to back, else
 //                                          one per weight reading its column block (row stride
 //                                          n*R; on CUDA one strided batch where the dws are
-//                                          equally spaced)
+//                                          equally spaced). The CPU runs the one GEMM as one
+//                                          product per weight: the same bits whatever the dws'
+//                                          layout.
 // dx or dws null: skipped. dws may be fp32 beside bf16/fp16 x (as in linear_backward).
 void linear_side_by_side_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const Tensor& dy,
                                   Tensor* dx, const std::vector<Tensor>* dws, bool accumulate_dw);

@@ -62,12 +62,13 @@ model::ParamIndex Shapes::index() const {
 std::vector<double> param_sizes(const Shapes& s) {
   std::vector<double> p{s.V * s.d};
   for (int l = 0; l < s.L; ++l) {
-    if (s.is_moe(l)) {   // q, k, v, o, ln1, router, this rank's experts' w1, w2, w3, ln2
+    if (s.is_moe(l)) {   // q, k, v, o, ln1, router, this rank's experts' w1, w3, w2, ln2 (model::ParamIndex)
       const double ex = s.El * s.Fe * s.d;
       for (double n : {s.d * s.d, s.d * s.d, s.d * s.d, s.d * s.d, s.d, s.E * s.d, ex, ex, ex, s.d}) p.push_back(n);
       continue;
     }
-    for (double n : {s.dl * s.d, s.dl * s.d, s.dl * s.d, s.d * s.dl, s.d, s.F * s.d, s.d * s.F, s.F * s.d, s.d}) p.push_back(n);
+    // q, k, v, o, ln1, w1, w3, w2, ln2
+    for (double n : {s.dl * s.d, s.dl * s.d, s.dl * s.d, s.d * s.dl, s.d, s.F * s.d, s.F * s.d, s.d * s.F, s.d}) p.push_back(n);
   }
   p.push_back(s.d);
   p.push_back(s.V * s.d);
