@@ -219,6 +219,33 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
       tp > 1 ? fmt::format("(4d{} + (4d + 3F)/tp) N e + 8N{} + {}/tp", sp ? "/tp" : "", sp ? "/tp" : "",
                            m.flash ? "4 B H T" : "B H T^2 e")
              : fmt::format("(8d + 3F) N e + 8N + {}", m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)");
+  // An MoE block (docs/moe.md; tp = 1) keeps, instead of a dense block's a, b, g [N,F]: the
+  // router's probabilities [N,E] and log-sum-exp [N] (fp32), the chosen experts, gates and slots
+  // [N,k] (4 B each), the rows its experts compute xe [Me,d], their a|b [2,Me,Fe] and g [Me,Fe],
+  // and this rank's tokens' expert outputs ye [M,d]; under ep also the permutation [Me] (4 B).
+  // Assumed: routing balanced over the experts, so M = Me = the kept assignments of N tokens,
+  // N k (dropless) or at most E x capacity per sequence.
+  const double Lm = static_cast<double>(m.moe_block_count());
+  double block_moe = block;
+  std::string block_moe_f;
+  if (Lm > 0) {
+    const double E = static_cast<double>(m.moe_experts), k = static_cast<double>(m.moe_top_k),
+                 Fe = static_cast<double>(m.moe_dff);
+    const double M = std::min(N * k, E * static_cast<double>(m.expert_capacity(a.seq)) * b);
+    const bool ep = spec.ep > 1;
+    block_moe = (8 * d * N + (3 * Fe + 2 * d) * M) * e + 2 * N * 4 + attn + N * (E + 1) * 4 + N * k * 12 +
+                (ep ? M * 4 : 0.0);
+    block_moe_f = fmt::format("MoE block: (8d N + (3Fe + 2d) M) e + 8N + {} + 4 N (E + 1) + 12 N k{}, M = {:.4g} rows",
+                              m.flash ? "4 B H T" : "B H T^2 e", ep ? " + 4 M" : "", M);
+  }
+  // MoE blocks among blocks [from, L).
+  auto moe_blocks_from = [&](double from) {
+    double n = 0;
+    for (std::int64_t l = static_cast<std::int64_t>(from); l < m.layers; ++l) n += m.is_moe_block(l) ? 1 : 0;
+    return n;
+  };
+  const double block_max = std::max(block, block_moe);
+  const std::string moe_note = Lm > 0 ? "; " + block_moe_f : "";
   const Checkpointing ac = cfg.train.activation_checkpointing;
   if (ac == Checkpointing::every_k) {
     // c checkpointed blocks (train.checkpoint_layers) keep their groups' inputs, and under
@@ -227,13 +254,16 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), c);
     const bool keep_attn = cfg.train.checkpoint_keep_attention;
     const double kept = keep_attn ? N * d * e / tp + attn : 0.0;
-    add("activations", std::ceil(c / k) * N * d * e + c * kept + (L - c) * block + k * (block - kept),
+    const double tail_moe = moe_blocks_from(c);
+    add("activations",
+        std::ceil(c / k) * N * d * e + c * kept + (L - c - tail_moe) * block + tail_moe * block_moe +
+            k * (block_max - kept),
         fmt::format("ceil(c/k) N d e (group inputs){} + (L - c) x ({}) (blocks not checkpointed) + k x ({}{}) (one "
-                    "group recomputed), c = {}, k = {}",
+                    "group recomputed), c = {}, k = {}{}",
                     keep_attn ? fmt::format(" + c x (N d e{} + {}) (attention outputs and {} kept)", tp > 1 ? "/tp" : "",
                                             m.flash ? "4 B H T" : "B H T^2 e", m.flash ? "lse" : "probabilities")
                               : "",
-                    block_f, keep_attn ? "the rest of " : "", block_f, c, k));
+                    block_f, keep_attn ? "the rest of " : "", block_f, c, k, moe_note));
   } else if (ac == Checkpointing::selective || ac == Checkpointing::selective_mlp) {
     const double f = ac == Checkpointing::selective ? 2 : 0;   // [N,F] tensors kept per block (a, b)
     const double kept = (6 * d + f * F) * N * e + 2 * N * 4 + (m.flash ? attn : 0.0);
@@ -241,7 +271,9 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
         fmt::format("L x ((6d{}) N e + 8N{}) + one block's recomputed part", f > 0 ? " + 2F" : "",
                     m.flash ? " + 4 B H T" : ""));
   } else {
-    add("activations", L * block, "L x (" + block_f + ")");
+    add("activations", (L - Lm) * block + Lm * block_moe,
+        Lm > 0 ? fmt::format("(L - Lm) x ({}) + Lm x (MoE block), Lm = {}{}", block_f, Lm, moe_note)
+               : "L x (" + block_f + ")");
   }
   if (cfg.precision.mode == PrecisionMode::fp8) {
     // The FP8 layers (model/transformer_fp8.cpp): per block the saved x^T of q, k, v, o, w1, w3,
