@@ -53,10 +53,10 @@ for scaling in ("current", "delayed"):
     check(ref["loss"][-1] < ref["loss"][0], f"{scaling}: fp8 trains (loss {ref['loss'][0]:.4f} -> {ref['loss'][-1]:.4f})")
     # The results file's FP8 record.
     H = 16 if scaling == "delayed" else 1
-    # q|k|v one layer; w1|w3 one layer where the store holds them back to back, else two.
-    check(ref["gemms"] in (["qkv", "o", "w13", "w2"], ["qkv", "o", "w1", "w3", "w2"]),
-          f"{scaling}: /train/fp8 names the layers qkv, o, w13 (or w1, w3), w2 in forward order: {ref['gemms']}")
-    G = len(ref["gemms"])
+    # q|k|v one layer, w1|w3 one layer (each group back to back in the store).
+    check(ref["gemms"] == ["qkv", "o", "w13", "w2"],
+          f"{scaling}: /train/fp8 names the layers qkv, o, w13, w2 in forward order: {ref['gemms']}")
+    G = 4
     check(ref["history"].shape == (2, G, 3, H),
           f"{scaling}: fp8_amax_history is [2, {G}, 3, {H}], is {ref['history'].shape}")
     # Recorded at the logged steps (log_every = 3, the first and the last): 1, 3, 6, 9, 12.

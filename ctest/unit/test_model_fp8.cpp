@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -79,9 +80,9 @@ Outcome run(bool flash, bool fp8, ops::Fp8Recipe recipe, model::RecomputePolicy 
   r.grads.assign(ps.flat_grads().data_as<float>(), ps.flat_grads().data_as<float>() + ps.numel());
   if (fp8)
     for (int l = 0; l < d.layers; ++l)
-      for (const model::Fp8Gemm g : m.fp8()->gemms()) {
+      for (const model::Fp8Gemm g : model::kFp8BlockGemms) {
         const ops::Fp8Linear& lin = m.fp8()->at(l, g);
-        for (const ops::Fp8TensorScaling* s : {&m.fp8()->x_scaling(l, g), &lin.w_scaling(), &lin.dy_scaling()}) {
+        for (const ops::Fp8TensorScaling* s : {&lin.x_scaling(), &lin.w_scaling(), &lin.dy_scaling()}) {
           const Tensor& h = s->amax_history();
           r.histories.insert(r.histories.end(), h.data_as<float>(), h.data_as<float>() + h.numel());
           r.histories.push_back(static_cast<float>(s->next_slot()));
@@ -152,9 +153,9 @@ TEST_P(ModelFp8, EachBackwardReadsItsOwnForwardsOperands) {
 }
 
 TEST(ModelFp8Layers, GroupsReadingOneInputAreOneLayer) {
-  // q|k|v is one layer (one x, w and dy scaling for the three weights); w1|w3 one layer where the
-  // store holds w3 right after w1, else two sharing w1's x scaling; o and w2 own theirs. A
-  // forward advances every scaling the block runs by one slot.
+  // A block runs four FP8 layers: q|k|v (one x, w and dy scaling for the three weights), o,
+  // w1|w3 (likewise for the two) and w2, each quantising its own input. A forward and backward
+  // advance every scaling of every block by one slot.
   HostAllocator alloc;
   Context ctx;
   ctx.allocator = &alloc;
@@ -169,31 +170,41 @@ TEST(ModelFp8Layers, GroupsReadingOneInputAreOneLayer) {
   m.enable_fp8(ctx, o);
   using G = model::Fp8Gemm;
   const model::BlockParams p = model::ParamIndex(d).block(0);
-  const bool w13 = p.w3 == p.w1 + 1;
-  EXPECT_EQ(m.fp8()->w13_grouped(), w13);
-  EXPECT_EQ(m.fp8()->gemms(), w13 ? std::vector<G>({G::qkv, G::o, G::w13, G::w2})
-                                  : std::vector<G>({G::qkv, G::o, G::w1, G::w3, G::w2}));
+  EXPECT_EQ(std::vector<G>(model::kFp8BlockGemms.begin(), model::kFp8BlockGemms.end()),
+            std::vector<G>({G::qkv, G::o, G::w13, G::w2}));
   EXPECT_EQ(model::fp8_gemm_params(p, G::qkv), std::vector<int>({p.q, p.k, p.v}));
   EXPECT_EQ(model::fp8_gemm_params(p, G::w13), std::vector<int>({p.w1, p.w3}));
-  EXPECT_THROW(m.fp8()->at(0, w13 ? G::w1 : G::w13), Error);   // the slot the block does not run
-  for (G g : m.fp8()->gemms()) {
-    const G owner = g == G::w3 ? G::w1 : g;
-    EXPECT_EQ(model::fp8_input_owner(g), owner);
-    EXPECT_EQ(m.fp8()->at(0, g).owns_input_scaling(), g == owner) << model::fp8_gemm_name(g);
-    EXPECT_EQ(&m.fp8()->x_scaling(0, g), &m.fp8()->at(0, owner).x_scaling());
-  }
+  EXPECT_EQ(model::fp8_weight_groups(p), std::vector<std::vector<int>>({{p.q, p.k, p.v}, {p.o}, {p.w1, p.w3}, {p.w2}}));
+  for (G g : model::kFp8BlockGemms) EXPECT_TRUE(m.fp8()->at(0, g).owns_input_scaling()) << model::fp8_gemm_name(g);
+  EXPECT_THROW(m.fp8()->at(static_cast<int>(d.layers), G::qkv), Error);   // no such block
   EXPECT_STREQ(model::fp8_gemm_name(G::qkv), "qkv");
   EXPECT_STREQ(model::fp8_gemm_name(G::w13), "w13");
   auto acts = m.forward(ctx, batch(alloc, 10, d.vocab), batch(alloc, 20, d.vocab), true, 1.0, {}, false);
   m.backward(ctx, *acts, {}, false);
   for (int l = 0; l < d.layers; ++l)
-    for (G g : m.fp8()->gemms()) {
-      if (g != G::w3) {
-        EXPECT_EQ(m.fp8()->x_scaling(l, g).next_slot(), 1) << l << " " << model::fp8_gemm_name(g);
-      }
+    for (G g : model::kFp8BlockGemms) {
+      EXPECT_EQ(m.fp8()->at(l, g).x_scaling().next_slot(), 1) << l << " " << model::fp8_gemm_name(g);
       EXPECT_EQ(m.fp8()->at(l, g).w_scaling().next_slot(), 1);
       EXPECT_EQ(m.fp8()->at(l, g).dy_scaling().next_slot(), 1);
     }
+}
+
+TEST(ModelFp8Layers, GroupsApartInTheStoreAreRefusedNamingTheLayer) {
+  // The FP8 layers read q|k|v and w1|w3 as one weight each, so their parameters must be
+  // consecutive: ParamIndex's blocks pass, a block with w3 not right after w1 names w13.
+  const model::ModelDims d = dims(false);
+  for (int l = 0; l < d.layers; ++l) EXPECT_NO_THROW(model::check_fp8_groups_back_to_back(model::ParamIndex(d).block(l), l));
+  model::BlockParams p = model::ParamIndex(d).block(1);
+  std::swap(p.w3, p.w2);
+  try {
+    model::check_fp8_groups_back_to_back(p, 1);
+    ADD_FAILURE() << "w1, w3 apart were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block 1 FP8 layer w13"), std::string::npos) << e.what();
+  }
+  p = model::ParamIndex(d).block(1);
+  std::swap(p.k, p.v);
+  EXPECT_THROW(model::check_fp8_groups_back_to_back(p, 1), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Attention, ModelFp8, ::testing::Values(false, true),

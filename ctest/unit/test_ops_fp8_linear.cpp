@@ -184,7 +184,7 @@ TEST_F(Fp8LinearTest, AForwardWithoutRecordLeavesDelayedScalingAlone) {
 }
 
 TEST_F(Fp8LinearTest, ASharedInputIsEachLayersOwnQuantisation) {
-  // q, k, v (and w1, w3) share one quantisation of their input (Fp8Input): under current scaling
+  // Layers reading one input may share one quantisation of it (Fp8Input): under current scaling
   // its scale is that of x alone, so every layer's y, saved operands, scales and backward are
   // bitwise those of a layer quantising x itself; the shared x^T is one tensor.
   const Tensor x = randn({B, T, K}, 1, 3.0), w1 = randn({N, K}, 2, 0.1), w2 = randn({N, K}, 3, 7.0);

@@ -57,11 +57,11 @@ Tensor part(const Tensor& t, std::int64_t i) { return t.slice(i, i + 1).reshape(
 // One layer's operands: x [rows, in]; the group's weights [out, in] spaced as the parameter
 // store holds them (g.spacing weights apart, in one [(group-1)*spacing + 1, out, in] buffer), and
 // their fp32 gradients likewise (the store's flat gradient buffer has the same layout); the
-// outputs and output gradients side by side in [rows, group*out] (the model's bf16/fp32 layout)
-// and as [group, rows, out] planes (the FP8 layers' outputs); dx [rows, in].
+// outputs and output gradients side by side in [rows, group*out] (the model's layout, FP8 layers
+// included); dx [rows, in].
 struct LayerOperands {
-  Tensor x, w_all, y_side, dy_side, y_all, dy_all, dx, dw_all;
-  std::vector<Tensor> w, y, dy, dw;
+  Tensor x, w_all, y_side, dy_side, dx, dw_all;
+  std::vector<Tensor> w, dw;
 };
 
 LayerOperands make_operands(ops::Runtime& rt, const BlockGemm& g, DType compute) {
@@ -72,18 +72,13 @@ LayerOperands make_operands(ops::Runtime& rt, const BlockGemm& g, DType compute)
   o.w_all = Tensor::empty({slots, g.out, g.in}, compute, A, "gemm_w");
   o.y_side = Tensor::empty({rows, g.group * g.out}, compute, A, "gemm_y");
   o.dy_side = Tensor::empty({rows, g.group * g.out}, compute, A, "gemm_dy");
-  o.y_all = Tensor::empty({g.group, rows, g.out}, compute, A, "gemm_y");
-  o.dy_all = Tensor::empty({g.group, rows, g.out}, compute, A, "gemm_dy");
   o.dx = Tensor::empty({rows, g.in}, compute, A, "gemm_dx");
   o.dw_all = Tensor::empty({slots, g.out, g.in}, DType::f32, A, "gemm_dw");
   fill_random(rt, o.x, 1);
   fill_random(rt, o.w_all, 2);
-  fill_random(rt, o.dy_all, 3);
   fill_random(rt, o.dy_side, 3);
   for (std::int64_t i = 0; i < g.group; ++i) {
     o.w.push_back(part(o.w_all, i * g.spacing));
-    o.y.push_back(part(o.y_all, i));
-    o.dy.push_back(part(o.dy_all, i));
     o.dw.push_back(part(o.dw_all, i * g.spacing));
   }
   return o;
@@ -99,34 +94,32 @@ Timing time_plain(ops::Runtime& rt, const BenchConfig& b, const BlockGemm& g, La
     case GemmPass::forward:
       return time_runs(rt, b, [&] {
         if (grouped) ops::linear_side_by_side(ctx, o.x, o.w, o.y_side);
-        else ops::linear(ctx, o.x, o.w[0], o.y[0]);
+        else ops::linear(ctx, o.x, o.w[0], o.y_side);
       });
     case GemmPass::data_grad:
       return time_runs(rt, b, [&] {
         if (grouped) ops::linear_side_by_side_backward(ctx, o.x, o.w, o.dy_side, &o.dx, nullptr, false);
-        else ops::linear_backward(ctx, o.x, o.w[0], o.dy[0], &o.dx, nullptr, false);
+        else ops::linear_backward(ctx, o.x, o.w[0], o.dy_side, &o.dx, nullptr, false);
       });
     case GemmPass::weight_grad:
       return time_runs(rt, b, [&] {
         if (grouped) ops::linear_side_by_side_backward(ctx, o.x, o.w, o.dy_side, nullptr, &o.dw, false);
-        else ops::linear_backward(ctx, o.x, o.w[0], o.dy[0], nullptr, &o.dw[0], false);
+        else ops::linear_backward(ctx, o.x, o.w[0], o.dy_side, nullptr, &o.dw[0], false);
       });
   }
   throw Error("bench-gemm: unknown GEMM pass");
 }
 
-// The FP8 layers' products of a group as the model makes them (model/fp8_layers.h): a group whose
-// weights lie back to back (spacing 1: q|k|v, w1|w3 once adjacent) is ONE FP8 layer over their
-// rows [group*out, in], writing the side-by-side y and reading the side-by-side dy; otherwise one
-// layer per member on the planes.
-struct Fp8Products {
-  std::vector<Tensor> w, y, dy, dw;
+// The FP8 layer of a group as the model makes it (model/fp8_layers.h): ONE layer over the
+// group's rows [group*out, in] (q|k|v and w1|w3 lie back to back in the store: spacing 1),
+// writing the side-by-side y and reading the side-by-side dy.
+struct Fp8Operands {
+  Tensor w, y, dy, dw;
 };
-Fp8Products fp8_products(const BlockGemm& g, LayerOperands& o) {
-  if (g.group > 1 && g.spacing == 1)
-    return {{o.w_all.reshape({g.group * g.out, g.in})}, {o.y_side}, {o.dy_side},
-            {o.dw_all.reshape({g.group * g.out, g.in})}};
-  return {o.w, o.y, o.dy, o.dw};
+Fp8Operands fp8_operands(const BlockGemm& g, LayerOperands& o) {
+  LMSCALE_CHECK(g.spacing == 1, "bench-gemm: FP8 layer {} reads its group as one weight, but its weights lie {} apart",
+                g.layer, g.spacing);
+  return {o.w_all.reshape({g.group * g.out, g.in}), o.y_side, o.dy_side, o.dw_all.reshape({g.group * g.out, g.in})};
 }
 
 // fp8, the GEMMs alone: every operand quantised once beforehand (each with its own scaling, as
@@ -143,55 +136,38 @@ Timing time_fp8_gemm(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8Linea
   const auto xs = scaling(Fp8Format::e4m3);
   Tensor xq = fp8(rows, g.in, Fp8Format::e4m3), xqt = fp8(g.in, rows, Fp8Format::e4m3);
   xs->quantize(ctx, o.x, &xq, &xqt);
-  Fp8Products p = fp8_products(g, o);
-  std::vector<std::unique_ptr<ops::Fp8TensorScaling>> ws, dys;
-  std::vector<Tensor> wq, wqt, dyq, dyqt;
-  for (std::size_t i = 0; i < p.w.size(); ++i) {
-    const std::int64_t out = p.w[i].dim(0);
-    ws.push_back(scaling(Fp8Format::e4m3));
-    wq.push_back(fp8(out, g.in, Fp8Format::e4m3));
-    wqt.push_back(fp8(g.in, out, Fp8Format::e4m3));
-    ws.back()->quantize(ctx, p.w[i], &wq.back(), &wqt.back());
-    dys.push_back(scaling(opt.grad_format));
-    dyq.push_back(fp8(rows, out, opt.grad_format));
-    dyqt.push_back(fp8(out, rows, opt.grad_format));
-    dys.back()->quantize(ctx, p.dy[i], &dyq.back(), &dyqt.back());
-  }
+  const Fp8Operands p = fp8_operands(g, o);
+  const std::int64_t out = p.w.dim(0);
+  const auto ws = scaling(Fp8Format::e4m3), dys = scaling(opt.grad_format);
+  Tensor wq = fp8(out, g.in, Fp8Format::e4m3), wqt = fp8(g.in, out, Fp8Format::e4m3);
+  ws->quantize(ctx, p.w, &wq, &wqt);
+  Tensor dyq = fp8(rows, out, opt.grad_format), dyqt = fp8(out, rows, opt.grad_format);
+  dys->quantize(ctx, p.dy, &dyq, &dyqt);
+  Tensor y = p.y, dw = p.dw;
   return time_runs(rt, b, [&] {
-    for (std::size_t i = 0; i < p.w.size(); ++i) {
-      if (g.pass == GemmPass::forward)   // y = x_q . w_q^T
-        ops::linear_fp8(ctx, xq, xs->inv_scale(), wq[i], ws[i]->inv_scale(), p.y[i], false);
-      else if (g.pass == GemmPass::data_grad)   // dx = dy_q . (w^T)_q^T
-        ops::linear_fp8(ctx, dyq[i], dys[i]->inv_scale(), wqt[i], ws[i]->inv_scale(), o.dx, false);
-      else   // dW = (dy^T)_q . (x^T)_q^T
-        ops::linear_fp8(ctx, dyqt[i], dys[i]->inv_scale(), xqt, xs->inv_scale(), p.dw[i], false);
-    }
+    if (g.pass == GemmPass::forward)   // y = x_q . w_q^T
+      ops::linear_fp8(ctx, xq, xs->inv_scale(), wq, ws->inv_scale(), y, false);
+    else if (g.pass == GemmPass::data_grad)   // dx = dy_q . (w^T)_q^T
+      ops::linear_fp8(ctx, dyq, dys->inv_scale(), wqt, ws->inv_scale(), o.dx, false);
+    else   // dW = (dy^T)_q . (x^T)_q^T
+      ops::linear_fp8(ctx, dyqt, dys->inv_scale(), xqt, xs->inv_scale(), dw, false);
   });
 }
 
-// fp8 with the operand casts: the layers' own calls (ops::Fp8Linear), the group's x quantised once
-// by its first layer as the model does (model/transformer_fp8.cpp).
+// fp8 with the operand casts: the layer's own calls (ops::Fp8Linear), as the model makes them
+// (model/transformer_fp8.cpp).
 Timing time_fp8_casts(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8LinearOptions& opt, const BlockGemm& g,
                       LayerOperands& o) {
   Context& ctx = rt.ctx();
-  Fp8Products p = fp8_products(g, o);
-  const std::size_t n = p.w.size();
-  std::vector<std::unique_ptr<ops::Fp8Linear>> lin;
-  for (std::size_t i = 0; i < n; ++i) lin.push_back(std::make_unique<ops::Fp8Linear>(ctx, opt, i == 0));
-  std::vector<ops::Fp8LinearSaved> saved(n);
-  auto forward = [&] {
-    const ops::Fp8Input xin = lin[0]->quantize_input(ctx, o.x);
-    for (std::size_t i = 0; i < n; ++i) saved[i] = lin[i]->forward(ctx, xin, p.w[i], p.y[i]);
-  };
+  Fp8Operands p = fp8_operands(g, o);
+  ops::Fp8Linear lin(ctx, opt);
+  ops::Fp8LinearSaved saved;
+  auto forward = [&] { saved = lin.forward(ctx, o.x, p.w, p.y); };
   if (g.pass == GemmPass::forward) return time_runs(rt, b, forward);
   forward();   // the saved operands the backward reads
   if (g.pass == GemmPass::data_grad)
-    return time_runs(rt, b, [&] {
-      for (std::size_t i = 0; i < n; ++i) lin[i]->backward(ctx, saved[i], p.dy[i], &o.dx, nullptr, false);
-    });
-  return time_runs(rt, b, [&] {
-    for (std::size_t i = 0; i < n; ++i) lin[i]->backward(ctx, saved[i], p.dy[i], nullptr, &p.dw[i], false);
-  });
+    return time_runs(rt, b, [&] { lin.backward(ctx, saved, p.dy, &o.dx, nullptr, false); });
+  return time_runs(rt, b, [&] { lin.backward(ctx, saved, p.dy, nullptr, &p.dw, false); });
 }
 
 DType compute_dtype(GemmPrecision p, bool cuda) {

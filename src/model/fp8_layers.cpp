@@ -1,6 +1,6 @@
 #include "lmscale/model/fp8_layers.h"
 
-#include <algorithm>
+#include <fmt/ranges.h>
 
 #include "lmscale/core/error.h"
 
@@ -12,13 +12,9 @@ const char* fp8_gemm_name(Fp8Gemm g) {
     case Fp8Gemm::o: return "o";
     case Fp8Gemm::w13: return "w13";
     case Fp8Gemm::w2: return "w2";
-    case Fp8Gemm::w1: return "w1";
-    case Fp8Gemm::w3: return "w3";
   }
   return "?";
 }
-
-Fp8Gemm fp8_input_owner(Fp8Gemm g) { return g == Fp8Gemm::w3 ? Fp8Gemm::w1 : g; }
 
 std::vector<int> fp8_gemm_params(const BlockParams& p, Fp8Gemm g) {
   switch (g) {
@@ -26,20 +22,24 @@ std::vector<int> fp8_gemm_params(const BlockParams& p, Fp8Gemm g) {
     case Fp8Gemm::o: return {p.o};
     case Fp8Gemm::w13: return {p.w1, p.w3};
     case Fp8Gemm::w2: return {p.w2};
-    case Fp8Gemm::w1: return {p.w1};
-    case Fp8Gemm::w3: return {p.w3};
   }
   return {};
 }
 
-std::vector<Fp8Gemm> fp8_block_gemms(bool w13_grouped) {
-  using G = Fp8Gemm;
-  return w13_grouped ? std::vector<G>{G::qkv, G::o, G::w13, G::w2} : std::vector<G>{G::qkv, G::o, G::w1, G::w3, G::w2};
+void check_fp8_groups_back_to_back(const BlockParams& p, int layer) {
+  for (Fp8Gemm g : kFp8BlockGemms) {
+    const std::vector<int> ps = fp8_gemm_params(p, g);
+    for (std::size_t i = 1; i < ps.size(); ++i)
+      LMSCALE_CHECK(ps[i] == ps[i - 1] + 1,
+                    "block {} FP8 layer {}: its parameters {} are not back to back in the parameter store "
+                    "(model/param_layout.h holds q, k, v and w1, w3 so)",
+                    layer, fp8_gemm_name(g), fmt::join(ps, ", "));
+  }
 }
 
 std::vector<std::vector<int>> fp8_weight_groups(const BlockParams& p) {
   std::vector<std::vector<int>> out;
-  for (Fp8Gemm g : fp8_block_gemms(fp8_w13_grouped(p))) out.push_back(fp8_gemm_params(p, g));
+  for (Fp8Gemm g : kFp8BlockGemms) out.push_back(fp8_gemm_params(p, g));
   return out;
 }
 
@@ -52,24 +52,16 @@ ops::Fp8LinearOptions fp8_options(const PrecisionConfig& p) {
   return o;
 }
 
-Fp8Layers::Fp8Layers(Context& ctx, const ops::Fp8LinearOptions& options, int first_layer, int end_layer,
-                     bool w13_grouped)
-    : options_(options), first_(first_layer), end_(end_layer), w13_grouped_(w13_grouped),
-      gemms_(fp8_block_gemms(w13_grouped)) {
+Fp8Layers::Fp8Layers(Context& ctx, const ops::Fp8LinearOptions& options, int first_layer, int end_layer)
+    : options_(options), first_(first_layer), end_(end_layer) {
   LMSCALE_CHECK(end_layer >= first_layer, "Fp8Layers: blocks [{}, {})", first_layer, end_layer);
-  layers_.resize(static_cast<std::size_t>((end_layer - first_layer) * kFp8GemmSlots));
   for (int l = 0; l < end_layer - first_layer; ++l)
-    for (Fp8Gemm g : gemms_)
-      layers_[static_cast<std::size_t>(l * kFp8GemmSlots + static_cast<int>(g))] =
-          std::make_unique<ops::Fp8Linear>(ctx, options, fp8_input_owner(g) == g);
+    for (int g = 0; g < kFp8GemmsPerBlock; ++g) layers_.push_back(std::make_unique<ops::Fp8Linear>(ctx, options));
 }
 
 ops::Fp8Linear& Fp8Layers::at(int layer, Fp8Gemm g) {
   LMSCALE_CHECK(layer >= first_ && layer < end_, "Fp8Layers: block {} is not one of [{}, {})", layer, first_, end_);
-  auto& p = layers_[static_cast<std::size_t>((layer - first_) * kFp8GemmSlots + static_cast<int>(g))];
-  LMSCALE_CHECK(p, "Fp8Layers: block {} has no FP8 layer {} (w1|w3 {})", layer, fp8_gemm_name(g),
-                w13_grouped_ ? "grouped" : "separate");
-  return *p;
+  return *layers_[static_cast<std::size_t>((layer - first_) * kFp8GemmsPerBlock + static_cast<int>(g))];
 }
 
 const ops::Fp8Linear& Fp8Layers::at(int layer, Fp8Gemm g) const {

@@ -132,11 +132,11 @@ Tensor TransformerLM::run_blocks_forward(Context& ctx, Activations& act, Tensor 
     if (fp8_ && keep) {
       // A recomputed block keeps its FP8 layers' scales: the recompute casts with them again.
       if (k.recomputed)
-        for (int g = 0; g < kFp8GemmSlots; ++g)
+        for (int g = 0; g < kFp8GemmsPerBlock; ++g)
           act.blocks[static_cast<std::size_t>(l)].fp8[static_cast<std::size_t>(g)].scales =
               s.fp8[static_cast<std::size_t>(g)].scales;
-      if (k.drop_ffn_inputs)   // selective-mlp: w1 and w3 are replayed with a and b in the backward
-        for (Fp8Gemm g : {Fp8Gemm::w13, Fp8Gemm::w1, Fp8Gemm::w3}) s.fp8[static_cast<std::size_t>(g)].drop_operands();
+      if (k.drop_ffn_inputs)   // selective-mlp: w1|w3 is replayed with a and b in the backward
+        s.fp8[static_cast<std::size_t>(Fp8Gemm::w13)].drop_operands();
     }
     if (dims_.is_moe_block(l)) {
       // The router losses of this forward (a recompute in the backward does not add them again).
@@ -195,7 +195,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
       s.k = column_block(qkv, dl_, dl_);
       s.v = column_block(qkv, 2 * dl_, dl_);
       s.qkv_ld = 3 * dl_;
-      if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::qkv}, y1, {&qkv}, s, record_fp8);
+      if (fp8_) fp8_linear(ctx, l, Fp8Gemm::qkv, y1, &qkv, s, record_fp8);
       else ops::linear_side_by_side(ctx, y1, {W(p.q), W(p.k), W(p.v)}, qkv);
       Tensor qk = column_block(qkv, 0, 2 * dl_);
       ops::rope(ctx, qk, B, T, 2 * H, Dh, dims_.rope_theta, false, 3 * dl_);
@@ -215,7 +215,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
       }
     }
     proj = act(d);
-    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::o}, s.o, {&proj}, s, record_fp8);
+    if (fp8_) fp8_linear(ctx, l, Fp8Gemm::o, s.o, &proj, s, record_fp8);
     else ops::linear(ctx, s.o, W(p.o), proj);   // row-parallel: this rank's heads' share of the sum
     proj = tp_g(pc, ctx, proj);           // [Nl,d]
     s.h = act_local(d);
@@ -233,13 +233,13 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   }
   ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l, record_fp8);
   s.g = act(F);
-  ops::swiglu_rows(ctx, s.a, s.b, s.g.dim(0), F, s.ab_ld, s.g);
+  ops::swiglu_rows(ctx, s.a, s.b, s.g.dim(0), F, 2 * F, s.g);
   if (!need_output) {   // a recompute's last block: its output is not needed again
-    if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {nullptr}, s, record_fp8);   // w2's operands only
+    if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, nullptr, s, record_fp8);   // w2's operands only
     return Tensor();
   }
   Tensor out = act(d);
-  if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w2}, s.g, {&out}, s, record_fp8);
+  if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, &out, s, record_fp8);
   else ops::linear(ctx, s.g, W(p.w2), out);   // row-parallel partial sum
   out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);
@@ -254,25 +254,15 @@ BlockParams TransformerLM::block_params(int l) const {
 }
 
 void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8) {
-  // a = w1 y2 and b = w3 y2 [N,Fl]: column blocks of one [N, 2Fl] tensor (a|b side by side; one
-  // GEMM against [W1; W3], which the store holds back to back, a tensor-parallel rank's slices
-  // too; under fp8 one FP8 layer over [2Fl, d]), or under fp8 with w1, w3 apart planes of one
-  // [2,N,Fl] tensor (each of the two FP8 layers writes a contiguous output).
+  // a = w1 y2 and b = w3 y2 [N,Fl]: column blocks of one [N, 2Fl] tensor (a|b side by side, row
+  // stride 2Fl; one GEMM against [W1; W3], which the store holds back to back, a tensor-parallel
+  // rank's slices too; under fp8 one FP8 layer over [2Fl, d]).
   const BlockParams p = block_params(l);
   const std::int64_t N = y2.dim(0);
-  if (fp8_ && !fp8_->w13_grouped()) {
-    const Tensor ab = Tensor::empty({2, N, Fl_}, compute_, *ctx.allocator, "activations");
-    s.a = part(ab, 0);
-    s.b = part(ab, 1);
-    s.ab_ld = Fl_;
-    fp8_linear(ctx, l, {Fp8Gemm::w1, Fp8Gemm::w3}, y2, {&s.a, &s.b}, s, record_fp8);   // y2 quantised once
-    return;
-  }
   Tensor ab = Tensor::empty({N, 2 * Fl_}, compute_, *ctx.allocator, "activations");
   s.a = column_block(ab, 0, Fl_);
   s.b = column_block(ab, Fl_, Fl_);
-  s.ab_ld = 2 * Fl_;
-  if (fp8_) fp8_linear(ctx, l, {Fp8Gemm::w13}, y2, {&ab}, s, record_fp8);
+  if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w13, y2, &ab, s, record_fp8);
   else ops::linear_side_by_side(ctx, y2, {params_.compute_weight(p.w1), params_.compute_weight(p.w3)}, ab);
 }
 
@@ -355,7 +345,7 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     }
     if (!present(s.g)) {   // selective checkpointing: g = silu(a) * b again
       s.g = act(F);
-      ops::swiglu_rows(ctx, s.a, s.b, N, F, s.ab_ld, s.g);
+      ops::swiglu_rows(ctx, s.a, s.b, N, F, 2 * F, s.g);
     }
     Tensor dg = act(F);
     {
@@ -364,12 +354,10 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
       weight_grads(ctx, pc, s.g, {dout}, {p.w2}, accumulate, defer, dx);
     }
     s.g = Tensor();
-    // da|db side by side in the rows of one [N, 2F] tensor, in a|b's layout (fp8 blocks, whose
-    // a and b are planes, take block_backward_fp8).
-    LMSCALE_CHECK(s.ab_ld == 2 * F, "block {}: a, b are not side by side (row stride {})", l, s.ab_ld);
+    // da|db side by side in the rows of one [N, 2F] tensor, in a|b's layout.
     const Tensor dab = Tensor::empty({N, 2 * F}, compute_, A, "activation_grads");
     Tensor da = column_block(dab, 0, F), db = column_block(dab, F, F);
-    ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, s.ab_ld, dg, da, db);
+    ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, 2 * F, dg, da, db);
     dg = Tensor();
     s.a = Tensor();
     s.b = Tensor();

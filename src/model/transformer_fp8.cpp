@@ -1,9 +1,8 @@
 // TransformerLM's FP8 linear layers (precision.mode = fp8, docs/precision.md "FP8 training"):
 // the forward's calls through ops::Fp8Linear with their saved operands, the replay of a
-// recompute, and a dense block's backward with its layers' gradients in FP8. q|k|v (and w1|w3
-// where the store holds them back to back) are one FP8 layer each over the group's weight
-// [3dl, d] ([2F, d]) and the side-by-side activation [N, 3dl] ([N, 2F]).
-#include <algorithm>
+// recompute, and a dense block's backward with its layers' gradients in FP8. q|k|v and w1|w3
+// (back to back in the store) are one FP8 layer each over the group's weight [3dl, d] ([2F, d])
+// and the side-by-side activation [N, 3dl] ([N, 2F]).
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
@@ -16,8 +15,6 @@ namespace {
 void notify(const ParallelContext& pc, int i) {
   if (pc.on_grad_ready) pc.on_grad_ready(i);
 }
-// Matrix i of a [n, rows, cols] tensor as a [rows, cols] view.
-Tensor part(const Tensor& t, std::int64_t i) { return t.slice(i, i + 1).reshape({t.dim(1), t.dim(2)}); }
 // Columns [col0, col0 + cols) of a [rows, ld] tensor as the flat view the row-strided ops read.
 Tensor column_block(const Tensor& t, std::int64_t col0, std::int64_t cols) {
   return t.flat_range(col0, (t.dim(0) - 1) * t.dim(1) + cols);
@@ -44,9 +41,10 @@ Tensor rows_back_to_back(const std::vector<Tensor>& ts) {
 void TransformerLM::enable_fp8(Context& ctx, const ops::Fp8LinearOptions& options) {
   LMSCALE_CHECK(!tp_.active(), "precision.mode = fp8 with tensor parallelism is not supported (set parallel.tp = 1)");
   LMSCALE_CHECK(!dims_.moe(), "precision.mode = fp8 with an MoE model is not supported (set model.moe_experts = 0)");
-  // w1|w3 is one FP8 layer where the store holds w3 right after w1 (the same for every dense block).
-  const bool w13 = fp8_w13_grouped(ParamIndex(dims_).block(units_.first_layer()));
-  fp8_ = std::make_unique<Fp8Layers>(ctx, options, units_.first_layer(), units_.end_layer(dims_), w13);
+  // q|k|v and w1|w3 are one FP8 layer each: their weights must be consecutive store parameters.
+  for (int l = units_.first_layer(); l < units_.end_layer(dims_); ++l)
+    check_fp8_groups_back_to_back(ParamIndex(dims_).block(l), l);
+  fp8_ = std::make_unique<Fp8Layers>(ctx, options, units_.first_layer(), units_.end_layer(dims_));
 }
 
 Tensor TransformerLM::fp8_group_weight(int layer, Fp8Gemm g) const {
@@ -79,35 +77,23 @@ ops::Fp8Weight TransformerLM::fp8_group_weight_quantised(int layer, Fp8Gemm g) c
   return {q, ws[0].amax, ws[0].scale, ws[0].inv};
 }
 
-void TransformerLM::fp8_linear(Context& ctx, int layer, std::initializer_list<Fp8Gemm> gemms, const Tensor& x,
-                               std::initializer_list<Tensor*> ys, BlockActivations& s, bool record) {
-  LMSCALE_CHECK(gemms.size() == ys.size() && gemms.size() > 0, "fp8_linear: {} layers, {} outputs", gemms.size(),
-                ys.size());
-  const Fp8Gemm first = *gemms.begin();
-  for (Fp8Gemm g : gemms)
-    LMSCALE_CHECK(fp8_input_owner(g) == first, "fp8_linear: block {} layer {} does not share {}'s input", layer,
-                  fp8_gemm_name(g), fp8_gemm_name(first));
-  const bool replay = saved_of(s, first).scales.defined();   // a recompute: the first forward's scales again
-  const bool any_y = std::any_of(ys.begin(), ys.end(), [](const Tensor* y) { return y != nullptr; });
-  ops::Fp8Linear& owner = fp8_->at(layer, first);
-  const ops::Fp8Input xq = replay ? owner.replay_input(ctx, saved_of(s, first).scales, x, any_y)
-                                  : owner.quantize_input(ctx, x, record);
-  auto y = ys.begin();
-  for (Fp8Gemm g : gemms) {
-    ops::Fp8Linear& lin = fp8_->at(layer, g);
-    ops::Fp8LinearSaved& saved = saved_of(s, g);
-    LMSCALE_CHECK(replay || *y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,
-                  fp8_gemm_name(g));
-    // fsdp's FP8 gathers hand the weights out quantised, bitwise the cast below would make.
-    const bool quantised = params_.compute_weight(fp8_gemm_params(block_params(layer), g)[0]).dtype() == DType::e4m3;
-    if (quantised) {
-      const ops::Fp8Weight w = fp8_group_weight_quantised(layer, g);
-      saved = replay ? lin.replay(ctx, saved.scales, xq, w, *y) : lin.forward(ctx, xq, w, **y);
-    } else {
-      const Tensor w = fp8_group_weight(layer, g);   // [sum of the group's rows, K]
-      saved = replay ? lin.replay(ctx, saved.scales, xq, w, *y) : lin.forward(ctx, xq, w, **y, record);
-    }
-    ++y;
+void TransformerLM::fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor& x, Tensor* y, BlockActivations& s,
+                               bool record) {
+  ops::Fp8Linear& lin = fp8_->at(layer, g);
+  ops::Fp8LinearSaved& saved = saved_of(s, g);
+  const bool replay = saved.scales.defined();   // a recompute: the first forward's scales again
+  LMSCALE_CHECK(replay || y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,
+                fp8_gemm_name(g));
+  const ops::Fp8Input xq = replay ? lin.replay_input(ctx, saved.scales, x, y != nullptr)
+                                  : lin.quantize_input(ctx, x, record);
+  // fsdp's FP8 gathers hand the weights out quantised, bitwise the cast below would make.
+  const bool quantised = params_.compute_weight(fp8_gemm_params(block_params(layer), g)[0]).dtype() == DType::e4m3;
+  if (quantised) {
+    const ops::Fp8Weight w = fp8_group_weight_quantised(layer, g);
+    saved = replay ? lin.replay(ctx, saved.scales, xq, w, y) : lin.forward(ctx, xq, w, *y);
+  } else {
+    const Tensor w = fp8_group_weight(layer, g);   // [sum of the group's rows, K]
+    saved = replay ? lin.replay(ctx, saved.scales, xq, w, y) : lin.forward(ctx, xq, w, *y, record);
   }
 }
 
@@ -131,7 +117,7 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
                                        const ParallelContext& pc, std::int64_t B, std::int64_t T, bool accumulate) {
   // block_backward's dense form without tensor parallelism (refused with fp8), every linear
   // layer's two gradient products in FP8 from its saved operands: y1, y2 and g are not read
-  // (their role is the saved x^T's), so the selective modes rebuild them only to replay w1, w3.
+  // (their role is the saved x^T's), so the selective modes rebuild them only to replay w1|w3.
   const std::int64_t N = B * T, d = dims_.d_model, F = Fl_;
   Allocator& A = *ctx.allocator;
   const BlockParams p = block_params(l);
@@ -146,36 +132,17 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
     s.g = Tensor();   // w2's backward reads its saved g^T
     Tensor dg = act(F);
     fp8_linear_backward(ctx, pc, l, Fp8Gemm::w2, s, dx, &dg, accumulate);
-    Tensor dab, dy2;   // dab lives to the end of the FFN's backward
-    if (fp8_->w13_grouped()) {
-      // da|db side by side [N, 2F] in a|b's layout: the w1|w3 layer's dy; dy2 = [da db] [w1; w3]
-      // is its one dx GEMM (inner dimension 2F).
-      LMSCALE_CHECK(s.ab_ld == 2 * F, "block {}: a, b are not side by side (row stride {})", l, s.ab_ld);
-      dab = Tensor::empty({N, 2 * F}, compute_, A, "activation_grads");
-      Tensor da = column_block(dab, 0, F), db = column_block(dab, F, F);
-      ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, s.ab_ld, dg, da, db);
-      dg = Tensor();
-      s.a = Tensor();
-      s.b = Tensor();
-      s.y2 = Tensor();
-      dy2 = act(d);
-      fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab, &dy2, accumulate);
-    } else {
-      // w1 and w3 apart in the store: two layers on planes da, db of one [2,N,F] tensor;
-      // dy2 = da w1 + db w3, the second product into a temporary, then added.
-      dab = Tensor::empty({2, N, F}, compute_, A, "activation_grads");
-      Tensor da = part(dab, 0), db = part(dab, 1);
-      ops::swiglu_backward(ctx, s.a, s.b, dg, da, db);
-      dg = Tensor();
-      s.a = Tensor();
-      s.b = Tensor();
-      s.y2 = Tensor();
-      dy2 = act(d);
-      fp8_linear_backward(ctx, pc, l, Fp8Gemm::w1, s, da, &dy2, accumulate);
-      Tensor part3 = act(d);
-      fp8_linear_backward(ctx, pc, l, Fp8Gemm::w3, s, db, &part3, accumulate);
-      ops::add(ctx, dy2, part3, dy2);
-    }
+    // da|db side by side [N, 2F] in a|b's layout: the w1|w3 layer's dy; dy2 = [da db] [w1; w3]
+    // is its one dx GEMM (inner dimension 2F). dab lives to the end of the FFN's backward.
+    const Tensor dab = Tensor::empty({N, 2 * F}, compute_, A, "activation_grads");
+    Tensor da = column_block(dab, 0, F), db = column_block(dab, F, F);
+    ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, 2 * F, dg, da, db);
+    dg = Tensor();
+    s.a = Tensor();
+    s.b = Tensor();
+    s.y2 = Tensor();
+    Tensor dy2 = act(d);
+    fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab, &dy2, accumulate);
     Tensor gLn2 = grad_for_adding(ctx, p.ln2, accumulate);
     norm_backward(pc, ctx, s.h, W(p.ln2), s.rstd2, dy2, dx, gLn2, true);   // dx += d(h) through the norm
     notify(pc, p.ln2);

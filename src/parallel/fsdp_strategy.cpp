@@ -19,7 +19,7 @@ FsdpStrategy::FsdpStrategy(const StrategyParts& parts) : Strategy(parts) {
   // FP8 weight gathers (io validates precision.mode = fp8 with current scaling).
   opt.gather_fp8 = parts.cfg.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8;
   opt.fp8_margin = static_cast<int>(parts.cfg.precision.fp8_margin);
-  if (opt.gather_fp8) {   // one scale per FP8 layer's weights: q|k|v, w1|w3 where adjacent (model/fp8_layers.h)
+  if (opt.gather_fp8) {   // one scale per FP8 layer's weights: q|k|v, o, w1|w3, w2 (model/fp8_layers.h)
     const model::ParamIndex index(model::ModelDims::from(parts.cfg.model));
     for (int l = 0; l < parts.layers; ++l)
       for (const std::vector<int>& group : model::fp8_weight_groups(index.block(l))) {

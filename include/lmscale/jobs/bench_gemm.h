@@ -6,8 +6,8 @@
 //   fp32, bf16  the model's calls: ops::linear / linear_side_by_side forward,
 //               ops::linear_backward / linear_side_by_side_backward for dx and dW (dW in fp32, as the model's gradients), one row (variant "gemm");
 //   fp8         the FP8 layers of precision.mode = fp8 (ops::Fp8Linear, precision.fp8_* scaling;
-//               q, k, v and w1, w3 run one product each from one shared quantisation of x, as
-//               the model runs them), two rows: "gemm" times ops::linear_fp8 alone on operands
+//               q|k|v and w1|w3 one FP8 layer each over the group's rows, as the model runs
+//               them), two rows: "gemm" times ops::linear_fp8 alone on operands
 //               quantised beforehand, "gemm+casts" adds the casts the layer makes for it (x and
 //               w for the forward, dy for dx and for dW: the model casts dy once for both, so the
 //               with-casts block total counts that cast twice). The LM head has no fp8 rows: the

@@ -13,7 +13,6 @@
 // Nl = N and they are replicated on the tp ranks. Token and target ids are int32 [B, T] on the model's
 // device. Activations are [N, d] (equivalently [B, T, H, Dh] for attention) in the compute dtype
 // (fp32/fp64, or bf16/fp16 in mixed precision); norms' rstd and the loss are fp32 (fp64).
-#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -43,11 +42,10 @@ struct BlockActivations {
   Tensor o;                 // attention output before output_proj [N,d]
   Tensor h;                 // x + attention [N,d]
   Tensor rstd2, y2;         // RMSNorm2 [N], [N,d]
-  // w1 y2, w3 y2, silu(a)*b [N,F]; a and b are column blocks of one [N, 2F] buffer (ab_ld = 2F:
-  // one GEMM, or one FP8 layer, against the back-to-back [W1; W3]) or, under fp8 with w1, w3
-  // apart, planes of [2,N,F] (ab_ld = F); g is contiguous. MoE block: the experts' [Me,Fe].
+  // w1 y2, w3 y2, silu(a)*b [N,F]; a and b are column blocks of one [N, 2F] buffer (row stride
+  // 2F: one GEMM, or one FP8 layer, against the back-to-back [W1; W3]); g is contiguous. MoE
+  // block: the experts' [Me,Fe].
   Tensor a, b, g;
-  std::int64_t ab_ld = 0;
   MoeActivations moe;       // MoE block: routing and expert rows (model/moe_block.h)
   // precision.mode = fp8: each FP8 layer's quantised x^T, w^T and scales (ops::Fp8LinearSaved);
   // a recomputed block keeps only the scales, which its recompute casts with again.
@@ -100,9 +98,10 @@ class TransformerLM {
   const ModelDims& dims() const { return dims_; }
   ParameterStore& params() { return params_; }
 
-  // precision.mode = fp8 (docs/precision.md): the blocks' dense linear layers (q, k, v, o, w1,
-  // w3, w2) run their three GEMMs through one ops::Fp8Linear each, made here for this model's
-  // blocks. Dense models without tensor parallelism only (the deck refuses the others).
+  // precision.mode = fp8 (docs/precision.md): the blocks' dense linear layers run their three
+  // GEMMs through one ops::Fp8Linear per layer (q|k|v, o, w1|w3, w2: model/fp8_layers.h), made
+  // here for this model's blocks after checking that the store holds each group back to back.
+  // Dense models without tensor parallelism only (the deck refuses the others).
   void enable_fp8(Context& ctx, const ops::Fp8LinearOptions& options);
   // The FP8 layers and their scaling state (null unless enable_fp8 was called).
   const Fp8Layers* fp8() const { return fp8_.get(); }
@@ -229,16 +228,14 @@ class TransformerLM {
   // terms[0..1]) to moe_terms_, on the device.
   void record_moe_stats(Context& ctx, int layer, const BlockActivations& s, const Tensor& terms);
   // ---- FP8 linear layers (transformer_fp8.cpp) ----------------------------------------------
-  // y_i = x w_i^T through block l's FP8 layers gemms[i], which read the same x: x is quantised
-  // once (under the first layer's x scaling, fp8_input_owner) and each layer's saved entry goes
-  // into s.fp8[g] (they share x^T). A group layer's w is its parameters' rows [sum R_i, K]
-  // (fp8_gemm_params: q|k|v, w1|w3) and its y the side-by-side [N, sum R_i]. A first forward, or,
-  // when the first entry holds the scales of an earlier forward (a recompute), a replay with the
-  // saved scales (bitwise the same, no scaling state touched). A null y: only the saved operands
-  // (a recompute whose output is not needed). A weight the store hands out in fp8_e4m3 (fsdp's
-  // FP8 gathers) is used as it is, with its scales (ParameterStore::fp8_weight), instead of cast.
-  void fp8_linear(Context& ctx, int layer, std::initializer_list<Fp8Gemm> gemms, const Tensor& x,
-                  std::initializer_list<Tensor*> ys, BlockActivations& s, bool record);
+  // y = x w^T through block l's FP8 layer g; its saved entry goes into s.fp8[g]. A group layer's
+  // w is its parameters' rows [sum R_i, K] (fp8_gemm_params: q|k|v, w1|w3) and its y the
+  // side-by-side [N, sum R_i]. A first forward, or, when s.fp8[g] holds the scales of an earlier
+  // forward (a recompute), a replay with the saved scales (bitwise the same, no scaling state
+  // touched). A null y: only the saved operands (a recompute whose output is not needed). A
+  // weight the store hands out in fp8_e4m3 (fsdp's FP8 gathers) is used as it is, with its scales
+  // (ParameterStore::fp8_weight), instead of cast.
+  void fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor& x, Tensor* y, BlockActivations& s, bool record);
   // Layer g's weight [sum R_i, K]: a view of its parameters' working copies, which every store
   // layout holds back to back (refused, naming the layer, where not).
   Tensor fp8_group_weight(int layer, Fp8Gemm g) const;

@@ -1,9 +1,9 @@
 #pragma once
 // One linear layer y = x w^T with its three GEMMs in FP8 (docs/precision.md, "The GEMMs and their
 // layouts"): x and w in e4m3, dy in e5m2 (or e4m3), each operand with its own Fp8TensorScaling
-// held here, so a model keeps one Fp8Linear per linear layer. The one exception: layers reading
-// the same input share one quantisation of it (Fp8Input), made under the x scaling of the layer
-// that owns it. Shapes: x [M,K] (any leading dims flattened into M), w [N,K], y and dy [M,N].
+// held here, so a model keeps one Fp8Linear per linear layer. Layers reading the same input may
+// share one quantisation of it (Fp8Input), made under the x scaling of the layer that owns it (the
+// model instead runs such groups as one layer over their weights' rows: model/fp8_layers.h). Shapes: x [M,K] (any leading dims flattened into M), w [N,K], y and dy [M,N].
 //
 // forward() returns what backward() needs from it (the quantised transposes of x and w and the
 // inverse scales they were made with), for the caller to keep with the layer's other saved
@@ -53,9 +53,8 @@ struct Fp8LinearSaved {
   }
 };
 
-// One quantisation of a layer input x [M,K] under the x scaling of the layer that owns it, shared
-// by every layer reading the same x (a block's q, k, v read the attention norm's output; w1, w3
-// the FFN norm's): q [M,K] for the forward GEMM (undefined when no GEMM needs it), qt [K,M] for
+// One quantisation of a layer input x [M,K] under the x scaling of the layer that owns it, which
+// every layer reading the same x may share: q [M,K] for the forward GEMM (undefined when no GEMM needs it), qt [K,M] for
 // the weight gradients, and the scale and inverse it was cast with (1 element fp32 each; the
 // owner's scaling tensors, or views of a saved entry's scales for a replay).
 struct Fp8Input {

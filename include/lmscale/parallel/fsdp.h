@@ -82,7 +82,7 @@ struct FsdpOptions {
   bool gather_fp8 = false;
   int fp8_margin = 0;
   // With gather_fp8: the store indices of weights one FP8 layer reads as one matrix, which share
-  // one scale (model::fp8_weight_groups: q|k|v, w1|w3 where adjacent); consecutive in their unit.
+  // one scale (model::fp8_weight_groups: q|k|v, o, w1|w3, w2); consecutive in their unit.
   // A weight in no group has a scale of its own.
   std::vector<std::vector<int>> fp8_groups;
   static FsdpOptions from(const ParallelConfig& p);

@@ -1,7 +1,7 @@
 #pragma once
 // fsdp's FP8 weight gathers (parallel.fsdp_gather_dtype = fp8; docs/parallel.md, "FP8 weight
 // gathers"): torchao's "float8 all-gather with precomputed dynamic scales", written for one fsdp
-// unit whose sharded weights are all FP8 GEMM weights (a dense block's q, k, v, o, w1, w2, w3 under
+// unit whose sharded weights are all FP8 GEMM weights (a dense block's q, k, v, o, w1, w3, w2 under
 // precision.mode = fp8 with current scaling). Per gather of the unit:
 //   1. local_amax: each rank's amax of its piece of each of the unit's P weights (ops::amax over
 //      the compute-dtype shard; 0 for a weight with no piece on this rank) into amax [P] fp32;
@@ -15,7 +15,7 @@
 //      cast to e4m3 with its group's scale (ops::cast_fp8) into the send buffer [s_u], which the
 //      caller all-gathers, 1 byte per element.
 // Scale groups are the weights one FP8 layer reads as one [sum R_i, K] matrix (a dense block's
-// q|k|v, and w1|w3 where the store holds them back to back; model::fp8_weight_groups): members
+// q|k|v and w1|w3, which the store holds back to back; model::fp8_weight_groups): members
 // are consecutive weights of the unit, so their gathered bytes lie back to back and share one
 // scale. The gathered group is then bitwise what ops::Fp8Linear's current scaling casts from the
 // whole compute-dtype [sum R_i, K] (the same amax, scale and element-wise cast), and the FP8 GEMMs

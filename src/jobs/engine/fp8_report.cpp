@@ -16,11 +16,10 @@ namespace {
 
 constexpr const char* kOperands[] = {"x", "w", "dy"};
 
-// Operand i (x, w, dy) of block l's layer g: w3 (w1, w3 as two layers) reports w1's x scaling
-// (the layers sharing an input share its quantisation; model/fp8_layers.h).
+// Operand i (x, w, dy) of block l's layer g.
 const ops::Fp8TensorScaling& operand(const model::Fp8Layers& layers, int l, model::Fp8Gemm g, int i) {
   const ops::Fp8Linear& lin = layers.at(l, g);
-  return i == 0 ? layers.x_scaling(l, g) : i == 1 ? lin.w_scaling() : lin.dy_scaling();
+  return i == 0 ? lin.x_scaling() : i == 1 ? lin.w_scaling() : lin.dy_scaling();
 }
 
 // One operand's state on the host: its amax history, oldest cast first (the ring buffer rotated
@@ -68,15 +67,13 @@ void Fp8Recorder::record(std::int64_t step) {
   env_.rt.synchronize();
   std::vector<io::Row> rows;
   for (int l = layers.first_layer(); l < layers.end_layer(); ++l)
-    for (const model::Fp8Gemm gemm : layers.gemms()) {
+    for (const model::Fp8Gemm gemm : model::kFp8BlockGemms) {
       for (int i = 0; i < 3; ++i) {
         const ops::Fp8TensorScaling& s = operand(layers, l, gemm, i);
         const HostScaling h = read(ctx, s);
         // The last cast used the scale in place now (a cast updates the scale before it reads x).
         const bool saturated = static_cast<double>(h.last()) * h.scale > fp8_max(s.format());
-        // A shared input warns once, under the layer that quantises it.
-        const model::Fp8Gemm named = i == 0 ? model::fp8_input_owner(gemm) : gemm;
-        const std::string name = fmt::format("layers.{}.{}.{}", l, model::fp8_gemm_name(named), kOperands[i]);
+        const std::string name = fmt::format("layers.{}.{}.{}", l, model::fp8_gemm_name(gemm), kOperands[i]);
         if (saturated && warned_.insert(name).second)
           fmt::print(stderr,
                      "lmscale: warning: rank {}: FP8 cast of {} saturated at step {} (amax {:.4g} x scale {:.4g} > "
@@ -101,13 +98,13 @@ void Fp8Recorder::finish() {
   std::int64_t H = 0;
   std::vector<float> all;
   for (int l = layers.first_layer(); l < layers.end_layer(); ++l)
-    for (const model::Fp8Gemm gemm : layers.gemms())
+    for (const model::Fp8Gemm gemm : model::kFp8BlockGemms)
       for (int i = 0; i < 3; ++i) {
         const HostScaling h = read(ctx, operand(layers, l, gemm, i));
         H = static_cast<std::int64_t>(h.history.size());
         all.insert(all.end(), h.history.begin(), h.history.end());
       }
-  const auto G = static_cast<std::int64_t>(layers.gemms().size());
+  const std::int64_t G = model::kFp8GemmsPerBlock;
   env_.out.write_array(group_ + "/fp8_amax_history", {L, G, 3, H}, all.data());
   const auto& o = layers.options();
   const std::string path = group_ + "/fp8";

@@ -276,26 +276,28 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
                : "L x (" + block_f + ")");
   }
   if (cfg.precision.mode == PrecisionMode::fp8) {
-    // The FP8 layers (model/transformer_fp8.cpp): per block the saved x^T of q, k, v, o, w1, w3,
-    // w2 and w^T of each (1 B per element) with their [4] fp32 scales; a checkpointed block keeps
-    // the scales only (one group recomputed), selective-mlp drops w1's and w3's operands; the
-    // scaling state of every operand (scale, inverse and an amax history of H, 1 for current).
-    const double ops8 = (6 * d + F) * N + 4 * d * d + 3 * d * F, scales = 7 * 16.0;
+    // The FP8 layers (model/transformer_fp8.cpp; model::kFp8BlockGemms): per block the saved x^T
+    // of its 4 layers q|k|v, o, w1|w3, w2 and w^T of each (1 B per element) with their [4] fp32
+    // scales; a checkpointed block keeps the scales only (one group recomputed), selective-mlp
+    // drops the w1|w3 layer's operands; the scaling state of every operand (x, w, dy of each
+    // layer: scale, inverse and an amax history of H, 1 for current).
+    const double G8 = model::kFp8GemmsPerBlock;
+    const double ops8 = (3 * d + F) * N + 4 * d * d + 3 * d * F, scales = G8 * 16.0;
     const double H8 = cfg.precision.fp8_scaling == Fp8Scaling::delayed ? static_cast<double>(cfg.precision.fp8_history) : 1;
-    const double state = L * 7 * 3 * 4 * (2 + H8);
+    const double state = L * G8 * 3 * 4 * (2 + H8);
     double kept8 = L * (ops8 + scales);
-    std::string f8 = "L x ((6d + F) N + 4d^2 + 3dF + 112)";
+    std::string f8 = "L x ((3d + F) N + 4d^2 + 3dF + 64)";
     if (ac == Checkpointing::every_k) {
       const double c = model::RecomputePolicy::from(cfg.train).checkpointed_end(0, static_cast<int>(m.layers));
       const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), c);
       kept8 = (L - c + k) * ops8 + L * scales;
-      f8 = fmt::format("(L - c + k) x ((6d + F) N + 4d^2 + 3dF) + L x 112, c = {}, k = {}", c, k);
+      f8 = fmt::format("(L - c + k) x ((3d + F) N + 4d^2 + 3dF) + L x 64, c = {}, k = {}", c, k);
     } else if (ac == Checkpointing::selective_mlp) {
-      kept8 = L * (ops8 - 2 * N * d - 2 * d * F + scales) + 2 * N * d + 2 * d * F;
-      f8 = "L x ((4d + F) N + 2d^2 + dF + 112) + one block's w1, w3 operands";
+      kept8 = L * (ops8 - N * d - 2 * d * F + scales) + N * d + 2 * d * F;
+      f8 = "L x ((2d + F) N + 4d^2 + dF + 64) + one block's w1|w3 operands";
     }
     add("fp8_operands", kept8 + state,
-        f8 + fmt::format(" + {} x 21 x 4 B x (2 + H) (scaling state, H = {})", L, H8));
+        f8 + fmt::format(" + {} x 12 x 4 B x (2 + H) (scaling state, H = {})", L, H8));
   }
   // The fused LM head + cross-entropy (model/transformer_head.cpp): one row chunk of logits
   // (model.ce_chunk_rows), then its gradient in place; the final norm's output [Nl,d] and the

@@ -141,10 +141,7 @@ double Grads::staging_total() const {
 void ffn_inputs(Sim& m, const Shapes& s, Block& b) {
   double g = s.sp ? m.alloc(s.N * s.d * s.e) : 0.0;
   b.a = m.alloc(2 * s.N * s.F * s.e);
-  if (s.fp8) {   // w1|w3 one FP8 layer over [2F, d], or w1 and w3 two (a recompute replays them)
-    if (s.fp8_w13_grouped()) fp8_forward(m, s, b, static_cast<int>(model::Fp8Gemm::w13), 1, s.N, s.d, 2 * s.F);
-    else fp8_forward(m, s, b, static_cast<int>(model::Fp8Gemm::w1), 2, s.N, s.d, s.F);   // y2 quantised once
-  }
+  if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::w13, s.N, s.d, 2 * s.F);   // one FP8 layer over [2F, d]
   m.free(g);
 }
 
@@ -154,7 +151,7 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
   b.y1 = m.alloc(Nlde);
   b.q = m.alloc(3 * Ndle);   // q|k|v: views of one [N,3dl] tensor (b.k, b.v stay 0)
   if (s.fp8)   // q|k|v: one FP8 layer over [3dl, d]
-    fp8_forward(m, s, b, static_cast<int>(model::Fp8Gemm::qkv), 1, s.N, s.d, 3 * s.dl);
+    fp8_forward(m, s, b, model::Fp8Gemm::qkv, s.N, s.d, 3 * s.dl);
   if (s.sp) {   // tp_f all-gathers y1 into a [N,d] temporary for the three matmuls
     double g = m.alloc(Nde);
     m.free(g);
@@ -164,7 +161,7 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
     b.aux = m.alloc(s.flash ? s.st * s.B * s.H * s.T : s.B * s.H * s.T * s.T * s.e);
   }
   double proj = m.alloc(Nde);
-  if (s.fp8) fp8_forward(m, s, b, static_cast<int>(model::Fp8Gemm::o), 1, s.N, s.dl, s.d);
+  if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::o, s.N, s.dl, s.d);
   if (s.sp) {   // tp_g reduce-scatters into a new [Nl,d] tensor
     double shard = m.alloc(Nlde);
     m.free(proj);
@@ -182,11 +179,11 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
   ffn_inputs(m, s, b);
   b.g = m.alloc(NFe);
   if (!need_output) {
-    if (s.fp8) fp8_forward(m, s, b, static_cast<int>(model::Fp8Gemm::w2), 1, s.N, s.F, s.d, false);   // w2's operands only
+    if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::w2, s.N, s.F, s.d, false);   // w2's operands only
     return 0;
   }
   double out = m.alloc(Nde);
-  if (s.fp8) fp8_forward(m, s, b, static_cast<int>(model::Fp8Gemm::w2), 1, s.N, s.F, s.d);
+  if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::w2, s.N, s.F, s.d);
   if (s.sp) {
     double shard = m.alloc(Nlde);
     m.free(out);
@@ -355,8 +352,7 @@ double blocks_forward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& bl
       if (k.drop_ffn_inputs) {
         m.free(b.a);
         m.free(b.b);
-        for (model::Fp8Gemm g : {model::Fp8Gemm::w13, model::Fp8Gemm::w1, model::Fp8Gemm::w3})
-          free_fp8_operands(m, b, static_cast<int>(g));   // fp8: their operands (the scales stay for the replay)
+        free_fp8_operands(m, b, model::Fp8Gemm::w13);   // fp8: w1|w3's operands (the scales stay for the replay)
       }
       blocks[static_cast<std::size_t>(l)] = b;
     } else {
@@ -398,7 +394,7 @@ void blocks_backward(Sim& m, const Shapes& s, Grads& gr, std::vector<Block>& blo
         Block b;
         b.o = blocks[static_cast<std::size_t>(l)].o;   // kept under keep_attention, else 0
         b.aux = blocks[static_cast<std::size_t>(l)].aux;
-        for (int f = 0; f < model::kFp8GemmSlots; ++f) b.f8scales[f] = blocks[static_cast<std::size_t>(l)].f8scales[f];
+        for (int f = 0; f < model::kFp8GemmsPerBlock; ++f) b.f8scales[f] = blocks[static_cast<std::size_t>(l)].f8scales[f];
         const double out = block_forward(m, s, b, l + 1 < hi, l);
         b.x = l == lo ? in : blocks[static_cast<std::size_t>(l)].x;
         blocks[static_cast<std::size_t>(l)] = b;

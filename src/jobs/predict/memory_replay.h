@@ -57,13 +57,11 @@ struct Shared {
 struct Block {
   double x = 0, rstd1 = 0, y1 = 0, q = 0, k = 0, v = 0, o = 0, aux = 0, h = 0, rstd2 = 0, y2 = 0, a = 0, b = 0, g = 0;
   double probs = 0, lse = 0, experts = 0, gates = 0, slot = 0, xe = 0, ye = 0, perm = 0;
-  // precision.mode = fp8, per FP8 layer slot (model::Fp8Gemm order qkv, o, w13, w2, w1, w3; a
-  // block uses qkv, o, w13, w2 or qkv, o, w1, w3, w2): its saved w^T (1 byte per element) and its
-  // saved scales ([16] fp32; kept alone by a recomputed block, whose recompute then replays
-  // instead of allocating new ones); per input owner (w1 for w1, w3; else the layer) the saved
-  // x^T its layers share, freed by the last one's backward.
-  double f8ops[model::kFp8GemmSlots] = {}, f8scales[model::kFp8GemmSlots] = {};
-  Shared f8x[model::kFp8GemmSlots];
+  // precision.mode = fp8, per FP8 layer (model::Fp8Gemm order qkv, o, w13, w2): its saved x^T
+  // and w^T (1 byte per element) and its saved scales ([16] fp32; kept alone by a recomputed
+  // block, whose recompute then replays instead of allocating new ones).
+  double f8x[model::kFp8GemmsPerBlock] = {}, f8ops[model::kFp8GemmsPerBlock] = {};
+  double f8scales[model::kFp8GemmsPerBlock] = {};
 };
 
 // One micro-batch's shapes as one rank holds them (tensor parallel: local heads, d_ff, vocab;
@@ -75,8 +73,6 @@ struct Shapes {
   // parallel.fsdp_gather_dtype = fp8: the blocks' weights arrive quantised (fsdp's e4m3 gathers),
   // so the FP8 layers make no cast of w (only its transpose).
   bool fp8_weights = false;
-  // Whether w1|w3 is one FP8 layer (w3 right after w1 in the store: model::fp8_w13_grouped).
-  bool fp8_w13_grouped() const;
   int L = 0, tp = 1;
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   int k = 1;
@@ -181,18 +177,19 @@ using DeferredWeights = std::vector<DeferredProduct>;
 // precision.mode = fp8 (memory_replay_fp8.cpp, model/transformer_fp8.cpp): the scaling state of
 // every FP8 operand (scale, inverse, amax history; fp32), alive from the model's construction.
 double fp8_state_bytes(const Config& cfg, const Shapes& s);
-// ops::Fp8Linear's forwards of the `count` layers g, g+1, ... that read the same x [M,K] (each
-// w [n,K]) into the block's saved entries: x quantised once (direct and transposed; the x^T
-// shared), then per layer its w (direct and transposed) and the scales; or, when b.f8scales[g]
-// is held, the replay of a recompute (no scales; with_y false: no quantised direct operands are
-// kept for a GEMM, as for the last block of a recompute whose w2 output is not needed).
-void fp8_forward(Sim& m, const Shapes& s, Block& b, int g, int count, double M, double K, double n, bool with_y = true);
+// ops::Fp8Linear's forward of layer g from x [M,K] with w [n,K] (a group's rows) into the
+// block's saved entry: x quantised (direct and transposed), its w (direct and transposed) and the
+// scales; or, when b.f8scales[g] is held, the replay of a recompute (no scales; with_y false: no
+// quantised direct operands are kept for a GEMM, as for the last block of a recompute whose w2
+// output is not needed).
+void fp8_forward(Sim& m, const Shapes& s, Block& b, model::Fp8Gemm g, double M, double K, double n,
+                 bool with_y = true);
 // Its backward from dy [M,n]: the layer's parameters' gradients asked for (a group's all, then
 // one dW product), dy quantised (direct and transposed), the gradients written and ready; the
 // saved entry freed.
-void fp8_backward(Sim& m, Block& b, Grads& gr, int g, double M, double n, const std::vector<int>& params);
-// Frees layer g's saved operands (its w^T, and the shared x^T when g is its last holder).
-void free_fp8_operands(Sim& m, Block& b, int g);
+void fp8_backward(Sim& m, Block& b, Grads& gr, model::Fp8Gemm g, double M, double n, const std::vector<int>& params);
+// Frees layer g's saved operands (its x^T and w^T).
+void free_fp8_operands(Sim& m, Block& b, model::Fp8Gemm g);
 // Frees every FP8 layer's saved operands and scales of b.
 void free_fp8(Sim& m, Block& b);
 // A checkpointed block: its FP8 layers' scales move from the forward's b to what the block keeps.

@@ -63,7 +63,7 @@ double setup_fsdp(Grads& gr, const Config& cfg, const Shapes& s, int dp, const s
   // send buffer comes and goes with the gather (gather, wait).
   // FP8 gathers: each block unit's scales (parallel/fsdp_fp8_gather.h), amax [7], the G scale
   // groups' amax [G] and 2 x G 16-byte lines of scale and inverse, fp32 (G: the block's FP8 layers).
-  const double G = s.fp8_weights ? static_cast<double>(model::fp8_block_gemms(s.fp8_w13_grouped()).size()) : 0.0;
+  const double G = s.fp8_weights ? static_cast<double>(model::kFp8GemmsPerBlock) : 0.0;
   const double fp8_scales = s.fp8_weights ? static_cast<double>(s.L) * (7 + G + 2 * G * 4) * 4 : 0.0;
   return fp8_scales + fsdp_state_bytes(gr, s, S, norms, slot, states);
 }

@@ -1,7 +1,7 @@
 #pragma once
 // What a precision.mode = fp8 run records of its FP8 scaling (docs/hdf5.md, `GROUP/fp8` and
-// `GROUP/fp8_amax_history`; docs/precision.md): per recorded step, each block's FP8 layer (q, k,
-// v, o, w1, w3, w2) and operand (x, w, dy), the amax of its last cast, the largest amax of its
+// `GROUP/fp8_amax_history`; docs/precision.md): per recorded step, each block's FP8 layer (qkv,
+// o, w13, w2: model::kFp8BlockGemms) and operand (x, w, dy), the amax of its last cast, the largest amax of its
 // history and the scale in use; at the end, every operand's amax history. Rank 0's state is
 // written (each data-parallel rank scales its own rows). Every rank warns on stderr, once per
 // operand, when its last cast saturated (amax x scale > the format's largest value: values were
@@ -25,7 +25,7 @@ class Fp8Recorder {
   // Reads every operand's scaling state (a device-to-host copy each), appends its rows for step
   // `step` (counted from 1) and prints the saturation warnings not printed before.
   void record(std::int64_t step);
-  // Writes GROUP/fp8_amax_history [L, 7, 3, H] (oldest cast first) and the run's attributes.
+  // Writes GROUP/fp8_amax_history [L, 4, 3, H] (oldest cast first) and the run's attributes.
   void finish();
   // Operands whose saturation was reported so far (this rank).
   std::size_t saturated_operands() const { return warned_.size(); }
