@@ -45,21 +45,14 @@ void check_scales(const Tensor& scales) {
 
 }  // namespace
 
-Fp8Linear::Fp8Linear(Context& ctx, const Fp8LinearOptions& o, bool owns_input_scaling)
-    : x_(owns_input_scaling ? std::make_unique<Fp8TensorScaling>(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin)
-                            : nullptr),
+Fp8Linear::Fp8Linear(Context& ctx, const Fp8LinearOptions& o)
+    : x_(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin),
       w_(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin),
       dy_(ctx, o.grad_format, o.recipe, o.history, o.margin) {}
 
-const Fp8TensorScaling& Fp8Linear::x_scaling() const {
-  LMSCALE_CHECK(x_, "Fp8Linear: this layer's input is quantised by another layer (it has no x scaling)");
-  return *x_;
-}
-
 Fp8Input Fp8Linear::quantize_input(Context& ctx, const Tensor& x, bool record) {
-  LMSCALE_CHECK(x_, "Fp8Linear::quantize_input: this layer's input is quantised by another layer");
-  const Quantized xq = quantize(ctx, x_.get(), nullptr, x_->format(), x, true, record);
-  return {xq.q, xq.qt, x_->scale(), x_->inv_scale()};
+  const Quantized xq = quantize(ctx, &x_, nullptr, x_.format(), x, true, record);
+  return {xq.q, xq.qt, x_.scale(), x_.inv_scale()};
 }
 
 Fp8Input Fp8Linear::replay_input(Context& ctx, const Tensor& scales, const Tensor& x, bool direct) const {

@@ -1,16 +1,16 @@
 #pragma once
 // One linear layer y = x w^T with its three GEMMs in FP8 (docs/precision.md, "The GEMMs and their
 // layouts"): x and w in e4m3, dy in e5m2 (or e4m3), each operand with its own Fp8TensorScaling
-// held here, so a model keeps one Fp8Linear per linear layer. Layers reading the same input may
-// share one quantisation of it (Fp8Input), made under the x scaling of the layer that owns it (the
-// model instead runs such groups as one layer over their weights' rows: model/fp8_layers.h). Shapes: x [M,K] (any leading dims flattened into M), w [N,K], y and dy [M,N].
+// held here, so a model keeps one Fp8Linear per linear layer (layers reading one input, as q|k|v,
+// run as one layer over their weights' rows: model/fp8_layers.h). Another layer may still read
+// this layer's quantised input (Fp8Input). Shapes: x [M,K] (any leading dims flattened into M),
+// w [N,K], y and dy [M,N].
 //
 // forward() returns what backward() needs from it (the quantised transposes of x and w and the
 // inverse scales they were made with), for the caller to keep with the layer's other saved
 // activations: a pipeline schedule runs several forwards before their backwards, and each
 // backward must use its own forward's operands.
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "lmscale/core/context.h"
@@ -72,9 +72,7 @@ struct Fp8Weight {
 
 class Fp8Linear {
  public:
-  // owns_input_scaling = false: a layer whose input another layer quantises (Fp8Input); it keeps
-  // only its w and dy scalings, and x_scaling() is an error.
-  Fp8Linear(Context& ctx, const Fp8LinearOptions& options, bool owns_input_scaling = true);
+  Fp8Linear(Context& ctx, const Fp8LinearOptions& options);
 
   // y[M,N] = x w^T, y bf16 or fp32 on CUDA (fp32 or fp64 on CPU, where x and w may be fp32 or
   // fp64: the CPU emulates the FP8 numerics exactly, up to the GEMM's accumulation order).
@@ -119,14 +117,12 @@ class Fp8Linear {
   void backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, const std::vector<Tensor>& dws,
                 bool accumulate_dw);
 
-  bool owns_input_scaling() const { return x_ != nullptr; }
-  const Fp8TensorScaling& x_scaling() const;
+  const Fp8TensorScaling& x_scaling() const { return x_; }
   const Fp8TensorScaling& w_scaling() const { return w_; }
   const Fp8TensorScaling& dy_scaling() const { return dy_; }
 
  private:
-  std::unique_ptr<Fp8TensorScaling> x_;   // null when another layer quantises the input
-  Fp8TensorScaling w_, dy_;
+  Fp8TensorScaling x_, w_, dy_;
 };
 
 }  // namespace lmscale::ops

@@ -92,7 +92,7 @@ struct Shapes {
 // checkpointing.
 Shapes shapes_for(const Config& cfg, double rows, bool cuda);
 
-// Parameter sizes (elements) in the store's order: embedding, per layer q,k,v,o,ln1,w1,w2,w3,ln2
+// Parameter sizes (elements) in the store's order: embedding, per layer q,k,v,o,ln1,w1,w3,w2,ln2
 // (transformer.cpp's Slot order), ln_final, lm_head; local shapes under tensor parallelism.
 std::vector<double> param_sizes(const Shapes& s);
 

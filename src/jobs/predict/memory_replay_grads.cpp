@@ -1,0 +1,72 @@
+// The replay's gradient provider (memory_replay.h, Grads): a parameter's bucket allocated the
+// first time the backward asks for one of its gradients, and the reduce's staging buffers.
+#include <cmath>
+
+#include "memory_replay.h"
+
+namespace lmscale::jobs::replay {
+
+void Grads::init(const std::vector<double>& sizes, double max_bytes) {
+  const double cap = std::floor(max_bytes / 4);
+  double fill = 0;
+  bucket_of.assign(sizes.size(), -1);
+  bucket_bytes.clear();
+  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
+    const double n = sizes[static_cast<std::size_t>(i)];
+    if (bucket_bytes.empty() || fill + n > cap) {
+      bucket_bytes.push_back(0);
+      fill = 0;
+    }
+    fill += n;
+    bucket_bytes.back() += 4 * n;
+    bucket_of[static_cast<std::size_t>(i)] = static_cast<int>(bucket_bytes.size()) - 1;
+  }
+  held.assign(bucket_bytes.size(), false);
+}
+
+void Grads::ready(int i) {
+  const int j = local.empty() ? i : local[static_cast<std::size_t>(i)];
+  if (j < 0 || group_of.empty() || !staging_armed || counted[static_cast<std::size_t>(j)]) return;
+  counted[static_cast<std::size_t>(j)] = true;
+  const auto g = static_cast<std::size_t>(group_of[static_cast<std::size_t>(j)]);
+  if (--group_pending[g] == 0) sim->alloc(group_stage[g]);
+}
+
+void Grads::touch(int i, bool ready_now) {
+  if (fsdp) {
+    const int u = unit_of_param[static_cast<std::size_t>(i)];
+    if (u >= 0 && full[static_cast<std::size_t>(u)] <= 0)
+      full[static_cast<std::size_t>(u)] = sim->alloc(4 * unit_padded[static_cast<std::size_t>(u)]);
+    return;
+  }
+  const int j = local.empty() ? i : local[static_cast<std::size_t>(i)];
+  if (j < 0) return;   // not on this stage (cannot happen: a stage's backward touches its own)
+  if (ready_now) ready(i);
+  if (!lazy) return;
+  const auto b = static_cast<std::size_t>(bucket_of[static_cast<std::size_t>(j)]);
+  if (held[b]) return;
+  held[b] = true;
+  sim->alloc(bucket_bytes[b]);
+}
+
+void Grads::hold_all() {
+  if (!lazy) return;
+  for (std::size_t b = 0; b < held.size(); ++b) {
+    held[b] = true;
+    sim->alloc(bucket_bytes[b]);
+  }
+}
+
+double Grads::total() const {
+  double t = 0;
+  for (double b : bucket_bytes) t += b;
+  return t;
+}
+
+double Grads::staging_total() const {
+  double t = finish_stage;
+  for (double b : group_stage) t += b;
+  return t;
+}
+
+}  // namespace lmscale::jobs::replay
