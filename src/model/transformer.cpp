@@ -18,19 +18,10 @@ void call(const std::function<void(int)>& hook, int unit) {
   if (hook) hook(unit);
 }
 bool present(const Tensor& t) { return t.defined() && t.numel() > 0; }
-// Matrix i of a [n, rows, cols] tensor as a [rows, cols] view.
-Tensor part(const Tensor& t, std::int64_t i) { return t.slice(i, i + 1).reshape({t.dim(1), t.dim(2)}); }
 // Columns [col0, col0 + cols) of a [rows, ld] tensor as the flat view of the elements they span:
 // (rows - 1)*ld + cols, starting at element col0 (the ops taking a row stride read it so).
 Tensor column_block(const Tensor& t, std::int64_t col0, std::int64_t cols) {
   return t.flat_range(col0, (t.dim(0) - 1) * t.dim(1) + cols);
-}
-// A projection group's input gradient and/or weight gradients: dys is one side-by-side [N, n*R]
-// gradient (q|k|v, w1|w3) or n separate [N,R] ones (the fp8 layers' planes).
-void group_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& dys,
-                    Tensor* dx, const std::vector<Tensor>* dws, bool accumulate) {
-  if (dys.size() == 1 && ws.size() > 1) ops::linear_side_by_side_backward(ctx, x, ws, dys[0], dx, dws, accumulate);
-  else ops::linear_group_backward(ctx, x, ws, dys, dx, dws, accumulate);
 }
 }  // namespace
 
@@ -194,13 +185,12 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
       s.q = column_block(qkv, 0, dl_);
       s.k = column_block(qkv, dl_, dl_);
       s.v = column_block(qkv, 2 * dl_, dl_);
-      s.qkv_ld = 3 * dl_;
       if (fp8_) fp8_linear(ctx, l, Fp8Gemm::qkv, y1, &qkv, s, record_fp8);
       else ops::linear_side_by_side(ctx, y1, {W(p.q), W(p.k), W(p.v)}, qkv);
       Tensor qk = column_block(qkv, 0, 2 * dl_);
       ops::rope(ctx, qk, B, T, 2 * H, Dh, dims_.rope_theta, false, 3 * dl_);
     }
-    auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true).with_qkv_row_stride(s.qkv_ld);
+    auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true).with_qkv_row_stride(3 * dl_);
     shape.deterministic = dims_.deterministic_attention;
     // A recompute under keep_attention finds o and the aux kept from the forward: bitwise what the
     // attention would give again from the same q, k, v, so it is skipped.
@@ -280,20 +270,19 @@ Tensor TransformerLM::grad_for_adding(Context& ctx, int i, bool accumulate) {
   return g;
 }
 
-void TransformerLM::weight_grads(Context& ctx, const ParallelContext& pc, const Tensor& x, std::vector<Tensor> dys,
+void TransformerLM::weight_grads(Context& ctx, const ParallelContext& pc, const Tensor& x, Tensor dy,
                                  std::vector<int> params, bool accumulate, std::vector<WeightGradWork>* defer,
                                  const Tensor& residual) {
   if (defer) {
-    for (Tensor& dy : dys) {
-      if (dy.data() != residual.data()) continue;
+    if (dy.data() == residual.data()) {
       Tensor copy = Tensor::empty(dy.shape(), dy.dtype(), *ctx.allocator, "activation_grads");
       ops::copy(ctx, dy, copy);
       dy = copy;
     }
-    defer->push_back({x, std::move(dys), std::move(params), accumulate});
+    defer->push_back({x, std::move(dy), std::move(params), accumulate});
     return;
   }
-  std::vector<WeightGradWork> now{{x, std::move(dys), std::move(params), accumulate}};
+  std::vector<WeightGradWork> now{{x, std::move(dy), std::move(params), accumulate}};
   backward_weights(ctx, now, pc);
 }
 
@@ -305,8 +294,8 @@ void TransformerLM::backward_weights(Context& ctx, std::vector<WeightGradWork>& 
       ws.push_back(params_.compute_weight(i));
       gs.push_back(params_.grad(i));
     }
-    if (ws.size() == 1) ops::linear_backward(ctx, w.x, ws[0], w.dys[0], nullptr, &gs[0], w.accumulate);
-    else group_backward(ctx, w.x, ws, w.dys, nullptr, &gs, w.accumulate);
+    if (ws.size() == 1) ops::linear_backward(ctx, w.x, ws[0], w.dy, nullptr, &gs[0], w.accumulate);
+    else ops::linear_side_by_side_backward(ctx, w.x, ws, w.dy, nullptr, &gs, w.accumulate);
     for (int i : w.params) notify(pc, i);
     w = WeightGradWork{};   // frees the inputs as the W pass goes
   }
@@ -351,7 +340,7 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     {
       const Tensor dout = tp_g_backward(pc, ctx, dx);   // [N,d]
       ops::linear_backward(ctx, s.g, W(p.w2), dout, &dg, nullptr, accumulate);
-      weight_grads(ctx, pc, s.g, {dout}, {p.w2}, accumulate, defer, dx);
+      weight_grads(ctx, pc, s.g, dout, {p.w2}, accumulate, defer, dx);
     }
     s.g = Tensor();
     // da|db side by side in the rows of one [N, 2F] tensor, in a|b's layout.
@@ -367,23 +356,23 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
     // an FSDP unit; ZeRO-2's buckets may split them: ops::linear_side_by_side_backward's fallback).
     Tensor dy2 = act(d);
     // Deferred (B pass): the input gradient only; the weight gradients wait for the W pass.
-    const std::vector<Tensor> w13 = {W(p.w1), W(p.w3)}, d13 = {dab}, g13 = {G(p.w1), G(p.w3)};
+    const std::vector<Tensor> w13 = {W(p.w1), W(p.w3)}, g13 = {G(p.w1), G(p.w3)};
     if (defer) {
       const Tensor y2 = tp_f(pc, ctx, s.y2);   // sequence parallel: the gathered rows, kept for W
-      group_backward(ctx, y2, w13, d13, &dy2, nullptr, accumulate);
-      weight_grads(ctx, pc, y2, d13, {p.w1, p.w3}, accumulate, defer, dx);
+      ops::linear_side_by_side_backward(ctx, y2, w13, dab, &dy2, nullptr, accumulate);
+      weight_grads(ctx, pc, y2, dab, {p.w1, p.w3}, accumulate, defer, dx);
       if (tp_.active()) dy2 = tp_f_backward(pc, ctx, dy2);   // [Nl,d]
     } else if (!tp_.active()) {
-      group_backward(ctx, s.y2, w13, d13, &dy2, &g13, accumulate);
+      ops::linear_side_by_side_backward(ctx, s.y2, w13, dab, &dy2, &g13, accumulate);
       notify(pc, p.w1);
       notify(pc, p.w3);
     } else {
       // Tensor parallel: the input gradient first, so that its f-backward collective runs while
       // the weight-gradient GEMMs (which do not read it) compute.
       const Tensor y2 = tp_f(pc, ctx, s.y2);   // sequence parallel: gathered again, as Megatron does
-      group_backward(ctx, y2, w13, d13, &dy2, nullptr, accumulate);
+      ops::linear_side_by_side_backward(ctx, y2, w13, dab, &dy2, nullptr, accumulate);
       PendingGrad pending = tp_f_backward_start(pc, ctx, dy2);
-      group_backward(ctx, y2, w13, d13, nullptr, &g13, accumulate);
+      ops::linear_side_by_side_backward(ctx, y2, w13, dab, nullptr, &g13, accumulate);
       notify(pc, p.w1);
       notify(pc, p.w3);
       dy2 = pending.finish();   // [Nl,d]
@@ -400,10 +389,9 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   {
     const Tensor dproj = tp_g_backward(pc, ctx, dx);   // [N,d]
     ops::linear_backward(ctx, s.o, W(p.o), dproj, &dO, nullptr, accumulate);
-    weight_grads(ctx, pc, s.o, {dproj}, {p.o}, accumulate, defer, dx);
+    weight_grads(ctx, pc, s.o, dproj, {p.o}, accumulate, defer, dx);
   }
-  // dq|dk|dv in q|k|v's layout: side by side [N, 3dl], or planes [3,N,dl] (an MoE block under fp8).
-  const bool side_by_side = s.qkv_ld == 3 * dl_;
+  // dq|dk|dv side by side [N, 3dl], in q|k|v's layout.
   const Tensor dqkv = attention_core_backward(ctx, s, dO, B, T);
   dO = Tensor();
   recompute_norm(ctx, s.x, W(p.ln1), s.y1, Nl, d);   // selective: y1 = rmsnorm1(x) again
@@ -411,25 +399,23 @@ void TransformerLM::block_backward(Context& ctx, int l, BlockActivations& s, Ten
   // back (else three, added in the GEMM epilogues); dWq, dWk, dWv one GEMM (or batched).
   Tensor dy1 = act(d);
   const std::vector<Tensor> wqkv = {W(p.q), W(p.k), W(p.v)}, gqkv = {G(p.q), G(p.k), G(p.v)};
-  const std::vector<Tensor> dqkv3 =
-      side_by_side ? std::vector<Tensor>{dqkv} : std::vector<Tensor>{part(dqkv, 0), part(dqkv, 1), part(dqkv, 2)};
   auto notify_qkv = [&] {
     for (int i : {p.q, p.k, p.v}) notify(pc, i);
   };
   if (defer) {
     const Tensor y1 = tp_f(pc, ctx, s.y1);
-    group_backward(ctx, y1, wqkv, dqkv3, &dy1, nullptr, accumulate);
-    weight_grads(ctx, pc, y1, dqkv3, {p.q, p.k, p.v}, accumulate, defer, dx);
+    ops::linear_side_by_side_backward(ctx, y1, wqkv, dqkv, &dy1, nullptr, accumulate);
+    weight_grads(ctx, pc, y1, dqkv, {p.q, p.k, p.v}, accumulate, defer, dx);
     if (tp_.active()) dy1 = tp_f_backward(pc, ctx, dy1);   // [Nl,d]
   } else if (!tp_.active()) {
-    group_backward(ctx, s.y1, wqkv, dqkv3, &dy1, &gqkv, accumulate);
+    ops::linear_side_by_side_backward(ctx, s.y1, wqkv, dqkv, &dy1, &gqkv, accumulate);
     notify_qkv();
   } else {
     // As in the FFN: input gradients, then f backward overlapped with the weight gradients.
     const Tensor y1 = tp_f(pc, ctx, s.y1);
-    group_backward(ctx, y1, wqkv, dqkv3, &dy1, nullptr, accumulate);
+    ops::linear_side_by_side_backward(ctx, y1, wqkv, dqkv, &dy1, nullptr, accumulate);
     PendingGrad pending = tp_f_backward_start(pc, ctx, dy1);
-    group_backward(ctx, y1, wqkv, dqkv3, nullptr, &gqkv, accumulate);
+    ops::linear_side_by_side_backward(ctx, y1, wqkv, dqkv, nullptr, &gqkv, accumulate);
     notify_qkv();
     dy1 = pending.finish();   // [Nl,d]
   }
@@ -443,14 +429,10 @@ Tensor TransformerLM::attention_core_backward(Context& ctx, BlockActivations& s,
                                               std::int64_t T) {
   const std::int64_t N = B * T, H = Hl_, Dh = dims_.head_dim();
   Allocator& A = *ctx.allocator;
-  // dq, dk, dv in q, k, v's layout: column blocks of [N, 3dl], or planes of [3,N,dl] (fp8 layers).
-  const bool side_by_side = s.qkv_ld == 3 * dl_;
-  const Tensor dqkv = side_by_side ? Tensor::empty({N, 3 * dl_}, compute_, A, "activation_grads")
-                                   : Tensor::empty({3, N, dl_}, compute_, A, "activation_grads");
-  Tensor dq = side_by_side ? column_block(dqkv, 0, dl_) : part(dqkv, 0);
-  Tensor dk = side_by_side ? column_block(dqkv, dl_, dl_) : part(dqkv, 1);
-  Tensor dv = side_by_side ? column_block(dqkv, 2 * dl_, dl_) : part(dqkv, 2);
-  auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true).with_qkv_row_stride(s.qkv_ld);
+  // dq, dk, dv in q, k, v's layout: column blocks of one [N, 3dl] tensor.
+  const Tensor dqkv = Tensor::empty({N, 3 * dl_}, compute_, A, "activation_grads");
+  Tensor dq = column_block(dqkv, 0, dl_), dk = column_block(dqkv, dl_, dl_), dv = column_block(dqkv, 2 * dl_, dl_);
+  auto shape = ops::AttentionShape::bthd(B, T, H, Dh, true).with_qkv_row_stride(3 * dl_);
   shape.deterministic = dims_.deterministic_attention;
   if (dims_.flash) {
     ops::attention_flash_backward(ctx, shape, s.q, s.k, s.v, s.o, s.attn_aux, dO, dq, dk, dv);
@@ -465,13 +447,8 @@ Tensor TransformerLM::attention_core_backward(Context& ctx, BlockActivations& s,
   }
   s.attn_aux = Tensor();
   s.o = Tensor();
-  if (side_by_side) {   // dq|dk: the first 2H heads of each [3dl] row
-    Tensor dqk = column_block(dqkv, 0, 2 * dl_);
-    ops::rope(ctx, dqk, B, T, 2 * H, Dh, dims_.rope_theta, true, 3 * dl_);
-  } else {
-    Tensor dqk = dqkv.slice(0, 2).reshape({2 * N, dl_});
-    ops::rope(ctx, dqk, 2 * B, T, H, Dh, dims_.rope_theta, true);
-  }
+  Tensor dqk = column_block(dqkv, 0, 2 * dl_);   // dq|dk: the first 2H heads of each [3dl] row
+  ops::rope(ctx, dqk, B, T, 2 * H, Dh, dims_.rope_theta, true, 3 * dl_);
   return dqkv;
 }
 

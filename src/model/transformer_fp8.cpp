@@ -153,7 +153,6 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
   fp8_linear_backward(ctx, pc, l, Fp8Gemm::o, s, dx, &dO, accumulate);
   // dq|dk|dv side by side [N, 3dl] in q|k|v's layout: the q|k|v layer's dy; dy1 = [dq dk dv]
   // [wq; wk; wv] is its one dx GEMM (inner dimension 3dl).
-  LMSCALE_CHECK(s.qkv_ld == 3 * dl_, "block {}: q, k, v are not side by side (row stride {})", l, s.qkv_ld);
   const Tensor dqkv = attention_core_backward(ctx, s, dO, B, T);
   dO = Tensor();
   s.y1 = Tensor();

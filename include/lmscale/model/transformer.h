@@ -32,12 +32,11 @@ namespace lmscale::model {
 struct BlockActivations {
   Tensor x;                 // block input [N,d]
   Tensor rstd1, y1;         // RMSNorm1: rstd [N], output [N,d]
-  // Projections after RoPE (q, k), each [N,dl] with rows qkv_ld elements apart: column blocks of
-  // one [N, 3*dl] buffer (qkv_ld = 3*dl; q|k|v side by side, one GEMM each way, also the one FP8
-  // layer of precision.mode = fp8). The views cover exactly
-  // (N-1)*qkv_ld + dl elements (docs/architecture.md, "fused projections").
+  // Projections after RoPE (q, k), each [N,dl] with rows 3*dl elements apart: column blocks of
+  // one [N, 3*dl] buffer (q|k|v side by side, one GEMM each way, also the one FP8 layer of
+  // precision.mode = fp8). The views cover exactly (N-1)*3*dl + dl elements
+  // (docs/architecture.md, "fused projections").
   Tensor q, k, v;
-  std::int64_t qkv_ld = 0;
   Tensor attn_aux;          // naive: probs [B,H,T,T]; flash: lse [B,H,T]
   Tensor o;                 // attention output before output_proj [N,d]
   Tensor h;                 // x + attention [N,d]
@@ -53,15 +52,15 @@ struct BlockActivations {
 };
 
 // One weight-gradient product whose input gradient has already run (the zero-bubble pipeline's
-// W pass; parallel/pipeline.h): grad(params[i]) (+)= dys[i]^T x for each i, the products
-// ops::linear_backward / linear_group_backward would have made in the block's backward.
-// x [N,K] is the layer's input (rows gathered under sequence parallelism), dys[i] [N,n], or for a
-// group one side-by-side dys[0] [N, n*R] (q|k|v, w1|w3: ops::linear_side_by_side_backward); the
-// tensors are kept alive (and the residual stream's gradient copied) until the W pass runs.
+// W pass; parallel/pipeline.h): the weight gradients ops::linear_backward (one parameter) or
+// ops::linear_side_by_side_backward (a group: q|k|v, w1|w3) would have made in the block's
+// backward. x [N,K] is the layer's input (rows gathered under sequence parallelism), dy [N, n*R]
+// the output gradient of the n parameters side by side; the tensors are kept alive (and the
+// residual stream's gradient copied) until the W pass runs.
 struct WeightGradWork {
   Tensor x;
-  std::vector<Tensor> dys;
-  std::vector<int> params;   // store indices, one per dy (a group: q, k, v or w1, w3)
+  Tensor dy;
+  std::vector<int> params;   // store indices (a group: q, k, v or w1, w3)
   bool accumulate = true;
 };
 
@@ -210,10 +209,11 @@ class TransformerLM {
   void block_backward(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
                       std::int64_t B, std::int64_t T, bool accumulate, double grad_scale,
                       std::vector<WeightGradWork>* defer = nullptr);
-  // The weight gradients of params (ws' gradients) from input x and output gradients dys: now
-  // (with on_grad_ready), or appended to defer. A dy that shares storage with `residual` (the
-  // residual stream's gradient, which the norms' backward then changes in place) is copied first.
-  void weight_grads(Context& ctx, const ParallelContext& pc, const Tensor& x, std::vector<Tensor> dys,
+  // The weight gradients of params (ws' gradients) from input x and output gradient dy (side by
+  // side for a group): now (with on_grad_ready), or appended to defer. A dy that shares storage
+  // with `residual` (the residual stream's gradient, which the norms' backward then changes in
+  // place) is copied first.
+  void weight_grads(Context& ctx, const ParallelContext& pc, const Tensor& x, Tensor dy,
                     std::vector<int> params, bool accumulate, std::vector<WeightGradWork>* defer,
                     const Tensor& residual);
   // MoE FFN of block l on y2 [N,d] (N = B*T rows, sequences of T): router, dispatch, experts,
