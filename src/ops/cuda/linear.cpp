@@ -26,8 +26,8 @@ std::int64_t equal_spacing(const std::vector<Tensor>& ts) {
   const auto es = static_cast<std::ptrdiff_t>(dtype_size(ts[0].dtype()));
   const std::ptrdiff_t step = static_cast<const char*>(ts[1].data()) - static_cast<const char*>(ts[0].data());
   if (step <= 0 || step % es != 0 || step / es < ts[0].numel()) return 0;
-  // The groups it is for lie in one buffer at most 2 tensors apart (q, k, v back to back; w1 and
-  // w3 around w2). Tensors of different allocations (gradients in separate lazy bucket buffers)
+  // The groups it is for lie in one buffer at most 2 tensors apart (q, k, v and w1, w3 back to
+  // back; equally spaced views in tests and bench-gemm). Tensors of different allocations (gradients in separate lazy bucket buffers)
   // may happen to be spaced evenly, but a strided batch over the gap between two allocations is
   // not one cuBLASLt handles (illegal addresses on 2 H200 with far-apart zero2 buckets): one GEMM
   // each then.
@@ -162,8 +162,8 @@ void linear_columns(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws
   const std::int64_t M = rows(x), K = x.dim(-1), R = ws[0].dim(0), ld = y.dim(-1), sw = equal_spacing(ws);
   LMSCALE_CHECK(K > 0, "linear_side_by_side: K = 0");
   if (M == 0) return;
-  // y_i^T (R x M, ld n*R) = W_i'^T X': one strided batch when the weights are equally spaced (w1
-  // and w3 around w2), C stepping R columns; else one product per weight.
+  // y_i^T (R x M, ld n*R) = W_i'^T X': one strided batch when the weights are equally spaced but
+  // not back to back, C stepping R columns; else one product per weight.
   GemmArgs g;
   g.trans_a = true;
   g.m = R, g.n = M, g.k = K;
