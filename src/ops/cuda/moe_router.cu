@@ -3,8 +3,8 @@
 // backward. One warp per token row, lane l holding experts l, l+32, ... (E <=
 // 1024). The arithmetic is the CPU reference's (src/ops/cpu/moe.cpp) in fp64,
 // in the same order where the order is sequential there (the top-k, the gates'
-// sums, the balance loss's sums over tokens), so the fp32 probabilities and the
-// chosen experts agree with it; sums over experts use warp trees (fp64,
+// sums), so the fp32 probabilities and the chosen experts agree with it; sums
+// over experts, and the balance loss's sums over tokens, use fixed trees (fp64,
 // last-bit differences only).
 #include <climits>
 
@@ -87,25 +87,38 @@ __global__ void sequence_counts_kernel(const int* __restrict__ experts, std::int
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[static_cast<std::int64_t>(blockIdx.x) * E + e] = hist[e];
 }
 
-// One block: pc[b,e] = P_{b,e} c_{b,e} (P summed over the sequence's tokens in
-// token order), the balance term summed over e then over sequences in order,
-// the z-loss as a block sum.
-__global__ void router_losses_kernel(const float* __restrict__ probs, const float* __restrict__ lse,
-                                     const int* __restrict__ counts, std::int64_t B, std::int64_t T, int E, int k,
-                                     double aux_coef, double z_coef, double* __restrict__ pc,
-                                     float* __restrict__ terms) {
+// pc[b,e] = P_{b,e} c_{b,e}: block (e, b) sums expert e's probabilities over
+// sequence b's T tokens (a strided fp64 sum per thread, then a fixed tree over
+// the warps: the same bits every run). One block per (e, b) pair: a single
+// block walking every pair's T tokens in order took 0.26 ms a layer on an H100.
+__global__ void router_balance_kernel(const float* __restrict__ probs, const int* __restrict__ counts,
+                                      std::int64_t T, int E, double* __restrict__ pc) {
   __shared__ double partial[32];
-  for (std::int64_t be = threadIdx.x; be < B * E; be += blockDim.x) {
-    const std::int64_t b = be / E, e = be % E;
-    double P = 0;
-    for (std::int64_t t = 0; t < T; ++t) P += static_cast<double>(probs[(b * T + t) * E + e]);
-    pc[be] = P * static_cast<double>(counts[be]);
+  const int e = static_cast<int>(blockIdx.x);
+  const std::int64_t b = blockIdx.y;
+  double P = 0;
+  for (std::int64_t t = threadIdx.x; t < T; t += blockDim.x) P += static_cast<double>(probs[(b * T + t) * E + e]);
+  P = warp_sum(P);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = P;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) s += partial[w];
+    pc[b * E + e] = s * static_cast<double>(counts[b * E + e]);
   }
+}
+
+// One block: the balance term (pc summed over e, then over sequences, in order)
+// and the z-loss (a block sum of lse^2).
+__global__ void router_terms_kernel(const float* __restrict__ lse, const double* __restrict__ pc, std::int64_t B,
+                                    std::int64_t T, int E, int k, double aux_coef, double z_coef,
+                                    float* __restrict__ terms) {
+  __shared__ double partial[32];
   double z = 0;
   for (std::int64_t n = threadIdx.x; n < B * T; n += blockDim.x) z += static_cast<double>(lse[n]) * lse[n];
   z = warp_sum(z);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = z;
-  __syncthreads();  // also publishes pc to the block
+  __syncthreads();
   if (threadIdx.x == 0) {
     double zs = 0;
     for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) zs += partial[w];
@@ -197,9 +210,13 @@ void moe_router_losses(Context& ctx, const Tensor& probs, const Tensor& lse, con
   Scratch counts(ctx, static_cast<std::size_t>(B * E) * sizeof(int), "moe_plan");
   Scratch pc(ctx, static_cast<std::size_t>(B * E) * sizeof(double), "moe_plan");
   sequence_counts(ctx, experts, T, E, counts.as<int>());
-  router_losses_kernel<<<1, 256, 0, stream(ctx)>>>(
-      probs.data_as<const float>(), lse.data_as<const float>(), counts.as<const int>(), B, T, static_cast<int>(E),
-      static_cast<int>(k), aux_coef, z_coef, pc.as<double>(), terms.data_as<float>());
+  LMSCALE_CHECK(B <= 65535, "ops::moe_router_losses: {} sequences; the CUDA router handles at most 65535", B);
+  router_balance_kernel<<<dim3(static_cast<unsigned>(E), static_cast<unsigned>(B)), 256, 0, stream(ctx)>>>(
+      probs.data_as<const float>(), counts.as<const int>(), T, static_cast<int>(E), pc.as<double>());
+  LMSCALE_CUDA_CHECK_LAUNCH();
+  router_terms_kernel<<<1, 256, 0, stream(ctx)>>>(lse.data_as<const float>(), pc.as<const double>(), B, T,
+                                                   static_cast<int>(E), static_cast<int>(k), aux_coef, z_coef,
+                                                   terms.data_as<float>());
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
