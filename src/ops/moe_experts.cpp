@@ -60,14 +60,21 @@ void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>&
 #else
   (void)how;   // CPUs always loop
 #endif
+  // The experts' rows lie back to back in a, b and g, so the SwiGLU runs once over all of them
+  // (one launch instead of one per expert: elementwise, the same values).
   const std::vector<std::int64_t> at = row_offsets(rows);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];
     if (r1 == r0) continue;
-    Tensor ae = a.slice(r0, r1), be = b.slice(r0, r1), ge = g.slice(r0, r1), ye = y.slice(r0, r1);
+    Tensor ae = a.slice(r0, r1), be = b.slice(r0, r1);
     linear_group(ctx, x.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {ae, be});
-    swiglu(ctx, ae, be, ge);
-    linear(ctx, ge, matrix(W2, e), ye);
+  }
+  if (x.dim(0) > 0) swiglu(ctx, a, b, g);
+  for (std::size_t e = 0; e < rows.size(); ++e) {
+    const std::int64_t r0 = at[e], r1 = at[e + 1];
+    if (r1 == r0) continue;
+    Tensor ye = y.slice(r0, r1);
+    linear(ctx, g.slice(r0, r1), matrix(W2, e), ye);
   }
 }
 
@@ -91,6 +98,8 @@ void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::
 #else
   (void)how;   // CPUs always loop
 #endif
+  // w2's products for every expert, one SwiGLU backward over all rows (as in the forward), then
+  // w1|w3's products: each expert's products are those of the per-expert order, on the same values.
   const std::vector<std::int64_t> at = row_offsets(rows);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];
@@ -100,12 +109,17 @@ void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::
         for (Tensor* t : {&g1, &g2, &g3}) fill(ctx, *t, 0.0);
       continue;
     }
-    const Tensor xe = x.slice(r0, r1), ae = a.slice(r0, r1), be = b.slice(r0, r1), ge = g.slice(r0, r1);
-    Tensor dge = dg.slice(r0, r1), dae = da.slice(r0, r1), dbe = db.slice(r0, r1), dxe = dx.slice(r0, r1);
-    linear_backward(ctx, ge, matrix(W2, e), dy.slice(r0, r1), &dge, &g2, accumulate);
-    swiglu_backward(ctx, ae, be, dge, dae, dbe);
-    const std::vector<Tensor> g13 = {g1, g3};
-    linear_group_backward(ctx, xe, {matrix(W1, e), matrix(W3, e)}, {dae, dbe}, &dxe, &g13, accumulate);
+    Tensor dge = dg.slice(r0, r1);
+    linear_backward(ctx, g.slice(r0, r1), matrix(W2, e), dy.slice(r0, r1), &dge, &g2, accumulate);
+  }
+  if (x.dim(0) > 0) swiglu_backward(ctx, a, b, dg, da, db);
+  for (std::size_t e = 0; e < rows.size(); ++e) {
+    const std::int64_t r0 = at[e], r1 = at[e + 1];
+    if (r1 == r0) continue;
+    Tensor dxe = dx.slice(r0, r1);
+    const std::vector<Tensor> g13 = {matrix(G1, e), matrix(G3, e)};
+    linear_group_backward(ctx, x.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {da.slice(r0, r1), db.slice(r0, r1)},
+                          &dxe, &g13, accumulate);
   }
 }
 
