@@ -56,6 +56,9 @@ def parser():
         _lm_args(p)
     lm["model"].add_argument("--compile", action="store_true", help="torch.compile the model")
     lm["model"].add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    lm["model"].add_argument("--step-only", action="store_true",
+                             help="time the train step only (forward_ms is null): under --compile the no-grad "
+                                  "forward is a second compilation, minutes for xl with --float8")
     lm["model"].add_argument("--float8", action="store_true",
                              help="the blocks' linear layers in FP8 by torchao (tensorwise dynamic scaling; "
                                   "needs torchao and a Hopper GPU; the LM head stays bf16)")

@@ -69,6 +69,12 @@ rec = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 assert rec["mode"] == "model" and rec["d_model"] == 32 and rec["seq"] == 16, rec
 assert rec["step_ms"] > 0 and rec["forward_ms"] > 0 and rec["tokens_per_s"] > 0, rec
 PY
+"$py" bench/torch_peer.py model --device cpu "${shape[@]}" --warmup 1 --iters 2 --step-only > "$outdir/peer_step_only.jsonl"
+"$py" - "$outdir/peer_step_only.jsonl" <<'PY'
+import json, sys
+rec = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+assert rec["forward_ms"] is None and rec["step_ms"] > 0, rec
+PY
 "$py" -c "import numpy as np; np.random.default_rng(5).integers(0, 97, 18).astype(np.uint16).tofile('$outdir/tokens.u16')"
 "$lmscale" ctest/regression/tiny_train.ini --run.output="$outdir/train.h5" --train.steps=1 --train.log_every=1 \
   --train.eval_every=0 --train.batch_size=2 --optim.lr=1e-30 --optim.min_lr=1e-30 --optim.warmup_steps=0 \

@@ -2,6 +2,7 @@
 
 Times the forward alone (no grad) and the full train step (forward, loss, backward, AdamW); eager
 or torch.compile, naive or SDPA attention, fp32 or bf16 autocast. --device cpu runs a smoke test.
+--step-only leaves the forward's timing out (forward_ms null).
 --float8: torchao's float8 training (convert_to_float8_training, its default tensorwise dynamic
 recipe) on the blocks' seven linear layers, the peer of lmscale's precision.mode = fp8 with
 precision.fp8_scaling = current; the LM head stays bf16 as in lmscale.
@@ -37,7 +38,7 @@ def run(a, shape):
         loss.backward()
         opt.step()
 
-    fwd_ms, _ = rt.time_runs(forward, a.warmup, a.iters, dev)
+    fwd_ms = None if a.step_only else rt.time_runs(forward, a.warmup, a.iters, dev)[0]
     rt.reset_peak(dev)
     step_ms, step_min = rt.time_runs(step, a.warmup, a.iters, dev)
     rt.emit("model", size=a.size, d_model=shape.d_model, layers=shape.layers, parameters=shape.parameters(),
