@@ -25,7 +25,7 @@ if [ -z "$DRY_RUN" ]; then
 fi
 XL=(inputs/bench_model_xl_bf16.ini --model.attention=flash)
 PEER_FP8=${PEER_FP8:-}
-PEER_XL=(model --size xl --precision bf16 --attention sdpa --compile --step-only --warmup 5 --iters 10)   # the deck's shape and steps; torch.compile (the peer), the train step only (one compilation)
+PEER_XL=(model --size xl --precision bf16 --attention sdpa --compile --step-only --warmup 5 --iters 10)   # the deck's shape and steps; torch.compile, the train step only (one compilation)
 if [ -n "$PEER_FP8" ] && [ -z "${SKIP_XL:-}" ]; then preflight 1; fi
 
 if [ -z "${SKIP_TEXT:-}" ]; then
