@@ -123,32 +123,9 @@ TEST_F(Blocks, LinearSideBySideBackwardMatchesTheGroupBackward) {
   }
 }
 
-// On CPU the weight gradients have the same bits whether they lie back to back or not (OpenBLAS
-// rounds a row block inside one larger product differently from the block's own product, so the
-// CPU runs the one GEMM per weight): a flat gradient buffer and ZeRO-2's buckets, which may split
-// w1 from w3, must train bitwise alike. fp32 and fp64, shapes of the tests' FFN (R = d_ff 40, K = d_model 16),
-// row counts up to past one OpenBLAS inner block; overwrite, then accumulate.
-TEST_F(Blocks, LinearSideBySideWeightGradientsDoNotDependOnTheirLayout) {
-  const std::int64_t K = 16, R = 40;
-  for (DType t : {DType::f32, DType::f64})
-    for (std::int64_t M : {16, 64, 200, 1500}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " M " << M);
-      Tensor x = randn({M, K}, 3, 1.0, 0.0, t), w = randn({2 * R, K}, 4, 1.0, 0.0, t);
-      Tensor dy = randn({M, 2 * R}, 5, 1.0, 0.0, t);
-      const std::vector<Tensor> ws = rows_of(w, 2);
-      Tensor g = zeros({2 * R, K}, t);
-      std::vector<Tensor> together = rows_of(g, 2), apart = {zeros({R, K}, t), zeros({R, K}, t)};
-      for (bool accumulate : {false, true}) {
-        ops::linear_side_by_side_backward(ctx, x, ws, dy, nullptr, &together, accumulate);
-        ops::linear_side_by_side_backward(ctx, x, ws, dy, nullptr, &apart, accumulate);
-        for (std::size_t i = 0; i < 2; ++i) EXPECT_TRUE(bitwise_equal(together[i], apart[i])) << "weight " << i;
-      }
-    }
-}
-
 // Context::linear_products counts what the ops dispatch: back-to-back weights (and gradients)
-// one product per pass, separate ones one per weight; the CPU's per-weight weight gradients of a
-// back-to-back group count as the one GEMM dispatched.
+// one product per pass, separate ones one per weight (on the CPU as on GPUs: the model's gradient
+// layouts keep a group's gradients back to back, parallel/grad_buckets.h).
 TEST_F(Blocks, LinearSideBySideCountsItsProducts) {
   const std::int64_t M = 5, K = 4, R = 3;
   Tensor x = randn({M, K}, 1), w = randn({3 * R, K}, 2), dy = randn({M, 3 * R}, 3);

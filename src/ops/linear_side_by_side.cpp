@@ -1,7 +1,6 @@
 // ops::linear_side_by_side and its backward: checks, then either one plain linear product over the
 // group's weights viewed as one [n*R, K] matrix (when they lie back to back in memory) or the
-// backend's per-weight products on column blocks (cpu::/cuda::linear_columns*). The CPU backend
-// computes weight gradients per weight in every case (the same bits for any gradient layout).
+// backend's per-weight products on column blocks (cpu::/cuda::linear_columns*).
 #include "checks.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
@@ -94,19 +93,11 @@ void linear_side_by_side_backward(Context& ctx, const Tensor& x, const std::vect
     else columns(dx, nullptr);
   }
   if (dws) {   // [dw0; dw1; ...] (+)= dy^T x: one GEMM when both groups lie back to back
-    // The CPU backend runs that GEMM as one product per weight: OpenBLAS rounds a row block of a
-    // larger product differently from the block's own product, and a CPU run's bits must not
-    // depend on whether its layout keeps the gradients back to back (a flat buffer, an FSDP unit)
-    // or not (ZeRO-2's gradient buckets may put a boundary between w1 and w3). A stacked
-    // temporary would give the bits too, but an allocation the memory replay does not model.
-    if (w.defined() && dw.defined() && !cpu) {
-      linear_backward(ctx, x, w, dy, nullptr, &dw, accumulate_dw);
-    } else if (w.defined() && dw.defined()) {
-      detail::count_products(ctx, 0, 0, 1);   // counted as the one GEMM dispatched (core/context.h)
-      cpu::linear_columns_backward(ctx, x, ws, dy, nullptr, dws, accumulate_dw);
-    } else {
-      columns(nullptr, dws);
-    }
+    // Every gradient layout keeps a group's gradients back to back (gradient buckets never split
+    // one: parallel/grad_buckets.h), so a run's bits do not depend on its layout; OpenBLAS would
+    // round a row block of a larger product differently from the block's own product.
+    if (w.defined() && dw.defined()) linear_backward(ctx, x, w, dy, nullptr, &dw, accumulate_dw);
+    else columns(nullptr, dws);
   }
 }
 

@@ -7,17 +7,22 @@ namespace lmscale::parallel {
 std::vector<GradBucket> gradient_buckets(const std::vector<model::ParamInfo>& params, double max_bytes, std::size_t elem_bytes) {
   std::vector<GradBucket> out;
   const auto cap = static_cast<std::int64_t>(max_bytes / static_cast<double>(elem_bytes));
-  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
-    const auto& p = params[static_cast<std::size_t>(i)];
-    // Reverse order: a bucket grows downwards, so its range is [p.offset, old offset + numel).
-    if (!out.empty() && out.back().numel + p.numel <= cap) {
+  // Reverse order, a group [s, i] of parameters that run one GEMM (ParamInfo::joins_next) at a
+  // time: a bucket grows downwards, so its range is [params[s].offset, old offset + numel).
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0;) {
+    int s = i;
+    std::int64_t numel = params[static_cast<std::size_t>(i)].numel;
+    while (s > 0 && params[static_cast<std::size_t>(s) - 1].joins_next) numel += params[static_cast<std::size_t>(--s)].numel;
+    const std::int64_t offset = params[static_cast<std::size_t>(s)].offset;
+    if (!out.empty() && out.back().numel + numel <= cap) {
       GradBucket& b = out.back();
-      b.first = i;
-      b.offset = p.offset;
-      b.numel += p.numel;
+      b.first = s;
+      b.offset = offset;
+      b.numel += numel;
     } else {
-      out.push_back({i, i, p.offset, p.numel});
+      out.push_back({s, i, offset, numel});
     }
+    i = s - 1;
   }
   return out;
 }

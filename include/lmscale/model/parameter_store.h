@@ -32,6 +32,10 @@ struct ParamInfo {
   std::int64_t numel = 0;
   Kind kind = Kind::linear;
   int layer = -1;           // block index, -1 outside blocks
+  // This parameter and the next run one GEMM side by side (q|k|v, a dense block's w1|w3:
+  // model/param_layout.h), so their gradients must stay back to back in every gradient layout:
+  // gradient buckets never split such a group (parallel/grad_buckets.h).
+  bool joins_next = false;
   // Tensor parallelism (model/tensor_parallel.h): this rank holds rows (split_dim 0) or columns
   // (split_dim 1) [split_begin, split_begin + shape[split_dim]) of the full_shape parameter;
   // split_dim -1: the whole parameter (full_shape == shape, or empty in hand-made infos).

@@ -54,9 +54,8 @@ void linear_side_by_side(Context& ctx, const Tensor& x, const std::vector<Tensor
 //   dws[i] (+)= dy[:, iR:(i+1)R]^T . x     one GEMM when the ws and the dws lie back to back, else
 //                                          one per weight reading its column block (row stride
 //                                          n*R; on CUDA one strided batch where the dws are
-//                                          equally spaced). The CPU runs the one GEMM as one
-//                                          product per weight: the same bits whatever the dws'
-//                                          layout.
+//                                          equally spaced). The model's gradient layouts always
+//                                          keep a group's dws back to back (parallel/grad_buckets.h).
 // dx or dws null: skipped. dws may be fp32 beside bf16/fp16 x (as in linear_backward).
 void linear_side_by_side_backward(Context& ctx, const Tensor& x, const std::vector<Tensor>& ws, const Tensor& dy,
                                   Tensor* dx, const std::vector<Tensor>* dws, bool accumulate_dw);

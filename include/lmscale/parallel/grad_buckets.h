@@ -2,7 +2,9 @@
 // Gradients kept per bucket instead of in one flat buffer (docs/architecture.md §4: a strategy's
 // concern, so it lives in parallel/; the model only sees the store's gradient provider). A bucket is a contiguous range of
 // parameters taken in reverse order (the order the backward finishes them), at most max_bytes
-// unless one parameter is larger. With a LazyGradients installed as the parameter store's
+// unless one parameter (or one group) is larger. A group of parameters that run one GEMM side by
+// side (ParamInfo::joins_next: q|k|v, w1|w3) is never split between buckets, so their gradients
+// lie back to back in every layout and their weight gradient is one product everywhere. With a LazyGradients installed as the parameter store's
 // gradient provider, a bucket's buffer is allocated when the backward first writes one of its
 // gradients -- by then the activations of the layers after it are freed -- and released when the
 // step no longer needs it, so gradients and the full set of activations never coexist.

@@ -151,7 +151,7 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
     const bool lazy = spec.grad_storage() == parallel::GradStorage::lazy_buckets;
     init = replay::store_bytes(cfg, spec, s, P, dp_rank, cuda);
     gr.lazy = lazy;
-    gr.init(sizes, spec.lazy_bucket_bytes());
+    gr.init(sizes, replay::param_joins(s), spec.lazy_bucket_bytes());
     // parallel.grad_exchange = copy-engine: the receive window and its signal flags (one per
     // bucket and rank; two for bucketed DDP), from initialisation on (comm/peer_copy.h). zero2:
     // one slot of the largest shard per other rank; bucketed DDP: per other rank, this rank's

@@ -265,14 +265,17 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
   // follows the units, so each chunk is a contiguous range of the whole model's parameters).
   const Shapes micro = replay::shapes_for(cfg, static_cast<double>(static_cast<std::int64_t>(local) / M), cuda);
   const auto all_sizes = replay::param_sizes(micro);
+  const auto all_joins = replay::param_joins(micro);
   std::vector<Chunk> chunks;
   std::vector<double> sizes;
+  std::vector<bool> joins;
   std::vector<int> local_index(all_sizes.size(), -1);
   for (const auto& u : model::pipeline_chunks(dims, pp, V, stage, pc.stage_layers)) {
     chunks.push_back({u.first_layer(), u.end_layer(dims), u.owns_embedding(), u.owns_head(dims)});
     for (int i = u.first_param(dims); i < u.end_param(dims); ++i) {
       local_index[static_cast<std::size_t>(i)] = static_cast<int>(sizes.size());
       sizes.push_back(all_sizes[static_cast<std::size_t>(i)]);
+      joins.push_back(all_joins[static_cast<std::size_t>(i)]);
     }
   }
   double P = 0;
@@ -291,7 +294,7 @@ MemoryPhases predict_pipeline_phases(const Config& cfg, int world, bool cuda, in
     init = replay::store_bytes(cfg, spec, micro, P, dp_rank, cuda);
     gr.lazy = lazy;
     gr.local = local_index;
-    gr.init(sizes, spec.lazy_bucket_bytes());
+    gr.init(sizes, joins, spec.lazy_bucket_bytes());
     // bf16 gradient reduction: the copies of the stage's buckets (made during the last
     // microbatch's backward), or ddp flat's one copy, made in finish() inside the optimizer phase.
     replay::set_reduce_staging(gr, spec, sizes, P, dp_rank);

@@ -75,6 +75,21 @@ std::vector<double> param_sizes(const Shapes& s) {
   return p;
 }
 
+std::vector<bool> param_joins(const Shapes& s) {
+  std::vector<bool> j{false};
+  for (int l = 0; l < s.L; ++l) {
+    // q, k, v, o, ln1, then (MoE) router, w1, w3, w2 or (dense) w1, w3, w2, then ln2
+    for (bool b : {true, true, false, false, false}) j.push_back(b);
+    const std::vector<bool> ffn = s.is_moe(l) ? std::vector<bool>{false, false, false, false}
+                                              : std::vector<bool>{true, false, false};
+    j.insert(j.end(), ffn.begin(), ffn.end());
+    j.push_back(false);
+  }
+  j.push_back(false);
+  j.push_back(false);
+  return j;
+}
+
 void ffn_inputs(Sim& m, const Shapes& s, Block& b) {
   double g = s.sp ? m.alloc(s.N * s.d * s.e) : 0.0;
   b.a = m.alloc(2 * s.N * s.F * s.e);

@@ -95,6 +95,8 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda);
 // Parameter sizes (elements) in the store's order: embedding, per layer q,k,v,o,ln1,w1,w3,w2,ln2
 // (transformer.cpp's Slot order), ln_final, lm_head; local shapes under tensor parallelism.
 std::vector<double> param_sizes(const Shapes& s);
+// model::ParamInfo::joins_next in the same order: q and k (of q|k|v) and a dense block's w1 (of w1|w3).
+std::vector<bool> param_joins(const Shapes& s);
 
 // The gradient provider: LazyGradients allocates a parameter's bucket (parallel/grad_buckets.h:
 // reverse parameter order, at most bucket_bytes each) the first time the backward asks for one
@@ -108,7 +110,8 @@ struct Grads {
   std::vector<int> bucket_of;
   std::vector<double> bucket_bytes;
   std::vector<bool> held;
-  void init(const std::vector<double>& sizes, double max_bytes);   // sizes in the store's order
+  // sizes in the store's order; joins[i]: parameter i runs one GEMM with i + 1 (param_joins).
+  void init(const std::vector<double>& sizes, const std::vector<bool>& joins, double max_bytes);
   // FSDP (parallel/fsdp.cpp): units 0 = embedding, 1..L = blocks, L+1 = head; each unit's
   // weights gathered (compute dtype, padded to dp shards) ahead of use and released after it, its
   // full-size fp32 gradients allocated at the first gradient and freed once reduce-scattered

@@ -6,20 +6,24 @@
 
 namespace lmscale::jobs::replay {
 
-void Grads::init(const std::vector<double>& sizes, double max_bytes) {
+void Grads::init(const std::vector<double>& sizes, const std::vector<bool>& joins, double max_bytes) {
+  // parallel::gradient_buckets: reverse order, one side-by-side group (joins) at a time.
   const double cap = std::floor(max_bytes / 4);
   double fill = 0;
   bucket_of.assign(sizes.size(), -1);
   bucket_bytes.clear();
-  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
-    const double n = sizes[static_cast<std::size_t>(i)];
+  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0;) {
+    int first = i;
+    double n = sizes[static_cast<std::size_t>(i)];
+    while (first > 0 && joins[static_cast<std::size_t>(first) - 1]) n += sizes[static_cast<std::size_t>(--first)];
     if (bucket_bytes.empty() || fill + n > cap) {
       bucket_bytes.push_back(0);
       fill = 0;
     }
     fill += n;
     bucket_bytes.back() += 4 * n;
-    bucket_of[static_cast<std::size_t>(i)] = static_cast<int>(bucket_bytes.size()) - 1;
+    for (int j = first; j <= i; ++j) bucket_of[static_cast<std::size_t>(j)] = static_cast<int>(bucket_bytes.size()) - 1;
+    i = first - 1;
   }
   held.assign(bucket_bytes.size(), false);
 }
