@@ -19,6 +19,14 @@ __device__ __forceinline__ std::uint32_t stored_abs_bits(float v) {
   return fp8_rule::abs_bits(to_f32(from_f32<T>(v)));
 }
 
+// Stores out[0..8) at p as T (store_chunk) and adds their stored values' abs_bits into m.
+template <class T>
+__device__ __forceinline__ void store_chunk_amax(T* p, const float (&out)[kChunk], std::uint32_t& m) {
+  store_chunk(p, out);
+#pragma unroll
+  for (int e = 0; e < kChunk; ++e) m = max(m, stored_abs_bits<T>(out[e]));
+}
+
 // Adds this block's maximum of `m` into *out (blocks of 1 or 2 dims, a multiple of 32 threads).
 // Every thread of the block calls it; `scratch`: 32 words of shared memory, not otherwise in use
 // at the call. A block whose maximum is 0 issues no atomic.

@@ -21,9 +21,8 @@ __device__ __forceinline__ std::uint8_t to_fp8(float v) {
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, F == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
 }
 
-// This thread's index in its block and the block's count of threads (blocks of 1 or 2 dims).
+// This thread's index in its block (blocks of 1 or 2 dims).
 __device__ __forceinline__ int block_thread() { return threadIdx.x + threadIdx.y * blockDim.x; }
-__device__ __forceinline__ int block_threads() { return blockDim.x * blockDim.y; }
 __device__ __forceinline__ bool first_block() { return blockIdx.x == 0 && blockIdx.y == 0; }
 __device__ __forceinline__ unsigned grid_blocks() { return gridDim.x * gridDim.y; }
 

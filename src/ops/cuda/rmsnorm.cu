@@ -314,14 +314,6 @@ __global__ void rmsnorm_dw_kernel(const float* __restrict__ dw_partial, int bloc
   }
 }
 
-// Stores out[0..8) at p as T (store_chunk) and adds their stored values' abs_bits into m.
-template <class T>
-__device__ __forceinline__ void store_chunk_amax(T* p, const float (&out)[kChunk], std::uint32_t& m) {
-  store_chunk(p, out);
-#pragma unroll
-  for (int e = 0; e < kChunk; ++e) m = max(m, stored_abs_bits<T>(out[e]));
-}
-
 // Runs `body` with W bound to the weight's element type: fp32 or the activations' T.
 template <class T, class F>
 void with_weight_type(DType wt, DType xt, const char* op, F&& body) {
