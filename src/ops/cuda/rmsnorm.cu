@@ -3,6 +3,8 @@
 // T (fp32 master weights with bf16 activations). One block per row in the forward; the backward
 // runs a fixed grid of blocks over rows, each keeping its dw partial sums in shared memory, and a
 // second launch adds the per-block partials in a fixed order: deterministic, no float atomics.
+// An optional amax output (lmscale/ops/ops.h) takes the maximum abs_bits of the stored y or dx,
+// per thread, then per block by an integer atomicMax (amax_reduce.cuh): exact, any order.
 #include <algorithm>
 
 #include "amax_reduce.cuh"
@@ -186,7 +188,7 @@ __global__ void rmsnorm_backward_kernel(const T* __restrict__ x, const W* __rest
       }
     }
   }
-  if (dx_amax) block_amax(m, amax_scratch, dx_amax);   // ends in a barrier: no thread still adds into dw_acc
+  if (dx_amax) block_amax(m, amax_scratch, dx_amax);
   __syncthreads();
   float* out = dw_partial + static_cast<std::int64_t>(blockIdx.x) * d;
   for (int c = threadIdx.x; c < d; c += blockDim.x) out[c] = dw_acc[c];
