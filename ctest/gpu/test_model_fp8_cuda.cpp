@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -65,16 +66,37 @@ std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V,
   return v;
 }
 
-// One forward and backward from weights of seed 5: fp8 (current scaling) or plain.
+// One forward and backward from weights of seed 5: fp8 (current scaling) or plain. producer_amax:
+// Fp8LinearOptions::producer_amax. histories (when given): every FP8 operand's amax history,
+// scale and inverse after the step, as raw bits.
 test::LossAndGrads run(Device device, DType lowp, bool fp8, bool flash, const std::vector<std::int32_t>& tok,
-                       std::int64_t B, std::int64_t T) {
+                       std::int64_t B, std::int64_t T, bool producer_amax = true,
+                       std::vector<std::uint32_t>* histories = nullptr) {
   ops::Runtime rt(device, 0, false);
   const auto d = dims(flash);
   model::ParameterStore ps(d, DType::f32, lowp, rt.allocator());
   ps.init(5, rt.ctx());
   model::TransformerLM m(d, ps);
-  if (fp8) m.enable_fp8(rt.ctx(), ops::Fp8LinearOptions{});
-  return test::forward_backward(rt, m, ps, tok, B, T);
+  ops::Fp8LinearOptions o;
+  o.producer_amax = producer_amax;
+  if (fp8) m.enable_fp8(rt.ctx(), o);
+  test::LossAndGrads r = test::forward_backward(rt, m, ps, tok, B, T);
+  if (fp8 && histories)
+    for (int l = 0; l < d.layers; ++l)
+      for (const model::Fp8Gemm g : model::kFp8BlockGemms) {
+        const ops::Fp8Linear& lin = m.fp8()->at(l, g);
+        for (const ops::Fp8TensorScaling* s : {&lin.x_scaling(), &lin.w_scaling(), &lin.dy_scaling()})
+          for (const Tensor* t : {&s->amax_history(), &s->scale(), &s->inv_scale()}) {
+            Tensor h = Tensor::empty(t->shape(), DType::f32, rt.host());
+            ops::copy(rt.ctx(), *t, h);
+            for (std::int64_t i = 0; i < h.numel(); ++i) {
+              std::uint32_t u;
+              std::memcpy(&u, h.data_as<float>() + i, 4);
+              histories->push_back(u);
+            }
+          }
+      }
+  return r;
 }
 
 comm::MpiEnvironment& mpi_once() {
@@ -106,6 +128,25 @@ TEST_P(ModelFp8Cuda, LossAndGradientsMatchTheCpuEmulation) {
     fp8_vs_bf16 = std::max(fp8_vs_bf16, test::rel_err(gpu.grads, gpu_bf16.grads, p.offset, p.numel));
   }
   EXPECT_GT(fp8_vs_bf16, 1e-3) << "the GPU's fp8 gradients equal its bf16 ones: the FP8 layers did not run";
+}
+
+// Current scaling's producer amaxes (the norms' and SwiGLU's kernels writing their outputs' amaxes,
+// docs/precision.md) against separate amax passes: bitwise the same loss, gradients, amax
+// histories, scales and inverses (an amax is exact, so nothing may move at all).
+TEST_P(ModelFp8Cuda, ProducerAmaxesAreBitwiseTheSeparatePasses) {
+  if (!hopper()) GTEST_SKIP() << "FP8 GEMMs need a Hopper GPU";
+  const bool flash = GetParam();
+  const std::int64_t B = 2, T = 32;
+  for (unsigned seed : {21u, 22u}) {
+    const auto tok = tokens(B, T, 101, seed);
+    std::vector<std::uint32_t> h_passes, h_fused;
+    const auto passes = run(Device::cuda, DType::bf16, true, flash, tok, B, T, false, &h_passes);
+    const auto fused = run(Device::cuda, DType::bf16, true, flash, tok, B, T, true, &h_fused);
+    EXPECT_EQ(fused.loss, passes.loss) << "seed " << seed;
+    EXPECT_EQ(fused.grads, passes.grads) << "seed " << seed;
+    EXPECT_EQ(h_fused, h_passes) << "seed " << seed << ": amax histories or scales differ";
+    EXPECT_FALSE(h_fused.empty());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Attention, ModelFp8Cuda, ::testing::Values(false, true),

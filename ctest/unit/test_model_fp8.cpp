@@ -4,7 +4,8 @@
 // the delayed-scaling histories of none (the recompute replays with the first forward's scales
 // and records nothing); two forwards before their backwards (a pipeline or accumulation
 // schedule) give what forward/backward pairs give, each backward reading its own forward's saved
-// operands.
+// operands; current scaling's producer amaxes (norms and SwiGLU writing their outputs' amaxes) give
+// bitwise what separate amax passes give.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,6 +42,7 @@ struct Outcome {
   std::vector<float> grads;
   std::vector<float> losses;
   std::vector<float> histories;   // every operand's amax history, then its next slot
+  std::vector<float> scales;      // every operand's scale and inverse after the last cast
 };
 
 Tensor batch(Allocator& a, unsigned seed, std::int64_t V) {
@@ -52,7 +54,9 @@ Tensor batch(Allocator& a, unsigned seed, std::int64_t V) {
 
 // Two micro-batches (accumulated), with fp8 (and its recipe) or without; `interleave` = false runs
 // both forwards before the backwards.
-Outcome run(bool flash, bool fp8, ops::Fp8Recipe recipe, model::RecomputePolicy policy, bool interleave = true) {
+// producer_amax: Fp8LinearOptions::producer_amax.
+Outcome run(bool flash, bool fp8, ops::Fp8Recipe recipe, model::RecomputePolicy policy, bool interleave = true,
+            bool producer_amax = true) {
   HostAllocator alloc;
   Context ctx;
   ctx.allocator = &alloc;
@@ -65,6 +69,7 @@ Outcome run(bool flash, bool fp8, ops::Fp8Recipe recipe, model::RecomputePolicy 
   ops::Fp8LinearOptions o;
   o.recipe = recipe;
   o.history = 3;
+  o.producer_amax = producer_amax;
   if (fp8) m.enable_fp8(ctx, o);
   Outcome r;
   const double scale = 1.0 / static_cast<double>(2 * B * T);
@@ -86,6 +91,8 @@ Outcome run(bool flash, bool fp8, ops::Fp8Recipe recipe, model::RecomputePolicy 
           const Tensor& h = s->amax_history();
           r.histories.insert(r.histories.end(), h.data_as<float>(), h.data_as<float>() + h.numel());
           r.histories.push_back(static_cast<float>(s->next_slot()));
+          r.scales.push_back(s->scale().data_as<float>()[0]);
+          r.scales.push_back(s->inv_scale().data_as<float>()[0]);
         }
       }
   return r;
@@ -150,6 +157,31 @@ TEST_P(ModelFp8, EachBackwardReadsItsOwnForwardsOperands) {
   const Outcome forwards_first = run(flash, true, ops::Fp8Recipe::current, {}, false);
   EXPECT_EQ(forwards_first.losses, pairs.losses);
   EXPECT_EQ(forwards_first.grads, pairs.grads);
+}
+
+TEST_P(ModelFp8, ProducerAmaxesAreBitwiseTheSeparatePasses) {
+  // The norms' and SwiGLU's amax outputs replace current scaling's amax passes for the qkv, w13
+  // and w2 inputs and the w13, o and w2 output gradients (w2's from the block above's norm
+  // backward). Every amax history holds the last cast's amax, so a slot written by the wrong
+  // producer, or read before its producer ran, shows in the histories if not in the gradients;
+  // checkpointing's replays (which cast with saved scales) and two forwards before their
+  // backwards must not disturb it.
+  const bool flash = GetParam();
+  for (auto [name, policy] : {std::pair{"none", model::RecomputePolicy{}}, std::pair{"every-2", every(2)},
+                              std::pair{"selective", model::RecomputePolicy::from(Checkpointing::selective, 1)},
+                              std::pair{"selective-mlp", model::RecomputePolicy::from(Checkpointing::selective_mlp, 1)}}) {
+    for (bool interleave : {true, false}) {
+      const std::string what = std::string(name) + (interleave ? "" : ", forwards first");
+      const Outcome passes = run(flash, true, ops::Fp8Recipe::current, policy, interleave, false);
+      const Outcome fused = run(flash, true, ops::Fp8Recipe::current, policy, interleave, true);
+      EXPECT_EQ(fused.losses, passes.losses) << what;
+      EXPECT_EQ(fused.grads, passes.grads) << what;
+      EXPECT_EQ(fused.histories, passes.histories) << what;
+      EXPECT_EQ(fused.scales, passes.scales) << what;
+      for (std::size_t i = 0; i < fused.histories.size(); i += 2)   // [amax, next slot] per operand
+        EXPECT_GT(fused.histories[i], 0.f) << what << ": operand " << i / 2 << " has no amax";
+    }
+  }
 }
 
 TEST(ModelFp8Layers, GroupsReadingOneInputAreOneLayer) {

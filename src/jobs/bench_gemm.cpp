@@ -154,20 +154,51 @@ Timing time_fp8_gemm(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8Linea
   });
 }
 
+// Whether the model's kernel producing this layer's x (grad: its dy) writes the amax, so current
+// scaling runs no amax pass of its own (docs/precision.md, "Amaxes from the producers"): x of
+// q|k|v, w1|w3 and w2 (the norms, SwiGLU); dy of o, w1|w3 and w2 (the norms' and SwiGLU's
+// backwards; w2's except in the last block).
+bool amax_from_producer(const ops::Fp8LinearOptions& opt, const BlockGemm& g, bool grad) {
+  if (opt.recipe != ops::Fp8Recipe::current || !opt.producer_amax) return false;
+  if (grad) return g.layer == "o" || g.layer == "w1w3" || g.layer == "w2";
+  return g.layer == "qkv" || g.layer == "w1w3" || g.layer == "w2";
+}
+
 // fp8 with the operand casts: the layer's own calls (ops::Fp8Linear), as the model makes them
-// (model/transformer_fp8.cpp).
+// (model/transformer_fp8.cpp). An operand whose amax a producer writes in the model has it
+// written once here before the timing (its cost is the producer's, outside this layer) and each
+// timed call casts from it.
 Timing time_fp8_casts(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8LinearOptions& opt, const BlockGemm& g,
                       LayerOperands& o) {
   Context& ctx = rt.ctx();
   Fp8Operands p = fp8_operands(g, o);
   ops::Fp8Linear lin(ctx, opt);
   ops::Fp8LinearSaved saved;
-  auto forward = [&] { saved = lin.forward(ctx, o.x, p.w, p.y); };
+  const bool x_given = amax_from_producer(opt, g, false), dy_given = amax_from_producer(opt, g, true);
+  if (x_given) {
+    Tensor slot = lin.x_producer_amax();
+    ops::amax(ctx, o.x, slot);
+  }
+  if (dy_given) {
+    Tensor slot = lin.dy_producer_amax();
+    ops::amax(ctx, p.dy, slot);
+  }
+  const auto x_amax = x_given ? ops::Fp8Amax::from_producer : ops::Fp8Amax::measure;
+  const auto dy_amax = dy_given ? ops::Fp8Amax::from_producer : ops::Fp8Amax::measure;
+  // The cast from a producer amax leaves the slot as it is: re-handing it out (host only) lets
+  // every timed call read it again.
+  auto forward = [&] {
+    if (x_given) lin.x_producer_amax();
+    saved = lin.forward(ctx, lin.quantize_input(ctx, o.x, true, x_amax), p.w, p.y);
+  };
   if (g.pass == GemmPass::forward) return time_runs(rt, b, forward);
   forward();   // the saved operands the backward reads
-  if (g.pass == GemmPass::data_grad)
-    return time_runs(rt, b, [&] { lin.backward(ctx, saved, p.dy, &o.dx, nullptr, false); });
-  return time_runs(rt, b, [&] { lin.backward(ctx, saved, p.dy, nullptr, &p.dw, false); });
+  auto backward = [&](Tensor* dx, Tensor* dw) {
+    if (dy_given) lin.dy_producer_amax();
+    lin.backward(ctx, saved, p.dy, dx, dw, false, dy_amax);
+  };
+  if (g.pass == GemmPass::data_grad) return time_runs(rt, b, [&] { backward(&o.dx, nullptr); });
+  return time_runs(rt, b, [&] { backward(nullptr, &p.dw); });
 }
 
 DType compute_dtype(GemmPrecision p, bool cuda) {

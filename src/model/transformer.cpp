@@ -175,7 +175,8 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     NvtxRange r("attention_block");
     s.rstd1 = Tensor::empty({Nl}, stats_, A, "activations");
     s.y1 = act_local(d);
-    ops::rmsnorm(ctx, x, W(p.ln1), dims_.norm_eps, s.y1, s.rstd1);
+    Fp8ProducerAmax y1_amax = fp8_input_amax(l, Fp8Gemm::qkv, s);   // the qkv layer's x is y1
+    ops::rmsnorm(ctx, x, W(p.ln1), dims_.norm_eps, s.y1, s.rstd1, y1_amax.out());
     {
       const Tensor y1 = tp_f(pc, ctx, s.y1);   // [N,d]; gathered rows are dropped after the matmuls
       // q|k|v side by side in the rows of one [N, 3*dl] tensor: one GEMM against the three
@@ -185,7 +186,7 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
       s.q = column_block(qkv, 0, dl_);
       s.k = column_block(qkv, dl_, dl_);
       s.v = column_block(qkv, 2 * dl_, dl_);
-      if (fp8_) fp8_linear(ctx, l, Fp8Gemm::qkv, y1, &qkv, s, record_fp8);
+      if (fp8_) fp8_linear(ctx, l, Fp8Gemm::qkv, y1, &qkv, s, record_fp8, y1_amax.source());
       else ops::linear_side_by_side(ctx, y1, {W(p.q), W(p.k), W(p.v)}, qkv);
       Tensor qk = column_block(qkv, 0, 2 * dl_);
       ops::rope(ctx, qk, B, T, 2 * H, Dh, dims_.rope_theta, false, 3 * dl_);
@@ -213,7 +214,9 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   NvtxRange r("ffn_block");
   s.rstd2 = Tensor::empty({Nl}, stats_, A, "activations");
   s.y2 = act_local(d);
-  ops::add_rmsnorm(ctx, x, proj, W(p.ln2), dims_.norm_eps, s.h, s.y2, s.rstd2);   // h = x + proj, y2 = rmsnorm2(h)
+  // h = x + proj, y2 = rmsnorm2(h); y2 is the w13 layer's x (MoE blocks have no FP8 layers).
+  Fp8ProducerAmax y2_amax = dims_.is_moe_block(l) ? Fp8ProducerAmax{} : fp8_input_amax(l, Fp8Gemm::w13, s);
+  ops::add_rmsnorm(ctx, x, proj, W(p.ln2), dims_.norm_eps, s.h, s.y2, s.rstd2, y2_amax.out());
   proj = Tensor();
   if (dims_.is_moe_block(l)) {   // the experts behind the router (transformer_moe.cpp)
     Tensor out = moe_ffn_forward(ctx, l, T, s.y2, s, pc);
@@ -221,15 +224,16 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     ops::add(ctx, s.h, out, out);
     return out;
   }
-  ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l, record_fp8);
+  ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l, record_fp8, y2_amax.source());
   s.g = act(F);
-  ops::swiglu_rows(ctx, s.a, s.b, s.g.dim(0), F, 2 * F, s.g);
+  Fp8ProducerAmax g_amax = fp8_input_amax(l, Fp8Gemm::w2, s);   // the w2 layer's x is g
+  ops::swiglu_rows(ctx, s.a, s.b, s.g.dim(0), F, 2 * F, s.g, g_amax.out());
   if (!need_output) {   // a recompute's last block: its output is not needed again
-    if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, nullptr, s, record_fp8);   // w2's operands only
+    if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, nullptr, s, record_fp8, g_amax.source());   // operands only
     return Tensor();
   }
   Tensor out = act(d);
-  if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, &out, s, record_fp8);
+  if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, &out, s, record_fp8, g_amax.source());
   else ops::linear(ctx, s.g, W(p.w2), out);   // row-parallel partial sum
   out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);
@@ -243,7 +247,8 @@ BlockParams TransformerLM::block_params(int l) const {
           .w2 = at(f.w2), .ln2 = at(f.ln2), .router = f.router >= 0 ? at(f.router) : -1};
 }
 
-void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8) {
+void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8,
+                               ops::Fp8Amax y2_amax) {
   // a = w1 y2 and b = w3 y2 [N,Fl]: column blocks of one [N, 2Fl] tensor (a|b side by side, row
   // stride 2Fl; one GEMM against [W1; W3], which the store holds back to back, a tensor-parallel
   // rank's slices too; under fp8 one FP8 layer over [2Fl, d]).
@@ -252,7 +257,7 @@ void TransformerLM::ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& 
   Tensor ab = Tensor::empty({N, 2 * Fl_}, compute_, *ctx.allocator, "activations");
   s.a = column_block(ab, 0, Fl_);
   s.b = column_block(ab, Fl_, Fl_);
-  if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w13, y2, &ab, s, record_fp8);
+  if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w13, y2, &ab, s, record_fp8, y2_amax);
   else ops::linear_side_by_side(ctx, y2, {params_.compute_weight(p.w1), params_.compute_weight(p.w3)}, ab);
 }
 

@@ -77,15 +77,36 @@ ops::Fp8Weight TransformerLM::fp8_group_weight_quantised(int layer, Fp8Gemm g) c
   return {q, ws[0].amax, ws[0].scale, ws[0].inv};
 }
 
+Fp8ProducerAmax TransformerLM::fp8_input_amax(int layer, Fp8Gemm g, const BlockActivations& s) {
+  if (!fp8_ || fp8_->options().recipe != ops::Fp8Recipe::current || !fp8_->options().producer_amax) return {};
+  if (s.fp8[static_cast<std::size_t>(g)].scales.defined()) return {};   // a replay casts with saved scales
+  return {fp8_->at(layer, g).x_producer_amax()};
+}
+
+Fp8ProducerAmax TransformerLM::fp8_grad_amax(int layer, Fp8Gemm g) {
+  if (!fp8_ || fp8_->options().recipe != ops::Fp8Recipe::current || !fp8_->options().producer_amax) return {};
+  return {fp8_->at(layer, g).dy_producer_amax()};
+}
+
+bool TransformerLM::fp8_w2_grad_amax_from_above(int layer) const {
+  // blocks_backward runs block l + 1's backward, then (after hooks and a recompute's replays,
+  // which leave the residual gradient dx and the dy slots alone) block l's, whose w2 layer reads
+  // dx first. The top block's dx comes from the head (or another stage): measured.
+  return fp8_ && fp8_->options().recipe == ops::Fp8Recipe::current && fp8_->options().producer_amax &&
+         layer >= fp8_->first_layer() && layer + 1 < fp8_->end_layer();
+}
+
 void TransformerLM::fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor& x, Tensor* y, BlockActivations& s,
-                               bool record) {
+                               bool record, ops::Fp8Amax x_amax) {
   ops::Fp8Linear& lin = fp8_->at(layer, g);
   ops::Fp8LinearSaved& saved = saved_of(s, g);
   const bool replay = saved.scales.defined();   // a recompute: the first forward's scales again
   LMSCALE_CHECK(replay || y, "fp8_linear: a first forward of block {} layer {} needs its output", layer,
                 fp8_gemm_name(g));
+  LMSCALE_CHECK(!replay || x_amax == ops::Fp8Amax::measure, "fp8_linear: a replay of block {} layer {} has no amax",
+                layer, fp8_gemm_name(g));
   const ops::Fp8Input xq = replay ? lin.replay_input(ctx, saved.scales, x, y != nullptr)
-                                  : lin.quantize_input(ctx, x, record);
+                                  : lin.quantize_input(ctx, x, record, x_amax);
   // fsdp's FP8 gathers hand the weights out quantised, bitwise the cast below would make.
   const bool quantised = params_.compute_weight(fp8_gemm_params(block_params(layer), g)[0]).dtype() == DType::e4m3;
   if (quantised) {
@@ -98,7 +119,8 @@ void TransformerLM::fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor&
 }
 
 void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g,
-                                        BlockActivations& s, const Tensor& dy, Tensor* dx, bool accumulate) {
+                                        BlockActivations& s, const Tensor& dy, Tensor* dx, bool accumulate,
+                                        ops::Fp8Amax dy_amax) {
   ops::Fp8LinearSaved& saved = saved_of(s, g);
   LMSCALE_CHECK(saved.has_operands(), "block {} layer {}: the FP8 backward found no saved operands", layer,
                 fp8_gemm_name(g));
@@ -108,7 +130,7 @@ void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc,
   std::vector<Tensor> grads;
   for (int i : ps) grads.push_back(params_.grad(i));
   const Tensor one = rows_back_to_back(grads);
-  fp8_->at(layer, g).backward(ctx, saved, dy, dx, one.defined() ? std::vector<Tensor>{one} : grads, accumulate);
+  fp8_->at(layer, g).backward(ctx, saved, dy, dx, one.defined() ? std::vector<Tensor>{one} : grads, accumulate, dy_amax);
   for (int i : ps) notify(pc, i);
   saved = ops::Fp8LinearSaved{};
 }
@@ -123,6 +145,7 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
   const BlockParams p = block_params(l);
   auto W = [&](int i) { return params_.compute_weight(i); };
   auto act = [&](std::int64_t cols) { return Tensor::empty({N, cols}, compute_, A, "activation_grads"); };
+  Fp8ProducerAmax o_dy_amax;   // written by the FFN norm's backward below
   {
     NvtxRange r("ffn_block_backward");
     if (!s.a.defined() || s.a.numel() == 0) {   // selective-mlp: y2, then a and b replayed with their scales
@@ -131,26 +154,30 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
     }
     s.g = Tensor();   // w2's backward reads its saved g^T
     Tensor dg = act(F);
-    fp8_linear_backward(ctx, pc, l, Fp8Gemm::w2, s, dx, &dg, accumulate);
+    // dx, the w2 layer's dy: its amax written by block l + 1's last norm backward where that ran.
+    const ops::Fp8Amax dx_amax = fp8_w2_grad_amax_from_above(l) ? ops::Fp8Amax::from_producer : ops::Fp8Amax::measure;
+    fp8_linear_backward(ctx, pc, l, Fp8Gemm::w2, s, dx, &dg, accumulate, dx_amax);
     // da|db side by side [N, 2F] in a|b's layout: the w1|w3 layer's dy; dy2 = [da db] [w1; w3]
     // is its one dx GEMM (inner dimension 2F). dab lives to the end of the FFN's backward.
     const Tensor dab = Tensor::empty({N, 2 * F}, compute_, A, "activation_grads");
     Tensor da = column_block(dab, 0, F), db = column_block(dab, F, F);
-    ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, 2 * F, dg, da, db);
+    Fp8ProducerAmax dab_amax = fp8_grad_amax(l, Fp8Gemm::w13);
+    ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, 2 * F, dg, da, db, dab_amax.out());
     dg = Tensor();
     s.a = Tensor();
     s.b = Tensor();
     s.y2 = Tensor();
     Tensor dy2 = act(d);
-    fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab, &dy2, accumulate);
+    fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab, &dy2, accumulate, dab_amax.source());
     Tensor gLn2 = grad_for_adding(ctx, p.ln2, accumulate);
-    norm_backward(pc, ctx, s.h, W(p.ln2), s.rstd2, dy2, dx, gLn2, true);   // dx += d(h) through the norm
+    o_dy_amax = fp8_grad_amax(l, Fp8Gemm::o);   // dx after the norm's add is the o layer's dy
+    norm_backward(pc, ctx, s.h, W(p.ln2), s.rstd2, dy2, dx, gLn2, true, o_dy_amax.out());   // dx += d(h)
     notify(pc, p.ln2);
     s.h = Tensor();
   }
   NvtxRange r("attention_block_backward");
   Tensor dO = act(dl_);
-  fp8_linear_backward(ctx, pc, l, Fp8Gemm::o, s, dx, &dO, accumulate);
+  fp8_linear_backward(ctx, pc, l, Fp8Gemm::o, s, dx, &dO, accumulate, o_dy_amax.source());
   // dq|dk|dv side by side [N, 3dl] in q|k|v's layout: the q|k|v layer's dy; dy1 = [dq dk dv]
   // [wq; wk; wv] is its one dx GEMM (inner dimension 3dl).
   const Tensor dqkv = attention_core_backward(ctx, s, dO, B, T);
@@ -159,7 +186,9 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
   Tensor dy1 = act(d);
   fp8_linear_backward(ctx, pc, l, Fp8Gemm::qkv, s, dqkv, &dy1, accumulate);
   Tensor gLn1 = grad_for_adding(ctx, p.ln1, accumulate);
-  norm_backward(pc, ctx, s.x, W(p.ln1), s.rstd1, dy1, dx, gLn1, true);   // dx += d(x) through the norm
+  // dx += d(x) through the norm: block l - 1's w2 layer reads this dx first (its dy).
+  Fp8ProducerAmax below_amax = fp8_w2_grad_amax_from_above(l - 1) ? fp8_grad_amax(l - 1, Fp8Gemm::w2) : Fp8ProducerAmax{};
+  norm_backward(pc, ctx, s.x, W(p.ln1), s.rstd1, dy1, dx, gLn1, true, below_amax.out());
   notify(pc, p.ln1);
   s = BlockActivations{};
 }

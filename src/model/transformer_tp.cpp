@@ -84,8 +84,10 @@ Tensor TransformerLM::tp_g_backward(const ParallelContext& pc, Context& ctx, con
 }
 
 void TransformerLM::norm_backward(const ParallelContext& pc, Context& ctx, const Tensor& x, const Tensor& w,
-                                  const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dx) {
-  if (!tp_.sequence_sharded()) return ops::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw, accumulate_dx);
+                                  const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dx,
+                                  Tensor* dx_amax) {
+  if (!tp_.sequence_sharded()) return ops::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw, accumulate_dx, dx_amax);
+  LMSCALE_CHECK(!dx_amax, "norm_backward: no producer amax under sequence parallelism (fp8 refuses tensor parallelism)");
   // Each rank saw only its rows: the weight gradient of this call [d] is a partial sum. It is
   // summed over tp here, per call, rather than once per step, so that gradient accumulation and
   // every data-parallel strategy see the same full gradient as without sequence parallelism

@@ -58,6 +58,12 @@ inline void check_same_dtype(const char* op, const char* name_a, const Tensor& a
                 dtype_name(b.dtype()));
 }
 
+// An optional producer amax (ops.h): one fp32 element when given.
+inline void check_amax_out(const char* op, const char* name, const Tensor* t) {
+  LMSCALE_CHECK(!t || (t->dtype() == DType::f32 && t->numel() == 1), "{}: '{}' must be one fp32 element, is {} {}",
+                op, name, t ? dtype_name(t->dtype()) : "", t ? shape_str(t->shape()) : "");
+}
+
 // The dtype of fp32-or-better statistics (rstd, loss, lse) kept for a tensor of dtype t.
 inline DType stats_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 

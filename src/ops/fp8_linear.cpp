@@ -21,12 +21,12 @@ struct Quantized {
 };
 // The cast: under the operand's scaling (scaling set), or with a given scale (a replay).
 Quantized quantize(Context& ctx, Fp8TensorScaling* s, const Tensor* scale, Fp8Format format, const Tensor& t,
-                   bool keep_direct, bool record = true) {
+                   bool keep_direct, bool record = true, Fp8Amax amax = Fp8Amax::measure) {
   const Tensor m = as_matrix(t);
   Tensor q = keep_direct ? Tensor::empty(m.shape(), fp8_dtype(format), *ctx.allocator, "fp8_operand") : Tensor();
   Tensor qt = Tensor::empty({m.dim(1), m.dim(0)}, fp8_dtype(format), *ctx.allocator, "fp8_operand_t");
   Tensor* direct = keep_direct ? &q : nullptr;
-  if (s) s->quantize(ctx, m, direct, &qt, record);
+  if (s) s->quantize(ctx, m, direct, &qt, record, amax);
   else cast_transpose_fp8(ctx, m, *scale, direct, &qt);
   return {q, qt};
 }
@@ -50,8 +50,8 @@ Fp8Linear::Fp8Linear(Context& ctx, const Fp8LinearOptions& o)
       w_(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin),
       dy_(ctx, o.grad_format, o.recipe, o.history, o.margin) {}
 
-Fp8Input Fp8Linear::quantize_input(Context& ctx, const Tensor& x, bool record) {
-  const Quantized xq = quantize(ctx, &x_, nullptr, x_.format(), x, true, record);
+Fp8Input Fp8Linear::quantize_input(Context& ctx, const Tensor& x, bool record, Fp8Amax amax) {
+  const Quantized xq = quantize(ctx, &x_, nullptr, x_.format(), x, true, record, amax);
   return {xq.q, xq.qt, x_.scale(), x_.inv_scale()};
 }
 
@@ -147,16 +147,16 @@ Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Fp8In
 }
 
 void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, Tensor* dw,
-                         bool accumulate_dw) {
-  backward(ctx, saved, dy, dx, dw ? std::vector<Tensor>{*dw} : std::vector<Tensor>{}, accumulate_dw);
+                         bool accumulate_dw, Fp8Amax dy_amax) {
+  backward(ctx, saved, dy, dx, dw ? std::vector<Tensor>{*dw} : std::vector<Tensor>{}, accumulate_dw, dy_amax);
 }
 
 void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx,
-                         const std::vector<Tensor>& dws, bool accumulate_dw) {
+                         const std::vector<Tensor>& dws, bool accumulate_dw, Fp8Amax dy_amax) {
   if (!dx && dws.empty()) return;
   LMSCALE_CHECK(dy.dim(-1) == saved.wt_q.dim(1), "Fp8Linear::backward: dy {} does not match the weight's {} outputs",
                 shape_str(dy.shape()), saved.wt_q.dim(1));
-  const Quantized dyq = quantize(ctx, &dy_, nullptr, dy_.format(), dy, dx != nullptr);
+  const Quantized dyq = quantize(ctx, &dy_, nullptr, dy_.format(), dy, dx != nullptr, true, dy_amax);
   if (dx) {
     Tensor dx2 = as_matrix(*dx);
     linear_fp8(ctx, dyq.q, dy_.inv_scale(), saved.wt_q, saved.w_inv(), dx2, false);   // dy . (w^T)^T

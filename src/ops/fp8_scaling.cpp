@@ -27,10 +27,29 @@ void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor& out, bool
   quantize(ctx, x, &out, nullptr, record);
 }
 
-void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor* out, Tensor* out_t, bool record) {
+Tensor Fp8TensorScaling::producer_amax() {
+  LMSCALE_CHECK(recipe_ == Fp8Recipe::current,
+                "Fp8TensorScaling::producer_amax: current scaling only (delayed scaling records its amax in the cast)");
+  producer_armed_ = true;
+  return history_;
+}
+
+void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor* out, Tensor* out_t, bool record, Fp8Amax amax) {
   for (const Tensor* o : {out, out_t})
     LMSCALE_CHECK(!o || o->dtype() == fp8_dtype(format_), "Fp8TensorScaling::quantize: out is {}, the scaling is for {}",
                   dtype_name(o->dtype()), dtype_name(fp8_dtype(format_)));
+  if (amax == Fp8Amax::from_producer) {
+    LMSCALE_CHECK(recipe_ == Fp8Recipe::current && producer_armed_,
+                  "Fp8TensorScaling::quantize: a producer amax needs current scaling and producer_amax() handed out "
+                  "before x was made");
+    producer_armed_ = false;
+    // The history's one entry is x's amax: the cast sets the scale from it (fp8_update_scale's
+    // rule: kept when the amax is 0, inf or NaN) and records nothing.
+    const Fp8HistoryUpdate update{history_, -1, format_, margin_, inv_scale_, work_};
+    cast_transpose_fp8(ctx, x, scale_, out, out_t, &update);
+    return;
+  }
+  producer_armed_ = false;
   if (recipe_ == Fp8Recipe::current) {   // the amax pass updates the scale, then the cast reads it
     fp8_amax_update_scale(ctx, x, history_, 0, format_, margin_, scale_, inv_scale_, work_);
     cast_transpose_fp8(ctx, x, scale_, out, out_t);

@@ -22,26 +22,29 @@ void check_norm_operands(const char* op, const Tensor& x, const Tensor& w, const
 
 }  // namespace
 
-void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd, Tensor* y_amax) {
   constexpr const char* op = "ops::rmsnorm";
-  const Device dev = detail::common_device(op, {{"x", &x}, {"w", &w}, {"y", &y}, {"rstd", &rstd}});
+  const Device dev =
+      detail::common_device(op, {{"x", &x}, {"w", &w}, {"y", &y}, {"rstd", &rstd}, {"y_amax", y_amax}});
+  detail::check_amax_out(op, "y_amax", y_amax);
   check_norm_operands(op, x, w, rstd);
   detail::check_shape(op, "y", y, x.shape());
   detail::check_floating(op, "y", y);
   LMSCALE_CHECK(eps >= 0, "{}: eps must be >= 0, got {}", op, eps);
-  if (dev == Device::cpu) return cpu::rmsnorm(ctx, x, w, eps, y, rstd);
+  if (dev == Device::cpu) return cpu::rmsnorm(ctx, x, w, eps, y, rstd, y_amax);
 #ifdef LMSCALE_WITH_CUDA
-  return cuda::rmsnorm(ctx, x, w, eps, y, rstd);
+  return cuda::rmsnorm(ctx, x, w, eps, y, rstd, y_amax);
 #else
   detail::no_cuda_build(op);
 #endif
 }
 
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor& dw, bool accumulate_dx) {
+                      Tensor& dx, Tensor& dw, bool accumulate_dx, Tensor* dx_amax) {
   constexpr const char* op = "ops::rmsnorm_backward";
   const Device dev = detail::common_device(
-      op, {{"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}});
+      op, {{"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}, {"dx_amax", dx_amax}});
+  detail::check_amax_out(op, "dx_amax", dx_amax);
   check_norm_operands(op, x, w, rstd);
   detail::check_shape(op, "dy", dy, x.shape());
   detail::check_shape(op, "dx", dx, x.shape());
@@ -49,19 +52,20 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
   detail::check_floating(op, "dy", dy);
   detail::check_floating(op, "dx", dx);
   detail::check_floating(op, "dw", dw);
-  if (dev == Device::cpu) return cpu::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw, accumulate_dx);
+  if (dev == Device::cpu) return cpu::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw, accumulate_dx, dx_amax);
 #ifdef LMSCALE_WITH_CUDA
-  return cuda::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw, accumulate_dx);
+  return cuda::rmsnorm_backward(ctx, x, w, rstd, dy, dx, dw, accumulate_dx, dx_amax);
 #else
   detail::no_cuda_build(op);
 #endif
 }
 
 void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& sum, Tensor& y,
-                 Tensor& rstd) {
+                 Tensor& rstd, Tensor* y_amax) {
   constexpr const char* op = "ops::add_rmsnorm";
   const Device dev = detail::common_device(
-      op, {{"a", &a}, {"b", &b}, {"w", &w}, {"sum", &sum}, {"y", &y}, {"rstd", &rstd}});
+      op, {{"a", &a}, {"b", &b}, {"w", &w}, {"sum", &sum}, {"y", &y}, {"rstd", &rstd}, {"y_amax", y_amax}});
+  detail::check_amax_out(op, "y_amax", y_amax);
   check_norm_operands(op, a, w, rstd);
   detail::check_shape(op, "b", b, a.shape());
   detail::check_shape(op, "sum", sum, a.shape());
@@ -72,10 +76,10 @@ void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w
   LMSCALE_CHECK(eps >= 0, "{}: eps must be >= 0, got {}", op, eps);
   if (dev == Device::cpu) {   // the composition itself: the reference the CUDA kernel is held to
     cpu::add(ctx, a, b, sum);
-    return cpu::rmsnorm(ctx, sum, w, eps, y, rstd);
+    return cpu::rmsnorm(ctx, sum, w, eps, y, rstd, y_amax);
   }
 #ifdef LMSCALE_WITH_CUDA
-  return cuda::add_rmsnorm(ctx, a, b, w, eps, sum, y, rstd);
+  return cuda::add_rmsnorm(ctx, a, b, w, eps, sum, y, rstd, y_amax);
 #else
   detail::no_cuda_build(op);
 #endif

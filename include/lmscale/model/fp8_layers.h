@@ -38,6 +38,16 @@ void check_fp8_groups_back_to_back(const BlockParams& p, int layer);
 // layer of kFp8BlockGemms), for fsdp's FP8 weight gathers (parallel/fsdp_fp8_gather.h).
 std::vector<std::vector<int>> fp8_weight_groups(const BlockParams& p);
 
+// Where the op producing an FP8 layer's input (or output gradient) writes that tensor's amax
+// (ops::Fp8Linear::x_producer_amax / dy_producer_amax), or nothing when the layer measures it
+// (docs/precision.md, "Amaxes from the producers"). Pass out() to the producing op and source()
+// to the quantising call.
+struct Fp8ProducerAmax {
+  Tensor slot;   // [1] fp32 on the device, or undefined
+  Tensor* out() { return slot.defined() ? &slot : nullptr; }
+  ops::Fp8Amax source() const { return slot.defined() ? ops::Fp8Amax::from_producer : ops::Fp8Amax::measure; }
+};
+
 // The deck's precision.fp8_* keys as the layers' options.
 ops::Fp8LinearOptions fp8_options(const PrecisionConfig& p);
 

@@ -235,7 +235,18 @@ class TransformerLM {
   // touched). A null y: only the saved operands (a recompute whose output is not needed). A
   // weight the store hands out in fp8_e4m3 (fsdp's FP8 gathers) is used as it is, with its scales
   // (ParameterStore::fp8_weight), instead of cast.
-  void fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor& x, Tensor* y, BlockActivations& s, bool record);
+  // x_amax: from_producer when x's producer wrote its amax (fp8_input_amax).
+  void fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor& x, Tensor* y, BlockActivations& s, bool record,
+                  ops::Fp8Amax x_amax = ops::Fp8Amax::measure);
+  // The slot for the amax of block l's FP8 layer g's input, for the op that makes the input: given
+  // under current scaling with producer amaxes (Fp8LinearOptions::producer_amax) in a first
+  // forward; none for a replay (it casts with saved scales) or without FP8.
+  Fp8ProducerAmax fp8_input_amax(int layer, Fp8Gemm g, const BlockActivations& s);
+  // The same for layer g's output gradient dy (its backward's operand).
+  Fp8ProducerAmax fp8_grad_amax(int layer, Fp8Gemm g);
+  // Whether block l's w2 layer finds its dy's amax written by block l + 1's last norm backward
+  // (the residual gradient between the two blocks): both blocks in this model, producer amaxes on.
+  bool fp8_w2_grad_amax_from_above(int layer) const;
   // Layer g's weight [sum R_i, K]: a view of its parameters' working copies, which every store
   // layout holds back to back (refused, naming the layer, where not).
   Tensor fp8_group_weight(int layer, Fp8Gemm g) const;
@@ -246,7 +257,8 @@ class TransformerLM {
   // gradients of its parameters (added unless !accumulate; one GEMM when back to back), then
   // their on_grad_ready; frees s.fp8[g].
   void fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g, BlockActivations& s,
-                           const Tensor& dy, Tensor* dx, bool accumulate);
+                           const Tensor& dy, Tensor* dx, bool accumulate,
+                           ops::Fp8Amax dy_amax = ops::Fp8Amax::measure);
   // A dense block's backward with its linear layers in FP8 (block_backward's FP8 form).
   void block_backward_fp8(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
                           std::int64_t B, std::int64_t T, bool accumulate);
@@ -257,7 +269,9 @@ class TransformerLM {
   // y = rmsnorm(x, w) [N,d] unless y is already there (selective checkpointing dropped it).
   void recompute_norm(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y, std::int64_t N, std::int64_t d);
   // s.a = w1 y2, s.b = w3 y2 of block l (y2 [N,d], gathered under sequence parallelism).
-  void ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8 = true);
+  // y2_amax: from_producer when y2's producer wrote its amax (fp8_input_amax of w13).
+  void ffn_inputs(Context& ctx, BlockActivations& s, const Tensor& y2, int l, bool record_fp8 = true,
+                  ops::Fp8Amax y2_amax = ops::Fp8Amax::measure);
   // Gradient of parameter i, zeroed first unless accumulating (for the ops that always add).
   Tensor grad_for_adding(Context& ctx, int i, bool accumulate);
   // Store indices of block `layer`'s parameters (a pipeline stage's store holds only its units'
@@ -290,8 +304,10 @@ class TransformerLM {
   // RMSNorm backward into gradient dw; under sequence parallelism each rank sees only its rows,
   // so the weight gradient of this call is summed over tp before it is added. accumulate_dx: the
   // input gradient is added to dx (the residual stream's gradient) instead of overwriting it.
+  // dx_amax: max |dx| after the call (ops::rmsnorm_backward; not under sequence parallelism).
   void norm_backward(const ParallelContext& pc, Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                     const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dx = false);
+                     const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dx = false,
+                     Tensor* dx_amax = nullptr);
   // Token embedding of ids [N] -> x [Nl,d] (vocabulary-parallel: partial lookups, then g).
   Tensor embed(const ParallelContext& pc, Context& ctx, const Tensor& ids);
   // Its backward from dx [Nl,d] into the (local) table gradient (accumulates).

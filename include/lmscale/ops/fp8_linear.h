@@ -25,6 +25,11 @@ struct Fp8LinearOptions {
   int history = 16;    // delayed scaling's amax window, in casts of each operand
   int margin = 0;      // scales divided by 2^margin
   Fp8Format grad_format = Fp8Format::e5m2;
+  // Current scaling: a model hands the kernels producing its layers' inputs and output gradients
+  // their x and dy slots (x_producer_amax, dy_producer_amax) so no separate amax pass runs
+  // (docs/precision.md, "Amaxes from the producers"). false: every amax is measured by its own
+  // pass (bitwise the same results; tests compare the two). Delayed scaling ignores it.
+  bool producer_amax = true;
 };
 
 // The forward's operands for the backward: xt_q [K,M] and wt_q [K,N] (fp8) and the scales they
@@ -88,8 +93,9 @@ class Fp8Linear {
   // and saved.wt_q = transpose_fp8(w.q). Bitwise the forward from the compute-dtype w.
   Fp8LinearSaved forward(Context& ctx, const Fp8Input& x, const Fp8Weight& w, Tensor& y);
 
-  // x quantised under this layer's x scaling, for it and the layers sharing its input.
-  Fp8Input quantize_input(Context& ctx, const Tensor& x, bool record = true);
+  // x quantised under this layer's x scaling, for it and the layers sharing its input. amax:
+  // from_producer when x's producer wrote its amax into x_producer_amax() (current scaling).
+  Fp8Input quantize_input(Context& ctx, const Tensor& x, bool record = true, Fp8Amax amax = Fp8Amax::measure);
   // x cast with the x scale of a saved entry's `scales` (a replay: no scaling state is read or
   // changed); q only when `direct` (a GEMM will read it).
   Fp8Input replay_input(Context& ctx, const Tensor& scales, const Tensor& x, bool direct) const;
@@ -107,15 +113,21 @@ class Fp8Linear {
   Fp8LinearSaved replay(Context& ctx, const Tensor& scales, const Fp8Input& x, const Fp8Weight& w, Tensor* y);
 
   // dx[M,K] = dy w (overwritten; skipped when null), dw[N,K] (+)= dy^T x (skipped when null;
-  // fp32 on CUDA when accumulating), from saved's operands and dy quantised here.
+  // fp32 on CUDA when accumulating), from saved's operands and dy quantised here. dy_amax:
+  // from_producer when dy's producer wrote its amax into dy_producer_amax() (current scaling).
   void backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, Tensor* dw,
-                bool accumulate_dw);
+                bool accumulate_dw, Fp8Amax dy_amax = Fp8Amax::measure);
   // The same with dw given as its row blocks (a group layer, e.g. q|k|v over [3dl, K], whose
   // weights' gradients do not lie back to back): dws[i] [N_i, K] with sum N_i = N; dW_i (+)=
   // dy[:, rows i]^T x, one GEMM each over the contiguous row block i of the quantised dy^T [N, M]
   // (the same dy scaling as one dW GEMM: bitwise its rows).
   void backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, const std::vector<Tensor>& dws,
-                bool accumulate_dw);
+                bool accumulate_dw, Fp8Amax dy_amax = Fp8Amax::measure);
+
+  // The slots where the ops producing the next x and the next dy write their amaxes (current
+  // scaling only: Fp8TensorScaling::producer_amax), [1] fp32 each.
+  Tensor x_producer_amax() { return x_.producer_amax(); }
+  Tensor dy_producer_amax() { return dy_.producer_amax(); }
 
   const Fp8TensorScaling& x_scaling() const { return x_; }
   const Fp8TensorScaling& w_scaling() const { return w_; }

@@ -12,6 +12,13 @@
 //     past saw saturate at fp8_max (the margin, in powers of two, leaves headroom for growth).
 //     Until a cast has recorded a non-zero amax the scale stays 1.
 //
+//   current with a producer amax (docs/precision.md, "Amaxes from the producers"): the kernel that
+//     wrote x also wrote its amax into amax_history() (the slot producer_amax() hands out, which
+//     the producer overwrites); quantize(..., Fp8Amax::from_producer) then casts x once, the
+//     cast's kernel first setting the scale from that history entry by the same rule
+//     (fp8_update_scale; delayed scaling's fused update with nothing recorded). Bitwise the two
+//     passes above: an amax is exact and the scale a function of the amax alone.
+//
 // inv_scale() stays the inverse of the scale the last quantize() used until the next quantize()
 // of this operand, so a GEMM reading its output passes inv_scale() (ops::linear_fp8).
 #include <cstdint>
@@ -23,6 +30,10 @@
 namespace lmscale::ops {
 
 enum class Fp8Recipe : std::uint8_t { current, delayed };
+
+// Where a current-scaling quantize() finds x's amax: a pass of its own over x, or the slot its
+// producer wrote (producer_amax()).
+enum class Fp8Amax : std::uint8_t { measure, from_producer };
 
 class Fp8TensorScaling {
  public:
@@ -38,7 +49,15 @@ class Fp8TensorScaling {
   void quantize(Context& ctx, const Tensor& x, Tensor& out, bool record = true);
   // The same for a 2-D x [M,K] into out [M,K] and/or its transpose out_t [K,M] (either null, not
   // both), from one read of x (ops::cast_transpose_fp8).
-  void quantize(Context& ctx, const Tensor& x, Tensor* out, Tensor* out_t, bool record = true);
+  // amax = from_producer (current scaling only): x's amax is in the slot producer_amax() handed
+  // out since the last quantize (checked on the host); no pass measures it.
+  void quantize(Context& ctx, const Tensor& x, Tensor* out, Tensor* out_t, bool record = true,
+                Fp8Amax amax = Fp8Amax::measure);
+
+  // Current scaling only: the [1] fp32 slot on the device where the op producing the next x
+  // writes x's amax (its amax argument, lmscale/ops/ops.h), for a quantize(..., from_producer).
+  // It is the amax history's one entry, so the history holds the last amax as with a measured one.
+  Tensor producer_amax();
 
   // Current scaling only: the state a quantize() of a tensor with this amax would leave (history
   // [amax], the scale and inverse computed from it elsewhere: fsdp's FP8 weight gathers,
@@ -57,6 +76,7 @@ class Fp8TensorScaling {
   Fp8Recipe recipe_;
   int margin_;
   int slot_ = 0;
+  bool producer_armed_ = false;   // producer_amax() was handed out and no quantize has read it yet
   Tensor scale_, inv_scale_, history_;
   Tensor work_;   // [2] int32 zeros: the fused kernels' amax accumulator and block counter
 };

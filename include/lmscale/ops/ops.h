@@ -67,18 +67,26 @@ void embedding(Context& ctx, const Tensor& ids, const Tensor& table, Tensor& out
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable);
 
 // ---- RMSNorm ---------------------------------------------------------------------------------
+// Producer amaxes (docs/precision.md, "Amaxes from the producers"): where an op below takes an
+// `amax` (1 element fp32 on the data's device, or null), it is overwritten with max |out| over
+// the output it names, bitwise what ops::amax of that output returns afterwards (NaN when any
+// element is NaN, an inf when one is inf and none NaN), computed as the output is written: FP8
+// current scaling reads it instead of a pass of its own over the tensor.
+//
 // y[N,d] = x * rsqrt(mean(x^2) + eps) * w[d], computed in fp32 (fp64 for fp64 inputs).
-// rstd[N] (fp32; fp64 for fp64 inputs) is saved for the backward.
-void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
+// rstd[N] (fp32; fp64 for fp64 inputs) is saved for the backward. y_amax: max |y|.
+void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd,
+             Tensor* y_amax = nullptr);
 // dx[N,d] overwritten (accumulate_dx: added to, as the residual stream's gradient is: no
-// temporary and no add kernel); dw[d] accumulates.
+// temporary and no add kernel); dw[d] accumulates. dx_amax: max |dx| over dx's values after the
+// call (the sums when accumulating).
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor& dw, bool accumulate_dx = false);
+                      Tensor& dx, Tensor& dw, bool accumulate_dx = false, Tensor* dx_amax = nullptr);
 // The residual add and the RMSNorm after it in one pass (a block's h = x + attention output, then
 // its FFN norm): sum = a + b (rounded to the dtype, as ops::add stores it), then ops::rmsnorm of
-// that sum into y and rstd. Bitwise ops::add followed by ops::rmsnorm.
+// that sum into y and rstd. Bitwise ops::add followed by ops::rmsnorm. y_amax: max |y|.
 void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& sum, Tensor& y,
-                 Tensor& rstd);
+                 Tensor& rstd, Tensor* y_amax = nullptr);
 
 // ---- RoPE ------------------------------------------------------------------------------------
 // In place on x viewed as [B, T, H, Dh] (Dh even): pairs (2i, 2i+1) of the head vector at
@@ -99,10 +107,12 @@ void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tenso
 // of da, db) at r*ld + c, of h and dh at r*cols + c (contiguous). The model's a|b rows [N, 2F]
 // give a = ab, b = ab + F, ld = 2F. a, b (da, db) must hold (rows - 1)*ld + cols elements; each
 // element's arithmetic is the contiguous op's, so results are bitwise those of the plain form.
+// h_amax: max |h| (producer amaxes, above); dab_amax: max |.| over the elements written to da
+// and db together (the model's da|db [N, 2F] is one FP8 operand).
 void swiglu_rows(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
-                 Tensor& h);
+                 Tensor& h, Tensor* h_amax = nullptr);
 void swiglu_rows_backward(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
-                          std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db);
+                          std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db, Tensor* dab_amax = nullptr);
 
 // ---- attention -------------------------------------------------------------------------------
 // Strided layouts: element (b, h, t, e) of Q, K, V and their gradients dQ, dK, dV is at

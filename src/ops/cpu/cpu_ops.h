@@ -33,18 +33,19 @@ void linear_columns_backward(Context& ctx, const Tensor& x, const std::vector<Te
 void embedding(Context& ctx, const Tensor& ids, const Tensor& table, Tensor& out);
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable);
 
-void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
+void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd,
+             Tensor* y_amax);
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor& dw, bool accumulate_dx);
+                      Tensor& dx, Tensor& dw, bool accumulate_dx, Tensor* dx_amax);
 
 void rope(Context& ctx, Tensor& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t Dh, double theta,
           bool inverse, std::int64_t row_stride);
 
 // a, b (da, db) rows of `ld` elements, h and dh contiguous [rows, cols] (ops::swiglu_rows).
 void swiglu(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
-            Tensor& h);
+            Tensor& h, Tensor* h_amax);
 void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
-                     std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db);
+                     std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db, Tensor* dab_amax);
 
 void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, Tensor& loss_sum, Tensor* dlogits,
                    double grad_scale);

@@ -8,6 +8,7 @@
 
 #include "cpu_ops.h"
 #include "dtype_dispatch.h"
+#include "producer_amax.h"
 #include "reduce.h"
 
 namespace lmscale::ops::cpu {
@@ -23,10 +24,11 @@ void check_one_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
-void rmsnorm(Context&, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+void rmsnorm(Context&, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd, Tensor* y_amax) {
   constexpr const char* op = "ops::rmsnorm";
   check_one_dtype(op, {&x, &w, &y, &rstd});
   const std::int64_t d = x.dim(-1), rows = rstd.numel();
+  ProducerAmax amax(y_amax);
   dispatch_real(op, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* wp = w.data_as<T>();
@@ -35,16 +37,21 @@ void rmsnorm(Context&, const Tensor& x, const Tensor& w, double eps, Tensor& y, 
       T* yr = y.data_as<T>() + n * d;
       const T r = static_cast<T>(1.0 / std::sqrt(sum_sq_f64(xr, d) / static_cast<double>(d) + eps));
       rstd.data_as<T>()[n] = r;
-      for (std::int64_t j = 0; j < d; ++j) yr[j] = (xr[j] * r) * wp[j];
+      for (std::int64_t j = 0; j < d; ++j) {
+        yr[j] = (xr[j] * r) * wp[j];
+        amax.add(yr[j]);
+      }
     }
   });
+  amax.store();
 }
 
 void rmsnorm_backward(Context&, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                      Tensor& dw, bool accumulate_dx) {
+                      Tensor& dw, bool accumulate_dx, Tensor* dx_amax) {
   constexpr const char* op = "ops::rmsnorm_backward";
   check_one_dtype(op, {&x, &w, &rstd, &dy, &dx, &dw});
   const std::int64_t d = x.dim(-1), rows = rstd.numel();
+  ProducerAmax amax(dx_amax);
   dispatch_real(op, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* wp = w.data_as<T>();
@@ -62,11 +69,13 @@ void rmsnorm_backward(Context&, const Tensor& x, const Tensor& w, const Tensor& 
         dw_acc[static_cast<std::size_t>(j)] += static_cast<double>(g) * (xv * rt);
         const T v = rt * wp[j] * g - c * xv;   // rounded as a separate output would be, then added
         dxr[j] = accumulate_dx ? dxr[j] + v : v;
+        amax.add(dxr[j]);
       }
     }
     T* dwp = dw.data_as<T>();
     for (std::int64_t j = 0; j < d; ++j) dwp[j] += static_cast<T>(dw_acc[static_cast<std::size_t>(j)]);
   });
+  amax.store();
 }
 
 }  // namespace lmscale::ops::cpu

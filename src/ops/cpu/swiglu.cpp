@@ -6,6 +6,7 @@
 
 #include "cpu_ops.h"
 #include "dtype_dispatch.h"
+#include "producer_amax.h"
 
 namespace lmscale::ops::cpu {
 namespace {
@@ -19,7 +20,8 @@ inline T sigmoid(T a) {
 }  // namespace
 
 void swiglu(Context&, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
-            Tensor& h) {
+            Tensor& h, Tensor* h_amax) {
+  ProducerAmax amax(h_amax);
   dispatch_real("ops::swiglu", a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* ap = a.data_as<T>();
@@ -29,13 +31,18 @@ void swiglu(Context&, const Tensor& a, const Tensor& b, std::int64_t rows, std::
       const T* ar = ap + r * ld;
       const T* br = bp + r * ld;
       T* hr = hp + r * cols;
-      for (std::int64_t c = 0; c < cols; ++c) hr[c] = ar[c] * sigmoid(ar[c]) * br[c];
+      for (std::int64_t c = 0; c < cols; ++c) {
+        hr[c] = ar[c] * sigmoid(ar[c]) * br[c];
+        amax.add(hr[c]);
+      }
     }
   });
+  amax.store();
 }
 
 void swiglu_backward(Context&, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
-                     std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db) {
+                     std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db, Tensor* dab_amax) {
+  ProducerAmax amax(dab_amax);
   dispatch_real("ops::swiglu_backward", a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* ap = a.data_as<T>();
@@ -50,9 +57,12 @@ void swiglu_backward(Context&, const Tensor& a, const Tensor& b, std::int64_t ro
         const T s = sigmoid(av);
         dap[i] = g * bv * s * (T(1) + av * (T(1) - s));
         dbp[i] = g * av * s;
+        amax.add(dap[i]);
+        amax.add(dbp[i]);
       }
     }
   });
+  amax.store();
 }
 
 }  // namespace lmscale::ops::cpu

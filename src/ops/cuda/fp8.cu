@@ -6,6 +6,7 @@
 #include <cuda_fp8.h>
 
 #include "../fp8_scale_rule.h"
+#include "amax_reduce.cuh"
 #include "cuda_ops.h"
 #include "kernel_utils.cuh"
 #include "resources.h"
@@ -20,25 +21,10 @@ __device__ __forceinline__ std::uint8_t to_fp8(float v) {
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, F == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
 }
 
-// This thread's index in its block and the block's count of threads (blocks of 1 or 2 dims).
+// This thread's index in its block (blocks of 1 or 2 dims).
 __device__ __forceinline__ int block_thread() { return threadIdx.x + threadIdx.y * blockDim.x; }
-__device__ __forceinline__ int block_threads() { return blockDim.x * blockDim.y; }
 __device__ __forceinline__ bool first_block() { return blockIdx.x == 0 && blockIdx.y == 0; }
 __device__ __forceinline__ unsigned grid_blocks() { return gridDim.x * gridDim.y; }
-
-// Adds this block's amax bits (fp8_rule::abs_bits) into *out by an integer atomic maximum: exact
-// and independent of the order. `scratch`: 32 words of shared memory. Thread 0 issues the atomic.
-__device__ __forceinline__ void block_amax(std::uint32_t m, std::uint32_t* scratch, std::uint32_t* out) {
-  const int t = block_thread(), lane = t & 31, warp = t >> 5, warps = block_threads() >> 5;
-  m = __reduce_max_sync(0xffffffffu, m);
-  if (lane == 0) scratch[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < warps ? scratch[lane] : 0u;
-    m = __reduce_max_sync(0xffffffffu, m);
-    if (lane == 0 && m != 0u) atomicMax(out, m);
-  }
-}
 
 // The fused scale update's arguments (ops::Fp8HistoryUpdate on the device). work[0]: the amax
 // accumulator, work[1]: the finished-block counter; both zero between launches.

@@ -34,7 +34,7 @@ void moe_experts_grouped(Context& ctx, const Tensor& x, const std::vector<std::i
   if (x.dim(0) == 0) return;
   const detail::ExpertProjectionSpecs s = detail::expert_projection_specs(x.dim(1), W1.dim(1), false);
   run(ctx, rows, s.up, {{W1.data(), W3.data()}, {x.data(), x.data()}, {a.data(), b.data()}, t, t});
-  swiglu(ctx, a, b, 1, a.numel(), a.numel(), g);   // contiguous: one row
+  swiglu(ctx, a, b, 1, a.numel(), a.numel(), g, nullptr);   // contiguous: one row
   run(ctx, rows, s.down, {{W2.data()}, {g.data()}, {y.data()}, t, t});
 }
 
@@ -65,7 +65,7 @@ void moe_experts_grouped_backward(Context& ctx, const Tensor& x, const std::vect
   detail::ExpertProjectionSpecs s = detail::expert_projection_specs(d, Fe, accumulate);
   run(ctx, rows, s.grad_g, {{W2.data()}, {dy.data()}, {dg.data()}, t, t});
   run(ctx, rows, s.grad_w2, {{g.data()}, {dy.data()}, {G2.data()}, t, gt});
-  swiglu_backward(ctx, a, b, 1, a.numel(), a.numel(), dg, da, db);
+  swiglu_backward(ctx, a, b, 1, a.numel(), a.numel(), dg, da, db, nullptr);
   run(ctx, rows, s.grad_x, {{W1.data()}, {da.data()}, {dx.data()}, t, t});
   s.grad_x.beta = 1.f;   // adds W3[e]' dB_e' in the epilogue: no temporary
   run(ctx, rows, s.grad_x, {{W3.data()}, {db.data()}, {dx.data()}, t, t});

@@ -3,8 +3,11 @@
 // T (fp32 master weights with bf16 activations). One block per row in the forward; the backward
 // runs a fixed grid of blocks over rows, each keeping its dw partial sums in shared memory, and a
 // second launch adds the per-block partials in a fixed order: deterministic, no float atomics.
+// An optional amax output (lmscale/ops/ops.h) takes the maximum abs_bits of the stored y or dx,
+// per thread, then per block by an integer atomicMax (amax_reduce.cuh): exact, any order.
 #include <algorithm>
 
+#include "amax_reduce.cuh"
 #include "cuda_ops.h"
 #include "kernel_utils.cuh"
 #include "resources.h"
@@ -33,8 +36,11 @@ __device__ __forceinline__ void add_existing(const T* p, float (&out)[kChunk]) {
 // per row, each thread reading back in the second pass the chunks it wrote in the first.
 template <bool kVec, class T, class W>
 __global__ void add_rmsnorm_kernel(const T* __restrict__ a, const T* __restrict__ b, const W* __restrict__ w,
-                                   T* __restrict__ sum, T* __restrict__ y, float* __restrict__ rstd, int d, float eps) {
+                                   T* __restrict__ sum, T* __restrict__ y, float* __restrict__ rstd, int d, float eps,
+                                   std::uint32_t* __restrict__ y_amax) {
   __shared__ float scratch[32];
+  __shared__ std::uint32_t amax_scratch[32];
+  std::uint32_t m = 0;   // max abs_bits of the y this thread stores (used when y_amax is given)
   const std::int64_t row = blockIdx.x;
   const T *ar = a + row * d, *br = b + row * d;
   T *sr = sum + row * d, *yr = y + row * d;
@@ -68,17 +74,24 @@ __global__ void add_rmsnorm_kernel(const T* __restrict__ a, const T* __restrict_
       load_chunk(w + c, g);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) v[e] = v[e] * r * g[e];
-      store_chunk(yr + c, v);
+      store_chunk_amax(yr + c, v, m);
     }
   } else {
-    for (int c = threadIdx.x; c < d; c += blockDim.x) yr[c] = from_f32<T>(to_f32(sr[c]) * r * to_f32(w[c]));
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      const T out = from_f32<T>(to_f32(sr[c]) * r * to_f32(w[c]));
+      yr[c] = out;
+      m = max(m, fp8_rule::abs_bits(to_f32(out)));
+    }
   }
+  if (y_amax) block_amax(m, amax_scratch, y_amax);
 }
 
 template <bool kVec, class T, class W>
 __global__ void rmsnorm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
-                               float* __restrict__ rstd, int d, float eps) {
+                               float* __restrict__ rstd, int d, float eps, std::uint32_t* __restrict__ y_amax) {
   __shared__ float scratch[32];
+  __shared__ std::uint32_t amax_scratch[32];
+  std::uint32_t m = 0;   // max abs_bits of the y this thread stores (used when y_amax is given)
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * d;
   T* yr = y + row * d;
@@ -106,11 +119,16 @@ __global__ void rmsnorm_kernel(const T* __restrict__ x, const W* __restrict__ w,
       load_chunk(w + c, g);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) v[e] = v[e] * r * g[e];
-      store_chunk(yr + c, v);
+      store_chunk_amax(yr + c, v, m);
     }
   } else {
-    for (int c = threadIdx.x; c < d; c += blockDim.x) yr[c] = from_f32<T>(to_f32(xr[c]) * r * to_f32(w[c]));
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      const T out = from_f32<T>(to_f32(xr[c]) * r * to_f32(w[c]));
+      yr[c] = out;
+      m = max(m, fp8_rule::abs_bits(to_f32(out)));
+    }
   }
+  if (y_amax) block_amax(m, amax_scratch, y_amax);
 }
 
 // dx = rstd * (dy*w) - x * rstd^3 * mean(dy*w*x);  dw_partial[block] += dy * x * rstd over the
@@ -119,9 +137,11 @@ template <bool kVec, class T, class W>
 __global__ void rmsnorm_backward_kernel(const T* __restrict__ x, const W* __restrict__ w,
                                         const float* __restrict__ rstd, const T* __restrict__ dy,
                                         T* __restrict__ dx, float* __restrict__ dw_partial, std::int64_t rows,
-                                        int d, bool accumulate) {
+                                        int d, bool accumulate, std::uint32_t* __restrict__ dx_amax) {
   extern __shared__ float dw_acc[];
   __shared__ float scratch[32];
+  __shared__ std::uint32_t amax_scratch[32];
+  std::uint32_t m = 0;   // max abs_bits of the dx this thread stores (used when dx_amax is given)
   for (int c = threadIdx.x; c < d; c += blockDim.x) dw_acc[c] = 0.f;
   __syncthreads();
   const float inv_d = 1.f / static_cast<float>(d);
@@ -156,16 +176,19 @@ __global__ void rmsnorm_backward_kernel(const T* __restrict__ x, const W* __rest
           dw_acc[c + e] = fmaf(gv[e] * xv[e], r, dw_acc[c + e]);
         }
         if (accumulate) add_existing(dxr + c, out);
-        store_chunk(dxr + c, out);
+        store_chunk_amax(dxr + c, out, m);
       }
     } else {
       for (int c = threadIdx.x; c < d; c += blockDim.x) {
         const float xv = to_f32(xr[c]), gv = to_f32(dyr[c]);
-        dxr[c] = from_f32<T>(r * gv * to_f32(w[c]) - xv * k + (accumulate ? to_f32(dxr[c]) : 0.f));
+        const T out = from_f32<T>(r * gv * to_f32(w[c]) - xv * k + (accumulate ? to_f32(dxr[c]) : 0.f));
+        dxr[c] = out;
+        m = max(m, fp8_rule::abs_bits(to_f32(out)));
         dw_acc[c] = fmaf(gv * xv, r, dw_acc[c]);
       }
     }
   }
+  if (dx_amax) block_amax(m, amax_scratch, dx_amax);
   __syncthreads();
   float* out = dw_partial + static_cast<std::int64_t>(blockIdx.x) * d;
   for (int c = threadIdx.x; c < d; c += blockDim.x) out[c] = dw_acc[c];
@@ -196,8 +219,10 @@ template <int kRC, class T, class W>
 __global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* __restrict__ w,
                                              const float* __restrict__ rstd, const T* __restrict__ dy,
                                              T* __restrict__ dx, float* __restrict__ dw_partial, std::int64_t rows,
-                                             int d, bool accumulate) {
+                                             int d, bool accumulate, std::uint32_t* __restrict__ dx_amax) {
   __shared__ float2 scratch[32];
+  __shared__ std::uint32_t amax_scratch[32];
+  std::uint32_t m = 0;   // max abs_bits of the dx this thread stores (used when dx_amax is given)
   const float inv_d = 1.f / static_cast<float>(d);
   float wv[kRC][kChunk], acc[kRC][kChunk];
 #pragma unroll
@@ -255,7 +280,7 @@ __global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* _
             acc[j][e] = fmaf(gv[q][j][e] * xv[q][j][e], r, acc[j][e]);
           }
           if (accumulate) add_existing(dx + row * d + c, out);
-          store_chunk(dx + row * d + c, out);
+          store_chunk_amax(dx + row * d + c, out, m);
         }
       }
     }
@@ -267,6 +292,7 @@ __global__ void rmsnorm_backward_regs_kernel(const T* __restrict__ x, const W* _
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) dw_partial[static_cast<std::int64_t>(blockIdx.x) * d + c + e] = acc[j][e];
   }
+  if (dx_amax) block_amax(m, amax_scratch, dx_amax);
 }
 
 // dw[c] += sum over blocks b of dw_partial[b, c], in a fixed order: a block of 32 x 32 threads
@@ -301,12 +327,13 @@ void with_weight_type(DType wt, DType xt, const char* op, F&& body) {
 
 }  // namespace
 
-void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd, Tensor* y_amax) {
   const std::int64_t d = x.dim(-1), rows = d ? x.numel() / d : 0;
   LMSCALE_CHECK(y.dtype() == x.dtype() && rstd.dtype() == DType::f32, "rmsnorm: y {} / rstd {} with x {}",
                 dtype_name(y.dtype()), dtype_name(rstd.dtype()), dtype_name(x.dtype()));
-  if (rows == 0) return;
   Resources& r = resources(ctx);
+  std::uint32_t* amax = zeroed_amax(r.stream, y_amax);
+  if (rows == 0) return;
   const bool vec = d % kChunk == 0 && is_aligned16(x.data()) && is_aligned16(y.data()) && is_aligned16(w.data());
   const int threads = row_threads(d);
   LMSCALE_CHECK(rows <= 0x7fffffff, "rmsnorm: {} rows", rows);
@@ -316,21 +343,22 @@ void rmsnorm(Context& ctx, const Tensor& x, const Tensor& w, double eps, Tensor&
       auto kernel = vec ? rmsnorm_kernel<true, T, W> : rmsnorm_kernel<false, T, W>;
       kernel<<<static_cast<unsigned>(rows), threads, 0, r.stream>>>(x.data_as<const T>(), w.data_as<const W>(),
                                                                    y.data_as<T>(), rstd.data_as<float>(),
-                                                                   static_cast<int>(d), static_cast<float>(eps));
+                                                                   static_cast<int>(d), static_cast<float>(eps), amax);
     });
   });
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
 void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& sum, Tensor& y,
-                 Tensor& rstd) {
+                 Tensor& rstd, Tensor* y_amax) {
   const std::int64_t d = a.dim(-1), rows = d ? a.numel() / d : 0;
   LMSCALE_CHECK(b.dtype() == a.dtype() && sum.dtype() == a.dtype() && y.dtype() == a.dtype() &&
                     rstd.dtype() == DType::f32,
                 "add_rmsnorm: b {}, sum {}, y {}, rstd {} with a {}", dtype_name(b.dtype()), dtype_name(sum.dtype()),
                 dtype_name(y.dtype()), dtype_name(rstd.dtype()), dtype_name(a.dtype()));
-  if (rows == 0) return;
   Resources& r = resources(ctx);
+  std::uint32_t* amax = zeroed_amax(r.stream, y_amax);
+  if (rows == 0) return;
   const bool vec = d % kChunk == 0 && is_aligned16(a.data()) && is_aligned16(b.data()) && is_aligned16(sum.data()) &&
                    is_aligned16(y.data()) && is_aligned16(w.data());
   LMSCALE_CHECK(rows <= 0x7fffffff, "add_rmsnorm: {} rows", rows);
@@ -340,22 +368,23 @@ void add_rmsnorm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& w
       auto kernel = vec ? add_rmsnorm_kernel<true, T, W> : add_rmsnorm_kernel<false, T, W>;
       kernel<<<static_cast<unsigned>(rows), row_threads(d), 0, r.stream>>>(
           a.data_as<const T>(), b.data_as<const T>(), w.data_as<const W>(), sum.data_as<T>(), y.data_as<T>(),
-          rstd.data_as<float>(), static_cast<int>(d), static_cast<float>(eps));
+          rstd.data_as<float>(), static_cast<int>(d), static_cast<float>(eps), amax);
     });
   });
   LMSCALE_CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor& dw, bool accumulate_dx) {
+                      Tensor& dx, Tensor& dw, bool accumulate_dx, Tensor* dx_amax) {
   const std::int64_t d = x.dim(-1), rows = d ? x.numel() / d : 0;
   LMSCALE_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype() && rstd.dtype() == DType::f32,
                 "rmsnorm_backward: dy {}, dx {}, rstd {} with x {}", dtype_name(dy.dtype()), dtype_name(dx.dtype()),
                 dtype_name(rstd.dtype()), dtype_name(x.dtype()));
   LMSCALE_CHECK(dw.dtype() == w.dtype(), "rmsnorm_backward: dw is {} but w is {}", dtype_name(dw.dtype()),
                 dtype_name(w.dtype()));
-  if (rows == 0) return;
   Resources& r = resources(ctx);
+  std::uint32_t* amax = zeroed_amax(r.stream, dx_amax);
+  if (rows == 0) return;
   const bool vec = d % kChunk == 0 && is_aligned16(x.data()) && is_aligned16(dy.data()) &&
                    is_aligned16(dx.data()) && is_aligned16(w.data());
   const int threads = row_threads(d);
@@ -385,7 +414,8 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
         auto kernel = d <= per_pass ? rmsnorm_backward_regs_kernel<1, T, W> : rmsnorm_backward_regs_kernel<2, T, W>;
         kernel<<<blocks, threads, 0, r.stream>>>(x.data_as<const T>(), w.data_as<const W>(),
                                                  rstd.data_as<const float>(), dy.data_as<const T>(), dx.data_as<T>(),
-                                                 partial.as<float>(), rows, static_cast<int>(d), accumulate_dx);
+                                                 partial.as<float>(), rows, static_cast<int>(d), accumulate_dx,
+                                                 amax);
       } else {
         auto kernel = vec ? rmsnorm_backward_kernel<true, T, W> : rmsnorm_backward_kernel<false, T, W>;
         if (smem > 48 * 1024)
@@ -394,7 +424,7 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
         kernel<<<blocks, threads, smem, r.stream>>>(x.data_as<const T>(), w.data_as<const W>(),
                                                     rstd.data_as<const float>(), dy.data_as<const T>(),
                                                     dx.data_as<T>(), partial.as<float>(), rows, static_cast<int>(d),
-                                                    accumulate_dx);
+                                                    accumulate_dx, amax);
       }
       LMSCALE_CUDA_CHECK_LAUNCH();
       rmsnorm_dw_kernel<W><<<static_cast<unsigned>((d + kDwCols - 1) / kDwCols), dim3(kDwCols, kDwRows), 0, r.stream>>>(
