@@ -96,6 +96,12 @@ void CopyEngineAllToAll::rows(const Tensor& send, const std::vector<std::int64_t
   for (std::size_t j = 0; j < n_ranks; ++j)
     if (j != me) rounds = std::max({rounds, chunks(send_rows[j]), chunks(recv_rows[j])});
   const char* src = static_cast<const char*>(send.data());
+  // This rank's own rows: a device-to-device copy on the compute stream.
+  auto copy_own = [&] {
+    if (send_rows[me] == 0) return;
+    Tensor own = recv.slice(recv_at[me], recv_at[me] + recv_rows[me]);
+    ops::copy(ctx, send.slice(send_at[me], send_at[me] + send_rows[me]), own);
+  };
   bool lane_ordered = false;   // lane 0 waits for the compute stream's writes of `send` (once per call)
   for (std::int64_t n = 0; n < rounds; ++n) {
     const std::int64_t first = n * chunk;
@@ -111,11 +117,7 @@ void CopyEngineAllToAll::rows(const Tensor& send, const std::vector<std::int64_t
       lane_ordered = true;
       exchange_->signal(to, kPut, ++put_[j], kLane);
     }
-    // This rank's own rows: a device-to-device copy while the peers' chunks are in flight.
-    if (n == 0 && send_rows[me] > 0) {
-      Tensor own = recv.slice(recv_at[me], recv_at[me] + recv_rows[me]);
-      ops::copy(ctx, send.slice(send_at[me], send_at[me] + send_rows[me]), own);
-    }
+    if (n == 0) copy_own();   // while the peers' first chunks are in flight
     // 2. Each peer's n-th chunk out of its slot, then "read" back to it.
     for (std::size_t j = 0; j < n_ranks; ++j) {
       if (j == me || first >= recv_rows[j]) continue;
@@ -128,10 +130,7 @@ void CopyEngineAllToAll::rows(const Tensor& send, const std::vector<std::int64_t
       exchange_->signal_after(from, kRead, read_[j], ctx.stream);
     }
   }
-  if (rounds == 0 && send_rows[me] > 0) {   // only this rank's own rows
-    Tensor own = recv.slice(recv_at[me], recv_at[me] + recv_rows[me]);
-    ops::copy(ctx, send.slice(send_at[me], send_at[me] + send_rows[me]), own);
-  }
+  if (rounds == 0) copy_own();   // no peer has rows for this rank, nor this rank for a peer
   // The caller may free or overwrite `send` once this returns: the compute stream waits for the
   // lane's reads of it.
   if (lane_ordered) exchange_->drain(ctx.stream);
