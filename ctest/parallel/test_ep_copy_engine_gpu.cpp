@@ -137,7 +137,7 @@ namespace {
 
 struct MoeRun {
   std::vector<double> losses;
-  double eval_loss = 0;
+  double eval_before = 0, eval_loss = 0;   // evaluations before the first step and after the last
   std::vector<float> params;
   std::size_t window = 0;
   // Per MoE block of the first step: the experts this rank's tokens chose (routed > 0).
@@ -167,6 +167,9 @@ MoeRun train_moe(const Config& cfg, int steps, bool zero_router) {
   }
   io::SyntheticTokens data(cfg.model.vocab_size, cfg.run.seed);
   std::vector<std::int32_t> tok(static_cast<std::size_t>(trainer.local_rows() * (T + 1)));
+  // An evaluation: the whole local batch in one forward (grad_accum micro-batches' rows at once).
+  data.sample(0, trainer.first_row(), trainer.local_rows(), T, tok.data(), true);
+  run.eval_before = trainer.forward_loss(tok, T);
   for (int s = 0; s < steps; ++s) {
     data.sample(static_cast<std::uint64_t>(s), trainer.first_row(), trainer.local_rows(), T, tok.data(), false);
     trainer.model().reset_moe_stats();
@@ -176,7 +179,6 @@ MoeRun train_moe(const Config& cfg, int steps, bool zero_router) {
         run.first_step_experts_used.push_back(
             static_cast<int>(std::count_if(st.routed.begin(), st.routed.end(), [](std::int64_t n) { return n > 0; })));
   }
-  // An evaluation: the whole local batch in one forward (grad_accum micro-batches' rows at once).
   data.sample(0, trainer.first_row(), trainer.local_rows(), T, tok.data(), true);
   run.eval_loss = trainer.forward_loss(tok, T);
   run.params = trainer.full_parameters();
@@ -189,10 +191,11 @@ MoeRun train_moe(const Config& cfg, int steps, bool zero_router) {
 // ep = 2 over the copy engines against ep = 2 over NCCL: the rows are copied, not computed, so
 // every loss, the evaluation and every parameter are the same bits. Cases: dropless top-2; with
 // capacity drops, 2 micro-batches and every-k checkpointing (the recomputed forward's
-// all-to-alls run inside the backward; the evaluation's rows exceed the window's one micro-batch
-// and go in chunks when routing is uneven); and routers started at 0 with top-1, so that in the
-// first step every token of both ranks picks the same expert: one rank receives no rows at all,
-// the other sends its peer none. The window is the predicted size (the memory model's).
+// all-to-alls run inside the backward); and routers started at 0 with top-1 and 2 micro-batches,
+// so that before the first update every token of both ranks picks the same expert: the rank
+// without it receives no rows and sends its peer all of its own (a full slot in the first step; in
+// the evaluation before it, the whole local batch, twice the window's micro-batch: 2 chunks), and
+// its peer sends it none. The window is the predicted size (the memory model's).
 TEST(ExpertParallelGpu, CopyEngineExchangeEqualsNcclBitwise) {
   if (!two_gpus()) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
   struct Case {
@@ -204,7 +207,7 @@ TEST(ExpertParallelGpu, CopyEngineExchangeEqualsNcclBitwise) {
   };
   for (const Case k : {Case{"dropless", 0.0, 2, 1, Checkpointing::none, false},
                        Case{"capacity, 2 micro-batches, every-k", 1.0, 2, 2, Checkpointing::every_k, false},
-                       Case{"routers at 0, top-1", 0.0, 1, 1, Checkpointing::none, true}}) {
+                       Case{"routers at 0, top-1, 2 micro-batches", 0.0, 1, 2, Checkpointing::none, true}}) {
     Config cfg;
     cfg.model.vocab_size = 101;
     cfg.model.context_length = 32;
@@ -238,6 +241,7 @@ TEST(ExpertParallelGpu, CopyEngineExchangeEqualsNcclBitwise) {
     const std::size_t slot = parallel::CopyEngineAllToAll::slot_bytes(model::ModelDims::from(cfg.model), 4 / k.accum, 2);
     EXPECT_EQ(ce.window, parallel::CopyEngineAllToAll::window_bytes(2, slot)) << k.name;
     EXPECT_EQ(ce.losses, nccl.losses) << k.name;
+    EXPECT_EQ(std::memcmp(&ce.eval_before, &nccl.eval_before, sizeof(double)), 0) << k.name;
     EXPECT_EQ(std::memcmp(&ce.eval_loss, &nccl.eval_loss, sizeof(double)), 0) << k.name;
     ASSERT_EQ(ce.params.size(), nccl.params.size());
     std::size_t differ = 0;
