@@ -6,7 +6,8 @@
 #     (inputs/moe_1b_dense_gpu.ini, d_ff 5632) and the peer's two formulations (bench/torch_peer.py
 #     moe: a Python loop of per-expert GEMMs, and torch._grouped_mm with --grouped);
 #   - expert parallelism on 2 GPUs (ep = 2, 4 experts per GPU, global batch 16) against the same
-#     peers on 2 ranks (all_to_all_single dispatch).
+#     peers on 2 ranks (all_to_all_single dispatch), its rows over NCCL (the default) and over the
+#     GPUs' copy engines (parallel.ep_exchange = copy-engine, docs/moe.md).
 # Tokens/s are global (all GPUs).
 #   bench/study_moe.sh
 STUDY=moe
@@ -22,6 +23,7 @@ runs() {
   peer moe_eager_1gpu 1 moe "${P[@]}"
   peer moe_grouped_1gpu 1 moe "${P[@]}" --grouped
   lm moe_ep2 2 inputs/moe_1b_gpu.ini --parallel.ep=2 --bench.batch_size=16
+  lm moe_ep2_ce 2 inputs/moe_1b_gpu.ini --parallel.ep=2 --bench.batch_size=16 --parallel.ep_exchange=copy-engine
   peer moe_eager_ep2 2 moe "${P[@]}"
   peer moe_grouped_ep2 2 moe "${P[@]}" --grouped
 }
@@ -35,6 +37,7 @@ tok_rows "1 GPU (peer: eager loop)" moe_1gpu moe_eager_1gpu
 tok_rows "1 GPU (peer: grouped_mm)" moe_1gpu moe_grouped_1gpu
 tok_rows "ep = 2 (peer: eager loop)" moe_ep2 moe_eager_ep2
 tok_rows "ep = 2 (peer: grouped_mm)" moe_ep2 moe_grouped_ep2
+tok_rows "ep = 2, rows over the copy engines (peer: grouped_mm)" moe_ep2_ce moe_grouped_ep2
 print_table "moe-1b, bf16, 8 x 1024 tokens per GPU, train step"
 # lmscale's own ratios: MoE against the dense model of equal active FLOPs, ep = 2 against one GPU.
 if [ -z "$DRY_RUN" ]; then
@@ -45,8 +48,10 @@ out = sys.argv[1]
 def tps(case):
     v = [float(h5py.File(f, "r")["bench_model"].attrs["tokens_per_s"]) for f in sorted(glob.glob(f"{out}/{case}/lmscale_*.h5"))]
     return statistics.median(v) if v else float("nan")
-moe, dense, ep2 = tps("moe_1gpu"), tps("dense_1gpu"), tps("moe_ep2")
+moe, dense, ep2, ep2_ce = tps("moe_1gpu"), tps("dense_1gpu"), tps("moe_ep2"), tps("moe_ep2_ce")
 print(f"moe / dense (1 GPU, equal active FLOPs): {moe:.0f} / {dense:.0f} tokens/s = {moe / dense:.3f}")
 print(f"ep = 2 / one GPU: {ep2:.0f} / {moe:.0f} tokens/s = {ep2 / moe:.3f}")
+print(f"ep = 2 over the copy engines / one GPU: {ep2_ce:.0f} / {moe:.0f} tokens/s = {ep2_ce / moe:.3f}"
+      f" (over NCCL: {ep2 / moe:.3f})")
 PY
 fi

@@ -6,7 +6,8 @@
 # within 1e-6 of one process and /train/moe's counts equal (ep_check.py). Then resume across ep: sharded checkpoints written with
 # ep = 2 (zero1) resumed by one process and by dp 2 x ep 2, one process's resumed with ep = 4, and
 # a single-file checkpoint of ep = 2 resumed by one process; the final weights by name equal, and
-# the evaluation losses (forwards through the all-to-alls without a backward).
+# the evaluation losses (forwards through the all-to-alls without a backward). Without GPUs,
+# parallel.ep_exchange = copy-engine on a device that resolves to the CPU exits 2 naming the key.
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -67,4 +68,18 @@ for r in from_ep2 from_ep2_to_dp2ep2 from_one_to_ep4 from_file; do
   grep -q "resumed from" "$out/ep_$r.log" || { echo "ep_$r did not resume"; exit 1; }
 done
 $check --weights "$out/ep_one_weights.h5" "$out/ep_from_file_weights.h5"
+# parallel.ep_exchange = copy-engine where the device resolves to the CPU (parallel.device = auto on
+# a machine without GPUs; the deck cannot know): refused when the trainer sets the exchange up,
+# naming the key, exit 2, no results file. (With GPUs, auto would run on them: not checked there.)
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  set +e
+  mpirun --oversubscribe --allow-run-as-root -np 2 "$lmscale" "$deck" --parallel.device=auto --parallel.ep=2 \
+    --parallel.ep_exchange=copy-engine --run.output="$out/ep_ce_auto.h5" > "$out/ep_ce_auto.log" 2>&1
+  rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || { cat "$out/ep_ce_auto.log"; echo "ep_ce_auto: exit $rc, expected 2"; exit 1; }
+  grep -q "error: parallel.ep_exchange = copy-engine" "$out/ep_ce_auto.log" ||
+    { cat "$out/ep_ce_auto.log"; echo "ep_ce_auto: no error naming parallel.ep_exchange"; exit 1; }
+  [ ! -e "$out/ep_ce_auto.h5" ] || { echo "ep_ce_auto: a results file was written"; exit 1; }
+fi
 echo "ep_check.sh: expert parallelism matches one process"

@@ -232,3 +232,34 @@ TEST(AccountingEp, MoeActivationsNearTheReplayedPeak) {
     EXPECT_GT(total, 0.94 * peak) << what;
   }
 }
+
+// parallel.ep_exchange = copy-engine (docs/moe.md, "Communication"): the ep all-to-all's receive
+// window holds, per other ep rank, one micro-batch's routed rows (N tokens x top-k x d in the
+// compute dtype), plus two 8-byte flags per rank, from initialisation on: every replayed phase
+// grows by exactly that, and the accounting lists the slots. Counted here from the shapes: 1
+// sequence of 16 tokens a rank, top-2, d 64, bf16 on CUDA (2 B).
+TEST(AccountingEp, EpExchangeWindowIsPredicted) {
+  for (const Layout k : {Layout{2, 2, ZeroLevel::none}, Layout{4, 2, ZeroLevel::zero2}, Layout{4, 4, ZeroLevel::fsdp}}) {
+    for (const double capacity : {0.0, 0.5}) {
+      Config c = small_moe(k.dp, k.ep, k.zero);
+      c.parallel.device = DeviceChoice::cuda;
+      c.precision.mode = PrecisionMode::bf16;
+      c.model.moe_capacity_factor = capacity;
+      const int world = static_cast<int>(k.dp);
+      const auto nccl = jobs::predict_memory_phases(c, world, true, 0);
+      for (const auto& it : jobs::account(c, world, "").memory) EXPECT_NE(it.name, "ep_exchange_window");
+      c.parallel.ep_exchange = EpExchange::copy_engine;
+      const auto ce = jobs::predict_memory_phases(c, world, true, 0);
+      // Dropless: 16 x 2 rows; capacity 0.5: ceil(0.5 x 16 x 2 / 8) = 2 per expert and sequence, 8 x 2 rows.
+      const double rows = capacity > 0 ? 16 : 32, slot = rows * 64 * 2;
+      const double ep = static_cast<double>(k.ep), window = (ep - 1) * slot + ep * 2 * 8;
+      const std::string what = "dp " + std::to_string(k.dp) + " ep " + std::to_string(k.ep) + " capacity " +
+                               std::to_string(capacity);
+      EXPECT_DOUBLE_EQ(item(jobs::account(c, world, ""), "ep_exchange_window"), (ep - 1) * slot) << what;
+      ASSERT_EQ(ce.phases.size(), nccl.phases.size()) << what;
+      for (std::size_t i = 0; i < ce.phases.size(); ++i)
+        EXPECT_DOUBLE_EQ(ce.phases[i].bytes - nccl.phases[i].bytes, window) << what << " " << ce.phases[i].phase;
+      EXPECT_DOUBLE_EQ(ce.peak - nccl.peak, window) << what;
+    }
+  }
+}

@@ -258,6 +258,17 @@ TEST(Deck, ToIniRoundTripsEveryKey) {
   const Config g_back = parse_deck_text(to_ini(g), {}, 1);
   expect_same_settings(g_back, g);
   EXPECT_EQ(g_back.parallel.fsdp_gather_dtype, FsdpGatherDtype::fp8);
+  // parallel.ep_exchange = copy-engine needs ep > 1 (an MoE model) on CUDA: its own round trip.
+  Config ep;
+  ep.parallel.dp = 2;
+  ep.parallel.ep = 2;
+  ep.parallel.device = DeviceChoice::cuda;
+  ep.model.moe_experts = 4;
+  ep.train.batch_size = 4;
+  ep.parallel.ep_exchange = EpExchange::copy_engine;
+  const Config ep_back = parse_deck_text(to_ini(ep), {}, 2);
+  expect_same_settings(ep_back, ep);
+  EXPECT_EQ(ep_back.parallel.ep_exchange, EpExchange::copy_engine);
   // The default config too.
   Config defaults;
   defaults.parallel.dp = 1;

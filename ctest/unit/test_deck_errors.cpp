@@ -105,6 +105,16 @@ const std::vector<BadDeck> kBadDecks{
     {"moe_negative_capacity", "[model]\nmoe_experts = 4\nmoe_capacity_factor = -1\n", {}, "model.moe_capacity_factor"},
     {"ep_with_copy_engine", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cuda\ndp = 2\nep = 2\nzero = zero2\n"
      "grad_exchange = copy-engine\n[train]\nbatch_size = 4\n", {}, "parallel.grad_exchange", "parallel.ep = 2"},
+    // parallel.ep_exchange = copy-engine: ep > 1 on CUDA over NCCL only.
+    {"ep_exchange_without_ep", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cuda\nep_exchange = copy-engine\n", {},
+     "parallel.ep_exchange", "parallel.ep = 1"},
+    {"ep_exchange_dense", "[parallel]\ndevice = cuda\nep_exchange = copy-engine\n", {}, "parallel.ep_exchange",
+     "parallel.ep > 1"},
+    {"ep_exchange_on_cpu", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\ndp = 2\nep = 2\n"
+     "ep_exchange = copy-engine\n[train]\nbatch_size = 4\n", {}, "parallel.ep_exchange", "parallel.device = cpu"},
+    {"ep_exchange_over_mpi", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cuda\nbackend = mpi\ndp = 2\nep = 2\n"
+     "ep_exchange = copy-engine\n[train]\nbatch_size = 4\n", {}, "parallel.ep_exchange", "parallel.backend = mpi"},
+    {"ep_exchange_unknown", "[parallel]\nep_exchange = nvlink\n", {}, "parallel.ep_exchange", "copy-engine"},
     {"ep_without_experts", "[parallel]\nep = 2\n", {}, "parallel.ep", "model.moe_experts = 0"},
     {"ep_not_dividing_experts", "[model]\nmoe_experts = 6\n[parallel]\ndevice = cpu\nep = 4\n", {}, "parallel.ep",
      "model.moe_experts = 6"},
@@ -400,4 +410,25 @@ TEST(DeckExpertParallel, FsdpIsAccepted) {
   EXPECT_EQ(deck_error(moe, {"--parallel.dp=4", "--run.job=bench-model", "--bench.batch_size=8"}, 4), "");
   const std::string odd = deck_error(moe, {"--parallel.dp=3"}, 3);
   EXPECT_NE(odd.find("parallel.ep"), std::string::npos) << odd;
+}
+
+// parallel.ep_exchange = copy-engine is accepted with ep > 1 on CUDA over NCCL (the node and peer
+// access are checked when the exchange is set up), for training and bench-model, with any
+// data-parallel strategy over expert_dp; the accounting job describes it on any device.
+TEST(DeckExpertParallel, CopyEngineExchangeIsAccepted) {
+  const std::string moe =
+      kTinyTrain + "ep = 2\nep_exchange = copy-engine\n[model]\nmoe_experts = 4\n[train]\nbatch_size = 8\n";
+  const std::vector<std::string> cuda{"--parallel.device=cuda", "--parallel.backend=nccl"};
+  for (const char* zero : {"none", "zero2", "fsdp"}) {
+    auto o = cuda;
+    o.push_back(std::string("--parallel.zero=") + zero);
+    EXPECT_EQ(deck_error(moe, o, 2), "") << zero;
+    o.push_back("--parallel.dp=4");
+    EXPECT_EQ(deck_error(moe, o, 4), "") << zero;
+  }
+  EXPECT_EQ(deck_error(moe, {"--parallel.device=cuda", "--run.job=bench-model", "--bench.batch_size=8"}, 2), "");
+  EXPECT_EQ(deck_error(moe, {"--run.job=accounting"}, 2), "");
+  // The same deck on the CPU is refused, naming the key.
+  const std::string cpu = deck_error(moe, {}, 2);
+  EXPECT_NE(cpu.find("parallel.ep_exchange"), std::string::npos) << cpu;
 }

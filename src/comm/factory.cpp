@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include <fmt/format.h>
+
 #include "lmscale/comm/mpi_communicator.h"
 #include "lmscale/comm/nccl_communicator.h"
 #include "lmscale/comm/peer_copy.h"
@@ -33,9 +35,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, int, NcclOptions)
   throw UsageError("parallel.backend=nccl: this lmscale was built without CUDA/NCCL; use parallel.backend=mpi");
 }
 std::string nccl_version() { return ""; }
-std::unique_ptr<PeerCopyExchange> make_peer_copy_exchange(Communicator&, std::size_t, MemoryTracker*, int) {
-  throw UsageError("parallel.grad_exchange = copy-engine: this lmscale was built without CUDA; use "
-                   "parallel.grad_exchange = nccl");
+std::unique_ptr<PeerCopyExchange> make_peer_copy_exchange(Communicator&, std::size_t, MemoryTracker*, int,
+                                                          const PeerCopyUser& user) {
+  throw UsageError(fmt::format("{} = copy-engine: this lmscale was built without CUDA; use {} = nccl", user.key,
+                               user.key));
 }
 #endif
 

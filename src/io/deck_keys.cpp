@@ -152,6 +152,12 @@ std::vector<DeckKey> build_table() {
               "Expert-parallel degree: the model.moe_experts experts of each MoE block split over ep ranks inside the "
               "data-parallel group (ep divides dp and moe_experts; tokens travel by all-to-all; expert gradients "
               "are summed over the dp/ep ranks that hold the same experts)."),
+      enum_key("parallel.ep_exchange", LMSCALE_FIELD(parallel.ep_exchange),
+               "parallel.ep > 1 on CUDA: how the MoE blocks' token rows (and their gradients) cross the expert-"
+               "parallel group. nccl: NCCL's all-to-all. copy-engine: peer-to-peer copies into a receive window of "
+               "each rank (CUDA IPC, one node, no SM moves a byte; device-side signals, no host wait); the same "
+               "bits as nccl; costs (ep - 1) slots of one micro-batch's routed rows (tokens x moe_top_k x d_model "
+               "in the compute dtype) of GPU memory per rank (docs/moe.md)."),
       enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), "Gradient all-reduce strategy of data parallelism."),
       float_key("parallel.bucket_mb", LMSCALE_FIELD(parallel.bucket_mb), R::positive(),
                 "Bucket size of ddp = bucketed (MB)."),

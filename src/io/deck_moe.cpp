@@ -23,6 +23,21 @@ bool runs_model(const Config& c) {
 void check_moe(const Config& c, int world_size) {
   const auto& m = c.model;
   const auto& p = c.parallel;
+  // parallel.ep_exchange = copy-engine moves the rows of expert parallelism's all-to-alls; without
+  // ep > 1 there are none. (Ranks on several nodes, or GPUs without peer access, are refused when
+  // the exchange is set up: comm/peer_copy.h.)
+  if (p.ep_exchange == EpExchange::copy_engine && runs_model(c)) {
+    if (p.ep <= 1)
+      fail("parallel.ep_exchange = copy-engine moves the MoE blocks' token rows between expert-parallel GPUs, but "
+           "parallel.ep = {}: there are none to move; set parallel.ep_exchange = nccl, or parallel.ep > 1 (with "
+           "model.moe_experts > 0)",
+           p.ep);
+    if (p.device == DeviceChoice::cpu || p.backend == BackendChoice::mpi)
+      fail("parallel.ep_exchange = copy-engine moves the token rows between GPUs with their copy engines, but this "
+           "run uses parallel.device = {} and parallel.backend = {}; set parallel.ep_exchange = nccl, or run on cuda "
+           "with the nccl backend",
+           p.device, p.backend);
+  }
   if (m.moe_experts == 0) {
     if (p.ep > 1)
       fail("parallel.ep = {} splits the experts of MoE blocks, but model.moe_experts = 0 (a dense model); set "

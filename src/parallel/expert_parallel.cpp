@@ -27,8 +27,12 @@ ExpertParallel::ExpertParallel(comm::Communicator& device, comm::Communicator& h
     recv.assign(send.size(), 0);
     h->all_to_all(send.data(), recv.data(), static_cast<std::size_t>(per), DType::i64).wait();
   };
-  callbacks_.rows = [d](const Tensor& send, const std::vector<std::int64_t>& send_rows, Tensor& recv,
-                        const std::vector<std::int64_t>& recv_rows) {
+  callbacks_.rows = [this, d](const Tensor& send, const std::vector<std::int64_t>& send_rows, Tensor& recv,
+                              const std::vector<std::int64_t>& recv_rows) {
+    if (copy_engine_) {
+      copy_engine_->rows(send, send_rows, recv, recv_rows);
+      return;
+    }
     NvtxRange r("ep_all_to_all");
     const std::int64_t width = send.numel() > 0 ? send.numel() / send.dim(0) : recv.numel() / std::max<std::int64_t>(1, recv.dim(0));
     std::vector<std::size_t> sc, rc;
@@ -36,6 +40,14 @@ ExpertParallel::ExpertParallel(comm::Communicator& device, comm::Communicator& h
     for (std::int64_t n : recv_rows) rc.push_back(static_cast<std::size_t>(n * width));
     d->all_to_all_v(send, sc, recv, rc).wait();
   };
+}
+
+void ExpertParallel::use_copy_engine(ops::Runtime& rt, std::size_t slot_bytes) {
+  if (device_.backend() != comm::Backend::nccl || rt.ctx().device != Device::cuda)
+    throw UsageError("parallel.ep_exchange = copy-engine moves the token rows between GPUs with their copy engines, "
+                     "but this run's expert-parallel group does not run on CUDA with the nccl backend; set "
+                     "parallel.ep_exchange = nccl, or parallel.device = cuda with parallel.backend = nccl");
+  copy_engine_ = std::make_unique<CopyEngineAllToAll>(host_, slot_bytes, rt);
 }
 
 bool ExpertParallel::holds_slice(const model::ParamInfo& p) { return model::is_expert_parameter(p); }

@@ -20,6 +20,7 @@ Spec Spec::resolve(const ParallelConfig& pc, int world) {
   s.offload = pc.offload;
   s.schedule = pc.schedule;
   s.ep = static_cast<int>(std::max<std::int64_t>(1, pc.ep));
+  s.ep_exchange = pc.ep_exchange;
   return s;
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// Copy-engine transfers between the GPUs of one node (parallel.grad_exchange = copy-engine).
+// Copy-engine transfers between the GPUs of one node (parallel.grad_exchange = copy-engine, and
+// parallel.ep_exchange = copy-engine: parallel/copy_engine_all_to_all.h).
 //
 // Every rank of a group exposes a receive window in its GPU memory through CUDA IPC: one slot of
 // slot_bytes per other rank, then (when asked for) an array of signal flags per other rank. A rank
@@ -18,7 +19,9 @@
 // orders `s` after this rank's copies. When a slot may be rewritten is the caller's protocol:
 //   zero2 opens each round with begin(), which waits for the reads recorded by the previous
 //   round's consumed(s) and takes a host barrier (the host is far ahead of the GPU then);
-//   bucketed DDP orders its rounds by the signals alone (parallel/copy_engine_all_reduce.h).
+//   bucketed DDP orders its rounds by the signals alone (parallel/copy_engine_all_reduce.h);
+//   the ep all-to-all too, with the receiver signalling from its own stream that it has read a
+//   slot (signal_after) and the sender's lane waiting for that before rewriting it (lane_wait).
 // The group must be on one node (checked: MpiCommunicator::node_local) with peer access between
 // its GPUs (cudaIpcOpenMemHandle fails otherwise; the error names the key).
 #include <cstddef>
@@ -40,7 +43,9 @@ class PeerCopyExchange {
   virtual void begin() = 0;
   // Copies `bytes` from `src` (this GPU) to rank `to`: buffer kWindow is the slot rank `to` keeps
   // for this rank (offset within it), another id a buffer rank `to` shared (offset from its start).
-  // On copy stream `lane` (0 or 1), ordered after the work queued so far on the cudaStream_t `after`.
+  // On copy stream `lane` (0 or 1), ordered after the work queued so far on the cudaStream_t `after`;
+  // `after` null: after the lane's earlier work alone (a caller that ordered the lane after its
+  // stream with an earlier put of the same batch saves an event record and wait per copy).
   virtual void put(int to, int buffer, std::size_t offset, const void* src, std::size_t bytes, void* after,
                    int lane) = 0;
   void put(int to, std::size_t offset, const void* src, std::size_t bytes, void* after) {
@@ -54,6 +59,14 @@ class PeerCopyExchange {
   // Device signals (see above); index < flags_per_sender.
   virtual void signal(int to, int index, std::uint64_t value, int lane) = 0;
   virtual void wait(int from, int index, std::uint64_t value, void* stream) = 0;
+  // signal() written from the caller's cudaStream_t `stream` instead of a lane: after the work
+  // queued on it so far (e.g. a receiver's copy out of its slot: "slot read"), never held behind
+  // a lane's copies or waits.
+  virtual void signal_after(int to, int index, std::uint64_t value, void* stream) = 0;
+  // wait() held by copy stream `lane`: the lane's later copies start once this rank's flag
+  // `index` from `from` is >= value (e.g. a slot is rewritten once its reader signalled), without
+  // holding any caller stream.
+  virtual void lane_wait(int from, int index, std::uint64_t value, int lane) = 0;
   // `stream` waits for everything queued on the copy lanes so far (no host wait); ends the round
   // begin() opened, if any.
   virtual void drain(void* stream) = 0;
@@ -66,13 +79,21 @@ inline std::size_t peer_copy_window_bytes(int size, std::size_t slot_bytes, int 
   return (slots + 7) / 8 * 8 + static_cast<std::size_t>(size) * static_cast<std::size_t>(flags_per_sender) * 8;
 }
 
+// Who asks for an exchange: the deck key named by its errors (with " = copy-engine" and the fix
+// "use KEY = nccl"), the group its messages name, and the tracker's tag of its window.
+struct PeerCopyUser {
+  const char* key = "parallel.grad_exchange";
+  const char* group = "data-parallel";
+  const char* tag = "grad_exchange_window";
+};
+
 // host: an MpiCommunicator of the group's ranks for host data (handles, barriers). The window is
-// allocated on the current CUDA device, peer_copy_window_bytes(...), counted in `tracker` under the
-// tag "grad_exchange_window"; its flags (flags_per_sender >= 1) start at 0. Collective over
-// `host`. Throws UsageError naming parallel.grad_exchange when the ranks are on different nodes
-// or their GPUs cannot map each other's memory or run 64-bit stream memory operations; a build
-// without CUDA always throws.
+// allocated on the current CUDA device, peer_copy_window_bytes(...), counted in `tracker` under
+// user.tag; its flags (flags_per_sender >= 1) start at 0. Collective over `host`. Throws
+// UsageError naming user.key when the ranks are on different nodes or their GPUs cannot map each
+// other's memory or run 64-bit stream memory operations; a build without CUDA always throws.
 std::unique_ptr<PeerCopyExchange> make_peer_copy_exchange(Communicator& host, std::size_t slot_bytes,
-                                                          MemoryTracker* tracker, int flags_per_sender);
+                                                          MemoryTracker* tracker, int flags_per_sender,
+                                                          const PeerCopyUser& user = {});
 
 }  // namespace lmscale::comm

@@ -107,6 +107,9 @@ LMSCALE_DECK_ENUM(GradReduceDtype, "fp32", "bf16");
 // parallel.grad_exchange: the backend of zero2's and bucketed DDP's bucket sums.
 enum class GradExchange { nccl, copy_engine };
 LMSCALE_DECK_ENUM(GradExchange, "nccl", "copy-engine");
+// parallel.ep_exchange: the backend of expert parallelism's row all-to-alls (docs/moe.md).
+enum class EpExchange { nccl, copy_engine };
+LMSCALE_DECK_ENUM(EpExchange, "nccl", "copy-engine");
 // parallel.zero: what is sharded over the data-parallel ranks.
 enum class ZeroLevel { none, zero1_broadcast, zero1, zero2, fsdp };
 LMSCALE_DECK_ENUM(ZeroLevel, "none", "zero1-broadcast", "zero1", "zero2", "fsdp");
@@ -259,6 +262,7 @@ struct ParallelConfig {
   std::int64_t comm_sms = 0;            // CUDA + NCCL: SMs left to NCCL (its maxCTAs), withheld from GEMMs that overlap it; 0 = off
   std::int64_t ep = 1;                  // expert parallelism: experts split over ep ranks inside dp (docs/moe.md)
   FsdpGatherDtype fsdp_gather_dtype = FsdpGatherDtype::compute;   // fsdp: what the weight all-gathers move
+  EpExchange ep_exchange = EpExchange::nccl;   // ep > 1: how the MoE blocks' token rows cross the ep group
 
   bool operator==(const ParallelConfig&) const = default;
 };

@@ -5,18 +5,23 @@
 // [i E/ep, (i+1) E/ep). This class owns what the group does:
 //   - the all-to-alls of the MoE blocks' dispatch and combine (ParallelContext::ep): the counts
 //     over the host communicator (the host sizes the buffers from them), the rows over the device
-//     communicator in the compute dtype;
+//     communicator in the compute dtype, or over the GPUs' copy engines (parallel.ep_exchange =
+//     copy-engine: parallel/copy_engine_all_to_all.h);
 //   - the sum over the group of the dense parameters' gradients (each ep rank's tokens are its
 //     own, so the dense gradient is the sum over all dp ranks = over ep, then over expert_dp);
 //   - the gradient norm (expert parameters are different on each ep rank: their squares add over
 //     the group; the dense ones are identical on its ranks after that sum: counted once);
 //   - full parameters for files: the ep ranks' expert rows gathered (parallel/sliced_parameters.h).
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lmscale/comm/communicator.h"
 #include "lmscale/model/expert_parallel.h"
 #include "lmscale/model/parameter_store.h"
+#include "lmscale/ops/runtime.h"
+#include "lmscale/parallel/copy_engine_all_to_all.h"
 
 namespace lmscale::parallel {
 
@@ -25,6 +30,14 @@ class ExpertParallel {
   // device: the ep group for activations (the model's device); host: the same ranks, in the same
   // order, on the host (mpi) communicator.
   ExpertParallel(comm::Communicator& device, comm::Communicator& host);
+  // The callbacks hold this object's address.
+  ExpertParallel(const ExpertParallel&) = delete;
+  ExpertParallel& operator=(const ExpertParallel&) = delete;
+  // parallel.ep_exchange = copy-engine: from now on the rows go over the copy engines through a
+  // receive window of slot_bytes per other rank (CopyEngineAllToAll::slot_bytes), allocated here.
+  // Collective over the group. Throws UsageError naming parallel.ep_exchange unless the device
+  // communicator is NCCL's (CUDA) and the ranks' GPUs share a node with peer access.
+  void use_copy_engine(ops::Runtime& rt, std::size_t slot_bytes);
 
   model::ExpertSplit split() const { return split_; }
   const model::ExpertParallelComm& callbacks() const { return callbacks_; }
@@ -52,6 +65,7 @@ class ExpertParallel {
   comm::Communicator& host_;
   model::ExpertSplit split_;
   model::ExpertParallelComm callbacks_;
+  std::unique_ptr<CopyEngineAllToAll> copy_engine_;   // parallel.ep_exchange = copy-engine
 };
 
 }  // namespace lmscale::parallel

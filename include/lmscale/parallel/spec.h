@@ -49,6 +49,8 @@ struct Spec {
   // the expert_dp group of dp / ep ranks (gradient_group()); the dense gradients are first summed
   // over the ep group (parallel/expert_parallel_strategy.h).
   int ep = 1;
+  // parallel.ep_exchange: the backend of the ep group's row all-to-alls (parallel/expert_parallel.h).
+  EpExchange ep_exchange = EpExchange::nccl;
   ZeroLevel zero = ZeroLevel::none;
   DdpKind ddp = DdpKind::none;
   double bucket_mb = 25;   // parallel.bucket_mb
@@ -98,6 +100,9 @@ struct Spec {
   // over v chunks per rank: (pp - 1) / v); 0 without stages.
   double bubble_microbatches(int virtual_stages) const;
   CopyEngineWindow copy_engine_window() const;
+  // parallel.ep_exchange = copy-engine with ep > 1: the ep group's all-to-alls keep a receive
+  // window from initialisation on (parallel/copy_engine_all_to_all.h), whatever the strategy.
+  bool ep_exchange_window() const { return ep > 1 && ep_exchange == EpExchange::copy_engine; }
   // The data-parallel choice as printed: "zero2", "fsdp", "ddp bucketed", "ddp flat".
   std::string data_parallel_name() const;
   // The spec of the data-parallel strategy under expert parallelism: dp = gradient_group(), ep 1.

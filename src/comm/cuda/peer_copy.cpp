@@ -23,7 +23,6 @@ namespace lmscale::comm {
 
 namespace {
 
-constexpr const char* kTag = "grad_exchange_window";
 constexpr std::size_t kHandleInts = (sizeof(cudaIpcMemHandle_t) + 3) / 4;
 constexpr int kLanes = 2;
 
@@ -52,9 +51,10 @@ void check_driver(CUresult r, const char* what) {
 
 class CudaPeerCopyExchange final : public PeerCopyExchange {
  public:
-  CudaPeerCopyExchange(Communicator& host, std::size_t slot_bytes, MemoryTracker* tracker, int flags_per_sender)
+  CudaPeerCopyExchange(Communicator& host, std::size_t slot_bytes, MemoryTracker* tracker, int flags_per_sender,
+                       const PeerCopyUser& user)
       : host_(host), rank_(host.rank()), size_(host.size()), slot_bytes_(slot_bytes), flags_(flags_per_sender),
-        tracker_(tracker) {
+        tracker_(tracker), user_(user) {
     LMSCALE_CUDA_CHECK(cudaGetDevice(&device_));
     LMSCALE_CHECK(flags_ >= 1, "peer copy: a window needs at least one signal flag per sender");
     check_one_node();
@@ -64,7 +64,7 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     // cudaMalloc'd on its own (not from the caching allocator): an IPC handle names a whole
     // allocation. At least one byte, so that every rank has a handle to share.
     LMSCALE_CUDA_CHECK(cudaMalloc(&window_, std::max<std::size_t>(window_bytes_, 256)));
-    if (tracker_) tracker_->on_alloc(window_bytes_, kTag);
+    if (tracker_) tracker_->on_alloc(window_bytes_, user_.tag);
     // Zero the flags before any rank can signal: the handles' all-gather below orders it for the others.
     LMSCALE_CUDA_CHECK(cudaMemset(static_cast<char*>(window_) + flags_at_, 0, window_bytes_ - flags_at_));
     LMSCALE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -118,8 +118,10 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     LMSCALE_CHECK(offset + bytes <= limit, "peer copy: {} bytes at {} exceed the {}-byte target", bytes, offset, limit);
     if (bytes == 0) return;
     cudaStream_t copy = copy_[lane];
-    LMSCALE_CUDA_CHECK(cudaEventRecord(ready_, static_cast<cudaStream_t>(after)));
-    LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(copy, ready_, 0));
+    if (after) {
+      LMSCALE_CUDA_CHECK(cudaEventRecord(ready_, static_cast<cudaStream_t>(after)));
+      LMSCALE_CUDA_CHECK(cudaStreamWaitEvent(copy, ready_, 0));
+    }
     char* dst = static_cast<char*>(b.peers[static_cast<std::size_t>(to)]) + offset +
                 (buffer == kWindow ? slot_index(rank_, to) * slot_bytes_ : 0);
     // run.trace: the copy as the copy stream runs it, on the point-to-point track (core/trace.h).
@@ -148,26 +150,21 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
   }
 
   void signal(int to, int index, std::uint64_t value, int lane) override {
-    LMSCALE_CHECK(index >= 0 && index < flags_ && to != rank_ && to >= 0 && to < size_ && lane >= 0 && lane < kLanes,
-                  "peer copy: no flag {} from rank {} at rank {} (lane {})", index, rank_, to, lane);
-    auto* peer = static_cast<char*>(buffers_[kWindow].peers[static_cast<std::size_t>(to)]);
-    // CU_STREAM_WRITE_VALUE_DEFAULT: fenced after the lane's earlier copies (comm/peer_copy.h).
-    check_driver(drv_.write64(copy_[lane], reinterpret_cast<CUdeviceptr>(peer + flag_offset(rank_, index)), value,
-                              CU_STREAM_WRITE_VALUE_DEFAULT),
-                 "cuStreamWriteValue64");
+    LMSCALE_CHECK(lane >= 0 && lane < kLanes, "peer copy: no lane {}", lane);
+    write_flag(to, index, value, copy_[lane]);
+  }
+
+  void signal_after(int to, int index, std::uint64_t value, void* stream) override {
+    write_flag(to, index, value, static_cast<cudaStream_t>(stream));
   }
 
   void wait(int from, int index, std::uint64_t value, void* stream) override {
-    LMSCALE_CHECK(index >= 0 && index < flags_ && from != rank_ && from >= 0 && from < size_,
-                  "peer copy: no flag {} from rank {} at rank {}", index, from, rank_);
-    auto* mine = static_cast<char*>(window_) + flag_offset(from, index);
-    // Where the platform can, also flush the remote writes that arrived before the flag: the
-    // device may otherwise reorder a peer's writes (cuda.h, CU_STREAM_WAIT_VALUE_FLUSH). Over
-    // NVLink peer copies the copy's fence before the flag has been enough in every test so far.
-    check_driver(drv_.wait64(static_cast<cudaStream_t>(stream), reinterpret_cast<CUdeviceptr>(mine), value,
-                             static_cast<unsigned>(CU_STREAM_WAIT_VALUE_GEQ) |
-                                 (flush_ ? static_cast<unsigned>(CU_STREAM_WAIT_VALUE_FLUSH) : 0u)),
-                 "cuStreamWaitValue64");
+    wait_flag(from, index, value, static_cast<cudaStream_t>(stream));
+  }
+
+  void lane_wait(int from, int index, std::uint64_t value, int lane) override {
+    LMSCALE_CHECK(lane >= 0 && lane < kLanes, "peer copy: no lane {}", lane);
+    wait_flag(from, index, value, copy_[lane]);
   }
 
   void drain(void* stream) override {
@@ -184,6 +181,30 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
   }
 
  private:
+  // Flag `index` that rank `to` keeps for this rank := value, on `stream` after its earlier work.
+  void write_flag(int to, int index, std::uint64_t value, cudaStream_t stream) {
+    LMSCALE_CHECK(index >= 0 && index < flags_ && to != rank_ && to >= 0 && to < size_,
+                  "peer copy: no flag {} from rank {} at rank {}", index, rank_, to);
+    auto* peer = static_cast<char*>(buffers_[kWindow].peers[static_cast<std::size_t>(to)]);
+    // CU_STREAM_WRITE_VALUE_DEFAULT: fenced after the stream's earlier copies (comm/peer_copy.h).
+    check_driver(drv_.write64(stream, reinterpret_cast<CUdeviceptr>(peer + flag_offset(rank_, index)), value,
+                              CU_STREAM_WRITE_VALUE_DEFAULT),
+                 "cuStreamWriteValue64");
+  }
+  // `stream` holds until this rank's flag `index` from `from` is >= value.
+  void wait_flag(int from, int index, std::uint64_t value, cudaStream_t stream) {
+    LMSCALE_CHECK(index >= 0 && index < flags_ && from != rank_ && from >= 0 && from < size_,
+                  "peer copy: no flag {} from rank {} at rank {}", index, from, rank_);
+    auto* mine = static_cast<char*>(window_) + flag_offset(from, index);
+    // Where the platform can, also flush the remote writes that arrived before the flag: the
+    // device may otherwise reorder a peer's writes (cuda.h, CU_STREAM_WAIT_VALUE_FLUSH). Over
+    // NVLink peer copies the copy's fence before the flag has been enough in every test so far.
+    check_driver(drv_.wait64(stream, reinterpret_cast<CUdeviceptr>(mine), value,
+                             static_cast<unsigned>(CU_STREAM_WAIT_VALUE_GEQ) |
+                                 (flush_ ? static_cast<unsigned>(CU_STREAM_WAIT_VALUE_FLUSH) : 0u)),
+                 "cuStreamWaitValue64");
+  }
+
   // Receiver r keeps one slot per other rank, in rank order without itself.
   std::size_t slot_index(int sender, int receiver) const {
     return static_cast<std::size_t>(sender < receiver ? sender : sender - 1);
@@ -227,9 +248,8 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     if (any) {
       close(s);
       throw UsageError(fmt::format(
-          "parallel.grad_exchange = copy-engine: {}; the data-parallel GPUs need peer access (NVLink or PCIe P2P); "
-          "use parallel.grad_exchange = nccl",
-          failed.empty() ? "another rank cannot map a peer's GPU memory" : failed));
+          "{} = copy-engine: {}; the {} GPUs need peer access (NVLink or PCIe P2P); use {} = nccl", user_.key,
+          failed.empty() ? "another rank cannot map a peer's GPU memory" : failed, user_.group, user_.key));
     }
     return s;
   }
@@ -252,9 +272,9 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     flush_ = flush != 0;
     if (!ok)
       throw UsageError(fmt::format(
-          "parallel.grad_exchange = copy-engine: cuda device {} cannot run 64-bit stream memory operations, which "
-          "bucketed DDP's exchange signals with; use parallel.grad_exchange = nccl",
-          device_));
+          "{} = copy-engine: cuda device {} cannot run 64-bit stream memory operations, which the exchange "
+          "signals with; use {} = nccl",
+          user_.key, device_, user_.key));
   }
 
   // The communicator knows whether its ranks share a node (MPI_COMM_TYPE_SHARED).
@@ -263,9 +283,9 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     LMSCALE_CHECK(mpi != nullptr, "peer copy: the handles and barriers go over an mpi host communicator");
     if (!mpi->node_local())
       throw UsageError(fmt::format(
-          "parallel.grad_exchange = copy-engine: the data-parallel ranks are on {} nodes; copy-engine transfers need "
-          "them on one node; use parallel.grad_exchange = nccl",
-          mpi->nodes()));
+          "{} = copy-engine: the {} ranks are on {} nodes; copy-engine transfers need them on one node; use {} = "
+          "nccl",
+          user_.key, user_.group, mpi->nodes(), user_.key));
   }
 
   void release() {
@@ -273,7 +293,7 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
     buffers_.clear();
     if (window_) {
       cudaFree(window_);
-      if (tracker_) tracker_->on_free(window_bytes_, kTag);
+      if (tracker_) tracker_->on_free(window_bytes_, user_.tag);
       window_ = nullptr;
     }
   }
@@ -284,6 +304,7 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
   int flags_;   // per sender
   bool flush_ = false;   // waits also flush remote writes (CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES)
   MemoryTracker* tracker_;
+  PeerCopyUser user_;   // the key its errors name, the tracker's tag
   void* window_ = nullptr;
   std::vector<Shared> buffers_;   // [kWindow]: the windows; then share()'s buffers
   DriverCalls drv_;
@@ -295,8 +316,9 @@ class CudaPeerCopyExchange final : public PeerCopyExchange {
 }  // namespace
 
 std::unique_ptr<PeerCopyExchange> make_peer_copy_exchange(Communicator& host, std::size_t slot_bytes,
-                                                          MemoryTracker* tracker, int flags_per_sender) {
-  return std::make_unique<CudaPeerCopyExchange>(host, slot_bytes, tracker, flags_per_sender);
+                                                          MemoryTracker* tracker, int flags_per_sender,
+                                                          const PeerCopyUser& user) {
+  return std::make_unique<CudaPeerCopyExchange>(host, slot_bytes, tracker, flags_per_sender, user);
 }
 
 }  // namespace lmscale::comm

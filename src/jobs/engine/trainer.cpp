@@ -99,6 +99,12 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
                                                     spec.master_in_store() ? model::ParameterStore::MasterCopy::whole
                                                                            : model::ParameterStore::MasterCopy::read_ranges);
   params_->init(env.cfg.run.seed, ctx);
+  // parallel.ep_exchange = copy-engine: the receive window holds one micro-batch's routed rows per
+  // other ep rank, in the compute dtype (larger calls, an evaluation's whole local batch, go in
+  // chunks: parallel/copy_engine_all_to_all.h).
+  if (spec.ep_exchange_window())
+    ep_->use_copy_engine(env.rt, parallel::CopyEngineAllToAll::slot_bytes(dims_, local_rows_ / grad_accum,
+                                                                          dtype_size(params_->lowp_dtype())));
   // One model per chunk over the one store (a single one without the interleaved schedule).
   for (const auto& u : chunks) chunk_models_.push_back(std::make_unique<model::TransformerLM>(dims_, *params_, u));
   for (auto& m : chunk_models_) m->set_recompute(model::RecomputePolicy::from(env.cfg.train));

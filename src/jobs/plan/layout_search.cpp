@@ -124,6 +124,7 @@ std::vector<Candidate> search_layouts(const Config& deck, std::int64_t batch, in
               // fsdp reduce-scatters its gradients itself (no DDP kind); the others bucket them.
               c.parallel.ddp = dp > 1 && z != ZeroLevel::fsdp ? DdpKind::bucketed : DdpKind::none;
               c.parallel.grad_exchange = GradExchange::nccl;
+              c.parallel.ep_exchange = EpExchange::nccl;   // (the step model knows NCCL's all-to-all only)
               c.parallel.sequence_parallel = sp;
               c.parallel.schedule = PipelineSchedule::one_f_one_b;
               c.parallel.virtual_stages = 1;

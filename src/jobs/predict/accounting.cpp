@@ -12,6 +12,7 @@
 #include "lmscale/jobs/predict/planned_device.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/recompute.h"
+#include "lmscale/parallel/copy_engine_all_to_all.h"
 #include "lmscale/parallel/spec.h"
 #include "memory_replay.h"
 
@@ -156,6 +157,13 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
         "4 B x " + p + " x (" + n + " - 1) / " + n + " (copy-engine receive window: " +
             (window == parallel::CopyEngineWindow::shard_slots ? "one shard-sized slot per other rank)"
                                                                : "each bucket's part of this rank from every other rank)"));
+  // parallel.ep_exchange = copy-engine: the ep all-to-all's receive window (its flags: memory model).
+  if (spec.ep_exchange_window() && m.moe())
+    add("ep_exchange_window",
+        static_cast<double>(spec.ep - 1) *
+            static_cast<double>(parallel::CopyEngineAllToAll::slot_bytes(m, a.local_batch, static_cast<std::size_t>(e))),
+        fmt::format("(ep - 1) x {} rows x d x e (copy-engine receive window: a micro-batch's routed rows per other "
+                    "ep rank)", parallel::CopyEngineAllToAll::slot_rows(m, a.local_batch)));
   // fp32 optimizer state: adamw and lamb m, v; sgd and lars one momentum buffer.
   const bool one_state = cfg.optim.name == OptimizerName::sgd || cfg.optim.name == OptimizerName::lars;
   const std::string sb = one_state ? "4 B x " : "8 B x ", what = one_state ? "momentum buffer" : to_string(cfg.optim.name) + " m, v";

@@ -16,6 +16,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
+#include "lmscale/parallel/copy_engine_all_to_all.h"
 #include "lmscale/parallel/spec.h"
 #include "lmscale/parallel/zero.h"
 #include "memory_replay.h"
@@ -180,6 +181,12 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
                                   : "ddp (flat gradient buffer)";
   }
   init += replay::fp8_state_bytes(cfg, s);   // the FP8 layers' scaling state (precision.mode = fp8)
+  // parallel.ep_exchange = copy-engine: the ep all-to-all's receive window and flags, from
+  // initialisation on, whatever the strategy (parallel/copy_engine_all_to_all.h).
+  if (spec.ep_exchange_window() && s.moe_every > 0)
+    init += static_cast<double>(parallel::CopyEngineAllToAll::window_bytes(
+        spec.ep, parallel::CopyEngineAllToAll::slot_bytes(model::ModelDims::from(cfg.model), global / dp / accum,
+                                                          static_cast<std::size_t>(s.e))));
   auto run = [&](bool keep, bool backward, bool grads_held) {
     Sim m;
     m.cuda = cuda;
