@@ -6,6 +6,7 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/rng.h"
+#include "lmscale/model/param_layout.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::model {
@@ -13,7 +14,7 @@ namespace lmscale::model {
 std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
   std::vector<ParamInfo> v;
   std::int64_t off = 0;
-  auto add = [&](std::string name, Shape shape, ParamInfo::Kind kind, int layer, bool joins_next = false) {
+  auto add = [&](std::string name, Shape shape, ParamInfo::Kind kind, int layer) {
     ParamInfo p;
     p.name = std::move(name);
     p.numel = shape_numel(shape);
@@ -22,7 +23,6 @@ std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
     p.offset = off;
     p.kind = kind;
     p.layer = layer;
-    p.joins_next = joins_next;
     off += p.numel;
     v.push_back(std::move(p));
   };
@@ -31,8 +31,8 @@ std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
   add("token_embeddings.weight", {m.vocab, d}, K::embedding, -1);
   for (int i = 0; i < m.layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    add(p + "attn.q_proj.weight", {d, d}, K::linear, i, true);   // q|k|v: one GEMM
-    add(p + "attn.k_proj.weight", {d, d}, K::linear, i, true);
+    add(p + "attn.q_proj.weight", {d, d}, K::linear, i);
+    add(p + "attn.k_proj.weight", {d, d}, K::linear, i);
     add(p + "attn.v_proj.weight", {d, d}, K::linear, i);
     add(p + "attn.output_proj.weight", {d, d}, K::linear, i);
     add(p + "ln1.weight", {d}, K::norm, i);
@@ -47,7 +47,7 @@ std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
     } else {
       // w3 before w2 (the reference model declares w1, w2, w3): w1 and w3 back to back, so the
       // FFN's a|b is one GEMM each way (model/param_layout.h).
-      add(p + "ffn.w1.weight", {F, d}, K::linear, i, true);   // w1|w3: one GEMM
+      add(p + "ffn.w1.weight", {F, d}, K::linear, i);
       add(p + "ffn.w3.weight", {F, d}, K::linear, i);
       add(p + "ffn.w2.weight", {d, F}, K::linear, i);
     }
@@ -55,6 +55,8 @@ std::vector<ParamInfo> parameter_layout(const ModelDims& m) {
   }
   add("ln_final.weight", {d}, K::norm, -1);
   add("lm_head.weight", {m.vocab, d}, K::linear, -1);
+  const ParamIndex index(m);   // q|k|v and w1|w3: one GEMM each (the gradient buckets keep them whole)
+  for (int i = 0; i < static_cast<int>(v.size()); ++i) v[static_cast<std::size_t>(i)].joins_next = index.joins_next(i);
   return v;
 }
 

@@ -68,6 +68,14 @@ class ParamIndex {
     const BlockParams b = block(unit_of(p) - 1);
     return p == b.ln1 || p == b.ln2;
   }
+  // Whether p and p + 1 run one GEMM side by side (q|k|v: q and k; a dense block's w1|w3: w1), so
+  // their gradients must stay back to back (ParamInfo::joins_next, parallel/grad_buckets.h).
+  constexpr bool joins_next(int p) const {
+    if (p <= 0 || p >= ln_final()) return false;
+    const int l = unit_of(p) - 1;
+    const BlockParams b = block(l);
+    return p == b.q || p == b.k || (!is_moe(l) && p == b.w1);
+  }
 
  private:
   // Index of block l's first parameter (l = L: ln_final).

@@ -76,17 +76,9 @@ std::vector<double> param_sizes(const Shapes& s) {
 }
 
 std::vector<bool> param_joins(const Shapes& s) {
-  std::vector<bool> j{false};
-  for (int l = 0; l < s.L; ++l) {
-    // q, k, v, o, ln1, then (MoE) router, w1, w3, w2 or (dense) w1, w3, w2, then ln2
-    for (bool b : {true, true, false, false, false}) j.push_back(b);
-    const std::vector<bool> ffn = s.is_moe(l) ? std::vector<bool>{false, false, false, false}
-                                              : std::vector<bool>{true, false, false};
-    j.insert(j.end(), ffn.begin(), ffn.end());
-    j.push_back(false);
-  }
-  j.push_back(false);
-  j.push_back(false);
+  const model::ParamIndex index = s.index();
+  std::vector<bool> j(static_cast<std::size_t>(index.count()));
+  for (int i = 0; i < index.count(); ++i) j[static_cast<std::size_t>(i)] = index.joins_next(i);
   return j;
 }
 

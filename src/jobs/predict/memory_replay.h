@@ -95,7 +95,7 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda);
 // Parameter sizes (elements) in the store's order: embedding, per layer q,k,v,o,ln1,w1,w3,w2,ln2
 // (transformer.cpp's Slot order), ln_final, lm_head; local shapes under tensor parallelism.
 std::vector<double> param_sizes(const Shapes& s);
-// model::ParamInfo::joins_next in the same order: q and k (of q|k|v) and a dense block's w1 (of w1|w3).
+// model::ParamIndex::joins_next of each parameter, in the same order (ParamInfo::joins_next).
 std::vector<bool> param_joins(const Shapes& s);
 
 // The gradient provider: LazyGradients allocates a parameter's bucket (parallel/grad_buckets.h:

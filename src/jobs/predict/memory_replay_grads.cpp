@@ -1,29 +1,28 @@
 // The replay's gradient provider (memory_replay.h, Grads): a parameter's bucket allocated the
 // first time the backward asks for one of its gradients, and the reduce's staging buffers.
-#include <cmath>
+#include <cstdint>
 
+#include "lmscale/parallel/grad_buckets.h"
 #include "memory_replay.h"
 
 namespace lmscale::jobs::replay {
 
 void Grads::init(const std::vector<double>& sizes, const std::vector<bool>& joins, double max_bytes) {
-  // parallel::gradient_buckets: reverse order, one side-by-side group (joins) at a time.
-  const double cap = std::floor(max_bytes / 4);
-  double fill = 0;
-  bucket_of.assign(sizes.size(), -1);
+  // The store's buckets (parallel::gradient_buckets) over parameters of these sizes and groups.
+  std::vector<model::ParamInfo> params(sizes.size());
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    params[i].offset = at;
+    params[i].numel = static_cast<std::int64_t>(sizes[i]);
+    params[i].joins_next = joins[i];
+    at += params[i].numel;
+  }
+  const auto buckets = parallel::gradient_buckets(params, max_bytes, 4);
+  bucket_of = std::vector<int>(sizes.size(), -1);
   bucket_bytes.clear();
-  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0;) {
-    int first = i;
-    double n = sizes[static_cast<std::size_t>(i)];
-    while (first > 0 && joins[static_cast<std::size_t>(first) - 1]) n += sizes[static_cast<std::size_t>(--first)];
-    if (bucket_bytes.empty() || fill + n > cap) {
-      bucket_bytes.push_back(0);
-      fill = 0;
-    }
-    fill += n;
-    bucket_bytes.back() += 4 * n;
-    for (int j = first; j <= i; ++j) bucket_of[static_cast<std::size_t>(j)] = static_cast<int>(bucket_bytes.size()) - 1;
-    i = first - 1;
+  for (const auto& b : buckets) {
+    for (int i = b.first; i <= b.last; ++i) bucket_of[static_cast<std::size_t>(i)] = static_cast<int>(bucket_bytes.size());
+    bucket_bytes.push_back(4.0 * static_cast<double>(b.numel));
   }
   held.assign(bucket_bytes.size(), false);
 }
