@@ -110,6 +110,34 @@ TEST_F(Nccl, AllReduceEveryTypeSizeAndOp) {
       }
 }
 
+// all_reduce_group: several tensors of different dtypes and sizes (one empty) in one group, each
+// summed as its own all-reduce would, bit for bit; the Work orders the compute stream after all.
+TEST_F(Nccl, AllReduceGroupEqualsEachAllReduce) {
+  const std::vector<std::pair<DType, std::size_t>> parts = {
+      {DType::f32, 1000}, {DType::bf16, 7}, {DType::f32, 0}, {DType::f64, 1 << 16}, {DType::i32, 1}};
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+  std::vector<Tensor> views;
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const auto [t, n] = parts[k];
+    HostBuffer in(t, n);
+    for (std::size_t i = 0; i < n; ++i) in.set(i, test_value(r_, i, static_cast<int>(k)));
+    bufs.push_back(std::make_unique<DeviceBuffer>(t, n));
+    upload(bufs.back()->data(), in, n * dtype_size(t));
+    views.push_back(Tensor::view(bufs.back()->data(), {static_cast<std::int64_t>(n)}, t, Device::cuda));
+  }
+  comm_->all_reduce_group(views, ReduceOp::sum, CallOptions{true, std::nullopt}).wait();
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const auto [t, n] = parts[k];
+    HostBuffer out(t, n);
+    download(out, bufs[k]->data(), n * dtype_size(t));
+    Mismatches m;
+    for (std::size_t i = 0; i < n; ++i)
+      m.expect(out.at(i), expected_reduce(t, ReduceOp::sum, p_, i, static_cast<int>(k)), i);
+    EXPECT_EQ(m.wrong, 0u) << where("all-reduce group", t, n, true) << ": " << m.first;
+  }
+  EXPECT_FALSE(comm_->all_reduce_group({}, ReduceOp::sum).valid());
+}
+
 TEST_F(Nccl, ReduceScatterEvenAndUneven) {
   for (DType t : kTypes)
     for (std::size_t n : kSizes)

@@ -72,6 +72,27 @@ TEST_P(Collectives, AllReduce) {
       }
 }
 
+// all_reduce_group (the default: each tensor's all-reduce in turn): every tensor summed as alone.
+TEST_P(Collectives, AllReduceGroup) {
+  const DType t = dtype();
+  std::vector<HostBuffer> bufs;
+  std::vector<Tensor> views;
+  for (std::size_t k = 0; k < std::size(kSizes); ++k) {
+    bufs.emplace_back(t, kSizes[k]);
+    for (std::size_t i = 0; i < kSizes[k]; ++i) bufs.back().set(i, test_value(r_, i, static_cast<int>(k)));
+  }
+  for (std::size_t k = 0; k < bufs.size(); ++k)
+    views.push_back(Tensor::view(bufs[k].data(), {static_cast<std::int64_t>(kSizes[k])}, t, Device::cpu));
+  comm_->all_reduce_group(views, ReduceOp::sum, CallOptions{true, std::nullopt}).wait();
+  for (std::size_t k = 0; k < bufs.size(); ++k) {
+    Mismatches m;
+    for (std::size_t i = 0; i < kSizes[k]; ++i)
+      m.expect(bufs[k].at(i), expected_reduce(t, ReduceOp::sum, p_, i, static_cast<int>(k)), i);
+    EXPECT_EQ(m.wrong, 0u) << where("all-reduce group", kSizes[k], true) << ": " << m.first;
+  }
+  EXPECT_FALSE(comm_->all_reduce_group({}, ReduceOp::sum).valid());
+}
+
 TEST_P(Collectives, ReduceScatter) {
   const DType t = dtype();
   const std::size_t es = dtype_size(t);

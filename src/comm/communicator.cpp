@@ -262,6 +262,20 @@ Work Communicator::exchange(const std::vector<P2POp>& ops, CallOptions o) {
   return w;
 }
 
+Work Communicator::all_reduce_group(const std::vector<Tensor>& inout, ReduceOp op, CallOptions o) {
+  CallOptions a = o;
+  a.async = true;
+  std::vector<Work> parts;
+  for (const Tensor& t : inout) {
+    Tensor v = t;   // a view: all_reduce writes through it
+    parts.push_back(all_reduce(v, op, a));
+  }
+  if (parts.empty()) return Work();
+  Work w(std::make_shared<WorkGroup>(std::move(parts)));
+  if (!o.async) w.wait();
+  return w;
+}
+
 // ---- Tensor views ---------------------------------------------------------------------------
 
 void Communicator::check_tensor(const Tensor& t, const char* what) const {

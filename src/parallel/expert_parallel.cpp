@@ -57,6 +57,11 @@ comm::Work ExpertParallel::sum_gradient(Tensor& g, bool async) {
   return device_.all_reduce(g, comm::ReduceOp::sum, comm::CallOptions{async, std::nullopt});
 }
 
+comm::Work ExpertParallel::sum_gradients(const std::vector<Tensor>& grads) {
+  NvtxRange r("ep_dense_grad_sums");
+  return device_.all_reduce_group(grads, comm::ReduceOp::sum, comm::CallOptions{true, std::nullopt});
+}
+
 double ExpertParallel::sum_scalar(double x) { return comm::sum_over(host_, x); }
 
 double ExpertParallel::global_sum_squares(double all, double experts) {

@@ -29,14 +29,21 @@ class ExpertParallelStrategy::Sync final : public GradientSync {
     // unit's gradients after its backward: those sums are waited on first. On CPUs (mpi) each sum
     // blocks: an asynchronous one would run on the communication thread beside the main
     // thread's MPI calls.
+    // The asynchronous sums go out in groups of about kGroupBytes (one NCCL launch each): every
+    // ep rank holds the same dense parameters and becomes ready for them in the same order, so
+    // the groups match across the ranks.
     const bool async_hooks = !pc.on_grad_ready && ep_.async_sums();
     pc.on_grad_ready = [this, last, async_hooks, inner = pc.on_grad_ready](int i) {
       if (!ExpertParallel::holds_slice(store_.infos()[static_cast<std::size_t>(i)]) &&
           (last || inner_.reduces_every_micro_batch(i))) {
         Tensor g = store_.grad(i);
-        const bool async = async_hooks && !inner_.reduces_every_micro_batch(i);
-        comm::Work w = ep_.sum_gradient(g, async);
-        if (async) pending_.push_back(std::move(w));
+        if (async_hooks && !inner_.reduces_every_micro_batch(i)) {
+          ready_bytes_ += static_cast<std::size_t>(g.numel()) * dtype_size(g.dtype());
+          ready_.push_back(g);
+          if (ready_bytes_ >= kGroupBytes) flush();
+        } else {
+          ep_.sum_gradient(g, false);
+        }
       }
       if (inner) inner(i);
     };
@@ -45,6 +52,7 @@ class ExpertParallelStrategy::Sync final : public GradientSync {
   bool reduces_every_micro_batch(int param) const override { return inner_.reduces_every_micro_batch(param); }
   model::ParallelContext forward_hooks(bool training) override { return inner_.forward_hooks(training); }
   void finish(Context& ctx) override {
+    flush();
     for (comm::Work& w : pending_) w.wait();
     pending_.clear();
     inner_.finish(ctx);
@@ -57,7 +65,20 @@ class ExpertParallelStrategy::Sync final : public GradientSync {
   ExpertParallel& ep_;
   model::ParameterStore& store_;
   comm::Communicator& dp_host_;
+  // Sends the ready dense gradients' sums as one group.
+  void flush() {
+    if (ready_.empty()) return;
+    pending_.push_back(ep_.sum_gradients(ready_));
+    ready_.clear();
+    ready_bytes_ = 0;
+  }
+
+  // About one block's dense gradients of a 1B model (16 MB in fp32): few launches, and the sums
+  // still run behind the rest of the backward.
+  static constexpr std::size_t kGroupBytes = std::size_t{16} << 20;
   std::vector<comm::Work> pending_;   // the dense gradients' sums in flight (async hooks only)
+  std::vector<Tensor> ready_;         // ready for their sum, not yet sent (async hooks only)
+  std::size_t ready_bytes_ = 0;
 };
 
 ExpertParallelStrategy::ExpertParallelStrategy(const StrategyParts& parts, std::unique_ptr<Strategy> inner,

@@ -186,6 +186,13 @@ class Communicator {
   // Send buffers must stay alive and unmodified, receive buffers unread, until the Work is waited
   // on. An empty list gives a complete Work.
   virtual Work exchange(const std::vector<P2POp>& ops, CallOptions o = {});
+  // In-place all-reduces of several tensors posted as one operation; the Work completes when all
+  // of them have. nccl: one ncclGroupStart/ncclGroupEnd around them (one launch, and one host-side
+  // launch cost instead of one per tensor: in NCCL's non-blocking mode each call's launch runs in a
+  // background thread that the host polls for, ~0.1 ms, docs/collectives.md). Other backends: the
+  // tensors' all-reduces in turn. Every rank must pass the same number of tensors of the same
+  // sizes in the same order. An empty list gives a complete Work.
+  virtual Work all_reduce_group(const std::vector<Tensor>& inout, ReduceOp op, CallOptions o = {});
   // All ranks reach this point (mpi: after all earlier calls are done; nccl: after the compute and
   // communication streams are drained).
   virtual void barrier() = 0;
@@ -220,9 +227,10 @@ class Communicator {
   // Argument checks of exchange() (peers, tags, devices, duplicates); returns the ops in
   // canonical order. For backends that override exchange().
   std::vector<P2POp> checked_exchange(const std::vector<P2POp>& ops) const;
+  // Throws UsageError unless t (when not empty) lives where this backend's buffers do.
+  void check_tensor(const Tensor& t, const char* what) const;
 
  private:
-  void check_tensor(const Tensor& t, const char* what) const;
   bool check_ = false;
 };
 

@@ -49,6 +49,9 @@ class ExpertParallel {
   // g (a dense parameter's gradient, on the model's device) summed over the group, in place. The
   // returned Work is already waited on unless async (then g must stay untouched until it is).
   comm::Work sum_gradient(Tensor& g, bool async);
+  // Several dense gradients summed over the group as one operation (one NCCL group: one launch
+  // and one host-side wait instead of one per gradient); asynchronous, as sum_gradient(g, true).
+  comm::Work sum_gradients(const std::vector<Tensor>& grads);
   // Whether sum_gradient may run asynchronously: on the nccl backend (ordered on its own stream).
   bool async_sums() const { return device_.backend() == comm::Backend::nccl; }
   // Sum of a host scalar over the group.

@@ -85,9 +85,18 @@ class EventPool {
 // steady state of collectives) costs nothing more. The point: no NCCL call can block the host
 // forever, so a watchdog thread can read the asynchronous error and ncclCommAbort a communicator
 // whose peer died or hangs (jobs/resilience/step_watchdog.h).
+//
+// NCCL 2.2x launches every call of a non-blocking communicator (each is a group) in a background
+// thread and returns ncclInProgress, so the steady state polls too: for about 0.03-0.1 ms. The
+// poll spins (yielding) for its first millisecond and only then sleeps between polls: a sleep's
+// granularity (~60 us) cost every collective and all-to-all that much again (the ~150 us floor
+// measured in docs/collectives.md); the long waits (initialisation, a first connection) sleep.
 ncclResult_t wait_ready(ncclComm_t comm, ncclResult_t r) {
-  for (int spins = 0; r == ncclInProgress; ++spins) {
-    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  if (r != ncclInProgress) return r;
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+  while (r == ncclInProgress) {
+    if (std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
     if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
   }
   return r;
@@ -328,6 +337,34 @@ class NcclCommunicator final : public Communicator {
           shared_->check(ncclRecv(op.buf, op.count, type, op.peer, shared_->comm, s), "exchange (ncclRecv)");
       }
       shared_->check(ncclGroupEnd(), "exchange (ncclGroupEnd)");
+    });
+    if (!o.async) w.wait();
+    return w;
+  }
+
+  // One group of in-place all-reduces: one launch on the communication stream and one wait for
+  // NCCL's background launch (non-blocking mode) instead of one per tensor.
+  Work all_reduce_group(const std::vector<Tensor>& inout, ReduceOp op, CallOptions o) override {
+    std::size_t bytes = 0;
+    for (const Tensor& t : inout) {
+      check_tensor(t, "all-reduce group");
+      if (check()) {
+        Request req;
+        req.kind = OpKind::all_reduce, req.send = t.data(), req.recv = t.data();
+        req.count = static_cast<std::size_t>(t.numel()), req.dtype = t.dtype(), req.op = op;
+        req.algo = Algo::library;
+        verify(req);
+      }
+      bytes += static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype());
+    }
+    if (inout.empty()) return Work();
+    Work w = launch("all-reduce", bytes, [&](cudaStream_t s) {
+      shared_->check(ncclGroupStart(), "all-reduce group (ncclGroupStart)");
+      for (const Tensor& t : inout)
+        shared_->check(ncclAllReduce(t.data(), const_cast<void*>(t.data()), static_cast<std::size_t>(t.numel()),
+                                     nccl_type(t.dtype()), nccl_op(op), shared_->comm, s),
+                       "all-reduce group (ncclAllReduce)");
+      shared_->check(ncclGroupEnd(), "all-reduce group (ncclGroupEnd)");
     });
     if (!o.async) w.wait();
     return w;
