@@ -396,6 +396,28 @@ TEST_F(MoeGroupedCuda, GroupedExpertsMatchTheLoopAndTheFloat64Reference) {
     }
 }
 
+// The loop's products on two streams (ops/cuda/gemm_lanes.h, the default) give the bits of one
+// stream: forward and backward, fresh and accumulated gradients, bf16 and fp32, uneven and empty
+// experts.
+TEST_F(MoeGroupedCuda, TwoGemmLanesGiveTheBitsOfOne) {
+  const std::vector<std::int64_t> rows = {37, 0, 130, 1, 90, 17, 0, 64};
+  int& lanes = ops::cuda::resources(g()).gemm_lanes;
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << " accumulate " << accumulate);
+      const Inputs in = inputs(rows, 64, 96, t, DType::f32);
+      lanes = 1;
+      const ExpertsOut one = run(in, ops::ExpertGemm::loop, accumulate, nullptr);
+      lanes = 2;
+      const ExpertsOut two = run(in, ops::ExpertGemm::loop, accumulate, nullptr);
+      for (const auto& [name, a, b] : {std::tuple{"y", &one.y, &two.y}, {"g", &one.g, &two.g}, {"dg", &one.dg, &two.dg},
+                                       {"dx", &one.dx, &two.dx}, {"G1", &one.G1, &two.G1}, {"G3", &one.G3, &two.G3},
+                                       {"G2", &one.G2, &two.G2}})
+        EXPECT_EQ(*a, *b) << name << " differs between one and two lanes";
+    }
+  EXPECT_NE(ops::cuda::resources(g()).side_lane.stream, nullptr) << "the second lane was never used";
+}
+
 // Rows whose start is not 16-byte aligned (bf16, d = 60: rows of 120 bytes) break cuBLAS's
 // alignment rule for grouped 16-bit products: those lists loop (counted) and still match the
 // reference. No rows at all: nothing runs, fresh gradients are zero.

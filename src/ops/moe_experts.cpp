@@ -10,6 +10,7 @@
 #include "cuda/cuda_ops.h"
 #ifdef LMSCALE_WITH_CUDA
 #include "cuda/gemm_grouped.h"
+#include "cuda/gemm_lanes.h"
 #endif
 #include "lmscale/core/error.h"
 #include "lmscale/ops/ops.h"
@@ -56,9 +57,14 @@ void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>&
     return cuda::moe_experts_grouped(ctx, x, rows, W1, W3, W2, a, b, g, y);
   // The loop's GEMMs change their row count every call: the plan cache's shapes-vary mode.
   std::optional<cuda::GemmShapesVary> varying_shapes;
-  if (x.device() == Device::cuda) varying_shapes.emplace(ctx);
+  std::optional<cuda::GemmLanes> lanes;
+  if (x.device() == Device::cuda) varying_shapes.emplace(ctx), lanes.emplace(ctx);
+  auto use_lane = [&](std::size_t e) { if (lanes) lanes->use(e); };
+  auto join_lanes = [&] { if (lanes) lanes->join(); };
 #else
   (void)how;   // CPUs always loop
+  auto use_lane = [](std::size_t) {};
+  auto join_lanes = [] {};
 #endif
   // The experts' rows lie back to back in a, b and g, so the SwiGLU runs once over all of them
   // (one launch instead of one per expert: elementwise, the same values).
@@ -67,15 +73,19 @@ void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>&
     const std::int64_t r0 = at[e], r1 = at[e + 1];
     if (r1 == r0) continue;
     Tensor ae = a.slice(r0, r1), be = b.slice(r0, r1);
+    use_lane(e);
     linear_group(ctx, x.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {ae, be});
   }
+  join_lanes();
   if (x.dim(0) > 0) swiglu(ctx, a, b, g);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];
     if (r1 == r0) continue;
     Tensor ye = y.slice(r0, r1);
+    use_lane(e);
     linear(ctx, g.slice(r0, r1), matrix(W2, e), ye);
   }
+  join_lanes();
 }
 
 void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
@@ -94,9 +104,14 @@ void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::
                                               accumulate);
   // The loop's GEMMs change their row count every call: the plan cache's shapes-vary mode.
   std::optional<cuda::GemmShapesVary> varying_shapes;
-  if (x.device() == Device::cuda) varying_shapes.emplace(ctx);
+  std::optional<cuda::GemmLanes> lanes;
+  if (x.device() == Device::cuda) varying_shapes.emplace(ctx), lanes.emplace(ctx);
+  auto use_lane = [&](std::size_t e) { if (lanes) lanes->use(e); };
+  auto join_lanes = [&] { if (lanes) lanes->join(); };
 #else
   (void)how;   // CPUs always loop
+  auto use_lane = [](std::size_t) {};
+  auto join_lanes = [] {};
 #endif
   // w2's products for every expert, one SwiGLU backward over all rows (as in the forward), then
   // w1|w3's products: each expert's products are those of the per-expert order, on the same values.
@@ -110,17 +125,21 @@ void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::
       continue;
     }
     Tensor dge = dg.slice(r0, r1);
+    use_lane(e);
     linear_backward(ctx, g.slice(r0, r1), matrix(W2, e), dy.slice(r0, r1), &dge, &g2, accumulate);
   }
+  join_lanes();
   if (x.dim(0) > 0) swiglu_backward(ctx, a, b, dg, da, db);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];
     if (r1 == r0) continue;
     Tensor dxe = dx.slice(r0, r1);
     const std::vector<Tensor> g13 = {matrix(G1, e), matrix(G3, e)};
+    use_lane(e);
     linear_group_backward(ctx, x.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {da.slice(r0, r1), db.slice(r0, r1)},
                           &dxe, &g13, accumulate);
   }
+  join_lanes();
 }
 
 }  // namespace lmscale::ops

@@ -130,6 +130,10 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
   const std::int64_t accum = bench ? 1 : std::max<std::int64_t>(1, cfg.train.grad_accum);
   const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const double workspace = cuda ? 32.0 * 1024 * 1024 : 0.0;   // cuBLASLt's, allocated with the runtime
+  // The MoE experts' second GEMM stream has a workspace of its own (ops/cuda/gemm_lanes.h), made
+  // by the first expert products: in every phase after init.
+  const double lanes_workspace =
+      cuda && cfg.model.moe_experts > 0 && cfg.model.moe_expert_gemm == MoeExpertGemm::loop ? workspace : 0.0;
 
   const Shapes s = replay::shapes_for(cfg, static_cast<double>(global / dp / accum), cuda);
   const auto sizes = replay::param_sizes(s);
@@ -203,7 +207,7 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
   // the step / the reduce-scatters), or under FSDP the embedding's full-size gradients, whose
   // reduce-scatter is the one left in flight.
   grads_after = gr.lazy ? gr.total() : fsdp ? 4 * gr.unit_padded[0] : 0.0;
-  const double base = init + workspace;
+  const double base = init + workspace + lanes_workspace;
   out.phases = {{"init", init + workspace}};
   if (mode == BenchMode::forward) {
     out.phases.push_back({"forward", base + run(false, false, false)});
@@ -213,7 +217,7 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
     // The optimizer phase starts there (its peak is at its start; with grad_accum > 1 it also
     // holds micro-batches 2.., run with the buckets already allocated).
     // (MoE: and the micro-batch's router-loss sum, alive with its activations.)
-    const double at_mark = init + workspace + grads_after + 2 * 4 * s.B * s.T + s.st * static_cast<double>(accum) +
+    const double at_mark = base + grads_after + 2 * 4 * s.B * s.T + s.st * static_cast<double>(accum) +
                            (s.moe_every > 0 ? s.st : 0.0);
     // bf16 gradient reduction: the copies are alive from the backward (or, ddp flat, from the
     // sync's finish()) to the end of finish(); made by the micro-batch that arms the reduction.

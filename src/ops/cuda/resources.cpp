@@ -23,6 +23,13 @@ Resources::~Resources() {
   cudaStreamSynchronize(stream);
   for (auto& t : rope_tables) alloc->deallocate(t.data, t.bytes, "rope_table");
   alloc->deallocate(workspace, workspace_bytes, "cublaslt_workspace");
+  if (side_lane.stream) {
+    cudaStreamSynchronize(side_lane.stream);
+    alloc->deallocate(side_lane.workspace, workspace_bytes, "cublaslt_workspace");
+    cudaEventDestroy(side_lane.fork);
+    cudaEventDestroy(side_lane.done);
+    cudaStreamDestroy(side_lane.stream);
+  }
   if (blas) cublasDestroy(blas);
   if (lt) cublasLtDestroy(lt);
 }

@@ -61,6 +61,15 @@ struct Resources {
   // them. Set by ops::Runtime's GEMM carve-out (parallel.comm_sms) while collectives may run.
   std::int32_t gemm_sm_target = 0;
   std::vector<RopeTable> rope_tables;
+  // How many streams GemmLanes spreads a loop's GEMMs over: 2, or 1 (tests compare the two).
+  int gemm_lanes = 2;
+  // The second stream of GemmLanes (gemm_lanes.h), its cuBLASLt workspace and events: made on the
+  // first use, freed with the resources.
+  struct SideLane {
+    cudaStream_t stream = nullptr;
+    void* workspace = nullptr;
+    cudaEvent_t fork = nullptr, done = nullptr;
+  } side_lane;
 };
 
 // A temporary device buffer from the context's allocator, freed at scope exit. Frees are
