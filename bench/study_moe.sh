@@ -13,9 +13,9 @@
 STUDY=moe
 source "$(dirname "$0")/common.sh"
 preflight 2
-# The peers warm up as long as lmscale's decks (20 steps): cuBLAS too meets new expert row counts
+# The peers warm up as long as lmscale's decks (40 steps): cuBLAS too meets new expert row counts
 # every step, and its first ones cost heuristic queries and kernel loads.
-P=(--batch 8 --seq 1024 --precision bf16 --attention sdpa --warmup 20 --iters 8)
+P=(--batch 8 --seq 1024 --precision bf16 --attention sdpa --warmup 40 --iters 8)
 
 runs() {
   lm moe_1gpu 1 inputs/moe_1b_gpu.ini
