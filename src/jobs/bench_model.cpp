@@ -1,9 +1,11 @@
 #include "lmscale/jobs/bench_model.h"
 #include "lmscale/jobs/engine/fp8_report.h"
+#include "lmscale/jobs/engine/moe_report.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -77,6 +79,14 @@ int run_bench_model(JobEnv& env) {
                                                            {"total_ms", io::Column::Type::f64, "ms"},
                                                            {"loss", io::Column::Type::f64, "nats"}});
   PipelineRecorder pipe(env, trainer);   // parallel.pp > 1: bubble and timeline (/pipeline)
+  // MoE models, in the modes that keep a forward's routing (train-step, forward-backward): the
+  // assignments per expert of every step (/bench_model/moe), and how evenly the timed steps'
+  // rows fell on the experts and the ep ranks (what ep's all-to-alls wait for: docs/moe.md).
+  std::optional<MoeRecorder> moe;
+  if (dims.moe() && mode != BenchMode::forward) {
+    moe.emplace(env, trainer, "/bench_model/moe");
+    moe->count_balance_from(cfg.bench.warmup + 1, static_cast<int>(cfg.parallel.ep));
+  }
   std::vector<double> fwd, bwd, comm, opt, total;
   const std::int64_t n_steps = cfg.bench.warmup + cfg.bench.steps;
   StepWatchdog watchdog(env, cfg.parallel.timeout_s);   // a stuck rank ends the job (parallel.timeout_s)
@@ -113,6 +123,7 @@ int run_bench_model(JobEnv& env) {
     auto m1 = rt.mark();
     rt.synchronize();
     r.times.total_ms = rt.elapsed_ms(m0, m1);
+    if (moe) moe->record(s + 1);   // after the timing: one device read and one host all-reduce
     const StepRates rates = step_rates(step_tokens, step_flops, r.times.total_ms * 1e-3, env.world, device_peak);
     const double memory = static_cast<double>(rt.allocator().tracker().peak());
     if (cfg.run.progress && env.is_root() && (first_line || s + 1 == n_steps || since_line.seconds() >= 1.0)) {
@@ -248,6 +259,12 @@ int run_bench_model(JobEnv& env) {
     env.out.set_attr(g, "fsdp_prefetch", cfg.parallel.fsdp_prefetch);
     env.out.set_attr(g, "reshard_after_forward", static_cast<std::int64_t>(cfg.parallel.reshard_after_forward));
   }
+  MoeRecorder::Balance balance;
+  if (moe) {
+    balance = moe->balance();
+    env.out.set_attr(g, "moe_expert_rows_max_over_mean", balance.expert_max_over_mean);
+    env.out.set_attr(g, "moe_ep_rank_rows_max_over_mean", balance.ep_rank_max_over_mean);
+  }
   env.out.set_attr(g, "exposed_comm_share", st.mean > 0 ? sc.mean / st.mean : 0.0);
   env.out.set_attr(g, "compute_ms_mean", sf.mean + sb.mean + so.mean);
   const std::int64_t opt_bytes = static_cast<std::int64_t>(trainer.strategy().state_bytes());
@@ -304,6 +321,12 @@ int run_bench_model(JobEnv& env) {
                  "(/bench_model/fsdp_waits has each unit)\n",
                  fsdp_wait_fwd, fsdp_wait_bwd);
     fmt::print("predicted peak (accounting) {:.3f} GiB\n", predicted_peak / (1u << 30));
+    if (balance.rows > 0)
+      fmt::print("moe: the busiest expert got {:.2f}x the mean expert's rows{} (mean over the blocks and timed steps; "
+                 "/bench_model/moe has the counts)\n",
+                 balance.expert_max_over_mean,
+                 cfg.parallel.ep > 1 ? fmt::format(", the busiest ep rank {:.2f}x the mean rank's", balance.ep_rank_max_over_mean)
+                                     : std::string());
     // A timed step that still makes GEMM plans is not yet the steady state (an MoE model's expert
     // rows reach new shape classes for its first ~20 steps: docs/moe.md).
     if (gemm_plans_per_step > 0)

@@ -1,5 +1,7 @@
 #include "lmscale/jobs/engine/moe_report.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "lmscale/comm/communicator.h"
@@ -7,7 +9,7 @@
 
 namespace lmscale::jobs {
 
-MoeRecorder::MoeRecorder(JobEnv& env, Trainer& trainer) : env_(env), trainer_(trainer) {
+MoeRecorder::MoeRecorder(JobEnv& env, Trainer& trainer, const std::string& table) : env_(env), trainer_(trainer) {
   const auto& d = trainer.dims();
   if (!d.moe()) return;
   using C = io::Column;
@@ -19,7 +21,7 @@ MoeRecorder::MoeRecorder(JobEnv& env, Trainer& trainer) : env_(env), trainer_(tr
                          {"z_loss", C::Type::f64, ""}};
   for (std::int64_t e = 0; e < d.moe_experts; ++e)
     columns.push_back({fmt::format("expert_{}", e), C::Type::i64, "assignments"});
-  table_ = env.out.create_table("/train/moe", columns);
+  table_ = env.out.create_table(table, columns);
   trainer.model().reset_moe_stats();
 }
 
@@ -51,9 +53,31 @@ void MoeRecorder::record(std::int64_t step) {
                 routed > 0 ? (routed - kept) / routed : 0.0, s[0] > 0 ? s[1] / s[0] : 0.0, s[0] > 0 ? s[2] / s[0] : 0.0};
     for (std::size_t e = 0; e < E; ++e) row.push_back(static_cast<std::int64_t>(s[3 + e]));
     table_->append(row);
+    if (step >= balance_from_ && kept > 0) {
+      const std::size_t per_rank = E / static_cast<std::size_t>(std::max(1, ep_));
+      double busiest_expert = 0, busiest_rank = 0;
+      for (std::size_t e = 0; e < E; ++e) busiest_expert = std::max(busiest_expert, s[3 + E + e]);
+      for (std::size_t r = 0; r * per_rank < E; ++r) {
+        double rows = 0;
+        for (std::size_t e = r * per_rank; e < (r + 1) * per_rank; ++e) rows += s[3 + E + e];
+        busiest_rank = std::max(busiest_rank, rows);
+      }
+      expert_ratio_sum_ += busiest_expert / (kept / static_cast<double>(E));
+      rank_ratio_sum_ += busiest_rank / (kept / static_cast<double>(E / per_rank));
+      ++balance_rows_;
+    }
   }
   table_->flush();
   model.reset_moe_stats();
+}
+
+MoeRecorder::Balance MoeRecorder::balance() const {
+  Balance b;
+  b.rows = balance_rows_;
+  if (balance_rows_ == 0) return b;
+  b.expert_max_over_mean = expert_ratio_sum_ / static_cast<double>(balance_rows_);
+  b.ep_rank_max_over_mean = rank_ratio_sum_ / static_cast<double>(balance_rows_);
+  return b;
 }
 
 }  // namespace lmscale::jobs
