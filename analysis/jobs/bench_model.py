@@ -1,7 +1,7 @@
 """bench-model: /bench_model/steps and the summary attributes of /bench_model.
 
 Tables: per phase mean ± std, min, median, max (ms); a summary (tokens/s, FLOP/s, MFU, peak
-memory). Plot: bar per phase with std error bars. Combined: the seed's table — the differing
+memory); for MoE models the routing balance (busiest expert and ep rank over the mean). Plot: bar per phase with std error bars. Combined: the seed's table — the differing
 configuration keys (e.g. model.size, model.context_length, precision.mode) -> forward,
 backward and step time — and grouped bars.
 """
@@ -62,6 +62,15 @@ def report(r, out, prefix):
           num(None if mfu is None else mfu * 100, ".1f") + ("%" if mfu is not None and mfu == mfu else ""),
           mib(attrs.get("peak_bytes")), attrs.get("device_name", ""))
     out.table(f"{prefix}.bench_model_summary", s)
+
+    # MoE models: how evenly the timed steps' rows fell on the experts and on the ep ranks
+    # (docs/moe.md, "Outputs"); the per-step counts are /bench_model/moe.
+    if "moe_expert_rows_max_over_mean" in attrs:
+        m = Table(f"{r.name}: MoE routing balance (busiest over mean, timed steps)",
+                  ["ep", "busiest expert / mean", "busiest ep rank / mean"])
+        m.add(r.config.get("parallel.ep", "1"), num(attrs["moe_expert_rows_max_over_mean"], ".3f"),
+              num(attrs.get("moe_ep_rank_rows_max_over_mean"), ".3f"))
+        out.table(f"{prefix}.bench_model_moe_balance", m)
 
     fig, (ax,) = figure()
     ps = phases(r)

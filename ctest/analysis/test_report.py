@@ -98,6 +98,7 @@ def make_bench_model(path, size, stats, steps_forward, mfu):
         if stats:
             write_table(f, "/memory/peaks", [("phase", S, ""), ("peak_bytes", I, "bytes")],
                         [(b"init", 1 << 30), (b"forward", 3 << 30), (b"overall", 3 << 30)])
+            g.attrs.update({"moe_expert_rows_max_over_mean": 1.4567, "moe_ep_rank_rows_max_over_mean": 1.2345})
             write_table(f, "/memory/timeline", [("time_s", F, "s"), ("delta_bytes", I, "bytes"),
                                                 ("in_use_bytes", I, "bytes"), ("tag", S, "")],
                         [(0.0, 1 << 30, 1 << 30, b"params"), (0.5, 2 << 30, 3 << 30, b"activations"),
@@ -239,6 +240,11 @@ def main():
     c.eq("bench MFU", rows[0]["MFU"], "41.0%")
     c.eq("bench peak memory", rows[0]["peak memory (MiB)"], "3072.0")
     c.eq("bench TFLOP/s", rows[0]["achieved (TFLOP/s)"], "150.000")
+    _, rows = md("bench_small.bench_model_moe_balance")
+    c.eq("bench MoE balance, expert", rows[0]["busiest expert / mean"], "1.457")
+    c.eq("bench MoE balance, ep rank", rows[0]["busiest ep rank / mean"], "1.234")
+    c.true("a dense run has no MoE balance table",
+           not os.path.exists(os.path.join(out, "bench_medium.bench_model_moe_balance.md")))
     _, rows = md("bench_medium.bench_model_summary")
     c.eq("bench medium MFU (NaN)", rows[0]["MFU"], "n/a")
     head, rows = md("combined-bench-model.bench_model")
