@@ -16,7 +16,14 @@ GemmLanes::GemmLanes(Context& ctx) : r_(resources(ctx)), main_(r_.stream), main_
   }
 }
 
-GemmLanes::~GemmLanes() { join(); }
+GemmLanes::~GemmLanes() {
+  // A destructor must not throw (it may run while an exception unwinds): the compute stream comes
+  // back, and is ordered after the second lane where that still works; a CUDA error here shows at
+  // the next checked call. The normal path has joined already.
+  r_.stream = main_, r_.workspace = main_workspace_;
+  if (forked_ && cudaEventRecord(r_.side_lane.done, r_.side_lane.stream) == cudaSuccess)
+    cudaStreamWaitEvent(main_, r_.side_lane.done, 0);
+}
 
 void GemmLanes::use(std::size_t i) {
   if (r_.gemm_lanes < 2 || i % 2 == 0) {

@@ -8,7 +8,8 @@
 // plans, the same algorithms, independent outputs.
 //
 // Usage: GemmLanes lanes(ctx); for each product i: lanes.use(i); gemm(...); then lanes.join()
-// before anything reads the products (also done by the destructor). Lane 0 is the compute stream.
+// before anything reads the products (the destructor joins too, without throwing). Lane 0 is the
+// compute stream.
 // Only gemm() calls follow the lane (they queue on Resources::stream); other kernels stay on the
 // context's stream.
 #include <cstddef>
