@@ -21,6 +21,7 @@
 #include "lmscale/model/model_dims.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/parallel/copy_engine_all_to_all.h"
+#include "gpu_tiny_config.h"
 #include "mpi_test_support.h"
 
 using namespace lmscale;
@@ -208,27 +209,14 @@ TEST(ExpertParallelGpu, CopyEngineExchangeEqualsNcclBitwise) {
   for (const Case k : {Case{"dropless", 0.0, 2, 1, Checkpointing::none, false},
                        Case{"capacity, 2 micro-batches, every-k", 1.0, 2, 2, Checkpointing::every_k, false},
                        Case{"routers at 0, top-1, 2 micro-batches", 0.0, 1, 2, Checkpointing::none, true}}) {
-    Config cfg;
-    cfg.model.vocab_size = 101;
-    cfg.model.context_length = 32;
-    cfg.model.d_model = 64;
-    cfg.model.d_ff = 176;
-    cfg.model.num_layers = 2;
-    cfg.model.num_heads = 4;
-    cfg.model.attention = AttentionImpl::flash;
+    Config cfg = test::gpu_tiny_config();   // its bucket size plays no part: ep = dp, expert_dp = 1
     cfg.model.moe_experts = 4;
     cfg.model.moe_expert_dff = 48;
     cfg.model.moe_top_k = k.top_k;
     cfg.model.moe_capacity_factor = k.capacity;
-    cfg.precision.mode = PrecisionMode::bf16;
-    cfg.optim.lr = 3e-3;
-    cfg.optim.warmup_steps = 1;
-    cfg.parallel.device = DeviceChoice::cuda;
-    cfg.parallel.backend = BackendChoice::nccl;
     cfg.parallel.ep = 2;
     cfg.train.grad_accum = k.accum;
     cfg.train.activation_checkpointing = k.ac;
-    cfg.run.seed = 4;
     const int steps = 4;
     const MoeRun nccl = train_moe(cfg, steps, k.zero_router);
     cfg.parallel.ep_exchange = EpExchange::copy_engine;

@@ -27,30 +27,14 @@
 #include "lmscale/model/model_dims.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/parallel/copy_engine_all_reduce.h"
+#include "gpu_tiny_config.h"
 #include "mpi_test_support.h"
 
 using namespace lmscale;
 
 namespace {
 
-Config tiny_config() {
-  Config c;
-  c.model.vocab_size = 101;
-  c.model.context_length = 32;
-  c.model.d_model = 64;
-  c.model.d_ff = 176;
-  c.model.num_layers = 2;
-  c.model.num_heads = 4;
-  c.model.attention = AttentionImpl::flash;
-  c.precision.mode = PrecisionMode::bf16;
-  c.optim.lr = 3e-3;
-  c.optim.warmup_steps = 1;
-  c.parallel.device = DeviceChoice::cuda;
-  c.parallel.backend = BackendChoice::nccl;
-  c.parallel.bucket_mb = 0.05;
-  c.run.seed = 4;
-  return c;
-}
+using test::gpu_tiny_config;
 
 // window_bytes: when given, the bytes the allocator's tracker holds under "grad_exchange_window"
 // once the trainer is built (parallel.grad_exchange = copy-engine).
@@ -107,7 +91,7 @@ TEST(DataParallelGpu, EveryVariantMatchesOneGpuInBf16) {
   cudaGetDeviceCount(&gpus);
   if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
   const int steps = 3;
-  const Config base = tiny_config();
+  const Config base = gpu_tiny_config();
   const auto reference = train(base, false, steps);
   double scale = 0;
   for (float x : reference) scale = std::max(scale, static_cast<double>(std::fabs(x)));
@@ -161,7 +145,7 @@ TEST(DataParallelGpu, Zero2CopyEngineEqualsNcclBitwise) {
   if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
   const int steps = 4;
   for (int accum : {1, 2}) {
-    Config cfg = tiny_config();
+    Config cfg = gpu_tiny_config();
     cfg.parallel.zero = ZeroLevel::zero2;
     cfg.train.grad_accum = accum;
     std::vector<double> nccl_losses, ce_losses;
@@ -197,7 +181,7 @@ TEST(DataParallelGpu, FsdpFp8GathersEqualComputeGathersBitwise) {
   cudaGetDeviceCount(&gpus);
   if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
   for (const Checkpointing ac : {Checkpointing::none, Checkpointing::every_k}) {
-    Config cfg = tiny_config();
+    Config cfg = gpu_tiny_config();
     cfg.precision.mode = PrecisionMode::fp8;
     cfg.parallel.zero = ZeroLevel::fsdp;
     cfg.train.activation_checkpointing = ac;
@@ -229,7 +213,7 @@ TEST(DataParallelGpu, BucketedCopyEngineEqualsNcclBitwise) {
   if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
   const int steps = 5;
   for (int accum : {1, 2}) {
-    Config cfg = tiny_config();
+    Config cfg = gpu_tiny_config();
     cfg.parallel.ddp = DdpKind::bucketed;
     cfg.train.grad_accum = accum;
     std::vector<double> nccl_losses, ce_losses;
@@ -271,7 +255,7 @@ TEST(DataParallelGpu, OptimizersMatchOneGpuInFp32AndBf16) {
   const int steps = 3;
   for (const char* precision : {"fp32", "bf16"})
     for (const std::string name : {"sgd", "lars", "lamb"}) {
-      Config base = tiny_config();
+      Config base = gpu_tiny_config();
       io::set_key(base, "precision.mode", precision);
       io::set_key(base, "optim.name", name);
       base.optim.lr = name == "lars" ? 5.0 : name == "sgd" ? 0.2 : 1e-2;
@@ -309,7 +293,7 @@ TEST(TensorParallelGpu, Tp2MatchesOneGpuInBf16) {
   cudaGetDeviceCount(&gpus);
   if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
   const int steps = 3;
-  Config base = tiny_config();
+  Config base = gpu_tiny_config();
   base.model.vocab_size = 128;   // divisible by tp (the vocabulary-parallel head splits it)
   std::vector<double> ref_losses;
   const auto reference = train(base, false, steps, &ref_losses);
@@ -349,7 +333,7 @@ TEST(PipelineGpu, TwoStagesMatchOneGpuInBf16) {
   cudaGetDeviceCount(&gpus);
   if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
   const int steps = 3;
-  const Config base = tiny_config();
+  const Config base = gpu_tiny_config();
   const auto plain = train(base, false, steps);
   double scale = 0;
   for (float x : plain) scale = std::max(scale, static_cast<double>(std::fabs(x)));
@@ -395,7 +379,7 @@ TEST(PipelineGpu, InterleavedTwoStagesMatchOneGpuInBf16) {
   cudaGetDeviceCount(&gpus);
   if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "needs 2 ranks on 2 GPUs";
   const int steps = 3;
-  Config base = tiny_config();
+  Config base = gpu_tiny_config();
   base.model.num_layers = 4;
   const auto plain = train(base, false, steps);
   double scale = 0;
@@ -436,7 +420,7 @@ TEST(OffloadGpu, MatchesNoOffloadBitwise) {
     ASSERT_EQ(pb.size(), po.size()) << what;
     EXPECT_EQ(0, std::memcmp(pb.data(), po.data(), pb.size() * sizeof(float))) << what << ": final weights";
   };
-  Config one = tiny_config();
+  Config one = gpu_tiny_config();
   one.optim.weight_decay = 0.1;
   check(one, false, "one GPU, bf16");
   one.precision.mode = PrecisionMode::fp32;
@@ -446,7 +430,7 @@ TEST(OffloadGpu, MatchesNoOffloadBitwise) {
   cudaGetDeviceCount(&gpus);
   if (gpus < 2 || test::mpi_env().size() != 2) GTEST_SKIP() << "zero1/zero2 with offload need 2 ranks on 2 GPUs";
   for (const ZeroLevel level : {ZeroLevel::zero1, ZeroLevel::zero2, ZeroLevel::fsdp}) {
-    Config z = tiny_config();
+    Config z = gpu_tiny_config();
     z.optim.weight_decay = 0.1;
     z.parallel.zero = level;
     check(z, true, level == ZeroLevel::zero1 ? "zero1 on 2 GPUs" : level == ZeroLevel::zero2 ? "zero2 on 2 GPUs" : "fsdp on 2 GPUs");
@@ -454,13 +438,13 @@ TEST(OffloadGpu, MatchesNoOffloadBitwise) {
   // zero1/zero2 gather unit by unit in the next forward as the host update lands (parallel/zero.h,
   // gather_per_unit): in fp32 (the master itself is gathered) and with accumulation.
   for (const ZeroLevel level : {ZeroLevel::zero1, ZeroLevel::zero2}) {
-    Config z = tiny_config();
+    Config z = gpu_tiny_config();
     z.optim.weight_decay = 0.1;
     z.parallel.zero = level;
     z.precision.mode = PrecisionMode::fp32;
     z.model.attention = AttentionImpl::naive;
     check(z, true, level == ZeroLevel::zero1 ? "zero1 fp32 on 2 GPUs" : "zero2 fp32 on 2 GPUs");
-    Config a = tiny_config();
+    Config a = gpu_tiny_config();
     a.optim.weight_decay = 0.1;
     a.parallel.zero = level;
     a.train.grad_accum = 2;
@@ -469,7 +453,7 @@ TEST(OffloadGpu, MatchesNoOffloadBitwise) {
   // optimizer+params: the 16-bit shard on the host, copied up (pinned -> device) before each gather,
   // with and without accumulation.
   for (const std::int64_t accum : {1, 2}) {
-    Config f = tiny_config();
+    Config f = gpu_tiny_config();
     f.optim.weight_decay = 0.1;
     f.parallel.zero = ZeroLevel::fsdp;
     f.train.grad_accum = accum;

@@ -47,6 +47,38 @@ void check_experts(const char* op, const Tensor& x, const std::vector<std::int64
   for (const auto& [name, t] : d_rows) detail::check_shape(op, name, *t, {Me, d});
 }
 
+// What the loop over the experts sets up on CUDA: the plan cache's shapes-vary mode (an expert's
+// row count changes every call, cuda/gemm.h) and two GEMM lanes (cuda/gemm_lanes.h: one expert's
+// products beside the next one's; join() before anything reads them). Nothing on CPUs.
+class ExpertLoop {
+ public:
+  ExpertLoop(Context& ctx, const Tensor& x) {
+#ifdef LMSCALE_WITH_CUDA
+    if (x.device() == Device::cuda) varying_shapes_.emplace(ctx), lanes_.emplace(ctx);
+#else
+    (void)ctx, (void)x;
+#endif
+  }
+  void use(std::size_t expert) {
+#ifdef LMSCALE_WITH_CUDA
+    if (lanes_) lanes_->use(expert);
+#else
+    (void)expert;
+#endif
+  }
+  void join() {
+#ifdef LMSCALE_WITH_CUDA
+    if (lanes_) lanes_->join();
+#endif
+  }
+
+ private:
+#ifdef LMSCALE_WITH_CUDA
+  std::optional<cuda::GemmShapesVary> varying_shapes_;   // declared first: outlives the lanes
+  std::optional<cuda::GemmLanes> lanes_;
+#endif
+};
+
 }  // namespace
 
 void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
@@ -55,17 +87,10 @@ void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>&
 #ifdef LMSCALE_WITH_CUDA
   if (how == ExpertGemm::grouped && x.device() == Device::cuda)
     return cuda::moe_experts_grouped(ctx, x, rows, W1, W3, W2, a, b, g, y);
-  // The loop's GEMMs change their row count every call: the plan cache's shapes-vary mode.
-  std::optional<cuda::GemmShapesVary> varying_shapes;
-  std::optional<cuda::GemmLanes> lanes;
-  if (x.device() == Device::cuda) varying_shapes.emplace(ctx), lanes.emplace(ctx);
-  auto use_lane = [&](std::size_t e) { if (lanes) lanes->use(e); };
-  auto join_lanes = [&] { if (lanes) lanes->join(); };
 #else
   (void)how;   // CPUs always loop
-  auto use_lane = [](std::size_t) {};
-  auto join_lanes = [] {};
 #endif
+  ExpertLoop loop(ctx, x);
   // The experts' rows lie back to back in a, b and g, so the SwiGLU runs once over all of them
   // (one launch instead of one per expert: elementwise, the same values).
   const std::vector<std::int64_t> at = row_offsets(rows);
@@ -73,19 +98,19 @@ void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>&
     const std::int64_t r0 = at[e], r1 = at[e + 1];
     if (r1 == r0) continue;
     Tensor ae = a.slice(r0, r1), be = b.slice(r0, r1);
-    use_lane(e);
+    loop.use(e);
     linear_group(ctx, x.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {ae, be});
   }
-  join_lanes();
+  loop.join();
   if (x.dim(0) > 0) swiglu(ctx, a, b, g);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];
     if (r1 == r0) continue;
     Tensor ye = y.slice(r0, r1);
-    use_lane(e);
+    loop.use(e);
     linear(ctx, g.slice(r0, r1), matrix(W2, e), ye);
   }
-  join_lanes();
+  loop.join();
 }
 
 void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
@@ -102,17 +127,10 @@ void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::
   if (how == ExpertGemm::grouped && x.device() == Device::cuda)
     return cuda::moe_experts_grouped_backward(ctx, x, rows, W1, W3, W2, a, b, g, dy, dg, da, db, dx, G1, G3, G2,
                                               accumulate);
-  // The loop's GEMMs change their row count every call: the plan cache's shapes-vary mode.
-  std::optional<cuda::GemmShapesVary> varying_shapes;
-  std::optional<cuda::GemmLanes> lanes;
-  if (x.device() == Device::cuda) varying_shapes.emplace(ctx), lanes.emplace(ctx);
-  auto use_lane = [&](std::size_t e) { if (lanes) lanes->use(e); };
-  auto join_lanes = [&] { if (lanes) lanes->join(); };
 #else
   (void)how;   // CPUs always loop
-  auto use_lane = [](std::size_t) {};
-  auto join_lanes = [] {};
 #endif
+  ExpertLoop loop(ctx, x);
   // w2's products for every expert, one SwiGLU backward over all rows (as in the forward), then
   // w1|w3's products: each expert's products are those of the per-expert order, on the same values.
   const std::vector<std::int64_t> at = row_offsets(rows);
@@ -125,21 +143,21 @@ void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::
       continue;
     }
     Tensor dge = dg.slice(r0, r1);
-    use_lane(e);
+    loop.use(e);
     linear_backward(ctx, g.slice(r0, r1), matrix(W2, e), dy.slice(r0, r1), &dge, &g2, accumulate);
   }
-  join_lanes();
+  loop.join();
   if (x.dim(0) > 0) swiglu_backward(ctx, a, b, dg, da, db);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];
     if (r1 == r0) continue;
     Tensor dxe = dx.slice(r0, r1);
     const std::vector<Tensor> g13 = {matrix(G1, e), matrix(G3, e)};
-    use_lane(e);
+    loop.use(e);
     linear_group_backward(ctx, x.slice(r0, r1), {matrix(W1, e), matrix(W3, e)}, {da.slice(r0, r1), db.slice(r0, r1)},
                           &dxe, &g13, accumulate);
   }
-  join_lanes();
+  loop.join();
 }
 
 }  // namespace lmscale::ops
