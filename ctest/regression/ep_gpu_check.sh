@@ -8,6 +8,8 @@
 # with parallel.ep_exchange = copy-engine (the rows over the GPUs' copy engines) against ep = 2 over
 # NCCL: copies, so the same bits (tolerance 0: losses, gradient norms, evaluations, /train/moe),
 # also with 2 micro-batches and an evaluation of the whole local batch (chunks through the window).
+# ep = 2 over the copy engines with the experts relabelled every 2 steps (parallel.ep_rebalance_every)
+# against one GPU, with the same tolerances (ep_rebalance_check.py: the counts relabelled).
 # Exit 77 (skipped) with fewer than 2 GPUs.
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
@@ -42,9 +44,11 @@ accum=(--train.grad_accum=2 --train.eval_every=6 --train.eval_batches=2)
 run 2 ep2_ce --parallel.ep=2 $ce
 run 2 ep2_accum --parallel.ep=2 "${accum[@]}"
 run 2 ep2_ce_accum --parallel.ep=2 $ce "${accum[@]}"
+run 2 ep2_ce_rebalance --parallel.ep=2 $ce --parallel.ep_rebalance_every=2
 python3 "$here/ep_check.py" "$out/epgpu_one.h5" "$out/epgpu_ep2.h5" 3e-2 0.03
 python3 "$here/ep_check.py" "$out/epgpu_one_dropless.h5" "$out/epgpu_ep2_dropless.h5" 3e-2 0.03
 python3 "$here/ep_check.py" "$out/epgpu_one.h5" "$out/epgpu_fsdp.h5" 3e-2 0.03
 python3 "$here/ep_check.py" "$out/epgpu_ep2.h5" "$out/epgpu_ep2_ce.h5" 0
 python3 "$here/ep_check.py" "$out/epgpu_ep2_accum.h5" "$out/epgpu_ep2_ce_accum.h5" 0
-echo "ep_gpu_check.sh: ep = 2 and fsdp on 2 GPUs match one GPU; ep = 2 over the copy engines is ep = 2 over NCCL, bitwise"
+python3 "$here/ep_rebalance_check.py" losses "$out/epgpu_one.h5" "$out/epgpu_ep2_ce_rebalance.h5" 3e-2 0.03
+echo "ep_gpu_check.sh: ep = 2 (relabelled too) and fsdp on 2 GPUs match one GPU; ep = 2 over the copy engines is ep = 2 over NCCL, bitwise"

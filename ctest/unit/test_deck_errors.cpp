@@ -115,6 +115,13 @@ const std::vector<BadDeck> kBadDecks{
     {"ep_exchange_over_mpi", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cuda\nbackend = mpi\ndp = 2\nep = 2\n"
      "ep_exchange = copy-engine\n[train]\nbatch_size = 4\n", {}, "parallel.ep_exchange", "parallel.backend = mpi"},
     {"ep_exchange_unknown", "[parallel]\nep_exchange = nvlink\n", {}, "parallel.ep_exchange", "copy-engine"},
+    // parallel.ep_rebalance_every: relabels experts over ep > 1 ranks; bench-model in its warm-up.
+    {"ep_rebalance_without_ep", "[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\nep_rebalance_every = 10\n", {},
+     "parallel.ep_rebalance_every", "parallel.ep = 1"},
+    {"ep_rebalance_after_warmup", "[run]\njob = bench-model\n[model]\nmoe_experts = 4\n[parallel]\ndevice = cpu\n"
+     "dp = 2\nep = 2\nep_rebalance_every = 6\n[bench]\nwarmup = 5\nbatch_size = 4\n", {},
+     "parallel.ep_rebalance_every", "bench.warmup = 5"},
+    {"ep_rebalance_negative", "[parallel]\nep_rebalance_every = -1\n", {}, "parallel.ep_rebalance_every"},
     {"ep_without_experts", "[parallel]\nep = 2\n", {}, "parallel.ep", "model.moe_experts = 0"},
     {"ep_not_dividing_experts", "[model]\nmoe_experts = 6\n[parallel]\ndevice = cpu\nep = 4\n", {}, "parallel.ep",
      "model.moe_experts = 6"},

@@ -38,6 +38,18 @@ void check_moe(const Config& c, int world_size) {
            "with the nccl backend",
            p.device, p.backend);
   }
+  // parallel.ep_rebalance_every relabels the experts over the ep ranks: it needs them split.
+  if (p.ep_rebalance_every > 0 && runs_model(c)) {
+    if (p.ep <= 1)
+      fail("parallel.ep_rebalance_every = {} evens the expert-parallel ranks' rows, but parallel.ep = {}: there is one "
+           "rank; set parallel.ep_rebalance_every = 0, or parallel.ep > 1 (with model.moe_experts > 0)",
+           p.ep_rebalance_every, p.ep);
+    if (c.run.job == JobKind::bench_model && p.ep_rebalance_every > c.bench.warmup)
+      fail("parallel.ep_rebalance_every = {} with bench.warmup = {}: bench-model relabels the experts in its warm-up "
+           "steps only (the timed steps measure the placement they leave), so it would never run; choose "
+           "parallel.ep_rebalance_every <= {} or more warm-up steps",
+           p.ep_rebalance_every, c.bench.warmup, c.bench.warmup);
+  }
   if (m.moe_experts == 0) {
     if (p.ep > 1)
       fail("parallel.ep = {} splits the experts of MoE blocks, but model.moe_experts = 0 (a dense model); set "

@@ -1,5 +1,6 @@
 #include "lmscale/jobs/bench_model.h"
 #include "lmscale/jobs/engine/fp8_report.h"
+#include "lmscale/jobs/engine/expert_rebalance.h"
 #include "lmscale/jobs/engine/moe_report.h"
 
 #include <algorithm>
@@ -87,6 +88,7 @@ int run_bench_model(JobEnv& env) {
     moe.emplace(env, trainer, "/bench_model/moe");
     moe->count_balance_from(cfg.bench.warmup + 1, static_cast<int>(cfg.parallel.ep));
   }
+  ExpertRebalancer rebalancer(env, trainer, moe ? cfg.parallel.ep_rebalance_every : 0, "/bench_model/ep_placement");
   std::vector<double> fwd, bwd, comm, opt, total;
   const std::int64_t n_steps = cfg.bench.warmup + cfg.bench.steps;
   StepWatchdog watchdog(env, cfg.parallel.timeout_s);   // a stuck rank ends the job (parallel.timeout_s)
@@ -124,6 +126,8 @@ int run_bench_model(JobEnv& env) {
     rt.synchronize();
     r.times.total_ms = rt.elapsed_ms(m0, m1);
     if (moe) moe->record(s + 1);   // after the timing: one device read and one host all-reduce
+    // parallel.ep_rebalance_every: in the warm-up only; the timed steps run the placement it left.
+    if (moe && !timed && rebalancer.due(s + 1)) rebalancer.rebalance(s + 1, moe->last_rows());
     const StepRates rates = step_rates(step_tokens, step_flops, r.times.total_ms * 1e-3, env.world, device_peak);
     const double memory = static_cast<double>(rt.allocator().tracker().peak());
     if (cfg.run.progress && env.is_root() && (first_line || s + 1 == n_steps || since_line.seconds() >= 1.0)) {

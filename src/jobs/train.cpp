@@ -16,6 +16,7 @@
 #include "lmscale/jobs/predict/device_peak.h"
 #include "lmscale/jobs/step_rates.h"
 #include "lmscale/jobs/engine/fp8_report.h"
+#include "lmscale/jobs/engine/expert_rebalance.h"
 #include "lmscale/jobs/engine/moe_report.h"
 #include "lmscale/jobs/engine/pipeline_report.h"
 #include "lmscale/jobs/resilience/fault_injection.h"
@@ -170,6 +171,8 @@ int run_train(JobEnv& env) {
   };
   PipelineRecorder pipe(env, trainer);   // parallel.pp > 1: bubble and timeline (/pipeline)
   MoeRecorder moe(env, trainer);         // MoE blocks: tokens per expert, drops, router losses (/train/moe)
+  // parallel.ep_rebalance_every: the experts relabelled to even the ep ranks (/train/ep_placement).
+  ExpertRebalancer rebalancer(env, trainer, cfg.parallel.ep_rebalance_every, "/train/ep_placement");
   Fp8Recorder fp8(env, trainer, "/train");   // precision.mode = fp8: amaxes and scales (/train/fp8)
   WallTimer wall;
   double first_loss = NAN, last_loss = NAN;
@@ -240,6 +243,12 @@ int run_train(JobEnv& env) {
                                           {"skipped", static_cast<bool>(r.skipped)},
                                           {"elapsed_s", elapsed},
                                           {"eta_s", remaining_s}});
+    }
+    // The relabelling balances this step's rows (recorded now if this is not a logged step).
+    if (rebalancer.due(s + 1) && !last) {
+      if (!log_step) moe.record(s + 1);
+      watchdog.mark(s + 1, "expert rebalance");
+      rebalancer.rebalance(s + 1, moe.last_rows());
     }
     if (cfg.train.eval_every > 0 && ((s + 1) % cfg.train.eval_every == 0 || last)) {
       watchdog.mark(s + 1, "evaluation");

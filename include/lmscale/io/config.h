@@ -263,6 +263,7 @@ struct ParallelConfig {
   std::int64_t ep = 1;                  // expert parallelism: experts split over ep ranks inside dp (docs/moe.md)
   FsdpGatherDtype fsdp_gather_dtype = FsdpGatherDtype::compute;   // fsdp: what the weight all-gathers move
   EpExchange ep_exchange = EpExchange::nccl;   // ep > 1: how the MoE blocks' token rows cross the ep group
+  std::int64_t ep_rebalance_every = 0;  // ep > 1: relabel the experts to even the ep ranks' rows every N steps; 0 = never
 
   bool operator==(const ParallelConfig&) const = default;
 };

@@ -45,8 +45,10 @@ void MoeRecorder::record(std::int64_t step) {
   }
   if (env_.host_comm && env_.host_comm->size() > 1)
     env_.host_comm->all_reduce(sums.data(), sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum).wait();
+  last_rows_.assign(stats.size(), std::vector<double>(E, 0.0));
   for (std::size_t b = 0; b < stats.size(); ++b) {
     const double* s = sums.data() + b * per;
+    std::copy_n(s + 3 + E, E, last_rows_[b].begin());
     double routed = 0, kept = 0;
     for (std::size_t e = 0; e < E; ++e) routed += s[3 + e], kept += s[3 + E + e];
     io::Row row{step, static_cast<std::int64_t>(stats[b].layer), static_cast<std::int64_t>(s[0]),

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "lmscale/io/results.h"
 #include "lmscale/jobs/engine/trainer.h"
@@ -35,6 +36,9 @@ class MoeRecorder {
   };
   void count_balance_from(std::int64_t from, int ep) { balance_from_ = from, ep_ = ep; }
   Balance balance() const;
+  // The rows each expert computed (assignments kept after the capacity), summed over the world,
+  // in the last record: [MoE block][expert label] (what parallel.ep_rebalance_every balances).
+  const std::vector<std::vector<double>>& last_rows() const { return last_rows_; }
 
  private:
   JobEnv& env_;
@@ -44,6 +48,7 @@ class MoeRecorder {
   int ep_ = 1;
   double expert_ratio_sum_ = 0, rank_ratio_sum_ = 0;
   std::int64_t balance_rows_ = 0;
+  std::vector<std::vector<double>> last_rows_;
 };
 
 }  // namespace lmscale::jobs
