@@ -71,14 +71,16 @@ __device__ __forceinline__ double warp_max(double x) {
   for (int o = 16; o > 0; o >>= 1) x = fmax(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// `scratch` holds 32 floats of shared memory; the trailing barrier lets callers reuse it.
-__device__ __forceinline__ float block_sum(float x, float* scratch) {
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result,
+// the same bits every run (a fixed tree: each warp, then the warps' sums). T is float or double;
+// `scratch` holds 32 T of shared memory; the trailing barrier lets callers reuse it.
+template <class T>
+__device__ __forceinline__ T block_sum(T x, T* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   x = warp_sum(x);
   if (lane == 0) scratch[warp] = x;
   __syncthreads();
-  x = lane < warps ? scratch[lane] : 0.f;
+  x = lane < warps ? scratch[lane] : T(0);
   x = warp_sum(x);
   __syncthreads();
   return x;
