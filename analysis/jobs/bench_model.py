@@ -1,11 +1,13 @@
 """bench-model: /bench_model/steps and the summary attributes of /bench_model.
 
 Tables: per phase mean ± std, min, median, max (ms); a summary (tokens/s, FLOP/s, MFU, peak
-memory); for MoE models the routing balance (busiest expert and ep rank over the mean). Plot: bar per phase with std error bars. Combined: the seed's table — the differing
+memory); for MoE models the routing balance (busiest expert and ep rank over the mean) and the
+warm-up's expert relabellings (jobs/ep_placement.py). Plot: bar per phase with std error bars. Combined: the seed's table — the differing
 configuration keys (e.g. model.size, model.context_length, precision.mode) -> forward,
 backward and step time — and grouped bars.
 """
 from analysis import compare
+from analysis.jobs import ep_placement
 from analysis.output import figure
 from analysis.tables import Table, header, mean_std, mib, num
 
@@ -71,6 +73,7 @@ def report(r, out, prefix):
         m.add(r.config.get("parallel.ep", "1"), num(attrs["moe_expert_rows_max_over_mean"], ".3f"),
               num(attrs.get("moe_ep_rank_rows_max_over_mean"), ".3f"))
         out.table(f"{prefix}.bench_model_moe_balance", m)
+    ep_placement.report(r, out, prefix, "/bench_model/ep_placement", "bench_model_ep_placement")
 
     fig, (ax,) = figure()
     ps = phases(r)

@@ -1,10 +1,12 @@
 """train: /train/steps, /train/eval and the summary attributes of /train.
 
 Tables: summary (first/final loss, mean step time and tokens/s without the first step, which
-includes one-time setup) and per-phase step times. Plots: loss vs step (train and eval), step
+includes one-time setup) and per-phase step times; an MoE run's expert relabellings
+(jobs/ep_placement.py). Plots: loss vs step (train and eval), step
 time vs step. Combined: the summary with the differing configuration keys, losses overlaid.
 """
 from analysis import compare
+from analysis.jobs import ep_placement
 from analysis.output import figure
 from analysis.tables import Table, header, mean_std, num
 
@@ -44,6 +46,7 @@ def report(r, out, prefix):
     t = Table(f"{r.name}: training summary", SUMMARY_COLUMNS, numeric=[True] * len(SUMMARY_COLUMNS))
     t.add(*summary_cells(r))
     out.table(f"{prefix}.train_summary", t)
+    ep_placement.report(r, out, prefix, "/train/ep_placement", "train_ep_placement")
     if not r.has_table(STEPS):
         return
     steps = r.tables[STEPS]

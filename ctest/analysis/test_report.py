@@ -99,6 +99,12 @@ def make_bench_model(path, size, stats, steps_forward, mfu):
             write_table(f, "/memory/peaks", [("phase", S, ""), ("peak_bytes", I, "bytes")],
                         [(b"init", 1 << 30), (b"forward", 3 << 30), (b"overall", 3 << 30)])
             g.attrs.update({"moe_expert_rows_max_over_mean": 1.4567, "moe_ep_rank_rows_max_over_mean": 1.2345})
+            # Two relabellings of 2 MoE blocks (parallel.ep_rebalance_every): the second moves nothing in layer 1.
+            write_table(f, "/bench_model/ep_placement",
+                        [("step", I, ""), ("layer", I, ""), ("moved", I, "experts"), ("busiest_rank_before", F, ""),
+                         ("busiest_rank_after", F, ""), ("seconds", F, "s")] + [(f"origin_{e}", I, "") for e in range(4)],
+                        [(10, 0, 2, 1.30, 1.02, 0.5, 2, 1, 0, 3), (10, 1, 2, 1.10, 1.00, 0.25, 0, 3, 2, 1),
+                         (20, 0, 2, 1.20, 1.04, 0.5, 0, 1, 2, 3), (20, 1, 0, 1.01, 1.01, 0.0, 0, 3, 2, 1)])
             write_table(f, "/memory/timeline", [("time_s", F, "s"), ("delta_bytes", I, "bytes"),
                                                 ("in_use_bytes", I, "bytes"), ("tag", S, "")],
                         [(0.0, 1 << 30, 1 << 30, b"params"), (0.5, 2 << 30, 3 << 30, b"activations"),
@@ -243,6 +249,15 @@ def main():
     _, rows = md("bench_small.bench_model_moe_balance")
     c.eq("bench MoE balance, expert", rows[0]["busiest expert / mean"], "1.457")
     c.eq("bench MoE balance, ep rank", rows[0]["busiest ep rank / mean"], "1.234")
+    _, rows = md("bench_small.bench_model_ep_placement")
+    c.eq("bench ep relabellings, steps", [x["after step"] for x in rows], ["10", "20"])
+    c.eq("bench ep relabellings, blocks", [x["blocks relabelled"] for x in rows], ["2", "1"])
+    c.eq("bench ep relabellings, experts", [x["experts moved"] for x in rows], ["4", "2"])
+    c.eq("bench ep relabellings, before", [x["busiest rank before"] for x in rows], ["1.200", "1.105"])
+    c.eq("bench ep relabellings, after", [x["busiest rank after"] for x in rows], ["1.010", "1.025"])
+    c.eq("bench ep relabellings, seconds", [x["moves (s)"] for x in rows], ["0.75", "0.50"])
+    c.true("a run without relabellings has no relabelling table",
+           not os.path.exists(os.path.join(out, "bench_medium.bench_model_ep_placement.md")))
     c.true("a dense run has no MoE balance table",
            not os.path.exists(os.path.join(out, "bench_medium.bench_model_moe_balance.md")))
     _, rows = md("bench_medium.bench_model_summary")
