@@ -21,13 +21,6 @@ constexpr int kKinds = 3;   // master, m, v (parallel::StatePiece)
 
 const Tensor& view_of(const parallel::StatePiece& p, int k) { return k == 0 ? p.master : (k == 1 ? p.m : p.v); }
 
-// A device (or host) view's values into host memory.
-void to_host(Context& ctx, ops::Runtime& rt, const Tensor& view, float* host) {
-  Tensor dst = Tensor::view(host, {view.numel()}, DType::f32, Device::cpu);
-  ops::copy(ctx, view.reshape({view.numel()}), dst);
-  rt.synchronize();
-}
-
 }  // namespace
 
 ExpertRebalancer::ExpertRebalancer(JobEnv& env, Trainer& trainer, std::int64_t every, const std::string& table)
@@ -83,9 +76,10 @@ void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vecto
     }
     before_sum += p.busiest_before;
     after_sum += p.busiest_after;
-    io::Row row{step, static_cast<std::int64_t>(l), static_cast<std::int64_t>(p.moved), p.busiest_before,
-                p.busiest_after, timer.seconds()};
-    for (int o : origin_[b]) row.push_back(static_cast<std::int64_t>(o));
+    io::Row row(6 + origin_[b].size());   // the columns in order (the constructor's)
+    row[0] = step, row[1] = static_cast<std::int64_t>(l), row[2] = static_cast<std::int64_t>(p.moved);
+    row[3] = p.busiest_before, row[4] = p.busiest_after, row[5] = timer.seconds();
+    for (std::size_t e = 0; e < origin_[b].size(); ++e) row[6 + e] = static_cast<std::int64_t>(origin_[b][e]);
     table_->append(row);
     ++b;
   }
@@ -102,90 +96,119 @@ void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vecto
   }
 }
 
+namespace {
+
+// Ranges of one full parameter's flat index, in the protocol of relabel() below.
+struct Range {
+  std::int64_t begin = 0, end = 0;
+};
+
+// Every rank's ranges, gathered (descriptors only: two integers a range) over the host communicator.
+std::vector<std::vector<Range>> gather_ranges(comm::Communicator& host, const std::vector<Range>& mine) {
+  const auto ranks = static_cast<std::size_t>(host.size());
+  std::vector<std::int64_t> flat;
+  for (const Range& r : mine) flat.push_back(r.begin), flat.push_back(r.end);
+  const auto n = static_cast<std::int64_t>(flat.size());
+  std::vector<std::int64_t> sizes(ranks);
+  host.all_gather(&n, sizes.data(), 1, DType::i64).wait();
+  std::vector<std::size_t> counts(ranks);
+  std::size_t total = 0;
+  for (std::size_t r = 0; r < ranks; ++r) counts[r] = static_cast<std::size_t>(sizes[r]), total += counts[r];
+  std::vector<std::int64_t> all(total);
+  host.all_gather_v(flat.data(), all.data(), counts, DType::i64).wait();
+  std::vector<std::vector<Range>> out(ranks);
+  for (std::size_t r = 0, at = 0; r < ranks; at += counts[r], ++r)
+    for (std::size_t i = 0; i < counts[r]; i += 2) out[r].push_back({all[at + i], all[at + i + 1]});
+  return out;
+}
+
+// A transfer: old elements [begin, end) of the parameter, from the sender's save piece `from` to
+// the receiver's load piece `to` (indices among each rank's pieces of the parameter), where they
+// start at element `at` in the new labels.
+struct Transfer {
+  std::int64_t begin = 0, end = 0;
+  std::size_t from = 0, to = 0;
+  std::int64_t at = 0;
+};
+
+}  // namespace
+
 void ExpertRebalancer::relabel(int param, std::int64_t block, const std::vector<int>& order) {
+  // Only what moves crosses: the elements of every relabelled block (order[i] != i) that some rank
+  // holds, from the rank that writes them to checkpoints (the save pieces cover each element once),
+  // in one all-to-all over the device communicator; everything else stays where it is.
   Context& ctx = env_.rt.ctx();
   comm::Communicator& host = *env_.host_comm;
-  const auto full = model::parameter_layout(trainer_.dims());
-  const std::int64_t numel = full[static_cast<std::size_t>(param)].numel;
+  comm::Communicator& device = *env_.comm;
   trainer_.settle_optimizer();
   const parallel::StateLayout state = trainer_.strategy().state_layout();
-  // 1. The pieces of this parameter each rank writes (together: every element once) and their
-  //    values: descriptors (begin, end) and [master..., m..., v...] of the pieces in turn.
-  std::vector<std::int64_t> mine;
-  std::vector<float> values;
-  std::int64_t count = 0;
-  for (const auto& p : state.save)
-    if (p.param == param) mine.push_back(p.begin), mine.push_back(p.end), count += p.end - p.begin;
-  values.resize(static_cast<std::size_t>(kKinds * count));
-  for (int k = 0; k < kKinds; ++k) {
-    float* at = values.data() + k * count;
-    for (const auto& p : state.save) {
-      if (p.param != param) continue;
-      const Tensor& v = view_of(p, k);
-      if (v.defined()) to_host(ctx, env_.rt, v, at);
-      else std::fill(at, at + (p.end - p.begin), 0.0f);   // a state the optimizer does not have
-      at += p.end - p.begin;
-    }
-  }
-  const auto ranks = static_cast<std::size_t>(host.size());
-  std::vector<std::int64_t> sizes(ranks);   // per rank: descriptor entries
-  const std::int64_t n_mine = static_cast<std::int64_t>(mine.size());
-  host.all_gather(&n_mine, sizes.data(), 1, DType::i64).wait();
-  std::vector<std::size_t> desc_counts(ranks), value_counts(ranks);
-  std::size_t desc_total = 0;
-  for (std::size_t r = 0; r < ranks; ++r) desc_counts[r] = static_cast<std::size_t>(sizes[r]), desc_total += desc_counts[r];
-  std::vector<std::int64_t> pieces(desc_total);
-  host.all_gather_v(mine.data(), pieces.data(), desc_counts, DType::i64).wait();
-  std::size_t value_total = 0;
-  for (std::size_t r = 0, at = 0; r < ranks; ++r) {
-    std::int64_t n = 0;
-    for (std::size_t i = 0; i < desc_counts[r]; i += 2) n += pieces[at + i + 1] - pieces[at + i];
-    at += desc_counts[r];
-    value_counts[r] = static_cast<std::size_t>(kKinds * n);
-    value_total += value_counts[r];
-  }
-  std::vector<float> gathered(value_total);
-  host.all_gather_v(values.data(), gathered.data(), value_counts, DType::f32).wait();
-  // 2. The whole parameter's state [3, numel] from every rank's pieces.
-  std::vector<float> whole(static_cast<std::size_t>(kKinds * numel), 0.0f);
-  std::vector<bool> seen(static_cast<std::size_t>(numel), false);
-  for (std::size_t r = 0, at = 0, from = 0; r < ranks; ++r) {
-    const std::int64_t n = static_cast<std::int64_t>(value_counts[r]) / kKinds;
-    std::int64_t in_rank = 0;
-    for (std::size_t i = 0; i < desc_counts[r]; i += 2) {
-      const std::int64_t begin = pieces[at + i], end = pieces[at + i + 1];
-      for (int k = 0; k < kKinds; ++k)
-        std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(from + static_cast<std::size_t>(k * n + in_rank)),
-                    end - begin, whole.begin() + k * numel + begin);
-      std::fill(seen.begin() + begin, seen.begin() + end, true);
-      in_rank += end - begin;
-    }
-    at += desc_counts[r];
-    from += value_counts[r];
-  }
-  LMSCALE_CHECK(std::all_of(seen.begin(), seen.end(), [](bool s) { return s; }),
-                "expert rebalance: the ranks' checkpoint pieces of '{}' do not cover it",
-                full[static_cast<std::size_t>(param)].name);
-  // 3. What this rank holds, in the new labels: element f of block i is old block order[i]'s.
-  std::vector<float> stage;
-  for (const auto& p : state.load) {
-    if (p.param != param) continue;
-    for (int k = 0; k < kKinds; ++k) {
-      const Tensor& dst = view_of(p, k);
-      if (!dst.defined()) continue;
-      stage.resize(static_cast<std::size_t>(p.end - p.begin));
-      for (std::int64_t f = p.begin; f < p.end;) {
-        const std::int64_t i = f / block, within = f % block, run = std::min(p.end - f, block - within);
-        const std::int64_t src = order[static_cast<std::size_t>(i)] * block + within;
-        std::copy_n(whole.begin() + k * numel + src, run, stage.begin() + (f - p.begin));
-        f += run;
+  std::vector<std::size_t> saves, loads;   // this rank's pieces of `param` (indices into state)
+  std::vector<Range> have, held;           // their ranges
+  for (std::size_t i = 0; i < state.save.size(); ++i)
+    if (state.save[i].param == param) saves.push_back(i), have.push_back({state.save[i].begin, state.save[i].end});
+  for (std::size_t i = 0; i < state.load.size(); ++i)
+    if (state.load[i].param == param) loads.push_back(i), held.push_back({state.load[i].begin, state.load[i].end});
+  const auto all_have = gather_ranges(host, have), all_held = gather_ranges(host, held);
+  const auto ranks = static_cast<std::size_t>(host.size()), me = static_cast<std::size_t>(host.rank());
+  // [sender][receiver]: the transfers, in one order every rank derives alike: receivers' held
+  // pieces in order, each cut at block boundaries, each moved cut's old range (block order[i])
+  // cut again by the senders' save pieces.
+  std::vector<std::vector<std::vector<Transfer>>> plan(ranks, std::vector<std::vector<Transfer>>(ranks));
+  for (std::size_t q = 0; q < ranks; ++q)
+    for (std::size_t h = 0; h < all_held[q].size(); ++h)
+      for (std::int64_t f = all_held[q][h].begin; f < all_held[q][h].end;) {
+        const std::int64_t i = f / block, end = std::min(all_held[q][h].end, (i + 1) * block);
+        const std::int64_t shift = (order[static_cast<std::size_t>(i)] - i) * block;   // new -> old
+        if (shift != 0)
+          for (std::size_t p = 0; p < ranks; ++p)
+            for (std::size_t s = 0; s < all_have[p].size(); ++s) {
+              const std::int64_t a = std::max(f + shift, all_have[p][s].begin), b = std::min(end + shift, all_have[p][s].end);
+              if (a < b) plan[p][q].push_back({a, b, s, h, a - shift});
+            }
+        f = end;
       }
-      Tensor src = Tensor::view(stage.data(), {p.end - p.begin}, DType::f32, Device::cpu);
-      Tensor out = dst.reshape({dst.numel()});
-      ops::copy(ctx, src, out);
-      env_.rt.synchronize();
-    }
+  auto count = [](const std::vector<Transfer>& ts) {
+    std::int64_t n = 0;
+    for (const Transfer& t : ts) n += t.end - t.begin;
+    return n;
+  };
+  std::vector<std::size_t> send_counts(ranks), recv_counts(ranks);
+  std::int64_t send_total = 0, recv_total = 0;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    send_counts[r] = static_cast<std::size_t>(kKinds * count(plan[me][r]));
+    recv_counts[r] = static_cast<std::size_t>(kKinds * count(plan[r][me]));
+    send_total += static_cast<std::int64_t>(send_counts[r]);
+    recv_total += static_cast<std::int64_t>(recv_counts[r]);
   }
+  if (send_total == 0 && recv_total == 0) return;   // nothing of this parameter moves here
+  Tensor send = Tensor::empty({send_total}, DType::f32, *ctx.allocator, "ep_rebalance");
+  Tensor recv = Tensor::empty({recv_total}, DType::f32, *ctx.allocator, "ep_rebalance");
+  // Per peer: [master..., m..., v...] of its transfers in order.
+  std::int64_t at = 0;
+  for (std::size_t q = 0; q < ranks; ++q)
+    for (int k = 0; k < kKinds; ++k)
+      for (const Transfer& t : plan[me][q]) {
+        const parallel::StatePiece& piece = state.save[saves[t.from]];
+        Tensor dst = send.flat_range(at, t.end - t.begin);
+        const Tensor& src = view_of(piece, k);
+        if (src.defined()) ops::copy(ctx, src.flat_range(t.begin - piece.begin, t.end - t.begin), dst);
+        else ops::fill(ctx, dst, 0.0);   // a state the optimizer does not have
+        at += t.end - t.begin;
+      }
+  device.all_to_all_v(send, send_counts, recv, recv_counts).wait();
+  at = 0;
+  for (std::size_t p = 0; p < ranks; ++p)
+    for (int k = 0; k < kKinds; ++k)
+      for (const Transfer& t : plan[p][me]) {
+        const parallel::StatePiece& piece = state.load[loads[t.to]];
+        const Tensor& dst = view_of(piece, k);
+        if (dst.defined()) {
+          Tensor out = dst.flat_range(t.at - piece.begin, t.end - t.begin);
+          ops::copy(ctx, recv.flat_range(at, t.end - t.begin), out);
+        }
+        at += t.end - t.begin;
+      }
+  env_.rt.synchronize();
 }
 
 }  // namespace lmscale::jobs

@@ -8,9 +8,12 @@
 // router score moves with its weights (only top-k's tie-break by the lower label can pick another of
 // two exactly equal scores). The gradients are not moved: the next step overwrites them.
 //
-// The move goes through the host: per moved parameter every rank gathers the whole parameter's
-// state ([3, numel] fp32 on the host, from the pieces each rank writes to checkpoints), then fills
-// what it holds in the new labels. Seconds per call on a 1B model; nothing stays allocated.
+// The move, per relabelled parameter: every rank tells the others (over the host communicator)
+// which ranges it writes to checkpoints (its save pieces: each element once over the world) and
+// which it holds (its load pieces); from these every rank derives the same plan, and only the
+// elements of relabelled blocks cross, from their writer to each holder, in one all-to-all over
+// the device communicator (NCCL on GPUs), packed and unpacked on the device. The buffers (tag
+// "ep_rebalance") hold one parameter's moved state at a time and are freed before the next step.
 //
 // Records a row per MoE block and rebalance in `table` (/train/ep_placement or
 // /bench_model/ep_placement): the step, the busiest ep rank's rows over the mean rank's under the
