@@ -6,7 +6,8 @@
 # 1e-6, /train/moe's counts are one process's relabelled, and the final weights are one process's
 # relabelled (ep_rebalance_check.py); each run must have moved an expert. Layouts: ep = 2 (AdamW),
 # dp 2 x ep 2 under zero1 and zero2 with 2 micro-batches, ep = 2 under fsdp, ep = 2 with SGD (an
-# optimizer with one state), and a run relabelled, checkpointed and resumed with relabelling. Then
+# optimizer with one state), dense and MoE blocks mixed, and a run relabelled, checkpointed and
+# resumed with relabelling. Then
 # bench-model's warm-up relabelling (/bench_model/ep_placement) and the keys' refusals (exit 2).
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
@@ -33,6 +34,10 @@ run 2 ep2 --parallel.ep=2 $every=2 --train.save="$out/rb_ep2_weights.h5"
 run 4 dp2ep2_zero1 --parallel.ep=2 --parallel.zero=zero1 $every=2 --train.save="$out/rb_dp2ep2_zero1_weights.h5"
 run 4 dp2ep2_zero2_accum --parallel.ep=2 --parallel.zero=zero2 --train.grad_accum=2 $every=2
 run 2 ep2_fsdp --parallel.ep=2 --parallel.zero=fsdp $every=2 --train.save="$out/rb_ep2_fsdp_weights.h5"
+# Dense and MoE blocks mixed (moe_every = 2: block 1 is MoE): the relabelled parameters are found
+# by the layout's index, not by position.
+run 1 one_mixed --model.moe_every=2
+run 2 ep2_mixed --parallel.ep=2 --model.moe_every=2 $every=2
 sgd=(--optim.name=sgd --optim.momentum=0.9)
 run 1 one_sgd "${sgd[@]}"
 run 2 ep2_sgd --parallel.ep=2 "${sgd[@]}" $every=2
@@ -40,6 +45,7 @@ for r in ep2 dp2ep2_zero1 dp2ep2_zero2_accum ep2_fsdp; do
   $check losses "$out/rb_one.h5" "$out/rb_$r.h5"
 done
 $check losses "$out/rb_one_sgd.h5" "$out/rb_ep2_sgd.h5"
+$check losses "$out/rb_one_mixed.h5" "$out/rb_ep2_mixed.h5"
 for r in ep2 dp2ep2_zero1 ep2_fsdp; do
   $check weights "$out/rb_one_weights.h5" "$out/rb_${r}_weights.h5" "$out/rb_$r.h5"
 done

@@ -9,6 +9,7 @@
 #include "lmscale/comm/communicator.h"
 #include "lmscale/core/error.h"
 #include "lmscale/core/timer.h"
+#include "lmscale/model/param_layout.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/parallel/expert_placement.h"
 #include "lmscale/parallel/state_layout.h"
@@ -50,6 +51,7 @@ void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vecto
   LMSCALE_CHECK(rows.size() == origin_.size(), "expert rebalance: rows of {} MoE blocks for {}", rows.size(),
                 origin_.size());
   const auto layout = model::parameter_layout(d);
+  const model::ParamIndex index(d);
   const int ep = static_cast<int>(env_.cfg.parallel.ep);
   std::size_t b = 0;
   int blocks_moved = 0, experts_moved = 0;
@@ -61,12 +63,10 @@ void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vecto
     // Every rank computes the same placement from the same (world-summed) rows.
     const parallel::ExpertPlacement p = parallel::balanced_placement(rows[b], ep);
     if (!p.identity()) {
-      const std::string prefix = fmt::format("layers.{}.ffn.", l);
-      for (std::size_t i = 0; i < layout.size(); ++i) {
-        const auto& info = layout[i];
-        if (info.name.rfind(prefix, 0) != 0) continue;   // the block's router and stacked experts
-        relabel(static_cast<int>(i), info.numel / d.moe_experts, p.order);
-      }
+      // The block's router [E, d] and stacked experts [E, ...]: E blocks of rows each.
+      const model::BlockParams bp = index.block(l);
+      for (int i : {bp.router, bp.w1, bp.w3, bp.w2})
+        relabel(i, layout[static_cast<std::size_t>(i)].numel / d.moe_experts, p.order);
       std::vector<int>& origin = origin_[b];
       std::vector<int> next(origin.size());
       for (std::size_t i = 0; i < next.size(); ++i) next[i] = origin[static_cast<std::size_t>(p.order[i])];
