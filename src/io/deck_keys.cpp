@@ -161,7 +161,7 @@ std::vector<DeckKey> build_table() {
       int_key("parallel.ep_rebalance_every", LMSCALE_FIELD(parallel.ep_rebalance_every), 0,
               "parallel.ep > 1: after every N-th step, relabel each MoE block's experts so that the ep ranks' rows "
               "(that step's routing) even out, moving each expert's weights, router row and optimizer state with it "
-              "through the host (the same model; seconds per move on a 1B model). bench-model does it in its "
+              "(the same model; one all-to-all per moved parameter). bench-model does it in its "
               "warm-up steps only. 0 = never (docs/moe.md, \"Rebalancing the ep ranks\")."),
       enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), "Gradient all-reduce strategy of data parallelism."),
       float_key("parallel.bucket_mb", LMSCALE_FIELD(parallel.bucket_mb), R::positive(),
