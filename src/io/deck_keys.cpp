@@ -160,7 +160,7 @@ std::vector<DeckKey> build_table() {
                "in the compute dtype) of GPU memory per rank (docs/moe.md)."),
       int_key("parallel.ep_rebalance_every", LMSCALE_FIELD(parallel.ep_rebalance_every), 0,
               "parallel.ep > 1: after every N-th step, relabel each MoE block's experts so that the ep ranks' rows "
-              "(that step's routing) even out, moving each expert's weights, router row and optimizer state with it "
+              "(routed since the last logged step or relabelling) even out, moving each expert's weights, router row and optimizer state with it "
               "(the same model; one all-to-all per moved parameter). bench-model does it in its "
               "warm-up steps only. 0 = never (docs/moe.md, \"Rebalancing the ep ranks\")."),
       enum_key("parallel.ddp", LMSCALE_FIELD(parallel.ddp), "Gradient all-reduce strategy of data parallelism."),

@@ -1,7 +1,8 @@
 #pragma once
 // parallel.ep_rebalance_every = N (docs/moe.md, "Rebalancing the ep ranks"): after every N-th
 // training step, each MoE block's experts are relabelled so that the ep ranks' rows even out
-// (parallel/expert_placement.h, from the rows of that step's record), and each expert's state
+// (parallel/expert_placement.h, from the rows routed since the previous record: the last logged step
+// or relabelling; every step in bench-model), and each expert's state
 // moves with it: its slices of the stacked w1, w3, w2 and its router row, as fp32 master weights
 // and optimizer state (AdamW's m and v), whatever the layout holds of them (parallel/state_layout.h:
 // ep slices, zero1/zero2 shards, fsdp units). The model's function does not change: an expert's
