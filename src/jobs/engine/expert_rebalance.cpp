@@ -53,6 +53,8 @@ void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vecto
   const auto layout = model::parameter_layout(d);
   const model::ParamIndex index(d);
   const int ep = static_cast<int>(env_.cfg.parallel.ep);
+  trainer_.settle_optimizer();
+  const parallel::StateLayout state = trainer_.strategy().state_layout();
   std::size_t b = 0;
   int blocks_moved = 0, experts_moved = 0;
   double before_sum = 0, after_sum = 0;
@@ -66,7 +68,7 @@ void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vecto
       // The block's router [E, d] and stacked experts [E, ...]: E blocks of rows each.
       const model::BlockParams bp = index.block(l);
       for (int i : {bp.router, bp.w1, bp.w3, bp.w2})
-        relabel(i, layout[static_cast<std::size_t>(i)].numel / d.moe_experts, p.order);
+        relabel(state, i, layout[static_cast<std::size_t>(i)].numel / d.moe_experts, p.order);
       std::vector<int>& origin = origin_[b];
       std::vector<int> next(origin.size());
       for (std::size_t i = 0; i < next.size(); ++i) next[i] = origin[static_cast<std::size_t>(p.order[i])];
@@ -133,15 +135,14 @@ struct Transfer {
 
 }  // namespace
 
-void ExpertRebalancer::relabel(int param, std::int64_t block, const std::vector<int>& order) {
+void ExpertRebalancer::relabel(const parallel::StateLayout& state, int param, std::int64_t block,
+                               const std::vector<int>& order) {
   // Only what moves crosses: the elements of every relabelled block (order[i] != i) that some rank
   // holds, from the rank that writes them to checkpoints (the save pieces cover each element once),
   // in one all-to-all over the device communicator; everything else stays where it is.
   Context& ctx = env_.rt.ctx();
   comm::Communicator& host = *env_.host_comm;
   comm::Communicator& device = *env_.comm;
-  trainer_.settle_optimizer();
-  const parallel::StateLayout state = trainer_.strategy().state_layout();
   std::vector<std::size_t> saves, loads;   // this rank's pieces of `param` (indices into state)
   std::vector<Range> have, held;           // their ranges
   for (std::size_t i = 0; i < state.save.size(); ++i)
@@ -153,18 +154,21 @@ void ExpertRebalancer::relabel(int param, std::int64_t block, const std::vector<
   // [sender][receiver]: the transfers, in one order every rank derives alike: receivers' held
   // pieces in order, each cut at block boundaries, each moved cut's old range (block order[i])
   // cut again by the senders' save pieces.
+  std::vector<std::int64_t> moved_held(ranks, 0);   // per rank: elements of relabelled blocks it holds
   std::vector<std::vector<std::vector<Transfer>>> plan(ranks, std::vector<std::vector<Transfer>>(ranks));
   for (std::size_t q = 0; q < ranks; ++q)
     for (std::size_t h = 0; h < all_held[q].size(); ++h)
       for (std::int64_t f = all_held[q][h].begin; f < all_held[q][h].end;) {
         const std::int64_t i = f / block, end = std::min(all_held[q][h].end, (i + 1) * block);
         const std::int64_t shift = (order[static_cast<std::size_t>(i)] - i) * block;   // new -> old
-        if (shift != 0)
+        if (shift != 0) {
+          moved_held[q] += end - f;
           for (std::size_t p = 0; p < ranks; ++p)
             for (std::size_t s = 0; s < all_have[p].size(); ++s) {
               const std::int64_t a = std::max(f + shift, all_have[p][s].begin), b = std::min(end + shift, all_have[p][s].end);
               if (a < b) plan[p][q].push_back({a, b, s, h, a - shift});
             }
+        }
         f = end;
       }
   auto count = [](const std::vector<Transfer>& ts) {
@@ -172,6 +176,15 @@ void ExpertRebalancer::relabel(int param, std::int64_t block, const std::vector<
     for (const Transfer& t : ts) n += t.end - t.begin;
     return n;
   };
+  // Every moved element a rank holds must come from exactly one writer (the save pieces cover each
+  // element once), else a stale value would stay in place silently. Every rank checks every rank
+  // (the plan is the same everywhere), so all of them stop together instead of one hanging.
+  for (std::size_t q = 0; q < ranks; ++q) {
+    std::int64_t arriving = 0;
+    for (std::size_t p = 0; p < ranks; ++p) arriving += count(plan[p][q]);
+    LMSCALE_CHECK(arriving == moved_held[q], "expert rebalance: rank {} holds {} moved elements of parameter {}, {} "
+                  "arrive (the ranks' checkpoint pieces do not cover it once)", q, moved_held[q], param, arriving);
+  }
   std::vector<std::size_t> send_counts(ranks), recv_counts(ranks);
   std::int64_t send_total = 0, recv_total = 0;
   for (std::size_t r = 0; r < ranks; ++r) {

@@ -28,6 +28,7 @@
 #include "lmscale/io/results.h"
 #include "lmscale/jobs/engine/trainer.h"
 #include "lmscale/jobs/job_env.h"
+#include "lmscale/parallel/state_layout.h"
 
 namespace lmscale::jobs {
 
@@ -42,8 +43,9 @@ class ExpertRebalancer {
 
  private:
   // Relabels full parameter `param` (index in model::parameter_layout) in place on every rank:
-  // block i of `block` elements takes old block order[i].
-  void relabel(int param, std::int64_t block, const std::vector<int>& order);
+  // block i of `block` elements takes old block order[i]. state: this rank's pieces (taken once
+  // per rebalance, after the optimizer settled; relabelling moves values, not pieces).
+  void relabel(const parallel::StateLayout& state, int param, std::int64_t block, const std::vector<int>& order);
 
   JobEnv& env_;
   Trainer& trainer_;
