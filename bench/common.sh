@@ -53,8 +53,14 @@ run_logged() {
 case_dir() {
   local dir="$OUT/$1"
   mkdir -p "$dir"
-  if [ "$RUN" -eq 1 ]; then rm -f "$dir"/lmscale_*.h5 "$dir"/peer_*.jsonl "$dir"/*.log; fi
   echo "$dir"
+}
+
+# clear_outputs: removes an earlier run's results under $OUT, once, before a study's first run
+# (not per case: lmscale and its peer share a case's folder, and the peer came after lmscale).
+clear_outputs() {
+  [ -n "$DRY_RUN" ] && return 0
+  rm -f "$OUT"/*/lmscale_*.h5 "$OUT"/*/lmscale_*.log "$OUT"/*/peer_*.jsonl "$OUT"/*/peer_*.log
 }
 
 # lm CASE NP DECK [--key=value ...]: lmscale on NP ranks (one per GPU), output $OUT/CASE/lmscale_RUN.h5
@@ -78,8 +84,9 @@ peer() {
   run_logged "$dir/peer_$RUN.jsonl" "$dir/peer_$RUN.log" "${launch[@]}" bench/torch_peer.py "$@"
 }
 
-# repeat FUNCTION: call FUNCTION once per run, RUN = 1..REPEATS
+# repeat FUNCTION: call FUNCTION once per run, RUN = 1..REPEATS (after clear_outputs)
 repeat() {
+  clear_outputs
   for RUN in $(seq 1 "$REPEATS"); do "$1"; done
 }
 
