@@ -13,6 +13,8 @@
 #include "lmscale/jobs/plan/collective_model.h"
 #include "lmscale/jobs/plan/layout_search.h"
 #include "lmscale/jobs/plan/step_model.h"
+#include "lmscale/parallel/pipeline.h"
+#include "lmscale/parallel/spec.h"
 
 using namespace lmscale;
 using namespace lmscale::jobs::plan;
@@ -316,4 +318,61 @@ TEST(LayoutSearch, ANonFittingLayoutRanksLast) {
   EXPECT_TRUE(layouts.front().fits);
   for (std::size_t i = 1; i < layouts.size() && layouts[i].fits; ++i)
     EXPECT_GE(layouts[i - 1].step.tokens_per_s_per_gpu, layouts[i].step.tokens_per_s_per_gpu);
+}
+
+// ZB-H1 (parallel::pipeline_idle): the same compute and optimizer as 1F1B, and a bubble shorter by
+// the deferred weight gradients. With pp = 2 and M >= 2 micro-batches 1F1B idles f + b + w and
+// ZB-H1 f + b - w, so the difference is 2 w, where w (one micro-batch's W pass on the stage) is
+// the blocks' dW GEMMs: a third of the q, k, v, out, w1, w2, w3 ops' time (forward, dx, dW each
+// at the forward's FLOPs). With M = 1 no W can move ahead of the last gradient: w.
+TEST(StepModel, ZeroBubbleSchedulesTheWeightGradientsIntoTheBubble) {
+  const Calibration cal = h200();
+  Config deck = xl(1);
+  deck.parallel.pp = 2;
+  const Cluster c = resolve_cluster(deck, cal);
+  for (std::int64_t M : {1, 2, 8}) {
+    Config one = deck, zb = deck;
+    one.parallel.microbatches = zb.parallel.microbatches = M;
+    one.parallel.schedule = PipelineSchedule::one_f_one_b;
+    zb.parallel.schedule = PipelineSchedule::zb_h1;
+    const StepPrediction p1 = predict_step(one, 8, 2, c, cal), pz = predict_step(zb, 8, 2, c, cal);
+    double block_gemms = 0;
+    for (const auto& o : pz.compute)
+      if (o.op == "gemm qkv" || o.op == "gemm out" || o.op == "gemm w1 w3" || o.op == "gemm w2") block_gemms += o.seconds;
+    const double w = block_gemms / 3 / static_cast<double>(M);
+    EXPECT_GT(w, 0);
+    EXPECT_DOUBLE_EQ(pz.compute_s, p1.compute_s) << "M " << M;
+    EXPECT_DOUBLE_EQ(pz.optimizer_s, p1.optimizer_s) << "M " << M;
+    EXPECT_NEAR(p1.bubble_s - pz.bubble_s, (M >= 2 ? 2 : 1) * w, 1e-12) << "M " << M;
+    EXPECT_LT(pz.step_s, p1.step_s) << "M " << M;
+  }
+  // The shared formula: ZB-H1's idle against the bubble fraction the pipeline report uses.
+  const double idle = parallel::pipeline_idle(PipelineSchedule::zb_h1, 4, 8, 1, 1, 1.2, 0.8);
+  EXPECT_NEAR(idle / (idle + 8 * 3.0), parallel::zero_bubble_fraction(4, 8, 1, 1.2, 0.8), 1e-15);
+  EXPECT_DOUBLE_EQ(parallel::pipeline_idle(PipelineSchedule::interleaved, 4, 8, 2, 1, 1, 1), 4.5);
+  EXPECT_DOUBLE_EQ(parallel::pipeline_idle(PipelineSchedule::gpipe, 1, 8, 1, 1, 1, 1), 0.0);
+}
+
+// The search tries ZB-H1 beside 1F1B for every pipeline layout, and for xl on 2 GPUs at batch 8
+// it ranks ZB-H1 over 2 micro-batches of 4 first among the pipelines, as measured on 2 H100
+// (docs/performance.md, "Pipeline parallelism": 78 ms against 91-115 for the others).
+TEST(LayoutSearch, ZeroBubblePipelinesAreSearched) {
+  const Calibration cal = h200();
+  const Config deck = xl(0);
+  const Cluster c = resolve_cluster(deck, cal);
+  auto layouts = search_layouts(deck, 8, 2, c, cal, SearchSpace{false, false, false, 2});
+  rank_layouts(layouts);
+  int zb = 0, one_f_one_b = 0;
+  const Candidate* best_pp = nullptr;
+  for (const auto& k : layouts) {
+    if (k.pp < 2) continue;
+    if (!best_pp) best_pp = &k;
+    zb += k.cfg.parallel.schedule == PipelineSchedule::zb_h1;
+    one_f_one_b += k.cfg.parallel.schedule == PipelineSchedule::one_f_one_b;
+  }
+  EXPECT_GT(zb, 0);
+  EXPECT_EQ(zb, one_f_one_b);
+  ASSERT_NE(best_pp, nullptr);
+  EXPECT_EQ(best_pp->cfg.parallel.schedule, PipelineSchedule::zb_h1) << best_pp->layout;
+  EXPECT_EQ(best_pp->cfg.parallel.microbatches, 2) << best_pp->layout;
 }

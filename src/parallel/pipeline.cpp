@@ -7,6 +7,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/parallel/interleaved_schedule.h"
+#include "lmscale/parallel/spec.h"
 
 namespace lmscale::parallel {
 
@@ -16,9 +17,8 @@ double theory_bubble_fraction(int stages, int microbatches, int virtual_stages) 
 }
 
 double zero_bubble_fraction(int stages, int microbatches, double f, double b, double w) {
-  const double p = stages, M = microbatches;
-  const double idle = (p - 1) * (f + b) - (std::min(M, p) - 1) * w;
-  return idle / (idle + M * (f + b + w));
+  const double idle = pipeline_idle(PipelineSchedule::zb_h1, stages, microbatches, 1, f, b, w);
+  return idle / (idle + microbatches * (f + b + w));
 }
 
 namespace {

@@ -73,10 +73,21 @@ CollectiveOp Spec::gradient_collective() const {
   return fsdp() || gradient_shard() ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
 }
 
-double Spec::bubble_microbatches(int virtual_stages) const {
-  if (pp <= 1) return 0;
-  const int v = schedule == PipelineSchedule::interleaved ? std::max(1, virtual_stages) : 1;
-  return static_cast<double>(pp - 1) / v;
+double pipeline_idle(PipelineSchedule schedule, int stages, int microbatches, int virtual_stages, double f, double b,
+                     double w) {
+  if (stages <= 1) return 0;
+  const double hops = stages - 1;
+  switch (schedule) {
+    case PipelineSchedule::zb_h1: return hops * (f + b) - (std::min(microbatches, stages) - 1) * w;
+    case PipelineSchedule::interleaved: return hops * (f + b + w) / std::max(1, virtual_stages);
+    case PipelineSchedule::gpipe:
+    case PipelineSchedule::one_f_one_b: break;
+  }
+  return hops * (f + b + w);
+}
+
+double Spec::bubble_idle(int microbatches, int virtual_stages, double f, double b, double w) const {
+  return pipeline_idle(schedule, pp, microbatches, virtual_stages, f, b, w);
 }
 
 std::string Spec::data_parallel_name() const {

@@ -96,9 +96,10 @@ struct Spec {
   GradientTiming gradient_timing() const;
   CollectiveOp gradient_collective() const;
   bool gathers_parameters_after_step() const { return gradient_shard(); }
-  // Pipeline bubble in micro-batch times (fill and drain of GPipe and 1F1B: pp - 1; interleaved
-  // over v chunks per rank: (pp - 1) / v); 0 without stages.
-  double bubble_microbatches(int virtual_stages) const;
+  // A stage's idle time per step under this layout's schedule (0 without stages), for M
+  // microbatches whose forward, B (input gradients) and W (weight gradients) passes take f, b, w
+  // on the stage, in the units of f, b, w: pipeline_idle below.
+  double bubble_idle(int microbatches, int virtual_stages, double f, double b, double w) const;
   CopyEngineWindow copy_engine_window() const;
   // parallel.ep_exchange = copy-engine with ep > 1: the ep group's all-to-alls keep a receive
   // window from initialisation on (parallel/copy_engine_all_to_all.h), whatever the strategy.
@@ -114,5 +115,13 @@ struct Spec {
 
 // The lazy bucket size of one process (Spec::lazy_bucket_bytes with dp = 1).
 inline constexpr double kOneProcessBucketBytes = 256.0 * 1024 * 1024;
+
+// The idle time of each stage of a pipeline of `stages` over one step of M microbatches, whose
+// forward, B and W passes take f, b, w on every stage (no transfer time; docs/parallel.md derives
+// each): GPipe and 1F1B (p - 1)(f + b + w), the fill and drain; interleaved over v chunks per rank
+// (p - 1)(f + b + w) / v; ZB-H1 (p - 1)(f + b) - (min(M, p) - 1) w, the drain's hops costing B only
+// while a deferred W is in hand (1F1B's with w = 0).
+double pipeline_idle(PipelineSchedule schedule, int stages, int microbatches, int virtual_stages, double f, double b,
+                     double w);
 
 }  // namespace lmscale::parallel

@@ -103,6 +103,10 @@ std::vector<Candidate> search_layouts(const Config& deck, std::int64_t batch, in
       std::vector<int> eps{1};
       for (int ep = 2; ep <= dp; ep *= 2)
         if (dp % ep == 0 && deck.model.moe_experts % ep == 0) eps.push_back(ep);
+      // Pipelines: 1F1B and ZB-H1 (more memory: its deferred weight gradients' inputs; the
+      // memory replay judges whether they fit).
+      std::vector<PipelineSchedule> schedules{PipelineSchedule::one_f_one_b};
+      if (pp > 1) schedules.push_back(PipelineSchedule::zb_h1);
       std::vector<bool> sps{false};
       if (tp > 1 && space.sequence_parallel) sps.push_back(true);
       // fsdp also with its optimizer offloaded to host memory (parallel.offload), where the
@@ -115,8 +119,9 @@ std::vector<Candidate> search_layouts(const Config& deck, std::int64_t batch, in
       for (const auto& [z, offload] : modes)
         for (Checkpointing ac : policies)
           for (std::int64_t mb : micro)
-            for (bool sp : sps)
-              for (int ep : eps) {
+            for (PipelineSchedule schedule : schedules)
+              for (bool sp : sps)
+                for (int ep : eps) {
               Config c = base;
               c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.ep = ep;
               c.parallel.zero = z;
@@ -126,7 +131,7 @@ std::vector<Candidate> search_layouts(const Config& deck, std::int64_t batch, in
               c.parallel.grad_exchange = GradExchange::nccl;
               c.parallel.ep_exchange = EpExchange::nccl;   // (the step model knows NCCL's all-to-all only)
               c.parallel.sequence_parallel = sp;
-              c.parallel.schedule = PipelineSchedule::one_f_one_b;
+              c.parallel.schedule = schedule;
               c.parallel.virtual_stages = 1;
               c.parallel.stage_layers.clear();
               c.parallel.microbatches = pp > 1 ? mb : 1;

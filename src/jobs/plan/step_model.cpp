@@ -24,6 +24,9 @@ constexpr double kFp32OverBf16 = 66.9 / 989.4;
 struct Work {
   std::map<std::string, OpTime> ops;   // by op name, summed
   double forward_s = 0, backward_s = 0;
+  // Of backward_s, the blocks' matmul weight gradients (q, k, v, out, w1, w2, w3): the W pass
+  // that zb-h1 defers (PipelineParallel; the norms', embedding's, head's and an MoE FFN's stay in B).
+  double weight_s = 0;
   void add(const std::string& op, double flops, double bytes, double s, bool backward) {
     OpTime& o = ops[op];
     o.op = op, o.flops += flops, o.bytes += bytes, o.seconds += s;
@@ -95,7 +98,10 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
       if ((gemms_w1w3_only && std::string(g.op) != "gemm w1 w3") || (moe_block && ffn)) continue;
       const double f = 2 * n * g.K * g.N;
       if (forward) w.add(prefix + g.op, g.count * f, 0, g.count * gemm_s(f), false);
-      if (backward) w.add(g.op, 2 * g.count * f, 0, 2 * g.count * gemm_s(f), true);
+      if (backward) {
+        w.add(g.op, 2 * g.count * f, 0, 2 * g.count * gemm_s(f), true);
+        w.weight_s += g.count * gemm_s(f);   // dW: one of the two backward products
+      }
     }
     if (moe_block) {
       const double local = E / ep, calls = gemms_w1w3_only ? 2.0 : 3.0;
@@ -230,7 +236,11 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   }
   const double microbatch_s = w.forward_s + w.backward_s + tp_per_microbatch + pp_per_microbatch + ep_per_microbatch;
   out.compute_s = steps * (w.forward_s + w.backward_s);
-  out.bubble_s = spec.bubble_microbatches(static_cast<int>(cfg.parallel.virtual_stages)) * microbatch_s;
+  // The bubble: the schedule's idle time for passes of this stage's length (parallel::
+  // pipeline_idle), the transfers and tp/ep collectives of a micro-batch counted with its forward
+  // and B; zb-h1's W is the blocks' weight-gradient GEMMs.
+  out.bubble_s = spec.bubble_idle(static_cast<int>(M), static_cast<int>(cfg.parallel.virtual_stages),
+                                  microbatch_s - w.backward_s, w.backward_s - w.weight_s, w.weight_s);
 
   // Data parallelism over the dp group: parameters this rank holds (tp slices of its stage).
   // An MoE block holds the router (E d) and its E / ep local experts (3 d Fe each) in place of the
