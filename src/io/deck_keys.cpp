@@ -210,7 +210,7 @@ std::vector<DeckKey> build_table() {
                "CUDA without a sharded optimizer: run the optimizer step on a second stream, bucket by bucket in "
                "forward order, and let the next forward wait per unit only for its own parameters (same results, "
                "the update hidden behind the next step's forward; the gradients of a unit live until its next "
-               "forward)."),
+               "forward). Ignored with parallel.tp or parallel.pp > 1 (docs/parallel.md)."),
       bool_key("parallel.overlap_param_gather", LMSCALE_FIELD(parallel.overlap_param_gather),
                "zero1 and zero2 (without tp or pp): after the step, all-gather the parameters the forward reads (the "
                "bf16/fp16 working copy, else the fp32 master) asynchronously in segments of forward order, and let "
@@ -240,7 +240,10 @@ std::vector<DeckKey> build_table() {
       enum_key("parallel.schedule", LMSCALE_FIELD(parallel.schedule),
                "Pipeline schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one backward "
                "in the steady state), interleaved (1F1B over parallel.virtual_stages chunks per rank; microbatches a "
-               "multiple of pp). Each composes with parallel.tp (tensor-parallel stages) and dp."),
+               "multiple of pp), zb-h1 (Zero Bubble's ZB-H1: 1F1B with each backward's weight gradients deferred "
+               "into the wait for the next gradient; more memory, not with fsdp). Each composes with parallel.tp "
+               "(tensor-parallel stages) and dp. Fewer, larger microbatches can beat a smaller bubble (xl: "
+               "inputs/pp_xl_zbh1.ini, docs/parallel.md)."),
       int_key("parallel.virtual_stages", LMSCALE_FIELD(parallel.virtual_stages), 1,
               "interleaved: model chunks per pipeline rank; num_layers must be divisible by pp * virtual_stages."),
       layer_counts_key("parallel.stage_layers", LMSCALE_FIELD(parallel.stage_layers),
