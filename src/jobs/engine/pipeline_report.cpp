@@ -122,10 +122,13 @@ double PipelineRecorder::write() {
   env_.out.set_attr(g, "measured_bubble_fraction", mean_bubble);
   env_.out.set_attr(g, "steps", steps_);
   if (env_.is_root()) {
+    // The theory's formula as computed above (zb-h1: docs/parallel.md's, with equal forward, B, W).
+    const char* formula = p.schedule == PipelineSchedule::zb_h1          ? "of zb-h1 with f = b = w"
+                          : p.schedule == PipelineSchedule::interleaved ? "(p-1)/(m+p-1)/v"
+                                                                         : "(p-1)/(m+p-1)";
     fmt::print("pipeline: {} stages ({} layers), {} microbatches, {}: bubble {:.1f}% measured (mean over ranks), "
-               "{:.1f}% theory (p-1)/(m+p-1){}\n",
-               stages, fmt::join(counts_per_stage, "/"), M, p.schedule, 100 * mean_bubble, 100 * theory,
-               p.virtual_stages > 1 ? "/v" : "");
+               "{:.1f}% theory {}\n",
+               stages, fmt::join(counts_per_stage, "/"), M, p.schedule, 100 * mean_bubble, 100 * theory, formula);
     for (int r = 0; r < n; ++r) {
       const double* s = stats.data() + r * kStatFields;
       fmt::print("  rank {} stage {}: forward {:.2f} ms  backward {:.2f} ms  idle {:.2f} ms of {:.2f} ms  peak {:.3f} GiB\n",
