@@ -56,16 +56,22 @@ case_dir() {
   echo "$dir"
 }
 
-# clear_outputs: removes an earlier run's results under $OUT, once, before a study's first run
-# (not per case: lmscale and its peer share a case's folder, and the peer came after lmscale).
-clear_outputs() {
+# clear_case CASE: the first time this invocation touches CASE (lmscale or the peer, whichever
+# comes first), removes what an earlier invocation left in its folder; later runs and the other
+# side add to it. Cases this invocation does not run keep their results. Called by lm and peer
+# in the script's own shell (not in case_dir's subshell, which could not remember it).
+declare -A CLEARED_CASES=()
+clear_case() {
+  [ -n "${CLEARED_CASES[$1]:-}" ] && return 0
+  CLEARED_CASES[$1]=1
   [ -n "$DRY_RUN" ] && return 0
-  rm -f "$OUT"/*/lmscale_*.h5 "$OUT"/*/lmscale_*.log "$OUT"/*/peer_*.jsonl "$OUT"/*/peer_*.log
+  rm -f "$OUT/$1"/lmscale_*.h5 "$OUT/$1"/lmscale_*.log "$OUT/$1"/peer_*.jsonl "$OUT/$1"/peer_*.log
 }
 
 # lm CASE NP DECK [--key=value ...]: lmscale on NP ranks (one per GPU), output $OUT/CASE/lmscale_RUN.h5
 lm() {
   local name=$1 np=$2 deck=$3; shift 3
+  clear_case "$name"
   local dir; dir=$(case_dir "$name")
   local launch=("$LMSCALE")
   if [ "$np" -gt 1 ]; then launch=("$MPIRUN" -np "$np" "${MPIRUN_ARGS[@]}" "$LMSCALE"); fi
@@ -77,6 +83,7 @@ lm() {
 # peer CASE NP MODE [args ...]: bench/torch_peer.py on NP processes (torchrun), JSON in $OUT/CASE/peer_RUN.jsonl
 peer() {
   local name=$1 np=$2; shift 2
+  clear_case "$name"
   local dir; dir=$(case_dir "$name")
   local launch=("$PYTHON")
   if [ "$np" -gt 1 ]; then launch=("$TORCHRUN" --standalone --nproc-per-node "$np"); fi
@@ -84,9 +91,8 @@ peer() {
   run_logged "$dir/peer_$RUN.jsonl" "$dir/peer_$RUN.log" "${launch[@]}" bench/torch_peer.py "$@"
 }
 
-# repeat FUNCTION: call FUNCTION once per run, RUN = 1..REPEATS (after clear_outputs)
+# repeat FUNCTION: call FUNCTION once per run, RUN = 1..REPEATS
 repeat() {
-  clear_outputs
   for RUN in $(seq 1 "$REPEATS"); do "$1"; done
 }
 
