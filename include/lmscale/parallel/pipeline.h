@@ -51,7 +51,7 @@
 
 namespace lmscale::parallel {
 
-// The deck's parallel.schedule (gpipe | 1f1b | interleaved).
+// The deck's parallel.schedule (gpipe | 1f1b | interleaved | zb-h1).
 using PipeSchedule = PipelineSchedule;
 
 // Theory: idle fraction of a stage's step, (p-1)/(M+p-1) (divided by v for v virtual stages).
