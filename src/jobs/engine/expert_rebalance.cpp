@@ -45,6 +45,52 @@ ExpertRebalancer::ExpertRebalancer(JobEnv& env, Trainer& trainer, std::int64_t e
   origin_.assign(static_cast<std::size_t>(d.moe_block_count()), labels);
 }
 
+namespace {
+
+using PieceRange = ExpertRebalancer::PieceRange;
+using RankPieces = ExpertRebalancer::RankPieces;
+
+// Every rank's pieces, gathered over the host communicator (descriptors only: three integers a
+// piece).
+RankPieces gather_pieces(comm::Communicator& host, const std::vector<parallel::StatePiece>& mine) {
+  const auto ranks = static_cast<std::size_t>(host.size());
+  std::vector<std::int64_t> flat;
+  for (const auto& p : mine) flat.push_back(p.param), flat.push_back(p.begin), flat.push_back(p.end);
+  const auto n = static_cast<std::int64_t>(flat.size());
+  std::vector<std::int64_t> sizes(ranks);
+  host.all_gather(&n, sizes.data(), 1, DType::i64).wait();
+  std::vector<std::size_t> counts(ranks);
+  std::size_t total = 0;
+  for (std::size_t r = 0; r < ranks; ++r) counts[r] = static_cast<std::size_t>(sizes[r]), total += counts[r];
+  std::vector<std::int64_t> all(total);
+  host.all_gather_v(flat.data(), all.data(), counts, DType::i64).wait();
+  RankPieces out(ranks);
+  for (std::size_t r = 0, at = 0; r < ranks; at += counts[r], ++r)
+    for (std::size_t i = 0; i < counts[r]; i += 3)
+      out[r].push_back({static_cast<int>(all[at + i]), all[at + i + 1], all[at + i + 2]});
+  return out;
+}
+
+// Of every rank's pieces, those of `param`, in order.
+RankPieces pieces_of(const RankPieces& all, int param) {
+  RankPieces out(all.size());
+  for (std::size_t r = 0; r < all.size(); ++r)
+    for (const PieceRange& p : all[r])
+      if (p.param == param) out[r].push_back(p);
+  return out;
+}
+
+// A transfer: old elements [begin, end) of the parameter, from the sender's save piece `from` to
+// the receiver's load piece `to` (indices among each rank's pieces of the parameter), where they
+// start at element `at` in the new labels.
+struct Transfer {
+  std::int64_t begin = 0, end = 0;
+  std::size_t from = 0, to = 0;
+  std::int64_t at = 0;
+};
+
+}  // namespace
+
 void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vector<double>>& rows) {
   if (every_ == 0) return;
   const auto& d = trainer_.dims();
@@ -55,6 +101,7 @@ void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vecto
   const int ep = static_cast<int>(env_.cfg.parallel.ep);
   trainer_.settle_optimizer();
   const parallel::StateLayout state = trainer_.strategy().state_layout();
+  const RankPieces saves = gather_pieces(*env_.host_comm, state.save), loads = gather_pieces(*env_.host_comm, state.load);
   std::size_t b = 0;
   int blocks_moved = 0, experts_moved = 0;
   double before_sum = 0, after_sum = 0;
@@ -68,7 +115,7 @@ void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vecto
       // The block's router [E, d] and stacked experts [E, ...]: E blocks of rows each.
       const model::BlockParams bp = index.block(l);
       for (int i : {bp.router, bp.w1, bp.w3, bp.w2})
-        relabel(state, i, layout[static_cast<std::size_t>(i)].numel / d.moe_experts, p.order);
+        relabel(state, saves, loads, i, layout[static_cast<std::size_t>(i)].numel / d.moe_experts, p.order);
       std::vector<int>& origin = origin_[b];
       std::vector<int> next(origin.size());
       for (std::size_t i = 0; i < next.size(); ++i) next[i] = origin[static_cast<std::size_t>(p.order[i])];
@@ -98,44 +145,9 @@ void ExpertRebalancer::rebalance(std::int64_t step, const std::vector<std::vecto
   }
 }
 
-namespace {
 
-// Ranges of one full parameter's flat index, in the protocol of relabel() below.
-struct Range {
-  std::int64_t begin = 0, end = 0;
-};
-
-// Every rank's ranges, gathered (descriptors only: two integers a range) over the host communicator.
-std::vector<std::vector<Range>> gather_ranges(comm::Communicator& host, const std::vector<Range>& mine) {
-  const auto ranks = static_cast<std::size_t>(host.size());
-  std::vector<std::int64_t> flat;
-  for (const Range& r : mine) flat.push_back(r.begin), flat.push_back(r.end);
-  const auto n = static_cast<std::int64_t>(flat.size());
-  std::vector<std::int64_t> sizes(ranks);
-  host.all_gather(&n, sizes.data(), 1, DType::i64).wait();
-  std::vector<std::size_t> counts(ranks);
-  std::size_t total = 0;
-  for (std::size_t r = 0; r < ranks; ++r) counts[r] = static_cast<std::size_t>(sizes[r]), total += counts[r];
-  std::vector<std::int64_t> all(total);
-  host.all_gather_v(flat.data(), all.data(), counts, DType::i64).wait();
-  std::vector<std::vector<Range>> out(ranks);
-  for (std::size_t r = 0, at = 0; r < ranks; at += counts[r], ++r)
-    for (std::size_t i = 0; i < counts[r]; i += 2) out[r].push_back({all[at + i], all[at + i + 1]});
-  return out;
-}
-
-// A transfer: old elements [begin, end) of the parameter, from the sender's save piece `from` to
-// the receiver's load piece `to` (indices among each rank's pieces of the parameter), where they
-// start at element `at` in the new labels.
-struct Transfer {
-  std::int64_t begin = 0, end = 0;
-  std::size_t from = 0, to = 0;
-  std::int64_t at = 0;
-};
-
-}  // namespace
-
-void ExpertRebalancer::relabel(const parallel::StateLayout& state, int param, std::int64_t block,
+void ExpertRebalancer::relabel(const parallel::StateLayout& state, const RankPieces& saves_all,
+                               const RankPieces& loads_all, int param, std::int64_t block,
                                const std::vector<int>& order) {
   // Only what moves crosses: the elements of every relabelled block (order[i] != i) that some rank
   // holds, from the rank that writes them to checkpoints (the save pieces cover each element once),
@@ -144,12 +156,11 @@ void ExpertRebalancer::relabel(const parallel::StateLayout& state, int param, st
   comm::Communicator& host = *env_.host_comm;
   comm::Communicator& device = *env_.comm;
   std::vector<std::size_t> saves, loads;   // this rank's pieces of `param` (indices into state)
-  std::vector<Range> have, held;           // their ranges
   for (std::size_t i = 0; i < state.save.size(); ++i)
-    if (state.save[i].param == param) saves.push_back(i), have.push_back({state.save[i].begin, state.save[i].end});
+    if (state.save[i].param == param) saves.push_back(i);
   for (std::size_t i = 0; i < state.load.size(); ++i)
-    if (state.load[i].param == param) loads.push_back(i), held.push_back({state.load[i].begin, state.load[i].end});
-  const auto all_have = gather_ranges(host, have), all_held = gather_ranges(host, held);
+    if (state.load[i].param == param) loads.push_back(i);
+  const RankPieces all_have = pieces_of(saves_all, param), all_held = pieces_of(loads_all, param);
   const auto ranks = static_cast<std::size_t>(host.size()), me = static_cast<std::size_t>(host.rank());
   // [sender][receiver]: the transfers, in one order every rank derives alike: receivers' held
   // pieces in order, each cut at block boundaries, each moved cut's old range (block order[i])

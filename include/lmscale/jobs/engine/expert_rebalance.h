@@ -34,6 +34,12 @@ namespace lmscale::jobs {
 
 class ExpertRebalancer {
  public:
+  // A piece of a full parameter's flat index: parameter, elements [begin, end).
+  struct PieceRange {
+    int param = 0;
+    std::int64_t begin = 0, end = 0;
+  };
+  using RankPieces = std::vector<std::vector<PieceRange>>;   // [rank][piece], in each rank's order
   // every = parallel.ep_rebalance_every (0: never; then nothing is recorded either).
   ExpertRebalancer(JobEnv& env, Trainer& trainer, std::int64_t every, const std::string& table);
   bool due(std::int64_t step) const { return every_ > 0 && step > 0 && step % every_ == 0; }
@@ -43,9 +49,11 @@ class ExpertRebalancer {
 
  private:
   // Relabels full parameter `param` (index in model::parameter_layout) in place on every rank:
-  // block i of `block` elements takes old block order[i]. state: this rank's pieces (taken once
-  // per rebalance, after the optimizer settled; relabelling moves values, not pieces).
-  void relabel(const parallel::StateLayout& state, int param, std::int64_t block, const std::vector<int>& order);
+  // block i of `block` elements takes old block order[i]. state: this rank's pieces; saves,
+  // loads: every rank's save and load pieces (all three taken once per rebalance, after the
+  // optimizer settled: relabelling moves values, not pieces).
+  void relabel(const parallel::StateLayout& state, const RankPieces& saves, const RankPieces& loads, int param,
+               std::int64_t block, const std::vector<int>& order);
 
   JobEnv& env_;
   Trainer& trainer_;
