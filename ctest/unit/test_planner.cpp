@@ -356,6 +356,10 @@ TEST(StepModel, ZeroBubbleSchedulesTheWeightGradientsIntoTheBubble) {
   EXPECT_DOUBLE_EQ(parallel::pipeline_idle(PipelineSchedule::zb_h1, 4, 2, 1, 1, 1.2, 0.8), 3 * 2.2 - 1 * 0.8);
   EXPECT_DOUBLE_EQ(parallel::pipeline_idle(PipelineSchedule::interleaved, 4, 8, 2, 1, 1, 1), 4.5);
   EXPECT_DOUBLE_EQ(parallel::pipeline_idle(PipelineSchedule::gpipe, 1, 8, 1, 1, 1, 1), 0.0);
+  // The theory the report and the accounting print per schedule.
+  EXPECT_DOUBLE_EQ(parallel::schedule_theory_bubble(PipelineSchedule::zb_h1, 2, 8, 1).fraction, 1.0 / 25.0);
+  EXPECT_DOUBLE_EQ(parallel::schedule_theory_bubble(PipelineSchedule::one_f_one_b, 2, 8, 1).fraction, 1.0 / 9.0);
+  EXPECT_DOUBLE_EQ(parallel::schedule_theory_bubble(PipelineSchedule::interleaved, 4, 8, 2).fraction, 3.0 / 11.0 / 2.0);
 }
 
 // The search tries ZB-H1 beside 1F1B for every pipeline layout, and for xl on 2 GPUs at batch 8

@@ -21,6 +21,18 @@ double zero_bubble_fraction(int stages, int microbatches, double f, double b, do
   return idle / (idle + microbatches * (f + b + w));
 }
 
+TheoryBubble schedule_theory_bubble(PipelineSchedule schedule, int stages, int microbatches, int virtual_stages) {
+  switch (schedule) {
+    case PipelineSchedule::zb_h1:
+      return {zero_bubble_fraction(stages, microbatches, 1, 1, 1), "of zb-h1 with f = b = w"};
+    case PipelineSchedule::interleaved:
+      return {theory_bubble_fraction(stages, microbatches, virtual_stages), "(p-1)/(m+p-1)/v"};
+    case PipelineSchedule::gpipe:
+    case PipelineSchedule::one_f_one_b: break;
+  }
+  return {theory_bubble_fraction(stages, microbatches), "(p-1)/(m+p-1)"};
+}
+
 namespace {
 // Tags of the two directions (the mpi backend matches by tag; nccl by order).
 constexpr int kForwardTag = 1, kBackwardTag = 2;

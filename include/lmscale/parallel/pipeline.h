@@ -60,6 +60,14 @@ using PipeSchedule = PipelineSchedule;
 // (idle + M(f+b+w)); with w = 0 it is 1f1b's (p-1)/(M+p-1).
 double zero_bubble_fraction(int stages, int microbatches, double f, double b, double w);
 double theory_bubble_fraction(int stages, int microbatches, int virtual_stages = 1);
+// The theory a schedule is reported with (the pipeline report, the accounting's ideal step):
+// theory_bubble_fraction for gpipe, 1f1b and interleaved; zero_bubble_fraction with equal forward,
+// B and W passes for zb-h1 (Qi et al. 2023's assumption). formula: its name as printed.
+struct TheoryBubble {
+  double fraction = 0;
+  const char* formula = "";
+};
+TheoryBubble schedule_theory_bubble(PipelineSchedule schedule, int stages, int microbatches, int virtual_stages);
 
 // One forward or backward of one microbatch on this stage, in ms from the start of the step's
 // pipeline (the stage's own clock; device timeline on GPUs).

@@ -57,10 +57,9 @@ double PipelineRecorder::write() {
 
   const auto& p = env_.cfg.parallel;
   const int stages = static_cast<int>(p.pp), M = static_cast<int>(p.microbatches);
-  // zb-h1: its own bubble, with forward, B and W passes of equal time (Qi et al. 2023's assumption).
-  const double theory = p.schedule == PipelineSchedule::zb_h1
-                            ? parallel::zero_bubble_fraction(stages, M, 1, 1, 1)
-                            : parallel::theory_bubble_fraction(stages, M, static_cast<int>(p.virtual_stages));
+  const parallel::TheoryBubble theory_of =
+      parallel::schedule_theory_bubble(p.schedule, stages, M, static_cast<int>(p.virtual_stages));
+  const double theory = theory_of.fraction;
   using C = io::Column;
   auto st = env_.out.create_table("/pipeline/stages", {{"rank", C::Type::i64, ""},
                                                         {"stage", C::Type::i64, ""},
@@ -122,13 +121,10 @@ double PipelineRecorder::write() {
   env_.out.set_attr(g, "measured_bubble_fraction", mean_bubble);
   env_.out.set_attr(g, "steps", steps_);
   if (env_.is_root()) {
-    // The theory's formula as computed above (zb-h1: docs/parallel.md's, with equal forward, B, W).
-    const char* formula = p.schedule == PipelineSchedule::zb_h1          ? "of zb-h1 with f = b = w"
-                          : p.schedule == PipelineSchedule::interleaved ? "(p-1)/(m+p-1)/v"
-                                                                         : "(p-1)/(m+p-1)";
     fmt::print("pipeline: {} stages ({} layers), {} microbatches, {}: bubble {:.1f}% measured (mean over ranks), "
                "{:.1f}% theory {}\n",
-               stages, fmt::join(counts_per_stage, "/"), M, p.schedule, 100 * mean_bubble, 100 * theory, formula);
+               stages, fmt::join(counts_per_stage, "/"), M, p.schedule, 100 * mean_bubble, 100 * theory,
+               theory_of.formula);
     for (int r = 0; r < n; ++r) {
       const double* s = stats.data() + r * kStatFields;
       fmt::print("  rank {} stage {}: forward {:.2f} ms  backward {:.2f} ms  idle {:.2f} ms of {:.2f} ms  peak {:.3f} GiB\n",

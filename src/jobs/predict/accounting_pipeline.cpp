@@ -205,9 +205,8 @@ Accounting account_pipeline(const Config& cfg, int world, const std::string& dev
   best.flops_per_step_causal = m.train_flops_per_token_causal(m.context) * static_cast<double>(B * m.context);
   best.peak_flops = device_peak_flops(device_name.empty() ? "NVIDIA H100 80GB HBM3" : device_name, cfg.precision.mode,
                                       cfg.precision.tf32);
-  // Every rank computes 1/(dp tp pp) of the FLOPs, idle for the bubble (p-1)/(M+p-1) of the step.
-  const double bubble = cfg.parallel.schedule == PipelineSchedule::zb_h1 ? parallel::zero_bubble_fraction(pp, M, 1, 1, 1)
-                                                                        : parallel::theory_bubble_fraction(pp, M, V);
+  // Every rank computes 1/(dp tp pp) of the FLOPs, idle for the schedule's theory bubble of the step.
+  const double bubble = parallel::schedule_theory_bubble(cfg.parallel.schedule, pp, M, V).fraction;
   best.ideal_step_s = best.peak_flops > 0 ? best.flops_per_step / (dp * tp * pp * best.peak_flops) / (1 - bubble) : 0;
   best.comm_formula += fmt::format("; ideal step includes the bubble {:.3f}", bubble);
   return best;
