@@ -122,27 +122,27 @@ std::vector<Candidate> search_layouts(const Config& deck, std::int64_t batch, in
             for (PipelineSchedule schedule : schedules)
               for (bool sp : sps)
                 for (int ep : eps) {
-              Config c = base;
-              c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.ep = ep;
-              c.parallel.zero = z;
-              c.parallel.offload = offload;
-              // fsdp reduce-scatters its gradients itself (no DDP kind); the others bucket them.
-              c.parallel.ddp = dp > 1 && z != ZeroLevel::fsdp ? DdpKind::bucketed : DdpKind::none;
-              c.parallel.grad_exchange = GradExchange::nccl;
-              c.parallel.ep_exchange = EpExchange::nccl;   // (the step model knows NCCL's all-to-all only)
-              c.parallel.sequence_parallel = sp;
-              c.parallel.schedule = schedule;
-              c.parallel.virtual_stages = 1;
-              c.parallel.stage_layers.clear();
-              c.parallel.microbatches = pp > 1 ? mb : 1;
-              c.train.grad_accum = pp > 1 ? 1 : mb;
-              c.train.activation_checkpointing = ac;
-              c.train.checkpoint_k = 1;
-              c.train.checkpoint_layers = 0;
-              c.train.checkpoint_keep_attention = false;
-              if (!layout_refusal(c, gpus).empty()) continue;
-              out.push_back(evaluate_layout(c, batch, gpus, cluster, cal));
-            }
+                  Config c = base;
+                  c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.ep = ep;
+                  c.parallel.zero = z;
+                  c.parallel.offload = offload;
+                  // fsdp reduce-scatters its gradients itself (no DDP kind); the others bucket them.
+                  c.parallel.ddp = dp > 1 && z != ZeroLevel::fsdp ? DdpKind::bucketed : DdpKind::none;
+                  c.parallel.grad_exchange = GradExchange::nccl;
+                  c.parallel.ep_exchange = EpExchange::nccl;   // (the step model knows NCCL's all-to-all only)
+                  c.parallel.sequence_parallel = sp;
+                  c.parallel.schedule = schedule;
+                  c.parallel.virtual_stages = 1;
+                  c.parallel.stage_layers.clear();
+                  c.parallel.microbatches = pp > 1 ? mb : 1;
+                  c.train.grad_accum = pp > 1 ? 1 : mb;
+                  c.train.activation_checkpointing = ac;
+                  c.train.checkpoint_k = 1;
+                  c.train.checkpoint_layers = 0;
+                  c.train.checkpoint_keep_attention = false;
+                  if (!layout_refusal(c, gpus).empty()) continue;
+                  out.push_back(evaluate_layout(c, batch, gpus, cluster, cal));
+                }
     }
   }
   return out;
