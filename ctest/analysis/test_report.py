@@ -151,11 +151,12 @@ def make_collectives(path):
 
 
 def make_gemm(path):
-    cols = [("layer", S, ""), ("pass", S, ""), ("precision", S, ""), ("variant", S, ""), ("group", I, ""),
-            ("m", I, ""), ("n", I, ""), ("k", I, ""), ("flops", F, "FLOP"), ("time_ms", F, "ms"),
+    cols = [("layer", S, ""), ("pass", S, ""), ("precision", S, ""), ("variant", S, ""), ("accumulation", S, ""),
+            ("group", I, ""), ("m", I, ""), ("n", I, ""), ("k", I, ""), ("flops", F, "FLOP"), ("time_ms", F, "ms"),
             ("time_ms_min", F, "ms"), ("time_ms_max", F, "ms"), ("tflops", F, "TFLOP/s"), ("in_block", I, "bool")]
-    rows = [(b"qkv", b"forward", b"fp8", b"gemm", 3, 8192, 1600, 1600, 1.2583e12, 1.0, 0.9, 1.1, 1258.3, 1),
-            (b"qkv", b"forward", b"fp8", b"gemm+casts", 3, 8192, 1600, 1600, 1.2583e12, 1.25, 1.2, 1.3, 1006.6, 1)]
+    rows = [(b"qkv", b"forward", b"fp8", b"gemm", b"fast", 3, 8192, 1600, 1600, 1.2583e12, 1.0, 0.9, 1.1, 1258.3, 1),
+            (b"qkv", b"forward", b"fp8", b"gemm+casts", b"fast", 3, 8192, 1600, 1600, 1.2583e12, 1.25, 1.2, 1.3,
+             1006.6, 1)]
     with new_file(path, "bench-gemm", {}) as f:
         write_table(f, "/bench_gemm/results", cols, rows)
         write_table(f, "/bench_gemm/totals", [("precision", S, ""), ("variant", S, ""), ("gemms", I, ""),
@@ -306,6 +307,8 @@ def main():
     c.run("gemm casts row", lambda: c.eq("qkv forward with casts", [find_row(rows, variant="gemm+casts")[k] for k in
                                                                   ("M", "time (ms)", "rate (TFLOP/s)")],
                                          ["8192", "1.2500", "1007"]))
+    c.run("gemm accumulation", lambda: c.eq("qkv forward accumulation (precision.fp8_fast_accum)",
+                                            find_row(rows, variant="gemm")["accumulation"], "fast"))
     _, rows = md("gemm.bench_gemm_totals")
     c.run("gemm totals", lambda: c.eq("fp8 gemm block rate", find_row(rows, variant="gemm")["block rate (TFLOP/s)"],
                                       "1333"))

@@ -55,6 +55,11 @@ check "block totals' FLOPs" "$check_table" gemm.h5 /bench_gemm/totals flops flop
 "$check_table" gemm.h5 /bench_gemm/totals tflops - 0 >total_tflops.txt
 check "three positive block totals" awk '!($1 > 0) { bad = 1 } END { exit bad || NR != 3 }' total_tflops.txt
 check "stdout has the block totals" grep -q "^block total" stdout
+# precision.fp8_fast_accum (default forward) is named, and the CPU's fp8 rows say fp64: the
+# emulation sums exactly and ignores the setting (docs/precision.md).
+check "stdout names the fp8 accumulation setting" grep -qF "fp8 accumulation: precision.fp8_fast_accum = forward" stdout
+check "the CPU's fp8 rows accumulate in fp64" grep -qE "^qkv +forward +fp8 +gemm +fp64 " stdout
+check "the fp32 rows accumulate in fp32" grep -qE "^qkv +forward +fp32 +gemm +fp32 " stdout
 
 refused() {   # refused KEY ARGS...: exit 2, the key in the message, no results file
   rm -f bad.h5
@@ -76,6 +81,10 @@ if python3 -c "import h5py, pandas, matplotlib" 2>/dev/null; then
   python3 "$repo/ctest/analysis/check_strings.py" gemm.h5 >strings.out 2>&1
   check "every string is UTF-8 and every number has a unit (check_strings.py)" test $? -eq 0
   cat strings.out
+  check "/bench_gemm records fp8_fast_accum = forward" python3 -c "
+import h5py, sys
+v = h5py.File('gemm.h5', 'r')['/bench_gemm'].attrs['fp8_fast_accum']
+sys.exit(0 if (v.decode() if isinstance(v, bytes) else str(v)) == 'forward' else 1)"
   (cd "$repo" && python3 -m analysis.report "$outdir/gemm.h5" --out "$outdir/report") >report.out 2>&1
   check "analysis.report exited 0" test $? -eq 0
   check "the report has the block totals" grep -rqF "gemm+casts" "$outdir/report"

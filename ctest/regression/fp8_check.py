@@ -72,6 +72,17 @@ for scaling in ("current", "delayed"):
         got = load(f"{scaling}_{name}")
         same = all(np.array_equal(got[k], base[k]) for k in ("loss", "grad_norm", "table", "history"))
         check(same, f"{scaling}: {name} bitwise equal to no checkpointing (losses, norms, amaxes, scales, histories)")
+# precision.fp8_fast_accum: recorded in /train/fp8, and ignored by the CPU emulation (its fp64
+# products model no tensor-core accumulator): every setting bitwise the default's run.
+base = load("current_none")
+check(base["attrs"]["fp8_fast_accum"] in ("forward", b"forward"),
+      "current: /train/fp8 records fp8_fast_accum = forward")
+for setting in ("all", "none"):
+    got = load(f"current_fast_{setting}")
+    check(got["attrs"]["fp8_fast_accum"] in (setting, setting.encode()),
+          f"fp8_fast_accum = {setting}: /train/fp8 records it")
+    same = all(np.array_equal(got[k], base[k]) for k in ("loss", "grad_norm", "table", "history"))
+    check(same, f"fp8_fast_accum = {setting}: the CPU run is bitwise the default's (the emulation ignores it)")
 ev = load("delayed_eval")
 same = all(np.array_equal(ev[k], load("delayed_none")[k]) for k in ("loss", "grad_norm", "history"))
 check(same, "delayed: evaluations leave training and the amax histories unchanged")

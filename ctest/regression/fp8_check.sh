@@ -43,6 +43,9 @@ for scaling in current delayed; do
   run 1 "${scaling}_selective_mlp" --precision.fp8_scaling=$scaling --train.activation_checkpointing=selective-mlp
 done
 run 1 delayed_eval --precision.fp8_scaling=delayed --train.eval_every=3
+# precision.fp8_fast_accum: the CPU emulation ignores it (the default is forward).
+run 1 current_fast_all --precision.fp8_fast_accum=all
+run 1 current_fast_none --precision.fp8_fast_accum=none
 run 1 current_accum2 --train.grad_accum=2
 run 2 ddp --parallel.ddp=flat
 run 2 zero2 --parallel.ddp=bucketed --parallel.zero=zero2 --parallel.bucket_mb=0.01

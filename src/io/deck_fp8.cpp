@@ -64,6 +64,8 @@ void check_fp8(const Config& c, int world_size) {
     if (pr.fp8_margin != defaults.fp8_margin) other("precision.fp8_margin", std::to_string(pr.fp8_margin));
     if (pr.fp8_grad_format != defaults.fp8_grad_format)
       other("precision.fp8_grad_format", fmt::format("{}", pr.fp8_grad_format));
+    if (pr.fp8_fast_accum != defaults.fp8_fast_accum)
+      other("precision.fp8_fast_accum", fmt::format("{}", pr.fp8_fast_accum));
     return;
   }
   if (pr.fp8_history != defaults.fp8_history && pr.fp8_scaling != Fp8Scaling::delayed)

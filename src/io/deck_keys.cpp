@@ -136,6 +136,11 @@ std::vector<DeckKey> build_table() {
                "mode = fp8: FP8 format of the output gradients dy (e5m2: range; e4m3: precision). x and w are e4m3."),
       // [parallel]
       enum_key("parallel.device", LMSCALE_FIELD(parallel.device),
+      enum_key("precision.fp8_fast_accum", LMSCALE_FIELD(precision.fp8_fast_accum),
+               "mode = fp8: which FP8 GEMMs use Hopper's fast accumulation (cuBLASLt FAST_ACCUM: partial sums kept "
+               "in the tensor cores' reduced precision, never promoted to fp32; faster, less accurate, "
+               "docs/precision.md): none; forward = y = x w^T only, dx and dW promoted (Transformer Engine's and "
+               "torchao's recipe); all = the gradient products too. The CPU emulation ignores it."),
                "Where to compute: auto picks cuda when a GPU is visible, else cpu."),
       enum_key("parallel.backend", LMSCALE_FIELD(parallel.backend),
                "Collective backend: auto picks nccl on cuda, mpi on cpu."),

@@ -144,13 +144,15 @@ Timing time_fp8_gemm(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8Linea
   Tensor dyq = fp8(rows, out, opt.grad_format), dyqt = fp8(out, rows, opt.grad_format);
   dys->quantize(ctx, p.dy, &dyq, &dyqt);
   Tensor y = p.y, dw = p.dw;
+  // Each product accumulates as the layer runs it (precision.fp8_fast_accum).
+  const ops::Fp8Accumulation fwd = opt.forward_accumulation, grad = opt.grad_accumulation;
   return time_runs(rt, b, [&] {
     if (g.pass == GemmPass::forward)   // y = x_q . w_q^T
-      ops::linear_fp8(ctx, xq, xs->inv_scale(), wq, ws->inv_scale(), y, false);
+      ops::linear_fp8(ctx, xq, xs->inv_scale(), wq, ws->inv_scale(), y, false, fwd);
     else if (g.pass == GemmPass::data_grad)   // dx = dy_q . (w^T)_q^T
-      ops::linear_fp8(ctx, dyq, dys->inv_scale(), wqt, ws->inv_scale(), o.dx, false);
+      ops::linear_fp8(ctx, dyq, dys->inv_scale(), wqt, ws->inv_scale(), o.dx, false, grad);
     else   // dW = (dy^T)_q . (x^T)_q^T
-      ops::linear_fp8(ctx, dyqt, dys->inv_scale(), xqt, xs->inv_scale(), dw, false);
+      ops::linear_fp8(ctx, dyqt, dys->inv_scale(), xqt, xs->inv_scale(), dw, false, grad);
   });
 }
 
@@ -201,6 +203,16 @@ Timing time_fp8_casts(ops::Runtime& rt, const BenchConfig& b, const ops::Fp8Line
   return time_runs(rt, b, [&] { backward(nullptr, &p.dw); });
 }
 
+// How a row's products accumulate (its `accumulation` column): FP8 on CUDA as the layer's options
+// say for the row's pass (precision.fp8_fast_accum); the CPU's FP8 emulation sums in fp64 and
+// ignores the setting (ops::linear_fp8); fp32 and bf16 accumulate in fp32.
+std::string accumulation_of(GemmPrecision p, GemmPass pass, const ops::Fp8LinearOptions& opt, bool cuda) {
+  if (p != GemmPrecision::fp8) return "fp32";
+  if (!cuda) return "fp64";
+  const ops::Fp8Accumulation a = pass == GemmPass::forward ? opt.forward_accumulation : opt.grad_accumulation;
+  return a == ops::Fp8Accumulation::fast ? "fast" : "promoted";
+}
+
 DType compute_dtype(GemmPrecision p, bool cuda) {
   switch (p) {
     case GemmPrecision::fp32: return DType::f32;
@@ -214,8 +226,8 @@ void print_row(const io::Row& r) {
   auto str = [&](std::size_t i) { return std::get<std::string>(r[i]); };
   auto i64 = [&](std::size_t i) { return std::get<std::int64_t>(r[i]); };
   auto f64 = [&](std::size_t i) { return std::get<double>(r[i]); };
-  fmt::print("{:<8} {:<7} {:<5} {:<10} {:>5} {:>7} {:>7} {:>7} {:>10.3f} {:>9}\n", str(0), str(1), str(2), str(3),
-             i64(4), i64(5), i64(6), i64(7), f64(9), three_digits(f64(12)));
+  fmt::print("{:<8} {:<7} {:<5} {:<10} {:<8} {:>5} {:>7} {:>7} {:>7} {:>10.3f} {:>9}\n", str(0), str(1), str(2),
+             str(3), str(4), i64(5), i64(6), i64(7), i64(8), f64(10), three_digits(f64(13)));
 }
 
 }  // namespace
@@ -232,8 +244,9 @@ int run_bench_gemm(const Config& cfg, ops::Runtime& rt, io::ResultsFile& out) {
   const std::vector<io::Column> cols = {
       {"layer", io::Column::Type::str, ""},          {"pass", io::Column::Type::str, ""},
       {"precision", io::Column::Type::str, ""},      {"variant", io::Column::Type::str, ""},
-      {"group", io::Column::Type::i64, ""},          {"m", io::Column::Type::i64, ""},
-      {"n", io::Column::Type::i64, ""},              {"k", io::Column::Type::i64, ""},
+      {"accumulation", io::Column::Type::str, ""},   {"group", io::Column::Type::i64, ""},
+      {"m", io::Column::Type::i64, ""},              {"n", io::Column::Type::i64, ""},
+      {"k", io::Column::Type::i64, ""},
       {"flops", io::Column::Type::f64, "FLOP"},      {"time_ms", io::Column::Type::f64, "ms"},
       {"time_ms_min", io::Column::Type::f64, "ms"},  {"time_ms_max", io::Column::Type::f64, "ms"},
       {"tflops", io::Column::Type::f64, "TFLOP/s"},  {"in_block", io::Column::Type::i64, "bool"}};
@@ -251,14 +264,20 @@ int run_bench_gemm(const Config& cfg, ops::Runtime& rt, io::ResultsFile& out) {
   out.set_attr(g, "flops", std::string("group * 2*M*N*K per row; TFLOP/s from the median time"));
   out.set_attr(g, "fp8_scaling", to_string(cfg.precision.fp8_scaling));
   out.set_attr(g, "fp8_grad_format", to_string(cfg.precision.fp8_grad_format));
+  out.set_attr(g, "fp8_fast_accum", to_string(cfg.precision.fp8_fast_accum));
   out.set_attr(g, "gemm_autotune", std::int64_t{cfg.precision.gemm_autotune});
 
   fmt::print("bench-gemm on {}: d_model {}, d_ff {}, vocab {}, {} rows ({} x {} tokens); median of {} runs after {} "
              "warm-up\n",
              device, dims.d_model, dims.d_ff, dims.vocab, rows, b.batch_size, cfg.model.context_length, b.steps,
              b.warmup);
-  fmt::print("{:<8} {:<7} {:<5} {:<10} {:>5} {:>7} {:>7} {:>7} {:>10} {:>9}\n", "layer", "pass", "prec", "variant",
-             "group", "M", "N", "K", "ms", "TFLOP/s");
+  if (std::find(b.gemm_precisions.begin(), b.gemm_precisions.end(), GemmPrecision::fp8) != b.gemm_precisions.end())
+    fmt::print("fp8 accumulation: precision.fp8_fast_accum = {} (forward {}, dx and dW {}){}\n",
+               cfg.precision.fp8_fast_accum, accumulation_of(GemmPrecision::fp8, GemmPass::forward, fp8, true),
+               accumulation_of(GemmPrecision::fp8, GemmPass::data_grad, fp8, true),
+               cuda ? "" : "; the CPU emulation sums in fp64 and ignores it");
+  fmt::print("{:<8} {:<7} {:<5} {:<10} {:<8} {:>5} {:>7} {:>7} {:>7} {:>10} {:>9}\n", "layer", "pass", "prec",
+             "variant", "accum", "group", "M", "N", "K", "ms", "TFLOP/s");
   // The block totals, per (precision, variant) in the order first met: summed time and FLOPs.
   struct Total {
     GemmPrecision precision;
@@ -295,8 +314,8 @@ int run_bench_gemm(const Config& cfg, ops::Runtime& rt, io::ResultsFile& out) {
       for (const auto& [variant, t] : runs) {
         const double tflops = t.median > 0 ? gm.flops() / (t.median * 1e-3) / 1e12 : 0.0;
         const io::Row row = {std::string(gm.layer), std::string(gemm_pass_name(gm.pass)), to_string(p),
-                             std::string(variant), gm.group, gm.m, gm.n, gm.k, gm.flops(), t.median, t.min, t.max,
-                             tflops, std::int64_t{gm.in_block}};
+                             std::string(variant), accumulation_of(p, gm.pass, fp8, cuda), gm.group, gm.m, gm.n, gm.k,
+                             gm.flops(), t.median, t.min, t.max, tflops, std::int64_t{gm.in_block}};
         table.append(row);
         print_row(row);
         if (gm.in_block) {

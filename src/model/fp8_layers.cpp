@@ -49,6 +49,10 @@ ops::Fp8LinearOptions fp8_options(const PrecisionConfig& p) {
   o.history = static_cast<int>(p.fp8_history);
   o.margin = static_cast<int>(p.fp8_margin);
   o.grad_format = p.fp8_grad_format == Fp8GradFormat::e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2;
+  // precision.fp8_fast_accum: forward makes the forward product fast, all the gradients' too.
+  const auto fast_if = [](bool fast) { return fast ? ops::Fp8Accumulation::fast : ops::Fp8Accumulation::promoted; };
+  o.forward_accumulation = fast_if(p.fp8_fast_accum != Fp8FastAccum::none);
+  o.grad_accumulation = fast_if(p.fp8_fast_accum == Fp8FastAccum::all);
   return o;
 }
 

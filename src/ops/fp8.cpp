@@ -166,7 +166,7 @@ void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format
 }
 
 void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
-                bool accumulate) {
+                bool accumulate, Fp8Accumulation accumulation) {
   constexpr const char* op = "ops::linear_fp8";
   const Device dev =
       detail::common_device(op, {{"a", &a}, {"a_inv", &a_inv}, {"b", &b}, {"b_inv", &b_inv}, {"y", &y}});
@@ -183,9 +183,10 @@ void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor
   ys.back() = b.dim(0);
   detail::check_shape(op, "y", y, ys);
   detail::check_floating(op, "y", y);
+  // The CPU's fp64 reference has no reduced accumulator to emulate: `accumulation` is CUDA's alone.
   if (dev == Device::cpu) return cpu::linear_fp8(ctx, a, a_inv, b, b_inv, y, accumulate);
 #ifdef LMSCALE_WITH_CUDA
-  return cuda::linear_fp8(ctx, a, a_inv, b, b_inv, y, accumulate);
+  return cuda::linear_fp8(ctx, a, a_inv, b, b_inv, y, accumulate, accumulation);
 #else
   detail::no_cuda_build(op);
 #endif

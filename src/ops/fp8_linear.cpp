@@ -1,5 +1,7 @@
 // Fp8Linear (lmscale/ops/fp8_linear.h): the three products of a linear layer as ops::linear_fp8
 // over operands quantised once each, cast and transposed in one pass (ops::cast_transpose_fp8).
+// Every product of the forward (forward, replay) takes the options' forward_accumulation, dx and
+// dW their grad_accumulation, so a recompute's y is bitwise the first forward's.
 #include "lmscale/ops/fp8_linear.h"
 
 #include "lmscale/core/error.h"
@@ -48,7 +50,9 @@ void check_scales(const Tensor& scales) {
 Fp8Linear::Fp8Linear(Context& ctx, const Fp8LinearOptions& o)
     : x_(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin),
       w_(ctx, Fp8Format::e4m3, o.recipe, o.history, o.margin),
-      dy_(ctx, o.grad_format, o.recipe, o.history, o.margin) {}
+      dy_(ctx, o.grad_format, o.recipe, o.history, o.margin),
+      forward_accumulation_(o.forward_accumulation),
+      grad_accumulation_(o.grad_accumulation) {}
 
 Fp8Input Fp8Linear::quantize_input(Context& ctx, const Tensor& x, bool record, Fp8Amax amax) {
   const Quantized xq = quantize(ctx, &x_, nullptr, x_.format(), x, true, record, amax);
@@ -74,7 +78,7 @@ Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Fp8Input& x, const Tensor&
   LMSCALE_CHECK(x.q.defined(), "Fp8Linear::forward: the quantised input has no direct operand for the GEMM");
   const Quantized wq = quantize(ctx, &w_, nullptr, w_.format(), w, true, record);
   Tensor y2 = as_matrix(y);
-  linear_fp8(ctx, x.q, x.inv, wq.q, w_.inv_scale(), y2, false);
+  linear_fp8(ctx, x.q, x.inv, wq.q, w_.inv_scale(), y2, false, forward_accumulation_);
   Fp8LinearSaved saved{x.qt, wq.qt,
                        Tensor::empty({4 * Fp8LinearSaved::kScaleStride}, DType::f32, *ctx.allocator, "fp8_scales_saved")};
   // One launch for the four values; the 12 bytes after each are padding, never read (no fill).
@@ -104,7 +108,7 @@ Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Fp8Input& x, const Fp8Weig
                 "Fp8Linear::forward: a quantised weight needs current scaling (its scale is the weight's amax now)");
   w_.adopt(ctx, w.amax, w.scale, w.inv);
   Tensor y2 = as_matrix(y);
-  linear_fp8(ctx, x.q, x.inv, w.q, w_.inv_scale(), y2, false);
+  linear_fp8(ctx, x.q, x.inv, w.q, w_.inv_scale(), y2, false, forward_accumulation_);
   Fp8LinearSaved saved{x.qt, transposed(ctx, w.q),
                        Tensor::empty({4 * Fp8LinearSaved::kScaleStride}, DType::f32, *ctx.allocator, "fp8_scales_saved")};
   gather_scalars(ctx, {&x.scale, &x.inv, &w_.scale(), &w_.inv_scale()}, saved.scales, Fp8LinearSaved::kScaleStride);
@@ -118,7 +122,7 @@ Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Fp8In
   if (y) {
     LMSCALE_CHECK(x.q.defined(), "Fp8Linear::replay: the quantised input has no direct operand for the GEMM");
     Tensor y2 = as_matrix(*y);
-    linear_fp8(ctx, x.q, saved.x_inv(), w.q, saved.w_inv(), y2, false);
+    linear_fp8(ctx, x.q, saved.x_inv(), w.q, saved.w_inv(), y2, false, forward_accumulation_);
   }
   saved.wt_q = transposed(ctx, w.q);
   return saved;
@@ -140,7 +144,7 @@ Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Fp8In
   if (y) {
     LMSCALE_CHECK(x.q.defined(), "Fp8Linear::replay: the quantised input has no direct operand for the GEMM");
     Tensor y2 = as_matrix(*y);
-    linear_fp8(ctx, x.q, saved.x_inv(), wq.q, saved.w_inv(), y2, false);
+    linear_fp8(ctx, x.q, saved.x_inv(), wq.q, saved.w_inv(), y2, false, forward_accumulation_);
   }
   saved.wt_q = wq.qt;
   return saved;
@@ -159,7 +163,8 @@ void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor
   const Quantized dyq = quantize(ctx, &dy_, nullptr, dy_.format(), dy, dx != nullptr, true, dy_amax);
   if (dx) {
     Tensor dx2 = as_matrix(*dx);
-    linear_fp8(ctx, dyq.q, dy_.inv_scale(), saved.wt_q, saved.w_inv(), dx2, false);   // dy . (w^T)^T
+    // dy . (w^T)^T
+    linear_fp8(ctx, dyq.q, dy_.inv_scale(), saved.wt_q, saved.w_inv(), dx2, false, grad_accumulation_);
   }
   std::int64_t row = 0;   // dy^T's rows [row, row + N_i) are dW_i's outputs
   for (const Tensor& dw : dws) {
@@ -168,7 +173,8 @@ void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor
                   dyq.qt.dim(0), row);
     Tensor out = dw;
     const Tensor rows = dws.size() == 1 ? dyq.qt : dyq.qt.slice(row, row + dw.dim(0));
-    linear_fp8(ctx, rows, dy_.inv_scale(), saved.xt_q, saved.x_inv(), out, accumulate_dw);   // dy^T . (x^T)^T
+    linear_fp8(ctx, rows, dy_.inv_scale(), saved.xt_q, saved.x_inv(), out, accumulate_dw,
+               grad_accumulation_);   // dy^T . (x^T)^T
     row += dw.dim(0);
   }
   LMSCALE_CHECK(dws.empty() || row == dyq.qt.dim(0),

@@ -86,6 +86,12 @@ LMSCALE_DECK_ENUM(Fp8Scaling, "current", "delayed");
 // precision.fp8_grad_format: the FP8 format of the output gradients dy.
 enum class Fp8GradFormat { e5m2, e4m3 };
 LMSCALE_DECK_ENUM(Fp8GradFormat, "e5m2", "e4m3");
+// precision.fp8_fast_accum: which FP8 GEMMs run with Hopper's fast accumulation (cuBLASLt's
+// CUBLASLT_MATMUL_DESC_FAST_ACCUM: the tensor cores' partial sums never promoted to fp32; faster,
+// less accurate; docs/precision.md, "Error bounds"): none, the forward y = x w^T only (Transformer
+// Engine's and torchao's recipe), or all three products of a linear layer.
+enum class Fp8FastAccum { none, forward, all };
+LMSCALE_DECK_ENUM(Fp8FastAccum, "none", "forward", "all");
 // bench.dtypes: element types of the attention and collective sweeps.
 enum class FloatType { fp32, bf16, fp16 };
 LMSCALE_DECK_ENUM(FloatType, "fp32", "bf16", "fp16");
@@ -232,6 +238,7 @@ struct PrecisionConfig {
   std::int64_t fp8_history = 16;        // delayed scaling's amax window (casts of each operand)
   std::int64_t fp8_margin = 0;          // scales divided by 2^margin
   Fp8GradFormat fp8_grad_format = Fp8GradFormat::e5m2;
+  Fp8FastAccum fp8_fast_accum = Fp8FastAccum::forward;   // the peers' recipe (docs/precision.md)
 
   bool operator==(const PrecisionConfig&) const = default;
 };

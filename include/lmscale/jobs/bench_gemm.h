@@ -11,7 +11,10 @@
 //               quantised beforehand, "gemm+casts" adds the casts the layer makes for it (x and
 //               w for the forward, dy for dx and for dW: the model casts dy once for both, so the
 //               with-casts block total counts that cast twice). The LM head has no fp8 rows: the
-//               model runs it in bf16 under precision.mode = fp8.
+//               model runs it in bf16 under precision.mode = fp8. Each FP8 product accumulates
+//               as precision.fp8_fast_accum says for its pass (the forward, or dx and dW), as
+//               the model's layers do; the row's `accumulation` and the attribute
+//               fp8_fast_accum record it.
 // Each row: bench.warmup untimed runs, then the median (and min, max) of bench.steps runs timed
 // with Runtime marks (CUDA events on GPU); TFLOP/s = group * 2*M*N*K / median. The block total
 // per (precision, variant) sums the block's rows (LM head excluded): its TFLOP/s is the aggregate

@@ -85,18 +85,27 @@ void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, 
 void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
                       Tensor& inv_scale);
 
+// How an FP8 GEMM accumulates on CUDA (docs/precision.md, "Error bounds"). promoted: cuBLASLt's
+// default, the tensor cores' reduced-precision partial sums added into fp32 at intervals (Transformer
+// Engine's "split accumulator"). fast: CUBLASLT_MATMUL_DESC_FAST_ACCUM, never promoted: faster,
+// with an error that grows with K. The peers run the forward product fast and the two gradient
+// products promoted (precision.fp8_fast_accum = forward).
+enum class Fp8Accumulation { promoted, fast };
+
 // The FP8 GEMM of a linear layer ("TN": both operands K-major, the only layout Hopper's FP8
 // tensor-core GEMMs take):
 //   y[M,N] (+)= (a[M,K] * a_inv) . (b[N,K] * b_inv)^T
 // a, b: e4m3 or e5m2 (not both e5m2); a_inv, b_inv: their inverse scales (1 element fp32);
 // y: bf16 or fp32 on CUDA (fp32 or fp64 on CPU); accumulate adds into y (fp32 y only on CUDA).
-// fp32 accumulation on CUDA, fp64 on CPU. On CUDA K must be a multiple of 16 and every operand
-// 16-byte aligned (cuBLASLt's FP8 rule); the call says which operand is not.
+// fp32 accumulation on CUDA (`accumulation` says how), fp64 on CPU: the CPU reference cannot
+// emulate the tensor cores' reduced accumulator and ignores `accumulation` (the same result for
+// both). On CUDA K must be a multiple of 16 and every operand 16-byte aligned (cuBLASLt's FP8
+// rule); the call says which operand is not.
 // The three products of a linear layer y = x w^T are this one product:
 //   forward    y[M,N]  = x_q[M,K]   . w_q[N,K]^T
 //   data grad  dx[M,K] = dy_q[M,N]  . wt_q[K,N]^T    (wt_q = transpose_fp8(w_q))
 //   weight grad dw[N,K] (+)= dyt_q[N,M] . xt_q[K,M]^T (dyt_q, xt_q: transposes of dy_q, x_q)
 void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
-                bool accumulate);
+                bool accumulate, Fp8Accumulation accumulation = Fp8Accumulation::promoted);
 
 }  // namespace lmscale::ops

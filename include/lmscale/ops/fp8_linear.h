@@ -16,6 +16,7 @@
 #include "lmscale/core/context.h"
 #include "lmscale/core/fp8.h"
 #include "lmscale/core/tensor.h"
+#include "lmscale/ops/fp8.h"
 #include "lmscale/ops/fp8_scaling.h"
 
 namespace lmscale::ops {
@@ -30,6 +31,13 @@ struct Fp8LinearOptions {
   // (docs/precision.md, "Amaxes from the producers"). false: every amax is measured by its own
   // pass (bitwise the same results; tests compare the two). Delayed scaling ignores it.
   bool producer_amax = true;
+  // How the GEMMs accumulate on CUDA (Fp8Accumulation; precision.fp8_fast_accum): the forward
+  // product y = x w^T in every call that makes it (forward, and replay: activation checkpointing's
+  // recompute; evaluation forwards are forwards), and the two gradient products dx, dW. The
+  // default is the deck's, the recipe of Transformer Engine and torchao: the forward fast, the
+  // gradients promoted (docs/precision.md, "Error bounds"). The CPU emulation ignores both.
+  Fp8Accumulation forward_accumulation = Fp8Accumulation::fast;
+  Fp8Accumulation grad_accumulation = Fp8Accumulation::promoted;
 };
 
 // The forward's operands for the backward: xt_q [K,M] and wt_q [K,N] (fp8) and the scales they
@@ -132,9 +140,12 @@ class Fp8Linear {
   const Fp8TensorScaling& x_scaling() const { return x_; }
   const Fp8TensorScaling& w_scaling() const { return w_; }
   const Fp8TensorScaling& dy_scaling() const { return dy_; }
+  Fp8Accumulation forward_accumulation() const { return forward_accumulation_; }
+  Fp8Accumulation grad_accumulation() const { return grad_accumulation_; }
 
  private:
   Fp8TensorScaling x_, w_, dy_;
+  Fp8Accumulation forward_accumulation_, grad_accumulation_;
 };
 
 }  // namespace lmscale::ops

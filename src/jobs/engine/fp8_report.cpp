@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "lmscale/core/fp8.h"
@@ -30,6 +31,15 @@ struct HostScaling {
   float last() const { return history.back(); }
   float window_max() const { return *std::max_element(history.begin(), history.end()); }
 };
+
+// precision.fp8_fast_accum's spelling of the layers' accumulation (docs/precision.md). A deck makes
+// the gradients fast only with the forward; options made in code may not.
+std::string fast_accum_name(const ops::Fp8LinearOptions& o) {
+  const bool fwd = o.forward_accumulation == ops::Fp8Accumulation::fast;
+  const bool grad = o.grad_accumulation == ops::Fp8Accumulation::fast;
+  if (grad && !fwd) return "gradients";
+  return to_string(grad ? Fp8FastAccum::all : fwd ? Fp8FastAccum::forward : Fp8FastAccum::none);
+}
 
 HostScaling read(Context& ctx, const ops::Fp8TensorScaling& s) {
   const std::int64_t H = s.amax_history().numel();
@@ -110,6 +120,7 @@ void Fp8Recorder::finish() {
   const std::string path = group_ + "/fp8";
   env_.out.set_attr(path, "fp8_scaling", std::string(o.recipe == ops::Fp8Recipe::delayed ? "delayed" : "current"));
   env_.out.set_attr(path, "fp8_grad_format", std::string(o.grad_format == Fp8Format::e4m3 ? "e4m3" : "e5m2"));
+  env_.out.set_attr(path, "fp8_fast_accum", fast_accum_name(o));
   env_.out.set_attr(path, "fp8_history", static_cast<std::int64_t>(H));
   env_.out.set_attr(path, "fp8_margin", static_cast<std::int64_t>(o.margin));
   env_.out.set_attr(path, "saturated_operands", static_cast<std::int64_t>(warned_.size()));

@@ -127,6 +127,11 @@ void fp8_update_scale(Context&, const Tensor& amax_history, Fp8Format format, in
   *inv_scale.data_as<float>() = fp8_rule::exp2i(-k);
 }
 
+// The exact product of the decoded operands, summed in fp64. It takes no Fp8Accumulation: Hopper's
+// fast accumulation (partial sums truncated to the tensor cores' ~14 bits, never promoted) is
+// undocumented hardware rounding that this reference does not model, so ops::linear_fp8 drops the
+// setting on the CPU and a CPU fp8 run is the same for every precision.fp8_fast_accum
+// (docs/precision.md, "Error bounds").
 void linear_fp8(Context&, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
                 bool accumulate) {
   const std::int64_t K = a.dim(-1), M = K == 0 ? 0 : a.numel() / K, N = b.dim(0);

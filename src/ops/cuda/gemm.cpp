@@ -150,6 +150,15 @@ void set_scale_pointers(cublasLtMatmulDesc_t desc, const GemmArgs& g) {
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
 }
 
+// An FP8 plan's accumulation (GemmArgs::fast_accum), written both ways rather than left at
+// cuBLASLt's default (0, promoted), so a plan says what it was made for. Set before the heuristic
+// query and the autotuning, which then pick and time algorithms for this mode: the fast and the
+// promoted kernels differ.
+void set_fast_accum(cublasLtMatmulDesc_t desc, bool fast) {
+  const std::int8_t mode = fast ? 1 : 0;
+  LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &mode, sizeof(mode)));
+}
+
 // Autotuning (Resources::gemm_autotune): times each candidate algorithm on the real operands and
 // returns the index of the fastest (median of 3 runs after one warm-up). Runs once per plan. With
 // beta = 0 the candidates write the caller's C, which the real product overwrites next (no
@@ -269,10 +278,11 @@ void set_layout_dims(GemmPlanCache::Plan& p, const GemmArgs& g, const LayoutDims
   set(p.c, d.m, d.n, d.ldc, d.stride_c, batched);
 }
 
-// What a new plan is made for: the call's compute mode, B's dtype, the operands' alignments,
-// whether to time candidates, and the plan whose algorithm an accumulating product reuses.
+// What a new plan is made for: the call's compute mode (fast_accum: FP8's fast accumulation), B's
+// dtype, the operands' alignments, whether to time candidates, and the plan whose algorithm an
+// accumulating product reuses.
 struct PlanRequest {
-  bool tf32 = false, fp8 = false;
+  bool tf32 = false, fp8 = false, fast_accum = false;
   DType bt = DType::f32;
   std::uint32_t al_a = 1, al_b = 1, al_c = 1;
   bool tune = false;
@@ -296,7 +306,10 @@ std::unique_ptr<GemmPlanCache::Plan> make_plan(Resources& r, const GemmArgs& g, 
   if (r.gemm_sm_target > 0)
     LMSCALE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
                                                         &r.gemm_sm_target, sizeof(r.gemm_sm_target)));
-  if (q.fp8) set_scale_pointers(plan->desc, g);
+  if (q.fp8) {
+    set_scale_pointers(plan->desc, g);
+    set_fast_accum(plan->desc, q.fast_accum);
+  }
   create_layouts(*plan, g, q.bt, d);
   // beta is a call argument, not part of the plan: an accumulating product takes the algorithm
   // its overwriting twin (the same shape, tuned in place) chose, without a scratch C.
@@ -372,11 +385,51 @@ bool run_on_class_plan(Resources& r, GemmPlanCache::Plan& p, const GemmArgs& g, 
   return true;
 }
 
+// The key of g with its compute mode and alignments already worked out (gemm() needs them for
+// the plan request too). Bits of flags: 0 trans_a, 1 trans_b, 2 tf32, 3 beta != 0 (kBetaFlag),
+// 4-7 A's dtype, 8-11 C's, 12-15 / 16-19 / 20-23 log2 of A's / B's / C's alignment, 24-31 B's
+// dtype, 32 fast_accum.
+GemmPlanCache::Key key_of(const GemmArgs& g, DType bt, bool tf32, std::uint32_t al_a, std::uint32_t al_b,
+                          std::uint32_t al_c, std::int32_t sm_target) {
+  const bool batched = g.batch > 1;
+  const std::uint64_t flags = (g.trans_a ? 1u : 0u) | (g.trans_b ? 2u : 0u) | (tf32 ? 4u : 0u) |
+                              (g.beta != 0.f ? 8u : 0u) | (static_cast<std::uint32_t>(g.ab_type) << 4) |
+                              (static_cast<std::uint32_t>(g.c_type) << 8) | (log2u(al_a) << 12) |
+                              (log2u(al_b) << 16) | (log2u(al_c) << 20) | (static_cast<std::uint32_t>(bt) << 24) |
+                              (std::uint64_t{g.fast_accum} << 32);
+  return {g.m, g.n, g.k, g.lda, g.ldb, g.ldc, flags, g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0,
+          batched ? g.stride_c : 0, sm_target};
+}
+
+// What the key needs beyond GemmArgs: B's dtype, tf32 and the operands' alignments.
+struct KeyInputs {
+  DType bt;
+  bool tf32;
+  std::uint32_t al_a, al_b, al_c;
+};
+KeyInputs key_inputs(const GemmArgs& g, bool allow_tf32) {
+  const DType bt = g.b_type.value_or(g.ab_type);
+  const bool batched = g.batch > 1;
+  return {bt, allow_tf32 && g.ab_type == DType::f32, batch_alignment(g.a, batched ? g.stride_a : 0, g.ab_type),
+          batch_alignment(g.b, batched ? g.stride_b : 0, bt), batch_alignment(g.c, batched ? g.stride_c : 0, g.c_type)};
+}
+
 }  // namespace
+
+GemmPlanCache::Key gemm_plan_key(const GemmArgs& g, bool allow_tf32, std::int32_t sm_target) {
+  const KeyInputs in = key_inputs(g, allow_tf32);
+  return key_of(g, in.bt, in.tf32, in.al_a, in.al_b, in.al_c, sm_target);
+}
 
 void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
   const DType bt = g.b_type.value_or(g.ab_type);
   const bool fp8 = is_fp8(g.ab_type) || is_fp8(bt);
+  // Fast accumulation is a mode of cuBLASLt's FP8 kernels alone; on another product the attribute
+  // would be ignored silently, so a caller asking for it there has made a mistake.
+  LMSCALE_CHECK(fp8 || !g.fast_accum,
+                "gemm: fast_accum (CUBLASLT_MATMUL_DESC_FAST_ACCUM) applies to FP8 products only, but A is {} and B "
+                "is {}",
+                dtype_name(g.ab_type), dtype_name(bt));
   if (fp8) {
     check_fp8(g, bt);
   } else {
@@ -385,25 +438,17 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
                   dtype_name(g.c_type), dtype_name(g.ab_type));
   }
   if (g.m == 0 || g.n == 0) return;
-  const bool tf32 = allow_tf32 && g.ab_type == DType::f32;
   LMSCALE_CHECK(g.batch >= 1, "gemm: batch {}", g.batch);
   const bool batched = g.batch > 1;
-  const std::uint32_t al_a = batch_alignment(g.a, batched ? g.stride_a : 0, g.ab_type),
-                      al_b = batch_alignment(g.b, batched ? g.stride_b : 0, bt),
-                      al_c = batch_alignment(g.c, batched ? g.stride_c : 0, g.c_type);
-  GemmPlanCache::Key key{g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
-                         (g.trans_a ? 1u : 0u) | (g.trans_b ? 2u : 0u) | (tf32 ? 4u : 0u) | (g.beta != 0.f ? 8u : 0u) |
-                             (static_cast<std::uint32_t>(g.ab_type) << 4) | (static_cast<std::uint32_t>(g.c_type) << 8) |
-                             (log2u(al_a) << 12) | (log2u(al_b) << 16) | (log2u(al_c) << 20) |
-                             (static_cast<std::uint32_t>(bt) << 24),
-                         g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0, batched ? g.stride_c : 0,
-                         r.gemm_sm_target};
+  const KeyInputs in = key_inputs(g, allow_tf32);
+  const bool tf32 = in.tf32;
+  const GemmPlanCache::Key key = key_of(g, bt, tf32, in.al_a, in.al_b, in.al_c, r.gemm_sm_target);
   GemmPlanCache& cache = r.gemm_plans;
   if (const auto it = cache.plans.find(key); it != cache.plans.end())
     return run_exact(r, allow_tf32, *it->second, g, fp8);
   if (fp8) require_fp8_tensor_cores(r.device);
-  constexpr std::uint32_t kBetaFlag = 8u;   // the key's beta != 0 bit: an accumulating twin differs in it alone
-  PlanRequest q{tf32, fp8, bt, al_a, al_b, al_c, r.gemm_autotune, nullptr};
+  constexpr std::uint64_t kBetaFlag = 8u;   // the key's beta != 0 bit: an accumulating twin differs in it alone
+  PlanRequest q{tf32, fp8, g.fast_accum, bt, in.al_a, in.al_b, in.al_c, r.gemm_autotune, nullptr};
   // A new exact shape: its class's plan once the class has seen kExactShapesBeforeClassPlan
   // shapes, or at once where the caller says the shapes vary (gemm.h); map references stay valid
   // while the recursion of run_exact inserts.

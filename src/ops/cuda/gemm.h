@@ -54,6 +54,10 @@ struct GemmArgs {
   std::optional<DType> b_type;
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
+  // FP8 products only (refused on others): Hopper's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM
+  // = 1), the tensor cores' partial sums never promoted to fp32: faster, less accurate
+  // (docs/precision.md, "Error bounds"). A property of the plan, so part of its key.
+  bool fast_accum = false;
   float alpha = 1.f, beta = 0.f;
   // Strided batch: `batch` products, matrix i at a + i stride_a (elements; likewise b, c). A
   // stride of 0 shares that operand between the products (the input of the q, k, v projections).
@@ -79,7 +83,7 @@ constexpr bool uses_class_plan(int class_exact_plans, bool shapes_vary) {
   return shapes_vary || class_exact_plans >= kExactShapesBeforeClassPlan;
 }
 
-// The cached plans of one Resources. Opaque outside gemm.cpp.
+// The cached plans of one Resources. Opaque outside gemm.cpp (but for Key, below).
 class GemmPlanCache {
  public:
   GemmPlanCache();
@@ -89,7 +93,7 @@ class GemmPlanCache {
   struct Plan;
   struct Key {
     std::int64_t m, n, k, lda, ldb, ldc;
-    std::uint32_t flags;   // trans_a, trans_b, dtypes, compute mode, beta != 0, alignments
+    std::uint64_t flags;   // trans_a, trans_b, dtypes, compute mode, beta != 0, alignments, fast_accum
     std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
     std::int32_t sm_target = 0;   // Resources::gemm_sm_target when the plan was made
     bool operator==(const Key& o) const {
@@ -117,5 +121,11 @@ class GemmPlanCache {
   // Plans held: exact ones and shape classes' ones.
   std::size_t size() const;
 };
+
+// The exact plan key of g (what gemm() looks plans up by): its shape, leading dimensions, batch
+// strides, the flags (transposes, dtypes, tf32 when allow_tf32 and A is fp32, beta != 0, the
+// operands' pointer alignments, fast_accum) and sm_target. Host arithmetic only, no CUDA call, so
+// the unit tests check on a CPU that products differing in a plan property get different keys.
+GemmPlanCache::Key gemm_plan_key(const GemmArgs& g, bool allow_tf32, std::int32_t sm_target);
 
 }  // namespace lmscale::ops::cuda

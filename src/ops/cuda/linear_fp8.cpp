@@ -3,7 +3,8 @@
 // y^T = N x M (ld N), so
 //   y^T = B'^T A'
 // is cuBLASLt's "TN" product (its A = b transposed, its B = a as stored), the one layout Hopper's
-// FP8 kernels take. cuBLASLt's A scale is b_inv and its B scale a_inv.
+// FP8 kernels take. cuBLASLt's A scale is b_inv and its B scale a_inv. Fp8Accumulation::fast sets
+// the plan's CUBLASLT_MATMUL_DESC_FAST_ACCUM (GemmArgs::fast_accum; docs/precision.md).
 #include <cstdint>
 #include <utility>
 
@@ -16,7 +17,7 @@
 namespace lmscale::ops::cuda {
 
 void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
-                bool accumulate) {
+                bool accumulate, Fp8Accumulation accumulation) {
   const std::int64_t K = a.dim(-1), M = K == 0 ? 0 : a.numel() / K, N = b.dim(0);
   LMSCALE_CHECK(y.dtype() == DType::bf16 || y.dtype() == DType::f32, "linear_fp8: y is {} (bf16 or fp32 on CUDA)",
                 dtype_name(y.dtype()));
@@ -45,6 +46,7 @@ void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor
   g.a_scale = b_inv.data_as<const float>();
   g.b_scale = a_inv.data_as<const float>();
   g.beta = accumulate ? 1.f : 0.f;
+  g.fast_accum = accumulation == Fp8Accumulation::fast;
   gemm(r, false, g);
 }
 
