@@ -1,7 +1,8 @@
 // A mixture-of-experts Transformer on the GPU against the CPU model (docs/moe.md): the loss, the
 // routing counts of every MoE block and every parameter gradient after one forward and backward,
 // dropless and with capacity drops, every block MoE and every other block, with the experts' GEMMs
-// as a loop and grouped (model.moe_expert_gemm; the same bounds).
+// as a loop, grouped and on our own grouped GEMM for Hopper (model.moe_expert_gemm; the same
+// bounds).
 //   fp32 (cuBLASLt without TF32): routing counts identical, ||g_gpu - g_cpu|| / ||g_cpu|| < 1e-4 per
 //     parameter, loss within 1e-5 relative;
 //   bf16 mixed precision (fp32 master and router statistics), dropless: loss within 1e-2 relative,
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../../src/ops/cuda/grouped_gemm_sm90.h"
 #include "../../src/ops/cuda/resources.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
@@ -52,6 +54,7 @@ struct Result {
   std::vector<float> grads;
   std::vector<std::int64_t> routed, kept;   // over all MoE blocks, block-major
   std::int64_t grouped_calls = 0;           // cuBLAS grouped GEMMs run (CUDA)
+  std::int64_t sm90_calls = 0;              // calls of our grouped GEMM for Hopper (CUDA)
 };
 
 Result run(Device device, DType lowp, const model::ModelDims& d, const std::vector<std::int32_t>& tok, std::int64_t B,
@@ -69,7 +72,10 @@ Result run(Device device, DType lowp, const model::ModelDims& d, const std::vect
     r.kept.insert(r.kept.end(), st.kept.begin(), st.kept.end());
   }
   rt.synchronize();
-  if (device == Device::cuda) r.grouped_calls = static_cast<ops::cuda::Resources*>(rt.ctx().cuda)->grouped_gemm.calls;
+  if (device == Device::cuda) {
+    const auto& counts = static_cast<ops::cuda::Resources*>(rt.ctx().cuda)->grouped_gemm;
+    r.grouped_calls = counts.calls, r.sm90_calls = counts.sm90_calls;
+  }
   return r;
 }
 
@@ -114,6 +120,13 @@ TEST_P(MoeModelCuda, LossCountsAndGradientsMatchCpu) {
     EXPECT_GE(gpu.grouped_calls, 5 * d.moe_block_count()) << "the grouped case ran too few grouped GEMMs";
   else
     EXPECT_EQ(gpu.grouped_calls, 0) << "the loop case ran grouped GEMMs";
+  // The wgmma form: 2 calls forward and 4 backward per MoE block on Hopper in 16 bits; the loop
+  // (no call) for fp32 and on other GPUs.
+  const bool wgmma = c.how == ops::ExpertGemm::wgmma && c.lowp != DType::f32 && ops::cuda::grouped_sm90::available();
+  if (wgmma)
+    EXPECT_EQ(gpu.sm90_calls, 6 * d.moe_block_count()) << "the wgmma case ran the wrong number of grouped calls";
+  else
+    EXPECT_EQ(gpu.sm90_calls, 0) << "our grouped GEMM ran where it should not";
   const bool fp32 = c.lowp == DType::f32;
   if (c.capacity > 0) {   // the case covers drops
     std::int64_t routed = 0, kept = 0;
@@ -147,7 +160,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{0.0, 1, DType::f32, "fp32_dropless_grouped", ops::ExpertGemm::grouped},
                       Case{0.5, 1, DType::f32, "fp32_capacity_half_grouped", ops::ExpertGemm::grouped},
                       Case{0.0, 2, DType::bf16, "bf16_every_other_block_grouped", ops::ExpertGemm::grouped},
-                      Case{0.0, 1, DType::bf16, "bf16_dropless_grouped", ops::ExpertGemm::grouped}),
+                      Case{0.0, 1, DType::bf16, "bf16_dropless_grouped", ops::ExpertGemm::grouped},
+                      Case{0.0, 1, DType::bf16, "bf16_dropless_wgmma", ops::ExpertGemm::wgmma},
+                      Case{0.5, 1, DType::bf16, "bf16_capacity_half_wgmma", ops::ExpertGemm::wgmma},
+                      Case{0.0, 2, DType::bf16, "bf16_every_other_block_wgmma", ops::ExpertGemm::wgmma},
+                      Case{0.0, 1, DType::f32, "fp32_dropless_wgmma_loops", ops::ExpertGemm::wgmma}),
     [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "../../src/ops/cuda/gemm_grouped.h"
+#include "../../src/ops/cuda/grouped_gemm_sm90.h"
 #include "../../src/ops/cuda/resources.h"
 #include "lmscale/core/error.h"
 #include "lmscale/ops/moe.h"
@@ -394,6 +395,46 @@ TEST_F(MoeGroupedCuda, GroupedExpertsMatchTheLoopAndTheFloat64Reference) {
         expect_empty_experts_untouched(in, loop, accumulate);
       }
     }
+}
+
+// Our grouped GEMM for Hopper (model.moe_expert_gemm = wgmma) against the float64 reference and
+// the loop. 20 experts (more products and operand maps than one launch holds: the calls split),
+// rows from 0 to 300 (partial and whole 128-row tiles, one row, none); d = 192 and Fe = 264 make
+// partial 256-column tiles and a partial last k step of the data gradients' reduction over Fe.
+// bf16 and fp16 activations, weight gradients fp32 or in their dtype, fresh and accumulated: 2
+// calls forward and 4 backward each time. fp32 activations loop (no call).
+TEST_F(MoeGroupedCuda, WgmmaExpertsMatchTheLoopAndTheFloat64Reference) {
+  if (!ops::cuda::grouped_sm90::available()) GTEST_SKIP() << "not an sm_90 GPU (or not built for sm_90a)";
+  const std::vector<std::int64_t> rows = {37, 0, 130, 1, 128, 129, 300, 0, 64, 17, 255, 3, 0, 90, 8, 127, 256, 2, 0, 41};
+  auto& calls = ops::cuda::resources(g()).grouped_gemm.sm90_calls;
+  for (DType t : {DType::bf16, DType::f16})
+    for (DType gt : {DType::f32, t})
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(t) << " gradients " << dtype_name(gt) << " accumulate "
+                                        << accumulate);
+        const Inputs in = inputs(rows, 192, 264, t, gt);
+        const std::int64_t before = calls;
+        const ExpertsOut got = run(in, ops::ExpertGemm::wgmma, accumulate, nullptr);
+        EXPECT_EQ(calls - before, 6);
+        const ExpertsOut loop = run(in, ops::ExpertGemm::loop, accumulate, &got);
+        const ExpertsOut want = reference(in, accumulate, got);
+        const double tol = test::tolerance(t);
+        EXPECT_CLOSE(got.y, want.y, tol);
+        EXPECT_CLOSE(got.g, want.g, tol);
+        EXPECT_CLOSE(loop.y, got.y, tol);
+        ExpertsOut back = want;
+        back.y = got.y, back.g = got.g;   // compared above
+        expect_close(got, back, tol, "wgmma against the float64 reference");
+        ExpertsOut loop_back = loop;
+        loop_back.y = got.y, loop_back.g = got.g;
+        expect_close(loop_back, got, tol, "loop against wgmma");
+        expect_empty_experts_untouched(in, got, accumulate);
+      }
+  const Inputs in = inputs({5, 0, 9}, 64, 48, DType::f32, DType::f32);
+  const std::int64_t before = calls;
+  const ExpertsOut got = run(in, ops::ExpertGemm::wgmma, false, nullptr);
+  EXPECT_EQ(calls, before) << "fp32 activations ran the grouped kernel";
+  expect_close(got, reference(in, false, got), test::tolerance(DType::f32), "fp32 loop");
 }
 
 // The loop's products on two streams (ops/cuda/gemm_lanes.h, the default) give the bits of one

@@ -4,7 +4,7 @@ Hopper attention kernels use, one per (N, A source, element type). Generated bec
 instruction names N/2 accumulator registers; run again after changing the list below:
     python3 scripts/dev/gen_wgmma.py > src/ops/cuda/wgmma_ops.cuh
 """
-NS = (32, 64, 128)
+NS = (32, 64, 128, 256)   # 256: the grouped GEMM (grouped_gemm_sm90.cu)
 TYPES = (("bf16", "Bf16"), ("f16", "F16"))
 
 print('''#pragma once
@@ -64,7 +64,7 @@ for ptx, tag in TYPES:
     f16 = "true" if ptx == "f16" else "false"
     for n in NS:
         print(f'''  if constexpr (kF16 == {f16} && N == {n}) wgmma_ss_m64n{n}k16_{ptx}<kTransA, kTransB>(d, desc_a, desc_b, scale_d);''')
-print('''  static_assert(N == 32 || N == 64 || N == 128, "wgmma_ss: N not generated");
+print('''  static_assert(N == 32 || N == 64 || N == 128 || N == 256, "wgmma_ss: N not generated");
 }
 template <int N, bool kF16, int kTransB>
 __device__ __forceinline__ void wgmma_rs(float* d, const std::uint32_t* a, std::uint64_t desc_b, int scale_d) {''')
@@ -72,7 +72,7 @@ for ptx, tag in TYPES:
     f16 = "true" if ptx == "f16" else "false"
     for n in NS:
         print(f'''  if constexpr (kF16 == {f16} && N == {n}) wgmma_rs_m64n{n}k16_{ptx}<kTransB>(d, a, desc_b, scale_d);''')
-print('''  static_assert(N == 32 || N == 64 || N == 128, "wgmma_rs: N not generated");
+print('''  static_assert(N == 32 || N == 64 || N == 128 || N == 256, "wgmma_rs: N not generated");
 }
 
 }  // namespace lmscale::ops::cuda::sm90''')

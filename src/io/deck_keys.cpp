@@ -110,7 +110,9 @@ std::vector<DeckKey> build_table() {
       enum_key("model.moe_expert_gemm", LMSCALE_FIELD(model.moe_expert_gemm),
                "How the experts' matrix products run on CUDA (docs/moe.md): loop = one cuBLASLt GEMM per expert; "
                "grouped = one cuBLAS grouped GEMM per projection over all local experts (weight gradients into "
-               "fp32 master gradients still loop: cuBLAS groups only same-dtype outputs). CPUs always loop."),
+               "fp32 master gradients still loop: cuBLAS groups only same-dtype outputs); wgmma = lmscale's own grouped "
+               "GEMM for Hopper, one persistent launch per projection, every product included (bf16/fp16 and an "
+               "sm_90 GPU; elsewhere a loop on one stream). CPUs always loop."),
       // [precision]
       enum_key("precision.mode", LMSCALE_FIELD(precision.mode),
                "fp32, or bf16/fp16 mixed precision (fp32 master weights); bf16 and fp16 need a CUDA device. fp8: bf16 "
@@ -134,13 +136,13 @@ std::vector<DeckKey> build_table() {
               "mode = fp8: every FP8 scale is divided by 2^fp8_margin (headroom for delayed scaling)."),
       enum_key("precision.fp8_grad_format", LMSCALE_FIELD(precision.fp8_grad_format),
                "mode = fp8: FP8 format of the output gradients dy (e5m2: range; e4m3: precision). x and w are e4m3."),
-      // [parallel]
-      enum_key("parallel.device", LMSCALE_FIELD(parallel.device),
       enum_key("precision.fp8_fast_accum", LMSCALE_FIELD(precision.fp8_fast_accum),
                "mode = fp8: which FP8 GEMMs use Hopper's fast accumulation (cuBLASLt FAST_ACCUM: partial sums kept "
                "in the tensor cores' reduced precision, never promoted to fp32; faster, less accurate, "
                "docs/precision.md): none; forward = y = x w^T only, dx and dW promoted (Transformer Engine's and "
                "torchao's recipe); all = the gradient products too. The CPU emulation ignores it."),
+      // [parallel]
+      enum_key("parallel.device", LMSCALE_FIELD(parallel.device),
                "Where to compute: auto picks cuda when a GPU is visible, else cpu."),
       enum_key("parallel.backend", LMSCALE_FIELD(parallel.backend),
                "Collective backend: auto picks nccl on cuda, mpi on cpu."),

@@ -25,7 +25,11 @@ ModelDims ModelDims::from(const ModelConfig& m) {
   d.moe_capacity_factor = m.moe_capacity_factor;
   d.moe_aux_loss = m.moe_aux_loss;
   d.moe_z_loss = m.moe_z_loss;
-  d.moe_expert_gemm = m.moe_expert_gemm == MoeExpertGemm::grouped ? ops::ExpertGemm::grouped : ops::ExpertGemm::loop;
+  switch (m.moe_expert_gemm) {
+    case MoeExpertGemm::loop: d.moe_expert_gemm = ops::ExpertGemm::loop; break;
+    case MoeExpertGemm::grouped: d.moe_expert_gemm = ops::ExpertGemm::grouped; break;
+    case MoeExpertGemm::wgmma: d.moe_expert_gemm = ops::ExpertGemm::wgmma; break;
+  }
   return d;
 }
 

@@ -1,6 +1,8 @@
 // ops::moe_experts and its backward (ops/moe_experts.h): shape checks, then each expert in turn,
 // made of the linear and SwiGLU ops (CPU, and CUDA with ExpertGemm::loop), or on CUDA with
-// ExpertGemm::grouped one grouped GEMM per projection (cuda/moe_experts_grouped.cpp).
+// ExpertGemm::grouped one cuBLAS grouped GEMM per projection (cuda/moe_experts_grouped.cpp), or
+// with ExpertGemm::wgmma one call of our own grouped GEMM per projection where it runs
+// (cuda/moe_experts_wgmma.cpp), else the loop on one stream.
 #include "lmscale/ops/moe_experts.h"
 
 #include <numeric>
@@ -49,14 +51,18 @@ void check_experts(const char* op, const Tensor& x, const std::vector<std::int64
 
 // What the loop over the experts sets up on CUDA: the plan cache's shapes-vary mode (an expert's
 // row count changes every call, cuda/gemm.h) and two GEMM lanes (cuda/gemm_lanes.h: one expert's
-// products beside the next one's; join() before anything reads them). Nothing on CPUs.
+// products beside the next one's; join() before anything reads them), or one for the wgmma
+// form's fallback (whose memory has no second lane's workspace). Nothing on CPUs.
 class ExpertLoop {
  public:
-  ExpertLoop(Context& ctx, const Tensor& x) {
+  ExpertLoop(Context& ctx, const Tensor& x, ExpertGemm how) {
 #ifdef LMSCALE_WITH_CUDA
-    if (x.device() == Device::cuda) varying_shapes_.emplace(ctx), lanes_.emplace(ctx);
+    if (x.device() == Device::cuda) {
+      varying_shapes_.emplace(ctx);
+      if (how != ExpertGemm::wgmma) lanes_.emplace(ctx);
+    }
 #else
-    (void)ctx, (void)x;
+    (void)ctx, (void)x, (void)how;
 #endif
   }
   void use(std::size_t expert) {
@@ -87,10 +93,11 @@ void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>&
 #ifdef LMSCALE_WITH_CUDA
   if (how == ExpertGemm::grouped && x.device() == Device::cuda)
     return cuda::moe_experts_grouped(ctx, x, rows, W1, W3, W2, a, b, g, y);
-#else
-  (void)how;   // CPUs always loop
+  if (how == ExpertGemm::wgmma && x.device() == Device::cuda &&
+      cuda::moe_experts_wgmma_supported(x, {&W1, &W3, &W2, &a, &b, &g, &y}, {}))
+    return cuda::moe_experts_wgmma(ctx, x, rows, W1, W3, W2, a, b, g, y);
 #endif
-  ExpertLoop loop(ctx, x);
+  ExpertLoop loop(ctx, x, how);   // CPUs always loop
   // The experts' rows lie back to back in a, b and g, so the SwiGLU runs once over all of them
   // (one launch instead of one per expert: elementwise, the same values).
   const std::vector<std::int64_t> at = row_offsets(rows);
@@ -127,10 +134,12 @@ void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::
   if (how == ExpertGemm::grouped && x.device() == Device::cuda)
     return cuda::moe_experts_grouped_backward(ctx, x, rows, W1, W3, W2, a, b, g, dy, dg, da, db, dx, G1, G3, G2,
                                               accumulate);
-#else
-  (void)how;   // CPUs always loop
+  if (how == ExpertGemm::wgmma && x.device() == Device::cuda &&
+      cuda::moe_experts_wgmma_supported(x, {&W1, &W3, &W2, &a, &b, &g, &dy, &dg, &da, &db, &dx}, {&G1, &G3, &G2}))
+    return cuda::moe_experts_wgmma_backward(ctx, x, rows, W1, W3, W2, a, b, g, dy, dg, da, db, dx, G1, G3, G2,
+                                            accumulate);
 #endif
-  ExpertLoop loop(ctx, x);
+  ExpertLoop loop(ctx, x, how);   // CPUs always loop
   // w2's products for every expert, one SwiGLU backward over all rows (as in the forward), then
   // w1|w3's products: each expert's products are those of the per-expert order, on the same values.
   const std::vector<std::int64_t> at = row_offsets(rows);

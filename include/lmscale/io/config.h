@@ -68,8 +68,8 @@ enum class AttentionImpl { naive, flash };
 LMSCALE_DECK_ENUM(AttentionImpl, "naive", "flash");
 // How the MoE experts' matrix products run on CUDA (docs/moe.md): one GEMM per expert, or one
 // grouped GEMM per projection over all experts. CPUs always loop.
-enum class MoeExpertGemm { loop, grouped };
-LMSCALE_DECK_ENUM(MoeExpertGemm, "loop", "grouped");
+enum class MoeExpertGemm { loop, grouped, wgmma };
+LMSCALE_DECK_ENUM(MoeExpertGemm, "loop", "grouped", "wgmma");
 // precision.mode: fp32, or mixed precision with fp32 master weights and 16-bit compute; fp8 is
 // bf16 with the blocks' dense linear layers in FP8 (docs/precision.md).
 enum class PrecisionMode { fp32, bf16, fp16, fp8 };

@@ -10,7 +10,10 @@
 // model.moe_expert_gemm) picks the CUDA form: `loop` runs the experts one after the other as
 // cuBLASLt GEMMs; `grouped` runs each projection of all experts as one cuBLAS grouped GEMM
 // (ops/cuda/gemm_grouped.h), except products whose output dtype differs from the inputs' (the
-// weight gradients into fp32 master gradients), which cuBLAS cannot group: those still loop. CPUs
+// weight gradients into fp32 master gradients), which cuBLAS cannot group: those still loop;
+// `wgmma` runs each projection as one call of lmscale's own grouped GEMM for Hopper
+// (ops/cuda/grouped_gemm_sm90.h), all products included, and loops on one stream where that
+// kernel cannot run (not an sm_90 GPU, fp32 activations, rows not a multiple of 8 elements). CPUs
 // always loop (`how` is ignored there). Running the experts side by side on four streams was
 // measured slower on an H100 (moe-1b: 105k against 143k tokens/s; docs/moe.md).
 #include <cstdint>
@@ -21,7 +24,7 @@
 
 namespace lmscale::ops {
 
-enum class ExpertGemm { loop, grouped };
+enum class ExpertGemm { loop, grouped, wgmma };
 
 // Per expert e:  a = x W1[e]^T,  b = x W3[e]^T,  g = silu(a) * b,  y = g W2[e]^T   (all overwritten).
 void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,

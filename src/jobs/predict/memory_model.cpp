@@ -131,7 +131,8 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
   const std::int64_t global = bench ? cfg.bench.batch_size : cfg.train.batch_size;
   const double workspace = cuda ? 32.0 * 1024 * 1024 : 0.0;   // cuBLASLt's, allocated with the runtime
   // The MoE experts' second GEMM stream has a workspace of its own (ops/cuda/gemm_lanes.h), made
-  // by the first expert products: in every phase after init.
+  // by the first expert products: in every phase after init. (The wgmma form's fallback loop runs
+  // on one stream: no second workspace.)
   const double lanes_workspace =
       cuda && cfg.model.moe_experts > 0 && cfg.model.moe_expert_gemm == MoeExpertGemm::loop ? workspace : 0.0;
 

@@ -52,6 +52,18 @@ void moe_experts_grouped_backward(Context& ctx, const Tensor& x, const std::vect
                                   const Tensor& W1, const Tensor& W3, const Tensor& W2, const Tensor& a,
                                   const Tensor& b, const Tensor& g, const Tensor& dy, Tensor& dg, Tensor& da,
                                   Tensor& db, Tensor& dx, Tensor& G1, Tensor& G3, Tensor& G2, bool accumulate);
+// ops::moe_experts and its backward on lmscale's own grouped GEMM for Hopper
+// (model.moe_expert_gemm = wgmma; moe_experts_wgmma.cpp), where moe_experts_wgmma_supported:
+// an sm_90 device, 16-bit activations (every tensor of `same_dtype`), weight gradients in their
+// dtype or fp32, rows of a multiple of 8 elements, 16-byte aligned data. Shapes checked by the caller.
+bool moe_experts_wgmma_supported(const Tensor& x, const std::vector<const Tensor*>& same_dtype,
+                                 const std::vector<const Tensor*>& gradients);
+void moe_experts_wgmma(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
+                       const Tensor& W3, const Tensor& W2, Tensor& a, Tensor& b, Tensor& g, Tensor& y);
+void moe_experts_wgmma_backward(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
+                                const Tensor& W3, const Tensor& W2, const Tensor& a, const Tensor& b, const Tensor& g,
+                                const Tensor& dy, Tensor& dg, Tensor& da, Tensor& db, Tensor& dx, Tensor& G1,
+                                Tensor& G3, Tensor& G2, bool accumulate);
 void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
                      std::int64_t ld, const Tensor& dh, Tensor& da, Tensor& db, Tensor* dab_amax);
 
@@ -112,6 +124,6 @@ void gather_scalars(Context& ctx, std::initializer_list<const Tensor*> sources, 
 void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format, int margin, Tensor& scale,
                       Tensor& inv_scale);
 void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
-                bool accumulate);
+                bool accumulate, Fp8Accumulation accumulation);
 
 }  // namespace lmscale::ops::cuda

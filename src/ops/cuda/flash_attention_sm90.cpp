@@ -1,15 +1,14 @@
 // Host side of the Hopper attention kernels: can this process run them, and the TMA tensor maps of
-// one call. The tensor-map encoder is a driver function; it is fetched through the runtime
-// (cudaGetDriverEntryPointByVersion) so the library does not link libcuda itself.
+// one call (the encoder: tensor_map.h).
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "flash_attention_sm90.h"
+#include "tensor_map.h"
 
 namespace lmscale::ops::cuda::attn {
 
@@ -17,15 +16,9 @@ bool sm90_kernels_compiled();   // flash_attention_sm90_fwd.cu: the device code 
 
 namespace {
 
-PFN_cuTensorMapEncodeTiled_v12000 encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    LMSCALE_ATTN_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
-    if (status != cudaDriverEntryPointSuccess || ptr == nullptr)
-      throw_error("flash attention (sm90): the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
+TensorMapEncoder encoder() {
+  const TensorMapEncoder fn = tensor_map_encoder();
+  if (fn == nullptr) throw_error("flash attention (sm90): the driver has no cuTensorMapEncodeTiled");
   return fn;
 }
 

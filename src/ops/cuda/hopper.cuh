@@ -1,5 +1,6 @@
 #pragma once
-// Hopper (sm_90a) building blocks of the FlashAttention-3 style kernels (flash_attention_sm90_*.cu):
+// Hopper (sm_90a) building blocks of the FlashAttention-3 style kernels (flash_attention_sm90_*.cu)
+// and the grouped GEMM (grouped_gemm_sm90.cu):
 // mbarriers (transaction-count barriers the TMA engine completes), TMA bulk tensor copies, shared-
 // memory matrix descriptors for wgmma (wgmma_ops.cuh), the wgmma fences, named barriers between
 // warpgroups, and register reallocation between producer and consumer warpgroups.
@@ -67,6 +68,16 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
       "[%2];\n" ::"r"(smem_u32(smem_dst)),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+// A 3-D box [1, rows, 64] of the tensor map at element coordinates (c0 = column, c1 = row, c2 =
+// matrix of a stack) into shared memory; completes `bar`'s transactions (the grouped GEMM).
+__device__ __forceinline__ void tma_load_3d(void* smem_dst, const CUtensorMap* map, std::uint64_t* bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(smem_u32(smem_dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {

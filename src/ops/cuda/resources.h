@@ -49,9 +49,11 @@ struct Resources {
   // a run without one never creates it; shares the stream and the workspace above.
   cublasHandle_t blas = nullptr;
   // Grouped GEMM calls, the products they ran, and the products of lists cuBLAS cannot group
-  // that ran as a loop of gemm() calls instead (gemm_grouped.h).
+  // that ran as a loop of gemm() calls instead (gemm_grouped.h); calls of lmscale's own grouped
+  // GEMM for Hopper (grouped_gemm_sm90.h, the MoE experts' wgmma form).
   struct GroupedGemmCounts {
     std::int64_t calls = 0, products = 0, looped_products = 0;
+    std::int64_t sm90_calls = 0;
   } grouped_gemm;
   // Time up to 8 cuBLASLt candidates per new GEMM shape and keep the fastest, instead of taking the
   // heuristic's first. On when LMSCALE_GEMM_AUTOTUNE=1. Costs a few ms per shape on the first step;
