@@ -22,6 +22,15 @@
 
 namespace lmscale::test {
 
+// FP8 GEMMs need FP8 tensor cores (compute capability 8.9+); the FP8 casts run anywhere.
+inline bool has_fp8_gemm() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major * 10 + minor >= 89;
+}
+
 inline double tolerance(DType t) {
   switch (t) {
     case DType::bf16: return 1e-2;

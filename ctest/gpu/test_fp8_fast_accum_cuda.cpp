@@ -41,13 +41,6 @@ constexpr double kOutRounding = 1.0 / (1 << 23);
 
 class Fp8FastAccumCuda : public CudaOpsTest {
  protected:
-  bool has_fp8_gemm() {
-    int dev = 0, major = 0, minor = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    return major * 10 + minor >= 89;
-  }
   // Host fp8 codes of normal(0, 1) values times 2^exp (same_sign: their absolute values, so every
   // product is positive and the partial sums grow with k: the accumulation's worst case).
   Tensor codes(const Shape& s, DType t, int exp, bool same_sign) {

@@ -342,6 +342,23 @@ class MoeGroupedCuda : public MoeCuda {
       EXPECT_CLOSE(*gv, *wv, tol);
     }
   }
+  // A grouped form's results `got` against the float64 reference and the loop's (`loop`, whose
+  // backward ran from got's a, b, g): the forward within `tol`, the backward within `gtol`, and
+  // got's empty experts untouched.
+  void expect_matches(const Inputs& in, bool accumulate, const ExpertsOut& got, const ExpertsOut& loop, double tol,
+                      double gtol) {
+    const ExpertsOut want = reference(in, accumulate, got);
+    EXPECT_CLOSE(got.y, want.y, tol);
+    EXPECT_CLOSE(got.g, want.g, tol);
+    EXPECT_CLOSE(loop.y, got.y, tol);
+    ExpertsOut back = want;
+    back.y = got.y, back.g = got.g;   // compared above
+    expect_close(got, back, gtol, "against the float64 reference");
+    ExpertsOut loop_back = loop;
+    loop_back.y = got.y, loop_back.g = got.g;
+    expect_close(loop_back, got, gtol, "the loop against it");
+    expect_empty_experts_untouched(in, got, accumulate);
+  }
   // Empty experts: gradients exactly zero, or exactly the accumulated ones.
   void expect_empty_experts_untouched(const Inputs& in, const ExpertsOut& o, bool accumulate) {
     const std::int64_t per = in.Fe * in.d;
@@ -379,19 +396,8 @@ TEST_F(MoeGroupedCuda, GroupedExpertsMatchTheLoopAndTheFloat64Reference) {
         const auto mid = counts;
         const ExpertsOut loop = run(in, ops::ExpertGemm::loop, accumulate, &grouped);
         EXPECT_EQ(counts.calls, mid.calls) << "the loop ran grouped GEMMs";
-        const ExpertsOut want = reference(in, accumulate, grouped);
-        // The forward against the reference's; the backward (from the grouped forward's a, b, g).
         const double tol = test::tolerance(t), gtol = test::tolerance(t == DType::f32 ? DType::f32 : DType::bf16);
-        EXPECT_CLOSE(grouped.y, want.y, tol);
-        EXPECT_CLOSE(grouped.g, want.g, tol);
-        EXPECT_CLOSE(loop.y, grouped.y, tol);
-        ExpertsOut back = want;
-        back.y = grouped.y, back.g = grouped.g;   // compared above
-        expect_close(grouped, back, gtol, "grouped against the float64 reference");
-        ExpertsOut loop_back = loop;
-        loop_back.y = grouped.y, loop_back.g = grouped.g;
-        expect_close(loop_back, grouped, gtol, "loop against grouped");
-        expect_empty_experts_untouched(in, grouped, accumulate);
+        expect_matches(in, accumulate, grouped, loop, tol, gtol);
         expect_empty_experts_untouched(in, loop, accumulate);
       }
     }
@@ -417,18 +423,7 @@ TEST_F(MoeGroupedCuda, WgmmaExpertsMatchTheLoopAndTheFloat64Reference) {
         const ExpertsOut got = run(in, ops::ExpertGemm::wgmma, accumulate, nullptr);
         EXPECT_EQ(calls - before, 6);
         const ExpertsOut loop = run(in, ops::ExpertGemm::loop, accumulate, &got);
-        const ExpertsOut want = reference(in, accumulate, got);
-        const double tol = test::tolerance(t);
-        EXPECT_CLOSE(got.y, want.y, tol);
-        EXPECT_CLOSE(got.g, want.g, tol);
-        EXPECT_CLOSE(loop.y, got.y, tol);
-        ExpertsOut back = want;
-        back.y = got.y, back.g = got.g;   // compared above
-        expect_close(got, back, tol, "wgmma against the float64 reference");
-        ExpertsOut loop_back = loop;
-        loop_back.y = got.y, loop_back.g = got.g;
-        expect_close(loop_back, got, tol, "loop against wgmma");
-        expect_empty_experts_untouched(in, got, accumulate);
+        expect_matches(in, accumulate, got, loop, test::tolerance(t), test::tolerance(t));
       }
   const Inputs in = inputs({5, 0, 9}, 64, 48, DType::f32, DType::f32);
   const std::int64_t before = calls;

@@ -53,14 +53,6 @@ class CudaFp8Test : public CudaOpsTest {
     poison(d);
     return d;
   }
-  // FP8 GEMMs need FP8 tensor cores (compute capability 8.9+); the casts run anywhere.
-  bool has_fp8_gemm() {
-    int dev = 0, major = 0, minor = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    return major * 10 + minor >= 89;
-  }
   std::mt19937_64 gen{1234};
 };
 
