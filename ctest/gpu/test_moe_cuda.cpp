@@ -404,24 +404,27 @@ TEST_F(MoeGroupedCuda, GroupedExpertsMatchTheLoopAndTheFloat64Reference) {
 }
 
 // Our grouped GEMM for Hopper (model.moe_expert_gemm = wgmma) against the float64 reference and
-// the loop. 20 experts (more products and operand maps than one launch holds: the calls split),
-// rows from 0 to 300 (partial and whole 128-row tiles, one row, none); d = 192 and Fe = 264 make
+// the loop. 22 experts, 18 with rows (36 products of w1|w3 and 54 operand maps for their weight
+// gradients, more than one launch holds: those calls split, counted), rows from 0 to 300 (partial and whole 128-row tiles, one row, none); d = 192 and Fe = 264 make
 // partial 256-column tiles and a partial last k step of the data gradients' reduction over Fe.
 // bf16 and fp16 activations, weight gradients fp32 or in their dtype, fresh and accumulated: 2
 // calls forward and 4 backward each time. fp32 activations loop (no call).
 TEST_F(MoeGroupedCuda, WgmmaExpertsMatchTheLoopAndTheFloat64Reference) {
   if (!ops::cuda::grouped_sm90::available()) GTEST_SKIP() << "not an sm_90 GPU (or not built for sm_90a)";
-  const std::vector<std::int64_t> rows = {37, 0, 130, 1, 128, 129, 300, 0, 64, 17, 255, 3, 0, 90, 8, 127, 256, 2, 0, 41};
-  auto& calls = ops::cuda::resources(g()).grouped_gemm.sm90_calls;
+  const std::vector<std::int64_t> rows = {37, 0,  130, 1,  128, 129, 300, 0, 64, 17, 255,
+                                         3,  0,  90,  8,  127, 256, 2,   0, 41, 72, 19};
+  const auto& counts = ops::cuda::resources(g()).grouped_gemm;
+  const std::int64_t& calls = counts.sm90_calls;
   for (DType t : {DType::bf16, DType::f16})
     for (DType gt : {DType::f32, t})
       for (bool accumulate : {false, true}) {
         SCOPED_TRACE(testing::Message() << dtype_name(t) << " gradients " << dtype_name(gt) << " accumulate "
                                         << accumulate);
         const Inputs in = inputs(rows, 192, 264, t, gt);
-        const std::int64_t before = calls;
+        const std::int64_t before = calls, launches_before = counts.sm90_launches;
         const ExpertsOut got = run(in, ops::ExpertGemm::wgmma, accumulate, nullptr);
         EXPECT_EQ(calls - before, 6);
+        EXPECT_EQ(counts.sm90_launches - launches_before, 8) << "the w1|w3 calls did not split into 2 launches each";
         const ExpertsOut loop = run(in, ops::ExpertGemm::loop, accumulate, &got);
         expect_matches(in, accumulate, got, loop, test::tolerance(t), test::tolerance(t));
       }

@@ -154,12 +154,16 @@ TEST(Fp8FastAccumPlanKey, FastAndPromotedProductsHaveDifferentPlans) {
   EXPECT_EQ(promoted.k, fast.k);
   EXPECT_NE(promoted.flags, fast.flags);
   // The same request gives the same key (a cache hit), and the bit is not lost among the others:
-  // the beta and the dtype fields still change the key of a fast product.
+  // an accumulating fp32-output product, fast against promoted, still differs in it alone.
   EXPECT_TRUE(ops::cuda::gemm_plan_key(fp8_product(true), false, 0) == fast);
-  ops::cuda::GemmArgs acc = fp8_product(true);
-  acc.beta = 1.f;
-  acc.c_type = DType::f32;
-  EXPECT_FALSE(ops::cuda::gemm_plan_key(acc, false, 0) == fast);
+  const auto accumulating = [](bool fast_accum) {
+    ops::cuda::GemmArgs acc = fp8_product(fast_accum);
+    acc.beta = 1.f;
+    acc.c_type = DType::f32;
+    return ops::cuda::gemm_plan_key(acc, false, 0);
+  };
+  EXPECT_FALSE(accumulating(true) == accumulating(false));
+  EXPECT_FALSE(accumulating(true) == fast);
 #endif
 }
 

@@ -37,7 +37,8 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     {"predicted_tp_comm_bytes_per_step", "bytes"}, {"gemm_plans_made_per_step", ""},
     {"moe_expert_rows_max_over_mean", ""}, {"moe_ep_rank_rows_max_over_mean", ""},
     {"gemm_class_products_per_step", ""}, {"gemm_class_fallbacks_per_step", ""},
-    {"gemm_grouped_calls_per_step", ""}, {"gemm_grouped_looped_products_per_step", ""}, {"cuda_graphs", "bool"},
+    {"gemm_grouped_calls_per_step", ""}, {"gemm_grouped_looped_products_per_step", ""},
+    {"gemm_sm90_grouped_calls_per_step", ""}, {"cuda_graphs", "bool"},
     {"cuda_graph_replayed_steps", ""}, {"cuda_graph_captures", ""}, {"cuda_graph_nodes", ""},
     {"cuda_graph_pool_bytes", "bytes"},
     // bench-collectives

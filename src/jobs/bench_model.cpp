@@ -226,6 +226,9 @@ int run_bench_model(JobEnv& env) {
                      static_cast<double>(now.grouped_calls - gemm_before.grouped_calls) / n);
     env.out.set_attr(g, "gemm_grouped_looped_products_per_step",
                      static_cast<double>(now.grouped_looped_products - gemm_before.grouped_looped_products) / n);
+    // model.moe_expert_gemm = wgmma: that our grouped GEMM ran (0: the form fell back to the loop).
+    env.out.set_attr(g, "gemm_sm90_grouped_calls_per_step",
+                     static_cast<double>(now.sm90_grouped_calls - gemm_before.sm90_grouped_calls) / n);
   }
   // train.cuda_graphs (docs/architecture.md §5): whether the step was captured, and how many timed
   // steps ran as a replay (all of them once bench.warmup >= 2: a shape's first step is eager, its

@@ -167,6 +167,7 @@ Runtime::GemmPlanCounts Runtime::gemm_plan_counts() const {
     const auto& grouped = static_cast<const cuda::Resources*>(ctx_.cuda)->grouped_gemm;
     c.grouped_calls = grouped.calls;
     c.grouped_looped_products = grouped.looped_products;
+    c.sm90_grouped_calls = grouped.sm90_calls;
   }
 #endif
   return c;

@@ -66,8 +66,8 @@ inline bool predicts_only(JobKind j) { return j == JobKind::accounting || j == J
 // model.attention, bench.impls
 enum class AttentionImpl { naive, flash };
 LMSCALE_DECK_ENUM(AttentionImpl, "naive", "flash");
-// How the MoE experts' matrix products run on CUDA (docs/moe.md): one GEMM per expert, or one
-// grouped GEMM per projection over all experts. CPUs always loop.
+// How the MoE experts' matrix products run on CUDA (docs/moe.md): one GEMM per expert, one cuBLAS
+// grouped GEMM per projection over all experts, or our own grouped GEMM for Hopper. CPUs always loop.
 enum class MoeExpertGemm { loop, grouped, wgmma };
 LMSCALE_DECK_ENUM(MoeExpertGemm, "loop", "grouped", "wgmma");
 // precision.mode: fp32, or mixed precision with fp32 master weights and 16-bit compute; fp8 is

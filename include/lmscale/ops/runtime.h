@@ -69,10 +69,12 @@ class Runtime {
   // (each a heuristic query on the host), products run on a shape class's plan, and class-path
   // products whose shape the class's algorithm refused (run on an exact plan instead); and the
   // MoE experts' grouped GEMMs (model.moe_expert_gemm = grouped; ops/cuda/gemm_grouped.h): calls
-  // made, and products of lists cuBLAS could not group (run as a loop instead).
+  // made, and products of lists cuBLAS could not group (run as a loop instead); calls of our
+  // grouped GEMM for Hopper (model.moe_expert_gemm = wgmma; 0 where that form fell back to the loop).
   struct GemmPlanCounts {
     std::int64_t plans_made = 0, class_products = 0, class_fallbacks = 0;
     std::int64_t grouped_calls = 0, grouped_looped_products = 0;
+    std::int64_t sm90_grouped_calls = 0;
   };
   GemmPlanCounts gemm_plan_counts() const;
   // While one is alive (and comm_sms() > 0, and `on`), the GEMM plans made target the GPU's SMs

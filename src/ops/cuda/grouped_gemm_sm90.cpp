@@ -90,8 +90,11 @@ class Packer {
     p_.tile_count += static_cast<int>(tiles);
   }
 
+  int launches() const { return launches_; }
+
   void flush() {
     if (p_.tile_count > 0) {
+      ++launches_;
       const int ctas = p_.tile_count < sms_ ? p_.tile_count : sms_;   // one CTA per SM at most
       launch(p_, call_.layout, call_.in, call_.out, ctas, stream_);
     }
@@ -121,6 +124,7 @@ class Packer {
   cudaStream_t stream_;
   LaunchParams p_;
   int maps_ = 0;
+  int launches_ = 0;
   std::vector<int> a_map_, b_map_;   // operand -> its map in this launch, or -1
 };
 
@@ -152,20 +156,27 @@ bool supports(const Call& call) {
       if (s.a < 0 || s.b < 0 || s.a >= static_cast<int>(call.a.size()) || s.b >= static_cast<int>(call.b.size()))
         return false;
       if (s.k < 0 || s.k > kIntMax || s.a_row < 0 || s.a_row > kIntMax || s.b_row < 0 || s.b_row > kIntMax) return false;
-      if (s.a_matrix < 0 || s.a_matrix >= call.a[static_cast<std::size_t>(s.a)].count || s.b_matrix < 0 ||
-          s.b_matrix >= call.b[static_cast<std::size_t>(s.b)].count)
-        return false;
+      const Matrix& a = call.a[static_cast<std::size_t>(s.a)];
+      const Matrix& b = call.b[static_cast<std::size_t>(s.b)];
+      if (s.a_matrix < 0 || s.a_matrix >= a.count || s.b_matrix < 0 || s.b_matrix >= b.count) return false;
+      // The reduction's extent in each operand: K-major ones hold k in their columns, M/N-major
+      // ones in their rows from the segment's first.
+      const std::int64_t a_k = call.layout == Layout::tn ? a.rows - s.a_row : a.cols;
+      const std::int64_t b_k = call.layout == Layout::nt ? b.cols : b.rows - s.b_row;
+      for (const std::int64_t extent : {a_k, b_k})
+        if (extent != s.k && !(s.k % kTileK == 0 && extent >= s.k)) return false;
     }
   }
   return true;
 }
 
-void run(const Call& call, int sms, cudaStream_t stream) {
+int run(const Call& call, int sms, cudaStream_t stream) {
   LMSCALE_CHECK(supports(call), "grouped GEMM (sm90): the call breaks the kernel's rules (grouped_gemm_sm90.h)");
   Packer packer(call, sms > 0 ? sms : 1, stream);
   for (const Problem& pr : call.problems)
     if (pr.m > 0 && pr.n > 0) packer.add(pr);
   packer.flush();
+  return packer.launches();
 }
 
 }  // namespace grouped_sm90

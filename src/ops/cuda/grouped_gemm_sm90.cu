@@ -1,6 +1,6 @@
 // The grouped GEMM kernel for Hopper (grouped_gemm_sm90.h): persistent, warp-specialised.
-// - One CTA per SM, three warpgroups of 128 threads. Warpgroup 0 is the producer: one thread
-//   walks the CTA's tiles and issues the TMA copies of each k step's A tile [128 x 64] and B tile
+// - One CTA per SM, three warpgroups of 128 threads. Warpgroup 0 is the producer: one of its
+//   threads walks the CTA's tiles and issues the TMA copies of each k step's A tile [128 x 64] and B tile
 //   [256 x 64] into a 4-stage ring of shared memory, each stage guarded by a "full" mbarrier (the
 //   copy engine completes it) and an "empty" one (the consumers release it). Warpgroups 1 and 2
 //   are the consumers, rows [0, 64) and [64, 128) of the tile: per k step four m64n256k16 wgmma
@@ -30,7 +30,6 @@ namespace {
 
 constexpr int kThreads = 384;            // producer + 2 consumers
 constexpr int kBlock = 64 * 64;          // elements of one 64 x 64 box (8 KiB in 16 bits)
-constexpr int kTileN = 256;
 constexpr int kStages = 4;
 constexpr int kAcc = kTileN / 2;         // fp32 accumulators per consumer thread (64 x 256 per warpgroup)
 

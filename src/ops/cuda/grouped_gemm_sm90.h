@@ -67,11 +67,14 @@ struct Call {
 // The device is an sm_90 GPU and this binary holds the kernels (built for sm_90a); asked once.
 bool available();
 // Whether `call` satisfies the kernel's rules: dtypes above; 16-byte aligned bases and row
-// strides (multiples of 8 elements), n and ldc even, every size below 2^31.
+// strides (multiples of 8 elements), n even, ldc a multiple of 8, every size below 2^31, and each
+// segment's k the extent of its operands along the reduction (the kernel reads k rounded up to
+// 64 and relies on zeros past the matrix) unless k is a multiple of 64.
 bool supports(const Call& call);
 // Queues the products on `stream` (as few launches as the parameter space allows: up to 32
-// products and 48 operand maps a launch). `sms`: CTAs per launch at most (the SM count).
-void run(const Call& call, int sms, cudaStream_t stream);
+// products and 48 operand maps a launch) and returns the number of launches. `sms`: CTAs per
+// launch at most (the SM count, or fewer to leave SMs to collectives).
+int run(const Call& call, int sms, cudaStream_t stream);
 
 // ---- shared with the kernel (grouped_gemm_sm90.cu) -----------------------------------------------
 inline constexpr int kTileM = 128, kTileN = 256, kTileK = 64;

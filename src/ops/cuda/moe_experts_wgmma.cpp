@@ -60,7 +60,9 @@ Problem problem(std::int64_t m, std::int64_t n, void* c, std::int64_t ldc, Segme
 
 void run(Context& ctx, const Call& call) {
   Resources& r = resources(ctx);
-  grouped_sm90::run(call, r.num_sms, r.stream);
+  // The SMs the GEMMs may take: parallel.comm_sms leaves some to NCCL (Resources::gemm_sm_target,
+  // which the cuBLASLt plans honour too).
+  r.grouped_gemm.sm90_launches += grouped_sm90::run(call, r.gemm_sm_target > 0 ? r.gemm_sm_target : r.num_sms, r.stream);
   ++r.grouped_gemm.sm90_calls;
 }
 
@@ -72,8 +74,11 @@ bool moe_experts_wgmma_supported(const Tensor& x, const std::vector<const Tensor
   if ((t != DType::bf16 && t != DType::f16) || !grouped_sm90::available()) return false;
   for (const Tensor* u : same_dtype)
     if (u->dtype() != t || !aligned16(u->data()) || u->dim(-1) % 8 != 0) return false;
+  // The weight gradients share one dtype (the backward's calls take G1's for all three).
   for (const Tensor* G : gradients)
-    if ((G->dtype() != t && G->dtype() != DType::f32) || !aligned16(G->data()) || G->dim(-1) % 8 != 0) return false;
+    if ((G->dtype() != t && G->dtype() != DType::f32) || G->dtype() != gradients.front()->dtype() ||
+        !aligned16(G->data()) || G->dim(-1) % 8 != 0)
+      return false;
   return aligned16(x.data()) && x.dim(1) % 8 == 0;
 }
 

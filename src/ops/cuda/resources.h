@@ -53,7 +53,7 @@ struct Resources {
   // GEMM for Hopper (grouped_gemm_sm90.h, the MoE experts' wgmma form).
   struct GroupedGemmCounts {
     std::int64_t calls = 0, products = 0, looped_products = 0;
-    std::int64_t sm90_calls = 0;
+    std::int64_t sm90_calls = 0, sm90_launches = 0;
   } grouped_gemm;
   // Time up to 8 cuBLASLt candidates per new GEMM shape and keep the fastest, instead of taking the
   // heuristic's first. On when LMSCALE_GEMM_AUTOTUNE=1. Costs a few ms per shape on the first step;
