@@ -1,6 +1,8 @@
 // detail::expert_products (expert_products.h): the experts' products, grouped by their dimensions.
 #include "expert_products.h"
 
+#include <numeric>
+
 #include "lmscale/core/error.h"
 
 namespace lmscale::ops::detail {
@@ -28,6 +30,12 @@ GroupedProducts expert_products(const std::vector<std::int64_t>& rows, const Exp
     first_row += r;
   }
   return p;
+}
+
+std::vector<std::int64_t> expert_row_offsets(const std::vector<std::int64_t>& rows) {
+  std::vector<std::int64_t> at(rows.size() + 1, 0);
+  std::partial_sum(rows.begin(), rows.end(), at.begin() + 1);
+  return at;
 }
 
 namespace {

@@ -60,6 +60,10 @@ struct GroupedProducts {
 
 GroupedProducts expert_products(const std::vector<std::int64_t>& rows, const ExpertProductSpec& spec);
 
+// The experts' first rows r_e (above): at[e] = rows[0] + ... + rows[e-1], and at[El] the rows of
+// all (El + 1 entries), for the forms that address each expert's rows themselves.
+std::vector<std::int64_t> expert_row_offsets(const std::vector<std::int64_t>& rows);
+
 // The specs of ops::moe_experts and its backward for d = d_model, Fe = the experts' inner size.
 // Row-major tensors read as column-major matrices are their transposes: for expert e with rows
 // [r_e, r_e + n_e), X_e' (d x n_e, ld d), A_e', B_e', G_e' and their gradients (Fe x n_e, ld Fe),

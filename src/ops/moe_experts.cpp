@@ -10,6 +10,7 @@
 
 #include "checks.h"
 #include "cuda/cuda_ops.h"
+#include "expert_products.h"
 #ifdef LMSCALE_WITH_CUDA
 #include "cuda/gemm_grouped.h"
 #include "cuda/gemm_lanes.h"
@@ -22,13 +23,6 @@ namespace {
 
 // Expert e's matrix of a stacked weight [El, r, c] (a view).
 Tensor matrix(const Tensor& t, std::size_t e) { return t.slice(static_cast<std::int64_t>(e), static_cast<std::int64_t>(e) + 1).reshape({t.dim(1), t.dim(2)}); }
-
-// Row offsets of the experts: offsets[e] = rows[0] + ... + rows[e-1], offsets[El] = Me.
-std::vector<std::int64_t> row_offsets(const std::vector<std::int64_t>& rows) {
-  std::vector<std::int64_t> at(rows.size() + 1, 0);
-  std::partial_sum(rows.begin(), rows.end(), at.begin() + 1);
-  return at;
-}
 
 void check_experts(const char* op, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
                    const Tensor& W3, const Tensor& W2, const std::vector<detail::NamedTensor>& fe_rows,
@@ -100,7 +94,7 @@ void moe_experts(Context& ctx, const Tensor& x, const std::vector<std::int64_t>&
   ExpertLoop loop(ctx, x, how);   // CPUs always loop
   // The experts' rows lie back to back in a, b and g, so the SwiGLU runs once over all of them
   // (one launch instead of one per expert: elementwise, the same values).
-  const std::vector<std::int64_t> at = row_offsets(rows);
+  const std::vector<std::int64_t> at = detail::expert_row_offsets(rows);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];
     if (r1 == r0) continue;
@@ -142,7 +136,7 @@ void moe_experts_backward(Context& ctx, const Tensor& x, const std::vector<std::
   ExpertLoop loop(ctx, x, how);   // CPUs always loop
   // w2's products for every expert, one SwiGLU backward over all rows (as in the forward), then
   // w1|w3's products: each expert's products are those of the per-expert order, on the same values.
-  const std::vector<std::int64_t> at = row_offsets(rows);
+  const std::vector<std::int64_t> at = detail::expert_row_offsets(rows);
   for (std::size_t e = 0; e < rows.size(); ++e) {
     const std::int64_t r0 = at[e], r1 = at[e + 1];
     Tensor g1 = matrix(G1, e), g2 = matrix(G2, e), g3 = matrix(G3, e);

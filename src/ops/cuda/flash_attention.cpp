@@ -5,6 +5,7 @@
 // tensor-core backward) from the context's allocator.
 #include <cstdint>
 
+#include "alignment.h"
 #include "attention_cuda.h"
 #include "attention_kernels.h"
 #include "flash_attention_sm90.h"
@@ -57,8 +58,6 @@ attn::Params make_params(const AttentionShape& s) {
   return p;
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0; }
-
 // The tensor-core kernels copy rows with 16-byte cp.async: 16-bit types, head dims and strides in
 // multiples of 8 elements (both stride sets) and 16-byte aligned base pointers.
 bool tensor_core_ok(const AttentionShape& s, DType d, std::initializer_list<const void*> ptrs) {
@@ -67,7 +66,7 @@ bool tensor_core_ok(const AttentionShape& s, DType d, std::initializer_list<cons
   if (s.stride_b % 8 || s.stride_h % 8 || s.stride_t % 8) return false;
   if (s.o_stride_b % 8 || s.o_stride_h % 8 || s.o_stride_t % 8) return false;
   for (const void* ptr : ptrs)
-    if (!aligned16(ptr)) return false;
+    if (!is_aligned16(ptr)) return false;
   return true;
 }
 

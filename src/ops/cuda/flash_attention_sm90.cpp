@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "alignment.h"
 #include "flash_attention_sm90.h"
 #include "tensor_map.h"
 
@@ -45,8 +46,6 @@ CUtensorMap make_map(const void* base, const Params& p, Elem e, int rows, bool o
   return map;
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0; }
-
 }  // namespace
 
 bool sm90_available() {
@@ -69,7 +68,7 @@ bool sm90_layout_ok(const Params& p, Elem e) {
   if (p.o_stride_t % 8 || p.o_stride_h % 8 || p.o_stride_b % 8) return false;   // o, dO (TMA for dO too)
   for (const void* ptr : {p.q, p.k, p.v, p.o, p.dout, static_cast<const void*>(p.out), static_cast<const void*>(p.dq),
                           static_cast<const void*>(p.dk), static_cast<const void*>(p.dv)})
-    if (ptr != nullptr && !aligned16(ptr)) return false;
+    if (ptr != nullptr && !is_aligned16(ptr)) return false;
   return true;
 }
 

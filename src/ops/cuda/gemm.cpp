@@ -385,23 +385,8 @@ bool run_on_class_plan(Resources& r, GemmPlanCache::Plan& p, const GemmArgs& g, 
   return true;
 }
 
-// The key of g with its compute mode and alignments already worked out (gemm() needs them for
-// the plan request too). Bits of flags: 0 trans_a, 1 trans_b, 2 tf32, 3 beta != 0 (kBetaFlag),
-// 4-7 A's dtype, 8-11 C's, 12-15 / 16-19 / 20-23 log2 of A's / B's / C's alignment, 24-31 B's
-// dtype, 32 fast_accum.
-GemmPlanCache::Key key_of(const GemmArgs& g, DType bt, bool tf32, std::uint32_t al_a, std::uint32_t al_b,
-                          std::uint32_t al_c, std::int32_t sm_target) {
-  const bool batched = g.batch > 1;
-  const std::uint64_t flags = (g.trans_a ? 1u : 0u) | (g.trans_b ? 2u : 0u) | (tf32 ? 4u : 0u) |
-                              (g.beta != 0.f ? 8u : 0u) | (static_cast<std::uint32_t>(g.ab_type) << 4) |
-                              (static_cast<std::uint32_t>(g.c_type) << 8) | (log2u(al_a) << 12) |
-                              (log2u(al_b) << 16) | (log2u(al_c) << 20) | (static_cast<std::uint32_t>(bt) << 24) |
-                              (std::uint64_t{g.fast_accum} << 32);
-  return {g.m, g.n, g.k, g.lda, g.ldb, g.ldc, flags, g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0,
-          batched ? g.stride_c : 0, sm_target};
-}
-
-// What the key needs beyond GemmArgs: B's dtype, tf32 and the operands' alignments.
+// What the key needs beyond GemmArgs: B's dtype, tf32 and the operands' alignments (gemm() needs
+// them for the checks and the plan request too, so they are worked out once).
 struct KeyInputs {
   DType bt;
   bool tf32;
@@ -414,15 +399,30 @@ KeyInputs key_inputs(const GemmArgs& g, bool allow_tf32) {
           batch_alignment(g.b, batched ? g.stride_b : 0, bt), batch_alignment(g.c, batched ? g.stride_c : 0, g.c_type)};
 }
 
+// The key of g. Bits of flags: 0 trans_a, 1 trans_b, 2 tf32, 3 beta != 0 (kBetaFlag), 4-7 A's
+// dtype, 8-11 C's, 12-15 / 16-19 / 20-23 log2 of A's / B's / C's alignment, 24-31 B's dtype,
+// 32 fast_accum.
+GemmPlanCache::Key key_of(const GemmArgs& g, const KeyInputs& in, std::int32_t sm_target) {
+  const bool batched = g.batch > 1;
+  const std::uint64_t flags = (g.trans_a ? 1u : 0u) | (g.trans_b ? 2u : 0u) | (in.tf32 ? 4u : 0u) |
+                              (g.beta != 0.f ? 8u : 0u) | (static_cast<std::uint32_t>(g.ab_type) << 4) |
+                              (static_cast<std::uint32_t>(g.c_type) << 8) | (log2u(in.al_a) << 12) |
+                              (log2u(in.al_b) << 16) | (log2u(in.al_c) << 20) |
+                              (static_cast<std::uint32_t>(in.bt) << 24) | (std::uint64_t{g.fast_accum} << 32);
+  return {g.m, g.n, g.k, g.lda, g.ldb, g.ldc, flags, g.batch, batched ? g.stride_a : 0, batched ? g.stride_b : 0,
+          batched ? g.stride_c : 0, sm_target};
+}
+
 }  // namespace
 
 GemmPlanCache::Key gemm_plan_key(const GemmArgs& g, bool allow_tf32, std::int32_t sm_target) {
-  const KeyInputs in = key_inputs(g, allow_tf32);
-  return key_of(g, in.bt, in.tf32, in.al_a, in.al_b, in.al_c, sm_target);
+  return key_of(g, key_inputs(g, allow_tf32), sm_target);
 }
 
 void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
-  const DType bt = g.b_type.value_or(g.ab_type);
+  // Only arithmetic on the arguments (nothing throws): worked out before the checks, which need bt.
+  const KeyInputs in = key_inputs(g, allow_tf32);
+  const DType bt = in.bt;
   const bool fp8 = is_fp8(g.ab_type) || is_fp8(bt);
   // Fast accumulation is a mode of cuBLASLt's FP8 kernels alone; on another product the attribute
   // would be ignored silently, so a caller asking for it there has made a mistake.
@@ -440,15 +440,13 @@ void gemm(Resources& r, bool allow_tf32, const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
   LMSCALE_CHECK(g.batch >= 1, "gemm: batch {}", g.batch);
   const bool batched = g.batch > 1;
-  const KeyInputs in = key_inputs(g, allow_tf32);
-  const bool tf32 = in.tf32;
-  const GemmPlanCache::Key key = key_of(g, bt, tf32, in.al_a, in.al_b, in.al_c, r.gemm_sm_target);
+  const GemmPlanCache::Key key = key_of(g, in, r.gemm_sm_target);
   GemmPlanCache& cache = r.gemm_plans;
   if (const auto it = cache.plans.find(key); it != cache.plans.end())
     return run_exact(r, allow_tf32, *it->second, g, fp8);
   if (fp8) require_fp8_tensor_cores(r.device);
   constexpr std::uint64_t kBetaFlag = 8u;   // the key's beta != 0 bit: an accumulating twin differs in it alone
-  PlanRequest q{tf32, fp8, g.fast_accum, bt, in.al_a, in.al_b, in.al_c, r.gemm_autotune, nullptr};
+  PlanRequest q{in.tf32, fp8, g.fast_accum, bt, in.al_a, in.al_b, in.al_c, r.gemm_autotune, nullptr};
   // A new exact shape: its class's plan once the class has seen kExactShapesBeforeClassPlan
   // shapes, or at once where the caller says the shapes vary (gemm.h); map references stay valid
   // while the recursion of run_exact inserts.

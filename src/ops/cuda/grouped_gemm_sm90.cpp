@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "alignment.h"
 #include "lmscale/core/error.h"
 #include "tensor_map.h"
 
@@ -18,8 +19,6 @@ namespace grouped_sm90 {
 namespace {
 
 constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
-
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 // Box rows of an operand's tensor map: K-major tiles are [rows of the tile] x 64 elements of k,
 // M/N-major ones 64 x 64 boxes (64 rows of k, 64 elements of m or n), one per column block.
@@ -52,7 +51,7 @@ CUtensorMap encode(const Matrix& m, DType t, int rows_box) {
 }
 
 bool matrix_ok(const Matrix& m) {
-  return m.base != nullptr && aligned16(m.base) && m.rows > 0 && m.cols > 0 && m.count > 0 && m.ld >= m.cols &&
+  return m.base != nullptr && is_aligned16(m.base) && m.rows > 0 && m.cols > 0 && m.count > 0 && m.ld >= m.cols &&
          m.ld % 8 == 0 && m.stride % 8 == 0 && m.rows <= kIntMax && m.cols <= kIntMax && m.count <= kIntMax &&
          (m.count == 1 || m.stride >= m.rows * m.ld);
 }
@@ -150,7 +149,7 @@ bool supports(const Call& call) {
     if (pr.m < 0 || pr.n < 0 || pr.m > kIntMax || pr.n > kIntMax || pr.segment_count < 1 || pr.segment_count > 2)
       return false;
     if (pr.m == 0 || pr.n == 0) continue;
-    if (pr.c == nullptr || !aligned16(pr.c) || pr.n % 2 != 0 || pr.ldc < pr.n || pr.ldc % 8 != 0) return false;
+    if (pr.c == nullptr || !is_aligned16(pr.c) || pr.n % 2 != 0 || pr.ldc < pr.n || pr.ldc % 8 != 0) return false;
     for (int i = 0; i < pr.segment_count; ++i) {
       const Segment& s = pr.segments[i];
       if (s.a < 0 || s.b < 0 || s.a >= static_cast<int>(call.a.size()) || s.b >= static_cast<int>(call.b.size()))

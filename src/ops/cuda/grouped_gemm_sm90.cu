@@ -52,6 +52,23 @@ __device__ __forceinline__ const DeviceProblem& problem_of(const LaunchParams& p
   return p.problems[i];
 }
 
+// Issues the TMA copies of one operand tile of one k step: `kRows` rows of the tile (m for A, n
+// for B) from `mn0`, k from `k0`; `row` is the segment's first row of the operand and `matrix` its
+// matrix in the stack. The bytes land on `bar`, whose expected count the caller set for the stage.
+// - K-major (nt's A and B, nn's A): one box of [kRows][64 k], rows along the tile.
+// - M/N-major (nn's B, tn's A and B): the operand's rows are k, so kRows / 64 boxes of [64 k][64],
+//   one per 64 columns of the tile, kBlock elements apart (the layout desc_mn_major reads).
+template <bool kMnMajor, int kRows, class E>
+__device__ __forceinline__ void load_tile(E* dst, const CUtensorMap* map, std::uint64_t* bar, int mn0, int k0, int row,
+                                          int matrix) {
+  if constexpr (kMnMajor) {
+#pragma unroll
+    for (int cb = 0; cb < kRows / 64; ++cb) tma_load_3d(dst + cb * kBlock, map, bar, mn0 + cb * 64, row + k0, matrix);
+  } else {
+    tma_load_3d(dst, map, bar, k0, row + mn0, matrix);
+  }
+}
+
 template <class T>
 __device__ __forceinline__ void store_pair(T* at, float v0, float v1, bool accumulate) {
   if constexpr (std::is_same_v<T, float>) {
@@ -112,20 +129,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
             mbar_wait(&s.empty[st], ((it / kStages) & 1) ^ 1);
             mbar_arrive_expect_tx(&s.full[st], kStageBytes);
             const int k0 = kt * kTileK;
-            if constexpr (kAMn) {
-#pragma unroll
-              for (int cb = 0; cb < kTileM / 64; ++cb)
-                tma_load_3d(&s.a[st][cb * kBlock], ma, &s.full[st], m0 + cb * 64, sg.a_row + k0, sg.a_matrix);
-            } else {
-              tma_load_3d(&s.a[st][0], ma, &s.full[st], k0, sg.a_row + m0, sg.a_matrix);
-            }
-            if constexpr (kBMn) {
-#pragma unroll
-              for (int cb = 0; cb < kTileN / 64; ++cb)
-                tma_load_3d(&s.b[st][cb * kBlock], mb, &s.full[st], n0 + cb * 64, sg.b_row + k0, sg.b_matrix);
-            } else {
-              tma_load_3d(&s.b[st][0], mb, &s.full[st], k0, sg.b_row + n0, sg.b_matrix);
-            }
+            load_tile<kAMn, kTileM>(s.a[st], ma, &s.full[st], m0, k0, sg.a_row, sg.a_matrix);
+            load_tile<kBMn, kTileN>(s.b[st], mb, &s.full[st], n0, k0, sg.b_row, sg.b_matrix);
           }
         }
       }
@@ -202,7 +207,14 @@ template <class E, class Out, bool kAMn, bool kBMn>
 void launch_kernel(const LaunchParams& p, int ctas, cudaStream_t stream) {
   auto* kernel = grouped_gemm_kernel<E, Out, kAMn, kBMn>;
   constexpr int bytes = smem_bytes<E>();
-  LMSCALE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  // The attribute belongs to the kernel on the current device, and a process uses one device:
+  // set it once per instantiation (a function-local static: initialised once, thread-safe; a
+  // throw leaves it unset, so the next launch tries again).
+  static const bool smem_set = [&] {
+    LMSCALE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)smem_set;
   kernel<<<ctas, kThreads, bytes, stream>>>(p);
   LMSCALE_CUDA_CHECK(cudaGetLastError());
 }

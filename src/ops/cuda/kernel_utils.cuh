@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "alignment.h"   // is_aligned16: the callers of load_vec / store_vec check with it
 #include "lmscale/core/cuda/cuda_check.h"
 #include "lmscale/core/dtype.h"
 #include "lmscale/core/error.h"
@@ -47,7 +48,6 @@ template <class T>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T>& x) {
   *reinterpret_cast<Vec<T>*>(p) = x;
 }
-inline bool is_aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 // ---- reductions ---------------------------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float x) {

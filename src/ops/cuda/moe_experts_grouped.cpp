@@ -6,8 +6,8 @@
 // The products and their layouts: detail::expert_projection_specs (ops/expert_products.h).
 #include "cuda_ops.h"
 #include "gemm_grouped.h"
-#include "lmscale/core/cuda/cuda_check.h"
 #include "lmscale/core/error.h"
+#include "moe_expert_gradients.h"
 #include "resources.h"
 
 namespace lmscale::ops::cuda {
@@ -51,16 +51,8 @@ void moe_experts_grouped_backward(Context& ctx, const Tensor& x, const std::vect
   LMSCALE_CHECK(G3.dtype() == gt && G2.dtype() == gt, "{}: G1 {}, G3 {}, G2 {} must share a dtype", op,
                 dtype_name(gt), dtype_name(G3.dtype()), dtype_name(G2.dtype()));
   const std::int64_t d = x.dim(1), Fe = W1.dim(1);
-  Resources& r = resources(ctx);
   // An expert without rows has no products: its gradients are zero (or unchanged).
-  if (!accumulate) {
-    const std::size_t bytes = static_cast<std::size_t>(Fe * d) * dtype_size(gt);
-    for (std::size_t e = 0; e < rows.size(); ++e) {
-      if (rows[e] != 0) continue;
-      for (Tensor* G : {&G1, &G3, &G2})
-        LMSCALE_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(G->data()) + e * bytes, 0, bytes, r.stream));
-    }
-  }
+  if (!accumulate) zero_empty_expert_gradients(ctx, rows, {&G1, &G3, &G2});
   if (x.dim(0) == 0) return;
   detail::ExpertProjectionSpecs s = detail::expert_projection_specs(d, Fe, accumulate);
   run(ctx, rows, s.grad_g, {{W2.data()}, {dy.data()}, {dg.data()}, t, t});

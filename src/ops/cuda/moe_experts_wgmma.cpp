@@ -8,12 +8,12 @@
 // end belong to the next expert and only reach rows of C that are not stored); the weight
 // gradients reduce over the rows, so each expert's activations there are a matrix of exactly its
 // rows.
-#include <numeric>
-
+#include "../expert_products.h"
+#include "alignment.h"
 #include "cuda_ops.h"
 #include "grouped_gemm_sm90.h"
-#include "lmscale/core/cuda/cuda_check.h"
 #include "lmscale/core/error.h"
+#include "moe_expert_gradients.h"
 #include "resources.h"
 
 namespace lmscale::ops::cuda {
@@ -25,14 +25,6 @@ using grouped_sm90::Layout;
 using grouped_sm90::Matrix;
 using grouped_sm90::Problem;
 using grouped_sm90::Segment;
-
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
-std::vector<std::int64_t> first_rows(const std::vector<std::int64_t>& rows) {
-  std::vector<std::int64_t> at(rows.size() + 1, 0);
-  std::partial_sum(rows.begin(), rows.end(), at.begin() + 1);
-  return at;
-}
 
 // A row-major [rows, cols] tensor (or its rows from `row0`) as an operand; a stacked weight
 // [El, r, c] as a stack of El matrices.
@@ -73,20 +65,20 @@ bool moe_experts_wgmma_supported(const Tensor& x, const std::vector<const Tensor
   const DType t = x.dtype();
   if ((t != DType::bf16 && t != DType::f16) || !grouped_sm90::available()) return false;
   for (const Tensor* u : same_dtype)
-    if (u->dtype() != t || !aligned16(u->data()) || u->dim(-1) % 8 != 0) return false;
+    if (u->dtype() != t || !is_aligned16(u->data()) || u->dim(-1) % 8 != 0) return false;
   // The weight gradients share one dtype (the backward's calls take G1's for all three).
   for (const Tensor* G : gradients)
     if ((G->dtype() != t && G->dtype() != DType::f32) || G->dtype() != gradients.front()->dtype() ||
-        !aligned16(G->data()) || G->dim(-1) % 8 != 0)
+        !is_aligned16(G->data()) || G->dim(-1) % 8 != 0)
       return false;
-  return aligned16(x.data()) && x.dim(1) % 8 == 0;
+  return is_aligned16(x.data()) && x.dim(1) % 8 == 0;
 }
 
 void moe_experts_wgmma(Context& ctx, const Tensor& x, const std::vector<std::int64_t>& rows, const Tensor& W1,
                        const Tensor& W3, const Tensor& W2, Tensor& a, Tensor& b, Tensor& g, Tensor& y) {
   if (x.dim(0) == 0) return;
   const std::int64_t d = x.dim(1), Fe = W1.dim(1);
-  const std::vector<std::int64_t> at = first_rows(rows);
+  const std::vector<std::int64_t> at = detail::expert_row_offsets(rows);
   Call up{Layout::nt, x.dtype(), x.dtype(), false, {all_rows(x)}, {stack(W1), stack(W3)}, {}};
   Call down{Layout::nt, x.dtype(), x.dtype(), false, {all_rows(g)}, {stack(W2)}, {}};
   for (std::size_t e = 0; e < rows.size(); ++e) {
@@ -107,17 +99,10 @@ void moe_experts_wgmma_backward(Context& ctx, const Tensor& x, const std::vector
                                 Tensor& G3, Tensor& G2, bool accumulate) {
   const DType t = x.dtype(), gt = G1.dtype();
   const std::int64_t d = x.dim(1), Fe = W1.dim(1);
-  Resources& r = resources(ctx);
   // An expert without rows has no products: its gradients are zero (or unchanged).
-  if (!accumulate)
-    for (std::size_t e = 0; e < rows.size(); ++e) {
-      if (rows[e] != 0) continue;
-      for (Tensor* G : {&G1, &G3, &G2})
-        LMSCALE_CUDA_CHECK(cudaMemsetAsync(matrix_ptr(*G, static_cast<std::int64_t>(e)), 0,
-                                           static_cast<std::size_t>(Fe * d) * dtype_size(gt), r.stream));
-    }
+  if (!accumulate) zero_empty_expert_gradients(ctx, rows, {&G1, &G3, &G2});
   if (x.dim(0) == 0) return;
-  const std::vector<std::int64_t> at = first_rows(rows);
+  const std::vector<std::int64_t> at = detail::expert_row_offsets(rows);
   // dg_e = dy_e W2[e];  dx_e = da_e W1[e] + db_e W3[e] (one accumulator, two segments).
   Call grad_g{Layout::nn, t, t, false, {all_rows(dy)}, {stack(W2)}, {}};
   Call grad_x{Layout::nn, t, t, false, {all_rows(da), all_rows(db)}, {stack(W1), stack(W3)}, {}};
