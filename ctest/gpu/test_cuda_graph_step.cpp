@@ -6,8 +6,9 @@
 // - whole runs through jobs::Trainer, with and without graphs on the same tokens: every step's
 //   loss, gradient norm, lr and skipped flag, and at the end the fp32 parameters and AdamW's m and
 //   v, bitwise, in fp32, bf16, fp16 (loss scaling: skipped steps and re-captures), fp8 current
-//   scaling (Hopper), with clipping active, warm-up lr, grad_accum 2, activation checkpointing and
-//   a change of sequence length (a re-capture).
+//   and delayed scaling (Hopper; delayed: the amax histories' record slots advance on the
+//   device), with clipping active, warm-up lr, grad_accum 2, activation checkpointing and a
+//   change of sequence length (a re-capture).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -215,6 +216,7 @@ struct RunSpec {
   std::int64_t grad_accum = 1;
   Checkpointing recompute = Checkpointing::none;
   bool change_length = false;   // steps 4 and 5 at T/2: a new shape, then the old one again
+  Fp8Scaling scaling = Fp8Scaling::current;
 };
 
 void PrintTo(const RunSpec& s, std::ostream* os) { *os << s.name; }
@@ -238,7 +240,8 @@ RunResult run(const RunSpec& spec, bool graphs) {
   cfg.model.num_heads = 4;
   cfg.model.attention = spec.flash ? AttentionImpl::flash : AttentionImpl::naive;
   cfg.precision.mode = spec.mode;
-  cfg.precision.fp8_scaling = Fp8Scaling::current;
+  cfg.precision.fp8_scaling = spec.scaling;
+  if (spec.scaling == Fp8Scaling::delayed) cfg.precision.fp8_history = 4;   // the window wraps within the run
   cfg.optim.grad_clip = 0.05;   // below the norms of these steps: clipping is active
   cfg.optim.warmup_steps = 3;   // lr changes every step
   cfg.optim.weight_decay = 0.1;
@@ -320,5 +323,6 @@ INSTANTIATE_TEST_SUITE_P(
                       RunSpec{"bf16_accum2_recompute", PrecisionMode::bf16, true, 2, Checkpointing::every_k},
                       RunSpec{"fp32_length_change", PrecisionMode::fp32, false, 1, Checkpointing::none, true},
                       RunSpec{"fp16_loss_scaling", PrecisionMode::fp16},
-                      RunSpec{"fp8_current", PrecisionMode::fp8, true}),
+                      RunSpec{"fp8_current", PrecisionMode::fp8, true},
+                      RunSpec{"fp8_delayed", PrecisionMode::fp8, true, 1, Checkpointing::none, false, Fp8Scaling::delayed}),
     [](const auto& i) { return i.param.name; });

@@ -70,21 +70,20 @@ std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V,
   return v;
 }
 
-// One forward and backward from weights of seed 5: fp8 (current scaling) or plain. producer_amax:
-// Fp8LinearOptions::producer_amax. histories (when given): every FP8 operand's amax history,
-// scale and inverse after the step, as raw bits.
+// `passes` forwards and backwards of the same tokens from weights of seed 5 (the last one's loss
+// and gradients): fp8 under the options o (default: current scaling) or plain. histories (when
+// given): every FP8 operand's amax history, scale and inverse after the last, as raw bits.
 test::LossAndGrads run(Device device, DType lowp, bool fp8, bool flash, const std::vector<std::int32_t>& tok,
-                       std::int64_t B, std::int64_t T, bool producer_amax = true,
-                       std::vector<std::uint32_t>* histories = nullptr) {
+                       std::int64_t B, std::int64_t T, const ops::Fp8LinearOptions& o = {},
+                       std::vector<std::uint32_t>* histories = nullptr, int passes = 1) {
   ops::Runtime rt(device, 0, false);
   const auto d = dims(flash);
   model::ParameterStore ps(d, DType::f32, lowp, rt.allocator());
   ps.init(5, rt.ctx());
   model::TransformerLM m(d, ps);
-  ops::Fp8LinearOptions o;
-  o.producer_amax = producer_amax;
   if (fp8) m.enable_fp8(rt.ctx(), o);
-  test::LossAndGrads r = test::forward_backward(rt, m, ps, tok, B, T);
+  test::LossAndGrads r;
+  for (int i = 0; i < passes; ++i) r = test::forward_backward(rt, m, ps, tok, B, T);
   if (fp8 && histories)
     for (int l = 0; l < d.layers; ++l)
       for (const model::Fp8Gemm g : model::kFp8BlockGemms) {
@@ -144,11 +143,40 @@ TEST_P(ModelFp8Cuda, ProducerAmaxesAreBitwiseTheSeparatePasses) {
   for (unsigned seed : {21u, 22u}) {
     const auto tok = tokens(B, T, 101, seed);
     std::vector<std::uint32_t> h_passes, h_fused;
-    const auto passes = run(Device::cuda, DType::bf16, true, flash, tok, B, T, false, &h_passes);
-    const auto fused = run(Device::cuda, DType::bf16, true, flash, tok, B, T, true, &h_fused);
+    ops::Fp8LinearOptions separate;
+    separate.producer_amax = false;
+    const auto passes = run(Device::cuda, DType::bf16, true, flash, tok, B, T, separate, &h_passes);
+    const auto fused = run(Device::cuda, DType::bf16, true, flash, tok, B, T, {}, &h_fused);
     EXPECT_EQ(fused.loss, passes.loss) << "seed " << seed;
     EXPECT_EQ(fused.grads, passes.grads) << "seed " << seed;
     EXPECT_EQ(h_fused, h_passes) << "seed " << seed << ": amax histories or scales differ";
+    EXPECT_FALSE(h_fused.empty());
+  }
+}
+
+// Delayed scaling's casts fused into SwiGLU and its backward (docs/precision.md, "Casts fused into
+// the producers": g and da|db never stored in bf16) against the separate casts: bitwise the same
+// loss, gradients, amax histories, scales and inverses, over three passes (the first casts with
+// the initial scale 1, the later ones with scales from the recorded amaxes).
+TEST_P(ModelFp8Cuda, DelayedProducerCastsAreBitwiseTheSeparateCasts) {
+  if (!hopper()) GTEST_SKIP() << "FP8 GEMMs need a Hopper GPU";
+  const bool flash = GetParam();
+  const std::int64_t B = 2, T = 32;
+  ops::Fp8LinearOptions o;
+  o.recipe = ops::Fp8Recipe::delayed;
+  o.history = 4;
+  ASSERT_TRUE(model::fp8_swiglu_casts_fused(o));
+  ops::Fp8LinearOptions separate = o;
+  separate.producer_casts = false;
+  ASSERT_FALSE(model::fp8_swiglu_casts_fused(separate));
+  for (unsigned seed : {21u, 22u}) {
+    const auto tok = tokens(B, T, 101, seed);
+    std::vector<std::uint32_t> h_separate, h_fused;
+    const auto plain = run(Device::cuda, DType::bf16, true, flash, tok, B, T, separate, &h_separate, 3);
+    const auto fused = run(Device::cuda, DType::bf16, true, flash, tok, B, T, o, &h_fused, 3);
+    EXPECT_EQ(fused.loss, plain.loss) << "seed " << seed;
+    EXPECT_EQ(fused.grads, plain.grads) << "seed " << seed;
+    EXPECT_EQ(h_fused, h_separate) << "seed " << seed << ": amax histories or scales differ";
     EXPECT_FALSE(h_fused.empty());
   }
 }

@@ -90,7 +90,7 @@ Outcome run(bool flash, bool fp8, ops::Fp8Recipe recipe, model::RecomputePolicy 
         for (const ops::Fp8TensorScaling* s : {&lin.x_scaling(), &lin.w_scaling(), &lin.dy_scaling()}) {
           const Tensor& h = s->amax_history();
           r.histories.insert(r.histories.end(), h.data_as<float>(), h.data_as<float>() + h.numel());
-          r.histories.push_back(static_cast<float>(s->next_slot()));
+          r.histories.push_back(static_cast<float>(s->next_slot(ctx)));
           r.scales.push_back(s->scale().data_as<float>()[0]);
           r.scales.push_back(s->inv_scale().data_as<float>()[0]);
         }
@@ -214,9 +214,9 @@ TEST(ModelFp8Layers, GroupsReadingOneInputAreOneLayer) {
   m.backward(ctx, *acts, {}, false);
   for (int l = 0; l < d.layers; ++l)
     for (G g : model::kFp8BlockGemms) {
-      EXPECT_EQ(m.fp8()->at(l, g).x_scaling().next_slot(), 1) << l << " " << model::fp8_gemm_name(g);
-      EXPECT_EQ(m.fp8()->at(l, g).w_scaling().next_slot(), 1);
-      EXPECT_EQ(m.fp8()->at(l, g).dy_scaling().next_slot(), 1);
+      EXPECT_EQ(m.fp8()->at(l, g).x_scaling().next_slot(ctx), 1) << l << " " << model::fp8_gemm_name(g);
+      EXPECT_EQ(m.fp8()->at(l, g).w_scaling().next_slot(ctx), 1);
+      EXPECT_EQ(m.fp8()->at(l, g).dy_scaling().next_slot(ctx), 1);
     }
 }
 

@@ -181,7 +181,7 @@ TEST_F(Fp8OpsTest, DelayedScalingUsesTheHistory) {
   EXPECT_EQ(get(s.scale()), 0.25f);
   s.quantize(ctx, f32({1.f}), q);
   EXPECT_EQ(get(s.scale()), 0.25f);
-  EXPECT_EQ(s.next_slot(), 0);   // the ring wraps
+  EXPECT_EQ(s.next_slot(ctx), 0);   // the ring wraps
   // 4th: history {1000, 1, 1} still holds 1000; its amax (1) overwrites slot 0.
   s.quantize(ctx, f32({1.f}), q);
   EXPECT_EQ(get(s.scale()), 0.25f);

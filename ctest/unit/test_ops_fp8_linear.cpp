@@ -144,7 +144,7 @@ TEST_F(Fp8LinearTest, ReplayRepeatsTheForwardWithoutTouchingTheScaling) {
   EXPECT_EQ(values(first.w_scale()), values(layer.w_scaling().scale()));
   layer.forward(ctx, later, w, scratch);   // moves the scales
   const auto history = values(layer.x_scaling().amax_history());
-  const int slot = layer.x_scaling().next_slot();
+  const int slot = layer.x_scaling().next_slot(ctx);
   Tensor y2 = poisoned({M, N});
   const ops::Fp8LinearSaved again = layer.replay(ctx, first.scales, x, w, &y2);
   expect_equal(y2, y, "replayed y");
@@ -152,7 +152,7 @@ TEST_F(Fp8LinearTest, ReplayRepeatsTheForwardWithoutTouchingTheScaling) {
   EXPECT_EQ(std::memcmp(again.xt_q.data(), first.xt_q.data(), static_cast<std::size_t>(first.xt_q.numel())), 0);
   EXPECT_EQ(std::memcmp(again.wt_q.data(), first.wt_q.data(), static_cast<std::size_t>(first.wt_q.numel())), 0);
   EXPECT_EQ(values(layer.x_scaling().amax_history()), history);
-  EXPECT_EQ(layer.x_scaling().next_slot(), slot);
+  EXPECT_EQ(layer.x_scaling().next_slot(ctx), slot);
   // Without an output only the operands are made (the last block of a recompute).
   const ops::Fp8LinearSaved operands = layer.replay(ctx, first.scales, x, w, nullptr);
   EXPECT_EQ(std::memcmp(operands.xt_q.data(), first.xt_q.data(), static_cast<std::size_t>(first.xt_q.numel())), 0);
@@ -178,7 +178,7 @@ TEST_F(Fp8LinearTest, AForwardWithoutRecordLeavesDelayedScalingAlone) {
   const auto history = values(layer.x_scaling().amax_history());
   layer.forward(ctx, randn({M, K}, 9, 1000.0), w, y, false);
   EXPECT_EQ(values(layer.x_scaling().amax_history()), history);
-  EXPECT_EQ(layer.x_scaling().next_slot(), 1);
+  EXPECT_EQ(layer.x_scaling().next_slot(ctx), 1);
   layer.forward(ctx, x, w, y);   // a training forward records again
   EXPECT_NE(values(layer.x_scaling().amax_history()), history);
 }
@@ -233,9 +233,9 @@ TEST_F(Fp8LinearTest, ASharedInputRecordsOneAmaxPerCastUnderDelayedScaling) {
     const ops::Fp8Input xq = owner.quantize_input(ctx, x);
     owner.forward(ctx, xq, w, y);
     reader.forward(ctx, xq, w, y);
-    EXPECT_EQ(owner.x_scaling().next_slot(), step);
-    EXPECT_EQ(owner.w_scaling().next_slot(), step);
-    EXPECT_EQ(reader.w_scaling().next_slot(), step);
+    EXPECT_EQ(owner.x_scaling().next_slot(ctx), step);
+    EXPECT_EQ(owner.w_scaling().next_slot(ctx), step);
+    EXPECT_EQ(reader.w_scaling().next_slot(ctx), step);
   }
 }
 

@@ -33,8 +33,8 @@ void check_cuda_graphs(const Config& c, int world_size) {
     fail("train.cuda_graphs = true needs a CUDA device but parallel.device = cpu; set train.cuda_graphs = false or "
          "parallel.device = cuda");
   // What varies per step inside these modes lives on the host (collectives and their waits on
-  // other threads, host-side AdamW, MoE routing counts read back, the delayed-scaling history
-  // slot, the layer-wise trust ratios read back): a replayed graph would repeat step one's values.
+  // other threads, host-side AdamW, MoE routing counts read back, the layer-wise trust ratios
+  // read back): a replayed graph would repeat step one's values.
   const auto refuse = [](const std::string& key, const std::string& value, const char* why, const std::string& fix) {
     fail("train.cuda_graphs = true with {} = {}: {}; set {} or train.cuda_graphs = false", key, value, why, fix);
   };
@@ -59,9 +59,6 @@ void check_cuda_graphs(const Config& c, int world_size) {
   if (c.model.moe_experts > 0)
     refuse("model.moe_experts", std::to_string(c.model.moe_experts),
            "MoE routing reads its expert counts back to the host every step", "model.moe_experts = 0");
-  if (c.precision.mode == PrecisionMode::fp8 && c.precision.fp8_scaling == Fp8Scaling::delayed)
-    refuse("precision.fp8_scaling", "delayed", "the amax history's slot advances on the host every step",
-           "precision.fp8_scaling = current");
   if (c.optim.name != OptimizerName::adamw)
     refuse("optim.name", fmt::format("{}", c.optim.name),
            "only AdamW reads its per-step scalars from device memory (SGD's, LARS's and LAMB's are host values)",

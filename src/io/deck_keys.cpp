@@ -334,7 +334,7 @@ std::vector<DeckKey> build_table() {
                "gradient norm, clip and AdamW update) as one CUDA graph after an eager first step of each shape, "
                "and replay it: one launch instead of ~1500 per step. Same bits as without graphs. One process on "
                "one GPU with AdamW only; refused (exit 2) with several ranks, parallel.tp/pp/ep > 1, "
-               "parallel.offload, parallel.overlap_optimizer, MoE models, fp8 with delayed scaling, and on the "
+               "parallel.offload, parallel.overlap_optimizer, MoE models, and on the "
                "CPU (docs/architecture.md §5)."),
       int_key("train.keep_checkpoints", LMSCALE_FIELD(train.keep_checkpoints), 0,
               "Newest complete sharded checkpoints kept in train.checkpoint_dir (older ones are removed after a "

@@ -225,15 +225,22 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
     return out;
   }
   ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l, record_fp8, y2_amax.source());
-  s.g = act(F);
-  Fp8ProducerAmax g_amax = fp8_input_amax(l, Fp8Gemm::w2, s);   // the w2 layer's x is g
-  ops::swiglu_rows(ctx, s.a, s.b, s.g.dim(0), F, 2 * F, s.g, g_amax.out());
-  if (!need_output) {   // a recompute's last block: its output is not needed again
+  // g = silu(a) * b, the w2 layer's x; under delayed FP8 scaling the SwiGLU kernel casts it
+  // itself and g is never stored (fp8_swiglu_casts_fused).
+  const bool g_in_fp8_only = fp8_swiglu_fused(l, s);
+  Fp8ProducerAmax g_amax;
+  if (!g_in_fp8_only) {
+    s.g = act(F);
+    g_amax = fp8_input_amax(l, Fp8Gemm::w2, s);
+    ops::swiglu_rows(ctx, s.a, s.b, N, F, 2 * F, s.g, g_amax.out());
+  }
+  if (!need_output) {   // a recompute's last block (a replay, never fused): its output is not needed again
     if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, nullptr, s, record_fp8, g_amax.source());   // operands only
     return Tensor();
   }
   Tensor out = act(d);
-  if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, &out, s, record_fp8, g_amax.source());
+  if (g_in_fp8_only) fp8_linear_from_swiglu(ctx, l, s, N, out, record_fp8);
+  else if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, &out, s, record_fp8, g_amax.source());
   else ops::linear(ctx, s.g, W(p.w2), out);   // row-parallel partial sum
   out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);

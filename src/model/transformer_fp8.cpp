@@ -107,6 +107,33 @@ void TransformerLM::fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor&
                 layer, fp8_gemm_name(g));
   const ops::Fp8Input xq = replay ? lin.replay_input(ctx, saved.scales, x, y != nullptr)
                                   : lin.quantize_input(ctx, x, record, x_amax);
+  fp8_linear_quantised(ctx, layer, g, xq, y, s, record);
+}
+
+bool TransformerLM::fp8_swiglu_fused(int layer, const BlockActivations& s) const {
+  return fp8_ && fp8_swiglu_casts_fused(fp8_->options()) && !dims_.is_moe_block(layer) &&
+         !s.fp8[static_cast<std::size_t>(Fp8Gemm::w2)].scales.defined();   // a replay: its scales saved
+}
+
+void TransformerLM::fp8_linear_from_swiglu(Context& ctx, int layer, BlockActivations& s, std::int64_t rows, Tensor& y,
+                                           bool record) {
+  const std::int64_t F = Fl_;
+  const ops::Fp8Input xq = fp8_->at(layer, Fp8Gemm::w2)
+                               .quantize_input(ctx, rows, F,
+                                               [&](const Tensor& scale, const ops::Fp8HistoryUpdate& update, Tensor* q,
+                                                   Tensor& qt) {
+                                                 ops::swiglu_cast_transpose_fp8(ctx, s.a, s.b, rows, F, 2 * F, scale,
+                                                                                q, qt, &update);
+                                               },
+                                               record);
+  fp8_linear_quantised(ctx, layer, Fp8Gemm::w2, xq, &y, s, record);
+}
+
+void TransformerLM::fp8_linear_quantised(Context& ctx, int layer, Fp8Gemm g, const ops::Fp8Input& xq, Tensor* y,
+                                         BlockActivations& s, bool record) {
+  ops::Fp8Linear& lin = fp8_->at(layer, g);
+  ops::Fp8LinearSaved& saved = saved_of(s, g);
+  const bool replay = saved.scales.defined();
   // fsdp's FP8 gathers hand the weights out quantised, bitwise the cast below would make.
   const bool quantised = params_.compute_weight(fp8_gemm_params(block_params(layer), g)[0]).dtype() == DType::e4m3;
   if (quantised) {
@@ -121,6 +148,14 @@ void TransformerLM::fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor&
 void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g,
                                         BlockActivations& s, const Tensor& dy, Tensor* dx, bool accumulate,
                                         ops::Fp8Amax dy_amax) {
+  LMSCALE_CHECK(saved_of(s, g).has_operands(), "block {} layer {}: the FP8 backward found no saved operands", layer,
+                fp8_gemm_name(g));
+  ops::Fp8Linear& lin = fp8_->at(layer, g);
+  fp8_linear_backward(ctx, pc, layer, g, s, lin.quantize_grad(ctx, dy, dx != nullptr, dy_amax), dx, accumulate);
+}
+
+void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g,
+                                        BlockActivations& s, const ops::Fp8Input& dy, Tensor* dx, bool accumulate) {
   ops::Fp8LinearSaved& saved = saved_of(s, g);
   LMSCALE_CHECK(saved.has_operands(), "block {} layer {}: the FP8 backward found no saved operands", layer,
                 fp8_gemm_name(g));
@@ -130,7 +165,7 @@ void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc,
   std::vector<Tensor> grads;
   for (int i : ps) grads.push_back(params_.grad(i));
   const Tensor one = rows_back_to_back(grads);
-  fp8_->at(layer, g).backward(ctx, saved, dy, dx, one.defined() ? std::vector<Tensor>{one} : grads, accumulate, dy_amax);
+  fp8_->at(layer, g).backward(ctx, saved, dy, dx, one.defined() ? std::vector<Tensor>{one} : grads, accumulate);
   for (int i : ps) notify(pc, i);
   saved = ops::Fp8LinearSaved{};
 }
@@ -159,16 +194,33 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
     fp8_linear_backward(ctx, pc, l, Fp8Gemm::w2, s, dx, &dg, accumulate, dx_amax);
     // da|db side by side [N, 2F] in a|b's layout: the w1|w3 layer's dy; dy2 = [da db] [w1; w3]
     // is its one dx GEMM (inner dimension 2F). dab lives to the end of the FFN's backward.
-    const Tensor dab = Tensor::empty({N, 2 * F}, compute_, A, "activation_grads");
-    Tensor da = column_block(dab, 0, F), db = column_block(dab, F, F);
-    Fp8ProducerAmax dab_amax = fp8_grad_amax(l, Fp8Gemm::w13);
-    ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, 2 * F, dg, da, db, dab_amax.out());
+    // Under delayed scaling SwiGLU's backward casts da|db itself (fp8_swiglu_casts_fused): dab
+    // is then never stored in the compute dtype, only its FP8 codes and their transpose.
+    ops::Fp8Input dab_q;
+    Tensor dab;
+    Fp8ProducerAmax dab_amax;
+    if (fp8_swiglu_casts_fused(fp8_->options())) {
+      dab_q = fp8_->at(l, Fp8Gemm::w13)
+                  .quantize_grad(ctx, N, 2 * F,
+                                 [&](const Tensor& scale, const ops::Fp8HistoryUpdate& update, Tensor* q, Tensor& qt) {
+                                   ops::swiglu_backward_cast_transpose_fp8(ctx, s.a, s.b, N, F, 2 * F, dg, scale, q, qt,
+                                                                           &update);
+                                 },
+                                 true);
+    } else {
+      dab = Tensor::empty({N, 2 * F}, compute_, A, "activation_grads");
+      Tensor da = column_block(dab, 0, F), db = column_block(dab, F, F);
+      dab_amax = fp8_grad_amax(l, Fp8Gemm::w13);
+      ops::swiglu_rows_backward(ctx, s.a, s.b, N, F, 2 * F, dg, da, db, dab_amax.out());
+    }
     dg = Tensor();
     s.a = Tensor();
     s.b = Tensor();
     s.y2 = Tensor();
     Tensor dy2 = act(d);
-    fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab, &dy2, accumulate, dab_amax.source());
+    if (dab_q.qt.defined()) fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab_q, &dy2, accumulate);
+    else fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab, &dy2, accumulate, dab_amax.source());
+    dab_q = ops::Fp8Input{};
     Tensor gLn2 = grad_for_adding(ctx, p.ln2, accumulate);
     o_dy_amax = fp8_grad_amax(l, Fp8Gemm::o);   // dx after the norm's add is the o layer's dy
     norm_backward(pc, ctx, s.h, W(p.ln2), s.rstd2, dy2, dx, gLn2, true, o_dy_amax.out());   // dx += d(h)

@@ -79,4 +79,23 @@ inline std::int64_t rows_of(const char* op, const char* name, const Tensor& t) {
   throw Error(fmt::format("{}: tensors are on cuda but this lmscale was built without CUDA", op));
 }
 
+// [rows, cols] blocks: `strided` tensors hold them rows `ld` elements apart (the model's a|b
+// [N, 2F] column blocks), `dense` tensors contiguously; all of the first one's floating dtype.
+inline void check_row_blocks(const char* op, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                             std::initializer_list<NamedTensor> strided, std::initializer_list<NamedTensor> dense) {
+  LMSCALE_CHECK(rows >= 0 && cols >= 0 && ld >= cols, "{}: bad block rows {} cols {} ld {}", op, rows, cols, ld);
+  const std::int64_t extent = rows == 0 ? 0 : (rows - 1) * ld + cols;
+  const Tensor& a = *strided.begin()->second;
+  check_floating(op, "a", a);
+  for (const auto& [name, t] : strided) {
+    LMSCALE_CHECK(t->numel() >= extent, "{}: '{}' has {} elements; {} rows of {} with row stride {} need {}", op, name,
+                  t->numel(), rows, cols, ld, extent);
+    check_same_dtype(op, "a", a, name, *t);
+  }
+  for (const auto& [name, t] : dense) {
+    check_numel(op, name, *t, rows * cols);
+    check_same_dtype(op, "a", a, name, *t);
+  }
+}
+
 }  // namespace lmscale::ops::detail

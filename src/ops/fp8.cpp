@@ -1,6 +1,8 @@
 // The FP8 ops (lmscale/ops/fp8.h): shape, dtype and device checks, then dispatch.
 #include "lmscale/ops/fp8.h"
 
+#include "lmscale/ops/ops.h"
+
 #include "checks.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
@@ -31,6 +33,10 @@ void check_history_update(const char* op, Device dev, const Fp8HistoryUpdate& u)
   LMSCALE_CHECK(u.work.dtype() == DType::i32 && u.work.numel() == 2, "{}: 'work' must be [2] int32, is {} {}", op,
                 dtype_name(u.work.dtype()), shape_str(u.work.shape()));
   LMSCALE_CHECK(u.margin >= 0 && u.margin <= 64, "{}: margin {} (0 to 64)", op, u.margin);
+  if (u.slot.defined())
+    LMSCALE_CHECK(u.slot.dtype() == DType::i32 && u.slot.numel() == 1 && u.slot.device() == dev,
+                  "{}: 'slot' must be one int32 on the data's device, is {} {}", op, dtype_name(u.slot.dtype()),
+                  shape_str(u.slot.shape()));
 }
 
 }  // namespace
@@ -108,6 +114,61 @@ void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tens
 #else
   detail::no_cuda_build(op);
 #endif
+}
+
+namespace {
+// The outputs of a fused producer cast: out_t [C, rows] and out [rows, C] in one FP8 dtype.
+void check_fused_outputs(const char* op, Device dev, std::int64_t rows, std::int64_t C, const Tensor& scale,
+                         const Tensor* out, const Tensor& out_t, const Fp8HistoryUpdate* update) {
+  detail::common_device(op, {{"scale", &scale}, {"out", out}, {"out_t", &out_t}});
+  LMSCALE_CHECK(out_t.device() == dev, "{}: the outputs are on another device than a", op);
+  check_scalar(op, "scale", scale);
+  check_fp8_dtype(op, "out_t", out_t);
+  detail::check_shape(op, "out_t", out_t, {C, rows});
+  if (out) {
+    detail::check_shape(op, "out", *out, {rows, C});
+    detail::check_same_dtype(op, "out", *out, "out_t", out_t);
+  }
+  if (update) check_history_update(op, dev, *update);
+}
+}  // namespace
+
+void swiglu_cast_transpose_fp8(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
+                               std::int64_t ld, const Tensor& scale, Tensor* out, Tensor& out_t,
+                               const Fp8HistoryUpdate* update) {
+  constexpr const char* op = "ops::swiglu_cast_transpose_fp8";
+  const Device dev = detail::common_device(op, {{"a", &a}, {"b", &b}});
+  detail::check_row_blocks(op, rows, cols, ld, {{"a", &a}, {"b", &b}}, {});
+  check_fused_outputs(op, dev, rows, cols, scale, out, out_t, update);
+#ifdef LMSCALE_WITH_CUDA
+  if (dev == Device::cuda && cuda::swiglu_cast_transpose_fp8(ctx, a, b, rows, cols, ld, scale, out, out_t, update))
+    return;
+#endif
+  Tensor h = Tensor::empty({rows, cols}, a.dtype(), *ctx.allocator, "swiglu_output");
+  swiglu_rows(ctx, a, b, rows, cols, ld, h);
+  cast_transpose_fp8(ctx, h, scale, out, &out_t, update);
+}
+
+void swiglu_backward_cast_transpose_fp8(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows,
+                                        std::int64_t cols, std::int64_t ld, const Tensor& dh, const Tensor& scale,
+                                        Tensor* out, Tensor& out_t, const Fp8HistoryUpdate* update) {
+  constexpr const char* op = "ops::swiglu_backward_cast_transpose_fp8";
+  const Device dev = detail::common_device(op, {{"a", &a}, {"b", &b}, {"dh", &dh}});
+  detail::check_row_blocks(op, rows, cols, ld, {{"a", &a}, {"b", &b}}, {{"dh", &dh}});
+  // da and db take a and b's row stride in swiglu_rows_backward: the plain form's da|db is [rows, 2 cols].
+  LMSCALE_CHECK(ld == 2 * cols, "{}: a and b must be the column blocks of one [rows, 2 cols] a|b (ld {}, cols {})", op,
+                ld, cols);
+  check_fused_outputs(op, dev, rows, 2 * cols, scale, out, out_t, update);
+#ifdef LMSCALE_WITH_CUDA
+  if (dev == Device::cuda &&
+      cuda::swiglu_backward_cast_transpose_fp8(ctx, a, b, rows, cols, ld, dh, scale, out, out_t, update))
+    return;
+#endif
+  const Tensor dab = Tensor::empty({rows, 2 * cols}, a.dtype(), *ctx.allocator, "swiglu_grads");
+  Tensor da = dab.flat_range(0, rows == 0 ? 0 : (rows - 1) * 2 * cols + cols);
+  Tensor db = dab.flat_range(cols, rows == 0 ? 0 : (rows - 1) * 2 * cols + cols);
+  swiglu_rows_backward(ctx, a, b, rows, cols, ld, dh, da, db);
+  cast_transpose_fp8(ctx, dab, scale, out, &out_t, update);
 }
 
 void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out) {

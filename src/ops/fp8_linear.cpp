@@ -155,16 +155,55 @@ void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor
   backward(ctx, saved, dy, dx, dw ? std::vector<Tensor>{*dw} : std::vector<Tensor>{}, accumulate_dw, dy_amax);
 }
 
+Fp8Input Fp8Linear::quantize_grad(Context& ctx, const Tensor& dy, bool direct, Fp8Amax dy_amax) {
+  const Quantized q = quantize(ctx, &dy_, nullptr, dy_.format(), dy, direct, true, dy_amax);
+  return {q.q, q.qt, dy_.scale(), dy_.inv_scale()};
+}
+
+namespace {
+// q [rows, cols] (when direct) and qt [cols, rows] in `format`, written by `cast` through `s`.
+Quantized producer_cast(Context& ctx, Fp8TensorScaling& s, std::int64_t rows, std::int64_t cols, bool direct,
+                        bool record, const Fp8Linear::ProducerCast& cast) {
+  const DType t = fp8_dtype(s.format());
+  Tensor q = direct ? Tensor::empty({rows, cols}, t, *ctx.allocator, "fp8_operand") : Tensor();
+  Tensor qt = Tensor::empty({cols, rows}, t, *ctx.allocator, "fp8_operand_t");
+  s.quantize_in_producer([&](const Tensor& scale, const Fp8HistoryUpdate& update) {
+    cast(scale, update, direct ? &q : nullptr, qt);
+  }, record);
+  return {q, qt};
+}
+}  // namespace
+
+Fp8Input Fp8Linear::quantize_input(Context& ctx, std::int64_t rows, std::int64_t cols, const ProducerCast& cast,
+                                   bool record) {
+  const Quantized q = producer_cast(ctx, x_, rows, cols, true, record, cast);
+  return {q.q, q.qt, x_.scale(), x_.inv_scale()};
+}
+
+Fp8Input Fp8Linear::quantize_grad(Context& ctx, std::int64_t rows, std::int64_t cols, const ProducerCast& cast,
+                                  bool direct) {
+  const Quantized q = producer_cast(ctx, dy_, rows, cols, direct, true, cast);
+  return {q.q, q.qt, dy_.scale(), dy_.inv_scale()};
+}
+
 void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx,
                          const std::vector<Tensor>& dws, bool accumulate_dw, Fp8Amax dy_amax) {
   if (!dx && dws.empty()) return;
   LMSCALE_CHECK(dy.dim(-1) == saved.wt_q.dim(1), "Fp8Linear::backward: dy {} does not match the weight's {} outputs",
                 shape_str(dy.shape()), saved.wt_q.dim(1));
-  const Quantized dyq = quantize(ctx, &dy_, nullptr, dy_.format(), dy, dx != nullptr, true, dy_amax);
+  backward(ctx, saved, quantize_grad(ctx, dy, dx != nullptr, dy_amax), dx, dws, accumulate_dw);
+}
+
+void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Fp8Input& dyq, Tensor* dx,
+                         const std::vector<Tensor>& dws, bool accumulate_dw) {
+  LMSCALE_CHECK(dyq.qt.defined() && dyq.qt.dim(0) == saved.wt_q.dim(1),
+                "Fp8Linear::backward: the quantised dy has {} outputs, the weight {}",
+                dyq.qt.defined() ? dyq.qt.dim(0) : 0, saved.wt_q.dim(1));
   if (dx) {
+    LMSCALE_CHECK(dyq.q.defined(), "Fp8Linear::backward: dx needs the quantised dy's direct operand");
     Tensor dx2 = as_matrix(*dx);
     // dy . (w^T)^T
-    linear_fp8(ctx, dyq.q, dy_.inv_scale(), saved.wt_q, saved.w_inv(), dx2, false, grad_accumulation_);
+    linear_fp8(ctx, dyq.q, dyq.inv, saved.wt_q, saved.w_inv(), dx2, false, grad_accumulation_);
   }
   std::int64_t row = 0;   // dy^T's rows [row, row + N_i) are dW_i's outputs
   for (const Tensor& dw : dws) {
@@ -173,7 +212,7 @@ void Fp8Linear::backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor
                   dyq.qt.dim(0), row);
     Tensor out = dw;
     const Tensor rows = dws.size() == 1 ? dyq.qt : dyq.qt.slice(row, row + dw.dim(0));
-    linear_fp8(ctx, rows, dy_.inv_scale(), saved.xt_q, saved.x_inv(), out, accumulate_dw,
+    linear_fp8(ctx, rows, dyq.inv, saved.xt_q, saved.x_inv(), out, accumulate_dw,
                grad_accumulation_);   // dy^T . (x^T)^T
     row += dw.dim(0);
   }

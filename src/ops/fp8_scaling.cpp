@@ -21,6 +21,17 @@ Fp8TensorScaling::Fp8TensorScaling(Context& ctx, Fp8Format format, Fp8Recipe rec
   fill(ctx, inv_scale_, 1.0);
   fill(ctx, history_, 0.0);
   fill(ctx, work_, 0.0);
+  if (scale_.device() == Device::cuda) {
+    device_slot_ = Tensor::empty({1}, DType::i32, *ctx.allocator, "fp8_amax_slot");
+    fill(ctx, device_slot_, 0.0);
+  }
+}
+
+int Fp8TensorScaling::next_slot(Context& ctx) const {
+  if (!device_slot_.defined()) return slot_;
+  Tensor h = Tensor::empty({1}, DType::i32, *ctx.host, "fp8_amax_slot");
+  copy(ctx, device_slot_, h);
+  return *h.data_as<const std::int32_t>();
 }
 
 void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor& out, bool record) {
@@ -56,8 +67,17 @@ void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor* out, Tens
     return;
   }
   // Delayed: the cast sets the scale from the history, then records x's amax (one launch).
-  const Fp8HistoryUpdate update{history_, record ? slot_ : -1, format_, margin_, inv_scale_, work_};
-  cast_transpose_fp8(ctx, x, scale_, out, out_t, &update);
+  quantize_in_producer([&](const Tensor& scale, const Fp8HistoryUpdate& update) {
+    cast_transpose_fp8(ctx, x, scale, out, out_t, &update);
+  }, record);
+}
+
+void Fp8TensorScaling::quantize_in_producer(const ProducerCast& cast, bool record) {
+  LMSCALE_CHECK(recipe_ == Fp8Recipe::delayed,
+                "Fp8TensorScaling::quantize_in_producer: delayed scaling only (current scaling needs the amax first)");
+  producer_armed_ = false;
+  const Fp8HistoryUpdate update{history_, record ? slot_ : -1, format_, margin_, inv_scale_, work_, device_slot_};
+  cast(scale_, update);
   if (record) slot_ = static_cast<int>((slot_ + 1) % history_.numel());
 }
 

@@ -40,32 +40,12 @@ void swiglu_backward(Context& ctx, const Tensor& a, const Tensor& b, const Tenso
 #endif
 }
 
-namespace {
-// a, b (da, db) as [rows, cols] blocks with row stride ld; h (dh) contiguous [rows, cols].
-void check_rows(const char* op, std::int64_t rows, std::int64_t cols, std::int64_t ld,
-                std::initializer_list<detail::NamedTensor> strided, std::initializer_list<detail::NamedTensor> dense) {
-  LMSCALE_CHECK(rows >= 0 && cols >= 0 && ld >= cols, "{}: bad block rows {} cols {} ld {}", op, rows, cols, ld);
-  const std::int64_t extent = rows == 0 ? 0 : (rows - 1) * ld + cols;
-  const Tensor& a = *strided.begin()->second;
-  detail::check_floating(op, "a", a);
-  for (const auto& [name, t] : strided) {
-    LMSCALE_CHECK(t->numel() >= extent, "{}: '{}' has {} elements; {} rows of {} with row stride {} need {}", op, name,
-                  t->numel(), rows, cols, ld, extent);
-    detail::check_same_dtype(op, "a", a, name, *t);
-  }
-  for (const auto& [name, t] : dense) {
-    detail::check_numel(op, name, *t, rows * cols);
-    detail::check_same_dtype(op, "a", a, name, *t);
-  }
-}
-}  // namespace
-
 void swiglu_rows(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                  Tensor& h, Tensor* h_amax) {
   constexpr const char* op = "ops::swiglu_rows";
   const Device dev = detail::common_device(op, {{"a", &a}, {"b", &b}, {"h", &h}, {"h_amax", h_amax}});
   detail::check_amax_out(op, "h_amax", h_amax);
-  check_rows(op, rows, cols, ld, {{"a", &a}, {"b", &b}}, {{"h", &h}});
+  detail::check_row_blocks(op, rows, cols, ld, {{"a", &a}, {"b", &b}}, {{"h", &h}});
   if (dev == Device::cpu) return cpu::swiglu(ctx, a, b, rows, cols, ld, h, h_amax);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::swiglu(ctx, a, b, rows, cols, ld, h, h_amax);
@@ -80,7 +60,7 @@ void swiglu_rows_backward(Context& ctx, const Tensor& a, const Tensor& b, std::i
   const Device dev = detail::common_device(
       op, {{"a", &a}, {"b", &b}, {"dh", &dh}, {"da", &da}, {"db", &db}, {"dab_amax", dab_amax}});
   detail::check_amax_out(op, "dab_amax", dab_amax);
-  check_rows(op, rows, cols, ld, {{"a", &a}, {"b", &b}, {"da", &da}, {"db", &db}}, {{"dh", &dh}});
+  detail::check_row_blocks(op, rows, cols, ld, {{"a", &a}, {"b", &b}, {"da", &da}, {"db", &db}}, {{"dh", &dh}});
   if (dev == Device::cpu) return cpu::swiglu_backward(ctx, a, b, rows, cols, ld, dh, da, db, dab_amax);
 #ifdef LMSCALE_WITH_CUDA
   return cuda::swiglu_backward(ctx, a, b, rows, cols, ld, dh, da, db, dab_amax);

@@ -48,6 +48,14 @@ struct Fp8ProducerAmax {
   ops::Fp8Amax source() const { return slot.defined() ? ops::Fp8Amax::from_producer : ops::Fp8Amax::measure; }
 };
 
+// Whether SwiGLU casts the w2 layer's input and the w1|w3 layer's output gradient itself
+// (ops::swiglu_cast_transpose_fp8 and its backward: g and da|db are never stored in the compute
+// dtype; docs/precision.md, "Casts fused into the producers"): under delayed scaling, whose scale
+// is known before the pass, unless the options turn it off. The model and the memory replay ask here.
+inline bool fp8_swiglu_casts_fused(const ops::Fp8LinearOptions& o) {
+  return o.recipe == ops::Fp8Recipe::delayed && o.producer_casts;
+}
+
 // The deck's precision.fp8_* keys as the layers' options.
 ops::Fp8LinearOptions fp8_options(const PrecisionConfig& p);
 

@@ -238,6 +238,16 @@ class TransformerLM {
   // x_amax: from_producer when x's producer wrote its amax (fp8_input_amax).
   void fp8_linear(Context& ctx, int layer, Fp8Gemm g, const Tensor& x, Tensor* y, BlockActivations& s, bool record,
                   ops::Fp8Amax x_amax = ops::Fp8Amax::measure);
+  // fp8_linear's GEMM from x quantised already (a first forward, or a replay when s.fp8[g] holds scales).
+  void fp8_linear_quantised(Context& ctx, int layer, Fp8Gemm g, const ops::Fp8Input& xq, Tensor* y,
+                            BlockActivations& s, bool record);
+  // Whether block l's SwiGLU casts the w2 layer's input (forward) and the w1|w3 layer's output
+  // gradient (backward) itself (fp8_swiglu_casts_fused) instead of writing g and da|db: a first
+  // forward of a dense FP8 block (a replay casts with saved scales from the stored g).
+  bool fp8_swiglu_fused(int layer, const BlockActivations& s) const;
+  // The w2 layer's forward from SwiGLU's fused cast of a, b [rows, F] (s.a, s.b): y [rows, d];
+  // its saved entry goes into s.fp8[w2], as fp8_linear's.
+  void fp8_linear_from_swiglu(Context& ctx, int layer, BlockActivations& s, std::int64_t rows, Tensor& y, bool record);
   // The slot for the amax of block l's FP8 layer g's input, for the op that makes the input: given
   // under current scaling with producer amaxes (Fp8LinearOptions::producer_amax) in a first
   // forward; none for a replay (it casts with saved scales) or without FP8.
@@ -259,6 +269,9 @@ class TransformerLM {
   void fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g, BlockActivations& s,
                            const Tensor& dy, Tensor* dx, bool accumulate,
                            ops::Fp8Amax dy_amax = ops::Fp8Amax::measure);
+  // The same from dy quantised already (ops::Fp8Linear::quantize_grad: SwiGLU's fused cast).
+  void fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g, BlockActivations& s,
+                           const ops::Fp8Input& dy, Tensor* dx, bool accumulate);
   // A dense block's backward with its linear layers in FP8 (block_backward's FP8 form).
   void block_backward_fp8(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
                           std::int64_t B, std::int64_t T, bool accumulate);

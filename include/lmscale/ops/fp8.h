@@ -33,6 +33,11 @@ struct Fp8HistoryUpdate {
   int margin = 0;
   Tensor inv_scale;             // [1] fp32, receives 2^-k with the scale's 2^k
   Tensor work;                  // [2] int32 zeros
+  // CUDA (optional): [1] int32 on the device holding the slot to record into, which the cast
+  // advances (mod H) after recording; record_slot >= 0 then only says "record". A captured train
+  // step replays the same launches every step (train.cuda_graphs), so the slot cannot be a launch
+  // argument. Ignored by the CPU, which records at record_slot.
+  Tensor slot;
 };
 
 // Current scaling's first pass with its scale update fused: amax_history[slot] = max |x| (as
@@ -61,6 +66,24 @@ void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, T
 // (delayed scaling: the scale from the history first, x's amax recorded after).
 void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor* out, Tensor* out_t,
                         const Fp8HistoryUpdate* update = nullptr);
+
+// Casts fused into their producers (docs/precision.md, "Casts fused into the producers"): the
+// producer's output is never stored in the compute dtype; its codes out [rows, C] (may be null)
+// and their transpose out_t [C, rows] are, bitwise what cast_transpose_fp8 makes from the output
+// the plain producer (ops::swiglu_rows, ops::swiglu_rows_backward) writes, under the same scale
+// and update (its amax recorded alike). Meant for delayed scaling, whose scale is known before the
+// pass. One kernel on CUDA where rows and cols are multiples of 8 and the rows 16-byte aligned;
+// elsewhere (and on the CPU) the plain producer into a temporary, then the cast.
+// SwiGLU: h = silu(a) * b with a, b as in ops::swiglu_rows; C = cols.
+void swiglu_cast_transpose_fp8(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
+                               std::int64_t ld, const Tensor& scale, Tensor* out, Tensor& out_t,
+                               const Fp8HistoryUpdate* update = nullptr);
+// SwiGLU's backward as ops::swiglu_rows_backward from dh [rows, cols], da and db side by side as
+// one [rows, 2 cols] matrix (da in columns [0, cols), db after: the model's da|db, the w1|w3
+// layer's dy); C = 2 cols, and a, b must be the column blocks of one [rows, 2 cols] a|b (ld = 2 cols).
+void swiglu_backward_cast_transpose_fp8(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows,
+                                        std::int64_t cols, std::int64_t ld, const Tensor& dh, const Tensor& scale,
+                                        Tensor* out, Tensor& out_t, const Fp8HistoryUpdate* update = nullptr);
 
 // out[C,R] = x[R,C]^T for 2-D fp8 tensors (a byte copy: exact). The FP8 GEMMs need their
 // operands K-major (ops::linear_fp8), so the backward's x^T, dy^T and w^T come from here.

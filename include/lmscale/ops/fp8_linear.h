@@ -11,6 +11,7 @@
 // activations: a pipeline schedule runs several forwards before their backwards, and each
 // backward must use its own forward's operands.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "lmscale/core/context.h"
@@ -31,6 +32,11 @@ struct Fp8LinearOptions {
   // (docs/precision.md, "Amaxes from the producers"). false: every amax is measured by its own
   // pass (bitwise the same results; tests compare the two). Delayed scaling ignores it.
   bool producer_amax = true;
+  // Delayed scaling: the producers that can (the model's SwiGLU) cast its layers' inputs and output
+  // gradients themselves, never storing them in the compute dtype (model::fp8_swiglu_casts_fused;
+  // docs/precision.md, "Casts fused into the producers"). false: the separate casts (bitwise the
+  // same results; tests compare the two). Current scaling ignores it (its scale needs the amax first).
+  bool producer_casts = true;
   // How the GEMMs accumulate on CUDA (Fp8Accumulation; precision.fp8_fast_accum): the forward
   // product y = x w^T in every call that makes it (forward, and replay: activation checkpointing's
   // recompute; evaluation forwards are forwards), and the two gradient products dx, dW. The
@@ -131,6 +137,21 @@ class Fp8Linear {
   // (the same dy scaling as one dW GEMM: bitwise its rows).
   void backward(Context& ctx, const Fp8LinearSaved& saved, const Tensor& dy, Tensor* dx, const std::vector<Tensor>& dws,
                 bool accumulate_dw, Fp8Amax dy_amax = Fp8Amax::measure);
+
+  // Casts made by the producers of x and dy (delayed scaling; lmscale/ops/fp8.h, "Casts fused
+  // into their producers"): q [rows, cols] and qt [cols, rows] are allocated here and `cast`
+  // writes them under the operand's scale and history update (Fp8TensorScaling::
+  // quantize_in_producer), bitwise what quantize_input / quantize_grad make of the producer's
+  // output. quantize_grad makes q only when `direct` (a dx GEMM reads it).
+  using ProducerCast = std::function<void(const Tensor& scale, const Fp8HistoryUpdate& update, Tensor* q, Tensor& qt)>;
+  Fp8Input quantize_input(Context& ctx, std::int64_t rows, std::int64_t cols, const ProducerCast& cast,
+                          bool record = true);
+  Fp8Input quantize_grad(Context& ctx, std::int64_t rows, std::int64_t cols, const ProducerCast& cast, bool direct);
+  // dy [..., N] quantised under this layer's dy scaling, as backward() does.
+  Fp8Input quantize_grad(Context& ctx, const Tensor& dy, bool direct, Fp8Amax dy_amax = Fp8Amax::measure);
+  // backward() from a dy that quantize_grad made.
+  void backward(Context& ctx, const Fp8LinearSaved& saved, const Fp8Input& dy, Tensor* dx,
+                const std::vector<Tensor>& dws, bool accumulate_dw);
 
   // The slots where the ops producing the next x and the next dy write their amaxes (current
   // scaling only: Fp8TensorScaling::producer_amax), [1] fp32 each.

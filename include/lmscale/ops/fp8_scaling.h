@@ -22,10 +22,12 @@
 // inv_scale() stays the inverse of the scale the last quantize() used until the next quantize()
 // of this operand, so a GEMM reading its output passes inv_scale() (ops::linear_fp8).
 #include <cstdint>
+#include <functional>
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/fp8.h"
 #include "lmscale/core/tensor.h"
+#include "lmscale/ops/fp8.h"
 
 namespace lmscale::ops {
 
@@ -54,6 +56,13 @@ class Fp8TensorScaling {
   void quantize(Context& ctx, const Tensor& x, Tensor* out, Tensor* out_t, bool record = true,
                 Fp8Amax amax = Fp8Amax::measure);
 
+  // Delayed scaling only: a cast that x's producer makes itself (lmscale/ops/fp8.h, "Casts fused
+  // into their producers"). `cast` is handed this scaling's scale and the history update a delayed
+  // quantize() hands ops::cast_transpose_fp8, so its codes, the scale and the recorded amax are
+  // bitwise those of quantize() on the producer's output.
+  using ProducerCast = std::function<void(const Tensor& scale, const Fp8HistoryUpdate& update)>;
+  void quantize_in_producer(const ProducerCast& cast, bool record = true);
+
   // Current scaling only: the [1] fp32 slot on the device where the op producing the next x
   // writes x's amax (its amax argument, lmscale/ops/ops.h), for a quantize(..., from_producer).
   // It is the amax history's one entry, so the history holds the last amax as with a measured one.
@@ -69,7 +78,9 @@ class Fp8TensorScaling {
   const Tensor& scale() const { return scale_; }            // [1] fp32
   const Tensor& inv_scale() const { return inv_scale_; }    // [1] fp32
   const Tensor& amax_history() const { return history_; }   // [H] fp32, ring buffer
-  int next_slot() const { return slot_; }                   // where the next cast records its amax
+  // Where the next cast records its amax. On CUDA the casts keep the slot in device memory
+  // (Fp8HistoryUpdate::slot: a replayed CUDA graph records without the host), read here.
+  int next_slot(Context& ctx) const;
 
  private:
   Fp8Format format_;
@@ -79,6 +90,7 @@ class Fp8TensorScaling {
   bool producer_armed_ = false;   // producer_amax() was handed out and no quantize has read it yet
   Tensor scale_, inv_scale_, history_;
   Tensor work_;   // [2] int32 zeros: the fused kernels' amax accumulator and block counter
+  Tensor device_slot_;   // CUDA: [1] int32, the record slot the kernels use and advance (slot_ on the CPU)
 };
 
 }  // namespace lmscale::ops

@@ -49,7 +49,8 @@ HostScaling read(Context& ctx, const ops::Fp8TensorScaling& s) {
   ops::copy(ctx, s.scale(), sc);
   HostScaling out;
   const float* p = h.data_as<const float>();
-  for (std::int64_t i = 0; i < H; ++i) out.history.push_back(p[(s.next_slot() + i) % H]);
+  const int next = s.next_slot(ctx);
+  for (std::int64_t i = 0; i < H; ++i) out.history.push_back(p[(next + i) % H]);
   out.scale = *sc.data_as<const float>();
   return out;
 }

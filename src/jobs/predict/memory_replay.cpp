@@ -28,6 +28,7 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.e = mixed ? 2 : 4;
   s.fp8 = cfg.precision.mode == PrecisionMode::fp8;
   s.fp8_weights = s.fp8 && cfg.parallel.zero == ZeroLevel::fsdp && cfg.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8;
+  s.fp8_swiglu_fused = s.fp8 && model::fp8_swiglu_casts_fused(model::fp8_options(cfg.precision));
   s.tp = tp;
   s.chunk = static_cast<double>(dims.head_chunk_rows(static_cast<std::int64_t>(s.N), dims.vocab / tp, mixed ? 2 : 4));
   s.flash = dims.flash;
@@ -121,13 +122,15 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
     return out;
   }
   ffn_inputs(m, s, b);
-  b.g = m.alloc(NFe);
+  // TransformerLM::fp8_swiglu_fused: a first forward casts g inside SwiGLU (never stored).
+  const bool g_fp8_only = s.fp8_swiglu_fused && b.f8scales[static_cast<std::size_t>(model::Fp8Gemm::w2)] <= 0;
+  if (!g_fp8_only) b.g = m.alloc(NFe);
   if (!need_output) {
     if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::w2, s.N, s.F, s.d, false);   // w2's operands only
     return 0;
   }
   double out = m.alloc(Nde);
-  if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::w2, s.N, s.F, s.d);
+  if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::w2, s.N, s.F, s.d, true, g_fp8_only && !s.cuda ? NFe : 0);
   if (s.sp) {
     double shard = m.alloc(Nlde);
     m.free(out);

@@ -73,6 +73,9 @@ struct Shapes {
   // parallel.fsdp_gather_dtype = fp8: the blocks' weights arrive quantised (fsdp's e4m3 gathers),
   // so the FP8 layers make no cast of w (only its transpose).
   bool fp8_weights = false;
+  // model::fp8_swiglu_casts_fused: SwiGLU casts the w2 layer's x and the w1|w3 layer's dy itself
+  // (no g, no da|db in the compute dtype; on the CPU the op makes them as temporaries).
+  bool fp8_swiglu_fused = false;
   int L = 0, tp = 1;
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   int k = 1;
@@ -185,12 +188,16 @@ double fp8_state_bytes(const Config& cfg, const Shapes& s);
 // scales; or, when b.f8scales[g] is held, the replay of a recompute (no scales; with_y false: no
 // quantised direct operands are kept for a GEMM, as for the last block of a recompute whose w2
 // output is not needed).
+// producer_temp: bytes a fused producer's cast holds for a moment after x's operands are made
+// (the CPU form of ops::swiglu_cast_transpose_fp8: the plain output, then the cast).
 void fp8_forward(Sim& m, const Shapes& s, Block& b, model::Fp8Gemm g, double M, double K, double n,
-                 bool with_y = true);
+                 bool with_y = true, double producer_temp = 0);
 // Its backward from dy [M,n]: the layer's parameters' gradients asked for (a group's all, then
 // one dW product), dy quantised (direct and transposed), the gradients written and ready; the
 // saved entry freed.
-void fp8_backward(Sim& m, Block& b, Grads& gr, model::Fp8Gemm g, double M, double n, const std::vector<int>& params);
+// dy_quantised: dy's operands were made before (SwiGLU's fused cast) and are freed by the caller.
+void fp8_backward(Sim& m, Block& b, Grads& gr, model::Fp8Gemm g, double M, double n, const std::vector<int>& params,
+                  bool dy_quantised = false);
 // Frees layer g's saved operands (its x^T and w^T).
 void free_fp8_operands(Sim& m, Block& b, model::Fp8Gemm g);
 // Frees every FP8 layer's saved operands and scales of b.

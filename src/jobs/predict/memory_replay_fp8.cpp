@@ -18,10 +18,13 @@ double fp8_state_bytes(const Config& cfg, const Shapes& s) {
   return static_cast<double>(s.L) * (3.0 * model::kFp8GemmsPerBlock) * 4 * (2 + H + 2);
 }
 
-void fp8_forward(Sim& m, const Shapes& s, Block& b, model::Fp8Gemm g, double M, double K, double n, bool with_y) {
+void fp8_forward(Sim& m, const Shapes& s, Block& b, model::Fp8Gemm g, double M, double K, double n, bool with_y,
+                 double producer_temp) {
   const bool replay = b.f8scales[at(g)] > 0;
   double xq = with_y ? m.alloc(M * K) : 0;   // no GEMM (a replay): only the transposes are made
   b.f8x[at(g)] = m.alloc(M * K);
+  double temp = m.alloc(producer_temp);
+  m.free(temp);
   // A weight gathered in e4m3 (fsdp) is the GEMM's operand itself: no cast, only its transpose.
   double wq = with_y && !s.fp8_weights ? m.alloc(n * K) : 0;
   b.f8ops[at(g)] = m.alloc(n * K);
@@ -36,11 +39,14 @@ void free_fp8_operands(Sim& m, Block& b, model::Fp8Gemm g) {
   m.free(b.f8x[at(g)]);
 }
 
-void fp8_backward(Sim& m, Block& b, Grads& gr, model::Fp8Gemm g, double M, double n, const std::vector<int>& params) {
+void fp8_backward(Sim& m, Block& b, Grads& gr, model::Fp8Gemm g, double M, double n, const std::vector<int>& params,
+                  bool dy_quantised) {
   for (int p : params) gr.touch(p, false);
-  double dq = m.alloc(M * n), dt = m.alloc(M * n);
-  m.free(dq);
-  m.free(dt);
+  if (!dy_quantised) {
+    double dq = m.alloc(M * n), dt = m.alloc(M * n);
+    m.free(dq);
+    m.free(dt);
+  }
   for (int p : params) gr.ready(p);
   free_fp8_operands(m, b, g);
   m.free(b.f8scales[at(g)]);
@@ -70,13 +76,25 @@ void block_backward_fp8(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   m.free(b.g);
   double dg = m.alloc(NFe);
   fp8_backward(m, b, gr, model::Fp8Gemm::w2, s.N, s.d, {p.w2});
-  double da = m.alloc(2 * NFe);   // da|db: one [N,2F], the w1|w3 layer's dy
+  // da|db [N,2F], the w1|w3 layer's dy: in the compute dtype, or (fused) only its FP8 codes and
+  // their transpose (the CPU op makes the plain da|db for a moment, then casts).
+  double da = 0, dab_q = 0, dab_qt = 0;
+  if (s.fp8_swiglu_fused) {
+    dab_q = m.alloc(2 * s.N * s.F);
+    dab_qt = m.alloc(2 * s.N * s.F);
+    double plain = s.cuda ? 0 : m.alloc(2 * NFe);
+    m.free(plain);
+  } else {
+    da = m.alloc(2 * NFe);
+  }
   m.free(dg);
   m.free(b.a);
   m.free(b.b);
   m.free(b.y2);
   double dy2 = m.alloc(Nde);
-  fp8_backward(m, b, gr, model::Fp8Gemm::w13, s.N, 2 * s.F, {p.w1, p.w3});
+  fp8_backward(m, b, gr, model::Fp8Gemm::w13, s.N, 2 * s.F, {p.w1, p.w3}, s.fp8_swiglu_fused);
+  m.free(dab_q);
+  m.free(dab_qt);
   gr.touch(p.ln2);
   m.free(b.h);
   m.free(dy2);

@@ -125,5 +125,13 @@ void fp8_update_scale(Context& ctx, const Tensor& amax_history, Fp8Format format
                       Tensor& inv_scale);
 void linear_fp8(Context& ctx, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv, Tensor& y,
                 bool accumulate, Fp8Accumulation accumulation);
+// The casts fused into SwiGLU (fp8_producers.cu): false, with nothing launched, where the shapes
+// or alignments leave the 8-wide kernel out (the caller composes the plain ops instead).
+bool swiglu_cast_transpose_fp8(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
+                               std::int64_t ld, const Tensor& scale, Tensor* out, Tensor& out_t,
+                               const Fp8HistoryUpdate* update);
+bool swiglu_backward_cast_transpose_fp8(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows,
+                                        std::int64_t cols, std::int64_t ld, const Tensor& dh, const Tensor& scale,
+                                        Tensor* out, Tensor& out_t, const Fp8HistoryUpdate* update);
 
 }  // namespace lmscale::ops::cuda

@@ -3,110 +3,17 @@
 // reference; the conversion is the hardware's
 // cvt.rn.satfinite (__nv_cvt_float_to_fp8 with __NV_SATFINITE, sm_89+), which the gpu tests hold
 // against core/fp8.h bit for bit.
-#include <cuda_fp8.h>
-
-#include "../fp8_scale_rule.h"
-#include "amax_reduce.cuh"
+#include "cast_transpose.cuh"
 #include "cuda_ops.h"
-#include "kernel_utils.cuh"
+#include "fp8_device.cuh"
 #include "resources.h"
 
 namespace lmscale::ops::cuda {
 namespace {
 
+using namespace fp8_device;
+
 constexpr int kThreads = 256;
-
-template <Fp8Format F>
-__device__ __forceinline__ std::uint8_t to_fp8(float v) {
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, F == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
-}
-
-// This thread's index in its block (blocks of 1 or 2 dims).
-__device__ __forceinline__ int block_thread() { return threadIdx.x + threadIdx.y * blockDim.x; }
-__device__ __forceinline__ bool first_block() { return blockIdx.x == 0 && blockIdx.y == 0; }
-__device__ __forceinline__ unsigned grid_blocks() { return gridDim.x * gridDim.y; }
-
-// The fused scale update's arguments (ops::Fp8HistoryUpdate on the device). work[0]: the amax
-// accumulator, work[1]: the finished-block counter; both zero between launches.
-struct HistoryArgs {
-  float* history = nullptr;
-  std::int64_t n = 0;
-  std::int64_t record_slot = -1;
-  float fp8_max = 0.f;
-  int margin = 0;
-  float* inv_scale = nullptr;
-  std::uint32_t* work = nullptr;
-};
-
-// Called by one whole warp: the history's maximum (NaN skipped: NaN compares false) and, when it
-// is usable, the scale 2^k and true; else false (the scale keeps its value).
-__device__ __forceinline__ bool history_scale(const HistoryArgs& h, float& scale, float& inv) {
-  const int lane = block_thread() & 31;
-  float a = 0.f;
-  for (std::int64_t i = lane; i < h.n; i += 32) {
-    const float v = h.history[i];
-    if (v > a) a = v;
-  }
-  a = warp_max(a);   // no NaN left: fmaxf is an exact maximum
-  if (!fp8_rule::usable_amax(a)) return false;
-  const int k = fp8_rule::scale_exponent(a, h.fp8_max, h.margin);
-  scale = fp8_rule::exp2i(k);
-  inv = fp8_rule::exp2i(-k);
-  return true;
-}
-
-// The scale a delayed cast uses, derived by every block from the history before any block writes
-// to it (the amax is stored by the last block, after all have read): bitwise the value
-// fp8_update_scale would have written. The first block stores it and its inverse; when the
-// history has no usable amax no block writes and all read the kept scale. `shared`: one float.
-__device__ __forceinline__ float derive_scale(const HistoryArgs& h, float* scale, float* shared) {
-  if (block_thread() < 32) {
-    float sc = 0.f, inv = 0.f;
-    const bool usable = history_scale(h, sc, inv);
-    if (block_thread() == 0) {
-      if (usable && first_block()) {
-        *scale = sc;
-        *h.inv_scale = inv;
-      }
-      *shared = usable ? sc : *scale;
-    }
-  }
-  __syncthreads();
-  return *shared;
-}
-
-// The end of a fused kernel: this block's amax into work[0]; the last block to finish moves it
-// into history[record_slot], zeroes the work words and, with kUpdate, sets scale and inv_scale
-// from the whole history (fp8_update_scale). Every thread of the block calls it.
-template <bool kUpdate>
-__device__ __forceinline__ void finish_amax(std::uint32_t m, std::uint32_t* scratch, const HistoryArgs& h,
-                                            float* scale) {
-  __shared__ bool last;
-  block_amax(m, scratch, &h.work[0]);
-  if (block_thread() == 0) {
-    __threadfence();   // this block's atomicMax before its count
-    last = atomicAdd(&h.work[1], 1u) == grid_blocks() - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  if (block_thread() == 0) {
-    __threadfence();
-    const std::uint32_t bits = atomicExch(&h.work[0], 0u);
-    atomicExch(&h.work[1], 0u);
-    h.history[h.record_slot] = __uint_as_float(bits);
-    __threadfence_block();
-  }
-  if constexpr (kUpdate) {
-    __syncthreads();
-    if (block_thread() < 32) {
-      float sc = 0.f, inv = 0.f;
-      if (history_scale(h, sc, inv) && block_thread() == 0) {
-        *scale = sc;
-        *h.inv_scale = inv;
-      }
-    }
-  }
-}
 
 template <class T>
 __global__ void amax_kernel(const T* __restrict__ x, std::int64_t n, std::uint32_t* __restrict__ out) {
@@ -252,63 +159,6 @@ __global__ void __launch_bounds__(kCtThreads* kCtThreads)
   if constexpr (kRecord) finish_amax<false>(m, scratch, h, scale);
 }
 
-// The same cast and transpose with 8 elements per access, where M and K are multiples of 8 and
-// x (16 bytes), out and out_t (8 bytes) are aligned: whole 8-element groups are in or out of
-// the matrix, so no byte path. One 64 x 64 tile per block of 256 threads: a thread loads 8
-// consecutive elements of a row (one 16-byte load of bf16) in each of 2 passes (8 threads a
-// row, 32 rows a pass), writes their 8 codes to out as one 8-byte word and into the shared
-// tile; after a barrier it gathers 8 consecutive tile rows of one column and writes them as one
-// 8-byte word of out_t's row (8 threads write a row's 64 contiguous bytes). Tile rows are 68
-// bytes (17 words): the column reads of a warp fall on at most 2 words of one bank. Bitwise the
-// tile kernel above (the same per-element cast and the same amax bits).
-constexpr int kCt8Tile = 64, kCt8Threads = 256, kCt8Groups = kCt8Tile / 8,
-              kCt8RowsPerPass = kCt8Threads / kCt8Groups, kCt8Passes = kCt8Tile / kCt8RowsPerPass;
-template <class T, Fp8Format F, bool kDerive, bool kRecord>
-__global__ void __launch_bounds__(kCt8Threads)
-    cast_transpose8_kernel(const T* __restrict__ x, std::int64_t M, std::int64_t K, float* __restrict__ scale,
-                           std::uint8_t* __restrict__ out, std::uint8_t* __restrict__ out_t, HistoryArgs h) {
-  __shared__ __align__(16) std::uint8_t tile[kCt8Tile][kCt8Tile + 4];
-  __shared__ std::uint32_t scratch[32];
-  __shared__ float shared_scale;
-  float s;
-  if constexpr (kDerive) s = derive_scale(h, scale, &shared_scale);
-  else s = *scale;
-  const int group = threadIdx.x % kCt8Groups, lane_row = threadIdx.x / kCt8Groups;
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kCt8Tile,
-                     c0 = static_cast<std::int64_t>(blockIdx.x) * kCt8Tile;
-  std::uint32_t m = 0;
-#pragma unroll
-  for (int p = 0; p < kCt8Passes; ++p) {
-    const int tr = lane_row + p * kCt8RowsPerPass, tc = 8 * group;
-    const std::int64_t r = r0 + tr, c = c0 + tc;
-    alignas(8) std::uint8_t q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (r < M && c < K) {
-      float v[kChunk];
-      load_chunk(x + r * K + c, v);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if constexpr (kRecord) m = max(m, fp8_rule::abs_bits(v[e]));
-        q[e] = to_fp8<F>(v[e] * s);
-      }
-      if (out) *reinterpret_cast<uint2*>(out + r * K + c) = *reinterpret_cast<const uint2*>(q);
-    }
-    auto* dst = reinterpret_cast<std::uint32_t*>(&tile[tr][tc]);
-    dst[0] = reinterpret_cast<const std::uint32_t*>(q)[0];
-    dst[1] = reinterpret_cast<const std::uint32_t*>(q)[1];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int p = 0; p < kCt8Passes; ++p) {
-    const int tc = lane_row + p * kCt8RowsPerPass, tr = 8 * group;   // out_t row c0 + tc, columns r0 + tr ...
-    const std::int64_t c = c0 + tc, r = r0 + tr;
-    if (c >= K || r >= M) continue;
-    alignas(8) std::uint8_t q[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) q[e] = tile[tr + e][tc];
-    *reinterpret_cast<uint2*>(out_t + c * M + r) = *reinterpret_cast<const uint2*>(q);
-  }
-  if constexpr (kRecord) finish_amax<false>(m, scratch, h, scale);
-}
 
 // out[C,R] = x[R,C]^T through 32 x 32 tiles in shared memory (one padding byte per row keeps the
 // column reads off a single bank... of 4-byte words: 33-byte rows spread them).
@@ -352,18 +202,6 @@ __global__ void update_scale_kernel(const float* __restrict__ history, std::int6
     *scale = fp8_rule::exp2i(k);
     *inv_scale = fp8_rule::exp2i(-k);
   }
-}
-
-HistoryArgs history_args(const Fp8HistoryUpdate& u) {
-  HistoryArgs h;
-  h.history = u.amax_history.data_as<float>();
-  h.n = u.amax_history.numel();
-  h.record_slot = u.record_slot;
-  h.fp8_max = fp8_max(u.format);
-  h.margin = u.margin;
-  h.inv_scale = u.inv_scale.data_as<float>();
-  h.work = u.work.data_as<std::uint32_t>();
-  return h;
 }
 
 template <class T, Fp8Format F>
@@ -410,14 +248,8 @@ void launch_cast_transpose(Resources& r, const Tensor& x, const Tensor& scale, T
   const HistoryArgs h = update ? history_args(*update) : HistoryArgs{};
   // Whole 8-element groups everywhere: the 8-wide kernel (the same tiles, so the same grid).
   static_assert(kCt8Tile == kCtTile);
-  if (M % 8 == 0 && K % 8 == 0 && addr(x.data()) % 16 == 0 && (!out || addr(out->data()) % 8 == 0) &&
-      addr(out_t.data()) % 8 == 0) {
-    if (update && update->record_slot >= 0)
-      cast_transpose8_kernel<T, F, true, true><<<grid, kCt8Threads, 0, r.stream>>>(xp, M, K, sp, op, tp, h);
-    else if (update)
-      cast_transpose8_kernel<T, F, true, false><<<grid, kCt8Threads, 0, r.stream>>>(xp, M, K, sp, op, tp, h);
-    else
-      cast_transpose8_kernel<T, F, false, false><<<grid, kCt8Threads, 0, r.stream>>>(xp, M, K, sp, op, tp, h);
+  if (cast_transpose8_fits(M, K, op, tp) && addr(x.data()) % 16 == 0) {
+    launch_cast_transpose8<RowsSource<T>, F>(RowsSource<T>{xp, K}, M, K, sp, op, tp, update, r.stream);
     LMSCALE_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -5,14 +5,13 @@
 #include "cuda_ops.h"
 #include "kernel_utils.cuh"
 #include "resources.h"
+#include "swiglu_math.cuh"
 
 namespace lmscale::ops::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
 // a, b (da, db) are [rows, cols] blocks of rows ld elements apart; h (dh) are contiguous [rows, cols].
 // A chunk is 8 elements of one row: chunk c covers row c / cpr, columns 8 (c % cpr) on; the tail
@@ -37,7 +36,7 @@ __global__ void swiglu_kernel(const T* __restrict__ a, const T* __restrict__ b, 
     load_chunk(b + r * g.ld + col, y);
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) {
-      x[e] = x[e] * sigmoid(x[e]) * y[e];
+      x[e] = swiglu_value(x[e], y[e]);
       m = max(m, stored_abs_bits<T>(x[e]));
     }
     store_chunk(h + r * g.cols + col, x);
@@ -46,18 +45,11 @@ __global__ void swiglu_kernel(const T* __restrict__ a, const T* __restrict__ b, 
   for (std::int64_t i = i0; i < g.rows * tail; i += step) {
     const std::int64_t r = i / tail, col = g.cpr * kChunk + i % tail;
     const float x = to_f32(a[r * g.ld + col]);
-    const T out = from_f32<T>(x * sigmoid(x) * to_f32(b[r * g.ld + col]));
+    const T out = from_f32<T>(swiglu_value(x, to_f32(b[r * g.ld + col])));
     h[r * g.cols + col] = out;
     m = max(m, fp8_rule::abs_bits(to_f32(out)));
   }
   if (amax) block_amax(m, amax_scratch, amax);
-}
-
-// da = dh * b * silu'(a), silu'(a) = s (1 + a (1 - s)); db = dh * silu(a).
-__device__ __forceinline__ void swiglu_grad(float a, float b, float dh, float& da, float& db) {
-  const float s = sigmoid(a);
-  da = dh * b * s * (1.f + a * (1.f - s));
-  db = dh * a * s;
 }
 
 template <class T>

@@ -1,0 +1,140 @@
+// The FP8 casts fused into SwiGLU and its backward on CUDA (ops::swiglu_cast_transpose_fp8,
+// ops::swiglu_backward_cast_transpose_fp8; docs/precision.md, "Casts fused into the producers")
+// against the plain producer (ops::swiglu_rows / swiglu_rows_backward into a bf16, fp16 or fp32
+// tensor) followed by ops::cast_transpose_fp8, both under delayed scaling's history update: the
+// same codes, transpose, scale, inverse and history, bit for bit. Shapes take the fused kernel
+// (rows and cols multiples of 8: whole and partial 64 x 64 tiles, xl's d_ff 6400) and the
+// composed fallback (cols 13, rows 37), with and without the direct operand, recording and not,
+// e4m3 and e5m2, an empty history (scale kept) and a filled one (scale derived), and a NaN and an
+// inf in b. Skipped (exit 77) without a GPU.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "lmscale/ops/fp8.h"
+#include "lmscale/ops/ops.h"
+#include "ops_cuda_test_util.h"
+
+namespace lmscale::test {
+namespace {
+
+// One side's delayed-scaling state and outputs.
+struct Side {
+  Tensor scale, inv, history, work, q, qt;
+};
+
+class ProducerCastsCuda : public CudaOpsTest {
+ protected:
+  // Scale 1, a history of 4 (empty, or holding amaxes that give a scale of their own).
+  Side side(std::int64_t rows, std::int64_t C, Fp8Format f, bool direct, bool filled) {
+    Side s;
+    s.scale = dev({1.0}, {1}, DType::f32);
+    s.inv = dev({1.0}, {1}, DType::f32);
+    s.history = dev(filled ? std::vector<double>{3.0, 40.0, 0.5, 7.0} : std::vector<double>(4, 0.0), {4}, DType::f32);
+    s.work = Tensor::empty({2}, DType::i32, gpu_.allocator(), "test_work");
+    EXPECT_EQ(cudaMemset(s.work.data(), 0, 8), cudaSuccess);
+    const DType q = fp8_dtype(f);
+    if (direct) s.q = Tensor::empty({rows, C}, q, gpu_.allocator(), "test_q");
+    s.qt = Tensor::empty({C, rows}, q, gpu_.allocator(), "test_qt");
+    for (Tensor* t : {&s.q, &s.qt})
+      if (t->defined()) EXPECT_EQ(cudaMemset(t->data(), 0xAB, t->nbytes()), cudaSuccess);   // bytes it must overwrite
+    return s;
+  }
+  ops::Fp8HistoryUpdate update(Side& s, Fp8Format f, bool record) {
+    return {s.history, record ? 1 : -1, f, 0, s.inv, s.work};
+  }
+  std::vector<std::uint8_t> raw(const Tensor& t) {
+    std::vector<std::uint8_t> v(t.defined() ? t.nbytes() : 0);
+    if (!v.empty()) EXPECT_EQ(cudaMemcpy(v.data(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  void expect_same(Side& fused, Side& plain, const std::string& what) {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    EXPECT_EQ(raw(fused.q), raw(plain.q)) << what << ": codes (seed " << seed() << ")";
+    EXPECT_EQ(raw(fused.qt), raw(plain.qt)) << what << ": transposed codes (seed " << seed() << ")";
+    for (auto [name, a, b] : {std::tuple{"scale", &fused.scale, &plain.scale}, {"inverse", &fused.inv, &plain.inv},
+                              {"history", &fused.history, &plain.history}, {"work", &fused.work, &plain.work}})
+      EXPECT_EQ(raw(*a), raw(*b)) << what << ": " << name;
+  }
+};
+
+struct Shape2 {
+  std::int64_t rows, cols;
+};
+// Fused: 64 x 64 (one tile), 136 x 200 (partial tiles), 2048 x 6400 (xl's w2 input at 4 x 512
+// tokens); composed: 37 x 64 (rows), 64 x 13 (cols).
+const std::vector<Shape2> kShapes = {{64, 64}, {136, 200}, {2048, 6400}, {37, 64}, {64, 13}};
+
+TEST_F(ProducerCastsCuda, SwigluCastIsTheSwigluThenTheCast) {
+  for (DType t : {DType::bf16, DType::f16, DType::f32})
+    for (const Shape2& sh : kShapes)
+      for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
+        for (bool filled : {false, true}) {
+          const std::int64_t rows = sh.rows, F = sh.cols, ld = 2 * F;
+          const bool direct = filled, record = !filled || t != DType::f16;
+          const std::string at = std::string(dtype_name(t)) + " " + std::to_string(rows) + " x " + std::to_string(F) +
+                                 (f == Fp8Format::e4m3 ? " e4m3" : " e5m2") + (filled ? " filled" : " empty");
+          const Tensor ab = dev(randn(static_cast<std::size_t>(rows * 2 * F), t, 2.0), {rows, 2 * F}, t);
+          const Tensor a = ab.flat_range(0, (rows - 1) * ld + F), b = ab.flat_range(F, (rows - 1) * ld + F);
+          Side fused = side(rows, F, f, direct, filled), plain = side(rows, F, f, direct, filled);
+          ops::Fp8HistoryUpdate uf = update(fused, f, record), up = update(plain, f, record);
+          ops::swiglu_cast_transpose_fp8(g(), a, b, rows, F, ld, fused.scale, direct ? &fused.q : nullptr, fused.qt, &uf);
+          Tensor h = poisoned({rows, F}, t);
+          ops::swiglu_rows(g(), a, b, rows, F, ld, h);
+          ops::cast_transpose_fp8(g(), h, plain.scale, direct ? &plain.q : nullptr, &plain.qt, &up);
+          expect_same(fused, plain, "swiglu " + at);
+        }
+}
+
+TEST_F(ProducerCastsCuda, SwigluBackwardCastIsTheBackwardThenTheCast) {
+  for (DType t : {DType::bf16, DType::f16, DType::f32})
+    for (const Shape2& sh : kShapes)
+      for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
+        for (bool filled : {false, true}) {
+          const std::int64_t rows = sh.rows, F = sh.cols, ld = 2 * F;
+          const bool direct = !filled, record = filled || t != DType::bf16;
+          const std::string at = std::string(dtype_name(t)) + " " + std::to_string(rows) + " x " + std::to_string(F) +
+                                 (f == Fp8Format::e4m3 ? " e4m3" : " e5m2") + (filled ? " filled" : " empty");
+          const Tensor ab = dev(randn(static_cast<std::size_t>(rows * 2 * F), t, 2.0), {rows, 2 * F}, t);
+          const Tensor a = ab.flat_range(0, (rows - 1) * ld + F), b = ab.flat_range(F, (rows - 1) * ld + F);
+          const Tensor dh = dev(randn(static_cast<std::size_t>(rows * F), t, 1.0), {rows, F}, t);
+          Side fused = side(rows, 2 * F, f, direct, filled), plain = side(rows, 2 * F, f, direct, filled);
+          ops::Fp8HistoryUpdate uf = update(fused, f, record), up = update(plain, f, record);
+          ops::swiglu_backward_cast_transpose_fp8(g(), a, b, rows, F, ld, dh, fused.scale, direct ? &fused.q : nullptr,
+                                                  fused.qt, &uf);
+          Tensor dab = poisoned({rows, 2 * F}, t);
+          Tensor da = dab.flat_range(0, (rows - 1) * ld + F), db = dab.flat_range(F, (rows - 1) * ld + F);
+          ops::swiglu_rows_backward(g(), a, b, rows, F, ld, dh, da, db);
+          ops::cast_transpose_fp8(g(), dab, plain.scale, direct ? &plain.q : nullptr, &plain.qt, &up);
+          expect_same(fused, plain, "swiglu backward " + at);
+        }
+}
+
+TEST_F(ProducerCastsCuda, NonFiniteValuesReachTheHistoryAlike) {
+  constexpr double kInf = std::numeric_limits<double>::infinity(), kNaN = std::numeric_limits<double>::quiet_NaN();
+  for (double bad : {kInf, kNaN}) {
+    const std::int64_t rows = 64, F = 64, ld = 2 * F;
+    std::vector<double> v = randn(static_cast<std::size_t>(rows * 2 * F), DType::bf16, 1.0);
+    v[static_cast<std::size_t>(5 * ld + 3)] = 1.0;       // a[5][3] > 0
+    v[static_cast<std::size_t>(5 * ld + F + 3)] = bad;   // b[5][3]: h[5][3], da[5][3] = bad
+    const Tensor ab = dev(v, {rows, 2 * F}, DType::bf16);
+    const Tensor a = ab.flat_range(0, (rows - 1) * ld + F), b = ab.flat_range(F, (rows - 1) * ld + F);
+    Side fused = side(rows, F, Fp8Format::e4m3, true, true), plain = side(rows, F, Fp8Format::e4m3, true, true);
+    ops::Fp8HistoryUpdate uf = update(fused, Fp8Format::e4m3, true), up = update(plain, Fp8Format::e4m3, true);
+    ops::swiglu_cast_transpose_fp8(g(), a, b, rows, F, ld, fused.scale, &fused.q, fused.qt, &uf);
+    Tensor h = poisoned({rows, F}, DType::bf16);
+    ops::swiglu_rows(g(), a, b, rows, F, ld, h);
+    ops::cast_transpose_fp8(g(), h, plain.scale, &plain.q, &plain.qt, &up);
+    const std::string what = std::string("swiglu with a ") + (bad == kInf ? "inf" : "NaN");
+    expect_same(fused, plain, what);
+    const std::vector<double> hist = values(fused.history);
+    EXPECT_FALSE(std::isfinite(hist[1])) << what << ": the recorded amax is " << hist[1];
+  }
+}
+
+}  // namespace
+}  // namespace lmscale::test
