@@ -9,8 +9,9 @@
 #     and in fp8 with current scaling; analysis.fp8_study draws both curves ($OUT/study_xl/loss.png)
 #     and exits 1 when fp8 ends more than 1.5% above bf16;
 #   - speed: xl (inputs/bench_model_xl_bf16.ini, flash attention, 4 x 512 tokens, train step) in
-#     bf16 and in fp8, eager and as a captured CUDA graph (train.cuda_graphs), REPEATS times in
-#     alternation; the median step and tokens/s of each and their ratio.
+#     bf16 and in fp8, eager and as a captured CUDA graph (train.cuda_graphs), and fp8 with delayed
+#     scaling under graphs, REPEATS times in alternation; the median step and tokens/s of each and
+#     their ratio.
 # With PEER_FP8=1 the timing also runs the PyTorch peer's xl (torch.compile) in bf16 and with torchao's float8
 # training (bench/torch_peer.py model --float8, tensorwise dynamic scaling: the peer of current
 # scaling; needs torch and torchao) and prints their ratio table.
@@ -48,6 +49,7 @@ timing() {
   lm xl_fp8 1 "${XL[@]}" --precision.mode=fp8
   lm xl_bf16_graphs 1 "${XL[@]}" --train.cuda_graphs=true
   lm xl_fp8_graphs 1 "${XL[@]}" --precision.mode=fp8 --train.cuda_graphs=true
+  lm xl_fp8_delayed_graphs 1 "${XL[@]}" --precision.mode=fp8 --precision.fp8_scaling=delayed --train.cuda_graphs=true
   if [ -n "$PEER_FP8" ]; then
     peer xl_peer_bf16 1 "${PEER_XL[@]}"
     peer xl_peer_float8 1 "${PEER_XL[@]}" --float8
@@ -79,6 +81,10 @@ for label, suffix in (("eager", ""), ("CUDA graphs", "_graphs")):
     b, f = median("xl_bf16" + suffix, "tokens_per_s"), median("xl_fp8" + suffix, "tokens_per_s")
     bm, fm = median("xl_bf16" + suffix, "total_ms_median"), median("xl_fp8" + suffix, "total_ms_median")
     print(f"| {label} | {bm:.2f} ms, {b:.0f} tokens/s | {fm:.2f} ms, {f:.0f} tokens/s | {f / b:.3f} |")
+# Delayed scaling under CUDA graphs (SwiGLU's casts fused: docs/precision.md).
+b, d = median("xl_bf16_graphs", "tokens_per_s"), median("xl_fp8_delayed_graphs", "tokens_per_s")
+dm = median("xl_fp8_delayed_graphs", "total_ms_median")
+print(f"| CUDA graphs, fp8 delayed scaling | | {dm:.2f} ms, {d:.0f} tokens/s | {d / b:.3f} |")
 PY
 fi
 if [ -n "$PEER_FP8" ] && [ -z "${SKIP_XL:-}" ]; then

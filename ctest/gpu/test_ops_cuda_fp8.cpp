@@ -181,6 +181,7 @@ TEST_F(CudaFp8Test, ScaleUpdateAndRecipesMatchCpu) {
       expect_same_bytes(bytes(qd), bytes(qh), &vf);
       expect_same_bytes(bytes(sg.scale()), bytes(sc.scale()));
       expect_same_bytes(bytes(sg.amax_history()), bytes(sc.amax_history()));
+      EXPECT_EQ(sg.next_slot(g()), sc.next_slot(c()));   // the device's record slot (CUDA) and the host's (CPU)
     }
   }
 }
@@ -327,6 +328,7 @@ TEST_F(CudaFp8Test, CastTransposeMatchesCpu) {
       expect_same_bytes(bytes(sg.scale()), bytes(sc.scale()));
       expect_same_bytes(bytes(sg.inv_scale()), bytes(sc.inv_scale()));
       expect_same_bytes(bytes(sg.amax_history()), bytes(sc.amax_history()));
+      EXPECT_EQ(sg.next_slot(g()), sc.next_slot(c()));
     }
   }
 }
