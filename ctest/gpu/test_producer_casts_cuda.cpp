@@ -4,9 +4,10 @@
 // tensor) followed by ops::cast_transpose_fp8, both under delayed scaling's history update: the
 // same codes, transpose, scale, inverse and history, bit for bit. Shapes take the fused kernel
 // (rows and cols multiples of 8: whole and partial 64 x 64 tiles, xl's d_ff 6400) and the
-// composed fallback (cols 13, rows 37), with and without the direct operand, recording and not,
-// e4m3 and e5m2, an empty history (scale kept) and a filled one (scale derived), and a NaN and an
-// inf in b. Skipped (exit 77) without a GPU.
+// composed fallback (cols 13, rows 37; the kernel's launches are counted to tell them apart), with
+// and without the direct operand, recording (the device record slot advanced) and not (slot and
+// history untouched), e4m3 and e5m2, an empty history (scale kept) and a filled one (scale
+// derived), and a NaN and an inf in b (both directions). Skipped (exit 77) without a GPU.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../../src/ops/cuda/resources.h"
 #include "lmscale/ops/fp8.h"
 #include "lmscale/ops/ops.h"
 #include "ops_cuda_test_util.h"
@@ -24,7 +26,7 @@ namespace {
 
 // One side's delayed-scaling state and outputs.
 struct Side {
-  Tensor scale, inv, history, work, q, qt;
+  Tensor scale, inv, history, work, slot, q, qt;
 };
 
 class ProducerCastsCuda : public CudaOpsTest {
@@ -37,6 +39,9 @@ class ProducerCastsCuda : public CudaOpsTest {
     s.history = dev(filled ? std::vector<double>{3.0, 40.0, 0.5, 7.0} : std::vector<double>(4, 0.0), {4}, DType::f32);
     s.work = Tensor::empty({2}, DType::i32, gpu_.allocator(), "test_work");
     EXPECT_EQ(cudaMemset(s.work.data(), 0, 8), cudaSuccess);
+    s.slot = Tensor::empty({1}, DType::i32, gpu_.allocator(), "test_slot");
+    const std::int32_t three = 3;   // the device record slot: the last of the 4, so recording wraps it to 0
+    EXPECT_EQ(cudaMemcpy(s.slot.data(), &three, 4, cudaMemcpyHostToDevice), cudaSuccess);
     const DType q = fp8_dtype(f);
     if (direct) s.q = Tensor::empty({rows, C}, q, gpu_.allocator(), "test_q");
     s.qt = Tensor::empty({C, rows}, q, gpu_.allocator(), "test_qt");
@@ -45,7 +50,20 @@ class ProducerCastsCuda : public CudaOpsTest {
     return s;
   }
   ops::Fp8HistoryUpdate update(Side& s, Fp8Format f, bool record) {
-    return {s.history, record ? 1 : -1, f, 0, s.inv, s.work};
+    return {s.history, record ? 1 : -1, f, 0, s.inv, s.work, s.slot};
+  }
+  // The fused kernel's launches so far (Resources::fp8_producer_cast_launches).
+  std::int64_t launches() { return ops::cuda::resources(g()).fp8_producer_cast_launches; }
+  // Whether a call on `sh` must take the kernel (rows and cols multiples of 8) or the fallback.
+  void expect_kernel(std::int64_t before, bool fused_shape, const std::string& what) {
+    EXPECT_EQ(launches() - before, fused_shape ? 1 : 0) << what << ": the fused kernel "
+                                                        << (fused_shape ? "did not run" : "ran on a fallback shape");
+  }
+  // The device slot: advanced (3 -> 0) by a recording cast, untouched otherwise.
+  void expect_slot(Side& s, bool record, const std::string& what) {
+    std::int32_t v = -1;
+    EXPECT_EQ(cudaMemcpy(&v, s.slot.data(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(v, record ? 0 : 3) << what << ": the record slot";
   }
   std::vector<std::uint8_t> raw(const Tensor& t) {
     std::vector<std::uint8_t> v(t.defined() ? t.nbytes() : 0);
@@ -57,7 +75,8 @@ class ProducerCastsCuda : public CudaOpsTest {
     EXPECT_EQ(raw(fused.q), raw(plain.q)) << what << ": codes (seed " << seed() << ")";
     EXPECT_EQ(raw(fused.qt), raw(plain.qt)) << what << ": transposed codes (seed " << seed() << ")";
     for (auto [name, a, b] : {std::tuple{"scale", &fused.scale, &plain.scale}, {"inverse", &fused.inv, &plain.inv},
-                              {"history", &fused.history, &plain.history}, {"work", &fused.work, &plain.work}})
+                              {"history", &fused.history, &plain.history}, {"work", &fused.work, &plain.work},
+                              {"slot", &fused.slot, &plain.slot}})
       EXPECT_EQ(raw(*a), raw(*b)) << what << ": " << name;
   }
 };
@@ -82,11 +101,14 @@ TEST_F(ProducerCastsCuda, SwigluCastIsTheSwigluThenTheCast) {
           const Tensor a = ab.flat_range(0, (rows - 1) * ld + F), b = ab.flat_range(F, (rows - 1) * ld + F);
           Side fused = side(rows, F, f, direct, filled), plain = side(rows, F, f, direct, filled);
           ops::Fp8HistoryUpdate uf = update(fused, f, record), up = update(plain, f, record);
+          const std::int64_t before = launches();
           ops::swiglu_cast_transpose_fp8(g(), a, b, rows, F, ld, fused.scale, direct ? &fused.q : nullptr, fused.qt, &uf);
+          expect_kernel(before, rows % 8 == 0 && F % 8 == 0, "swiglu " + at);
           Tensor h = poisoned({rows, F}, t);
           ops::swiglu_rows(g(), a, b, rows, F, ld, h);
           ops::cast_transpose_fp8(g(), h, plain.scale, direct ? &plain.q : nullptr, &plain.qt, &up);
           expect_same(fused, plain, "swiglu " + at);
+          expect_slot(fused, record, "swiglu " + at);
         }
 }
 
@@ -104,13 +126,16 @@ TEST_F(ProducerCastsCuda, SwigluBackwardCastIsTheBackwardThenTheCast) {
           const Tensor dh = dev(randn(static_cast<std::size_t>(rows * F), t, 1.0), {rows, F}, t);
           Side fused = side(rows, 2 * F, f, direct, filled), plain = side(rows, 2 * F, f, direct, filled);
           ops::Fp8HistoryUpdate uf = update(fused, f, record), up = update(plain, f, record);
+          const std::int64_t before = launches();
           ops::swiglu_backward_cast_transpose_fp8(g(), a, b, rows, F, ld, dh, fused.scale, direct ? &fused.q : nullptr,
                                                   fused.qt, &uf);
+          expect_kernel(before, rows % 8 == 0 && F % 8 == 0, "swiglu backward " + at);
           Tensor dab = poisoned({rows, 2 * F}, t);
           Tensor da = dab.flat_range(0, (rows - 1) * ld + F), db = dab.flat_range(F, (rows - 1) * ld + F);
           ops::swiglu_rows_backward(g(), a, b, rows, F, ld, dh, da, db);
           ops::cast_transpose_fp8(g(), dab, plain.scale, direct ? &plain.q : nullptr, &plain.qt, &up);
           expect_same(fused, plain, "swiglu backward " + at);
+          expect_slot(fused, record, "swiglu backward " + at);
         }
 }
 
@@ -131,8 +156,20 @@ TEST_F(ProducerCastsCuda, NonFiniteValuesReachTheHistoryAlike) {
     ops::cast_transpose_fp8(g(), h, plain.scale, &plain.q, &plain.qt, &up);
     const std::string what = std::string("swiglu with a ") + (bad == kInf ? "inf" : "NaN");
     expect_same(fused, plain, what);
-    const std::vector<double> hist = values(fused.history);
-    EXPECT_FALSE(std::isfinite(hist[1])) << what << ": the recorded amax is " << hist[1];
+    const std::vector<double> hist = values(fused.history);   // recorded at the device slot, 3
+    EXPECT_FALSE(std::isfinite(hist[3])) << what << ": the recorded amax is " << hist[3];
+    // The backward: da[5][3] = dh b s (...) is non-finite too.
+    const Tensor dh = dev(randn(static_cast<std::size_t>(rows * F), DType::bf16, 1.0), {rows, F}, DType::bf16);
+    Side fused_b = side(rows, 2 * F, Fp8Format::e5m2, true, true), plain_b = side(rows, 2 * F, Fp8Format::e5m2, true, true);
+    ops::Fp8HistoryUpdate ufb = update(fused_b, Fp8Format::e5m2, true), upb = update(plain_b, Fp8Format::e5m2, true);
+    ops::swiglu_backward_cast_transpose_fp8(g(), a, b, rows, F, ld, dh, fused_b.scale, &fused_b.q, fused_b.qt, &ufb);
+    Tensor dab = poisoned({rows, 2 * F}, DType::bf16);
+    Tensor da = dab.flat_range(0, (rows - 1) * ld + F), db = dab.flat_range(F, (rows - 1) * ld + F);
+    ops::swiglu_rows_backward(g(), a, b, rows, F, ld, dh, da, db);
+    ops::cast_transpose_fp8(g(), dab, plain_b.scale, &plain_b.q, &plain_b.qt, &upb);
+    expect_same(fused_b, plain_b, "backward, " + what);
+    const std::vector<double> hist_b = values(fused_b.history);
+    EXPECT_FALSE(std::isfinite(hist_b[3])) << "backward, " << what << ": the recorded amax is " << hist_b[3];
   }
 }
 

@@ -226,7 +226,8 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   }
   ffn_inputs(ctx, s, tp_f(pc, ctx, s.y2), l, record_fp8, y2_amax.source());
   // g = silu(a) * b, the w2 layer's x; under delayed FP8 scaling the SwiGLU kernel casts it
-  // itself and g is never stored (fp8_swiglu_casts_fused).
+  // itself and g is never stored (fp8_swiglu_casts_fused). Under FP8 g is dropped after the w2
+  // layer's cast: its backward reads the saved g^T.
   const bool g_in_fp8_only = fp8_swiglu_fused(l, s);
   Fp8ProducerAmax g_amax;
   if (!g_in_fp8_only) {
@@ -236,12 +237,14 @@ Tensor TransformerLM::block_forward(Context& ctx, int l, std::int64_t B, std::in
   }
   if (!need_output) {   // a recompute's last block (a replay, never fused): its output is not needed again
     if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, nullptr, s, record_fp8, g_amax.source());   // operands only
+    if (fp8_) s.g = Tensor();
     return Tensor();
   }
   Tensor out = act(d);
   if (g_in_fp8_only) fp8_linear_from_swiglu(ctx, l, s, N, out, record_fp8);
   else if (fp8_) fp8_linear(ctx, l, Fp8Gemm::w2, s.g, &out, s, record_fp8, g_amax.source());
   else ops::linear(ctx, s.g, W(p.w2), out);   // row-parallel partial sum
+  if (fp8_) s.g = Tensor();
   out = tp_g(pc, ctx, out);             // [Nl,d]
   ops::add(ctx, s.h, out, out);
   return out;

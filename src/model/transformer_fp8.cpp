@@ -4,6 +4,8 @@
 // (back to back in the store) are one FP8 layer each over the group's weight [3dl, d] ([2F, d])
 // and the side-by-side activation [N, 3dl] ([N, 2F]).
 
+#include <utility>
+
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/model/transformer.h"
@@ -148,6 +150,7 @@ void TransformerLM::fp8_linear_quantised(Context& ctx, int layer, Fp8Gemm g, con
 void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g,
                                         BlockActivations& s, const Tensor& dy, Tensor* dx, bool accumulate,
                                         ops::Fp8Amax dy_amax) {
+  // Checked before dy's cast, which would advance the dy scaling's history.
   LMSCALE_CHECK(saved_of(s, g).has_operands(), "block {} layer {}: the FP8 backward found no saved operands", layer,
                 fp8_gemm_name(g));
   ops::Fp8Linear& lin = fp8_->at(layer, g);
@@ -155,7 +158,7 @@ void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc,
 }
 
 void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g,
-                                        BlockActivations& s, const ops::Fp8Input& dy, Tensor* dx, bool accumulate) {
+                                        BlockActivations& s, ops::Fp8Input dy, Tensor* dx, bool accumulate) {
   ops::Fp8LinearSaved& saved = saved_of(s, g);
   LMSCALE_CHECK(saved.has_operands(), "block {} layer {}: the FP8 backward found no saved operands", layer,
                 fp8_gemm_name(g));
@@ -166,6 +169,7 @@ void TransformerLM::fp8_linear_backward(Context& ctx, const ParallelContext& pc,
   for (int i : ps) grads.push_back(params_.grad(i));
   const Tensor one = rows_back_to_back(grads);
   fp8_->at(layer, g).backward(ctx, saved, dy, dx, one.defined() ? std::vector<Tensor>{one} : grads, accumulate);
+  dy = ops::Fp8Input{};   // freed before the hooks, which may allocate (bucket reductions)
   for (int i : ps) notify(pc, i);
   saved = ops::Fp8LinearSaved{};
 }
@@ -218,9 +222,8 @@ void TransformerLM::block_backward_fp8(Context& ctx, int l, BlockActivations& s,
     s.b = Tensor();
     s.y2 = Tensor();
     Tensor dy2 = act(d);
-    if (dab_q.qt.defined()) fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab_q, &dy2, accumulate);
+    if (dab_q.qt.defined()) fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, std::move(dab_q), &dy2, accumulate);
     else fp8_linear_backward(ctx, pc, l, Fp8Gemm::w13, s, dab, &dy2, accumulate, dab_amax.source());
-    dab_q = ops::Fp8Input{};
     Tensor gLn2 = grad_for_adding(ctx, p.ln2, accumulate);
     o_dy_amax = fp8_grad_amax(l, Fp8Gemm::o);   // dx after the norm's add is the o layer's dy
     norm_backward(pc, ctx, s.h, W(p.ln2), s.rstd2, dy2, dx, gLn2, true, o_dy_amax.out());   // dx += d(h)

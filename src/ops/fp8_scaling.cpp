@@ -1,5 +1,8 @@
 // Fp8TensorScaling (lmscale/ops/fp8_scaling.h): the two recipes over the fused ops of
-// lmscale/ops/fp8.h (fp8_amax_update_scale; cast_transpose_fp8 with its Fp8HistoryUpdate). Only the slot index lives on the host; amaxes and scales stay on the device.
+// lmscale/ops/fp8.h (fp8_amax_update_scale; cast_transpose_fp8 with its Fp8HistoryUpdate).
+// Amaxes, scales and (on CUDA) the history's record slot stay on the device; the host keeps its
+// own slot, which the CPU records at and which on CUDA only says whether a cast records (under
+// CUDA graphs it stops following the device's).
 #include "lmscale/ops/fp8_scaling.h"
 
 #include "lmscale/core/error.h"

@@ -269,9 +269,10 @@ class TransformerLM {
   void fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g, BlockActivations& s,
                            const Tensor& dy, Tensor* dx, bool accumulate,
                            ops::Fp8Amax dy_amax = ops::Fp8Amax::measure);
-  // The same from dy quantised already (ops::Fp8Linear::quantize_grad: SwiGLU's fused cast).
+  // The same from dy quantised already (ops::Fp8Linear::quantize_grad: SwiGLU's fused cast);
+  // dy's operands are freed before the gradient hooks run.
   void fp8_linear_backward(Context& ctx, const ParallelContext& pc, int layer, Fp8Gemm g, BlockActivations& s,
-                           const ops::Fp8Input& dy, Tensor* dx, bool accumulate);
+                           ops::Fp8Input dy, Tensor* dx, bool accumulate);
   // A dense block's backward with its linear layers in FP8 (block_backward's FP8 form).
   void block_backward_fp8(Context& ctx, int layer, BlockActivations& s, Tensor& dx, const ParallelContext& pc,
                           std::int64_t B, std::int64_t T, bool accumulate);

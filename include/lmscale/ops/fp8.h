@@ -37,7 +37,7 @@ struct Fp8HistoryUpdate {
   // advances (mod H) after recording; record_slot >= 0 then only says "record". A captured train
   // step replays the same launches every step (train.cuda_graphs), so the slot cannot be a launch
   // argument. Ignored by the CPU, which records at record_slot.
-  Tensor slot;
+  Tensor slot = Tensor();
 };
 
 // Current scaling's first pass with its scale update fused: amax_history[slot] = max |x| (as

@@ -86,7 +86,7 @@ class Fp8TensorScaling {
   Fp8Format format_;
   Fp8Recipe recipe_;
   int margin_;
-  int slot_ = 0;
+  int slot_ = 0;   // the CPU's record slot; on CUDA the kernels use device_slot_ (next_slot reads it)
   bool producer_armed_ = false;   // producer_amax() was handed out and no quantize has read it yet
   Tensor scale_, inv_scale_, history_;
   Tensor work_;   // [2] int32 zeros: the fused kernels' amax accumulator and block counter

@@ -223,17 +223,16 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
   // replicated, or split too under sequence parallelism (r = 1/tp).
   const double r = sp ? 1.0 / tp : 1.0;
   const double attn = (m.flash ? b * H * T * 4 : b * H * T * T * e) / tp;
-  // a, b and g [N,F]; under delayed FP8 scaling SwiGLU casts g itself and no g is kept
-  // (model::fp8_swiglu_casts_fused; fp8 has tp = 1).
-  const bool g_kept = !(cfg.precision.mode == PrecisionMode::fp8 &&
-                        model::fp8_swiglu_casts_fused(model::fp8_options(cfg.precision)));
+  // a, b and g [N,F]; under FP8 g is dropped after the w2 layer's cast (its backward reads the
+  // saved g^T; delayed scaling never stores it: model::fp8_swiglu_casts_fused; fp8 has tp = 1).
+  const bool g_kept = cfg.precision.mode != PrecisionMode::fp8;
   const double ffn = g_kept ? 3 : 2;
   const double block = (4 * d * r + (4 * d + ffn * F) / tp) * N * e + 2 * N * 4 * r + attn;
   const std::string block_f =
       tp > 1 ? fmt::format("(4d{} + (4d + 3F)/tp) N e + 8N{} + {}/tp", sp ? "/tp" : "", sp ? "/tp" : "",
                            m.flash ? "4 B H T" : "B H T^2 e")
              : fmt::format("(8d + {}F) N e + 8N + {}{}", ffn, m.flash ? "4 B H T (lse)" : "B H T^2 e (probs)",
-                           g_kept ? "" : "; no g: SwiGLU casts it to FP8 itself");
+                           g_kept ? "" : "; no g: the w2 layer keeps its FP8 transpose");
   // An MoE block (docs/moe.md; tp = 1) keeps, instead of a dense block's a, b, g [N,F]: the
   // router's probabilities [N,E] and log-sum-exp [N] (fp32), the chosen experts, gates and slots
   // [N,k] (4 B each), the rows its experts compute xe [Me,d], their a|b [2,Me,Fe] and g [Me,Fe],

@@ -29,6 +29,10 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.fp8 = cfg.precision.mode == PrecisionMode::fp8;
   s.fp8_weights = s.fp8 && cfg.parallel.zero == ZeroLevel::fsdp && cfg.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8;
   s.fp8_swiglu_fused = s.fp8 && model::fp8_swiglu_casts_fused(model::fp8_options(cfg.precision));
+  // ops/cuda/fp8_producers.cu's kernel takes rows and F in multiples of 8 (the model's rows are
+  // aligned); elsewhere the op composes the plain producer and the cast through a temporary.
+  s.fp8_swiglu_kernel = s.fp8_swiglu_fused && cuda && static_cast<std::int64_t>(s.N) % 8 == 0 &&
+                        static_cast<std::int64_t>(s.F) % 8 == 0;
   s.tp = tp;
   s.chunk = static_cast<double>(dims.head_chunk_rows(static_cast<std::int64_t>(s.N), dims.vocab / tp, mixed ? 2 : 4));
   s.flash = dims.flash;
@@ -127,10 +131,12 @@ double block_forward(Sim& m, const Shapes& s, Block& b, bool need_output, int l)
   if (!g_fp8_only) b.g = m.alloc(NFe);
   if (!need_output) {
     if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::w2, s.N, s.F, s.d, false);   // w2's operands only
+    if (s.fp8) m.free(b.g);   // the FP8 backward reads the saved g^T
     return 0;
   }
   double out = m.alloc(Nde);
-  if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::w2, s.N, s.F, s.d, true, g_fp8_only && !s.cuda ? NFe : 0);
+  if (s.fp8) fp8_forward(m, s, b, model::Fp8Gemm::w2, s.N, s.F, s.d, true, g_fp8_only && !s.fp8_swiglu_kernel ? NFe : 0);
+  if (s.fp8) m.free(b.g);
   if (s.sp) {
     double shard = m.alloc(Nlde);
     m.free(out);

@@ -76,6 +76,7 @@ struct Shapes {
   // model::fp8_swiglu_casts_fused: SwiGLU casts the w2 layer's x and the w1|w3 layer's dy itself
   // (no g, no da|db in the compute dtype; on the CPU the op makes them as temporaries).
   bool fp8_swiglu_fused = false;
+  bool fp8_swiglu_kernel = false;   // ... in one CUDA kernel (no temporary)
   int L = 0, tp = 1;
   double chunk = 1;   // rows per chunk of the fused LM head + cross-entropy
   int k = 1;
@@ -195,9 +196,10 @@ void fp8_forward(Sim& m, const Shapes& s, Block& b, model::Fp8Gemm g, double M, 
 // Its backward from dy [M,n]: the layer's parameters' gradients asked for (a group's all, then
 // one dW product), dy quantised (direct and transposed), the gradients written and ready; the
 // saved entry freed.
-// dy_quantised: dy's operands were made before (SwiGLU's fused cast) and are freed by the caller.
+// dy_q, dy_qt (given together): dy's operands made before (SwiGLU's fused cast), freed here where
+// the layer's own would be.
 void fp8_backward(Sim& m, Block& b, Grads& gr, model::Fp8Gemm g, double M, double n, const std::vector<int>& params,
-                  bool dy_quantised = false);
+                  double* dy_q = nullptr, double* dy_qt = nullptr);
 // Frees layer g's saved operands (its x^T and w^T).
 void free_fp8_operands(Sim& m, Block& b, model::Fp8Gemm g);
 // Frees every FP8 layer's saved operands and scales of b.

@@ -13,9 +13,10 @@ std::size_t at(model::Fp8Gemm g) { return static_cast<std::size_t>(g); }
 double fp8_state_bytes(const Config& cfg, const Shapes& s) {
   if (!s.fp8) return 0;
   // Per operand scaling (x, w and dy of each of a block's 4 layers qkv, o, w13, w2): scale,
-  // inverse, history of H entries (current scaling: 1), and the fused kernels' [2] int32 work words.
+  // inverse, history of H entries (current scaling: 1), the fused kernels' [2] int32 work words
+  // and, on CUDA, the [1] int32 record slot.
   const double H = cfg.precision.fp8_scaling == Fp8Scaling::delayed ? static_cast<double>(cfg.precision.fp8_history) : 1;
-  return static_cast<double>(s.L) * (3.0 * model::kFp8GemmsPerBlock) * 4 * (2 + H + 2);
+  return static_cast<double>(s.L) * (3.0 * model::kFp8GemmsPerBlock) * 4 * (2 + H + 2 + (s.cuda ? 1 : 0));
 }
 
 void fp8_forward(Sim& m, const Shapes& s, Block& b, model::Fp8Gemm g, double M, double K, double n, bool with_y,
@@ -40,13 +41,13 @@ void free_fp8_operands(Sim& m, Block& b, model::Fp8Gemm g) {
 }
 
 void fp8_backward(Sim& m, Block& b, Grads& gr, model::Fp8Gemm g, double M, double n, const std::vector<int>& params,
-                  bool dy_quantised) {
+                  double* dy_q, double* dy_qt) {
   for (int p : params) gr.touch(p, false);
-  if (!dy_quantised) {
-    double dq = m.alloc(M * n), dt = m.alloc(M * n);
-    m.free(dq);
-    m.free(dt);
-  }
+  double dq = dy_q ? *dy_q : m.alloc(M * n), dt = dy_qt ? *dy_qt : m.alloc(M * n);
+  m.free(dq);
+  m.free(dt);
+  if (dy_q) *dy_q = 0;
+  if (dy_qt) *dy_qt = 0;
   for (int p : params) gr.ready(p);
   free_fp8_operands(m, b, g);
   m.free(b.f8scales[at(g)]);
@@ -82,7 +83,7 @@ void block_backward_fp8(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   if (s.fp8_swiglu_fused) {
     dab_q = m.alloc(2 * s.N * s.F);
     dab_qt = m.alloc(2 * s.N * s.F);
-    double plain = s.cuda ? 0 : m.alloc(2 * NFe);
+    double plain = s.fp8_swiglu_kernel ? 0 : m.alloc(2 * NFe);
     m.free(plain);
   } else {
     da = m.alloc(2 * NFe);
@@ -92,9 +93,8 @@ void block_backward_fp8(Sim& m, const Shapes& s, Block& b, Grads& gr, int l) {
   m.free(b.b);
   m.free(b.y2);
   double dy2 = m.alloc(Nde);
-  fp8_backward(m, b, gr, model::Fp8Gemm::w13, s.N, 2 * s.F, {p.w1, p.w3}, s.fp8_swiglu_fused);
-  m.free(dab_q);
-  m.free(dab_qt);
+  fp8_backward(m, b, gr, model::Fp8Gemm::w13, s.N, 2 * s.F, {p.w1, p.w3}, s.fp8_swiglu_fused ? &dab_q : nullptr,
+               s.fp8_swiglu_fused ? &dab_qt : nullptr);
   gr.touch(p.ln2);
   m.free(b.h);
   m.free(dy2);

@@ -62,6 +62,7 @@ void launch(Resources& r, const Src& src, std::int64_t rows, std::int64_t cols, 
   else
     launch_cast_transpose8<Src, Fp8Format::e5m2>(src, rows, cols, sp, op, tp, update, r.stream);
   LMSCALE_CUDA_CHECK_LAUNCH();
+  ++r.fp8_producer_cast_launches;
 }
 
 bool fits(std::int64_t rows, std::int64_t cols, const Tensor* out, const Tensor& out_t) {

@@ -55,6 +55,9 @@ struct Resources {
     std::int64_t calls = 0, products = 0, looped_products = 0;
     std::int64_t sm90_calls = 0, sm90_launches = 0;
   } grouped_gemm;
+  // Launches of the FP8 casts fused into SwiGLU (fp8_producers.cu): tests tell the kernel from the
+  // composed fallback, whose results are the same bits.
+  std::int64_t fp8_producer_cast_launches = 0;
   // Time up to 8 cuBLASLt candidates per new GEMM shape and keep the fastest, instead of taking the
   // heuristic's first. On when LMSCALE_GEMM_AUTOTUNE=1. Costs a few ms per shape on the first step;
   // the algorithm (and so the rounding) may then differ between runs.
