@@ -417,5 +417,64 @@ TEST_F(Fp8OpsTest, LinearLayerWithinDerivedBound) {
   EXPECT_LT(rel, 0.1);
 }
 
+// The casts fused into SwiGLU (ops::swiglu_cast_transpose_fp8 and its backward) on the CPU, where
+// they compose the plain producer and the cast: the codes, transpose, scale and history of the
+// fused call equal those of swiglu_rows / swiglu_rows_backward into a tensor, then
+// cast_transpose_fp8, under a delayed update (a, b column blocks of one a|b [rows, 2F], ld = 2F);
+// bad arguments are refused by name. The CUDA kernel is held to the same bits in
+// gpu.test_producer_casts_cuda.
+TEST_F(Fp8OpsTest, SwigluCastsAreTheProducerThenTheCast) {
+  const std::int64_t rows = 6, F = 5, ld = 2 * F, extent = (rows - 1) * ld + F;
+  const Tensor ab = randn({rows, 2 * F}, 3, 2.0, 0.0, DType::f32), dh = randn({rows, F}, 4, 1.0, 0.0, DType::f32);
+  const Tensor a = ab.flat_range(0, extent), b = ab.flat_range(F, extent);
+  struct State {
+    Tensor scale, inv, history, work;
+  };
+  auto state = [&] {
+    State st{scalar(1.f), scalar(1.f), f32({3.f, 40.f, 0.5f}), Tensor::empty({2}, DType::i32, alloc, "test")};
+    std::memset(st.work.data(), 0, 8);
+    return st;
+  };
+  auto bytes = [](const Tensor& t) {
+    const auto* p = static_cast<const std::uint8_t*>(t.data());
+    return std::vector<std::uint8_t>(p, p + t.nbytes());
+  };
+  for (bool backward : {false, true}) {
+    const std::int64_t C = backward ? 2 * F : F;
+    const DType q = backward ? DType::e5m2 : DType::e4m3;
+    const Fp8Format f = backward ? Fp8Format::e5m2 : Fp8Format::e4m3;
+    State fs = state(), ps = state();
+    Tensor fq = codes({rows, C}, q), fqt = codes({C, rows}, q), pq = codes({rows, C}, q), pqt = codes({C, rows}, q);
+    const ops::Fp8HistoryUpdate fu{fs.history, 1, f, 0, fs.inv, fs.work}, pu{ps.history, 1, f, 0, ps.inv, ps.work};
+    Tensor plain = Tensor::empty({rows, C}, DType::f32, alloc, "test");
+    if (backward) {
+      ops::swiglu_backward_cast_transpose_fp8(ctx, a, b, rows, F, ld, dh, fs.scale, &fq, fqt, &fu);
+      Tensor da = plain.flat_range(0, extent), db = plain.flat_range(F, extent);
+      ops::swiglu_rows_backward(ctx, a, b, rows, F, ld, dh, da, db);
+    } else {
+      ops::swiglu_cast_transpose_fp8(ctx, a, b, rows, F, ld, fs.scale, &fq, fqt, &fu);
+      ops::swiglu_rows(ctx, a, b, rows, F, ld, plain);
+    }
+    ops::cast_transpose_fp8(ctx, plain, ps.scale, &pq, &pqt, &pu);
+    const char* what = backward ? "backward" : "forward";
+    EXPECT_EQ(bytes(fq), bytes(pq)) << what;
+    EXPECT_EQ(bytes(fqt), bytes(pqt)) << what;
+    EXPECT_EQ(bytes(fs.history), bytes(ps.history)) << what;
+    EXPECT_EQ(bits(fs.scale), bits(ps.scale)) << what;
+    EXPECT_NE(get(fs.history, 1), 40.f) << what << ": the cast recorded no amax";
+    EXPECT_NE(bits(fs.scale), bits(scalar(1.f))) << what << ": the scale was not derived from the history";
+  }
+  // Refused: da|db of a and b that are not one [rows, 2F] a|b; out_t of the wrong shape.
+  Tensor t2 = codes({2 * F, rows}, DType::e5m2), t1 = codes({rows, F}, DType::e4m3);
+  const Tensor wide = randn({rows, 3 * F}, 5, 1.0, 0.0, DType::f32);
+  EXPECT_THROW(ops::swiglu_backward_cast_transpose_fp8(ctx, wide, wide.flat_range(F, (rows - 1) * 3 * F + F), rows, F,
+                                                       3 * F, dh, scalar(1.f), nullptr, t2),
+               Error);
+  EXPECT_THROW(ops::swiglu_cast_transpose_fp8(ctx, a, b, rows, F, ld, scalar(1.f), nullptr, t1), Error);
+  // A producer cast needs delayed scaling (current scaling's scale needs the tensor's amax first).
+  ops::Fp8TensorScaling current(ctx, Fp8Format::e4m3, ops::Fp8Recipe::current, 1, 0);
+  EXPECT_THROW(current.quantize_in_producer([](const Tensor&, const ops::Fp8HistoryUpdate&) {}), Error);
+}
+
 }  // namespace
 }  // namespace lmscale::test
