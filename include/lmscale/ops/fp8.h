@@ -75,6 +75,10 @@ void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tens
 // pass. One kernel on CUDA where rows and cols are multiples of 8 and the rows 16-byte aligned;
 // elsewhere (and on the CPU) the plain producer into a temporary, then the cast.
 // SwiGLU: h = silu(a) * b with a, b as in ops::swiglu_rows; C = cols.
+// The shapes the one-kernel form takes (besides aligned rows): whole 8-element groups, rows and
+// cols multiples of 8. Shared by the CUDA kernels and the allocation replay, which counts the
+// fallback's temporary elsewhere.
+inline bool fp8_cast_kernel_shape(std::int64_t rows, std::int64_t cols) { return rows % 8 == 0 && cols % 8 == 0; }
 void swiglu_cast_transpose_fp8(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows, std::int64_t cols,
                                std::int64_t ld, const Tensor& scale, Tensor* out, Tensor& out_t,
                                const Fp8HistoryUpdate* update = nullptr);

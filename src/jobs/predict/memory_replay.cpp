@@ -5,6 +5,7 @@
 
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/param_layout.h"
+#include "lmscale/ops/fp8.h"
 #include "lmscale/parallel/state_layout.h"
 #include "lmscale/parallel/zero.h"
 
@@ -29,10 +30,10 @@ Shapes shapes_for(const Config& cfg, double rows, bool cuda) {
   s.fp8 = cfg.precision.mode == PrecisionMode::fp8;
   s.fp8_weights = s.fp8 && cfg.parallel.zero == ZeroLevel::fsdp && cfg.parallel.fsdp_gather_dtype == FsdpGatherDtype::fp8;
   s.fp8_swiglu_fused = s.fp8 && model::fp8_swiglu_casts_fused(model::fp8_options(cfg.precision));
-  // ops/cuda/fp8_producers.cu's kernel takes rows and F in multiples of 8 (the model's rows are
-  // aligned); elsewhere the op composes the plain producer and the cast through a temporary.
-  s.fp8_swiglu_kernel = s.fp8_swiglu_fused && cuda && static_cast<std::int64_t>(s.N) % 8 == 0 &&
-                        static_cast<std::int64_t>(s.F) % 8 == 0;
+  // The one-kernel form on CUDA (the model's rows are aligned); elsewhere the op composes the plain
+  // producer and the cast through a temporary.
+  s.fp8_swiglu_kernel = s.fp8_swiglu_fused && cuda &&
+                        ops::fp8_cast_kernel_shape(static_cast<std::int64_t>(s.N), static_cast<std::int64_t>(s.F));
   s.tp = tp;
   s.chunk = static_cast<double>(dims.head_chunk_rows(static_cast<std::int64_t>(s.N), dims.vocab / tp, mixed ? 2 : 4));
   s.flash = dims.flash;

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kCt8Threads)
 // alignment is its caller's to check).
 inline bool cast_transpose8_fits(std::int64_t M, std::int64_t K, const void* out, const void* out_t) {
   const auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
-  return M % 8 == 0 && K % 8 == 0 && (!out || addr(out) % 8 == 0) && addr(out_t) % 8 == 0 &&
+  return fp8_cast_kernel_shape(M, K) && (!out || addr(out) % 8 == 0) && addr(out_t) % 8 == 0 &&
          (K + kCt8Tile - 1) / kCt8Tile < (1LL << 31) && (M + kCt8Tile - 1) / kCt8Tile < 65536;
 }
 
