@@ -42,6 +42,7 @@ class ExpertParallelStrategy final : public Strategy {
   void step(Context& ctx, double lr, double grad_scale) override { inner_->step(ctx, lr, grad_scale); }
   void release_gradients() override { inner_->release_gradients(); }
   void settle() override { inner_->settle(); }
+  bool work_in_flight() const override { return inner_->work_in_flight(); }
   std::vector<float> master_parameters(Context& ctx) override { return inner_->master_parameters(ctx); }
   void set_master_parameters(Context& ctx, const std::vector<float>& values) override {
     inner_->set_master_parameters(ctx, values);

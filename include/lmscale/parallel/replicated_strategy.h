@@ -30,6 +30,7 @@ class ReplicatedStrategy final : public Strategy {
   void step(Context& ctx, double lr, double grad_scale) override;
   void release_gradients() override;
   void settle() override;
+  bool work_in_flight() const override { return !waits_.empty(); }
   std::vector<float> master_parameters(Context& ctx) override;
   void set_master_parameters(Context& ctx, const std::vector<float>& values) override;
   StateLayout state_layout() override;

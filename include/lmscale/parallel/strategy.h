@@ -85,6 +85,8 @@ class Strategy {
   // Makes the compute stream wait for everything step() left in flight (before the parameters or
   // the optimizer state are read outside a forward). A no-op when nothing is pending.
   virtual void settle() {}
+  // Whether step() left work in flight that the next forward, or settle(), waits for.
+  virtual bool work_in_flight() const { return false; }
 
   // This rank's store (its tp slices, its stage) as fp32 values in the store's flat layout,
   // whole on every rank of the dp group (collective under fsdp and ZeRO), and back.

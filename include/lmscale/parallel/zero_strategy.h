@@ -28,6 +28,7 @@ class ZeroStrategy final : public Strategy {
   double grad_sum_squares(Context& ctx) override;
   void step(Context& ctx, double lr, double grad_scale) override;
   void settle() override;
+  bool work_in_flight() const override { return !waits_.empty(); }
   std::vector<float> master_parameters(Context& ctx) override;
   void set_master_parameters(Context& ctx, const std::vector<float>& values) override;
   StateLayout state_layout() override;

@@ -73,7 +73,7 @@ Fp8Recorder::Fp8Recorder(JobEnv& env, Trainer& trainer, std::string group)
 
 void Fp8Recorder::record(std::int64_t step) {
   if (!table_) return;
-  const model::Fp8Layers& layers = *trainer_.model().fp8();
+  const model::Fp8Layers& layers = *trainer_.recording_model().fp8();
   Context& ctx = env_.rt.ctx();
   env_.rt.synchronize();
   std::vector<io::Row> rows;
@@ -102,7 +102,7 @@ void Fp8Recorder::record(std::int64_t step) {
 
 void Fp8Recorder::finish() {
   if (!table_) return;
-  const model::Fp8Layers& layers = *trainer_.model().fp8();
+  const model::Fp8Layers& layers = *trainer_.recording_model().fp8();
   Context& ctx = env_.rt.ctx();
   env_.rt.synchronize();
   const std::int64_t L = layers.end_layer() - layers.first_layer();

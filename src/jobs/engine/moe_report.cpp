@@ -27,7 +27,7 @@ MoeRecorder::MoeRecorder(JobEnv& env, Trainer& trainer, const std::string& table
 
 void MoeRecorder::record(std::int64_t step) {
   if (!table_) return;
-  model::TransformerLM& model = trainer_.model();
+  model::TransformerLM& model = trainer_.recording_model();
   const auto& stats = model.moe_stats(env_.rt.ctx());
   const std::size_t E = static_cast<std::size_t>(trainer_.dims().moe_experts);
   // Per block: tokens, balance sum, z sum, E routed, E kept; summed over the ranks.

@@ -83,6 +83,11 @@ class Trainer {
     return *params_;
   }
   model::TransformerLM& model();   // the first chunk's
+  // The same model, for what the steps record in it (MoE routing counts, FP8 amax histories),
+  // without settle_optimizer(): the forward and backward write those on the compute stream, the
+  // update does not touch them, and waiting for an update left in flight here would put it
+  // between two steps (parallel.overlap_optimizer), outside both steps' timing.
+  model::TransformerLM& recording_model() { return *chunk_models_.front(); }
   // The optimizer over the whole store, or null with a sharded optimizer (parallel.zero): then
   // sharded() holds the state.
   optim::Optimizer* optimizer();
