@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "lmscale/comm/mpi_environment.h"
@@ -48,6 +49,15 @@ Config overlapped(bool moe, PrecisionMode mode) {
   return cfg;
 }
 
+// One process's job environment over a results file that is never written.
+struct Job {
+  Config cfg;
+  ops::Runtime rt{Device::cuda, 0, false};
+  io::ResultsFile out{"/nonexistent/never.h5", false};
+  jobs::JobEnv env{cfg, mpi_once(), rt, out, 0, 1, 0, nullptr, nullptr};
+  explicit Job(Config c) : cfg(std::move(c)) {}
+};
+
 std::vector<std::int32_t> tokens(unsigned seed) {
   std::mt19937 g(seed);
   std::vector<std::int32_t> v(static_cast<std::size_t>(kB * (kT + 1)));
@@ -58,12 +68,9 @@ std::vector<std::int32_t> tokens(unsigned seed) {
 }  // namespace
 
 TEST(Recorders, MoeCountsAreReadWithoutSettlingTheUpdate) {
-  const Config cfg = overlapped(true, PrecisionMode::bf16);
-  ops::Runtime rt(Device::cuda, 0, false);
-  io::ResultsFile out("/nonexistent/never.h5", false);
-  jobs::JobEnv env{cfg, mpi_once(), rt, out, 0, 1, 0, nullptr, nullptr};
-  jobs::Trainer tr(env, kB, 1, 3);
-  jobs::MoeRecorder moe(env, tr, "/bench_model/moe");
+  Job job(overlapped(true, PrecisionMode::bf16));
+  jobs::Trainer tr(job.env, kB, 1, 3);
+  jobs::MoeRecorder moe(job.env, tr, "/bench_model/moe");
   ASSERT_TRUE(moe.active());
   for (int s = 1; s <= 2; ++s) {
     tr.train_step(tokens(40 + s), kT);
@@ -87,12 +94,9 @@ TEST(Recorders, Fp8HistoriesAreReadWithoutSettlingTheUpdate) {
     ops::Runtime probe(Device::cuda, 0, false);
     if (probe.compute_capability() / 10 != 9) GTEST_SKIP() << "FP8 GEMMs need a Hopper GPU";
   }
-  const Config cfg = overlapped(false, PrecisionMode::fp8);
-  ops::Runtime rt(Device::cuda, 0, false);
-  io::ResultsFile out("/nonexistent/never.h5", false);
-  jobs::JobEnv env{cfg, mpi_once(), rt, out, 0, 1, 0, nullptr, nullptr};
-  jobs::Trainer tr(env, kB, 1, 2);
-  jobs::Fp8Recorder fp8(env, tr, "/bench_model");
+  Job job(overlapped(false, PrecisionMode::fp8));
+  jobs::Trainer tr(job.env, kB, 1, 2);
+  jobs::Fp8Recorder fp8(job.env, tr, "/bench_model");
   tr.train_step(tokens(7), kT);
   ASSERT_TRUE(tr.strategy().work_in_flight());
   fp8.record(1);
