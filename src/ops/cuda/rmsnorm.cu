@@ -32,15 +32,43 @@ __device__ __forceinline__ void add_existing(const T* p, float (&out)[kChunk]) {
   for (int e = 0; e < kChunk; ++e) out[e] += prev[e];
 }
 
+// The second pass of a forward row: rstd = rsqrt(ss / d + eps) from this thread's part ss of the
+// row's sum of squares, then y = src * rstd * w (src: the row just read, or the sum just written,
+// by this block: the second read hits L1/L2), the largest |y| stored into y_amax when given.
+template <bool kVec, class T, class W>
+__device__ __forceinline__ void normalize_row(const T* __restrict__ src, const W* __restrict__ w, T* __restrict__ yr,
+                                              float ss, int d, float eps, float* __restrict__ rstd,
+                                              std::uint32_t* __restrict__ y_amax) {
+  __shared__ float scratch[32];
+  __shared__ std::uint32_t amax_scratch[32];
+  std::uint32_t m = 0;   // max abs_bits of the y this thread stores (used when y_amax is given)
+  const float r = rsqrtf(block_sum(ss, scratch) / static_cast<float>(d) + eps);
+  if (threadIdx.x == 0) *rstd = r;
+  if constexpr (kVec) {
+    for (int c = threadIdx.x * kChunk; c < d; c += blockDim.x * kChunk) {
+      float v[kChunk], g[kChunk];
+      load_chunk(src + c, v);
+      load_chunk(w + c, g);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) v[e] = v[e] * r * g[e];
+      store_chunk_amax(yr + c, v, m);
+    }
+  } else {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      const T out = from_f32<T>(to_f32(src[c]) * r * to_f32(w[c]));
+      yr[c] = out;
+      m = max(m, fp8_rule::abs_bits(to_f32(out)));
+    }
+  }
+  if (y_amax) block_amax(m, amax_scratch, y_amax);
+}
+
 // sum = a + b rounded to T (ops::add), then rmsnorm of the rounded sum (ops::rmsnorm): one block
 // per row, each thread reading back in the second pass the chunks it wrote in the first.
 template <bool kVec, class T, class W>
 __global__ void add_rmsnorm_kernel(const T* __restrict__ a, const T* __restrict__ b, const W* __restrict__ w,
                                    T* __restrict__ sum, T* __restrict__ y, float* __restrict__ rstd, int d, float eps,
                                    std::uint32_t* __restrict__ y_amax) {
-  __shared__ float scratch[32];
-  __shared__ std::uint32_t amax_scratch[32];
-  std::uint32_t m = 0;   // max abs_bits of the y this thread stores (used when y_amax is given)
   const std::int64_t row = blockIdx.x;
   const T *ar = a + row * d, *br = b + row * d;
   T *sr = sum + row * d, *yr = y + row * d;
@@ -65,33 +93,12 @@ __global__ void add_rmsnorm_kernel(const T* __restrict__ a, const T* __restrict_
       ss = fmaf(v, v, ss);
     }
   }
-  const float r = rsqrtf(block_sum(ss, scratch) / static_cast<float>(d) + eps);
-  if (threadIdx.x == 0) rstd[row] = r;
-  if constexpr (kVec) {
-    for (int c = threadIdx.x * kChunk; c < d; c += blockDim.x * kChunk) {
-      float v[kChunk], g[kChunk];
-      load_chunk(sr + c, v);
-      load_chunk(w + c, g);
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) v[e] = v[e] * r * g[e];
-      store_chunk_amax(yr + c, v, m);
-    }
-  } else {
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-      const T out = from_f32<T>(to_f32(sr[c]) * r * to_f32(w[c]));
-      yr[c] = out;
-      m = max(m, fp8_rule::abs_bits(to_f32(out)));
-    }
-  }
-  if (y_amax) block_amax(m, amax_scratch, y_amax);
+  normalize_row<kVec>(sr, w, yr, ss, d, eps, rstd + row, y_amax);
 }
 
 template <bool kVec, class T, class W>
 __global__ void rmsnorm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                                float* __restrict__ rstd, int d, float eps, std::uint32_t* __restrict__ y_amax) {
-  __shared__ float scratch[32];
-  __shared__ std::uint32_t amax_scratch[32];
-  std::uint32_t m = 0;   // max abs_bits of the y this thread stores (used when y_amax is given)
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * d;
   T* yr = y + row * d;
@@ -109,26 +116,7 @@ __global__ void rmsnorm_kernel(const T* __restrict__ x, const W* __restrict__ w,
       ss = fmaf(v, v, ss);
     }
   }
-  const float r = rsqrtf(block_sum(ss, scratch) / static_cast<float>(d) + eps);
-  if (threadIdx.x == 0) rstd[row] = r;
-  // Second read of the row hits L1/L2: it was just read by this block.
-  if constexpr (kVec) {
-    for (int c = threadIdx.x * kChunk; c < d; c += blockDim.x * kChunk) {
-      float v[kChunk], g[kChunk];
-      load_chunk(xr + c, v);
-      load_chunk(w + c, g);
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) v[e] = v[e] * r * g[e];
-      store_chunk_amax(yr + c, v, m);
-    }
-  } else {
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-      const T out = from_f32<T>(to_f32(xr[c]) * r * to_f32(w[c]));
-      yr[c] = out;
-      m = max(m, fp8_rule::abs_bits(to_f32(out)));
-    }
-  }
-  if (y_amax) block_amax(m, amax_scratch, y_amax);
+  normalize_row<kVec>(xr, w, yr, ss, d, eps, rstd + row, y_amax);
 }
 
 // dx = rstd * (dy*w) - x * rstd^3 * mean(dy*w*x);  dw_partial[block] += dy * x * rstd over the
