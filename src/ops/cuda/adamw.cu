@@ -5,7 +5,9 @@
 // written in the same pass. 8 parameters per chunk (two 16-byte loads per fp32 array), two chunks
 // per thread and iteration whose 16 loads are all issued before the first update: over 2e9
 // parameters on an H200 one chunk at a time took 16.40 ms (3.66 TB/s), two 15.14 ms (3.96 TB/s),
-// where a device-to-device memcpy moves 4.28 TB/s (docs/gpu.md).
+// where a device-to-device memcpy moves 4.28 TB/s (docs/gpu.md). Not better (a probe on one H200,
+// 2026-11-28, 2e9 parameters, best of 10): four chunks 17.18 ms (3.49 TB/s); streaming (.cs) loads
+// and stores 15.19 ms, with 8 blocks per SM 15.26 ms.
 // Bytes per parameter: 16 read (p, g, m, v) + 12 written (p, m, v) + 2 (16-bit copy).
 #include <algorithm>
 #include <cmath>
