@@ -45,6 +45,13 @@ import h5py
 out = sys.argv[1]
 files = sorted(glob.glob(f"{out}/lmscale_*.h5"))
 ms = statistics.median(float(h5py.File(f)["/bench_model"].attrs["total_ms_median"]) for f in files)
+# The period (wall clock from one step's start to the next's) holds the step: never shorter, and
+# the wall-clock tokens/s never above the step's.
+for f in files:
+    a = h5py.File(f)["/bench_model"].attrs
+    for stat in ("min", "median", "max"):
+        assert a[f"period_ms_{stat}"] >= a[f"total_ms_{stat}"] > 0, (f, stat, a[f"period_ms_{stat}"], a[f"total_ms_{stat}"])
+    assert 0 < a["tokens_per_s_wall"] <= a["tokens_per_s"], (f, a["tokens_per_s_wall"], a["tokens_per_s"])
 gib = statistics.median(float(h5py.File(f)["/bench_model"].attrs["peak_bytes"]) for f in files) / 2**30
 rows = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:-1]] for l in open(f"{out}/table.md") if l.startswith("| tiny")}
 unit, lm, peer, ratio, runs = rows["tiny: step"]

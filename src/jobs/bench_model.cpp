@@ -103,7 +103,15 @@ int run_bench_model(JobEnv& env) {
   bool first_line = true;
   ops::Runtime::GemmPlanCounts gemm_before;   // at the first timed step
   GraphStats graphs_before;                   // train.cuda_graphs: at the first timed step
+  // The wall clock at each step's start, and at the end after whatever the last step left in
+  // flight: a timed step's period is the time to the next step's start. The step times above end
+  // with the step's last work on the compute stream; the period also holds the loop's own host
+  // work between steps and any work a step leaves running past its end (parallel.overlap_optimizer's
+  // update), so its sum is the timed steps' wall time.
+  WallTimer loop_clock;
+  std::vector<double> starts_s;
   for (std::int64_t s = 0; s < n_steps; ++s) {
+    starts_s.push_back(loop_clock.seconds());
     const bool timed = s >= cfg.bench.warmup;
     trace::ProfilerStep profiler_step(s + 1);   // run.trace: HTA's iteration (warm-up steps included)
     watchdog.mark(s, timed ? "timed step" : "warm-up step");
@@ -113,7 +121,6 @@ int run_bench_model(JobEnv& env) {
     NvtxRange range(timed ? "timed_step" : "warmup_step");
     auto tokens = random_tokens(cfg.run.seed, s, trainer.first_row(), trainer.local_rows(), T, dims.vocab);
     StepResult r;
-    WallTimer wall;
     auto m0 = rt.mark();
     if (mode == BenchMode::forward) {
       r.loss = trainer.forward_loss(tokens, T, &r.times);
@@ -165,7 +172,14 @@ int run_bench_model(JobEnv& env) {
     table.flush();
   }
 
+  trainer.settle_optimizer();
+  rt.synchronize();
+  starts_s.push_back(loop_clock.seconds());
+  std::vector<double> period;
+  for (std::int64_t s = cfg.bench.warmup; s < n_steps; ++s)
+    period.push_back(1e3 * (starts_s[static_cast<std::size_t>(s + 1)] - starts_s[static_cast<std::size_t>(s)]));
   const Stats st = summarize(total), sf = summarize(fwd), sb = summarize(bwd), sc = summarize(comm), so = summarize(opt);
+  const Stats sp = summarize(period);
   const double tokens = static_cast<double>(B * T);   // global tokens per step
   const double flops = (mode == BenchMode::forward ? dims.forward_flops_per_token(T) : dims.train_flops_per_token(T)) * tokens;
   const double peak = device_peak_flops(rt.device_name(), cfg.precision.mode, cfg.precision.tf32) * env.world;
@@ -188,12 +202,14 @@ int run_bench_model(JobEnv& env) {
   put_stats(env.out, g, "backward", sb);
   put_stats(env.out, g, "comm", sc);
   put_stats(env.out, g, "optimizer", so);
+  put_stats(env.out, g, "period", sp);
   env.out.set_attr(g, "mode", to_string(mode));
   env.out.set_attr(g, "precision", to_string(cfg.precision.mode));
   env.out.set_attr(g, "batch_size", B);
   env.out.set_attr(g, "context_length", T);
   env.out.set_attr(g, "parameters", dims.parameter_count());
   env.out.set_attr(g, "tokens_per_s", tokens / (st.mean * 1e-3));
+  env.out.set_attr(g, "tokens_per_s_wall", tokens / (sp.mean * 1e-3));
   env.out.set_attr(g, "flops_per_step", flops);
   env.out.set_attr(g, "achieved_flops", achieved);
   env.out.set_attr(g, "peak_flops", peak);
@@ -315,6 +331,7 @@ int run_bench_model(JobEnv& env) {
       row("optimizer", so);
     }
     row("step", st);
+    row("period", sp);   // wall clock from a step's start to the next's (the loop's host work included)
     if (env.world > 1)
       fmt::print("ranks {}  ddp {}  zero {}  exposed communication {:.1f}% of the step  optimizer state {:.3f} GiB/rank\n",
                  env.world, cfg.parallel.ddp, cfg.parallel.zero, st.mean > 0 ? 100 * sc.mean / st.mean : 0.0,
