@@ -4,7 +4,9 @@
 // between two timed steps of bench-model; when they settled the update there, it ran outside both
 // steps' timing: moe-1b on an H200 then read 34 ms a step where the wall clock said 41.7.
 // Self-checking on one GPU: after a step, the update is still in flight after each recorder ran,
-// and the recorders still see the step's counts.
+// and the recorders still see the step's counts. What it checks is the strategy's pending waits: a
+// recorder that blocked the host on the whole device (cudaDeviceSynchronize) would pass it while
+// bringing the artifact back; the recorders synchronize the compute stream only.
 #include <gtest/gtest.h>
 
 #include <random>

@@ -28,7 +28,8 @@ constexpr std::pair<std::string_view, std::string_view> kUnits[] = {
     // train and bench-model under precision.mode = fp8 (GROUP/fp8)
     {"fp8_history", "casts"}, {"fp8_margin", ""}, {"saturated_operands", ""},
     // bench-model
-    {"batch_size", "sequences"}, {"context_length", "tokens"}, {"tokens_per_s", "tokens/s"}, {"tokens_per_s_wall", "tokens/s"},
+    {"batch_size", "sequences"}, {"context_length", "tokens"}, {"tokens_per_s", "tokens/s"},
+    {"tokens_per_s_wall", "tokens/s"},
     {"flops_per_step", "FLOP"}, {"achieved_flops", "FLOP/s"}, {"peak_flops", "FLOP/s"}, {"mfu", ""},
     {"flops_per_step_causal", "FLOP"}, {"mfu_causal", ""}, {"ranks", ""}, {"bucket_mb", "MiB"},
     {"checkpoint_k", ""}, {"fsdp_prefetch", ""}, {"reshard_after_forward", "bool"}, {"exposed_comm_share", ""},

@@ -103,11 +103,13 @@ int run_bench_model(JobEnv& env) {
   bool first_line = true;
   ops::Runtime::GemmPlanCounts gemm_before;   // at the first timed step
   GraphStats graphs_before;                   // train.cuda_graphs: at the first timed step
-  // The wall clock at each step's start, and at the end after whatever the last step left in
-  // flight: a timed step's period is the time to the next step's start. The step times above end
-  // with the step's last work on the compute stream; the period also holds the loop's own host
-  // work between steps and any work a step leaves running past its end (parallel.overlap_optimizer's
-  // update), so its sum is the timed steps' wall time.
+  // The wall clock at each step's start and at the loop's end: a timed step's period is the time
+  // to the next step's start. The step times (below) end with the step's last work on the compute
+  // stream; the period also holds the loop's own host work between steps and the work a step's
+  // predecessor left running past its end (parallel.overlap_optimizer's update, parallel.offload's
+  // host update), which this step's forward waits for. The first timed step so carries the last
+  // warm-up step's, and the last timed step's own is left out, as a steady state's would be
+  // (bench.warmup >= 1).
   WallTimer loop_clock;
   std::vector<double> starts_s;
   for (std::int64_t s = 0; s < n_steps; ++s) {
@@ -172,9 +174,9 @@ int run_bench_model(JobEnv& env) {
     table.flush();
   }
 
-  trainer.settle_optimizer();
-  rt.synchronize();
   starts_s.push_back(loop_clock.seconds());
+  trainer.settle_optimizer();   // what the last step left in flight, before the results are read
+  rt.synchronize();
   std::vector<double> period;
   for (std::int64_t s = cfg.bench.warmup; s < n_steps; ++s)
     period.push_back(1e3 * (starts_s[static_cast<std::size_t>(s + 1)] - starts_s[static_cast<std::size_t>(s)]));

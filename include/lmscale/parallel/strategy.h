@@ -85,7 +85,9 @@ class Strategy {
   // Makes the compute stream wait for everything step() left in flight (before the parameters or
   // the optimizer state are read outside a forward). A no-op when nothing is pending.
   virtual void settle() {}
-  // Whether step() left work in flight that the next forward, or settle(), waits for.
+  // Whether step() left per-unit waits for the next forward (an overlapped update, deferred
+  // parameter gathers, an offloaded update's copies up) that settle() would make now. Not the
+  // host worker of an offloaded update itself, which settle() also waits for.
   virtual bool work_in_flight() const { return false; }
 
   // This rank's store (its tp slices, its stage) as fp32 values in the store's flat layout,

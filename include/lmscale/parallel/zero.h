@@ -66,7 +66,7 @@ class ZeroOptimizer final : public ShardedOptimizer {
     // MasterCopy::read_ranges): params undefined, and the master_reads' fp32 values packed in
     // offset order here ([their total]); gathered in place after each step. The size of the
     // group is then the working copy's.
-    Tensor packed_reads;
+    Tensor packed_reads = {};
     std::int64_t numel() const { return params.defined() ? params.numel() : lowp->numel(); }
   };
 

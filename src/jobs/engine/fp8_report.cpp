@@ -59,7 +59,7 @@ HostScaling read(Context& ctx, const ops::Fp8TensorScaling& s) {
 
 Fp8Recorder::Fp8Recorder(JobEnv& env, Trainer& trainer, std::string group)
     : env_(env), trainer_(trainer), group_(std::move(group)) {
-  if (!trainer.model().fp8()) return;
+  if (!trainer.recording_model().fp8()) return;
   using C = io::Column;
   table_ = env.out.create_table(group_ + "/fp8", {{"step", C::Type::i64, ""},
                                                   {"layer", C::Type::i64, ""},

@@ -22,7 +22,7 @@ MoeRecorder::MoeRecorder(JobEnv& env, Trainer& trainer, const std::string& table
   for (std::int64_t e = 0; e < d.moe_experts; ++e)
     columns.push_back({fmt::format("expert_{}", e), C::Type::i64, "assignments"});
   table_ = env.out.create_table(table, columns);
-  trainer.model().reset_moe_stats();
+  trainer.recording_model().reset_moe_stats();
 }
 
 void MoeRecorder::record(std::int64_t step) {
