@@ -14,10 +14,13 @@ from analysis.tables import Table, header, mean_std, mib, num
 SECTION = "bench_model"
 JOBS = {"bench-model"}
 GROUP, STEPS = "/bench_model", "/bench_model/steps"
-# phase name in attributes/columns -> name shown; "total" is the whole step.
-PHASES = {"forward": "forward", "backward": "backward", "comm": "comm", "optimizer": "optimizer", "total": "step"}
-PHASES_OF_MODE = {"forward": ["forward", "total"], "forward-backward": ["forward", "backward", "total"],
-                  "train-step": ["forward", "backward", "comm", "optimizer", "total"]}
+# phase name in attributes/columns -> name shown; "total" is the whole step; "period" the wall clock
+# from a step's start to the next's (docs/hdf5.md; absent from files written before it existed).
+PHASES = {"forward": "forward", "backward": "backward", "comm": "comm", "optimizer": "optimizer", "total": "step",
+          "period": "period (wall)"}
+PHASES_OF_MODE = {"forward": ["forward", "total", "period"],
+                  "forward-backward": ["forward", "backward", "total", "period"],
+                  "train-step": ["forward", "backward", "comm", "optimizer", "total", "period"]}
 
 
 def present(r):

@@ -53,7 +53,8 @@ def main():
             g = f["/bench_model"].attrs
             c.eq(f"{stem} timed steps", len(f["/bench_model/steps"]), 2)
             _, rows = md(stem + ".bench_model_phases")
-            for phase, shown in (("forward", "forward"), ("backward", "backward"), ("total", "step")):
+            for phase, shown in (("forward", "forward"), ("backward", "backward"), ("total", "step"),
+                                 ("period", "period (wall)")):
                 want = f"{g[phase + '_ms_mean']:.3f} ± {g[phase + '_ms_std']:.3f}"
                 c.run(f"{stem} {phase}", lambda: c.eq(f"{stem} {phase}", find_row(rows, phase=shown)["mean ± std (ms)"],
                                                       want))
