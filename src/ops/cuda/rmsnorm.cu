@@ -34,9 +34,11 @@ __device__ __forceinline__ void add_existing(const T* p, float (&out)[kChunk]) {
 
 // The second pass of a forward row: rstd = rsqrt(ss / d + eps) from this thread's part ss of the
 // row's sum of squares, then y = src * rstd * w (src: the row just read, or the sum just written,
-// by this block: the second read hits L1/L2), the largest |y| stored into y_amax when given.
+// by this block: the second read hits L1/L2), the largest |y| stored into y_amax when given. src
+// is not __restrict__: the sum was written in this kernel, so its reads must not take the
+// read-only (non-coherent) path.
 template <bool kVec, class T, class W>
-__device__ __forceinline__ void normalize_row(const T* __restrict__ src, const W* __restrict__ w, T* __restrict__ yr,
+__device__ __forceinline__ void normalize_row(const T* src, const W* __restrict__ w, T* __restrict__ yr,
                                               float ss, int d, float eps, float* __restrict__ rstd,
                                               std::uint32_t* __restrict__ y_amax) {
   __shared__ float scratch[32];
