@@ -11,9 +11,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../../src/ops/cuda/resources.h"
@@ -45,8 +47,11 @@ class ProducerCastsCuda : public CudaOpsTest {
     const DType q = fp8_dtype(f);
     if (direct) s.q = Tensor::empty({rows, C}, q, gpu_.allocator(), "test_q");
     s.qt = Tensor::empty({C, rows}, q, gpu_.allocator(), "test_qt");
-    for (Tensor* t : {&s.q, &s.qt})
-      if (t->defined()) EXPECT_EQ(cudaMemset(t->data(), 0xAB, t->nbytes()), cudaSuccess);   // bytes it must overwrite
+    for (Tensor* t : {&s.q, &s.qt}) {
+      if (t->defined()) {   // bytes it must overwrite
+        EXPECT_EQ(cudaMemset(t->data(), 0xAB, t->nbytes()), cudaSuccess);
+      }
+    }
     return s;
   }
   ops::Fp8HistoryUpdate update(Side& s, Fp8Format f, bool record) {
@@ -67,7 +72,9 @@ class ProducerCastsCuda : public CudaOpsTest {
   }
   std::vector<std::uint8_t> raw(const Tensor& t) {
     std::vector<std::uint8_t> v(t.defined() ? t.nbytes() : 0);
-    if (!v.empty()) EXPECT_EQ(cudaMemcpy(v.data(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    if (!v.empty()) {
+      EXPECT_EQ(cudaMemcpy(v.data(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     return v;
   }
   void expect_same(Side& fused, Side& plain, const std::string& what) {
@@ -88,55 +95,77 @@ struct Shape2 {
 // tokens); composed: 37 x 64 (rows), 64 x 13 (cols).
 const std::vector<Shape2> kShapes = {{64, 64}, {136, 200}, {2048, 6400}, {37, 64}, {64, 13}};
 
-TEST_F(ProducerCastsCuda, SwigluCastIsTheSwigluThenTheCast) {
+// One case of the producer tests: activations of dtype t, rows x F outputs (inputs a|b side by
+// side, row stride ld = 2F), the FP8 format, and whether the history is filled.
+struct Case {
+  DType t;
+  std::int64_t rows, F, ld;
+  Fp8Format f;
+  bool filled;
+  std::string at;   // names the case in failure messages
+};
+// Every dtype x shape x format x history state.
+void for_each_case(const std::function<void(const Case&)>& body) {
   for (DType t : {DType::bf16, DType::f16, DType::f32})
     for (const Shape2& sh : kShapes)
       for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
-        for (bool filled : {false, true}) {
-          const std::int64_t rows = sh.rows, F = sh.cols, ld = 2 * F;
-          const bool direct = filled, record = !filled || t != DType::f16;
-          const std::string at = std::string(dtype_name(t)) + " " + std::to_string(rows) + " x " + std::to_string(F) +
-                                 (f == Fp8Format::e4m3 ? " e4m3" : " e5m2") + (filled ? " filled" : " empty");
-          const Tensor ab = dev(randn(static_cast<std::size_t>(rows * 2 * F), t, 2.0), {rows, 2 * F}, t);
-          const Tensor a = ab.flat_range(0, (rows - 1) * ld + F), b = ab.flat_range(F, (rows - 1) * ld + F);
-          Side fused = side(rows, F, f, direct, filled), plain = side(rows, F, f, direct, filled);
-          ops::Fp8HistoryUpdate uf = update(fused, f, record), up = update(plain, f, record);
-          const std::int64_t before = launches();
-          ops::swiglu_cast_transpose_fp8(g(), a, b, rows, F, ld, fused.scale, direct ? &fused.q : nullptr, fused.qt, &uf);
-          expect_kernel(before, rows % 8 == 0 && F % 8 == 0, "swiglu " + at);
-          Tensor h = poisoned({rows, F}, t);
-          ops::swiglu_rows(g(), a, b, rows, F, ld, h);
-          ops::cast_transpose_fp8(g(), h, plain.scale, direct ? &plain.q : nullptr, &plain.qt, &up);
-          expect_same(fused, plain, "swiglu " + at);
-          expect_slot(fused, record, "swiglu " + at);
-        }
+        for (bool filled : {false, true})
+          body({t, sh.rows, sh.cols, 2 * sh.cols, f, filled,
+                std::string(dtype_name(t)) + " " + std::to_string(sh.rows) + " x " + std::to_string(sh.cols) +
+                    (f == Fp8Format::e4m3 ? " e4m3" : " e5m2") + (filled ? " filled" : " empty")});
+}
+
+// The two [rows, F] column blocks (row stride 2F) of a [rows, 2F] tensor: a|b, or da|db.
+std::pair<Tensor, Tensor> halves(const Tensor& ab, std::int64_t rows, std::int64_t F) {
+  const std::int64_t span = (rows - 1) * 2 * F + F;
+  return {ab.flat_range(0, span), ab.flat_range(F, span)};
+}
+
+TEST_F(ProducerCastsCuda, SwigluCastIsTheSwigluThenTheCast) {
+  for_each_case([&](const Case& c) {
+    const DType t = c.t;
+    const std::int64_t rows = c.rows, F = c.F, ld = c.ld;
+    const Fp8Format f = c.f;
+    const bool filled = c.filled, direct = filled, record = !filled || t != DType::f16;
+    const std::string& at = c.at;
+    const Tensor ab = dev(randn(static_cast<std::size_t>(rows * 2 * F), t, 2.0), {rows, 2 * F}, t);
+    const auto [a, b] = halves(ab, rows, F);
+    Side fused = side(rows, F, f, direct, filled), plain = side(rows, F, f, direct, filled);
+    ops::Fp8HistoryUpdate uf = update(fused, f, record), up = update(plain, f, record);
+    const std::int64_t before = launches();
+    ops::swiglu_cast_transpose_fp8(g(), a, b, rows, F, ld, fused.scale, direct ? &fused.q : nullptr, fused.qt, &uf);
+    expect_kernel(before, rows % 8 == 0 && F % 8 == 0, "swiglu " + at);
+    Tensor h = poisoned({rows, F}, t);
+    ops::swiglu_rows(g(), a, b, rows, F, ld, h);
+    ops::cast_transpose_fp8(g(), h, plain.scale, direct ? &plain.q : nullptr, &plain.qt, &up);
+    expect_same(fused, plain, "swiglu " + at);
+    expect_slot(fused, record, "swiglu " + at);
+  });
 }
 
 TEST_F(ProducerCastsCuda, SwigluBackwardCastIsTheBackwardThenTheCast) {
-  for (DType t : {DType::bf16, DType::f16, DType::f32})
-    for (const Shape2& sh : kShapes)
-      for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
-        for (bool filled : {false, true}) {
-          const std::int64_t rows = sh.rows, F = sh.cols, ld = 2 * F;
-          const bool direct = !filled, record = filled || t != DType::bf16;
-          const std::string at = std::string(dtype_name(t)) + " " + std::to_string(rows) + " x " + std::to_string(F) +
-                                 (f == Fp8Format::e4m3 ? " e4m3" : " e5m2") + (filled ? " filled" : " empty");
-          const Tensor ab = dev(randn(static_cast<std::size_t>(rows * 2 * F), t, 2.0), {rows, 2 * F}, t);
-          const Tensor a = ab.flat_range(0, (rows - 1) * ld + F), b = ab.flat_range(F, (rows - 1) * ld + F);
-          const Tensor dh = dev(randn(static_cast<std::size_t>(rows * F), t, 1.0), {rows, F}, t);
-          Side fused = side(rows, 2 * F, f, direct, filled), plain = side(rows, 2 * F, f, direct, filled);
-          ops::Fp8HistoryUpdate uf = update(fused, f, record), up = update(plain, f, record);
-          const std::int64_t before = launches();
-          ops::swiglu_backward_cast_transpose_fp8(g(), a, b, rows, F, ld, dh, fused.scale, direct ? &fused.q : nullptr,
-                                                  fused.qt, &uf);
-          expect_kernel(before, rows % 8 == 0 && F % 8 == 0, "swiglu backward " + at);
-          Tensor dab = poisoned({rows, 2 * F}, t);
-          Tensor da = dab.flat_range(0, (rows - 1) * ld + F), db = dab.flat_range(F, (rows - 1) * ld + F);
-          ops::swiglu_rows_backward(g(), a, b, rows, F, ld, dh, da, db);
-          ops::cast_transpose_fp8(g(), dab, plain.scale, direct ? &plain.q : nullptr, &plain.qt, &up);
-          expect_same(fused, plain, "swiglu backward " + at);
-          expect_slot(fused, record, "swiglu backward " + at);
-        }
+  for_each_case([&](const Case& c) {
+    const DType t = c.t;
+    const std::int64_t rows = c.rows, F = c.F, ld = c.ld;
+    const Fp8Format f = c.f;
+    const bool filled = c.filled, direct = !filled, record = filled || t != DType::bf16;
+    const std::string& at = c.at;
+    const Tensor ab = dev(randn(static_cast<std::size_t>(rows * 2 * F), t, 2.0), {rows, 2 * F}, t);
+    const auto [a, b] = halves(ab, rows, F);
+    const Tensor dh = dev(randn(static_cast<std::size_t>(rows * F), t, 1.0), {rows, F}, t);
+    Side fused = side(rows, 2 * F, f, direct, filled), plain = side(rows, 2 * F, f, direct, filled);
+    ops::Fp8HistoryUpdate uf = update(fused, f, record), up = update(plain, f, record);
+    const std::int64_t before = launches();
+    ops::swiglu_backward_cast_transpose_fp8(g(), a, b, rows, F, ld, dh, fused.scale, direct ? &fused.q : nullptr,
+                                            fused.qt, &uf);
+    expect_kernel(before, rows % 8 == 0 && F % 8 == 0, "swiglu backward " + at);
+    Tensor dab = poisoned({rows, 2 * F}, t);
+    auto [da, db] = halves(dab, rows, F);
+    ops::swiglu_rows_backward(g(), a, b, rows, F, ld, dh, da, db);
+    ops::cast_transpose_fp8(g(), dab, plain.scale, direct ? &plain.q : nullptr, &plain.qt, &up);
+    expect_same(fused, plain, "swiglu backward " + at);
+    expect_slot(fused, record, "swiglu backward " + at);
+  });
 }
 
 TEST_F(ProducerCastsCuda, NonFiniteValuesReachTheHistoryAlike) {
@@ -147,7 +176,7 @@ TEST_F(ProducerCastsCuda, NonFiniteValuesReachTheHistoryAlike) {
     v[static_cast<std::size_t>(5 * ld + 3)] = 1.0;       // a[5][3] > 0
     v[static_cast<std::size_t>(5 * ld + F + 3)] = bad;   // b[5][3]: h[5][3], da[5][3] = bad
     const Tensor ab = dev(v, {rows, 2 * F}, DType::bf16);
-    const Tensor a = ab.flat_range(0, (rows - 1) * ld + F), b = ab.flat_range(F, (rows - 1) * ld + F);
+    const auto [a, b] = halves(ab, rows, F);
     Side fused = side(rows, F, Fp8Format::e4m3, true, true), plain = side(rows, F, Fp8Format::e4m3, true, true);
     ops::Fp8HistoryUpdate uf = update(fused, Fp8Format::e4m3, true), up = update(plain, Fp8Format::e4m3, true);
     ops::swiglu_cast_transpose_fp8(g(), a, b, rows, F, ld, fused.scale, &fused.q, fused.qt, &uf);
@@ -164,7 +193,7 @@ TEST_F(ProducerCastsCuda, NonFiniteValuesReachTheHistoryAlike) {
     ops::Fp8HistoryUpdate ufb = update(fused_b, Fp8Format::e5m2, true), upb = update(plain_b, Fp8Format::e5m2, true);
     ops::swiglu_backward_cast_transpose_fp8(g(), a, b, rows, F, ld, dh, fused_b.scale, &fused_b.q, fused_b.qt, &ufb);
     Tensor dab = poisoned({rows, 2 * F}, DType::bf16);
-    Tensor da = dab.flat_range(0, (rows - 1) * ld + F), db = dab.flat_range(F, (rows - 1) * ld + F);
+    auto [da, db] = halves(dab, rows, F);
     ops::swiglu_rows_backward(g(), a, b, rows, F, ld, dh, da, db);
     ops::cast_transpose_fp8(g(), dab, plain_b.scale, &plain_b.q, &plain_b.qt, &upb);
     expect_same(fused_b, plain_b, "backward, " + what);
