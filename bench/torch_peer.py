@@ -54,7 +54,12 @@ def parser():
     lm = {m: sub.add_parser(m, help=helps[m]) for m in LM_MODES}
     for p in lm.values():
         _lm_args(p)
-    lm["model"].add_argument("--compile", action="store_true", help="torch.compile the model")
+    compile_as = lm["model"].add_mutually_exclusive_group()
+    compile_as.add_argument("--compile", action="store_true", help="torch.compile the model")
+    compile_as.add_argument("--compile-blocks", action="store_true",
+                            help="torch.compile each transformer block on its own (regional compilation: the "
+                                 "blocks share one compiled graph, so xl compiles in a fraction of --compile's "
+                                 "time; the embedding, final norm and LM head run eager)")
     lm["model"].add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     lm["model"].add_argument("--step-only", action="store_true",
                              help="time the train step only (forward_ms is null): under --compile the no-grad "
