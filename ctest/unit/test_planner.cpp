@@ -175,6 +175,35 @@ TEST(StepModel, MixtureOfExpertsAndExpertParallelism) {
   EXPECT_LT(experts2, experts1);
 }
 
+// plan.moe_rank_imbalance: under ep every block waits for its busiest rank, whose experts take
+// that factor times the mean rows; their products are timed at that size (FLOPs stay the mean's)
+// and the all-to-alls carry that many rows. ep = 1 has no ranks to wait for: unchanged.
+TEST(StepModel, ExpertParallelRankImbalance) {
+  const Calibration cal = h200();
+  Config two = moe_1b(2, 2);
+  const Cluster c = resolve_cluster(two, cal);
+  const StepPrediction balanced = predict_step(two, 16, 2, c, cal);
+  two.plan.moe_rank_imbalance = 1.25;
+  const StepPrediction p = predict_step(two, 16, 2, c, cal);
+  const double n = 8 * 1024.0, d = 1024, Fe = 2816, k = 2, E = 8, L = 12, ep = 2;
+  EXPECT_NEAR(op_flops(p, "gemm experts"), op_flops(balanced, "gemm experts"), 1e-6 * op_flops(p, "gemm experts"));
+  auto gemm_s = [&](double f) { return f / (cal.gemm.rate(f) * c.bf16_flops / cal.peak_flops); };
+  const double busiest_call = 1.25 * 2 * (n * k * ep / E) * d * Fe;
+  double experts = 0, a2a_bytes = 0, a2a_s = 0;
+  for (const auto& o : p.compute) experts += o.op == "gemm experts" ? o.seconds : 0;
+  for (const auto& cm : p.comm)
+    if (cm.collective == "all-to-all") a2a_bytes = cm.bytes_per_call, a2a_s = cm.seconds;
+  // forward 1 + backward 2 passes, 12 blocks, E / ep local experts, 3 products each.
+  EXPECT_NEAR(experts, 3 * L * (E / ep) * 3 * gemm_s(busiest_call), 1e-9);
+  EXPECT_EQ(a2a_bytes, 1.25 * n * k * d * 2);
+  EXPECT_NEAR(a2a_s, 4 * L * (c.intra.alpha_s + 0.5 * a2a_bytes / c.intra.bus_bytes_per_s), 1e-9);
+  EXPECT_GT(p.step_s, balanced.step_s);
+  Config one = moe_1b(1, 1);
+  const double one_balanced = predict_step(one, 8, 1, c, cal).step_s;
+  one.plan.moe_rank_imbalance = 1.25;
+  EXPECT_EQ(predict_step(one, 8, 1, c, cal).step_s, one_balanced);
+}
+
 // fsdp with the optimizer offloaded (parallel/offloaded_shards.h): the host update (30 B per owned
 // parameter, the node's ranks sharing the calibration's host rate) overlaps the first forward, and
 // only what outlasts it adds to the step. xl on 2 H200: measured 466.0 and 748.5 ms in two calls
@@ -293,7 +322,9 @@ TEST(LayoutSearch, ExpertParallelLayoutsForMoE) {
     EXPECT_EQ(k.pp, 1) << k.layout;
     ep2 |= k.cfg.parallel.ep == 2;
     ep4 |= k.cfg.parallel.ep == 4;
-    if (k.cfg.parallel.ep > 1) EXPECT_NE(k.family.find("ep"), std::string::npos) << k.layout;
+    if (k.cfg.parallel.ep > 1) {
+      EXPECT_NE(k.family.find("ep"), std::string::npos) << k.layout;
+    }
   }
   EXPECT_TRUE(ep2);
   EXPECT_TRUE(ep4);

@@ -29,6 +29,11 @@ std::vector<DeckKey> plan_keys() {
       int_key("plan.sweep_max_gpus", LMSCALE_FIELD(plan.sweep_max_gpus), 0,
               "run.job = plan: the sweep of predicted tokens/s per GPU against 1, 2, 4, ... GPUs up to this count, "
               "per layout family, at the deck's batch per GPU (/plan/sweep); 0 = no sweep."),
+      float_key("plan.moe_rank_imbalance", LMSCALE_FIELD(plan.moe_rank_imbalance), R{1.0, 1e308, true, true},
+                "run.job = plan, MoE models with parallel.ep > 1: the busiest ep rank's routed rows over the mean "
+                "rank's; each block waits for its busiest rank, so the experts' products and the all-to-alls scale "
+                "by it. 1 = balanced routing; bench-model measures it (/bench_model moe_ep_rank_rows_max_over_mean, "
+                "docs/planner.md). Applies to every ep > 1 layout the search ranks."),
       // [cluster]
       int_key("cluster.gpus_per_node", LMSCALE_FIELD(cluster.gpus_per_node), 0,
               "run.job = plan: GPUs per node joined by NVLink;" + preset),

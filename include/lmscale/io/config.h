@@ -392,6 +392,11 @@ struct PlanConfig {
   bool search = true;             // rank every layout of plan.gpus, not only the deck's
   std::int64_t top = 10;          // layouts printed
   std::int64_t sweep_max_gpus = 4096;   // predicted tokens/s per layout family at 1, 2, 4, ... GPUs; 0 = none
+  // MoE with parallel.ep > 1: the busiest ep rank's routed rows over the mean rank's (>= 1; 1 =
+  // balanced routing). Every block's exchanges wait for its busiest rank, so the experts' products
+  // and their all-to-alls on the critical path scale by it (bench-model records the measured value
+  // as /bench_model moe_ep_rank_rows_max_over_mean).
+  double moe_rank_imbalance = 1.0;
 
   bool operator==(const PlanConfig&) const = default;
 };

@@ -88,8 +88,13 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   // [rows, Fe] x [Fe, d]), each at the calibrated rate of a call that size; the permutation and
   // the gated combine (read and write n k rows of d each) and the experts' SwiGLU (3 n k Fe) in
   // place of the dense FFN's elementwise share (3 F per token).
+  // With ep > 1 every block's combine waits for its busiest ep rank (docs/moe.md, "Where ep = 2
+  // loses its time"): that rank's experts take plan.moe_rank_imbalance x the mean rows, so their
+  // products are timed at that size (the FLOPs reported stay the mean rank's).
+  const double imbalance = ep > 1 ? cfg.plan.moe_rank_imbalance : 1.0;
   const double assignments = n * k_top, expert_rows = assignments * ep / std::max(E, 1.0);
   const double expert_gemm = 2 * expert_rows * d * Fe, router_gemm = 2 * n * d * E;
+  const double busiest_expert_gemm = imbalance * expert_gemm;
   const double moe_elementwise_bytes = elementwise_bytes + (3 * k_top * Fe + 4 * k_top * d - 3 * F) * e * n;
   auto block = [&](Work& w, bool forward, bool backward, const std::string& prefix, bool skip_attention,
                    bool gemms_w1w3_only, bool moe_block) {
@@ -105,7 +110,7 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
     }
     if (moe_block) {
       const double local = E / ep, calls = gemms_w1w3_only ? 2.0 : 3.0;
-      const double f = local * calls * expert_gemm, s = local * calls * gemm_s(expert_gemm);
+      const double f = local * calls * expert_gemm, s = local * calls * gemm_s(busiest_expert_gemm);
       if (forward) w.add(prefix + "gemm experts", f, 0, s, false);
       if (backward) w.add("gemm experts", 2 * f, 0, 2 * s, true);
       if (!gemms_w1w3_only) {
@@ -224,10 +229,11 @@ StepPrediction predict_step(const Config& cfg, std::int64_t batch, int gpus, con
   }
   // Expert parallelism: each MoE block's dispatch and combine are all-to-alls of this rank's
   // n k rows of d (counts first: a few bytes, counted in alpha), twice in the forward, twice in the
-  // backward, twice more in the recompute of a checkpointed block; on the critical path.
+  // backward, twice more in the recompute of a checkpointed block; on the critical path. The
+  // busiest rank receives and returns `imbalance` x the mean rows, and every rank waits for it.
   double ep_per_microbatch = 0;
   if (ep > 1 && stage_moe_blocks > 0) {
-    const double bytes = assignments * d * e;
+    const double bytes = imbalance * assignments * d * e;
     const CollectiveTime one = collective_time(CollectiveOp::all_to_all, bytes, ep_group, cluster);
     const double count = 4.0 * stage_moe_blocks + 2.0 * stage_checkpointed_moe;
     ep_per_microbatch = count * one.seconds;
