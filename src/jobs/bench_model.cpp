@@ -349,10 +349,11 @@ int run_bench_model(JobEnv& env) {
     fmt::print("predicted peak (accounting) {:.3f} GiB\n", predicted_peak / (1u << 30));
     if (balance.rows > 0)
       fmt::print("moe: the busiest expert got {:.2f}x the mean expert's rows{} (mean over the blocks and timed steps; "
-                 "/bench_model/moe has the counts)\n",
+                 "/bench_model/moe has the counts{})\n",
                  balance.expert_max_over_mean,
                  cfg.parallel.ep > 1 ? fmt::format(", the busiest ep rank {:.2f}x the mean rank's", balance.ep_rank_max_over_mean)
-                                     : std::string());
+                                     : std::string(),
+                 cfg.parallel.ep > 1 ? "; the planner takes the ep figure as plan.moe_rank_imbalance" : "");
     // A timed step that still makes GEMM plans is not yet the steady state (an MoE model's expert
     // rows reach new shape classes for its first ~20 steps: docs/moe.md).
     if (gemm_plans_per_step > 0)
