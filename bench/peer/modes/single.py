@@ -48,9 +48,9 @@ def run(a, shape):
     rt.reset_peak(dev)
     step_ms, step_min = rt.time_runs(step, a.warmup, a.iters, dev)
     rt.emit("model", size=a.size, d_model=shape.d_model, layers=shape.layers, parameters=shape.parameters(),
-            precision=a.precision, compile="blocks" if a.compile_blocks else a.compile, float8=a.float8, attention=a.attention, ac=a.ac, batch=a.batch,
-            seq=shape.context, device=str(dev), forward_ms=fwd_ms, step_ms=step_ms, step_ms_min=step_min,
-            tokens_per_s=a.batch * shape.context / step_ms * 1e3, peak_gib=rt.peak_gib(dev))
+            precision=a.precision, compile="blocks" if a.compile_blocks else a.compile, float8=a.float8,
+            attention=a.attention, ac=a.ac, batch=a.batch, seq=shape.context, device=str(dev), forward_ms=fwd_ms,
+            step_ms=step_ms, step_ms_min=step_min, tokens_per_s=a.batch * shape.context / step_ms * 1e3, peak_gib=rt.peak_gib(dev))
 
 
 def to_float8(model):
