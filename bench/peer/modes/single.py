@@ -50,7 +50,8 @@ def run(a, shape):
     rt.emit("model", size=a.size, d_model=shape.d_model, layers=shape.layers, parameters=shape.parameters(),
             precision=a.precision, compile="blocks" if a.compile_blocks else a.compile, float8=a.float8,
             attention=a.attention, ac=a.ac, batch=a.batch, seq=shape.context, device=str(dev), forward_ms=fwd_ms,
-            step_ms=step_ms, step_ms_min=step_min, tokens_per_s=a.batch * shape.context / step_ms * 1e3, peak_gib=rt.peak_gib(dev))
+            step_ms=step_ms, step_ms_min=step_min, tokens_per_s=a.batch * shape.context / step_ms * 1e3,
+            peak_gib=rt.peak_gib(dev))
 
 
 def to_float8(model):
