@@ -198,7 +198,8 @@ TEST_F(LinearTest, VaryingRowsShareShapeClassPlans) {
 
 // ---- linear_group (q, k, v and w1, w3 of a block) ---------------------------------------------
 // n weights [N,K] `gap` weights apart in one buffer (gap 1: back to back like q, k, v or w1, w3;
-// gap 2: equally spaced with a weight between), outputs and their gradients views of one [n,M,N] tensor (the
+// gap 2: equally spaced with a weight between; gap 8: an expert's w1 and w3 in stacked [8, N, K]
+// weights, docs/moe.md), outputs and their gradients views of one [n,M,N] tensor (the
 // strided-batched GEMM) or separate tensors (one product each); weight gradients likewise in one
 // buffer or separate. Checked against the float64 CPU reference of separate linear products.
 class LinearGroupTest : public CudaOpsTest {
@@ -251,6 +252,7 @@ TEST_F(LinearGroupTest, QkvPackedBf16Fp32Grads) { run(DType::bf16, DType::f32, 3
 TEST_F(LinearGroupTest, QkvPackedFp32) { run(DType::f32, DType::f32, 3, 1, true, false); }
 TEST_F(LinearGroupTest, W13PackedWithGapFp16) { run(DType::f16, DType::f32, 2, 2, true, false); }
 TEST_F(LinearGroupTest, W13PackedWithGapBf16Accumulates) { run(DType::bf16, DType::f32, 2, 2, true, true); }
+TEST_F(LinearGroupTest, ExpertMatricesEightApartBf16Accumulates) { run(DType::bf16, DType::f32, 2, 8, true, true); }
 TEST_F(LinearGroupTest, SeparateTensorsOneProductEach) { run(DType::bf16, DType::f32, 3, 1, false, true); }
 
 // ---- linear_side_by_side (the fused q|k|v and w1|w3 projections) --------------------------------

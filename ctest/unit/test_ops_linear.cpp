@@ -141,5 +141,18 @@ TEST_F(LinearTest, GroupIsOneLinearPerWeightAndSumsTheInputGradients) {
   EXPECT_THROW(ops::linear_group(ctx, x, ws, bad), Error);   // one output for three weights
 }
 
+// linear_group's strided batch (ops/cuda/linear.cpp) spans any spacing only between views of one
+// allocation: views of one tensor share it, separate tensors and non-owning views do not.
+TEST_F(LinearTest, SameStorageHoldsForViewsOfOneAllocationOnly) {
+  Tensor w = randn({8, 3, 4}, 6), other = randn({8, 3, 4}, 7);
+  const Tensor w0 = w.slice(0, 1).reshape({3, 4}), w7 = w.slice(7, 8).reshape({3, 4});
+  EXPECT_TRUE(w0.same_storage(w7));
+  EXPECT_TRUE(w.flat_range(12, 12).same_storage(w));
+  EXPECT_FALSE(w0.same_storage(other.slice(0, 1)));
+  const Tensor borrowed = Tensor::view(w.data(), w.shape(), w.dtype(), w.device());
+  EXPECT_FALSE(borrowed.same_storage(w));
+  EXPECT_FALSE(borrowed.same_storage(borrowed));
+}
+
 }  // namespace
 }  // namespace lmscale::test

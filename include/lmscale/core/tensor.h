@@ -43,6 +43,8 @@ class Tensor {
   static Tensor view(void* data, const Shape& shape, DType dtype, Device device);
 
   bool defined() const { return data_ != nullptr || numel() == 0; }
+  // Whether both are views of one allocation (Tensor::view's tensors own none: never).
+  bool same_storage(const Tensor& other) const { return storage_ != nullptr && storage_ == other.storage_; }
   void* data() const { return data_; }
   template <class T>
   T* data_as() const { return static_cast<T*>(data_); }
