@@ -13,9 +13,11 @@
 STUDY=moe
 source "$(dirname "$0")/common.sh"
 preflight 2
-# The peers warm up as long as lmscale's decks (40 steps): cuBLAS too meets new expert row counts
-# every step, and its first ones cost heuristic queries and kernel loads.
-P=(--batch 8 --seq 1024 --precision bf16 --attention sdpa --warmup 40 --iters 8)
+# The peers warm up as long as lmscale's decks (300 steps) at lmscale's learning rate (optim.lr,
+# 1e-3): the routers' balance losses even out the experts' load over the first few hundred steps
+# (docs/moe.md, "The benchmark's steady state"), and cuBLAS too meets new expert row counts every
+# step, whose first ones cost heuristic queries and kernel loads.
+P=(--batch 8 --seq 1024 --precision bf16 --attention sdpa --warmup 300 --iters 8 --lr 1e-3)
 
 runs() {
   lm moe_1gpu 1 inputs/moe_1b_gpu.ini

@@ -131,7 +131,7 @@ def run(a):
     parts = nn.ModuleList([emb, head, ln_f, blocks]).to(dev)
     cos, sin = (t.to(dev) for t in rope_tables(a.seq, shape.head_dim, 10000.0))
     dense = [p for n, p in parts.named_parameters() if ".experts." not in n]
-    opt = rt.make_adamw(parts.parameters())
+    opt = rt.make_adamw(parts.parameters(), lr=a.lr)
     x, y = rt.random_tokens(a.batch, a.seq, a.vocab, dev, seed=d.rank if d else 0)
 
     def step():
