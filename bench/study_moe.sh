@@ -41,19 +41,28 @@ tok_rows "ep = 2 (peer: eager loop)" moe_ep2 moe_eager_ep2
 tok_rows "ep = 2 (peer: grouped_mm)" moe_ep2 moe_grouped_ep2
 tok_rows "ep = 2, rows over the copy engines (peer: grouped_mm)" moe_ep2_ce moe_grouped_ep2
 print_table "moe-1b, bf16, 8 x 1024 tokens per GPU, train step"
-# lmscale's own ratios: MoE against the dense model of equal active FLOPs, ep = 2 against one GPU.
+# lmscale's own ratios: MoE against the dense model of equal active FLOPs, ep = 2 against one GPU,
+# each ep = 2 ratio with its runs' routing balance (the busiest ep rank's rows over the mean
+# rank's, which the ep = 2 step follows: docs/moe.md, "The benchmark's steady state").
 if [ -z "$DRY_RUN" ]; then
   "$PYTHON" - "$OUT" <<'PY'
 import glob, statistics, sys
 import h5py
 out = sys.argv[1]
-def tps(case):
-    v = [float(h5py.File(f, "r")["bench_model"].attrs["tokens_per_s"]) for f in sorted(glob.glob(f"{out}/{case}/lmscale_*.h5"))]
+def attr(case, name):
+    v = []
+    for f in sorted(glob.glob(f"{out}/{case}/lmscale_*.h5")):
+        a = h5py.File(f, "r")["bench_model"].attrs
+        if name in a:
+            v.append(float(a[name]))
     return statistics.median(v) if v else float("nan")
+tps = lambda case: attr(case, "tokens_per_s")
+balance = lambda case: attr(case, "moe_ep_rank_rows_max_over_mean")
 moe, dense, ep2, ep2_ce = tps("moe_1gpu"), tps("dense_1gpu"), tps("moe_ep2"), tps("moe_ep2_ce")
 print(f"moe / dense (1 GPU, equal active FLOPs): {moe:.0f} / {dense:.0f} tokens/s = {moe / dense:.3f}")
-print(f"ep = 2 / one GPU: {ep2:.0f} / {moe:.0f} tokens/s = {ep2 / moe:.3f}")
+print(f"ep = 2 / one GPU: {ep2:.0f} / {moe:.0f} tokens/s = {ep2 / moe:.3f}"
+      f" (busiest ep rank {balance('moe_ep2'):.2f}x the mean)")
 print(f"ep = 2 over the copy engines / one GPU: {ep2_ce:.0f} / {moe:.0f} tokens/s = {ep2_ce / moe:.3f}"
-      f" (over NCCL: {ep2 / moe:.3f})")
+      f" (busiest ep rank {balance('moe_ep2_ce'):.2f}x the mean; over NCCL: {ep2 / moe:.3f})")
 PY
 fi
