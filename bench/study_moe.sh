@@ -13,10 +13,11 @@
 STUDY=moe
 source "$(dirname "$0")/common.sh"
 preflight 2
-# The peers warm up as long as lmscale's decks (300 steps) at lmscale's learning rate (optim.lr,
-# 1e-3): the routers' balance losses even out the experts' load over the first few hundred steps
-# (docs/moe.md, "The benchmark's steady state"), and cuBLAS too meets new expert row counts every
-# step, whose first ones cost heuristic queries and kernel loads.
+# The peers warm up as long as lmscale's decks (300 steps), at lmscale's peak learning rate
+# (optim.lr 1e-3, which lmscale decays by a cosine and the peer holds): the routers' balance
+# losses even out the experts' load over the first few hundred steps (docs/moe.md, "The
+# benchmark's steady state"), and cuBLAS too meets new expert row counts every step, whose first
+# ones cost heuristic queries and kernel loads.
 P=(--batch 8 --seq 1024 --precision bf16 --attention sdpa --warmup 300 --iters 8 --lr 1e-3)
 
 runs() {
@@ -41,7 +42,8 @@ tok_rows "ep = 2 (peer: eager loop)" moe_ep2 moe_eager_ep2
 tok_rows "ep = 2 (peer: grouped_mm)" moe_ep2 moe_grouped_ep2
 tok_rows "ep = 2, rows over the copy engines (peer: grouped_mm)" moe_ep2_ce moe_grouped_ep2
 print_table "moe-1b, bf16, 8 x 1024 tokens per GPU, train step"
-# lmscale's own ratios: MoE against the dense model of equal active FLOPs, ep = 2 against one GPU,
+# lmscale's own ratios (bench-model's tokens_per_s, from the mean timed step): MoE against the
+# dense model of equal active FLOPs, ep = 2 against one GPU,
 # each ep = 2 ratio with its runs' routing balance (the busiest ep rank's rows over the mean
 # rank's, which the ep = 2 step follows: docs/moe.md, "The benchmark's steady state").
 if [ -z "$DRY_RUN" ]; then

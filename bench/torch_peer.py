@@ -100,8 +100,8 @@ def parser():
     mo.add_argument("--ac", action="store_true")
     mo.add_argument("--grouped", action="store_true", help="experts by torch._grouped_mm (bf16, CUDA)")
     mo.add_argument("--lr", type=float, default=1e-4,
-                    help="AdamW learning rate (default 1e-4; lmscale's optim.lr is 1e-3): the router's balance loss "
-                         "evens the experts' load at this rate")
+                    help="AdamW learning rate, constant (default 1e-4; lmscale's optim.lr, its peak, is 1e-3): the "
+                         "router's balance loss evens the experts' load at this rate")
     mo.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     _timing(mo)
 
