@@ -30,15 +30,14 @@ std::int64_t equal_spacing(const std::vector<Tensor>& ts) {
   // addresses on 2 H200 when lazy zero2 bucket buffers made w1/w3 gradients of different
   // allocations look evenly spaced): tensors of one group must be views of one allocation, or
   // (Tensor::view's, which name none) at most 2 tensors apart, as q, k, v and w1, w3 of a block
-  // lie back to back. Within one allocation any spacing below 2 GiB batches: the experts' w1 and
-  // w3 matrices lie El matrices apart in the store, and their rows' a and b Me rows apart
-  // (docs/moe.md, "The GPU path").
-  for (std::size_t i = 1; i < ts.size(); ++i)
-    if (!ts[i].same_storage(ts[0]) && step / es > 2 * ts[0].numel()) return 0;
-  if (step >= (std::ptrdiff_t{1} << 31)) return 0;
+  // lie back to back. Within one allocation any spacing batches whose whole span stays below
+  // 2 GiB: the experts' w1 and w3 matrices lie El matrices apart in the store, and their rows' a
+  // and b Me rows apart (docs/moe.md, "The GPU path").
+  if (static_cast<std::ptrdiff_t>(ts.size() - 1) * step >= (std::ptrdiff_t{1} << 31)) return 0;
   for (std::size_t i = 1; i < ts.size(); ++i) {
     if (ts[i].shape() != ts[0].shape() || ts[i].dtype() != ts[0].dtype()) return 0;
     if (static_cast<const char*>(ts[i].data()) - static_cast<const char*>(ts[i - 1].data()) != step) return 0;
+    if (!ts[i].same_storage(ts[0]) && step / es > 2 * ts[0].numel()) return 0;
   }
   return step / es;
 }
