@@ -256,8 +256,9 @@ TEST_F(CudaFp8Test, FusedScaleUpdatesMatchCpu) {
 }
 
 // The fused cast + transpose (ops::cast_transpose_fp8) bitwise against the CPU (itself bitwise
-// cast_fp8 + transpose_fp8, test_ops_fp8): shapes that are and are not multiples of the 64 x 64
-// tile and of the 4- and 8-byte groups (so the 8-wide, word and byte paths run), views whose rows are
+// cast_fp8 + transpose_fp8, test_ops_fp8): shapes that are and are not multiples of the tiles
+// (64 x 64 in the general kernel, 128 x 64 rows x columns in the 8-wide one) and of the 4- and
+// 8-byte groups (so the 8-wide, word and byte paths run), views whose rows are
 // not aligned (x one element in, out and out_t one byte in: the byte paths), specials, both
 // outputs or the transpose alone, a given scale and delayed scaling's update (derived scale,
 // recorded amax; the work words zero after).

@@ -246,8 +246,7 @@ void launch_cast_transpose(Resources& r, const Tensor& x, const Tensor& scale, T
   auto* op = out ? out->data_as<std::uint8_t>() : nullptr;
   auto* tp = out_t.data_as<std::uint8_t>();
   const HistoryArgs h = update ? history_args(*update) : HistoryArgs{};
-  // Whole 8-element groups everywhere: the 8-wide kernel (the same tiles, so the same grid).
-  static_assert(kCt8Tile == kCtTile);
+  // Whole 8-element groups everywhere: the 8-wide kernel (its own tiles and grid).
   if (cast_transpose8_fits(M, K, op, tp) && addr(x.data()) % 16 == 0) {
     launch_cast_transpose8<RowsSource<T>, F>(RowsSource<T>{xp, K}, M, K, sp, op, tp, update, r.stream);
     LMSCALE_CUDA_CHECK_LAUNCH();

@@ -17,6 +17,8 @@ namespace {
 template <class T>
 struct SwigluSource {
   static constexpr int kOut = 1;
+  static constexpr int kTileRows = 64;   // cast_transpose.cuh
+  static constexpr bool kLoadsFirst = true;
   const T *a, *b;
   std::int64_t ld;
   __device__ __forceinline__ void load(std::int64_t r, std::int64_t c, float (&v)[1][kChunk]) const {
@@ -32,6 +34,8 @@ struct SwigluSource {
 template <class T>
 struct SwigluGradSource {
   static constexpr int kOut = 2;
+  static constexpr int kTileRows = 64;
+  static constexpr bool kLoadsFirst = false;
   const T *a, *b, *dh;
   std::int64_t ld, cols;
   __device__ __forceinline__ void load(std::int64_t r, std::int64_t c, float (&v)[2][kChunk]) const {
