@@ -61,7 +61,7 @@ void cast_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor& out, T
 
 // The cast and the transpose of a 2-D x [M,K] from one read of x: out [M,K] = fp8(x * scale) as
 // cast_fp8 makes it and out_t [K,M] = its transpose as transpose_fp8 makes it, either null (not
-// both; without out_t this is cast_fp8). One kernel on CUDA, through 64 x 64 tiles in shared
+// both; without out_t this is cast_fp8). One kernel on CUDA, through 128 x 64 or 64 x 64 tiles in shared
 // memory so that x, out and out_t are each read or written in whole rows. update as in cast_fp8
 // (delayed scaling: the scale from the history first, x's amax recorded after).
 void cast_transpose_fp8(Context& ctx, const Tensor& x, const Tensor& scale, Tensor* out, Tensor* out_t,

@@ -19,14 +19,14 @@
 // so the result is bitwise the flat cast's whatever the source. kDerive: the scale from the
 // history first (delayed scaling, derive_scale); kRecord: the amax into the history's record slot.
 //
-// The tile and load order per source, from the cast kernels' time in one xl fp8 step (delayed
-// scaling, one H200, ncu, 2026-11-28; 64 x 64 tiles with each pass loading after the scale was
-// the one shape before): a tensor in memory 128 rows, every load first (the FFN forward's 144
-// casts of tensors 2.857 -> 2.793 ms); SwiGLU 64 rows, loads first (1.671 -> 1.575 ms); SwiGLU's
-// backward 64 rows in the old order (loads first: 2.216 -> 2.456 ms; with 128 rows its ~100
-// registers a thread leave 2 blocks an SM and the whole step was 1.2 ms slower). No shape tried
-// moved these casts past 2.3-2.8 TB/s of the H200's 4.8: what holds them there is not the
-// blocks' latency, and was not profiled further (docs/precision.md, "Where the xl fp8 step goes").
+// The tile and load order per source, from A/B runs of one xl fp8 step (delayed scaling, one
+// H200, 2026-11-28; 64 x 64 tiles with each pass loading after the scale was the one shape
+// before; kernel times by ncu from the intermediate variant's profile): a tensor in memory 128
+// rows, every load first (the FFN forward's 144 casts of tensors 2.857 -> 2.793 ms); SwiGLU 64
+// rows, loads first (1.671 -> 1.575 ms); SwiGLU's backward 64 rows in the old order (loads first:
+// 2.216 -> 2.456 ms). All three on 128 rows with loads first made the step 1.3 ms slower (ptxas:
+// 90-100 registers a thread for the SwiGLU sources). These casts run at about 2.25 TB/s of the
+// H200's 4.8; what holds them there was not found (docs/precision.md, "Where the xl fp8 step goes").
 #include "fp8_device.cuh"
 
 namespace lmscale::ops::cuda {
@@ -133,6 +133,7 @@ __global__ void __launch_bounds__(kCt8Threads)
 inline bool cast_transpose8_fits(std::int64_t M, std::int64_t K, const void* out, const void* out_t) {
   const auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   return fp8_cast_kernel_shape(M, K) && (!out || addr(out) % 8 == 0) && addr(out_t) % 8 == 0 &&
+         // kCt8RowBlock: the fewest rows a source's tile has (the kernel asserts kTileRows % 64 == 0)
          (K + kCt8Cols - 1) / kCt8Cols < (1LL << 31) && (M + kCt8RowBlock - 1) / kCt8RowBlock < 65536;
 }
 
