@@ -107,4 +107,11 @@ for name, ref in (("fsdp_gfp8", one), ("fsdp4_gfp8", one4)):
 full, part_a, part_b = load("current_none"), load("resume_a"), load("resume_b")
 check(np.array_equal(np.concatenate([part_a["loss"], part_b["loss"]]), full["loss"]),
       "current: a checkpoint at step 6 resumed to 12 equals the uninterrupted run bitwise")
+for full_name, a, b, what in [("delayed_none", "resume_d_a", "resume_d_b", "1 rank, one file"),
+                              ("delayed_ddp", "resume_d2_a", "resume_d2_b", "2 ranks, one file"),
+                              ("delayed_ddp", "resume_ds_a", "resume_ds_b", "2 ranks, sharded")]:
+    full, part_a, part_b = load(full_name), load(a), load(b)
+    check(np.array_equal(np.concatenate([part_a["loss"], part_b["loss"]]), full["loss"]) and
+          np.array_equal(np.concatenate([part_a["grad_norm"], part_b["grad_norm"]]), full["grad_norm"]),
+          f"delayed ({what}): a checkpoint at step 6 resumed to 12 equals the uninterrupted run bitwise")
 sys.exit(1 if failures else 0)

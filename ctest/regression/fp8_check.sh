@@ -16,12 +16,15 @@
 #      forward's scales and records nothing);
 #   4. evaluations (train.eval_every) leave delayed scaling's training untouched (bitwise);
 #   5. the results file: /train/fp8 and /train/fp8_amax_history shapes and attributes;
-#   6. current scaling across a checkpoint and resume, bitwise.
+#   6. current scaling across a checkpoint and resume, bitwise; delayed scaling too (its amax
+#      histories and scales are in the checkpoints, per rank): a single-file checkpoint on 1 and 2
+#      ranks and a sharded one on 2 ranks, each resumed on as many ranks, bitwise; resumed on
+#      another rank count, the run warns that its histories start empty.
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
-rm -f "$out"/fp8_*.h5 "$out"/fp8_*.h5.tmp
+rm -rf "$out"/fp8_*.h5 "$out"/fp8_*.h5.tmp "$out"/fp8_ckptdir
 run() {   # run NP NAME ARGS...
   local np=$1 name=$2
   shift 2
@@ -66,8 +69,38 @@ run 4 fsdp4 --parallel.zero=fsdp
 run 4 fsdp4_gfp8 --parallel.zero=fsdp --parallel.fsdp_gather_dtype=fp8
 run 1 current_accum4 --train.grad_accum=4
 # Current scaling holds no state between casts: a checkpoint at step 6 resumed to 12 equals the
-# uninterrupted run bitwise (delayed scaling's histories are not in checkpoints: not compared).
+# uninterrupted run bitwise.
 run 1 resume_a --train.steps=6 --train.checkpoint_every=6 --optim.cosine_steps=12 --train.checkpoint_path="$out/fp8_ckpt.h5"
 run 1 resume_b --train.steps=12 --train.resume="$out/fp8_ckpt.h5" --optim.cosine_steps=12 \
     --train.checkpoint_path="$out/fp8_ckpt2.h5"
+# Delayed scaling keeps state between casts: the checkpoints hold every rank's (fp8_check.py
+# compares each resumed run with the uninterrupted one).
+D=(--precision.fp8_scaling=delayed --optim.cosine_steps=12)
+run 1 resume_d_a "${D[@]}" --train.steps=6 --train.checkpoint_every=6 --train.checkpoint_path="$out/fp8_ckpt_d.h5"
+run 1 resume_d_b "${D[@]}" --train.steps=12 --train.resume="$out/fp8_ckpt_d.h5" --train.checkpoint_path="$out/fp8_ckpt_d2.h5"
+run 2 delayed_ddp "${D[@]}" --parallel.ddp=flat
+run 2 resume_d2_a "${D[@]}" --parallel.ddp=flat --train.steps=6 --train.checkpoint_every=6 \
+    --train.checkpoint_path="$out/fp8_ckpt_d2r.h5"
+run 2 resume_d2_b "${D[@]}" --parallel.ddp=flat --train.steps=12 --train.resume="$out/fp8_ckpt_d2r.h5" \
+    --train.checkpoint_path="$out/fp8_ckpt_d2r2.h5"
+run 2 resume_ds_a "${D[@]}" --parallel.ddp=flat --train.steps=6 --train.checkpoint_every=6 \
+    --train.checkpoint_dir="$out/fp8_ckptdir"
+run 2 resume_ds_b "${D[@]}" --parallel.ddp=flat --train.steps=12 --train.resume=auto \
+    --train.checkpoint_dir="$out/fp8_ckptdir"
+# Resumed on 1 rank from the 2 ranks' checkpoints: no state for this layout, and a warning.
+run 1 resume_ds_1 "${D[@]}" --train.steps=8 --train.resume="$out/fp8_ckptdir/step_00000006"
+run 1 resume_d2_1 "${D[@]}" --train.steps=8 --train.resume="$out/fp8_ckpt_d2r.h5" \
+    --train.checkpoint_path="$out/fp8_ckpt_d2r_1.h5"
+for name in resume_ds_1 resume_d2_1; do
+  if ! grep -q "starts the amax histories empty" "$out/fp8_$name.log"; then
+    echo "FAIL  $name: resuming 2 ranks' delayed scaling state on 1 rank did not warn"
+    exit 1
+  fi
+done
+for name in resume_d_b resume_d2_b resume_ds_b; do
+  if grep -q "starts the amax histories empty" "$out/fp8_$name.log"; then
+    echo "FAIL  $name: warned that the histories start empty, but the checkpoint holds them"
+    exit 1
+  fi
+done
 python3 "$here/fp8_check.py" "$out"

@@ -142,6 +142,37 @@ TEST(Checkpoint, TrainingCheckpointWithOptimizerState) {
   EXPECT_EQ(std::get<std::vector<double>>(read_attrs.at("lr_history")), (std::vector<double>{0.1, 0.2}));
 }
 
+// Further training state (write_weights' `state`: delayed FP8 scaling's histories) round-trips
+// at /state/<name> with its shape, is no parameter, and a shape mismatch names both shapes.
+TEST(Checkpoint, StateArraysRoundTripBesideTheParameters) {
+  TempDir dir;
+  const std::string path = dir.file("state.h5");
+  const TinyModel model;
+  const std::vector<float> history = ramp(2 * 3 * 4, 0.25f), scale = ramp(2 * 3, 8.f);
+  const std::vector<NamedArray> state{{"fp8_amax_history", {2, 3, 4}, history.data()},
+                                      {"fp8_scale", {2, 3}, scale.data()}};
+  write_weights(path, model.params(), {}, nullptr, &state);
+  const CheckpointReader reader(path);
+  EXPECT_EQ(reader.names().size(), model.params().size());   // /state is not a parameter
+  EXPECT_EQ(reader.state_shape("fp8_amax_history"), (std::vector<std::int64_t>{2, 3, 4}));
+  EXPECT_FALSE(reader.state_shape("fp8_inv_scale").has_value());
+  std::vector<float> h(history.size()), s(scale.size());
+  reader.read_state("fp8_amax_history", {2, 3, 4}, h.data());
+  reader.read_state("fp8_scale", {2, 3}, s.data());
+  EXPECT_EQ(h, history);
+  EXPECT_EQ(s, scale);
+  try {
+    reader.read_state("fp8_amax_history", {1, 3, 4}, h.data());
+    ADD_FAILURE() << "a shape mismatch must throw";
+  } catch (const lmscale::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 3, 4]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[1, 3, 4]"), std::string::npos) << e.what();
+  }
+  // "state" is reserved: no parameter may take the group's name.
+  const std::vector<float> one{1.f};
+  EXPECT_THROW(write_weights(dir.file("bad.h5"), {{"state", {1}, one.data()}}), lmscale::Error);
+}
+
 TEST(Checkpoint, MissingParameterAndShapeMismatchNameTheParameter) {
   TempDir dir;
   const std::string path = dir.file("weights.h5");

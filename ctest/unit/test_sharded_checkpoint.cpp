@@ -64,6 +64,28 @@ TEST(ShardedCheckpoint, PiecesRoundTripThroughTheIndex) {
   EXPECT_EQ(io::complete_checkpoints(t.path.string()).size(), 1u);
 }
 
+// A rank file's further state (ShardWriter::write_state: delayed FP8 scaling's histories) reads
+// back with its shape; an absent name has none, and a shape mismatch throws.
+TEST(ShardedCheckpoint, StateArraysRoundTripInTheRankFile) {
+  TempDir t;
+  const std::string path = (t.path / io::shard_file_name(3)).string();
+  const std::vector<float> history{1.f, 2.f, 3.f, 4.f, 5.f, 6.f};
+  {
+    io::ShardWriter w(path, 0);
+    w.write_state("fp8_amax_history", {3, 2}, history.data());
+    EXPECT_THROW(w.write_state("a/b", {1}, history.data()), Error);
+    w.commit({}, {{"rank", std::int64_t{3}}});
+  }
+  const io::ShardReader r(path);
+  EXPECT_EQ(r.state_shape("fp8_amax_history"), (std::vector<std::int64_t>{3, 2}));
+  EXPECT_FALSE(r.state_shape("fp8_scale").has_value());
+  std::vector<float> got(6);
+  r.read_state("fp8_amax_history", {3, 2}, got.data());
+  EXPECT_EQ(got, history);
+  EXPECT_THROW(r.read_state("fp8_amax_history", {2, 3}, got.data()), Error);
+  EXPECT_THROW(r.read_state("fp8_scale", {3}, got.data()), Error);
+}
+
 TEST(ShardedCheckpoint, IndexRefusesOverlapsAndGaps) {
   TempDir t;
   const std::string overlap = io::checkpoint_step_dir(t.path.string(), 1);

@@ -21,6 +21,7 @@ namespace lmscale::io {
 namespace {
 
 constexpr const char* kSchema = "lmscale-checkpoint/1";
+constexpr const char* kStateGroup = "state";   // write_weights' `state` arrays: /state/<name>
 
 std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
@@ -38,37 +39,23 @@ std::string metadata_text(const AttrValue& value) {
 }
 
 void check_name(const std::string& path, const std::string& name) {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "optimizer")
-    throw Error(fmt::format("checkpoint '{}': invalid parameter name '{}' (empty, '.', 'optimizer' or containing '/')",
-                            path, name));
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "optimizer" || name == kStateGroup)
+    throw Error(fmt::format("checkpoint '{}': invalid parameter name '{}' (empty, '.', 'optimizer', '{}' or containing "
+                            "'/')",
+                            path, name, kStateGroup));
 }
 
 void write_array(hid_t loc, const std::string& file, const std::string& dataset_path, const NamedArray& a) {
-  const std::string what = fmt::format("checkpoint '{}': write '{}'", file, dataset_path);
-  std::vector<hsize_t> dims;
-  hsize_t count = 1;
-  for (auto d : a.shape) {
-    if (d < 0) throw Error(fmt::format("{}: negative dimension in shape {}", what, shape_text(a.shape)));
-    dims.push_back(static_cast<hsize_t>(d));
-    count *= static_cast<hsize_t>(d);
-  }
-  if (count > 0 && a.data == nullptr) throw Error(fmt::format("{}: null data", what));
-  const h5::Dataspace space(dims.empty() ? H5Screate(H5S_SCALAR)
-                                         : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                            what);
-  const h5::PropertyList lcpl = h5::intermediate_groups();
-  const h5::Dataset dataset(
-      H5Dcreate2(loc, dataset_path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), what);
-  if (count > 0)
-    h5::check_status(H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a.data), what);
+  h5::write_f32(loc, dataset_path, a.shape, a.data, fmt::format("checkpoint '{}': write '{}'", file, dataset_path));
 }
 
 }  // namespace
 
 void write_weights(const std::string& path, const std::vector<NamedArray>& params,
-                   const std::map<std::string, AttrValue>& attrs, const OptimizerArrays* optimizer) {
+                   const std::map<std::string, AttrValue>& attrs, const OptimizerArrays* optimizer,
+                   const std::vector<NamedArray>* state) {
   if (weights_format(path) == WeightsFormat::safetensors) {
-    if (optimizer)
+    if (optimizer || state)
       throw Error(fmt::format("checkpoint '{}': a safetensors file holds weights only, not optimizer state; name "
                               "training checkpoints .h5",
                               path));
@@ -114,6 +101,8 @@ void write_weights(const std::string& path, const std::vector<NamedArray>& param
       for (const auto& a : optimizer->m) write_array(file.get(), path, "optimizer/m/" + a.name, a);
       for (const auto& a : optimizer->v) write_array(file.get(), path, "optimizer/v/" + a.name, a);
     }
+    if (state)
+      for (const auto& a : *state) write_array(file.get(), path, std::string(kStateGroup) + "/" + a.name, a);
     const h5::Object root(H5Oopen(file.get(), "/", H5P_DEFAULT), "open '/'");
     h5::write_attr(root.get(), "schema", std::string(kSchema));
     h5::write_attr(root.get(), "version", std::string(kVersion));
@@ -266,6 +255,22 @@ void CheckpointReader::read_optimizer(const std::string& moment, const std::stri
     throw Error(fmt::format("checkpoint '{}': invalid parameter name '{}'", path_, name));
   read_dataset(impl_->file.get(), path_, fmt::format("optimizer/{}/{}", moment, name),
                fmt::format("optimizer state {} of '{}'", moment, name), expected_shape, out, names());
+}
+
+std::optional<std::vector<std::int64_t>> CheckpointReader::state_shape(const std::string& name) const {
+  if (impl_->safetensors) return std::nullopt;
+  const h5::QuietErrors quiet;
+  const std::string at = std::string(kStateGroup) + "/" + name;
+  if (!is_dataset(impl_->file.get(), at)) return std::nullopt;
+  return h5::dataset_shape(impl_->file.get(), at, fmt::format("checkpoint '{}': shape of '{}'", path_, at));
+}
+
+void CheckpointReader::read_state(const std::string& name, const std::vector<std::int64_t>& expected_shape,
+                                  float* out) const {
+  if (impl_->safetensors) throw Error(fmt::format("checkpoint '{}': a safetensors file holds no training state", path_));
+  const h5::QuietErrors quiet;
+  const std::string at = std::string(kStateGroup) + "/" + name;
+  h5::read_f32(impl_->file.get(), at, expected_shape, out, fmt::format("checkpoint '{}': read '{}'", path_, at));
 }
 
 std::map<std::string, AttrValue> CheckpointReader::attrs() const {

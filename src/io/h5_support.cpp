@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "lmscale/core/error.h"
 #include "output_target.h"
@@ -147,6 +148,50 @@ PropertyList intermediate_groups() {
   check_status(H5Pset_create_intermediate_group(lcpl.get(), 1), "set intermediate group creation");
   check_status(H5Pset_char_encoding(lcpl.get(), H5T_CSET_UTF8), "set UTF-8 link names");
   return lcpl;
+}
+
+void write_f32(hid_t loc, const std::string& path, const std::vector<std::int64_t>& shape, const float* data,
+               const std::string& what) {
+  std::vector<hsize_t> dims;
+  hsize_t count = 1;
+  for (auto d : shape) {
+    if (d < 0) throw Error(fmt::format("{}: negative dimension in shape [{}]", what, fmt::join(shape, ", ")));
+    dims.push_back(static_cast<hsize_t>(d));
+    count *= static_cast<hsize_t>(d);
+  }
+  if (count > 0 && data == nullptr) throw Error(fmt::format("{}: null data", what));
+  const Dataspace space(dims.empty() ? H5Screate(H5S_SCALAR)
+                                     : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                        what);
+  const PropertyList lcpl = intermediate_groups();
+  const Dataset dataset(H5Dcreate2(loc, path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
+                        what);
+  if (count > 0) check_status(H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), what);
+}
+
+std::vector<std::int64_t> dataset_shape(hid_t loc, const std::string& path, const std::string& what) {
+  if (!exists(loc, path)) throw Error(fmt::format("{}: no dataset '{}'", what, path));
+  const Dataset dataset(H5Dopen2(loc, path.c_str(), H5P_DEFAULT), what);
+  const Dataspace space(H5Dget_space(dataset.get()), what);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  check_status(rank < 0 ? -1 : 0, what);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  if (rank > 0) check_status(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), what);
+  return {dims.begin(), dims.end()};
+}
+
+void read_f32(hid_t loc, const std::string& path, const std::vector<std::int64_t>& expected_shape, float* out,
+              const std::string& what) {
+  const auto shape = dataset_shape(loc, path, what);
+  if (shape != expected_shape)
+    throw Error(fmt::format("{}: '{}' has shape [{}] in the file but [{}] is expected", what, path,
+                            fmt::join(shape, ", "), fmt::join(expected_shape, ", ")));
+  std::int64_t count = 1;
+  for (auto d : shape) count *= d;
+  if (count == 0) return;
+  if (out == nullptr) throw Error(fmt::format("{}: null output buffer", what));
+  const Dataset dataset(H5Dopen2(loc, path.c_str(), H5P_DEFAULT), what);
+  check_status(H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out), what);
 }
 
 Object open_or_create_group(hid_t file, const std::string& path) {

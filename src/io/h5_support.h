@@ -3,6 +3,7 @@
 // (checkpoint.cpp): string types, paths with intermediate groups, attributes, and the
 // write-to-NAME.tmp-then-rename convention.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,17 @@ void write_string_array_attr(hid_t obj, const std::string& name, const std::vect
 // Error for kinds AttrValue cannot hold (compound, string arrays, >1-D).
 AttrValue read_attr(hid_t obj, const std::string& name);
 std::vector<std::string> attr_names(hid_t obj);
+
+// A float32 dataset of `shape` ({} = scalar; row-major `data`, null only when empty) at `path`
+// below `loc`, parent groups created. `what` prefixes errors.
+void write_f32(hid_t loc, const std::string& path, const std::vector<std::int64_t>& shape, const float* data,
+               const std::string& what);
+// The shape of the dataset at `path` (Error prefixed with `what` when there is none).
+std::vector<std::int64_t> dataset_shape(hid_t loc, const std::string& path, const std::string& what);
+// Reads the float32 dataset at `path` into `out` when its shape is `expected_shape`; Error naming
+// both shapes otherwise.
+void read_f32(hid_t loc, const std::string& path, const std::vector<std::int64_t>& expected_shape, float* out,
+              const std::string& what);
 
 // File access: H5F_CLOSE_STRONG (closing the file closes every object still open in it) and
 // file locking that is skipped where the file system does not support it.

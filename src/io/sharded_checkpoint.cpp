@@ -183,6 +183,15 @@ void ShardWriter::write(StateKind kind, std::int64_t offset, const float* data, 
   h5::check_status(H5Dwrite(d, H5T_NATIVE_FLOAT, mem.get(), file_space.get(), H5P_DEFAULT, data), what);
 }
 
+void ShardWriter::write_state(const std::string& name, const std::vector<std::int64_t>& shape, const float* data) {
+  const h5::QuietErrors quiet;
+  auto& I = *impl_;
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw Error(fmt::format("checkpoint file '{}': invalid state name '{}'", I.path, name));
+  h5::write_f32(I.file.get(), "state/" + name, shape, data,
+                fmt::format("checkpoint file '{}': write 'state/{}'", I.path, name));
+}
+
 void ShardWriter::commit(const std::vector<ShardPiece>& pieces, const std::map<std::string, AttrValue>& attrs) {
   const h5::QuietErrors quiet;
   auto& I = *impl_;
@@ -248,6 +257,20 @@ void ShardReader::read(StateKind kind, std::int64_t offset, float* out, std::int
   h5::check_status(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr), what);
   const h5::Dataspace mem(H5Screate_simple(1, &n, nullptr), what);
   h5::check_status(H5Dread(d.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(), H5P_DEFAULT, out), what);
+}
+
+std::optional<std::vector<std::int64_t>> ShardReader::state_shape(const std::string& name) const {
+  const h5::QuietErrors quiet;
+  const std::string at = "state/" + name;
+  if (name.empty() || name.find('/') != std::string::npos || !h5::exists(impl_->file.get(), at)) return std::nullopt;
+  return h5::dataset_shape(impl_->file.get(), at, fmt::format("checkpoint file '{}': shape of '{}'", path_, at));
+}
+
+void ShardReader::read_state(const std::string& name, const std::vector<std::int64_t>& expected_shape,
+                             float* out) const {
+  const h5::QuietErrors quiet;
+  const std::string at = "state/" + name;
+  h5::read_f32(impl_->file.get(), at, expected_shape, out, fmt::format("checkpoint file '{}': read '{}'", path_, at));
 }
 
 // ---- index ------------------------------------------------------------------------------------

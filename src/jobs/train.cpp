@@ -87,11 +87,12 @@ int run_train(JobEnv& env) {
   auto data = io::make_token_source(cfg.data, cfg.model.vocab_size, cfg.run.seed);
   Trainer trainer(env, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.steps);
   std::string resumed_from;
+  std::optional<std::string> fp8_state_missing;   // why delayed FP8 scaling restarts its histories
   if (const auto dir = resume_directory(env)) {
-    load_sharded_checkpoint(env, trainer, *dir);
+    fp8_state_missing = load_sharded_checkpoint(env, trainer, *dir);
     resumed_from = *dir;
   } else if (!cfg.train.resume.empty() && cfg.train.resume != "auto") {
-    load_checkpoint(env, trainer, cfg.train.resume);
+    fp8_state_missing = load_checkpoint(env, trainer, cfg.train.resume);
     resumed_from = cfg.train.resume;
   }
   move_aside_newer_checkpoints(env, trainer.step());   // train.on_newer_checkpoints = move-aside
@@ -125,13 +126,14 @@ int run_train(JobEnv& env) {
                                                    parallel::Spec::resolve(cfg.parallel, env.world).describe(env.world))
                                      : std::string());
     if (!resumed_from.empty()) fmt::print("resumed from {} at step {}\n", resumed_from, trainer.step());
-    // Checkpoints hold no FP8 scaling state (docs/precision.md): current scaling needs none, delayed
-    // scaling's windows start empty again.
-    if (!resumed_from.empty() && cfg.precision.mode == PrecisionMode::fp8 &&
-        cfg.precision.fp8_scaling == Fp8Scaling::delayed)
-      fmt::print(stderr, "lmscale: warning: precision.fp8_scaling = delayed: checkpoints do not hold the amax "
-                         "histories, so the resumed run starts them empty (its first casts use scale 1) and differs "
-                         "from an uninterrupted run; precision.fp8_scaling = current resumes exactly\n");
+    // Checkpoints hold delayed FP8 scaling's state per rank (docs/checkpoints.md); where this one
+    // cannot give it, the histories start empty and the run differs from an uninterrupted one.
+    if (fp8_state_missing)
+      fmt::print(stderr, "lmscale: warning: precision.fp8_scaling = delayed: {}, so the resumed run starts the amax "
+                         "histories empty (its first casts use scale 1) and differs from an uninterrupted run; resume "
+                         "on as many ranks as wrote the checkpoint, or use precision.fp8_scaling = current, which keeps "
+                         "no state\n",
+                 *fp8_state_missing);
     if (!resumed_from.empty() && trainer.step() >= cfg.train.steps)
       fmt::print("train: the checkpoint is at the end (train.steps = {}): the run is complete, nothing to train "
                  "(raise train.steps to continue it)\n",

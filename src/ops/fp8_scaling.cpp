@@ -37,6 +37,34 @@ int Fp8TensorScaling::next_slot(Context& ctx) const {
   return *h.data_as<const std::int32_t>();
 }
 
+std::vector<float> Fp8TensorScaling::history_oldest_first(Context& ctx) const {
+  const std::int64_t H = history_.numel();
+  Tensor h = Tensor::empty({H}, DType::f32, *ctx.host, "fp8_amax_history");
+  copy(ctx, history_, h);
+  const float* p = h.data_as<const float>();
+  const int next = next_slot(ctx);
+  std::vector<float> out;
+  for (std::int64_t i = 0; i < H; ++i) out.push_back(p[(next + i) % H]);
+  return out;
+}
+
+void Fp8TensorScaling::restore(Context& ctx, const std::vector<float>& history_oldest_first, float scale,
+                               float inv_scale) {
+  LMSCALE_CHECK(static_cast<std::int64_t>(history_oldest_first.size()) == history_.numel(),
+                "Fp8TensorScaling::restore: a history of {} amaxes for a window of {}", history_oldest_first.size(),
+                history_.numel());
+  std::vector<float> h = history_oldest_first;
+  copy(ctx, Tensor::view(h.data(), {history_.numel()}, DType::f32, Device::cpu), history_);
+  float s = scale, inv = inv_scale;
+  copy(ctx, Tensor::view(&s, {1}, DType::f32, Device::cpu), scale_);
+  copy(ctx, Tensor::view(&inv, {1}, DType::f32, Device::cpu), inv_scale_);
+  slot_ = 0;
+  if (device_slot_.defined()) fill(ctx, device_slot_, 0.0);
+  producer_armed_ = false;
+  // The sources are pageable host memory: a copy to the device returns once they are staged, so
+  // the locals may go.
+}
+
 void Fp8TensorScaling::quantize(Context& ctx, const Tensor& x, Tensor& out, bool record) {
   quantize(ctx, x, &out, nullptr, record);
 }

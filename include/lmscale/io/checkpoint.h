@@ -5,7 +5,8 @@
 //   {k: torch.from_numpy(f[k][()]) for k in f if isinstance(f[k], h5py.Dataset)}
 // is a state_dict the reference model loads with no renaming. A training checkpoint adds the
 // optimizer state as /optimizer/m/<name> and /optimizer/v/<name> (float32, same shapes: AdamW's
-// and LAMB's moments; SGD's and LARS's momentum buffer in m, no v) and root attributes (step,
+// and LAMB's moments; SGD's and LARS's momentum buffer in m, no v), other training state under
+// /state/ (delayed FP8 scaling's amax histories and scales), and root attributes (step,
 // seed, data position, loss scale, optimizer name, config, ...). Files are written as
 // NAME.tmp and renamed to NAME, so a crash never leaves a half-written checkpoint under NAME.
 // A name ending in .safetensors (weights_format.h) is a safetensors weights file instead
@@ -36,8 +37,11 @@ struct OptimizerArrays {
 // names, null data and moments without a matching parameter throw Error naming the array.
 // PATH ending in .safetensors: the weights and, as text metadata, `schema`, `format` ("pt"),
 // `version`, `git_commit`, `utc_time` and `attrs`; `optimizer` given throws Error.
+// `state`: further training state (float32 arrays of any shape) at /state/<name>, names without
+// '/' (the FP8 scaling state: jobs/engine/fp8_checkpoint_state.h); HDF5 files only.
 void write_weights(const std::string& path, const std::vector<NamedArray>& params,
-                   const std::map<std::string, AttrValue>& attrs = {}, const OptimizerArrays* optimizer = nullptr);
+                   const std::map<std::string, AttrValue>& attrs = {}, const OptimizerArrays* optimizer = nullptr,
+                   const std::vector<NamedArray>* state = nullptr);
 
 class CheckpointReader {
  public:
@@ -61,6 +65,11 @@ class CheckpointReader {
   // moment: "m" or "v"; same checks as read().
   void read_optimizer(const std::string& moment, const std::string& name,
                       const std::vector<std::int64_t>& expected_shape, float* out) const;
+
+  // write_weights' `state` array `name`: its shape (nullopt when the file has none), its values
+  // (the same checks as read()).
+  std::optional<std::vector<std::int64_t>> state_shape(const std::string& name) const;
+  void read_state(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* out) const;
 
   std::map<std::string, AttrValue> attrs() const;   // root attributes
   std::optional<AttrValue> attr(const std::string& name) const;

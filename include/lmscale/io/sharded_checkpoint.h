@@ -6,6 +6,7 @@
 //                  `pieces/{name,begin,end,offset}`: elements [begin, end) of parameter `name`
 //                  (row-major flat index) are at [offset, offset + end - begin) of the datasets.
 //                  Datasets are chunked with Fletcher-32 checksums, so a damaged chunk fails to read.
+//                  Per-rank training state other than the pieces under state/ (ShardWriter::write_state).
 //   index.h5       written last, by rank 0, after every rank file is complete (as index.h5.tmp,
 //                  then renamed): the training state's scalars as attributes (step, optimizer
 //                  steps, loss scale, seed, data position, model shape, ...), the parameter list
@@ -52,6 +53,9 @@ class ShardWriter {
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
   void write(StateKind kind, std::int64_t offset, const float* data, std::int64_t count);
+  // Further per-rank training state: a float32 array at state/<name> (name without '/'; the FP8
+  // scaling state, jobs/engine/fp8_checkpoint_state.h).
+  void write_state(const std::string& name, const std::vector<std::int64_t>& shape, const float* data);
   void commit(const std::vector<ShardPiece>& pieces, const std::map<std::string, AttrValue>& attrs);
 
  private:
@@ -69,6 +73,10 @@ class ShardReader {
   const std::map<std::string, AttrValue>& attrs() const;
   // Error naming the file when the range is outside the array or a checksum fails.
   void read(StateKind kind, std::int64_t offset, float* out, std::int64_t count) const;
+  // write_state's array `name`: its shape (nullopt when the file has none), its values (Error
+  // naming the file and both shapes when the shape differs).
+  std::optional<std::vector<std::int64_t>> state_shape(const std::string& name) const;
+  void read_state(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* out) const;
   const std::string& path() const { return path_; }
 
  private:

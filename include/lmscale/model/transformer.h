@@ -104,6 +104,7 @@ class TransformerLM {
   void enable_fp8(Context& ctx, const ops::Fp8LinearOptions& options);
   // The FP8 layers and their scaling state (null unless enable_fp8 was called).
   const Fp8Layers* fp8() const { return fp8_.get(); }
+  Fp8Layers* fp8() { return fp8_.get(); }
 
   // What the forward keeps for the backward (activation checkpointing); default none.
   void set_recompute(const RecomputePolicy& p) { recompute_ = p; }

@@ -161,6 +161,10 @@ class Fp8Linear {
   const Fp8TensorScaling& x_scaling() const { return x_; }
   const Fp8TensorScaling& w_scaling() const { return w_; }
   const Fp8TensorScaling& dy_scaling() const { return dy_; }
+  // A resumed run sets them to a checkpoint's state (Fp8TensorScaling::restore).
+  Fp8TensorScaling& x_scaling() { return x_; }
+  Fp8TensorScaling& w_scaling() { return w_; }
+  Fp8TensorScaling& dy_scaling() { return dy_; }
   Fp8Accumulation forward_accumulation() const { return forward_accumulation_; }
   Fp8Accumulation grad_accumulation() const { return grad_accumulation_; }
 

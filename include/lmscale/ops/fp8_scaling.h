@@ -23,6 +23,7 @@
 // of this operand, so a GEMM reading its output passes inv_scale() (ops::linear_fp8).
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/fp8.h"
@@ -81,6 +82,14 @@ class Fp8TensorScaling {
   // Where the next cast records its amax. On CUDA the casts keep the slot in device memory
   // (Fp8HistoryUpdate::slot: a replayed CUDA graph records without the host), read here.
   int next_slot(Context& ctx) const;
+  // The amax history on the host, oldest cast first (the ring buffer rotated so that the slot the
+  // next cast fills comes first): what the results file and checkpoints hold.
+  std::vector<float> history_oldest_first(Context& ctx) const;
+  // The state a checkpoint saved (history_oldest_first, the scale and its inverse): the history
+  // goes in oldest first with the record slot at 0, so the next cast overwrites the oldest amax
+  // and every later scale is the one the saving run would have used (a scale depends on the
+  // window's maximum only, never on where in the ring an amax sits).
+  void restore(Context& ctx, const std::vector<float>& history_oldest_first, float scale, float inv_scale);
 
  private:
   Fp8Format format_;

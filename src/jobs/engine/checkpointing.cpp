@@ -9,7 +9,9 @@
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/host_vector.h"
+#include "lmscale/comm/communicator.h"
 #include "lmscale/io/checkpoint.h"
+#include "lmscale/jobs/engine/fp8_checkpoint_state.h"
 #include "lmscale/jobs/resilience/rank_agreement.h"
 #include "lmscale/ops/ops.h"
 
@@ -54,6 +56,28 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
       opt.v = named(full_layout, v);
     }
   }
+  // Delayed FP8 scaling's state, every rank's (each scales its own rows): [world, operands, H].
+  std::vector<float> fp8_history, fp8_scale, fp8_inv_scale;
+  std::vector<io::NamedArray> state;
+  if (with_optimizer_state)
+    if (const auto st = capture_fp8_state(env, trainer)) {
+      const auto W = static_cast<std::size_t>(env.world);
+      fp8_history.resize(W * st->amax_history.size());
+      fp8_scale.resize(W * st->scale.size());
+      fp8_inv_scale.resize(W * st->inv_scale.size());
+      if (env.world > 1) {
+        env.host_comm->all_gather(st->amax_history.data(), fp8_history.data(), st->amax_history.size(), DType::f32).wait();
+        env.host_comm->all_gather(st->scale.data(), fp8_scale.data(), st->scale.size(), DType::f32).wait();
+        env.host_comm->all_gather(st->inv_scale.data(), fp8_inv_scale.data(), st->inv_scale.size(), DType::f32).wait();
+      } else {
+        fp8_history = st->amax_history;
+        fp8_scale = st->scale;
+        fp8_inv_scale = st->inv_scale;
+      }
+      state = {{kFp8HistoryName, {env.world, st->operands, st->history}, fp8_history.data()},
+               {kFp8ScaleName, {env.world, st->operands}, fp8_scale.data()},
+               {kFp8InvScaleName, {env.world, st->operands}, fp8_inv_scale.data()}};
+    }
   if (!env.is_root()) return;
   std::map<std::string, io::AttrValue> attrs{
       {"step", trainer.step()},
@@ -67,7 +91,8 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
   };
   // full_parameters() is in the whole model's layout whatever this rank holds (tensor slices,
   // pipeline stages): name it by that layout.
-  io::write_weights(path, named(full_layout, params), attrs, with_optimizer_state ? &opt : nullptr);
+  io::write_weights(path, named(full_layout, params), attrs, with_optimizer_state ? &opt : nullptr,
+                    state.empty() ? nullptr : &state);
 }
 
 // Weights and optimizer state read from a file must be finite: a NaN would make every step skip
@@ -83,7 +108,7 @@ void require_finite(const std::string& path, const std::string& what, const Layo
                                      path, what, p.name, flat[static_cast<std::size_t>(p.offset + i)], i));
 }
 
-void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
+std::optional<std::string> load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   Context& ctx = env.rt.ctx();
   // Full parameters by name, sliced by the trainer for this rank's layout.
   const auto full_layout = model::parameter_layout(trainer.dims());
@@ -95,6 +120,10 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   std::vector<std::vector<float>> states;   // the optimizer's m (and v), full layout
   std::int64_t step = 0, optimizer_steps = 0;
   std::optional<double> loss_scale;
+  // Delayed FP8 scaling's state of this rank, or why the file cannot give it.
+  const auto fp8_shape = fp8_state_shape(trainer);
+  std::optional<Fp8ScalingState> fp8;
+  std::optional<std::string> fp8_missing;
   agree_on_failure(env, [&] {
     try {
       io::CheckpointReader r(path);
@@ -127,12 +156,35 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
       step = get("step");
       optimizer_steps = get("optimizer_steps");
       if (auto ls = r.attr("loss_scale"); ls && std::holds_alternative<double>(*ls)) loss_scale = std::get<double>(*ls);
+      if (fp8_shape) {
+        const auto [ops_n, H] = *fp8_shape;
+        const std::vector<std::int64_t> want{env.world, ops_n, H};
+        const auto saved = r.state_shape(kFp8HistoryName);
+        if (!saved) {
+          fp8_missing = "the checkpoint holds no FP8 scaling state (written with current scaling or by an older lmscale)";
+        } else if (*saved != want) {
+          fp8_missing = fmt::format("the checkpoint's FP8 scaling state is for {} ranks x {} operands x {} amaxes, this "
+                                    "run has {} x {} x {} (each rank's state belongs to its rank)",
+                                    (*saved)[0], saved->size() > 1 ? (*saved)[1] : 0, saved->size() > 2 ? (*saved)[2] : 0,
+                                    env.world, ops_n, H);
+        } else {
+          const auto W = static_cast<std::size_t>(env.world), n = static_cast<std::size_t>(ops_n),
+                     h = static_cast<std::size_t>(H), me = static_cast<std::size_t>(env.rank);
+          std::vector<float> all_h(W * n * h), all_s(W * n), all_i(W * n);
+          r.read_state(kFp8HistoryName, want, all_h.data());
+          r.read_state(kFp8ScaleName, {env.world, ops_n}, all_s.data());
+          r.read_state(kFp8InvScaleName, {env.world, ops_n}, all_i.data());
+          fp8 = Fp8ScalingState{ops_n, H, std::vector<float>(all_h.begin() + me * n * h, all_h.begin() + (me + 1) * n * h),
+                                std::vector<float>(all_s.begin() + me * n, all_s.begin() + (me + 1) * n),
+                                std::vector<float>(all_i.begin() + me * n, all_i.begin() + (me + 1) * n)};
+        }
+      }
     } catch (const Error& e) {   // io: a damaged, truncated or unreadable file (named in the message)
       throw UsageError(fmt::format("train.resume = '{}' cannot be read: {}", path, e.what()));
     }
   }, true);
   trainer.set_parameters(flat);
-  if (states.empty()) return;
+  if (states.empty()) return std::nullopt;
   optim::Optimizer& o = *trainer.optimizer();
   for (int k = 0; k < o.num_states(); ++k) {
     std::vector<float> local = trainer.to_local_layout(states[static_cast<std::size_t>(k)]);
@@ -142,6 +194,8 @@ void load_checkpoint(JobEnv& env, Trainer& trainer, const std::string& path) {
   trainer.set_step(step);
   trainer.optimizer()->set_steps(optimizer_steps);
   if (loss_scale) trainer.loss_scaler().set_scale(*loss_scale);
+  if (fp8) restore_fp8_state(env, trainer, *fp8);
+  return fp8_missing;
 }
 
 }  // namespace lmscale::jobs

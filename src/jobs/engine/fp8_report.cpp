@@ -42,15 +42,10 @@ std::string fast_accum_name(const ops::Fp8LinearOptions& o) {
 }
 
 HostScaling read(Context& ctx, const ops::Fp8TensorScaling& s) {
-  const std::int64_t H = s.amax_history().numel();
-  Tensor h = Tensor::empty({H}, DType::f32, *ctx.host, "fp8_report");
   Tensor sc = Tensor::empty({1}, DType::f32, *ctx.host, "fp8_report");
-  ops::copy(ctx, s.amax_history(), h);
   ops::copy(ctx, s.scale(), sc);
   HostScaling out;
-  const float* p = h.data_as<const float>();
-  const int next = s.next_slot(ctx);
-  for (std::int64_t i = 0; i < H; ++i) out.history.push_back(p[(next + i) % H]);
+  out.history = s.history_oldest_first(ctx);
   out.scale = *sc.data_as<const float>();
   return out;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 #include "lmscale/core/error.h"
 #include "lmscale/core/host_vector.h"
 #include "lmscale/io/sharded_checkpoint.h"
+#include "lmscale/jobs/engine/fp8_checkpoint_state.h"
 #include "lmscale/jobs/resilience/rank_agreement.h"
 #include "lmscale/jobs/engine/trainer.h"
 #include "lmscale/parallel/spec.h"
@@ -140,6 +142,12 @@ void save_sharded_checkpoint(JobEnv& env, Trainer& trainer) {
         writer.write(r.kind, r.file_offset + at, stage.data(), n);
       }
     }
+    // Delayed FP8 scaling's state: this rank's own (each data-parallel rank scales its own rows).
+    if (const auto st = capture_fp8_state(env, trainer)) {
+      writer.write_state(kFp8HistoryName, {st->operands, st->history}, st->amax_history.data());
+      writer.write_state(kFp8ScaleName, {st->operands}, st->scale.data());
+      writer.write_state(kFp8InvScaleName, {st->operands}, st->inv_scale.data());
+    }
     writer.commit(table, {{"rank", static_cast<std::int64_t>(env.rank)},
                           {"world_size", static_cast<std::int64_t>(env.world)},
                           {"step", trainer.step()}});
@@ -256,7 +264,35 @@ void check_shard(const io::CheckpointIndex& ix, int file, const io::ShardReader&
 }
 
 // Reads the checkpoint into the trainer (every rank its own pieces); throws on any problem.
-void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
+// Delayed FP8 scaling's state of this rank from its own rank file, restored; or why it cannot be.
+std::optional<std::string> restore_fp8(JobEnv& env, Trainer& trainer, const io::CheckpointIndex& ix,
+                                       const std::function<const io::ShardReader&(int)>& reader) {
+  const auto shape = fp8_state_shape(trainer);
+  if (!shape) return std::nullopt;
+  const std::int64_t writers = ix.int_attr("writer_world_size");
+  if (writers != env.world)
+    return fmt::format("the checkpoint was written by {} ranks and this run has {} (each rank's FP8 scaling state "
+                       "belongs to its rank)",
+                       writers, env.world);
+  const auto file = std::find(ix.files.begin(), ix.files.end(), io::shard_file_name(env.rank));
+  if (file == ix.files.end()) return fmt::format("the checkpoint has no file of rank {}", env.rank);
+  const io::ShardReader& r = reader(static_cast<int>(file - ix.files.begin()));
+  const auto [operands, H] = *shape;
+  if (r.state_shape(kFp8HistoryName) != std::optional<std::vector<std::int64_t>>(std::vector<std::int64_t>{operands, H}))
+    return fmt::format("'{}' holds no FP8 scaling state of {} operands x {} amaxes (written with current scaling, "
+                       "another precision.fp8_history or an older lmscale)",
+                       r.path(), operands, H);
+  Fp8ScalingState st{operands, H, std::vector<float>(static_cast<std::size_t>(operands * H)),
+                     std::vector<float>(static_cast<std::size_t>(operands)),
+                     std::vector<float>(static_cast<std::size_t>(operands))};
+  r.read_state(kFp8HistoryName, {operands, H}, st.amax_history.data());
+  r.read_state(kFp8ScaleName, {operands}, st.scale.data());
+  r.read_state(kFp8InvScaleName, {operands}, st.inv_scale.data());
+  restore_fp8_state(env, trainer, st);
+  return std::nullopt;
+}
+
+std::optional<std::string> restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
   const Config& cfg = env.cfg;
   Context& ctx = env.rt.ctx();
   const io::CheckpointIndex ix = io::read_index(step_dir);
@@ -339,19 +375,22 @@ void restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
   trainer.loss_scaler().set_scale(ix.double_attr("loss_scale"));
   trainer.loss_scaler().set_clean_steps(ix.int_attr("loss_scale_clean_steps"));
   if (trainer.params().has_flat_params() && trainer.params().has_lowp()) trainer.params().refresh_lowp(ctx);
+  return restore_fp8(env, trainer, ix, reader);
 }
 
 }  // namespace
 
-void load_sharded_checkpoint(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
+std::optional<std::string> load_sharded_checkpoint(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
   // Every failure here means the checkpoint cannot continue this deck: exit 2, on every rank.
+  std::optional<std::string> fp8_missing;
   agree_on_failure(env, [&] {
     try {
-      restore(env, trainer, step_dir);
+      fp8_missing = restore(env, trainer, step_dir);
     } catch (const Error& e) {   // io: a damaged, truncated or unreadable file (named in the message)
       throw UsageError(fmt::format("train.resume: cannot read checkpoint '{}': {}", step_dir, e.what()));
     }
   }, true);
+  return fp8_missing;
 }
 
 }  // namespace lmscale::jobs

@@ -23,8 +23,10 @@ std::optional<std::string> resume_directory(JobEnv& env);
 
 // Collective. Restores parameters, AdamW state, step, loss scale from STEP_DIR. A checkpoint of
 // another model, a damaged or incomplete one: UsageError (exit 2) on every rank, naming the file
-// and the problem.
-void load_sharded_checkpoint(JobEnv& env, Trainer& trainer, const std::string& step_dir);
+// and the problem. Restores delayed FP8 scaling's state (fp8_checkpoint_state.h) from this rank's
+// file when the checkpoint was written by as many ranks; returns why it could not, when the model
+// needs it (nullopt otherwise).
+std::optional<std::string> load_sharded_checkpoint(JobEnv& env, Trainer& trainer, const std::string& step_dir);
 
 // Collective. After an explicit train.resume (not auto) has been loaded at step `step`, with
 // train.on_newer_checkpoints = move-aside: rank 0 moves the step folders of train.checkpoint_dir
