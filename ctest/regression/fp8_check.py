@@ -29,6 +29,7 @@ def load(name):
             t = f["/train/fp8"][()]
             d["table"] = np.stack([t["amax"], t["amax_window_max"], t["scale"]])
             d["recorded_steps"] = sorted(set(int(x) for x in t["step"]))
+            d["step_of_row"] = t["step"].astype(int)
             names = [x.decode().rstrip("\0") if isinstance(x, bytes) else str(x) for x in t["gemm"]]
             d["gemms"] = list(dict.fromkeys(names))   # first-seen order: the forward's
             d["history"] = f["/train/fp8_amax_history"][()]
@@ -108,10 +109,19 @@ full, part_a, part_b = load("current_none"), load("resume_a"), load("resume_b")
 check(np.array_equal(np.concatenate([part_a["loss"], part_b["loss"]]), full["loss"]),
       "current: a checkpoint at step 6 resumed to 12 equals the uninterrupted run bitwise")
 for full_name, a, b, what in [("delayed_none", "resume_d_a", "resume_d_b", "1 rank, one file"),
+                              ("delayed_h4", "resume_h4_a", "resume_h4_b", "1 rank, one file, a window of 4"),
                               ("delayed_ddp", "resume_d2_a", "resume_d2_b", "2 ranks, one file"),
                               ("delayed_ddp", "resume_ds_a", "resume_ds_b", "2 ranks, sharded")]:
     full, part_a, part_b = load(full_name), load(a), load(b)
+    # The resumed run's recorded rows (amax, window maximum, scale) at each step it recorded, and
+    # its final amax histories, against the uninterrupted run's.
+    common = [st for st in part_b["recorded_steps"] if st in full["recorded_steps"]]
+    rows = bool(common) and all(
+        np.array_equal(part_b["table"][:, part_b["step_of_row"] == st], full["table"][:, full["step_of_row"] == st])
+        for st in common)
     check(np.array_equal(np.concatenate([part_a["loss"], part_b["loss"]]), full["loss"]) and
-          np.array_equal(np.concatenate([part_a["grad_norm"], part_b["grad_norm"]]), full["grad_norm"]),
-          f"delayed ({what}): a checkpoint at step 6 resumed to 12 equals the uninterrupted run bitwise")
+          np.array_equal(np.concatenate([part_a["grad_norm"], part_b["grad_norm"]]), full["grad_norm"]) and rows and
+          np.array_equal(part_b["history"], full["history"]),
+          f"delayed ({what}): a checkpoint at step 6 resumed to 12 equals the uninterrupted run bitwise (losses, "
+          f"norms, the /train/fp8 rows of steps {common}, the final histories)")
 sys.exit(1 if failures else 0)

@@ -18,8 +18,9 @@
 #   5. the results file: /train/fp8 and /train/fp8_amax_history shapes and attributes;
 #   6. current scaling across a checkpoint and resume, bitwise; delayed scaling too (its amax
 #      histories and scales are in the checkpoints, per rank): a single-file checkpoint on 1 and 2
-#      ranks and a sharded one on 2 ranks, each resumed on as many ranks, bitwise; resumed on
-#      another rank count, the run warns that its histories start empty.
+#      ranks (one with a window of 4 that wraps around the checkpoint) and a sharded one on 2
+#      ranks, each resumed on as many ranks, bitwise; resumed on another rank count or window
+#      length, the run warns that its histories start empty.
 set -euo pipefail
 lmscale=$1 deck=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -78,6 +79,15 @@ run 1 resume_b --train.steps=12 --train.resume="$out/fp8_ckpt.h5" --optim.cosine
 D=(--precision.fp8_scaling=delayed --optim.cosine_steps=12)
 run 1 resume_d_a "${D[@]}" --train.steps=6 --train.checkpoint_every=6 --train.checkpoint_path="$out/fp8_ckpt_d.h5"
 run 1 resume_d_b "${D[@]}" --train.steps=12 --train.resume="$out/fp8_ckpt_d.h5" --train.checkpoint_path="$out/fp8_ckpt_d2.h5"
+# A window of 4 casts wraps before and after the checkpoint, so amaxes are evicted on both sides.
+run 1 delayed_h4 "${D[@]}" --precision.fp8_history=4
+run 1 resume_h4_a "${D[@]}" --precision.fp8_history=4 --train.steps=6 --train.checkpoint_every=6 \
+    --train.checkpoint_path="$out/fp8_ckpt_h4.h5"
+run 1 resume_h4_b "${D[@]}" --precision.fp8_history=4 --train.steps=12 --train.resume="$out/fp8_ckpt_h4.h5" \
+    --train.checkpoint_path="$out/fp8_ckpt_h4b.h5"
+# Another window length than the checkpoint's: no state for it, and a warning.
+run 1 resume_h8 "${D[@]}" --precision.fp8_history=8 --train.steps=8 --train.resume="$out/fp8_ckpt_h4.h5" \
+    --train.checkpoint_path="$out/fp8_ckpt_h8.h5"
 run 2 delayed_ddp "${D[@]}" --parallel.ddp=flat
 run 2 resume_d2_a "${D[@]}" --parallel.ddp=flat --train.steps=6 --train.checkpoint_every=6 \
     --train.checkpoint_path="$out/fp8_ckpt_d2r.h5"
@@ -91,13 +101,29 @@ run 2 resume_ds_b "${D[@]}" --parallel.ddp=flat --train.steps=12 --train.resume=
 run 1 resume_ds_1 "${D[@]}" --train.steps=8 --train.resume="$out/fp8_ckptdir/step_00000006"
 run 1 resume_d2_1 "${D[@]}" --train.steps=8 --train.resume="$out/fp8_ckpt_d2r.h5" \
     --train.checkpoint_path="$out/fp8_ckpt_d2r_1.h5"
-for name in resume_ds_1 resume_d2_1; do
+for name in resume_ds_1 resume_d2_1 resume_h8; do
   if ! grep -q "starts the amax histories empty" "$out/fp8_$name.log"; then
-    echo "FAIL  $name: resuming 2 ranks' delayed scaling state on 1 rank did not warn"
+    echo "FAIL  $name: resuming delayed scaling state of another rank count or window did not warn"
     exit 1
   fi
 done
-for name in resume_d_b resume_d2_b resume_ds_b; do
+# A damaged state (a NaN scale) is refused with exit 2 before any step.
+python3 - "$out/fp8_ckpt_d.h5" "$out/fp8_ckpt_bad.h5" <<'DAMAGE'
+import shutil, sys, h5py
+shutil.copy(sys.argv[1], sys.argv[2])
+with h5py.File(sys.argv[2], "a") as f:
+    f["state/fp8_scale"][0, 3] = float("nan")
+DAMAGE
+set +e
+"$lmscale" "$deck" "${D[@]}" --train.steps=12 --train.resume="$out/fp8_ckpt_bad.h5" --run.output="$out/fp8_bad.h5" \
+    > "$out/fp8_bad.log" 2>&1
+rc=$?
+set -e
+if [ "$rc" -ne 2 ] || ! grep -q "state is damaged" "$out/fp8_bad.log"; then
+  echo "FAIL  a NaN FP8 scale in the checkpoint: exit $rc, expected 2 naming the damage"
+  exit 1
+fi
+for name in resume_d_b resume_h4_b resume_d2_b resume_ds_b; do
   if grep -q "starts the amax histories empty" "$out/fp8_$name.log"; then
     echo "FAIL  $name: warned that the histories start empty, but the checkpoint holds them"
     exit 1

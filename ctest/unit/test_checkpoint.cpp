@@ -168,6 +168,9 @@ TEST(Checkpoint, StateArraysRoundTripBesideTheParameters) {
     EXPECT_NE(std::string(e.what()).find("[2, 3, 4]"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("[1, 3, 4]"), std::string::npos) << e.what();
   }
+  const std::vector<NamedArray> bad_state{{"a/b", {1}, scale.data()}};
+  EXPECT_THROW(write_weights(dir.file("bad_state.h5"), model.params(), {}, nullptr, &bad_state), lmscale::Error);
+  EXPECT_FALSE(fs::exists(dir.file("bad_state.h5")));
   // "state" is reserved: no parameter may take the group's name.
   const std::vector<float> one{1.f};
   EXPECT_THROW(write_weights(dir.file("bad.h5"), {{"state", {1}, one.data()}}), lmscale::Error);

@@ -56,7 +56,7 @@ void write_weights(const std::string& path, const std::vector<NamedArray>& param
                    const std::vector<NamedArray>* state) {
   if (weights_format(path) == WeightsFormat::safetensors) {
     if (optimizer || state)
-      throw Error(fmt::format("checkpoint '{}': a safetensors file holds weights only, not optimizer state; name "
+      throw Error(fmt::format("checkpoint '{}': a safetensors file holds weights only, not optimizer or training state; name "
                               "training checkpoints .h5",
                               path));
     for (const auto& p : params) check_name(path, p.name);
@@ -92,6 +92,13 @@ void write_weights(const std::string& path, const std::vector<NamedArray>& param
     }
   }
 
+  if (state) {
+    std::set<std::string> seen;
+    for (const auto& a : *state)
+      if (a.name.empty() || a.name.find('/') != std::string::npos || !seen.insert(a.name).second)
+        throw Error(fmt::format("checkpoint '{}': state array name '{}' is empty, contains '/' or is given twice", path,
+                                a.name));
+  }
   const std::string tmp = h5::temporary_path(path);
   std::vector<std::string> created_dirs;
   h5::File file = h5::create_file(tmp, /*track_creation_order=*/true, &created_dirs);
@@ -124,17 +131,6 @@ struct CheckpointReader::Impl {
   std::unique_ptr<SafetensorsReader> safetensors;  // a .safetensors one (weights only)
 };
 
-namespace {
-
-// True when `path` names a dataset (not a group) below `loc`.
-bool is_dataset(hid_t loc, const std::string& path) {
-  if (!h5::exists(loc, path)) return false;
-  const h5::Object object(H5Oopen(loc, path.c_str(), H5P_DEFAULT), fmt::format("open '{}'", path));
-  return H5Iget_type(object.get()) == H5I_DATASET;
-}
-
-}  // namespace
-
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   const h5::QuietErrors quiet;
   auto impl = std::make_unique<Impl>();
@@ -158,7 +154,7 @@ std::vector<std::string> CheckpointReader::names() const {
   std::vector<std::string> names;
   auto collect = [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
     try {   // no exception may cross the C library's frames
-      if (is_dataset(group, name)) static_cast<std::vector<std::string>*>(data)->push_back(name);
+      if (h5::is_dataset(group, name)) static_cast<std::vector<std::string>*>(data)->push_back(name);
       return 0;
     } catch (...) {
       return -1;
@@ -180,29 +176,14 @@ bool CheckpointReader::has(const std::string& name) const {
   if (name.empty() || name.find('/') != std::string::npos) return false;
   if (impl_->safetensors) return impl_->safetensors->has(name);
   const h5::QuietErrors quiet;
-  return is_dataset(impl_->file.get(), name);
+  return h5::is_dataset(impl_->file.get(), name);
 }
-
-namespace {
-
-std::vector<std::int64_t> dataset_shape(hid_t dataset, const std::string& what) {
-  const h5::Dataspace space(H5Dget_space(dataset), what);
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  h5::check_status(rank < 0 ? -1 : 0, what);
-  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
-  if (rank > 0) h5::check_status(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), what);
-  return {dims.begin(), dims.end()};
-}
-
-}  // namespace
 
 std::vector<std::int64_t> CheckpointReader::shape(const std::string& name) const {
   if (impl_->safetensors) return impl_->safetensors->shape(name);
   const h5::QuietErrors quiet;
   if (!has(name)) throw Error(fmt::format("checkpoint '{}': parameter '{}' not found", path_, name));
-  const std::string what = fmt::format("checkpoint '{}': shape of '{}'", path_, name);
-  const h5::Dataset dataset(H5Dopen2(impl_->file.get(), name.c_str(), H5P_DEFAULT), what);
-  return dataset_shape(dataset.get(), what);
+  return h5::dataset_shape(impl_->file.get(), name, fmt::format("checkpoint '{}': shape of '{}'", path_, name));
 }
 
 namespace {
@@ -210,22 +191,12 @@ namespace {
 void read_dataset(hid_t file, const std::string& file_path, const std::string& dataset_path, const std::string& label,
                   const std::vector<std::int64_t>& expected_shape, float* out, const std::vector<std::string>& names) {
   const std::string what = fmt::format("checkpoint '{}': read {}", file_path, label);
-  if (!is_dataset(file, dataset_path)) {
+  if (!h5::is_dataset(file, dataset_path)) {
     const auto nearest = detail::nearest_name(dataset_path.substr(dataset_path.rfind('/') + 1), names);
     throw Error(fmt::format("checkpoint '{}': {} not found ({} parameters in the file{})", file_path, label,
                             names.size(), nearest ? fmt::format("; nearest: '{}'", *nearest) : std::string()));
   }
-  const h5::Dataset dataset(H5Dopen2(file, dataset_path.c_str(), H5P_DEFAULT), what);
-  const auto shape = dataset_shape(dataset.get(), what);
-  if (shape != expected_shape)
-    throw Error(fmt::format("checkpoint '{}': {} has shape {} in the file but {} is expected", file_path, label,
-                            shape_text(shape), shape_text(expected_shape)));
-  std::int64_t count = 1;
-  for (auto d : shape) count *= d;
-  if (count > 0) {
-    if (out == nullptr) throw Error(fmt::format("{}: null output buffer", what));
-    h5::check_status(H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out), what);
-  }
+  h5::read_f32(file, dataset_path, expected_shape, out, what);
 }
 
 }  // namespace
@@ -258,10 +229,10 @@ void CheckpointReader::read_optimizer(const std::string& moment, const std::stri
 }
 
 std::optional<std::vector<std::int64_t>> CheckpointReader::state_shape(const std::string& name) const {
-  if (impl_->safetensors) return std::nullopt;
+  if (impl_->safetensors || name.empty() || name.find('/') != std::string::npos) return std::nullopt;
   const h5::QuietErrors quiet;
   const std::string at = std::string(kStateGroup) + "/" + name;
-  if (!is_dataset(impl_->file.get(), at)) return std::nullopt;
+  if (!h5::is_dataset(impl_->file.get(), at)) return std::nullopt;
   return h5::dataset_shape(impl_->file.get(), at, fmt::format("checkpoint '{}': shape of '{}'", path_, at));
 }
 
@@ -269,6 +240,8 @@ void CheckpointReader::read_state(const std::string& name, const std::vector<std
                                   float* out) const {
   if (impl_->safetensors) throw Error(fmt::format("checkpoint '{}': a safetensors file holds no training state", path_));
   const h5::QuietErrors quiet;
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw Error(fmt::format("checkpoint '{}': invalid state array name '{}'", path_, name));
   const std::string at = std::string(kStateGroup) + "/" + name;
   h5::read_f32(impl_->file.get(), at, expected_shape, out, fmt::format("checkpoint '{}': read '{}'", path_, at));
 }

@@ -150,6 +150,12 @@ PropertyList intermediate_groups() {
   return lcpl;
 }
 
+bool is_dataset(hid_t loc, const std::string& path) {
+  if (!exists(loc, path)) return false;
+  const Object object(H5Oopen(loc, path.c_str(), H5P_DEFAULT), fmt::format("open '{}'", path));
+  return H5Iget_type(object.get()) == H5I_DATASET;
+}
+
 void write_f32(hid_t loc, const std::string& path, const std::vector<std::int64_t>& shape, const float* data,
                const std::string& what) {
   std::vector<hsize_t> dims;
@@ -170,7 +176,7 @@ void write_f32(hid_t loc, const std::string& path, const std::vector<std::int64_
 }
 
 std::vector<std::int64_t> dataset_shape(hid_t loc, const std::string& path, const std::string& what) {
-  if (!exists(loc, path)) throw Error(fmt::format("{}: no dataset '{}'", what, path));
+  if (!is_dataset(loc, path)) throw Error(fmt::format("{}: no dataset '{}'", what, path));
   const Dataset dataset(H5Dopen2(loc, path.c_str(), H5P_DEFAULT), what);
   const Dataspace space(H5Dget_space(dataset.get()), what);
   const int rank = H5Sget_simple_extent_ndims(space.get());
@@ -184,8 +190,8 @@ void read_f32(hid_t loc, const std::string& path, const std::vector<std::int64_t
               const std::string& what) {
   const auto shape = dataset_shape(loc, path, what);
   if (shape != expected_shape)
-    throw Error(fmt::format("{}: '{}' has shape [{}] in the file but [{}] is expected", what, path,
-                            fmt::join(shape, ", "), fmt::join(expected_shape, ", ")));
+    throw Error(fmt::format("{}: shape [{}] in the file but [{}] is expected", what, fmt::join(shape, ", "),
+                            fmt::join(expected_shape, ", ")));
   std::int64_t count = 1;
   for (auto d : shape) count *= d;
   if (count == 0) return;

@@ -19,6 +19,8 @@ Datatype variable_string_type();
 
 // True when every component of `path` ("/a/b/c" or "a/b/c") exists below `loc`.
 bool exists(hid_t loc, const std::string& path);
+// True when `path` names a dataset (not a group) below `loc`.
+bool is_dataset(hid_t loc, const std::string& path);
 // Link-creation properties that create missing parent groups.
 PropertyList intermediate_groups();
 // The group or dataset at `path` ("/" = root), creating groups (and parents) when missing.
@@ -41,7 +43,7 @@ void write_f32(hid_t loc, const std::string& path, const std::vector<std::int64_
 // The shape of the dataset at `path` (Error prefixed with `what` when there is none).
 std::vector<std::int64_t> dataset_shape(hid_t loc, const std::string& path, const std::string& what);
 // Reads the float32 dataset at `path` into `out` when its shape is `expected_shape`; Error naming
-// both shapes otherwise.
+// both shapes otherwise (`what` names the dataset).
 void read_f32(hid_t loc, const std::string& path, const std::vector<std::int64_t>& expected_shape, float* out,
               const std::string& what);
 

@@ -262,13 +262,15 @@ void ShardReader::read(StateKind kind, std::int64_t offset, float* out, std::int
 std::optional<std::vector<std::int64_t>> ShardReader::state_shape(const std::string& name) const {
   const h5::QuietErrors quiet;
   const std::string at = "state/" + name;
-  if (name.empty() || name.find('/') != std::string::npos || !h5::exists(impl_->file.get(), at)) return std::nullopt;
+  if (name.empty() || name.find('/') != std::string::npos || !h5::is_dataset(impl_->file.get(), at)) return std::nullopt;
   return h5::dataset_shape(impl_->file.get(), at, fmt::format("checkpoint file '{}': shape of '{}'", path_, at));
 }
 
 void ShardReader::read_state(const std::string& name, const std::vector<std::int64_t>& expected_shape,
                              float* out) const {
   const h5::QuietErrors quiet;
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw Error(fmt::format("checkpoint file '{}': invalid state name '{}'", path_, name));
   const std::string at = "state/" + name;
   h5::read_f32(impl_->file.get(), at, expected_shape, out, fmt::format("checkpoint file '{}': read '{}'", path_, at));
 }

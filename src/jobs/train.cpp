@@ -129,10 +129,8 @@ int run_train(JobEnv& env) {
     // Checkpoints hold delayed FP8 scaling's state per rank (docs/checkpoints.md); where this one
     // cannot give it, the histories start empty and the run differs from an uninterrupted one.
     if (fp8_state_missing)
-      fmt::print(stderr, "lmscale: warning: precision.fp8_scaling = delayed: {}, so the resumed run starts the amax "
-                         "histories empty (its first casts use scale 1) and differs from an uninterrupted run; resume "
-                         "on as many ranks as wrote the checkpoint, or use precision.fp8_scaling = current, which keeps "
-                         "no state\n",
+      fmt::print(stderr, "lmscale: warning: precision.fp8_scaling = delayed: {}. The resumed run starts the amax "
+                         "histories empty (its first casts use scale 1) and differs from an uninterrupted run\n",
                  *fp8_state_missing);
     if (!resumed_from.empty() && trainer.step() >= cfg.train.steps)
       fmt::print("train: the checkpoint is at the end (train.steps = {}): the run is complete, nothing to train "

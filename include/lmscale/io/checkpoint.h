@@ -36,7 +36,7 @@ struct OptimizerArrays {
 // or override keys), and renames to PATH. Parent directories are created. Duplicate or invalid
 // names, null data and moments without a matching parameter throw Error naming the array.
 // PATH ending in .safetensors: the weights and, as text metadata, `schema`, `format` ("pt"),
-// `version`, `git_commit`, `utc_time` and `attrs`; `optimizer` given throws Error.
+// `version`, `git_commit`, `utc_time` and `attrs`; `optimizer` or `state` given throws Error.
 // `state`: further training state (float32 arrays of any shape) at /state/<name>, names without
 // '/' (the FP8 scaling state: jobs/engine/fp8_checkpoint_state.h); HDF5 files only.
 void write_weights(const std::string& path, const std::vector<NamedArray>& params,
@@ -66,8 +66,8 @@ class CheckpointReader {
   void read_optimizer(const std::string& moment, const std::string& name,
                       const std::vector<std::int64_t>& expected_shape, float* out) const;
 
-  // write_weights' `state` array `name`: its shape (nullopt when the file has none), its values
-  // (the same checks as read()).
+  // write_weights' `state` array `name`: its shape (nullopt when the file has none, or is a
+  // safetensors file), its values (Error for a name with '/', a missing array or another shape).
   std::optional<std::vector<std::int64_t>> state_shape(const std::string& name) const;
   void read_state(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* out) const;
 

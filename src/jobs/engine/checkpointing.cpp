@@ -160,13 +160,13 @@ std::optional<std::string> load_checkpoint(JobEnv& env, Trainer& trainer, const 
         const auto [ops_n, H] = *fp8_shape;
         const std::vector<std::int64_t> want{env.world, ops_n, H};
         const auto saved = r.state_shape(kFp8HistoryName);
+        if (saved && saved->size() != 3)
+          throw Error(fmt::format("its FP8 amax history has {} dimensions, not 3 (ranks, operands, amaxes)",
+                                  saved->size()));
         if (!saved) {
-          fp8_missing = "the checkpoint holds no FP8 scaling state (written with current scaling or by an older lmscale)";
-        } else if (*saved != want) {
-          fp8_missing = fmt::format("the checkpoint's FP8 scaling state is for {} ranks x {} operands x {} amaxes, this "
-                                    "run has {} x {} x {} (each rank's state belongs to its rank)",
-                                    (*saved)[0], saved->size() > 1 ? (*saved)[1] : 0, saved->size() > 2 ? (*saved)[2] : 0,
-                                    env.world, ops_n, H);
+          fp8_missing = fp8_state_absent();
+        } else if (auto why = fp8_state_mismatch(*saved, env.world, ops_n, H)) {
+          fp8_missing = std::move(why);
         } else {
           const auto W = static_cast<std::size_t>(env.world), n = static_cast<std::size_t>(ops_n),
                      h = static_cast<std::size_t>(H), me = static_cast<std::size_t>(env.rank);
@@ -177,6 +177,7 @@ std::optional<std::string> load_checkpoint(JobEnv& env, Trainer& trainer, const 
           fp8 = Fp8ScalingState{ops_n, H, std::vector<float>(all_h.begin() + me * n * h, all_h.begin() + (me + 1) * n * h),
                                 std::vector<float>(all_s.begin() + me * n, all_s.begin() + (me + 1) * n),
                                 std::vector<float>(all_i.begin() + me * n, all_i.begin() + (me + 1) * n)};
+          check_fp8_state(*fp8, path);
         }
       }
     } catch (const Error& e) {   // io: a damaged, truncated or unreadable file (named in the message)

@@ -1,6 +1,10 @@
 // Delayed FP8 scaling's state for checkpoints (lmscale/jobs/engine/fp8_checkpoint_state.h).
 #include "lmscale/jobs/engine/fp8_checkpoint_state.h"
 
+#include <cmath>
+
+#include <fmt/format.h>
+
 #include "lmscale/core/error.h"
 #include "lmscale/model/fp8_layers.h"
 
@@ -73,6 +77,36 @@ void restore_fp8_state(JobEnv& env, Trainer& trainer, const Fp8ScalingState& sta
     ++i;
   });
   env.rt.synchronize();
+}
+
+void check_fp8_state(const Fp8ScalingState& state, const std::string& file) {
+  for (std::size_t i = 0; i < state.scale.size(); ++i) {
+    const float s = state.scale[i], inv = state.inv_scale[i];
+    if (!(std::isfinite(s) && std::isfinite(inv) && s > 0.f && inv > 0.f && s * inv == 1.f))
+      throw UsageError(fmt::format("train.resume: checkpoint '{}' holds FP8 scale {} with inverse {} for operand {}; "
+                                   "the state is damaged: resume an earlier checkpoint",
+                                   file, s, inv, i));
+  }
+}
+
+std::optional<std::string> fp8_state_mismatch(const std::vector<std::int64_t>& saved, std::int64_t world,
+                                              std::int64_t operands, std::int64_t H) {
+  LMSCALE_CHECK(saved.size() == 3, "fp8_state_mismatch: a shape of {} dimensions (ranks, operands, amaxes)",
+                saved.size());
+  if (saved[1] != operands || saved[2] != H)
+    return fmt::format("the checkpoint's FP8 scaling state is for {} operands x {} amaxes and this run has {} x {} "
+                       "(another precision.fp8_history or model); set precision.fp8_history = {} to keep it",
+                       saved[1], saved[2], operands, H, saved[2]);
+  if (saved[0] != world)
+    return fmt::format("the checkpoint's FP8 scaling state is of {} ranks and this run has {} (each data-parallel rank "
+                       "scales its own rows); resume on {} ranks to keep it",
+                       saved[0], world, saved[0]);
+  return std::nullopt;
+}
+
+std::string fp8_state_absent() {
+  return "the checkpoint holds no delayed FP8 scaling state (written with current scaling, another precision.mode "
+         "or an older lmscale)";
 }
 
 }  // namespace lmscale::jobs

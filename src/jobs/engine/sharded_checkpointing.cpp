@@ -269,25 +269,26 @@ std::optional<std::string> restore_fp8(JobEnv& env, Trainer& trainer, const io::
                                        const std::function<const io::ShardReader&(int)>& reader) {
   const auto shape = fp8_state_shape(trainer);
   if (!shape) return std::nullopt;
-  const std::int64_t writers = ix.int_attr("writer_world_size");
-  if (writers != env.world)
-    return fmt::format("the checkpoint was written by {} ranks and this run has {} (each rank's FP8 scaling state "
-                       "belongs to its rank)",
-                       writers, env.world);
-  const auto file = std::find(ix.files.begin(), ix.files.end(), io::shard_file_name(env.rank));
-  if (file == ix.files.end()) return fmt::format("the checkpoint has no file of rank {}", env.rank);
-  const io::ShardReader& r = reader(static_cast<int>(file - ix.files.begin()));
   const auto [operands, H] = *shape;
-  if (r.state_shape(kFp8HistoryName) != std::optional<std::vector<std::int64_t>>(std::vector<std::int64_t>{operands, H}))
-    return fmt::format("'{}' holds no FP8 scaling state of {} operands x {} amaxes (written with current scaling, "
-                       "another precision.fp8_history or an older lmscale)",
-                       r.path(), operands, H);
+  const std::int64_t writers = ix.int_attr("writer_world_size");
+  const auto file = std::find(ix.files.begin(), ix.files.end(), io::shard_file_name(env.rank));
+  if (writers != env.world || file == ix.files.end())
+    return fp8_state_mismatch({writers, operands, H}, env.world, operands, H)
+        .value_or(fmt::format("the checkpoint has no file of rank {}", env.rank));
+  const io::ShardReader& r = reader(static_cast<int>(file - ix.files.begin()));
+  const auto saved = r.state_shape(kFp8HistoryName);
+  if (!saved) return fp8_state_absent();
+  if (saved->size() != 2)
+    throw Error(fmt::format("'{}' holds an FP8 amax history of {} dimensions, not 2 (operands, amaxes)", r.path(),
+                            saved->size()));
+  if (auto why = fp8_state_mismatch({writers, (*saved)[0], (*saved)[1]}, env.world, operands, H)) return why;
   Fp8ScalingState st{operands, H, std::vector<float>(static_cast<std::size_t>(operands * H)),
                      std::vector<float>(static_cast<std::size_t>(operands)),
                      std::vector<float>(static_cast<std::size_t>(operands))};
   r.read_state(kFp8HistoryName, {operands, H}, st.amax_history.data());
   r.read_state(kFp8ScaleName, {operands}, st.scale.data());
   r.read_state(kFp8InvScaleName, {operands}, st.inv_scale.data());
+  check_fp8_state(st, r.path());
   restore_fp8_state(env, trainer, st);
   return std::nullopt;
 }
@@ -390,6 +391,13 @@ std::optional<std::string> load_sharded_checkpoint(JobEnv& env, Trainer& trainer
       throw UsageError(fmt::format("train.resume: cannot read checkpoint '{}': {}", step_dir, e.what()));
     }
   }, true);
+  // Each rank reads its own file: rank 0 reports for all, so a rank without the state is counted.
+  if (env.world > 1 && env.host_comm) {
+    double missing = fp8_missing ? 1.0 : 0.0;
+    env.host_comm->all_reduce(&missing, &missing, 1, DType::f64, comm::ReduceOp::sum).wait();
+    if (missing > 0 && !fp8_missing)
+      fp8_missing = fmt::format("{} of {} ranks found no usable FP8 scaling state in their files", missing, env.world);
+  }
   return fp8_missing;
 }
 

@@ -6,6 +6,7 @@
 // saves none.
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,5 +36,16 @@ std::optional<Fp8ScalingState> capture_fp8_state(JobEnv& env, Trainer& trainer);
 std::optional<std::pair<std::int64_t, std::int64_t>> fp8_state_shape(Trainer& trainer);
 // Sets every operand's state from `state` (which must have fp8_state_shape's shape).
 void restore_fp8_state(JobEnv& env, Trainer& trainer, const Fp8ScalingState& state);
+// Refuses (UsageError naming `file`, exit 2) a state read from a checkpoint whose scales could not
+// have been written: every scale and inverse finite, positive and each other's inverse (the
+// amaxes may be NaN or inf: a cast records what it saw).
+void check_fp8_state(const Fp8ScalingState& state, const std::string& file);
+// Why a checkpoint's state of shape `saved` (ranks, operands, H; a sharded one's ranks are its
+// writers) cannot be restored on `world` ranks of a model with `operands` x `H`, with what to do;
+// nullopt when it can.
+std::optional<std::string> fp8_state_mismatch(const std::vector<std::int64_t>& saved, std::int64_t world,
+                                              std::int64_t operands, std::int64_t H);
+// The reason for a checkpoint that holds no such state.
+std::string fp8_state_absent();
 
 }  // namespace lmscale::jobs
