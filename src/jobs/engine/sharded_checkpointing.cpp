@@ -263,7 +263,6 @@ void check_shard(const io::CheckpointIndex& ix, int file, const io::ShardReader&
   }
 }
 
-// Reads the checkpoint into the trainer (every rank its own pieces); throws on any problem.
 // Delayed FP8 scaling's state of this rank from its own rank file, restored; or why it cannot be.
 std::optional<std::string> restore_fp8(JobEnv& env, Trainer& trainer, const io::CheckpointIndex& ix,
                                        const std::function<const io::ShardReader&(int)>& reader) {
@@ -293,6 +292,8 @@ std::optional<std::string> restore_fp8(JobEnv& env, Trainer& trainer, const io::
   return std::nullopt;
 }
 
+// Reads the checkpoint into the trainer (every rank its own pieces); throws on any problem.
+// Returns restore_fp8's answer.
 std::optional<std::string> restore(JobEnv& env, Trainer& trainer, const std::string& step_dir) {
   const Config& cfg = env.cfg;
   Context& ctx = env.rt.ctx();
