@@ -57,23 +57,19 @@ void save_weights(JobEnv& env, Trainer& trainer, const std::string& path, bool w
     }
   }
   // Delayed FP8 scaling's state, every rank's (each scales its own rows): [world, operands, H].
+  const auto gathered = [&](const std::vector<float>& mine) {
+    if (env.world == 1) return mine;
+    std::vector<float> all(mine.size() * static_cast<std::size_t>(env.world));
+    env.host_comm->all_gather(mine.data(), all.data(), mine.size(), DType::f32).wait();
+    return all;
+  };
   std::vector<float> fp8_history, fp8_scale, fp8_inv_scale;
   std::vector<io::NamedArray> state;
   if (with_optimizer_state)
     if (const auto st = capture_fp8_state(env, trainer)) {
-      const auto W = static_cast<std::size_t>(env.world);
-      fp8_history.resize(W * st->amax_history.size());
-      fp8_scale.resize(W * st->scale.size());
-      fp8_inv_scale.resize(W * st->inv_scale.size());
-      if (env.world > 1) {
-        env.host_comm->all_gather(st->amax_history.data(), fp8_history.data(), st->amax_history.size(), DType::f32).wait();
-        env.host_comm->all_gather(st->scale.data(), fp8_scale.data(), st->scale.size(), DType::f32).wait();
-        env.host_comm->all_gather(st->inv_scale.data(), fp8_inv_scale.data(), st->inv_scale.size(), DType::f32).wait();
-      } else {
-        fp8_history = st->amax_history;
-        fp8_scale = st->scale;
-        fp8_inv_scale = st->inv_scale;
-      }
+      fp8_history = gathered(st->amax_history);
+      fp8_scale = gathered(st->scale);
+      fp8_inv_scale = gathered(st->inv_scale);
       state = {{kFp8HistoryName, {env.world, st->operands, st->history}, fp8_history.data()},
                {kFp8ScaleName, {env.world, st->operands}, fp8_scale.data()},
                {kFp8InvScaleName, {env.world, st->operands}, fp8_inv_scale.data()}};
@@ -168,15 +164,16 @@ std::optional<std::string> load_checkpoint(JobEnv& env, Trainer& trainer, const 
         } else if (auto why = fp8_state_mismatch(*saved, env.world, ops_n, H)) {
           fp8_missing = std::move(why);
         } else {
-          const auto W = static_cast<std::size_t>(env.world), n = static_cast<std::size_t>(ops_n),
-                     h = static_cast<std::size_t>(H), me = static_cast<std::size_t>(env.rank);
-          std::vector<float> all_h(W * n * h), all_s(W * n), all_i(W * n);
-          r.read_state(kFp8HistoryName, want, all_h.data());
-          r.read_state(kFp8ScaleName, {env.world, ops_n}, all_s.data());
-          r.read_state(kFp8InvScaleName, {env.world, ops_n}, all_i.data());
-          fp8 = Fp8ScalingState{ops_n, H, std::vector<float>(all_h.begin() + me * n * h, all_h.begin() + (me + 1) * n * h),
-                                std::vector<float>(all_s.begin() + me * n, all_s.begin() + (me + 1) * n),
-                                std::vector<float>(all_i.begin() + me * n, all_i.begin() + (me + 1) * n)};
+          // This rank's row of a [world, count] array.
+          const auto my_row = [&](const char* name, std::vector<std::int64_t> shape, std::int64_t count) {
+            std::vector<float> all(static_cast<std::size_t>(env.world * count));
+            r.read_state(name, shape, all.data());
+            const auto first = all.begin() + env.rank * count;
+            return std::vector<float>(first, first + count);
+          };
+          fp8 = Fp8ScalingState{ops_n, H, my_row(kFp8HistoryName, want, ops_n * H),
+                                my_row(kFp8ScaleName, {env.world, ops_n}, ops_n),
+                                my_row(kFp8InvScaleName, {env.world, ops_n}, ops_n)};
           check_fp8_state(*fp8, path);
         }
       }
