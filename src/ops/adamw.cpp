@@ -4,6 +4,7 @@
 #include "checks.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
+#include "lmscale/ops/fp8.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::ops {
@@ -35,8 +36,11 @@ void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v
   }
   check_step(op, a);
   LMSCALE_CHECK(dev == Device::cuda || !a.device_scalars, "{}: device-resident step scalars are CUDA only", op);
+  LMSCALE_CHECK(!a.fp8_casts || (dev == Device::cuda && param_lowp),
+                "{}: FP8 weight casts need CUDA and the working copy (param_lowp)", op);
   if (dev == Device::cpu) return cpu::adamw(ctx, param, grad, m, v, a, param_lowp);
 #ifdef LMSCALE_WITH_CUDA
+  if (a.fp8_casts) return cuda::adamw_fp8(ctx, param, {&grad, nullptr}, m, v, a, *param_lowp);
   return cuda::adamw(ctx, param, grad, m, v, a, param_lowp);
 #else
   detail::no_cuda_build(op);
@@ -58,10 +62,16 @@ void adamw_pieces(Context& ctx, Tensor& param, const std::vector<GradPiece>& pie
                 "{}: m, v (and param_lowp) must have param's {} elements", op, n);
   check_step(op, a);
 #ifdef LMSCALE_WITH_CUDA
+  if (a.fp8_casts) {
+    LMSCALE_CHECK(param.device() == Device::cuda && param_lowp,
+                  "{}: FP8 weight casts need CUDA and the working copy (param_lowp)", op);
+    return cuda::adamw_fp8(ctx, param, {nullptr, &pieces}, m, v, a, *param_lowp);
+  }
   // One launch when the layout allows (the CUDA side checks dtypes, devices and alignment and
   // declines otherwise); else adamw() per piece, with its checks.
   if (param.device() == Device::cuda && cuda::adamw_pieces(ctx, param, pieces, m, v, a, param_lowp)) return;
 #endif
+  LMSCALE_CHECK(!a.fp8_casts, "{}: FP8 weight casts are CUDA only", op);
   for (const GradPiece& piece : pieces) {
     const std::int64_t k = piece.grad.numel();
     Tensor p = param.flat_range(piece.offset, k), mp = m.flat_range(piece.offset, k), vp = v.flat_range(piece.offset, k);

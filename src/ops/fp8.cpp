@@ -171,6 +171,26 @@ void swiglu_backward_cast_transpose_fp8(Context& ctx, const Tensor& a, const Ten
   cast_transpose_fp8(ctx, dab, scale, out, &out_t, update);
 }
 
+void fp8_weight_casts_begin(Context& ctx, const std::vector<Fp8WeightCast>& casts, bool commit) {
+  if (casts.empty()) return;
+#ifdef LMSCALE_WITH_CUDA
+  LMSCALE_CHECK(ctx.device == Device::cuda, "ops::fp8_weight_casts_begin: CUDA only (the CPU casts in the forward)");
+  return cuda::fp8_weight_casts_begin(ctx, casts, commit);
+#else
+  detail::no_cuda_build("ops::fp8_weight_casts_begin");
+#endif
+}
+
+void fp8_weight_casts(Context& ctx, const Tensor& param, DType rounding, const std::vector<Fp8WeightCast>& casts) {
+  if (casts.empty()) return;
+#ifdef LMSCALE_WITH_CUDA
+  LMSCALE_CHECK(param.device() == Device::cuda, "ops::fp8_weight_casts: CUDA only (the CPU casts in the forward)");
+  return cuda::fp8_weight_casts(ctx, param, rounding, casts);
+#else
+  detail::no_cuda_build("ops::fp8_weight_casts");
+#endif
+}
+
 void transpose_fp8(Context& ctx, const Tensor& x, Tensor& out) {
   constexpr const char* op = "ops::transpose_fp8";
   const Device dev = detail::common_device(op, {{"x", &x}, {"out", &out}});

@@ -8,6 +8,7 @@
 // reads the device from the host.
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "lmscale/core/context.h"
 #include "lmscale/core/fp8.h"
@@ -88,6 +89,38 @@ void swiglu_cast_transpose_fp8(Context& ctx, const Tensor& a, const Tensor& b, s
 void swiglu_backward_cast_transpose_fp8(Context& ctx, const Tensor& a, const Tensor& b, std::int64_t rows,
                                         std::int64_t cols, std::int64_t ld, const Tensor& dh, const Tensor& scale,
                                         Tensor* out, Tensor& out_t, const Fp8HistoryUpdate* update = nullptr);
+
+// FP8 GEMM weights cast by the optimizer step (delayed scaling; docs/precision.md, "Weights cast
+// by the optimizer step"). The AdamW pass that updates a weight [R, K] (elements [offset, offset +
+// R K) of its parameter range, row-major) also writes q [R, K] = fp8(w * scale) and its transpose
+// qt [K, R] (through 64 x 64 tiles, so R and K are multiples of 64), with w the updated parameter
+// rounded to the compute dtype first: bitwise what ops::cast_transpose_fp8 makes of the working
+// copy a plain step would have written (which the casting step does not write for these
+// elements). max |w| goes to pending_amax; fp8_weight_casts_begin records it into the history
+// before the next cast's scale is derived, which is when delayed scaling's forward cast would
+// have recorded it. A layer then reads q and qt as they are (ops::Fp8Linear::forward with an
+// Fp8Weight), so the forward casts nothing.
+struct Fp8WeightCast {
+  std::int64_t offset = 0;          // the weight's first element in the step's parameter range
+  std::int64_t rows = 0, cols = 0;  // R, K
+  Tensor q, qt;                     // [R, K] and [K, R] e4m3 on the device
+  Tensor scale;                     // [1] fp32: the weight scaling's scale (its inverse: history.inv_scale)
+  Tensor pending_amax;              // [1] fp32: the last cast's amax, not yet recorded
+  Fp8HistoryUpdate history;         // the weight scaling's amax_history, format (e4m3), margin,
+                                    // inv_scale and device record slot (work, record_slot unused)
+};
+// The weights' first step (CUDA, one launch for all): when `commit`, each pending amax goes into
+// its history at the device record slot (advanced); then every scale and inverse is set from its
+// history (fp8_update_scale's rule) and the pending amax is zeroed. Run before each casting pass.
+void fp8_weight_casts_begin(Context& ctx, const std::vector<Fp8WeightCast>& casts, bool commit);
+// The casts alone, from the parameters `param` (fp32, the step's range) rounded to `rounding` (the
+// compute dtype): what a step writes when it updates nothing (the first step's casts before any
+// update, a skipped step's). fp8_weight_casts_begin first.
+void fp8_weight_casts(Context& ctx, const Tensor& param, DType rounding, const std::vector<Fp8WeightCast>& casts);
+// Whether a weight [rows, cols] can be cast so (the 64 x 64 tiles).
+inline bool fp8_weight_cast_shape(std::int64_t rows, std::int64_t cols) {
+  return rows > 0 && cols > 0 && rows % 64 == 0 && cols % 64 == 0;
+}
 
 // out[C,R] = x[R,C]^T for 2-D fp8 tensors (a byte copy: exact). The FP8 GEMMs need their
 // operands K-major (ops::linear_fp8), so the backward's x^T, dy^T and w^T come from here.

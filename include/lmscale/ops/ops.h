@@ -14,6 +14,8 @@
 
 namespace lmscale::ops {
 
+struct Fp8WeightCast;   // lmscale/ops/fp8.h
+
 // ---- linear (matmul) -------------------------------------------------------------------------
 // y[M,N] = x[M,K] . w[N,K]^T   (PyTorch nn.Linear layout, no bias)
 void linear(Context& ctx, const Tensor& x, const Tensor& w, Tensor& y);
@@ -208,6 +210,11 @@ struct AdamWStep {
   // update at all where its norm is not finite).
   const Tensor* device_scalars = nullptr;
   const Tensor* device_clip = nullptr;
+  // CUDA only: FP8 GEMM weights in this range cast in the same pass (lmscale/ops/fp8.h,
+  // Fp8WeightCast; offsets in param's elements): their param_lowp elements are not written.
+  // param_lowp must be given (its dtype is the rounding before the cast). With device_clip, a
+  // non-finite norm still casts (the unchanged weights).
+  const std::vector<Fp8WeightCast>* fp8_casts = nullptr;
 };
 void adamw(Context& ctx, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& a,
            Tensor* param_lowp);

@@ -89,6 +89,16 @@ void adamw_upload_scalars(Context& ctx, const AdamWStep& a, Tensor& scalars);
 // per piece.
 bool adamw_pieces(Context& ctx, Tensor& param, const std::vector<GradPiece>& pieces, Tensor& m, Tensor& v,
                   const AdamWStep& a, Tensor* param_lowp);
+// AdamW with a.fp8_casts (lmscale/ops/fp8.h, Fp8WeightCast) over the whole of param, its gradients
+// one tensor or pieces; throws where the layout does not allow it (adamw_fp8.cu).
+struct GradSource {
+  const Tensor* one = nullptr;
+  const std::vector<GradPiece>* pieces = nullptr;
+};
+void adamw_fp8(Context& ctx, Tensor& param, const GradSource& grads, Tensor& m, Tensor& v, const AdamWStep& a,
+               Tensor& param_lowp);
+void fp8_weight_casts(Context& ctx, const Tensor& param, DType rounding, const std::vector<Fp8WeightCast>& casts);
+void fp8_weight_casts_begin(Context& ctx, const std::vector<Fp8WeightCast>& casts, bool commit);
 
 // Momentum SGD, LAMB and the trust-ratio norms (lmscale/ops/optimizer_steps.h).
 void momentum_update(Context& ctx, Tensor& param, const Tensor& grad, Tensor& buf, const MomentumStep& s,
