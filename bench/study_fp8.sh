@@ -10,8 +10,9 @@
 #     and exits 1 when fp8 ends more than 1.5% above bf16;
 #   - speed: xl (inputs/bench_model_xl_bf16.ini, flash attention, 4 x 512 tokens, train step) in
 #     bf16 and in fp8, eager and as a captured CUDA graph (train.cuda_graphs), and fp8 with delayed
-#     scaling under graphs, REPEATS times in alternation; the median step and tokens/s of each and
-#     their ratio.
+#     scaling under graphs (also with precision.fp8_fast_accum = all, the weights cast by the
+#     optimizer step and by each forward), REPEATS times in alternation; the median step and
+#     tokens/s of each and their ratio.
 # With PEER_FP8=1 the timing also runs the PyTorch peer's xl in bf16 (torch.compile of the whole
 # model, and of each block on its own) and with torchao's float8 training (bench/torch_peer.py model
 # --float8, tensorwise dynamic scaling: the peer of current scaling; needs torch and torchao) under
@@ -52,6 +53,12 @@ timing() {
   lm xl_bf16_graphs 1 "${XL[@]}" --train.cuda_graphs=true
   lm xl_fp8_graphs 1 "${XL[@]}" --precision.mode=fp8 --train.cuda_graphs=true
   lm xl_fp8_delayed_graphs 1 "${XL[@]}" --precision.mode=fp8 --precision.fp8_scaling=delayed --train.cuda_graphs=true
+  # Fast accumulation everywhere, with the weights cast by the optimizer step (the default) and by
+  # each forward (docs/precision.md, "Weights cast by the optimizer step").
+  lm xl_fp8_delayed_all_graphs 1 "${XL[@]}" --precision.mode=fp8 --precision.fp8_scaling=delayed \
+    --precision.fp8_fast_accum=all --train.cuda_graphs=true
+  lm xl_fp8_delayed_all_forward_casts_graphs 1 "${XL[@]}" --precision.mode=fp8 --precision.fp8_scaling=delayed \
+    --precision.fp8_fast_accum=all --precision.fp8_weight_casts=forward --train.cuda_graphs=true
   if [ -n "$PEER_FP8" ]; then
     peer xl_peer_bf16 1 "${PEER_XL[@]}" --compile
     peer xl_peer_bf16_blocks 1 "${PEER_XL[@]}" --compile-blocks
@@ -88,6 +95,10 @@ for label, suffix in (("eager", ""), ("CUDA graphs", "_graphs")):
 b, d = median("xl_bf16_graphs", "tokens_per_s"), median("xl_fp8_delayed_graphs", "tokens_per_s")
 dm = median("xl_fp8_delayed_graphs", "total_ms_median")
 print(f"| CUDA graphs, fp8 delayed scaling | | {dm:.2f} ms, {d:.0f} tokens/s | {d / b:.3f} |")
+for label, case in (("fast_accum = all", "xl_fp8_delayed_all_graphs"),
+                    ("fast_accum = all, weights cast by each forward", "xl_fp8_delayed_all_forward_casts_graphs")):
+    d, dm = median(case, "tokens_per_s"), median(case, "total_ms_median")
+    print(f"| CUDA graphs, fp8 delayed scaling, {label} | | {dm:.2f} ms, {d:.0f} tokens/s | {d / b:.3f} |")
 PY
 fi
 if [ -n "$PEER_FP8" ] && [ -z "${SKIP_XL:-}" ]; then

@@ -66,6 +66,8 @@ void check_fp8(const Config& c, int world_size) {
       other("precision.fp8_grad_format", fmt::format("{}", pr.fp8_grad_format));
     if (pr.fp8_fast_accum != defaults.fp8_fast_accum)
       other("precision.fp8_fast_accum", fmt::format("{}", pr.fp8_fast_accum));
+    if (pr.fp8_weight_casts != defaults.fp8_weight_casts)
+      other("precision.fp8_weight_casts", fmt::format("{}", pr.fp8_weight_casts));
     return;
   }
   if (pr.fp8_history != defaults.fp8_history && pr.fp8_scaling != Fp8Scaling::delayed)

@@ -141,6 +141,11 @@ std::vector<DeckKey> build_table() {
                "in the tensor cores' reduced precision, never promoted to fp32; faster, less accurate, "
                "docs/precision.md): none; forward = y = x w^T only, dx and dW promoted (Transformer Engine's and "
                "torchao's recipe); all = the gradient products too. The CPU emulation ignores it."),
+      enum_key("precision.fp8_weight_casts", LMSCALE_FIELD(precision.fp8_weight_casts),
+               "mode = fp8: where the linear layers' weights are cast to FP8. optimizer = by the optimizer step, "
+               "which keeps the codes and their transposes from one step to the next (delayed scaling on CUDA, "
+               "one process or DDP without offload, overlap_optimizer or gradient accumulation, weights of "
+               "64-multiples; elsewhere each forward casts, docs/precision.md); forward = each forward casts."),
       // [parallel]
       enum_key("parallel.device", LMSCALE_FIELD(parallel.device),
                "Where to compute: auto picks cuda when a GPU is visible, else cpu."),

@@ -4,11 +4,13 @@
 // (back to back in the store) are one FP8 layer each over the group's weight [3dl, d] ([2F, d])
 // and the side-by-side activation [N, 3dl] ([N, 2F]).
 
+#include <algorithm>
 #include <utility>
 
 #include "lmscale/core/error.h"
 #include "lmscale/core/nvtx.h"
 #include "lmscale/model/transformer.h"
+#include "lmscale/ops/fp8.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::model {
@@ -47,6 +49,47 @@ void TransformerLM::enable_fp8(Context& ctx, const ops::Fp8LinearOptions& option
   for (int l = units_.first_layer(); l < units_.end_layer(dims_); ++l)
     check_fp8_groups_back_to_back(ParamIndex(dims_).block(l), l);
   fp8_ = std::make_unique<Fp8Layers>(ctx, options, units_.first_layer(), units_.end_layer(dims_));
+}
+
+void TransformerLM::enable_fp8_weight_casts(Context& ctx) {
+  LMSCALE_CHECK(fp8_ && fp8_->options().recipe == ops::Fp8Recipe::delayed && ctx.device == Device::cuda &&
+                    params_.has_lowp() && params_.has_whole_master(),
+                "FP8 weight casts in the optimizer step need delayed scaling on CUDA over a store with its fp32 "
+                "master and working copy (docs/precision.md)");
+  std::vector<ops::Fp8WeightCast> casts;
+  const int first = fp8_->first_layer(), end = fp8_->end_layer();
+  const std::int64_t count = static_cast<std::int64_t>(end - first) * kFp8GemmsPerBlock;
+  Tensor pending = Tensor::empty({std::max<std::int64_t>(count, 1)}, DType::f32, *ctx.allocator, "fp8_weight_amax");
+  for (int l = first; l < end; ++l) {
+    for (Fp8Gemm g : kFp8BlockGemms) {
+      const std::vector<int> ps = fp8_gemm_params(block_params(l), g);
+      const ParamInfo& p0 = params_.infos()[static_cast<std::size_t>(ps.front())];
+      std::int64_t rows = 0;
+      for (int i : ps) rows += params_.infos()[static_cast<std::size_t>(i)].shape[0];
+      const std::int64_t cols = p0.shape[1];
+      LMSCALE_CHECK(ops::fp8_weight_cast_shape(rows, cols),
+                    "block {} FP8 layer {}: its weight [{}, {}] is not of 64-multiples, which the optimizer step's "
+                    "casts need (set precision.fp8_weight_casts = forward)", l, fp8_gemm_name(g), rows, cols);
+      ops::Fp8Linear& lin = fp8_->at(l, g);
+      ops::Fp8TensorScaling& w = lin.w_scaling();
+      ops::Fp8WeightCast c;
+      c.offset = p0.offset;
+      c.rows = rows;
+      c.cols = cols;
+      c.q = Tensor::empty({rows, cols}, DType::e4m3, *ctx.allocator, "fp8_weights");
+      c.qt = Tensor::empty({cols, rows}, DType::e4m3, *ctx.allocator, "fp8_weights");
+      c.scale = w.scale();
+      c.pending_amax = pending.flat_range(static_cast<std::int64_t>(casts.size()), 1);
+      c.history = w.history_update();
+      casts.push_back(std::move(c));
+    }
+  }
+  ops::fill(ctx, pending, 0.0);
+  fp8_casts_ = std::make_unique<Fp8WeightCasts>(std::move(casts), params_.flat_params(), params_.lowp_dtype());
+}
+
+std::size_t TransformerLM::fp8_cast_index(int layer, Fp8Gemm g) const {
+  return static_cast<std::size_t>((layer - fp8_->first_layer()) * kFp8GemmsPerBlock + static_cast<int>(g));
 }
 
 Tensor TransformerLM::fp8_group_weight(int layer, Fp8Gemm g) const {
@@ -136,6 +179,14 @@ void TransformerLM::fp8_linear_quantised(Context& ctx, int layer, Fp8Gemm g, con
   ops::Fp8Linear& lin = fp8_->at(layer, g);
   ops::Fp8LinearSaved& saved = saved_of(s, g);
   const bool replay = saved.scales.defined();
+  // The optimizer step's casts (fp8_weight_casts.h): made now when stale, at a training forward
+  // (one that records); an evaluation before them casts as without.
+  if (fp8_casts_ && !fp8_casts_->ready() && record && !replay) fp8_casts_->cast_now(ctx);
+  if (fp8_casts_ && fp8_casts_->ready()) {
+    const ops::Fp8Weight w = fp8_casts_->weight(fp8_cast_index(layer, g));
+    saved = replay ? lin.replay(ctx, saved.scales, xq, w, y) : lin.forward(ctx, xq, w, *y);
+    return;
+  }
   // fsdp's FP8 gathers hand the weights out quantised, bitwise the cast below would make.
   const bool quantised = params_.compute_weight(fp8_gemm_params(block_params(layer), g)[0]).dtype() == DType::e4m3;
   if (quantised) {

@@ -91,6 +91,10 @@ void check_fp8_weight(const Fp8Input& x, const Fp8Weight& w) {
   LMSCALE_CHECK(w.q.ndim() == 2 && w.q.dtype() == DType::e4m3,
                 "Fp8Linear: a quantised weight must be 2-D fp8_e4m3, got {} {}", dtype_name(w.q.dtype()),
                 shape_str(w.q.shape()));
+  LMSCALE_CHECK(!w.qt.defined() || (w.qt.dtype() == DType::e4m3 && w.qt.ndim() == 2 && w.qt.dim(0) == w.q.dim(1) &&
+                                    w.qt.dim(1) == w.q.dim(0)),
+                "Fp8Linear: a quantised weight's transpose {} does not match {}", shape_str(w.qt.shape()),
+                shape_str(w.q.shape()));
   check_x_w(x, w.q);
 }
 // wt_q [K,N]: the backward's operand, the byte transpose of the quantised weight (exact).
@@ -104,12 +108,15 @@ Tensor transposed(Context& ctx, const Tensor& q) {
 Fp8LinearSaved Fp8Linear::forward(Context& ctx, const Fp8Input& x, const Fp8Weight& w, Tensor& y) {
   check_fp8_weight(x, w);
   LMSCALE_CHECK(x.q.defined(), "Fp8Linear::forward: the quantised input has no direct operand for the GEMM");
-  LMSCALE_CHECK(w_.recipe() == Fp8Recipe::current,
-                "Fp8Linear::forward: a quantised weight needs current scaling (its scale is the weight's amax now)");
-  w_.adopt(ctx, w.amax, w.scale, w.inv);
+  // Cast under this layer's own scaling (model/fp8_weight_casts.h): its state is already the cast's.
+  const bool own = w.scale.data() == w_.scale().data() && w.inv.data() == w_.inv_scale().data();
+  LMSCALE_CHECK(own || w_.recipe() == Fp8Recipe::current,
+                "Fp8Linear::forward: a weight quantised elsewhere needs current scaling (its scale is the weight's "
+                "amax now)");
+  if (!own) w_.adopt(ctx, w.amax, w.scale, w.inv);
   Tensor y2 = as_matrix(y);
   linear_fp8(ctx, x.q, x.inv, w.q, w_.inv_scale(), y2, false, forward_accumulation_);
-  Fp8LinearSaved saved{x.qt, transposed(ctx, w.q),
+  Fp8LinearSaved saved{x.qt, w.qt.defined() ? w.qt : transposed(ctx, w.q),
                        Tensor::empty({4 * Fp8LinearSaved::kScaleStride}, DType::f32, *ctx.allocator, "fp8_scales_saved")};
   gather_scalars(ctx, {&x.scale, &x.inv, &w_.scale(), &w_.inv_scale()}, saved.scales, Fp8LinearSaved::kScaleStride);
   return saved;
@@ -124,7 +131,7 @@ Fp8LinearSaved Fp8Linear::replay(Context& ctx, const Tensor& scales, const Fp8In
     Tensor y2 = as_matrix(*y);
     linear_fp8(ctx, x.q, saved.x_inv(), w.q, saved.w_inv(), y2, false, forward_accumulation_);
   }
-  saved.wt_q = transposed(ctx, w.q);
+  saved.wt_q = w.qt.defined() ? w.qt : transposed(ctx, w.q);
   return saved;
 }
 

@@ -27,6 +27,7 @@ ops::AdamWStep AdamW::hyper(double lr, double grad_scale) const {
   ops::AdamWStep a = adamw_hyper(cfg_, t_, lr, grad_scale);
   a.device_scalars = device_scalars_;
   a.device_clip = device_clip_;
+  a.fp8_casts = fp8_casts_;
   return a;
 }
 

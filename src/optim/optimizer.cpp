@@ -58,6 +58,10 @@ std::vector<ParamSegment> Optimizer::segments_in(std::int64_t offset, std::int64
 void Optimizer::accumulate_norms(Context&, const Tensor&, const Tensor&, std::int64_t, double, std::vector<double>&) {}
 void Optimizer::set_norms(const std::vector<double>&) {}
 
+void Optimizer::set_fp8_weight_casts(const std::vector<ops::Fp8WeightCast>* casts) {
+  LMSCALE_CHECK(!casts, "{} does not cast FP8 weights in its step (AdamW does)", name());
+}
+
 void Optimizer::step(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, double lr, double grad_scale) {
   LMSCALE_CHECK(params.numel() == numel_, "{} state holds {} elements, got {}", name(), numel_, params.numel());
   begin_step();

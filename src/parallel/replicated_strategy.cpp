@@ -167,9 +167,12 @@ void ReplicatedStrategy::step(Context& ctx, double lr, double grad_scale) {
     std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
     Tensor params = store_.flat_params();
     Tensor lowp = store_.has_lowp() ? store_.flat_lowp() : Tensor();
+    if (fp8_casts_) fp8_casts_->before_step(octx);
     opt.step_pieces(octx, params, pieces, lowp.defined() ? &lowp : nullptr, 0, lr, grad_scale);
+    if (fp8_casts_) fp8_casts_->after_step();
     return;
   }
+  if (fp8_casts_) fp8_casts_->before_step(octx);   // (DDP: one range, the whole buffer)
   for (int i = static_cast<int>(ranges.size()) - 1; i >= 0; --i) {
     auto& g = ranges[static_cast<std::size_t>(i)];
     opt.step_range(octx, g.params, g.grads, g.lowp.defined() ? &g.lowp : nullptr, g.offset, lr, grad_scale);
@@ -177,6 +180,16 @@ void ReplicatedStrategy::step(Context& ctx, double lr, double grad_scale) {
       waits_.push({lazy_ ? g.segment : -1, segments_[static_cast<std::size_t>(g.segment)].first_unit, rt_.mark(octx),
                    {}, {}});
   }
+  if (fp8_casts_) fp8_casts_->after_step();
+}
+
+void ReplicatedStrategy::set_fp8_weight_casts(model::Fp8WeightCasts* casts) {
+  // The step's casts need the whole buffer in one pass: one range (DDP) or one piece list.
+  LMSCALE_CHECK(!casts || (optimizer_ && !overlap_ && !tp_),
+                "FP8 weight casts in the optimizer step: one process or DDP, not offloaded or overlapped "
+                "(parallel::step_casts_fp8_weights)");
+  fp8_casts_ = casts;
+  if (optimizer_) optimizer_->set_fp8_weight_casts(casts ? &casts->casts() : nullptr);
 }
 
 StateLayout ReplicatedStrategy::state_layout() {

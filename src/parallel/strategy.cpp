@@ -1,6 +1,7 @@
 #include "lmscale/parallel/strategy.h"
 
 #include "lmscale/core/error.h"
+#include "lmscale/model/model_dims.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/parallel/expert_parallel_strategy.h"
 #include "lmscale/parallel/fsdp_strategy.h"
@@ -28,6 +29,21 @@ std::unique_ptr<Strategy> make_strategy(const StrategyParts& parts) {
   if (parts.spec.fsdp()) return std::make_unique<FsdpStrategy>(parts);
   if (parts.spec.sharded_optimizer()) return std::make_unique<ZeroStrategy>(parts);
   return std::make_unique<ReplicatedStrategy>(parts);
+}
+
+bool step_casts_fp8_weights(const Config& cfg, const Spec& spec, std::int64_t grad_accum, Device device) {
+  const PrecisionConfig& pr = cfg.precision;
+  const model::ModelDims dims = model::ModelDims::from(cfg.model);
+  return pr.mode == PrecisionMode::fp8 && pr.fp8_scaling == Fp8Scaling::delayed &&
+         pr.fp8_weight_casts == Fp8WeightCastSite::optimizer && device == Device::cuda && grad_accum == 1 &&
+         spec.tp == 1 && spec.pp == 1 && spec.ep == 1 && !spec.sharded_optimizer() &&
+         spec.offload == OffloadMode::none && !cfg.parallel.overlap_optimizer &&
+         cfg.optim.name == OptimizerName::adamw && dims.d_model % 64 == 0 && dims.d_ff % 64 == 0;
+}
+
+void Strategy::set_fp8_weight_casts(model::Fp8WeightCasts*) {
+  throw Error("this data-parallel layout does not cast the FP8 weights in its optimizer step "
+              "(parallel::step_casts_fp8_weights)");
 }
 
 Tensor Strategy::grad_square_parts(Context&) {

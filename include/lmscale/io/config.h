@@ -92,6 +92,12 @@ LMSCALE_DECK_ENUM(Fp8GradFormat, "e5m2", "e4m3");
 // Engine's and torchao's recipe), or all three products of a linear layer.
 enum class Fp8FastAccum { none, forward, all };
 LMSCALE_DECK_ENUM(Fp8FastAccum, "none", "forward", "all");
+// precision.fp8_weight_casts: where the FP8 GEMM weights are cast (docs/precision.md, "Weights
+// cast by the optimizer step"): by the optimizer step, which keeps their codes between steps,
+// where the layout allows it (parallel::step_casts_fp8_weights), else by each forward; or always
+// by each forward.
+enum class Fp8WeightCastSite { optimizer, forward };
+LMSCALE_DECK_ENUM(Fp8WeightCastSite, "optimizer", "forward");
 // bench.dtypes: element types of the attention and collective sweeps.
 enum class FloatType { fp32, bf16, fp16 };
 LMSCALE_DECK_ENUM(FloatType, "fp32", "bf16", "fp16");
@@ -239,6 +245,7 @@ struct PrecisionConfig {
   std::int64_t fp8_margin = 0;          // scales divided by 2^margin
   Fp8GradFormat fp8_grad_format = Fp8GradFormat::e5m2;
   Fp8FastAccum fp8_fast_accum = Fp8FastAccum::forward;   // the peers' recipe (docs/precision.md)
+  Fp8WeightCastSite fp8_weight_casts = Fp8WeightCastSite::optimizer;
 
   bool operator==(const PrecisionConfig&) const = default;
 };

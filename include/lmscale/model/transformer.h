@@ -19,6 +19,7 @@
 #include "lmscale/core/context.h"
 #include "lmscale/core/tensor.h"
 #include "lmscale/model/fp8_layers.h"
+#include "lmscale/model/fp8_weight_casts.h"
 #include "lmscale/model/model_dims.h"
 #include "lmscale/model/moe_block.h"
 #include "lmscale/model/param_layout.h"
@@ -105,6 +106,14 @@ class TransformerLM {
   // The FP8 layers and their scaling state (null unless enable_fp8 was called).
   const Fp8Layers* fp8() const { return fp8_.get(); }
   Fp8Layers* fp8() { return fp8_.get(); }
+  // precision.fp8_weight_casts = optimizer where the step allows it (parallel::
+  // step_casts_fp8_weights): the blocks' FP8 weights cast by the optimizer step instead of each
+  // forward (model/fp8_weight_casts.h). After enable_fp8, delayed scaling on CUDA, every FP8
+  // layer's weight [R, K] of 64-multiples (fp8_weight_cast_shape). Null until enabled.
+  void enable_fp8_weight_casts(Context& ctx);
+  Fp8WeightCasts* fp8_weight_casts() { return fp8_casts_.get(); }
+  // The cast of block `layer`'s FP8 layer g among fp8_weight_casts()->casts().
+  std::size_t fp8_cast_index(int layer, Fp8Gemm g) const;
 
   // What the forward keeps for the backward (activation checkpointing); default none.
   void set_recompute(const RecomputePolicy& p) { recompute_ = p; }
@@ -345,6 +354,7 @@ class TransformerLM {
   ExpertSplit ep_;                  // from the parameter store
   std::vector<MoeLayerStats> moe_stats_;
   std::unique_ptr<Fp8Layers> fp8_;  // precision.mode = fp8 only
+  std::unique_ptr<Fp8WeightCasts> fp8_casts_;   // the step's casts, indexed by fp8_cast_index
   // [MoE blocks, 2] in the statistics dtype on the model's device: row i holds the sums of
   // terms[0] and terms[1] of moe_stats_[i]'s block since the last reset (made at the first record).
   Tensor moe_terms_;

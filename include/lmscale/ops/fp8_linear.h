@@ -85,8 +85,12 @@ struct Fp8Input {
 // (fp8_update_scale), bitwise what this layer's current scaling casts from the same w. amax,
 // scale, inv: 1 element fp32 each, on the data's device (inv 16-byte aligned on CUDA, as
 // ops::linear_fp8 requires).
+// Or cast by the optimizer step under the layer's own w scaling (delayed scaling,
+// model/fp8_weight_casts.h): scale and inv are then w_scaling()'s tensors, and qt [K,N] its
+// transpose made in the same pass (else the layer transposes q).
 struct Fp8Weight {
   Tensor q, amax, scale, inv;
+  Tensor qt;
 };
 
 class Fp8Linear {
@@ -102,9 +106,11 @@ class Fp8Linear {
   // The forward from an input quantised once for several layers: saved.xt_q is x.qt (shared).
   Fp8LinearSaved forward(Context& ctx, const Fp8Input& x, const Tensor& w, Tensor& y, bool record = true);
 
-  // The same with the weight already quantised (current scaling only): w's scaling adopts w's amax,
+  // The same with the weight already quantised. Current scaling: w's scaling adopts w's amax,
   // scale and inverse (so its state is what a cast of the same w would leave), no cast of w runs,
-  // and saved.wt_q = transpose_fp8(w.q). Bitwise the forward from the compute-dtype w.
+  // and saved.wt_q = transpose_fp8(w.q). Bitwise the forward from the compute-dtype w. A weight cast
+  // under this layer's own w scaling (the optimizer step's casts, any recipe) is read as it is, and
+  // saved.wt_q = w.qt where given.
   Fp8LinearSaved forward(Context& ctx, const Fp8Input& x, const Fp8Weight& w, Tensor& y);
 
   // x quantised under this layer's x scaling, for it and the layers sharing its input. amax:

@@ -74,6 +74,11 @@ class Fp8TensorScaling {
   // ops::Fp8Weight), copied from 1-element fp32 tensors on the same device.
   void adopt(Context& ctx, const Tensor& amax, const Tensor& scale, const Tensor& inv_scale);
 
+  // The history update a delayed cast records through (CUDA: the device record slot), for casts
+  // made outside quantize (the optimizer step's weight casts, lmscale/ops/fp8.h).
+  Fp8HistoryUpdate history_update() const {
+    return {history_, -1, format_, margin_, inv_scale_, work_, device_slot_};
+  }
   Fp8Format format() const { return format_; }
   Fp8Recipe recipe() const { return recipe_; }
   const Tensor& scale() const { return scale_; }            // [1] fp32

@@ -35,12 +35,14 @@ class AdamW final : public Optimizer {
     device_scalars_ = scalars;
     device_clip_ = clip;
   }
+  void set_fp8_weight_casts(const std::vector<ops::Fp8WeightCast>* casts) override { fp8_casts_ = casts; }
 
  private:
   ops::AdamWStep hyper(double lr, double grad_scale) const;   // this step's scalars
   OptimConfig cfg_;
   const Tensor* device_scalars_ = nullptr;
   const Tensor* device_clip_ = nullptr;
+  const std::vector<ops::Fp8WeightCast>* fp8_casts_ = nullptr;
 };
 
 }  // namespace lmscale::optim

@@ -80,6 +80,11 @@ class Optimizer {
   virtual void step_pieces(Context& ctx, Tensor& params, const std::vector<ops::GradPiece>& pieces, Tensor* lowp,
                            std::int64_t offset, double lr, double grad_scale);
 
+  // FP8 GEMM weights cast in the step (lmscale/ops/fp8.h, Fp8WeightCast; offsets in the state's
+  // range), which then covers the whole range in one step_range or step_pieces call. AdamW only
+  // (the others throw); null: none.
+  virtual void set_fp8_weight_casts(const std::vector<ops::Fp8WeightCast>* casts);
+
   // The whole step over the whole range on one rank that holds whole parameters (no reduction).
   void step(Context& ctx, Tensor& params, const Tensor& grads, Tensor* lowp, double lr, double grad_scale);
 

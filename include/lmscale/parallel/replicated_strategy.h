@@ -38,6 +38,7 @@ class ReplicatedStrategy final : public Strategy {
   void set_optimizer_steps(std::int64_t steps) override;
   std::size_t state_bytes() const override { return optimizer().state_bytes(); }
   optim::Optimizer* whole_optimizer() override { return &optimizer(); }
+  void set_fp8_weight_casts(model::Fp8WeightCasts* casts) override;
 
  private:
   optim::Optimizer& optimizer() const;
@@ -52,6 +53,7 @@ class ReplicatedStrategy final : public Strategy {
   bool overlap_ = false;
   std::vector<UnitSegment> segments_;     // the update's segments (lazy buckets or the 256 MiB split)
   UnitWaits waits_;
+  model::Fp8WeightCasts* fp8_casts_ = nullptr;   // the step casts these FP8 weights (or null)
 };
 
 }  // namespace lmscale::parallel

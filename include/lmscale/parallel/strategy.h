@@ -20,6 +20,7 @@
 
 #include "lmscale/comm/communicator.h"
 #include "lmscale/io/config.h"
+#include "lmscale/model/fp8_weight_casts.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/ops/runtime.h"
 #include "lmscale/optim/optimizer.h"
@@ -107,6 +108,10 @@ class Strategy {
   virtual optim::Optimizer* whole_optimizer() { return nullptr; }
   virtual ShardedOptimizer* sharded() { return nullptr; }
   virtual FullyShardedDataParallel* fsdp() { return nullptr; }
+  // The FP8 GEMM weights this strategy's optimizer step casts (precision.fp8_weight_casts =
+  // optimizer; model/fp8_weight_casts.h), for the strategies of step_casts_fp8_weights only (the
+  // others throw). Null: each forward casts.
+  virtual void set_fp8_weight_casts(model::Fp8WeightCasts* casts);
   // parallel.overlap_param_gather: the parameter all-gather segments each step leaves in flight.
   virtual std::size_t param_gather_segments() const { return 0; }
 
@@ -132,5 +137,13 @@ class Strategy {
 
 // The strategy of parts.spec (the only place that maps parallel.zero to an implementation).
 std::unique_ptr<Strategy> make_strategy(const StrategyParts& parts);
+
+// Whether the optimizer step of this layout casts the FP8 GEMM weights (precision.fp8_weight_casts
+// = optimizer; docs/precision.md, "Weights cast by the optimizer step"): precision.mode = fp8 with
+// delayed scaling on CUDA; one process or DDP, whose step updates the whole store in one pass on
+// the compute stream (not offloaded, not overlapped), with AdamW; one micro-batch per step (each
+// forward of an accumulating step would record the weights' amax again); d_model and d_ff
+// multiples of 64 (the casts' tiles). Elsewhere each forward casts.
+bool step_casts_fp8_weights(const Config& cfg, const Spec& spec, std::int64_t grad_accum, Device device);
 
 }  // namespace lmscale::parallel

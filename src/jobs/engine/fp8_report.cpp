@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "lmscale/core/fp8.h"
 #include "lmscale/model/fp8_layers.h"
+#include "lmscale/model/transformer.h"
 #include "lmscale/ops/ops.h"
 
 namespace lmscale::jobs {
@@ -28,7 +30,8 @@ const ops::Fp8TensorScaling& operand(const model::Fp8Layers& layers, int l, mode
 struct HostScaling {
   std::vector<float> history;
   float scale = 1.f;
-  float last() const { return history.back(); }
+  std::optional<float> last_cast;   // the last cast's amax where it is not the history's newest
+  float last() const { return last_cast ? *last_cast : history.back(); }
   float window_max() const { return *std::max_element(history.begin(), history.end()); }
 };
 
@@ -68,7 +71,11 @@ Fp8Recorder::Fp8Recorder(JobEnv& env, Trainer& trainer, std::string group)
 
 void Fp8Recorder::record(std::int64_t step) {
   if (!table_) return;
-  const model::Fp8Layers& layers = *trainer_.recording_model().fp8();
+  model::TransformerLM& m = trainer_.recording_model();
+  const model::Fp8Layers& layers = *m.fp8();
+  // Weights the optimizer step casts (model/fp8_weight_casts.h): their last cast is the step's,
+  // whose amax waits outside the history until the next step records it.
+  model::Fp8WeightCasts* casts = m.fp8_weight_casts();
   Context& ctx = env_.rt.ctx();
   env_.rt.synchronize();
   std::vector<io::Row> rows;
@@ -76,7 +83,12 @@ void Fp8Recorder::record(std::int64_t step) {
     for (const model::Fp8Gemm gemm : model::kFp8BlockGemms) {
       for (int i = 0; i < 3; ++i) {
         const ops::Fp8TensorScaling& s = operand(layers, l, gemm, i);
-        const HostScaling h = read(ctx, s);
+        HostScaling h = read(ctx, s);
+        if (i == 1 && casts && casts->ready()) {
+          Tensor a = Tensor::empty({1}, DType::f32, *ctx.host, "fp8_report");
+          ops::copy(ctx, casts->weight(m.fp8_cast_index(l, gemm)).amax, a);
+          h.last_cast = *a.data_as<const float>();
+        }
         // The last cast used the scale in place now (a cast updates the scale before it reads x).
         const bool saturated = static_cast<double>(h.last()) * h.scale > fp8_max(s.format());
         const std::string name = fmt::format("layers.{}.{}.{}", l, model::fp8_gemm_name(gemm), kOperands[i]);
@@ -119,6 +131,8 @@ void Fp8Recorder::finish() {
   env_.out.set_attr(path, "fp8_fast_accum", fast_accum_name(o));
   env_.out.set_attr(path, "fp8_history", static_cast<std::int64_t>(H));
   env_.out.set_attr(path, "fp8_margin", static_cast<std::int64_t>(o.margin));
+  env_.out.set_attr(path, "fp8_weight_casts",
+                    std::string(trainer_.recording_model().fp8_weight_casts() ? "optimizer" : "forward"));
   env_.out.set_attr(path, "saturated_operands", static_cast<std::int64_t>(warned_.size()));
 }
 

@@ -133,6 +133,13 @@ Trainer::Trainer(JobEnv& env, std::int64_t global_batch, std::int64_t grad_accum
     parts.expert_dp_rank = mesh_->coords().expert_dp;
   }
   strategy_ = parallel::make_strategy(parts);
+  // precision.fp8_weight_casts = optimizer where the layout allows it: the step casts the FP8
+  // weights and the forwards read their codes (model/fp8_weight_casts.h).
+  if (parallel::step_casts_fp8_weights(env.cfg, spec, grad_accum, ctx.device)) {
+    chunk_models_.front()->enable_fp8_weight_casts(ctx);
+    fp8_casts_ = chunk_models_.front()->fp8_weight_casts();
+    strategy_->set_fp8_weight_casts(fp8_casts_);
+  }
   layout_ = std::make_unique<parallel::FullLayout>(dims_, *params_, tp_.get(), spec.pp > 1 ? &host_mesh_->pp() : nullptr,
                                                    V, pc.stage_layers, ep_.get());
   memory_points_["after_init"] = env.rt.allocator().tracker().by_tag();
@@ -315,6 +322,7 @@ StepResult Trainer::eager_step(const std::vector<std::int32_t>& tokens, std::int
     strategy_->step(ctx, r.lr, inv_scale * optim::clip_factor(norm, env_.cfg.optim.grad_clip));
   } else {
     r.skipped = true;
+    if (fp8_casts_) fp8_casts_->step_skipped();   // the next forward casts the unchanged weights
   }
   strategy_->release_gradients();   // (bucket by bucket by the next forward when an update is in flight)
   auto o1 = rt.mark();
@@ -350,6 +358,11 @@ std::vector<float> Trainer::full_parameters() {
 void Trainer::set_parameters(const std::vector<float>& full) {
   // This stage's parameters, this tp rank's slices (sharded over dp under fsdp).
   strategy_->set_master_parameters(env_.rt.ctx(), layout_->to_local(full));
+  weights_replaced();
+}
+
+void Trainer::weights_replaced() {
+  if (fp8_casts_) fp8_casts_->weights_replaced();
 }
 
 std::vector<float> Trainer::to_full_layout(const std::vector<float>& local) { return layout_->to_full(local); }

@@ -18,6 +18,7 @@
 #include "lmscale/parallel/copy_engine_all_reduce.h"
 #include "lmscale/parallel/copy_engine_all_to_all.h"
 #include "lmscale/parallel/spec.h"
+#include "lmscale/parallel/strategy.h"
 #include "lmscale/parallel/zero.h"
 #include "memory_replay.h"
 
@@ -136,7 +137,8 @@ MemoryPhases replay_memory_phases(const Config& cfg, int world, bool cuda, int r
   const double lanes_workspace =
       cuda && cfg.model.moe_experts > 0 && cfg.model.moe_expert_gemm == MoeExpertGemm::loop ? workspace : 0.0;
 
-  const Shapes s = replay::shapes_for(cfg, static_cast<double>(global / dp / accum), cuda);
+  Shapes s = replay::shapes_for(cfg, static_cast<double>(global / dp / accum), cuda);
+  s.fp8_step_casts = parallel::step_casts_fp8_weights(cfg, spec, accum, cuda ? Device::cuda : Device::cpu);
   const auto sizes = replay::param_sizes(s);
   double P = 0;
   for (double n : sizes) P += n;

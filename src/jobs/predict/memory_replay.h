@@ -73,6 +73,9 @@ struct Shapes {
   // parallel.fsdp_gather_dtype = fp8: the blocks' weights arrive quantised (fsdp's e4m3 gathers),
   // so the FP8 layers make no cast of w (only its transpose).
   bool fp8_weights = false;
+  // parallel::step_casts_fp8_weights: the optimizer step casts the blocks' weights and keeps their
+  // codes and transposes (model/fp8_weight_casts.h): no cast and no transpose of w in a forward.
+  bool fp8_step_casts = false;
   // model::fp8_swiglu_casts_fused: SwiGLU casts the w2 layer's x and the w1|w3 layer's dy itself
   // (no g, no da|db in the compute dtype; on the CPU the op makes them as temporaries).
   bool fp8_swiglu_fused = false;

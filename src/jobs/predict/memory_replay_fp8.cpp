@@ -16,7 +16,12 @@ double fp8_state_bytes(const Config& cfg, const Shapes& s) {
   // inverse, history of H entries (current scaling: 1), the fused kernels' [2] int32 work words
   // and, on CUDA, the [1] int32 record slot.
   const double H = cfg.precision.fp8_scaling == Fp8Scaling::delayed ? static_cast<double>(cfg.precision.fp8_history) : 1;
-  return static_cast<double>(s.L) * (3.0 * model::kFp8GemmsPerBlock) * 4 * (2 + H + 2 + (s.cuda ? 1 : 0));
+  const double scaling = static_cast<double>(s.L) * (3.0 * model::kFp8GemmsPerBlock) * 4 * (2 + H + 2 + (s.cuda ? 1 : 0));
+  // The step's casts: each layer's weight codes and their transpose (1 byte per element each) and
+  // its pending amax (model::Fp8WeightCasts; one fp32 per layer, one allocation).
+  const double weights = 3 * s.dl * s.d + s.d * s.dl + 2 * s.F * s.d + s.d * s.F;
+  const double codes = s.fp8_step_casts ? static_cast<double>(s.L) * (2 * weights + 4.0 * model::kFp8GemmsPerBlock) : 0;
+  return scaling + codes;
 }
 
 void fp8_forward(Sim& m, const Shapes& s, Block& b, model::Fp8Gemm g, double M, double K, double n, bool with_y,
@@ -26,16 +31,17 @@ void fp8_forward(Sim& m, const Shapes& s, Block& b, model::Fp8Gemm g, double M, 
   b.f8x[at(g)] = m.alloc(M * K);
   double temp = m.alloc(producer_temp);
   m.free(temp);
-  // A weight gathered in e4m3 (fsdp) is the GEMM's operand itself: no cast, only its transpose.
-  double wq = with_y && !s.fp8_weights ? m.alloc(n * K) : 0;
-  b.f8ops[at(g)] = m.alloc(n * K);
+  // A weight gathered in e4m3 (fsdp) is the GEMM's operand itself: no cast, only its transpose;
+  // one the step cast (fp8_step_casts) comes with its transpose, kept from step to step.
+  double wq = with_y && !s.fp8_weights && !s.fp8_step_casts ? m.alloc(n * K) : 0;
+  b.f8ops[at(g)] = s.fp8_step_casts ? 0 : m.alloc(n * K);
   if (!replay) b.f8scales[at(g)] = m.alloc(kScalesBytes);
   m.free(wq);
   m.free(xq);
 }
 
 void free_fp8_operands(Sim& m, Block& b, model::Fp8Gemm g) {
-  if (b.f8ops[at(g)] <= 0) return;
+  if (b.f8ops[at(g)] <= 0 && b.f8x[at(g)] <= 0) return;
   m.free(b.f8ops[at(g)]);
   m.free(b.f8x[at(g)]);
 }

@@ -108,6 +108,9 @@ class Trainer {
   std::vector<float> full_parameters();
   // Sets them from that layout on every rank (after loading a weights file).
   void set_parameters(const std::vector<float>& flat);
+  // The parameters were written from outside the step (set_parameters, a checkpoint's restore): the
+  // FP8 weights the step casts (model/fp8_weight_casts.h) are cast again at the next forward.
+  void weights_replaced();
   // A buffer in this rank's store layout (e.g. optimizer moments) -> the full layout (collective
   // under tensor and pipeline parallelism: gathered over tp, then over pp), and back
   // (parallel/full_layout.h).
@@ -169,6 +172,7 @@ class Trainer {
   std::vector<std::unique_ptr<model::TransformerLM>> chunk_models_;
   std::unique_ptr<parallel::Schedule> run_;          // how micro-batches run (pipeline or not)
   std::unique_ptr<parallel::Strategy> strategy_;     // what parallel.zero / ddp do
+  model::Fp8WeightCasts* fp8_casts_ = nullptr;       // the step's FP8 weight casts (the model's), or null
   std::unique_ptr<parallel::FullLayout> layout_;     // store layout <-> the full model's
   int dp_size_ = 1, dp_rank_ = 0;
   std::map<std::string, std::map<std::string, std::size_t>> memory_points_;
