@@ -40,6 +40,10 @@ TEST(Fp8WeightCastsRule, OneProcessAndDdpCastInTheStep) {
   const Config c = fp8_delayed();
   EXPECT_TRUE(rule(c));
   EXPECT_TRUE(rule(c, 2)) << "DDP on two ranks";
+  Config b = c;
+  b.run.job = JobKind::bench_model;
+  b.bench.mode = BenchMode::train_step;
+  EXPECT_TRUE(rule(b)) << "bench-model train-step";
 }
 
 TEST(Fp8WeightCastsRule, EachConditionTurnsItOff) {
@@ -57,6 +61,12 @@ TEST(Fp8WeightCastsRule, EachConditionTurnsItOff) {
       {"sgd", [] { Config c = fp8_delayed(); c.optim.name = OptimizerName::sgd; return rule(c); }},
       {"d_model 784", [] { Config c = fp8_delayed(); c.model.d_model = 784; return rule(c); }},
       {"d_ff 3056", [] { Config c = fp8_delayed(); c.model.d_ff = 3056; return rule(c); }},
+      {"bench-model forward-backward", [] {
+         Config c = fp8_delayed();
+         c.run.job = JobKind::bench_model;
+         c.bench.mode = BenchMode::forward_backward;
+         return rule(c);
+       }},
   };
   for (const auto& [what, on] : off) EXPECT_FALSE(on()) << what << ": the step still casts the weights";
 }

@@ -90,7 +90,6 @@ int run_train(JobEnv& env) {
   std::optional<std::string> fp8_state_missing;   // why delayed FP8 scaling restarts its histories
   if (const auto dir = resume_directory(env)) {
     fp8_state_missing = load_sharded_checkpoint(env, trainer, *dir);
-    trainer.weights_replaced();
     resumed_from = *dir;
   } else if (!cfg.train.resume.empty() && cfg.train.resume != "auto") {
     fp8_state_missing = load_checkpoint(env, trainer, cfg.train.resume);

@@ -9,7 +9,7 @@ Fp8WeightCasts::Fp8WeightCasts(std::vector<ops::Fp8WeightCast> casts, Tensor par
     : casts_(std::move(casts)), params_(std::move(params)), rounding_(rounding) {}
 
 void Fp8WeightCasts::cast_now(Context& ctx) {
-  // A pending amax (after a skipped step) is that of the weights the last forward read, which that
+  // A pending amax (a skipped step's) is that of the weights the last forward read, which that
   // forward's own cast would have recorded: recorded first, then the unchanged weights cast again.
   ops::fp8_weight_casts_begin(ctx, casts_, pending_);
   ops::fp8_weight_casts(ctx, params_, rounding_, casts_);

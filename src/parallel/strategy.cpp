@@ -38,7 +38,8 @@ bool step_casts_fp8_weights(const Config& cfg, const Spec& spec, std::int64_t gr
          pr.fp8_weight_casts == Fp8WeightCastSite::optimizer && device == Device::cuda && grad_accum == 1 &&
          spec.tp == 1 && spec.pp == 1 && spec.ep == 1 && !spec.sharded_optimizer() &&
          spec.offload == OffloadMode::none && !cfg.parallel.overlap_optimizer &&
-         cfg.optim.name == OptimizerName::adamw && dims.d_model % 64 == 0 && dims.d_ff % 64 == 0;
+         cfg.optim.name == OptimizerName::adamw && dims.d_model % 64 == 0 && dims.d_ff % 64 == 0 &&
+         (cfg.run.job != JobKind::bench_model || cfg.bench.mode == BenchMode::train_step);
 }
 
 void Strategy::set_fp8_weight_casts(model::Fp8WeightCasts*) {

@@ -15,10 +15,13 @@
 // forward-backward benchmark) records no weight amax, as an evaluation never does.
 //
 // State on the host: whether q and qt hold the current weights' codes (ready) and whether an amax
-// awaits its record (pending). The codes are made anew by cast_now, which the model runs at the
-// first training forward that finds them stale: at the start, after weights were replaced (a
-// resumed run: the restored history is the one the saving run had, its pending amax unrecorded),
-// and after a skipped eager step (which did not cast; a captured step's kernel casts itself).
+// awaits its record (pending). The codes are made anew by cast_now: by the model at the first
+// training forward that finds them stale (at the start, and after weights were replaced: a
+// resumed run's restored history is the one the saving run had, its pending amax unrecorded), by
+// the Trainer before a captured step runs on stale codes, and after an eager step skipped on a
+// non-finite norm (which did not cast; a captured step's kernel casts itself). Until the first
+// cast_now an evaluation forward casts from the working copy, which is current then (the step
+// stops writing it for these weights only once it casts them).
 #include <vector>
 
 #include "lmscale/core/context.h"
@@ -45,8 +48,6 @@ class Fp8WeightCasts {
   // New weights from outside the step (a checkpoint, a weights file): the codes are stale and the
   // pending amax (of the old weights) is dropped.
   void weights_replaced() { ready_ = pending_ = false; }
-  // An eager step that updated nothing: the next forward casts (and records) again.
-  void step_skipped() { ready_ = false; }
 
   // Cast i as an FP8 layer's weight (q, qt, and the scaling's scale and inverse).
   ops::Fp8Weight weight(std::size_t i) const;

@@ -109,7 +109,7 @@ struct Fp8WeightCast {
   Fp8HistoryUpdate history;         // the weight scaling's amax_history, format (e4m3), margin,
                                     // inv_scale and device record slot (work, record_slot unused)
 };
-// The weights' first step (CUDA, one launch for all): when `commit`, each pending amax goes into
+// The weights' first step (CUDA, one launch per 128 casts): when `commit`, each pending amax goes into
 // its history at the device record slot (advanced); then every scale and inverse is set from its
 // history (fp8_update_scale's rule) and the pending amax is zeroed. Run before each casting pass.
 void fp8_weight_casts_begin(Context& ctx, const std::vector<Fp8WeightCast>& casts, bool commit);

@@ -143,7 +143,8 @@ std::unique_ptr<Strategy> make_strategy(const StrategyParts& parts);
 // delayed scaling on CUDA; one process or DDP, whose step updates the whole store in one pass on
 // the compute stream (not offloaded, not overlapped), with AdamW; one micro-batch per step (each
 // forward of an accumulating step would record the weights' amax again); d_model and d_ff
-// multiples of 64 (the casts' tiles). Elsewhere each forward casts.
+// multiples of 64 (the casts' tiles); a job that steps (bench-model's forward and forward-backward
+// modes never do). Elsewhere each forward casts.
 bool step_casts_fp8_weights(const Config& cfg, const Spec& spec, std::int64_t grad_accum, Device device);
 
 }  // namespace lmscale::parallel

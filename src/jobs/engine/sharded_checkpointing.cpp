@@ -377,6 +377,7 @@ std::optional<std::string> restore(JobEnv& env, Trainer& trainer, const std::str
   trainer.loss_scaler().set_scale(ix.double_attr("loss_scale"));
   trainer.loss_scaler().set_clean_steps(ix.int_attr("loss_scale_clean_steps"));
   if (trainer.params().has_flat_params() && trainer.params().has_lowp()) trainer.params().refresh_lowp(ctx);
+  trainer.weights_replaced();   // the FP8 weights the step casts are cast again (model/fp8_weight_casts.h)
   return restore_fp8(env, trainer, ix, reader);
 }
 

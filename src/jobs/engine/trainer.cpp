@@ -322,7 +322,10 @@ StepResult Trainer::eager_step(const std::vector<std::int32_t>& tokens, std::int
     strategy_->step(ctx, r.lr, inv_scale * optim::clip_factor(norm, env_.cfg.optim.grad_clip));
   } else {
     r.skipped = true;
-    if (fp8_casts_) fp8_casts_->step_skipped();   // the next forward casts the unchanged weights
+    // The step's casts did not run: the unchanged weights cast now, as a captured step's kernel
+    // casts them (an evaluation before the next step reads these codes; the working copy of the
+    // cast weights is not kept).
+    if (fp8_casts_) fp8_casts_->cast_now(ctx);
   }
   strategy_->release_gradients();   // (bucket by bucket by the next forward when an update is in flight)
   auto o1 = rt.mark();

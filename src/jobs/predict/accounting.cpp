@@ -15,6 +15,7 @@
 #include "lmscale/model/recompute.h"
 #include "lmscale/parallel/copy_engine_all_to_all.h"
 #include "lmscale/parallel/spec.h"
+#include "lmscale/parallel/strategy.h"
 #include "memory_replay.h"
 
 namespace lmscale::jobs {
@@ -295,23 +296,31 @@ Accounting account(const Config& cfg, int world, const std::string& device_name)
     // scales; a checkpointed block keeps the scales only (one group recomputed), selective-mlp
     // drops the w1|w3 layer's operands; the scaling state of every operand (x, w, dy of each
     // layer: scale, inverse and an amax history of H, 1 for current).
+    // Where the optimizer step casts the weights (parallel::step_casts_fp8_weights), every block's
+    // codes and their transposes are kept from step to step (2 B per weight element) and no
+    // forward keeps a w^T of its own.
+    const bool codes = parallel::step_casts_fp8_weights(cfg, spec, bench ? 1 : cfg.train.grad_accum,
+                                                        device_name.empty() ? Device::cpu : Device::cuda);
     const double G8 = model::kFp8GemmsPerBlock;
-    const double ops8 = (3 * d + F) * N + 4 * d * d + 3 * d * F, scales = G8 * 16.0;
+    const double wt = codes ? 0 : 4 * d * d + 3 * d * F, w13t = codes ? 0 : 2 * d * F;
+    const double ops8 = (3 * d + F) * N + wt, scales = G8 * 16.0;
     const double H8 = cfg.precision.fp8_scaling == Fp8Scaling::delayed ? static_cast<double>(cfg.precision.fp8_history) : 1;
-    const double state = L * G8 * 3 * 4 * (2 + H8);
+    const double state = L * G8 * 3 * 4 * (2 + H8) + (codes ? L * 2 * (4 * d * d + 3 * d * F) : 0);
+    const std::string wt_f = codes ? "" : " + 4d^2 + 3dF";
     double kept8 = L * (ops8 + scales);
-    std::string f8 = "L x ((3d + F) N + 4d^2 + 3dF + 64)";
+    std::string f8 = "L x ((3d + F) N" + wt_f + " + 64)";
     if (ac == Checkpointing::every_k) {
       const double c = model::RecomputePolicy::from(cfg.train).checkpointed_end(0, static_cast<int>(m.layers));
       const double k = std::min<double>(static_cast<double>(cfg.train.checkpoint_k), c);
       kept8 = (L - c + k) * ops8 + L * scales;
-      f8 = fmt::format("(L - c + k) x ((3d + F) N + 4d^2 + 3dF) + L x 64, c = {}, k = {}", c, k);
+      f8 = fmt::format("(L - c + k) x ((3d + F) N{}) + L x 64, c = {}, k = {}", wt_f, c, k);
     } else if (ac == Checkpointing::selective_mlp) {
-      kept8 = L * (ops8 - N * d - 2 * d * F + scales) + N * d + 2 * d * F;
-      f8 = "L x ((2d + F) N + 4d^2 + dF + 64) + one block's w1|w3 operands";
+      kept8 = L * (ops8 - N * d - w13t + scales) + N * d + w13t;
+      f8 = std::string("L x ((2d + F) N") + (codes ? "" : " + 4d^2 + dF") + " + 64) + one block's w1|w3 operands";
     }
     add("fp8_operands", kept8 + state,
-        f8 + fmt::format(" + {} x 12 x 4 B x (2 + H) (scaling state, H = {})", L, H8));
+        f8 + fmt::format(" + {} x 12 x 4 B x (2 + H) (scaling state, H = {})", L, H8) +
+            (codes ? " + L x 2 (4d^2 + 3dF) (the weights' codes and transposes the step casts)" : ""));
   }
   // The fused LM head + cross-entropy (model/transformer_head.cpp): one row chunk of logits
   // (model.ce_chunk_rows), then its gradient in place; the final norm's output [Nl,d] and the

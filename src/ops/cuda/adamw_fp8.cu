@@ -311,7 +311,10 @@ void launch_all(Context& ctx, float* p, float* mp, float* vp, Low* low, std::int
       ++c1;
     // The next launch starts at the next weight; with none taken, this one ends there (what lies
     // before it), and a weight alone over too many pieces is refused.
-    const std::int64_t end = c1 < casts.size() ? casts[c1].offset : n;
+    std::int64_t end = c1 < casts.size() ? casts[c1].offset : n;
+    // Too many pieces up to there: end after the last weight taken (the gap goes to the next launch).
+    if (pieces && c1 > c && pieces_in(*pieces, begin, end) > kMaxPieces)
+      end = casts[c1 - 1].offset + casts[c1 - 1].rows * casts[c1 - 1].cols;
     LMSCALE_CHECK(end > begin, "adamw: one FP8 weight's gradients lie in more than {} pieces", kMaxPieces);
     LMSCALE_CHECK(!pieces || pieces_in(*pieces, begin, end) <= kMaxPieces,
                   "adamw: more than {} gradient pieces between two FP8 weights", kMaxPieces);
