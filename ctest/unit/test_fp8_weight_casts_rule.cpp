@@ -61,6 +61,12 @@ TEST(Fp8WeightCastsRule, EachConditionTurnsItOff) {
       {"sgd", [] { Config c = fp8_delayed(); c.optim.name = OptimizerName::sgd; return rule(c); }},
       {"d_model 784", [] { Config c = fp8_delayed(); c.model.d_model = 784; return rule(c); }},
       {"d_ff 3056", [] { Config c = fp8_delayed(); c.model.d_ff = 3056; return rule(c); }},
+      {"bench-model forward", [] {
+         Config c = fp8_delayed();
+         c.run.job = JobKind::bench_model;
+         c.bench.mode = BenchMode::forward;
+         return rule(c);
+       }},
       {"bench-model forward-backward", [] {
          Config c = fp8_delayed();
          c.run.job = JobKind::bench_model;

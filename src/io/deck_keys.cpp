@@ -144,8 +144,9 @@ std::vector<DeckKey> build_table() {
       enum_key("precision.fp8_weight_casts", LMSCALE_FIELD(precision.fp8_weight_casts),
                "mode = fp8: where the linear layers' weights are cast to FP8. optimizer = by the optimizer step, "
                "which keeps the codes and their transposes from one step to the next (delayed scaling on CUDA, "
-               "one process or DDP without offload, overlap_optimizer or gradient accumulation, weights of "
-               "64-multiples; elsewhere each forward casts, docs/precision.md); forward = each forward casts."),
+               "one process or DDP with AdamW, without offload, overlap_optimizer or gradient accumulation, "
+               "d_model and d_ff multiples of 64, a job that steps; elsewhere each forward casts, "
+               "docs/precision.md); forward = each forward casts."),
       // [parallel]
       enum_key("parallel.device", LMSCALE_FIELD(parallel.device),
                "Where to compute: auto picks cuda when a GPU is visible, else cpu."),

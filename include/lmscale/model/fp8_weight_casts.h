@@ -11,8 +11,7 @@
 // enters the history just before the following cast's scale is derived (ops::
 // fp8_weight_casts_begin), so the histories between steps are the ones the forward casts leave.
 // What differs: the scale held between steps is the next one (the forward's cast would set it at
-// the start of the next forward), and a forward with no step after it (an evaluation, a
-// forward-backward benchmark) records no weight amax, as an evaluation never does.
+// the start of the next forward), and an evaluation records no weight amax, as it never did.
 //
 // State on the host: whether q and qt hold the current weights' codes (ready) and whether an amax
 // awaits its record (pending). The codes are made anew by cast_now: by the model at the first

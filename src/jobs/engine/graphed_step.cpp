@@ -97,7 +97,7 @@ void Trainer::capture_step(std::int64_t T) {
 StepResult Trainer::graphed_step(const std::vector<std::int32_t>& tokens, std::int64_t T) {
   const double scale = scaler_.scale();
   if (graphed_ && (graphed_->T != T || graphed_->loss_scale != scale)) graphed_.reset();
-  // The FP8 weights the step casts, made now where stale (weights replaced, a skipped eager step):
+  // The FP8 weights the step casts, made now where stale (the first step, weights replaced):
   // a captured forward reads their codes as they are (model/fp8_weight_casts.h).
   if (fp8_casts_ && !fp8_casts_->ready()) fp8_casts_->cast_now(env_.rt.ctx());
   if (!graphed_) {
