@@ -1,12 +1,15 @@
 #pragma once
-// Shared by the model's GPU tests (test_model_cuda.cpp, test_model_moe_cuda.cpp): one forward and
-// backward of a TransformerLM on either device from the same token rows, so CPU and CUDA runs
-// compare the same work.
+// Shared by the model's GPU tests (test_model_cuda.cpp, test_model_moe_cuda.cpp, the FP8 and CUDA
+// graph tests): one forward and backward of a TransformerLM on either device from the same token
+// rows, so CPU and CUDA runs compare the same work; random token rows; the process's one MPI
+// environment for the tests that build a Trainer.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
+#include "lmscale/comm/mpi_environment.h"
 #include "lmscale/model/parameter_store.h"
 #include "lmscale/model/transformer.h"
 #include "lmscale/ops/ops.h"
@@ -49,6 +52,20 @@ inline LossAndGrads forward_backward(ops::Runtime& rt, model::TransformerLM& m, 
   rt.synchronize();
   r.loss = lh.data_as<float>()[0] / static_cast<double>(B * T);
   return r;
+}
+
+// B rows of T + 1 token ids uniform in [0, V) from `seed`.
+inline std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V, unsigned seed) {
+  std::mt19937 g(seed);
+  std::vector<std::int32_t> v(static_cast<std::size_t>(B * (T + 1)));
+  for (auto& x : v) x = static_cast<std::int32_t>(g() % V);
+  return v;
+}
+
+// One MPI environment per process (MPI cannot be initialised again after finalize).
+inline comm::MpiEnvironment& mpi_once() {
+  static comm::MpiEnvironment mpi(nullptr, nullptr);
+  return mpi;
 }
 
 // Relative 2-norm error of a[off, off+n) against b[off, off+n).

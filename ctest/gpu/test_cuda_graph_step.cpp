@@ -28,27 +28,19 @@
 #include "lmscale/ops/device_step.h"
 #include "lmscale/ops/ops.h"
 #include "lmscale/ops/runtime.h"
+#include "model_run_util.h"
 #include "lmscale/optim/grad_clip.h"
 
 using namespace lmscale;
 
 namespace {
 
-comm::MpiEnvironment& mpi_once() {
-  static comm::MpiEnvironment mpi(nullptr, nullptr);
-  return mpi;
-}
+using test::mpi_once;
+using test::tokens;
 
 bool hopper() {
   ops::Runtime rt(Device::cuda, 0, false);
   return rt.compute_capability() / 10 == 9;
-}
-
-std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V, unsigned seed) {
-  std::mt19937 g(seed);
-  std::vector<std::int32_t> v(static_cast<std::size_t>(B * (T + 1)));
-  for (auto& x : v) x = static_cast<std::int32_t>(g() % V);
-  return v;
 }
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }

@@ -23,6 +23,9 @@ using namespace lmscale;
 
 namespace {
 
+using test::mpi_once;
+using test::tokens;
+
 model::ModelDims dims(bool flash, std::int64_t ce_chunk_rows = -1) {
   model::ModelDims d;
   d.ce_chunk_rows = ce_chunk_rows;
@@ -48,19 +51,6 @@ Result run(Device device, DType lowp, bool flash, const std::vector<std::int32_t
   ps.init(5, rt.ctx());
   model::TransformerLM m(d, ps);
   return test::forward_backward(rt, m, ps, tok, B, T);
-}
-
-std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V, unsigned seed) {
-  std::mt19937 g(seed);
-  std::vector<std::int32_t> v(static_cast<std::size_t>(B * (T + 1)));
-  for (auto& x : v) x = static_cast<std::int32_t>(g() % V);
-  return v;
-}
-
-// One MPI environment per process (MPI cannot be initialised again after finalize).
-comm::MpiEnvironment& mpi_once() {
-  static comm::MpiEnvironment mpi(nullptr, nullptr);
-  return mpi;
 }
 
 }  // namespace

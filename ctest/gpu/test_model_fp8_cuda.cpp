@@ -44,6 +44,9 @@ using namespace lmscale;
 
 namespace {
 
+using test::mpi_once;
+using test::tokens;
+
 constexpr double kGradTol = 2.5e-1, kLossTol = 1e-2;
 
 model::ModelDims dims(bool flash) {
@@ -61,13 +64,6 @@ model::ModelDims dims(bool flash) {
 bool hopper() {
   ops::Runtime rt(Device::cuda, 0, false);
   return rt.compute_capability() / 10 == 9;
-}
-
-std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V, unsigned seed) {
-  std::mt19937 g(seed);
-  std::vector<std::int32_t> v(static_cast<std::size_t>(B * (T + 1)));
-  for (auto& x : v) x = static_cast<std::int32_t>(g() % V);
-  return v;
 }
 
 // `passes` forwards and backwards of the same tokens from weights of seed 5 (the last one's loss
@@ -100,11 +96,6 @@ test::LossAndGrads run(Device device, DType lowp, bool fp8, bool flash, const st
           }
       }
   return r;
-}
-
-comm::MpiEnvironment& mpi_once() {
-  static comm::MpiEnvironment mpi(nullptr, nullptr);
-  return mpi;
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "lmscale/ops/fp8.h"
 #include "lmscale/ops/fp8_scaling.h"
 #include "lmscale/ops/ops.h"
+#include "model_run_util.h"
 #include "ops_cuda_test_util.h"
 
 namespace lmscale::test {
@@ -218,18 +219,6 @@ TEST_F(OptimizerFp8CastsCuda, CapturedStepWithANonFiniteNormCastsTheUnchangedWei
     EXPECT_EQ(raw(st[i].pending), raw(ref[i].pending)) << "weight " << i << ": pending amax";
     EXPECT_GT(values(st[i].pending)[0], 0.0) << "weight " << i << ": no amax measured";
   }
-}
-
-std::vector<std::int32_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::vector<std::int32_t> v(static_cast<std::size_t>(B * (T + 1)));
-  for (auto& x : v) x = static_cast<std::int32_t>(gen() % V);
-  return v;
-}
-
-comm::MpiEnvironment& mpi_once() {
-  static comm::MpiEnvironment mpi(nullptr, nullptr);
-  return mpi;
 }
 
 struct TrainRun {
